@@ -1,0 +1,187 @@
+"""The normative cost model of DESIGN.md §4.
+
+Every solver, baseline, the ILP and the benchmarks call these formulas, so plans made by different
+solvers are comparable. A CP group holds sequences with token lengths ``s_k`` and mask factors ``η_k``
+(0 causal, 1 full attention) and runs on ``d`` ranks with zigzag ring attention::
+
+    v = bandwidth_intra if all ranks of the group are on one node else bandwidth_inter
+    A = alpha1 · Σ (1+η_k)·s_k² / d                  attention compute per rank
+    C = A + alpha2 · Σ s_k / d + beta1                all compute per rank
+    X = 0 if d == 1 else alpha3 · Σ s_k · (d−1)/d / v ring KV traffic per rank
+    M = 0 if d == 1 else X + beta2                    all communication
+    T = C + M − min(A, X)                             group time (attention overlaps KV traffic)
+    memory: Σ s_k ≤ d · tokens_per_rank
+
+Solvers work on two aggregates of a group: ``S = Σ s_k`` and ``Q = Σ (1+η_k)·s_k²``; :meth:`CostModel.time`
+takes those (vectorised over numpy arrays) so that a planner never re-sums the lengths.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+__all__ = ["CostModel", "COST_KEYS", "group_aggregates"]
+
+COST_KEYS = (
+    "alpha1",
+    "alpha2",
+    "alpha3",
+    "beta1",
+    "beta2",
+    "bandwidth_intra",
+    "bandwidth_inter",
+    "ranks_per_node",
+    "tokens_per_rank",
+)
+
+
+def group_aggregates(lengths: Iterable[float], etas: Iterable[float] | None = None) -> tuple[float, float]:
+    """``(S, Q) = (Σ s, Σ (1+η)·s²)`` of one group's sequences."""
+    s = np.asarray(list(lengths) if not isinstance(lengths, np.ndarray) else lengths, dtype=np.float64)
+    if etas is None:
+        e = np.zeros_like(s)
+    else:
+        e = np.asarray(list(etas) if not isinstance(etas, np.ndarray) else etas, dtype=np.float64)
+        if e.shape != s.shape:
+            raise ValueError(f"etas has {e.size} entries but lengths has {s.size}; give one η per sequence")
+    return float(s.sum()), float(((1.0 + e) * s * s).sum())
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CostModel:
+    """Coefficients of the §4 cost model.
+
+    Fields (units): ``alpha1`` s/token² (attention), ``alpha2`` s/token (linear layers and the rest),
+    ``alpha3`` bytes/token (KV bytes sent per token, forward + backward), ``beta1``/``beta2`` s (fixed
+    compute / communication overheads), ``bandwidth_intra``/``bandwidth_inter`` bytes/s,
+    ``ranks_per_node`` (node of a rank = rank // ranks_per_node), ``tokens_per_rank`` (activation budget
+    E: the most tokens one rank holds).
+    """
+
+    alpha1: float
+    alpha2: float
+    alpha3: float
+    beta1: float
+    beta2: float
+    bandwidth_intra: float
+    bandwidth_inter: float
+    ranks_per_node: int
+    tokens_per_rank: int
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ValueError(f"CostModel.{f.name} must be a finite number, got {v!r}")
+        for name in ("alpha1", "alpha2", "alpha3", "beta1", "beta2"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"CostModel.{name} must be >= 0, got {getattr(self, name)!r}")
+        for name in ("bandwidth_intra", "bandwidth_inter"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"CostModel.{name} must be > 0 bytes/s, got {getattr(self, name)!r}")
+        for name in ("ranks_per_node", "tokens_per_rank"):
+            v = getattr(self, name)
+            if int(v) != v or v < 1:
+                raise ValueError(f"CostModel.{name} must be a positive integer, got {v!r}")
+            object.__setattr__(self, name, int(v))
+
+    # ------------------------------------------------------------------ formulas
+    def time(self, S, Q, d, intra=True):
+        """Group time ``T`` from the aggregates ``S = Σ s``, ``Q = Σ (1+η)s²`` on ``d`` ranks.
+
+        Vectorised: any argument may be a numpy array (broadcast). ``intra`` says whether all the
+        group's ranks are on one node. Returns a float for scalar input, else an array.
+        """
+        S = np.asarray(S, dtype=np.float64)
+        Q = np.asarray(Q, dtype=np.float64)
+        d_arr = np.asarray(d, dtype=np.float64)
+        v = np.where(np.asarray(intra, dtype=bool), self.bandwidth_intra, self.bandwidth_inter)
+        A = self.alpha1 * Q / d_arr
+        C = A + self.alpha2 * S / d_arr + self.beta1
+        multi = d_arr > 1
+        X = np.where(multi, self.alpha3 * S * (d_arr - 1.0) / d_arr / v, 0.0)
+        M = np.where(multi, X + self.beta2, 0.0)
+        T = C + M - np.minimum(A, X)
+        return float(T) if T.ndim == 0 else T
+
+    def is_intra_node(self, ranks: Sequence[int]) -> bool:
+        """True when every rank of the group lies on one node (node = rank // ranks_per_node)."""
+        ranks = list(ranks)
+        if not ranks:
+            raise ValueError("a CP group needs at least one rank")
+        node = ranks[0] // self.ranks_per_node
+        return all(r // self.ranks_per_node == node for r in ranks)
+
+    def group_time(self, lengths: Iterable[float], etas: Iterable[float] | None = None, ranks: Sequence[int] | int = 1) -> float:
+        """§4 time of one group. ``ranks`` is the group's global ranks (placement decides intra/inter
+        node) or an int degree, which is taken as the best placement (one node if it fits)."""
+        S, Q = group_aggregates(lengths, etas)
+        if isinstance(ranks, (int, np.integer)):
+            d = int(ranks)
+            if d < 1:
+                raise ValueError(f"a CP group's degree must be >= 1, got {d}")
+            intra = d <= self.ranks_per_node
+        else:
+            d = len(ranks)
+            intra = self.is_intra_node(ranks)
+        return self.time(S, Q, d, intra)
+
+    def fits(self, total_tokens: float, d: int) -> bool:
+        """Memory check of §4: ``Σ s ≤ d · tokens_per_rank``."""
+        return total_tokens <= d * self.tokens_per_rank
+
+    def min_degree(self, total_tokens: float) -> int:
+        """Smallest degree whose memory holds ``total_tokens``."""
+        return max(1, math.ceil(total_tokens / self.tokens_per_rank))
+
+    # ------------------------------------------------------------------ (de)serialisation
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "CostModel":
+        """Strict: exactly the §4 keys; a missing or unknown key is a ``ValueError`` naming it."""
+        if not isinstance(d, dict):
+            raise ValueError(f"a cost model must be a JSON object with keys {', '.join(COST_KEYS)}; got {type(d).__name__}")
+        missing = [k for k in COST_KEYS if k not in d]
+        unknown = sorted(k for k in d if k not in COST_KEYS)
+        if missing or unknown:
+            parts = []
+            if missing:
+                parts.append("missing " + ", ".join(missing))
+            if unknown:
+                parts.append("unknown " + ", ".join(unknown))
+            raise ValueError(f"cost model keys: {'; '.join(parts)} (expected exactly: {', '.join(COST_KEYS)})")
+        return cls(**{k: d[k] for k in COST_KEYS})
+
+    @classmethod
+    def load(cls, path: str | Path) -> "CostModel":
+        p = Path(path)
+        try:
+            data = json.loads(p.read_text())
+        except FileNotFoundError:
+            raise ValueError(f"cost model file not found: {p}") from None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"cost model file {p} is not valid JSON: {e}") from None
+        return cls.from_dict(data)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def preset(cls, model: str, hardware: str, **overrides: Any) -> "CostModel":
+        """Coefficients derived from a model config and a hardware spec (see :mod:`fcp_data.presets`)."""
+        from fcp_data.presets import preset_cost_model
+
+        return preset_cost_model(model, hardware, **overrides)
+
+    def replace(self, **changes: Any) -> "CostModel":
+        d = self.to_dict()
+        d.update(changes)
+        return CostModel.from_dict(d)
