@@ -1,0 +1,278 @@
+"""FCPCollator: turn one rank's share of a planned micro-batch into local, zigzag-sharded tensors.
+
+Input: the list a DataLoader builds from ``FCPDataset`` — ``(sample, slot)`` pairs of one CP group, in
+slot order (an idle rank's list is empty but still carries the micro-batch's metadata, see
+:class:`fcp_data.sampler.SlotList`). Per document, in slot order:
+
+1. ``input_ids`` is cut to ``slot.num_tokens`` (the sampler truncates over-long samples this way);
+2. it is padded with ``pad_token_id`` to a multiple of ``2·degree``;
+3. labels are already shifted: ``labels[t] = input_ids[t+1]`` inside the document, ``ignore_index`` at
+   the document's last kept token and on every pad, so a document of ``n`` tokens has ``n − 1`` label
+   tokens — exactly what ``slot.num_tokens_global`` counts over the global batch;
+4. positions are ``0 .. P−1`` over the padded document (real tokens ``0 .. n−1``, pads continue the count;
+   pads sit after the document's real tokens, so under a causal mask no real token sees them);
+5. CP rank ``r`` keeps chunks ``r`` and ``2·degree−1−r`` of every padded document
+   (:func:`fcp_exec.layout.zigzag_index`), in document order.
+
+Batch dict (all tensors on CPU, 1-D unless stated)::
+
+    input_ids        LongTensor [L]       local tokens
+    labels           LongTensor [L]       shifted labels, ignore_index on doc ends and pads
+    position_ids     LongTensor [L]       global position of each local token inside its document
+    cu_seqlens       IntTensor  [D+1]     local padded document boundaries (global padded ones // degree)
+    max_seqlen       int                  longest local padded document
+    ranks            tuple[int, ...]      the CP group (global ranks, ring order); () on an idle rank
+    cp_rank          int                  this rank's position in ``ranks``; -1 on an idle rank
+    num_tokens_global int                 label tokens of the whole global batch (loss denominator)
+    sample_indices   tuple[int, ...]      dataset indices of the documents, in packing order
+    epoch, global_batch, micro_batch, num_micro_batches   ints: where this micro-batch sits in the epoch
+  multimodal (``visual_token_id`` set):
+    visual_pos       LongTensor [V]       local positions of visual placeholder tokens
+    visual_index     LongTensor [V]       row of each in the group's visual embeddings, i.e. the order of
+                                          the placeholder tokens of all documents (untruncated) in slot
+                                          order — the vision tower runs on all of the group's images and
+                                          the model scatters rows ``visual_index`` to ``visual_pos``
+    pixel_values     Tensor               the group's pixel patches concatenated on dim 0 (only when
+    grid_thw         LongTensor [n, 3]    samples carry them); grid_thw likewise
+    mrope_position_ids LongTensor [3, L]  Qwen-VL 3-D rope positions (``mrope=True``), rule below
+
+Qwen-VL 3-D positions (the public Qwen2-VL ``get_rope_index`` rule, re-derived): text tokens get the same
+value on all three axes, counting on from the previous token's maximum + 1 (0 at the document start).
+A run of placeholder tokens is matched to the document's images in order; image ``(t, h, w)`` with spatial
+merge ``m`` covers ``t·(h/m)·(w/m)`` tokens laid out t-major, then rows, then columns, and token
+``(i, j, k)`` gets ``(s + i, s + j, s + k)`` where ``s`` is the value the next text token would have had.
+Text after the image continues from the image's maximum + 1. Pads continue after the document's maximum.
+Positions are computed on the untruncated document and then cut, so truncation never changes them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+import torch
+
+from fcp_exec.layout import zigzag_index
+
+__all__ = ["FCPCollator", "qwen_vl_mrope_positions"]
+
+_META = ("epoch", "global_batch", "micro_batch", "num_micro_batches", "num_tokens_global")
+
+
+def _as_ids(x: Any, index: int) -> torch.Tensor:
+    t = torch.as_tensor(x)
+    if t.dim() == 2 and t.shape[0] == 1:
+        t = t[0]
+    if t.dim() != 1 or t.dtype.is_floating_point or t.dtype == torch.bool:
+        raise ValueError(
+            f"sample {index}: input_ids must be a 1-D integer tensor or list, got shape {tuple(t.shape)} "
+            f"dtype {t.dtype}")
+    return t.to(torch.long)
+
+
+def qwen_vl_mrope_positions(input_ids: torch.Tensor, grid_thw: torch.Tensor | None, visual_ids: torch.Tensor,
+                            spatial_merge_size: int) -> torch.Tensor:
+    """``[3, len(input_ids)]`` Qwen-VL rope positions of one document (rule in the module docstring)."""
+    n = int(input_ids.numel())
+    out = torch.empty((3, n), dtype=torch.long)
+    is_vis = torch.isin(input_ids, visual_ids)
+    grids = [] if grid_thw is None else [tuple(int(v) for v in g) for g in grid_thw.reshape(-1, 3).tolist()]
+    m = spatial_merge_size
+    nxt, pos, img = 0, 0, 0
+    vis_pos = torch.nonzero(is_vis).flatten().tolist()
+    vi = 0
+    while pos < n:
+        start = vis_pos[vi] if vi < len(vis_pos) else n
+        if start > pos:  # a run of text
+            out[:, pos:start] = torch.arange(nxt, nxt + start - pos)
+            nxt += start - pos
+            pos = start
+            continue
+        if img >= len(grids):
+            raise ValueError(f"document has more visual placeholder tokens than its grid_thw covers ({len(grids)} images)")
+        t, h, w = grids[img]
+        if h % m or w % m:
+            raise ValueError(f"image {img} grid {(t, h, w)} is not divisible by spatial_merge_size={m}")
+        gh, gw = h // m, w // m
+        count = t * gh * gw
+        if pos + count > n or not bool(is_vis[pos:pos + count].all()):
+            raise ValueError(
+                f"image {img} (grid {(t, h, w)}) needs {count} consecutive visual placeholder tokens at position "
+                f"{pos}; the document has fewer — the reader's input_ids and grid_thw disagree")
+        ti = torch.arange(t).repeat_interleave(gh * gw)
+        hi = torch.arange(gh).repeat_interleave(gw).repeat(t)
+        wi = torch.arange(gw).repeat(t * gh)
+        out[0, pos:pos + count] = ti + nxt
+        out[1, pos:pos + count] = hi + nxt
+        out[2, pos:pos + count] = wi + nxt
+        nxt = int(out[:, pos:pos + count].max()) + 1
+        pos += count
+        vi += count
+        img += 1
+    if img != len(grids):
+        raise ValueError(f"document has {len(grids)} images in grid_thw but placeholder tokens for only {img}")
+    return out
+
+
+class FCPCollator:
+    """Collate ``(sample, slot)`` pairs of one CP group into this rank's local batch dict.
+
+    ``pad_token_id``: token used for padding; ``ignore_index``: label value the loss skips;
+    ``visual_token_id``: the placeholder id (or ids, e.g. Qwen2-VL's image and video ids) of visual
+    tokens, enabling ``visual_pos``/``visual_index``; ``spatial_merge_size``: patches merged per side into
+    one visual token (Qwen-VL: 2); ``mrope``: also return Qwen-VL 3-D rope positions;
+    ``strict_lengths``: require every sample's ``input_ids`` length to equal the length the sampler planned
+    with (``slot.length``) — a mismatch means the length index is stale.
+    """
+
+    def __init__(self, *, pad_token_id: int = 0, ignore_index: int = -100,
+                 visual_token_id: int | Sequence[int] | None = None, spatial_merge_size: int = 2,
+                 mrope: bool = False, strict_lengths: bool = True) -> None:
+        self.pad_token_id = int(pad_token_id)
+        self.ignore_index = int(ignore_index)
+        if visual_token_id is None:
+            self.visual_ids: tuple[int, ...] = ()
+        elif isinstance(visual_token_id, int):
+            self.visual_ids = (int(visual_token_id),)
+        else:
+            self.visual_ids = tuple(int(v) for v in visual_token_id)
+        if int(spatial_merge_size) < 1:
+            raise ValueError(f"spatial_merge_size must be >= 1, got {spatial_merge_size}")
+        self.spatial_merge_size = int(spatial_merge_size)
+        if mrope and not self.visual_ids:
+            raise ValueError("mrope=True needs visual_token_id (the placeholder id(s) of visual tokens)")
+        self.mrope = bool(mrope)
+        self.strict_lengths = bool(strict_lengths)
+
+    def __repr__(self) -> str:
+        return (f"FCPCollator(pad_token_id={self.pad_token_id}, ignore_index={self.ignore_index}, "
+                f"visual_token_id={self.visual_ids or None}, mrope={self.mrope})")
+
+    # ------------------------------------------------------------------ helpers
+    def _meta(self, batch: Sequence) -> dict[str, Any]:
+        if batch:
+            slot = batch[0][1]
+            meta = {k: int(getattr(slot, k)) for k in _META}
+            meta["ranks"], meta["cp_rank"] = tuple(slot.ranks), int(slot.cp_rank)
+            for _, s in batch:
+                if tuple(s.ranks) != meta["ranks"] or s.cp_rank != meta["cp_rank"]:
+                    raise ValueError(
+                        f"all slots of one batch must belong to one CP group; got ranks {meta['ranks']} "
+                        f"and {tuple(s.ranks)} — use FCPSampler as the DataLoader's batch_sampler")
+                if any(int(getattr(s, k)) != meta[k] for k in _META):
+                    raise ValueError("slots of one batch come from different micro-batches")
+            return meta
+        if not all(hasattr(batch, k) for k in _META):
+            raise ValueError(
+                "an empty batch must carry the micro-batch metadata (an idle rank's SlotList); build the "
+                "DataLoader with batch_sampler=FCPSampler(...) and dataset=FCPDataset(base)")
+        meta = {k: int(getattr(batch, k)) for k in _META}
+        meta["ranks"], meta["cp_rank"] = (), -1
+        return meta
+
+    def _empty(self, meta: dict[str, Any]) -> dict[str, Any]:
+        z = torch.zeros(0, dtype=torch.long)
+        out = {"input_ids": z, "labels": z.clone(), "position_ids": z.clone(),
+               "cu_seqlens": torch.zeros(1, dtype=torch.int32), "max_seqlen": 0, "sample_indices": ()}
+        out.update(meta)
+        if self.visual_ids:
+            out["visual_pos"], out["visual_index"] = z.clone(), z.clone()
+        if self.mrope:
+            out["mrope_position_ids"] = torch.zeros((3, 0), dtype=torch.long)
+        return out
+
+    # ------------------------------------------------------------------ main
+    def __call__(self, batch: Sequence) -> dict[str, Any]:
+        meta = self._meta(batch)
+        if not batch:
+            return self._empty(meta)
+        degree = len(meta["ranks"])
+        cp_rank = meta["cp_rank"]
+        mult = 2 * degree
+        visual_ids = torch.tensor(self.visual_ids, dtype=torch.long)
+        ids_parts, lab_parts, pos_parts, mrope_parts = [], [], [], []
+        padded_lens: list[int] = []
+        vis_global: list[torch.Tensor] = []  # packed (padded, global) positions of kept visual tokens
+        vis_rows: list[torch.Tensor] = []
+        pixel_values, grids = [], []
+        vis_offset = 0
+        start = 0
+        for sample, slot in batch:
+            if not isinstance(sample, dict) or "input_ids" not in sample:
+                raise ValueError(f"sample {slot.index}: expected a dict with 'input_ids', got {type(sample).__name__}")
+            full = _as_ids(sample["input_ids"], slot.index)
+            if self.strict_lengths and full.numel() != slot.length:
+                raise ValueError(
+                    f"sample {slot.index} has {full.numel()} tokens but the sampler planned with {slot.length}; "
+                    "the length index is stale (rebuild it) or pass strict_lengths=False")
+            if full.numel() < slot.num_tokens:
+                raise ValueError(f"sample {slot.index} has {full.numel()} tokens, fewer than the slot's {slot.num_tokens}")
+            n = int(slot.num_tokens)
+            ids = full[:n]
+            pad = (-n) % mult
+            p = n + pad
+            ids_parts.append(torch.cat([ids, ids.new_full((pad,), self.pad_token_id)]))
+            lab = torch.full((p,), self.ignore_index, dtype=torch.long)
+            lab[: n - 1] = ids[1:]
+            lab_parts.append(lab)
+            pos_parts.append(torch.arange(p, dtype=torch.long))
+            grid = sample.get("grid_thw")
+            if grid is not None:
+                grid = torch.as_tensor(grid, dtype=torch.long).reshape(-1, 3)
+                grids.append(grid)
+            if sample.get("pixel_values") is not None:
+                pixel_values.append(torch.as_tensor(sample["pixel_values"]))
+            if self.visual_ids:
+                is_vis = torch.isin(full, visual_ids)
+                num_vis = int(is_vis.sum())
+                if grid is not None:
+                    expect = int(grid.prod(dim=1).sum()) // self.spatial_merge_size ** 2
+                    if expect != num_vis:
+                        raise ValueError(
+                            f"sample {slot.index} has {num_vis} visual placeholder tokens but its grid_thw "
+                            f"implies {expect} (spatial_merge_size={self.spatial_merge_size})")
+                kept = torch.nonzero(is_vis[:n]).flatten()
+                vis_global.append(kept + start)
+                vis_rows.append(torch.arange(kept.numel(), dtype=torch.long) + vis_offset)
+                vis_offset += num_vis
+                if self.mrope:
+                    mr = qwen_vl_mrope_positions(full, grid, visual_ids, self.spatial_merge_size)[:, :n]
+                    top = int(mr.max()) + 1 if n else 0
+                    mrope_parts.append(torch.cat([mr, torch.arange(top, top + pad).expand(3, pad)], dim=1))
+            padded_lens.append(p)
+            start += p
+        cu = [0]
+        for p in padded_lens:
+            cu.append(cu[-1] + p)
+        cu_t = torch.tensor(cu, dtype=torch.int64)
+        input_ids = torch.cat(ids_parts)
+        labels = torch.cat(lab_parts)
+        positions = torch.cat(pos_parts)
+        idx = None if degree == 1 else zigzag_index(cu, degree, cp_rank)
+        take = (lambda x: x) if idx is None else (lambda x: x.index_select(-1, idx))
+        out: dict[str, Any] = {
+            "input_ids": take(input_ids),
+            "labels": take(labels),
+            "position_ids": take(positions),
+            "cu_seqlens": torch.div(cu_t, degree, rounding_mode="floor").to(torch.int32),
+            "max_seqlen": max(padded_lens) // degree,
+            "sample_indices": tuple(int(s.index) for _, s in batch),
+        }
+        out.update(meta)
+        if self.visual_ids:
+            gpos = torch.cat(vis_global)
+            rows = torch.cat(vis_rows)
+            if idx is None:
+                out["visual_pos"], out["visual_index"] = gpos, rows
+            else:
+                inv = torch.full((start,), -1, dtype=torch.long)
+                inv[idx] = torch.arange(idx.numel(), dtype=torch.long)
+                local = inv[gpos]
+                keep = local >= 0
+                out["visual_pos"], out["visual_index"] = local[keep], rows[keep]
+            if self.mrope:
+                out["mrope_position_ids"] = take(torch.cat(mrope_parts, dim=1))
+        if pixel_values:
+            out["pixel_values"] = torch.cat(pixel_values, dim=0)
+        if grids:
+            out["grid_thw"] = torch.cat(grids, dim=0)
+        return out

@@ -1,0 +1,421 @@
+"""FCPSampler (a plan-annotated batch sampler), SampleSlot, SlotList and FCPDataset (DESIGN.md §7).
+
+Every rank builds the same plan from ``(seed, epoch, lengths, config)`` with no communication:
+
+* **Epoch order.** The kept samples (see ``on_overlong``) are permuted with
+  ``numpy.random.default_rng([seed, epoch])`` and cut into global batches in that order — consecutive
+  ``global_batch_size`` sequences, or greedily up to ``global_batch_tokens`` tokens (a batch always holds at
+  least one sequence). ``drop_last=False`` keeps the last partial global batch (planned like any other);
+  ``drop_last=True`` drops it (in token mode: the last batch unless it is exactly full).
+* **Planning.** Each global batch is planned by :func:`fcp_data.plan.plan_batch` into micro-batches of CP
+  groups over all ``num_ranks`` ranks; each sample lands in exactly one group of one micro-batch per epoch.
+* **Yield.** For every micro-batch this rank gets one :class:`SlotList` of :class:`SampleSlot` — the
+  samples of its CP group in packing order, or an empty list if it is idle in that micro-batch. So every
+  rank yields the same number of lists, in the same order.
+* **Over-long samples** (more than ``num_ranks · tokens_per_rank`` tokens: no micro-batch could hold
+  them): ``"error"`` raises ``ValueError`` at construction naming the first one; ``"truncate"`` keeps the
+  first ``num_ranks · tokens_per_rank`` tokens (the slot's ``num_tokens``; the collator cuts the sample);
+  ``"drop"`` removes them from every epoch. ``num_truncated``/``num_dropped`` count them and one warning
+  is logged.
+* **len()** is the number of lists of the current epoch, equal on all ranks and exactly the number
+  iterated. With ``micro_batches="auto"`` the micro-batch count of a global batch is known only after
+  planning it, so the first ``len()`` of an epoch plans every global batch of the epoch (in the calling
+  thread; cached per epoch, and batches already planned by an iterator are not planned again). Iteration
+  itself never needs ``len()``.
+* **Resume.** ``state_dict()`` is the position ``(epoch, global_batch, micro_batch)`` of the next list plus
+  a fingerprint of the config; ``load_state_dict`` makes the next iterator start there: O(1) — it re-plans
+  only the current global batch and skips its first ``micro_batch`` lists. The iterator itself is also
+  stateful, which is what torchdata's ``StatefulDataLoader`` uses.
+* **Prefetch.** Iterators plan ``prefetch`` global batches ahead on a daemon thread started at the first
+  ``next()`` (after DataLoader workers have forked). Planner errors are re-raised in the training process;
+  the thread stops when the epoch ends, when the iterator is closed, garbage-collected or re-positioned.
+  ``planner_waits`` holds the seconds the consumer waited for each global batch's plan.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import weakref
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from fcp_data.cost import CostModel
+from fcp_data.plan.types import Plan
+from fcp_data.prefetch import SamplerIterator
+
+__all__ = ["FCPSampler", "SampleSlot", "SlotList", "FCPDataset", "dist_rank_and_world"]
+
+logger = logging.getLogger(__name__)
+
+_STATE_VERSION = 1
+
+
+def dist_rank_and_world() -> tuple[int, int]:
+    """``(rank, world_size)`` from ``torch.distributed`` when it is initialised, else ``(0, 1)``."""
+    try:
+        import torch.distributed as dist
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return 0, 1
+    if dist.is_available() and dist.is_initialized():
+        return int(dist.get_rank()), int(dist.get_world_size())
+    return 0, 1
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SampleSlot:
+    """One sample's place in a planned micro-batch, as seen by one rank of its CP group.
+
+    ``index``: dataset index; ``ranks``: the CP group's global ranks in ring order; ``cp_rank``: this
+    rank's position in ``ranks``; ``num_tokens``: tokens to keep (< ``length`` when truncated);
+    ``length``: the sample's length in the index; ``num_tokens_global``: label tokens of the whole global
+    batch, Σ (num_tokens − 1) over all its sequences (the loss denominator); ``epoch``,
+    ``global_batch`` (index in the epoch), ``micro_batch`` (index in the global batch) and
+    ``num_micro_batches`` (in this global batch) locate the micro-batch.
+    """
+
+    index: int
+    ranks: tuple[int, ...]
+    cp_rank: int
+    num_tokens: int
+    length: int
+    num_tokens_global: int
+    epoch: int
+    global_batch: int
+    micro_batch: int
+    num_micro_batches: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ranks", tuple(int(r) for r in self.ranks))
+        if not self.ranks or len(set(self.ranks)) != len(self.ranks) or min(self.ranks) < 0:
+            raise ValueError(f"ranks must be distinct non-negative global ranks, got {self.ranks}")
+        if not 0 <= self.cp_rank < len(self.ranks):
+            raise ValueError(f"cp_rank must be in [0, {len(self.ranks)}), got {self.cp_rank}")
+        if self.index < 0:
+            raise ValueError(f"index must be >= 0, got {self.index}")
+        if not 1 <= self.num_tokens <= self.length:
+            raise ValueError(f"num_tokens must be in [1, length={self.length}], got {self.num_tokens}")
+        if self.num_tokens_global < 0:
+            raise ValueError(f"num_tokens_global must be >= 0, got {self.num_tokens_global}")
+        if not 0 <= self.micro_batch < self.num_micro_batches:
+            raise ValueError(f"micro_batch must be in [0, {self.num_micro_batches}), got {self.micro_batch}")
+
+    @property
+    def degree(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def rank(self) -> int:
+        return self.ranks[self.cp_rank]
+
+    @property
+    def truncated(self) -> bool:
+        return self.num_tokens < self.length
+
+
+class SlotList(list):
+    """This rank's slots of one micro-batch (a plain ``list`` of :class:`SampleSlot`) plus the
+    micro-batch metadata, so that an idle rank's empty list still says where it is and carries
+    ``num_tokens_global``. Attributes: ``epoch``, ``global_batch``, ``micro_batch``, ``num_micro_batches``,
+    ``num_tokens_global``, ``ranks`` (``()`` when idle) and ``cp_rank`` (``-1`` when idle)."""
+
+    def __init__(self, slots: Sequence[SampleSlot] = (), *, epoch: int, global_batch: int, micro_batch: int,
+                 num_micro_batches: int, num_tokens_global: int, ranks: tuple[int, ...] = (), cp_rank: int = -1):
+        super().__init__(slots)
+        self.epoch, self.global_batch, self.micro_batch = epoch, global_batch, micro_batch
+        self.num_micro_batches, self.num_tokens_global = num_micro_batches, num_tokens_global
+        self.ranks, self.cp_rank = tuple(ranks), cp_rank
+
+    def __repr__(self) -> str:
+        return (f"SlotList(epoch={self.epoch}, global_batch={self.global_batch}, micro_batch={self.micro_batch}"
+                f"/{self.num_micro_batches}, ranks={self.ranks}, cp_rank={self.cp_rank}, "
+                f"indices={[s.index for s in self]})")
+
+
+class FCPDataset:
+    """``FCPDataset(base)[slot] → (base[slot.index], slot)``: carries the plan through DataLoader workers.
+
+    ``__getitems__`` (used by the DataLoader's fetcher for a whole batch) keeps the :class:`SlotList`
+    metadata, so an idle rank's empty batch reaches the collator with its ``num_tokens_global``.
+    """
+
+    def __init__(self, base: Any) -> None:
+        self.base = base
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, slot: SampleSlot) -> tuple[Any, SampleSlot]:
+        if not isinstance(slot, SampleSlot):
+            raise TypeError(f"FCPDataset is indexed by SampleSlot (from FCPSampler), got {type(slot).__name__}")
+        return self.base[slot.index], slot
+
+    def __getitems__(self, slots: Sequence[SampleSlot]) -> list:
+        items = [self[s] for s in slots]
+        if isinstance(slots, SlotList):
+            out = SlotList(items, epoch=slots.epoch, global_batch=slots.global_batch,
+                           micro_batch=slots.micro_batch, num_micro_batches=slots.num_micro_batches,
+                           num_tokens_global=slots.num_tokens_global, ranks=slots.ranks, cp_rank=slots.cp_rank)
+            return out
+        return items
+
+
+def _as_lengths(lengths_or_index: Any, etas: Any) -> tuple[np.ndarray, np.ndarray | None]:
+    src = lengths_or_index
+    if hasattr(src, "num_tokens") and not isinstance(src, (np.ndarray, list, tuple)):
+        lengths = np.asarray(src.num_tokens)
+        if etas is None:
+            etas = getattr(src, "eta", None)
+    else:
+        lengths = np.asarray(src)
+    if lengths.ndim != 1 or lengths.size == 0:
+        raise ValueError(f"lengths must be a non-empty 1-D array of token counts, got shape {lengths.shape}")
+    if not np.issubdtype(lengths.dtype, np.integer):
+        if not np.issubdtype(lengths.dtype, np.floating) or not np.all(lengths == np.round(lengths)):
+            raise ValueError("lengths must be integer token counts")
+    lengths = lengths.astype(np.int64)
+    bad = np.flatnonzero(lengths < 1)
+    if bad.size:
+        raise ValueError(f"sample {int(bad[0])} has {int(lengths[bad[0]])} tokens; every sample needs >= 1 "
+                         f"({bad.size} such samples) — remove them from the index")
+    if etas is not None:
+        etas = np.asarray(etas, dtype=np.float64)
+        if etas.shape != lengths.shape:
+            raise ValueError(f"etas has {etas.size} entries but there are {lengths.size} samples")
+        if not np.all(np.isfinite(etas)) or etas.min() < 0:
+            raise ValueError("etas must be finite and >= 0 (0 causal, 1 full attention)")
+        if not np.any(etas):
+            etas = None
+    return lengths, etas
+
+
+class FCPSampler:
+    """Batch sampler yielding this rank's :class:`SlotList` for every planned micro-batch (module doc)."""
+
+    def __init__(self, lengths_or_index: Any, num_ranks: int | None = None, rank: int | None = None, *,
+                 cost_model: CostModel, global_batch_size: int | None = None,
+                 global_batch_tokens: int | None = None, seed: int = 0, drop_last: bool = False,
+                 on_overlong: str = "error", prefetch: int = 2, solver: str = "fcp",
+                 micro_batches: str | int = "auto", etas: Any = None) -> None:
+        d_rank, d_world = dist_rank_and_world()
+        self.num_ranks = d_world if num_ranks is None else int(num_ranks)
+        self.rank = d_rank if rank is None else int(rank)
+        if self.num_ranks < 1:
+            raise ValueError(f"num_ranks must be >= 1, got {num_ranks}")
+        if not 0 <= self.rank < self.num_ranks:
+            raise ValueError(f"rank must be in [0, num_ranks={self.num_ranks}), got {self.rank}")
+        if isinstance(cost_model, dict):
+            cost_model = CostModel.from_dict(cost_model)
+        if not isinstance(cost_model, CostModel):
+            raise TypeError(f"cost_model must be a CostModel (or its dict), got {type(cost_model).__name__}")
+        self.cost_model = cost_model
+        if (global_batch_size is None) == (global_batch_tokens is None):
+            raise ValueError("give exactly one of global_batch_size (sequences) or global_batch_tokens")
+        for name, v in (("global_batch_size", global_batch_size), ("global_batch_tokens", global_batch_tokens)):
+            if v is not None and (int(v) != v or v < 1):
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        self.global_batch_size = None if global_batch_size is None else int(global_batch_size)
+        self.global_batch_tokens = None if global_batch_tokens is None else int(global_batch_tokens)
+        if on_overlong not in ("error", "truncate", "drop"):
+            raise ValueError(f"on_overlong must be 'error', 'truncate' or 'drop', got {on_overlong!r}")
+        if int(prefetch) != prefetch or prefetch < 0:
+            raise ValueError(f"prefetch must be an integer >= 0 (global batches planned ahead), got {prefetch!r}")
+        if not (micro_batches == "auto" or (isinstance(micro_batches, int) and micro_batches >= 1)):
+            raise ValueError(f"micro_batches must be 'auto' or a positive int, got {micro_batches!r}")
+        self.seed, self.drop_last, self.on_overlong = int(seed), bool(drop_last), on_overlong
+        self.prefetch, self.solver, self.micro_batches = int(prefetch), str(solver), micro_batches
+
+        lengths, self.etas = _as_lengths(lengths_or_index, etas)
+        self.lengths = lengths
+        self.capacity = self.num_ranks * cost_model.tokens_per_rank
+        over = np.flatnonzero(lengths > self.capacity)
+        self.num_truncated = self.num_dropped = 0
+        self.num_tokens = np.minimum(lengths, self.capacity)
+        kept = np.arange(lengths.size, dtype=np.int64)
+        if over.size:
+            what = (f"{over.size} sample(s) longer than num_ranks·tokens_per_rank = {self.num_ranks}·"
+                    f"{cost_model.tokens_per_rank} = {self.capacity} tokens (the most one micro-batch holds), "
+                    f"first: sample {int(over[0])} with {int(lengths[over[0]])} tokens")
+            if on_overlong == "error":
+                raise ValueError(f"{what}; pass on_overlong='truncate' or 'drop', or raise tokens_per_rank")
+            if on_overlong == "drop":
+                self.num_dropped = int(over.size)
+                kept = np.flatnonzero(lengths <= self.capacity).astype(np.int64)
+                logger.warning("FCPSampler drops %s", what)
+            else:
+                self.num_truncated = int(over.size)
+                logger.warning("FCPSampler truncates %s", what)
+        if kept.size == 0:
+            raise ValueError("no sample is left after dropping over-long ones")
+        self._kept = kept
+        h = hashlib.blake2b(lengths.tobytes(), digest_size=16)
+        if self.etas is not None:
+            h.update(self.etas.tobytes())
+        self._data_digest = h.hexdigest()
+        self.epoch = 0
+        self._layout: tuple[int, np.ndarray, np.ndarray] | None = None
+        self._counts: dict[int, dict[int, int]] = {}
+        self._resume: tuple[int, int, int] | None = None
+        self._live: weakref.ref | None = None
+        self.planner_waits: list[float] = []
+
+    # ------------------------------------------------------------------ epoch layout
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose order the next iterator yields (a pending resume for another epoch is
+        discarded)."""
+        epoch = int(epoch)
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        if self._resume is not None and self._resume[0] != epoch:
+            self._resume = None
+        self.epoch = epoch
+
+    def _epoch_layout(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(order, bounds)``: the epoch's permutation of kept indices and global batch boundaries."""
+        cached = self._layout
+        if cached is not None and cached[0] == epoch:
+            return cached[1], cached[2]
+        rng = np.random.default_rng([self.seed, epoch])
+        order = self._kept[rng.permutation(self._kept.size)]
+        n = order.size
+        if self.global_batch_size is not None:
+            b = self.global_batch_size
+            num = n // b if self.drop_last else -(-n // b)
+            bounds = np.minimum(np.arange(num + 1, dtype=np.int64) * b, n)
+        else:
+            csum = np.concatenate([[0], np.cumsum(self.num_tokens[order])])
+            budget = self.global_batch_tokens
+            starts = [0]
+            while starts[-1] < n:
+                s = starts[-1]
+                e = int(np.searchsorted(csum, csum[s] + budget, side="right")) - 1
+                starts.append(max(e, s + 1))
+            if self.drop_last and len(starts) > 1 and csum[starts[-1]] - csum[starts[-2]] < budget:
+                starts.pop()
+            bounds = np.asarray(starts, dtype=np.int64)
+        self._layout = (epoch, order, bounds)
+        return order, bounds
+
+    def num_global_batches(self, epoch: int | None = None) -> int:
+        return int(self._epoch_layout(self.epoch if epoch is None else epoch)[1].size - 1)
+
+    def global_batch_indices(self, g: int, epoch: int | None = None) -> np.ndarray:
+        """Dataset indices of global batch ``g`` of ``epoch`` (plan ``seq_ids`` index this array)."""
+        order, bounds = self._epoch_layout(self.epoch if epoch is None else epoch)
+        if not 0 <= g < bounds.size - 1:
+            raise IndexError(f"global batch {g} out of range [0, {bounds.size - 1})")
+        return order[bounds[g]:bounds[g + 1]]
+
+    def plan_global_batch(self, g: int, epoch: int | None = None) -> Plan:
+        """The plan of global batch ``g`` (same on every rank; ``seq_ids`` index ``global_batch_indices``)."""
+        from fcp_data.plan import plan_batch
+
+        ids = self.global_batch_indices(g, epoch)
+        plan = plan_batch(self.num_tokens[ids], num_ranks=self.num_ranks, cost_model=self.cost_model,
+                          etas=None if self.etas is None else self.etas[ids], solver=self.solver,
+                          micro_batches=self.micro_batches)
+        if sorted(plan.seq_ids) != list(range(ids.size)):
+            raise RuntimeError(f"planner returned a plan that does not hold each of the {ids.size} sequences "
+                               f"of global batch {g} exactly once (solver={self.solver!r})")
+        return plan
+
+    def _rank_lists(self, epoch: int, g: int) -> list[SlotList]:
+        """Plan global batch ``g`` and return this rank's list for each of its micro-batches."""
+        ids = self.global_batch_indices(g, epoch)
+        plan = self.plan_global_batch(g, epoch)
+        toks = self.num_tokens[ids]
+        total = int(np.maximum(toks - 1, 0).sum())
+        num_mb = len(plan.micro_batches)
+        out = []
+        for m, mb in enumerate(plan.micro_batches):
+            meta = dict(epoch=epoch, global_batch=g, micro_batch=m, num_micro_batches=num_mb,
+                        num_tokens_global=total)
+            group = mb.group_of_rank(self.rank)
+            if group is None:
+                out.append(SlotList(**meta))
+                continue
+            cp = group.ranks.index(self.rank)
+            slots = [SampleSlot(index=int(ids[s]), ranks=group.ranks, cp_rank=cp, num_tokens=int(toks[s]),
+                                length=int(self.lengths[ids[s]]), **meta) for s in group.seq_ids]
+            out.append(SlotList(slots, ranks=group.ranks, cp_rank=cp, **meta))
+        return out
+
+    def _record_count(self, epoch: int, g: int, count: int) -> None:
+        self._counts.setdefault(epoch, {})[g] = count
+
+    # ------------------------------------------------------------------ iteration
+    def __len__(self) -> int:
+        """Number of lists of the current epoch (plans the epoch's unplanned global batches once)."""
+        epoch = self.epoch
+        counts = self._counts.setdefault(epoch, {})
+        for g in range(self.num_global_batches(epoch)):
+            if g not in counts:
+                counts[g] = len(self.plan_global_batch(g, epoch).micro_batches)
+        return int(sum(counts[g] for g in range(self.num_global_batches(epoch))))
+
+    def __iter__(self) -> Iterator[SlotList]:
+        start_g, start_m = 0, 0
+        if self._resume is not None and self._resume[0] == self.epoch:
+            _, start_g, start_m = self._resume
+            if start_g >= self.num_global_batches(self.epoch):
+                start_g, start_m = 0, 0  # a finished epoch resumes as a fresh pass
+        self._resume = None
+        it = SamplerIterator(self, self.epoch, start_g, start_m)
+        self._live = weakref.ref(it)
+        return it
+
+    # ------------------------------------------------------------------ state
+    def _config(self) -> dict[str, Any]:
+        return {"num_ranks": self.num_ranks, "rank": self.rank, "seed": self.seed,
+                "global_batch_size": self.global_batch_size, "global_batch_tokens": self.global_batch_tokens,
+                "drop_last": self.drop_last, "on_overlong": self.on_overlong, "solver": self.solver,
+                "micro_batches": self.micro_batches, "cost_model": self.cost_model.to_dict(),
+                "num_samples": int(self.lengths.size), "data_digest": self._data_digest}
+
+    def _state(self, epoch: int, g: int, m: int) -> dict[str, Any]:
+        return {"version": _STATE_VERSION, "epoch": epoch, "global_batch": g, "micro_batch": m,
+                "config": self._config()}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Position of the next list (of the live iterator, else the pending resume, else the epoch start)."""
+        it = self._live() if self._live is not None else None
+        if it is not None:
+            return it.state_dict()
+        if self._resume is not None:
+            return self._state(*self._resume)
+        return self._state(self.epoch, 0, 0)
+
+    def check_state(self, state: dict[str, Any]) -> tuple[int, int, int]:
+        """Validate a state (strict keys, same config) and return ``(epoch, global_batch, micro_batch)``."""
+        if not isinstance(state, dict):
+            raise ValueError(f"an FCPSampler state must be a dict, got {type(state).__name__}")
+        keys = {"version", "epoch", "global_batch", "micro_batch", "config"}
+        if set(state) != keys:
+            raise ValueError(f"an FCPSampler state has keys {sorted(keys)}; got {sorted(state)}")
+        if state["version"] != _STATE_VERSION:
+            raise ValueError(f"FCPSampler state version {state['version']} is not {_STATE_VERSION}")
+        mine, theirs = self._config(), state["config"]
+        if not isinstance(theirs, dict) or set(theirs) != set(mine):
+            raise ValueError(f"FCPSampler state config has keys {sorted(theirs) if isinstance(theirs, dict) else theirs}, "
+                             f"expected {sorted(mine)}")
+        diffs = [f"{k}: saved {theirs[k]!r}, this sampler {mine[k]!r}" for k in mine if theirs[k] != mine[k]]
+        if diffs:
+            raise ValueError("the FCPSampler state was saved with a different configuration — "
+                             + "; ".join(diffs) + ". Resume with the same world size, seed, data and config.")
+        e, g, m = (int(state[k]) for k in ("epoch", "global_batch", "micro_batch"))
+        if e < 0 or not 0 <= g <= self.num_global_batches(e) or m < 0 or (g == self.num_global_batches(e) and m):
+            raise ValueError(f"FCPSampler state position (epoch {e}, global batch {g}, micro-batch {m}) is out of range")
+        return e, g, m
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The next ``iter()`` starts at the saved position (and ``epoch`` becomes the saved epoch)."""
+        e, g, m = self.check_state(state)
+        self.epoch = e
+        self._resume = (e, g, m)
+
+    def __getstate__(self) -> dict[str, Any]:
+        d = self.__dict__.copy()
+        d["_live"] = None  # a weakref to the live iterator does not pickle (and belongs to this process)
+        return d

@@ -1,0 +1,181 @@
+"""FCPCollator: packing, padding, shifted labels, positions and zigzag sharding (DESIGN.md §7).
+
+The reference is built here in plain Python from the documents (pad each to 2·degree, shift labels inside
+the document, positions 0..P−1); the collator's per-rank shards, reassembled with
+``fcp_exec.layout.zigzag_unshard`` over all cp_ranks, must equal it exactly.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fcp_data.collator import FCPCollator, qwen_vl_mrope_positions
+from fcp_data.sampler import FCPDataset, SampleSlot, SlotList
+from fcp_exec.layout import zigzag_unshard
+
+PAD, IGN = 7, -100
+
+
+def _slots(lengths, keep, degree, cp_rank, total=None, ranks=None):
+    ranks = tuple(range(10, 10 + degree)) if ranks is None else ranks
+    total = sum(k - 1 for k in keep) if total is None else total
+    return [SampleSlot(index=i, ranks=ranks, cp_rank=cp_rank, num_tokens=k, length=n, num_tokens_global=total,
+                       epoch=1, global_batch=2, micro_batch=0, num_micro_batches=1)
+            for i, (n, k) in enumerate(zip(lengths, keep))]
+
+
+def _reference(docs, keep, degree):
+    ids, labels, pos, cu = [], [], [], [0]
+    for doc, n in zip(docs, keep):
+        d = doc[:n]
+        p = n + (-n) % (2 * degree)
+        ids += d + [PAD] * (p - n)
+        labels += d[1:] + [IGN] * (p - n + 1)
+        pos += list(range(p))
+        cu.append(cu[-1] + p)
+    return ids, labels, pos, cu
+
+
+@st.composite
+def _docs(draw):
+    num = draw(st.integers(1, 5))
+    lengths = draw(st.lists(st.integers(1, 40), min_size=num, max_size=num))
+    docs = [draw(st.lists(st.integers(1000, 1100), min_size=n, max_size=n)) for n in lengths]
+    keep = [draw(st.integers(1, n)) for n in lengths]
+    return docs, keep
+
+
+@pytest.mark.parametrize("degree", range(1, 9))
+@settings(max_examples=25, deadline=None)
+@given(case=_docs())
+def test_unshard_of_all_cp_ranks_equals_padded_documents(degree, case):
+    """Reassembling every cp_rank's shard gives the padded docs, shifted labels and positions exactly;
+    a failure means the collator pads, shifts, truncates or shards differently from DESIGN §7."""
+    docs, keep = case
+    collate = FCPCollator(pad_token_id=PAD, ignore_index=IGN)
+    ref_ids, ref_lab, ref_pos, ref_cu = _reference(docs, keep, degree)
+    outs = []
+    for r in range(degree):
+        slots = _slots([len(d) for d in docs], keep, degree, r)
+        outs.append(collate([({"input_ids": torch.tensor(d)}, s) for d, s in zip(docs, slots)]))
+    for r, out in enumerate(outs):
+        assert out["cu_seqlens"].dtype == torch.int32
+        assert out["cu_seqlens"].tolist() == [c // degree for c in ref_cu]
+        assert out["max_seqlen"] == max(b - a for a, b in zip(ref_cu, ref_cu[1:])) // degree
+        assert out["cp_rank"] == r and out["ranks"] == tuple(range(10, 10 + degree))
+        assert out["num_tokens_global"] == sum(k - 1 for k in keep)
+        assert out["sample_indices"] == tuple(range(len(docs)))
+    for key, ref in (("input_ids", ref_ids), ("labels", ref_lab), ("position_ids", ref_pos)):
+        full = zigzag_unshard([o[key] for o in outs], ref_cu, degree)
+        assert full.tolist() == ref, key
+    # every label token is counted once over the group
+    assert sum(int((o["labels"] != IGN).sum()) for o in outs) == sum(k - 1 for k in keep)
+
+
+def test_idle_rank_gets_empty_batch_with_metadata():
+    """An idle rank's empty SlotList gives an empty batch that still carries num_tokens_global; a failure
+    means the loss normalisation on idle ranks breaks."""
+    empty = SlotList(epoch=3, global_batch=4, micro_batch=1, num_micro_batches=2, num_tokens_global=1234)
+    items = FCPDataset([{"input_ids": [1, 2]}]).__getitems__(empty)
+    out = FCPCollator(visual_token_id=5, mrope=True)(items)
+    assert out["num_tokens_global"] == 1234 and out["ranks"] == () and out["cp_rank"] == -1
+    assert (out["epoch"], out["global_batch"], out["micro_batch"], out["num_micro_batches"]) == (3, 4, 1, 2)
+    assert out["input_ids"].numel() == 0 and out["cu_seqlens"].tolist() == [0] and out["max_seqlen"] == 0
+    assert out["mrope_position_ids"].shape == (3, 0) and out["visual_pos"].numel() == 0
+    with pytest.raises(ValueError, match="metadata"):
+        FCPCollator()([])
+
+
+def test_input_errors_are_clear():
+    """Mixed groups, stale lengths and bad ids raise ValueError naming the problem."""
+    collate = FCPCollator()
+    a = _slots([4], [4], 2, 0)[0]
+    b = _slots([4], [4], 2, 1)[0]
+    with pytest.raises(ValueError, match="one CP group"):
+        collate([({"input_ids": [1, 2, 3, 4]}, a), ({"input_ids": [1, 2, 3, 4]}, b)])
+    with pytest.raises(ValueError, match="stale"):
+        collate([({"input_ids": [1, 2, 3]}, a)])
+    assert collate.__class__(strict_lengths=False)([({"input_ids": [1, 2, 3, 4, 5]}, a)])["input_ids"].numel() == 2
+    with pytest.raises(ValueError, match="1-D integer"):
+        collate([({"input_ids": torch.ones(4)}, a)])
+
+
+V = 99  # visual placeholder id in these tests
+
+
+def test_mrope_positions_match_hand_derived_qwen_vl_rule():
+    """Text, a 1×4×4 image (merge 2 → 2×2 tokens), text, a 2×2×4 video (→ 2×1×2 tokens), text. The
+    expected values are derived by hand from the Qwen2-VL rule in the collator docstring."""
+    ids = torch.tensor([1, 2, V, V, V, V, 3, V, V, V, V, 4])
+    grid = torch.tensor([[1, 4, 4], [2, 2, 4]])
+    got = qwen_vl_mrope_positions(ids, grid, torch.tensor([V]), 2).tolist()
+    s1 = 2  # image starts where the next text token would
+    img = [(s1, s1, s1), (s1, s1, s1 + 1), (s1, s1 + 1, s1), (s1, s1 + 1, s1 + 1)]
+    t3 = s1 + 2  # max of image (3) + 1
+    s2 = t3 + 1
+    vid = [(s2, s2, s2), (s2, s2, s2 + 1), (s2 + 1, s2, s2), (s2 + 1, s2, s2 + 1)]
+    expect = [(0, 0, 0), (1, 1, 1), *img, (t3, t3, t3), *vid, (s2 + 2, s2 + 2, s2 + 2)]
+    assert [tuple(c) for c in zip(*got)] == expect
+    with pytest.raises(ValueError, match="disagree|only"):
+        qwen_vl_mrope_positions(ids[:9], grid, torch.tensor([V]), 2)
+
+
+@pytest.mark.parametrize("degree", [1, 2, 3])
+def test_multimodal_visual_scatter_and_mrope_shards(degree):
+    """Visual tokens: on every cp_rank, visual_pos points at placeholders and visual_index names the
+    placeholder's row in the group's visual embeddings (placeholder order over the untruncated docs);
+    over all ranks the rows of the kept placeholders appear once each. mrope shards reassemble to the
+    per-document positions, pads continuing. pixel_values/grid_thw are concatenated in slot order.
+    A failure means the model would scatter image embeddings to the wrong tokens."""
+    doc0 = [1, 2, V, V, V, V, 3, 4, 5]                 # one 1×4×4 image
+    doc1 = [6] * 3                                      # text only
+    doc2 = [7, V, V, V, V, 8, V, V, V, V, 9]           # two images, truncated inside the second
+    docs, keep = [doc0, doc1, doc2], [9, 3, 8]
+    grids = [torch.tensor([[1, 4, 4]]), None, torch.tensor([[1, 4, 4], [2, 2, 4]])]
+    pix = [torch.full((16, 3), 0.0), None, torch.cat([torch.full((16, 3), 2.0), torch.full((16, 3), 3.0)])]
+    samples = []
+    for d, g, p in zip(docs, grids, pix):
+        s = {"input_ids": torch.tensor(d)}
+        if g is not None:
+            s["grid_thw"], s["pixel_values"] = g, p
+        samples.append(s)
+    collate = FCPCollator(pad_token_id=PAD, visual_token_id=[V], mrope=True)
+    _, _, _, cu = _reference(docs, keep, degree)
+    # reference: global packed position -> visual row, over kept placeholders
+    ref_rows, row = {}, 0
+    for k, (d, n) in enumerate(zip(docs, keep)):
+        for t, tok in enumerate(d):
+            if tok == V:
+                if t < n:
+                    ref_rows[cu[k] + t] = row
+                row += 1
+    seen, outs = [], []
+    from fcp_exec.layout import zigzag_index
+    for r in range(degree):
+        slots = _slots([len(d) for d in docs], keep, degree, r)
+        out = collate(list(zip(samples, slots)))
+        outs.append(out)
+        gidx = zigzag_index(cu, degree, r)
+        for p, rw in zip(out["visual_pos"].tolist(), out["visual_index"].tolist()):
+            assert out["input_ids"][p] == V
+            assert ref_rows[int(gidx[p])] == rw
+            seen.append(rw)
+        assert out["pixel_values"].shape == (48, 3) and out["grid_thw"].tolist() == [[1, 4, 4], [1, 4, 4], [2, 2, 4]]
+    assert sorted(seen) == sorted(ref_rows.values())
+    mr = zigzag_unshard([o["mrope_position_ids"].T for o in outs], cu, degree).T
+    for k, (d, n) in enumerate(zip(docs, keep)):
+        ref = qwen_vl_mrope_positions(torch.tensor(d), grids[k], torch.tensor([V]), 2)[:, :n]
+        seg = mr[:, cu[k]:cu[k + 1]]
+        assert torch.equal(seg[:, :n], ref)
+        top = int(ref.max()) + 1
+        assert seg[:, n:].tolist() == [list(range(top, top + cu[k + 1] - cu[k] - n))] * 3
+
+
+def test_grid_count_mismatch_is_reported():
+    """A sample whose placeholder count disagrees with grid_thw is a ValueError naming the sample."""
+    slot = _slots([5], [5], 1, 0)[0]
+    with pytest.raises(ValueError, match="sample 0 has 3 visual"):
+        FCPCollator(visual_token_id=V)([({"input_ids": [1, V, V, V, 2], "grid_thw": [[1, 4, 4]]}, slot)])
