@@ -1,0 +1,150 @@
+"""Drive a whole ``fcp index`` run: plan tasks, skip finished ones on ``--resume``, run an engine with a
+progress bar, merge the per-shard parts (in task order) into the final columns, write manifest and errors.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from fcp_data.index.build import expand_inputs, make_tasks, part_path, task_fingerprint
+from fcp_data.index.format import COLUMNS, FORMAT_NAME, FORMAT_VERSION, atomic_write_bytes, write_columns
+
+__all__ = ["build_index", "merge_parts", "summarize", "token_percentiles"]
+
+
+def _read_part(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
+    with np.load(path) as z:
+        arrays = {k: z[k] for k in z.files}
+    meta = json.loads(arrays.pop("meta").tobytes().decode())
+    return meta, arrays
+
+
+def _part_done(path: Path, fingerprint: str) -> bool:
+    if not path.exists():
+        return False
+    try:
+        meta, _ = _read_part(path)
+    except Exception:  # a part from a killed writer never has its final name, but be safe
+        return False
+    return meta.get("fingerprint") == fingerprint
+
+
+def token_percentiles(num_tokens: np.ndarray) -> dict:
+    if len(num_tokens) == 0:
+        return {"p50": 0, "p90": 0, "p99": 0, "max": 0, "sum": 0}
+    q = np.percentile(num_tokens, [50, 90, 99], method="nearest")
+    return {"p50": int(q[0]), "p90": int(q[1]), "p99": int(q[2]), "max": int(num_tokens.max()), "sum": int(num_tokens.sum())}
+
+
+def merge_parts(out: Path, tasks: list[dict]) -> tuple[dict, list[dict], int]:
+    """Concatenate the parts of ``tasks`` in task order into ``out/*.npy``; returns (exts, errors, seen)."""
+    metas, parts = [], []
+    for t in tasks:
+        meta, arrays = _read_part(part_path(out, t["id"]))
+        metas.append(meta)
+        parts.append(arrays)
+    exts = sorted({e for m in metas for e in m["exts"]})
+    ext_id = {e: i for i, e in enumerate(exts)}
+    cols = {k: np.concatenate([p[k] for p in parts]) if parts else np.zeros(0, dt) for k, dt in COLUMNS.items()}
+    key_bytes, key_ptr, mem_ptr, mem_ext, mem_off, mem_size = [], [np.zeros(1, np.int64)], [np.zeros(1, np.int64)], [], [], []
+    kb_total = mm_total = 0
+    for meta, p in zip(metas, parts):
+        key_bytes.append(p["key_bytes"])
+        key_ptr.append(p["key_ptr"][1:] + kb_total)
+        kb_total += len(p["key_bytes"])
+        mem_ptr.append(p["member_ptr"][1:] + mm_total)
+        mm_total += len(p["member_ext"])
+        remap = np.asarray([ext_id[e] for e in meta["exts"]] or [0], dtype=np.int16)
+        mem_ext.append(remap[p["member_ext"]] if len(p["member_ext"]) else p["member_ext"])
+        mem_off.append(p["member_offset"])
+        mem_size.append(p["member_size"])
+    cat = lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt)  # noqa: E731
+    cols.update(key_ptr=cat(key_ptr, np.int64), key_bytes=cat(key_bytes, np.uint8), member_ptr=cat(mem_ptr, np.int64),
+                member_ext=cat(mem_ext, np.int16), member_offset=cat(mem_off, np.int64), member_size=cat(mem_size, np.int64))
+    write_columns(out, cols)
+    errors = [e for m in metas for e in m["errors"]]
+    return {"exts": exts, "num_tokens": cols["num_tokens"]}, errors, sum(m["seen"] for m in metas)
+
+
+def summarize(manifest: dict) -> str:
+    t = manifest["tokens"]
+    lines = [f"indexed {manifest['num_samples']} samples of {manifest['num_seen']} seen, {manifest['num_errors']} errors "
+             f"({manifest['error_rate']:.2%}); spec {manifest['spec']['name']}",
+             f"tokens: p50 {t['p50']}  p90 {t['p90']}  p99 {t['p99']}  max {t['max']}  total {t['sum']}"]
+    if manifest["errors_by_reason"]:
+        lines.append("errors by reason: " + ", ".join(f"{r} {n}" for r, n in sorted(manifest["errors_by_reason"].items())))
+    return "\n".join(lines)
+
+
+def build_index(inputs: list[str], spec: str, out: str | Path, *, tokenizer: str | None = None, workers: int = 1,
+                engine: str = "local", address: str | None = None, resume: bool = False, probe: str = "av",
+                text_field: str = "text", key_field: str = "id", max_error_rate: float = 0.01,
+                progress: bool = True, dir_chunk: int | None = None) -> tuple[dict, int]:
+    """Build (or resume) the index of ``inputs`` into ``out``; returns (manifest, exit code 0/1)."""
+    from fcp_data import __version__
+    from fcp_data.index.build import DIR_CHUNK
+    from fcp_data.index.engines import ENGINES, run_local, run_ray
+    from fcp_data.specs import load_spec
+
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; use one of {', '.join(ENGINES)}")
+    if not 0 <= max_error_rate <= 1:
+        raise ValueError(f"--max-error-rate must be in [0, 1], got {max_error_rate}")
+    if workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {workers}")
+    sp = load_spec(spec, tokenizer)
+    out = Path(out)
+    sources = expand_inputs(list(inputs))
+    tasks = make_tasks(sources, dir_chunk or DIR_CHUNK)
+    cfg = {"spec_path": sp.path, "tokenizer": sp.tokenizer_path, "spec_fingerprint": sp.fingerprint, "probe": probe,
+           "text_field": text_field, "key_field": key_field, "out": str(out.resolve())}
+    if not resume and (out / "parts").exists():
+        shutil.rmtree(out / "parts")
+    (out / "parts").mkdir(parents=True, exist_ok=True)
+    todo = [t for t in tasks if not (resume and _part_done(part_path(out, t["id"]), task_fingerprint(t, cfg)))]
+
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(tasks), initial=len(tasks) - len(todo), unit="shard", file=sys.stderr, disable=not progress,
+               desc="fcp index", dynamic_ncols=True)
+    stats = {"samples": 0, "errors": 0, "t0": time.perf_counter()}
+
+    def on_done(res: dict) -> None:
+        stats["samples"] += res["seen"]
+        stats["errors"] += res["errors"]
+        rate = stats["samples"] / max(time.perf_counter() - stats["t0"], 1e-9)
+        bar.set_postfix(samples=stats["samples"], errors=stats["errors"], rate=f"{rate:.0f}/s", refresh=False)
+        bar.update(1)
+
+    try:
+        if engine == "ray":
+            run_ray(todo, cfg, on_done, address=address)
+        else:
+            run_local(todo, cfg, workers, on_done)
+    finally:
+        bar.close()
+    info, errors, seen = merge_parts(out, tasks)
+    by_reason = Counter(e["reason"] for e in errors)
+    n = len(info["num_tokens"])
+    manifest = {
+        "format": FORMAT_NAME, "version": FORMAT_VERSION, "tool": f"fcp {__version__}",
+        "spec": {"name": sp.name, "family": sp.family, "fingerprint": sp.fingerprint, "eta": sp.eta,
+                 "tokenizer": Path(sp.tokenizer_path).name},
+        "probe": probe, "text_field": text_field, "key_field": key_field, "inputs": list(inputs), "sources": sources,
+        "num_tasks": len(tasks), "exts": info["exts"], "num_samples": n, "num_errors": len(errors), "num_seen": seen,
+        "error_rate": len(errors) / seen if seen else 0.0, "errors_by_reason": dict(sorted(by_reason.items())),
+        "tokens": token_percentiles(np.asarray(info["num_tokens"])),
+        "columns": {k: np.dtype(v).name for k, v in COLUMNS.items()},
+    }
+    if n + len(errors) != seen:
+        raise AssertionError(f"accounting broken: {n} indexed + {len(errors)} errors != {seen} seen")
+    atomic_write_bytes(out / "errors.jsonl", "".join(json.dumps(e) + "\n" for e in errors).encode())
+    atomic_write_bytes(out / "manifest.json", (json.dumps(manifest, indent=1) + "\n").encode())
+    return manifest, (1 if manifest["error_rate"] > max_error_rate else 0)
