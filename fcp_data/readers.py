@@ -1,0 +1,146 @@
+"""Map-style datasets over a :class:`~fcp_data.index.LengthIndex`: ``dataset[i]`` reads sample ``i`` straight
+from its source by the recorded byte offset (no scan of a tar shard or jsonl file).
+
+Sample dicts (the contract with :class:`~fcp_data.collator.FCPCollator`, DESIGN §7):
+
+- text sample (jsonl line, or a text-only tar/folder sample):
+  ``{"input_ids": LongTensor [L]}`` — the spec tokenizer's ids of the text, plus EOS when the spec says so.
+- image or video sample:
+  ``{"input_ids": LongTensor [L], "pixel_values": FloatTensor, "grid_thw": LongTensor [1, 3]}`` where
+  ``input_ids`` = the visual block (markers, timestamps text, and exactly ``index.num_visual_tokens[i]``
+  placeholder ids) followed by the caption's ids and EOS. ``pixel_values``/``grid_thw`` layout per family:
+  Qwen-VL ``[t·h·w, 3·2·p·p]`` / ``[[t, h, w]]`` patches (tokens = t·h·w/4); InternVL
+  ``[tiles, 3, 448, 448]`` / ``[[tiles, 32, 32]]``; LLaVA-Video ``[frames, 3, 384, 384]`` / ``[[frames, 14, 15]]``.
+
+Always ``len(input_ids) == index.num_tokens[i]`` and ``(input_ids ∈ placeholder_ids).sum() ==
+index.num_visual_tokens[i]``. The collator finds visual positions with ``dataset.placeholder_ids``
+(also ``image_token_id``/``video_token_id`` for Qwen-VL). ``dataset.pad_token_id`` is the spec's pad id.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fcp_data.index.format import KIND_IMAGE, KIND_TEXT, KIND_VIDEO, LengthIndex
+from fcp_data.index.probe import IMAGE_EXTS, TEXT_EXTS, VIDEO_EXTS
+from fcp_data.specs import Spec, load_spec, plan_visual, segments_to_ids
+
+__all__ = ["IndexedDataset"]
+
+
+class IndexedDataset(torch.utils.data.Dataset):
+    """Sample ``i`` of a length index as a dict of tensors (see the module docstring).
+
+    index: a ``LengthIndex`` or its path. spec: the spec name/path/object (default: the spec the index was
+    built with; its fingerprint must match). tokenizer: a tokenizer.json overriding the spec's (must be the
+    one the index was built with). roots: ``{old_prefix: new_prefix}`` to relocate sources moved after indexing.
+    """
+
+    def __init__(self, index: LengthIndex | str | Path, spec: Spec | str | None = None, *, tokenizer: str | None = None,
+                 roots: dict[str, str] | None = None, check_fingerprint: bool = True):
+        self.index = index if isinstance(index, LengthIndex) else LengthIndex.load(index)
+        m = self.index.manifest
+        if spec is None:
+            spec = m["spec"]["name"]
+        self.spec = spec if isinstance(spec, Spec) else load_spec(spec, tokenizer)
+        if check_fingerprint and self.spec.fingerprint != m["spec"]["fingerprint"]:
+            raise ValueError(f"spec {self.spec.name!r} (fingerprint {self.spec.fingerprint[:12]}) differs from the one the index "
+                             f"was built with ({m['spec']['name']!r}, {m['spec']['fingerprint'][:12]}); pass the same spec and "
+                             "tokenizer, or rebuild the index")
+        self.text_field = m.get("text_field", "text")
+        self._roots = dict(roots or {})
+        self._files: dict[int, object] = {}
+        self._pid = os.getpid()
+        self.placeholder_ids: tuple[int, ...] = self.spec.placeholder_ids if self.spec.is_multimodal else ()
+        t = self.spec.vision.get("tokens", {})
+        self.image_token_id = self.spec.token_id(t["image_pad"]) if "image_pad" in t else None
+        self.video_token_id = self.spec.token_id(t["video_pad"]) if "video_pad" in t else None
+        self.pad_token_id = self.spec.token_id(self.spec.text.get("pad_token", self.spec.text["eos_token"]))
+        self.eos_token_id = self.spec.eos_id
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getstate__(self):  # file handles do not cross process boundaries
+        d = dict(self.__dict__)
+        d["_files"] = {}
+        return d
+
+    # ------------------------------------------------------------------ raw bytes by recorded offset
+
+    def _source_path(self, shard: int) -> Path:
+        p = self.index.sources[shard]["path"]
+        for old, new in self._roots.items():
+            if p.startswith(old):
+                p = new + p[len(old):]
+        return Path(p)
+
+    def _handle(self, shard: int):
+        if os.getpid() != self._pid:  # forked DataLoader worker: reopen
+            self._files, self._pid = {}, os.getpid()
+        f = self._files.get(shard)
+        if f is None:
+            f = self._files[shard] = open(self._source_path(shard), "rb")
+        return f
+
+    def read_member(self, i: int, ext: str) -> bytes:
+        """Bytes of member ``ext`` of sample ``i`` (a seek + read in a tar/jsonl; a file read in a folder)."""
+        shard = int(self.index.shard[i])
+        off, size = self.index.members(i)[ext]
+        if self.index.sources[shard]["kind"] == "dir":
+            return (self._source_path(shard) / f"{self.index.keys[i]}.{ext}").read_bytes()
+        f = self._handle(shard)
+        f.seek(off)
+        data = f.read(size)
+        if len(data) != size:
+            raise OSError(f"sample {self.index.keys[i]!r}: read {len(data)} of {size} bytes of .{ext} at {off}; the shard changed since indexing")
+        return data
+
+    # ------------------------------------------------------------------ samples
+
+    def _text_ids(self, text: str) -> list[int]:
+        ids = self.spec.tokenizer().encode(text, add_special_tokens=False).ids if text else []
+        return ids + ([self.eos_token_id] if self.eos_token_id is not None else [])
+
+    def __getitem__(self, i: int) -> dict:
+        i = int(i)
+        if not 0 <= i < len(self):
+            raise IndexError(f"sample {i} out of range for an index of {len(self)} samples")
+        kind = int(self.index.kind[i])
+        members = self.index.members(i)
+        if kind == KIND_TEXT:
+            if "jsonl" in members:
+                text = json.loads(self.read_member(i, "jsonl").decode("utf-8"))[self.text_field]
+            else:
+                text = self.read_member(i, next(e for e in TEXT_EXTS if e in members)).decode("utf-8")
+            return {"input_ids": torch.tensor(self._text_ids(text), dtype=torch.long)}
+        from fcp_data.video import vision_inputs
+
+        txt = next((e for e in TEXT_EXTS if e in members), None)
+        caption = self.read_member(i, txt).decode("utf-8") if txt else ""
+        if kind == KIND_VIDEO:
+            ext = next(e for e in VIDEO_EXTS if e in members)
+            plan = plan_visual(self.spec, "video", height=int(self.index.height[i]), width=int(self.index.width[i]),
+                               num_frames=int(self.index.num_frames[i]), fps=float(self.index.fps[i]))
+        elif kind == KIND_IMAGE:
+            ext = next(e for e in IMAGE_EXTS if e in members)
+            plan = plan_visual(self.spec, "image", height=int(self.index.height[i]), width=int(self.index.width[i]))
+        else:
+            raise ValueError(f"sample {i}: unknown kind {kind} in the index")
+        shard = int(self.index.shard[i])
+        src = self.read_member(i, ext) if self.index.sources[shard]["kind"] != "dir" else \
+            self._source_path(shard) / f"{self.index.keys[i]}.{ext}"
+        pixel_values, grid_thw = vision_inputs(self.spec, plan, src)
+        ids = segments_to_ids(self.spec, plan.segments) + self._text_ids(caption)
+        return {"input_ids": torch.tensor(ids, dtype=torch.long), "pixel_values": pixel_values, "grid_thw": grid_thw}
+
+    def num_visual_tokens(self, sample: dict) -> int:
+        """Placeholder tokens in a sample's ``input_ids``."""
+        if not self.placeholder_ids:
+            return 0
+        return int(np.isin(sample["input_ids"].numpy(), self.placeholder_ids).sum())

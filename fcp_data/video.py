@@ -1,0 +1,118 @@
+"""Decode only the sampled frames, resize and patchify them in the model family's layout.
+
+The frame indices, target sizes and tile grids come from :func:`fcp_data.specs.plan_visual`, the same
+plan the length index counted, so the produced patches always match the index's visual token count.
+
+- Qwen-VL: decord ``get_batch`` of the plan's frames → torch bicubic antialiased resize to the plan's
+  (H, W) (what qwen-vl-utils does with torchvision) → rescale 1/255, normalise → patchify with temporal
+  patch 2 (last frame repeated when the count is odd) and 2×2 merge order:
+  ``pixel_values [t·h·w, C·tp·p·p]`` (transformers Qwen2-VL layout), ``grid_thw [[t, h, w]]`` in patches.
+- InternVL: 448-px tiles (PIL bicubic), images tiled by the plan's (cols, rows) + thumbnail, video frames one
+  tile each: ``pixel_values [tiles, 3, 448, 448]``, ``grid_thw [[tiles, 32, 32]]`` (14-px patches per tile;
+  tokens = t·h·w / 4 after the 0.5 pixel shuffle).
+- LLaVA-Video: frames resized to 384×384: ``pixel_values [frames, 3, 384, 384]``, ``grid_thw [[frames, 14, 15]]``
+  (14×14 pooled patches + one newline token per row = 210 per frame).
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fcp_data.specs import Spec, VisualPlan
+
+__all__ = ["decode_frames", "decode_image", "qwen_patchify", "vision_inputs"]
+
+
+def decode_frames(src: bytes | str | Path, indices) -> np.ndarray:
+    """Frames ``indices`` of a video as uint8 ``[T, H, W, 3]`` (decord; nothing else is decoded)."""
+    import decord
+
+    vr = decord.VideoReader(io.BytesIO(src) if isinstance(src, (bytes, bytearray)) else str(src), num_threads=1)
+    idx = [min(int(i), len(vr) - 1) for i in indices]
+    return vr.get_batch(idx).asnumpy()
+
+
+def decode_image(src: bytes | str | Path):
+    from PIL import Image
+
+    im = Image.open(io.BytesIO(src) if isinstance(src, (bytes, bytearray)) else str(src))
+    return im.convert("RGB")
+
+
+def _normalize(x: torch.Tensor, mean, std) -> torch.Tensor:
+    """x: float [..., C, H, W] in 0..255."""
+    m = torch.tensor(mean, dtype=x.dtype).view(-1, 1, 1)
+    s = torch.tensor(std, dtype=x.dtype).view(-1, 1, 1)
+    return (x / 255.0 - m) / s
+
+
+def qwen_patchify(frames: torch.Tensor, patch_size: int, merge_size: int, temporal_patch_size: int) -> tuple[torch.Tensor, tuple]:
+    """``frames [T, C, H, W]`` → (``[t·h·w, C·tp·p·p]``, (t, h, w)) in transformers' Qwen2-VL order."""
+    T, C, H, W = frames.shape
+    p, m, tp = patch_size, merge_size, temporal_patch_size
+    if H % (p * m) or W % (p * m):
+        raise ValueError(f"frame size {H}x{W} is not a multiple of patch*merge = {p * m}")
+    if T % tp:
+        frames = torch.cat([frames, frames[-1:].expand(tp - T % tp, -1, -1, -1)])
+    t, h, w = frames.shape[0] // tp, H // p, W // p
+    x = frames.reshape(t, tp, C, h // m, m, p, w // m, m, p)
+    x = x.permute(0, 3, 6, 4, 7, 2, 1, 5, 8)
+    return x.reshape(t * h * w, C * tp * p * p).contiguous(), (t, h, w)
+
+
+def _resize_bicubic(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """``[T, C, H, W]`` float → resized like ``torchvision.transforms.functional.resize(BICUBIC, antialias=True)``."""
+    if tuple(x.shape[-2:]) == tuple(size):
+        return x
+    return torch.nn.functional.interpolate(x, size=size, mode="bicubic", align_corners=False, antialias=True)
+
+
+def _pil_resize(arr_or_img, size_wh: tuple[int, int]) -> np.ndarray:
+    from PIL import Image
+
+    im = arr_or_img if isinstance(arr_or_img, Image.Image) else Image.fromarray(arr_or_img)
+    return np.asarray(im.resize(size_wh, Image.BICUBIC), dtype=np.float32)
+
+
+def vision_inputs(spec: Spec, plan: VisualPlan, src: bytes | str | Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """(``pixel_values``, ``grid_thw [1, 3]``) of one image or video following ``plan``."""
+    v, fam = spec.vision, spec.family
+    if plan.kind == "video":
+        frames = decode_frames(src, plan.frame_indices)  # [T, H, W, 3]
+    else:
+        img = decode_image(src)
+    if fam == "qwen-vl":
+        x = torch.from_numpy(frames).permute(0, 3, 1, 2).float() if plan.kind == "video" else \
+            torch.from_numpy(np.asarray(img, dtype=np.float32)).permute(2, 0, 1)[None]
+        x = _resize_bicubic(x, plan.resized)
+        if plan.kind == "image":  # an image is one frame repeated over the temporal patch
+            x = x.expand(v["temporal_patch_size"], -1, -1, -1)
+        x = _normalize(x, v["image_mean"], v["image_std"])
+        pv, grid = qwen_patchify(x, v["patch_size"], v["merge_size"], v["temporal_patch_size"])
+        if grid != plan.grid_thw:
+            raise ValueError(f"patch grid {grid} differs from the planned {plan.grid_thw}: the file changed since indexing")
+        return pv, torch.tensor([grid], dtype=torch.long)
+    if fam == "internvl":
+        size = int(v["tile_size"])
+        if plan.kind == "image":
+            cols, rows = plan.resized
+            big = _pil_resize(img, (cols * size, rows * size))
+            tiles = [big[r * size:(r + 1) * size, c * size:(c + 1) * size] for r in range(rows) for c in range(cols)]
+            if v["image"].get("use_thumbnail", True) and len(tiles) > 1:
+                tiles.append(_pil_resize(img, (size, size)))
+        else:
+            tiles = [_pil_resize(f, (size, size)) for f in frames]
+        x = _normalize(torch.from_numpy(np.stack(tiles)).permute(0, 3, 1, 2), v["image_mean"], v["image_std"])
+        g = size // int(v["patch_size"])
+        return x.contiguous(), torch.tensor([[x.shape[0], g, g]], dtype=torch.long)
+    if fam == "llava-video":
+        size = int(v["image_size"])
+        imgs = [_pil_resize(f, (size, size)) for f in frames] if plan.kind == "video" else [_pil_resize(img, (size, size))]
+        x = _normalize(torch.from_numpy(np.stack(imgs)).permute(0, 3, 1, 2), v["image_mean"], v["image_std"])
+        side = int(round((plan.num_visual_tokens // len(imgs)) ** 0.5)) if plan.kind == "video" else 27
+        return x.contiguous(), torch.tensor([[len(imgs), side, plan.num_visual_tokens // len(imgs) // side]], dtype=torch.long)
+    raise ValueError(f"spec {spec.name!r} has no vision inputs")
