@@ -1,0 +1,173 @@
+"""Baselines on the same §4 cost model (DESIGN §5), each planning one micro-batch.
+
+* ``static-cp`` (Megatron-LM context parallelism): one ring degree ``d`` for the whole batch, ``d``
+  dividing ``num_ranks``; the ranks form ``N/d`` groups and the sequences are packed into them by LPT on
+  the work proxy ``alpha1·(1+η)s² + alpha2·s`` within memory ``d·E``. Every feasible divisor is tried
+  and the fastest kept.
+* ``ulysses`` (DeepSpeed-Ulysses): like static-cp, but ``d`` is a power of two dividing both the head
+  count and ``num_ranks``, and the group time uses all-to-all traffic (:func:`ulysses_time`).
+* ``megatron-dynamic`` (Megatron-LM's dynamic CP): each sequence longer than one rank's memory gets the
+  power-of-two degree ``2^⌈log2 ⌈s/E⌉⌉`` in a group of its own; the short ones are LPT-balanced over the
+  remaining ranks as degree-1 groups (best fit into the long groups' spare memory when no rank is
+  left); then, greedily, the heaviest sequence of the slowest group doubles
+  its degree (a short one moves to a degree-2 group of its own) while the makespan improves.
+
+``fcp-pow2`` (FCP restricted to powers of two, FlexSP-like) lives with the FCP solver in
+:mod:`fcp_data.plan.solvers`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from fcp_data.cost import CostModel
+from fcp_data.plan.bfd import group_aggregates_of, labels_to_groups, lpt_groups, lpt_labels
+from fcp_data.plan.placement import build_micro_batch
+from fcp_data.plan.types import MicroBatchPlan
+
+__all__ = ["static_cp", "ulysses", "megatron_dynamic", "ulysses_time", "work_proxy"]
+
+
+def work_proxy(lengths: np.ndarray, etas: np.ndarray, cost_model: CostModel) -> np.ndarray:
+    """Per-sequence compute on one rank, ``alpha1·(1+η)s² + alpha2·s`` — what LPT balances."""
+    s = np.asarray(lengths, dtype=np.float64)
+    return cost_model.alpha1 * (1.0 + np.asarray(etas, dtype=np.float64)) * s * s + cost_model.alpha2 * s
+
+
+def ulysses_time(S, Q, ranks: list[tuple[int, ...]], cost_model: CostModel, *, num_heads: int, num_kv_heads: int) -> np.ndarray:
+    """Group time of Ulysses sequence parallelism on §4 coefficients.
+
+    Each rank holds ``S/d`` tokens; per layer and pass it all-to-alls Q, K, V out and O back, i.e.
+    ``(2H + 2G)·hd`` values per token against the ring's ``2G·hd`` (K, V), and keeps ``1/d`` of them:
+    ``X_u = alpha3 · (H+G)/G · S · (d−1)/d² / v``. The all-to-all cannot overlap attention, so
+    ``T = A + alpha2·S/d + beta1 + (X_u + beta2 if d > 1)``.
+    """
+    S = np.asarray(S, dtype=np.float64)
+    Q = np.asarray(Q, dtype=np.float64)
+    d = np.array([len(r) for r in ranks], dtype=np.float64)
+    intra = np.array([cost_model.is_intra_node(r) for r in ranks], dtype=bool)
+    v = np.where(intra, cost_model.bandwidth_intra, cost_model.bandwidth_inter)
+    ratio = (num_heads + num_kv_heads) / num_kv_heads
+    comp = cost_model.alpha1 * Q / d + cost_model.alpha2 * S / d + cost_model.beta1
+    comm = np.where(d > 1, cost_model.alpha3 * ratio * S * (d - 1.0) / (d * d) / v + cost_model.beta2, 0.0)
+    return comp + comm
+
+
+def _infeasible(name: str, lengths: np.ndarray, num_ranks: int, cost_model: CostModel, why: str) -> ValueError:
+    i = int(np.argmax(lengths))
+    return ValueError(f"{name}: no feasible plan on {num_ranks} ranks ({why}); longest sequence {i} has "
+                      f"{int(lengths[i])} tokens, tokens_per_rank={cost_model.tokens_per_rank}; "
+                      "use more micro-batches or more ranks")
+
+
+def _fixed_degree(name: str, lengths, etas, num_ranks, cost_model, degrees, time_fn=None) -> MicroBatchPlan:
+    work = work_proxy(lengths, etas, cost_model)
+    best: MicroBatchPlan | None = None
+    for d in degrees:
+        if lengths.max() > d * cost_model.tokens_per_rank:
+            continue
+        groups = lpt_groups(work, lengths, num_ranks // d, d * cost_model.tokens_per_rank)
+        if groups is None:
+            continue
+        S, Q = group_aggregates_of(groups, lengths, etas)
+        mb = build_micro_batch(groups, [d] * len(groups), S, Q, num_ranks, cost_model, time_fn=time_fn)
+        if best is None or mb.makespan < best.makespan:
+            best = mb
+    if best is None:
+        raise _infeasible(name, lengths, num_ranks, cost_model, f"no degree in {list(degrees)} holds the batch")
+    return best
+
+
+def static_cp(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: CostModel, **_: object) -> MicroBatchPlan:
+    """Best fixed ring degree ``d | num_ranks`` (Megatron-LM CP)."""
+    degrees = [d for d in range(1, num_ranks + 1) if num_ranks % d == 0]
+    return _fixed_degree("static-cp", lengths, etas, num_ranks, cost_model, degrees)
+
+
+def ulysses(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: CostModel, *,
+            num_heads: int = 32, num_kv_heads: int = 8, **_: object) -> MicroBatchPlan:
+    """Best fixed power-of-two Ulysses degree dividing ``num_heads`` and ``num_ranks`` (DeepSpeed)."""
+    if num_heads < 1 or num_kv_heads < 1:
+        raise ValueError(f"ulysses needs num_heads, num_kv_heads >= 1, got {num_heads}, {num_kv_heads}")
+    degrees = [d for d in (2 ** k for k in range(0, 31)) if d <= num_ranks and num_ranks % d == 0 and num_heads % d == 0]
+
+    def time_fn(S, Q, ranks):
+        return ulysses_time(S, Q, ranks, cost_model, num_heads=num_heads, num_kv_heads=num_kv_heads)
+
+    return _fixed_degree("ulysses", lengths, etas, num_ranks, cost_model, degrees, time_fn)
+
+
+def megatron_dynamic(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: CostModel, **_: object) -> MicroBatchPlan:
+    """Power-of-two degree per long sequence, LPT over the rest, greedy doubling of the slowest group."""
+    E = cost_model.tokens_per_rank
+    n = lengths.size
+    work = work_proxy(lengths, etas, cost_model)
+    order = np.lexsort((np.arange(n), -work))
+    deg = np.ones(n, dtype=np.int64)  # degree of each sequence; > 1 means a group of its own
+    for i in range(n):
+        if lengths[i] > E:
+            deg[i] = 1 << math.ceil(math.log2(math.ceil(lengths[i] / E)))
+    R = cost_model.ranks_per_node
+
+    s64 = lengths.astype(np.float64)
+    q64 = (1.0 + etas) * s64 * s64
+
+    def evaluate(deg: np.ndarray):
+        is_long = deg > 1
+        long_ids = order[is_long[order]]
+        short_ids = order[~is_long[order]]
+        r = num_ranks - int(deg[long_ids].sum())
+        label = np.empty(n, dtype=np.int64)
+        label[long_ids] = np.arange(long_ids.size)
+        k = long_ids.size
+        if short_ids.size and r < 1:  # no rank left: short sequences ride in the long groups' headroom
+            room = deg[long_ids] * float(E) - lengths[long_ids]
+            for i in short_ids.tolist():
+                fits = np.flatnonzero(room >= lengths[i])
+                if fits.size == 0:
+                    return None
+                g = int(fits[np.argmin(room[fits])])
+                label[i] = g
+                room[g] -= lengths[i]
+        elif short_ids.size:
+            sl = lpt_labels(work[short_ids], lengths[short_ids], r, E)
+            if sl is None:
+                return None
+            used = np.unique(sl)  # renumber to the non-empty groups, in group-id order
+            label[short_ids] = long_ids.size + np.searchsorted(used, sl)
+            k += used.size
+        elif r < 0:
+            return None
+        degrees = np.ones(k, dtype=np.int64)
+        degrees[: long_ids.size] = deg[long_ids]
+        S = np.bincount(label, weights=s64, minlength=k)
+        Q = np.bincount(label, weights=q64, minlength=k)
+        d = degrees.astype(np.float64)
+        T = np.atleast_1d(cost_model.time(S, Q, d, d <= R))
+        return float(T.max()), label, degrees, T
+
+    if int(deg[deg > 1].sum()) > num_ranks:
+        cur = None
+    else:
+        cur = evaluate(deg)
+    if cur is None:
+        raise _infeasible("megatron-dynamic", lengths, num_ranks, cost_model,
+                          f"power-of-two degrees of the long sequences need {int(deg[deg > 1].sum())} ranks")
+    while True:  # greedy balance: give the slowest group's heaviest sequence twice the ranks
+        slow = int(np.argmax(cur[3]))
+        members = np.flatnonzero(cur[1] == slow)
+        i = int(members[np.argmax(work[members])])
+        trial = deg.copy()
+        trial[i] *= 2
+        if int(trial[trial > 1].sum()) > num_ranks:
+            break
+        nxt = evaluate(trial)
+        if nxt is None or nxt[0] >= cur[0]:
+            break
+        deg, cur = trial, nxt
+    _, label, degrees, _ = cur
+    groups = labels_to_groups(label, len(degrees))
+    S, Q = group_aggregates_of(groups, lengths, etas)
+    return build_micro_batch(groups, degrees, S, Q, num_ranks, cost_model)

@@ -1,0 +1,98 @@
+"""Exact reference: an ILP over sequence-to-group assignment and group degrees (DESIGN §5).
+
+Variables (all binary unless said): ``z[k, g, d]`` — sequence ``k`` is in group ``g`` and ``g`` has degree
+``d``; ``y[g, d]`` — group ``g`` is open with degree ``d``; continuous ``t[g]`` and the makespan ``m``.
+A sequence is never split across groups. With ``c_d = beta1 + beta2·[d>1]`` and ``v_d`` the intra-node
+bandwidth for ``d ≤ ranks_per_node`` (the best placement), else inter-node::
+
+    Σ_{g,d} z[k,g,d] = 1                    every sequence in exactly one group
+    z[k,g,d] ≤ y[g,d],  Σ_d y[g,d] ≤ 1      a group has one degree
+    Σ_{g,d} d·y[g,d] ≤ N                    ranks
+    Σ_k s_k z[k,g,d] ≤ d·E·y[g,d]           memory
+    t[g] ≥ Σ_d c_d y[g,d] + Σ_{k,d} z[k,g,d]·(alpha1 q_k + alpha2 s_k)/d
+    t[g] ≥ Σ_d c_d y[g,d] + Σ_{k,d} z[k,g,d]·(alpha3 s_k (d−1)/d / v_d + alpha2 s_k/d)
+    m ≥ t[g];   minimise m
+
+The two ``t`` rows are exact because ``T = C + M − min(A, X) = max(A, X) + alpha2·S/d + beta1 + beta2·[d>1]``.
+Symmetry is broken by letting sequence ``k`` (in input order) use only groups ``g ≤ k``. The model is
+exact for the §4 cost on a single node; across nodes the solution is placed on real ranks and ``optimal``
+is reported only when HiGHS proved optimality and the placed makespan equals the ILP's bound.
+cvxpy (HiGHS) is imported lazily: ``pip install 'fcp[ilp]'``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fcp_data.cost import CostModel
+from fcp_data.plan.bfd import group_aggregates_of
+from fcp_data.plan.placement import build_micro_batch
+from fcp_data.plan.types import MicroBatchPlan
+
+__all__ = ["solve_ilp"]
+
+
+def _import_cvxpy():
+    try:
+        import cvxpy as cp
+    except ImportError:
+        raise ValueError("the ILP needs cvxpy and highspy: pip install 'fcp[ilp]'") from None
+    return cp
+
+
+def solve_ilp(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: CostModel, *,
+              time_limit: float = 30.0, max_sequences: int = 40, **_: object) -> tuple[MicroBatchPlan, bool]:
+    """Solve one micro-batch exactly (or best found within ``time_limit`` s); ``(plan, optimal)``."""
+    cp = _import_cvxpy()
+    n, N = int(lengths.size), int(num_ranks)
+    if n > max_sequences:
+        raise ValueError(f"the ILP is a reference for small cases (≤ {max_sequences} sequences per micro-batch), got {n}")
+    cm = cost_model
+    s = lengths.astype(np.float64)
+    q = (1.0 + etas) * s * s
+    G = min(n, N)
+    d = np.arange(1, N + 1, dtype=np.float64)
+    v = np.where(d <= cm.ranks_per_node, cm.bandwidth_intra, cm.bandwidth_inter)
+    c = cm.beta1 + np.where(d > 1, cm.beta2, 0.0)
+    coef_a = (cm.alpha1 * q[:, None] + cm.alpha2 * s[:, None]) / d[None, :]           # n × N
+    coef_x = cm.alpha3 * s[:, None] * ((d - 1) / d / v)[None, :] + cm.alpha2 * s[:, None] / d[None, :]
+    scale = 1.0 / max(float(coef_a.max()), 1e-30)  # keep the objective near 1 for the solver's tolerances
+
+    z = [cp.Variable((n, N), boolean=True) for _ in range(G)]
+    y = cp.Variable((G, N), boolean=True)
+    t = cp.Variable(G)
+    m = cp.Variable()
+    cons = []
+    cons.append(sum(cp.sum(z[g], axis=1) for g in range(G)) == 1)
+    for g in range(G):
+        cons.append(z[g] <= np.ones((n, 1)) @ cp.reshape(y[g], (1, N), order="C"))
+        if g > 0:
+            cons.append(z[g][:g, :] == 0)  # symmetry breaking: sequence k only in groups g ≤ k
+        cons.append(s @ z[g] <= cm.tokens_per_rank * cp.multiply(d, y[g]))
+        base = c @ y[g]
+        cons.append(t[g] * scale >= (base + cp.sum(cp.multiply(coef_a, z[g]))) * scale)
+        cons.append(t[g] * scale >= (base + cp.sum(cp.multiply(coef_x, z[g]))) * scale)
+        cons.append(m >= t[g])
+    cons.append(cp.sum(y, axis=1) <= 1)
+    cons.append(cp.sum(y @ d) <= N)
+    prob = cp.Problem(cp.Minimize(m * scale), cons)
+    try:
+        prob.solve(solver=cp.HIGHS, time_limit=float(time_limit))
+    except cp.error.SolverError as e:
+        raise ValueError(f"the ILP solver failed: {e}") from None
+    if prob.status in ("infeasible", "infeasible_inaccurate"):
+        raise ValueError(f"no feasible plan for {n} sequences on {N} ranks at tokens_per_rank={cm.tokens_per_rank}")
+    if y.value is None:
+        raise ValueError(f"the ILP found no solution within {time_limit} s (status {prob.status}); raise --time-limit")
+    groups, degrees = [], []
+    for g in range(G):
+        zg = np.asarray(z[g].value)
+        members = [k for k in range(n) if zg[k].sum() > 0.5]
+        if members:
+            groups.append(members)
+            degrees.append(int(np.argmax(zg[members].sum(axis=0))) + 1)
+    S, Q = group_aggregates_of(groups, lengths, etas)
+    mb = build_micro_batch(groups, degrees, S, Q, N, cm)
+    proved = prob.status == "optimal"
+    bound = float(m.value)
+    return mb, bool(proved and mb.makespan <= bound * (1 + 1e-6))

@@ -1,0 +1,124 @@
+"""Micro-batch planner: split a global batch into micro-batches that fit, keep the cheapest split (DESIGN §5).
+
+A split into ``M`` micro-batches is built by LPT on the work proxy ``alpha1·(1+η)s² + alpha2·s``
+(heaviest sequence first into the micro-batch with least work whose tokens stay within ``N·E``). It fits
+when every micro-batch's stage-1 bins (BFD with unit ``E``) need at most ``N`` ranks and the solver finds
+a plan for each. ``"auto"`` starts at ``M = ⌈Σs / (N·E)⌉``, moves up to the first ``M`` that fits, tries
+``extra`` more, and keeps the split with the smallest sum of makespans (fewer micro-batches on ties).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+
+from fcp_data.cost import CostModel
+from fcp_data.plan.baselines import work_proxy
+from fcp_data.plan.bfd import bfd_groups
+from fcp_data.plan.types import CPGroup, MicroBatchPlan
+
+__all__ = ["split_micro_batches", "plan_micro_batches", "min_micro_batches"]
+
+SolveOne = Callable[[np.ndarray], tuple[MicroBatchPlan, "bool | None"]]
+
+
+def min_micro_batches(lengths: np.ndarray, num_ranks: int, cost_model: CostModel) -> int:
+    """Lower bound on the micro-batch count: ``⌈Σs / (N·E)⌉`` (at least 1)."""
+    return max(1, math.ceil(float(np.sum(lengths)) / (num_ranks * cost_model.tokens_per_rank)))
+
+
+def _stage1_fits(lengths: np.ndarray, num_ranks: int, E: int) -> bool:
+    groups = bfd_groups(lengths, E)
+    need = sum(max(1, math.ceil(float(lengths[g].sum()) / E)) for g in map(np.asarray, groups))
+    return need <= num_ranks
+
+
+def split_micro_batches(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: CostModel,
+                        num_micro_batches: int) -> list[np.ndarray] | None:
+    """Indices of each micro-batch (ascending), or None when this ``M`` does not fit."""
+    M = int(num_micro_batches)
+    if M < 1 or M > lengths.size:
+        return None
+    cap = num_ranks * cost_model.tokens_per_rank
+    work = work_proxy(lengths, etas, cost_model)
+    order = np.lexsort((np.arange(lengths.size), -work))
+    load = np.zeros(M)
+    tokens = np.zeros(M)
+    members: list[list[int]] = [[] for _ in range(M)]
+    for i in order.tolist():
+        room = tokens + lengths[i] <= cap
+        if not room.any():
+            return None
+        m = int(np.argmin(np.where(room, load, np.inf)))
+        members[m].append(i)
+        load[m] += work[i]
+        tokens[m] += lengths[i]
+    out = [np.array(sorted(m), dtype=np.int64) for m in members]
+    if any(ids.size == 0 for ids in out):
+        return None
+    if not all(_stage1_fits(lengths[ids], num_ranks, cost_model.tokens_per_rank) for ids in out):
+        return None
+    return out
+
+
+def _solve_split(split: list[np.ndarray], solve_one: SolveOne, swallow: bool = True
+                 ) -> tuple[list[MicroBatchPlan], bool | None] | None:
+    plans: list[MicroBatchPlan] = []
+    optimal: bool | None = None
+    for ids in split:
+        try:
+            mb, opt = solve_one(ids)
+        except ValueError:
+            if not swallow:
+                raise
+            return None
+        groups = tuple(CPGroup(ranks=g.ranks, seq_ids=tuple(int(ids[s]) for s in g.seq_ids), time=g.time) for g in mb.groups)
+        plans.append(MicroBatchPlan(groups=groups, makespan=mb.makespan))
+        if opt is not None:
+            optimal = opt if optimal is None else (optimal and opt)
+    return plans, optimal
+
+
+def plan_micro_batches(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: CostModel,
+                       solve_one: SolveOne, micro_batches: int | str = "auto", *, extra: int = 2
+                       ) -> tuple[list[MicroBatchPlan], bool | None]:
+    """Plan a global batch; ``solve_one(ids)`` plans the sub-batch ``lengths[ids]`` (local seq ids)."""
+    n = lengths.size
+    lo = min_micro_batches(lengths, num_ranks, cost_model)
+    if micro_batches != "auto":
+        if isinstance(micro_batches, bool) or not isinstance(micro_batches, (int, np.integer)) or micro_batches < 1:
+            raise ValueError(f"micro_batches must be a positive int or 'auto', got {micro_batches!r}")
+        M = int(micro_batches)
+        if M > n:
+            raise ValueError(f"cannot split {n} sequences into {M} micro-batches (each needs at least one); use fewer")
+        if M == 1:  # the hot path: the solver itself reports infeasibility
+            split = [np.arange(n, dtype=np.int64)] if lengths.sum() <= num_ranks * cost_model.tokens_per_rank else None
+        else:
+            split = split_micro_batches(lengths, etas, num_ranks, cost_model, M)
+        solved = _solve_split(split, solve_one, swallow=False) if split is not None else None
+        if solved is None:
+            raise ValueError(f"the batch ({n} sequences, {int(lengths.sum())} tokens) does not fit in {M} micro-batch(es) "
+                             f"on {num_ranks} ranks × {cost_model.tokens_per_rank} tokens_per_rank (at least {lo} "
+                             "needed by memory); use --micro-batches auto or a larger M")
+        return solved
+    best: tuple[list[MicroBatchPlan], bool | None] | None = None
+    best_cost = math.inf
+    first_fit: int | None = None
+    for M in range(lo, n + 1):
+        if first_fit is not None and M > first_fit + extra:
+            break
+        split = split_micro_batches(lengths, etas, num_ranks, cost_model, M)
+        solved = _solve_split(split, solve_one) if split is not None else None
+        if solved is None:
+            continue
+        if first_fit is None:
+            first_fit = M
+        cost = sum(mb.makespan for mb in solved[0])
+        if cost < best_cost:
+            best, best_cost = solved, cost
+    if best is None:
+        raise ValueError(f"no split of the batch ({n} sequences) into micro-batches fits {num_ranks} ranks × "
+                         f"{cost_model.tokens_per_rank} tokens_per_rank")
+    return best
