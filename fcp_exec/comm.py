@@ -1,0 +1,139 @@
+"""Ring point-to-point communication inside one *logical* CP group.
+
+A CP group is just the tuple of global ranks in ring order; nothing here creates a process group.
+:class:`RingComm` maps the group position (``cp_rank``) to global ranks and exchanges tensors with
+the ring neighbours through ``dist.batch_isend_irecv`` on a base process group (the world group by
+default). Several groups of different degrees can run at once on one world, and the grouping may
+change on every call, because every call only talks to its own two neighbours.
+
+Timeouts: a :class:`PendingExchange` waits on each P2P work with the ``timeout`` given to
+:class:`RingComm`; when it passes, the wait raises a ``RuntimeError`` naming the peer rank that
+did not answer. Without a ``timeout`` the base group's own timeout applies (``init_process_group
+(timeout=...)``; gloo: 30 min by default, NCCL: its watchdog). On NCCL a host-side wait with a
+timeout blocks the CPU until the transfer finishes, so leave ``timeout=None`` there and rely on
+the watchdog. Also on NCCL, the first P2P on a communicator must not be a partial-group call:
+run one collective on the world group (e.g. a barrier) after ``init_process_group``.
+"""
+from __future__ import annotations
+
+import datetime
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["PendingExchange", "RingComm", "validate_ranks"]
+
+
+def validate_ranks(ranks: Sequence[int]) -> tuple[int, ...]:
+    """Check a CP group given as global ranks in ring order; returns it as a tuple."""
+    try:
+        out = tuple(ranks)
+    except TypeError:
+        raise ValueError(f"ranks must be a sequence of global ranks, got {ranks!r}") from None
+    if not out:
+        raise ValueError("ranks is empty; a CP group needs at least this rank")
+    for r in out:
+        if not isinstance(r, int) or isinstance(r, bool) or r < 0:
+            raise ValueError(f"ranks must be non-negative ints (global ranks), got {ranks!r}")
+    if len(set(out)) != len(out):
+        raise ValueError(f"ranks has duplicates: {ranks!r}; each rank appears once in a CP group")
+    return out
+
+
+class PendingExchange:
+    """Posted sends/receives of one ring step; :meth:`wait` returns the received tensors."""
+
+    __slots__ = ("_works", "_recv", "_send", "_comm", "_what")
+
+    def __init__(self, works, recv, send, comm: "RingComm", what: str):
+        self._works, self._recv, self._send, self._comm, self._what = works, recv, send, comm, what
+
+    def wait(self) -> list[torch.Tensor]:
+        c = self._comm
+        # batch_isend_irecv returns one work per op (gloo) or one for the whole batch (NCCL);
+        # ops were posted as [send, recv] pairs.
+        for i, work in enumerate(self._works):
+            is_recv = len(self._works) > 1 and i % 2 == 1
+            peer = c.prev_rank if is_recv else c.next_rank
+            try:
+                if c.timeout is None:
+                    work.wait()
+                else:
+                    work.wait(c.timeout)
+            except RuntimeError as exc:
+                action = f"receiving {self._what} from" if is_recv else f"sending {self._what} to"
+                raise RuntimeError(
+                    f"ring attention: rank {c.rank} (cp_rank {c.cp_rank} of CP group {c.ranks}) "
+                    f"timed out or failed {action} peer rank {peer}"
+                    f"{'' if c.timeout is None else f' after {c.timeout.total_seconds():g} s'}; "
+                    f"is rank {peer} alive and running the same ring_attention call with "
+                    f"ranks={list(c.ranks)}? ({exc})") from exc
+        self._works = []
+        self._send = None
+        return self._recv
+
+
+class RingComm:
+    """P2P with the ring neighbours of this rank inside the logical CP group ``ranks``.
+
+    ``ranks`` are global ranks (as in ``dist.get_rank()``) in ring order; this rank must be one of
+    them. ``group`` is the base process group the P2P runs on (default: the world group); it must
+    contain every rank of ``ranks``. ``timeout`` (seconds or ``timedelta``) bounds every wait.
+    Validation happens here, before any communication.
+    """
+
+    def __init__(self, ranks: Sequence[int], *, group=None, timeout=None):
+        self.ranks = validate_ranks(ranks)
+        self.degree = len(self.ranks)
+        self.group = group
+        if timeout is not None and not isinstance(timeout, datetime.timedelta):
+            if not isinstance(timeout, (int, float)) or timeout <= 0:
+                raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+            timeout = datetime.timedelta(seconds=float(timeout))
+        self.timeout = timeout
+        if dist.is_available() and dist.is_initialized():
+            self.rank = dist.get_rank()
+            world = dist.get_world_size()
+            bad = [r for r in self.ranks if r >= world]
+            if bad:
+                raise ValueError(f"ranks {bad} of CP group {self.ranks} are outside the world of size {world}")
+            if group is not None:
+                members = set(dist.get_process_group_ranks(group))
+                missing = [r for r in self.ranks if r not in members]
+                if missing:
+                    raise ValueError(f"ranks {missing} of CP group {self.ranks} are not in the base group")
+        elif self.degree == 1:
+            self.rank = self.ranks[0]
+        else:
+            raise ValueError(
+                f"CP group {self.ranks} has degree {self.degree} but torch.distributed is not "
+                "initialised; call init_process_group first (degree 1 needs no process group)")
+        if self.rank not in self.ranks:
+            raise ValueError(
+                f"this process is rank {self.rank}, which is not in its CP group ranks={list(self.ranks)}; "
+                "pass the group that contains this rank")
+        self.cp_rank = self.ranks.index(self.rank)
+        self.next_rank = self.ranks[(self.cp_rank + 1) % self.degree]
+        self.prev_rank = self.ranks[(self.cp_rank - 1) % self.degree]
+
+    def __repr__(self) -> str:
+        return f"RingComm(ranks={self.ranks}, rank={self.rank}, cp_rank={self.cp_rank})"
+
+    def send_recv(self, tensors: Sequence[torch.Tensor], *, tag: int = 0, what: str = "a block") -> PendingExchange:
+        """Post: send ``tensors`` to the next rank, receive same-shaped tensors from the previous one.
+
+        Returns at once; the transfers overlap with whatever runs before :meth:`PendingExchange.wait`.
+        """
+        if self.degree == 1:
+            raise RuntimeError("send_recv on a CP group of degree 1; there is no neighbour")
+        ops, recv, send = [], [], []
+        for i, t in enumerate(tensors):
+            t = t.contiguous()
+            buf = torch.empty_like(t)
+            send.append(t)
+            recv.append(buf)
+            ops.append(dist.P2POp(dist.isend, t, self.next_rank, self.group, tag=tag + i))
+            ops.append(dist.P2POp(dist.irecv, buf, self.prev_rank, self.group, tag=tag + i))
+        works = dist.batch_isend_irecv(ops)
+        return PendingExchange(list(works), recv, send, self, what)

@@ -1,0 +1,117 @@
+"""The attention-kernel interface shared by the CPU, reference, CUDA and NPU kernels.
+
+A kernel computes attention of packed variable-length documents in ``[T, H, D]`` (``TND``) layout:
+
+``forward(q, k, v, cu_q, cu_k, causal, scale) -> (out, lse)``
+    ``q`` is ``[T_q, H_q, D]``, ``k``/``v`` are ``[T_k, H_kv, D]`` with ``H_q % H_kv == 0`` (GQA: query
+    head ``h`` reads key/value head ``h // (H_q // H_kv)``). ``cu_q``/``cu_k`` are the cumulative
+    document boundaries (same number of documents; document ``i`` of ``q`` attends only to document
+    ``i`` of ``k``). ``causal=True`` requires equal query and key lengths per document and masks key
+    ``j > i`` of query ``i``. ``out`` has the dtype of ``q``; ``lse`` is the natural-log
+    log-sum-exp of the scaled scores, ``[H_q, T_q]`` in float32 (float64 for float64 inputs), with
+    ``-inf`` (and ``out == 0``) for a row that sees no key.
+
+``backward(dout, q, k, v, out, lse, cu_q, cu_k, causal, scale) -> (dq, dk, dv)``
+    Gradients of this block, given the *final* ``out`` and ``lse`` of the rows (which may include
+    contributions of other blocks). With the global ``out``/``lse`` the block gradients are exactly
+    the block's share of the full-attention gradients, which is what ring attention needs.
+
+Optional keyword arguments ``max_q``/``max_k`` (the longest document) spare a device sync on
+kernels that need them.
+"""
+from __future__ import annotations
+
+import abc
+from typing import ClassVar
+
+import torch
+
+__all__ = [
+    "AttentionKernel",
+    "check_block_inputs",
+    "doc_bounds",
+    "empty_rows_fixup",
+    "expand_kv",
+    "lse_dtype_for",
+    "reduce_kv",
+]
+
+
+class AttentionKernel(abc.ABC):
+    """Attention over packed documents; see the module docstring for the exact contract."""
+
+    name: ClassVar[str] = "abstract"
+
+    @abc.abstractmethod
+    def forward(self, q, k, v, cu_q, cu_k, causal: bool, scale: float, *,
+                max_q: int | None = None, max_k: int | None = None):
+        """Return ``(out, lse)`` for one block."""
+
+    @abc.abstractmethod
+    def backward(self, dout, q, k, v, out, lse, cu_q, cu_k, causal: bool, scale: float, *,
+                 max_q: int | None = None, max_k: int | None = None):
+        """Return ``(dq, dk, dv)`` for one block, against the final ``out``/``lse``."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+def lse_dtype_for(dtype: torch.dtype) -> torch.dtype:
+    """float64 inputs keep float64 statistics; everything else uses float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def doc_bounds(cu) -> list[int]:
+    """Document boundaries as a Python list (one host sync for device tensors)."""
+    if isinstance(cu, torch.Tensor):
+        return [int(x) for x in cu.tolist()]
+    return [int(x) for x in cu]
+
+
+def check_block_inputs(q, k, v, cu_q: list[int], cu_k: list[int], causal: bool) -> tuple[int, int]:
+    """Validate one kernel call; returns ``(H_q, H_kv)``. Raises ``ValueError`` on misuse."""
+    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
+        raise ValueError(
+            f"q, k, v must be [T, H, D]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if q.shape[2] != k.shape[2]:
+        raise ValueError(f"q and k head dims differ: {q.shape[2]} vs {k.shape[2]}")
+    h_q, h_kv = q.shape[1], k.shape[1]
+    if h_kv == 0 or h_q % h_kv:
+        raise ValueError(f"H_q={h_q} must be a multiple of H_kv={h_kv} (GQA)")
+    if len(cu_q) != len(cu_k):
+        raise ValueError(f"cu_q and cu_k describe {len(cu_q) - 1} and {len(cu_k) - 1} documents")
+    if cu_q[-1] != q.shape[0] or cu_k[-1] != k.shape[0]:
+        raise ValueError(
+            f"cu_q ends at {cu_q[-1]} (q has {q.shape[0]} rows), cu_k ends at {cu_k[-1]} "
+            f"(k has {k.shape[0]} rows)")
+    if causal:
+        for i in range(len(cu_q) - 1):
+            if cu_q[i + 1] - cu_q[i] != cu_k[i + 1] - cu_k[i]:
+                raise ValueError(
+                    f"causal blocks need equal query and key lengths per document; document {i} "
+                    f"has {cu_q[i + 1] - cu_q[i]} queries and {cu_k[i + 1] - cu_k[i]} keys")
+    return h_q, h_kv
+
+
+def expand_kv(x: torch.Tensor, h_q: int) -> torch.Tensor:
+    """``[T, H_kv, D] -> [T, H_q, D]`` by repeating each key/value head ``H_q // H_kv`` times."""
+    groups = h_q // x.shape[1]
+    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
+
+
+def reduce_kv(dx: torch.Tensor, h_kv: int) -> torch.Tensor:
+    """Inverse of :func:`expand_kv` for gradients: sum the query-head group of every kv head."""
+    t, h_q, d = dx.shape
+    if h_q == h_kv:
+        return dx
+    return dx.view(t, h_kv, h_q // h_kv, d).sum(dim=2)
+
+
+def empty_rows_fixup(out: torch.Tensor, lse: torch.Tensor, cu_q: list[int], cu_k: list[int]) -> None:
+    """In place: rows of documents with queries but no keys get ``out = 0`` and ``lse = -inf``."""
+    for i in range(len(cu_q) - 1):
+        if cu_q[i + 1] > cu_q[i] and cu_k[i + 1] == cu_k[i]:
+            out[cu_q[i]:cu_q[i + 1]] = 0
+            lse[:, cu_q[i]:cu_q[i + 1]] = float("-inf")

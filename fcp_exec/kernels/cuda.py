@@ -1,0 +1,197 @@
+"""CUDA kernel: flash-attn varlen when importable, else SDPA per document with a math-path lse.
+
+* ``flash_attn``: ``flash_attn.flash_attn_interface._flash_attn_varlen_forward`` /
+  ``_flash_attn_varlen_backward`` (flash-attn 2.x). They return the log-sum-exp ``[H, T_q]`` in
+  float32 and the backward takes an external ``out``/``softmax_lse``. GQA is native. The keyword
+  names changed across releases (``window_size`` tuple before 2.7, ``window_size_left/right``
+  after; ``softcap`` from 2.6), so the call is built from the installed function's signature.
+* ``sdpa``: per document, ``out`` from ``F.scaled_dot_product_attention`` and the lse plus the
+  whole backward from a float32 math path, chunked over query rows to bound memory. It has no
+  CUDA-specific code, so the tests run it on CPU tensors; on a GPU it is the fallback when
+  flash-attn is missing.
+
+Importing this module never imports flash-attn or touches a GPU.
+"""
+from __future__ import annotations
+
+import inspect
+
+import torch
+import torch.nn.functional as F
+
+from fcp_exec.kernels.base import (
+    AttentionKernel,
+    check_block_inputs,
+    doc_bounds,
+    empty_rows_fixup,
+    expand_kv,
+    lse_dtype_for,
+    reduce_kv,
+)
+
+__all__ = ["CudaKernel", "flash_attn_available"]
+
+_CHUNK_ELEMS = 1 << 25  # ≈128 MiB of float32 scores per chunk in the math path
+
+
+def _load_flash_attn():
+    try:
+        from flash_attn import flash_attn_interface as fai  # noqa: PLC0415 (optional dependency)
+    except Exception:  # ImportError, or a broken CUDA build raising OSError/RuntimeError
+        return None
+    if not hasattr(fai, "_flash_attn_varlen_forward") or not hasattr(fai, "_flash_attn_varlen_backward"):
+        return None
+    return fai
+
+
+def flash_attn_available() -> bool:
+    """True when a flash-attn 2.x with the varlen forward/backward entry points is importable."""
+    return _load_flash_attn() is not None
+
+
+def _pad8(x: torch.Tensor) -> torch.Tensor:
+    pad = (-x.shape[-1]) % 8
+    return F.pad(x, (0, pad)) if pad else x
+
+
+def _window_kwargs(params) -> dict:
+    if "window_size_left" in params:
+        return {"window_size_left": -1, "window_size_right": -1}
+    if "window_size" in params:
+        return {"window_size": (-1, -1)}
+    return {}
+
+
+class CudaKernel(AttentionKernel):
+    """``backend``: ``"auto"`` (flash-attn if importable, else SDPA), ``"flash_attn"`` or ``"sdpa"``."""
+
+    name = "cuda"
+
+    def __init__(self, backend: str = "auto"):
+        if backend not in ("auto", "flash_attn", "sdpa"):
+            raise ValueError(f"backend must be 'auto', 'flash_attn' or 'sdpa', got {backend!r}")
+        self._fa = _load_flash_attn() if backend in ("auto", "flash_attn") else None
+        if backend == "flash_attn" and self._fa is None:
+            raise ImportError("backend='flash_attn' needs flash-attn 2.x (pip install flash-attn)")
+        self.backend = "flash_attn" if self._fa is not None else "sdpa"
+
+    def __repr__(self) -> str:
+        return f"CudaKernel(backend={self.backend!r})"
+
+    # ------------------------------------------------------------------ flash-attn
+    def _fa_forward(self, q, k, v, cu_q, cu_k, cq, ck, causal, scale, max_q, max_k):
+        fn = self._fa._flash_attn_varlen_forward
+        params = inspect.signature(fn).parameters
+        kwargs = {"dropout_p": 0.0, "softmax_scale": scale, "causal": causal, **_window_kwargs(params)}
+        for name, value in (("softcap", 0.0), ("alibi_slopes", None), ("return_softmax", False)):
+            if name in params:
+                kwargs[name] = value
+        d = q.shape[-1]
+        res = fn(_pad8(q), _pad8(k), _pad8(v), cu_q, cu_k, max_q, max_k, **kwargs)
+        out, lse = (res[0], res[1]) if len(res) == 4 else (res[0], res[5])
+        out = out[..., :d].contiguous()
+        lse = lse.float().contiguous()
+        empty_rows_fixup(out, lse, cq, ck)
+        return out, lse
+
+    def _fa_backward(self, dout, q, k, v, out, lse, cu_q, cu_k, cq, ck, causal, scale, max_q, max_k):
+        fn = self._fa._flash_attn_varlen_backward
+        params = inspect.signature(fn).parameters
+        d = q.shape[-1]
+        qp, kp, vp = _pad8(q), _pad8(k), _pad8(v)
+        dq, dk, dv = torch.empty_like(qp), torch.empty_like(kp), torch.empty_like(vp)
+        kwargs = {**_window_kwargs(params)}
+        for name, value in (("softcap", 0.0), ("alibi_slopes", None), ("deterministic", False),
+                            ("rng_state", None)):
+            if name in params:
+                kwargs[name] = value
+        fn(_pad8(dout), qp, kp, vp, _pad8(out), lse.float().contiguous(), dq, dk, dv,
+           cu_q, cu_k, max_q, max_k, 0.0, scale, causal, **kwargs)
+        return dq[..., :d], dk[..., :d], dv[..., :d]
+
+    # ------------------------------------------------------------------ SDPA + math
+    @staticmethod
+    def _chunk(h: int, lk: int) -> int:
+        return max(1, _CHUNK_ELEMS // max(1, h * lk))
+
+    def _sdpa_forward(self, q, k, v, cq, ck, causal, scale, h_q):
+        out = torch.zeros_like(q)
+        lse = torch.full((h_q, q.shape[0]), float("-inf"), dtype=lse_dtype_for(q.dtype), device=q.device)
+        acc = lse.dtype
+        for i in range(len(cq) - 1):
+            qs, qe, ks, ke = cq[i], cq[i + 1], ck[i], ck[i + 1]
+            if qe == qs or ke == ks:
+                continue
+            qd, kd, vd = q[qs:qe].transpose(0, 1), expand_kv(k[ks:ke], h_q).transpose(0, 1), \
+                expand_kv(v[ks:ke], h_q).transpose(0, 1)
+            o = F.scaled_dot_product_attention(qd.unsqueeze(0), kd.unsqueeze(0), vd.unsqueeze(0),
+                                               is_causal=causal, scale=scale)
+            out[qs:qe] = o[0].transpose(0, 1)
+            step = self._chunk(h_q, ke - ks)
+            for a in range(0, qe - qs, step):
+                b = min(qe - qs, a + step)
+                s = torch.matmul(qd[:, a:b].to(acc), kd.to(acc).transpose(1, 2)) * scale
+                if causal:
+                    rows = torch.arange(a, b, device=q.device)[:, None]
+                    cols = torch.arange(ke - ks, device=q.device)[None, :]
+                    s = s.masked_fill(cols > rows, float("-inf"))
+                lse[:, qs + a:qs + b] = torch.logsumexp(s, dim=-1)
+        return out, lse
+
+    def _math_backward(self, dout, q, k, v, out, lse, cq, ck, causal, scale, h_q, h_kv):
+        acc = lse_dtype_for(q.dtype)
+        dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+        dk = torch.zeros((k.shape[0], h_q, k.shape[2]), dtype=acc, device=q.device)
+        dv = torch.zeros_like(dk)
+        for i in range(len(cq) - 1):
+            qs, qe, ks, ke = cq[i], cq[i + 1], ck[i], ck[i + 1]
+            if qe == qs or ke == ks:
+                continue
+            kd = expand_kv(k[ks:ke], h_q).transpose(0, 1).to(acc)  # [H, Lk, D]
+            vd = expand_kv(v[ks:ke], h_q).transpose(0, 1).to(acc)
+            step = self._chunk(h_q, ke - ks)
+            for a in range(qs, qe, step):
+                b = min(qe, a + step)
+                qd = q[a:b].transpose(0, 1).to(acc)
+                do = dout[a:b].transpose(0, 1).to(acc)
+                s = torch.matmul(qd, kd.transpose(1, 2)) * scale
+                if causal:
+                    rows = torch.arange(a - qs, b - qs, device=q.device)[:, None]
+                    cols = torch.arange(ke - ks, device=q.device)[None, :]
+                    s = s.masked_fill(cols > rows, float("-inf"))
+                p = torch.exp(s - lse[:, a:b].to(acc).unsqueeze(-1))
+                delta = (do * out[a:b].transpose(0, 1).to(acc)).sum(-1, keepdim=True)
+                ds = p * (torch.matmul(do, vd.transpose(1, 2)) - delta)
+                dq[a:b] = (torch.matmul(ds, kd) * scale).transpose(0, 1)
+                dk[ks:ke] += (torch.matmul(ds.transpose(1, 2), qd) * scale).transpose(0, 1)
+                dv[ks:ke] += torch.matmul(p.transpose(1, 2), do).transpose(0, 1)
+        return dq.to(q.dtype), reduce_kv(dk, h_kv).to(k.dtype), reduce_kv(dv, h_kv).to(v.dtype)
+
+    # ------------------------------------------------------------------ interface
+    def _use_flash_attn(self, q, k) -> bool:
+        """flash-attn takes fp16/bf16 CUDA tensors only; anything else goes the SDPA/math way."""
+        return (self.backend == "flash_attn" and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
+                and q.shape[0] > 0 and k.shape[0] > 0)
+
+    def forward(self, q, k, v, cu_q, cu_k, causal, scale, *, max_q=None, max_k=None):
+        cq, ck = doc_bounds(cu_q), doc_bounds(cu_k)
+        h_q, _ = check_block_inputs(q, k, v, cq, ck, causal)
+        if self._use_flash_attn(q, k):
+            max_q = max_q if max_q is not None else max(b - a for a, b in zip(cq[:-1], cq[1:]))
+            max_k = max_k if max_k is not None else max(b - a for a, b in zip(ck[:-1], ck[1:]))
+            cu_q_t = torch.tensor(cq, dtype=torch.int32, device=q.device)
+            cu_k_t = torch.tensor(ck, dtype=torch.int32, device=q.device)
+            return self._fa_forward(q, k, v, cu_q_t, cu_k_t, cq, ck, causal, scale, max_q, max_k)
+        return self._sdpa_forward(q, k, v, cq, ck, causal, scale, h_q)
+
+    def backward(self, dout, q, k, v, out, lse, cu_q, cu_k, causal, scale, *, max_q=None, max_k=None):
+        cq, ck = doc_bounds(cu_q), doc_bounds(cu_k)
+        h_q, h_kv = check_block_inputs(q, k, v, cq, ck, causal)
+        if self._use_flash_attn(q, k):
+            max_q = max_q if max_q is not None else max(b - a for a, b in zip(cq[:-1], cq[1:]))
+            max_k = max_k if max_k is not None else max(b - a for a, b in zip(ck[:-1], ck[1:]))
+            cu_q_t = torch.tensor(cq, dtype=torch.int32, device=q.device)
+            cu_k_t = torch.tensor(ck, dtype=torch.int32, device=q.device)
+            return self._fa_backward(dout, q, k, v, out, lse, cu_q_t, cu_k_t, cq, ck, causal, scale,
+                                     max_q, max_k)
+        return self._math_backward(dout, q, k, v, out, lse, cq, ck, causal, scale, h_q, h_kv)

@@ -1,0 +1,133 @@
+"""Ascend NPU kernel on ``torch_npu.npu_fusion_attention`` / ``npu_fusion_attention_grad``.
+
+Translation between our contract (:mod:`fcp_exec.kernels.base`) and the documented torch_npu one:
+
+* ``input_layout="TND"``: q ``[T, N1, D]``, k/v ``[T, N2, D]`` (``N1 % N2 == 0``, GQA native),
+  ``head_num = N1``.
+* ``actual_seq_qlen`` / ``actual_seq_kvlen``: cumulative document *ends* without the leading 0,
+  as Python lists of ints (``cu_seqlens[1:]``). Documents with no queries or no keys are dropped
+  from the call (their rows are set to ``out = 0``, ``lse = -inf`` by us).
+* causal: ``sparse_mode=3`` (rightDownCausal; equal to leftUpCausal=2 here because our contract
+  requires equal query/key lengths per causal document) with the optimised
+  ``atten_mask = triu(ones(2048, 2048), 1).bool()`` (True = masked); full mask: ``sparse_mode=0``
+  and no ``atten_mask``.
+* ``scale`` (forward) / ``scale_value`` (grad), ``keep_prob=1.0`` (no dropout).
+* outputs ``(attention_out, softmax_max, softmax_sum, softmax_out, seed, offset, numels)`` with
+  ``softmax_max``/``softmax_sum`` float32 ``[T, N1, 8]`` (8 equal copies):
+  ``lse = softmax_max + log(softmax_sum)`` → ``[N1, T]``.
+* backward: the global ``lse`` is handed over as ``softmax_max = lse`` and ``softmax_sum = 1``
+  (the kernel uses ``P = exp(S − max) / sum``, identical to ``exp(S − lse)``), with
+  ``attention_in`` = the global ``out``.
+
+It cannot run without an NPU; ``tests/test_npu_contract.py`` checks the translation against a
+reference implementation of the documented semantics injected as ``module``.
+"""
+from __future__ import annotations
+
+import torch
+
+from fcp_exec.kernels.base import AttentionKernel, check_block_inputs, doc_bounds
+
+__all__ = ["NpuKernel", "NPU_CAUSAL_SPARSE_MODE", "NPU_MASK_SIZE"]
+
+NPU_CAUSAL_SPARSE_MODE = 3
+NPU_MASK_SIZE = 2048
+_MAX_TOKENS = 2147483647
+
+
+class NpuKernel(AttentionKernel):
+    """``module``: the ``torch_npu`` module (imported lazily when ``None``)."""
+
+    name = "npu"
+
+    def __init__(self, module=None):
+        if module is None:
+            try:
+                import torch_npu as module  # noqa: PLC0415 (optional dependency, needs CANN)
+            except ImportError as exc:
+                raise ImportError("NpuKernel needs torch_npu (pip install 'fcp[npu]' on a CANN host)") from exc
+        self._npu = module
+        self._masks: dict = {}
+
+    def _mask(self, device) -> torch.Tensor:
+        key = str(device)
+        if key not in self._masks:
+            ones = torch.ones(NPU_MASK_SIZE, NPU_MASK_SIZE, dtype=torch.bool, device=device)
+            self._masks[key] = torch.triu(ones, diagonal=1)
+        return self._masks[key]
+
+    def _sparse_args(self, causal: bool, device) -> dict:
+        if causal:
+            return {"atten_mask": self._mask(device), "sparse_mode": NPU_CAUSAL_SPARSE_MODE,
+                    "pre_tockens": _MAX_TOKENS, "next_tockens": 0}
+        return {"atten_mask": None, "sparse_mode": 0, "pre_tockens": _MAX_TOKENS, "next_tockens": _MAX_TOKENS}
+
+    @staticmethod
+    def _live(cq: list[int], ck: list[int]):
+        """Keep documents with both queries and keys: row indices (``None`` = all) and the
+        cumulative ends without the leading 0 for the kept documents."""
+        docs = range(len(cq) - 1)
+        keep = [i for i in docs if cq[i + 1] > cq[i] and ck[i + 1] > ck[i]]
+        dropped = len(keep) != len(cq) - 1
+        ends_q, ends_k, tq, tk = [], [], 0, 0
+        for i in keep:
+            tq += cq[i + 1] - cq[i]
+            tk += ck[i + 1] - ck[i]
+            ends_q.append(tq)
+            ends_k.append(tk)
+        if not dropped:
+            return None, None, ends_q, ends_k
+        q_rows = [j for i in keep for j in range(cq[i], cq[i + 1])]
+        k_rows = [j for i in keep for j in range(ck[i], ck[i + 1])]
+        return q_rows, k_rows, ends_q, ends_k
+
+    def forward(self, q, k, v, cu_q, cu_k, causal, scale, *, max_q=None, max_k=None):
+        cq, ck = doc_bounds(cu_q), doc_bounds(cu_k)
+        h_q, _ = check_block_inputs(q, k, v, cq, ck, causal)
+        if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+            raise ValueError(f"npu_fusion_attention takes float16/bfloat16/float32, got {q.dtype}")
+        out = torch.zeros_like(q)
+        lse = torch.full((h_q, q.shape[0]), float("-inf"), dtype=torch.float32, device=q.device)
+        q_rows, k_rows, ends_q, ends_k = self._live(cq, ck)
+        if not ends_q:
+            return out, lse
+        qi = torch.tensor(q_rows, device=q.device) if q_rows is not None else None
+        ki = torch.tensor(k_rows, device=q.device) if k_rows is not None else None
+        sel = (lambda x, i: x if i is None else x.index_select(0, i))
+        res = self._npu.npu_fusion_attention(
+            sel(q, qi), sel(k, ki), sel(v, ki), h_q, "TND", pse=None, padding_mask=None,
+            scale=scale, keep_prob=1.0, inner_precise=0, prefix=None,
+            actual_seq_qlen=ends_q, actual_seq_kvlen=ends_k, **self._sparse_args(causal, q.device))
+        o, smax, ssum = res[0], res[1], res[2]
+        l_live = (smax[..., 0].float() + torch.log(ssum[..., 0].float())).transpose(0, 1)
+        if qi is None:
+            return o.to(q.dtype), l_live.contiguous()
+        out.index_copy_(0, qi, o.to(q.dtype))
+        lse.index_copy_(1, qi, l_live)
+        return out, lse
+
+    def backward(self, dout, q, k, v, out, lse, cu_q, cu_k, causal, scale, *, max_q=None, max_k=None):
+        cq, ck = doc_bounds(cu_q), doc_bounds(cu_k)
+        h_q, _ = check_block_inputs(q, k, v, cq, ck, causal)
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        q_rows, k_rows, ends_q, ends_k = self._live(cq, ck)
+        if not ends_q:
+            return dq, dk, dv
+        qi = torch.tensor(q_rows, device=q.device) if q_rows is not None else None
+        ki = torch.tensor(k_rows, device=q.device) if k_rows is not None else None
+        sel = (lambda x, i: x if i is None else x.index_select(0, i))
+        lse_t = sel(lse.float().transpose(0, 1), qi)  # [T_live, N1]
+        smax = lse_t.unsqueeze(-1).expand(*lse_t.shape, 8).contiguous()
+        ssum = torch.ones_like(smax)
+        res = self._npu.npu_fusion_attention_grad(
+            sel(q, qi), sel(k, ki), sel(v, ki), sel(dout, qi), h_q, "TND", pse=None, padding_mask=None,
+            softmax_max=smax, softmax_sum=ssum, softmax_in=None, attention_in=sel(out, qi),
+            scale_value=scale, keep_prob=1.0, inner_precise=0, seed=0, offset=0, numels=0, prefix=None,
+            actual_seq_qlen=ends_q, actual_seq_kvlen=ends_k, **self._sparse_args(causal, q.device))
+        g_q, g_k, g_v = res[0], res[1], res[2]
+        if qi is None and ki is None:
+            return g_q.to(q.dtype), g_k.to(k.dtype), g_v.to(v.dtype)
+        dq.index_copy_(0, qi, g_q.to(q.dtype))
+        dk.index_copy_(0, ki, g_k.to(k.dtype))
+        dv.index_copy_(0, ki, g_v.to(v.dtype))
+        return dq, dk, dv

@@ -1,0 +1,190 @@
+"""Exact ring attention over zigzag-sharded packed documents, forward and backward.
+
+Layout (see :mod:`fcp_exec.layout`): every document is cut into ``2·d`` chunks and CP rank ``r``
+holds chunks ``r`` and ``2d−1−r`` of every document, so each local document is
+``[first half | second half]``. At ring step ``j`` rank ``r`` holds the key/value shard of rank
+``s = (r − j) mod d``, i.e. chunks ``s`` and ``2d−1−s`` of every document. For a causal mask,
+chunk ``a`` of a document sees chunk ``b`` of the same document fully if ``b < a``, on the
+diagonal if ``b == a`` and not at all if ``b > a``; per document pair this gives:
+
+* ``s == r`` (step 0): causal attention of the local shard on itself (the local concatenation
+  ``[r | 2d−1−r]`` is in global order, so a plain causal mask is exact);
+* ``s < r``: every local query (chunks ``r`` and ``2d−1−r``) sees chunk ``s`` fully and chunk
+  ``2d−1−s`` not at all → all queries against the *first halves* of the keys, no mask;
+* ``s > r``: chunk ``r`` sees nothing; chunk ``2d−1−r`` sees chunks ``s`` and ``2d−1−s`` fully →
+  the *second halves* of the queries against all keys, no mask.
+
+The same holds for every document at once (only chunk sizes differ), so each step is one varlen
+kernel call. With a full (bidirectional) mask every step is all queries against all keys.
+Partial results are merged in fp32 (fp64 for fp64 inputs) with the log-sum-exp update. Backward
+re-runs each block against the final ``out``/``lse``; dQ stays local while dK/dV travel round the
+ring with the key/value blocks and arrive back at their owner after ``d`` hops. The next block's
+send/recv is posted before the current block is computed.
+"""
+from __future__ import annotations
+
+import torch
+
+from fcp_exec.comm import RingComm
+from fcp_exec.kernels import AttentionKernel, default_kernel
+from fcp_exec.kernels.base import lse_dtype_for
+from fcp_exec.layout import check_cu_seqlens
+
+__all__ = ["ring_attention"]
+
+
+class _Plan:
+    """Per-call block plan: which query/key rows each ring step uses (pure, per cp_rank)."""
+
+    def __init__(self, cu: list[int], degree: int, cp_rank: int, causal: bool, device):
+        self.cu, self.degree, self.cp_rank, self.causal = cu, degree, cp_rank, causal
+        lengths = [b - a for a, b in zip(cu[:-1], cu[1:])]
+        self.max_full = max(lengths, default=0)
+        self.cu_half = [c // 2 for c in cu]
+        self.max_half = self.max_full // 2
+        if degree > 1 and causal:
+            first, second = [], []
+            for a, n in zip(cu[:-1], lengths):
+                h = n // 2
+                first.append(torch.arange(a, a + h))
+                second.append(torch.arange(a + h, a + n))
+            cat = (lambda xs: torch.cat(xs) if xs else torch.zeros(0, dtype=torch.long))
+            self.first = cat(first).to(device)
+            self.second = cat(second).to(device)
+
+    def block(self, step: int):
+        """``(q_rows, k_rows, cu_q, cu_k, causal, max_q, max_k)``; rows ``None`` mean all rows."""
+        full = (None, None, self.cu, self.cu, False, self.max_full, self.max_full)
+        if not self.causal:
+            return full
+        if step == 0:
+            return (None, None, self.cu, self.cu, True, self.max_full, self.max_full)
+        src = (self.cp_rank - step) % self.degree
+        if src < self.cp_rank:
+            return (None, self.first, self.cu, self.cu_half, False, self.max_full, self.max_half)
+        return (self.second, None, self.cu_half, self.cu, False, self.max_half, self.max_full)
+
+
+def _rows(x: torch.Tensor, idx):
+    return x if idx is None else x.index_select(0, idx)
+
+
+def _merge(out_acc, lse_acc, out_b, lse_b, idx) -> None:
+    """In place: fold block result (``out_b`` ``[n, H, D]``, ``lse_b`` ``[H, n]``) into rows ``idx``."""
+    lse_old = lse_acc if idx is None else lse_acc.index_select(1, idx)
+    out_old = out_acc if idx is None else out_acc.index_select(0, idx)
+    lse_b = lse_b.to(lse_acc.dtype)
+    new = torch.logaddexp(lse_old, lse_b)
+    finite = torch.isfinite(new)
+    base = torch.where(finite, new, torch.zeros_like(new))
+    w_old = torch.where(finite, torch.exp(lse_old - base), torch.zeros_like(new))
+    w_b = torch.where(finite, torch.exp(lse_b - base), torch.zeros_like(new))
+    merged = out_old * w_old.t().unsqueeze(-1) + out_b.to(out_acc.dtype) * w_b.t().unsqueeze(-1)
+    if idx is None:
+        out_acc.copy_(merged)
+        lse_acc.copy_(new)
+    else:
+        out_acc.index_copy_(0, idx, merged)
+        lse_acc.index_copy_(1, idx, new)
+
+
+class _RingAttentionFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, plan: _Plan, comm, scale: float, kernel: AttentionKernel):
+        acc = lse_dtype_for(q.dtype)
+        out_acc = torch.zeros(q.shape, dtype=acc, device=q.device)
+        lse_acc = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=acc, device=q.device)
+        k_cur, v_cur = k, v
+        for step in range(plan.degree):
+            pending = None
+            if step + 1 < plan.degree:
+                pending = comm.send_recv([k_cur, v_cur], tag=0, what="k/v")
+            q_rows, k_rows, cu_q, cu_k, causal, max_q, max_k = plan.block(step)
+            if q.shape[0]:
+                out_b, lse_b = kernel.forward(_rows(q, q_rows), _rows(k_cur, k_rows), _rows(v_cur, k_rows),
+                                              cu_q, cu_k, causal, scale, max_q=max_q, max_k=max_k)
+                _merge(out_acc, lse_acc, out_b, lse_b, q_rows)
+            if pending is not None:
+                k_cur, v_cur = pending.wait()
+        out = out_acc.to(q.dtype)
+        ctx.save_for_backward(q, k, v, out, lse_acc)
+        ctx.plan, ctx.comm, ctx.scale, ctx.kernel = plan, comm, scale, kernel
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        plan, comm, scale, kernel = ctx.plan, ctx.comm, ctx.scale, ctx.kernel
+        dout = dout.contiguous()
+        acc = lse.dtype
+        dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+        k_cur, v_cur = k, v
+        dkv_pending = None
+        dk_blk = dv_blk = None
+        for step in range(plan.degree):
+            kv_pending = None
+            if step + 1 < plan.degree:
+                kv_pending = comm.send_recv([k_cur, v_cur], tag=0, what="k/v")
+            q_rows, k_rows, cu_q, cu_k, causal, max_q, max_k = plan.block(step)
+            dk_blk = torch.zeros(k.shape, dtype=acc, device=k.device)
+            dv_blk = torch.zeros(v.shape, dtype=acc, device=v.device)
+            if q.shape[0]:
+                lse_rows = lse if q_rows is None else lse.index_select(1, q_rows)
+                dq_b, dk_b, dv_b = kernel.backward(
+                    _rows(dout, q_rows), _rows(q, q_rows), _rows(k_cur, k_rows), _rows(v_cur, k_rows),
+                    _rows(out, q_rows), lse_rows, cu_q, cu_k, causal, scale, max_q=max_q, max_k=max_k)
+                if q_rows is None:
+                    dq += dq_b.to(acc)
+                else:
+                    dq.index_add_(0, q_rows, dq_b.to(acc))
+                if k_rows is None:
+                    dk_blk += dk_b.to(acc)
+                    dv_blk += dv_b.to(acc)
+                else:
+                    dk_blk.index_copy_(0, k_rows, dk_b.to(acc))
+                    dv_blk.index_copy_(0, k_rows, dv_b.to(acc))
+            if dkv_pending is not None:
+                dk_prev, dv_prev = dkv_pending.wait()
+                dk_blk += dk_prev
+                dv_blk += dv_prev
+            if plan.degree > 1:
+                dkv_pending = comm.send_recv([dk_blk, dv_blk], tag=2, what="dk/dv")
+            if kv_pending is not None:
+                k_cur, v_cur = kv_pending.wait()
+        if dkv_pending is not None:
+            dk_blk, dv_blk = dkv_pending.wait()
+        return dq.to(q.dtype), dk_blk.to(k.dtype), dv_blk.to(v.dtype), None, None, None, None
+
+
+def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens, *, ranks,
+                   causal: bool = True, softmax_scale: float | None = None,
+                   kernel: AttentionKernel | None = None, timeout=None, group=None) -> torch.Tensor:
+    """Attention of zigzag-sharded packed documents across the logical CP group ``ranks``.
+
+    ``q`` ``[T_local, H_q, D]``, ``k``/``v`` ``[T_local, H_kv, D]`` (GQA when ``H_kv < H_q``),
+    ``cu_seqlens`` the *local* document boundaries (``zigzag_shard``'s second output; every local
+    document length is even when ``degree > 1``), ``ranks`` the global ranks of this rank's CP
+    group in ring order (this rank included; every member must make the same call with the same
+    ``ranks`` and local ``cu_seqlens``). Returns ``out`` ``[T_local, H_q, D]`` in ``q``'s dtype,
+    differentiable in ``q``, ``k``, ``v``. ``degree == 1`` runs the local kernel with no
+    communication. ``kernel`` defaults to :func:`fcp_exec.kernels.default_kernel`; ``timeout``
+    (seconds) bounds every P2P wait (see :mod:`fcp_exec.comm`); ``group`` is the base process group
+    the P2P runs on (default: world).
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 3:
+            raise ValueError(f"{name} must be a [T_local, H, D] tensor, got {getattr(t, 'shape', t)!r}")
+    if k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
+        raise ValueError(f"shapes do not match: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}; "
+                         "need q [T, H_q, D] and k, v [T, H_kv, D]")
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
+        raise ValueError(f"H_q={q.shape[1]} must be a multiple of H_kv={k.shape[1]}")
+    if q.dtype != k.dtype or q.dtype != v.dtype:
+        raise ValueError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+    comm = RingComm(ranks, group=group, timeout=timeout)
+    cu = check_cu_seqlens(cu_seqlens, num_tokens=q.shape[0], multiple=2 if comm.degree > 1 else 1)
+    scale = float(softmax_scale) if softmax_scale is not None else q.shape[-1] ** -0.5
+    if kernel is None:
+        kernel = default_kernel(q.device, q.dtype)
+    plan = _Plan(cu, comm.degree, comm.cp_rank, bool(causal), q.device)
+    return _RingAttentionFn.apply(q, k, v, plan, comm, scale, kernel)
