@@ -38,11 +38,16 @@ Batch dict (all tensors on CPU, 1-D unless stated)::
 
 Qwen-VL 3-D positions (the public Qwen2-VL ``get_rope_index`` rule, re-derived): text tokens get the same
 value on all three axes, counting on from the previous token's maximum + 1 (0 at the document start).
-A run of placeholder tokens is matched to the document's images in order; image ``(t, h, w)`` with spatial
-merge ``m`` covers ``t·(h/m)·(w/m)`` tokens laid out t-major, then rows, then columns, and token
-``(i, j, k)`` gets ``(s + i, s + j, s + k)`` where ``s`` is the value the next text token would have had.
-Text after the image continues from the image's maximum + 1. Pads continue after the document's maximum.
-Positions are computed on the untruncated document and then cut, so truncation never changes them.
+Placeholder tokens are matched to the document's ``grid_thw`` rows in order; image ``(t, h, w)`` with
+spatial merge ``m`` has ``t`` frame groups of ``(h/m)·(w/m)`` tokens (t-major, then rows, then columns).
+A run of consecutive placeholders takes as many whole frame groups of the current image as it holds
+(Qwen2-VL: one run per image/video; Qwen3-VL: one run per frame group, timestamps text in between), and
+token ``(i, j, k)`` of a run gets ``(s + i, s + j, s + k)``, ``s`` being the value the next text token
+would have had; the following token continues from the run's maximum + 1. (Qwen2.5-VL's scaling of the
+temporal index by seconds per grid is not applied: ``i`` is the frame group's number within the run.)
+Pads continue after the document's maximum. Positions are computed on the untruncated document and
+then cut, so truncation never changes them. ``grid_thw`` is checked against the placeholder count
+(``Σ t·h·w / m²``) when ``mrope=True``.
 """
 
 from __future__ import annotations
@@ -74,42 +79,46 @@ def qwen_vl_mrope_positions(input_ids: torch.Tensor, grid_thw: torch.Tensor | No
     """``[3, len(input_ids)]`` Qwen-VL rope positions of one document (rule in the module docstring)."""
     n = int(input_ids.numel())
     out = torch.empty((3, n), dtype=torch.long)
-    is_vis = torch.isin(input_ids, visual_ids)
-    grids = [] if grid_thw is None else [tuple(int(v) for v in g) for g in grid_thw.reshape(-1, 3).tolist()]
+    is_vis = torch.isin(input_ids, visual_ids).tolist()
     m = spatial_merge_size
-    nxt, pos, img = 0, 0, 0
-    vis_pos = torch.nonzero(is_vis).flatten().tolist()
-    vi = 0
-    while pos < n:
-        start = vis_pos[vi] if vi < len(vis_pos) else n
-        if start > pos:  # a run of text
-            out[:, pos:start] = torch.arange(nxt, nxt + start - pos)
-            nxt += start - pos
-            pos = start
-            continue
-        if img >= len(grids):
-            raise ValueError(f"document has more visual placeholder tokens than its grid_thw covers ({len(grids)} images)")
-        t, h, w = grids[img]
+    grids = [] if grid_thw is None else [tuple(int(v) for v in g) for g in grid_thw.reshape(-1, 3).tolist()]
+    for i, (t, h, w) in enumerate(grids):
         if h % m or w % m:
-            raise ValueError(f"image {img} grid {(t, h, w)} is not divisible by spatial_merge_size={m}")
-        gh, gw = h // m, w // m
-        count = t * gh * gw
-        if pos + count > n or not bool(is_vis[pos:pos + count].all()):
-            raise ValueError(
-                f"image {img} (grid {(t, h, w)}) needs {count} consecutive visual placeholder tokens at position "
-                f"{pos}; the document has fewer — the reader's input_ids and grid_thw disagree")
-        ti = torch.arange(t).repeat_interleave(gh * gw)
-        hi = torch.arange(gh).repeat_interleave(gw).repeat(t)
-        wi = torch.arange(gw).repeat(t * gh)
-        out[0, pos:pos + count] = ti + nxt
-        out[1, pos:pos + count] = hi + nxt
-        out[2, pos:pos + count] = wi + nxt
-        nxt = int(out[:, pos:pos + count].max()) + 1
-        pos += count
-        vi += count
-        img += 1
+            raise ValueError(f"image {i} grid {(t, h, w)} is not divisible by spatial_merge_size={m}")
+    img, frames_done = 0, 0
+    nxt, pos = 0, 0
+    while pos < n:
+        end = pos
+        while end < n and is_vis[end] == is_vis[pos]:
+            end += 1
+        if not is_vis[pos]:  # a run of text continues the count on all three axes
+            out[:, pos:end] = torch.arange(nxt, nxt + end - pos)
+            nxt += end - pos
+            pos = end
+            continue
+        while pos < end:  # a run of placeholders: whole frame groups of the current image, in order
+            if img >= len(grids):
+                raise ValueError(f"document has more visual placeholder tokens than its grid_thw covers "
+                                 f"({len(grids)} image(s)) — the reader's input_ids and grid_thw disagree")
+            t, h, w = grids[img]
+            gh, gw = h // m, w // m
+            k = min((end - pos) // (gh * gw), t - frames_done)
+            if k == 0:
+                raise ValueError(f"a run of {end - pos} placeholder tokens at position {pos} is not a whole number of "
+                                 f"frame groups of image {img} (grid {(t, h, w)}: {gh * gw} tokens each) — the reader's "
+                                 "input_ids and grid_thw disagree")
+            count = k * gh * gw
+            out[0, pos:pos + count] = torch.arange(k).repeat_interleave(gh * gw) + nxt
+            out[1, pos:pos + count] = torch.arange(gh).repeat_interleave(gw).repeat(k) + nxt
+            out[2, pos:pos + count] = torch.arange(gw).repeat(k * gh) + nxt
+            nxt += max(k, gh, gw)
+            pos += count
+            frames_done += k
+            if frames_done == t:
+                img, frames_done = img + 1, 0
     if img != len(grids):
-        raise ValueError(f"document has {len(grids)} images in grid_thw but placeholder tokens for only {img}")
+        raise ValueError(f"document has {len(grids)} image(s) in grid_thw but placeholder tokens for only {img} — the "
+                         "reader's input_ids and grid_thw disagree")
     return out
 
 
@@ -119,7 +128,7 @@ class FCPCollator:
     ``pad_token_id``: token used for padding; ``ignore_index``: label value the loss skips;
     ``visual_token_id``: the placeholder id (or ids, e.g. Qwen2-VL's image and video ids) of visual
     tokens, enabling ``visual_pos``/``visual_index``; ``spatial_merge_size``: patches merged per side into
-    one visual token (Qwen-VL: 2); ``mrope``: also return Qwen-VL 3-D rope positions;
+    one visual token (Qwen-VL: 2; used by ``mrope``); ``mrope``: also return Qwen-VL 3-D rope positions;
     ``strict_lengths``: require every sample's ``input_ids`` length to equal the length the sampler planned
     with (``slot.length``) — a mismatch means the length index is stale.
     """
@@ -224,7 +233,7 @@ class FCPCollator:
             if self.visual_ids:
                 is_vis = torch.isin(full, visual_ids)
                 num_vis = int(is_vis.sum())
-                if grid is not None:
+                if grid is not None and self.mrope:
                     expect = int(grid.prod(dim=1).sum()) // self.spatial_merge_size ** 2
                     if expect != num_vis:
                         raise ValueError(

@@ -119,8 +119,19 @@ def test_mrope_positions_match_hand_derived_qwen_vl_rule():
     vid = [(s2, s2, s2), (s2, s2, s2 + 1), (s2 + 1, s2, s2), (s2 + 1, s2, s2 + 1)]
     expect = [(0, 0, 0), (1, 1, 1), *img, (t3, t3, t3), *vid, (s2 + 2, s2 + 2, s2 + 2)]
     assert [tuple(c) for c in zip(*got)] == expect
-    with pytest.raises(ValueError, match="disagree|only"):
+    with pytest.raises(ValueError, match="disagree"):
         qwen_vl_mrope_positions(ids[:9], grid, torch.tensor([V]), 2)
+
+
+def test_mrope_frame_groups_split_by_timestamp_text():
+    """Qwen3-VL layout: a 2×4×4 video as two frame-group runs with text between them; each run restarts
+    the temporal index and the text continues after its maximum (hand-derived expected values)."""
+    ids = torch.tensor([1, V, V, V, V, 5, V, V, V, V, 2])
+    got = [tuple(c) for c in zip(*qwen_vl_mrope_positions(ids, torch.tensor([[2, 4, 4]]), torch.tensor([V]), 2).tolist())]
+    run = lambda s: [(s, s, s), (s, s, s + 1), (s, s + 1, s), (s, s + 1, s + 1)]  # noqa: E731
+    assert got == [(0, 0, 0), *run(1), (3, 3, 3), *run(4), (6, 6, 6)]
+    with pytest.raises(ValueError, match="whole number"):
+        qwen_vl_mrope_positions(torch.tensor([1, V, V, V, 2]), torch.tensor([[2, 4, 4]]), torch.tensor([V]), 2)
 
 
 @pytest.mark.parametrize("degree", [1, 2, 3])
@@ -175,7 +186,7 @@ def test_multimodal_visual_scatter_and_mrope_shards(degree):
 
 
 def test_grid_count_mismatch_is_reported():
-    """A sample whose placeholder count disagrees with grid_thw is a ValueError naming the sample."""
+    """With mrope, a sample whose placeholder count disagrees with grid_thw is a ValueError naming it."""
     slot = _slots([5], [5], 1, 0)[0]
     with pytest.raises(ValueError, match="sample 0 has 3 visual"):
-        FCPCollator(visual_token_id=V)([({"input_ids": [1, V, V, V, 2], "grid_thw": [[1, 4, 4]]}, slot)])
+        FCPCollator(visual_token_id=V, mrope=True)([({"input_ids": [1, V, V, V, 2], "grid_thw": [[1, 4, 4]]}, slot)])
