@@ -9,7 +9,8 @@ width, height) so that ``fcp index`` never decodes a video:
   clamped to [min_frames, max_frames], floored to the temporal patch 2), frame indices
   ``torch.linspace(0, n-1, k).round()`` (reproduced in float32), per-frame pixel budget
   ``max(min(max_pixels, total_pixels / k * 2), int(min_pixels * 1.05))`` and ``smart_resize`` to multiples of
-  ``factor = 2 * patch_size``; visual tokens = (k/2)·(H/factor)·(W/factor). Qwen3-VL adds, per temporal group,
+  ``factor = 2 * patch_size``; visual tokens = (k/2)·(H/factor)·(W/factor). Images use transformers'
+  ``smart_resize`` (spec ``image.resize``; it differs from qwen-vl-utils only for sides under factor/2). Qwen3-VL adds, per temporal group,
   ``"<t seconds>"`` text (t = mean timestamp of the group's two frames, one decimal) and its own
   ``<|vision_start|>``/``<|vision_end|>`` pair (transformers ``Qwen3VLProcessor.replace_video_token``).
 - ``internvl``: 448-px tiles × 256 tokens. Images: dynamic tiling (closest aspect ratio with 1..12 tiles,
@@ -160,18 +161,29 @@ def load_spec(name_or_path: str | Path, tokenizer: str | Path | None = None) -> 
 # ---------------------------------------------------------------- Qwen-VL (qwen-vl-utils 0.0.14)
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: float, max_pixels: float,
-                 max_ratio: float = 200) -> tuple[int, int]:
-    """Height and width rounded to multiples of ``factor`` with min_pixels ≤ H·W ≤ max_pixels, aspect kept."""
+                 max_ratio: float = 200, variant: str = "qwen-vl-utils") -> tuple[int, int]:
+    """Height and width rounded to multiples of ``factor`` with min_pixels ≤ H·W ≤ max_pixels, aspect kept.
+
+    ``variant`` picks where the two public copies differ for sides under factor/2: qwen-vl-utils clamps the
+    rounded sides to ≥ factor first, transformers' image processor clamps only after the max_pixels downscale.
+    """
     if min(height, width) <= 0:
         raise ValueError(f"image size must be positive, got {height}x{width}")
     if max(height, width) / min(height, width) > max_ratio:
         raise ValueError(f"aspect ratio {max(height, width) / min(height, width):.1f} exceeds {max_ratio}")
-    h_bar = max(factor, round(height / factor) * factor)
-    w_bar = max(factor, round(width / factor) * factor)
+    if variant not in ("qwen-vl-utils", "transformers"):
+        raise ValueError(f"smart_resize variant must be 'qwen-vl-utils' or 'transformers', got {variant!r}")
+    utils = variant == "qwen-vl-utils"
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    if utils:
+        h_bar, w_bar = max(factor, h_bar), max(factor, w_bar)
     if h_bar * w_bar > max_pixels:
         beta = math.sqrt((height * width) / max_pixels)
         h_bar = math.floor(height / beta / factor) * factor
         w_bar = math.floor(width / beta / factor) * factor
+        if not utils:
+            h_bar, w_bar = max(factor, h_bar), max(factor, w_bar)
     elif h_bar * w_bar < min_pixels:
         beta = math.sqrt(min_pixels / (height * width))
         h_bar = math.ceil(height * beta / factor) * factor
@@ -305,7 +317,8 @@ def _plan_qwen(spec: Spec, kind: str, height: int, width: int, num_frames: int, 
     factor, t = p * m, v["tokens"]
     if kind == "image":
         im = v["image"]
-        h, w = smart_resize(height, width, factor, im["min_pixels"], im["max_pixels"], im.get("max_ratio", 200))
+        h, w = smart_resize(height, width, factor, im["min_pixels"], im["max_pixels"], im.get("max_ratio", 200),
+                            im.get("resize", "transformers"))
         n = (h // factor) * (w // factor)
         segs = (("token", t["vision_start"], 1), ("token", t["image_pad"], n), ("token", t["vision_end"], 1))
         return VisualPlan(kind=kind, segments=segs, num_visual_tokens=n, resized=(h, w), grid_thw=(1, h // p, w // p))
