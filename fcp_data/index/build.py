@@ -221,7 +221,7 @@ def _index_container(task: dict, cfg: dict, spec, rows: _Rows) -> int:
             it = iter_tar_samples(path)
             first = next(it, None)
         except (OSError, ProbeError) as e:
-            rows.error(str(path), "unreadable_shard", str(e), str(path))
+            rows.error(str(path), "unreadable_shard", getattr(e, "detail", None) or f"{type(e).__name__}: {e}", str(path))
             return 1
         samples = ([first] if first else []) + [s for s in it]
 

@@ -1,0 +1,98 @@
+"""Engines and resume: a killed job restarted with --resume, the local pool and Ray all give the same index
+as an uninterrupted single-process run (the reference). A failure means the index depends on how it was
+computed (engine, worker count, completion order, crashes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fcp_data._resources import data_path
+from fcp_data.index import build_index
+from fcp_data.index.build import EXIT_AFTER_ENV
+
+SAMPLES = data_path("samples")
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> list[str]:
+    """8 shard tasks: the 4 bundled tar shards and text.jsonl split into 4 files."""
+    d = tmp_path_factory.mktemp("in")
+    lines = (SAMPLES / "text.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+    for k in range(4):
+        (d / f"text-{k}.jsonl").write_text("".join(lines[k::4]), encoding="utf-8")
+    return [str(SAMPLES / "wds" / "shard-{000000..000003}.tar"), str(d / "text-*.jsonl")]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, inputs) -> Path:
+    out = tmp_path_factory.mktemp("ref") / "ix"
+    build_index(inputs, "qwen3-vl", out, workers=1, progress=False)
+    return out
+
+
+def assert_same_index(a: Path, b: Path) -> None:
+    """Every column byte-identical, same errors, same manifest."""
+    names = sorted(p.name for p in a.glob("*.npy"))
+    assert names == sorted(p.name for p in b.glob("*.npy")) and len(names) == 17
+    for n in names:
+        x, y = np.load(a / n), np.load(b / n)
+        assert x.dtype == y.dtype and np.array_equal(x, y), n
+    assert (a / "errors.jsonl").read_text() == (b / "errors.jsonl").read_text()
+    assert json.loads((a / "manifest.json").read_text()) == json.loads((b / "manifest.json").read_text())
+
+
+def _cli(inputs, out, *extra, env=None) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "fcp_data.cli", "index", *inputs, "--spec", "qwen3-vl", "--out", str(out),
+           "--workers", "2", "--no-progress", *extra]
+    return subprocess.run(cmd, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=120)
+
+
+def test_pool_equals_single_process(tmp_path, inputs, reference):
+    build_index(inputs, "qwen3-vl", tmp_path / "pool", workers=2, progress=False)
+    assert_same_index(reference, tmp_path / "pool")
+
+
+def test_killed_job_resumes_to_the_same_index(tmp_path, inputs, reference):
+    """A worker that dies after 2 shards breaks the job; --resume reuses the finished parts and completes it."""
+    out = tmp_path / "ix"
+    r = _cli(inputs, out, env={EXIT_AFTER_ENV: "2"})
+    assert r.returncode != 0, r.stdout + r.stderr
+    assert not (out / "manifest.json").exists()
+    parts = sorted((out / "parts").glob("*.npz"))
+    assert 2 <= len(parts) < 8, [p.name for p in parts]
+    assert not list((out / "parts").glob(".*tmp*"))  # atomic writes: no half-written part under its final name
+    before = {p.name: p.stat().st_mtime_ns for p in parts}
+    r = _cli(inputs, out, "--resume")
+    assert r.returncode == 0, r.stderr
+    after = {p.name: p.stat().st_mtime_ns for p in (out / "parts").glob("*.npz")}
+    assert len(after) == 8 and all(after[n] == t for n, t in before.items())  # finished shards were skipped
+    assert_same_index(reference, out)
+
+
+def test_resume_redoes_parts_of_another_spec(tmp_path, inputs, reference):
+    """Parts written with a different spec are not reused by --resume (fingerprint check)."""
+    out = tmp_path / "ix"
+    build_index(inputs, "qwen2-vl", out, workers=1, progress=False)
+    build_index(inputs, "qwen3-vl", out, workers=1, progress=False, resume=True)
+    assert_same_index(reference, out)
+
+
+def test_ray_engine_equals_local(tmp_path, inputs, reference):
+    """The same per-shard function as Ray tasks on a local 2-CPU Ray gives the identical index."""
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        build_index(inputs, "qwen3-vl", tmp_path / "ray", engine="ray", progress=False)
+    finally:
+        ray.shutdown()
+    assert_same_index(reference, tmp_path / "ray")
+    shutil.rmtree(tmp_path / "ray")
