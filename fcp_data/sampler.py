@@ -17,8 +17,11 @@ Every rank builds the same plan from ``(seed, epoch, lengths, config)`` with no 
   first ``num_ranks · tokens_per_rank`` tokens (the slot's ``num_tokens``; the collator cuts the sample);
   ``"drop"`` removes them from every epoch. ``num_truncated``/``num_dropped`` count them and one warning
   is logged.
+* **Micro-batches.** ``micro_batches="auto"`` lets the planner choose the count per global batch (fewest
+  that fit, a few more tried, smallest summed makespan); an int ``M`` asks for exactly ``M`` per global
+  batch (``min(M, size)`` for a last batch with fewer sequences) and raises if they do not fit in memory.
 * **len()** is the number of lists of the current epoch, equal on all ranks and exactly the number
-  iterated. With ``micro_batches="auto"`` the micro-batch count of a global batch is known only after
+  iterated; O(1) for an int ``micro_batches``. With ``"auto"`` the micro-batch count of a global batch is known only after
   planning it, so the first ``len()`` of an epoch plans every global batch of the epoch (in the calling
   thread; cached per epoch, and batches already planned by an iterator are not planned again). Iteration
   itself never needs ``len()``.
@@ -315,11 +318,14 @@ class FCPSampler:
         ids = self.global_batch_indices(g, epoch)
         plan = plan_batch(self.num_tokens[ids], num_ranks=self.num_ranks, cost_model=self.cost_model,
                           etas=None if self.etas is None else self.etas[ids], solver=self.solver,
-                          micro_batches=self.micro_batches)
+                          micro_batches=self._micro_batches_of(ids.size))
         if sorted(plan.seq_ids) != list(range(ids.size)):
             raise RuntimeError(f"planner returned a plan that does not hold each of the {ids.size} sequences "
                                f"of global batch {g} exactly once (solver={self.solver!r})")
         return plan
+
+    def _micro_batches_of(self, size: int) -> str | int:
+        return self.micro_batches if self.micro_batches == "auto" else min(int(self.micro_batches), size)
 
     def _rank_lists(self, epoch: int, g: int) -> list[SlotList]:
         """Plan global batch ``g`` and return this rank's list for each of its micro-batches."""
@@ -347,8 +353,12 @@ class FCPSampler:
 
     # ------------------------------------------------------------------ iteration
     def __len__(self) -> int:
-        """Number of lists of the current epoch (plans the epoch's unplanned global batches once)."""
+        """Number of lists of the current epoch: O(1) for an int ``micro_batches``; with ``"auto"`` it
+        plans the epoch's not yet planned global batches once (cached per epoch)."""
         epoch = self.epoch
+        if self.micro_batches != "auto":
+            _, bounds = self._epoch_layout(epoch)
+            return int(np.minimum(np.diff(bounds), int(self.micro_batches)).sum())
         counts = self._counts.setdefault(epoch, {})
         for g in range(self.num_global_batches(epoch)):
             if g not in counts:

@@ -1,0 +1,204 @@
+"""FCPSampler: epoch coverage, equal list counts on every rank, epoch order, drop_last, over-long samples,
+O(1) resume and config mismatch (DESIGN.md §7). Uses the real planner (fcp_data.plan.plan_batch).
+
+The reference for coverage is the dataset itself: over one epoch every kept sample must sit in exactly one
+CP group; the reference for resume is the uninterrupted iteration of the same sampler.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fcp_data.cost import CostModel
+from fcp_data.sampler import FCPSampler, SampleSlot, SlotList
+
+CM = CostModel(alpha1=2e-10, alpha2=5e-7, alpha3=2e4, beta1=1e-3, beta2=2e-4, bandwidth_intra=2e11,
+               bandwidth_inter=2.5e10, ranks_per_node=4, tokens_per_rank=512)
+
+
+def _lengths(n=300, seed=0, cap=None):
+    rng = np.random.default_rng(seed)
+    x = np.maximum(1, rng.lognormal(5.0, 1.2, size=n)).astype(np.int64)
+    return np.minimum(x, cap) if cap else x
+
+
+def _sampler(lengths, rank=0, **kw):
+    kw.setdefault("num_ranks", 8)
+    kw.setdefault("cost_model", CM)
+    if "global_batch_tokens" not in kw:
+        kw.setdefault("global_batch_size", 64)
+    kw.setdefault("on_overlong", "truncate")
+    return FCPSampler(lengths, rank=rank, **kw)
+
+
+def _all_rank_lists(lengths, num_ranks=8, epoch=0, **kw):
+    out = []
+    for r in range(num_ranks):
+        s = _sampler(lengths, rank=r, num_ranks=num_ranks, **kw)
+        s.set_epoch(epoch)
+        out.append(list(s))
+    return out
+
+
+def _key(lst: SlotList):
+    return (lst.epoch, lst.global_batch, lst.micro_batch, lst.ranks, lst.cp_rank, tuple(s.index for s in lst),
+            tuple(s.num_tokens for s in lst), lst.num_tokens_global)
+
+
+@pytest.mark.parametrize("mode", [{"global_batch_size": 64}, {"global_batch_tokens": 9000}])
+def test_every_sample_in_exactly_one_group_per_epoch_and_equal_list_counts(mode):
+    """Invariants of §7 over all 8 ranks (simulated in one process): same number of lists, len() equal to
+    it, groups agree on all their ranks, each kept sample in exactly one group per epoch,
+    num_tokens_global = Σ(num_tokens − 1) over the global batch. A failure means ranks would deadlock
+    or train on a wrong sample set."""
+    lengths = _lengths()
+    per_rank = _all_rank_lists(lengths, **mode)
+    n_lists = {len(x) for x in per_rank}
+    assert len(n_lists) == 1
+    assert len(_sampler(lengths, **mode)) == n_lists.pop()
+    seen: list[int] = []
+    tokens_per_gb: dict[int, int] = {}
+    for pos in range(len(per_rank[0])):
+        lists = [x[pos] for x in per_rank]
+        assert len({(x.global_batch, x.micro_batch, x.num_tokens_global) for x in lists}) == 1
+        groups: dict[tuple, list] = {}
+        for r, lst in enumerate(lists):
+            if not lst:
+                assert lst.ranks == () and lst.cp_rank == -1
+                continue
+            assert all(isinstance(s, SampleSlot) and s.rank == r for s in lst)
+            assert lst.ranks[lst.cp_rank] == r
+            groups.setdefault(lst.ranks, []).append((lst.cp_rank, tuple(s.index for s in lst)))
+        for ranks, members in groups.items():
+            assert sorted(c for c, _ in members) == list(range(len(ranks)))  # every rank of the group got it
+            assert len({idx for _, idx in members}) == 1                    # with the same samples
+            idx = members[0][1]
+            seen.extend(idx)
+            g = lists[0].global_batch
+            toks = sum(min(int(lengths[i]), 8 * 512) - 1 for i in idx)
+            tokens_per_gb[g] = tokens_per_gb.get(g, 0) + toks
+            assert sum(min(int(lengths[i]), 8 * 512) for i in idx) <= len(ranks) * 512  # memory of §4
+    assert sorted(seen) == list(range(lengths.size))
+    for pos in range(len(per_rank[0])):
+        lst = per_rank[0][pos]
+        assert lst.num_tokens_global == tokens_per_gb[lst.global_batch]
+
+
+def test_epoch_order_is_a_seeded_permutation():
+    """Same (seed, epoch) → same order on a fresh sampler; another epoch or seed → another order; each
+    epoch's global batches are consecutive slices of one permutation of all samples."""
+    lengths = _lengths(200)
+    a, b = _sampler(lengths), _sampler(lengths)
+    orders = {}
+    for e in range(3):
+        a.set_epoch(e)
+        b.set_epoch(e)
+        oa = np.concatenate([a.global_batch_indices(g) for g in range(a.num_global_batches())])
+        ob = np.concatenate([b.global_batch_indices(g) for g in range(b.num_global_batches())])
+        assert np.array_equal(oa, ob)
+        assert sorted(oa.tolist()) == list(range(200))
+        orders[e] = oa
+    assert not np.array_equal(orders[0], orders[1]) and not np.array_equal(orders[1], orders[2])
+    c = _sampler(lengths, seed=1)
+    assert not np.array_equal(np.concatenate([c.global_batch_indices(g) for g in range(c.num_global_batches())]),
+                              orders[0])
+
+
+def test_drop_last_semantics():
+    """100 samples, batches of 64: drop_last=False plans the partial batch of 36 (all samples seen),
+    drop_last=True drops it. Token mode: the last, not-full batch is dropped only with drop_last."""
+    lengths = _lengths(100)
+    keep, drop = _sampler(lengths), _sampler(lengths, drop_last=True)
+    assert keep.num_global_batches() == 2 and keep.global_batch_indices(1).size == 36
+    assert drop.num_global_batches() == 1
+    seen_drop = {s.index for r in _all_rank_lists(lengths, drop_last=True) for lst in r for s in lst}
+    assert len(seen_drop) == 64
+    tk = _sampler(lengths, global_batch_tokens=5000)
+    td = _sampler(lengths, global_batch_tokens=5000, drop_last=True)
+    assert td.num_global_batches() == tk.num_global_batches() - 1
+    sizes = [int(tk.num_tokens[tk.global_batch_indices(g)].sum()) for g in range(tk.num_global_batches())]
+    assert all(s <= 5000 for s in sizes[:-1]) and sum(sizes) == int(tk.num_tokens.sum())
+
+
+def test_overlong_error_truncate_drop():
+    """error names the sample; truncate keeps num_ranks·tokens_per_rank tokens (slot.num_tokens, length
+    unchanged); drop removes the sample from every epoch; both are counted."""
+    lengths = _lengths(50, cap=3000)
+    lengths[7] = 10_000
+    lengths[20] = 5000
+    with pytest.raises(ValueError, match="sample 7 with 10000 tokens"):
+        _sampler(lengths, on_overlong="error")
+    t = _sampler(lengths, on_overlong="truncate")
+    assert (t.num_truncated, t.num_dropped) == (2, 0)
+    slots = {s.index: s for r in _all_rank_lists(lengths, on_overlong="truncate") for lst in r for s in lst}
+    assert slots[7].num_tokens == 4096 and slots[7].length == 10_000 and slots[7].truncated
+    d = _sampler(lengths, on_overlong="drop")
+    assert (d.num_truncated, d.num_dropped) == (0, 2)
+    seen = {s.index for r in _all_rank_lists(lengths, on_overlong="drop") for lst in r for s in lst}
+    assert seen == set(range(50)) - {7, 20}
+
+
+@pytest.mark.parametrize("stop_after", [1, 3, "boundary", "boundary+2"])
+def test_resume_mid_global_batch_equals_uninterrupted(stop_after):
+    """Take the state after k lists (mid-global-batch, or exactly at the end of global batch 0), load it into a fresh sampler: the
+    rest equals the uninterrupted run, and only the remaining global batches are planned (O(1) resume:
+    no replay). A failure means a restarted job would repeat or skip samples."""
+    lengths = _lengths(300)
+    ref = _sampler(lengths, rank=3, global_batch_size=96)
+    ref.set_epoch(2)
+    full = [_key(x) for x in ref]
+    n0 = sum(1 for k in full if k[1] == 0)
+    if isinstance(stop_after, str):
+        stop_after = n0 + (2 if stop_after.endswith("+2") else 0)
+    src = _sampler(lengths, rank=3, global_batch_size=96)
+    src.set_epoch(2)
+    it = iter(src)
+    head = [_key(next(it)) for _ in range(stop_after)]
+    state = src.state_dict()
+    assert state == it.state_dict()
+    assert (state["epoch"], state["global_batch"], state["micro_batch"]) == full[stop_after][:3]
+    assert n0 > 3  # so stop_after = 1, 3 are mid-global-batch
+    it.close()
+    dst = _sampler(lengths, rank=3, global_batch_size=96)
+    dst.load_state_dict(state)
+    tail = [_key(x) for x in dst]
+    assert head + tail == full
+    assert len(dst.planner_waits) == dst.num_global_batches(2) - state["global_batch"]
+    # the iterator itself is re-positionable (what StatefulDataLoader uses)
+    it2 = iter(_sampler(lengths, rank=3, global_batch_size=96))
+    it2.load_state_dict(state)
+    assert [_key(x) for x in it2] == tail
+
+
+def test_state_from_other_config_is_refused():
+    """A state saved with another world size, seed, batch size or data is a ValueError naming the field."""
+    lengths = _lengths(120)
+    state = _sampler(lengths).state_dict()
+    for kw, field in (({"num_ranks": 4}, "num_ranks"), ({"seed": 3}, "seed"),
+                      ({"global_batch_size": 32}, "global_batch_size"), ({"rank": 2}, "rank")):
+        with pytest.raises(ValueError, match=field):
+            _sampler(lengths, **kw).load_state_dict(state)
+    other = lengths.copy()
+    other[0] += 1
+    with pytest.raises(ValueError, match="data_digest"):
+        _sampler(other).load_state_dict(state)
+    with pytest.raises(ValueError, match="keys"):
+        _sampler(lengths).load_state_dict({**state, "extra": 1})
+
+
+def test_len_matches_iteration_for_fixed_micro_batches_and_constructor_checks():
+    """len() equals the yielded count with micro_batches fixed too; bad arguments are ValueErrors."""
+    lengths = _lengths(132, cap=2000)  # batches of 64, 64, 4: the last one gets min(8, 4) micro-batches
+    s = _sampler(lengths, micro_batches=8)
+    lists = list(s)
+    assert len(s) == len(lists) == 8 + 8 + 4
+    assert [x.num_micro_batches for x in lists] == [8] * 16 + [4] * 4
+    with pytest.raises(ValueError, match="exactly one"):
+        FCPSampler(lengths, num_ranks=2, cost_model=CM)
+    with pytest.raises(ValueError, match="rank"):
+        FCPSampler(lengths, num_ranks=2, rank=2, cost_model=CM, global_batch_size=4)
+    with pytest.raises(ValueError, match=">= 1"):
+        FCPSampler(np.array([3, 0, 2]), num_ranks=2, cost_model=CM, global_batch_size=4)
+    single = FCPSampler(lengths, cost_model=CM, global_batch_size=16, on_overlong="truncate")
+    assert (single.rank, single.num_ranks) == (0, 1)

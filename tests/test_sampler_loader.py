@@ -1,0 +1,200 @@
+"""FCPSampler through real DataLoaders and real processes: planning-thread lifecycle and error surfacing,
+DataLoader workers 0/2 (persistent, pin_memory), torchdata StatefulDataLoader resume, and N gloo
+processes that must all compute the same plans from rank/world read off torch.distributed.
+
+References: the collator applied directly to the sampler's lists in the main process (for loaders), the
+uninterrupted loader (for resume), the dataset itself (coverage).
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from fcp_data.collator import FCPCollator
+from fcp_data.cost import CostModel
+from fcp_data.sampler import FCPDataset, FCPSampler
+from fcp_exec.testing import run_workers
+
+CM = CostModel(alpha1=2e-10, alpha2=5e-7, alpha3=2e4, beta1=1e-3, beta2=2e-4, bandwidth_intra=2e11,
+               bandwidth_inter=2.5e10, ranks_per_node=4, tokens_per_rank=512)
+
+
+def _lengths(n=200, seed=1):
+    rng = np.random.default_rng(seed)
+    return np.clip(rng.lognormal(5.0, 1.1, size=n), 1, 3000).astype(np.int64)
+
+
+class TextData:
+    """Map-style text dataset whose sample i has lengths[i] tokens (deterministic ids)."""
+
+    def __init__(self, lengths):
+        self.lengths = [int(x) for x in lengths]
+
+    def __len__(self):
+        return len(self.lengths)
+
+    def __getitem__(self, i):
+        return {"input_ids": (torch.arange(self.lengths[i]) * 31 + i) % 5000}
+
+
+def _planner_threads():
+    return [t for t in threading.enumerate() if t.name == "fcp-planner" and t.is_alive()]
+
+
+def _wait_no_planner_threads(timeout=5.0):
+    end = time.monotonic() + timeout
+    while _planner_threads() and time.monotonic() < end:
+        gc.collect()
+        time.sleep(0.02)
+    return _planner_threads()
+
+
+def _same_batch(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        if isinstance(a[k], torch.Tensor):
+            assert torch.equal(a[k], b[k]), k
+        else:
+            assert a[k] == b[k], k
+
+
+def test_planner_thread_stops_on_exhaustion_abandon_and_close():
+    """The planning thread ends with the epoch, when an iterator is abandoned mid-epoch (GC) and on
+    close(); a failure means leaked threads planning forever in the training process."""
+    assert not _wait_no_planner_threads()
+    s = FCPSampler(_lengths(), num_ranks=8, rank=1, cost_model=CM, global_batch_size=32, prefetch=2)
+    list(s)
+    assert not _wait_no_planner_threads()
+    it = iter(s)
+    next(it)
+    assert it.planner_thread is not None and it.planner_thread.is_alive()
+    del it
+    assert not _wait_no_planner_threads()
+    it = iter(s)
+    next(it)
+    it.close()
+    assert not _planner_threads()
+
+
+def test_planner_errors_surface_in_the_consumer():
+    """An exception raised while planning on the background thread is re-raised by next() in the
+    training process (with the planner's traceback), and the thread is gone afterwards."""
+    s = FCPSampler(_lengths(), num_ranks=8, rank=0, cost_model=CM, global_batch_size=32, solver="no-such-solver")
+    with pytest.raises(ValueError, match="no-such-solver") as err:
+        next(iter(s))
+    assert any(f.name == "_produce" for f in __import__("traceback").extract_tb(err.value.__traceback__))
+    assert not _wait_no_planner_threads()
+    loader = DataLoader(FCPDataset(TextData(_lengths())), batch_sampler=s, collate_fn=FCPCollator(), num_workers=2)
+    with pytest.raises(ValueError, match="no-such-solver"):
+        next(iter(loader))
+    assert not _wait_no_planner_threads()
+
+
+@pytest.mark.filterwarnings("ignore:.*pin_memory.*")
+@pytest.mark.parametrize("num_workers,persistent,pin", [(0, False, False), (2, False, True), (2, True, False)])
+def test_dataloader_batches_equal_direct_collation(num_workers, persistent, pin):
+    """DataLoader(FCPDataset, batch_sampler=FCPSampler, collate_fn=FCPCollator) with workers gives, for
+    two epochs, exactly the batches of collating the sampler's lists in-process (idle ranks included);
+    abandoning a worker loader mid-epoch leaves no planning thread."""
+    lengths = _lengths()
+    data = TextData(lengths)
+    collate = FCPCollator(pad_token_id=0)
+    s = FCPSampler(lengths, num_ranks=8, rank=5, cost_model=CM, global_batch_size=48, prefetch=2)
+    ref_s = FCPSampler(lengths, num_ranks=8, rank=5, cost_model=CM, global_batch_size=48, prefetch=0)
+    ds = FCPDataset(data)
+    loader = DataLoader(ds, batch_sampler=s, collate_fn=collate, num_workers=num_workers,
+                        persistent_workers=persistent, pin_memory=pin)
+    for epoch in (0, 1):
+        s.set_epoch(epoch)
+        ref_s.set_epoch(epoch)
+        ref = [collate(ds.__getitems__(lst)) for lst in ref_s]
+        got = list(loader)
+        assert len(got) == len(ref) == len(s)
+        assert any(b["cp_rank"] == -1 for b in got) or all(b["cp_rank"] >= 0 for b in ref)
+        for a, b in zip(got, ref):
+            _same_batch(a, b)
+    it = iter(loader)
+    next(it)
+    del it, loader  # a persistent-workers loader keeps its iterator (and so the planner) until then
+    assert not _wait_no_planner_threads()
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_stateful_dataloader_resume_mid_epoch(num_workers):
+    """torchdata StatefulDataLoader: state after k batches, loaded into a fresh loader, continues with
+    exactly the batches the uninterrupted loader yields (no repeats, no gaps)."""
+    tdl = pytest.importorskip("torchdata.stateful_dataloader")
+    lengths = _lengths()
+    ds, collate = FCPDataset(TextData(lengths)), FCPCollator()
+
+    def make():
+        s = FCPSampler(lengths, num_ranks=8, rank=2, cost_model=CM, global_batch_size=48)
+        s.set_epoch(1)
+        return tdl.StatefulDataLoader(ds, batch_sampler=s, collate_fn=collate, num_workers=num_workers)
+
+    full = list(make())
+    loader = make()
+    it = iter(loader)
+    k = 5
+    head = [next(it) for _ in range(k)]
+    state = loader.state_dict()
+    del it, loader  # StatefulDataLoader keeps its iterator (and so the planner thread) until deleted
+    fresh = make()
+    fresh.load_state_dict(state)
+    tail = list(fresh)
+    assert len(head) + len(tail) == len(full)
+    for a, b in zip(head + tail, full):
+        _same_batch(a, b)
+    assert not _wait_no_planner_threads()
+
+
+def _plan_hash(plan):
+    d = plan.to_dict()
+    d.pop("solve_ms")
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
+
+
+def _gloo_worker(rank, lengths):
+    import torch.distributed as dist
+
+    s = FCPSampler(lengths, cost_model=CM, global_batch_size=40, seed=7, on_overlong="truncate")  # rank, world: dist
+    assert (s.rank, s.num_ranks) == (rank, dist.get_world_size())
+    s.set_epoch(3)
+    hashes = [_plan_hash(s.plan_global_batch(g)) for g in range(s.num_global_batches())]
+    lists = [[lst.global_batch, lst.micro_batch, list(lst.ranks), [x.index for x in lst]] for lst in s]
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, hashes)
+    assert all(h == hashes for h in gathered), "ranks computed different plans"
+    return {"hashes": hashes, "len": len(s), "lists": lists}
+
+
+def test_all_processes_compute_the_same_plan():
+    """4 gloo processes, rank/world from torch.distributed: every global batch's plan hash is equal on all
+    ranks, len() is equal, and the union of the ranks' slots covers each sample exactly once in the
+    epoch. A failure means ranks disagree on the plan (deadlock or wrong data in a real job)."""
+    world = 4
+    lengths = _lengths(120, seed=5)
+    res = run_workers(_gloo_worker, world, lengths, timeout=120)
+    assert all(r["hashes"] == res[0]["hashes"] for r in res) and len(res[0]["hashes"]) == 3
+    assert len({r["len"] for r in res}) == 1 and all(len(r["lists"]) == r["len"] for r in res)
+    seen = []
+    for pos in range(res[0]["len"]):
+        groups = {}
+        for rank, r in enumerate(res):
+            g, m, ranks, idx = r["lists"][pos]
+            if ranks:
+                assert rank in ranks
+                groups.setdefault(tuple(ranks), set()).add(tuple(idx))
+        for idx_sets in groups.values():
+            assert len(idx_sets) == 1
+            seen.extend(next(iter(idx_sets)))
+    assert sorted(seen) == list(range(lengths.size))
