@@ -1,0 +1,118 @@
+"""CONTRACT test of the NPU kernel's argument and result translation — it does NOT run on an NPU.
+
+``NpuKernel`` is given ``DocumentedNPUFusionAttention`` (``tests/_npu_reference.py``), a CPU
+float64 implementation of the documented ``torch_npu.npu_fusion_attention`` /
+``npu_fusion_attention_grad`` semantics in TND layout, in place of ``torch_npu``. These tests show
+that our translation (cumulative ends without a leading 0, sparse_mode/atten_mask for causal,
+``[T, N, 8]`` softmax statistics → ``lse[H, T]`` and back, scale/scale_value, dropped empty
+documents) is right *if* torch_npu behaves as documented; only a run on Ascend hardware can show
+that it does.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from _npu_reference import DocumentedNPUFusionAttention
+
+from fcp_exec import ring_attention, zigzag_shard
+from fcp_exec.kernels import NpuKernel, ReferenceKernel
+from fcp_exec.kernels.npu import NPU_CAUSAL_SPARSE_MODE
+from fcp_exec.testing import WorkerPool, dense_attention
+
+
+def _data(cu_q, cu_k, hq, hkv, d, seed):
+    gen = torch.Generator().manual_seed(seed)
+    mk = (lambda t, h: torch.randn(t, h, d, generator=gen, dtype=torch.float64).float())
+    return mk(cu_q[-1], hq), mk(cu_k[-1], hkv), mk(cu_k[-1], hkv), mk(cu_q[-1], hq)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_translation_matches_reference_kernel(causal):
+    """out, lse, dq, dk, dv through the documented-semantics fake equal the fp64 reference kernel
+    (fp32, 1e-5) for GQA 4/2 and packed docs including an empty one; the recorded calls carry
+    TND, head_num, cumulative ends without a leading 0 (empty docs dropped), the causal
+    sparse_mode with the 2048x2048 mask (or mode 0 and no mask), scale and [T, N, 8] statistics."""
+    fake = DocumentedNPUFusionAttention()
+    kernel = NpuKernel(module=fake)
+    cu = [0, 6, 6, 16, 19]
+    q, k, v, dout = _data(cu, cu, 4, 2, 8, seed=1)
+    out, lse = kernel.forward(q, k, v, cu, cu, causal, 0.3)
+    ref_out, ref_lse = ReferenceKernel().forward(q.double(), k.double(), v.double(), cu, cu, causal, 0.3)
+    assert out.dtype == torch.float32 and lse.shape == (4, 19) and lse.dtype == torch.float32
+    assert (out.double() - ref_out).abs().max() <= 1e-5
+    assert (lse.double() - ref_lse).abs().max() <= 1e-5
+    grads = kernel.backward(dout, q, k, v, out, lse, cu, cu, causal, 0.3)
+    ref_grads = ReferenceKernel().backward(dout.double(), q.double(), k.double(), v.double(), ref_out, ref_lse,
+                                           cu, cu, causal, 0.3)
+    for got, want in zip(grads, ref_grads):
+        assert got.shape == want.shape and (got.double() - want).abs().max() <= 1e-5
+    fwd, grad = fake.calls
+    assert fwd["input_layout"] == grad["input_layout"] == "TND" and fwd["head_num"] == 4
+    assert fwd["actual_seq_qlen"] == fwd["actual_seq_kvlen"] == [6, 16, 19]
+    assert all(type(e) is int for e in fwd["actual_seq_qlen"])
+    assert fwd["scale"] == grad["scale_value"] == 0.3 and fwd["keep_prob"] == 1.0
+    assert grad["softmax_max"] == (19, 4, 8)
+    if causal:
+        assert fwd["sparse_mode"] == grad["sparse_mode"] == NPU_CAUSAL_SPARSE_MODE
+        assert fwd["atten_mask"] == grad["atten_mask"] == (2048, 2048)
+    else:
+        assert fwd["sparse_mode"] == 0 and fwd["atten_mask"] is None
+
+
+def test_unequal_lengths_and_keyless_documents():
+    """Non-causal blocks with unequal q/k lengths (as in ring steps) and a document with queries
+    but no keys: that document is left out of the NPU call, its rows get out 0 and lse -inf."""
+    fake = DocumentedNPUFusionAttention()
+    kernel = NpuKernel(module=fake)
+    cu_q, cu_k = [0, 4, 8, 14], [0, 2, 2, 5]
+    q, k, v, dout = _data(cu_q, cu_k, 2, 1, 4, seed=2)
+    out, lse = kernel.forward(q, k, v, cu_q, cu_k, False, 0.5)
+    ref_out, ref_lse = ReferenceKernel().forward(q.double(), k.double(), v.double(), cu_q, cu_k, False, 0.5)
+    assert torch.all(out[4:8] == 0) and torch.isneginf(lse[:, 4:8]).all()
+    assert (out.double() - ref_out).abs().max() <= 1e-5
+    assert fake.calls[0]["actual_seq_qlen"] == [4, 10] and fake.calls[0]["actual_seq_kvlen"] == [2, 5]
+    grads = kernel.backward(dout, q, k, v, out, lse, cu_q, cu_k, False, 0.5)
+    ref_grads = ReferenceKernel().backward(dout.double(), q.double(), k.double(), v.double(), ref_out, ref_lse,
+                                           cu_q, cu_k, False, 0.5)
+    for got, want in zip(grads, ref_grads):
+        assert (got.double() - want).abs().max() <= 1e-5
+
+
+def test_reference_refuses_what_the_docs_forbid():
+    """The fake is strict: a leading 0 in actual_seq_qlen or a causal call without the 2048 mask
+    is refused, so the translation tests above cannot pass by accident."""
+    fake = DocumentedNPUFusionAttention()
+    q = torch.randn(4, 2, 4)
+    with pytest.raises(ValueError, match="no leading 0"):
+        fake.npu_fusion_attention(q, q, q, 2, "TND", actual_seq_qlen=[0, 4], actual_seq_kvlen=[0, 4])
+    with pytest.raises(ValueError, match="2048x2048"):
+        fake.npu_fusion_attention(q, q, q, 2, "TND", actual_seq_qlen=[4], actual_seq_kvlen=[4], sparse_mode=3,
+                                  atten_mask=torch.ones(4, 4, dtype=torch.bool).triu(1))
+    with pytest.raises(ValueError, match="float16/bfloat16/float32"):
+        NpuKernel(module=fake).forward(q.double(), q.double(), q.double(), [0, 4], [0, 4], False, 1.0)
+
+
+def npu_ring_case(rank, causal):
+    """Worker: degree-2 ring attention with the NPU kernel on the documented-semantics fake."""
+    cu = [0, 8, 20]
+    gen = torch.Generator().manual_seed(9)
+    q, k, v, dout = (torch.randn(20, h, 4, generator=gen, dtype=torch.float64) for h in (2, 1, 1, 2))
+    qr, kr, vr = (x.clone().requires_grad_() for x in (q, k, v))
+    ref = dense_attention(qr, kr, vr, cu, causal=causal)
+    ref_grads = torch.autograd.grad(ref, (qr, kr, vr), dout)
+    shard = (lambda x: zigzag_shard(x, cu, 2, rank)[0])
+    ql, kl, vl = (shard(x).float().requires_grad_() for x in (q, k, v))
+    out = ring_attention(ql, kl, vl, torch.tensor(cu) // 2, ranks=[0, 1], causal=causal,
+                         kernel=NpuKernel(module=DocumentedNPUFusionAttention()), timeout=30)
+    out.backward(shard(dout).float())
+    return max((got.double() - shard(want.detach())).abs().max().item()
+               for got, want in ((out, ref), (ql.grad, ref_grads[0]), (kl.grad, ref_grads[1]), (vl.grad, ref_grads[2])))
+
+
+def test_ring_attention_through_npu_translation():
+    """Two gloo processes run ring attention (causal, then full) with the NPU kernel over the fake:
+    fp32 results match dense fp64 attention within 1e-5 (the ring's half-block calls translate)."""
+    with WorkerPool(2, pg_timeout=60) as pool:
+        for causal in (True, False):
+            errs = pool.run(npu_ring_case, causal, timeout=120)
+            assert max(errs) <= 1e-5, (causal, errs)
