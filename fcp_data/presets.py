@@ -18,8 +18,9 @@ and for the LLM backbone with ``L`` layers, hidden ``h``, ``H`` query heads, ``G
   in the backward K/V travel again while dK/dV travel back to their owner: 4 transfers.
   ``alpha3 = 4·L·2·G·hd·2``. Bandwidths are the per-direction point-to-point bandwidth of one rank
   (HCCS / NVLink inside a node, the NIC across nodes) times ``comm_efficiency``.
-* **Fixed costs**: ``beta1`` = kernel launches, ~``3·L`` kernels of ``launch_s`` per step of a
-  micro-batch; ``beta2`` = one ring hand-shake latency per layer and pass (``4·L·latency_s``).
+* **Fixed costs**: ``beta1`` = kernel launches, ~``3·L`` kernels of ``launch_s`` per layer and pass
+  (``4·3·L·launch_s``); ``beta2`` = ring hand-shakes, ``RING_STEPS`` = 7 P2P rounds (a degree-8 ring)
+  of ``latency_s`` per layer and pass (``4·L·7·latency_s``). §4 keeps ``beta2`` independent of ``d``.
 * **Memory** (``tokens_per_rank``). Weights and gradients in bf16 stay replicated (``2·P_all + 2·P_all``
   bytes, ``P_all`` with the embedding and, for an MLLM, the vision encoder), fp32 master weights and the
   two Adam moments are sharded over the data-parallel world (``12·P_all / dp_shards``, ZeRO-1 /
@@ -134,6 +135,7 @@ HARDWARE: dict[str, HardwareSpec] = {
     "a100": HardwareSpec(peak_flops=312e12, memory=80e9, bandwidth_intra=300e9, bandwidth_inter=25e9, ranks_per_node=8),
 }
 
+RING_STEPS = 7  # typical P2P rounds per layer and pass charged to beta2
 _ACTIVATION_WORKSET = 34  # bytes per token per hidden unit of the layer being recomputed (bf16, flash attention)
 
 
@@ -165,7 +167,7 @@ def preset_cost_model(model: str, hardware: str, *, dp_shards: int = 64, recompu
     kv_bytes = 2.0 * m.layers * m.kv_heads * m.head_dim * 2.0  # K and V, bf16, all layers
     alpha3 = (4.0 if recompute else 3.0) * kv_bytes
     beta1 = 3 * m.layers * hw.launch_s * train_factor
-    beta2 = train_factor * m.layers * hw.latency_s
+    beta2 = train_factor * m.layers * RING_STEPS * hw.latency_s
     static = 4.0 * m.total_params + 12.0 * m.total_params / dp_shards
     if recompute:
         per_token = 2.0 * m.hidden * m.layers + _ACTIVATION_WORKSET * m.hidden

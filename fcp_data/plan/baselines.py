@@ -3,7 +3,8 @@
 * ``static-cp`` (Megatron-LM context parallelism): one ring degree ``d`` for the whole batch, ``d``
   dividing ``num_ranks``; the ranks form ``N/d`` groups and the sequences are packed into them by LPT on
   the work proxy ``alpha1·(1+η)s² + alpha2·s`` within memory ``d·E``. Every feasible divisor is tried
-  and the fastest kept.
+  and the fastest kept (``degree=d`` fixes it: ``fcp simulate`` keeps one degree for the whole run, the
+  best over all steps, as a Megatron job is configured once).
 * ``ulysses`` (DeepSpeed-Ulysses): like static-cp, but ``d`` is a power of two dividing both the head
   count and ``num_ranks``, and the group time uses all-to-all traffic (:func:`ulysses_time`).
 * ``megatron-dynamic`` (Megatron-LM's dynamic CP): each sequence longer than one rank's memory gets the
@@ -27,7 +28,7 @@ from fcp_data.plan.bfd import group_aggregates_of, labels_to_groups, lpt_groups,
 from fcp_data.plan.placement import build_micro_batch
 from fcp_data.plan.types import MicroBatchPlan
 
-__all__ = ["static_cp", "ulysses", "megatron_dynamic", "ulysses_time", "work_proxy"]
+__all__ = ["static_cp", "ulysses", "megatron_dynamic", "ulysses_time", "ulysses_degrees", "work_proxy"]
 
 
 def work_proxy(lengths: np.ndarray, etas: np.ndarray, cost_model: CostModel) -> np.ndarray:
@@ -80,18 +81,33 @@ def _fixed_degree(name: str, lengths, etas, num_ranks, cost_model, degrees, time
     return best
 
 
-def static_cp(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: CostModel, **_: object) -> MicroBatchPlan:
-    """Best fixed ring degree ``d | num_ranks`` (Megatron-LM CP)."""
-    degrees = [d for d in range(1, num_ranks + 1) if num_ranks % d == 0]
+def _only(name: str, degrees: list[int], degree: int | None) -> list[int]:
+    if degree is None:
+        return degrees
+    if degree not in degrees:
+        raise ValueError(f"{name}: degree {degree} is not allowed here; valid degrees: {degrees}")
+    return [int(degree)]
+
+
+def static_cp(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: CostModel, *,
+              degree: int | None = None, **_: object) -> MicroBatchPlan:
+    """Best fixed ring degree ``d | num_ranks`` (Megatron-LM CP), or exactly ``degree`` when given."""
+    degrees = _only("static-cp", [d for d in range(1, num_ranks + 1) if num_ranks % d == 0], degree)
     return _fixed_degree("static-cp", lengths, etas, num_ranks, cost_model, degrees)
 
 
+def ulysses_degrees(num_ranks: int, num_heads: int) -> list[int]:
+    """Powers of two dividing both ``num_ranks`` and ``num_heads``."""
+    return [d for d in (2 ** k for k in range(0, 31)) if d <= num_ranks and num_ranks % d == 0 and num_heads % d == 0]
+
+
 def ulysses(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: CostModel, *,
-            num_heads: int = 32, num_kv_heads: int = 8, **_: object) -> MicroBatchPlan:
-    """Best fixed power-of-two Ulysses degree dividing ``num_heads`` and ``num_ranks`` (DeepSpeed)."""
-    if num_heads < 1 or num_kv_heads < 1:
-        raise ValueError(f"ulysses needs num_heads, num_kv_heads >= 1, got {num_heads}, {num_kv_heads}")
-    degrees = [d for d in (2 ** k for k in range(0, 31)) if d <= num_ranks and num_ranks % d == 0 and num_heads % d == 0]
+            num_heads: int = 32, num_kv_heads: int = 8, degree: int | None = None, **_: object) -> MicroBatchPlan:
+    """Best fixed power-of-two Ulysses degree dividing ``num_heads`` and ``num_ranks`` (DeepSpeed), or
+    exactly ``degree`` when given."""
+    if num_heads < 1 or num_kv_heads < 1 or num_heads % num_kv_heads:
+        raise ValueError(f"ulysses needs num_heads a multiple of num_kv_heads >= 1, got {num_heads}, {num_kv_heads}")
+    degrees = _only("ulysses", ulysses_degrees(num_ranks, num_heads), degree)
 
     def time_fn(S, Q, ranks):
         return ulysses_time(S, Q, ranks, cost_model, num_heads=num_heads, num_kv_heads=num_kv_heads)

@@ -22,6 +22,10 @@ cvxpy (HiGHS) is imported lazily: ``pip install 'fcp[ilp]'``.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+
 import numpy as np
 
 from fcp_data.cost import CostModel
@@ -38,6 +42,19 @@ def _import_cvxpy():
     except ImportError:
         raise ValueError("the ILP needs cvxpy and highspy: pip install 'fcp[ilp]'") from None
     return cp
+
+
+@contextlib.contextmanager
+def _quiet_stdout():
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 1)
+            yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def solve_ilp(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: CostModel, *,
@@ -77,7 +94,8 @@ def solve_ilp(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model:
     cons.append(cp.sum(y @ d) <= N)
     prob = cp.Problem(cp.Minimize(m * scale), cons)
     try:
-        prob.solve(solver=cp.HIGHS, time_limit=float(time_limit))
+        with _quiet_stdout():  # HiGHS prints a banner on the C-level stdout; keep `--json` output clean
+            prob.solve(solver=cp.HIGHS, time_limit=float(time_limit), output_flag=False)
     except cp.error.SolverError as e:
         raise ValueError(f"the ILP solver failed: {e}") from None
     if prob.status in ("infeasible", "infeasible_inaccurate"):

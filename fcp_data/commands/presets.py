@@ -1,0 +1,40 @@
+"""``fcp presets``: the model and hardware presets and the §4 coefficients derived from them."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+__all__ = ["register"]
+
+
+def run(args: argparse.Namespace) -> int:
+    from fcp_data.presets import HARDWARE, describe_presets
+
+    rows = describe_presets()
+    if args.model:
+        rows = [r for r in rows if r["model"].lower() == args.model.lower()]
+    if args.hardware:
+        rows = [r for r in rows if r["hardware"].lower() == args.hardware.lower()]
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    if not rows:
+        raise ValueError("no preset matches; run `fcp presets` without filters to list them")
+    print("Cost-model presets (DESIGN §4; derivation in fcp_data/presets.py). Use: --preset MODEL --hardware HW")
+    print(f"hardware: {', '.join(f'{k} ({v.ranks_per_node}/node, {v.memory / 1e9:.0f} GB)' for k, v in HARDWARE.items())}")
+    print(f"{'model':<15} {'hardware':<12} {'params':>7} {'heads':>6} {'tokens/rank':>12} {'alpha1':>10} {'alpha2':>10} "
+          f"{'alpha3':>10} {'beta1':>8} {'beta2':>8}")
+    for r in rows:
+        print(f"{r['model']:<15} {r['hardware']:<12} {r['params_b']:>6.2f}B {r['heads']:>3}/{r['kv_heads']:<2} "
+              f"{r['tokens_per_rank']:>12} {r['alpha1']:>10.3e} {r['alpha2']:>10.3e} {r['alpha3']:>10.3e} "
+              f"{r['beta1']:>8.4f} {r['beta2']:>8.4f}")
+    return 0
+
+
+def register(subparsers, summary: str) -> None:
+    p = subparsers.add_parser("presets", help=summary, description=summary + ".")
+    p.add_argument("--model", default=None, help="only this model")
+    p.add_argument("--hardware", default=None, help="only this hardware")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON (each with the §4 keys)")
+    p.set_defaults(func=run)

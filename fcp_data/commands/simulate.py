@@ -1,0 +1,156 @@
+"""``fcp simulate``: step times of every solver over global batches drawn from a workload.
+
+Each step draws ``--global-batch-size`` sequences (seeded), every solver plans the same batch with the
+micro-batch planner (``micro_batches="auto"``), and the step time is the sum of the micro-batch
+makespans under the §4 cost model. ``static-cp`` and ``ulysses`` keep one degree for the whole run (the
+best one over all steps). Prints the mean step time per solver and FCP's speedup over it;
+``--json`` prints ``{"<solver>": {"mean_step_s": float, "steps": [...]}}``; ``--plot`` writes a bar chart of
+the mean step times and a Gantt chart (ranks × time, one colour per CP group) of FCP's first micro-batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from fcp_data.commands.plan import BASELINES, add_cost_args, parse_baselines
+
+__all__ = ["register", "simulate", "plot_simulation"]
+
+
+def simulate(lengths, *, num_ranks: int, cost_model, global_batch_size: int, steps: int, seed: int,
+             solvers, options=None, progress: bool = False):
+    """``({solver: [step seconds]}, {solver: first Plan}, {solver: fixed degree or None})`` over the same
+    drawn batches for every solver."""
+    from tqdm import tqdm
+
+    from fcp_data.plan import plan_batch
+    from fcp_data.workloads import draw_batches
+
+    options = options or {}
+    batches = draw_batches(len(lengths), global_batch_size, steps, seed)
+    from fcp_data.plan.baselines import ulysses_degrees
+
+    # static baselines keep one degree for the whole run (a Megatron/DeepSpeed job is configured once):
+    # every allowed degree is simulated and the best mean kept.
+    runs: list[tuple[str, dict]] = []
+    for name in solvers:
+        opts = dict(options.get(name, {}))
+        if name == "static-cp":
+            runs += [(name, {**opts, "degree": d}) for d in range(1, num_ranks + 1) if num_ranks % d == 0]
+        elif name == "ulysses":
+            runs += [(name, {**opts, "degree": d}) for d in ulysses_degrees(num_ranks, opts.get("num_heads", 32))]
+        else:
+            runs.append((name, opts))
+    results: list[tuple[str, dict, list[float], object]] = []
+    bar = tqdm(total=steps * len(runs), desc="simulate", unit="plan", file=sys.stderr, disable=not progress)
+    for name, opts in runs:
+        ts, first_plan, failed = [], None, None
+        for b, ids in enumerate(batches):
+            try:
+                plan = plan_batch(lengths[ids], num_ranks=num_ranks, cost_model=cost_model, solver=name,
+                                  micro_batches="auto", **opts)
+            except ValueError as e:
+                failed = f"{name} cannot plan step {b}: {e}"
+                bar.update(steps - b)
+                break
+            ts.append(plan.makespan)
+            first_plan = first_plan or plan
+            bar.update(1)
+        if failed is None:
+            results.append((name, opts, ts, first_plan))
+        elif "degree" not in opts:
+            raise ValueError(failed)
+    bar.close()
+    times: dict[str, list[float]] = {}
+    first: dict[str, object] = {}
+    chosen: dict[str, dict] = {}
+    for name, opts, ts, plan in results:
+        if name not in times or sum(ts) < sum(times[name]):
+            times[name], first[name], chosen[name] = ts, plan, opts
+    missing = [n for n in solvers if n not in times]
+    if missing:
+        raise ValueError(f"no fixed degree of {', '.join(missing)} can plan every step on {num_ranks} ranks")
+    return {n: times[n] for n in solvers}, first, {n: chosen[n].get("degree") for n in solvers}
+
+
+def plot_simulation(path: str, means: dict[str, float], plan, title: str) -> None:
+    """Bar chart of mean step times and a Gantt chart of ``plan``'s first micro-batch into ``path``."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise ValueError("--plot needs matplotlib: pip install 'fcp[plot]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
+    names = list(means)
+    ax1.bar(names, [means[n] for n in names], color=["C0" if n == "fcp" else "C7" for n in names])
+    ax1.set_ylabel("mean step time [s]")
+    ax1.set_title(title)
+    ax1.tick_params(axis="x", rotation=30)
+    mb = plan.micro_batches[0]
+    cmap = plt.get_cmap("tab20")
+    for k, g in enumerate(sorted(mb.groups, key=lambda g: g.ranks[0])):
+        for r in g.ranks:
+            ax2.barh(r, g.time, left=0.0, height=0.9, color=cmap(k % 20), edgecolor="none")
+    ax2.axvline(mb.makespan, color="k", linestyle="--", linewidth=1)
+    ax2.set_xlabel("time [s]")
+    ax2.set_ylabel("rank")
+    ax2.set_title(f"FCP micro-batch 0: {len(mb.groups)} groups, makespan {mb.makespan:.3f} s")
+    ax2.invert_yaxis()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run(args: argparse.Namespace) -> int:
+    from fcp_data.cli import UsageError
+    from fcp_data.commands.plan import load_cost, solver_options
+    from fcp_data.workloads import apply_cap, load_lengths
+
+    if args.ranks < 1:
+        raise UsageError(f"--ranks must be >= 1, got {args.ranks}")
+    cm = load_cost(args)
+    lengths = load_lengths(args.lengths, args.column)
+    cap = min(args.cap, args.ranks * cm.tokens_per_rank)
+    lengths, report = apply_cap(lengths, cap, args.on_overlong)
+    solvers = ["fcp"] + [b for b in args.baselines if b != "fcp"]
+    times, first, fixed = simulate(lengths, num_ranks=args.ranks, cost_model=cm, global_batch_size=args.global_batch_size,
+                            steps=args.steps, seed=args.seed, solvers=solvers, options=solver_options(args),
+                            progress=not args.no_progress)
+    means = {n: sum(t) / len(t) for n, t in times.items()}
+    if args.plot:
+        plot_simulation(args.plot, means, first["fcp"], f"{args.ranks} ranks, GBS {args.global_batch_size}")
+    if args.json:
+        print(json.dumps({n: {"mean_step_s": means[n], "steps": times[n]} for n in solvers}))
+        return 0
+    print(f"{args.steps} steps of {args.global_batch_size} sequences on {args.ranks} ranks ({report.summary()})")
+    print(f"{'solver':<17} {'mean step [s]':>14} {'FCP speedup':>12}")
+    for n in solvers:
+        note = f"  (best fixed degree {fixed[n]})" if fixed[n] else ""
+        print(f"{n:<17} {means[n]:>14.4f} {means[n] / means['fcp']:>11.3f}x{note}")
+    if args.plot:
+        print(f"plot written to {args.plot}")
+    return 0
+
+
+def register(subparsers, summary: str) -> None:
+    p = subparsers.add_parser("simulate", help=summary, description=summary + ".")
+    p.add_argument("--lengths", required=True, metavar="FILE", help="workload token counts: .txt, .npy or .csv")
+    p.add_argument("--column", default=None, help="column of a .csv lengths file")
+    p.add_argument("--ranks", type=int, required=True, metavar="N")
+    p.add_argument("--global-batch-size", type=int, required=True, metavar="B")
+    p.add_argument("--steps", type=int, default=20, metavar="S")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cap", type=int, default=131072, help="length cap (default 131072; also at most ranks × tokens_per_rank)")
+    p.add_argument("--on-overlong", choices=("error", "truncate", "drop"), default="truncate",
+                   help="sequences over the cap: truncate (default), drop or error")
+    p.add_argument("--baselines", type=parse_baselines, default=BASELINES, metavar="a,b,...",
+                   help=f"baselines to compare with FCP (default all: {','.join(BASELINES)})")
+    p.add_argument("--plot", metavar="OUT.png", help="write a bar chart and a Gantt chart of one FCP micro-batch")
+    p.add_argument("--json", action="store_true", help='print {"<solver>": {"mean_step_s": ..., "steps": [...]}}')
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    add_cost_args(p)
+    p.set_defaults(func=run)

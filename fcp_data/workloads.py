@@ -1,0 +1,167 @@
+"""Sequence-length workloads for the planning commands: load, cap, draw global batches.
+
+* :func:`load_lengths` reads token counts from ``.txt`` (one integer per line; blank lines and ``#``
+  comments skipped), ``.npy`` (1-D integer array) or ``.csv`` (a header row and a ``column`` chosen by
+  name or 0-based index; a single-column file needs no ``column``).
+* :func:`apply_cap` handles sequences longer than a cap: ``error`` (the default: name the first one and
+  say how to fix it), ``truncate`` (cut to the cap) or ``drop`` (remove; the report lists which).
+* :func:`draw_batches` draws global batches (indices, without replacement inside a batch) from a seed.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["load_lengths", "apply_cap", "CapReport", "draw_batches", "OVERLONG_MODES"]
+
+OVERLONG_MODES = ("error", "truncate", "drop")
+
+
+def _check(values: np.ndarray, where: str) -> np.ndarray:
+    if values.size == 0:
+        raise ValueError(f"{where}: no sequence lengths found (the file is empty)")
+    bad = np.flatnonzero(values <= 0)
+    if bad.size:
+        raise ValueError(f"{where}: lengths must be > 0; entry {bad[0]} is {values[bad[0]]} (remove empty sequences)")
+    return values.astype(np.int64)
+
+
+def _parse_int(text: str, where: str) -> int:
+    try:
+        v = float(text)
+    except ValueError:
+        raise ValueError(f"{where}: {text!r} is not a number (expected one integer token count)") from None
+    if not np.isfinite(v) or v != int(v):
+        raise ValueError(f"{where}: {text!r} is not a whole token count")
+    return int(v)
+
+
+def load_lengths(path: str | Path, column: str | int | None = None) -> np.ndarray:
+    """Token counts from ``path`` (``.txt``, ``.npy`` or ``.csv``) as an int64 array; ``ValueError`` for
+    empty, non-numeric or non-positive data, ``FileNotFoundError`` when the file is missing."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"lengths file not found: {p}")
+    suffix = p.suffix.lower()
+    if suffix == ".npy":
+        try:
+            arr = np.load(p, allow_pickle=False)
+        except (ValueError, OSError) as e:
+            raise ValueError(f"{p}: not a readable .npy array ({e})") from None
+        if arr.ndim != 1 or not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
+            raise ValueError(f"{p}: expected a 1-D numeric array, got shape {arr.shape} dtype {arr.dtype}")
+        if np.issubdtype(arr.dtype, np.floating):
+            bad = np.flatnonzero(~np.isfinite(arr) | (arr != np.round(arr)))
+            if bad.size:
+                raise ValueError(f"{p}: entry {bad[0]} is {arr[bad[0]]}, not a whole token count")
+        return _check(arr.astype(np.int64), str(p))
+    if suffix == ".csv":
+        return _load_csv(p, column)
+    if column is not None:
+        raise ValueError(f"--column applies to .csv files only, got {p}")
+    values = []
+    with p.open() as f:
+        for lineno, line in enumerate(f, 1):
+            text = line.split("#", 1)[0].strip()
+            if text:
+                values.append(_parse_int(text, f"{p}:{lineno}"))
+    return _check(np.asarray(values, dtype=np.int64), str(p))
+
+
+def _load_csv(p: Path, column: str | int | None) -> np.ndarray:
+    with p.open(newline="") as f:
+        rows = [r for r in csv.reader(f) if any(c.strip() for c in r)]
+    if not rows:
+        raise ValueError(f"{p}: no sequence lengths found (the file is empty)")
+    header = [c.strip() for c in rows[0]]
+    has_header = not all(_is_number(c) for c in header)
+    body = rows[1:] if has_header else rows
+    if column is None:
+        if len(header) != 1:
+            raise ValueError(f"{p} has {len(header)} columns ({', '.join(header)}); choose one with --column")
+        idx = 0
+    elif isinstance(column, int) or str(column).isdigit():
+        idx = int(column)
+        if idx >= len(header):
+            raise ValueError(f"{p}: column index {idx} out of range (the file has {len(header)} columns)")
+    else:
+        if not has_header or column not in header:
+            raise ValueError(f"{p}: no column named {column!r}; columns: {', '.join(header) if has_header else '(no header)'}")
+        idx = header.index(column)
+    start = 2 if has_header else 1
+    values = []
+    for n, row in enumerate(body):
+        if idx >= len(row):
+            raise ValueError(f"{p}:{n + start}: row has no column {idx}")
+        values.append(_parse_int(row[idx].strip(), f"{p}:{n + start}"))
+    return _check(np.asarray(values, dtype=np.int64), str(p))
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CapReport:
+    """What :func:`apply_cap` did: ``num_overlong`` sequences exceeded ``cap``; ``overlong`` are their
+    indices in the input; ``kept`` the input index of each output length (``drop`` removes entries)."""
+
+    mode: str
+    cap: int
+    num_overlong: int
+    overlong: tuple[int, ...]
+    kept: np.ndarray
+
+    def __post_init__(self) -> None:
+        if self.mode not in OVERLONG_MODES:
+            raise ValueError(f"overlong mode must be one of {', '.join(OVERLONG_MODES)}, got {self.mode!r}")
+
+    def summary(self) -> str:
+        if not self.num_overlong:
+            return f"no sequence over {self.cap} tokens"
+        verb = {"truncate": "truncated to", "drop": "dropped (over)", "error": "over"}[self.mode]
+        return f"{self.num_overlong} sequence(s) {verb} {self.cap} tokens"
+
+
+def apply_cap(lengths, cap: int, mode: str = "error") -> tuple[np.ndarray, CapReport]:
+    """Apply the cap (``error`` | ``truncate`` | ``drop``) and return ``(lengths, report)``."""
+    if mode not in OVERLONG_MODES:
+        raise ValueError(f"--on-overlong must be one of {', '.join(OVERLONG_MODES)}, got {mode!r}")
+    cap = int(cap)
+    if cap < 1:
+        raise ValueError(f"the length cap must be >= 1, got {cap}")
+    arr = np.asarray(lengths, dtype=np.int64)
+    over = np.flatnonzero(arr > cap)
+    kept = np.arange(arr.size)
+    if over.size and mode == "error":
+        i = int(over[0])
+        raise ValueError(f"sequence {i} has {arr[i]} tokens, more than the {cap} the ranks can hold "
+                         f"({over.size} such sequence(s)); use --on-overlong truncate or --on-overlong drop")
+    if mode == "truncate":
+        arr = np.minimum(arr, cap)
+    elif mode == "drop" and over.size:
+        kept = np.flatnonzero(arr <= cap)
+        arr = arr[kept]
+        if arr.size == 0:
+            raise ValueError(f"every sequence is longer than {cap} tokens; nothing left after --on-overlong drop")
+    report = CapReport(mode=mode, cap=cap, num_overlong=int(over.size), overlong=tuple(int(i) for i in over), kept=kept)
+    return arr, report
+
+
+def draw_batches(num_samples: int, global_batch_size: int, steps: int, seed: int) -> list[np.ndarray]:
+    """``steps`` global batches of ``global_batch_size`` indices into a workload of ``num_samples``
+    (uniform, without replacement within a batch), from ``numpy.random.default_rng(seed)``."""
+    if global_batch_size < 1 or steps < 1:
+        raise ValueError(f"global batch size and steps must be >= 1, got {global_batch_size}, {steps}")
+    if global_batch_size > num_samples:
+        raise ValueError(f"global batch size {global_batch_size} exceeds the workload's {num_samples} sequences")
+    rng = np.random.default_rng(seed)
+    return [np.sort(rng.choice(num_samples, size=global_batch_size, replace=False)) for _ in range(steps)]
