@@ -198,8 +198,9 @@ class FCPCollator:
         cp_rank = meta["cp_rank"]
         mult = 2 * degree
         visual_ids = torch.tensor(self.visual_ids, dtype=torch.long)
-        ids_parts, lab_parts, pos_parts, mrope_parts = [], [], [], []
+        ids_parts, mrope_parts = [], []
         padded_lens: list[int] = []
+        kept_lens: list[int] = []
         vis_global: list[torch.Tensor] = []  # packed (padded, global) positions of kept visual tokens
         vis_rows: list[torch.Tensor] = []
         pixel_values, grids = [], []
@@ -219,11 +220,10 @@ class FCPCollator:
             ids = full[:n]
             pad = (-n) % mult
             p = n + pad
-            ids_parts.append(torch.cat([ids, ids.new_full((pad,), self.pad_token_id)]))
-            lab = torch.full((p,), self.ignore_index, dtype=torch.long)
-            lab[: n - 1] = ids[1:]
-            lab_parts.append(lab)
-            pos_parts.append(torch.arange(p, dtype=torch.long))
+            ids_parts.append(ids)
+            if pad:
+                ids_parts.append(ids.new_full((pad,), self.pad_token_id))
+            kept_lens.append(n)
             grid = sample.get("grid_thw")
             if grid is not None:
                 grid = torch.as_tensor(grid, dtype=torch.long).reshape(-1, 3)
@@ -254,8 +254,11 @@ class FCPCollator:
             cu.append(cu[-1] + p)
         cu_t = torch.tensor(cu, dtype=torch.int64)
         input_ids = torch.cat(ids_parts)
-        labels = torch.cat(lab_parts)
-        positions = torch.cat(pos_parts)
+        # per token: position inside its padded document; label = next token while inside the document
+        plen = torch.tensor(padded_lens, dtype=torch.long)
+        positions = torch.arange(start, dtype=torch.long) - torch.repeat_interleave(cu_t[:-1], plen)
+        last = torch.repeat_interleave(torch.tensor(kept_lens, dtype=torch.long) - 1, plen)
+        labels = torch.where(positions < last, torch.roll(input_ids, -1), self.ignore_index)
         idx = None if degree == 1 else zigzag_index(cu, degree, cp_rank)
         take = (lambda x: x) if idx is None else (lambda x: x.index_select(-1, idx))
         out: dict[str, Any] = {
