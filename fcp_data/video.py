@@ -44,10 +44,17 @@ def decode_image(src: bytes | str | Path):
 
 
 def _normalize(x: torch.Tensor, mean, std) -> torch.Tensor:
-    """x: float [..., C, H, W] in 0..255."""
-    m = torch.tensor(mean, dtype=x.dtype).view(-1, 1, 1)
-    s = torch.tensor(std, dtype=x.dtype).view(-1, 1, 1)
-    return (x / 255.0 - m) / s
+    """x: [..., C, H, W] in 0..255 (any dtype) → float32 ``(x/255 - mean) / std``."""
+    m = torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1)
+    s = torch.tensor(std, dtype=torch.float32).view(-1, 1, 1)
+    x = x.float() if x.dtype != torch.float32 else x / 1.0
+    return x.div_(255.0).sub_(m).div_(s)
+
+
+def _tiles_to_tensor(tiles: list[np.ndarray], mean, std) -> torch.Tensor:
+    """uint8 HWC tiles → normalised float32 [N, 3, H, W] (one copy to float, then in place)."""
+    x = torch.from_numpy(np.stack(tiles)).permute(0, 3, 1, 2).contiguous()
+    return _normalize(x, mean, std)
 
 
 def qwen_patchify(frames: torch.Tensor, patch_size: int, merge_size: int, temporal_patch_size: int) -> tuple[torch.Tensor, tuple]:
@@ -75,7 +82,7 @@ def _pil_resize(arr_or_img, size_wh: tuple[int, int]) -> np.ndarray:
     from PIL import Image
 
     im = arr_or_img if isinstance(arr_or_img, Image.Image) else Image.fromarray(arr_or_img)
-    return np.asarray(im.resize(size_wh, Image.BICUBIC), dtype=np.float32)
+    return np.asarray(im.resize(size_wh, Image.BICUBIC), dtype=np.uint8)
 
 
 def vision_inputs(spec: Spec, plan: VisualPlan, src: bytes | str | Path) -> tuple[torch.Tensor, torch.Tensor]:
@@ -106,13 +113,13 @@ def vision_inputs(spec: Spec, plan: VisualPlan, src: bytes | str | Path) -> tupl
                 tiles.append(_pil_resize(img, (size, size)))
         else:
             tiles = [_pil_resize(f, (size, size)) for f in frames]
-        x = _normalize(torch.from_numpy(np.stack(tiles)).permute(0, 3, 1, 2), v["image_mean"], v["image_std"])
+        x = _tiles_to_tensor(tiles, v["image_mean"], v["image_std"])
         g = size // int(v["patch_size"])
-        return x.contiguous(), torch.tensor([[x.shape[0], g, g]], dtype=torch.long)
+        return x, torch.tensor([[x.shape[0], g, g]], dtype=torch.long)
     if fam == "llava-video":
         size = int(v["image_size"])
         imgs = [_pil_resize(f, (size, size)) for f in frames] if plan.kind == "video" else [_pil_resize(img, (size, size))]
-        x = _normalize(torch.from_numpy(np.stack(imgs)).permute(0, 3, 1, 2), v["image_mean"], v["image_std"])
+        x = _tiles_to_tensor(imgs, v["image_mean"], v["image_std"])
         side = int(round((plan.num_visual_tokens // len(imgs)) ** 0.5)) if plan.kind == "video" else 27
-        return x.contiguous(), torch.tensor([[len(imgs), side, plan.num_visual_tokens // len(imgs) // side]], dtype=torch.long)
+        return x, torch.tensor([[len(imgs), side, plan.num_visual_tokens // len(imgs) // side]], dtype=torch.long)
     raise ValueError(f"spec {spec.name!r} has no vision inputs")
