@@ -1,0 +1,135 @@
+"""`fcp plan / compare / simulate / presets`: outputs and the one-line errors with exit code 2.
+
+A failure means a user sees a traceback or a wrong exit code, or the JSON contracts of DESIGN §6 break.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from fcp_data.cli import main
+from fcp_data.commands.plan import SOLVER_CHOICES
+from fcp_data.plan import SOLVER_NAMES, Plan
+
+PRESET = ["--preset", "Qwen3-8B", "--hardware", "h100"]
+
+
+@pytest.fixture
+def lengths_file(tmp_path):
+    p = tmp_path / "lengths.txt"
+    p.write_text("\n".join(map(str, [120000, 3000, 800, 45000, 200, 9000, 17000])) + "\n")
+    return p
+
+
+def _run(capsys, argv):
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_solver_choices_match_registry():
+    assert SOLVER_CHOICES == SOLVER_NAMES
+
+
+def test_plan_table_and_json(capsys, lengths_file):
+    rc, out, _ = _run(capsys, ["plan", "--lengths", str(lengths_file), "--ranks", "16", *PRESET])
+    assert rc == 0 and "⟨" in out and "makespan" in out and "solve" in out
+    rc, out, _ = _run(capsys, ["plan", "--lengths", str(lengths_file), "--ranks", "16", *PRESET, "--json"])
+    plan = Plan.from_dict(json.loads(out))
+    assert rc == 0 and sorted(plan.seq_ids) == list(range(7)) and plan.num_ranks == 16
+
+
+def test_plan_with_cost_json_and_micro_batches(capsys, lengths_file, tmp_path):
+    from fcp_data.cost import CostModel
+
+    cost = tmp_path / "cost.json"
+    CostModel.preset("Qwen3-8B", "h100").replace(tokens_per_rank=16384).save(cost)
+    rc, out, _ = _run(capsys, ["plan", "--lengths", str(lengths_file), "--ranks", "8", "--cost", str(cost),
+                               "--micro-batches", "auto", "--json"])
+    d = json.loads(out)
+    assert rc == 0 and len(d["micro_batches"]) >= 2  # 194K tokens > 8 × 16384
+    assert d["makespan"] == pytest.approx(sum(m["makespan"] for m in d["micro_batches"]))
+
+
+def test_compare_json_keys(capsys, tmp_path):
+    pytest.importorskip("cvxpy")
+    p = tmp_path / "l.txt"
+    p.write_text("60000\n3000\n800\n200\n")
+    rc, out, _ = _run(capsys, ["compare", "--lengths", str(p), "--ranks", "8", *PRESET, "--ilp", "--exhaustive",
+                               "--baselines", "static-cp,ulysses,megatron-dynamic,fcp-pow2", "--json"])
+    d = json.loads(out)
+    assert rc == 0 and set(d) == set(SOLVER_NAMES)
+    assert d["ilp"]["optimal"] is True and d["exhaustive"]["optimal"] is True
+    assert d["fcp"]["makespan"] >= d["ilp"]["makespan"] * (1 - 1e-6)
+    rc, out, _ = _run(capsys, ["compare", "--lengths", str(p), "--ranks", "8", *PRESET, "--baselines", "static-cp"])
+    assert rc == 0 and "static-cp" in out and "vs best" in out
+
+
+def test_simulate_json_and_plot(capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    p = tmp_path / "w.npy"
+    np.save(p, np.random.default_rng(0).lognormal(7, 1.5, size=500).astype(np.int64) + 1)
+    png = tmp_path / "sim.png"
+    rc, out, err = _run(capsys, ["simulate", "--lengths", str(p), "--ranks", "16", "--global-batch-size", "32",
+                                 "--steps", "2", "--seed", "1", *PRESET, "--plot", str(png), "--json"])
+    d = json.loads(out)
+    assert rc == 0 and set(d) == {"fcp", "static-cp", "ulysses", "megatron-dynamic", "fcp-pow2"}
+    for v in d.values():
+        assert len(v["steps"]) == 2 and v["mean_step_s"] == pytest.approx(sum(v["steps"]) / 2)
+        assert d["fcp"]["mean_step_s"] <= v["mean_step_s"] * (1 + 1e-9) or v is d["ulysses"]
+    assert png.stat().st_size > 1000 and "simulate" in err  # tqdm progress on stderr
+
+
+def test_presets_listing(capsys):
+    rc, out, _ = _run(capsys, ["presets"])
+    assert rc == 0 and "InternVL3-8B" in out and "ascend-910c" in out
+    rc, out, _ = _run(capsys, ["presets", "--json", "--model", "Llama3-8B"])
+    assert rc == 0 and {r["hardware"] for r in json.loads(out)} == {"ascend-910c", "h100", "h200", "a100"}
+
+
+@pytest.mark.parametrize("content,extra,match", [
+    ("", [], "empty"),
+    ("12\nfoo\n", [], "not a number"),
+    ("12\n0\n", [], "must be > 0"),
+    ("12\n999999999\n", [], r"sequence 1 has 999999999 tokens.*--on-overlong"),
+    ("12\n30\n", ["--micro-batches", "5"], "cannot split 2 sequences into 5"),
+    ("12\n", ["--preset", "Nope-1B", "--hardware", "h100"], "valid: Qwen3-1.7B"),
+    ("12\n", ["--cost", "COST"], "cost model keys: missing"),
+    ("12\n", ["--cost", "BADJSON"], "not valid JSON"),
+    ("12\n", [], "a cost model is needed"),
+])
+def test_plan_errors_are_one_line_exit_2(capsys, tmp_path, content, extra, match):
+    p = tmp_path / "l.txt"
+    p.write_text(content)
+    (tmp_path / "cost.json").write_text('{"alpha1": 1}')
+    (tmp_path / "bad.json").write_text("{not json")
+    extra = [{"COST": str(tmp_path / "cost.json"), "BADJSON": str(tmp_path / "bad.json")}.get(x, x) for x in extra]
+    cost = [] if any(x in ("--cost", "--preset") for x in extra) or match.startswith("a cost") else PRESET
+    rc, out, err = _run(capsys, ["plan", "--lengths", str(p), "--ranks", "4", *cost, *extra])
+    assert rc == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("fcp plan: error:")
+    assert __import__("re").search(match, err), err
+
+
+def test_overlong_truncate_and_drop(capsys, tmp_path):
+    p = tmp_path / "l.txt"
+    p.write_text("12\n999999999\n40\n")
+    rc, out, _ = _run(capsys, ["plan", "--lengths", str(p), "--ranks", "4", *PRESET, "--on-overlong", "drop", "--json"])
+    assert rc == 0 and sorted(Plan.from_dict(json.loads(out)).seq_ids) == [0, 1]
+    rc, out, _ = _run(capsys, ["plan", "--lengths", str(p), "--ranks", "4", *PRESET, "--on-overlong", "truncate",
+                               "--micro-batches", "auto"])
+    assert rc == 0 and "truncated" in out
+
+
+def test_console_entry_point_exit_code(tmp_path):
+    """The real process: exit code 2 and no traceback on bad input."""
+    p = tmp_path / "l.txt"
+    p.write_text("-3\n")
+    r = subprocess.run([sys.executable, "-m", "fcp_data.cli", "plan", "--lengths", str(p), "--ranks", "2", *PRESET],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "must be > 0" in r.stderr
