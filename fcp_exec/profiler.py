@@ -31,7 +31,7 @@ import numpy as np
 
 from fcp_data.cost import CostModel
 
-__all__ = ["ProfilePoint", "FitResult", "fit_cost_model", "nnls_small", "format_fit", "plot_fit",
+__all__ = ["ProfilePoint", "FitResult", "fit_cost_model", "nnls_small", "format_fit", "plot_fit", "run_profile",
            "profile_worker", "ping_bandwidth", "kv_bytes_per_token"]
 
 _NAMES = ("alpha1", "alpha2", "beta1", "alpha3", "beta2")
@@ -232,3 +232,141 @@ def ping_bandwidth(rank: int, nbytes: int = 1 << 22, iters: int = 8) -> float:
     if rank != 0:
         return 0.0
     return 2.0 * buf.numel() * 4 * iters / elapsed
+
+
+def _profile_model(model: str, layer_like: str | None, dtype, seed: int):
+    """The model to time and its analytic alpha3 (bytes/token) and activation bytes per token."""
+    from fcp_exec.models import TinyLLM, TinyLLMConfig, build_model
+
+    if layer_like:
+        from fcp_data.presets import MODELS
+
+        if layer_like not in MODELS:
+            raise ValueError(f"unknown preset {layer_like!r}; choose one of {', '.join(MODELS)}")
+        m = MODELS[layer_like]
+        cfg = TinyLLMConfig(vocab_size=256, hidden=m.hidden, num_layers=1, num_heads=m.heads,
+                            num_kv_heads=m.kv_heads, head_dim=m.head_dim, ffn=m.ffn)
+        import torch
+
+        torch.manual_seed(seed)
+        net = TinyLLM(cfg).to(dtype)
+    else:
+        net = build_model(model, seed=seed, dtype=dtype)
+        cfg = net.cfg if model == "tiny-llm" else net.cfg.llm
+    elem = net.llm.embed.weight.element_size() if hasattr(net, "llm") else net.embed.weight.element_size()
+    kv = kv_bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, elem)
+    act = elem * (cfg.num_layers * (8 * cfg.hidden + 2 * (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
+                                    + 4 * cfg.ffn) + 3 * cfg.vocab_size)
+    return net, cfg, kv, act
+
+
+def _device_memory(device) -> float:
+    import os
+
+    import torch
+
+    if device.type == "cuda":
+        return float(torch.cuda.get_device_properties(device).total_memory)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")) / max(local, 1)
+
+
+def profile_worker(model: str = "tiny-llm", layer_like: str | None = None, seq_lens=(256, 512, 1024, 2048),
+                   degrees=None, reps: int = 3, warmup: int = 1, dtype: str = "float32", seed: int = 0) -> dict:
+    """Time forward + backward over the (seq_len, degree) grid on this rank (module docstring); every rank
+    of the process group must call it. Returns (same on all ranks) ``{"points", "bandwidth",
+    "alpha3_default", "bytes_per_token", "memory_bytes", "world"}``."""
+    import statistics
+
+    import torch
+    import torch.distributed as dist
+
+    from fcp_exec.launch import current_device, dist_info
+    from fcp_exec.layout import zigzag_shard
+
+    rank, world = dist_info()
+    device = current_device()
+    tdtype = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}[dtype]
+    net, cfg, kv, act = _profile_model(model, layer_like, tdtype, seed)
+    net = net.to(device)
+    is_mllm = model == "tiny-mllm" and not layer_like
+    bandwidth = ping_bandwidth(rank) if world > 1 else 0.0
+    if world > 1:
+        bw = torch.tensor([bandwidth], dtype=torch.float64)
+        dist.broadcast(bw, 0)
+        bandwidth = float(bw[0])
+    degrees = list(degrees or range(1, world + 1))
+    if max(degrees) > world or min(degrees) < 1:
+        raise ValueError(f"degrees {degrees} must lie in 1..{world} (the number of processes)")
+    gen = torch.Generator().manual_seed(seed)
+    points = []
+    for d in degrees:
+        groups = [tuple(range(i * d, (i + 1) * d)) for i in range(world // d)]
+        mine = next((g for g in groups if rank in g), None)
+        for s in seq_lens:
+            s_pad = -(-int(s) // (2 * d)) * 2 * d
+            ids = torch.randint(10, cfg.vocab_size, (s_pad,), generator=gen)
+            labels = torch.randint(10, cfg.vocab_size, (s_pad,), generator=gen)
+            cu = torch.tensor([0, s_pad], dtype=torch.int32)
+            times = []
+            if mine:
+                cp = mine.index(rank)
+                (ids_l, pos_l, lab_l), cu_l = [zigzag_shard(x, cu, d, cp)[0] for x in
+                                               (ids, torch.arange(s_pad), labels)], zigzag_shard(ids, cu, d, cp)[1]
+                ids_l, pos_l, lab_l, cu_l = (x.to(device) for x in (ids_l, pos_l, lab_l, cu_l))
+            for r in range(warmup + reps):
+                if world > 1:
+                    dist.barrier()
+                t0 = time.perf_counter()
+                if mine:
+                    lm = net.llm if is_mllm else net
+                    logits = lm(ids_l, pos_l, cu_l, mine)
+                    torch.nn.functional.cross_entropy(logits.float(), lab_l, reduction="sum").backward()
+                    net.zero_grad(set_to_none=True)
+                    if device.type == "cuda":
+                        torch.cuda.synchronize(device)
+                if r >= warmup:
+                    times.append(time.perf_counter() - t0)
+            med = statistics.median(times) if mine else 0.0
+            if world > 1:
+                t = torch.tensor([med], dtype=torch.float64)
+                dist.all_reduce(t, op=dist.ReduceOp.MAX)
+                med = float(t[0])
+            points.append({"seq_len": s_pad, "degree": d, "time_s": med, "eta": 0.0})
+            if rank == 0:
+                print(f"  measured seq_len {s_pad:>6} degree {d}: {med * 1e3:8.2f} ms", flush=True)
+    return {"points": points, "bandwidth": bandwidth, "alpha3_default": kv, "bytes_per_token": act,
+            "memory_bytes": _device_memory(device), "world": world,
+            "layers": getattr(cfg, "num_layers", 1)}
+
+
+def run_profile(nproc: int, *, model: str = "tiny-llm", layer_like: str | None = None,
+                seq_lens=(256, 512, 1024, 2048), degrees=None, reps: int = 3, dtype: str = "float32",
+                tokens_per_rank: int | None = None, backend: str | None = None) -> tuple[FitResult, dict]:
+    """Measure on ``nproc`` processes (:func:`fcp_exec.launch.launch`) and fit. With ``layer_like`` the
+    measured layer's coefficients are multiplied by the preset's layer count (the written model is for
+    the whole backbone, LM head not included). ``tokens_per_rank`` defaults to half the device memory
+    (per process) over the estimated activation bytes per token, rounded down to 64."""
+    from fcp_exec.launch import launch
+
+    raw = next(r for r in launch(profile_worker, nproc, model, layer_like, tuple(seq_lens), degrees, reps, 1,
+                                 dtype, 0, backend=backend) if r is not None)
+    points = [ProfilePoint(**p) for p in raw["points"]]
+    layers = 1
+    if layer_like:
+        from fcp_data.presets import MODELS
+
+        layers = MODELS[layer_like].layers
+    if tokens_per_rank is None:
+        tokens_per_rank = max(64, int(0.5 * raw["memory_bytes"] / (raw["bytes_per_token"] * layers)) // 64 * 64)
+    bandwidth = raw["bandwidth"] or 1e10  # one process: no ring, the value is never used by a degree-1 plan
+    fit = fit_cost_model(points, bandwidth_intra=bandwidth, ranks_per_node=max(1, raw["world"]),
+                         tokens_per_rank=tokens_per_rank, alpha3_default=raw["alpha3_default"])
+    if layers > 1:
+        cm = fit.cost_model
+        scaled = cm.replace(**{k: getattr(cm, k) * layers for k in _NAMES})
+        pts = tuple(ProfilePoint(seq_len=p.seq_len, degree=p.degree, time_s=p.time_s * layers, eta=p.eta)
+                    for p in fit.points)
+        fit = FitResult(cost_model=scaled, points=pts, predicted=tuple(p * layers for p in fit.predicted),
+                        rel_errors=fit.rel_errors, unidentified=fit.unidentified)
+    return fit, raw

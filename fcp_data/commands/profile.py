@@ -1,0 +1,76 @@
+"""``fcp profile``: time the real executor and fit the §4 cost-model coefficients."""
+
+from __future__ import annotations
+
+__all__ = ["register"]
+
+EPILOG = """Runs forward + backward of the model with ring attention on --nproc real processes over a grid
+of (sequence length, CP degree), measures the point-to-point bandwidth, fits alpha1, alpha2, beta1,
+alpha3, beta2 (non-negative least squares on relative errors) and writes a DESIGN §4 cost JSON that
+`fcp plan --cost`, `fcp train --cost` and FCPSampler accept. Prints measured vs predicted per point.
+
+examples:
+  fcp profile --nproc 2 --out cost.json --plot fit.png
+  fcp profile --nproc 2 --seq-lens 512,1024,2048,4096 --reps 5 --out cost.json
+  fcp profile --nproc 8 --layer-like qwen3-8b --dtype bfloat16 --out qwen3-8b-h200.json   (on GPUs)"""
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        vals = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ValueError(f"expected comma-separated integers, got {text!r}") from None
+    if not vals or min(vals) < 1:
+        raise ValueError(f"expected positive integers, got {text!r}")
+    return vals
+
+
+def register(subparsers, summary: str) -> None:
+    import argparse
+
+    p = subparsers.add_parser("profile", help=summary, description=summary, epilog=EPILOG,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nproc", type=int, default=2, help="processes (default 2); degrees 1..nproc are measured")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--model", choices=("tiny-llm", "tiny-mllm"), default="tiny-llm",
+                   help="time this model's language backbone (default tiny-llm)")
+    g.add_argument("--layer-like", metavar="PRESET", default=None,
+                   help="time one transformer layer shaped like a preset model (see `fcp presets`); the fit is "
+                        "scaled to the preset's layer count")
+    p.add_argument("--seq-lens", default="256,512,1024,2048", help="comma-separated lengths (default 256,512,1024,2048)")
+    p.add_argument("--degrees", default=None, help="comma-separated degrees (default 1..nproc)")
+    p.add_argument("--reps", type=int, default=3, help="timed repetitions per point, median kept (default 3)")
+    p.add_argument("--dtype", choices=("float32", "float64", "bfloat16"), default="float32")
+    p.add_argument("--tokens-per-rank", type=int, default=None,
+                   help="memory budget to write (default: half the memory per process / activation bytes per token)")
+    p.add_argument("--out", required=True, help="cost-model JSON to write")
+    p.add_argument("--plot", default=None, help="PNG of measured vs fitted times")
+    p.add_argument("--backend", default=None, help="torch.distributed backend (default nccl/hccl/gloo by device)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from fcp_data.cli import UsageError
+    from fcp_exec.profiler import format_fit, plot_fit, run_profile
+
+    if args.nproc < 1 or args.reps < 1:
+        raise UsageError("--nproc and --reps must be >= 1")
+    seq_lens = _ints(args.seq_lens)
+    degrees = _ints(args.degrees) if args.degrees else None
+    if len(seq_lens) * len(degrees or range(args.nproc)) < 3:
+        raise UsageError("the grid needs at least 3 (length, degree) points; give more --seq-lens")
+    what = f"one layer like {args.layer_like}" if args.layer_like else args.model
+    print(f"[fcp profile] {what}, {args.dtype}, {args.nproc} process(es), lengths {list(seq_lens)}, "
+          f"degrees {list(degrees or range(1, args.nproc + 1))}, {args.reps} reps", flush=True)
+    fit, raw = run_profile(args.nproc, model=args.model, layer_like=args.layer_like, seq_lens=seq_lens,
+                           degrees=degrees, reps=args.reps, dtype=args.dtype, tokens_per_rank=args.tokens_per_rank,
+                           backend=args.backend)
+    if raw["bandwidth"]:
+        print(f"P2P bandwidth rank 0 <-> 1: {raw['bandwidth'] / 1e9:.2f} GB/s")
+    print(format_fit(fit))
+    fit.cost_model.save(args.out)
+    print(f"cost model written to {args.out}")
+    if args.plot:
+        plot_fit(fit, args.plot)
+        print(f"plot written to {args.plot}")
+    return 0

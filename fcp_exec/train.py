@@ -1,0 +1,290 @@
+"""The training loop of ``fcp train`` and the demo: FCPSampler → FCPCollator → ring attention → AdamW.
+
+One optimizer step = one global batch of the sampler = its ``num_micro_batches`` plan-annotated
+micro-batches. On every rank and for every micro-batch: run the model on this rank's zigzag shard
+(skipped on an idle rank), ``loss = Σ local token losses / num_tokens_global`` (label tokens of the whole
+global batch), backward (gradients accumulate over micro-batches). Then one all-reduce SUM of a flat
+buffer holding every parameter's gradient (zeros where a parameter was not used on this rank: idle
+ranks, ranks without visual tokens) and the loss, and an AdamW step. The all-reduced gradient is exactly
+the single-process gradient of the global-batch mean loss, and the reported loss is that mean, identical
+on all ranks.
+
+``train(config)`` runs on one rank of an initialised process group (or alone, without one);
+``run_training(config, nproc)`` starts the ranks (:func:`fcp_exec.launch.launch`, torchrun-aware) and
+returns rank 0's result. Rank 0 prints one line per step (or, with ``json_lines``, one JSON object per
+step on stdout and nothing else there).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from fcp_data.cost import CostModel
+from fcp_exec.launch import current_device, dist_info, launch
+
+__all__ = ["TrainConfig", "train", "run_training", "builtin_cost_model", "format_degrees", "parse_planner"]
+
+_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainConfig:
+    """``model``: tiny-llm | tiny-mllm; ``steps`` optimizer steps; ``seed`` (weights, data order, synthetic
+    data); ``dtype``; ``planner``: an FCPSampler solver (fcp, static-cp, ...); ``global_batch_size``
+    (sequences per step); ``data``: None (bundled samples), an index path or "synthetic"; ``max_tokens``
+    per sample (see :mod:`fcp_exec.train_data`); ``cost``: a §4 cost-model dict (default:
+    :func:`builtin_cost_model`); ``tokens_per_rank`` overrides the cost model's; ``num_workers`` of the
+    DataLoader; ``prefetch`` global batches planned ahead; ``json_lines``/``verbose`` control rank 0's
+    output; ``return_params``: rank 0 returns the final parameters (numpy) for equivalence checks."""
+
+    model: str = "tiny-llm"
+    steps: int = 3
+    seed: int = 0
+    dtype: str = "float32"
+    planner: str = "fcp"
+    global_batch_size: int = 8
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    data: str | None = None
+    max_tokens: int = 2304
+    num_synthetic: int | None = None
+    cost: dict | None = None
+    tokens_per_rank: int | None = None
+    num_workers: int = 0
+    prefetch: int = 2
+    json_lines: bool = False
+    verbose: bool = True
+    return_params: bool = False
+    cache_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.model not in ("tiny-llm", "tiny-mllm"):
+            raise ValueError(f"model must be tiny-llm or tiny-mllm, got {self.model!r}")
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {self.dtype!r}")
+        for name in ("steps", "global_batch_size", "max_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.cost is not None:
+            CostModel.from_dict(self.cost)
+        parse_planner(self.planner)
+        if self.tokens_per_rank is not None and self.tokens_per_rank < 1:
+            raise ValueError(f"tokens_per_rank must be >= 1, got {self.tokens_per_rank}")
+
+
+def builtin_cost_model(max_tokens: int, num_ranks: int, dtype: str = "float32") -> CostModel:
+    """A CPU-ish §4 model for the tiny models (fitted by ``fcp profile`` on a 2-core machine, rounded).
+
+    ``tokens_per_rank`` is ``max_tokens`` on one rank and ``ceil(max_tokens / 2)`` (rounded up to 8)
+    otherwise, so the longest samples need a CP group of degree ≥ 2 while short ones run at degree 1:
+    plans are non-trivial even on the small bundled samples."""
+    elem = 8 if dtype == "float64" else 4
+    e = max_tokens if num_ranks == 1 else -(-max_tokens // 2)
+    e = -(-e // 8) * 8
+    return CostModel(alpha1=2e-9, alpha2=4e-6, beta1=2e-3, alpha3=float(3 * 2 * 2 * 2 * 16 * elem),
+                     beta2=2e-3, bandwidth_intra=2e9, bandwidth_inter=2e9, ranks_per_node=max(num_ranks, 1),
+                     tokens_per_rank=e)
+
+
+def format_degrees(degrees: list[list[int]]) -> str:
+    """``[[2, 1, 1], [1, 1, 1, 1]]`` → ``⟨2⟩×1 ⟨1⟩×2 | ⟨1⟩×4`` (one block per micro-batch)."""
+    blocks = []
+    for mb in degrees:
+        c = Counter(mb)
+        blocks.append(" ".join(f"⟨{d}⟩×{c[d]}" for d in sorted(c, reverse=True)) or "idle")
+    return " | ".join(blocks)
+
+
+def parse_planner(planner: str) -> tuple[str, int | None]:
+    """``"fcp"`` → ``("fcp", None)``; ``"static-cp:2"`` → ``("static-cp", 2)``: a fixed degree for the
+    fixed-degree baselines (static-cp, ulysses); ``static-cp:1`` is data parallelism only."""
+    from fcp_data.plan.solvers import SOLVER_NAMES
+
+    name, _, deg = planner.partition(":")
+    if name not in SOLVER_NAMES:
+        raise ValueError(f"unknown planner {name!r}; choose one of {', '.join(SOLVER_NAMES)}")
+    if not deg:
+        return name, None
+    if name not in ("static-cp", "ulysses") or not deg.isdigit() or int(deg) < 1:
+        raise ValueError(f"planner {planner!r}: a fixed degree ('NAME:D', D >= 1) only applies to static-cp and ulysses")
+    return name, int(deg)
+
+
+def _fixed_degree_sampler(base, degree: int):
+    """FCPSampler whose plans pass ``degree=`` to the solver (the sampler forwards no solver options)."""
+
+    class FixedDegreeSampler(base):
+        def plan_global_batch(self, g, epoch=None):
+            from fcp_data.plan import plan_batch
+
+            ids = self.global_batch_indices(g, epoch)
+            return plan_batch(self.num_tokens[ids], num_ranks=self.num_ranks, cost_model=self.cost_model,
+                              etas=None if self.etas is None else self.etas[ids], solver=self.solver,
+                              micro_batches=self.micro_batches, degree=degree)
+
+    return FixedDegreeSampler
+
+
+def _to_device(batch: dict, device) -> dict:
+    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
+
+
+def _forward_loss(model, batch: dict, is_mllm: bool) -> torch.Tensor:
+    from fcp_exec.models import token_loss_sum
+
+    args = (batch["input_ids"], batch["position_ids"], batch["cu_seqlens"], batch["ranks"])
+    if is_mllm:
+        logits = model(*args, visual_pos=batch.get("visual_pos"), visual_index=batch.get("visual_index"),
+                       pixel_values=batch.get("pixel_values"), grid_thw=batch.get("grid_thw"))
+    else:
+        logits = model(*args)
+    return token_loss_sum(logits, batch["labels"]) / batch["num_tokens_global"]
+
+
+def _reduce(model, loss_local: torch.Tensor, world: int) -> float:
+    """All-reduce SUM of every gradient (zeros where unused) and of the loss; returns the global loss."""
+    params = list(model.parameters())
+    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
+                     + [loss_local.reshape(1).to(params[0].dtype)])
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.all_reduce(flat)
+    offset = 0
+    for p in params:
+        n = p.numel()
+        p.grad = flat[offset:offset + n].view_as(p).clone()
+        offset += n
+    return float(flat[-1])
+
+
+def _gather_groups(groups: list[tuple[int, ...]], world: int) -> list[list[int]]:
+    """Every micro-batch's CP-group degrees, from the groups all ranks ran (idle ranks excluded)."""
+    if world > 1:
+        import torch.distributed as dist
+
+        allg: list = [None] * world
+        dist.all_gather_object(allg, groups)
+    else:
+        allg = [groups]
+    out = []
+    for m in range(len(groups)):
+        uniq = {tuple(r[m]) for r in allg if r[m]}
+        out.append(sorted((len(g) for g in uniq), reverse=True))
+    return out
+
+
+def train(cfg: TrainConfig) -> dict[str, Any]:
+    """Run ``cfg.steps`` optimizer steps on this rank (module docstring). Returns ``{"steps": [...],
+    "param_checksum": float, "params": {name: ndarray} (rank 0 with return_params), "plan_config": ...}``."""
+    from torch.utils.data import DataLoader
+
+    from fcp_data import FCPCollator, FCPDataset, FCPSampler
+    from fcp_exec.models import build_model
+    from fcp_exec.train_data import load_train_data
+
+    rank, world = dist_info()
+    device = current_device()
+    dtype = _DTYPES[cfg.dtype]
+    data = load_train_data(cfg.model, cfg.data, max_tokens=cfg.max_tokens, seed=cfg.seed,
+                           cache_dir=cfg.cache_dir, num_synthetic=cfg.num_synthetic)
+    is_mllm = cfg.model == "tiny-mllm"
+    if is_mllm and not data.visual_token_ids:
+        raise ValueError("tiny-mllm needs a multimodal dataset (an index built with a vision spec, e.g. qwen2-vl)")
+    cost = CostModel.from_dict(cfg.cost) if cfg.cost else builtin_cost_model(cfg.max_tokens, world, cfg.dtype)
+    if cfg.tokens_per_rank:
+        cost = cost.replace(tokens_per_rank=cfg.tokens_per_rank)
+    model = build_model(cfg.model, seed=cfg.seed, dtype=dtype).to(device)
+    solver, degree = parse_planner(cfg.planner)
+    sampler_cls = FCPSampler if degree is None else _fixed_degree_sampler(FCPSampler, degree)
+    sampler = sampler_cls(data.lengths, num_ranks=world, rank=rank, cost_model=cost,
+                          global_batch_size=cfg.global_batch_size, seed=cfg.seed, solver=solver,
+                          prefetch=cfg.prefetch)
+    collator = FCPCollator(pad_token_id=data.pad_token_id, visual_token_id=data.visual_token_ids or None)
+    loader = DataLoader(FCPDataset(data.dataset), batch_sampler=sampler, collate_fn=collator,
+                        num_workers=cfg.num_workers, persistent_workers=cfg.num_workers > 0)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
+    out_json = cfg.json_lines and rank == 0
+    if rank == 0 and cfg.verbose and not cfg.json_lines:
+        print(f"[fcp train] {cfg.model} ({sum(p.numel() for p in model.parameters()):,} params, {cfg.dtype}) on "
+              f"{world} rank(s), device {device}; data: {data.description}; planner {cfg.planner}, "
+              f"tokens_per_rank {cost.tokens_per_rank}", flush=True)
+    epoch, it = 0, iter(loader)
+    records = []
+    for step in range(cfg.steps):
+        t0 = time.perf_counter()
+        waits_before = len(sampler.planner_waits)
+        opt.zero_grad(set_to_none=True)
+        loss_local = torch.zeros((), dtype=torch.float64)
+        groups: list[tuple[int, ...]] = []
+        m, num_mb, num_tokens = 0, 1, 0
+        while m < num_mb:
+            try:
+                batch = next(it)
+            except StopIteration:
+                if m:
+                    raise RuntimeError("the sampler ended inside a global batch") from None
+                epoch += 1
+                sampler.set_epoch(epoch)
+                it = iter(loader)
+                continue
+            num_mb, num_tokens = int(batch["num_micro_batches"]), int(batch["num_tokens_global"])
+            if int(batch["micro_batch"]) != m:
+                raise RuntimeError(f"expected micro-batch {m}, got {batch['micro_batch']}")
+            groups.append(tuple(batch["ranks"]))
+            if batch["ranks"] and batch["input_ids"].numel():
+                loss = _forward_loss(model, _to_device(batch, device), is_mllm)
+                loss.backward()
+                loss_local += loss.detach().to(torch.float64).cpu()
+            m += 1
+        loss_global = _reduce(model, loss_local, world)
+        opt.step()
+        degrees = _gather_groups(groups, world)
+        waits = sampler.planner_waits[waits_before:]
+        rec = {"step": step, "loss": loss_global, "num_tokens": num_tokens, "degrees": degrees,
+               "step_time_s": time.perf_counter() - t0, "planner_wait_s": float(sum(waits))}
+        records.append(rec)
+        if out_json:
+            print(json.dumps({k: rec[k] for k in ("step", "loss", "num_tokens", "degrees", "step_time_s")}),
+                  flush=True)
+        elif rank == 0 and cfg.verbose:
+            print(f"step {step:>3}  loss {loss_global:.6f}  tokens {num_tokens:>6}  plan {format_degrees(degrees)}  "
+                  f"step {rec['step_time_s'] * 1e3:7.1f} ms  planner wait {rec['planner_wait_s'] * 1e3:.2f} ms",
+                  file=sys.stdout, flush=True)
+    with torch.no_grad():
+        checksum = float(sum(p.double().sum().item() * (i + 1) for i, p in enumerate(model.parameters())))
+    result: dict[str, Any] = {"steps": records, "param_checksum": checksum, "rank": rank, "world": world,
+                              "tokens_per_rank": cost.tokens_per_rank, "data": data.description}
+    if cfg.return_params and rank == 0:
+        result["params"] = {n: p.detach().cpu().double().numpy().copy() for n, p in model.named_parameters()}
+    return result
+
+
+def run_training(cfg: TrainConfig, nproc: int, *, backend: str | None = None, timeout: float = 1800.0) -> dict[str, Any]:
+    """Start ``nproc`` ranks (or join torchrun's) and train; returns rank 0's result with
+    ``checksums`` (every rank's parameter checksum, which must agree) added."""
+    if nproc == 1 and backend is None:
+        from fcp_exec.launch import in_torchrun
+
+        if not in_torchrun():
+            res = train(cfg)
+            res["checksums"] = [res["param_checksum"]]
+            return res
+    results = launch(train, nproc, cfg, backend=backend, timeout=timeout)
+    first = next(r for r in results if r is not None)
+    first = dict(first)
+    first["checksums"] = [r["param_checksum"] for r in results if r is not None]
+    return first
+
+
+def config_dict(cfg: TrainConfig) -> dict[str, Any]:
+    return asdict(cfg)

@@ -1,0 +1,190 @@
+"""Datasets for ``fcp train`` / the demo / the e2e tests: bundled samples through the real index and
+readers, a length-capped view, and small deterministic synthetic text and video sets.
+
+``load_train_data(model, data, *, max_tokens, seed, cache_dir)`` returns a :class:`TrainData`:
+
+* ``data=None``: the bundled samples — ``samples/text.jsonl`` (spec ``text``) for tiny-llm, the
+  webdataset video/image shards (spec ``qwen2-vl``) for tiny-mllm — indexed once with
+  :func:`fcp_data.index.build_index` into ``cache_dir`` and read with :class:`fcp_data.readers.IndexedDataset`.
+* ``data=PATH``: a length index built by ``fcp index`` (its spec decides text or multimodal).
+* ``data="synthetic"``: :class:`SyntheticText` / :class:`SyntheticVideo` (random ids, random pixels).
+
+``max_tokens`` caps sample length the same way for every world size (so runs on 1 and N processes see
+identical data): text samples are truncated to ``max_tokens``; a multimodal sample cannot be cut inside
+its visual block, so one longer than ``max_tokens`` is left out (``num_dropped``).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["TrainData", "SyntheticText", "SyntheticVideo", "CappedDataset", "load_train_data", "VIDEO_SPEC"]
+
+VIDEO_SPEC = "qwen2-vl"
+_SYN_PLACEHOLDER = 5  # <|video_pad|> in tiny-bpe
+_SYN_PAD = 1
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainData:
+    """A map-style ``dataset``, its per-sample token counts ``lengths`` (what the sampler plans with),
+    the collator's ``pad_token_id`` and ``visual_token_ids`` (empty for text), a one-line ``description``
+    and ``num_dropped`` (multimodal samples over ``max_tokens``)."""
+
+    dataset: Any
+    lengths: np.ndarray
+    pad_token_id: int
+    visual_token_ids: tuple[int, ...] = ()
+    description: str = ""
+    num_dropped: int = 0
+    patch_dim: int | None = field(default=None)
+
+
+class SyntheticText:
+    """``num`` documents of random ids in ``[10, vocab)`` with log-normal lengths in ``[min_len, max_len]``;
+    sample ``i`` is drawn from ``default_rng([seed, i])`` (deterministic in every process)."""
+
+    def __init__(self, num: int = 24, *, seed: int = 0, min_len: int = 3, max_len: int = 160, vocab: int = 2000):
+        if not 2 <= min_len <= max_len:
+            raise ValueError(f"need 2 <= min_len <= max_len, got {min_len}, {max_len}")
+        rng = np.random.default_rng([seed, 7])
+        raw = rng.lognormal(np.log(max(min_len, max_len / 6)), 0.9, size=num)
+        self.lengths = np.clip(raw.astype(np.int64), min_len, max_len)
+        self.lengths[0] = max_len  # the long tail is always there
+        self.seed, self.vocab = seed, vocab
+
+    def __len__(self) -> int:
+        return int(self.lengths.size)
+
+    def __getitem__(self, i: int) -> dict:
+        rng = np.random.default_rng([self.seed, 1000 + int(i)])
+        return {"input_ids": torch.from_numpy(rng.integers(10, self.vocab, int(self.lengths[i])))}
+
+
+class SyntheticVideo:
+    """Qwen-VL-layout video samples: ``[text | vision_start | placeholders | vision_end | text]`` with
+    ``grid_thw = [[t, h, w]]`` (``h, w`` even, merge 2) and random ``pixel_values`` ``[t·h·w, patch_dim]``.
+    Some samples are text-only, so some ranks hold no visual token."""
+
+    def __init__(self, num: int = 16, *, seed: int = 0, max_len: int = 160, patch_dim: int = 1176, vocab: int = 2000):
+        rng = np.random.default_rng([seed, 11])
+        self.samples = []
+        for i in range(num):
+            text_only = i % 5 == 4
+            if text_only:
+                t = h = w = 0
+            else:
+                t = int(rng.integers(1, 5))
+                h, w = 2 * int(rng.integers(1, 4)), 2 * int(rng.integers(1, 4))
+            vis = t * h * w // 4
+            pre = int(rng.integers(1, 8))
+            budget = max(2, max_len - vis - pre - 2)
+            post = int(rng.integers(1, max(2, min(budget, 40))))
+            self.samples.append((t, h, w, pre, post))
+        if num:  # the longest sample, for non-trivial plans
+            self.samples[0] = (4, 6, 6, 3, max(1, max_len - 36 - 3 - 2))
+        self.lengths = np.array([(p + 2 + t * h * w // 4 + q) if t else p + q for t, h, w, p, q in self.samples],
+                                dtype=np.int64)
+        self.seed, self.patch_dim, self.vocab = seed, patch_dim, vocab
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int) -> dict:
+        t, h, w, pre, post = self.samples[int(i)]
+        rng = np.random.default_rng([self.seed, 2000 + int(i)])
+        ids = [rng.integers(10, self.vocab, pre)]
+        if t:
+            ids += [np.array([2]), np.full(t * h * w // 4, _SYN_PLACEHOLDER), np.array([3])]
+        ids.append(rng.integers(10, self.vocab, post))
+        out = {"input_ids": torch.from_numpy(np.concatenate(ids).astype(np.int64))}
+        if t:
+            out["pixel_values"] = torch.from_numpy(rng.standard_normal((t * h * w, self.patch_dim)).astype(np.float32))
+            out["grid_thw"] = torch.tensor([[t, h, w]], dtype=torch.long)
+        return out
+
+
+class CappedDataset:
+    """``base`` restricted to ``keep`` (indices into base) with text samples truncated to ``max_tokens``."""
+
+    def __init__(self, base: Any, keep: np.ndarray, max_tokens: int):
+        self.base, self.keep, self.max_tokens = base, np.asarray(keep, dtype=np.int64), int(max_tokens)
+
+    def __len__(self) -> int:
+        return int(self.keep.size)
+
+    def __getitem__(self, i: int) -> dict:
+        s = dict(self.base[int(self.keep[i])])
+        ids = torch.as_tensor(s["input_ids"])
+        if ids.numel() > self.max_tokens:
+            if "pixel_values" in s:
+                raise ValueError(f"multimodal sample {int(self.keep[i])} is longer than max_tokens={self.max_tokens}")
+            s["input_ids"] = ids[: self.max_tokens]
+        return s
+
+
+def _cap(base: Any, lengths: np.ndarray, visual: np.ndarray, max_tokens: int) -> tuple[CappedDataset, np.ndarray, int]:
+    keep = np.flatnonzero(~(visual & (lengths > max_tokens)))
+    return CappedDataset(base, keep, max_tokens), np.minimum(lengths[keep], max_tokens), int(lengths.size - keep.size)
+
+
+def _bundled_index(model: str, cache_dir: str | None) -> Path:
+    from fcp_data._resources import data_path
+    from fcp_data.index import build_index
+
+    root = Path(cache_dir or os.environ.get("FCP_CACHE", Path(tempfile.gettempdir()) / f"fcp-cache-{os.getuid()}"))
+    samples = data_path("samples")
+    if model == "tiny-llm":
+        out, inputs, spec = root / "index-text", [str(samples / "text.jsonl")], "text"
+    else:
+        out, inputs, spec = root / "index-video", sorted(str(p) for p in (samples / "wds").glob("*.tar")), VIDEO_SPEC
+    if not (out / "manifest.json").exists():
+        root.mkdir(parents=True, exist_ok=True)
+        _, rc = build_index(inputs, spec, str(out), progress=False)
+        if rc:
+            raise RuntimeError(f"indexing the bundled samples into {out} reported too many errors")
+    return out
+
+
+def load_train_data(model: str, data: str | None = None, *, max_tokens: int = 2304, seed: int = 0,
+                    cache_dir: str | None = None, num_synthetic: int | None = None) -> TrainData:
+    """The dataset a training run uses (module docstring)."""
+    if max_tokens < 4:
+        raise ValueError(f"max_tokens must be >= 4, got {max_tokens}")
+    if data == "synthetic":
+        if model == "tiny-llm":
+            base = SyntheticText(num_synthetic or 24, seed=seed, max_len=max_tokens)
+            vis = np.zeros(len(base), dtype=bool)
+            ds, lengths, dropped = _cap(base, base.lengths, vis, max_tokens)
+            return TrainData(dataset=ds, lengths=lengths, pad_token_id=_SYN_PAD,
+                             description=f"synthetic text: {len(ds)} documents, up to {max_tokens} tokens")
+        base = SyntheticVideo(num_synthetic or 16, seed=seed, max_len=max_tokens)
+        vis = np.array([s[0] > 0 for s in base.samples])
+        ds, lengths, dropped = _cap(base, base.lengths, vis, max_tokens)
+        return TrainData(dataset=ds, lengths=lengths, pad_token_id=_SYN_PAD, visual_token_ids=(_SYN_PLACEHOLDER,),
+                         description=f"synthetic video: {len(ds)} samples, up to {max_tokens} tokens",
+                         num_dropped=dropped, patch_dim=base.patch_dim)
+    from fcp_data.readers import IndexedDataset
+
+    path = Path(data) if data else _bundled_index(model, cache_dir)
+    base = IndexedDataset(path)
+    index = base.index
+    lengths = np.asarray(index.num_tokens, dtype=np.int64)
+    visual = np.asarray(index.num_visual_tokens, dtype=np.int64) > 0 if base.placeholder_ids else np.zeros(lengths.size, bool)
+    if model == "tiny-llm" and visual.any():
+        raise ValueError(f"index {path} holds images/videos; train it with --model tiny-mllm")
+    ds, capped, dropped = _cap(base, lengths, visual, max_tokens)
+    if capped.size == 0:
+        raise ValueError(f"no sample of {path} fits max_tokens={max_tokens}; raise --max-tokens")
+    what = "bundled samples" if not data else str(path)
+    return TrainData(dataset=ds, lengths=capped, pad_token_id=int(base.pad_token_id),
+                     visual_token_ids=tuple(base.placeholder_ids), num_dropped=dropped,
+                     description=f"{what} (spec {base.spec.name}): {capped.size} samples, {int(capped.sum())} tokens, "
+                                 f"max {int(capped.max())} (cap {max_tokens})")
