@@ -75,7 +75,8 @@ def _resize_bicubic(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     """``[T, C, H, W]`` float → resized like ``torchvision.transforms.functional.resize(BICUBIC, antialias=True)``."""
     if tuple(x.shape[-2:]) == tuple(size):
         return x
-    return torch.nn.functional.interpolate(x, size=size, mode="bicubic", align_corners=False, antialias=True)
+    y = torch.nn.functional.interpolate(x, size=size, mode="bicubic", align_corners=False, antialias=True)
+    return y.clamp_(0, 255).round_()  # torchvision on uint8 input clamps and rounds back to uint8 values
 
 
 def _pil_resize(arr_or_img, size_wh: tuple[int, int]) -> np.ndarray:

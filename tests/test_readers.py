@@ -128,3 +128,38 @@ def test_dataloader_workers_and_spec_mismatch(indexes):
     with pytest.raises(ValueError, match="differs from the one the index"):
         IndexedDataset(indexes["qwen2-vl"], spec="qwen3-vl")
     assert ds.index.kind[0] != KIND_TEXT
+
+
+def test_qwen_patches_hold_the_planned_frames(indexes):
+    """Reference: frames decoded independently with PyAV (all frames, then the plan's indices), resized and
+    normalised, then cut into patches by explicit indexing of the documented order (t, h/2, w/2, 2, 2 | C, tp, p, p).
+    A failure means wrong frames, a wrong resize or a wrong patch layout."""
+    import av
+
+    from fcp_data.video import _normalize, _resize_bicubic
+
+    ds = IndexedDataset(indexes["qwen2-vl"])
+    for i in [i for i in range(len(ds)) if ds.index.kind[i] == KIND_VIDEO][:3]:
+        s = ds[i]
+        plan = _plan(ds, i)
+        data = ds.read_member(i, "mp4")
+        import io
+
+        with av.open(io.BytesIO(data)) as c:
+            all_frames = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+        frames = torch.from_numpy(np.stack([all_frames[j] for j in plan.frame_indices])).permute(0, 3, 1, 2).float()
+        frames = _normalize(_resize_bicubic(frames, plan.resized), ds.spec.vision["image_mean"], ds.spec.vision["image_std"])
+        t, h, w = s["grid_thw"][0].tolist()
+        p = 14
+        worst = 0.0
+        for row in range(t * h * w):
+            ti, rest = divmod(row, h * w)
+            bh, rest = divmod(rest, (w // 2) * 4)
+            bw, rest = divmod(rest, 4)
+            mh, mw = divmod(rest, 2)
+            y, x = (bh * 2 + mh) * p, (bw * 2 + mw) * p
+            ref = frames[2 * ti:2 * ti + 2, :, y:y + p, x:x + p].permute(1, 0, 2, 3).reshape(-1)
+            diff = (s["pixel_values"][row] - ref).abs()
+            assert diff.mean() < 0.05, (ds.index.keys[i], row, float(diff.mean()))
+            worst = max(worst, float(diff.max()))
+        assert worst < 0.5, (ds.index.keys[i], worst)  # decord vs PyAV RGB conversion differ by a few levels
