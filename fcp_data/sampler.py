@@ -33,12 +33,21 @@ Every rank builds the same plan from ``(seed, epoch, lengths, config)`` with no 
   ``next()`` (after DataLoader workers have forked). Planner errors are re-raised in the training process;
   the thread stops when the epoch ends, when the iterator is closed, garbage-collected or re-positioned.
   ``planner_waits`` holds the seconds the consumer waited for each global batch's plan.
+* **DataLoader.** ``batch_sampler`` is iterated in the main process, also with workers. A plain
+  DataLoader pulls ``prefetch_factor · num_workers`` lists ahead of the training loop, so
+  ``sampler.state_dict()`` is that far ahead of what was trained on: use torchdata's
+  ``StatefulDataLoader`` (it snapshots the sampler iterator per batch) for exact resume. A DataLoader with
+  ``persistent_workers`` (and any ``StatefulDataLoader``) keeps its last iterator — and so an idle planning
+  thread — until its next ``iter()`` or its deletion.
+* **Epochs.** As with ``DistributedSampler``, call ``set_epoch(e)`` before each epoch; the epoch does not
+  advance by itself.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 import weakref
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
@@ -258,7 +267,8 @@ class FCPSampler:
             h.update(self.etas.tobytes())
         self._data_digest = h.hexdigest()
         self.epoch = 0
-        self._layout: tuple[int, np.ndarray, np.ndarray] | None = None
+        self._layouts: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._layout_lock = threading.Lock()
         self._counts: dict[int, dict[int, int]] = {}
         self._resume: tuple[int, int, int] | None = None
         self._live: weakref.ref | None = None
@@ -277,9 +287,15 @@ class FCPSampler:
 
     def _epoch_layout(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         """``(order, bounds)``: the epoch's permutation of kept indices and global batch boundaries."""
-        cached = self._layout
-        if cached is not None and cached[0] == epoch:
-            return cached[1], cached[2]
+        with self._layout_lock:
+            cached = self._layouts.get(epoch)
+            if cached is None:
+                cached = self._layouts[epoch] = self._compute_layout(epoch)
+                while len(self._layouts) > 2:  # the live iterator's epoch and the next one
+                    self._layouts.pop(next(iter(self._layouts)))
+            return cached
+
+    def _compute_layout(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         rng = np.random.default_rng([self.seed, epoch])
         order = self._kept[rng.permutation(self._kept.size)]
         n = order.size
@@ -298,7 +314,6 @@ class FCPSampler:
             if self.drop_last and len(starts) > 1 and csum[starts[-1]] - csum[starts[-2]] < budget:
                 starts.pop()
             bounds = np.asarray(starts, dtype=np.int64)
-        self._layout = (epoch, order, bounds)
         return order, bounds
 
     def num_global_batches(self, epoch: int | None = None) -> int:
@@ -428,4 +443,9 @@ class FCPSampler:
     def __getstate__(self) -> dict[str, Any]:
         d = self.__dict__.copy()
         d["_live"] = None  # a weakref to the live iterator does not pickle (and belongs to this process)
+        del d["_layout_lock"]
         return d
+
+    def __setstate__(self, d: dict[str, Any]) -> None:
+        self.__dict__.update(d)
+        self._layout_lock = threading.Lock()

@@ -7,6 +7,8 @@ CP group; the reference for resume is the uninterrupted iteration of the same sa
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 
@@ -52,7 +54,7 @@ def test_every_sample_in_exactly_one_group_per_epoch_and_equal_list_counts(mode)
     it, groups agree on all their ranks, each kept sample in exactly one group per epoch,
     num_tokens_global = Σ(num_tokens − 1) over the global batch. A failure means ranks would deadlock
     or train on a wrong sample set."""
-    lengths = _lengths()
+    lengths = _lengths(200)
     per_rank = _all_rank_lists(lengths, **mode)
     n_lists = {len(x) for x in per_rank}
     assert len(n_lists) == 1
@@ -202,3 +204,5 @@ def test_len_matches_iteration_for_fixed_micro_batches_and_constructor_checks():
         FCPSampler(np.array([3, 0, 2]), num_ranks=2, cost_model=CM, global_batch_size=4)
     single = FCPSampler(lengths, cost_model=CM, global_batch_size=16, on_overlong="truncate")
     assert (single.rank, single.num_ranks) == (0, 1)
+    clone = pickle.loads(pickle.dumps(s))  # e.g. a launcher that deep-copies its loaders
+    assert [_key(x) for x in clone] == [_key(x) for x in lists]

@@ -113,15 +113,17 @@ def test_dataloader_batches_equal_direct_collation(num_workers, persistent, pin)
     ds = FCPDataset(data)
     loader = DataLoader(ds, batch_sampler=s, collate_fn=collate, num_workers=num_workers,
                         persistent_workers=persistent, pin_memory=pin)
+    idle = 0
     for epoch in (0, 1):
         s.set_epoch(epoch)
         ref_s.set_epoch(epoch)
         ref = [collate(ds.__getitems__(lst)) for lst in ref_s]
         got = list(loader)
         assert len(got) == len(ref) == len(s)
-        assert any(b["cp_rank"] == -1 for b in got) or all(b["cp_rank"] >= 0 for b in ref)
         for a, b in zip(got, ref):
             _same_batch(a, b)
+        idle += sum(b["cp_rank"] == -1 for b in got)
+    assert idle > 0  # the idle-rank path (empty SlotList through workers) was exercised
     it = iter(loader)
     next(it)
     del it, loader  # a persistent-workers loader keeps its iterator (and so the planner) until then
