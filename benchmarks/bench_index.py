@@ -74,12 +74,21 @@ def bench_probes(files: list[Path]) -> dict:
                      ("full_decode", full_decode_frames)]:
         fn(files[0])  # warm-up (library load)
         ts = timed(fn, files)
+        if name in ("probe_av", "full_decode"):
+            res["_av" if name == "probe_av" else "_full"] = ts
         res[name] = {"median_ms": 1e3 * statistics.median(ts), "total_s": sum(ts), "videos_per_s": len(ts) / sum(ts)}
     res["ratio_full_decode_over_av"] = res["full_decode"]["total_s"] / res["probe_av"]["total_s"]
     res["ratio_of_medians_full_over_av"] = res["full_decode"]["median_ms"] / res["probe_av"]["median_ms"]
     res["ratio_full_decode_over_decord"] = res["full_decode"]["total_s"] / res["probe_decord"]["total_s"]
     res["ratio_decord_over_av"] = res["probe_decord"]["total_s"] / res["probe_av"]["total_s"]
     res["mean_frames"] = float(np.mean([probe_video(p, "av").num_frames for p in files]))
+    by_size: dict[str, list[int]] = {}
+    for j, f in enumerate(files):
+        h = probe_video(f, "av")
+        by_size.setdefault(f"{h.width}x{h.height}", []).append(j)
+    res["ratio_by_size"] = {k: statistics.median(res["_full"][j] for j in v) / statistics.median(res["_av"][j] for j in v)
+                            for k, v in sorted(by_size.items(), key=lambda kv: int(kv[0].split("x")[0]))}
+    del res["_full"], res["_av"]
     return res
 
 
@@ -164,6 +173,7 @@ def main(argv=None) -> int:
           f"{p['ratio_of_medians_full_over_av']:.1f}x (medians)")
     print(f"  full decode / decord probe = {p['ratio_full_decode_over_decord']:.1f}x")
     print(f"  decord probe / PyAV probe  = {p['ratio_decord_over_av']:.2f}x")
+    print("  full decode / PyAV probe by size (medians): " + ", ".join(f"{k} {v:.0f}x" for k, v in p["ratio_by_size"].items()))
     for k, v in res["build"].items():
         print(f"fcp index qwen2-vl {k}: {v['samples_per_s']:.1f} samples/s ({v['samples_per_s_per_worker']:.1f} per worker)")
     t = res["text"]
