@@ -1,0 +1,236 @@
+"""Shared pieces of the paper-replication evaluation (benchmarks/paper/run_all.py).
+
+Every experiment plans the same drawn global batches with every system through
+:func:`fcp_data.plan.plan_batch` (the computation behind ``fcp simulate``) on a §4 preset cost model, and
+reports mean step time (sum of micro-batch makespans) and speedups measured side by side in one run.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from fcp_data.cost import CostModel
+from fcp_data.plan import plan_batch
+from fcp_data.presets import HARDWARE, MODELS, model_heads, preset_cost_model
+
+__all__ = ["REPO", "SIM_SYSTEMS", "LABELS", "Ctx", "Section", "SystemResult", "machine_info", "simulate_cell",
+           "plan_systems", "md_table", "fmt_s", "fmt_x", "vision_alpha2", "batch_pool_draws", "plt"]
+
+REPO = Path(__file__).resolve().parents[2]
+SIM_SYSTEMS = ("fcp", "static-cp", "ulysses", "megatron-dynamic", "fcp-pow2")
+LABELS = {"fcp": "FCP", "static-cp": "static CP (fixed d)", "static-cp-batch": "static CP (per-batch d)",
+          "ulysses": "Ulysses (fixed d)", "megatron-dynamic": "Megatron dyn-CP", "fcp-pow2": "FCP-pow2"}
+
+
+def plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as p
+
+    return p
+
+
+@dataclass
+class Ctx:
+    """Run settings shared by the experiments; ``violations`` collects every cell where FCP is slower."""
+
+    workload_dir: Path
+    figures: Path
+    seed: int
+    steps: int
+    video_steps: int
+    quick: bool
+    bar: Any = None
+    violations: list[str] = field(default_factory=list)
+    configured: dict = field(default_factory=dict)  # (workload, model) -> fixed degrees simulate chose
+    vpools: dict | None = None
+
+    def tick(self, n: int = 1, what: str = "") -> None:
+        if self.bar is not None:
+            if what:
+                self.bar.set_postfix_str(what[:40], refresh=False)
+            self.bar.update(n)
+
+    def wikipedia(self) -> np.ndarray:
+        p = self.workload_dir / "wikipedia_flexsp.txt"
+        if not p.exists():
+            raise FileNotFoundError(f"{p} not found: pass --workload-dir pointing at the shared workloads folder")
+        if not hasattr(self, "_wiki"):
+            self._wiki = np.loadtxt(p, dtype=np.int64)
+        return self._wiki
+
+
+@dataclass
+class Section:
+    title: str
+    body: str
+
+
+@dataclass
+class SystemResult:
+    steps: list[float] = field(default_factory=list)
+    solve_ms: list[float] = field(default_factory=list)
+    micro_batches: list[int] = field(default_factory=list)
+    plans: list[Any] = field(default_factory=list)
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.steps)) if self.steps else math.nan
+
+
+def machine_info() -> dict[str, str]:
+    def sh(cmd: list[str]) -> str:
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=10, cwd=REPO).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    model = ""
+    for line in sh(["lscpu"]).splitlines():
+        if line.startswith("Model name:"):
+            model = line.split(":", 1)[1].strip()
+    return {"cpu": model or platform.processor(), "nproc": sh(["nproc"]) or str(os.cpu_count()),
+            "python": platform.python_version(), "numpy": np.__version__, "os": platform.platform(),
+            "commit": sh(["git", "rev-parse", "--short", "HEAD"]), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+
+
+def _opts(model: str, solver: str) -> dict[str, int]:
+    if solver.startswith("ulysses"):
+        h, kv = model_heads(model)
+        return {"num_heads": h, "num_kv_heads": kv}
+    return {}
+
+
+def _check(ctx: Ctx | None, label: str, out: dict[str, SystemResult]) -> None:
+    """Record every system whose mean step time beats FCP's (FCP must never be slower)."""
+    if ctx is None or "fcp" not in out:
+        return
+    for s, r in out.items():
+        if s != "fcp" and out["fcp"].mean > r.mean * (1 + 1e-9):
+            ctx.violations.append(f"{label}: FCP {out['fcp'].mean:.4f} s > {LABELS.get(s, s)} {r.mean:.4f} s "
+                                  f"({(out['fcp'].mean / r.mean - 1) * 100:.2f} % slower)")
+
+
+def simulate_cell(pool: np.ndarray, *, model: str, cost_model: CostModel, num_ranks: int, gbs: int, steps: int,
+                  seed: int, ctx: Ctx | None = None, label: str = "", oracle: bool = True,
+                  systems=SIM_SYSTEMS) -> tuple[dict[str, SystemResult], dict[str, int | None]]:
+    """One cell, computed exactly as ``fcp simulate`` (:func:`fcp_data.commands.simulate.simulate`) does:
+    the same ``draw_batches`` batches for every system, ``plan_batch(..., micro_batches="auto")``, and
+    ``static-cp``/``ulysses`` at the single degree with the best total over the run. The one difference is
+    speed: degrees that cannot hold the run's longest sequence (``d·E < max s``) are skipped up front
+    instead of being rejected by the micro-batch planner after a long search (same result).
+    ``oracle`` adds ``static-cp-batch``: static CP re-choosing its degree for every micro-batch."""
+    from fcp_data.plan.baselines import ulysses_degrees
+    from fcp_data.workloads import draw_batches
+
+    batches = [pool[ids] for ids in draw_batches(pool.size, gbs, steps, seed)]
+    longest = max(int(b.max()) for b in batches)
+    out: dict[str, SystemResult] = {}
+    fixed: dict[str, int | None] = {}
+    for name in systems:
+        opts = _opts(model, name)
+        if name == "static-cp":
+            cands = [d for d in range(1, num_ranks + 1) if num_ranks % d == 0]
+        elif name == "ulysses":
+            cands = ulysses_degrees(num_ranks, opts["num_heads"])
+        else:
+            cands = [None]
+        best: tuple[float, int | None, list[float]] | None = None
+        for d in cands:
+            if d is not None and d * cost_model.tokens_per_rank < longest:
+                continue
+            kw = dict(opts) if d is None else {**opts, "degree": d}
+            try:
+                ts = [plan_batch(b, num_ranks=num_ranks, cost_model=cost_model, solver=name, micro_batches="auto",
+                                 **kw).makespan for b in batches]
+            except ValueError:
+                if d is None:
+                    raise
+                continue
+            if best is None or sum(ts) < best[0]:
+                best = (sum(ts), d, ts)
+        if best is None:
+            raise ValueError(f"{label}: no fixed degree of {name} can plan every step on {num_ranks} ranks")
+        out[name], fixed[name] = SystemResult(steps=best[2]), best[1]
+    if oracle:
+        out["static-cp-batch"] = SystemResult(steps=[
+            plan_batch(b, num_ranks=num_ranks, cost_model=cost_model, solver="static-cp", micro_batches="auto").makespan
+            for b in batches])
+    _check(ctx, label, out)
+    if ctx is not None:
+        ctx.tick(steps, label)
+    return out, fixed
+
+
+def plan_systems(batches: list[np.ndarray], *, model: str, cost_model: CostModel, num_ranks: int,
+                 systems=SIM_SYSTEMS, ctx: Ctx | None = None, label: str = "", fixed: dict[str, int] | None = None
+                 ) -> dict[str, SystemResult]:
+    """Plan explicit batches with every system (``micro_batches='auto'``), keeping the plans. ``fixed``
+    pins a degree (``{"static-cp": 8}``); without it static-cp/ulysses choose per micro-batch. A system
+    that cannot plan a batch raises — nothing is silently skipped."""
+    out = {s: SystemResult() for s in systems}
+    for b in batches:
+        for s in systems:
+            opts = dict(_opts(model, s))
+            if fixed and fixed.get(s) is not None:
+                opts["degree"] = fixed[s]
+            t0 = time.perf_counter()
+            p = plan_batch(b, num_ranks=num_ranks, cost_model=cost_model, solver=s, micro_batches="auto", **opts)
+            r = out[s]
+            r.steps.append(p.makespan)
+            r.solve_ms.append((time.perf_counter() - t0) * 1e3)
+            r.micro_batches.append(len(p.micro_batches))
+            r.plans.append(p)
+        if ctx is not None:
+            ctx.tick(1, label)
+    _check(ctx, label, out)
+    return out
+
+
+def vision_alpha2(model: str, hardware: str, *, frozen: bool, visual_fraction: float) -> CostModel:
+    """The preset of an MLLM with its vision encoder's compute folded into ``alpha2`` (a documented
+    ``preset_cost_model`` override; §4 has no separate vision term).
+
+    The presets charge the vision encoder for memory only. Per LLM visual token the encoder sees 4 patches
+    (2×2 merge for Qwen3-VL; pixel-shuffle 0.5 for InternVL: 1024 patches → 256 tokens), each costing
+    ``2·P_vit`` forward FLOPs (within-frame ViT attention omitted). Each CP rank encodes the frames whose
+    tokens it holds, so the cost scales with ``S/d`` like ``alpha2``. Unfrozen: forward + backward +
+    recompute = the LLM's training factor 4; frozen: forward only (factor 1: no backward through the
+    encoder, no recompute). ``alpha2 += visual_fraction · factor · 8·P_vit / (peak · linear_efficiency)``.
+    The frozen encoder's smaller optimizer state would raise ``tokens_per_rank`` slightly; not modelled.
+    """
+    base = preset_cost_model(model, hardware)
+    m, hw = MODELS[model], HARDWARE[hardware]
+    factor = 1.0 if frozen else 4.0
+    extra = visual_fraction * factor * 8.0 * m.vision_params / (hw.peak_flops * hw.linear_efficiency)
+    return preset_cost_model(model, hardware, alpha2=base.alpha2 + extra)
+
+
+def batch_pool_draws(pool: np.ndarray, gbs: int, steps: int, seed: int) -> list[np.ndarray]:
+    """``steps`` global batches of ``gbs`` lengths drawn uniformly with replacement from ``pool``."""
+    rng = np.random.default_rng(seed)
+    return [pool[rng.integers(0, pool.size, gbs)] for _ in range(steps)]
+
+
+def md_table(headers: list[str], rows: list[list[Any]]) -> str:
+    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def fmt_s(x: float) -> str:
+    return f"{x:.3f}" if x >= 0.1 else f"{x * 1e3:.1f} ms"
+
+
+def fmt_x(x: float) -> str:
+    return f"{x:.2f}×"
