@@ -13,6 +13,8 @@ abandoned sampler iterator is garbage-collected and closes its prefetcher.
 :class:`SamplerIterator` is what ``iter(FCPSampler)`` returns: one epoch from a position, drawing each
 global batch's per-rank lists from a prefetcher; it is stateful (``state_dict``/``load_state_dict``), which
 is the hook torchdata's ``StatefulDataLoader`` uses to resume a batch sampler without replaying it.
+:func:`make_state`/:func:`check_state` define that state: the position ``(epoch, global_batch,
+micro_batch)`` of the next list and the sampler's config fingerprint, loaded strictly.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ import time
 from functools import partial
 from typing import Any, Callable
 
-__all__ = ["PlanPrefetcher", "SamplerIterator"]
+__all__ = ["PlanPrefetcher", "SamplerIterator", "make_state", "check_state"]
+
+STATE_VERSION = 1
 
 _POLL_S = 0.05
 
@@ -200,3 +204,45 @@ class SamplerIterator:
             self.close()
         except Exception:
             pass
+
+
+def _config(sampler: Any) -> dict[str, Any]:
+    return {"num_ranks": sampler.num_ranks, "rank": sampler.rank, "seed": sampler.seed,
+            "global_batch_size": sampler.global_batch_size, "global_batch_tokens": sampler.global_batch_tokens,
+            "drop_last": sampler.drop_last, "on_overlong": sampler.on_overlong, "solver": sampler.solver,
+            "micro_batches": sampler.micro_batches, "cost_model": sampler.cost_model.to_dict(),
+            "num_samples": int(sampler.lengths.size), "data_digest": sampler._data_digest}
+
+
+def make_state(sampler: Any, epoch: int, g: int, m: int) -> dict[str, Any]:
+    """A sampler state: plain JSON types (position of the next list + config fingerprint)."""
+    return {"version": STATE_VERSION, "epoch": int(epoch), "global_batch": int(g), "micro_batch": int(m),
+            "config": _config(sampler)}
+
+
+def check_state(sampler: Any, state: dict[str, Any]) -> tuple[int, int, int]:
+    """Strictly validate ``state`` against ``sampler``; return ``(epoch, global_batch, micro_batch)``.
+
+    Unknown or missing keys, another version, or any config difference (world size, rank, seed, batch
+    size, solver, cost model, data digest, ...) is a ``ValueError`` listing every difference.
+    """
+    if not isinstance(state, dict):
+        raise ValueError(f"an FCPSampler state must be a dict, got {type(state).__name__}")
+    keys = {"version", "epoch", "global_batch", "micro_batch", "config"}
+    if set(state) != keys:
+        raise ValueError(f"an FCPSampler state has keys {sorted(keys)}; got {sorted(state)}")
+    if state["version"] != STATE_VERSION:
+        raise ValueError(f"FCPSampler state version {state['version']} is not {STATE_VERSION}")
+    mine, theirs = _config(sampler), state["config"]
+    if not isinstance(theirs, dict) or set(theirs) != set(mine):
+        got = sorted(theirs) if isinstance(theirs, dict) else theirs
+        raise ValueError(f"FCPSampler state config has keys {got}, expected {sorted(mine)}")
+    diffs = [f"{k}: saved {theirs[k]!r}, this sampler {mine[k]!r}" for k in mine if theirs[k] != mine[k]]
+    if diffs:
+        raise ValueError("the FCPSampler state was saved with a different configuration — " + "; ".join(diffs)
+                         + ". Resume with the same world size, rank, seed, data and config.")
+    e, g, m = (int(state[k]) for k in ("epoch", "global_batch", "micro_batch"))
+    num_g = sampler.num_global_batches(e) if e >= 0 else -1
+    if e < 0 or not 0 <= g <= num_g or m < 0 or (g == num_g and m):
+        raise ValueError(f"FCPSampler state position (epoch {e}, global batch {g}, micro-batch {m}) is out of range")
+    return e, g, m

@@ -56,13 +56,11 @@ import numpy as np
 
 from fcp_data.cost import CostModel
 from fcp_data.plan.types import Plan
-from fcp_data.prefetch import SamplerIterator
+from fcp_data.prefetch import SamplerIterator, check_state, make_state
 
 __all__ = ["FCPSampler", "SampleSlot", "SlotList", "FCPDataset", "dist_rank_and_world"]
 
 logger = logging.getLogger(__name__)
-
-_STATE_VERSION = 1
 
 
 def dist_rank_and_world() -> tuple[int, int]:
@@ -392,16 +390,8 @@ class FCPSampler:
         return it
 
     # ------------------------------------------------------------------ state
-    def _config(self) -> dict[str, Any]:
-        return {"num_ranks": self.num_ranks, "rank": self.rank, "seed": self.seed,
-                "global_batch_size": self.global_batch_size, "global_batch_tokens": self.global_batch_tokens,
-                "drop_last": self.drop_last, "on_overlong": self.on_overlong, "solver": self.solver,
-                "micro_batches": self.micro_batches, "cost_model": self.cost_model.to_dict(),
-                "num_samples": int(self.lengths.size), "data_digest": self._data_digest}
-
     def _state(self, epoch: int, g: int, m: int) -> dict[str, Any]:
-        return {"version": _STATE_VERSION, "epoch": epoch, "global_batch": g, "micro_batch": m,
-                "config": self._config()}
+        return make_state(self, epoch, g, m)
 
     def state_dict(self) -> dict[str, Any]:
         """Position of the next list (of the live iterator, else the pending resume, else the epoch start)."""
@@ -414,25 +404,7 @@ class FCPSampler:
 
     def check_state(self, state: dict[str, Any]) -> tuple[int, int, int]:
         """Validate a state (strict keys, same config) and return ``(epoch, global_batch, micro_batch)``."""
-        if not isinstance(state, dict):
-            raise ValueError(f"an FCPSampler state must be a dict, got {type(state).__name__}")
-        keys = {"version", "epoch", "global_batch", "micro_batch", "config"}
-        if set(state) != keys:
-            raise ValueError(f"an FCPSampler state has keys {sorted(keys)}; got {sorted(state)}")
-        if state["version"] != _STATE_VERSION:
-            raise ValueError(f"FCPSampler state version {state['version']} is not {_STATE_VERSION}")
-        mine, theirs = self._config(), state["config"]
-        if not isinstance(theirs, dict) or set(theirs) != set(mine):
-            raise ValueError(f"FCPSampler state config has keys {sorted(theirs) if isinstance(theirs, dict) else theirs}, "
-                             f"expected {sorted(mine)}")
-        diffs = [f"{k}: saved {theirs[k]!r}, this sampler {mine[k]!r}" for k in mine if theirs[k] != mine[k]]
-        if diffs:
-            raise ValueError("the FCPSampler state was saved with a different configuration — "
-                             + "; ".join(diffs) + ". Resume with the same world size, seed, data and config.")
-        e, g, m = (int(state[k]) for k in ("epoch", "global_batch", "micro_batch"))
-        if e < 0 or not 0 <= g <= self.num_global_batches(e) or m < 0 or (g == self.num_global_batches(e) and m):
-            raise ValueError(f"FCPSampler state position (epoch {e}, global batch {g}, micro-batch {m}) is out of range")
-        return e, g, m
+        return check_state(self, state)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The next ``iter()`` starts at the saved position (and ``epoch`` becomes the saved epoch)."""
