@@ -17,6 +17,7 @@ run one collective on the world group (e.g. a barrier) after ``init_process_grou
 from __future__ import annotations
 
 import datetime
+import operator
 from typing import Sequence
 
 import torch
@@ -26,19 +27,29 @@ __all__ = ["PendingExchange", "RingComm", "validate_ranks"]
 
 
 def validate_ranks(ranks: Sequence[int]) -> tuple[int, ...]:
-    """Check a CP group given as global ranks in ring order; returns it as a tuple."""
+    """Check a CP group given as global ranks in ring order; returns it as a tuple of ints."""
+    if isinstance(ranks, torch.Tensor):
+        ranks = ranks.tolist()
+    msg = f"ranks must be a sequence of non-negative int global ranks, got {ranks!r}"
     try:
-        out = tuple(ranks)
+        items = list(ranks)
     except TypeError:
-        raise ValueError(f"ranks must be a sequence of global ranks, got {ranks!r}") from None
+        raise ValueError(msg) from None
+    out = []
+    for r in items:
+        if isinstance(r, bool):
+            raise ValueError(msg)
+        try:
+            out.append(operator.index(r))
+        except TypeError:
+            raise ValueError(msg) from None
     if not out:
         raise ValueError("ranks is empty; a CP group needs at least this rank")
-    for r in out:
-        if not isinstance(r, int) or isinstance(r, bool) or r < 0:
-            raise ValueError(f"ranks must be non-negative ints (global ranks), got {ranks!r}")
+    if any(r < 0 for r in out):
+        raise ValueError(msg)
     if len(set(out)) != len(out):
         raise ValueError(f"ranks has duplicates: {ranks!r}; each rank appears once in a CP group")
-    return out
+    return tuple(out)
 
 
 class PendingExchange:

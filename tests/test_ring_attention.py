@@ -241,10 +241,24 @@ def raising_case(rank):
     return rank
 
 
+def hanging_case(rank):
+    if rank == 0:
+        time.sleep(120)
+    return rank
+
+
+def dying_case(rank):
+    if rank == 1:
+        import os
+        os._exit(3)
+    return rank
+
+
 def test_missing_neighbour_times_out_and_worker_errors_propagate():
     """A rank whose ring neighbour never shows up gets a RuntimeError naming that peer within
     about the timeout instead of hanging; a worker exception reaches the parent with the worker's
-    traceback. (A separate pool: the aborted ring leaves unmatched messages behind.)"""
+    traceback; a hanging worker turns into TimeoutError and a dying one into WorkerError, and the
+    pool restarts after each. (A separate pool: the aborted ring leaves unmatched messages behind.)"""
     with WorkerPool(2, pg_timeout=30) as pool:
         msg, elapsed = pool.run(missing_neighbour_case, 1.5, timeout=60)[0]
         assert "peer rank 1" in msg and "ranks=[0, 1]" in msg, msg
@@ -253,6 +267,13 @@ def test_missing_neighbour_times_out_and_worker_errors_propagate():
             pool.run(raising_case, timeout=30)
         assert "Traceback" in info.value.tracebacks[1] and "raising_case" in info.value.tracebacks[1]
         assert pool.run(_rank, timeout=60) == [0, 1]  # the pool restarted after the failure
+        start = time.monotonic()
+        with pytest.raises(TimeoutError, match=r"ranks \[0\] did not finish"):
+            pool.run(hanging_case, timeout=2)
+        assert time.monotonic() - start < 15
+        with pytest.raises(WorkerError, match="rank 1 exit code 3"):
+            pool.run(dying_case, timeout=60)
+        assert pool.run(_rank, timeout=60) == [0, 1]
 
 
 # ---------------------------------------------------------------- degrees 5-8 (slow)
