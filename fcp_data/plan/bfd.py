@@ -29,27 +29,31 @@ def bfd_groups(lengths: np.ndarray, unit: float) -> list[list[int]]:
     if unit <= 0:
         raise ValueError(f"bin unit must be > 0, got {unit}")
     lengths = np.asarray(lengths)
-    order = np.lexsort((np.arange(lengths.size), -lengths))
+    order = np.lexsort((np.arange(lengths.size), -lengths)).tolist()
+    values = lengths.tolist()
     groups: list[list[int]] = []
-    headroom_keys: list[tuple[float, int]] = []  # sorted (headroom, bin id) of bins with headroom > 0
-    for i in order.tolist():
-        s = float(lengths[i])
+    rooms: list[float] = []  # headroom of the bins that have some, ascending
+    ids: list[int] = []      # their bin ids, parallel to rooms
+    for i in order:
+        s = values[i]
         if s > unit:
-            cap = math.ceil(s / unit) * unit
+            room = math.ceil(s / unit) * unit - s
+            b = len(groups)
             groups.append([i])
-            if cap - s > 0:
-                bisect.insort(headroom_keys, (cap - s, len(groups) - 1))
-            continue
-        pos = bisect.bisect_left(headroom_keys, (s, -1))
-        if pos < len(headroom_keys):
-            room, b = headroom_keys.pop(pos)
-            groups[b].append(i)
-            if room - s > 0:
-                bisect.insort(headroom_keys, (room - s, b))
         else:
-            groups.append([i])
-            if unit - s > 0:
-                bisect.insort(headroom_keys, (unit - s, len(groups) - 1))
+            pos = bisect.bisect_left(rooms, s)
+            if pos < len(rooms):
+                room = rooms.pop(pos) - s
+                b = ids.pop(pos)
+                groups[b].append(i)
+            else:
+                room = unit - s
+                b = len(groups)
+                groups.append([i])
+        if room > 0:
+            j = bisect.bisect_left(rooms, room)
+            rooms.insert(j, room)
+            ids.insert(j, b)
     return groups
 
 
@@ -132,9 +136,9 @@ def group_aggregates_of(groups: list[list[int]], lengths: np.ndarray, etas: np.n
     return np.bincount(gid, weights=s, minlength=k), np.bincount(gid, weights=q, minlength=k)
 
 
-def candidate_units(total_tokens: float, num_ranks: int, tokens_per_rank: int, ratio: float = 2.0) -> list[float]:
+def candidate_units(total_tokens: float, num_ranks: int, tokens_per_rank: int, ratio: float = 4.0) -> list[float]:
     """Bin units tried by the FCP solver: ``tokens_per_rank`` first (the paper's stage 1), then
-    ``total / K`` for group counts ``K = N, N/2, N/4, …, 1`` (fine groups for light batches, large
+    ``total / K`` for group counts ``K = N, N/4, N/16, …, 1`` (fine groups for light batches, large
     groups when packing many sequences into one wide ring pays off)."""
     units = [float(tokens_per_rank)]
     k = float(num_ranks)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import warnings
 
 import numpy as np
 
@@ -94,7 +95,8 @@ def solve_ilp(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model:
     cons.append(cp.sum(y @ d) <= N)
     prob = cp.Problem(cp.Minimize(m * scale), cons)
     try:
-        with _quiet_stdout():  # HiGHS prints a banner on the C-level stdout; keep `--json` output clean
+        with _quiet_stdout(), warnings.catch_warnings():  # HiGHS prints a banner on the C-level stdout
+            warnings.simplefilter("ignore")  # "solution may be inaccurate" after a time limit: reported below
             prob.solve(solver=cp.HIGHS, time_limit=float(time_limit), output_flag=False)
     except cp.error.SolverError as e:
         raise ValueError(f"the ILP solver failed: {e}") from None
@@ -102,13 +104,20 @@ def solve_ilp(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model:
         raise ValueError(f"no feasible plan for {n} sequences on {N} ranks at tokens_per_rank={cm.tokens_per_rank}")
     if y.value is None:
         raise ValueError(f"the ILP found no solution within {time_limit} s (status {prob.status}); raise --time-limit")
+    # Read the incumbent robustly (a time-limited solve may leave values slightly off 0/1): each sequence
+    # goes to its largest z, each group takes its largest y; repaired to memory, else no solution.
+    Z = np.stack([np.asarray(z[g].value, dtype=np.float64).sum(axis=1) for g in range(G)], axis=1)  # n × G
+    owner = Z.argmax(axis=1)
+    Y = np.asarray(y.value, dtype=np.float64)
     groups, degrees = [], []
     for g in range(G):
-        zg = np.asarray(z[g].value)
-        members = [k for k in range(n) if zg[k].sum() > 0.5]
+        members = [int(k) for k in np.flatnonzero(owner == g)]
         if members:
             groups.append(members)
-            degrees.append(int(np.argmax(zg[members].sum(axis=0))) + 1)
+            need = cm.min_degree(float(s[members].sum()))
+            degrees.append(max(int(Y[g].argmax()) + 1, need))
+    if sum(degrees) > N:
+        raise ValueError(f"the ILP found no usable solution within {time_limit} s (status {prob.status}); raise --time-limit")
     S, Q = group_aggregates_of(groups, lengths, etas)
     mb = build_micro_batch(groups, degrees, S, Q, N, cm)
     proved = prob.status == "optimal"

@@ -101,7 +101,7 @@ def plan_micro_batches(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, co
         if solved is None:
             raise ValueError(f"the batch ({n} sequences, {int(lengths.sum())} tokens) does not fit in {M} micro-batch(es) "
                              f"on {num_ranks} ranks × {cost_model.tokens_per_rank} tokens_per_rank (at least {lo} "
-                             "needed by memory); use --micro-batches auto or a larger M")
+                             "needed by memory); use micro_batches='auto' (--micro-batches auto) or a larger M")
         return solved
     best: tuple[list[MicroBatchPlan], bool | None] | None = None
     best_cost = math.inf

@@ -79,7 +79,8 @@ def fcp_micro_batch(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_
             if deg is not None and (best is None or value < best[0] * (1 + 1e-12) or value == 0):
                 options.append(deg)
         if uniform is not None and with_baselines and (degrees == "any" or pow2[uniform - 1]):
-            if np.all(S <= uniform * cost_model.tokens_per_rank):
+            value = float(table[:, uniform - 1].max())  # inf when memory fails
+            if np.isfinite(value) and (best is None or value < best[0] * (1 + 1e-12)):
                 options.append(np.full(len(groups), uniform, dtype=np.int64))
         done: list[tuple[int, ...]] = []
         for deg in options:
