@@ -22,7 +22,7 @@ from fcp_data.index.format import COLUMNS, KIND_IMAGE, KIND_TEXT, KIND_VIDEO, at
 from fcp_data.index.probe import (IMAGE_EXTS, TEXT_EXTS, VIDEO_EXTS, ProbeError, iter_dir_samples, iter_tar_samples,
                                   probe_image, probe_video, split_key)
 
-__all__ = ["expand_inputs", "make_tasks", "index_task", "task_fingerprint", "EXIT_AFTER_ENV", "DIR_CHUNK"]
+__all__ = ["expand_inputs", "make_tasks", "index_task", "task_fingerprint", "part_path", "EXIT_AFTER_ENV", "DIR_CHUNK"]
 
 EXIT_AFTER_ENV = "FCP_INDEX_EXIT_AFTER"  # test hook: a worker process os._exit()s after writing this many parts
 DIR_CHUNK = 256  # samples per task for folder inputs
@@ -216,11 +216,14 @@ def _index_media(key: str, members: dict, read, spec, cfg: dict, task: dict, row
 def _index_container(task: dict, cfg: dict, spec, rows: _Rows) -> int:
     path, seen = Path(task["path"]), 0
     if task["kind"] == "tar":
+        fh = None
         try:
             fh = open(path, "rb")
             it = iter_tar_samples(path)
             first = next(it, None)
         except (OSError, ProbeError) as e:
+            if fh is not None:
+                fh.close()
             rows.error(str(path), "unreadable_shard", getattr(e, "detail", None) or f"{type(e).__name__}: {e}", str(path))
             return 1
         samples = ([first] if first else []) + [s for s in it]

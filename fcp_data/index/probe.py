@@ -141,34 +141,31 @@ def iter_tar_samples(path: str | Path) -> Iterator[tuple[str, dict[str, tuple[in
     except (OSError, tarfile.TarError) as e:
         raise ProbeError("unreadable_shard", f"{type(e).__name__}: {e}") from None
     cur_key, cur, problem, last_end = None, {}, None, 0
-    try:
-        with tf:
-            while True:
-                try:
-                    ti = tf.next()
-                except (tarfile.TarError, OSError, EOFError) as e:
-                    if cur_key is not None:
-                        yield cur_key, cur, problem
-                        cur_key = None
-                    yield f"{p.name}#{last_end}", {}, f"truncated_shard: {type(e).__name__}"
-                    return
-                if ti is None:
-                    break
-                if not ti.isfile():
-                    continue
-                key, ext = split_key(ti.name)
-                if key != cur_key:
-                    if cur_key is not None:
-                        yield cur_key, cur, problem
-                    cur_key, cur, problem = key, {}, None
-                cur[ext] = (int(ti.offset_data), int(ti.size))
-                last_end = int(ti.offset_data + ti.size)
-                if last_end > file_size:
-                    problem = "truncated_member"
-            if cur_key is not None:
-                yield cur_key, cur, problem
-    except ProbeError:
-        raise
+    with tf:
+        while True:
+            try:
+                ti = tf.next()
+            except (tarfile.TarError, OSError, EOFError) as e:
+                if cur_key is not None:
+                    yield cur_key, cur, problem
+                    cur_key = None
+                yield f"{p.name}#{last_end}", {}, f"truncated_shard: {type(e).__name__}"
+                return
+            if ti is None:
+                break
+            if not ti.isfile():
+                continue
+            key, ext = split_key(ti.name)
+            if key != cur_key:
+                if cur_key is not None:
+                    yield cur_key, cur, problem
+                cur_key, cur, problem = key, {}, None
+            cur[ext] = (int(ti.offset_data), int(ti.size))
+            last_end = int(ti.offset_data + ti.size)
+            if last_end > file_size:
+                problem = "truncated_member"
+        if cur_key is not None:
+            yield cur_key, cur, problem
 
 
 def iter_dir_samples(root: Path, files: list[str]) -> Iterator[tuple[str, dict[str, tuple[int, int]], str | None]]:
