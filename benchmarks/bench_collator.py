@@ -118,7 +118,7 @@ def bench_loader(lengths: np.ndarray, args) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workload", default=str(DEFAULT_WORKLOAD))
-    ap.add_argument("--docs", type=int, default=4096)
+    ap.add_argument("--docs", type=int, default=16384)
     ap.add_argument("--cap", type=int, default=32768)
     ap.add_argument("--tokens-per-rank", type=int, default=16384)
     ap.add_argument("--repeats", type=int, default=3)

@@ -373,9 +373,12 @@ class FCPSampler:
             _, bounds = self._epoch_layout(epoch)
             return int(np.minimum(np.diff(bounds), int(self.micro_batches)).sum())
         counts = self._counts.setdefault(epoch, {})
-        for g in range(self.num_global_batches(epoch)):
-            if g not in counts:
-                counts[g] = len(self.plan_global_batch(g, epoch).micro_batches)
+        missing = [g for g in range(self.num_global_batches(epoch)) if g not in counts]
+        if len(missing) > 16:
+            logger.warning("len(FCPSampler) plans the %d unplanned global batches of epoch %d once to count their "
+                           "micro-batches; pass micro_batches=<int> for an O(1) len()", len(missing), epoch)
+        for g in missing:
+            counts[g] = len(self.plan_global_batch(g, epoch).micro_batches)
         return int(sum(counts[g] for g in range(self.num_global_batches(epoch))))
 
     def __iter__(self) -> Iterator[SlotList]:
