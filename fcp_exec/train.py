@@ -31,7 +31,7 @@ import torch
 from fcp_data.cost import CostModel
 from fcp_exec.launch import current_device, dist_info, launch
 
-__all__ = ["TrainConfig", "train", "run_training", "builtin_cost_model", "format_degrees", "parse_planner"]
+__all__ = ["TrainConfig", "Trainer", "train", "run_training", "builtin_cost_model", "format_degrees", "parse_planner"]
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
@@ -57,6 +57,7 @@ class TrainConfig:
     data: str | None = None
     max_tokens: int = 2304
     num_synthetic: int | None = None
+    synthetic_lengths: tuple[int, ...] | None = None
     cost: dict | None = None
     tokens_per_rank: int | None = None
     num_workers: int = 0
@@ -183,89 +184,118 @@ def _gather_groups(groups: list[tuple[int, ...]], world: int) -> list[list[int]]
     return out
 
 
-def train(cfg: TrainConfig) -> dict[str, Any]:
-    """Run ``cfg.steps`` optimizer steps on this rank (module docstring). Returns ``{"steps": [...],
-    "param_checksum": float, "params": {name: ndarray} (rank 0 with return_params), "plan_config": ...}``."""
-    from torch.utils.data import DataLoader
+class Trainer:
+    """One rank's training state: data pipeline, model, optimizer; :meth:`step` runs one global batch.
 
-    from fcp_data import FCPCollator, FCPDataset, FCPSampler
-    from fcp_exec.models import build_model
-    from fcp_exec.train_data import load_train_data
+    Needs the process group initialised (or none, for one rank). Several trainers may live in one
+    process (the e2e benchmark alternates planners step by step)."""
 
-    rank, world = dist_info()
-    device = current_device()
-    dtype = _DTYPES[cfg.dtype]
-    data = load_train_data(cfg.model, cfg.data, max_tokens=cfg.max_tokens, seed=cfg.seed,
-                           cache_dir=cfg.cache_dir, num_synthetic=cfg.num_synthetic)
-    is_mllm = cfg.model == "tiny-mllm"
-    if is_mllm and not data.visual_token_ids:
-        raise ValueError("tiny-mllm needs a multimodal dataset (an index built with a vision spec, e.g. qwen2-vl)")
-    cost = CostModel.from_dict(cfg.cost) if cfg.cost else builtin_cost_model(cfg.max_tokens, world, cfg.dtype)
-    if cfg.tokens_per_rank:
-        cost = cost.replace(tokens_per_rank=cfg.tokens_per_rank)
-    model = build_model(cfg.model, seed=cfg.seed, dtype=dtype).to(device)
-    solver, degree = parse_planner(cfg.planner)
-    sampler_cls = FCPSampler if degree is None else _fixed_degree_sampler(FCPSampler, degree)
-    sampler = sampler_cls(data.lengths, num_ranks=world, rank=rank, cost_model=cost,
-                          global_batch_size=cfg.global_batch_size, seed=cfg.seed, solver=solver,
-                          prefetch=cfg.prefetch)
-    collator = FCPCollator(pad_token_id=data.pad_token_id, visual_token_id=data.visual_token_ids or None)
-    loader = DataLoader(FCPDataset(data.dataset), batch_sampler=sampler, collate_fn=collator,
-                        num_workers=cfg.num_workers, persistent_workers=cfg.num_workers > 0)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
-    out_json = cfg.json_lines and rank == 0
-    if rank == 0 and cfg.verbose and not cfg.json_lines:
-        print(f"[fcp train] {cfg.model} ({sum(p.numel() for p in model.parameters()):,} params, {cfg.dtype}) on "
-              f"{world} rank(s), device {device}; data: {data.description}; planner {cfg.planner}, "
-              f"tokens_per_rank {cost.tokens_per_rank}", flush=True)
-    epoch, it = 0, iter(loader)
-    records = []
-    for step in range(cfg.steps):
+    def __init__(self, cfg: TrainConfig) -> None:
+        from torch.utils.data import DataLoader
+
+        from fcp_data import FCPCollator, FCPDataset, FCPSampler
+        from fcp_exec.models import build_model
+        from fcp_exec.train_data import load_train_data
+
+        self.cfg = cfg
+        self.rank, self.world = dist_info()
+        self.device = current_device()
+        self.data = data = load_train_data(cfg.model, cfg.data, max_tokens=cfg.max_tokens, seed=cfg.seed,
+                                           cache_dir=cfg.cache_dir, num_synthetic=cfg.num_synthetic,
+                                           lengths=cfg.synthetic_lengths)
+        self.is_mllm = cfg.model == "tiny-mllm"
+        if self.is_mllm and not data.visual_token_ids:
+            raise ValueError("tiny-mllm needs a multimodal dataset (an index built with a vision spec, e.g. qwen2-vl)")
+        cost = CostModel.from_dict(cfg.cost) if cfg.cost else builtin_cost_model(cfg.max_tokens, self.world, cfg.dtype)
+        if cfg.tokens_per_rank:
+            cost = cost.replace(tokens_per_rank=cfg.tokens_per_rank)
+        self.cost = cost
+        self.model = build_model(cfg.model, seed=cfg.seed, dtype=_DTYPES[cfg.dtype]).to(self.device)
+        solver, degree = parse_planner(cfg.planner)
+        sampler_cls = FCPSampler if degree is None else _fixed_degree_sampler(FCPSampler, degree)
+        self.sampler = sampler_cls(data.lengths, num_ranks=self.world, rank=self.rank, cost_model=cost,
+                                   global_batch_size=cfg.global_batch_size, seed=cfg.seed, solver=solver,
+                                   prefetch=cfg.prefetch)
+        collator = FCPCollator(pad_token_id=data.pad_token_id, visual_token_id=data.visual_token_ids or None)
+        self.loader = DataLoader(FCPDataset(data.dataset), batch_sampler=self.sampler, collate_fn=collator,
+                                 num_workers=cfg.num_workers, persistent_workers=cfg.num_workers > 0)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
+        self.epoch, self._it, self.num_steps = 0, None, 0
+
+    def describe(self) -> str:
+        c = self.cfg
+        return (f"{c.model} ({sum(p.numel() for p in self.model.parameters()):,} params, {c.dtype}) on {self.world} "
+                f"rank(s), device {self.device}; data: {self.data.description}; planner {c.planner}, "
+                f"tokens_per_rank {self.cost.tokens_per_rank}")
+
+    def _next_batch(self, first: bool) -> dict:
+        while True:
+            if self._it is None:
+                self._it = iter(self.loader)
+            try:
+                return next(self._it)
+            except StopIteration:
+                if not first:
+                    raise RuntimeError("the sampler ended inside a global batch") from None
+                self.epoch += 1
+                self.sampler.set_epoch(self.epoch)
+                self._it = None
+
+    def step(self) -> dict[str, Any]:
+        """One optimizer step over the next global batch; returns its record (module docstring)."""
         t0 = time.perf_counter()
-        waits_before = len(sampler.planner_waits)
-        opt.zero_grad(set_to_none=True)
+        waits_before = len(self.sampler.planner_waits)
+        self.opt.zero_grad(set_to_none=True)
         loss_local = torch.zeros((), dtype=torch.float64)
         groups: list[tuple[int, ...]] = []
         m, num_mb, num_tokens = 0, 1, 0
         while m < num_mb:
-            try:
-                batch = next(it)
-            except StopIteration:
-                if m:
-                    raise RuntimeError("the sampler ended inside a global batch") from None
-                epoch += 1
-                sampler.set_epoch(epoch)
-                it = iter(loader)
-                continue
+            batch = self._next_batch(first=m == 0)
             num_mb, num_tokens = int(batch["num_micro_batches"]), int(batch["num_tokens_global"])
             if int(batch["micro_batch"]) != m:
                 raise RuntimeError(f"expected micro-batch {m}, got {batch['micro_batch']}")
             groups.append(tuple(batch["ranks"]))
             if batch["ranks"] and batch["input_ids"].numel():
-                loss = _forward_loss(model, _to_device(batch, device), is_mllm)
+                loss = _forward_loss(self.model, _to_device(batch, self.device), self.is_mllm)
                 loss.backward()
                 loss_local += loss.detach().to(torch.float64).cpu()
             m += 1
-        loss_global = _reduce(model, loss_local, world)
-        opt.step()
-        degrees = _gather_groups(groups, world)
-        waits = sampler.planner_waits[waits_before:]
-        rec = {"step": step, "loss": loss_global, "num_tokens": num_tokens, "degrees": degrees,
+        loss_global = _reduce(self.model, loss_local, self.world)
+        self.opt.step()
+        degrees = _gather_groups(groups, self.world)
+        waits = self.sampler.planner_waits[waits_before:]
+        rec = {"step": self.num_steps, "loss": loss_global, "num_tokens": num_tokens, "degrees": degrees,
                "step_time_s": time.perf_counter() - t0, "planner_wait_s": float(sum(waits))}
+        self.num_steps += 1
+        return rec
+
+    def checksum(self) -> float:
+        with torch.no_grad():
+            return float(sum(p.double().sum().item() * (i + 1) for i, p in enumerate(self.model.parameters())))
+
+
+def train(cfg: TrainConfig) -> dict[str, Any]:
+    """Run ``cfg.steps`` optimizer steps on this rank (module docstring). Returns ``{"steps": [...],
+    "param_checksum": float, "params": {name: ndarray} (rank 0 with return_params), ...}``."""
+    tr = Trainer(cfg)
+    rank = tr.rank
+    if rank == 0 and cfg.verbose and not cfg.json_lines:
+        print(f"[fcp train] {tr.describe()}", flush=True)
+    records = []
+    for _ in range(cfg.steps):
+        rec = tr.step()
         records.append(rec)
-        if out_json:
+        if cfg.json_lines and rank == 0:
             print(json.dumps({k: rec[k] for k in ("step", "loss", "num_tokens", "degrees", "step_time_s")}),
                   flush=True)
         elif rank == 0 and cfg.verbose:
-            print(f"step {step:>3}  loss {loss_global:.6f}  tokens {num_tokens:>6}  plan {format_degrees(degrees)}  "
-                  f"step {rec['step_time_s'] * 1e3:7.1f} ms  planner wait {rec['planner_wait_s'] * 1e3:.2f} ms",
-                  file=sys.stdout, flush=True)
-    with torch.no_grad():
-        checksum = float(sum(p.double().sum().item() * (i + 1) for i, p in enumerate(model.parameters())))
-    result: dict[str, Any] = {"steps": records, "param_checksum": checksum, "rank": rank, "world": world,
-                              "tokens_per_rank": cost.tokens_per_rank, "data": data.description}
+            print(f"step {rec['step']:>3}  loss {rec['loss']:.6f}  tokens {rec['num_tokens']:>6}  plan "
+                  f"{format_degrees(rec['degrees'])}  step {rec['step_time_s'] * 1e3:7.1f} ms  planner wait "
+                  f"{rec['planner_wait_s'] * 1e3:.2f} ms", file=sys.stdout, flush=True)
+    result: dict[str, Any] = {"steps": records, "param_checksum": tr.checksum(), "rank": rank, "world": tr.world,
+                              "tokens_per_rank": tr.cost.tokens_per_rank, "data": tr.data.description}
     if cfg.return_params and rank == 0:
-        result["params"] = {n: p.detach().cpu().double().numpy().copy() for n, p in model.named_parameters()}
+        result["params"] = {n: p.detach().cpu().double().numpy().copy() for n, p in tr.model.named_parameters()}
     return result
 
 

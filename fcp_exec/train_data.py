@@ -48,16 +48,22 @@ class TrainData:
 
 
 class SyntheticText:
-    """``num`` documents of random ids in ``[10, vocab)`` with log-normal lengths in ``[min_len, max_len]``;
-    sample ``i`` is drawn from ``default_rng([seed, i])`` (deterministic in every process)."""
+    """``num`` documents of random ids in ``[10, vocab)`` with log-normal lengths in ``[min_len, max_len]``
+    (or exactly ``lengths``); sample ``i`` is drawn from ``default_rng([seed, i])`` (deterministic in every process)."""
 
-    def __init__(self, num: int = 24, *, seed: int = 0, min_len: int = 3, max_len: int = 160, vocab: int = 2000):
-        if not 2 <= min_len <= max_len:
-            raise ValueError(f"need 2 <= min_len <= max_len, got {min_len}, {max_len}")
-        rng = np.random.default_rng([seed, 7])
-        raw = rng.lognormal(np.log(max(min_len, max_len / 6)), 0.9, size=num)
-        self.lengths = np.clip(raw.astype(np.int64), min_len, max_len)
-        self.lengths[0] = max_len  # the long tail is always there
+    def __init__(self, num: int = 24, *, seed: int = 0, min_len: int = 3, max_len: int = 160, vocab: int = 2000,
+                 lengths=None):
+        if lengths is not None:
+            self.lengths = np.asarray(lengths, dtype=np.int64)
+            if self.lengths.ndim != 1 or self.lengths.size == 0 or self.lengths.min() < 2:
+                raise ValueError("synthetic lengths must be a non-empty list of integers >= 2")
+        else:
+            if not 2 <= min_len <= max_len:
+                raise ValueError(f"need 2 <= min_len <= max_len, got {min_len}, {max_len}")
+            rng = np.random.default_rng([seed, 7])
+            raw = rng.lognormal(np.log(max(min_len, max_len / 6)), 0.9, size=num)
+            self.lengths = np.clip(raw.astype(np.int64), min_len, max_len)
+            self.lengths[0] = max_len  # the long tail is always there
         self.seed, self.vocab = seed, vocab
 
     def __len__(self) -> int:
@@ -154,13 +160,13 @@ def _bundled_index(model: str, cache_dir: str | None) -> Path:
 
 
 def load_train_data(model: str, data: str | None = None, *, max_tokens: int = 2304, seed: int = 0,
-                    cache_dir: str | None = None, num_synthetic: int | None = None) -> TrainData:
+                    cache_dir: str | None = None, num_synthetic: int | None = None, lengths=None) -> TrainData:
     """The dataset a training run uses (module docstring)."""
     if max_tokens < 4:
         raise ValueError(f"max_tokens must be >= 4, got {max_tokens}")
     if data == "synthetic":
         if model == "tiny-llm":
-            base = SyntheticText(num_synthetic or 24, seed=seed, max_len=max_tokens)
+            base = SyntheticText(num_synthetic or 24, seed=seed, max_len=max_tokens, lengths=lengths)
             vis = np.zeros(len(base), dtype=bool)
             ds, lengths, dropped = _cap(base, base.lengths, vis, max_tokens)
             return TrainData(dataset=ds, lengths=lengths, pad_token_id=_SYN_PAD,
