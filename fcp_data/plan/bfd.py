@@ -30,6 +30,8 @@ def bfd_groups(lengths: np.ndarray, unit: float) -> list[list[int]]:
         raise ValueError(f"bin unit must be > 0, got {unit}")
     lengths = np.asarray(lengths)
     order = np.lexsort((np.arange(lengths.size), -lengths)).tolist()
+    if lengths.size and unit >= float(lengths.sum()):
+        return [order]  # what the loop below yields: the first bin holds everything
     values = lengths.tolist()
     groups: list[list[int]] = []
     rooms: list[float] = []  # headroom of the bins that have some, ascending
@@ -89,10 +91,11 @@ def lpt_labels(work: np.ndarray, lengths: np.ndarray, num_groups: int, capacity:
     load = np.zeros(K)
     tokens = np.zeros(K)
     if K >= 16:
+        free_of_capacity = float(lengths.sum()) <= capacity  # no group can overflow: skip the checks
         for start in range(0, n, K):
             idx = order[start:start + K]
             g = np.argsort(load, kind="stable")[: idx.size]
-            if np.all(tokens[g] + lengths[idx] <= capacity):
+            if free_of_capacity or np.all(tokens[g] + lengths[idx] <= capacity):
                 label[idx] = g
                 load[g] += work[idx]
                 tokens[g] += lengths[idx]

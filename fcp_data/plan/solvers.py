@@ -1,12 +1,15 @@
 """The FCP solver, the solver registry and :func:`plan_batch`, the one entry point (DESIGN §5).
 
-FCP on one micro-batch: for each bin unit of :func:`~fcp_data.plan.bfd.candidate_units` (the paper's
-``tokens_per_rank`` first, then finer units for light batches) run stage 1 (BFD) and stage 2 (exact
-allocation, any degree and powers of two), place the groups on real ranks and keep the plan with the
-smallest real makespan. ``fcp`` also evaluates the ``static-cp`` and ``megatron-dynamic`` plans and keeps
-them if they are better (cheap, and it guarantees FCP is never worse than a baseline whose configuration
-lies in its search space). ``fcp-dp`` is the same search with the paper's 2-D DP as stage 2 (same optimum
-per grouping, slower); ``fcp-pow2`` keeps only power-of-two degrees (FlexSP-like).
+FCP on one micro-batch searches over stage-1 groupings: BFD on memory with the paper's unit
+``tokens_per_rank`` and with units ``total/K`` (:func:`~fcp_data.plan.bfd.candidate_units`), and LPT on
+work into ``K`` groups (token packing ignores the quadratic attention; LPT balances it). Each grouping
+gets stage 2 (exact allocation, any degree and powers of two), is placed on real ranks, and the plan with
+the smallest real makespan wins; a local search then moves sequences out of the slowest group while that
+helps (:func:`refine_moves`, ranks fixed). ``fcp`` also evaluates the static-cp configuration (uniform
+degree ``N/K`` on the LPT groupings, identical to the ``static-cp`` baseline) and the
+``megatron-dynamic`` plan, so it is never worse than a baseline whose configuration lies in its search
+space. ``fcp-dp`` is the same search with the paper's 2-D DP as stage 2 (same optimum per grouping,
+slower); ``fcp-pow2`` keeps only power-of-two degrees (FlexSP-like).
 
 Determinism: every choice is a stable sort or an ``argmin`` with index tie-breaks, so identical inputs
 give identical plans on every rank; only ``solve_ms`` differs.
@@ -26,9 +29,9 @@ from fcp_data.plan.baselines import megatron_dynamic, static_cp, ulysses, work_p
 from fcp_data.plan.bfd import bfd_groups, candidate_units, group_aggregates_of, lpt_groups
 from fcp_data.plan.microbatch import plan_micro_batches
 from fcp_data.plan.placement import build_micro_batch, place_groups, placed_times
-from fcp_data.plan.types import MicroBatchPlan, Plan
+from fcp_data.plan.types import CPGroup, MicroBatchPlan, Plan
 
-__all__ = ["plan_batch", "SOLVERS", "SOLVER_NAMES", "fcp_micro_batch", "validate_inputs"]
+__all__ = ["plan_batch", "SOLVERS", "SOLVER_NAMES", "fcp_micro_batch", "refine_moves", "validate_inputs"]
 
 SOLVER_NAMES = ("fcp", "fcp-dp", "ilp", "exhaustive", "static-cp", "ulysses", "megatron-dynamic", "fcp-pow2")
 
@@ -59,9 +62,20 @@ def fcp_micro_batch(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_
     too) or ``"pow2"``; ``allocator``: ``"fast"`` or ``"dp"``."""
     alloc = {"fast": allocate_fast, "dp": allocate_dp}[allocator]
     pow2 = pow2_mask(num_ranks)
-    masks = [pow2] if degrees == "pow2" else [None, pow2]
+    # Tracks, each with its own incumbent so that pruning in one never changes another: "pow2" is exactly
+    # what fcp-pow2 computes, "uniform" exactly static-cp; FCP ends with the best of all (after refinement).
+    tracks = {"pow2": pow2} if degrees == "pow2" else {"any": None, "pow2": pow2}
     R = cost_model.ranks_per_node
-    best = None  # (makespan, groups, degrees, S, Q)
+    best: dict[str, tuple] = {}  # track -> (makespan, groups, degrees, S, Q)
+
+    def consider(track: str, value: float, deg: np.ndarray, groups, S, Q) -> None:
+        inc = best.get(track)
+        if inc is not None and not value < inc[0] * (1 + 1e-12):
+            return  # real makespan ≥ ideal value ≥ incumbent
+        span = float(placed_times(S, Q, place_groups(deg, num_ranks, R), cost_model).max())
+        if inc is None or span < inc[0]:
+            best[track] = (span, groups, deg, S, Q)
+
     seen: set[tuple[tuple[int, ...], ...]] = set()
     for groups, uniform in _candidate_groupings(lengths, etas, num_ranks, cost_model):
         if len(groups) > num_ranks:
@@ -72,43 +86,92 @@ def fcp_micro_batch(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_
         seen.add(key)
         S, Q = group_aggregates_of(groups, lengths, etas)
         table = time_table(S, Q, num_ranks, cost_model)
-        options: list[np.ndarray] = []
-        for mask in masks:
-            T = table if mask is None else np.where(mask[None, :], table, np.inf)
-            value, deg = alloc(T, num_ranks)
-            if deg is not None and (best is None or value < best[0] * (1 + 1e-12) or value == 0):
-                options.append(deg)
-        if uniform is not None and with_baselines and (degrees == "any" or pow2[uniform - 1]):
+        for track, mask in tracks.items():
+            value, deg = alloc(table if mask is None else np.where(mask[None, :], table, np.inf), num_ranks)
+            if deg is not None:
+                consider(track, value, deg, groups, S, Q)
+        if uniform is not None and with_baselines:
             value = float(table[:, uniform - 1].max())  # inf when memory fails
-            if np.isfinite(value) and (best is None or value < best[0] * (1 + 1e-12)):
-                options.append(np.full(len(groups), uniform, dtype=np.int64))
-        done: list[tuple[int, ...]] = []
-        for deg in options:
-            if tuple(deg) in done:
-                continue
-            done.append(tuple(deg))
-            ranks = place_groups(deg, num_ranks, R)
-            span = float(placed_times(S, Q, ranks, cost_model).max())
-            if best is None or span < best[0]:
-                best = (span, groups, deg, S, Q)
-    result = None
-    if best is not None:
-        result = build_micro_batch(best[1], best[2], best[3], best[4], num_ranks, cost_model)
+            if np.isfinite(value):
+                consider("uniform", value, np.full(len(groups), uniform, dtype=np.int64), groups, S, Q)
+    plans: list[tuple[MicroBatchPlan, bool]] = []  # (plan, refined)
+    for track in ("any", "pow2", "uniform"):
+        if track in best:
+            _, groups, deg, S, Q = best[track]
+            mb = build_micro_batch(groups, deg, S, Q, num_ranks, cost_model)
+            plans.append((refine_moves(mb, lengths, etas, cost_model), True) if track != "uniform" else (mb, False))
     if with_baselines:
-        for baseline in (megatron_dynamic,):  # static-cp is the uniform option of the LPT groupings
-            try:
-                mb = baseline(lengths, etas, num_ranks, cost_model)
-            except ValueError:
-                continue
-            if result is None or mb.makespan < result.makespan:
-                result = mb
-    if result is None:
+        try:
+            plans.append((megatron_dynamic(lengths, etas, num_ranks, cost_model), False))
+        except ValueError:
+            pass
+    if not plans:
         total = int(lengths.sum())
         need = sum(cost_model.min_degree(float(lengths[g].sum())) for g in map(np.asarray, bfd_groups(lengths, cost_model.tokens_per_rank)))
         raise ValueError(f"the micro-batch ({lengths.size} sequences, {total} tokens) does not fit on {num_ranks} "
                          f"ranks: its groups need {need} ranks at tokens_per_rank={cost_model.tokens_per_rank}; "
                          "split it into more micro-batches (micro_batches='auto')")
-    return result
+    plan, refined = min(plans, key=lambda p: p[0].makespan)  # first on ties: any, pow2, uniform, megatron
+    # a baseline plan won: refine it too (never increases the makespan)
+    return plan if refined else refine_moves(plan, lengths, etas, cost_model)
+
+
+def refine_moves(mb: MicroBatchPlan, lengths: np.ndarray, etas: np.ndarray, cost_model: CostModel,
+                 max_moves: int = 32) -> MicroBatchPlan:
+    """Local search on a plan with fixed ranks: move one sequence out of the slowest group into the group
+    where ``max(T_slowest', T_target')`` is smallest, while that is below ``T_slowest`` and memory holds.
+    Vectorised over (sequence of the slowest group × target group). Never increases the makespan."""
+    K = len(mb.groups)
+    if K < 2:
+        return mb
+    s = lengths.astype(np.float64)
+    q = (1.0 + etas) * s * s
+    label = np.empty(lengths.size, dtype=np.int64)
+    for g, grp in enumerate(mb.groups):
+        label[list(grp.seq_ids)] = g
+    d = np.array([g.degree for g in mb.groups], dtype=np.float64)
+    intra = np.array([cost_model.is_intra_node(g.ranks) for g in mb.groups])
+    cap = d * cost_model.tokens_per_rank
+    S = np.bincount(label, weights=s, minlength=K)
+    Q = np.bincount(label, weights=q, minlength=K)
+    T = np.atleast_1d(cost_model.time(S, Q, d, intra))
+    moved = False
+    for _ in range(max_moves):
+        b = int(np.argmax(T))
+        members = np.flatnonzero(label == b)
+        if members.size == 0:
+            break
+        sk, qk = s[members][:, None], q[members][:, None]
+        tb = np.atleast_1d(cost_model.time(S[b] - s[members], Q[b] - q[members], d[b], intra[b]))
+        tb = np.where(members.size == 1, 0.0, tb)  # an emptied group leaves its ranks idle
+        tg = cost_model.time(S[None, :] + sk, Q[None, :] + qk, d[None, :], intra[None, :])
+        tg = np.where(S[None, :] + sk <= cap[None, :], tg, np.inf)
+        tg[:, b] = np.inf
+        pair = np.maximum(tb[:, None], tg)
+        flat = int(np.argmin(pair))
+        i, g = divmod(flat, K)
+        if not pair[i, g] < T[b] * (1 - 1e-12):
+            break
+        k = int(members[i])
+        label[k] = g
+        S[b] -= s[k]; Q[b] -= q[k]; S[g] += s[k]; Q[g] += q[k]
+        T[b] = tb[i]
+        T[g] = tg[i, g]
+        moved = True
+    if not moved:
+        return mb
+    groups = []
+    for g, grp in enumerate(mb.groups):
+        stayed = [int(k) for k in grp.seq_ids if label[k] == g]
+        kept = set(stayed)
+        ids = tuple(stayed) + tuple(int(k) for k in np.flatnonzero(label == g) if int(k) not in kept)
+        if ids:
+            groups.append((grp.ranks, ids))
+    times = placed_times(np.array([s[list(i)].sum() for _, i in groups]), np.array([q[list(i)].sum() for _, i in groups]),
+                         [r for r, _ in groups], cost_model)
+    cp = tuple(CPGroup(ranks=r, seq_ids=i, time=float(t)) for (r, i), t in zip(groups, times))
+    out = MicroBatchPlan(groups=cp, makespan=float(max(times)))
+    return out if out.makespan <= mb.makespan else mb
 
 
 def _exact(name: str) -> Callable[..., tuple[MicroBatchPlan, bool | None]]:
