@@ -43,7 +43,7 @@ from typing import Any
 
 from fcp_data.cost import CostModel
 
-__all__ = ["ModelConfig", "HardwareSpec", "MODELS", "HARDWARE", "preset_cost_model", "describe_presets"]
+__all__ = ["ModelConfig", "HardwareSpec", "MODELS", "HARDWARE", "preset_cost_model", "describe_presets", "model_heads"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -210,5 +210,3 @@ def model_heads(model: str) -> tuple[int, int]:
     m = _lookup(MODELS, model, "model preset")
     return m.heads, m.kv_heads
 
-
-__all__.append("model_heads")

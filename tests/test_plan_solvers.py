@@ -137,3 +137,35 @@ def test_micro_batches_auto_and_fixed():
     assert plan.makespan <= fixed.makespan * (1 + 1e-9) or len(plan.micro_batches) + 1 > lo + 2
     with pytest.raises(ValueError, match="does not fit in 1 micro-batch"):
         plan_batch(lengths, num_ranks=8, cost_model=CM, micro_batches=1)
+
+
+def test_ulysses_time_by_hand():
+    """Ulysses all-to-all traffic: X_u = alpha3·(H+G)/G·S·(d−1)/d²/v, not overlapped with attention."""
+    S, Q, ranks = 40000.0, 40000.0 ** 2, (0, 1, 2, 3)
+    d, H, G = 4, 32, 8
+    X = CM.alpha3 * (H + G) / G * S * (d - 1) / d**2 / CM.bandwidth_intra
+    expect = CM.alpha1 * Q / d + CM.alpha2 * S / d + CM.beta1 + X + CM.beta2
+    got = ulysses_time(np.array([S]), np.array([Q]), [ranks], CM, num_heads=H, num_kv_heads=G)[0]
+    assert got == pytest.approx(expect, rel=1e-12)
+    one = ulysses_time(np.array([S]), np.array([Q]), [(5,)], CM, num_heads=H, num_kv_heads=G)[0]
+    assert one == pytest.approx(CM.alpha1 * Q + CM.alpha2 * S + CM.beta1, rel=1e-12)
+
+
+def test_refine_moves_never_hurts():
+    """The local search keeps every sequence once, keeps ranks, and never increases the makespan."""
+    from fcp_data.plan.baselines import static_cp
+    from fcp_data.plan.solvers import refine_moves
+
+    rng = np.random.default_rng(9)
+    for _ in range(30):
+        L = rng.integers(50, 6000, size=int(rng.integers(2, 50)))
+        N = int(rng.integers(2, 17))
+        L = np.maximum(1, L * min(1.0, N * CM.tokens_per_rank / L.sum())).astype(np.int64)
+        e = (rng.random(L.size) < 0.3).astype(float)
+        mb = static_cp(L, e, N, CM)
+        out = refine_moves(mb, L, e, CM)
+        assert sorted(out.seq_ids) == list(range(L.size))
+        assert out.makespan <= mb.makespan
+        assert {g.ranks for g in out.groups} <= {g.ranks for g in mb.groups}
+        for g in out.groups:
+            assert L[list(g.seq_ids)].sum() <= g.degree * CM.tokens_per_rank
