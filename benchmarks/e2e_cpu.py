@@ -1,0 +1,131 @@
+"""End-to-end step time on this machine: FCP plans vs static CP (degree 2) vs data parallel (degree 1).
+
+2 gloo processes train tiny-llm (float32) through FCPSampler → FCPCollator → ring attention → AdamW.
+The data: ``--copies`` copies of a heterogeneous pattern (one long document of ``--long`` tokens and
+``--num-short`` short ones, log-normal around 150 tokens), global batch = ``1 + num_short`` sequences, so
+a global batch holds on average one long document and many short ones (the sampler shuffles per epoch;
+every planner sees the same global batches in the same order because the samplers share the seed).
+
+Three trainers live in the same two processes and **alternate step by step** (fcp, static-cp:2,
+static-cp:1, fcp, ...), so machine noise hits all three alike; each step's time is the slowest rank's.
+The cost model is fitted on this machine first (``fcp profile`` code path, same run) unless ``--cost`` is
+given; its ``tokens_per_rank`` is set to ``--long`` so that data parallelism (degree 1) is allowed.
+
+Prints per planner: median / min step time, ratio to FCP, the plans used (⟨degree⟩×count per
+micro-batch), the §4 predicted makespan, and the planner wait per step (goal: zero).
+
+Run: ``python benchmarks/e2e_cpu.py`` (about 2–4 minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+PLANNERS = ("fcp", "static-cp:2", "static-cp:1")
+
+
+def bench_worker(cfgs: list, warmup: int, rounds: int) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    from fcp_exec.train import Trainer
+
+    trainers = [Trainer(c) for c in cfgs]
+    out = {c.planner: [] for c in cfgs}
+    for r in range(warmup + rounds):
+        for c, tr in zip(cfgs, trainers):
+            dist.barrier()
+            rec = tr.step()
+            t = torch.tensor([rec["step_time_s"], rec["planner_wait_s"]], dtype=torch.float64)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            rec["step_time_s"], rec["planner_wait_s"] = float(t[0]), float(t[1])
+            if r >= warmup:
+                out[c.planner].append(rec)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--long", type=int, default=4096)
+    ap.add_argument("--num-short", type=int, default=24)
+    ap.add_argument("--rounds", type=int, default=6, help="timed steps per planner (default 6)")
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--cost", default=None, help="cost JSON; default: fit one now with the profiler")
+    ap.add_argument("--profile-lens", default="256,512,1024,2048,4096")
+    args = ap.parse_args()
+
+    from fcp_data.cost import CostModel
+    from fcp_data.plan import plan_batch
+    from fcp_exec.launch import launch
+    from fcp_exec.profiler import format_fit, run_profile
+    from fcp_exec.train import TrainConfig, format_degrees, parse_planner
+
+    nproc = 2
+    print(f"# e2e_cpu: tiny-llm float32 on {nproc} gloo processes")
+    t0 = time.perf_counter()
+    if args.cost:
+        cost = CostModel.load(args.cost)
+        print(f"cost model from {args.cost}")
+    else:
+        lens = tuple(int(v) for v in args.profile_lens.split(","))
+        fit, raw = run_profile(nproc, seq_lens=lens, reps=2)
+        cost = fit.cost_model
+        print(f"## cost model fitted on this machine ({time.perf_counter() - t0:.0f} s)")
+        print(format_fit(fit))
+    cost = cost.replace(tokens_per_rank=args.long, ranks_per_node=nproc)
+
+    rng = np.random.default_rng(0)
+    copies = args.warmup + args.rounds
+    pattern = []
+    for _ in range(copies):
+        pattern.append(args.long)
+        pattern += np.clip(rng.lognormal(np.log(150), 0.6, args.num_short), 32, 512).astype(int).tolist()
+    lengths = tuple(int(v) for v in pattern)
+    gbs = 1 + args.num_short
+    cfgs = [TrainConfig(model="tiny-llm", data="synthetic", synthetic_lengths=lengths, max_tokens=args.long,
+                        global_batch_size=gbs, cost=cost.to_dict(), planner=p, steps=1, dtype="float32",
+                        verbose=False) for p in PLANNERS]
+    print(f"## data: {copies} global batches of {gbs} sequences ({sum(lengths) // copies} tokens on average; "
+          f"one {args.long}-token document per {gbs} sequences, the rest 32-512 tokens)")
+    t1 = time.perf_counter()
+    res = next(r for r in launch(bench_worker, nproc, cfgs, args.warmup, args.rounds) if r is not None)
+    print(f"## step times, alternating planners step by step ({time.perf_counter() - t1:.0f} s)")
+
+    # the sampler of one rank, to recompute each step's global batch and its predicted makespan
+    from fcp_data import FCPSampler
+
+    sampler = FCPSampler(np.array(lengths), num_ranks=nproc, rank=0, cost_model=cost, global_batch_size=gbs, seed=0)
+    ids = [sampler.global_batch_indices(g) for g in range(args.warmup, args.warmup + args.rounds)]
+    med = {}
+    print(f"{'planner':<13} {'median ms':>10} {'min ms':>8} {'vs fcp':>7} {'predicted ms':>13} "
+          f"{'wait med/max ms':>16}  plans (first 3 steps)")
+    for p in PLANNERS:
+        recs = res[p]
+        times = [r["step_time_s"] for r in recs]
+        waits = [r["planner_wait_s"] for r in recs]
+        med[p] = statistics.median(times)
+        solver, degree = parse_planner(p)
+        extra = {} if degree is None else {"degree": degree}
+        pred = statistics.median(plan_batch(np.array(lengths)[i], num_ranks=nproc, cost_model=cost, solver=solver,
+                                            micro_batches="auto", **extra).makespan for i in ids)
+        plans = "; ".join(format_degrees(r["degrees"]) for r in recs[:3])
+        print(f"{p:<13} {med[p] * 1e3:>10.1f} {min(times) * 1e3:>8.1f} {med[p] / med['fcp']:>7.2f} "
+              f"{pred * 1e3:>13.1f} {statistics.median(waits) * 1e3:>8.2f}/{max(waits) * 1e3:<7.2f}  {plans}")
+    longs = [int((np.array(lengths)[i] == args.long).sum()) for i in ids]
+    print(f"long documents per timed global batch: {longs}")
+    print(f"speed-up of FCP: {med['static-cp:2'] / med['fcp']:.2f}x over static CP (degree 2), "
+          f"{med['static-cp:1'] / med['fcp']:.2f}x over data parallel (degree 1)")
+    print(f"total {time.perf_counter() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
