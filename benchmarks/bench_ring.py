@@ -96,7 +96,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--heads", type=int, nargs=3, default=(8, 2, 64), metavar=("HQ", "HKV", "D"))
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float64"])
-    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=3)
     args = ap.parse_args(argv)
     with WorkerPool(2, pg_timeout=600, num_threads=1) as pool:
         r0, r1 = pool.run(bench_worker, args.tokens, tuple(args.heads), args.dtype, args.iters, timeout=3000)

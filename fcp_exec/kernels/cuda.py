@@ -54,6 +54,27 @@ def _pad8(x: torch.Tensor) -> torch.Tensor:
     return F.pad(x, (0, pad)) if pad else x
 
 
+_FA27_FWD = ("window_size_left", "window_size_right", "softcap", "alibi_slopes", "return_softmax")
+_FA27_BWD = ("window_size_left", "window_size_right", "softcap", "alibi_slopes", "deterministic", "rng_state")
+
+
+def _param_names(fn, fallback) -> tuple:
+    """Keyword names of a flash-attn entry point. From 2.7 the functions are wrapped as
+    ``torch.library.custom_op`` objects whose visible signature is ``(*args, **kwargs)``; the
+    original function is kept as ``_init_fn``. Unknown wrappers fall back to the 2.7+ names."""
+    for cand in (getattr(fn, "_init_fn", None), getattr(fn, "__wrapped__", None), fn):
+        if cand is None:
+            continue
+        try:
+            params = inspect.signature(cand).parameters
+        except (TypeError, ValueError):
+            continue
+        names = tuple(n for n, p in params.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
+        if len(names) > 10:
+            return names
+    return fallback
+
+
 def _window_kwargs(params) -> dict:
     if "window_size_left" in params:
         return {"window_size_left": -1, "window_size_right": -1}
@@ -81,7 +102,7 @@ class CudaKernel(AttentionKernel):
     # ------------------------------------------------------------------ flash-attn
     def _fa_forward(self, q, k, v, cu_q, cu_k, cq, ck, causal, scale, max_q, max_k):
         fn = self._fa._flash_attn_varlen_forward
-        params = inspect.signature(fn).parameters
+        params = _param_names(fn, _FA27_FWD)
         kwargs = {"dropout_p": 0.0, "softmax_scale": scale, "causal": causal, **_window_kwargs(params)}
         for name, value in (("softcap", 0.0), ("alibi_slopes", None), ("return_softmax", False)):
             if name in params:
@@ -89,6 +110,9 @@ class CudaKernel(AttentionKernel):
         d = q.shape[-1]
         res = fn(_pad8(q), _pad8(k), _pad8(v), cu_q, cu_k, max_q, max_k, **kwargs)
         out, lse = (res[0], res[1]) if len(res) == 4 else (res[0], res[5])
+        if tuple(lse.shape) != (q.shape[1], q.shape[0]):
+            raise RuntimeError(f"flash-attn returned softmax_lse of shape {tuple(lse.shape)}, expected "
+                               f"[H, T] = {(q.shape[1], q.shape[0])}; use flash-attn >= 2.4 or CudaKernel('sdpa')")
         out = out[..., :d].contiguous()
         lse = lse.float().contiguous()
         empty_rows_fixup(out, lse, cq, ck)
@@ -96,7 +120,7 @@ class CudaKernel(AttentionKernel):
 
     def _fa_backward(self, dout, q, k, v, out, lse, cu_q, cu_k, cq, ck, causal, scale, max_q, max_k):
         fn = self._fa._flash_attn_varlen_backward
-        params = inspect.signature(fn).parameters
+        params = _param_names(fn, _FA27_BWD)
         d = q.shape[-1]
         qp, kp, vp = _pad8(q), _pad8(k), _pad8(v)
         dq, dk, dv = torch.empty_like(qp), torch.empty_like(kp), torch.empty_like(vp)
