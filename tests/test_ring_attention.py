@@ -18,7 +18,7 @@ from fcp_exec.kernels import get_kernel
 from fcp_exec.testing import WorkerError, WorkerPool, dense_attention
 
 # max |ring − dense| allowed, relative to max |dense| of the same tensor (fp64: absolute).
-TOL = {"float64": 1e-9, "float32": 2e-5, "bfloat16": 3e-2}
+TOL = {"float64": 1e-9, "float32": 5e-6, "bfloat16": 2e-2}
 
 
 @pytest.fixture(scope="module")
@@ -121,8 +121,8 @@ def test_fp64_reference_kernel_degree3(pool4):
 
 @pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
 def test_low_precision_matches_dense(pool4, dtype_name):
-    """fp32 within 2e-5 and bf16 within 3e-2 (relative to max |dense|) at degree 3 and 1 at once;
-    fp32 accumulation keeps the ring as accurate as single-process attention in that dtype."""
+    """fp32 within 5e-6 and bf16 within 2e-2 relative to max |dense| (measured: 3e-7 and 5e-3) at
+    degrees 3 and 1 at once; fp32 accumulation keeps the ring as accurate as one process."""
     groups = GROUPINGS[3]
     reports = pool4.run(ring_case, [groups], [_lengths_for(groups, 11, max_chunks=6)], (4, 4, 16),
                         dtype_name, True, 13)
