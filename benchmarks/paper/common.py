@@ -72,8 +72,11 @@ class Ctx:
 
 @dataclass
 class Section:
+    """A report section; ``summary`` rows ``[experiment, paper, ours]`` go to the headline table."""
+
     title: str
     body: str
+    summary: list = field(default_factory=list)
 
 
 @dataclass
