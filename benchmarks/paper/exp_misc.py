@@ -217,17 +217,17 @@ def run_beyond(ctx: Ctx) -> Section:
         res = plan_systems(batches, model=MODEL, cost_model=cm, num_ranks=ranks, ctx=ctx,
                            label=f"beyond {ranks}", systems=("fcp", "static-cp", "megatron-dynamic", "fcp-pow2"))
         for i, b in enumerate(batches):
-            tag = "with the 1.82M doc" if i == len(batches) - 1 else f"random #{i}"
+            tag = f"with the {longest / 1e6:.2f}M doc" if i == len(batches) - 1 else f"random #{i}"
             f = res["fcp"].steps[i]
             rows.append([ranks, gbs, tag, f"{int(b.max()):,}", f"{f:.3f}",
                          *[f"{res[s].steps[i]:.3f} ({fmt_x(res[s].steps[i] / f)})" for s in ("static-cp", "megatron-dynamic", "fcp-pow2")],
                          f"{res['fcp'].solve_ms[i]:.0f}", res["fcp"].micro_batches[i]])
     plan_ms = [float(r[-2]) for r in rows if r[0] == 1024]
-    summary = [["Beyond: uncapped Wikipedia (≤ 1.82M tokens), 1024 ranks, GBS 4096", "—",
+    summary = [[f"Beyond: uncapped Wikipedia (≤ {longest / 1e6:.2f}M tokens), 1024 ranks, GBS 4096", "—",
                 f"FCP plans in {min(plan_ms) / 1e3:.1f}–{max(plan_ms) / 1e3:.1f} s on this CPU; speedups in the section"]]
     body = f"""The Wikipedia file without a cap (longest document {longest:,} tokens, which needs
 {cm.min_degree(longest)} ranks of {cm.tokens_per_rank:,} tokens), {MODEL} on {HARDWARE}. Random batches (seed
-{ctx.seed}+ranks) rarely hold a >128K document (49 of 1M are), so the last row of each size forces the longest one
+{ctx.seed}+ranks) rarely hold a >128K document ({int((wiki > CAP).sum())} of {wiki.size:,} are), so the last row of each size forces the longest one
 into the batch. Planner latency is the wall time of `plan_batch(..., solver="fcp", micro_batches="auto")` on this
 machine (one run each, not a median). "static CP" here re-chooses its degree per micro-batch (a fixed degree would
 have to be ≥ {cm.min_degree(longest)} for every batch); Ulysses is absent because its degree is bounded by the

@@ -75,6 +75,11 @@ def run_figure4_6(ctx: Ctx) -> Section:
         f"Ulysses, {rng(fr, dur, 'megatron-dynamic')} vs Megatron dyn-CP" for fr in (False, True))
 
     fig = _plot(ctx, speed)
+    from fcp_data.specs import load_spec
+
+    fixed_frames = load_spec("internvl3").vision["video"]["num_frames"]
+    fixed_all = np.concatenate([pools[("internvl3", w)][0] for w in VIDEO_WORKLOADS])
+    fixed_lo, fixed_hi = int(fixed_all.min()), int(fixed_all.max())
     spec_rows = [[f"{w}", *[f"{np.mean(pools[(v, w)][0]):,.0f} (p99 {np.quantile(pools[(v, w)][0], 0.99):,.0f})"
                             for v in ("qwen3-vl", "internvl3", "internvl3-1fps")],
                   f"{pools[('qwen3-vl', w)][1]:.3f}", VIDEO_WORKLOADS[w].source] for w in VIDEO_WORKLOADS]
@@ -85,9 +90,10 @@ def run_figure4_6(ctx: Ctx) -> Section:
 
 Clip token lengths come from the bundled token specs (`fcp_data.specs`, the same code `fcp index` runs on a real
 clip's header). Qwen3-VL presets use `qwen3-vl` (2 frames/s, 16-px patches, 2×2 merge, timestamps); InternVL presets
-use `internvl3` exactly as bundled (**32 frames for every clip** → every clip has ~8.5K tokens) and, as a second row,
-a duration-dependent variant `internvl3-1fps` (1 frame/s clamped to 8–64 frames; an assumption about the paper's
-frame sampling, which must vary with duration for its InternVL speedups to exist).
+use `internvl3` exactly as bundled (**{fixed_frames} frames for every clip** → every clip has
+{fixed_lo:,}–{fixed_hi:,} tokens) and, as a second row, a duration-dependent variant `internvl3-1fps`
+({INTERNVL_VARIABLE[0]:g} frame/s clamped to {INTERNVL_VARIABLE[1]}–{INTERNVL_VARIABLE[2]} frames; an assumption about the
+paper's frame sampling, which must vary with duration for its InternVL speedups to exist).
 
 {md_table(["workload", "qwen3-vl tokens", "internvl3 tokens", "internvl3-1fps tokens", "visual share", "clip statistics"], spec_rows)}
 
