@@ -186,6 +186,9 @@ def load_train_data(model: str, data: str | None = None, *, max_tokens: int = 23
     visual = np.asarray(index.num_visual_tokens, dtype=np.int64) > 0 if base.placeholder_ids else np.zeros(lengths.size, bool)
     if model == "tiny-llm" and visual.any():
         raise ValueError(f"index {path} holds images/videos; train it with --model tiny-mllm")
+    if model == "tiny-mllm" and not base.placeholder_ids:
+        raise ValueError(f"index {path} was built with the text spec {base.spec.name!r}; tiny-mllm needs an index "
+                         "built with a vision spec (e.g. `fcp index ... --spec qwen2-vl`), or use --model tiny-llm")
     ds, capped, dropped = _cap(base, lengths, visual, max_tokens)
     if capped.size == 0:
         raise ValueError(f"no sample of {path} fits max_tokens={max_tokens}; raise --max-tokens")

@@ -1,0 +1,147 @@
+"""The pieces around the e2e runs: training datasets, the built-in cost model, planner parsing, the
+process launcher (errors reach the caller), the bundled-sample path of `fcp train`, and a short real
+`fcp profile` whose output loads as a CostModel and plans."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from fcp_data.cost import CostModel
+from fcp_exec.launch import launch
+from fcp_exec.train import builtin_cost_model, format_degrees, parse_planner
+from fcp_exec.train_data import SyntheticText, SyntheticVideo, load_train_data
+
+
+def test_synthetic_data_is_deterministic_and_consistent():
+    """Same seed → same samples in any process; lengths (what the sampler plans with) equal the samples'
+    real lengths; placeholders equal grid_thw's token count (what the collator checks)."""
+    a, b = SyntheticVideo(12, seed=3), SyntheticVideo(12, seed=3)
+    for i in range(len(a)):
+        sa, sb = a[i], b[i]
+        assert torch.equal(sa["input_ids"], sb["input_ids"])
+        assert sa["input_ids"].numel() == a.lengths[i]
+        if "grid_thw" in sa:
+            assert torch.equal(sa["pixel_values"], sb["pixel_values"])
+            assert int((sa["input_ids"] == 5).sum()) == int(sa["grid_thw"].prod()) // 4
+    assert any("grid_thw" not in a[i] for i in range(len(a))), "need text-only samples (ranks without visual tokens)"
+    t = SyntheticText(lengths=[5, 9, 2])
+    assert [t[i]["input_ids"].numel() for i in range(3)] == [5, 9, 2]
+
+
+def test_capping_truncates_text_and_drops_long_multimodal():
+    """max_tokens: text truncated (length == cap), multimodal samples over the cap left out and counted."""
+    d = load_train_data("tiny-llm", "synthetic", max_tokens=40, seed=0)
+    assert d.lengths.max() == 40 and all(d.dataset[i]["input_ids"].numel() == d.lengths[i] for i in range(len(d.lengths)))
+    from fcp_exec.train_data import _cap
+
+    base = SyntheticVideo(16, max_len=160)
+    visual = np.array([s[0] > 0 for s in base.samples])
+    ds, lengths, dropped = _cap(base, base.lengths, visual, 50)
+    assert dropped == int((visual & (base.lengths > 50)).sum()) >= 1
+    assert len(ds) == lengths.size == 16 - dropped and all(ds[i]["input_ids"].numel() == lengths[i] for i in range(len(ds)))
+
+
+def test_bundled_text_index_loads(tmp_path):
+    """Default data of tiny-llm: the bundled text indexed with the real `fcp index` code path, then read
+    back with the readers; lengths agree with the samples."""
+    d = load_train_data("tiny-llm", None, max_tokens=512, cache_dir=str(tmp_path))
+    assert len(d.lengths) == 320 and d.lengths.max() == 512 and d.visual_token_ids == ()
+    for i in (0, 5, 100):
+        assert d.dataset[i]["input_ids"].numel() == d.lengths[i]
+    with pytest.raises(ValueError, match="tiny-mllm"):
+        load_train_data("tiny-mllm", str(tmp_path / "index-text"))
+
+
+def test_builtin_cost_model_makes_mixed_plans():
+    """On the synthetic set, the built-in model's plans on 3 ranks hold degree-1 and degree>1 groups."""
+    from fcp_data.plan import plan_batch
+
+    data = load_train_data("tiny-llm", "synthetic", max_tokens=160)
+    cm = builtin_cost_model(160, 3)
+    assert cm.tokens_per_rank == 80 and builtin_cost_model(160, 1).tokens_per_rank == 160
+    plan = plan_batch(data.lengths, num_ranks=3, cost_model=cm, micro_batches="auto")
+    degs = [g.degree for mb in plan.micro_batches for g in mb.groups]
+    assert max(degs) > 1 and min(degs) == 1
+
+
+def test_parse_planner_and_format():
+    assert parse_planner("fcp") == ("fcp", None) and parse_planner("static-cp:2") == ("static-cp", 2)
+    for bad in ("nope", "fcp:2", "static-cp:x", "static-cp:0"):
+        with pytest.raises(ValueError):
+            parse_planner(bad)
+    assert format_degrees([[2, 1, 1], [1, 1, 1, 1]]) == "⟨2⟩×1 ⟨1⟩×2 | ⟨1⟩×4"
+
+
+def _fails_on_rank_1(x):
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        raise ArithmeticError(f"boom {x}")
+    return dist.get_rank() * x
+
+
+def _ok(x):
+    import torch.distributed as dist
+
+    t = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    return float(t[0]) * x
+
+
+def test_launcher_results_and_errors():
+    """launch() returns per-rank values of a collective; a worker exception reaches the caller with its
+    traceback (never a hang)."""
+    assert launch(_ok, 2, 10.0, timeout=120) == [30.0, 30.0]
+    with pytest.raises(RuntimeError, match="boom 7"):
+        launch(_fails_on_rank_1, 2, 7, timeout=120)
+
+
+def test_short_real_profile_gives_loadable_cost_model(tmp_path):
+    """`fcp profile` on 2 processes (tiny grid): measured vs predicted table, a JSON that CostModel.load and
+    `fcp plan --cost` accept, and a plot. Measured times are noisy; the fit must still be well-formed."""
+    out, png = tmp_path / "cost.json", tmp_path / "fit.png"
+    cmd = [sys.executable, "-m", "fcp_data.cli", "profile", "--nproc", "2", "--seq-lens", "64,128,256",
+           "--reps", "1", "--out", str(out), "--plot", str(png), "--tokens-per-rank", "256"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "mean error" in r.stdout and "P2P bandwidth" in r.stdout
+    cm = CostModel.load(out)
+    assert cm.tokens_per_rank == 256 and cm.ranks_per_node == 2 and cm.bandwidth_intra > 0
+    assert png.stat().st_size > 1000
+    lengths = tmp_path / "l.txt"
+    lengths.write_text("300\n20\n40\n")
+    p = subprocess.run([sys.executable, "-m", "fcp_data.cli", "plan", "--lengths", str(lengths), "--ranks", "2",
+                        "--cost", str(out), "--json"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert sorted(json.loads(p.stdout)["micro_batches"][0]["groups"][0]["seq_ids"] +
+                  [s for g in json.loads(p.stdout)["micro_batches"][0]["groups"][1:] for s in g["seq_ids"]]) == [0, 1, 2]
+
+
+@pytest.mark.slow
+def test_demo_runs(tmp_path):
+    """`python -m fcp_data.demo` end to end (what `make demo` runs) writes the Gantt chart and indexes."""
+    r = subprocess.run([sys.executable, "-m", "fcp_data.demo", "--out", str(tmp_path / "d"), "--steps", "2"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert (tmp_path / "d" / "gantt.png").stat().st_size > 1000
+    assert "step   1" in r.stdout and "parameters identical on all 2 ranks: yes" in r.stdout
+
+
+def test_train_cli_bundled_text_human_output(tmp_path):
+    """`fcp train` on the bundled text (default data) prints one line per step with the plan and ends with
+    the agreement check of all ranks' weights."""
+    env = {**__import__("os").environ, "FCP_CACHE": str(tmp_path)}
+    r = subprocess.run([sys.executable, "-m", "fcp_data.cli", "train", "--nproc", "2", "--steps", "2",
+                        "--max-tokens", "256", "--global-batch-size", "6"],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("step ")]
+    assert len(lines) == 2 and all("plan ⟨" in ln and "planner wait" in ln for ln in lines)
+    assert "parameters identical on all 2 ranks: yes" in r.stdout
+    assert np.isfinite(float(lines[0].split("loss")[1].split()[0]))
