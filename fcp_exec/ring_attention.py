@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from fcp_exec.comm import RingComm
-from fcp_exec.kernels import AttentionKernel, default_kernel
+from fcp_exec.kernels import AttentionKernel, default_kernel, get_kernel
 from fcp_exec.kernels.base import lse_dtype_for
 from fcp_exec.layout import check_cu_seqlens
 
@@ -158,7 +158,7 @@ class _RingAttentionFn(torch.autograd.Function):
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens, *, ranks,
                    causal: bool = True, softmax_scale: float | None = None,
-                   kernel: AttentionKernel | None = None, timeout=None, group=None) -> torch.Tensor:
+                   kernel: AttentionKernel | str | None = None, timeout=None, group=None) -> torch.Tensor:
     """Attention of zigzag-sharded packed documents across the logical CP group ``ranks``.
 
     ``q`` ``[T_local, H_q, D]``, ``k``/``v`` ``[T_local, H_kv, D]`` (GQA when ``H_kv < H_q``),
@@ -167,7 +167,8 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
     group in ring order (this rank included; every member must make the same call with the same
     ``ranks`` and local ``cu_seqlens``). Returns ``out`` ``[T_local, H_q, D]`` in ``q``'s dtype,
     differentiable in ``q``, ``k``, ``v``. ``degree == 1`` runs the local kernel with no
-    communication. ``kernel`` defaults to :func:`fcp_exec.kernels.default_kernel`; ``timeout``
+    communication. ``kernel`` (an :class:`AttentionKernel` or a name for
+    :func:`fcp_exec.kernels.get_kernel`) defaults to :func:`fcp_exec.kernels.default_kernel`; ``timeout``
     (seconds) bounds every P2P wait (see :mod:`fcp_exec.comm`); ``group`` is the base process group
     the P2P runs on (default: world).
     """
@@ -186,5 +187,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
     scale = float(softmax_scale) if softmax_scale is not None else q.shape[-1] ** -0.5
     if kernel is None:
         kernel = default_kernel(q.device, q.dtype)
+    elif isinstance(kernel, str):
+        kernel = get_kernel(kernel)
     plan = _Plan(cu, comm.degree, comm.cp_rank, bool(causal), q.device)
     return _RingAttentionFn.apply(q, k, v, plan, comm, scale, kernel)

@@ -4,6 +4,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 
 from fcp_exec import zigzag_index, zigzag_shard, zigzag_unshard
@@ -100,3 +102,20 @@ def test_errors_name_the_document():
         check_cu_seqlens([0, 8, 4])
     with pytest.raises(ValueError, match="expected 2 shards"):
         zigzag_unshard([torch.zeros(4)], [0, 8], 2)
+
+
+@settings(max_examples=60, deadline=None)
+@given(degree=st.integers(1, 8), chunks=st.lists(st.integers(0, 4), min_size=1, max_size=6))
+def test_round_trip_property(degree, chunks):
+    """Hypothesis: for any degree 1..8 and any document chunk counts, unshard(shard) is the
+    identity, every rank gets T/degree tokens, and the local cu_seqlens is cu_seqlens // degree."""
+    cu = [0]
+    for c in chunks:
+        cu.append(cu[-1] + 2 * degree * c)
+    x = torch.arange(cu[-1] * 2).reshape(cu[-1], 2)
+    shards = []
+    for r in range(degree):
+        xl, cul = zigzag_shard(x, cu, degree, r)
+        assert xl.shape[0] == cu[-1] // degree and cul.tolist() == [c // degree for c in cu]
+        shards.append(xl)
+    assert torch.equal(zigzag_unshard(shards, cu, degree), x)
