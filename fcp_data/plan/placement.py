@@ -35,26 +35,29 @@ def place_groups(degrees: list[int] | np.ndarray, num_ranks: int, ranks_per_node
     out: list[tuple[int, ...] | None] = [None] * len(degrees)
     order = sorted(range(len(degrees)), key=lambda g: (-degrees[g], g))
 
+    count = np.array([len(f) for f in free], dtype=np.int64)  # free ranks per node
+
     def take(node: int, k: int) -> list[int]:
         got, free[node] = free[node][:k], free[node][k:]
+        count[node] -= len(got)
         return got
 
     for g in order:
         need = degrees[g]
         ranks: list[int] = []
         if need > R:
-            for n in range(num_nodes):
-                if need >= R and len(free[n]) == R:
-                    ranks += take(n, R)
-                    need -= R
+            for n in np.flatnonzero(count == R).tolist():  # whole free nodes, lowest first
+                if need < R:
+                    break
+                ranks += take(n, R)
+                need -= R
         if need > 0:
-            fits = [n for n in range(num_nodes) if len(free[n]) >= need]
-            if fits:
-                n = min(fits, key=lambda n: (len(free[n]), n))
-                ranks += take(n, need)
-            else:
-                for n in sorted(range(num_nodes), key=lambda n: (-len(free[n]), n)):
-                    k = min(need, len(free[n]))
+            fits = np.flatnonzero(count >= need)
+            if fits.size:  # best fit: fewest free ranks that still hold it, lowest node on ties
+                ranks += take(int(fits[np.argmin(count[fits])]), need)
+            else:  # spread over the nodes with most free ranks
+                for n in np.lexsort((np.arange(num_nodes), -count)).tolist():
+                    k = min(need, int(count[n]))
                     ranks += take(n, k)
                     need -= k
                     if need == 0:
