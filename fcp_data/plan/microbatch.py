@@ -63,16 +63,18 @@ def split_micro_batches(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, c
     return out
 
 
-def _solve_split(split: list[np.ndarray], solve_one: SolveOne, swallow: bool = True
+def _solve_split(split: list[np.ndarray], solve_one: SolveOne, swallow: bool = True, errors: list[str] | None = None
                  ) -> tuple[list[MicroBatchPlan], bool | None] | None:
     plans: list[MicroBatchPlan] = []
     optimal: bool | None = None
     for ids in split:
         try:
             mb, opt = solve_one(ids)
-        except ValueError:
+        except ValueError as e:
             if not swallow:
                 raise
+            if errors is not None:
+                errors.append(str(e))
             return None
         groups = tuple(CPGroup(ranks=g.ranks, seq_ids=tuple(int(ids[s]) for s in g.seq_ids), time=g.time) for g in mb.groups)
         plans.append(MicroBatchPlan(groups=groups, makespan=mb.makespan))
@@ -82,11 +84,13 @@ def _solve_split(split: list[np.ndarray], solve_one: SolveOne, swallow: bool = T
 
 
 def plan_micro_batches(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: CostModel,
-                       solve_one: SolveOne, micro_batches: int | str = "auto", *, extra: int = 2
-                       ) -> tuple[list[MicroBatchPlan], bool | None]:
-    """Plan a global batch; ``solve_one(ids)`` plans the sub-batch ``lengths[ids]`` (local seq ids)."""
+                       solve_one: SolveOne, micro_batches: int | str = "auto", *, extra: int = 2,
+                       max_search: int = 16) -> tuple[list[MicroBatchPlan], bool | None]:
+    """Plan a global batch; ``solve_one(ids)`` plans the sub-batch ``lengths[ids]`` (local seq ids).
+    ``auto`` looks for the first fitting ``M`` among ``⌈Σs/(N·E)⌉ … +max_search``, then ``extra`` more."""
     n = lengths.size
     lo = min_micro_batches(lengths, num_ranks, cost_model)
+    errors: list[str] = []
     if micro_batches != "auto":
         if isinstance(micro_batches, bool) or not isinstance(micro_batches, (int, np.integer)) or micro_batches < 1:
             raise ValueError(f"micro_batches must be a positive int or 'auto', got {micro_batches!r}")
@@ -106,11 +110,11 @@ def plan_micro_batches(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, co
     best: tuple[list[MicroBatchPlan], bool | None] | None = None
     best_cost = math.inf
     first_fit: int | None = None
-    for M in range(lo, n + 1):
+    for M in range(lo, min(n, lo + max_search) + 1):
         if first_fit is not None and M > first_fit + extra:
             break
         split = split_micro_batches(lengths, etas, num_ranks, cost_model, M)
-        solved = _solve_split(split, solve_one) if split is not None else None
+        solved = _solve_split(split, solve_one, errors=errors) if split is not None else None
         if solved is None:
             continue
         if first_fit is None:
@@ -119,6 +123,7 @@ def plan_micro_batches(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, co
         if cost < best_cost:
             best, best_cost = solved, cost
     if best is None:
+        why = f"; the solver said: {errors[-1]}" if errors else ""
         raise ValueError(f"no split of the batch ({n} sequences) into micro-batches fits {num_ranks} ranks × "
-                         f"{cost_model.tokens_per_rank} tokens_per_rank")
+                         f"{cost_model.tokens_per_rank} tokens_per_rank{why}")
     return best
