@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 __all__ = ["main", "UsageError", "COMMANDS"]
@@ -64,6 +65,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"fcp {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # `fcp presets | head`: the reader went away; not an error of ours.
+        try:
+            sys.stdout = open(os.devnull, "w")
+        except OSError:
+            pass
+        return 0
     return int(rc or 0)
 
 
