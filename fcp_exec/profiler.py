@@ -4,7 +4,8 @@ Measurement (:func:`profile_worker`, on every rank of a real process group): for
 (sequence length ``s``, degree ``d``), ``world // d`` concurrent CP groups of degree ``d`` each run
 forward + backward of the model (tiny-llm, or one transformer layer shaped like a preset model) on one
 document of ``s`` tokens, zigzag-sharded, with ring attention; the point's time is the median over
-repetitions of the slowest rank. The bandwidth is measured by a P2P ping-pong between ranks 0 and 1.
+repetitions of the slowest rank, and every repetition sweeps the whole grid (noise of a shared machine
+spreads over all points instead of biasing a few). The bandwidth is measured by a P2P ping-pong between ranks 0 and 1.
 
 Fit (:func:`fit_cost_model`). With ``S = s``, ``Q = (1+η)s²`` the §4 group time is::
 
@@ -299,7 +300,8 @@ def profile_worker(model: str = "tiny-llm", layer_like: str | None = None, seq_l
     if max(degrees) > world or min(degrees) < 1:
         raise ValueError(f"degrees {degrees} must lie in 1..{world} (the number of processes)")
     gen = torch.Generator().manual_seed(seed)
-    points = []
+    lm = net.llm if is_mllm else net
+    grid = []  # (seq_len, degree, group or None, local tensors)
     for d in degrees:
         groups = [tuple(range(i * d, (i + 1) * d)) for i in range(world // d)]
         mine = next((g for g in groups if rank in g), None)
@@ -308,33 +310,39 @@ def profile_worker(model: str = "tiny-llm", layer_like: str | None = None, seq_l
             ids = torch.randint(10, cfg.vocab_size, (s_pad,), generator=gen)
             labels = torch.randint(10, cfg.vocab_size, (s_pad,), generator=gen)
             cu = torch.tensor([0, s_pad], dtype=torch.int32)
-            times = []
+            local = None
             if mine:
                 cp = mine.index(rank)
-                (ids_l, pos_l, lab_l), cu_l = [zigzag_shard(x, cu, d, cp)[0] for x in
-                                               (ids, torch.arange(s_pad), labels)], zigzag_shard(ids, cu, d, cp)[1]
-                ids_l, pos_l, lab_l, cu_l = (x.to(device) for x in (ids_l, pos_l, lab_l, cu_l))
-            for r in range(warmup + reps):
-                if world > 1:
-                    dist.barrier()
-                t0 = time.perf_counter()
-                if mine:
-                    lm = net.llm if is_mllm else net
-                    logits = lm(ids_l, pos_l, cu_l, mine)
-                    torch.nn.functional.cross_entropy(logits.float(), lab_l, reduction="sum").backward()
-                    net.zero_grad(set_to_none=True)
-                    if device.type == "cuda":
-                        torch.cuda.synchronize(device)
-                if r >= warmup:
-                    times.append(time.perf_counter() - t0)
-            med = statistics.median(times) if mine else 0.0
+                shards = [zigzag_shard(x, cu, d, cp)[0].to(device) for x in (ids, torch.arange(s_pad), labels)]
+                local = (*shards, zigzag_shard(ids, cu, d, cp)[1].to(device))
+            grid.append((s_pad, d, mine, local))
+    # every repetition sweeps the whole grid, so slow phases of a shared machine hit all points alike
+    times = [[] for _ in grid]
+    for r in range(warmup + reps):
+        for i, (s_pad, d, mine, local) in enumerate(grid):
             if world > 1:
-                t = torch.tensor([med], dtype=torch.float64)
+                dist.barrier()
+            t0 = time.perf_counter()
+            if mine:
+                ids_l, pos_l, lab_l, cu_l = local
+                logits = lm(ids_l, pos_l, cu_l, mine)
+                torch.nn.functional.cross_entropy(logits.float(), lab_l, reduction="sum").backward()
+                net.zero_grad(set_to_none=True)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+            dt = time.perf_counter() - t0 if mine else 0.0
+            if world > 1:  # the group's (and micro-batch's) time is its slowest rank's
+                t = torch.tensor([dt], dtype=torch.float64)
                 dist.all_reduce(t, op=dist.ReduceOp.MAX)
-                med = float(t[0])
-            points.append({"seq_len": s_pad, "degree": d, "time_s": med, "eta": 0.0})
-            if rank == 0:
-                print(f"  measured seq_len {s_pad:>6} degree {d}: {med * 1e3:8.2f} ms", flush=True)
+                dt = float(t[0])
+            if r >= warmup:
+                times[i].append(dt)
+    points = []
+    for (s_pad, d, _, _), ts in zip(grid, times):
+        med = statistics.median(ts)
+        points.append({"seq_len": s_pad, "degree": d, "time_s": med, "eta": 0.0})
+        if rank == 0:
+            print(f"  measured seq_len {s_pad:>6} degree {d}: {med * 1e3:8.2f} ms (median of {len(ts)})", flush=True)
     return {"points": points, "bandwidth": bandwidth, "alpha3_default": kv, "bytes_per_token": act,
             "memory_bytes": _device_memory(device), "world": world,
             "layers": getattr(cfg, "num_layers", 1)}
