@@ -15,6 +15,8 @@ _LAZY = {
     "FCPDataset": "fcp_data.sampler",
     "FCPCollator": "fcp_data.collator",
     "LengthIndex": "fcp_data.index",
+    "IndexedDataset": "fcp_data.readers",
+    "plan_batch": "fcp_data.plan",
 }
 
 __all__ = ["CostModel", "CPGroup", "MicroBatchPlan", "Plan", *_LAZY]
