@@ -93,8 +93,10 @@ def plot_simulation(path: str, means: dict[str, float], plan, title: str) -> Non
     mb = plan.micro_batches[0]
     cmap = plt.get_cmap("tab20")
     for k, g in enumerate(sorted(mb.groups, key=lambda g: g.ranks[0])):
-        for r in g.ranks:
-            ax2.barh(r, g.time, left=0.0, height=0.9, color=cmap(k % 20), edgecolor="none")
+        ax2.barh(list(g.ranks), [g.time] * g.degree, left=0.0, height=1.0, color=cmap(k % 20), edgecolor="none")
+        if g.degree >= 2 or len(mb.groups) <= 16:
+            ax2.text(g.time * 0.02, sum(g.ranks) / g.degree, f"⟨{g.degree}⟩ {len(g.seq_ids)} seqs",
+                     va="center", fontsize=7)
     ax2.axvline(mb.makespan, color="k", linestyle="--", linewidth=1)
     ax2.set_xlabel("time [s]")
     ax2.set_ylabel("rank")
