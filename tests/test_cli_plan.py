@@ -133,3 +133,22 @@ def test_console_entry_point_exit_code(tmp_path):
     r = subprocess.run([sys.executable, "-m", "fcp_data.cli", "plan", "--lengths", str(p), "--ranks", "2", *PRESET],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "Traceback" not in r.stderr and "must be > 0" in r.stderr
+
+
+def test_plan_identical_across_processes(tmp_path):
+    """Two processes with different hash seeds print the same plan (only solve_ms may differ): the
+    sampler plans independently on every rank and the plans must match bit for bit."""
+    import os
+
+    p = tmp_path / "l.npy"
+    np.save(p, np.random.default_rng(3).lognormal(7, 1.6, size=300).astype(np.int64) + 1)
+    outs = []
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        r = subprocess.run([sys.executable, "-m", "fcp_data.cli", "plan", "--lengths", str(p), "--ranks", "24",
+                            *PRESET, "--micro-batches", "auto", "--json"], capture_output=True, text=True, env=env)
+        assert r.returncode == 0, r.stderr
+        d = json.loads(r.stdout)
+        d.pop("solve_ms")
+        outs.append(d)
+    assert outs[0] == outs[1]
