@@ -25,7 +25,7 @@ import time
 import traceback
 from typing import Any, Callable
 
-__all__ = ["launch", "default_backend", "current_device", "in_torchrun", "dist_info"]
+__all__ = ["launch", "resolve_nproc", "default_backend", "current_device", "in_torchrun", "dist_info"]
 
 
 _PRELOAD = ["torch", "torch.distributed", "fcp_exec.launch", "fcp_exec.train", "fcp_exec.ring_attention",
@@ -34,6 +34,19 @@ _PRELOAD = ["torch", "torch.distributed", "fcp_exec.launch", "fcp_exec.train", "
 
 def in_torchrun() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
+
+
+def resolve_nproc(nproc: int | None, default: int = 2) -> int:
+    """The ``--nproc`` of a command: torchrun's ``WORLD_SIZE`` under torchrun, else ``nproc`` or ``default``."""
+    if in_torchrun():
+        world = int(os.environ["WORLD_SIZE"])
+        if nproc not in (None, world):
+            raise ValueError(f"running under torchrun with WORLD_SIZE={world}; drop --nproc or pass {world}")
+        return world
+    nproc = default if nproc is None else nproc
+    if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
+        raise ValueError(f"--nproc must be a positive integer, got {nproc!r}")
+    return nproc
 
 
 def default_backend() -> str:

@@ -370,6 +370,7 @@ def run_profile(nproc: int, *, model: str = "tiny-llm", layer_like: str | None =
     bandwidth = raw["bandwidth"] or 1e10  # one process: no ring, the value is never used by a degree-1 plan
     fit = fit_cost_model(points, bandwidth_intra=bandwidth, ranks_per_node=max(1, raw["world"]),
                          tokens_per_rank=tokens_per_rank, alpha3_default=raw["alpha3_default"])
+    raw["layers_scaled"] = layers
     if layers > 1:
         cm = fit.cost_model
         scaled = cm.replace(**{k: getattr(cm, k) * layers for k in _NAMES})

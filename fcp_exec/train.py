@@ -18,14 +18,12 @@ step on stdout and nothing else there).
 from __future__ import annotations
 
 import json
-import math
 import sys
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from fcp_data.cost import CostModel

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import math
 
 import numpy as np
 import pytest
 
 from fcp_data.cost import CostModel
-from fcp_exec.profiler import FitResult, ProfilePoint, fit_cost_model, format_fit, nnls_small
+from fcp_exec.profiler import ProfilePoint, fit_cost_model, format_fit, nnls_small
 
 TRUE = CostModel(alpha1=2e-9, alpha2=3e-6, beta1=1e-3, alpha3=4096.0, beta2=5e-4, bandwidth_intra=1e9,
                  bandwidth_inter=1e9, ranks_per_node=4, tokens_per_rank=4096)

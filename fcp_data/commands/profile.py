@@ -30,7 +30,8 @@ def register(subparsers, summary: str) -> None:
 
     p = subparsers.add_parser("profile", help=summary, description=summary, epilog=EPILOG,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--nproc", type=int, default=2, help="processes (default 2); degrees 1..nproc are measured")
+    p.add_argument("--nproc", type=int, default=None,
+                   help="processes (default 2, under torchrun its WORLD_SIZE); degrees 1..nproc are measured")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--model", choices=("tiny-llm", "tiny-mllm"), default="tiny-llm",
                    help="time this model's language backbone (default tiny-llm)")
@@ -53,8 +54,11 @@ def run(args) -> int:
     from fcp_data.cli import UsageError
     from fcp_exec.profiler import format_fit, plot_fit, run_profile
 
-    if args.nproc < 1 or args.reps < 1:
-        raise UsageError("--nproc and --reps must be >= 1")
+    from fcp_exec.launch import resolve_nproc
+
+    args.nproc = resolve_nproc(args.nproc)
+    if args.reps < 1:
+        raise UsageError("--reps must be >= 1")
     seq_lens = _ints(args.seq_lens)
     degrees = _ints(args.degrees) if args.degrees else None
     if len(seq_lens) * len(degrees or range(args.nproc)) < 3:
@@ -65,6 +69,8 @@ def run(args) -> int:
     fit, raw = run_profile(args.nproc, model=args.model, layer_like=args.layer_like, seq_lens=seq_lens,
                            degrees=degrees, reps=args.reps, dtype=args.dtype, tokens_per_rank=args.tokens_per_rank,
                            backend=args.backend)
+    if args.layer_like:
+        print(f"(times above are per layer; the table and fit below are scaled to {raw['layers_scaled']} layers)")
     if raw["bandwidth"]:
         print(f"P2P bandwidth rank 0 <-> 1: {raw['bandwidth'] / 1e9:.2f} GB/s")
     print(format_fit(fit))

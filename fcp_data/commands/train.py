@@ -26,7 +26,8 @@ def register(subparsers, summary: str) -> None:
     p = subparsers.add_parser("train", help=summary, description=summary, epilog=EPILOG,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", choices=("tiny-llm", "tiny-mllm"), default="tiny-llm")
-    p.add_argument("--nproc", type=int, default=2, help="processes to start (ignored under torchrun; default 2)")
+    p.add_argument("--nproc", type=int, default=None,
+                   help="processes to start (default 2; under torchrun its WORLD_SIZE, no processes are started)")
     p.add_argument("--planner", default="fcp",
                    help=f"the sampler's solver: {', '.join(SOLVER_NAMES)}; static-cp:D / ulysses:D fix the degree "
                         "(static-cp:1 = data parallel only); default fcp")
@@ -53,12 +54,12 @@ def register(subparsers, summary: str) -> None:
 def run(args) -> int:
     import json
 
-    from fcp_data.cli import UsageError
     from fcp_data.cost import CostModel
     from fcp_exec.train import TrainConfig, run_training
 
-    if args.nproc < 1:
-        raise UsageError(f"--nproc must be >= 1, got {args.nproc}")
+    from fcp_exec.launch import resolve_nproc
+
+    args.nproc = resolve_nproc(args.nproc)
     cost = CostModel.load(args.cost).to_dict() if args.cost else None
     cfg = TrainConfig(model=args.model, steps=args.steps, seed=args.seed, dtype=args.dtype, planner=args.planner,
                       global_batch_size=args.global_batch_size, lr=args.lr, data=args.data,
