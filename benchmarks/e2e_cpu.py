@@ -45,7 +45,7 @@ def bench_worker(cfgs: list, warmup: int, rounds: int) -> dict:
         for c, tr in zip(cfgs, trainers):
             dist.barrier()
             rec = tr.step()
-            t = torch.tensor([rec["step_time_s"], rec["planner_wait_s"]], dtype=torch.float64)
+            t = torch.tensor([rec["step_time_s"], rec["planner_wait_s"]], dtype=torch.float64, device=tr.device)
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
             rec["step_time_s"], rec["planner_wait_s"] = float(t[0]), float(t[1])
             if r >= warmup:

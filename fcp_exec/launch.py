@@ -151,7 +151,7 @@ def launch(fn: Callable[..., Any], nproc: int, *args: Any, backend: str | None =
     results = ctx.Queue()
     port = _free_port()
     procs = [ctx.Process(target=_worker, args=(r, nproc, port, backend, threads, pg_timeout, results, fn, args),
-                         daemon=True) for r in range(nproc)]
+                         daemon=False) for r in range(nproc)]  # ranks may start DataLoader workers
     for p in procs:
         p.start()
     values: dict[int, Any] = {}

@@ -155,7 +155,7 @@ def _reduce(model, loss_local: torch.Tensor, world: int) -> float:
     """All-reduce SUM of every gradient (zeros where unused) and of the loss; returns the global loss."""
     params = list(model.parameters())
     flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
-                     + [loss_local.reshape(1).to(params[0].dtype)])
+                     + [loss_local.reshape(1).to(device=params[0].device, dtype=params[0].dtype)])
     if world > 1:
         import torch.distributed as dist
 
@@ -246,7 +246,7 @@ class Trainer:
         t0 = time.perf_counter()
         waits_before = len(self.sampler.planner_waits)
         self.opt.zero_grad(set_to_none=True)
-        loss_local = torch.zeros((), dtype=torch.float64)
+        loss_local = torch.zeros((), dtype=torch.float64, device=self.device)
         groups: list[tuple[int, ...]] = []
         m, num_mb, num_tokens = 0, 1, 0
         while m < num_mb:
@@ -258,7 +258,7 @@ class Trainer:
             if batch["ranks"] and batch["input_ids"].numel():
                 loss = _forward_loss(self.model, _to_device(batch, self.device), self.is_mllm)
                 loss.backward()
-                loss_local += loss.detach().to(torch.float64).cpu()
+                loss_local += loss.detach().to(torch.float64)
             m += 1
         loss_global = _reduce(self.model, loss_local, self.world)
         self.opt.step()

@@ -32,10 +32,10 @@ def _cfg(model: str, **kw) -> TrainConfig:
 _CACHE: dict = {}
 
 
-def _run(model: str, nproc: int, planner: str = "fcp") -> dict:
-    key = (model, nproc, planner)
+def _run(model: str, nproc: int, planner: str = "fcp", num_workers: int = 0) -> dict:
+    key = (model, nproc, planner, num_workers)
     if key not in _CACHE:
-        _CACHE[key] = run_training(_cfg(model, planner=planner), nproc, timeout=600)
+        _CACHE[key] = run_training(_cfg(model, planner=planner, num_workers=num_workers), nproc, timeout=600)
     return _CACHE[key]
 
 
@@ -99,8 +99,9 @@ def test_tiny_llm_planner_static_cp_parameters():
 
 def test_tiny_mllm_two_processes_equal_one():
     """tiny-mllm (vision encoder + projector; frames encoded by the ranks holding their tokens; some samples
-    text-only so some ranks see no visual token) on 2 processes vs 1 process."""
-    ref, res = _run("tiny-mllm", 1), _run("tiny-mllm", 2)
+    text-only so some ranks see no visual token) on 2 processes vs 1 process; the 2-process run loads its
+    batches (pixel values included) in a DataLoader worker process."""
+    ref, res = _run("tiny-mllm", 1), _run("tiny-mllm", 2, num_workers=1)
     assert_nontrivial(res)
     assert_same_training(ref, res)
     vision = [k for k in ref["params"] if k.startswith("vision.")]
