@@ -127,48 +127,20 @@ def _check(ctx: Ctx | None, label: str, out: dict[str, SystemResult]) -> None:
 def simulate_cell(pool: np.ndarray, *, model: str, cost_model: CostModel, num_ranks: int, gbs: int, steps: int,
                   seed: int, ctx: Ctx | None = None, label: str = "", oracle: bool = True,
                   systems=SIM_SYSTEMS) -> tuple[dict[str, SystemResult], dict[str, int | None]]:
-    """One cell, computed exactly as ``fcp simulate`` (:func:`fcp_data.commands.simulate.simulate`) does:
-    the same ``draw_batches`` batches for every system, ``plan_batch(..., micro_batches="auto")``, and
-    ``static-cp``/``ulysses`` at the single degree with the best total over the run. The one difference is
-    speed: degrees that cannot hold the run's longest sequence (``d·E < max s``) are skipped up front
-    instead of being rejected by the micro-batch planner after a long search (same result).
+    """One cell = ``fcp simulate`` (:func:`fcp_data.commands.simulate.simulate`) on ``pool``: the same
+    ``draw_batches`` batches for every system, ``plan_batch(..., micro_batches="auto")``, and
+    ``static-cp``/``ulysses`` at the single degree with the best total over the run.
     ``oracle`` adds ``static-cp-batch``: static CP re-choosing its degree for every micro-batch."""
-    from fcp_data.plan.baselines import ulysses_degrees
+    from fcp_data.commands.simulate import simulate
     from fcp_data.workloads import draw_batches
 
-    batches = [pool[ids] for ids in draw_batches(pool.size, gbs, steps, seed)]
-    longest = max(int(b.max()) for b in batches)
-    out: dict[str, SystemResult] = {}
-    fixed: dict[str, int | None] = {}
-    for name in systems:
-        opts = _opts(model, name)
-        if name == "static-cp":
-            cands = [d for d in range(1, num_ranks + 1) if num_ranks % d == 0]
-        elif name == "ulysses":
-            cands = ulysses_degrees(num_ranks, opts["num_heads"])
-        else:
-            cands = [None]
-        best: tuple[float, int | None, list[float]] | None = None
-        for d in cands:
-            if d is not None and d * cost_model.tokens_per_rank < longest:
-                continue
-            kw = dict(opts) if d is None else {**opts, "degree": d}
-            try:
-                ts = [plan_batch(b, num_ranks=num_ranks, cost_model=cost_model, solver=name, micro_batches="auto",
-                                 **kw).makespan for b in batches]
-            except ValueError:
-                if d is None:
-                    raise
-                continue
-            if best is None or sum(ts) < best[0]:
-                best = (sum(ts), d, ts)
-        if best is None:
-            raise ValueError(f"{label}: no fixed degree of {name} can plan every step on {num_ranks} ranks")
-        out[name], fixed[name] = SystemResult(steps=best[2]), best[1]
+    times, _, fixed = simulate(pool, num_ranks=num_ranks, cost_model=cost_model, global_batch_size=gbs, steps=steps,
+                               seed=seed, solvers=list(systems), options={"ulysses": _opts(model, "ulysses")})
+    out = {name: SystemResult(steps=list(times[name])) for name in systems}
     if oracle:
         out["static-cp-batch"] = SystemResult(steps=[
-            plan_batch(b, num_ranks=num_ranks, cost_model=cost_model, solver="static-cp", micro_batches="auto").makespan
-            for b in batches])
+            plan_batch(pool[ids], num_ranks=num_ranks, cost_model=cost_model, solver="static-cp",
+                       micro_batches="auto").makespan for ids in draw_batches(pool.size, gbs, steps, seed)])
     _check(ctx, label, out)
     if ctx is not None:
         ctx.tick(steps, label)
