@@ -57,9 +57,11 @@ _DIFFERENCES = """## Where we differ from the paper, and why
    and the best fixed degree is close to the balanced lower bound `Σ work / N`. On real hardware over-sharding short
    sequences costs more than §4 says: each of the d−1 ring steps has its own launch/synchronisation latency (§4
    charges one `beta2` per group, not per step), and attention kernels lose efficiency on the small zigzag chunks a
-   short sequence is cut into (§4 uses one `alpha1`/`alpha2` for every chunk size). Those two missing terms are
-   where most of the paper's 1.05×–1.37× on Wikipedia/CommonCrawl-like text comes from; in §4 FCP wins mainly where
-   the batch holds documents long enough for attention to dominate (our GitHub-like workload, the extreme case).
+   short sequence is cut into (§4 uses one `alpha1`/`alpha2` for every chunk size). We believe these two terms,
+   absent from §4, explain most of the gap to the paper's 1.05×–1.37× on Wikipedia/CommonCrawl-like text (we cannot
+   measure them here); in §4 FCP's gains come where the batch holds documents long enough for attention to dominate
+   (the GitHub-like workload, the extreme case, uncapped Wikipedia) and against Megatron's dynamic CP, whose
+   degree-1 groups leave medium-length documents as stragglers.
 3. **Baselines get the best degree.** Our fixed-degree static CP and Ulysses use the single best degree for the
    run's batches (chosen with hindsight), and the per-batch columns even re-choose it per micro-batch; the paper
    configures each baseline once.
