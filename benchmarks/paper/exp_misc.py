@@ -88,6 +88,9 @@ def run_robustness(ctx: Ctx, trials: int = 4) -> Section:
             pool = TEXT_WORKLOADS["github"].sample(200_000, seed=ctx.seed + 102, cap=CAP)
         batches = batch_pool_draws(pool, 512, ctx.steps, ctx.seed + 41)
         clean = [plan_batch(b, num_ranks=64, cost_model=cm, solver="fcp", micro_batches="auto") for b in batches]
+        for b, c in zip(batches, clean):  # re-timing a plan under its own model must give its makespan
+            if abs(true_step_time(c, b, cm) - c.makespan) > 1e-9 * c.makespan:
+                raise AssertionError(f"plan makespan {c.makespan} != §4 re-timing {true_step_time(c, b, cm)}")
         rng = np.random.default_rng(ctx.seed + 43)
         for noise in (0.05, 0.1, 0.2, 0.3, 0.5):
             match, growth, same_plan = [], [], 0
