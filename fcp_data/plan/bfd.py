@@ -86,6 +86,8 @@ def lpt_labels(work: np.ndarray, lengths: np.ndarray, num_groups: int, capacity:
     work = np.asarray(work, dtype=np.float64)
     lengths = np.asarray(lengths, dtype=np.float64)
     n, K = work.size, int(num_groups)
+    if K == 1:
+        return np.zeros(n, dtype=np.int64) if float(lengths.sum()) <= capacity else None
     order = np.lexsort((np.arange(n), -work))
     label = np.empty(n, dtype=np.int64)
     load = np.zeros(K)

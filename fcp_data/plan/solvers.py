@@ -66,13 +66,17 @@ def fcp_micro_batch(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_
     # what fcp-pow2 computes, "uniform" exactly static-cp; FCP ends with the best of all (after refinement).
     tracks = {"pow2": pow2} if degrees == "pow2" else {"any": None, "pow2": pow2}
     R = cost_model.ranks_per_node
+    buddy = R & (R - 1) == 0 and num_ranks % R == 0
     best: dict[str, tuple] = {}  # track -> (makespan, groups, degrees, S, Q)
 
     def consider(track: str, value: float, deg: np.ndarray, groups, S, Q) -> None:
         inc = best.get(track)
         if inc is not None and not value < inc[0] * (1 + 1e-12):
             return  # real makespan ≥ ideal value ≥ incumbent
-        span = float(placed_times(S, Q, place_groups(deg, num_ranks, R), cost_model).max())
+        if buddy and bool(np.all(pow2[deg - 1])):
+            span = value  # powers of two always pack into power-of-two nodes: placed time == table time
+        else:
+            span = float(placed_times(S, Q, place_groups(deg, num_ranks, R), cost_model).max())
         if inc is None or span < inc[0]:
             best[track] = (span, groups, deg, S, Q)
 
