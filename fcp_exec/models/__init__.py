@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from fcp_exec.models.tiny_llm import RMSNorm, TinyLLM, TinyLLMConfig, apply_rope, token_loss_sum
 from fcp_exec.models.tiny_mllm import TinyMLLM, TinyMLLMConfig, VisionEncoder, frame_table
+from fcp_exec.models.vision_exchange import exchange_rows, frame_shares
 
 __all__ = ["MODEL_NAMES", "build_model", "TinyLLM", "TinyLLMConfig", "TinyMLLM", "TinyMLLMConfig",
-           "VisionEncoder", "RMSNorm", "apply_rope", "frame_table", "token_loss_sum"]
+           "VisionEncoder", "RMSNorm", "apply_rope", "frame_table", "frame_shares", "exchange_rows",
+           "token_loss_sum"]
 
 MODEL_NAMES = ("tiny-llm", "tiny-mllm")
 
