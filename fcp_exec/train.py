@@ -148,24 +148,27 @@ def _forward_loss(model, batch: dict, is_mllm: bool) -> torch.Tensor:
                        pixel_values=batch.get("pixel_values"), grid_thw=batch.get("grid_thw"))
     else:
         logits = model(*args)
-    return token_loss_sum(logits, batch["labels"]) / batch["num_tokens_global"]
+    # a global batch of one-token documents has no label token: its loss is 0, not 0/0
+    return token_loss_sum(logits, batch["labels"]) / max(int(batch["num_tokens_global"]), 1)
 
 
 def _reduce(model, loss_local: torch.Tensor, world: int) -> float:
-    """All-reduce SUM of every gradient (zeros where unused) and of the loss; returns the global loss."""
+    """All-reduce SUM of every gradient (zeros where unused: one flat buffer in the parameters' dtype) and
+    of the loss (float64); returns the global loss."""
     params = list(model.parameters())
-    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
-                     + [loss_local.reshape(1).to(device=params[0].device, dtype=params[0].dtype)])
+    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+    loss = loss_local.reshape(1).to(device=flat.device, dtype=torch.float64)
     if world > 1:
         import torch.distributed as dist
 
         dist.all_reduce(flat)
+        dist.all_reduce(loss)
     offset = 0
     for p in params:
         n = p.numel()
         p.grad = flat[offset:offset + n].view_as(p).clone()
         offset += n
-    return float(flat[-1])
+    return float(loss[0])
 
 
 def _gather_groups(groups: list[tuple[int, ...]], world: int) -> list[list[int]]:
