@@ -167,7 +167,11 @@ class CostModel:
             data = json.loads(p.read_text())
         except FileNotFoundError:
             raise ValueError(f"cost model file not found: {p}") from None
-        except json.JSONDecodeError as e:
+        except IsADirectoryError:
+            raise ValueError(f"cost model file {p} is a directory; pass the JSON file inside it") from None
+        except OSError as e:
+            raise ValueError(f"cost model file {p} cannot be read: {e.strerror or e}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ValueError(f"cost model file {p} is not valid JSON: {e}") from None
         return cls.from_dict(data)
 

@@ -1,0 +1,42 @@
+"""Bad inputs to `fcp plan / compare / simulate / presets / index` found in review: each must print one line
+`fcp <cmd>: error: ...` on stderr, nothing on stdout, and exit 2 — never a traceback.
+
+A failure means a user hits a traceback, a silently wrong result, or an unhelpful message for that input.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from fcp_data.cli import main
+
+PRESET = ["--preset", "qwen3-8b", "--hardware", "h100"]
+
+
+def _run(capsys, argv):
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def _one_line_error(capsys, argv, match):
+    rc, out, err = _run(capsys, argv)
+    assert rc == 2, (rc, out, err)
+    assert out == "" and err.count("\n") == 1 and err.startswith(f"fcp {argv[0]}: error:"), err
+    assert re.search(match, err), err
+    return err
+
+
+@pytest.fixture
+def lengths(tmp_path):
+    p = tmp_path / "l.txt"
+    p.write_text("100\n200\n300\n")
+    return p
+
+
+def test_cost_json_that_is_a_directory(capsys, tmp_path, lengths):
+    """--cost pointing at a folder was an IsADirectoryError traceback."""
+    _one_line_error(capsys, ["plan", "--lengths", str(lengths), "--ranks", "4", "--cost", str(tmp_path)],
+                    "is a directory")
