@@ -4,8 +4,8 @@ Each sub-command lives in its own module under :mod:`fcp_data.commands` and expo
 ``register(subparsers)``, which adds its parser and sets ``func(args) -> int``. Modules are imported
 only to build the parser; heavy imports (torch, cvxpy, decord, ray) belong inside ``func``.
 
-User errors (``ValueError``, ``FileNotFoundError``, :class:`UsageError`) print one line
-``fcp <cmd>: error: ...`` and exit with code 2, never a traceback.
+User errors (``ValueError``, ``OSError`` such as ``FileNotFoundError``, :class:`UsageError`) print one
+line ``fcp <cmd>: error: ...`` and exit with code 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -72,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
         except OSError:
             pass
         return 0
+    except OSError as e:  # unreadable/unwritable paths (a directory, no permission, a full disk)
+        print(f"fcp {args.command}: error: {e}", file=sys.stderr)
+        return 2
     return int(rc or 0)
 
 
