@@ -1,10 +1,11 @@
 """End-to-end step time on this machine: FCP plans vs static CP (degree 2) vs data parallel (degree 1).
 
 2 gloo processes train tiny-llm (float32) through FCPSampler → FCPCollator → ring attention → AdamW.
-The data: ``--copies`` copies of a heterogeneous pattern (one long document of ``--long`` tokens and
-``--num-short`` short ones, log-normal around 150 tokens), global batch = ``1 + num_short`` sequences, so
-a global batch holds on average one long document and many short ones (the sampler shuffles per epoch;
-every planner sees the same global batches in the same order because the samplers share the seed).
+The data: one heterogeneous global batch — one long document of ``--long`` tokens and ``--num-short``
+short ones (log-normal around 150 tokens, 32–512) — trained on every step (one global batch per epoch).
+With ``--shuffled``, ``warmup + rounds`` copies of that pattern are shuffled together instead, so global
+batches hold 0..k long documents (every planner still sees the same batches in the same order, because
+the samplers share the seed) and the sampler's prefetch works inside the epoch.
 
 Three trainers live in the same two processes and **alternate step by step** (fcp, static-cp:2,
 static-cp:1, fcp, ...), so machine noise hits all three alike; each step's time is the slowest rank's.
@@ -59,8 +60,13 @@ def main() -> int:
     ap.add_argument("--num-short", type=int, default=24)
     ap.add_argument("--rounds", type=int, default=10, help="timed steps per planner (default 10)")
     ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--tokens-per-rank", type=int, default=None,
+                    help="memory budget E (default --long, so data parallelism fits; below --long DP is skipped)")
     ap.add_argument("--cost", default=None, help="cost JSON; default: fit one now with the profiler")
     ap.add_argument("--profile-lens", default="256,512,1024,2048,4096")
+    ap.add_argument("--shuffled", action="store_true",
+                    help="many copies of the pattern shuffled together (global batches hold 0..k long documents, "
+                         "plans prefetched inside the epoch) instead of the same 1-long + N-short batch every step")
     args = ap.parse_args()
 
     from fcp_data.cost import CostModel
@@ -70,7 +76,10 @@ def main() -> int:
     from fcp_exec.train import TrainConfig, format_degrees, parse_planner
 
     nproc = 2
-    print(f"# e2e_cpu: tiny-llm float32 on {nproc} gloo processes")
+    import os
+
+    print(f"# e2e_cpu: tiny-llm float32 on {nproc} gloo processes; {os.cpu_count()} CPUs, load average at start "
+          f"{os.getloadavg()[0]:.1f} (other processes on the machine add noise)")
     t0 = time.perf_counter()
     if args.cost:
         cost = CostModel.load(args.cost)
@@ -81,10 +90,14 @@ def main() -> int:
         cost = fit.cost_model
         print(f"## cost model fitted on this machine ({time.perf_counter() - t0:.0f} s)")
         print(format_fit(fit))
-    cost = cost.replace(tokens_per_rank=args.long, ranks_per_node=nproc)
+    cost = cost.replace(tokens_per_rank=args.tokens_per_rank or args.long, ranks_per_node=nproc)
+    planners = PLANNERS if cost.tokens_per_rank >= args.long else PLANNERS[:2]
+    if planners != PLANNERS:
+        print(f"data parallel (degree 1) skipped: the {args.long}-token document exceeds tokens_per_rank "
+              f"{cost.tokens_per_rank}")
 
     rng = np.random.default_rng(0)
-    copies = args.warmup + args.rounds
+    copies = args.warmup + args.rounds if args.shuffled else 1
     pattern = []
     for _ in range(copies):
         pattern.append(args.long)
@@ -93,9 +106,14 @@ def main() -> int:
     gbs = 1 + args.num_short
     cfgs = [TrainConfig(model="tiny-llm", data="synthetic", synthetic_lengths=lengths, max_tokens=args.long,
                         global_batch_size=gbs, cost=cost.to_dict(), planner=p, steps=1, dtype="float32",
-                        verbose=False) for p in PLANNERS]
-    print(f"## data: {copies} global batches of {gbs} sequences ({sum(lengths) // copies} tokens on average; "
-          f"one {args.long}-token document per {gbs} sequences, the rest 32-512 tokens)")
+                        verbose=False) for p in planners]
+    if args.shuffled:
+        print(f"## data: {copies} global batches of {gbs} sequences ({sum(lengths) // copies} tokens on average; "
+              f"one {args.long}-token document per {gbs} sequences, the rest 32-512 tokens), shuffled together")
+    else:
+        print(f"## data: every step the same global batch of {gbs} sequences, {sum(lengths)} tokens: one "
+              f"{args.long}-token document and {args.num_short} of 32-512 tokens (one global batch per epoch, so "
+              "each step's plan is its epoch's first: the sampler prefetches only inside an epoch)")
     t1 = time.perf_counter()
     res = next(r for r in launch(bench_worker, nproc, cfgs, args.warmup, args.rounds) if r is not None)
     print(f"## step times, alternating planners step by step ({time.perf_counter() - t1:.0f} s)")
@@ -104,12 +122,15 @@ def main() -> int:
     from fcp_data import FCPSampler
 
     sampler = FCPSampler(np.array(lengths), num_ranks=nproc, rank=0, cost_model=cost, global_batch_size=gbs, seed=0)
-    ids = [sampler.global_batch_indices(g) for g in range(args.warmup, args.warmup + args.rounds)]
+    if args.shuffled:
+        ids = [sampler.global_batch_indices(g) for g in range(args.warmup, args.warmup + args.rounds)]
+    else:
+        ids = [sampler.global_batch_indices(0, epoch=e) for e in range(args.warmup, args.warmup + args.rounds)]
     med, tot = {}, {}
     tokens = sum(int(np.array(lengths)[i].sum()) for i in ids)
     print(f"{'planner':<13} {'median ms':>10} {'total s':>8} {'tokens/s':>9} {'vs fcp':>7} {'predicted s':>12} "
           f"{'wait med/max ms':>16}  plans (first 3 steps)")
-    for p in PLANNERS:
+    for p in planners:
         recs = res[p]
         times = [r["step_time_s"] for r in recs]
         waits = [r["planner_wait_s"] for r in recs]
@@ -121,14 +142,14 @@ def main() -> int:
         plans = "; ".join(format_degrees(r["degrees"]) for r in recs[:3])
         print(f"{p:<13} {med[p] * 1e3:>10.1f} {tot[p]:>8.2f} {tokens / tot[p]:>9.0f} {tot[p] / tot['fcp']:>7.2f} "
               f"{pred:>12.2f} {statistics.median(waits) * 1e3:>8.2f}/{max(waits) * 1e3:<7.2f}  {plans}")
-    longs = [int((np.array(lengths)[i] == args.long).sum()) for i in ids]
-    print(f"long documents per timed global batch: {longs}")
+    if args.shuffled:
+        longs = [int((np.array(lengths)[i] == args.long).sum()) for i in ids]
+        print(f"long documents per timed global batch: {longs}")
     paired = {p: statistics.median(a["step_time_s"] / b["step_time_s"] for a, b in zip(res[p], res["fcp"]))
-              for p in PLANNERS[1:]}
-    print(f"FCP speed-up (total time of the same {len(ids)} global batches): "
-          f"{tot['static-cp:2'] / tot['fcp']:.2f}x over static CP (degree 2), "
-          f"{tot['static-cp:1'] / tot['fcp']:.2f}x over data parallel (degree 1); median of per-step ratios "
-          f"{paired['static-cp:2']:.2f}x and {paired['static-cp:1']:.2f}x")
+              for p in planners[1:]}
+    names = {"static-cp:2": "static CP (degree 2)", "static-cp:1": "data parallel (degree 1)"}
+    print(f"FCP speed-up over the same {len(ids)} global batches (ratio of total times; median of per-step ratios): "
+          + ", ".join(f"{tot[p] / tot['fcp']:.2f}x ({paired[p]:.2f}x) over {names[p]}" for p in planners[1:]))
     print(f"total {time.perf_counter() - t0:.0f} s")
     return 0
 
