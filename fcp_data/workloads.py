@@ -44,8 +44,17 @@ def load_lengths(path: str | Path, column: str | int | None = None) -> np.ndarra
     """Token counts from ``path`` (``.txt``, ``.npy`` or ``.csv``) as an int64 array; ``ValueError`` for
     empty, non-numeric or non-positive data, ``FileNotFoundError`` when the file is missing."""
     p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"lengths file {p} is a directory; pass a .txt, .npy or .csv file")
     if not p.is_file():
         raise FileNotFoundError(f"lengths file not found: {p}")
+    try:
+        return _load(p, column)
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{p}: not a text file (byte {e.start} is not UTF-8); lengths are .txt, .npy or .csv") from None
+
+
+def _load(p: Path, column: str | int | None) -> np.ndarray:
     suffix = p.suffix.lower()
     if suffix == ".npy":
         try:

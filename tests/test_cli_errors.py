@@ -40,3 +40,12 @@ def test_cost_json_that_is_a_directory(capsys, tmp_path, lengths):
     """--cost pointing at a folder was an IsADirectoryError traceback."""
     _one_line_error(capsys, ["plan", "--lengths", str(lengths), "--ranks", "4", "--cost", str(tmp_path)],
                     "is a directory")
+
+
+def test_lengths_that_are_a_directory_or_binary(capsys, tmp_path):
+    """A folder was reported as 'not found'; a binary file gave a bare codec error without the file name."""
+    bad = tmp_path / "bin.txt"
+    bad.write_bytes(b"\xff\xfe\x00")
+    for cmd in ("plan", "compare"):
+        _one_line_error(capsys, [cmd, "--lengths", str(tmp_path), "--ranks", "4", *PRESET], "is a directory")
+        _one_line_error(capsys, [cmd, "--lengths", str(bad), "--ranks", "4", *PRESET], r"bin\.txt: not a text file")
