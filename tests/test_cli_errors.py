@@ -49,3 +49,37 @@ def test_lengths_that_are_a_directory_or_binary(capsys, tmp_path):
     for cmd in ("plan", "compare"):
         _one_line_error(capsys, [cmd, "--lengths", str(tmp_path), "--ranks", "4", *PRESET], "is a directory")
         _one_line_error(capsys, [cmd, "--lengths", str(bad), "--ranks", "4", *PRESET], r"bin\.txt: not a text file")
+
+
+def test_simulate_plot_path_checked_before_simulating(capsys, tmp_path, lengths):
+    """A bad --plot target used to fail only after every solver had run (or, for a folder, wrote FOLDER.png and
+    claimed to have written FOLDER)."""
+    base = ["simulate", "--lengths", str(lengths), "--ranks", "4", "--global-batch-size", "2", "--steps", "1",
+            "--no-progress", *PRESET, "--plot"]
+    _one_line_error(capsys, base + [str(tmp_path / "missing" / "x.png")], "does not exist")
+    _one_line_error(capsys, base + [str(tmp_path)], "is a directory")
+    _one_line_error(capsys, base + [str(tmp_path / "x.txt")], "needs an image suffix")
+
+
+def test_presets_unknown_filter_and_case(capsys):
+    """`fcp presets --model nope --json` printed [] with exit 0 while the table form failed; both now list names."""
+    for extra in ([], ["--json"]):
+        _one_line_error(capsys, ["presets", "--model", "nope", *extra], "valid: Qwen3-1.7B")
+        _one_line_error(capsys, ["presets", "--hardware", "tpu", *extra], "valid: ascend-910c")
+    rc, out, _ = _run(capsys, ["presets", "--model", "QWEN3-8B", "--hardware", "H100", "--json"])
+    assert rc == 0 and [r["model"] for r in __import__("json").loads(out)] == ["Qwen3-8B"]
+
+
+def test_compare_time_limit_must_be_positive(capsys, lengths):
+    """--time-limit -1 reached HiGHS and came back as an 'infeasible' ILP row."""
+    with pytest.raises(SystemExit) as e:
+        main(["compare", "--lengths", str(lengths), "--ranks", "4", *PRESET, "--ilp", "--time-limit", "-1"])
+    assert e.value.code == 2 and "must be > 0 seconds" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cmd", ["plan", "compare", "simulate", "presets", "index"])
+def test_help_has_examples(capsys, cmd):
+    """Every planning/index command's --help ends with worked examples."""
+    with pytest.raises(SystemExit):
+        main([cmd, "--help"])
+    assert "examples:" in capsys.readouterr().out

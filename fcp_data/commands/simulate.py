@@ -16,7 +16,7 @@ import sys
 
 from fcp_data.commands.plan import BASELINES, add_cost_args, parse_baselines
 
-__all__ = ["register", "simulate", "plot_simulation"]
+__all__ = ["register", "simulate", "plot_simulation", "check_plot_path"]
 
 
 def simulate(lengths, *, num_ranks: int, cost_model, global_batch_size: int, steps: int, seed: int,
@@ -107,6 +107,29 @@ def plot_simulation(path: str, means: dict[str, float], plan, title: str) -> Non
     plt.close(fig)
 
 
+def check_plot_path(path: str) -> None:
+    """Fail before simulating when ``--plot`` cannot be written: no matplotlib, missing or read-only folder,
+    a folder as the target, or a suffix matplotlib cannot write."""
+    import os
+    from pathlib import Path
+
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ImportError:
+        raise ValueError("--plot needs matplotlib: pip install 'fcp[plot]'") from None
+    p = Path(path)
+    parent = p.parent if str(p.parent) else Path(".")
+    if p.is_dir():
+        raise ValueError(f"--plot {path}: is a directory; give a file such as {p / 'simulate.png'}")
+    if not parent.is_dir():
+        raise ValueError(f"--plot {path}: folder {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise ValueError(f"--plot {path}: folder {parent} is not writable")
+    kinds = FigureCanvasBase.get_supported_filetypes()
+    if p.suffix.lower().lstrip(".") not in kinds:
+        raise ValueError(f"--plot {path}: the file name needs an image suffix, one of {', '.join('.' + k for k in sorted(kinds))}")
+
+
 def run(args: argparse.Namespace) -> int:
     from fcp_data.cli import UsageError
     from fcp_data.commands.plan import load_cost, solver_options
@@ -114,6 +137,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.ranks < 1:
         raise UsageError(f"--ranks must be >= 1, got {args.ranks}")
+    if args.plot:
+        check_plot_path(args.plot)
     cm = load_cost(args)
     lengths = load_lengths(args.lengths, args.column)
     cap = min(args.cap, args.ranks * cm.tokens_per_rank)
@@ -138,14 +163,23 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+EPILOG = """examples:
+  fcp simulate --lengths lengths.txt --ranks 64 --global-batch-size 512 --steps 10 \\
+      --preset Qwen3-8B --hardware h100
+  fcp simulate --lengths lens.csv --column num_tokens --ranks 16 --global-batch-size 128 --cost cost.json \\
+      --baselines static-cp,fcp-pow2 --plot sim.png --json"""
+
+
 def register(subparsers, summary: str) -> None:
-    p = subparsers.add_parser("simulate", help=summary, description=summary + ".")
+    p = subparsers.add_parser("simulate", help=summary, description=summary + ".", epilog=EPILOG,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--lengths", required=True, metavar="FILE", help="workload token counts: .txt, .npy or .csv")
     p.add_argument("--column", default=None, help="column of a .csv lengths file")
-    p.add_argument("--ranks", type=int, required=True, metavar="N")
-    p.add_argument("--global-batch-size", type=int, required=True, metavar="B")
-    p.add_argument("--steps", type=int, default=20, metavar="S")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ranks", type=int, required=True, metavar="N", help="number of ranks (devices)")
+    p.add_argument("--global-batch-size", type=int, required=True, metavar="B",
+                   help="sequences per global batch (drawn without replacement; at most the workload's size)")
+    p.add_argument("--steps", type=int, default=20, metavar="S", help="global batches to simulate (default 20)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the batch draws (default 0)")
     p.add_argument("--cap", type=int, default=131072, help="length cap (default 131072; also at most ranks × tokens_per_rank)")
     p.add_argument("--on-overlong", choices=("error", "truncate", "drop"), default="truncate",
                    help="sequences over the cap: truncate (default), drop or error")
