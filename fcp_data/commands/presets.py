@@ -12,15 +12,15 @@ def run(args: argparse.Namespace) -> int:
     from fcp_data.presets import HARDWARE, describe_presets
 
     rows = describe_presets()
-    if args.model:
-        rows = [r for r in rows if r["model"].lower() == args.model.lower()]
-    if args.hardware:
-        rows = [r for r in rows if r["hardware"].lower() == args.hardware.lower()]
+    for key, want in (("model", args.model), ("hardware", args.hardware)):
+        if want:
+            valid = list(dict.fromkeys(r[key] for r in rows))
+            if want.lower() not in {v.lower() for v in valid}:
+                raise ValueError(f"unknown {key} {want!r}; valid: {', '.join(valid)}")
+            rows = [r for r in rows if r[key].lower() == want.lower()]
     if args.json:
         print(json.dumps(rows))
         return 0
-    if not rows:
-        raise ValueError("no preset matches; run `fcp presets` without filters to list them")
     print("Cost-model presets (DESIGN §4; derivation in fcp_data/presets.py). Use: --preset MODEL --hardware HW")
     print(f"hardware: {', '.join(f'{k} ({v.ranks_per_node}/node, {v.memory / 1e9:.0f} GB)' for k, v in HARDWARE.items())}")
     print(f"{'model':<15} {'hardware':<12} {'params':>7} {'heads':>6} {'tokens/rank':>12} {'alpha1':>10} {'alpha2':>10} "
@@ -32,8 +32,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+EPILOG = """names are case-insensitive (qwen3-8b = Qwen3-8B). examples:
+  fcp presets
+  fcp presets --model Qwen3-8B --hardware h100 --json
+  fcp plan --lengths lengths.txt --ranks 8 --preset qwen3-8b --hardware h100"""
+
+
 def register(subparsers, summary: str) -> None:
-    p = subparsers.add_parser("presets", help=summary, description=summary + ".")
+    p = subparsers.add_parser("presets", help=summary, description=summary + ".", epilog=EPILOG,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="only this model")
     p.add_argument("--hardware", default=None, help="only this hardware")
     p.add_argument("--json", action="store_true", help="print the rows as JSON (each with the §4 keys)")
