@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"{'solver':<17} {'makespan [s]':>13} {'vs best':>8} {'solve [ms]':>11} {'optimal':>8}  groups")
     for name, p in results.items():
         if isinstance(p, str):
-            print(f"{name:<17} {'infeasible':>13}  {p}")
+            print(f"{name:<17} {'no plan':>13}  {p}")
             continue
         opt = "" if p.optimal is None else ("yes" if p.optimal else "no")
         groups = " | ".join(degree_summary(mb.degrees) for mb in p.micro_batches)
@@ -54,14 +54,31 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+EPILOG = """examples:
+  fcp compare --lengths lengths.txt --ranks 8 --preset Qwen3-8B --hardware h100
+  fcp compare --lengths small.txt --ranks 4 --cost cost.json --ilp --exhaustive --time-limit 10
+  fcp compare --lengths lengths.txt --ranks 16 --preset Qwen3-4B --hardware h200 --baselines static-cp,fcp-pow2 --json"""
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {text}")
+    return v
+
+
 def register(subparsers, summary: str) -> None:
-    p = subparsers.add_parser("compare", help=summary, description=summary + ".")
+    p = subparsers.add_parser("compare", help=summary, description=summary + ".", epilog=EPILOG,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     add_input_args(p)
     p.add_argument("--ilp", action="store_true", help="also solve the exact ILP (cvxpy + HiGHS; small batches)")
     p.add_argument("--exhaustive", action="store_true", help="also enumerate every partition (at most 7 sequences)")
     p.add_argument("--baselines", type=parse_baselines, default=BASELINES, metavar="a,b,...",
                    help=f"baselines to run (default all: {','.join(BASELINES)})")
-    p.add_argument("--time-limit", type=float, default=30.0, help="ILP time limit in seconds (default 30)")
+    p.add_argument("--time-limit", type=_positive_seconds, default=30.0, help="ILP time limit in seconds (default 30)")
     p.add_argument("--micro-batches", type=parse_micro_batches, default=1, metavar="auto|M",
                    help="one micro-batch (default), exactly M, or 'auto'")
     p.add_argument("--json", action="store_true", help="one §6 plan object per solver, keyed by solver name")
