@@ -146,8 +146,17 @@ SOLVER_CHOICES = ("fcp", "fcp-dp", "ilp", "exhaustive", "static-cp", "ulysses", 
 BASELINES = ("static-cp", "ulysses", "megatron-dynamic", "fcp-pow2")
 
 
+EPILOG = """lengths files: .txt (one integer per line, '#' comments), .npy (1-D integers), .csv (--column NAME|INDEX).
+examples:
+  fcp plan --lengths lengths.txt --ranks 8 --preset Qwen3-8B --hardware h100
+  fcp plan --lengths lengths.npy --ranks 64 --cost cost.json --micro-batches auto --json
+  fcp plan --lengths batch.csv --column num_tokens --ranks 16 --preset Llama3-8B --hardware a100 --on-overlong truncate
+exit codes: 0 ok, 2 bad input (one line on stderr)."""
+
+
 def register(subparsers, summary: str) -> None:
-    p = subparsers.add_parser("plan", help=summary, description=summary + ". Prints a table, or the plan JSON with --json.")
+    p = subparsers.add_parser("plan", help=summary, description=summary + ". Prints a table, or the plan JSON with --json.",
+                              epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_input_args(p)
     p.add_argument("--solver", choices=SOLVER_CHOICES, default="fcp", help="solver (default fcp)")
     p.add_argument("--micro-batches", type=parse_micro_batches, default=1, metavar="auto|M",
