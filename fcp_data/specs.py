@@ -115,7 +115,10 @@ class Spec:
 def _load_tokenizer(path: str):
     from tokenizers import Tokenizer
 
-    return Tokenizer.from_file(path)
+    try:
+        return Tokenizer.from_file(path)
+    except Exception as e:  # the HF tokenizers parser raises a bare Exception
+        raise ValueError(f"{path} is not a valid HF tokenizer.json ({e})") from None
 
 
 @functools.lru_cache(maxsize=4096)
@@ -140,17 +143,30 @@ def _is_spec_file(p: Path) -> bool:
 def load_spec(name_or_path: str | Path, tokenizer: str | Path | None = None) -> Spec:
     """Load a bundled spec by name (``qwen2-vl``) or a spec JSON by path; ``tokenizer`` overrides its tokenizer."""
     p = Path(name_or_path)
-    if not (p.suffix == ".json" and p.exists()):
-        p = data_path("tokenizers") / f"{name_or_path}.json"
+    if p.suffix == ".json":
+        if not p.is_file():
+            raise FileNotFoundError(f"spec file {p} not found (bundled specs: {', '.join(list_specs())})")
+    else:
+        p = data_path("tokenizers") / f"{str(name_or_path).lower()}.json"
         if not p.exists() or not _is_spec_file(p):
             raise ValueError(f"unknown spec {str(name_or_path)!r}: use one of {', '.join(list_specs())} or a path to a spec .json")
-    raw = json.loads(p.read_text(encoding="utf-8"))
+    try:
+        raw = json.loads(p.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"spec {p} is not valid JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"spec {p} must be a JSON object, got {type(raw).__name__}")
     text = dict(raw.get("text") or {})
-    tok = Path(tokenizer) if tokenizer else p.parent / text.get("tokenizer", "tiny-bpe.json")
-    if not tok.exists():
-        tok = data_path("tokenizers") / text.get("tokenizer", "tiny-bpe.json")
-    if not tok.exists():
-        raise FileNotFoundError(f"spec {p.name}: tokenizer {tok} not found; pass --tokenizer path/to/tokenizer.json")
+    if tokenizer:  # an explicit tokenizer must exist: falling back to the spec's would count the wrong tokens
+        tok = Path(tokenizer)
+        if not tok.is_file():
+            raise FileNotFoundError(f"tokenizer {tok} not found; pass a tokenizer.json file")
+    else:
+        tok = p.parent / text.get("tokenizer", "tiny-bpe.json")
+        if not tok.exists():
+            tok = data_path("tokenizers") / text.get("tokenizer", "tiny-bpe.json")
+        if not tok.exists():
+            raise FileNotFoundError(f"spec {p.name}: tokenizer {tok} not found; pass --tokenizer path/to/tokenizer.json")
     h = hashlib.sha256(json.dumps(raw, sort_keys=True).encode())
     h.update(tok.read_bytes())
     return Spec(name=str(raw.get("name", p.stem)), family=str(raw.get("family", "")), eta=float(raw.get("eta", 0.0)),
