@@ -83,3 +83,31 @@ def test_help_has_examples(capsys, cmd):
     with pytest.raises(SystemExit):
         main([cmd, "--help"])
     assert "examples:" in capsys.readouterr().out
+
+
+def test_index_bad_inputs(capsys, tmp_path):
+    """fcp index: an explicit --tokenizer that does not exist was silently replaced by the spec's own (wrong
+    counts); a broken tokenizer.json, --out naming a file, and an empty folder gave tracebacks or an empty
+    index with exit 0; a missing single input exited 1 as a 100 % error rate; spec names were case-sensitive."""
+    from fcp_data._resources import data_path
+
+    text = str(data_path("samples") / "text.jsonl")
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"model": 1')
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    base = ["--out", str(tmp_path / "idx"), "--no-progress"]
+    _one_line_error(capsys, ["index", text, "--spec", "text", "--tokenizer", str(tmp_path / "nope.json"), *base],
+                    "tokenizer .*nope.json not found")
+    _one_line_error(capsys, ["index", text, "--spec", "text", "--tokenizer", str(bad), *base], "not a valid HF tokenizer")
+    _one_line_error(capsys, ["index", text, "--spec", str(bad), *base], "bad.json is not valid JSON")
+    _one_line_error(capsys, ["index", text, "--spec", str(tmp_path / "x.json"), *base], "spec file .* not found")
+    _one_line_error(capsys, ["index", text, "--spec", "text", "--out", str(afile), "--no-progress"], "is a file")
+    _one_line_error(capsys, ["index", str(empty), "--spec", "text", *base], "no samples found")
+    _one_line_error(capsys, ["index", str(tmp_path / "missing.jsonl"), "--spec", "text", *base], "none of the inputs exist")
+    _one_line_error(capsys, ["index", text, "--spec", "nope", *base], "unknown spec 'nope': use one of .*qwen2-vl")
+    from fcp_data.specs import load_spec
+
+    assert load_spec("QWEN2-VL").name == load_spec("qwen2-vl").name

@@ -100,9 +100,17 @@ def build_index(inputs: list[str], spec: str, out: str | Path, *, tokenizer: str
     if workers < 1:
         raise ValueError(f"--workers must be >= 1, got {workers}")
     sp = load_spec(spec, tokenizer)
+    sp.tokenizer()  # a broken tokenizer.json fails here, once, not in every worker
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file; give a folder for the index")
     sources = expand_inputs(list(inputs))
+    if not any(Path(s["path"]).exists() for s in sources):
+        raise ValueError(f"none of the inputs exist: {', '.join(s['path'] for s in sources[:3])}"
+                         f"{' ...' if len(sources) > 3 else ''}")
     tasks = make_tasks(sources, dir_chunk or DIR_CHUNK)
+    if not tasks:
+        raise ValueError(f"no samples found in {', '.join(s['path'] for s in sources[:3])}: the folders are empty")
     cfg = {"spec_path": sp.path, "tokenizer": sp.tokenizer_path, "spec_fingerprint": sp.fingerprint, "probe": probe,
            "text_field": text_field, "key_field": key_field, "out": str(out.resolve())}
     if not resume and (out / "parts").exists():
