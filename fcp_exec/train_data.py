@@ -142,20 +142,33 @@ def _cap(base: Any, lengths: np.ndarray, visual: np.ndarray, max_tokens: int) ->
 
 
 def _bundled_index(model: str, cache_dir: str | None) -> Path:
+    """Index the bundled samples once per content (folder name carries a digest of the inputs' names and
+    sizes); ranks racing to build it each build privately and the first rename wins."""
+    import hashlib
+    import shutil
+
     from fcp_data._resources import data_path
     from fcp_data.index import build_index
 
     root = Path(cache_dir or os.environ.get("FCP_CACHE", Path(tempfile.gettempdir()) / f"fcp-cache-{os.getuid()}"))
     samples = data_path("samples")
     if model == "tiny-llm":
-        out, inputs, spec = root / "index-text", [str(samples / "text.jsonl")], "text"
+        name, inputs, spec = "index-text", [samples / "text.jsonl"], "text"
     else:
-        out, inputs, spec = root / "index-video", sorted(str(p) for p in (samples / "wds").glob("*.tar")), VIDEO_SPEC
+        name, inputs, spec = "index-video", sorted((samples / "wds").glob("*.tar")), VIDEO_SPEC
+    digest = hashlib.blake2b(repr([(p.name, p.stat().st_size) for p in inputs] + [spec]).encode(),
+                             digest_size=6).hexdigest()
+    out = root / f"{name}-{digest}"
     if not (out / "manifest.json").exists():
         root.mkdir(parents=True, exist_ok=True)
-        _, rc = build_index(inputs, spec, str(out), progress=False)
+        tmp = root / f".{out.name}.{os.getpid()}"
+        _, rc = build_index([str(p) for p in inputs], spec, str(tmp), progress=False)
         if rc:
-            raise RuntimeError(f"indexing the bundled samples into {out} reported too many errors")
+            raise RuntimeError(f"indexing the bundled samples into {tmp} reported too many errors")
+        try:
+            os.rename(tmp, out)
+        except OSError:  # another rank finished first
+            shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
