@@ -224,7 +224,7 @@ class FCPSampler:
         if (global_batch_size is None) == (global_batch_tokens is None):
             raise ValueError("give exactly one of global_batch_size (sequences) or global_batch_tokens")
         for name, v in (("global_batch_size", global_batch_size), ("global_batch_tokens", global_batch_tokens)):
-            if v is not None and (int(v) != v or v < 1):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1):
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
         self.global_batch_size = None if global_batch_size is None else int(global_batch_size)
         self.global_batch_tokens = None if global_batch_tokens is None else int(global_batch_tokens)
@@ -234,6 +234,12 @@ class FCPSampler:
             raise ValueError(f"prefetch must be an integer >= 0 (global batches planned ahead), got {prefetch!r}")
         if not (micro_batches == "auto" or (isinstance(micro_batches, int) and micro_batches >= 1)):
             raise ValueError(f"micro_batches must be 'auto' or a positive int, got {micro_batches!r}")
+        from fcp_data.plan import SOLVER_NAMES
+
+        if solver not in SOLVER_NAMES:
+            raise ValueError(f"unknown solver {solver!r}; valid: {', '.join(SOLVER_NAMES)}")
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+            raise ValueError(f"seed must be an integer, got {seed!r}")
         self.seed, self.drop_last, self.on_overlong = int(seed), bool(drop_last), on_overlong
         self.prefetch, self.solver, self.micro_batches = int(prefetch), str(solver), micro_batches
 
@@ -259,6 +265,13 @@ class FCPSampler:
                 logger.warning("FCPSampler truncates %s", what)
         if kept.size == 0:
             raise ValueError("no sample is left after dropping over-long ones")
+        if self.drop_last and self.global_batch_size is not None and kept.size < self.global_batch_size:
+            raise ValueError(f"drop_last=True with global_batch_size={self.global_batch_size} but only {kept.size} "
+                             "samples: every epoch would be empty; lower global_batch_size or pass drop_last=False")
+        total = int(np.minimum(lengths, self.capacity)[kept].sum())
+        if self.drop_last and self.global_batch_tokens is not None and total < self.global_batch_tokens:
+            raise ValueError(f"drop_last=True with global_batch_tokens={self.global_batch_tokens} but the data holds "
+                             f"only {total} tokens: every epoch would be empty; lower it or pass drop_last=False")
         self._kept = kept
         h = hashlib.blake2b(lengths.tobytes(), digest_size=16)
         if self.etas is not None:
