@@ -63,7 +63,24 @@ __all__ = ["FCPCollator", "qwen_vl_mrope_positions"]
 _META = ("epoch", "global_batch", "micro_batch", "num_micro_batches", "num_tokens_global")
 
 
+def _check_pairs(batch: Any) -> None:
+    """The batch must be a list of ``(sample, SampleSlot)`` pairs, as ``FCPDataset`` + ``FCPSampler`` produce."""
+    from fcp_data.sampler import SampleSlot
+
+    how = ("build the DataLoader with dataset=FCPDataset(base), batch_sampler=FCPSampler(...), "
+           "collate_fn=FCPCollator(...)")
+    if not isinstance(batch, (list, tuple)):
+        raise TypeError(f"FCPCollator takes a list of (sample, SampleSlot) pairs, got {type(batch).__name__}; {how}")
+    for i, item in enumerate(batch):
+        if not (isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[1], SampleSlot)):
+            got = (f"a {len(item)}-tuple ending in {type(item[-1]).__name__}" if isinstance(item, (tuple, list)) and item
+                   else type(item).__name__)
+            raise TypeError(f"FCPCollator: batch item {i} must be a (sample, SampleSlot) pair, got {got}; {how}")
+
+
 def _as_ids(x: Any, index: int) -> torch.Tensor:
+    if isinstance(x, (list, tuple)) and len(x) == 0:
+        raise ValueError(f"sample {index}: input_ids is empty; every sample needs at least one token")
     t = torch.as_tensor(x)
     if t.dim() == 2 and t.shape[0] == 1:
         t = t[0]
@@ -191,6 +208,7 @@ class FCPCollator:
 
     # ------------------------------------------------------------------ main
     def __call__(self, batch: Sequence) -> dict[str, Any]:
+        _check_pairs(batch)
         meta = self._meta(batch)
         if not batch:
             return self._empty(meta)
@@ -208,7 +226,8 @@ class FCPCollator:
         start = 0
         for sample, slot in batch:
             if not isinstance(sample, dict) or "input_ids" not in sample:
-                raise ValueError(f"sample {slot.index}: expected a dict with 'input_ids', got {type(sample).__name__}")
+                got = f"a dict with keys {sorted(sample)}" if isinstance(sample, dict) else type(sample).__name__
+                raise ValueError(f"sample {slot.index}: expected a dict with 'input_ids', got {got}")
             full = _as_ids(sample["input_ids"], slot.index)
             if self.strict_lengths and full.numel() != slot.length:
                 raise ValueError(
