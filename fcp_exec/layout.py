@@ -12,8 +12,10 @@ hold global chunk ``r`` and positions ``[c, 2c)`` hold global chunk ``2·degree�
 """
 from __future__ import annotations
 
+import operator
 from typing import Sequence
 
+import numpy as np
 import torch
 
 __all__ = [
@@ -32,7 +34,23 @@ def _as_long_list(cu_seqlens) -> list[int]:
         if cu_seqlens.dtype.is_floating_point or cu_seqlens.dtype == torch.bool:
             raise ValueError(f"cu_seqlens must hold integers, got dtype {cu_seqlens.dtype}")
         return [int(v) for v in cu_seqlens.tolist()]
-    return [int(v) for v in cu_seqlens]
+    what = "cu_seqlens must be a 1-D sequence of integer token offsets"
+    if isinstance(cu_seqlens, (str, bytes)):
+        raise ValueError(f"{what}, got {cu_seqlens!r}")
+    try:
+        items = list(cu_seqlens)
+    except TypeError:
+        raise ValueError(f"{what}, got {cu_seqlens!r}") from None
+    out = []
+    for i, v in enumerate(items):
+        # ints and integer numpy scalars; a whole float (8.0) is tolerated, 8.5 is not (int() truncated it)
+        iv = _as_int(v)
+        if iv is None and isinstance(v, (float, np.floating)) and float(v).is_integer():
+            iv = int(v)
+        if iv is None:
+            raise ValueError(f"{what}; entry {i} is {v!r}")
+        out.append(iv)
+    return out
 
 
 def check_cu_seqlens(cu_seqlens, *, num_tokens: int | None = None, multiple: int = 1) -> list[int]:
@@ -62,12 +80,25 @@ def check_cu_seqlens(cu_seqlens, *, num_tokens: int | None = None, multiple: int
     return cu
 
 
-def _check_degree(degree: int, cp_rank: int | None = None) -> None:
-    if not isinstance(degree, int) or isinstance(degree, bool) or degree < 1:
+def _as_int(v) -> int | None:
+    if isinstance(v, bool):
+        return None
+    try:
+        return operator.index(v)  # int, numpy/torch integer scalars
+    except TypeError:
+        return None
+
+
+def _check_degree(degree: int, cp_rank: int | None = None) -> tuple[int, int | None]:
+    d = _as_int(degree)
+    if d is None or d < 1:
         raise ValueError(f"degree must be an int >= 1, got {degree!r}")
-    if cp_rank is not None:
-        if not isinstance(cp_rank, int) or isinstance(cp_rank, bool) or not 0 <= cp_rank < degree:
-            raise ValueError(f"cp_rank must be an int in [0, {degree}), got {cp_rank!r}")
+    if cp_rank is None:
+        return d, None
+    r = _as_int(cp_rank)
+    if r is None or not 0 <= r < d:
+        raise ValueError(f"cp_rank must be an int in [0, {d}), got {cp_rank!r}")
+    return d, r
 
 
 def zigzag_index(cu_seqlens, degree: int, cp_rank: int) -> torch.Tensor:
@@ -75,7 +106,7 @@ def zigzag_index(cu_seqlens, degree: int, cp_rank: int) -> torch.Tensor:
 
     ``x[zigzag_index(cu, degree, r)]`` is the local shard of ``x`` on CP rank ``r``.
     """
-    _check_degree(degree, cp_rank)
+    degree, cp_rank = _check_degree(degree, cp_rank)
     cu = check_cu_seqlens(cu_seqlens, multiple=2 * degree)
     parts: list[torch.Tensor] = []
     for start, end in zip(cu[:-1], cu[1:]):
@@ -93,7 +124,7 @@ def zigzag_index(cu_seqlens, degree: int, cp_rank: int) -> torch.Tensor:
 
 def zigzag_chunk_ids(degree: int, cp_rank: int) -> tuple[int, int]:
     """The two global chunk ids (out of ``2·degree``) that ``cp_rank`` holds, in local order."""
-    _check_degree(degree, cp_rank)
+    degree, cp_rank = _check_degree(degree, cp_rank)
     return cp_rank, 2 * degree - 1 - cp_rank
 
 
@@ -114,7 +145,7 @@ def zigzag_shard(x: torch.Tensor, cu_seqlens, degree: int, cp_rank: int):
     """
     if not isinstance(x, torch.Tensor) or x.dim() < 1:
         raise ValueError("x must be a tensor of shape [T, ...]")
-    _check_degree(degree, cp_rank)
+    degree, cp_rank = _check_degree(degree, cp_rank)
     cu = check_cu_seqlens(cu_seqlens, num_tokens=x.shape[0], multiple=2 * degree)
     if degree == 1:
         return x, _local_cu(cu_seqlens, cu, 1)
@@ -124,7 +155,7 @@ def zigzag_shard(x: torch.Tensor, cu_seqlens, degree: int, cp_rank: int):
 
 def zigzag_unshard(shards: Sequence[torch.Tensor], cu_seqlens, degree: int) -> torch.Tensor:
     """Inverse of :func:`zigzag_shard`: ``shards[r]`` is CP rank ``r``'s local tensor."""
-    _check_degree(degree)
+    degree, _ = _check_degree(degree)
     if len(shards) != degree:
         raise ValueError(f"expected {degree} shards (one per CP rank), got {len(shards)}")
     cu = check_cu_seqlens(cu_seqlens, multiple=2 * degree)

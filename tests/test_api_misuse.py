@@ -51,3 +51,29 @@ def test_collator_wrong_item_types():
         col([({"text": "x"}, slot)])
     out = col([({"input_ids": torch.arange(slot.length)}, slot)])  # the right shape still works
     assert int(out["input_ids"].numel()) > 0
+
+
+def test_zigzag_shard_bad_cu_seqlens_and_numpy_degree():
+    """A fractional cu_seqlens entry (4.5) was truncated by int() and sharded silently wrong; None / a string
+    gave a bare TypeError; a numpy integer degree (common when computed with numpy) was refused."""
+    from fcp_exec import zigzag_shard
+
+    x = torch.arange(12)
+    for cu in ([0, 4.5, 12], np.array([0.0, 4.5, 12.0]), None, "0,12", [0, "4", 12]):
+        with pytest.raises(ValueError, match="cu_seqlens must be a 1-D sequence of integer"):
+            zigzag_shard(x, cu, 2, 1)
+    ref = zigzag_shard(x, [0, 4, 12], 2, 1)[0]
+    for cu in ([0, 4.0, 12], np.array([0, 4, 12])):
+        assert torch.equal(zigzag_shard(x, cu, np.int64(2), np.int64(1))[0], ref)
+    assert ref.tolist() == [1, 2, 6, 7, 8, 9]  # chunks 1 and 2 of [0..3], chunks 1 and 2 of [4..11]
+
+
+def test_ring_attention_rejects_integer_and_mixed_device_inputs():
+    """Integer q/k/v reached the kernel and failed with an aten RuntimeError."""
+    from fcp_exec import ring_attention
+
+    q = torch.randn(8, 4, 16)
+    with pytest.raises(ValueError, match="floating point"):
+        ring_attention(q.long(), q.long(), q.long(), [0, 8], ranks=[0])
+    with pytest.raises(ValueError, match="dtypes differ"):
+        ring_attention(q, q.double(), q, [0, 8], ranks=[0])
