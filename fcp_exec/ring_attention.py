@@ -182,6 +182,10 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
         raise ValueError(f"H_q={q.shape[1]} must be a multiple of H_kv={k.shape[1]}")
     if q.dtype != k.dtype or q.dtype != v.dtype:
         raise ValueError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+    if not q.dtype.is_floating_point:
+        raise ValueError(f"q, k, v must be floating point (fp16/bf16/fp32/fp64), got {q.dtype}")
+    if q.device != k.device or q.device != v.device:
+        raise ValueError(f"q, k, v devices differ: {q.device}, {k.device}, {v.device}")
     comm = RingComm(ranks, group=group, timeout=timeout)
     cu = check_cu_seqlens(cu_seqlens, num_tokens=q.shape[0], multiple=2 if comm.degree > 1 else 1)
     scale = float(softmax_scale) if softmax_scale is not None else q.shape[-1] ** -0.5
