@@ -41,13 +41,19 @@ def time_table(S: np.ndarray, Q: np.ndarray, num_ranks: int, cost_model: CostMod
     return np.atleast_2d(T)
 
 
-def allocate_fast(T: np.ndarray, num_ranks: int | None = None) -> tuple[float, np.ndarray | None]:
-    """Exact min-max degree allocation on the table ``T`` (K × N). Returns ``(makespan, degrees)``;
-    ``(inf, None)`` when no allocation with ``Σ d ≤ N`` meets memory."""
+def _table(T: np.ndarray, num_ranks: int | None) -> tuple[np.ndarray, int, int]:
+    """``(T as float64 K × N, K, N)``; the table's width must be ``num_ranks`` when that is given."""
     T = np.asarray(T, dtype=np.float64)
     K, N = T.shape
     if num_ranks is not None and num_ranks != N:
         raise ValueError(f"time table has {N} degree columns but num_ranks={num_ranks}")
+    return T, K, N
+
+
+def allocate_fast(T: np.ndarray, num_ranks: int | None = None) -> tuple[float, np.ndarray | None]:
+    """Exact min-max degree allocation on the table ``T`` (K × N). Returns ``(makespan, degrees)``;
+    ``(inf, None)`` when no allocation with ``Σ d ≤ N`` meets memory."""
+    T, K, N = _table(T, num_ranks)
     if K == 0:
         return 0.0, np.zeros(0, dtype=np.int64)
     if K > N:
@@ -67,10 +73,7 @@ def allocate_fast(T: np.ndarray, num_ranks: int | None = None) -> tuple[float, n
 
 def allocate_dp(T: np.ndarray, num_ranks: int | None = None) -> tuple[float, np.ndarray | None]:
     """The paper's 2-D dynamic program (Algorithm 1) on the table ``T`` (K × N), O(K·N²)."""
-    T = np.asarray(T, dtype=np.float64)
-    K, N = T.shape
-    if num_ranks is not None and num_ranks != N:
-        raise ValueError(f"time table has {N} degree columns but num_ranks={num_ranks}")
+    T, K, N = _table(T, num_ranks)
     if K == 0:
         return 0.0, np.zeros(0, dtype=np.int64)
     j = np.arange(N + 1)[:, None]
