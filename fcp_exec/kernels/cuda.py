@@ -83,6 +83,14 @@ def _window_kwargs(params) -> dict:
     return {}
 
 
+def _fa_bounds(cq: list[int], ck: list[int], max_q, max_k, device):
+    """flash-attn varlen arguments: int32 cumulative bounds on ``device`` and the longest document each side."""
+    max_q = max_q if max_q is not None else max(b - a for a, b in zip(cq[:-1], cq[1:]))
+    max_k = max_k if max_k is not None else max(b - a for a, b in zip(ck[:-1], ck[1:]))
+    return (torch.tensor(cq, dtype=torch.int32, device=device), torch.tensor(ck, dtype=torch.int32, device=device),
+            max_q, max_k)
+
+
 class CudaKernel(AttentionKernel):
     """``backend``: ``"auto"`` (flash-attn if importable, else SDPA), ``"flash_attn"`` or ``"sdpa"``."""
 
@@ -201,10 +209,7 @@ class CudaKernel(AttentionKernel):
         cq, ck = doc_bounds(cu_q), doc_bounds(cu_k)
         h_q, _ = check_block_inputs(q, k, v, cq, ck, causal)
         if self._use_flash_attn(q, k):
-            max_q = max_q if max_q is not None else max(b - a for a, b in zip(cq[:-1], cq[1:]))
-            max_k = max_k if max_k is not None else max(b - a for a, b in zip(ck[:-1], ck[1:]))
-            cu_q_t = torch.tensor(cq, dtype=torch.int32, device=q.device)
-            cu_k_t = torch.tensor(ck, dtype=torch.int32, device=q.device)
+            cu_q_t, cu_k_t, max_q, max_k = _fa_bounds(cq, ck, max_q, max_k, q.device)
             return self._fa_forward(q, k, v, cu_q_t, cu_k_t, cq, ck, causal, scale, max_q, max_k)
         return self._sdpa_forward(q, k, v, cq, ck, causal, scale, h_q)
 
@@ -212,10 +217,7 @@ class CudaKernel(AttentionKernel):
         cq, ck = doc_bounds(cu_q), doc_bounds(cu_k)
         h_q, h_kv = check_block_inputs(q, k, v, cq, ck, causal)
         if self._use_flash_attn(q, k):
-            max_q = max_q if max_q is not None else max(b - a for a, b in zip(cq[:-1], cq[1:]))
-            max_k = max_k if max_k is not None else max(b - a for a, b in zip(ck[:-1], ck[1:]))
-            cu_q_t = torch.tensor(cq, dtype=torch.int32, device=q.device)
-            cu_k_t = torch.tensor(ck, dtype=torch.int32, device=q.device)
+            cu_q_t, cu_k_t, max_q, max_k = _fa_bounds(cq, ck, max_q, max_k, q.device)
             return self._fa_backward(dout, q, k, v, out, lse, cu_q_t, cu_k_t, cq, ck, causal, scale,
                                      max_q, max_k)
         return self._math_backward(dout, q, k, v, out, lse, cq, ck, causal, scale, h_q, h_kv)
