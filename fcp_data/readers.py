@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -39,10 +40,15 @@ class IndexedDataset(torch.utils.data.Dataset):
     index: a ``LengthIndex`` or its path. spec: the spec name/path/object (default: the spec the index was
     built with; its fingerprint must match). tokenizer: a tokenizer.json overriding the spec's (must be the
     one the index was built with). roots: ``{old_prefix: new_prefix}`` to relocate sources moved after indexing.
+    max_open_files: shard handles kept open per process (least recently used closed first), so random access
+    over thousands of shards stays under the process's file-descriptor limit. ``close()`` closes them all.
     """
 
     def __init__(self, index: LengthIndex | str | Path, spec: Spec | str | None = None, *, tokenizer: str | None = None,
-                 roots: dict[str, str] | None = None, check_fingerprint: bool = True):
+                 roots: dict[str, str] | None = None, check_fingerprint: bool = True, max_open_files: int = 64):
+        if isinstance(max_open_files, bool) or not isinstance(max_open_files, int) or max_open_files < 1:
+            raise ValueError(f"max_open_files must be an int >= 1, got {max_open_files!r}")
+        self.max_open_files = max_open_files
         self.index = index if isinstance(index, LengthIndex) else LengthIndex.load(index)
         m = self.index.manifest
         if spec is None:
@@ -54,7 +60,7 @@ class IndexedDataset(torch.utils.data.Dataset):
                              "tokenizer, or rebuild the index")
         self.text_field = m.get("text_field", "text")
         self._roots = dict(roots or {})
-        self._files: dict[int, object] = {}
+        self._files: OrderedDict[int, object] = OrderedDict()
         self._pid = os.getpid()
         self.placeholder_ids: tuple[int, ...] = self.spec.placeholder_ids if self.spec.is_multimodal else ()
         t = self.spec.vision.get("tokens", {})
@@ -68,8 +74,21 @@ class IndexedDataset(torch.utils.data.Dataset):
 
     def __getstate__(self):  # file handles do not cross process boundaries
         d = dict(self.__dict__)
-        d["_files"] = {}
+        d["_files"] = OrderedDict()
         return d
+
+    def close(self) -> None:
+        """Close the shard handles this process opened (reading again reopens them)."""
+        files, self._files = self._files, OrderedDict()
+        if os.getpid() == self._pid:
+            for f in files.values():
+                f.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
 
     # ------------------------------------------------------------------ raw bytes by recorded offset
 
@@ -81,11 +100,15 @@ class IndexedDataset(torch.utils.data.Dataset):
         return Path(p)
 
     def _handle(self, shard: int):
-        if os.getpid() != self._pid:  # forked DataLoader worker: reopen
-            self._files, self._pid = {}, os.getpid()
+        if os.getpid() != self._pid:  # forked DataLoader worker: reopen (the parent's handles share offsets)
+            self._files, self._pid = OrderedDict(), os.getpid()
         f = self._files.get(shard)
         if f is None:
+            while len(self._files) >= self.max_open_files:
+                self._files.popitem(last=False)[1].close()
             f = self._files[shard] = open(self._source_path(shard), "rb")
+        else:
+            self._files.move_to_end(shard)
         return f
 
     def read_member(self, i: int, ext: str) -> bytes:

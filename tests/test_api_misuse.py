@@ -77,3 +77,28 @@ def test_ring_attention_rejects_integer_and_mixed_device_inputs():
         ring_attention(q.long(), q.long(), q.long(), [0, 8], ranks=[0])
     with pytest.raises(ValueError, match="dtypes differ"):
         ring_attention(q, q.double(), q, [0, 8], ranks=[0])
+
+
+def test_indexed_dataset_bounds_open_shard_handles(tmp_path):
+    """IndexedDataset kept one open file per shard ever read and never closed them: random access over
+    thousands of shards ran out of file descriptors. Now at most max_open_files stay open (LRU), reads are
+    unchanged, and close() releases them."""
+    from fcp_data._resources import data_path
+    from fcp_data.index import build_index
+    from fcp_data.readers import IndexedDataset
+
+    shards = str(data_path("samples") / "wds" / "shard-{000000..000003}.tar")
+    build_index([shards], "text", tmp_path / "ix", progress=False)
+    ref = IndexedDataset(tmp_path / "ix", max_open_files=64)
+    small = IndexedDataset(tmp_path / "ix", max_open_files=2)
+    order = np.random.default_rng(0).permutation(len(ref))
+    handles = []
+    for i in order:
+        assert torch.equal(small[i]["input_ids"], ref[i]["input_ids"])
+        assert len(small._files) <= 2
+        handles += list(small._files.values())
+    assert len(set(small.index.shard.tolist())) == 4 and len(ref._files) == 4
+    small.close()
+    assert all(f.closed for f in handles) and not small._files
+    with pytest.raises(ValueError, match="max_open_files"):
+        IndexedDataset(tmp_path / "ix", max_open_files=0)
