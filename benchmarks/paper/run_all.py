@@ -33,7 +33,7 @@ def _experiments(ctx: Ctx):
         ("Tables 1-2 (overheads)", 25, exp_misc.run_overheads),
         ("Tables 4-5 (robustness)", 2 * 5 * ctx.steps, exp_misc.run_robustness),
         ("Table 6 (case study)", 2, exp_video.run_table6),
-        ("Extreme heterogeneity", 6, exp_misc.run_extreme),
+        ("Extreme heterogeneity", 12, exp_misc.run_extreme),
         ("Beyond the paper", 2 * (s + 1), exp_misc.run_beyond),
     ]
 
