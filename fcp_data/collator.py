@@ -153,6 +153,9 @@ class FCPCollator:
     def __init__(self, *, pad_token_id: int = 0, ignore_index: int = -100,
                  visual_token_id: int | Sequence[int] | None = None, spatial_merge_size: int = 2,
                  mrope: bool = False, strict_lengths: bool = True) -> None:
+        for name, v in (("pad_token_id", pad_token_id), ("ignore_index", ignore_index)):
+            if isinstance(v, bool) or not hasattr(v, "__index__"):
+                raise TypeError(f"{name} must be an int token id, got {v!r}")
         self.pad_token_id = int(pad_token_id)
         self.ignore_index = int(ignore_index)
         if visual_token_id is None:

@@ -102,3 +102,11 @@ def test_indexed_dataset_bounds_open_shard_handles(tmp_path):
     assert all(f.closed for f in handles) and not small._files
     with pytest.raises(ValueError, match="max_open_files"):
         IndexedDataset(tmp_path / "ix", max_open_files=0)
+
+
+def test_collator_constructor_types():
+    """pad_token_id='x' failed with int()'s bare 'invalid literal' message."""
+    for kw in ({"pad_token_id": "x"}, {"pad_token_id": None}, {"ignore_index": 1.5}):
+        with pytest.raises(TypeError, match="must be an int token id"):
+            FCPCollator(**kw)
+    assert FCPCollator(pad_token_id=np.int64(3)).pad_token_id == 3
