@@ -73,7 +73,7 @@ def _load(p: Path, column: str | int | None) -> np.ndarray:
     if column is not None:
         raise ValueError(f"--column applies to .csv files only, got {p}")
     values = []
-    with p.open() as f:
+    with p.open(encoding="utf-8-sig") as f:
         for lineno, line in enumerate(f, 1):
             text = line.split("#", 1)[0].strip()
             if text:
@@ -82,7 +82,7 @@ def _load(p: Path, column: str | int | None) -> np.ndarray:
 
 
 def _load_csv(p: Path, column: str | int | None) -> np.ndarray:
-    with p.open(newline="") as f:
+    with p.open(newline="", encoding="utf-8-sig") as f:
         rows = [r for r in csv.reader(f) if any(c.strip() for c in r)]
     if not rows:
         raise ValueError(f"{p}: no sequence lengths found (the file is empty)")

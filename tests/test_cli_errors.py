@@ -111,3 +111,14 @@ def test_index_bad_inputs(capsys, tmp_path):
     from fcp_data.specs import load_spec
 
     assert load_spec("QWEN2-VL").name == load_spec("qwen2-vl").name
+
+
+def test_lengths_with_utf8_bom(capsys, tmp_path):
+    """A lengths file saved by Excel/Windows starts with a UTF-8 BOM: '\\ufeff100' was 'not a number' and a
+    csv header 'len' did not match --column len."""
+    from fcp_data.workloads import load_lengths
+
+    (tmp_path / "l.txt").write_bytes(b"\xef\xbb\xbf100\r\n200\r\n")
+    (tmp_path / "l.csv").write_bytes(b"\xef\xbb\xbflen,x\r\n100,1\r\n200,2\r\n")
+    assert load_lengths(tmp_path / "l.txt").tolist() == [100, 200]
+    assert load_lengths(tmp_path / "l.csv", "len").tolist() == [100, 200]
