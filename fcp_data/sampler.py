@@ -238,6 +238,9 @@ class FCPSampler:
 
         if solver not in SOLVER_NAMES:
             raise ValueError(f"unknown solver {solver!r}; valid: {', '.join(SOLVER_NAMES)}")
+        if solver == "ilp":  # its result depends on how far HiGHS gets within a wall-clock limit
+            raise ValueError("solver='ilp' is time-limited, so ranks could compute different plans; use 'fcp' "
+                             "(or 'exhaustive' for tiny batches) in the sampler and the ILP for offline checks")
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise ValueError(f"seed must be an integer, got {seed!r}")
         self.seed, self.drop_last, self.on_overlong = int(seed), bool(drop_last), on_overlong

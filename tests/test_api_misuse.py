@@ -25,6 +25,7 @@ def _sampler(**kw):
 
 @pytest.mark.parametrize("kw,match", [
     ({"solver": "nope"}, "unknown solver 'nope'; valid: fcp"),
+    ({"solver": "ilp"}, "time-limited, so ranks could compute different plans"),
     ({"seed": "a"}, "seed must be an integer"),
     ({"global_batch_size": True}, "global_batch_size must be a positive integer"),
     ({"global_batch_size": 100, "drop_last": True}, "every epoch would be empty"),
