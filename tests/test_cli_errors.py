@@ -122,3 +122,21 @@ def test_lengths_with_utf8_bom(capsys, tmp_path):
     (tmp_path / "l.csv").write_bytes(b"\xef\xbb\xbflen,x\r\n100,1\r\n200,2\r\n")
     assert load_lengths(tmp_path / "l.txt").tolist() == [100, 200]
     assert load_lengths(tmp_path / "l.csv", "len").tolist() == [100, 200]
+
+
+def test_index_crashed_worker_is_one_line(tmp_path):
+    """A worker that dies (OOM-killed) used to end `fcp index --workers 2` with a BrokenProcessPool traceback;
+    now one line says to rerun with --resume, and exit code 2."""
+    import os
+    import subprocess
+    import sys
+
+    from fcp_data._resources import data_path
+    from fcp_data.index.build import EXIT_AFTER_ENV
+
+    shards = str(data_path("samples") / "wds" / "shard-{000000..000003}.tar")
+    r = subprocess.run([sys.executable, "-m", "fcp_data.cli", "index", shards, "--spec", "text", "--out",
+                        str(tmp_path / "ix"), "--workers", "2", "--no-progress"],
+                       env={**os.environ, EXIT_AFTER_ENV: "1"}, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip().endswith("--resume") and r.stderr.count("\n") == 1, r.stderr

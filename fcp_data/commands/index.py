@@ -8,7 +8,7 @@ __all__ = ["register"]
 
 EPILOG = """inputs: jsonl text files, webdataset .tar shards (paths, globs, brace ranges like
 'shard-{000000..000099}.tar' — quote them), and folders of video/image files (+ .txt captions).
-exit codes: 0 ok, 1 error rate above --max-error-rate, 2 bad usage.
+exit codes: 0 ok, 1 error rate above --max-error-rate, 2 bad usage or a crashed worker (rerun with --resume).
 examples:
   fcp index samples/text.jsonl --spec text --out /tmp/idx-text
   fcp index 'samples/wds/shard-{000000..000003}.tar' --spec qwen2-vl --out /tmp/idx-vid --workers 2
@@ -38,12 +38,19 @@ def register(subparsers, summary: str) -> None:
 
 
 def run(args) -> int:
+    from concurrent.futures.process import BrokenProcessPool
+
     from fcp_data.index import build_index, summarize
 
-    manifest, rc = build_index(args.inputs, args.spec, args.out, tokenizer=args.tokenizer, workers=args.workers,
-                               engine=args.engine, address=args.address, resume=args.resume, probe=args.probe,
-                               text_field=args.text_field, key_field=args.key_field,
-                               max_error_rate=args.max_error_rate, progress=not args.no_progress)
+    try:
+        manifest, rc = build_index(args.inputs, args.spec, args.out, tokenizer=args.tokenizer, workers=args.workers,
+                                   engine=args.engine, address=args.address, resume=args.resume, probe=args.probe,
+                                   text_field=args.text_field, key_field=args.key_field,
+                                   max_error_rate=args.max_error_rate, progress=not args.no_progress)
+    except BrokenProcessPool:
+        print(f"fcp index: error: a worker process died (killed, or out of memory); the finished shards are kept in "
+              f"{args.out}/parts — rerun the same command with --resume", file=sys.stderr)
+        return 2
     print(summarize(manifest))
     print(f"index written to {args.out}")
     if rc:
