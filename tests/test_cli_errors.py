@@ -140,3 +140,19 @@ def test_index_crashed_worker_is_one_line(tmp_path):
                        env={**os.environ, EXIT_AFTER_ENV: "1"}, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert r.stderr.strip().endswith("--resume") and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_json_stdout_is_pure_with_reports(capsys, tmp_path):
+    """--json output must be the only thing on stdout even when an overlong report or progress would print."""
+    import json
+
+    p = tmp_path / "l.txt"
+    p.write_text("100\n999999999\n3000\n700\n")
+    common = ["--lengths", str(p), "--ranks", "4", *PRESET, "--on-overlong", "truncate"]
+    for argv in (["plan", *common, "--micro-batches", "auto", "--json"],
+                 ["compare", *common, "--micro-batches", "auto", "--baselines", "static-cp", "--json"],
+                 ["simulate", *common, "--global-batch-size", "3", "--steps", "2", "--baselines", "static-cp", "--json"],
+                 ["presets", "--json"]):
+        rc, out, _ = _run(capsys, argv)
+        assert rc == 0 and out.endswith("\n") and out.count("\n") == 1, (argv[0], out[:200])
+        json.loads(out)
