@@ -33,12 +33,22 @@ class UsageError(Exception):
     """A user error that the CLI reports in one line (exit code 2)."""
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fcp")
+    except PackageNotFoundError:  # a source checkout that was never installed
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fcp",
         description="Flexible Context Parallelism: plan CP groups per micro-batch, index datasets, run ring attention.",
         epilog="Run `fcp <command> --help` for the options of one command.",
     )
+    parser.add_argument("--version", action="version", version=f"fcp {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="<command>")
     for name, summary in COMMANDS:
         try:

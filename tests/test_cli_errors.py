@@ -156,3 +156,12 @@ def test_json_stdout_is_pure_with_reports(capsys, tmp_path):
         rc, out, _ = _run(capsys, argv)
         assert rc == 0 and out.endswith("\n") and out.count("\n") == 1, (argv[0], out[:200])
         json.loads(out)
+
+
+def test_version_flag(capsys):
+    """`fcp --version` prints the installed package version (the same as fcp_data.__version__)."""
+    import fcp_data
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"fcp {fcp_data.__version__}"
