@@ -142,18 +142,28 @@ def launch(fn: Callable[..., Any], nproc: int, *args: Any, backend: str | None =
 
     backend = backend or default_backend()
     threads = max(1, (os.cpu_count() or 1) // nproc)
-    if "forkserver" in mp.get_all_start_methods():
+    use_forkserver = "forkserver" in mp.get_all_start_methods()
+    while True:
         # a server that has imported torch and fcp once forks every worker: later launches start in ~0.1 s
-        ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(_PRELOAD)
-    else:
-        ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, nproc, port, backend, threads, pg_timeout, results, fn, args),
-                         daemon=False) for r in range(nproc)]  # ranks may start DataLoader workers
-    for p in procs:
-        p.start()
+        ctx = mp.get_context("forkserver" if use_forkserver else "spawn")
+        if use_forkserver:
+            ctx.set_forkserver_preload(_PRELOAD)
+        results = ctx.Queue()
+        port = _free_port()
+        procs = [ctx.Process(target=_worker, args=(r, nproc, port, backend, threads, pg_timeout, results, fn, args),
+                             daemon=False) for r in range(nproc)]  # ranks may start DataLoader workers
+        try:
+            for p in procs:
+                p.start()
+            break
+        except OSError:  # the forkserver's socket vanished (e.g. its temp dir was cleaned): start by spawn
+            for p in procs:
+                if p.pid is not None and p.is_alive():
+                    p.terminate()
+                    p.join(timeout=5.0)
+            if not use_forkserver:
+                raise
+            use_forkserver = False
     values: dict[int, Any] = {}
     errors: dict[int, str] = {}
     deadline = time.monotonic() + timeout
