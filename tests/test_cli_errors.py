@@ -165,3 +165,14 @@ def test_version_flag(capsys):
     with pytest.raises(SystemExit) as e:
         main(["--version"])
     assert e.value.code == 0 and capsys.readouterr().out.strip() == f"fcp {fcp_data.__version__}"
+
+
+def test_index_summary_shows_an_example_per_error_reason(capsys, tmp_path):
+    """A wrong --text-field made every sample an error; the summary gave only 'missing_field 320' and the user
+    had to open errors.jsonl to learn which field was missing. Now the first error of each reason is shown."""
+    from fcp_data._resources import data_path
+
+    rc, out, err = _run(capsys, ["index", str(data_path("samples") / "text.jsonl"), "--spec", "text", "--out",
+                                 str(tmp_path / "ix"), "--text-field", "body", "--no-progress"])
+    assert rc == 1 and "exceeds --max-error-rate" in err
+    assert "missing_field: " in out and "no string field 'body'" in out

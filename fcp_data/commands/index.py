@@ -37,6 +37,21 @@ def register(subparsers, summary: str) -> None:
     p.set_defaults(func=run)
 
 
+def _first_errors(out: str) -> list[str]:
+    """``reason: key (detail)`` for the first recorded error of each reason."""
+    import json
+    from pathlib import Path
+
+    first: dict[str, str] = {}
+    with open(Path(out) / "errors.jsonl", encoding="utf-8") as f:
+        for line in f:
+            e = json.loads(line)
+            if e["reason"] not in first:
+                detail = f" ({e['detail'][:120]})" if e.get("detail") else ""
+                first[e["reason"]] = f"{e['reason']}: {e['key']}{detail}"
+    return [first[r] for r in sorted(first)]
+
+
 def run(args) -> int:
     from concurrent.futures.process import BrokenProcessPool
 
@@ -52,6 +67,8 @@ def run(args) -> int:
               f"{args.out}/parts — rerun the same command with --resume", file=sys.stderr)
         return 2
     print(summarize(manifest))
+    if manifest["num_errors"]:
+        print(f"first error of each reason (all in {args.out}/errors.jsonl): " + "; ".join(_first_errors(args.out)))
     print(f"index written to {args.out}")
     if rc:
         print(f"fcp index: error rate {manifest['error_rate']:.2%} exceeds --max-error-rate {args.max_error_rate:.2%}",
