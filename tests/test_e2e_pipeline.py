@@ -114,6 +114,10 @@ def test_short_real_profile_gives_loadable_cost_model(tmp_path):
     cm = CostModel.load(out)
     assert cm.tokens_per_rank == 256 and cm.ranks_per_node == 2 and cm.bandwidth_intra > 0
     assert png.stat().st_size > 1000
+    from fcp_data import FCPSampler
+
+    sampler = FCPSampler(np.array([300, 20, 40, 120]), num_ranks=2, rank=0, cost_model=cm, global_batch_size=4)
+    assert sum(len(slots) for slots in sampler) >= 1  # the fitted model drives real plans
     lengths = tmp_path / "l.txt"
     lengths.write_text("300\n20\n40\n")
     p = subprocess.run([sys.executable, "-m", "fcp_data.cli", "plan", "--lengths", str(lengths), "--ranks", "2",
