@@ -5,7 +5,9 @@ FCP on one micro-batch searches over stage-1 groupings: BFD on memory with the p
 work into ``K`` groups (token packing ignores the quadratic attention; LPT balances it). Each grouping
 gets stage 2 (exact allocation, any degree and powers of two), is placed on real ranks, and the plan with
 the smallest real makespan wins; a local search then moves sequences out of the slowest group while that
-helps (:func:`refine_moves`, ranks fixed). ``fcp`` also evaluates the static-cp configuration (uniform
+helps (:func:`refine_moves`, ranks fixed). The makespan-driven groupings (:mod:`fcp_data.plan.tau`:
+sequences slower than the target makespan alone on the fewest ranks that meet it, the rest LPT-balanced
+on single ranks) keep wide rings off short sequences, whose ring traffic does not shrink with ``d``. ``fcp`` also evaluates the static-cp configuration (uniform
 degree ``N/K`` on the LPT groupings, identical to the ``static-cp`` baseline) and the
 ``megatron-dynamic`` plan, so it is never worse than a baseline whose configuration lies in its search
 space. ``fcp-dp`` is the same search with the paper's 2-D DP as stage 2 (same optimum per grouping,
@@ -29,6 +31,7 @@ from fcp_data.plan.baselines import megatron_dynamic, static_cp, ulysses, work_p
 from fcp_data.plan.bfd import bfd_groups, candidate_units, group_aggregates_of, lpt_groups
 from fcp_data.plan.microbatch import plan_micro_batches
 from fcp_data.plan.placement import build_micro_batch, place_groups, placed_times
+from fcp_data.plan.tau import tau_groupings
 from fcp_data.plan.types import CPGroup, MicroBatchPlan, Plan
 
 __all__ = ["plan_batch", "SOLVERS", "SOLVER_NAMES", "fcp_micro_batch", "refine_moves", "validate_inputs"]
@@ -37,13 +40,16 @@ SOLVER_NAMES = ("fcp", "fcp-dp", "ilp", "exhaustive", "static-cp", "ulysses", "m
 
 
 def _candidate_groupings(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: CostModel):
-    """Stage-1 groupings FCP tries, as ``(groups, uniform_degree | None)``: BFD on memory for each bin
-    unit, then LPT on work into ``K = N/d`` groups for every divisor ``d`` of ``N`` and ``K = N, N/2, …``
+    """Stage-1 groupings FCP tries, as ``(groups, uniform_degree | None, family)``: BFD on memory for each
+    bin unit, then LPT on work into ``K = N/d`` groups for every divisor ``d`` of ``N`` and ``K = N, N/2, …``
     (balances the quadratic attention that token-packing ignores). For ``K = N/d`` the uniform degree
-    ``d`` — the static-cp configuration — is evaluated as well."""
+    ``d`` — the static-cp configuration — is evaluated as well. Last the makespan-driven groupings of
+    :func:`~fcp_data.plan.tau.tau_groupings` (long sequences alone, the rest LPT-balanced on single
+    ranks), family ``"-tau"``: they keep their own incumbents, so adding them never loses a plan that
+    refinement would have improved."""
     E = cost_model.tokens_per_rank
     for unit in candidate_units(float(lengths.sum()), num_ranks, E):
-        yield bfd_groups(lengths, unit), None
+        yield bfd_groups(lengths, unit), None, ""
     work = work_proxy(lengths, etas, cost_model)
     ks = {num_ranks // d for d in range(1, num_ranks + 1) if num_ranks % d == 0}
     k = num_ranks
@@ -53,7 +59,9 @@ def _candidate_groupings(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, 
     for k in sorted(ks, reverse=True):
         groups = lpt_groups(work, lengths, k, (num_ranks // k) * E)
         if groups is not None:
-            yield groups, (num_ranks // k if num_ranks % k == 0 else None)
+            yield groups, (num_ranks // k if num_ranks % k == 0 else None), ""
+    for groups, filled in tau_groupings(lengths, etas, num_ranks, cost_model):
+        yield groups, None, "-tau+" if filled else "-tau"
 
 
 def fcp_micro_batch(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: CostModel, *,
@@ -81,7 +89,7 @@ def fcp_micro_batch(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_
             best[track] = (span, groups, deg, S, Q)
 
     seen: set[tuple[tuple[int, ...], ...]] = set()
-    for groups, uniform in _candidate_groupings(lengths, etas, num_ranks, cost_model):
+    for groups, uniform, family in _candidate_groupings(lengths, etas, num_ranks, cost_model):
         if len(groups) > num_ranks:
             continue
         key = tuple(tuple(g) for g in groups)
@@ -91,15 +99,17 @@ def fcp_micro_batch(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_
         S, Q = group_aggregates_of(groups, lengths, etas)
         table = time_table(S, Q, num_ranks, cost_model)
         for track, mask in tracks.items():
+            if family and track == "pow2" and degrees != "pow2":
+                continue  # fcp already has the any-degree allocation of this grouping, which is never worse
             value, deg = alloc(table if mask is None else np.where(mask[None, :], table, np.inf), num_ranks)
             if deg is not None:
-                consider(track, value, deg, groups, S, Q)
+                consider(track + family, value, deg, groups, S, Q)
         if uniform is not None and with_baselines:
             value = float(table[:, uniform - 1].max())  # inf when memory fails
             if np.isfinite(value):
                 consider("uniform", value, np.full(len(groups), uniform, dtype=np.int64), groups, S, Q)
     plans: list[tuple[MicroBatchPlan, bool]] = []  # (plan, refined)
-    for track in ("any", "pow2", "uniform"):
+    for track in ("any", "pow2", "any-tau", "any-tau+", "pow2-tau", "pow2-tau+", "uniform"):
         if track in best:
             _, groups, deg, S, Q = best[track]
             mb = build_micro_batch(groups, deg, S, Q, num_ranks, cost_model)
@@ -115,7 +125,7 @@ def fcp_micro_batch(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_
         raise ValueError(f"the micro-batch ({lengths.size} sequences, {total} tokens) does not fit on {num_ranks} "
                          f"ranks: its groups need {need} ranks at tokens_per_rank={cost_model.tokens_per_rank}; "
                          "split it into more micro-batches (micro_batches='auto')")
-    plan, refined = min(plans, key=lambda p: p[0].makespan)  # first on ties: any, pow2, uniform, megatron
+    plan, refined = min(plans, key=lambda p: p[0].makespan)  # first on ties: any, pow2, …-tau, uniform, megatron
     # a baseline plan won: refine it too (never increases the makespan)
     return plan if refined else refine_moves(plan, lengths, etas, cost_model)
 

@@ -1,0 +1,180 @@
+"""Makespan-driven stage-1 groupings: single out the long sequences, LPT-balance the rest (DESIGN §5).
+
+Why: packing on memory (BFD with ``tokens_per_rank``) puts many short sequences into a few big bins,
+which then get high ring degrees. In §4 the ring traffic per rank, ``alpha3·S·(d−1)/d/v``, barely shrinks
+with ``d`` while compute falls as ``1/d``, so a wide ring over short sequences is slow; short sequences
+are best on one rank each (or two), and only sequences whose solo time exceeds the makespan deserve a
+ring of their own.
+
+For a target makespan ``τ`` (sequences ordered by solo time on one rank, memory-overflowing ones first):
+the sequences whose solo time ``T_k(1) > τ`` (or that do not fit one rank) each take the fewest ranks
+``f_k(τ)`` with ``T_k(d) ≤ τ``; the others need about ``W_rest / (τ − beta1)`` degree-1 ranks (their
+work is additive on one rank). ``τ*`` is the smallest ``τ`` whose rank count fits ``N`` (bisection,
+vectorised over the long sequences and degrees). Each candidate grouping — the long set at ``τ*`` and a
+few neighbouring sizes of it — is ``{each long sequence alone} ∪ LPT(rest, N − Σ f_k groups)``, and goes
+to the exact allocator like every other candidate (which re-chooses all degrees).
+Deterministic: stable sorts and fixed bisection steps only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fcp_data.cost import CostModel
+from fcp_data.plan.allocate import time_table
+import heapq
+
+from fcp_data.plan.bfd import labels_to_groups
+
+__all__ = ["tau_groupings", "min_ranks_for"]
+
+_BISECT_STEPS = 48
+
+
+def min_ranks_for(Tt: np.ndarray, tau: float) -> np.ndarray:
+    """Fewest ranks per row of the running-minimum time table ``Tt`` (K × N) meeting ``τ``; ``N + 1``
+    where no degree does."""
+    return 1 + (Tt > tau).sum(axis=1)
+
+
+def _rest_bins(tau: float, m: int, work_sorted: np.ndarray, suffix_work: np.ndarray, beta1: float) -> float:
+    """Degree-1 bins of time ≤ ``τ`` for the sequences ``order[m:]`` (work descending): items heavier than
+    half a bin cannot share one, so each opens its own; the lighter ones fill their headroom, then new bins
+    (the first-fit-decreasing count up to the fragmentation of the light items)."""
+    room = tau - beta1
+    if suffix_work[m] <= 0:
+        return 0.0
+    if room <= 0:
+        return np.inf
+    rest = work_sorted[m:]
+    if rest[0] > room * (1 + 1e-12):
+        return np.inf
+    n_big = int(np.searchsorted(-rest, -0.5 * room, side="left"))  # work > room/2
+    big_work = suffix_work[m] - suffix_work[m + n_big]
+    light = suffix_work[m + n_big]
+    spill = light - (n_big * room - big_work)
+    return n_big + (max(0.0, float(np.ceil(spill / room - 1e-9))) if spill > 0 else 0.0)
+
+
+def _lpt(work: np.ndarray, tokens: np.ndarray, k: int, capacity: float) -> np.ndarray | None:
+    """Exact LPT (items already heaviest first): each goes to the least-loaded group with token room,
+    lowest group id on ties; None when an item fits nowhere. O(n log k) with a heap."""
+    label = np.empty(work.size, dtype=np.int64)
+    heap = [(0.0, g) for g in range(k)]
+    if float(tokens.sum()) <= capacity:  # no group can overflow: plain LPT
+        for i, w in enumerate(work.tolist()):
+            ld, g = heap[0]
+            label[i] = g
+            heapq.heapreplace(heap, (ld + w, g))
+        return label
+    tok = [0.0] * k
+    for i, (w, s) in enumerate(zip(work.tolist(), tokens.tolist())):
+        skipped = []
+        while heap and tok[heap[0][1]] + s > capacity:
+            skipped.append(heapq.heappop(heap))
+        if not heap:
+            return None
+        ld, g = heapq.heappop(heap)
+        label[i] = g
+        tok[g] += s
+        heapq.heappush(heap, (ld + w, g))
+        for item in skipped:
+            heapq.heappush(heap, item)
+    return label
+
+
+def _fill_headroom(groups, per, rest, s, q, tau, cost_model):
+    """Best-fit the lightest remaining sequences into the long groups' headroom: each long group (on its
+    ``per`` ranks) takes the longest prefix of the remaining sequences, lightest first, that keeps its
+    time ≤ ``τ`` (one vectorised prefix scan per long group). Returns the groups and what is left."""
+    light = rest[::-1]  # rest is heaviest first
+    taken = 0
+    for k, d in enumerate(per.tolist()):
+        if d < 2 or taken >= light.size:
+            continue
+        cand = light[taken:]
+        S = s[groups[k]].sum() + np.cumsum(s[cand])
+        Q = q[groups[k]].sum() + np.cumsum(q[cand])
+        ok = (np.atleast_1d(cost_model.time(S, Q, d, d <= cost_model.ranks_per_node)) <= tau) & (S <= d * cost_model.tokens_per_rank)
+        j = int(ok.size if ok.all() else np.argmin(ok))
+        if j:
+            groups[k] = groups[k] + [int(i) for i in cand[:j]]
+            taken += j
+    return groups, light[taken:][::-1]
+
+
+def tau_groupings(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: CostModel,
+                  spread: int = 0, fill: bool = True) -> list[tuple[list[list[int]], bool]]:
+    """Candidate groupings ``(lists of sequence-id lists, filled)`` for the FCP solver, see the module
+    docstring; ``filled``: the long groups also took light sequences into their headroom.
+    ``spread``: also try singling out up to ``spread`` sequences fewer and more than at ``τ*``."""
+    s = np.asarray(lengths, dtype=np.float64)
+    q = (1.0 + np.asarray(etas, dtype=np.float64)) * s * s
+    n, N, E = s.size, int(num_ranks), cost_model.tokens_per_rank
+    if n < 2 or N < 2:
+        return []
+    solo = np.atleast_1d(cost_model.time(s, q, 1, True))
+    over = s > E
+    # order: memory-overflowing first, then by solo time, longest first; index breaks ties
+    order = np.lexsort((np.arange(n), -solo, ~over))
+    # at most N/2 sequences can take ≥ 2 ranks each; overflowing ones always count
+    M = int(min(n, max(int(over.sum()), N // 2)))
+    top = order[:M]
+    Tt = np.minimum.accumulate(time_table(s[top], q[top], N, cost_model), axis=1)
+    beta1 = cost_model.beta1
+    work_sorted = (solo - beta1)[order]
+    suffix_work = np.concatenate((np.cumsum(work_sorted[::-1])[::-1], [0.0]))  # work of order[m:]
+    solo_sorted = solo[order]
+    n_over = int(over.sum())
+
+    def long_count(tau: float) -> int:
+        # sequences singled out at τ: overflowing ones plus those slower than τ alone on one rank
+        return max(n_over, int(np.searchsorted(-solo_sorted[n_over:], -tau, side="left")) + n_over)
+
+    def feasible(tau: float) -> bool:
+        m = long_count(tau)
+        if m > M:
+            return False
+        need = int(min_ranks_for(Tt[:m], tau).sum()) if m else 0
+        return need + _rest_bins(tau, m, work_sorted, suffix_work, beta1) <= N
+
+    lo = float(max(Tt[:, -1].max() if M else 0.0, beta1))  # no plan beats the longest sequence on N ranks
+    hi = float(solo.max() + solo.sum())  # everything on one rank — and more than enough
+    if not np.isfinite(lo):
+        return []
+    if feasible(lo):
+        hi = lo
+    else:
+        for _ in range(_BISECT_STEPS):
+            mid = 0.5 * (lo + hi)
+            if feasible(mid):
+                hi = mid
+            else:
+                lo = mid
+            if hi - lo <= 1e-4 * hi:  # τ only picks the long set and its ranks; the allocator is exact
+                break
+    if not feasible(hi):
+        return []
+    tau = hi
+    m0 = long_count(tau)
+    out: list[tuple[list[list[int]], bool]] = []
+    for m in range(max(n_over, m0 - spread), min(M, m0 + spread) + 1):
+        if m >= n:
+            continue
+        per = np.minimum(min_ranks_for(Tt[:m], tau), N) if m else np.zeros(0, dtype=np.int64)
+        k_rest = N - int(per.sum())
+        if k_rest < 1:
+            continue
+        for filled in ((False, True) if fill and m else (False,)):
+            groups = [[int(k)] for k in order[:m]]
+            rest = order[m:]
+            if filled:
+                groups, rest = _fill_headroom(groups, per, rest, s, q, tau, cost_model)
+            if rest.size:
+                k = min(k_rest, rest.size)
+                label = _lpt(solo[rest] - beta1, s[rest], k, float(E))
+                if label is None:
+                    continue
+                groups += [[int(rest[i]) for i in g] for g in labels_to_groups(label, k)]
+            out.append((groups, filled))
+    return out
