@@ -9,6 +9,8 @@ Every rank builds the same plan from ``(seed, epoch, lengths, config)`` with no 
   ``drop_last=True`` drops it (in token mode: the last batch unless it is exactly full).
 * **Planning.** Each global batch is planned by :func:`fcp_data.plan.plan_batch` into micro-batches of CP
   groups over all ``num_ranks`` ranks; each sample lands in exactly one group of one micro-batch per epoch.
+  ``solver_options`` (a dict of JSON scalars, e.g. ``{"degree": 2}`` for ``solver="static-cp"``) are
+  passed to every ``plan_batch`` call; they are part of the state's config fingerprint.
 * **Yield.** For every micro-batch this rank gets one :class:`SlotList` of :class:`SampleSlot` — the
   samples of its CP group in packing order, or an empty list if it is idle in that micro-batch. So every
   rank yields the same number of lists, in the same order.
@@ -201,6 +203,39 @@ def _as_lengths(lengths_or_index: Any, etas: Any) -> tuple[np.ndarray, np.ndarra
     return lengths, etas
 
 
+_PLAN_ARGS = ("lengths", "num_ranks", "cost_model", "etas", "solver", "micro_batches")
+
+
+def _check_solver_options(options: Any, solver: str, num_ranks: int, cost_model: CostModel) -> dict[str, Any]:
+    """A copy of ``options`` (JSON scalars keyed by str, so the state fingerprint survives a JSON round
+    trip), tried once on a one-token batch so that an option the solver rejects fails here."""
+    if options is None:
+        return {}
+    if not isinstance(options, dict):
+        raise ValueError(f"solver_options must be a dict of keyword arguments for the solver, got {options!r}")
+    out = {}
+    for k in sorted(options):
+        v = options[k]
+        if not isinstance(k, str) or k in _PLAN_ARGS:
+            raise ValueError(f"solver_options key {k!r} is not a solver option (reserved: {', '.join(_PLAN_ARGS)})")
+        if isinstance(v, np.generic):
+            v = v.item()
+        if v is not None and not isinstance(v, (bool, int, float, str)):
+            raise ValueError(f"solver_options[{k!r}] must be a JSON scalar (int, float, str, bool, None), got {v!r}")
+        out[k] = v
+    if out:
+        from fcp_data.plan import plan_batch
+
+        try:
+            plan_batch([1], num_ranks=num_ranks, cost_model=cost_model, solver=solver, micro_batches=1, **out)
+        except TypeError as exc:
+            raise ValueError(f"solver {solver!r} does not accept solver_options {out}: {exc}") from None
+        except ValueError as exc:
+            raise ValueError(f"solver_options {out} are invalid for solver {solver!r} on {num_ranks} ranks: "
+                             f"{exc}") from None
+    return out
+
+
 class FCPSampler:
     """Batch sampler yielding this rank's :class:`SlotList` for every planned micro-batch (module doc)."""
 
@@ -208,7 +243,8 @@ class FCPSampler:
                  cost_model: CostModel, global_batch_size: int | None = None,
                  global_batch_tokens: int | None = None, seed: int = 0, drop_last: bool = False,
                  on_overlong: str = "error", prefetch: int = 2, solver: str = "fcp",
-                 micro_batches: str | int = "auto", etas: Any = None) -> None:
+                 micro_batches: str | int = "auto", etas: Any = None,
+                 solver_options: dict[str, Any] | None = None) -> None:
         d_rank, d_world = dist_rank_and_world()
         self.num_ranks = d_world if num_ranks is None else int(num_ranks)
         self.rank = d_rank if rank is None else int(rank)
@@ -245,6 +281,7 @@ class FCPSampler:
             raise ValueError(f"seed must be an integer, got {seed!r}")
         self.seed, self.drop_last, self.on_overlong = int(seed), bool(drop_last), on_overlong
         self.prefetch, self.solver, self.micro_batches = int(prefetch), str(solver), micro_batches
+        self.solver_options = _check_solver_options(solver_options, self.solver, self.num_ranks, cost_model)
 
         lengths, self.etas = _as_lengths(lengths_or_index, etas)
         self.lengths = lengths
@@ -347,7 +384,7 @@ class FCPSampler:
         ids = self.global_batch_indices(g, epoch)
         plan = plan_batch(self.num_tokens[ids], num_ranks=self.num_ranks, cost_model=self.cost_model,
                           etas=None if self.etas is None else self.etas[ids], solver=self.solver,
-                          micro_batches=self._micro_batches_of(ids.size))
+                          micro_batches=self._micro_batches_of(ids.size), **self.solver_options)
         if sorted(plan.seq_ids) != list(range(ids.size)):
             raise RuntimeError(f"planner returned a plan that does not hold each of the {ids.size} sequences "
                                f"of global batch {g} exactly once (solver={self.solver!r})")

@@ -120,21 +120,6 @@ def parse_planner(planner: str) -> tuple[str, int | None]:
     return name, int(deg)
 
 
-def _fixed_degree_sampler(base, degree: int):
-    """FCPSampler whose plans pass ``degree=`` to the solver (the sampler forwards no solver options)."""
-
-    class FixedDegreeSampler(base):
-        def plan_global_batch(self, g, epoch=None):
-            from fcp_data.plan import plan_batch
-
-            ids = self.global_batch_indices(g, epoch)
-            return plan_batch(self.num_tokens[ids], num_ranks=self.num_ranks, cost_model=self.cost_model,
-                              etas=None if self.etas is None else self.etas[ids], solver=self.solver,
-                              micro_batches=self.micro_batches, degree=degree)
-
-    return FixedDegreeSampler
-
-
 def _to_device(batch: dict, device) -> dict:
     return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
 
@@ -215,10 +200,9 @@ class Trainer:
         self.cost = cost
         self.model = build_model(cfg.model, seed=cfg.seed, dtype=_DTYPES[cfg.dtype]).to(self.device)
         solver, degree = parse_planner(cfg.planner)
-        sampler_cls = FCPSampler if degree is None else _fixed_degree_sampler(FCPSampler, degree)
-        self.sampler = sampler_cls(data.lengths, num_ranks=self.world, rank=self.rank, cost_model=cost,
-                                   global_batch_size=cfg.global_batch_size, seed=cfg.seed, solver=solver,
-                                   prefetch=cfg.prefetch)
+        self.sampler = FCPSampler(data.lengths, num_ranks=self.world, rank=self.rank, cost_model=cost,
+                                  global_batch_size=cfg.global_batch_size, seed=cfg.seed, solver=solver,
+                                  prefetch=cfg.prefetch, solver_options=None if degree is None else {"degree": degree})
         collator = FCPCollator(pad_token_id=data.pad_token_id, visual_token_id=data.visual_token_ids or None)
         self.loader = DataLoader(FCPDataset(data.dataset), batch_sampler=self.sampler, collate_fn=collator,
                                  num_workers=cfg.num_workers, persistent_workers=cfg.num_workers > 0)

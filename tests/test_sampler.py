@@ -206,3 +206,38 @@ def test_len_matches_iteration_for_fixed_micro_batches_and_constructor_checks():
     assert (single.rank, single.num_ranks) == (0, 1)
     clone = pickle.loads(pickle.dumps(s))  # e.g. a launcher that deep-copies its loaders
     assert [_key(x) for x in clone] == [_key(x) for x in lists]
+
+
+def test_solver_options_reach_the_planner_and_the_fingerprint():
+    """solver_options={"degree": 2} with static-cp: every global batch's plan equals plan_batch(..., degree=2)
+    called directly (the reference) and every group has degree 2; the options are part of the state's
+    fingerprint (a JSON round trip loads, other options are a ValueError naming solver_options); options
+    the solver rejects fail at construction. A failure means the sampler ignores or mangles the options."""
+    import json
+
+    from fcp_data.plan import plan_batch
+
+    lengths = _lengths(150, cap=1024)
+    s = _sampler(lengths, solver="static-cp", solver_options={"degree": 2})
+    for g in range(s.num_global_batches()):
+        ids = s.global_batch_indices(g)
+        ref = plan_batch(s.num_tokens[ids], num_ranks=8, cost_model=CM, solver="static-cp", micro_batches="auto",
+                         degree=2)
+        got = s.plan_global_batch(g)
+        assert got.micro_batches == ref.micro_batches
+    lists = list(s)
+    assert lists and all(lst.ranks == () or len(lst.ranks) == 2 for lst in lists)
+    default = _sampler(lengths, solver="static-cp")
+    assert any(len(lst.ranks) not in (0, 2) for lst in default)  # without the option the degree differs
+    state = json.loads(json.dumps(s.state_dict()))
+    _sampler(lengths, solver="static-cp", solver_options={"degree": 2}).load_state_dict(state)
+    for other in (None, {"degree": 4}):
+        with pytest.raises(ValueError, match="solver_options"):
+            _sampler(lengths, solver="static-cp", solver_options=other).load_state_dict(state)
+    with pytest.raises(ValueError, match="does not accept"):
+        _sampler(lengths, solver="fcp", solver_options={"degree": 2})
+    with pytest.raises(ValueError, match="degree 3"):
+        _sampler(lengths, solver="static-cp", solver_options={"degree": 3})
+    for bad in ([("degree", 2)], {"micro_batches": 2}, {"degree": [2]}):
+        with pytest.raises(ValueError, match="solver_options"):
+            _sampler(lengths, solver="static-cp", solver_options=bad)
