@@ -95,3 +95,29 @@ def test_fcp_not_slower_than_fixed_degree_baselines(workload, model, index):
     fcp = plan_batch(lengths, num_ranks=RANKS, cost_model=cm, solver="fcp", micro_batches="auto").makespan
     best, name = _best_baseline(lengths, model)
     assert fcp <= best * (1 + 1e-9), f"FCP {fcp:.4f} s > {name} {best:.4f} s on {workload} batch {index}, {model}"
+
+
+def test_tau_groupings_are_partitions():
+    """Every makespan-driven candidate is a partition of the batch into ≤ N groups, the singled-out
+    sequences (memory-overflowing ones included) open their own groups; a failure means the grouping loses
+    or duplicates sequences, which the allocator would silently plan."""
+    from fcp_data.plan.tau import tau_groupings
+
+    rng = np.random.default_rng(5)
+    produced = overflowing = 0
+    cm = preset_cost_model("Qwen3-8B", "ascend-910c")
+    for _ in range(20):
+        n, N = int(rng.integers(2, 300)), int(rng.choice([4, 16, 64]))
+        L = np.minimum(rng.lognormal(7.5, 1.8, size=n).astype(np.int64) + 1, N * cm.tokens_per_rank // 4)
+        etas = (rng.random(n) < 0.3).astype(float)
+        cands = tau_groupings(L, etas, N, cm)
+        produced += len(cands)
+        overflowing += bool(cands) and bool((L > cm.tokens_per_rank).any())
+        for groups, _filled in cands:
+            ids = sorted(i for g in groups for i in g)
+            assert ids == list(range(n))
+            assert len(groups) <= N
+            big = np.flatnonzero(L > cm.tokens_per_rank)
+            heads = {g[0] for g in groups}
+            assert set(big.tolist()) <= heads, "a sequence that fits no single rank must lead its own group"
+    assert produced > 0 and overflowing > 0  # the cases above were exercised

@@ -36,6 +36,8 @@ from fcp_data.plan.types import CPGroup, MicroBatchPlan, Plan
 
 __all__ = ["plan_batch", "SOLVERS", "SOLVER_NAMES", "fcp_micro_batch", "refine_moves", "validate_inputs"]
 
+_TAU_REFINE_SLACK = 1.05  # a makespan-driven candidate is refined only if within 5 % of the best refined plan
+
 SOLVER_NAMES = ("fcp", "fcp-dp", "ilp", "exhaustive", "static-cp", "ulysses", "megatron-dynamic", "fcp-pow2")
 
 
@@ -111,7 +113,9 @@ def fcp_micro_batch(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_
     plans: list[tuple[MicroBatchPlan, bool]] = []  # (plan, refined)
     for track in ("any", "pow2", "any-tau", "any-tau+", "pow2-tau", "pow2-tau+", "uniform"):
         if track in best:
-            _, groups, deg, S, Q = best[track]
+            span, groups, deg, S, Q = best[track]
+            if "tau" in track and plans and span >= _TAU_REFINE_SLACK * min(p[0].makespan for p in plans):
+                continue  # refinement rarely gains that much: not worth its time
             mb = build_micro_batch(groups, deg, S, Q, num_ranks, cost_model)
             plans.append((refine_moves(mb, lengths, etas, cost_model), True) if track != "uniform" else (mb, False))
     if with_baselines:

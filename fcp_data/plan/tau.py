@@ -8,22 +8,24 @@ ring of their own.
 
 For a target makespan ``τ`` (sequences ordered by solo time on one rank, memory-overflowing ones first):
 the sequences whose solo time ``T_k(1) > τ`` (or that do not fit one rank) each take the fewest ranks
-``f_k(τ)`` with ``T_k(d) ≤ τ``; the others need about ``W_rest / (τ − beta1)`` degree-1 ranks (their
-work is additive on one rank). ``τ*`` is the smallest ``τ`` whose rank count fits ``N`` (bisection,
-vectorised over the long sequences and degrees). Each candidate grouping — the long set at ``τ*`` and a
-few neighbouring sizes of it — is ``{each long sequence alone} ∪ LPT(rest, N − Σ f_k groups)``, and goes
-to the exact allocator like every other candidate (which re-chooses all degrees).
+``f_k(τ)`` with ``T_k(d) ≤ τ``; the others are counted as degree-1 bins of work ``τ − beta1`` (work is
+additive on one rank): each sequence heavier than half a bin opens one, the lighter ones fill the
+headroom, then new bins. ``τ*`` is the smallest ``τ`` whose rank count fits ``N`` (bisection to 1e-4,
+vectorised over the long sequences and degrees). The candidate groupings are ``{each long sequence
+alone} ∪ LPT(rest, N − Σ f_k groups)``, without and with the lightest sequences best-fitted into the long
+groups' headroom at ``τ*`` (``filled``); they go to the exact allocator like every other candidate (which
+re-chooses all degrees), so ``τ*`` only shapes the grouping.
 Deterministic: stable sorts and fixed bisection steps only.
 """
 
 from __future__ import annotations
 
+import heapq
+
 import numpy as np
 
 from fcp_data.cost import CostModel
 from fcp_data.plan.allocate import time_table
-import heapq
-
 from fcp_data.plan.bfd import labels_to_groups
 
 __all__ = ["tau_groupings", "min_ranks_for"]
