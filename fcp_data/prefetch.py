@@ -6,7 +6,9 @@ wait ahead of the consumer. ``get()`` returns them in order together with the se
 waited; an exception raised by ``plan_fn`` is re-raised by ``get()`` in the consumer's thread (with the
 planning thread's traceback attached). ``close()`` stops the thread and joins it; it is idempotent and
 is also called when the consumer reaches the end. The thread holds no reference to the consumer, so an
-abandoned sampler iterator is garbage-collected and closes its prefetcher.
+abandoned sampler iterator is garbage-collected and closes its prefetcher. ``on_done()`` is called on the
+thread once the last global batch is planned (before it is handed over); :class:`SamplerIterator` uses it
+to start a :class:`Speculation` of the next epoch's first global batches.
 
 ``depth = 0`` means no thread: ``get()`` plans synchronously and reports the planning time as the wait.
 
@@ -19,13 +21,17 @@ micro_batch)`` of the next list and the sampler's config fingerprint, loaded str
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
+from concurrent.futures import Future
 from functools import partial
 from typing import Any, Callable
 
-__all__ = ["PlanPrefetcher", "SamplerIterator", "make_state", "check_state"]
+__all__ = ["PlanPrefetcher", "Speculation", "SamplerIterator", "make_state", "check_state"]
+
+logger = logging.getLogger(__name__)
 
 STATE_VERSION = 1
 
@@ -35,10 +41,12 @@ _POLL_S = 0.05
 class PlanPrefetcher:
     """Ordered producer of ``plan_fn(g)`` for ``g`` in ``[start, stop)``, ``depth`` results ahead."""
 
-    def __init__(self, plan_fn: Callable[[int], Any], start: int, stop: int, depth: int) -> None:
+    def __init__(self, plan_fn: Callable[[int], Any], start: int, stop: int, depth: int,
+                 on_done: Callable[[], None] | None = None) -> None:
         if depth < 0:
             raise ValueError(f"prefetch depth must be >= 0, got {depth}")
         self._plan_fn = plan_fn
+        self._on_done = on_done
         self._next = int(start)
         self._stop_at = int(stop)
         self._depth = int(depth)
@@ -54,7 +62,8 @@ class PlanPrefetcher:
     def _start(self) -> None:
         self._queue = queue.Queue(maxsize=self._depth)
         self._thread = threading.Thread(
-            target=_produce, args=(self._plan_fn, self._next, self._stop_at, self._queue, self._stop),
+            target=_produce,
+            args=(self._plan_fn, self._next, self._stop_at, self._queue, self._stop, self._on_done),
             name="fcp-planner", daemon=True)
         self._thread.start()
 
@@ -117,7 +126,8 @@ def _drain(q: queue.Queue) -> None:
             return
 
 
-def _produce(plan_fn: Callable[[int], Any], start: int, stop: int, q: queue.Queue, stop_event: threading.Event) -> None:
+def _produce(plan_fn: Callable[[int], Any], start: int, stop: int, q: queue.Queue, stop_event: threading.Event,
+             on_done: Callable[[], None] | None) -> None:
     for g in range(start, stop):
         if stop_event.is_set():
             return
@@ -125,6 +135,11 @@ def _produce(plan_fn: Callable[[int], Any], start: int, stop: int, q: queue.Queu
             item = (g, True, plan_fn(g))
         except BaseException as exc:  # surfaced in the consumer by get()
             item = (g, False, exc)
+        if g == stop - 1 and item[1] and on_done is not None:
+            try:  # before the hand-over, so the consumer never reaches the end before it ran
+                on_done()
+            except Exception:  # an optimisation only: the next epoch then plans as usual
+                logger.warning("speculative planning of the next epoch failed to start", exc_info=True)
         while not stop_event.is_set():
             try:
                 q.put(item, timeout=_POLL_S)
@@ -133,6 +148,50 @@ def _produce(plan_fn: Callable[[int], Any], start: int, stop: int, q: queue.Queu
                 continue
         if not item[1]:
             return
+
+
+class Speculation:
+    """Plans of global batches ``0 … count−1`` of one ``epoch``, computed on a daemon thread
+    (``fcp-speculate``) that ends by itself after ``count`` plans or when :meth:`cancel` is called.
+
+    :meth:`take` hands out the future of one global batch once (``None`` if there is none); a cancelled
+    or failed future means "plan it yourself". The thread holds only ``plan_fn``, never an iterator."""
+
+    def __init__(self, plan_fn: Callable[[int], Any], epoch: int, count: int) -> None:
+        self.epoch = int(epoch)
+        self._futures = {g: Future() for g in range(int(count))}
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self.thread = threading.Thread(target=_speculate, args=(plan_fn, list(self._futures.items()), self._stop),
+                                       name="fcp-speculate", daemon=True)
+        self.thread.start()
+
+    def take(self, g: int) -> Future | None:
+        with self._lock:
+            return self._futures.pop(g, None)
+
+    def cancel(self) -> None:
+        """Stop after the plan in progress (at most one planning call) and join the thread."""
+        self._stop.set()
+        with self._lock:
+            for fut in self._futures.values():
+                fut.cancel()
+            self._futures.clear()
+        if self.thread is not threading.current_thread():
+            self.thread.join()
+
+
+def _speculate(plan_fn: Callable[[int], Any], futures: list, stop_event: threading.Event) -> None:
+    for g, fut in futures:
+        if stop_event.is_set():
+            fut.cancel()  # also wakes a consumer that took this future before cancel()
+            continue
+        if not fut.set_running_or_notify_cancel():
+            continue
+        try:
+            fut.set_result(plan_fn(g))
+        except BaseException as exc:  # the consumer re-plans and gets the error in its own call
+            fut.set_exception(exc)
 
 
 class SamplerIterator:
@@ -169,8 +228,10 @@ class SamplerIterator:
             raise StopIteration
         if self._lists_g != self._g:
             if self._prefetcher is None:
-                self._prefetcher = PlanPrefetcher(partial(self._sampler._rank_lists, self._epoch), self._g,
-                                                  self._num_g, self._sampler.prefetch)
+                sampler = self._sampler
+                self._prefetcher = PlanPrefetcher(partial(sampler._planned_lists, self._epoch), self._g,
+                                                  self._num_g, sampler.prefetch,
+                                                  on_done=partial(sampler._speculate, self._epoch + 1))
             g, lists, wait = self._prefetcher.get()
             assert g == self._g, (g, self._g)
             self._sampler.planner_waits.append(wait)

@@ -35,6 +35,13 @@ Every rank builds the same plan from ``(seed, epoch, lengths, config)`` with no 
   ``next()`` (after DataLoader workers have forked). Planner errors are re-raised in the training process;
   the thread stops when the epoch ends, when the iterator is closed, garbage-collected or re-positioned.
   ``planner_waits`` holds the seconds the consumer waited for each global batch's plan.
+* **Across epochs.** Once the planning thread has planned the last global batch of epoch ``e``, the
+  first ``prefetch`` global batches of epoch ``e+1`` (whose order is a pure function of ``(seed, e+1)``)
+  are planned speculatively on a sampler-level thread (``fcp-speculate``, it ends after those plans), so
+  that the first step of the next epoch does not wait either (with one global batch per epoch, every
+  step). The next iterator of epoch ``e+1`` takes them instead of planning again (``num_speculative_hits``
+  counts them); ``set_epoch(x)`` with ``x ≠ e+1`` and ``load_state_dict`` cancel and discard them.
+  The plans are the same either way: a plan depends only on ``(epoch, global batch)`` and the config.
 * **DataLoader.** ``batch_sampler`` is iterated in the main process, also with workers. A plain
   DataLoader pulls ``prefetch_factor · num_workers`` lists ahead of the training loop, so
   ``sampler.state_dict()`` is that far ahead of what was trained on: use torchdata's
@@ -51,6 +58,7 @@ import hashlib
 import logging
 import threading
 import weakref
+from functools import partial
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
@@ -58,7 +66,7 @@ import numpy as np
 
 from fcp_data.cost import CostModel
 from fcp_data.plan.types import Plan
-from fcp_data.prefetch import SamplerIterator, check_state, make_state
+from fcp_data.prefetch import SamplerIterator, Speculation, check_state, make_state
 
 __all__ = ["FCPSampler", "SampleSlot", "SlotList", "FCPDataset", "dist_rank_and_world"]
 
@@ -324,6 +332,9 @@ class FCPSampler:
         self._resume: tuple[int, int, int] | None = None
         self._live: weakref.ref | None = None
         self.planner_waits: list[float] = []
+        self.num_speculative_hits = 0
+        self._spec: Speculation | None = None
+        self._spec_lock = threading.Lock()
 
     # ------------------------------------------------------------------ epoch layout
     def set_epoch(self, epoch: int) -> None:
@@ -334,6 +345,8 @@ class FCPSampler:
             raise ValueError(f"epoch must be >= 0, got {epoch}")
         if self._resume is not None and self._resume[0] != epoch:
             self._resume = None
+        if self._spec is not None and self._spec.epoch != epoch:
+            self._discard_speculation()
         self.epoch = epoch
 
     def _epoch_layout(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
@@ -414,6 +427,40 @@ class FCPSampler:
             out.append(SlotList(slots, ranks=group.ranks, cp_rank=cp, **meta))
         return out
 
+    def _planned_lists(self, epoch: int, g: int) -> list[SlotList]:
+        """:meth:`_rank_lists`, taken from the speculative plans of this epoch when there are some."""
+        spec = self._spec
+        fut = spec.take(g) if spec is not None and spec.epoch == epoch else None
+        if fut is not None:
+            try:
+                lists = fut.result()
+            except Exception:  # cancelled, or it failed: plan here, where an error reaches the consumer
+                pass
+            else:
+                self.num_speculative_hits += 1
+                return lists
+        return self._rank_lists(epoch, g)
+
+    def _speculate(self, epoch: int) -> None:
+        """Start planning the first ``prefetch`` global batches of ``epoch`` (called by the planning thread
+        when the previous epoch is planned), unless that is already done or the sampler moved elsewhere."""
+        if self.prefetch < 1 or self.epoch not in (epoch - 1, epoch):
+            return
+        with self._spec_lock:
+            old = self._spec
+            if old is not None and old.epoch == epoch:
+                return
+            count = min(self.prefetch, self.num_global_batches(epoch))
+            self._spec = Speculation(partial(self._rank_lists, epoch), epoch, count)
+        if old is not None:
+            old.cancel()
+
+    def _discard_speculation(self) -> None:
+        with self._spec_lock:
+            old, self._spec = self._spec, None
+        if old is not None:
+            old.cancel()
+
     def _record_count(self, epoch: int, g: int, count: int) -> None:
         self._counts.setdefault(epoch, {})[g] = count
 
@@ -465,15 +512,16 @@ class FCPSampler:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The next ``iter()`` starts at the saved position (and ``epoch`` becomes the saved epoch)."""
         e, g, m = self.check_state(state)
+        self._discard_speculation()
         self.epoch = e
         self._resume = (e, g, m)
 
     def __getstate__(self) -> dict[str, Any]:
         d = self.__dict__.copy()
-        d["_live"] = None  # a weakref to the live iterator does not pickle (and belongs to this process)
-        del d["_layout_lock"]
+        d["_live"] = d["_spec"] = None  # an iterator weakref and a thread belong to this process
+        del d["_layout_lock"], d["_spec_lock"]
         return d
 
     def __setstate__(self, d: dict[str, Any]) -> None:
         self.__dict__.update(d)
-        self._layout_lock = threading.Lock()
+        self._layout_lock, self._spec_lock = threading.Lock(), threading.Lock()

@@ -85,6 +85,62 @@ def test_planner_thread_stops_on_exhaustion_abandon_and_close():
     assert not _planner_threads()
 
 
+def _spec_threads():
+    return [t for t in threading.enumerate() if t.name == "fcp-speculate" and t.is_alive()]
+
+
+def _keys(lists):
+    return [(x.epoch, x.global_batch, x.micro_batch, x.ranks, x.cp_rank, tuple(s.index for s in x),
+             x.num_tokens_global) for x in lists]
+
+
+@pytest.mark.parametrize("batch", [200, 64])  # one global batch per epoch (every step waited before); four
+def test_next_epoch_is_planned_speculatively_with_identical_plans(batch):
+    """Epochs 0..3 iterated with set_epoch(e+1) after each: the first `prefetch` global batches of every
+    later epoch come from the speculative plans made while the previous epoch ended
+    (num_speculative_hits), the lists equal those of a sampler that plans synchronously (prefetch=0, the
+    reference), len() is unchanged, and no planning or speculation thread outlives the run. A failure
+    means the speculation changes plans, is never used, or leaks threads."""
+    lengths = _lengths()
+    ref = FCPSampler(lengths, num_ranks=8, rank=2, cost_model=CM, global_batch_size=batch, prefetch=0)
+    s = FCPSampler(lengths, num_ranks=8, rank=2, cost_model=CM, global_batch_size=batch, prefetch=2)
+    expected_hits = 0
+    for e in range(4):
+        s.set_epoch(e)
+        ref.set_epoch(e)
+        got = list(s)
+        assert _keys(got) == _keys(list(ref)) and len(s) == len(got) == len(ref)
+        expected_hits += min(2, s.num_global_batches(e)) if e else 0
+        assert s.num_speculative_hits == expected_hits, e
+    assert s.planner_waits and ref.num_speculative_hits == 0
+    # the speculation started at the end of epoch 3 ends by itself; nothing else is left running
+    assert s._spec is not None and s._spec.epoch == 4
+    s._spec.thread.join(timeout=30)
+    assert not _spec_threads() and not _wait_no_planner_threads()
+
+
+def test_speculation_is_discarded_by_another_epoch_and_by_load_state_dict():
+    """set_epoch(x) with x != e+1 and load_state_dict cancel the speculative plans of epoch e+1 (the
+    thread is joined before they return) and the next epoch is planned afresh, with the same lists as a
+    fresh sampler (the reference). A failure means stale plans could be served or threads leak."""
+    lengths = _lengths()
+    s = FCPSampler(lengths, num_ranks=8, rank=0, cost_model=CM, global_batch_size=200, prefetch=2)
+    list(s)
+    assert s._spec is not None and s._spec.epoch == 1
+    spec = s._spec
+    s.set_epoch(5)
+    assert s._spec is None and not spec.thread.is_alive()
+    fresh = FCPSampler(lengths, num_ranks=8, rank=0, cost_model=CM, global_batch_size=200, prefetch=0)
+    fresh.set_epoch(5)
+    assert _keys(list(s)) == _keys(list(fresh)) and s.num_speculative_hits == 0
+    state = s.state_dict()
+    assert s._spec is not None and s._spec.epoch == 6
+    spec = s._spec
+    s.load_state_dict(state)
+    assert s._spec is None and not spec.thread.is_alive()
+    assert not _spec_threads() and not _wait_no_planner_threads()
+
+
 def test_planner_errors_surface_in_the_consumer():
     """An exception raised while planning on the background thread is re-raised by next() in the
     training process (with the planner's traceback), and the thread is gone afterwards."""
