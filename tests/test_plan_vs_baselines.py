@@ -6,7 +6,8 @@ of the real Wikipedia lengths (skipped when ``/work/shared/workloads`` is absent
 static-cp and Ulysses at every fixed degree (× (1 + 1e-9)). The batches are the ones FCP lost to Ulysses
 at degree 16 before the makespan-driven groupings (:mod:`fcp_data.plan.tau`): stage-1 BFD packed the
 short documents into a few memory bins, which got wide rings whose KV traffic does not shrink with the
-degree. A failure means FCP's candidate groupings miss a plan that a single-degree baseline finds.
+degree (commoncrawl, Qwen3-1.7B), or the 8-11K-token documents that exceed the makespan alone on one rank
+needed rings of 2-3 ranks mixed with light documents (Wikipedia batch 6, 8B models). A failure means FCP's candidate groupings miss a plan that a single-degree baseline finds.
 """
 
 from __future__ import annotations
@@ -75,15 +76,8 @@ CASES = [
         "43K document cannot go below its 16-rank time without inter-node KV traffic. Best one-micro-batch "
         "ring plan found 1.247 s; the rank-seconds bound W/N + beta1 = 1.114 s does not exclude a better "
         "one; none is known"))),
-    pytest.param("wikipedia", "Llama3-8B", 6, marks=pytest.mark.xfail(strict=True, reason=(
-        "known loss, 0.4 %: FCP 2.907 s vs Ulysses@16 2.896 s; same batch and mechanism as Qwen3-8B below "
-        "(W/N + beta1 = 2.739 s)"))),
-    pytest.param("wikipedia", "Qwen3-8B", 6, marks=pytest.mark.xfail(strict=True, reason=(
-        "known loss, 0.4 %: best ring plan found 3.023 s vs Ulysses@16 2.986 s. Eight documents of 8.6-11K "
-        "tokens each take 3.5-4.6 s alone on one rank (Qwen3-8B), above Ulysses' makespan, so they need "
-        "degree-2 rings, where the KV traffic alpha3·S/2/v exceeds their attention and is not hidden; "
-        "Ulysses@16 pays only (H+G)/G·(d-1)/d² of it. The rank-seconds bound W/N + beta1 = 2.808 s does not "
-        "exclude a better ring plan; none is known"))),
+    ("wikipedia", "Llama3-8B", 6),
+    ("wikipedia", "Qwen3-8B", 6),
 ]
 
 

@@ -63,7 +63,7 @@ def _candidate_groupings(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, 
         if groups is not None:
             yield groups, (num_ranks // k if num_ranks % k == 0 else None), ""
     for groups, filled in tau_groupings(lengths, etas, num_ranks, cost_model):
-        yield groups, None, "-tau+" if filled else "-tau"
+        yield groups, None, {True: "-tau+", False: "-tau", None: "-tauc"}[filled]
 
 
 def fcp_micro_batch(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: CostModel, *,
@@ -101,8 +101,6 @@ def fcp_micro_batch(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_
         S, Q = group_aggregates_of(groups, lengths, etas)
         table = time_table(S, Q, num_ranks, cost_model)
         for track, mask in tracks.items():
-            if family and track == "pow2" and degrees != "pow2":
-                continue  # fcp already has the any-degree allocation of this grouping, which is never worse
             value, deg = alloc(table if mask is None else np.where(mask[None, :], table, np.inf), num_ranks)
             if deg is not None:
                 consider(track + family, value, deg, groups, S, Q)
@@ -111,7 +109,7 @@ def fcp_micro_batch(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_
             if np.isfinite(value):
                 consider("uniform", value, np.full(len(groups), uniform, dtype=np.int64), groups, S, Q)
     plans: list[tuple[MicroBatchPlan, bool]] = []  # (plan, refined)
-    for track in ("any", "pow2", "any-tau", "any-tau+", "pow2-tau", "pow2-tau+", "uniform"):
+    for track in ("any", "pow2", "any-tau", "any-tau+", "any-tauc", "pow2-tau", "pow2-tau+", "pow2-tauc", "uniform"):
         if track in best:
             span, groups, deg, S, Q = best[track]
             if "tau" in track and plans and span >= _TAU_REFINE_SLACK * min(p[0].makespan for p in plans):

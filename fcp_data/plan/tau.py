@@ -14,7 +14,10 @@ headroom, then new bins. ``τ*`` is the smallest ``τ`` whose rank count fits ``
 vectorised over the long sequences and degrees). The candidate groupings are ``{each long sequence
 alone} ∪ LPT(rest, N − Σ f_k groups)``, without and with the lightest sequences best-fitted into the long
 groups' headroom at ``τ*`` (``filled``); they go to the exact allocator like every other candidate (which
-re-chooses all degrees), so ``τ*`` only shapes the grouping.
+re-chooses all degrees), so ``τ*`` only shapes the grouping. Coarse variants (``filled is None``): for
+``c`` in ``coarsen``, only the sequences needing more than ``c`` ranks at ``τ*`` stay alone and the rest
+is LPT-balanced into ``(ranks left) // c`` groups — rings of about ``c`` ranks that mix the sequences too
+slow alone on one rank with light ones.
 Deterministic: stable sorts and fixed bisection steps only.
 """
 
@@ -106,9 +109,11 @@ def _fill_headroom(groups, per, rest, s, q, tau, cost_model):
 
 
 def tau_groupings(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: CostModel,
-                  spread: int = 0, fill: bool = True) -> list[tuple[list[list[int]], bool]]:
+                  spread: int = 0, fill: bool = True,
+                  coarsen: tuple[int, ...] = (2, 3, 4)) -> list[tuple[list[list[int]], bool]]:
     """Candidate groupings ``(lists of sequence-id lists, filled)`` for the FCP solver, see the module
-    docstring; ``filled``: the long groups also took light sequences into their headroom.
+    docstring; ``filled``: the long groups also took light sequences into their headroom; ``None`` for
+    the coarse variants (one per ``c`` in ``coarsen``).
     ``spread``: also try singling out up to ``spread`` sequences fewer and more than at ``τ*``."""
     s = np.asarray(lengths, dtype=np.float64)
     q = (1.0 + np.asarray(etas, dtype=np.float64)) * s * s
@@ -179,4 +184,17 @@ def tau_groupings(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_mo
                     continue
                 groups += [[int(rest[i]) for i in g] for g in labels_to_groups(label, k)]
             out.append((groups, filled))
+    # rings of about c ranks over mixed heavy and light sequences: the sequences that need more than c
+    # ranks at τ* stay alone, the rest is LPT-balanced into (ranks left) // c groups
+    per_all = np.minimum(min_ranks_for(Tt, tau), N)
+    for c in coarsen:
+        j = max(n_over, int(np.count_nonzero(per_all[:m0] > c)))
+        k = (N - int(per_all[:j].sum())) // c
+        if j >= n or k < 1:
+            continue
+        rest = order[j:]
+        k = min(k, rest.size)
+        label = _lpt(solo[rest] - beta1, s[rest], k, float(c * E))
+        if label is not None:
+            out.append(([[int(i)] for i in order[:j]] + [[int(rest[i]) for i in g] for g in labels_to_groups(label, k)], None))
     return out
