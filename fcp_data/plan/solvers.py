@@ -47,8 +47,8 @@ def _candidate_groupings(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, 
     (balances the quadratic attention that token-packing ignores). For ``K = N/d`` the uniform degree
     ``d`` — the static-cp configuration — is evaluated as well. Last the makespan-driven groupings of
     :func:`~fcp_data.plan.tau.tau_groupings` (long sequences alone, the rest LPT-balanced on single
-    ranks), families ``"-tau"``, ``"-tau+"`` (headroom filled), ``"-tauc"`` (coarse rings): they keep their own incumbents, so adding them never loses a plan that
-    refinement would have improved."""
+    ranks), families ``"-tau"``, ``"-tau+"`` (headroom filled), ``"-tauc"`` (coarse rings): they keep
+    their own incumbents, so adding them never loses a plan that refinement would have improved."""
     E = cost_model.tokens_per_rank
     for unit in candidate_units(float(lengths.sum()), num_ranks, E):
         yield bfd_groups(lengths, unit), None, ""
