@@ -7,7 +7,8 @@ static-cp and Ulysses at every fixed degree (× (1 + 1e-9)). The batches are the
 at degree 16 before the makespan-driven groupings (:mod:`fcp_data.plan.tau`): stage-1 BFD packed the
 short documents into a few memory bins, which got wide rings whose KV traffic does not shrink with the
 degree (commoncrawl, Qwen3-1.7B), or the 8-11K-token documents that exceed the makespan alone on one rank
-needed rings of 2-3 ranks mixed with light documents (Wikipedia batch 6, 8B models). A failure means FCP's candidate groupings miss a plan that a single-degree baseline finds.
+needed rings of 2-3 ranks mixed with light documents (Wikipedia batch 6, 8B models).
+A failure means FCP's candidate groupings miss a plan that a single-degree baseline finds.
 """
 
 from __future__ import annotations

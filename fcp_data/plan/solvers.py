@@ -7,7 +7,8 @@ gets stage 2 (exact allocation, any degree and powers of two), is placed on real
 the smallest real makespan wins; a local search then moves sequences out of the slowest group while that
 helps (:func:`refine_moves`, ranks fixed). The makespan-driven groupings (:mod:`fcp_data.plan.tau`:
 sequences slower than the target makespan alone on the fewest ranks that meet it, the rest LPT-balanced
-on single ranks) keep wide rings off short sequences, whose ring traffic does not shrink with ``d``. ``fcp`` also evaluates the static-cp configuration (uniform
+on single ranks) keep wide rings off short sequences, whose ring traffic does not shrink with ``d``.
+``fcp`` also evaluates the static-cp configuration (uniform
 degree ``N/K`` on the LPT groupings, identical to the ``static-cp`` baseline) and the
 ``megatron-dynamic`` plan, so it is never worse than a baseline whose configuration lies in its search
 space. ``fcp-dp`` is the same search with the paper's 2-D DP as stage 2 (same optimum per grouping,

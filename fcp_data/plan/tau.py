@@ -100,7 +100,8 @@ def _fill_headroom(groups, per, rest, s, q, tau, cost_model):
         cand = light[taken:]
         S = s[groups[k]].sum() + np.cumsum(s[cand])
         Q = q[groups[k]].sum() + np.cumsum(q[cand])
-        ok = (np.atleast_1d(cost_model.time(S, Q, d, d <= cost_model.ranks_per_node)) <= tau) & (S <= d * cost_model.tokens_per_rank)
+        T = np.atleast_1d(cost_model.time(S, Q, d, d <= cost_model.ranks_per_node))
+        ok = (T <= tau) & (S <= d * cost_model.tokens_per_rank)
         j = int(ok.size if ok.all() else np.argmin(ok))
         if j:
             groups[k] = groups[k] + [int(i) for i in cand[:j]]
@@ -196,5 +197,7 @@ def tau_groupings(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_mo
         k = min(k, rest.size)
         label = _lpt(solo[rest] - beta1, s[rest], k, float(c * E))
         if label is not None:
-            out.append(([[int(i)] for i in order[:j]] + [[int(rest[i]) for i in g] for g in labels_to_groups(label, k)], None))
+            groups = [[int(i)] for i in order[:j]]
+            groups += [[int(rest[i]) for i in g] for g in labels_to_groups(label, k)]
+            out.append((groups, None))
     return out
