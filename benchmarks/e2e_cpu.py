@@ -9,8 +9,10 @@ the samplers share the seed) and the sampler's prefetch works inside the epoch.
 
 Three trainers live in the same two processes and **alternate step by step** (fcp, static-cp:2,
 static-cp:1, fcp, ...), so machine noise hits all three alike; each step's time is the slowest rank's.
-The cost model is fitted on this machine first (``fcp profile`` code path, same run) unless ``--cost`` is
-given; its ``tokens_per_rank`` is set to ``--long`` so that data parallelism (degree 1) is allowed.
+The cost model is fitted on this machine first (``fcp profile`` code path, same run: single documents of
+``--profile-lens`` plus packed groups of 1/4/16 documents of 64/128/256 tokens, as training packs them)
+unless ``--cost`` is given (e.g. the JSON of ``fcp profile --nproc 2 --out cost.json``); its
+``tokens_per_rank`` is set to ``--long`` so that data parallelism (degree 1) is allowed.
 
 Prints per planner: median step time, total time and tokens/s over the same global batches, the ratio
 to FCP, the §4 predicted total, the plans used (⟨degree⟩×count per micro-batch), and the planner wait
@@ -64,6 +66,7 @@ def main() -> int:
                     help="memory budget E (default --long, so data parallelism fits; below --long DP is skipped)")
     ap.add_argument("--cost", default=None, help="cost JSON; default: fit one now with the profiler")
     ap.add_argument("--profile-lens", default="256,512,1024,2048,4096")
+    ap.add_argument("--profile-reps", type=int, default=3, help="repetitions per profile point (median kept)")
     ap.add_argument("--shuffled", action="store_true",
                     help="many copies of the pattern shuffled together (global batches hold 0..k long documents, "
                          "plans prefetched inside the epoch) instead of the same 1-long + N-short batch every step")
@@ -86,7 +89,7 @@ def main() -> int:
         print(f"cost model from {args.cost}")
     else:
         lens = tuple(int(v) for v in args.profile_lens.split(","))
-        fit, raw = run_profile(nproc, seq_lens=lens, reps=2)
+        fit, raw = run_profile(nproc, seq_lens=lens, reps=args.profile_reps)
         cost = fit.cost_model
         print(f"## cost model fitted on this machine ({time.perf_counter() - t0:.0f} s)")
         print(format_fit(fit))
@@ -112,8 +115,8 @@ def main() -> int:
               f"one {args.long}-token document per {gbs} sequences, the rest 32-512 tokens), shuffled together")
     else:
         print(f"## data: every step the same global batch of {gbs} sequences, {sum(lengths)} tokens: one "
-              f"{args.long}-token document and {args.num_short} of 32-512 tokens (one global batch per epoch, so "
-              "each step's plan is its epoch's first: the sampler prefetches only inside an epoch)")
+              f"{args.long}-token document and {args.num_short} of 32-512 tokens (one global batch per epoch: each "
+              "step's plan is its epoch's first, planned speculatively while the previous epoch ran)")
     t1 = time.perf_counter()
     res = next(r for r in launch(bench_worker, nproc, cfgs, args.warmup, args.rounds) if r is not None)
     print(f"## step times, alternating planners step by step ({time.perf_counter() - t1:.0f} s)")

@@ -107,10 +107,12 @@ def test_short_real_profile_gives_loadable_cost_model(tmp_path):
     `fcp plan --cost` accept, and a plot. Measured times are noisy; the fit must still be well-formed."""
     out, png = tmp_path / "cost.json", tmp_path / "fit.png"
     cmd = [sys.executable, "-m", "fcp_data.cli", "profile", "--nproc", "2", "--seq-lens", "64,128,256",
-           "--reps", "1", "--out", str(out), "--plot", str(png), "--tokens-per-rank", "256"]
+           "--reps", "1", "--out", str(out), "--plot", str(png), "--tokens-per-rank", "256", "--packed-docs", "4",
+           "--packed-lens", "32"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "mean error" in r.stdout and "P2P bandwidth" in r.stdout
+    assert "mean error" in r.stdout and "P2P bandwidth" in r.stdout and "packed points" in r.stdout
+    assert r.stdout.count(" 4 x seq_len ") == 2  # the packed cell at degrees 1 and 2
     cm = CostModel.load(out)
     assert cm.tokens_per_rank == 256 and cm.ranks_per_node == 2 and cm.bandwidth_intra > 0
     assert png.stat().st_size > 1000

@@ -39,6 +39,11 @@ def register(subparsers, summary: str) -> None:
                    help="time one transformer layer shaped like a preset model (see `fcp presets`); the fit is "
                         "scaled to the preset's layer count")
     p.add_argument("--seq-lens", default="256,512,1024,2048", help="comma-separated lengths (default 256,512,1024,2048)")
+    p.add_argument("--packed-docs", default="1,4,16",
+                   help="documents per packed group (default 1,4,16; 'none' for single documents only)")
+    p.add_argument("--packed-lens", default="64,128,256",
+                   help="length of each packed document (default 64,128,256): packed points put k documents "
+                        "of each length in one group, as training does, so the fit sees per-document costs")
     p.add_argument("--degrees", default=None, help="comma-separated degrees (default 1..nproc)")
     p.add_argument("--reps", type=int, default=3, help="timed repetitions per point, median kept (default 3)")
     p.add_argument("--dtype", choices=("float32", "float64", "bfloat16"), default="float32")
@@ -61,14 +66,21 @@ def run(args) -> int:
         raise UsageError("--reps must be >= 1")
     seq_lens = _ints(args.seq_lens)
     degrees = _ints(args.degrees) if args.degrees else None
-    if len(seq_lens) * len(degrees or range(args.nproc)) < 3:
+    packed_docs = () if args.packed_docs.strip().lower() in ("none", "") else _ints(args.packed_docs)
+    packed_lens = _ints(args.packed_lens) if packed_docs else ()
+    from fcp_exec.profiler import profile_grid
+
+    cells = profile_grid(seq_lens, packed_docs, packed_lens)
+    if len(cells) * len(degrees or range(args.nproc)) < 3:
         raise UsageError("the grid needs at least 3 (length, degree) points; give more --seq-lens")
     what = f"one layer like {args.layer_like}" if args.layer_like else args.model
-    print(f"[fcp profile] {what}, {args.dtype}, {args.nproc} process(es), lengths {list(seq_lens)}, "
+    packed = (f", packed groups of {list(packed_docs)} documents of {list(packed_lens)} tokens" if packed_docs
+              else "")
+    print(f"[fcp profile] {what}, {args.dtype}, {args.nproc} process(es), lengths {list(seq_lens)}{packed}, "
           f"degrees {list(degrees or range(1, args.nproc + 1))}, {args.reps} reps", flush=True)
     fit, raw = run_profile(args.nproc, model=args.model, layer_like=args.layer_like, seq_lens=seq_lens,
                            degrees=degrees, reps=args.reps, dtype=args.dtype, tokens_per_rank=args.tokens_per_rank,
-                           backend=args.backend)
+                           backend=args.backend, packed_docs=packed_docs, packed_lens=packed_lens)
     if args.layer_like:
         print(f"(times above are per layer; the table and fit below are scaled to {raw['layers_scaled']} layers)")
     if raw["bandwidth"]:
