@@ -23,7 +23,7 @@ from fcp_data.plan import plan_batch
 from fcp_data.presets import HARDWARE, MODELS, model_heads, preset_cost_model
 
 __all__ = ["REPO", "SIM_SYSTEMS", "LABELS", "Ctx", "Section", "SystemResult", "machine_info", "simulate_cell",
-           "plan_systems", "md_table", "fmt_s", "fmt_x", "vision_alpha2", "batch_pool_draws", "plt"]
+           "plan_systems", "lower_bound", "md_table", "fmt_s", "fmt_x", "vision_alpha2", "batch_pool_draws", "plt"]
 
 REPO = Path(__file__).resolve().parents[2]
 SIM_SYSTEMS = ("fcp", "static-cp", "ulysses", "megatron-dynamic", "fcp-pow2")
@@ -85,6 +85,12 @@ class SystemResult:
     solve_ms: list[float] = field(default_factory=list)
     micro_batches: list[int] = field(default_factory=list)
     plans: list[Any] = field(default_factory=list)
+    lower_bound: list[float] = field(default_factory=list)
+
+    @property
+    def lb_gap(self) -> float:
+        """Mean step time over the mean §4 lower bound, minus 1 (0 = provably optimal)."""
+        return self.mean / float(np.mean(self.lower_bound)) - 1.0 if self.lower_bound else math.nan
 
     @property
     def mean(self) -> float:
@@ -137,6 +143,8 @@ def simulate_cell(pool: np.ndarray, *, model: str, cost_model: CostModel, num_ra
     times, _, fixed = simulate(pool, num_ranks=num_ranks, cost_model=cost_model, global_batch_size=gbs, steps=steps,
                                seed=seed, solvers=list(systems), options={"ulysses": _opts(model, "ulysses")})
     out = {name: SystemResult(steps=list(times[name])) for name in systems}
+    out["fcp"].lower_bound = [lower_bound(pool[ids], num_ranks, cost_model)
+                              for ids in draw_batches(pool.size, gbs, steps, seed)]
     if oracle:
         out["static-cp-batch"] = SystemResult(steps=[
             plan_batch(pool[ids], num_ranks=num_ranks, cost_model=cost_model, solver="static-cp",
@@ -145,6 +153,16 @@ def simulate_cell(pool: np.ndarray, *, model: str, cost_model: CostModel, num_ra
     if ctx is not None:
         ctx.tick(steps, label)
     return out, fixed
+
+
+def lower_bound(lengths: np.ndarray, num_ranks: int, cm: CostModel, etas: np.ndarray | None = None) -> float:
+    """A §4 lower bound on any plan's step time: every group pays ``C = work/d + beta1`` at least, so a
+    micro-batch takes ≥ its work / N + beta1, and a step ≥ ``Σ(alpha1·(1+η)s² + alpha2·s) / N + M·beta1``
+    with ``M = ⌈Σs / (N·E)⌉`` the fewest micro-batches memory allows."""
+    s = np.asarray(lengths, dtype=np.float64)
+    e = np.zeros_like(s) if etas is None else np.asarray(etas, dtype=np.float64)
+    m = max(1, math.ceil(s.sum() / (num_ranks * cm.tokens_per_rank)))
+    return float((cm.alpha1 * ((1 + e) * s * s).sum() + cm.alpha2 * s.sum()) / num_ranks + m * cm.beta1)
 
 
 def plan_systems(batches: list[np.ndarray], *, model: str, cost_model: CostModel, num_ranks: int,
