@@ -59,6 +59,11 @@ class PlanPrefetcher:
     def thread(self) -> threading.Thread | None:
         return self._thread
 
+    def start(self) -> None:
+        """Start planning now instead of at the first ``get()`` (no-op without a thread or when started)."""
+        if self._depth and self._thread is None and not self._closed:
+            self._start()
+
     def _start(self) -> None:
         self._queue = queue.Queue(maxsize=self._depth)
         self._thread = threading.Thread(
@@ -148,6 +153,11 @@ def _produce(plan_fn: Callable[[int], Any], start: int, stop: int, q: queue.Queu
                 continue
         if not item[1]:
             return
+    if start >= stop and on_done is not None:  # nothing left to plan in this epoch
+        try:
+            on_done()
+        except Exception:
+            logger.warning("speculative planning of the next epoch failed to start", exc_info=True)
 
 
 class Speculation:
@@ -169,6 +179,15 @@ class Speculation:
     def take(self, g: int) -> Future | None:
         with self._lock:
             return self._futures.pop(g, None)
+
+    def take_done(self, g: int) -> tuple[bool, Any]:
+        """``(True, plan)`` and removes it if the plan of ``g`` is ready; else ``(False, None)`` (never blocks)."""
+        with self._lock:
+            fut = self._futures.get(g)
+            if fut is None or not fut.done() or fut.cancelled() or fut.exception() is not None:
+                return False, None
+            del self._futures[g]
+            return True, fut.result()
 
     def cancel(self) -> None:
         """Stop after the plan in progress (at most one planning call) and join the thread."""
@@ -227,12 +246,22 @@ class SamplerIterator:
             self.close()
             raise StopIteration
         if self._lists_g != self._g:
+            t0 = time.perf_counter()
+            ready = False
             if self._prefetcher is None:
                 sampler = self._sampler
-                self._prefetcher = PlanPrefetcher(partial(sampler._planned_lists, self._epoch), self._g,
+                # a speculative plan that is ready is taken here, without a thread hand-over; the planning
+                # thread then starts at once with the next global batch
+                ready, lists = sampler._speculative_lists(self._epoch, self._g)
+                self._prefetcher = PlanPrefetcher(partial(sampler._planned_lists, self._epoch), self._g + ready,
                                                   self._num_g, sampler.prefetch,
                                                   on_done=partial(sampler._speculate, self._epoch + 1))
-            g, lists, wait = self._prefetcher.get()
+                if ready:
+                    self._prefetcher.start()
+            if ready:
+                g, wait = self._g, time.perf_counter() - t0
+            else:
+                g, lists, wait = self._prefetcher.get()
             assert g == self._g, (g, self._g)
             self._sampler.planner_waits.append(wait)
             self._sampler._record_count(self._epoch, g, len(lists))

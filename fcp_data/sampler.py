@@ -441,6 +441,15 @@ class FCPSampler:
                 return lists
         return self._rank_lists(epoch, g)
 
+    def _speculative_lists(self, epoch: int, g: int) -> tuple[bool, Any]:
+        """``(True, lists)`` if the speculative plan of ``(epoch, g)`` is ready, else ``(False, None)``."""
+        spec = self._spec
+        if spec is None or spec.epoch != epoch:
+            return False, None
+        ready, lists = spec.take_done(g)
+        self.num_speculative_hits += ready
+        return ready, lists
+
     def _speculate(self, epoch: int) -> None:
         """Start planning the first ``prefetch`` global batches of ``epoch`` (called by the planning thread
         when the previous epoch is planned), unless that is already done or the sampler moved elsewhere."""
