@@ -59,189 +59,19 @@ import logging
 import threading
 import weakref
 from functools import partial
-from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator
 
 import numpy as np
 
 from fcp_data.cost import CostModel
 from fcp_data.plan.types import Plan
 from fcp_data.prefetch import SamplerIterator, Speculation, check_state, make_state
+from fcp_data.slots import (FCPDataset, SampleSlot, SlotList, check_lengths, check_solver_options,
+                            dist_rank_and_world)
 
 __all__ = ["FCPSampler", "SampleSlot", "SlotList", "FCPDataset", "dist_rank_and_world"]
 
 logger = logging.getLogger(__name__)
-
-
-def dist_rank_and_world() -> tuple[int, int]:
-    """``(rank, world_size)`` from ``torch.distributed`` when it is initialised, else ``(0, 1)``."""
-    try:
-        import torch.distributed as dist
-    except ImportError:  # pragma: no cover - torch is a dependency
-        return 0, 1
-    if dist.is_available() and dist.is_initialized():
-        return int(dist.get_rank()), int(dist.get_world_size())
-    return 0, 1
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class SampleSlot:
-    """One sample's place in a planned micro-batch, as seen by one rank of its CP group.
-
-    ``index``: dataset index; ``ranks``: the CP group's global ranks in ring order; ``cp_rank``: this
-    rank's position in ``ranks``; ``num_tokens``: tokens to keep (< ``length`` when truncated);
-    ``length``: the sample's length in the index; ``num_tokens_global``: label tokens of the whole global
-    batch, Σ (num_tokens − 1) over all its sequences (the loss denominator); ``epoch``,
-    ``global_batch`` (index in the epoch), ``micro_batch`` (index in the global batch) and
-    ``num_micro_batches`` (in this global batch) locate the micro-batch.
-    """
-
-    index: int
-    ranks: tuple[int, ...]
-    cp_rank: int
-    num_tokens: int
-    length: int
-    num_tokens_global: int
-    epoch: int
-    global_batch: int
-    micro_batch: int
-    num_micro_batches: int
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "ranks", tuple(int(r) for r in self.ranks))
-        if not self.ranks or len(set(self.ranks)) != len(self.ranks) or min(self.ranks) < 0:
-            raise ValueError(f"ranks must be distinct non-negative global ranks, got {self.ranks}")
-        if not 0 <= self.cp_rank < len(self.ranks):
-            raise ValueError(f"cp_rank must be in [0, {len(self.ranks)}), got {self.cp_rank}")
-        if self.index < 0:
-            raise ValueError(f"index must be >= 0, got {self.index}")
-        if not 1 <= self.num_tokens <= self.length:
-            raise ValueError(f"num_tokens must be in [1, length={self.length}], got {self.num_tokens}")
-        if self.num_tokens_global < 0:
-            raise ValueError(f"num_tokens_global must be >= 0, got {self.num_tokens_global}")
-        if not 0 <= self.micro_batch < self.num_micro_batches:
-            raise ValueError(f"micro_batch must be in [0, {self.num_micro_batches}), got {self.micro_batch}")
-
-    @property
-    def degree(self) -> int:
-        return len(self.ranks)
-
-    @property
-    def rank(self) -> int:
-        return self.ranks[self.cp_rank]
-
-    @property
-    def truncated(self) -> bool:
-        return self.num_tokens < self.length
-
-
-class SlotList(list):
-    """This rank's slots of one micro-batch (a plain ``list`` of :class:`SampleSlot`) plus the
-    micro-batch metadata, so that an idle rank's empty list still says where it is and carries
-    ``num_tokens_global``. Attributes: ``epoch``, ``global_batch``, ``micro_batch``, ``num_micro_batches``,
-    ``num_tokens_global``, ``ranks`` (``()`` when idle) and ``cp_rank`` (``-1`` when idle)."""
-
-    def __init__(self, slots: Sequence[SampleSlot] = (), *, epoch: int, global_batch: int, micro_batch: int,
-                 num_micro_batches: int, num_tokens_global: int, ranks: tuple[int, ...] = (), cp_rank: int = -1):
-        super().__init__(slots)
-        self.epoch, self.global_batch, self.micro_batch = epoch, global_batch, micro_batch
-        self.num_micro_batches, self.num_tokens_global = num_micro_batches, num_tokens_global
-        self.ranks, self.cp_rank = tuple(ranks), cp_rank
-
-    def __repr__(self) -> str:
-        return (f"SlotList(epoch={self.epoch}, global_batch={self.global_batch}, micro_batch={self.micro_batch}"
-                f"/{self.num_micro_batches}, ranks={self.ranks}, cp_rank={self.cp_rank}, "
-                f"indices={[s.index for s in self]})")
-
-
-class FCPDataset:
-    """``FCPDataset(base)[slot] → (base[slot.index], slot)``: carries the plan through DataLoader workers.
-
-    ``__getitems__`` (used by the DataLoader's fetcher for a whole batch) keeps the :class:`SlotList`
-    metadata, so an idle rank's empty batch reaches the collator with its ``num_tokens_global``.
-    """
-
-    def __init__(self, base: Any) -> None:
-        self.base = base
-
-    def __len__(self) -> int:
-        return len(self.base)
-
-    def __getitem__(self, slot: SampleSlot) -> tuple[Any, SampleSlot]:
-        if not isinstance(slot, SampleSlot):
-            raise TypeError(f"FCPDataset is indexed by SampleSlot (from FCPSampler), got {type(slot).__name__}")
-        return self.base[slot.index], slot
-
-    def __getitems__(self, slots: Sequence[SampleSlot]) -> list:
-        items = [self[s] for s in slots]
-        if isinstance(slots, SlotList):
-            out = SlotList(items, epoch=slots.epoch, global_batch=slots.global_batch,
-                           micro_batch=slots.micro_batch, num_micro_batches=slots.num_micro_batches,
-                           num_tokens_global=slots.num_tokens_global, ranks=slots.ranks, cp_rank=slots.cp_rank)
-            return out
-        return items
-
-
-def _as_lengths(lengths_or_index: Any, etas: Any) -> tuple[np.ndarray, np.ndarray | None]:
-    src = lengths_or_index
-    if hasattr(src, "num_tokens") and not isinstance(src, (np.ndarray, list, tuple)):
-        lengths = np.asarray(src.num_tokens)
-        if etas is None:
-            etas = getattr(src, "eta", None)
-    else:
-        lengths = np.asarray(src)
-    if lengths.ndim != 1 or lengths.size == 0:
-        raise ValueError(f"lengths must be a non-empty 1-D array of token counts, got shape {lengths.shape}")
-    if not np.issubdtype(lengths.dtype, np.integer):
-        if not np.issubdtype(lengths.dtype, np.floating) or not np.all(lengths == np.round(lengths)):
-            raise ValueError("lengths must be integer token counts")
-    lengths = lengths.astype(np.int64)
-    bad = np.flatnonzero(lengths < 1)
-    if bad.size:
-        raise ValueError(f"sample {int(bad[0])} has {int(lengths[bad[0]])} tokens; every sample needs >= 1 "
-                         f"({bad.size} such samples) — remove them from the index")
-    if etas is not None:
-        etas = np.asarray(etas, dtype=np.float64)
-        if etas.shape != lengths.shape:
-            raise ValueError(f"etas has {etas.size} entries but there are {lengths.size} samples")
-        if not np.all(np.isfinite(etas)) or etas.min() < 0:
-            raise ValueError("etas must be finite and >= 0 (0 causal, 1 full attention)")
-        if not np.any(etas):
-            etas = None
-    return lengths, etas
-
-
-_PLAN_ARGS = ("lengths", "num_ranks", "cost_model", "etas", "solver", "micro_batches")
-
-
-def _check_solver_options(options: Any, solver: str, num_ranks: int, cost_model: CostModel) -> dict[str, Any]:
-    """A copy of ``options`` (JSON scalars keyed by str, so the state fingerprint survives a JSON round
-    trip), tried once on a one-token batch so that an option the solver rejects fails here."""
-    if options is None:
-        return {}
-    if not isinstance(options, dict):
-        raise ValueError(f"solver_options must be a dict of keyword arguments for the solver, got {options!r}")
-    out = {}
-    for k in sorted(options):
-        v = options[k]
-        if not isinstance(k, str) or k in _PLAN_ARGS:
-            raise ValueError(f"solver_options key {k!r} is not a solver option (reserved: {', '.join(_PLAN_ARGS)})")
-        if isinstance(v, np.generic):
-            v = v.item()
-        if v is not None and not isinstance(v, (bool, int, float, str)):
-            raise ValueError(f"solver_options[{k!r}] must be a JSON scalar (int, float, str, bool, None), got {v!r}")
-        out[k] = v
-    if out:
-        from fcp_data.plan import plan_batch
-
-        try:
-            plan_batch([1], num_ranks=num_ranks, cost_model=cost_model, solver=solver, micro_batches=1, **out)
-        except TypeError as exc:
-            raise ValueError(f"solver {solver!r} does not accept solver_options {out}: {exc}") from None
-        except ValueError as exc:
-            raise ValueError(f"solver_options {out} are invalid for solver {solver!r} on {num_ranks} ranks: "
-                             f"{exc}") from None
-    return out
 
 
 class FCPSampler:
@@ -289,9 +119,9 @@ class FCPSampler:
             raise ValueError(f"seed must be an integer, got {seed!r}")
         self.seed, self.drop_last, self.on_overlong = int(seed), bool(drop_last), on_overlong
         self.prefetch, self.solver, self.micro_batches = int(prefetch), str(solver), micro_batches
-        self.solver_options = _check_solver_options(solver_options, self.solver, self.num_ranks, cost_model)
+        self.solver_options = check_solver_options(solver_options, self.solver, self.num_ranks, cost_model)
 
-        lengths, self.etas = _as_lengths(lengths_or_index, etas)
+        lengths, self.etas = check_lengths(lengths_or_index, etas)
         self.lengths = lengths
         self.capacity = self.num_ranks * cost_model.tokens_per_rank
         over = np.flatnonzero(lengths > self.capacity)
