@@ -1,11 +1,13 @@
 """``python -m fcp_data.demo`` (what ``make demo`` runs): the whole pipeline on the bundled samples.
 
 1. index the bundled text and video samples with ``fcp index``;
-2. take one global batch the sampler would draw, plan it with ``fcp plan`` and compare FCP with the
-   ILP and the baselines with ``fcp compare``;
+2. build one heterogeneous global batch (the longest text document and a dozen short text and video
+   samples), plan it with ``fcp plan`` and compare FCP with the ILP and the baselines with ``fcp compare``;
 3. train tiny-mllm for a few steps on 2 processes with ``fcp train`` (FCPSampler → FCPCollator → ring
    attention), printing losses and the plans of every step;
-4. draw a Gantt chart of one planned micro-batch with ``fcp simulate --plot``.
+4. draw a Gantt chart of one planned micro-batch with ``fcp simulate --plot``;
+5. plan one real Wikipedia global batch (512 documents of ``../shared/workloads/wikipedia_flexsp.txt``,
+   skipped when absent) on 64 Ascend 910C ranks for Qwen3-8B with ``fcp compare``, to show the gains at scale.
 
 Every step runs the ``fcp`` command a user would type (echoed with ``$``), so the output doubles as a
 tutorial. Outputs go to ``--out`` (default ``demo_out/``). Under 5 minutes on 2 CPU cores.
@@ -46,21 +48,68 @@ def _rel(p: Path) -> str:
         return str(p)
 
 
-def _pick_batch(index_dir: Path, num_ranks: int, batch_size: int, cost_path: Path, out: Path) -> list[int]:
-    """The global batch (of the sampler's first epoch) with the longest sample; writes its lengths."""
+def _pick_batch(out_dir: Path, num_ranks: int, tokens_per_rank: int, path: Path) -> tuple[list[int], str]:
+    """A heterogeneous global batch from the combined text and video indexes: the longest text document and
+    a dozen short samples (six video clips and six text documents at evenly spaced lengths among the
+    samples of at most ``tokens_per_rank / 3`` tokens), trimmed so that it fits one micro-batch on
+    ``num_ranks`` ranks. Writes the lengths to ``path``; returns them and a one-line description."""
     import numpy as np
 
-    from fcp_data import CostModel, FCPSampler
     from fcp_data.index import LengthIndex
 
-    idx = LengthIndex.load(index_dir)
-    sampler = FCPSampler(idx.num_tokens, num_ranks=num_ranks, rank=0, cost_model=CostModel.load(cost_path),
-                         global_batch_size=batch_size, seed=0)
-    g = max(range(sampler.num_global_batches()),
-            key=lambda b: int(np.asarray(idx.num_tokens)[sampler.global_batch_indices(b)].max()))
-    lengths = [int(idx.num_tokens[i]) for i in sampler.global_batch_indices(g)]
-    out.write_text("\n".join(map(str, lengths)) + "\n")
-    return lengths
+    text = np.asarray(LengthIndex.load(out_dir / "index-text").num_tokens)
+    video = np.asarray(LengthIndex.load(out_dir / "index-video").num_tokens)
+    longest = int(text.max())
+    short_cap = tokens_per_rank // 3
+
+    def spread(x: np.ndarray, k: int) -> list[int]:
+        pool = np.sort(x[x <= short_cap])
+        picks = np.linspace(0, pool.size - 1, min(k, pool.size)).round().astype(int)
+        return [int(pool[i]) for i in picks]
+
+    text_rest = np.delete(text, int(np.argmax(text)))
+    shorts = spread(video, 6) + spread(text_rest, 6)
+    while shorts and longest + sum(shorts) > num_ranks * tokens_per_rank:
+        shorts.remove(max(shorts))
+    lengths = [longest] + shorts
+    path.write_text("\n".join(map(str, lengths)) + "\n")
+    return lengths, (f"the longest text document ({longest} tokens) and {len(shorts)} short samples (video clips and "
+                     f"text documents of at most {short_cap} tokens)")
+
+
+def _wikipedia_batch(batch_size: int, num_ranks: int, cost, path: Path, scan: int = 8) -> Path | None:
+    """Of the first ``scan`` global batches FCPSampler (seed 0) draws from the Wikipedia lengths workload, the
+    one with the longest document (the long tail is what FCP is for); prints FCP's predicted gain over
+    static CP on each of them for context. Writes its lengths to ``path``; None when the workload is absent."""
+    here = Path(__file__).resolve()
+    candidates = [Path.cwd().parent / "shared" / "workloads" / "wikipedia_flexsp.txt",
+                  here.parents[2] / "shared" / "workloads" / "wikipedia_flexsp.txt",
+                  here.parents[1] / "workloads" / "wikipedia_flexsp.txt"]
+    src = next((c for c in candidates if c.is_file()), None)
+    if src is None:
+        return None
+    import numpy as np
+
+    from fcp_data import FCPSampler
+    from fcp_data.plan import plan_batch
+    from fcp_data.workloads import load_lengths
+
+    lengths = load_lengths(src)
+    sampler = FCPSampler(lengths, num_ranks=num_ranks, rank=0, cost_model=cost, global_batch_size=batch_size, seed=0,
+                         on_overlong="truncate")
+    batches = [sampler.num_tokens[sampler.global_batch_indices(g)] for g in range(scan)]
+    gains = [plan_batch(b, num_ranks=num_ranks, cost_model=cost, solver="static-cp", micro_batches="auto").makespan
+             / plan_batch(b, num_ranks=num_ranks, cost_model=cost, solver="fcp", micro_batches="auto").makespan
+             for b in batches]
+    g = int(np.argmax([b.max() for b in batches]))
+    picked = batches[g]
+    path.write_text("\n".join(str(int(x)) for x in picked) + "\n")
+    print(f"{src.name}: {len(lengths):,} documents (p50 {int(np.median(lengths))}, max {int(lengths.max()):,} tokens)")
+    print(f"FCP's predicted speed-up over static CP on the sampler's first {scan} global batches of {batch_size}: "
+          + " ".join(f"{x:.2f}x" for x in gains) + f" (mean {np.mean(gains):.2f}x)")
+    print(f"compared below: global batch {g}, the one with the longest document: {int(picked.sum()):,} tokens, "
+          f"longest {int(picked.max()):,}, median {int(np.median(picked))}")
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ranks", type=int, default=8, help="ranks of the planning example (default 8)")
     args = ap.parse_args(argv)
 
+    from fcp_data import CostModel
     from fcp_data._resources import data_path
     from fcp_exec.train import builtin_cost_model
 
@@ -93,16 +143,19 @@ def main(argv: list[str] | None = None) -> int:
          pretty=["index", _rel(samples / "wds") + "/shard-*.tar", "--spec", "qwen2-vl", "--out",
                  _rel(out / "index-video"), "--workers", "2"])
 
-    _header(f"2. Plan one global batch of videos on {args.ranks} ranks, and compare with the ILP and baselines")
+    _header(f"2. Plan one heterogeneous global batch on {args.ranks} ranks; compare with the ILP and baselines")
     cost_path = out / "cost-tiny-mllm.json"
-    builtin_cost_model(2304, args.ranks).save(cost_path)
-    print(f"cost model: the built-in CPU model of the tiny models (tokens_per_rank "
-          f"{builtin_cost_model(2304, args.ranks).tokens_per_rank}), written to {_rel(cost_path)}; "
-          "`fcp profile` fits one on your machine")
+    cost = builtin_cost_model(2304, args.ranks)
+    cost.save(cost_path)
+    print(f"cost model: the built-in CPU model of the tiny models (tokens_per_rank {cost.tokens_per_rank}), written "
+          f"to {_rel(cost_path)}; `fcp profile` fits one on your machine")
     lengths_path = out / "batch_lengths.txt"
-    lengths = _pick_batch(out / "index-video", args.ranks, 12, cost_path, lengths_path)
-    print(f"global batch: {len(lengths)} samples, {sum(lengths)} tokens, lengths {sorted(lengths, reverse=True)} "
-          f"-> {_rel(lengths_path)}")
+    lengths, what = _pick_batch(out, args.ranks, cost.tokens_per_rank, lengths_path)
+    print(f"global batch: {what}; {len(lengths)} samples, {sum(lengths)} tokens, lengths "
+          f"{sorted(lengths, reverse=True)} -> {_rel(lengths_path)}")
+    print("what to look for: static CP must give every group the long document's degree, so the short samples pay "
+          "ring traffic for nothing; FCP gives the long document just the ranks it needs and packs the short ones "
+          "on single ranks (the 'groups' column: ⟨degree⟩×count)")
     common = ["--lengths", str(lengths_path), "--ranks", str(args.ranks), "--cost", str(cost_path)]
     pretty = ["--lengths", _rel(lengths_path), "--ranks", str(args.ranks), "--cost", _rel(cost_path)]
     _fcp("plan", *common, pretty=["plan", *pretty])
@@ -122,6 +175,18 @@ def main(argv: list[str] | None = None) -> int:
     _fcp("simulate", *common, "--global-batch-size", str(len(lengths)), "--steps", "1", "--plot", str(gantt),
          "--no-progress", pretty=["simulate", *pretty, "--global-batch-size", str(len(lengths)), "--steps", "1",
                                   "--plot", _rel(gantt)])
+
+    _header("5. At scale: one real Wikipedia global batch (512 documents) on 64 Ascend 910C ranks, Qwen3-8B")
+    wiki = _wikipedia_batch(512, 64, CostModel.preset("qwen3-8b", "ascend-910c"), out / "wikipedia_batch.txt")
+    if wiki is None:
+        print("skipped: ../shared/workloads/wikipedia_flexsp.txt (the Wikipedia length workload) is not in this "
+              "checkout")
+    else:
+        _fcp("compare", "--lengths", str(wiki), "--ranks", "64", "--preset", "qwen3-8b", "--hardware", "ascend-910c",
+             "--micro-batches", "auto",
+             pretty=["compare", "--lengths", _rel(wiki), "--ranks", "64", "--preset", "qwen3-8b", "--hardware",
+                     "ascend-910c", "--micro-batches", "auto"])
+        print("(times are the §4 cost model's predictions for that hardware; `fcp simulate` runs many batches)")
 
     _header("Done")
     print(f"total {time.perf_counter() - t_start:.0f} s. Files in {_rel(out)}/:")
