@@ -162,8 +162,9 @@ def run_figure5(ctx: Ctx) -> Section:
     p = plt()
     fig, ax = p.subplots(figsize=(6, 4))
     rr = sorted(tput)
-    for k in ("fcp", *COLS):
-        ax.plot(rr, [tput[r][k] for r in rr], marker="o", label=LABELS[k])
+    for k in (*COLS, "fcp"):  # FCP last and bold so that equal curves do not hide it
+        ax.plot(rr, [tput[r][k] for r in rr], marker="o", label=LABELS[k],
+                **({"lw": 2.5, "color": "k", "zorder": 5} if k == "fcp" else {"lw": 1.2}))
     ax.set_xscale("log", base=2)
     ax.set_xlabel("ranks")
     ax.set_ylabel("tokens / s (simulated)")
