@@ -8,7 +8,12 @@ slot order (an idle rank's list is empty but still carries the micro-batch's met
 2. it is padded with ``pad_token_id`` to a multiple of ``2·degree``;
 3. labels are already shifted: ``labels[t] = input_ids[t+1]`` inside the document, ``ignore_index`` at
    the document's last kept token and on every pad, so a document of ``n`` tokens has ``n − 1`` label
-   tokens — exactly what ``slot.num_tokens_global`` counts over the global batch;
+   tokens — exactly what ``slot.num_tokens_global`` counts over the global batch. With
+   ``mask_visual_labels=True`` (the default; only with ``visual_token_id``) ``labels[t]`` is also
+   ``ignore_index`` when ``input_ids[t+1]`` is a visual placeholder (MLLM recipes never train the LM to
+   predict placeholders), and the batch's ``num_tokens_global`` is ``slot.num_text_labels_global``, the
+   sampler's exact count of such label tokens (truncation included, see :mod:`fcp_data.slots`); a batch
+   with visual tokens whose sampler had no visual layout (plain lengths) is a ``ValueError``;
 4. positions are ``0 .. P−1`` over the padded document (real tokens ``0 .. n−1``, pads continue the count;
    pads sit after the document's real tokens, so under a causal mask no real token sees them);
 5. CP rank ``r`` keeps chunks ``r`` and ``2·degree−1−r`` of every padded document
@@ -17,13 +22,13 @@ slot order (an idle rank's list is empty but still carries the micro-batch's met
 Batch dict (all tensors on CPU, 1-D unless stated)::
 
     input_ids        LongTensor [L]       local tokens
-    labels           LongTensor [L]       shifted labels, ignore_index on doc ends and pads
+    labels           LongTensor [L]       shifted labels, ignore_index on doc ends, pads (and visual targets)
     position_ids     LongTensor [L]       global position of each local token inside its document
     cu_seqlens       IntTensor  [D+1]     local padded document boundaries (global padded ones // degree)
     max_seqlen       int                  longest local padded document
     ranks            tuple[int, ...]      the CP group (global ranks, ring order); () on an idle rank
     cp_rank          int                  this rank's position in ``ranks``; -1 on an idle rank
-    num_tokens_global int                 label tokens of the whole global batch (loss denominator)
+    num_tokens_global int                 non-ignored labels of the whole global batch (loss denominator)
     sample_indices   tuple[int, ...]      dataset indices of the documents, in packing order
     epoch, global_batch, micro_batch, num_micro_batches   ints: where this micro-batch sits in the epoch
   multimodal (``visual_token_id`` set):
@@ -147,12 +152,13 @@ class FCPCollator:
     tokens, enabling ``visual_pos``/``visual_index``; ``spatial_merge_size``: patches merged per side into
     one visual token (Qwen-VL: 2; used by ``mrope``); ``mrope``: also return Qwen-VL 3-D rope positions;
     ``strict_lengths``: require every sample's ``input_ids`` length to equal the length the sampler planned
-    with (``slot.length``) — a mismatch means the length index is stale.
+    with (``slot.length``) — a mismatch means the length index is stale; ``mask_visual_labels``: ignore
+    labels whose target is a visual placeholder (module docstring; no effect without ``visual_token_id``).
     """
 
     def __init__(self, *, pad_token_id: int = 0, ignore_index: int = -100,
                  visual_token_id: int | Sequence[int] | None = None, spatial_merge_size: int = 2,
-                 mrope: bool = False, strict_lengths: bool = True) -> None:
+                 mrope: bool = False, strict_lengths: bool = True, mask_visual_labels: bool = True) -> None:
         for name, v in (("pad_token_id", pad_token_id), ("ignore_index", ignore_index)):
             if isinstance(v, bool) or not hasattr(v, "__index__"):
                 raise TypeError(f"{name} must be an int token id, got {v!r}")
@@ -171,10 +177,12 @@ class FCPCollator:
             raise ValueError("mrope=True needs visual_token_id (the placeholder id(s) of visual tokens)")
         self.mrope = bool(mrope)
         self.strict_lengths = bool(strict_lengths)
+        self.mask_visual_labels = bool(mask_visual_labels) and bool(self.visual_ids)
 
     def __repr__(self) -> str:
         return (f"FCPCollator(pad_token_id={self.pad_token_id}, ignore_index={self.ignore_index}, "
-                f"visual_token_id={self.visual_ids or None}, mrope={self.mrope})")
+                f"visual_token_id={self.visual_ids or None}, mrope={self.mrope}, "
+                f"mask_visual_labels={self.mask_visual_labels})")
 
     # ------------------------------------------------------------------ helpers
     def _meta(self, batch: Sequence) -> dict[str, Any]:
@@ -182,12 +190,14 @@ class FCPCollator:
             slot = batch[0][1]
             meta = {k: int(getattr(slot, k)) for k in _META}
             meta["ranks"], meta["cp_rank"] = tuple(slot.ranks), int(slot.cp_rank)
+            meta["num_text_labels_global"] = getattr(slot, "num_text_labels_global", None)
             for _, s in batch:
                 if tuple(s.ranks) != meta["ranks"] or s.cp_rank != meta["cp_rank"]:
                     raise ValueError(
                         f"all slots of one batch must belong to one CP group; got ranks {meta['ranks']} "
                         f"and {tuple(s.ranks)} — use FCPSampler as the DataLoader's batch_sampler")
-                if any(int(getattr(s, k)) != meta[k] for k in _META):
+                if any(int(getattr(s, k)) != meta[k] for k in _META) or \
+                        getattr(s, "num_text_labels_global", None) != meta["num_text_labels_global"]:
                     raise ValueError("slots of one batch come from different micro-batches")
             return meta
         if not all(hasattr(batch, k) for k in _META):
@@ -196,6 +206,20 @@ class FCPCollator:
                 "DataLoader with batch_sampler=FCPSampler(...) and dataset=FCPDataset(base)")
         meta = {k: int(getattr(batch, k)) for k in _META}
         meta["ranks"], meta["cp_rank"] = (), -1
+        meta["num_text_labels_global"] = getattr(batch, "num_text_labels_global", None)
+        return meta
+
+    def _denominator(self, meta: dict[str, Any], has_visual_target: bool) -> dict[str, Any]:
+        """``meta`` with ``num_tokens_global`` = the non-ignored labels of the global batch."""
+        text = meta.pop("num_text_labels_global")
+        if self.mask_visual_labels:
+            if text is not None:
+                meta["num_tokens_global"] = int(text)
+            elif has_visual_target:
+                raise ValueError(
+                    "FCPCollator(mask_visual_labels=True) got visual placeholder tokens, but the sampler knows no visual "
+                    "layout, so num_tokens_global would count the masked labels: build FCPSampler from the LengthIndex "
+                    "(not plain lengths), or pass FCPSampler(visual_layout=...), or FCPCollator(mask_visual_labels=False)")
         return meta
 
     def _empty(self, meta: dict[str, Any]) -> dict[str, Any]:
@@ -214,7 +238,7 @@ class FCPCollator:
         _check_pairs(batch)
         meta = self._meta(batch)
         if not batch:
-            return self._empty(meta)
+            return self._empty(self._denominator(meta, False))
         degree = len(meta["ranks"])
         cp_rank = meta["cp_rank"]
         mult = 2 * degree
@@ -280,7 +304,14 @@ class FCPCollator:
         plen = torch.tensor(padded_lens, dtype=torch.long)
         positions = torch.arange(start, dtype=torch.long) - torch.repeat_interleave(cu_t[:-1], plen)
         last = torch.repeat_interleave(torch.tensor(kept_lens, dtype=torch.long) - 1, plen)
-        labels = torch.where(positions < last, torch.roll(input_ids, -1), self.ignore_index)
+        nxt = torch.roll(input_ids, -1)
+        target = positions < last
+        vis_target = None
+        if self.mask_visual_labels:
+            vis_target = target & torch.isin(nxt, visual_ids)
+            target &= ~vis_target
+        meta = self._denominator(meta, bool(vis_target is not None and vis_target.any()))
+        labels = torch.where(target, nxt, self.ignore_index)
         idx = None if degree == 1 else zigzag_index(cu, degree, cp_rank)
         take = (lambda x: x) if idx is None else (lambda x: x.index_select(-1, idx))
         out: dict[str, Any] = {

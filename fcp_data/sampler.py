@@ -19,6 +19,13 @@ Every rank builds the same plan from ``(seed, epoch, lengths, config)`` with no 
   first ``num_ranks · tokens_per_rank`` tokens (the slot's ``num_tokens``; the collator cuts the sample);
   ``"drop"`` removes them from every epoch. ``num_truncated``/``num_dropped`` count them and one warning
   is logged.
+* **Label counts.** ``num_tokens_global`` = Σ (num_tokens − 1) over the global batch;
+  ``num_text_labels_global`` = the same without labels whose target is a visual placeholder (what
+  ``FCPCollator(mask_visual_labels=True)`` reports as the loss denominator), computed exactly — truncation
+  included — with a *visual layout* (:mod:`fcp_data.slots`): taken from a ``LengthIndex`` automatically
+  (``num_visual_tokens`` + its spec), or given as ``visual_layout=`` (a callable ``(i, n) → placeholders
+  among positions 1..n−1``, e.g. :class:`SpanVisualLayout`). With plain lengths and no layout it is
+  ``None`` and the collator refuses to mask visual labels.
 * **Micro-batches.** ``micro_batches="auto"`` lets the planner choose the count per global batch (fewest
   that fit, a few more tried, smallest summed makespan); an int ``M`` asks for exactly ``M`` per global
   batch (``min(M, size)`` for a last batch with fewer sequences) and raises if they do not fit in memory.
@@ -66,10 +73,11 @@ import numpy as np
 from fcp_data.cost import CostModel
 from fcp_data.plan.types import Plan
 from fcp_data.prefetch import SamplerIterator, Speculation, check_state, make_state
-from fcp_data.slots import (FCPDataset, SampleSlot, SlotList, check_lengths, check_solver_options,
-                            dist_rank_and_world)
+from fcp_data.slots import (FCPDataset, IndexVisualLayout, SampleSlot, SlotList, SpanVisualLayout, check_lengths,
+                            check_solver_options, dist_rank_and_world)
 
-__all__ = ["FCPSampler", "SampleSlot", "SlotList", "FCPDataset", "dist_rank_and_world"]
+__all__ = ["FCPSampler", "SampleSlot", "SlotList", "FCPDataset", "dist_rank_and_world", "IndexVisualLayout",
+           "SpanVisualLayout"]
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +90,7 @@ class FCPSampler:
                  global_batch_tokens: int | None = None, seed: int = 0, drop_last: bool = False,
                  on_overlong: str = "error", prefetch: int = 2, solver: str = "fcp",
                  micro_batches: str | int = "auto", etas: Any = None,
-                 solver_options: dict[str, Any] | None = None) -> None:
+                 solver_options: dict[str, Any] | None = None, visual_layout: Any = None) -> None:
         d_rank, d_world = dist_rank_and_world()
         self.num_ranks = d_world if num_ranks is None else int(num_ranks)
         self.rank = d_rank if rank is None else int(rank)
@@ -122,6 +130,13 @@ class FCPSampler:
         self.solver_options = check_solver_options(solver_options, self.solver, self.num_ranks, cost_model)
 
         lengths, self.etas = check_lengths(lengths_or_index, etas)
+        if visual_layout is not None and not callable(visual_layout):
+            raise ValueError("visual_layout must be a callable (i, n) -> placeholder tokens among positions 1..n-1 "
+                             "of sample i's first n tokens, e.g. SpanVisualLayout")
+        if visual_layout is None and hasattr(lengths_or_index, "manifest") and \
+                hasattr(lengths_or_index, "num_visual_tokens"):  # a LengthIndex
+            visual_layout = IndexVisualLayout(lengths_or_index)
+        self.visual_layout = visual_layout
         self.lengths = lengths
         self.capacity = self.num_ranks * cost_model.tokens_per_rank
         over = np.flatnonzero(lengths > self.capacity)
@@ -242,11 +257,14 @@ class FCPSampler:
         plan = self.plan_global_batch(g, epoch)
         toks = self.num_tokens[ids]
         total = int(np.maximum(toks - 1, 0).sum())
+        text_total = None
+        if self.visual_layout is not None:
+            text_total = total - sum(int(self.visual_layout(int(i), int(n))) for i, n in zip(ids, toks))
         num_mb = len(plan.micro_batches)
         out = []
         for m, mb in enumerate(plan.micro_batches):
             meta = dict(epoch=epoch, global_batch=g, micro_batch=m, num_micro_batches=num_mb,
-                        num_tokens_global=total)
+                        num_tokens_global=total, num_text_labels_global=text_total)
             group = mb.group_of_rank(self.rank)
             if group is None:
                 out.append(SlotList(**meta))

@@ -3,7 +3,8 @@
 One optimizer step = one global batch of the sampler = its ``num_micro_batches`` plan-annotated
 micro-batches. On every rank and for every micro-batch: run the model on this rank's zigzag shard
 (skipped on an idle rank), ``loss = Σ local token losses / num_tokens_global`` (label tokens of the whole
-global batch), backward (gradients accumulate over micro-batches). Then one all-reduce SUM of a flat
+global batch; for tiny-mllm labels whose target is a visual placeholder are ignored, the collator's default,
+and the sampler counts the rest exactly from ``TrainData.visual_layout``), backward (gradients accumulate over micro-batches). Then one all-reduce SUM of a flat
 buffer holding every parameter's gradient (zeros where a parameter was not used on this rank: idle
 ranks, ranks without visual tokens) and the loss, and an AdamW step. The all-reduced gradient is exactly
 the single-process gradient of the global-batch mean loss, and the reported loss is that mean, identical
@@ -202,7 +203,8 @@ class Trainer:
         solver, degree = parse_planner(cfg.planner)
         self.sampler = FCPSampler(data.lengths, num_ranks=self.world, rank=self.rank, cost_model=cost,
                                   global_batch_size=cfg.global_batch_size, seed=cfg.seed, solver=solver,
-                                  prefetch=cfg.prefetch, solver_options=None if degree is None else {"degree": degree})
+                                  prefetch=cfg.prefetch, solver_options=None if degree is None else {"degree": degree},
+                                  visual_layout=data.visual_layout)
         collator = FCPCollator(pad_token_id=data.pad_token_id, visual_token_id=data.visual_token_ids or None)
         self.loader = DataLoader(FCPDataset(data.dataset), batch_sampler=self.sampler, collate_fn=collator,
                                  num_workers=cfg.num_workers, persistent_workers=cfg.num_workers > 0)

@@ -12,6 +12,10 @@ readers, a length-capped view, and small deterministic synthetic text and video 
 ``max_tokens`` caps sample length the same way for every world size (so runs on 1 and N processes see
 identical data): text samples are truncated to ``max_tokens``; a multimodal sample cannot be cut inside
 its visual block, so one longer than ``max_tokens`` is left out (``num_dropped``).
+
+``visual_layout`` (for ``FCPSampler(visual_layout=...)``) tells the sampler where the placeholders sit, so
+that the loss denominator with masked visual labels is exact: :class:`~fcp_data.slots.IndexVisualLayout`
+over the kept index rows, or :class:`~fcp_data.slots.SpanVisualLayout` for the synthetic video.
 """
 
 from __future__ import annotations
@@ -35,8 +39,9 @@ _SYN_PAD = 1
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TrainData:
     """A map-style ``dataset``, its per-sample token counts ``lengths`` (what the sampler plans with),
-    the collator's ``pad_token_id`` and ``visual_token_ids`` (empty for text), a one-line ``description``
-    and ``num_dropped`` (multimodal samples over ``max_tokens``)."""
+    the collator's ``pad_token_id`` and ``visual_token_ids`` (empty for text), a one-line ``description``,
+    ``num_dropped`` (multimodal samples over ``max_tokens``) and ``visual_layout`` (module docstring; None
+    for text)."""
 
     dataset: Any
     lengths: np.ndarray
@@ -45,6 +50,7 @@ class TrainData:
     description: str = ""
     num_dropped: int = 0
     patch_dim: int | None = field(default=None)
+    visual_layout: Any = None
 
 
 class SyntheticText:
@@ -102,6 +108,10 @@ class SyntheticVideo:
 
     def __len__(self) -> int:
         return len(self.samples)
+
+    def placeholder_spans(self) -> list[tuple[tuple[int, int], ...]]:
+        """``(start, count)`` of each sample's placeholder run (after ``pre`` text tokens and vision_start)."""
+        return [((p + 1, t * h * w // 4),) if t else () for t, h, w, p, _ in self.samples]
 
     def __getitem__(self, i: int) -> dict:
         t, h, w, pre, post = self.samples[int(i)]
@@ -187,7 +197,11 @@ def load_train_data(model: str, data: str | None = None, *, max_tokens: int = 23
         base = SyntheticVideo(num_synthetic or 16, seed=seed, max_len=max_tokens)
         vis = np.array([s[0] > 0 for s in base.samples])
         ds, lengths, dropped = _cap(base, base.lengths, vis, max_tokens)
+        from fcp_data.slots import SpanVisualLayout
+
+        spans = base.placeholder_spans()
         return TrainData(dataset=ds, lengths=lengths, pad_token_id=_SYN_PAD, visual_token_ids=(_SYN_PLACEHOLDER,),
+                         visual_layout=SpanVisualLayout([spans[int(k)] for k in ds.keep]),
                          description=f"synthetic video: {len(ds)} samples, up to {max_tokens} tokens",
                          num_dropped=dropped, patch_dim=base.patch_dim)
     from fcp_data.readers import IndexedDataset
@@ -206,7 +220,10 @@ def load_train_data(model: str, data: str | None = None, *, max_tokens: int = 23
     if capped.size == 0:
         raise ValueError(f"no sample of {path} fits max_tokens={max_tokens}; raise --max-tokens")
     what = "bundled samples" if not data else str(path)
-    return TrainData(dataset=ds, lengths=capped, pad_token_id=int(base.pad_token_id),
+    from fcp_data.slots import IndexVisualLayout
+
+    layout = IndexVisualLayout(index, keep=ds.keep, spec=base.spec) if base.placeholder_ids else None
+    return TrainData(dataset=ds, lengths=capped, pad_token_id=int(base.pad_token_id), visual_layout=layout,
                      visual_token_ids=tuple(base.placeholder_ids), num_dropped=dropped,
                      description=f"{what} (spec {base.spec.name}): {capped.size} samples, {int(capped.sum())} tokens, "
                                  f"max {int(capped.max())} (cap {max_tokens})")

@@ -19,11 +19,11 @@ from fcp_exec.layout import zigzag_unshard
 PAD, IGN = 7, -100
 
 
-def _slots(lengths, keep, degree, cp_rank, total=None, ranks=None):
+def _slots(lengths, keep, degree, cp_rank, total=None, ranks=None, text=None):
     ranks = tuple(range(10, 10 + degree)) if ranks is None else ranks
     total = sum(k - 1 for k in keep) if total is None else total
     return [SampleSlot(index=i, ranks=ranks, cp_rank=cp_rank, num_tokens=k, length=n, num_tokens_global=total,
-                       epoch=1, global_batch=2, micro_batch=0, num_micro_batches=1)
+                       epoch=1, global_batch=2, micro_batch=0, num_micro_batches=1, num_text_labels_global=text)
             for i, (n, k) in enumerate(zip(lengths, keep))]
 
 
@@ -165,8 +165,9 @@ def test_multimodal_visual_scatter_and_mrope_shards(degree):
                 row += 1
     seen, outs = [], []
     from fcp_exec.layout import zigzag_index
+    text = sum(n - 1 - sum(tok == V for tok in d[1:n]) for d, n in zip(docs, keep))
     for r in range(degree):
-        slots = _slots([len(d) for d in docs], keep, degree, r)
+        slots = _slots([len(d) for d in docs], keep, degree, r, text=text)
         out = collate(list(zip(samples, slots)))
         outs.append(out)
         gidx = zigzag_index(cu, degree, r)
@@ -190,3 +191,53 @@ def test_grid_count_mismatch_is_reported():
     slot = _slots([5], [5], 1, 0)[0]
     with pytest.raises(ValueError, match="sample 0 has 3 visual"):
         FCPCollator(visual_token_id=V, mrope=True)([({"input_ids": [1, V, V, V, 2], "grid_thw": [[1, 4, 4]]}, slot)])
+
+
+@pytest.mark.parametrize("degree", [1, 2, 3, 4])
+def test_masked_visual_labels(degree):
+    """mask_visual_labels (default): no label targets a placeholder, every other label is the plain
+    shifted label, a placeholder at position 0 costs no label, and the non-ignored labels of all cp_ranks
+    sum to the slot's num_text_labels_global, which the batch reports as num_tokens_global. With
+    mask_visual_labels=False the labels and denominator are the unmasked ones. A failure means the LM is
+    trained on (or normalised by) placeholder targets, unlike Qwen-VL/InternVL/LLaVA recipes."""
+    V2 = 98
+    docs = [[V, V, V, 1, 2, 3],                        # placeholders from position 0 (LLaVA-Video layout)
+            [4, 5, V, V2, V, V, 6, 7, V, 8],            # two placeholder ids, truncated inside the second run
+            [9, 10, 11]]
+    keep = [6, 9, 3]
+    samples = [{"input_ids": torch.tensor(d)} for d in docs]
+    text = sum(n - 1 - sum(tok in (V, V2) for tok in d[1:n]) for d, n in zip(docs, keep))
+    assert text == (5 - 2) + (8 - 5) + 2
+    _, ref_lab, _, cu = _reference(docs, keep, degree)
+    ref_ids = _reference(docs, keep, degree)[0]
+    masked = [IGN if lab in (V, V2) else lab for lab in ref_lab]
+    for mask, want, denom in ((True, masked, text), (False, ref_lab, sum(k - 1 for k in keep))):
+        collate = FCPCollator(pad_token_id=PAD, visual_token_id=[V, V2], mask_visual_labels=mask)
+        outs = [collate(list(zip(samples, _slots([len(d) for d in docs], keep, degree, r, text=text))))
+                for r in range(degree)]
+        labels = zigzag_unshard([o["labels"] for o in outs], cu, degree).tolist()
+        assert labels == want
+        assert sum(int((o["labels"] != IGN).sum()) for o in outs) == denom
+        assert all(o["num_tokens_global"] == denom for o in outs)
+        if mask:
+            ids = zigzag_unshard([o["input_ids"] for o in outs], cu, degree).tolist()
+            assert ids == ref_ids and not any(lab in (V, V2) for lab in labels)
+    empty = SlotList(epoch=0, global_batch=0, micro_batch=0, num_micro_batches=1, num_tokens_global=50,
+                     num_text_labels_global=text)
+    assert FCPCollator(pad_token_id=PAD, visual_token_id=V)(empty)["num_tokens_global"] == text
+
+
+def test_masked_visual_labels_need_a_visual_layout():
+    """Without the sampler's masked count (plain lengths, no visual layout) a batch whose labels would
+    target placeholders is a ValueError naming the fix, instead of a silently wrong denominator; text-only
+    batches and mask_visual_labels=False still work. A failure means a wrong loss normalisation goes unnoticed."""
+    docs = [[1, V, V, 2], [3, 4]]
+    samples = [{"input_ids": torch.tensor(d)} for d in docs]
+    slots = _slots([4, 2], [4, 2], 1, 0)
+    with pytest.raises(ValueError, match="LengthIndex"):
+        FCPCollator(pad_token_id=PAD, visual_token_id=V)(list(zip(samples, slots)))
+    out = FCPCollator(pad_token_id=PAD, visual_token_id=V, mask_visual_labels=False)(list(zip(samples, slots)))
+    assert out["num_tokens_global"] == 4 == int((out["labels"] != IGN).sum())
+    text = _slots([2], [2], 1, 0)
+    out = FCPCollator(pad_token_id=PAD, visual_token_id=V)([(samples[1], text[0])])
+    assert out["num_tokens_global"] == 1 == int((out["labels"] != IGN).sum())

@@ -106,3 +106,60 @@ def test_index_to_batches_reassemble_exactly(data):
     assert label_tokens == totals
     # the scenario covers what it claims: visual documents on multi-rank groups and a truncated video
     assert max(vis_degrees) >= 2 and s.num_truncated >= 1
+
+
+CAP = 1200  # micro-batch capacity of the masked-label test: cuts the longest videos inside their visual block
+
+
+def _masked_reference(doc, n, vis):
+    """Non-ignored labels of a document cut to n tokens: n − 1 minus the placeholder targets (positions 1..n−1)."""
+    return n - 1 - int(torch.isin(doc[1:n], vis).sum())
+
+
+@pytest.mark.parametrize("spec,num_ranks", [("qwen3-vl", 1), ("qwen3-vl", 2), ("qwen3-vl", 3), ("qwen3-vl", 4),
+                                            ("llava-video", 2)])
+def test_masked_labels_match_num_tokens_global(tmp_path, data, spec, num_ranks):
+    """Visual labels masked (the collator's default) on the bundled videos/images/text, 1..4 ranks, the
+    longest videos cut inside their visual block (micro-batch capacity CAP = 1200 tokens in every case): for every global batch, the
+    non-ignored labels of all ranks sum to num_tokens_global, which equals the count taken from the
+    reader's own input_ids (n − 1 − placeholders at positions 1..n−1), and no label is a placeholder.
+    llava-video puts placeholders at position 0 (never a target). A failure means the loss denominator
+    the sampler computes from the index (IndexVisualLayout) differs from the labels the collator trains on."""
+    if spec == "qwen3-vl":
+        ix, reader = data
+    else:
+        out = tmp_path / spec
+        build_index([str(SAMPLES / "wds" / "shard-{000000..000003}.tar"), str(SAMPLES / "text.jsonl")], spec, out,
+                    progress=False, probe="av")
+        ix = LengthIndex.load(out)
+        reader = IndexedDataset(ix)
+    base = Cached(reader)
+    vis = torch.tensor(reader.placeholder_ids)
+    collate = FCPCollator(pad_token_id=reader.pad_token_id, visual_token_id=reader.placeholder_ids)
+    ds = FCPDataset(base)
+    cm = CM.replace(tokens_per_rank=CAP // num_ranks)
+    samplers = [FCPSampler(ix, num_ranks=num_ranks, rank=r, cost_model=cm, global_batch_size=96, seed=1,
+                           on_overlong="truncate", prefetch=0) for r in range(num_ranks)]
+    per_rank = [[collate(ds.__getitems__(lst)) for lst in s] for s in samplers]
+    labels, totals, ref, vis_degrees = {}, {}, {}, set()
+    for pos in range(len(per_rank[0])):
+        for b in (rk[pos] for rk in per_rank):
+            g = b["global_batch"]
+            assert totals.setdefault(g, b["num_tokens_global"]) == b["num_tokens_global"]
+            lab = b["labels"]
+            labels[g] = labels.get(g, 0) + int((lab != -100).sum())
+            assert not bool(torch.isin(lab, vis).any())
+            if b["cp_rank"] == 0:
+                for i in b["sample_indices"]:
+                    n = min(len(base[i]["input_ids"]), CAP)
+                    ref[g] = ref.get(g, 0) + _masked_reference(base[i]["input_ids"], n, vis)
+            if b["ranks"] and bool(torch.isin(b["input_ids"], vis).any()):
+                vis_degrees.add(len(b["ranks"]))
+    assert labels == totals == ref
+    assert sum(ref.values()) < sum(min(int(x), CAP) - 1 for x in ix.num_tokens)  # placeholders were masked
+    cut = [i for i in range(len(ix)) if int(ix.num_tokens[i]) > CAP and
+           0 < int(torch.isin(base[i]["input_ids"][:CAP], vis).sum()) < int(ix.num_visual_tokens[i])]
+    assert samplers[0].num_truncated >= 1 and len(cut) >= 2  # truncation inside visual blocks is covered
+    assert max(vis_degrees) == num_ranks or num_ranks == 3
+    if spec == "llava-video":
+        assert any(int(base[i]["input_ids"][0]) in reader.placeholder_ids for i in range(len(ix)))
