@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-__all__ = ["bfd_groups", "group_aggregates_of", "candidate_units", "lpt_groups", "lpt_labels", "labels_to_groups"]
+__all__ = ["bfd_groups", "group_aggregates_of", "candidate_units", "lpt_groups", "lpt_labels", "lpt_heap", "labels_to_groups"]
 
 
 def bfd_groups(lengths: np.ndarray, unit: float) -> list[list[int]]:
@@ -111,22 +111,10 @@ def lpt_labels(work: np.ndarray, lengths: np.ndarray, num_groups: int, capacity:
                 load[gi] += work[i]
                 tokens[gi] += lengths[i]
     else:
-        tok = [0.0] * K
-        heap = [(0.0, g) for g in range(K)]  # (load, group id): already a heap
-        w_list, s_list = work.tolist(), lengths.tolist()
-        for i in order.tolist():
-            s = s_list[i]
-            skipped = []
-            while heap and tok[heap[0][1]] + s > capacity:
-                skipped.append(heapq.heappop(heap))
-            if not heap:
-                return None
-            ld, gi = heapq.heappop(heap)
-            label[i] = gi
-            tok[gi] += s
-            heapq.heappush(heap, (ld + w_list[i], gi))
-            for item in skipped:
-                heapq.heappush(heap, item)
+        sub = lpt_heap(work[order], lengths[order], K, capacity)
+        if sub is None:
+            return None
+        label[order] = sub
     return label
 
 
@@ -155,3 +143,30 @@ def candidate_units(total_tokens: float, num_ranks: int, tokens_per_rank: int, r
             break
         k = max(1.0, k / ratio)
     return units
+
+
+def lpt_heap(work: np.ndarray, tokens: np.ndarray, k: int, capacity: float) -> np.ndarray | None:
+    """Exact LPT (items already heaviest first): each goes to the least-loaded group with token room,
+    lowest group id on ties; None when an item fits nowhere. O(n log k) with a heap."""
+    label = np.empty(work.size, dtype=np.int64)
+    heap = [(0.0, g) for g in range(k)]
+    if float(tokens.sum()) <= capacity:  # no group can overflow: plain LPT
+        for i, w in enumerate(work.tolist()):
+            ld, g = heap[0]
+            label[i] = g
+            heapq.heapreplace(heap, (ld + w, g))
+        return label
+    tok = [0.0] * k
+    for i, (w, s) in enumerate(zip(work.tolist(), tokens.tolist())):
+        skipped = []
+        while heap and tok[heap[0][1]] + s > capacity:
+            skipped.append(heapq.heappop(heap))
+        if not heap:
+            return None
+        ld, g = heapq.heappop(heap)
+        label[i] = g
+        tok[g] += s
+        heapq.heappush(heap, (ld + w, g))
+        for item in skipped:
+            heapq.heappush(heap, item)
+    return label

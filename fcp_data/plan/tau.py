@@ -23,13 +23,11 @@ Deterministic: stable sorts and fixed bisection steps only.
 
 from __future__ import annotations
 
-import heapq
-
 import numpy as np
 
 from fcp_data.cost import CostModel
 from fcp_data.plan.allocate import time_table
-from fcp_data.plan.bfd import labels_to_groups
+from fcp_data.plan.bfd import labels_to_groups, lpt_heap
 
 __all__ = ["tau_groupings", "min_ranks_for"]
 
@@ -59,33 +57,6 @@ def _rest_bins(tau: float, m: int, work_sorted: np.ndarray, suffix_work: np.ndar
     light = suffix_work[m + n_big]
     spill = light - (n_big * room - big_work)
     return n_big + (max(0.0, float(np.ceil(spill / room - 1e-9))) if spill > 0 else 0.0)
-
-
-def _lpt(work: np.ndarray, tokens: np.ndarray, k: int, capacity: float) -> np.ndarray | None:
-    """Exact LPT (items already heaviest first): each goes to the least-loaded group with token room,
-    lowest group id on ties; None when an item fits nowhere. O(n log k) with a heap."""
-    label = np.empty(work.size, dtype=np.int64)
-    heap = [(0.0, g) for g in range(k)]
-    if float(tokens.sum()) <= capacity:  # no group can overflow: plain LPT
-        for i, w in enumerate(work.tolist()):
-            ld, g = heap[0]
-            label[i] = g
-            heapq.heapreplace(heap, (ld + w, g))
-        return label
-    tok = [0.0] * k
-    for i, (w, s) in enumerate(zip(work.tolist(), tokens.tolist())):
-        skipped = []
-        while heap and tok[heap[0][1]] + s > capacity:
-            skipped.append(heapq.heappop(heap))
-        if not heap:
-            return None
-        ld, g = heapq.heappop(heap)
-        label[i] = g
-        tok[g] += s
-        heapq.heappush(heap, (ld + w, g))
-        for item in skipped:
-            heapq.heappush(heap, item)
-    return label
 
 
 def _fill_headroom(groups, per, rest, s, q, tau, cost_model):
@@ -180,7 +151,7 @@ def tau_groupings(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_mo
                 groups, rest = _fill_headroom(groups, per, rest, s, q, tau, cost_model)
             if rest.size:
                 k = min(k_rest, rest.size)
-                label = _lpt(solo[rest] - beta1, s[rest], k, float(E))
+                label = lpt_heap(solo[rest] - beta1, s[rest], k, float(E))
                 if label is None:
                     continue
                 groups += [[int(rest[i]) for i in g] for g in labels_to_groups(label, k)]
@@ -195,7 +166,7 @@ def tau_groupings(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_mo
             continue
         rest = order[j:]
         k = min(k, rest.size)
-        label = _lpt(solo[rest] - beta1, s[rest], k, float(c * E))
+        label = lpt_heap(solo[rest] - beta1, s[rest], k, float(c * E))
         if label is not None:
             groups = [[int(i)] for i in order[:j]]
             groups += [[int(rest[i]) for i in g] for g in labels_to_groups(label, k)]
