@@ -130,3 +130,19 @@ def test_placement_keeps_groups_in_nodes_when_possible():
     ranks = place_groups([2, 3, 1, 2], 8, 4)
     assert all(len({r // 4 for r in g}) == 1 for g in ranks)
     assert ranks[1] == (0, 1, 2)  # largest first, lowest node
+
+
+def test_crossing_rank_sets_go_to_the_groups_that_lose_least():
+    """Two degree-5 groups on 10 ranks with 8 per node: one rank set must cross nodes. The lighter
+    group must take it (the heavier crossing would be slower); checked against both assignments."""
+    from fcp_data.plan.placement import place_for_times, placed_times
+
+    cm = CostModel(alpha1=1e-9, alpha2=1e-4, alpha3=6e5, beta1=0.01, beta2=0.02, bandwidth_intra=1e11,
+                   bandwidth_inter=1e9, ranks_per_node=8, tokens_per_rank=100_000)
+    S = np.array([1_000.0, 60_000.0])  # group 0 light, group 1 heavy
+    Q = S * S
+    ranks = place_for_times(S, Q, [5, 5], 10, cm)
+    assert not cm.is_intra_node(ranks[0]) and cm.is_intra_node(ranks[1])
+    best = placed_times(S, Q, ranks, cm).max()
+    swapped = placed_times(S, Q, [ranks[1], ranks[0]], cm).max()
+    assert best <= swapped

@@ -11,6 +11,11 @@ node may be partial). Groups are placed largest first:
 Ranks of a group are returned in ring order (ascending). The times a solver reports are recomputed
 from these ranks (:func:`placed_times`), so a group that had to cross nodes is charged the inter-node
 bandwidth.
+
+:func:`place_for_times` then decides *which* groups of one degree get the rank sets that cross nodes:
+every group is at least as slow across nodes as inside one, so the makespan of a degree class is
+``max(max intra time, k-th smallest inter time)`` for ``k`` crossing sets — reached by giving the
+crossing sets to the ``k`` groups that are fastest across nodes (exact, ties by group order).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import numpy as np
 
 from fcp_data.cost import CostModel
 
-__all__ = ["place_groups", "placed_times", "build_micro_batch"]
+__all__ = ["place_groups", "place_for_times", "placed_times", "build_micro_batch"]
 
 
 def place_groups(degrees: list[int] | np.ndarray, num_ranks: int, ranks_per_node: int) -> list[tuple[int, ...]]:
@@ -73,6 +78,32 @@ def placed_times(S: np.ndarray, Q: np.ndarray, ranks: list[tuple[int, ...]], cos
     return np.atleast_1d(cost_model.time(np.asarray(S, dtype=np.float64), np.asarray(Q, dtype=np.float64), d, intra))
 
 
+def place_for_times(S: np.ndarray, Q: np.ndarray, degrees, num_ranks: int, cost_model: CostModel, *,
+                    time_fn=None) -> list[tuple[int, ...]]:
+    """:func:`place_groups`, then the node-crossing rank sets of each degree go to the groups that lose
+    least by crossing (see the module docstring). ``time_fn(S, Q, ranks)`` as in :func:`build_micro_batch`."""
+    ranks = place_groups(degrees, num_ranks, cost_model.ranks_per_node)
+    intra = [cost_model.is_intra_node(r) for r in ranks]
+    if all(intra):
+        return ranks
+    time_fn = time_fn or (lambda s, q, r: placed_times(s, q, r, cost_model))
+    S = np.asarray(S, dtype=np.float64)
+    Q = np.asarray(Q, dtype=np.float64)
+    degrees = [int(d) for d in degrees]
+    for d in sorted(set(degrees)):
+        members = [g for g in range(len(degrees)) if degrees[g] == d]
+        sets_in = [ranks[g] for g in members if intra[g]]
+        sets_out = [ranks[g] for g in members if not intra[g]]
+        if not sets_in or not sets_out:
+            continue
+        t_out = np.asarray(time_fn(S[members], Q[members], [sets_out[0]] * len(members)), dtype=np.float64)
+        cross = set(np.lexsort((np.arange(len(members)), t_out))[: len(sets_out)].tolist())
+        it_in, it_out = iter(sets_in), iter(sets_out)
+        for j, g in enumerate(members):
+            ranks[g] = next(it_out) if j in cross else next(it_in)
+    return ranks
+
+
 def build_micro_batch(groups: list[list[int]], degrees, S: np.ndarray, Q: np.ndarray, num_ranks: int,
                       cost_model: CostModel, *, time_fn=None):
     """Place ``groups`` with ``degrees`` and return the :class:`MicroBatchPlan` with real-placement times.
@@ -81,7 +112,7 @@ def build_micro_batch(groups: list[list[int]], degrees, S: np.ndarray, Q: np.nda
     """
     from fcp_data.plan.types import CPGroup, MicroBatchPlan
 
-    ranks = place_groups(degrees, num_ranks, cost_model.ranks_per_node)
+    ranks = place_for_times(S, Q, degrees, num_ranks, cost_model, time_fn=time_fn)
     times = (time_fn or (lambda s, q, r: placed_times(s, q, r, cost_model)))(S, Q, ranks)
     cp = tuple(CPGroup(ranks=r, seq_ids=tuple(g), time=float(t)) for g, r, t in zip(groups, ranks, times))
     return MicroBatchPlan(groups=cp, makespan=float(max(times)) if len(cp) else 0.0)

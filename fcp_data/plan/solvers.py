@@ -31,7 +31,7 @@ from fcp_data.plan.allocate import allocate_dp, allocate_fast, pow2_mask, time_t
 from fcp_data.plan.baselines import megatron_dynamic, static_cp, ulysses, work_proxy
 from fcp_data.plan.bfd import bfd_groups, candidate_units, group_aggregates_of, lpt_groups
 from fcp_data.plan.microbatch import plan_micro_batches
-from fcp_data.plan.placement import build_micro_batch, place_groups, placed_times
+from fcp_data.plan.placement import build_micro_batch, place_for_times, placed_times
 from fcp_data.plan.tau import tau_groupings
 from fcp_data.plan.types import CPGroup, MicroBatchPlan, Plan
 
@@ -87,7 +87,7 @@ def fcp_micro_batch(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_
         if buddy and bool(np.all(pow2[deg - 1])):
             span = value  # powers of two always pack into power-of-two nodes: placed time == table time
         else:
-            span = float(placed_times(S, Q, place_groups(deg, num_ranks, R), cost_model).max())
+            span = float(placed_times(S, Q, place_for_times(S, Q, deg, num_ranks, cost_model), cost_model).max())
         if inc is None or span < inc[0]:
             best[track] = (span, groups, deg, S, Q)
 
@@ -96,12 +96,13 @@ def fcp_micro_batch(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_
         if len(groups) > num_ranks:
             continue
         key = tuple(tuple(g) for g in groups)
-        if key in seen:  # membership only; iteration order never reaches the result
+        repeat = key in seen  # membership only; iteration order never reaches the result
+        if repeat and (uniform is None or not with_baselines):
             continue
         seen.add(key)
         S, Q = group_aggregates_of(groups, lengths, etas)
         table = time_table(S, Q, num_ranks, cost_model)
-        for track, mask in tracks.items():
+        for track, mask in () if repeat else tracks.items():  # a repeat still gets its uniform degree below
             value, deg = alloc(table if mask is None else np.where(mask[None, :], table, np.inf), num_ranks)
             if deg is not None:
                 consider(track + family, value, deg, groups, S, Q)
@@ -110,13 +111,17 @@ def fcp_micro_batch(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_
             if np.isfinite(value):
                 consider("uniform", value, np.full(len(groups), uniform, dtype=np.int64), groups, S, Q)
     plans: list[tuple[MicroBatchPlan, bool]] = []  # (plan, refined)
+    pow2_spans: list[float] = []  # the pow2 tracks prune only against each other, exactly as fcp-pow2 does
     for track in ("any", "pow2", "any-tau", "any-tau+", "any-tauc", "pow2-tau", "pow2-tau+", "pow2-tauc", "uniform"):
         if track in best:
             span, groups, deg, S, Q = best[track]
-            if "tau" in track and plans and span >= _TAU_REFINE_SLACK * min(p[0].makespan for p in plans):
+            rivals = pow2_spans if track.startswith("pow2") else [p[0].makespan for p in plans]
+            if "tau" in track and rivals and span >= _TAU_REFINE_SLACK * min(rivals):
                 continue  # refinement rarely gains that much: not worth its time
             mb = build_micro_batch(groups, deg, S, Q, num_ranks, cost_model)
             plans.append((refine_moves(mb, lengths, etas, cost_model), True) if track != "uniform" else (mb, False))
+            if track.startswith("pow2"):
+                pow2_spans.append(plans[-1][0].makespan)
     if with_baselines:
         try:
             plans.append((megatron_dynamic(lengths, etas, num_ranks, cost_model), False))
