@@ -53,11 +53,38 @@ temporal index by seconds per grid is not applied: ``i`` is the frame group's nu
 Pads continue after the document's maximum. Positions are computed on the untruncated document and
 then cut, so truncation never changes them. ``grid_thw`` is checked against the placeholder count
 (``Σ t·h·w / m²``) when ``mrope=True``.
+
+``position_fn`` replaces this rule: ``position_fn(sample, input_ids) -> LongTensor [3, n]`` gets the base
+sample dict (``grid_thw``, optional ``second_per_grid_ts``, …) and the whole untruncated document's ids and
+returns its 3-D positions; step 4's cut, the pads (continuing after the document's maximum + 1 on all three
+axes) and step 5's zigzag take stay as above. :class:`fcp_exec.integrations.hf_positions.HFRopeIndex` is
+such a function: it calls the installed transformers' own ``get_rope_index``, which is what a model computes
+at inference. It must pickle (DataLoader workers receive the collator): a module-level function or a small
+object, not a lambda.
+
+Which transformers versions agree with the built-in rule. It advances the text after a vision block to the
+block's maximum + 1, the original Qwen2-VL rule, which ``get_rope_index`` kept up to transformers 5.2.0 (all
+4.x included). transformers 5.3.0 ("Unify 3D position ids", huggingface/transformers#43972; 5.2.0 vs 5.3.0
+outputs compared in #45381) advances it by ``max(h, w) / m`` instead. With the new rule (5.24 installed and
+tested) the built-in positions equal ``get_rope_index``'s exactly when, for every placeholder run,
+``t ≤ max(h, w) / m``:
+
+- Qwen2-VL: always for images (t = 1); for a video exactly when ``t ≤ max(h, w) / m``.
+- Qwen2.5-VL: as Qwen2-VL, and a video with t ≥ 2 also needs an unscaled temporal index,
+  ``⌊i · tokens_per_second · second_per_grid_t⌋ = i`` for every frame group i < t (e.g. the product is 1). At
+  the usual 2 fps sampling with ``tokens_per_second = 2`` the product is 2, so real videos disagree.
+- Qwen3-VL (one run per frame group, t = 1 each): always, old rule or new.
+
+With the old rule (≤ 5.2.0) the same holds without the ``t ≤ max(h, w) / m`` condition. Some Qwen2.5-VL
+releases between 5.3 and 5.5.3 also offset temporal positions wrongly (#45381 → #45400; images: #45325, fixed
+in 5.5.4), so they agree even less. ``tests/test_hf_positions.py`` checks these statements in both directions
+against the installed version. For exact parity with a transformers model, pass
+``position_fn=HFRopeIndex(config)``, or use ``hf_collator``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -153,12 +180,15 @@ class FCPCollator:
     one visual token (Qwen-VL: 2; used by ``mrope``); ``mrope``: also return Qwen-VL 3-D rope positions;
     ``strict_lengths``: require every sample's ``input_ids`` length to equal the length the sampler planned
     with (``slot.length``) — a mismatch means the length index is stale; ``mask_visual_labels``: ignore
-    labels whose target is a visual placeholder (module docstring; no effect without ``visual_token_id``).
+    labels whose target is a visual placeholder (module docstring; no effect without ``visual_token_id``);
+    ``position_fn``: ``(sample, input_ids[n]) -> LongTensor [3, n]``, the 3-D positions of one whole
+    untruncated document, replacing the built-in Qwen-VL rule (implies ``mrope=True``; module docstring).
     """
 
     def __init__(self, *, pad_token_id: int = 0, ignore_index: int = -100,
                  visual_token_id: int | Sequence[int] | None = None, spatial_merge_size: int = 2,
-                 mrope: bool = False, strict_lengths: bool = True, mask_visual_labels: bool = True) -> None:
+                 mrope: bool = False, strict_lengths: bool = True, mask_visual_labels: bool = True,
+                 position_fn: Callable[[dict, torch.Tensor], torch.Tensor] | None = None) -> None:
         for name, v in (("pad_token_id", pad_token_id), ("ignore_index", ignore_index)):
             if isinstance(v, bool) or not hasattr(v, "__index__"):
                 raise TypeError(f"{name} must be an int token id, got {v!r}")
@@ -173,16 +203,22 @@ class FCPCollator:
         if int(spatial_merge_size) < 1:
             raise ValueError(f"spatial_merge_size must be >= 1, got {spatial_merge_size}")
         self.spatial_merge_size = int(spatial_merge_size)
+        if position_fn is not None and not callable(position_fn):
+            raise TypeError(f"position_fn must be a callable (sample, input_ids) -> LongTensor [3, n], got {position_fn!r}")
+        self.position_fn = position_fn
+        mrope = bool(mrope) or position_fn is not None
         if mrope and not self.visual_ids:
-            raise ValueError("mrope=True needs visual_token_id (the placeholder id(s) of visual tokens)")
-        self.mrope = bool(mrope)
+            raise ValueError(f"{'position_fn' if position_fn is not None else 'mrope=True'} needs visual_token_id (the "
+                             "placeholder id(s) of visual tokens)")
+        self.mrope = mrope
         self.strict_lengths = bool(strict_lengths)
         self.mask_visual_labels = bool(mask_visual_labels) and bool(self.visual_ids)
 
     def __repr__(self) -> str:
         return (f"FCPCollator(pad_token_id={self.pad_token_id}, ignore_index={self.ignore_index}, "
                 f"visual_token_id={self.visual_ids or None}, mrope={self.mrope}, "
-                f"mask_visual_labels={self.mask_visual_labels})")
+                f"mask_visual_labels={self.mask_visual_labels}"
+                + (f", position_fn={self.position_fn!r})" if self.position_fn is not None else ")"))
 
     # ------------------------------------------------------------------ helpers
     def _meta(self, batch: Sequence) -> dict[str, Any]:
@@ -232,6 +268,19 @@ class FCPCollator:
         if self.mrope:
             out["mrope_position_ids"] = torch.zeros((3, 0), dtype=torch.long)
         return out
+
+    def _document_positions(self, sample: dict, full: torch.Tensor, grid: torch.Tensor | None,
+                            visual_ids: torch.Tensor, index: int) -> torch.Tensor:
+        """``[3, len(full)]`` positions of one untruncated document: ``position_fn`` or the built-in rule."""
+        if self.position_fn is None:
+            return qwen_vl_mrope_positions(full, grid, visual_ids, self.spatial_merge_size)
+        out = self.position_fn(sample, full)
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != (3, full.numel()) or \
+                out.dtype.is_floating_point or out.dtype == torch.bool:
+            got = f"shape {tuple(out.shape)} dtype {out.dtype}" if isinstance(out, torch.Tensor) else type(out).__name__
+            raise ValueError(f"sample {index}: position_fn must return an integer tensor of shape (3, {full.numel()}) "
+                             f"(the whole untruncated document), got {got}")
+        return out.to(torch.long)
 
     # ------------------------------------------------------------------ main
     def __call__(self, batch: Sequence) -> dict[str, Any]:
@@ -290,7 +339,7 @@ class FCPCollator:
                 vis_rows.append(torch.arange(kept.numel(), dtype=torch.long) + vis_offset)
                 vis_offset += num_vis
                 if self.mrope:
-                    mr = qwen_vl_mrope_positions(full, grid, visual_ids, self.spatial_merge_size)[:, :n]
+                    mr = self._document_positions(sample, full, grid, visual_ids, slot.index)[:, :n]
                     top = int(mr.max()) + 1 if n else 0
                     mrope_parts.append(torch.cat([mr, torch.arange(top, top + pad).expand(3, pad)], dim=1))
             padded_lens.append(p)

@@ -11,6 +11,9 @@ Sample dicts (the contract with :class:`~fcp_data.collator.FCPCollator`, DESIGN 
   placeholder ids) followed by the caption's ids and EOS. ``pixel_values``/``grid_thw`` layout per family:
   Qwen-VL ``[t·h·w, 3·2·p·p]`` / ``[[t, h, w]]`` patches (tokens = t·h·w/4); InternVL
   ``[tiles, 3, 448, 448]`` / ``[[tiles, 32, 32]]``; LLaVA-Video ``[frames, 3, 384, 384]`` / ``[[frames, 14, 15]]``.
+  Qwen-VL video samples also carry ``"second_per_grid_ts": FloatTensor [1]`` (one per video: seconds per temporal
+  patch, ``temporal_patch_size / sampled fps`` as ``Qwen2_5_VLProcessor`` computes it), which Qwen2.5-VL's
+  ``get_rope_index`` scales the temporal positions by.
 
 Always ``len(input_ids) == index.num_tokens[i]`` and ``(input_ids ∈ placeholder_ids).sum() ==
 index.num_visual_tokens[i]``. The collator finds visual positions with ``dataset.placeholder_ids``
@@ -160,7 +163,14 @@ class IndexedDataset(torch.utils.data.Dataset):
             self._source_path(shard) / f"{self.index.keys[i]}.{ext}"
         pixel_values, grid_thw = vision_inputs(self.spec, plan, src)
         ids = segments_to_ids(self.spec, plan.segments) + self._text_ids(caption)
-        return {"input_ids": torch.tensor(ids, dtype=torch.long), "pixel_values": pixel_values, "grid_thw": grid_thw}
+        out = {"input_ids": torch.tensor(ids, dtype=torch.long), "pixel_values": pixel_values, "grid_thw": grid_thw}
+        if kind == KIND_VIDEO and self.spec.family == "qwen-vl":
+            from fcp_data.video import qwen_second_per_grid
+
+            out["second_per_grid_ts"] = torch.tensor(
+                [qwen_second_per_grid(len(plan.frame_indices), int(self.index.num_frames[i]), float(self.index.fps[i]),
+                                      int(self.spec.vision["temporal_patch_size"]))], dtype=torch.float32)
+        return out
 
     def num_visual_tokens(self, sample: dict) -> int:
         """Placeholder tokens in a sample's ``input_ids``."""

@@ -7,6 +7,7 @@ plan the length index counted, so the produced patches always match the index's 
   (H, W) (what qwen-vl-utils does with torchvision) → rescale 1/255, normalise → patchify with temporal
   patch 2 (last frame repeated when the count is odd) and 2×2 merge order:
   ``pixel_values [t·h·w, C·tp·p·p]`` (transformers Qwen2-VL layout), ``grid_thw [[t, h, w]]`` in patches.
+  Videos also get Qwen2.5-VL's ``second_per_grid_ts`` (:func:`qwen_second_per_grid`).
 - InternVL: 448-px tiles (PIL bicubic), images tiled by the plan's (cols, rows) + thumbnail, video frames one
   tile each: ``pixel_values [tiles, 3, 448, 448]``, ``grid_thw [[tiles, 32, 32]]`` (14-px patches per tile;
   tokens = t·h·w / 4 after the 0.5 pixel shuffle).
@@ -24,7 +25,7 @@ import torch
 
 from fcp_data.specs import Spec, VisualPlan
 
-__all__ = ["decode_frames", "decode_image", "qwen_patchify", "vision_inputs"]
+__all__ = ["decode_frames", "decode_image", "qwen_patchify", "qwen_second_per_grid", "vision_inputs"]
 
 
 def decode_frames(src: bytes | str | Path, indices) -> np.ndarray:
@@ -69,6 +70,17 @@ def qwen_patchify(frames: torch.Tensor, patch_size: int, merge_size: int, tempor
     x = frames.reshape(t, tp, C, h // m, m, p, w // m, m, p)
     x = x.permute(0, 3, 6, 4, 7, 2, 1, 5, 8)
     return x.reshape(t * h * w, C * tp * p * p).contiguous(), (t, h, w)
+
+
+def qwen_second_per_grid(num_sampled_frames: int, total_frames: int, video_fps: float, temporal_patch_size: int) -> float:
+    """Seconds one temporal patch of a video spans, as transformers' ``Qwen2_5_VLProcessor`` computes
+    ``second_per_grid_ts``: ``temporal_patch_size / sampled_fps`` with ``sampled_fps = num_sampled_frames /
+    total_frames · video_fps`` (qwen-vl-utils ``fetch_video``'s ``sample_fps``, transformers
+    ``VideoMetadata.sampled_fps``)."""
+    if num_sampled_frames < 1 or total_frames < 1 or video_fps <= 0:
+        raise ValueError(f"need sampled frames, frames and a positive fps, got {num_sampled_frames}, {total_frames}, "
+                         f"{video_fps}")
+    return temporal_patch_size / (num_sampled_frames / total_frames * video_fps)
 
 
 def _resize_bicubic(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
