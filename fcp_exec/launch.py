@@ -29,6 +29,7 @@ __all__ = ["launch", "resolve_nproc", "default_backend", "current_device", "in_t
 
 
 _PRELOAD = ["torch", "torch.distributed", "fcp_exec.launch", "fcp_exec.train", "fcp_exec.ring_attention",
+            "transformers", "fcp_exec.integrations.hf", "fcp_exec.integrations.hf_positions",
             "fcp_exec.models", "fcp_data.sampler", "fcp_data.collator", "fcp_data.plan"]
 
 

@@ -19,6 +19,7 @@ step on stdout and nothing else there).
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from collections import Counter
@@ -37,7 +38,9 @@ _DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TrainConfig:
-    """``model``: tiny-llm | tiny-mllm; ``steps`` optimizer steps; ``seed`` (weights, data order, synthetic
+    """``model``: tiny-llm | tiny-mllm | ``hf:PATH`` (a local transformers config.json: qwen3, llama, qwen2_vl,
+    qwen2_5_vl, qwen3_vl; random weights); ``reducer``: allreduce | ddp | fsdp2 (:mod:`fcp_exec.step`);
+    ``grad_checkpointing`` (hf models); ``steps`` optimizer steps; ``seed`` (weights, data order, synthetic
     data); ``dtype``; ``planner``: an FCPSampler solver (fcp, static-cp, ...); ``global_batch_size``
     (sequences per step); ``data``: None (bundled samples), an index path or "synthetic"; ``max_tokens``
     per sample (see :mod:`fcp_exec.train_data`); ``cost``: a §4 cost-model dict (default:
@@ -64,11 +67,24 @@ class TrainConfig:
     json_lines: bool = False
     verbose: bool = True
     return_params: bool = False
+    return_grads: bool = False
     cache_dir: str | None = None
+    reducer: str = "allreduce"
+    grad_checkpointing: bool = False
 
     def __post_init__(self) -> None:
-        if self.model not in ("tiny-llm", "tiny-mllm"):
-            raise ValueError(f"model must be tiny-llm or tiny-mllm, got {self.model!r}")
+        from fcp_exec.step import REDUCER_NAMES
+
+        if self.model not in ("tiny-llm", "tiny-mllm") and not (self.model.startswith("hf:") and len(self.model) > 3):
+            raise ValueError(f"model must be tiny-llm, tiny-mllm or hf:PATH/config.json, got {self.model!r}")
+        if self.reducer not in REDUCER_NAMES:
+            raise ValueError(f"reducer must be one of {', '.join(REDUCER_NAMES)}, got {self.reducer!r}")
+        if self.grad_checkpointing and not self.model.startswith("hf:"):
+            raise ValueError("gradient checkpointing is available for hf: models (the tiny models do not implement it)")
+        if not math.isfinite(self.lr) or self.lr < 0 or not math.isfinite(self.weight_decay) or self.weight_decay < 0:
+            raise ValueError(f"lr and weight_decay must be finite and >= 0, got {self.lr}, {self.weight_decay}")
+        if self.num_workers < 0 or self.prefetch < 0:
+            raise ValueError(f"num_workers and prefetch must be >= 0, got {self.num_workers}, {self.prefetch}")
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {self.dtype!r}")
         for name in ("steps", "global_batch_size", "max_tokens"):
@@ -138,23 +154,9 @@ def _forward_loss(model, batch: dict, is_mllm: bool) -> torch.Tensor:
     return token_loss_sum(logits, batch["labels"]) / max(int(batch["num_tokens_global"]), 1)
 
 
-def _reduce(model, loss_local: torch.Tensor, world: int) -> float:
-    """All-reduce SUM of every gradient (zeros where unused: one flat buffer in the parameters' dtype) and
-    of the loss (float64); returns the global loss."""
-    params = list(model.parameters())
-    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
-    loss = loss_local.reshape(1).to(device=flat.device, dtype=torch.float64)
-    if world > 1:
-        import torch.distributed as dist
-
-        dist.all_reduce(flat)
-        dist.all_reduce(loss)
-    offset = 0
-    for p in params:
-        n = p.numel()
-        p.grad = flat[offset:offset + n].view_as(p).clone()
-        offset += n
-    return float(loss[0])
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """A parameter or gradient as one full tensor (FSDP2 shards are gathered)."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
 def _gather_groups(groups: list[tuple[int, ...]], world: int) -> list[list[int]]:
@@ -174,38 +176,67 @@ def _gather_groups(groups: list[tuple[int, ...]], world: int) -> list[list[int]]
 
 
 class Trainer:
-    """One rank's training state: data pipeline, model, optimizer; :meth:`step` runs one global batch.
+    """One rank's training state: data pipeline, model (wrapped for its reducer), optimizer; :meth:`step` runs
+    one global batch through :func:`fcp_exec.step.train_step`.
 
     Needs the process group initialised (or none, for one rank). Several trainers may live in one
-    process (the e2e benchmark alternates planners step by step)."""
+    process (the e2e benchmark alternates planners step by step; the HF tests run a matrix of reducers)."""
 
     def __init__(self, cfg: TrainConfig) -> None:
         from torch.utils.data import DataLoader
 
         from fcp_data import FCPCollator, FCPDataset, FCPSampler
-        from fcp_exec.models import build_model
+        from fcp_exec.step import make_reducer
         from fcp_exec.train_data import load_train_data
 
         self.cfg = cfg
         self.rank, self.world = dist_info()
         self.device = current_device()
+        self.is_hf = cfg.model.startswith("hf:")
+        hf_config = None
+        if self.is_hf:
+            from fcp_exec.integrations import hf
+
+            hf_config = hf.load_config(cfg.model[3:])
         self.data = data = load_train_data(cfg.model, cfg.data, max_tokens=cfg.max_tokens, seed=cfg.seed,
                                            cache_dir=cfg.cache_dir, num_synthetic=cfg.num_synthetic,
-                                           lengths=cfg.synthetic_lengths)
-        self.is_mllm = cfg.model == "tiny-mllm"
-        if self.is_mllm and not data.visual_token_ids:
+                                           lengths=cfg.synthetic_lengths, hf_config=hf_config)
+        self.is_mllm = cfg.model == "tiny-mllm" or bool(self.is_hf and data.visual_token_ids)
+        if cfg.model == "tiny-mllm" and not data.visual_token_ids:
             raise ValueError("tiny-mllm needs a multimodal dataset (an index built with a vision spec, e.g. qwen2-vl)")
         cost = CostModel.from_dict(cfg.cost) if cfg.cost else builtin_cost_model(cfg.max_tokens, self.world, cfg.dtype)
         if cfg.tokens_per_rank:
             cost = cost.replace(tokens_per_rank=cfg.tokens_per_rank)
         self.cost = cost
-        self.model = build_model(cfg.model, seed=cfg.seed, dtype=_DTYPES[cfg.dtype]).to(self.device)
+        if self.is_hf:
+            model = hf.build_model(hf_config, dtype=_DTYPES[cfg.dtype], seed=cfg.seed).to(self.device)
+            hf.apply_fcp(model)
+            if cfg.grad_checkpointing:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.train()
+            if self.is_mllm:
+                from fcp_exec.integrations.hf_positions import hf_collator
+
+                collator = hf_collator(model.config, pad_token_id=data.pad_token_id)
+            else:
+                collator = FCPCollator(pad_token_id=data.pad_token_id)
+            self.loss_fn = hf.fcp_loss
+        else:
+            from fcp_exec.models import build_model
+
+            model = build_model(cfg.model, seed=cfg.seed, dtype=_DTYPES[cfg.dtype]).to(self.device)
+            collator = FCPCollator(pad_token_id=data.pad_token_id, visual_token_id=data.visual_token_ids or None)
+            is_mllm = self.is_mllm
+            self.loss_fn = lambda m, b: _forward_loss(m, b, is_mllm)
+        self.num_params = sum(p.numel() for p in model.parameters())
+        # tiny-mllm skips its vision encoder on text-only micro-batches: DDP must be told
+        self.model, self.reducer = make_reducer(cfg.reducer, model,
+                                                find_unused_parameters=cfg.model == "tiny-mllm")
         solver, degree = parse_planner(cfg.planner)
         self.sampler = FCPSampler(data.lengths, num_ranks=self.world, rank=self.rank, cost_model=cost,
                                   global_batch_size=cfg.global_batch_size, seed=cfg.seed, solver=solver,
                                   prefetch=cfg.prefetch, solver_options=None if degree is None else {"degree": degree},
                                   visual_layout=data.visual_layout)
-        collator = FCPCollator(pad_token_id=data.pad_token_id, visual_token_id=data.visual_token_ids or None)
         self.loader = DataLoader(FCPDataset(data.dataset), batch_sampler=self.sampler, collate_fn=collator,
                                  num_workers=cfg.num_workers, persistent_workers=cfg.num_workers > 0)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
@@ -213,54 +244,62 @@ class Trainer:
 
     def describe(self) -> str:
         c = self.cfg
-        return (f"{c.model} ({sum(p.numel() for p in self.model.parameters()):,} params, {c.dtype}) on {self.world} "
-                f"rank(s), device {self.device}; data: {self.data.description}; planner {c.planner}, "
-                f"tokens_per_rank {self.cost.tokens_per_rank}")
+        return (f"{c.model} ({self.num_params:,} params, {c.dtype}) on {self.world} rank(s), device {self.device}, "
+                f"reducer {c.reducer}{', gradient checkpointing' if c.grad_checkpointing else ''}; data: "
+                f"{self.data.description}; planner {c.planner}, tokens_per_rank {self.cost.tokens_per_rank}")
 
-    def _next_batch(self, first: bool) -> dict:
+    def _batches(self):
+        """This rank's batches, across epoch boundaries (a global batch never straddles one)."""
         while True:
             if self._it is None:
                 self._it = iter(self.loader)
             try:
-                return next(self._it)
+                yield next(self._it)
             except StopIteration:
-                if not first:
-                    raise RuntimeError("the sampler ended inside a global batch") from None
                 self.epoch += 1
                 self.sampler.set_epoch(self.epoch)
                 self._it = None
 
     def step(self) -> dict[str, Any]:
         """One optimizer step over the next global batch; returns its record (module docstring)."""
+        from fcp_exec.step import train_step
+
         t0 = time.perf_counter()
         waits_before = len(self.sampler.planner_waits)
         self.opt.zero_grad(set_to_none=True)
-        loss_local = torch.zeros((), dtype=torch.float64, device=self.device)
-        groups: list[tuple[int, ...]] = []
-        m, num_mb, num_tokens = 0, 1, 0
-        while m < num_mb:
-            batch = self._next_batch(first=m == 0)
-            num_mb, num_tokens = int(batch["num_micro_batches"]), int(batch["num_tokens_global"])
-            if int(batch["micro_batch"]) != m:
-                raise RuntimeError(f"expected micro-batch {m}, got {batch['micro_batch']}")
-            groups.append(tuple(batch["ranks"]))
-            if batch["ranks"] and batch["input_ids"].numel():
-                loss = _forward_loss(self.model, _to_device(batch, self.device), self.is_mllm)
-                loss.backward()
-                loss_local += loss.detach().to(torch.float64)
-            m += 1
-        loss_global = _reduce(self.model, loss_local, self.world)
+        seen: list[tuple[int, ...]] = []
+
+        def batches():
+            for b in self._batches():
+                seen.append(tuple(b.get("sample_indices", ())))
+                yield b
+
+        res = train_step(self.model, batches(), self.loss_fn, self.reducer, pad_token_id=self.data.pad_token_id,
+                         to_device=lambda b: _to_device(b, self.device))
+        grads = None
+        if self.cfg.return_grads:
+            grads = {n: _full(p.grad).detach().cpu().double().numpy().copy() if p.grad is not None else None
+                     for n, p in _named(self.model)}
         self.opt.step()
-        degrees = _gather_groups(groups, self.world)
+        degrees = _gather_groups(res.groups, self.world)
         waits = self.sampler.planner_waits[waits_before:]
-        rec = {"step": self.num_steps, "loss": loss_global, "num_tokens": num_tokens, "degrees": degrees,
-               "step_time_s": time.perf_counter() - t0, "planner_wait_s": float(sum(waits))}
+        rec = {"step": self.num_steps, "loss": res.loss, "num_tokens": res.num_tokens, "degrees": degrees,
+               "step_time_s": time.perf_counter() - t0, "planner_wait_s": float(sum(waits)),
+               "num_idle": res.num_idle, "sample_indices": sorted({i for s in seen for i in s})}
+        if grads is not None:
+            rec["grads"] = grads
         self.num_steps += 1
         return rec
 
     def checksum(self) -> float:
         with torch.no_grad():
-            return float(sum(p.double().sum().item() * (i + 1) for i, p in enumerate(self.model.parameters())))
+            return float(sum(_full(p).double().sum().item() * (i + 1) for i, p in enumerate(self.model.parameters())))
+
+
+def _named(model) -> list:
+    """``named_parameters`` without a DDP wrapper's ``module.`` prefix."""
+    inner = getattr(model, "module", model)
+    return list(inner.named_parameters())
 
 
 def train(cfg: TrainConfig) -> dict[str, Any]:
@@ -273,6 +312,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     records = []
     for _ in range(cfg.steps):
         rec = tr.step()
+        if not cfg.return_grads:
+            rec.pop("sample_indices", None)
         records.append(rec)
         if cfg.json_lines and rank == 0:
             print(json.dumps({k: rec[k] for k in ("step", "loss", "num_tokens", "degrees", "step_time_s")}),
@@ -283,8 +324,13 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                   f"{rec['planner_wait_s'] * 1e3:.2f} ms", file=sys.stdout, flush=True)
     result: dict[str, Any] = {"steps": records, "param_checksum": tr.checksum(), "rank": rank, "world": tr.world,
                               "tokens_per_rank": tr.cost.tokens_per_rank, "data": tr.data.description}
-    if cfg.return_params and rank == 0:
-        result["params"] = {n: p.detach().cpu().double().numpy().copy() for n, p in tr.model.named_parameters()}
+    if cfg.return_params:  # gathered on every rank (a collective under FSDP2), kept on rank 0
+        params = {n: _full(p).detach().cpu().double().numpy().copy() for n, p in _named(tr.model)}
+        if rank == 0:
+            result["params"] = params
+    if rank != 0:
+        for rec in records:
+            rec.pop("grads", None)
     return result
 
 

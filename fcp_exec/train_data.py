@@ -151,7 +151,7 @@ def _cap(base: Any, lengths: np.ndarray, visual: np.ndarray, max_tokens: int) ->
     return CappedDataset(base, keep, max_tokens), np.minimum(lengths[keep], max_tokens), int(lengths.size - keep.size)
 
 
-def _bundled_index(model: str, cache_dir: str | None) -> Path:
+def _bundled_index(model: str, cache_dir: str | None, spec: str | None = None) -> Path:
     """Index the bundled samples once per content (folder name carries a digest of the inputs' names and
     sizes); ranks racing to build it each build privately and the first rename wins."""
     import hashlib
@@ -162,10 +162,11 @@ def _bundled_index(model: str, cache_dir: str | None) -> Path:
 
     root = Path(cache_dir or os.environ.get("FCP_CACHE", Path(tempfile.gettempdir()) / f"fcp-cache-{os.getuid()}"))
     samples = data_path("samples")
-    if model == "tiny-llm":
+    if spec == "text" or (spec is None and model == "tiny-llm"):
         name, inputs, spec = "index-text", [samples / "text.jsonl"], "text"
     else:
-        name, inputs, spec = "index-video", sorted((samples / "wds").glob("*.tar")), VIDEO_SPEC
+        spec = spec or VIDEO_SPEC
+        name, inputs = f"index-{spec}", sorted((samples / "wds").glob("*.tar"))
     digest = hashlib.blake2b(repr([(p.name, p.stat().st_size) for p in inputs] + [spec]).encode(),
                              digest_size=6).hexdigest()
     out = root / f"{name}-{digest}"
@@ -182,11 +183,19 @@ def _bundled_index(model: str, cache_dir: str | None) -> Path:
     return out
 
 
+HF_SPECS = {"qwen2_vl": "qwen2-vl", "qwen2_5_vl": "qwen2.5-vl", "qwen3_vl": "qwen3-vl"}
+
+
 def load_train_data(model: str, data: str | None = None, *, max_tokens: int = 2304, seed: int = 0,
-                    cache_dir: str | None = None, num_synthetic: int | None = None, lengths=None) -> TrainData:
-    """The dataset a training run uses (module docstring)."""
+                    cache_dir: str | None = None, num_synthetic: int | None = None, lengths=None,
+                    hf_config=None) -> TrainData:
+    """The dataset a training run uses (module docstring). ``hf_config``: the transformers config of an
+    ``hf:`` model (text model → text data, Qwen-VL → the bundled video/image samples in its family's spec)."""
     if max_tokens < 4:
         raise ValueError(f"max_tokens must be >= 4, got {max_tokens}")
+    if hf_config is not None:
+        return _load_hf_data(hf_config, data, max_tokens=max_tokens, seed=seed, cache_dir=cache_dir,
+                             num_synthetic=num_synthetic)
     if data == "synthetic":
         if model == "tiny-llm":
             base = SyntheticText(num_synthetic or 24, seed=seed, max_len=max_tokens, lengths=lengths)
@@ -225,5 +234,57 @@ def load_train_data(model: str, data: str | None = None, *, max_tokens: int = 23
     layout = IndexVisualLayout(index, keep=ds.keep, spec=base.spec) if base.placeholder_ids else None
     return TrainData(dataset=ds, lengths=capped, pad_token_id=int(base.pad_token_id), visual_layout=layout,
                      visual_token_ids=tuple(base.placeholder_ids), num_dropped=dropped,
+                     description=f"{what} (spec {base.spec.name}): {capped.size} samples, {int(capped.sum())} tokens, "
+                                 f"max {int(capped.max())} (cap {max_tokens})")
+
+
+def _load_hf_data(config, data: str | None, *, max_tokens: int, seed: int, cache_dir: str | None,
+                  num_synthetic: int | None) -> TrainData:
+    """Data for a transformers model, checked against its config (vocabulary, special token ids, patch size)."""
+    from fcp_data.slots import IndexVisualLayout, SpanVisualLayout
+    from fcp_exec.integrations.hf_data import SyntheticHFDocs, check_data_fits, special_ids
+
+    is_vl = config.model_type in HF_SPECS
+    if data == "synthetic":
+        base = SyntheticHFDocs(config, num_synthetic or 24, seed=seed, long_text=min(200, max_tokens // 2))
+        vis = np.array([bool(sp) for sp in base.placeholder_spans()])
+        ds, lengths, dropped = _cap(base, base.lengths, vis, max_tokens)
+        tc = getattr(config, "text_config", config)
+        pad = int(getattr(tc, "pad_token_id", None) or 0)
+        if not is_vl:
+            return TrainData(dataset=ds, lengths=lengths, pad_token_id=pad, num_dropped=dropped,
+                             description=f"synthetic text for {config.model_type}: {len(ds)} documents")
+        ids = special_ids(config)
+        spans = base.placeholder_spans()
+        return TrainData(dataset=ds, lengths=lengths, pad_token_id=pad, visual_token_ids=(ids["image"], ids["video"]),
+                         visual_layout=SpanVisualLayout([spans[int(k)] for k in ds.keep]), num_dropped=dropped,
+                         description=f"synthetic images/videos for {config.model_type}: {len(ds)} documents")
+    from fcp_data.readers import IndexedDataset
+
+    path = Path(data) if data else _bundled_index("hf", cache_dir, HF_SPECS.get(config.model_type, "text"))
+    base = IndexedDataset(path)
+    what = f"index {path}" if data else "the bundled samples"
+    check_data_fits(config, vocab_size=base.spec.tokenizer().get_vocab_size(), what=what)
+    index = base.index
+    lengths = np.asarray(index.num_tokens, dtype=np.int64)
+    visual = np.asarray(index.num_visual_tokens, dtype=np.int64) > 0 if base.placeholder_ids else np.zeros(lengths.size, bool)
+    if is_vl:
+        if base.spec.family != "qwen-vl":
+            raise ValueError(f"{what} was built with spec {base.spec.name!r}; a {config.model_type} model needs a Qwen-VL "
+                             f"spec (fcp index ... --spec {HF_SPECS[config.model_type]})")
+        t = base.spec.vision["tokens"]
+        check_data_fits(config, ids={"image": base.image_token_id, "video": base.video_token_id,
+                                     "vision_start": base.spec.token_id(t["vision_start"]),
+                                     "vision_end": base.spec.token_id(t["vision_end"])}, what=what)
+        v = base.spec.vision
+        check_data_fits(config, patch=3 * int(v["temporal_patch_size"]) * int(v["patch_size"]) ** 2, what=what)
+    elif visual.any():
+        raise ValueError(f"{what} holds images/videos but {config.model_type} is a text model")
+    ds, capped, dropped = _cap(base, lengths, visual, max_tokens)
+    if capped.size == 0:
+        raise ValueError(f"no sample of {path} fits max_tokens={max_tokens}; raise --max-tokens")
+    layout = IndexVisualLayout(index, keep=ds.keep, spec=base.spec) if base.placeholder_ids else None
+    return TrainData(dataset=ds, lengths=capped, pad_token_id=int(base.pad_token_id), visual_layout=layout,
+                     visual_token_ids=tuple(base.placeholder_ids) if is_vl else (), num_dropped=dropped,
                      description=f"{what} (spec {base.spec.name}): {capped.size} samples, {int(capped.sum())} tokens, "
                                  f"max {int(capped.max())} (cap {max_tokens})")

@@ -7,8 +7,8 @@ so that every rank (and a single-process reference) starts from bit-identical we
 from __future__ import annotations
 
 from fcp_exec.models.tiny_llm import RMSNorm, TinyLLM, TinyLLMConfig, apply_rope, token_loss_sum
-from fcp_exec.models.tiny_mllm import TinyMLLM, TinyMLLMConfig, VisionEncoder, frame_table
-from fcp_exec.models.vision_exchange import exchange_rows, frame_shares
+from fcp_exec.models.tiny_mllm import TinyMLLM, TinyMLLMConfig, VisionEncoder
+from fcp_exec.vision_exchange import exchange_rows, frame_shares, frame_table
 
 __all__ = ["MODEL_NAMES", "build_model", "TinyLLM", "TinyLLMConfig", "TinyMLLM", "TinyMLLMConfig",
            "VisionEncoder", "RMSNorm", "apply_rope", "frame_table", "frame_shares", "exchange_rows",

@@ -19,7 +19,7 @@ placeholder tokens) and ``visual_index`` (their rows in the group's visual embed
 * Degree > 1 (:meth:`VisionEncoder.group_rows`): CP rank ``r`` encodes the ``r``-th of ``degree``
   contiguous shares of the group's frames (balanced by patch count, whole frames), then a P2P exchange
   inside the logical group sends every row to the rank holding its token position, and in the backward
-  pass sends each row's gradient back to the rank that encoded it (:mod:`fcp_exec.models.vision_exchange`).
+  pass sends each row's gradient back to the rank that encoded it (:mod:`fcp_exec.vision_exchange`).
   Every frame is encoded exactly once per group, and the encoder on the owning rank receives the sum of
   its rows' gradients, so the all-reduce SUM of gradients over ranks equals the single-process gradient.
   (Encoding, on each rank, just the frames its tokens fall in would need no communication, but zigzag
@@ -37,8 +37,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from fcp_exec.models.tiny_llm import RMSNorm, TinyLLM, TinyLLMConfig
+from fcp_exec.vision_exchange import exchange_rows, frame_table
 
-__all__ = ["TinyMLLMConfig", "TinyMLLM", "VisionEncoder", "frame_table"]
+__all__ = ["TinyMLLMConfig", "TinyMLLM", "VisionEncoder"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -66,24 +67,6 @@ class TinyMLLMConfig:
             raise ValueError("vision_hidden must split into vision_heads heads of even size")
         if self.vision_hidden % 4:
             raise ValueError("vision_hidden must be a multiple of 4 (2-D sinusoidal positions)")
-
-
-def frame_table(grid_thw: torch.Tensor, merge: int) -> torch.Tensor:
-    """One row per frame of the group's images: ``[row_start, num_rows, patch_start, h, w]`` (int64).
-
-    ``row_start`` indexes the group's visual-embedding rows (= ``visual_index`` values), ``patch_start``
-    the rows of ``pixel_values``."""
-    g = torch.as_tensor(grid_thw, dtype=torch.long).reshape(-1, 3).cpu()
-    rows, row0, patch0 = [], 0, 0
-    for t, h, w in g.tolist():
-        if h % merge or w % merge:
-            raise ValueError(f"grid (t={t}, h={h}, w={w}) is not divisible by merge_size={merge}")
-        per = h * w // (merge * merge)
-        for _ in range(t):
-            rows.append((row0, per, patch0, h, w))
-            row0 += per
-            patch0 += h * w
-    return torch.tensor(rows, dtype=torch.long).reshape(-1, 5)
 
 
 def _sincos_2d(h: int, w: int, merge: int, dim: int, dtype, device) -> torch.Tensor:
@@ -177,10 +160,8 @@ class VisionEncoder(nn.Module):
     def group_rows(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor, visual_index: torch.Tensor,
                    ranks, cp_rank: int) -> torch.Tensor:
         """Like :meth:`forward` for a CP group of degree > 1: this rank encodes its share of the group's
-        frames and exchanges rows with its peers (:mod:`fcp_exec.models.vision_exchange`). Every rank of
+        frames and exchanges rows with its peers (:mod:`fcp_exec.vision_exchange`). Every rank of
         the group must call it."""
-        from fcp_exec.models.vision_exchange import exchange_rows
-
         table = frame_table(grid_thw, self.cfg.merge_size)
         return exchange_rows(lambda lo, hi: self._encode(pixel_values, table, list(range(lo, hi))), table,
                              visual_index, ranks, cp_rank, pixel_values.device)

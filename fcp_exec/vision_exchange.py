@@ -26,9 +26,27 @@ from typing import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-__all__ = ["frame_shares", "exchange_rows"]
+__all__ = ["frame_table", "frame_shares", "exchange_rows"]
 
 _TAG = 7100
+
+
+def frame_table(grid_thw: torch.Tensor, merge: int) -> torch.Tensor:
+    """One row per frame of the group's images: ``[row_start, num_rows, patch_start, h, w]`` (int64).
+
+    ``row_start`` indexes the group's visual-embedding rows (= ``visual_index`` values), ``patch_start``
+    the rows of ``pixel_values``."""
+    g = torch.as_tensor(grid_thw, dtype=torch.long).reshape(-1, 3).cpu()
+    rows, row0, patch0 = [], 0, 0
+    for t, h, w in g.tolist():
+        if h % merge or w % merge:
+            raise ValueError(f"grid (t={t}, h={h}, w={w}) is not divisible by merge_size={merge}")
+        per = h * w // (merge * merge)
+        for _ in range(t):
+            rows.append((row0, per, patch0, h, w))
+            row0 += per
+            patch0 += h * w
+    return torch.tensor(rows, dtype=torch.long).reshape(-1, 5)
 
 
 def frame_shares(table: torch.Tensor, degree: int) -> torch.Tensor:
@@ -84,7 +102,7 @@ def exchange_rows(encode_share: Callable[[int, int], torch.Tensor], table: torch
     """Rows ``visual_index`` of the group's visual embeddings on this rank (module docstring).
 
     ``encode_share(f_lo, f_hi)`` encodes frames ``[f_lo, f_hi)`` (rows in frame order); ``table`` is
-    :func:`~fcp_exec.models.tiny_mllm.frame_table` of the group."""
+    :func:`frame_table` of the group."""
     degree = len(ranks)
     share = frame_shares(table, degree)
     frames = torch.nonzero(share == cp_rank).flatten()

@@ -1,0 +1,381 @@
+"""Hugging Face transformers adapter: run a stock causal LM or Qwen-VL model on FCP micro-batches.
+
+One call, :func:`apply_fcp`, makes a transformers model run its (text) attention through
+:func:`fcp_exec.ring_attention` over each micro-batch's CP group, the way transformers expects custom attention:
+an attention function registered in ``AttentionInterface`` under :data:`ATTENTION_NAME`, with the per-micro-batch
+metadata (local ``cu_seqlens`` and the group's ``ranks``) passed as one keyword argument, ``fcp_context``, that
+transformers forwards from ``model(...)`` down to every attention call. There is no module-level state: each
+forward carries its own context, so nothing can leak from one micro-batch into the next.
+
+Typical use (see ``examples/``)::
+
+    model = apply_fcp(AutoModelForCausalLM.from_config(cfg))        # or a Qwen2/2.5/3-VL model
+    collate = hf_collator(model)                                     # positions from the model's own rule
+    loader = DataLoader(FCPDataset(ds), batch_sampler=FCPSampler(...), collate_fn=collate)
+    model, reducer = make_reducer("fsdp2", model)                   # or "ddp" / "allreduce"
+    for step in range(steps):
+        res = train_step(model, loader_iter, fcp_loss, reducer); opt.step(); opt.zero_grad()
+
+* :func:`batch_inputs` maps an ``FCPCollator`` batch to the model's keyword arguments (``input_ids`` ``[1, L]``,
+  ``position_ids`` — ``[1, L]`` text positions, or ``[3, 1, L]`` Qwen-VL 3-D positions —, ``fcp_context``,
+  ``use_cache=False`` and, for VL models, the group's vision inputs).
+* :func:`fcp_loss` / :func:`lm_loss`: the collator's labels are *already shifted* (``labels[t]`` is the target of
+  token ``t``), so the loss is ``Σ CE(logits[t], labels[t]) / num_tokens_global`` with no further shift; the
+  all-reduce SUM of gradients over ranks then equals the single-process gradient of the global-batch mean.
+  Passing the collator's labels as HF ``labels=`` alone would shift them a second time (a wrong loss and wrong
+  gradients). To use HF's own loss instead, pass :func:`hf_loss_kwargs` (``labels``, ``shift_labels`` — the
+  pre-shifted labels — and ``num_items_in_batch``); note that HF's ``ForCausalLMLoss`` computes in float32.
+* Vision (Qwen2-VL, Qwen2.5-VL, Qwen3-VL): a CP group's images and video frames are encoded once per group, each
+  rank encoding a contiguous share of whole frames with the model's own ``visual`` tower, and every visual row
+  travels to the rank that holds its token (:mod:`fcp_exec.vision_exchange`, gradients back to the encoder that
+  produced them). The rows reach the model through transformers' ``mm_encoder_outputs`` argument, so the model's
+  own code places them (and Qwen3-VL's deepstack features). This runs in a forward pre-hook of the model, inside
+  FSDP2's root unshard. Every rank calls the vision tower exactly once per micro-batch (on a one-frame dummy,
+  weighted 0, when it has nothing to encode) so FSDP2-sharded vision blocks stay in lock-step.
+
+Tested with transformers 5.24 (model types :data:`SUPPORTED_MODEL_TYPES`; other causal LMs whose attention
+goes through ``AttentionInterface`` are accepted with a warning). Sliding-window attention, attention dropout
+and KV caches are refused with a clear error: this path is for training.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+__all__ = ["ATTENTION_NAME", "SUPPORTED_MODEL_TYPES", "VL_MODEL_TYPES", "FCPAttentionContext", "apply_fcp",
+           "batch_inputs", "fcp_attention_forward", "fcp_loss", "hf_loss_kwargs", "lm_loss", "model_type_of",
+           "register_attention", "unwrap", "load_config", "build_model"]
+
+ATTENTION_NAME = "fcp_ring"
+SUPPORTED_MODEL_TYPES = ("qwen3", "llama", "qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+VL_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+
+
+@dataclass(frozen=True, slots=True)
+class FCPAttentionContext:
+    """Per-micro-batch metadata for :func:`fcp_attention_forward`: this rank's local ``cu_seqlens`` (int32),
+    the CP group ``ranks`` (global ranks, ring order), and the kernel/timeout :func:`apply_fcp` chose."""
+
+    cu_seqlens: torch.Tensor
+    ranks: tuple[int, ...]
+    kernel: Any = None
+    timeout: float | None = None
+
+
+def fcp_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                          attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                          fcp_context: FCPAttentionContext | None = None, **kwargs):
+    """transformers attention function: ``query`` ``[1, H_q, L, D]``, ``key``/``value`` ``[1, H_kv, L, D]`` of
+    this rank's zigzag shard → ``(out [1, L, H_q, D], None)`` by ring attention over ``fcp_context.ranks``."""
+    from fcp_exec.ring_attention import ring_attention
+
+    if fcp_context is None:
+        raise ValueError("attention implementation 'fcp_ring' needs fcp_context=...: call the model with "
+                         "**fcp_exec.integrations.hf.batch_inputs(batch, model)")
+    if query.shape[0] != 1:
+        raise ValueError(f"fcp_ring attention takes one packed sequence (batch size 1), got batch size {query.shape[0]}")
+    if dropout:
+        raise ValueError(f"fcp_ring attention does not implement attention dropout (got {dropout}); set the config's "
+                         "attention_dropout to 0")
+    if getattr(module, "sliding_window", None):
+        raise ValueError("fcp_ring attention does not implement sliding-window attention; disable it in the config "
+                         "(use_sliding_window=False)")
+    if kwargs.get("cache") is not None or kwargs.get("past_key_values") is not None:
+        raise ValueError("fcp_ring attention is for training: call the model with use_cache=False")
+    q = query[0].transpose(0, 1)
+    k = key[0].transpose(0, 1)
+    v = value[0].transpose(0, 1)
+    out = ring_attention(q, k, v, fcp_context.cu_seqlens, ranks=fcp_context.ranks,
+                         causal=bool(getattr(module, "is_causal", True)), softmax_scale=scaling,
+                         kernel=fcp_context.kernel, timeout=fcp_context.timeout)
+    return out.unsqueeze(0), None
+
+
+def register_attention() -> None:
+    """Register :func:`fcp_attention_forward` in transformers' ``AttentionInterface`` (idempotent)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION_NAME, fcp_attention_forward)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The transformers model inside a DDP wrapper (``.module``); FSDP2 modules are the model itself."""
+    return getattr(model, "module", model)
+
+
+def model_type_of(model: nn.Module) -> str:
+    cfg = getattr(unwrap(model), "config", None)
+    if cfg is None:
+        raise TypeError(f"{type(model).__name__} is not a transformers model (no .config)")
+    return str(cfg.model_type)
+
+
+@dataclass
+class _State:
+    """What :func:`apply_fcp` stores on the model (``model._fcp_state``): per model, not global."""
+
+    model_type: str
+    kernel: Any
+    timeout: float | None
+    is_vl: bool
+    image_token_id: int | None = None
+    video_token_id: int | None = None
+    merge: int = 1
+    active: Any = field(default=None, repr=False)  # the _VisionCall of the forward in progress, else None
+
+
+@dataclass
+class _VisionCall:
+    """One forward's vision inputs (created by :func:`batch_inputs`, consumed by the pre-hook)."""
+
+    input_ids: torch.Tensor
+    pixel_values: torch.Tensor | None
+    grid_thw: torch.Tensor | None
+    visual_pos: torch.Tensor
+    visual_index: torch.Tensor
+    ranks: tuple[int, ...]
+    cp_rank: int
+    anchor: torch.Tensor | None = None
+
+
+def apply_fcp(model: nn.Module, *, kernel=None, timeout: float | None = None) -> nn.Module:
+    """Make ``model`` (a transformers causal LM or Qwen-VL model, before DDP/FSDP2 wrapping) run its text
+    attention as FCP ring attention; returns the same model. ``kernel``: an attention kernel or its name
+    (default: by device); ``timeout``: seconds bounding every ring P2P wait (None: the process group's)."""
+    model_type = model_type_of(model)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        warnings.warn(f"model type {model_type!r} is not one fcp was tested with ({', '.join(SUPPORTED_MODEL_TYPES)}); "
+                      "it works if its attention goes through transformers' AttentionInterface", stacklevel=2)
+    register_attention()
+    is_vl = model_type in VL_MODEL_TYPES
+    if is_vl:
+        model.set_attn_implementation({"text_config": ATTENTION_NAME})
+        text_cfg = model.config.text_config
+    else:
+        model.set_attn_implementation(ATTENTION_NAME)
+        text_cfg = model.config
+    if getattr(text_cfg, "_attn_implementation", None) != ATTENTION_NAME:
+        raise RuntimeError(f"could not set the attention implementation of {type(model).__name__} to {ATTENTION_NAME!r}")
+    state = _State(model_type=model_type, kernel=kernel, timeout=timeout, is_vl=is_vl)
+    if is_vl:
+        cfg = model.config
+        state.image_token_id, state.video_token_id = int(cfg.image_token_id), int(cfg.video_token_id)
+        state.merge = int(cfg.vision_config.spatial_merge_size)
+        if getattr(model, "_fcp_state", None) is None:
+            model.register_forward_pre_hook(_vision_pre_hook, with_kwargs=True)
+            model.register_forward_hook(_vision_post_hook, always_call=True)
+            model.get_input_embeddings().register_forward_hook(_make_embed_hook(model))
+    model._fcp_state = state
+    return model
+
+
+def _visual(model: nn.Module) -> nn.Module:
+    inner = getattr(model, "model", model)
+    visual = getattr(inner, "visual", None)
+    if visual is None:
+        raise TypeError(f"{type(model).__name__} has no vision tower at .model.visual")
+    return visual
+
+
+def _encode(visual: nn.Module, pixel_values: torch.Tensor, grids: list[tuple[int, int, int]],
+            deepstack: bool) -> torch.Tensor:
+    """Rows ``[visual tokens, hidden·(1 + #deepstack)]`` of frames ``grids`` (each ``(1, h, w)``)."""
+    out = visual(pixel_values, grid_thw=torch.tensor(grids, dtype=torch.long, device=pixel_values.device))
+    rows = out.pooler_output
+    if deepstack:
+        rows = torch.cat([rows] + list(out.deepstack_features), dim=1)
+    return rows
+
+
+def _dummy_frame(visual: nn.Module, merge: int, dtype, device) -> torch.Tensor:
+    w = visual.patch_embed.proj.weight
+    return torch.zeros((merge * merge, math.prod(w.shape[1:])), dtype=dtype, device=device)
+
+
+def _vision_pre_hook(module: nn.Module, args, kwargs):
+    call = kwargs.pop("fcp_vision", None)
+    if call is None:
+        return args, kwargs
+    from fcp_exec.vision_exchange import exchange_rows, frame_table
+
+    state: _State = module._fcp_state
+    visual = _visual(module)
+    dtype = next(visual.parameters()).dtype
+    device = call.input_ids.device
+    deepstack = state.model_type == "qwen3_vl"
+    m = state.merge
+    dummy_rows: list[torch.Tensor] = []
+
+    def dummy() -> torch.Tensor:
+        rows = _encode(visual, _dummy_frame(visual, m, dtype, device), [(1, m, m)], deepstack)
+        dummy_rows.append(rows)
+        return rows
+
+    has_frames = call.grid_thw is not None and call.grid_thw.numel() > 0 and call.pixel_values is not None
+    rows = None
+    if has_frames:
+        table = frame_table(call.grid_thw, m)
+        pv = call.pixel_values.to(device=device, dtype=dtype)
+
+        def encode_share(f_lo: int, f_hi: int) -> torch.Tensor:
+            if f_hi <= f_lo:
+                return dummy()[:0]  # an empty share still joins the graph (its peers' gradients come back through it)
+            p_lo = int(table[f_lo, 2])
+            p_hi = int(table[f_hi - 1, 2] + table[f_hi - 1, 3] * table[f_hi - 1, 4])
+            grids = [(1, int(table[f, 3]), int(table[f, 4])) for f in range(f_lo, f_hi)]
+            return _encode(visual, pv[p_lo:p_hi], grids, deepstack)
+
+        rows = exchange_rows(encode_share, table, call.visual_index, call.ranks, call.cp_rank, device)
+        hidden = int(module.config.text_config.hidden_size)
+        kinds = call.input_ids.index_select(0, call.visual_pos.to(device))
+        mm = {}
+        for name, tid in (("image", state.image_token_id), ("video", state.video_token_id)):
+            sel = torch.nonzero(kinds == tid).flatten()
+            if sel.numel():
+                part = rows.index_select(0, sel)
+                mm[name] = _encoder_output(state, part[:, :hidden], part[:, hidden:], hidden)
+        if mm:
+            kwargs["mm_encoder_outputs"] = mm
+    else:
+        if call.visual_pos.numel():
+            raise ValueError("the batch has visual placeholder tokens but no pixel_values/grid_thw")
+        dummy()
+    anchor = rows.sum() * 0.0 if rows is not None else None
+    for r in dummy_rows:
+        anchor = r.sum() * 0.0 if anchor is None else anchor + r.sum() * 0.0
+    call.anchor = anchor
+    state.active = call
+    return args, kwargs
+
+
+def _encoder_output(state: _State, main: torch.Tensor, extra: torch.Tensor, hidden: int):
+    if state.model_type == "qwen3_vl":
+        from transformers.models.qwen3_vl.modeling_qwen3_vl import BaseModelOutputWithDeepstackFeatures
+
+        return BaseModelOutputWithDeepstackFeatures(pooler_output=(main,),
+                                                    deepstack_features=[(c,) for c in extra.split(hidden, dim=1)])
+    from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+    return BaseModelOutputWithPooling(pooler_output=(main,))
+
+
+def _vision_post_hook(module: nn.Module, args, output):
+    state = getattr(module, "_fcp_state", None)
+    if state is not None:
+        state.active = None
+    return output
+
+
+def _make_embed_hook(model: nn.Module):
+    def hook(embedding: nn.Module, args, output):
+        # The vision rows join the graph *before* the first decoder layer, so on every rank their backward (and
+        # the exchange's gradient P2P) runs after all ring-attention backward P2P: no cross-wait between the two.
+        call = getattr(model, "_fcp_state", None) and model._fcp_state.active
+        if call is None or call.anchor is None:
+            return output
+        return output + call.anchor.to(output.dtype)
+
+    return hook
+
+
+def batch_inputs(batch: dict, model: nn.Module) -> dict[str, Any]:
+    """Keyword arguments for ``model(**...)`` from one ``FCPCollator`` batch (module docstring). The model must
+    have gone through :func:`apply_fcp` (DDP-wrapped or not)."""
+    inner = unwrap(model)
+    state: _State | None = getattr(inner, "_fcp_state", None)
+    if state is None:
+        raise ValueError("call fcp_exec.integrations.hf.apply_fcp(model) before batch_inputs (and before DDP/FSDP2)")
+    if not batch.get("ranks"):
+        raise ValueError("this rank is idle in this micro-batch (ranks == ()); train_step runs fcp_exec.step.idle_batch "
+                         "instead — or skip the forward when not using DDP/FSDP2")
+    device = next(inner.parameters()).device
+    ids = batch["input_ids"].to(device)
+    ctx = FCPAttentionContext(cu_seqlens=batch["cu_seqlens"].to(device), ranks=tuple(int(r) for r in batch["ranks"]),
+                              kernel=state.kernel, timeout=state.timeout)
+    out: dict[str, Any] = {"input_ids": ids[None], "fcp_context": ctx, "use_cache": False}
+    if state.is_vl:
+        if "mrope_position_ids" not in batch:
+            raise ValueError(f"a {state.model_type} model needs Qwen-VL 3-D positions in the batch: build the collator "
+                             "with fcp_exec.integrations.hf_positions.hf_collator(model)")
+        out["position_ids"] = batch["mrope_position_ids"].to(device)[:, None, :]
+        vpos = batch.get("visual_pos", torch.zeros(0, dtype=torch.long))
+        vidx = batch.get("visual_index", torch.zeros(0, dtype=torch.long))
+        order = torch.argsort(vpos)
+        out["fcp_vision"] = _VisionCall(input_ids=ids, pixel_values=batch.get("pixel_values"),
+                                        grid_thw=batch.get("grid_thw"), visual_pos=vpos[order], visual_index=vidx[order],
+                                        ranks=ctx.ranks, cp_rank=int(batch.get("cp_rank", 0)))
+    else:
+        out["position_ids"] = batch["position_ids"].to(device)[None]
+    return out
+
+
+def lm_loss(logits: torch.Tensor, batch: dict) -> torch.Tensor:
+    """``Σ CE(logits[t], labels[t]) / num_tokens_global`` over this rank's tokens, with the collator's pre-shifted
+    labels (no further shift). Half-precision logits are upcast to float32."""
+    logits = logits.reshape(-1, logits.shape[-1])
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    labels = batch["labels"].to(logits.device).reshape(-1)
+    total = F.cross_entropy(logits, labels, ignore_index=-100, reduction="sum")
+    return total / max(int(batch["num_tokens_global"]), 1)
+
+
+def fcp_loss(model: nn.Module, batch: dict) -> torch.Tensor:
+    """``loss_fn`` for :func:`fcp_exec.step.train_step`: forward ``batch`` through ``model`` and return
+    :func:`lm_loss` of its logits."""
+    out = model(**batch_inputs(batch, model))
+    return lm_loss(out.logits, batch)
+
+
+def hf_loss_kwargs(batch: dict) -> dict[str, Any]:
+    """Arguments that make HF's own loss (``model(..., **hf_loss_kwargs(batch)).loss``) equal :func:`lm_loss`
+    (up to HF's float32 upcast): ``labels`` (only so that HF computes a loss), ``shift_labels`` — the
+    collator's labels, already shifted — and ``num_items_in_batch`` = ``num_tokens_global`` (a sum, not a
+    local mean)."""
+    labels = batch["labels"][None]
+    return {"labels": labels, "shift_labels": labels, "num_items_in_batch": max(int(batch["num_tokens_global"]), 1)}
+
+
+def load_config(path) -> Any:
+    """A transformers config from a local ``config.json`` (or its folder); no download. ``ValueError`` with the
+    reason for anything else."""
+    import json
+    from pathlib import Path
+
+    from transformers import AutoConfig
+
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    if not p.is_file():
+        raise ValueError(f"no model config at {str(path)!r}: pass a local config.json (random weights, no download)")
+    try:
+        raw = json.loads(p.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{p}: not a JSON model config ({e})") from None
+    if not isinstance(raw, dict) or "model_type" not in raw:
+        raise ValueError(f"{p}: a transformers config.json needs a 'model_type' (one of {', '.join(SUPPORTED_MODEL_TYPES)})")
+    raw = dict(raw)
+    raw.pop("architectures", None)
+    try:
+        return AutoConfig.for_model(raw.pop("model_type"), **raw)
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{p}: transformers cannot build this config: {e}") from None
+
+
+def build_model(config, *, dtype=torch.float32, seed: int = 0) -> nn.Module:
+    """A randomly initialised transformers model (``sdpa`` attention; call :func:`apply_fcp` for FCP) from a
+    config or a config path, with weights drawn from ``torch.manual_seed(seed)`` — identical on every rank."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    cfg = load_config(config) if not hasattr(config, "model_type") else config
+    torch.manual_seed(int(seed))
+    auto = AutoModelForImageTextToText if cfg.model_type in VL_MODEL_TYPES else AutoModelForCausalLM
+    return auto.from_config(cfg, attn_implementation="sdpa", dtype=dtype)

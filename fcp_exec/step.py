@@ -1,0 +1,255 @@
+"""One optimizer step's worth of forward/backward over the plan-annotated micro-batches of a global batch,
+for any ``nn.Module``, with the gradient synchronisation of the trainer's choice.
+
+``train_step(model, micro_batches, loss_fn, reducer)`` runs every micro-batch of one global batch on this rank
+and leaves the gradients of the *global-batch mean loss* in the parameters (``.grad``; sharded DTensors under
+FSDP2), exactly as one process that saw the whole global batch would (DESIGN §8). The rules that make this
+hold under DDP and FSDP2, whose collectives must run in lock-step on every rank:
+
+* **Every rank runs every micro-batch.** A rank that has no CP group in a micro-batch (the plan left it idle,
+  ``batch["ranks"] == ()``) runs a *zero-contribution* forward/backward on a two-token dummy document
+  (:func:`idle_batch`, a degree-1 group of itself) whose loss is multiplied by 0. Its gradients are exact
+  zeros, but FSDP2's all-gathers/reduce-scatters and DDP's buffer broadcasts and bucket all-reduces run
+  exactly as often as on the busy ranks, so nothing hangs.
+* **SUM semantics.** ``loss_fn`` returns this rank's share of the global mean (local label-token loss sum /
+  ``num_tokens_global``); the reducer *sums* gradients over ranks (DDP: a SUM comm hook instead of DDP's
+  average; FSDP2: ``set_gradient_divide_factor(1.0)`` on *every* FSDP module; all-reduce: ``SUM``).
+* **Sync once.** Gradients are synchronised only after the last micro-batch (DDP ``no_sync``, FSDP2
+  ``set_requires_gradient_sync(False)`` before it; the all-reduce reducer reduces once at the end).
+
+Reducers (:func:`make_reducer` builds one by name and wraps the model):
+
+============  ==========================================================================================
+``allreduce``  plain module; one flat all-reduce SUM of every gradient after the last micro-batch
+``ddp``        ``DistributedDataParallel``; SUM comm hook; ``no_sync`` for all but the last micro-batch
+``fsdp2``      ``fully_shard`` (each transformer block, then the root); divide factor 1 on every module
+============  ==========================================================================================
+
+Gradient checkpointing works with all three (use non-reentrant checkpointing, e.g. HF
+``gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+__all__ = ["REDUCER_NAMES", "AllReduceReducer", "DDPReducer", "FSDP2Reducer", "StepResult", "idle_batch",
+           "is_idle", "make_reducer", "train_step"]
+
+REDUCER_NAMES = ("allreduce", "ddp", "fsdp2")
+
+
+def _world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def is_idle(batch: dict) -> bool:
+    """True when the plan gave this rank no CP group (or no token) in this micro-batch."""
+    ids = batch.get("input_ids")
+    return not batch.get("ranks") or ids is None or ids.numel() == 0
+
+
+def idle_batch(batch: dict, *, pad_token_id: int = 0, ignore_index: int = -100) -> dict:
+    """A two-token dummy micro-batch for an idle rank: one document of two pad tokens, no label, run as a
+    degree-1 group of this rank. Keeps every metadata key of ``batch``; 3-D positions when it has them."""
+    rank, _ = _world()
+    out = dict(batch)
+    out.update(input_ids=torch.full((2,), int(pad_token_id), dtype=torch.long),
+               labels=torch.full((2,), int(ignore_index), dtype=torch.long),
+               position_ids=torch.arange(2, dtype=torch.long), cu_seqlens=torch.tensor([0, 2], dtype=torch.int32),
+               max_seqlen=2, ranks=(rank,), cp_rank=0, sample_indices=(), idle=True)
+    if "mrope_position_ids" in batch:
+        out["mrope_position_ids"] = torch.arange(2, dtype=torch.long).expand(3, 2).clone()
+    for key in ("visual_pos", "visual_index"):
+        if key in batch:
+            out[key] = torch.zeros(0, dtype=torch.long)
+    for key in ("pixel_values", "grid_thw", "second_per_grid_ts"):
+        out.pop(key, None)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- reducers
+
+class AllReduceReducer:
+    """No wrapper: after the last micro-batch, one flat all-reduce SUM of every parameter's gradient (zeros
+    where a parameter got none), copied back into ``.grad``."""
+
+    name = "allreduce"
+
+    def sync_context(self, model: nn.Module, last: bool):
+        return contextlib.nullcontext()
+
+    def finish(self, model: nn.Module) -> None:
+        rank, world = _world()
+        params = [p for p in model.parameters() if p.requires_grad]
+        if world == 1 or not params:
+            return
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+        dist.all_reduce(flat)
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.grad = flat[offset:offset + n].view_as(p).clone()
+            offset += n
+
+
+def _sum_allreduce_hook(state, bucket):
+    """DDP comm hook: all-reduce SUM (DDP's default divides by the world size)."""
+    work = dist.all_reduce(bucket.buffer(), group=state, async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0])
+
+
+class DDPReducer:
+    """``DistributedDataParallel`` with SUM gradients, synchronised in the last micro-batch's backward only."""
+
+    name = "ddp"
+
+    def __init__(self, ddp_model: nn.Module) -> None:
+        from torch.nn.parallel import DistributedDataParallel
+
+        if not isinstance(ddp_model, DistributedDataParallel):
+            raise TypeError(f"DDPReducer needs a DistributedDataParallel module, got {type(ddp_model).__name__}; "
+                            "use make_reducer('ddp', model)")
+        ddp_model.register_comm_hook(None, _sum_allreduce_hook)
+
+    def sync_context(self, model: nn.Module, last: bool):
+        return contextlib.nullcontext() if last else model.no_sync()
+
+    def finish(self, model: nn.Module) -> None:
+        return None
+
+
+def _fsdp_modules(model: nn.Module) -> list:
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+class FSDP2Reducer:
+    """FSDP2 (``fully_shard``): SUM reduce-scatter on every FSDP module (``set_gradient_divide_factor(1.0)`` is
+    per module, not recursive, so it is set on each), gradient sync only in the last micro-batch."""
+
+    name = "fsdp2"
+
+    def __init__(self, model: nn.Module) -> None:
+        mods = _fsdp_modules(model)
+        if not mods:
+            raise TypeError("FSDP2Reducer needs a model with fully_shard applied; use make_reducer('fsdp2', model)")
+        for m in mods:
+            if hasattr(m, "set_gradient_divide_factor"):
+                m.set_gradient_divide_factor(1.0)
+            else:  # torch < 2.6
+                m.set_reduce_scatter_divide_factor(1.0)
+
+    def sync_context(self, model: nn.Module, last: bool):
+        @contextlib.contextmanager
+        def ctx():
+            model.set_requires_gradient_sync(last, recurse=True)
+            yield
+
+        return ctx()
+
+    def finish(self, model: nn.Module) -> None:
+        return None
+
+
+def _shard_units(model: nn.Module) -> list[nn.Module]:
+    """The modules ``fully_shard`` wraps before the root: HF's ``_no_split_modules`` classes (decoder layers,
+    vision blocks) when the model declares them, else every child of an ``nn.ModuleList``."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    if names:
+        units = [m for m in model.modules() if type(m).__name__ in names and m is not model]
+        if units:
+            return units
+    return [m for ml in model.modules() if isinstance(ml, nn.ModuleList) for m in ml]
+
+
+def make_reducer(name: str, model: nn.Module, *, find_unused_parameters: bool = False, shard_units=None):
+    """``(model, reducer)`` for reducer ``name``: the model as ``train_step`` should call it (DDP-wrapped or
+    ``fully_shard``-ed in place) and the reducer. ``shard_units``: modules to ``fully_shard`` before the root
+    (default :func:`_shard_units`). Needs an initialised process group for ddp and fsdp2."""
+    if name not in REDUCER_NAMES:
+        raise ValueError(f"unknown reducer {name!r}; choose one of {', '.join(REDUCER_NAMES)}")
+    if name == "allreduce":
+        return model, AllReduceReducer()
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError(f"reducer {name!r} needs an initialised process group (torchrun or fcp_exec.launch)")
+    if name == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        dev = next(model.parameters()).device
+        ddp = DistributedDataParallel(model, device_ids=[dev] if dev.type == "cuda" else None,
+                                      find_unused_parameters=find_unused_parameters)
+        return ddp, DDPReducer(ddp)
+    from torch.distributed.fsdp import fully_shard
+
+    for unit in (shard_units if shard_units is not None else _shard_units(model)):
+        fully_shard(unit)
+    fully_shard(model)
+    return model, FSDP2Reducer(model)
+
+
+# ---------------------------------------------------------------------------------------------- the step
+
+@dataclass(slots=True)
+class StepResult:
+    """``loss``: the global-batch mean loss (identical on every rank); ``num_tokens``: its denominator;
+    ``groups``: this rank's CP group per micro-batch (``()`` where idle); ``num_idle``: idle micro-batches."""
+
+    loss: float
+    num_tokens: int
+    groups: list[tuple[int, ...]] = field(default_factory=list)
+    num_idle: int = 0
+
+
+def train_step(model: nn.Module, micro_batches: Iterable[dict], loss_fn: Callable[[nn.Module, dict], torch.Tensor],
+               reducer, *, pad_token_id: int = 0, to_device: Callable[[dict], dict] | None = None) -> StepResult:
+    """Forward/backward every micro-batch of one global batch and synchronise gradients (module docstring).
+
+    ``micro_batches``: this rank's batches of one global batch, in order (the next ``num_micro_batches``
+    batches of an ``FCPSampler`` DataLoader; an iterator is consumed exactly that far). ``loss_fn(model,
+    batch)``: this rank's loss for one micro-batch, already divided by ``batch["num_tokens_global"]``; it is
+    called on :func:`idle_batch` for idle micro-batches and its result multiplied by 0. ``reducer``: from
+    :func:`make_reducer`. The caller zeroes gradients before and steps the optimizer after."""
+    it = iter(micro_batches)
+    rank, world = _world()
+    loss_local = torch.zeros((), dtype=torch.float64)
+    groups: list[tuple[int, ...]] = []
+    num_idle, m, num_mb, num_tokens = 0, 0, 1, 0
+    while m < num_mb:
+        try:
+            batch = next(it)
+        except StopIteration:
+            raise RuntimeError(f"the micro-batches ended after {m} of {num_mb}; pass one whole global batch") from None
+        num_mb, num_tokens = int(batch["num_micro_batches"]), int(batch["num_tokens_global"])
+        if int(batch["micro_batch"]) != m:
+            raise RuntimeError(f"expected micro-batch {m} of the global batch, got {batch['micro_batch']}; "
+                               "start train_step at a global-batch boundary")
+        groups.append(tuple(batch["ranks"]))
+        idle = is_idle(batch)
+        run = idle_batch(batch, pad_token_id=pad_token_id) if idle else batch
+        if to_device is not None:
+            run = to_device(run)
+        with reducer.sync_context(model, last=m == num_mb - 1):
+            loss = loss_fn(model, run)
+            if idle:
+                loss = loss * 0.0
+                num_idle += 1
+            loss.backward()
+        loss_local += loss.detach().to(device="cpu", dtype=torch.float64)
+        m += 1
+    reducer.finish(model)
+    total = loss_local.reshape(1)
+    if world > 1:
+        dev = next(model.parameters()).device
+        total = total.to(dev)
+        dist.all_reduce(total)
+    return StepResult(loss=float(total[0]), num_tokens=num_tokens, groups=groups, num_idle=num_idle)
