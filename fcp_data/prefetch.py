@@ -14,14 +14,18 @@ to start a :class:`Speculation` of the next epoch's first global batches.
 
 :class:`SamplerIterator` is what ``iter(FCPSampler)`` returns: one epoch from a position, drawing each
 global batch's per-rank lists from a prefetcher; it is stateful (``state_dict``/``load_state_dict``), which
-is the hook torchdata's ``StatefulDataLoader`` uses to resume a batch sampler without replaying it.
+is the hook torchdata's ``StatefulDataLoader`` uses to resume a batch sampler without replaying it. The
+iterator created last by the sampler (its *owner* generation) reports each new position to the sampler,
+which is how ``FCPSampler.state_dict()`` stays exact after a ``break`` or the end of an epoch.
 :func:`make_state`/:func:`check_state` define that state: the position ``(epoch, global_batch,
-micro_batch)`` of the next list and the sampler's config fingerprint, loaded strictly.
+micro_batch)`` of the next list and the sampler's config fingerprint, loaded strictly (ints only:
+:func:`check_int`).
 """
 
 from __future__ import annotations
 
 import logging
+import numbers
 import queue
 import threading
 import time
@@ -29,7 +33,7 @@ from concurrent.futures import Future
 from functools import partial
 from typing import Any, Callable
 
-__all__ = ["PlanPrefetcher", "Speculation", "SamplerIterator", "make_state", "check_state"]
+__all__ = ["PlanPrefetcher", "Speculation", "SamplerIterator", "make_state", "check_state", "check_int"]
 
 logger = logging.getLogger(__name__)
 
@@ -214,10 +218,12 @@ def _speculate(plan_fn: Callable[[int], Any], futures: list, stop_event: threadi
 
 
 class SamplerIterator:
-    """One epoch of an ``FCPSampler``'s lists from position ``(global_batch, micro_batch)``."""
+    """One epoch of an ``FCPSampler``'s lists from position ``(global_batch, micro_batch)``; while
+    ``owner`` is the sampler's current generation, every move is reported to ``sampler._moved``."""
 
-    def __init__(self, sampler: Any, epoch: int, global_batch: int, micro_batch: int) -> None:
+    def __init__(self, sampler: Any, epoch: int, global_batch: int, micro_batch: int, owner: int = -1) -> None:
         self._sampler = sampler
+        self._owner = owner
         self._prefetcher: PlanPrefetcher | None = None
         self._reset(epoch, global_batch, micro_batch)
 
@@ -228,6 +234,7 @@ class SamplerIterator:
         self._g, self._m = g, m  # position of the next list to yield
         self._lists: list | None = None
         self._lists_g = -1
+        self._sampler._moved(self._owner, self.position)
 
     @property
     def position(self) -> tuple[int, int, int]:
@@ -274,6 +281,7 @@ class SamplerIterator:
         self._m += 1
         if self._m == len(self._lists):
             self._g, self._m = self._g + 1, 0
+        self._sampler._moved(self._owner, self.position)  # before the hand-over: a `break` keeps it
         return out
 
     def state_dict(self) -> dict[str, Any]:
@@ -311,29 +319,53 @@ def make_state(sampler: Any, epoch: int, g: int, m: int) -> dict[str, Any]:
             "config": _config(sampler)}
 
 
+def check_int(name: str, value: Any, where: str) -> int:
+    """``value`` as an ``int`` if it is an integer (Python or numpy, not ``bool``); else a ``TypeError``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{where}: {name} must be an int, got {type(value).__name__} {value!r}; pass the integer "
+                        "itself (a string, float or bool is refused rather than rounded or parsed)")
+    return int(value)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """``a == b`` with bools distinct from numbers (``True`` is not ``1``), recursively."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return isinstance(a, bool) == isinstance(b, bool) and a == b
+
+
 def check_state(sampler: Any, state: dict[str, Any]) -> tuple[int, int, int]:
     """Strictly validate ``state`` against ``sampler``; return ``(epoch, global_batch, micro_batch)``.
 
-    Unknown or missing keys, another version, or any config difference (world size, rank, seed, batch
-    size, solver, cost model, data digest, ...) is a ``ValueError`` listing every difference.
+    A non-int ``version``/``epoch``/``global_batch``/``micro_batch`` (``bool``, ``"1"``, ``1.7``) is a
+    ``TypeError``; unknown or missing keys, another version, a position out of range or any config
+    difference (world size, rank, seed, batch size, solver, cost model, data digest, ...) is a
+    ``ValueError`` listing every difference.
     """
     if not isinstance(state, dict):
-        raise ValueError(f"an FCPSampler state must be a dict, got {type(state).__name__}")
+        raise TypeError(f"an FCPSampler state must be a dict (from FCPSampler.state_dict()), got "
+                        f"{type(state).__name__}")
     keys = {"version", "epoch", "global_batch", "micro_batch", "config"}
     if set(state) != keys:
         raise ValueError(f"an FCPSampler state has keys {sorted(keys)}; got {sorted(state)}")
-    if state["version"] != STATE_VERSION:
-        raise ValueError(f"FCPSampler state version {state['version']} is not {STATE_VERSION}")
+    where = "FCPSampler.load_state_dict"
+    version = check_int("version", state["version"], where)
+    if version != STATE_VERSION:
+        raise ValueError(f"FCPSampler state version {version} is not {STATE_VERSION}")
+    e, g, m = (check_int(k, state[k], where) for k in ("epoch", "global_batch", "micro_batch"))
     mine, theirs = _config(sampler), state["config"]
     if not isinstance(theirs, dict) or set(theirs) != set(mine):
         got = sorted(theirs) if isinstance(theirs, dict) else theirs
         raise ValueError(f"FCPSampler state config has keys {got}, expected {sorted(mine)}")
-    diffs = [f"{k}: saved {theirs[k]!r}, this sampler {mine[k]!r}" for k in mine if theirs[k] != mine[k]]
+    diffs = [f"{k}: saved {theirs[k]!r}, this sampler {mine[k]!r}" for k in mine if not _same(theirs[k], mine[k])]
     if diffs:
         raise ValueError("the FCPSampler state was saved with a different configuration — " + "; ".join(diffs)
                          + ". Resume with the same world size, rank, seed, data and config.")
-    e, g, m = (int(state[k]) for k in ("epoch", "global_batch", "micro_batch"))
     num_g = sampler.num_global_batches(e) if e >= 0 else -1
     if e < 0 or not 0 <= g <= num_g or m < 0 or (g == num_g and m):
-        raise ValueError(f"FCPSampler state position (epoch {e}, global batch {g}, micro-batch {m}) is out of range")
+        raise ValueError(f"FCPSampler state position (epoch {e}, global batch {g}, micro-batch {m}) is out of range "
+                         f"(epoch {e} has {num_g} global batches; a finished epoch is global batch {num_g}, "
+                         "micro-batch 0): load a state saved by FCPSampler.state_dict() with this config")
     return e, g, m

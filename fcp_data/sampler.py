@@ -34,29 +34,45 @@ Every rank builds the same plan from ``(seed, epoch, lengths, config)`` with no 
   planning it, so the first ``len()`` of an epoch plans every global batch of the epoch (in the calling
   thread; cached per epoch, and batches already planned by an iterator are not planned again). Iteration
   itself never needs ``len()``.
-* **Resume.** ``state_dict()`` is the position ``(epoch, global_batch, micro_batch)`` of the next list plus
-  a fingerprint of the config; ``load_state_dict`` makes the next iterator start there: O(1) — it re-plans
-  only the current global batch and skips its first ``micro_batch`` lists. The iterator itself is also
-  stateful, which is what torchdata's ``StatefulDataLoader`` uses.
+* **Position and resume.** The sampler is a cursor. Its position ``(epoch, global_batch, micro_batch)``
+  is that of the next list it yields; every list the current iterator yields moves it, so once a consumer
+  has received lists ``0 … k−1`` of an epoch (``break`` included), ``state_dict()`` resumes at list ``k``.
+  ``iter()`` starts at the position: a second ``iter()`` (a DataLoader with workers calls it twice) continues
+  instead of restarting the epoch; only the most recent iterator moves the position, and an older one's
+  planning thread is stopped. When every list of epoch ``e`` is yielded the position says so
+  (``global_batch == num_global_batches(e)``, ``micro_batch == 0``) and the next ``iter()`` starts epoch
+  ``e + 1`` — an epoch is never replayed silently (a loop without ``set_epoch`` sees each epoch once, and a
+  ``StatefulDataLoader`` restored at the end of an epoch continues with the next one). ``set_epoch(e)``
+  keeps the position if ``e`` is its epoch (so ``load_state_dict`` and then the usual
+  ``set_epoch(saved_epoch)`` resume mid-epoch) and otherwise moves to the start of ``e``; to run an epoch
+  again from its start, load a state saved there. ``load_state_dict`` sets the position (``state_dict()``
+  then returns the loaded state): O(1) — the first iterator re-plans only that global batch and skips its
+  first ``micro_batch`` lists. States are strict: ``epoch``/``global_batch``/``micro_batch``/``version``
+  must be ints (``bool`` and ``"1"``/``1.7`` are a ``TypeError``), a position out of range or another
+  config is a ``ValueError``. Iterators are stateful too, which is what torchdata's ``StatefulDataLoader``
+  uses.
 * **Prefetch.** Iterators plan ``prefetch`` global batches ahead on a daemon thread started at the first
   ``next()`` (after DataLoader workers have forked). Planner errors are re-raised in the training process;
-  the thread stops when the epoch ends, when the iterator is closed, garbage-collected or re-positioned.
+  the thread stops when the epoch ends, when the iterator is closed, garbage-collected, re-positioned or
+  superseded by a newer ``iter()``.
   ``planner_waits`` holds the seconds the consumer waited for each global batch's plan.
 * **Across epochs.** Once the planning thread has planned the last global batch of epoch ``e``, the
   first ``prefetch`` global batches of epoch ``e+1`` (whose order is a pure function of ``(seed, e+1)``)
   are planned speculatively on a sampler-level thread (``fcp-speculate``, it ends after those plans), so
   that the first step of the next epoch does not wait either (with one global batch per epoch, every
   step). The next iterator of epoch ``e+1`` takes them instead of planning again (``num_speculative_hits``
-  counts them); ``set_epoch(x)`` with ``x ≠ e+1`` and ``load_state_dict`` cancel and discard them.
+  counts them); ``set_epoch(x)`` with ``x`` neither ``e`` nor ``e+1``, and ``load_state_dict``, cancel and
+  discard them.
   The plans are the same either way: a plan depends only on ``(epoch, global batch)`` and the config.
 * **DataLoader.** ``batch_sampler`` is iterated in the main process, also with workers. A plain
-  DataLoader pulls ``prefetch_factor · num_workers`` lists ahead of the training loop, so
-  ``sampler.state_dict()`` is that far ahead of what was trained on: use torchdata's
-  ``StatefulDataLoader`` (it snapshots the sampler iterator per batch) for exact resume. A DataLoader with
-  ``persistent_workers`` (and any ``StatefulDataLoader``) keeps its last iterator — and so an idle planning
-  thread — until its next ``iter()`` or its deletion.
-* **Epochs.** As with ``DistributedSampler``, call ``set_epoch(e)`` before each epoch; the epoch does not
-  advance by itself.
+  DataLoader with workers pulls ``prefetch_factor · num_workers`` lists ahead of the training loop, so
+  ``sampler.state_dict()`` is that far ahead of what was trained on (without workers it is exact): use
+  torchdata's ``StatefulDataLoader`` (it snapshots the sampler iterator per batch) for exact resume. A
+  DataLoader started after ``load_state_dict`` yields exactly the remaining lists, with or without workers.
+  A DataLoader with ``persistent_workers`` (and any ``StatefulDataLoader``) keeps its last iterator — and
+  so an idle planning thread — until its next ``iter()`` or its deletion.
+* **Epochs.** As with ``DistributedSampler``, call ``set_epoch(e)`` (an ``int``) before each epoch. Without
+  it, ``iter()`` after a finished epoch starts the next one (position above).
 """
 
 from __future__ import annotations
@@ -72,7 +88,7 @@ import numpy as np
 
 from fcp_data.cost import CostModel
 from fcp_data.plan.types import Plan
-from fcp_data.prefetch import SamplerIterator, Speculation, check_state, make_state
+from fcp_data.prefetch import SamplerIterator, Speculation, check_int, check_state, make_state
 from fcp_data.slots import (FCPDataset, IndexVisualLayout, SampleSlot, SlotList, SpanVisualLayout, check_lengths,
                             check_solver_options, dist_rank_and_world)
 
@@ -170,29 +186,34 @@ class FCPSampler:
         if self.etas is not None:
             h.update(self.etas.tobytes())
         self._data_digest = h.hexdigest()
-        self.epoch = 0
+        self._position = (0, 0, 0)  # (epoch, global_batch, micro_batch) of the next list (module doc)
+        self._owner = 0  # generation of the iterator that moves the position; bumped to retire it
+        self._live: weakref.ref | None = None  # that iterator, to stop its planning thread when retired
         self._layouts: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._layout_lock = threading.Lock()
         self._counts: dict[int, dict[int, int]] = {}
-        self._resume: tuple[int, int, int] | None = None
-        self._live: weakref.ref | None = None
         self.planner_waits: list[float] = []
         self.num_speculative_hits = 0
         self._spec: Speculation | None = None
         self._spec_lock = threading.Lock()
 
     # ------------------------------------------------------------------ epoch layout
+    @property
+    def epoch(self) -> int:
+        """The epoch of the position (what the next iterator yields, unless that epoch is finished)."""
+        return self._position[0]
+
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch whose order the next iterator yields (a pending resume for another epoch is
-        discarded)."""
-        epoch = int(epoch)
+        """Select the epoch the next iterator yields: its start, or the current position if ``epoch`` is the
+        position's epoch (a loaded mid-epoch state survives the usual ``set_epoch(saved_epoch)``)."""
+        epoch = check_int("epoch", epoch, "set_epoch(epoch)")
         if epoch < 0:
-            raise ValueError(f"epoch must be >= 0, got {epoch}")
-        if self._resume is not None and self._resume[0] != epoch:
-            self._resume = None
-        if self._spec is not None and self._spec.epoch != epoch:
+            raise ValueError(f"set_epoch(epoch): epoch must be >= 0, got {epoch}")
+        if self._spec is not None and self._spec.epoch not in (epoch, epoch + 1):
             self._discard_speculation()
-        self.epoch = epoch
+        if epoch != self._position[0]:
+            self._retire_iterator()
+            self._position = (epoch, 0, 0)
 
     def _epoch_layout(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         """``(order, bounds)``: the epoch's permutation of kept indices and global batch boundaries."""
@@ -339,39 +360,49 @@ class FCPSampler:
         return int(sum(counts[g] for g in range(self.num_global_batches(epoch))))
 
     def __iter__(self) -> Iterator[SlotList]:
-        start_g, start_m = 0, 0
-        if self._resume is not None and self._resume[0] == self.epoch:
-            _, start_g, start_m = self._resume
-            if start_g >= self.num_global_batches(self.epoch):
-                start_g, start_m = 0, 0  # a finished epoch resumes as a fresh pass
-        self._resume = None
-        it = SamplerIterator(self, self.epoch, start_g, start_m)
+        """An iterator from the position; it becomes the one that moves the position (module doc)."""
+        e, g, m = self._position
+        if g >= self.num_global_batches(e):  # epoch e is finished: never replay it
+            logger.info("FCPSampler: epoch %d is finished, iterating epoch %d (call set_epoch(e) to choose)", e, e + 1)
+            e, g, m = e + 1, 0, 0
+            self._position = (e, g, m)
+        self._retire_iterator()
+        it = SamplerIterator(self, e, g, m, owner=self._owner)
         self._live = weakref.ref(it)
         return it
+
+    def _retire_iterator(self) -> None:
+        """The current iterator stops moving the position; its planning thread is stopped (it can go on,
+        re-planning from where it is, as an independent cursor)."""
+        self._owner += 1
+        it = self._live() if self._live is not None else None
+        self._live = None
+        if it is not None:
+            it.close()
+
+    def _moved(self, owner: int, position: tuple[int, int, int]) -> None:
+        """Called by an iterator after each yield (and re-position): the position follows its owner."""
+        if owner == self._owner:
+            self._position = position
 
     # ------------------------------------------------------------------ state
     def _state(self, epoch: int, g: int, m: int) -> dict[str, Any]:
         return make_state(self, epoch, g, m)
 
     def state_dict(self) -> dict[str, Any]:
-        """Position of the next list (of the live iterator, else the pending resume, else the epoch start)."""
-        it = self._live() if self._live is not None else None
-        if it is not None:
-            return it.state_dict()
-        if self._resume is not None:
-            return self._state(*self._resume)
-        return self._state(self.epoch, 0, 0)
+        """The position (of the next list) and the config fingerprint, as plain JSON types."""
+        return self._state(*self._position)
 
     def check_state(self, state: dict[str, Any]) -> tuple[int, int, int]:
         """Validate a state (strict keys, same config) and return ``(epoch, global_batch, micro_batch)``."""
         return check_state(self, state)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """The next ``iter()`` starts at the saved position (and ``epoch`` becomes the saved epoch)."""
+        """Set the position: the next ``iter()`` starts there (a finished epoch: at the next epoch)."""
         e, g, m = self.check_state(state)
         self._discard_speculation()
-        self.epoch = e
-        self._resume = (e, g, m)
+        self._retire_iterator()
+        self._position = (e, g, m)
 
     def __getstate__(self) -> dict[str, Any]:
         d = self.__dict__.copy()

@@ -204,8 +204,11 @@ def test_len_matches_iteration_for_fixed_micro_batches_and_constructor_checks():
         FCPSampler(np.array([3, 0, 2]), num_ranks=2, cost_model=CM, global_batch_size=4)
     single = FCPSampler(lengths, cost_model=CM, global_batch_size=16, on_overlong="truncate")
     assert (single.rank, single.num_ranks) == (0, 1)
-    clone = pickle.loads(pickle.dumps(s))  # e.g. a launcher that deep-copies its loaders
-    assert [_key(x) for x in clone] == [_key(x) for x in lists]
+    clone = pickle.loads(pickle.dumps(s))  # e.g. a launcher that deep-copies its loaders: same position
+    assert clone.state_dict() == s.state_dict()
+    assert [_key(x) for x in clone] == [_key(x) for x in s] and clone.epoch == 1  # both go on with epoch 1
+    fresh = pickle.loads(pickle.dumps(_sampler(lengths, micro_batches=8)))
+    assert [_key(x) for x in fresh] == [_key(x) for x in lists]
 
 
 def test_solver_options_reach_the_planner_and_the_fingerprint():
