@@ -31,7 +31,7 @@ import torch
 from fcp_data.cost import CostModel
 from fcp_exec.launch import current_device, dist_info, launch
 
-__all__ = ["TrainConfig", "Trainer", "train", "run_training", "builtin_cost_model", "format_degrees", "parse_planner"]
+__all__ = ["TrainConfig", "Trainer", "train", "train_matrix", "run_training", "builtin_cost_model", "format_degrees", "parse_planner"]
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
@@ -212,7 +212,7 @@ class Trainer:
             model = hf.build_model(hf_config, dtype=_DTYPES[cfg.dtype], seed=cfg.seed).to(self.device)
             hf.apply_fcp(model)
             if cfg.grad_checkpointing:
-                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+                _checkpointing_on(model)
             model.train()
             if self.is_mllm:
                 from fcp_exec.integrations.hf_positions import hf_collator
@@ -278,6 +278,12 @@ class Trainer:
                          to_device=lambda b: _to_device(b, self.device))
         grads = None
         if self.cfg.return_grads:
+            if self.world > 1:  # the whole global batch (for the single-process reference), from every rank
+                import torch.distributed as dist
+
+                every: list = [None] * self.world
+                dist.all_gather_object(every, seen)
+                seen = [s for r in every for s in r]
             grads = {n: _full(p.grad).detach().cpu().double().numpy().copy() if p.grad is not None else None
                      for n, p in _named(self.model)}
         self.opt.step()
@@ -334,6 +340,12 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     return result
 
 
+def train_matrix(cfgs: list[TrainConfig]) -> list[dict[str, Any]]:
+    """:func:`train` for several configurations in turn on one process group (the HF equivalence tests run
+    every reducer × checkpointing combination in one launch)."""
+    return [train(c) for c in cfgs]
+
+
 def run_training(cfg: TrainConfig, nproc: int, *, backend: str | None = None, timeout: float = 1800.0) -> dict[str, Any]:
     """Start ``nproc`` ranks (or join torchrun's) and train; returns rank 0's result with
     ``checksums`` (every rank's parameter checksum, which must agree) added."""
@@ -353,3 +365,12 @@ def run_training(cfg: TrainConfig, nproc: int, *, backend: str | None = None, ti
 
 def config_dict(cfg: TrainConfig) -> dict[str, Any]:
     return asdict(cfg)
+
+
+def _checkpointing_on(model) -> None:
+    """Non-reentrant activation checkpointing of a transformers model (the 5.x name, else the older one)."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        return
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
