@@ -16,7 +16,13 @@ global ranks (no process group is created):
    of its frames (up to summation order).
 
 A rank whose share is empty, or which holds no visual token, still takes part (it may owe rows to peers,
-or receive their gradients), so the caller must run the exchange on every rank of a group with frames.
+or receive their gradients), so the caller must run the exchange on every rank of a group with frames, and
+``encode_share`` must return a tensor that requires grad even for an empty share.
+
+Ordering: connect the returned rows to the model's input embeddings (even when empty, e.g. ``x + 0·rows.sum()``)
+so that on every rank the exchange's backward runs after all ring-attention backward traffic; if the rows only
+reached the loss directly, a rank could block in the gradient exchange while its peer still waits for ring K/V.
+Users: :mod:`fcp_exec.models.tiny_mllm` and :mod:`fcp_exec.integrations.hf`.
 """
 
 from __future__ import annotations

@@ -1,0 +1,102 @@
+"""The HF adapter in one process: the loss paths against a hand-computed reference, and misuse → clear errors.
+
+* :func:`lm_loss` on the collator's pre-shifted labels equals the stock model's per-document loss (float64,
+  1e-12); HF's own loss with :func:`hf_loss_kwargs` equals it up to HF's float32 upcast (1e-6); passing the
+  collator's labels as plain ``labels=`` (HF shifts them again) is measurably wrong — the pitfall the helper
+  exists for.
+* Misuse fails with a message that says what to do: no ``fcp_context``, an idle batch, a VL batch without 3-D
+  positions, a model that was never given to ``apply_fcp``.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from fcp_data import FCPCollator  # noqa: E402
+from fcp_data.slots import SampleSlot  # noqa: E402
+from fcp_exec.integrations import hf  # noqa: E402
+
+CONFIGS = Path(__file__).resolve().parents[1] / "examples" / "configs"
+
+
+def _slot(i: int, n: int, total: int):
+    return SampleSlot(index=i, ranks=(0,), cp_rank=0, length=n, num_tokens=n, epoch=0, global_batch=0, micro_batch=0,
+                      num_micro_batches=1, num_tokens_global=total)
+
+
+def _text_batch(docs):
+    total = sum(len(d) - 1 for d in docs)
+    return FCPCollator(pad_token_id=1)([({"input_ids": d}, _slot(i, len(d), total)) for i, d in enumerate(docs)])
+
+
+@pytest.fixture(scope="module")
+def qwen3():
+    torch.manual_seed(0)
+    ref = hf.build_model(CONFIGS / "qwen3-tiny.json", dtype=torch.float64, seed=0)
+    docs = [torch.randint(10, 2000, (n,)) for n in (37, 20, 5)]
+    return ref, hf.apply_fcp(copy.deepcopy(ref)), docs
+
+
+@torch.no_grad()
+def test_lm_loss_matches_stock_per_document_loss(qwen3):
+    ref, model, docs = qwen3
+    total = sum(len(d) - 1 for d in docs)
+    want = sum(float(torch.nn.functional.cross_entropy(ref(input_ids=d[None]).logits[0, :-1], d[1:], reduction="sum"))
+               for d in docs) / total
+    batch = _text_batch(docs)
+    got = float(hf.fcp_loss(model, batch))
+    assert abs(got - want) <= 1e-12 * want
+
+
+@torch.no_grad()
+def test_hf_labels_path_needs_shift_labels(qwen3):
+    _, model, docs = qwen3
+    batch = _text_batch(docs)
+    ours = float(hf.fcp_loss(model, batch))
+    inputs = hf.batch_inputs(batch, model)
+    theirs = float(model(**inputs, **hf.hf_loss_kwargs(batch)).loss)
+    assert abs(theirs - ours) <= 1e-6 * ours  # HF's ForCausalLMLoss upcasts to float32
+    naive = float(model(**hf.batch_inputs(batch, model), labels=batch["labels"][None],
+                        num_items_in_batch=batch["num_tokens_global"]).loss)
+    assert abs(naive - ours) > 1e-3 * ours  # labels shifted twice: a different (wrong) loss
+
+
+def test_attention_without_context_is_a_clear_error(qwen3):
+    _, model, docs = qwen3
+    with pytest.raises(ValueError, match="fcp_context"):
+        model(input_ids=docs[0][None], use_cache=False)
+
+
+def test_idle_batch_and_unprepared_model_are_clear_errors(qwen3):
+    ref, model, docs = qwen3
+    batch = _text_batch(docs)
+    with pytest.raises(ValueError, match="apply_fcp"):
+        hf.batch_inputs(batch, ref)
+    idle = dict(batch, ranks=(), cp_rank=-1, input_ids=torch.zeros(0, dtype=torch.long))
+    with pytest.raises(ValueError, match="idle"):
+        hf.batch_inputs(idle, model)
+
+
+def test_vl_batch_without_3d_positions_is_a_clear_error():
+    model = hf.apply_fcp(hf.build_model(CONFIGS / "qwen2_vl-tiny.json", dtype=torch.float64, seed=0))
+    batch = _text_batch([torch.randint(10, 2000, (9,))])
+    with pytest.raises(ValueError, match="hf_collator"):
+        hf.batch_inputs(batch, model)
+
+
+def test_config_errors_are_one_line(tmp_path):
+    with pytest.raises(ValueError, match="no model config"):
+        hf.load_config(tmp_path / "missing.json")
+    bad = tmp_path / "config.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="not a JSON model config"):
+        hf.load_config(bad)
+    bad.write_text('{"hidden_size": 8}')
+    with pytest.raises(ValueError, match="model_type"):
+        hf.load_config(bad)
