@@ -41,10 +41,11 @@ def reference(tmp_path_factory, inputs) -> Path:
 
 def assert_same_index(a: Path, b: Path) -> None:
     """Every column byte-identical, same errors, same manifest."""
-    names = sorted(p.name for p in a.glob("*.npy"))
-    assert names == sorted(p.name for p in b.glob("*.npy")) and len(names) == 17
+    da, db = (p / json.loads((p / "manifest.json").read_text())["data"] for p in (a, b))
+    names = sorted(p.name for p in da.glob("*.npy"))
+    assert names == sorted(p.name for p in db.glob("*.npy")) and len(names) == 17
     for n in names:
-        x, y = np.load(a / n), np.load(b / n)
+        x, y = np.load(da / n), np.load(db / n)
         assert x.dtype == y.dtype and np.array_equal(x, y), n
     assert (a / "errors.jsonl").read_text() == (b / "errors.jsonl").read_text()
     assert json.loads((a / "manifest.json").read_text()) == json.loads((b / "manifest.json").read_text())

@@ -7,8 +7,14 @@ import sys
 __all__ = ["register"]
 
 EPILOG = """inputs: jsonl text files, webdataset .tar shards (paths, globs, brace ranges like
-'shard-{000000..000099}.tar' — quote them), and folders of video/image files (+ .txt captions).
+'shard-{000000..000099}.tar' — quote them; at most 1,000,000 paths), and folders of video/image files
+(+ .txt captions; symlinks followed, loops and dangling links recorded as errors).
 exit codes: 0 ok, 1 error rate above --max-error-rate, 2 bad usage or a crashed worker (rerun with --resume).
+bad samples: every per-sample failure (decode, probe, parse, tokenise, a --max-* limit) is recorded in
+OUT/errors.jsonl with its key and reason and counted (indexed + errors = seen); the run goes on.
+limits: each --max-* flag bounds one sample; a sample past a limit is an error record, never a crash.
+the index in OUT is replaced all-or-nothing: a run killed at any point leaves the old index or the new one,
+never a mix; worker processes die with the run (docs/ROBUSTNESS.md).
 examples:
   fcp index samples/text.jsonl --spec text --out /tmp/idx-text
   fcp index 'samples/wds/shard-{000000..000003}.tar' --spec qwen2-vl --out /tmp/idx-vid --workers 2
@@ -17,6 +23,8 @@ examples:
 
 def register(subparsers, summary: str) -> None:
     import argparse
+
+    from fcp_data.index.limits import Limits
 
     p = subparsers.add_parser("index", help=summary, description=summary, epilog=EPILOG,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -33,43 +41,66 @@ def register(subparsers, summary: str) -> None:
     p.add_argument("--text-field", default="text", help="jsonl field holding the text (default: text)")
     p.add_argument("--key-field", default="id", help="jsonl field holding the sample key (default: id, else file:line)")
     p.add_argument("--max-error-rate", type=float, default=0.01, help="exit 1 above this error fraction (default 0.01)")
+    lim = Limits()
+    g = p.add_argument_group("per-sample limits (a sample past one is an error record with the reason in brackets)")
+    g.add_argument("--max-image-pixels", type=int, default=lim.max_image_pixels, metavar="N",
+                   help="width x height of an image or video frame [image_too_large, frame_too_large] "
+                        "(default %(default)s, pillow's own bomb threshold)")
+    g.add_argument("--max-frames", type=int, default=lim.max_frames, metavar="N",
+                   help="frames of a video, from its header or counted packets [too_many_frames] (default %(default)s)")
+    g.add_argument("--max-duration", type=float, default=lim.max_duration, metavar="SECONDS",
+                   help="length of a video [video_too_long] (default %(default)g s = 24 h)")
+    g.add_argument("--max-text-bytes", type=int, default=lim.max_text_bytes, metavar="N",
+                   help="bytes of a jsonl line or a .txt/.json member [text_too_large] (default %(default)s = 64 MiB)")
+    g.add_argument("--max-json-depth", type=int, default=lim.max_json_depth, metavar="N",
+                   help="nesting of a jsonl line or .json member [json_too_deep] (default %(default)s)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
 
-def _first_errors(out: str) -> list[str]:
+def _first_errors(errors_path) -> list[str]:
     """``reason: key (detail)`` for the first recorded error of each reason."""
     import json
-    from pathlib import Path
+
+    from fcp_data.index.limits import safe_key
 
     first: dict[str, str] = {}
-    with open(Path(out) / "errors.jsonl", encoding="utf-8") as f:
+    with open(errors_path, encoding="utf-8") as f:
         for line in f:
             e = json.loads(line)
             if e["reason"] not in first:
                 detail = f" ({e['detail'][:120]})" if e.get("detail") else ""
-                first[e["reason"]] = f"{e['reason']}: {e['key']}{detail}"
+                first[e["reason"]] = safe_key(f"{e['reason']}: {e['key']}{detail}")
     return [first[r] for r in sorted(first)]
 
 
 def run(args) -> int:
     from concurrent.futures.process import BrokenProcessPool
+    from pathlib import Path
 
     from fcp_data.index import build_index, summarize
+    from fcp_data.index.limits import Limits, safe_key
 
+    out = safe_key(args.out)  # printable even when the path is not UTF-8
+    limits = Limits(max_image_pixels=args.max_image_pixels, max_frames=args.max_frames, max_duration=args.max_duration,
+                    max_text_bytes=args.max_text_bytes, max_json_depth=args.max_json_depth)
     try:
         manifest, rc = build_index(args.inputs, args.spec, args.out, tokenizer=args.tokenizer, workers=args.workers,
                                    engine=args.engine, address=args.address, resume=args.resume, probe=args.probe,
                                    text_field=args.text_field, key_field=args.key_field,
-                                   max_error_rate=args.max_error_rate, progress=not args.no_progress)
+                                   max_error_rate=args.max_error_rate, progress=not args.no_progress, limits=limits)
     except BrokenProcessPool:
         print(f"fcp index: error: a worker process died (killed, or out of memory); the finished shards are kept in "
-              f"{args.out}/parts — rerun the same command with --resume", file=sys.stderr)
+              f"{out}/parts — rerun the same command with --resume", file=sys.stderr)
+        return 2
+    except ValueError as e:
+        print(f"fcp index: error: {safe_key(str(e))}", file=sys.stderr)
         return 2
     print(summarize(manifest))
     if manifest["num_errors"]:
-        print(f"first error of each reason (all in {args.out}/errors.jsonl): " + "; ".join(_first_errors(args.out)))
-    print(f"index written to {args.out}")
+        errors_path = Path(args.out) / manifest["data"] / "errors.jsonl"
+        print(f"first error of each reason (all in {out}/errors.jsonl): " + "; ".join(_first_errors(errors_path)))
+    print(f"index written to {out}")
     if rc:
         print(f"fcp index: error rate {manifest['error_rate']:.2%} exceeds --max-error-rate {args.max_error_rate:.2%}",
               file=sys.stderr)

@@ -1,103 +1,49 @@
-"""Build a length index: expand inputs into shard tasks, index each shard (the per-shard function both engines
-run), write per-shard parts atomically, then merge the parts in task order into the columnar index.
+"""Index one shard task (the per-shard function both engines run) and write its part file atomically.
 
 Accounting invariant: for every task, ``indexed + errors == seen``; an unreadable shard counts as one seen
 sample (its key is the shard path) and a shard that breaks off counts one ``truncated_shard`` error.
 Blank jsonl lines are not samples.
+
+Every per-sample failure (decode, probe, parse, tokenise, a limit of :class:`~fcp_data.index.limits.Limits`,
+and any unexpected exception) is caught at the sample boundary and recorded with its reason and key; the
+task goes on. Memory per task is bounded: jsonl lines are read up to ``max_text_bytes`` and tokenised in
+batches of 512, media members are probed through a file window, never read whole.
 """
 
 from __future__ import annotations
 
-import glob
+import contextlib
 import hashlib
 import io
+import itertools
 import json
 import os
-import re
+import stat
+import time
 from pathlib import Path
 
 import numpy as np
 
 from fcp_data.index.format import COLUMNS, KIND_IMAGE, KIND_TEXT, KIND_VIDEO, atomic_write_bytes
-from fcp_data.index.probe import (IMAGE_EXTS, TEXT_EXTS, VIDEO_EXTS, ProbeError, iter_dir_samples, iter_tar_samples,
-                                  probe_image, probe_video, split_key)
+from fcp_data.index.inputs import DIR_CHUNK, expand_inputs, make_tasks
+from fcp_data.index.limits import Limits, clean_detail, json_depth_exceeds, safe_key
+from fcp_data.index.probe import (IMAGE_EXTS, TEXT_EXTS, VIDEO_EXTS, MemberFile, ProbeError, iter_dir_samples,
+                                  iter_tar_samples, probe_image, probe_video)
 
-__all__ = ["expand_inputs", "make_tasks", "index_task", "task_fingerprint", "part_path", "EXIT_AFTER_ENV", "DIR_CHUNK"]
+__all__ = ["expand_inputs", "make_tasks", "index_task", "task_fingerprint", "part_path", "EXIT_AFTER_ENV",
+           "SLEEP_ENV", "DIR_CHUNK"]
 
 EXIT_AFTER_ENV = "FCP_INDEX_EXIT_AFTER"  # test hook: a worker process os._exit()s after writing this many parts
-DIR_CHUNK = 256  # samples per task for folder inputs
-_BRACE = re.compile(r"\{(\d+)\.\.(\d+)\}")
+SLEEP_ENV = "FCP_INDEX_TASK_SLEEP"  # test hook: seconds a worker sleeps before each task (keeps workers busy)
+TOKENIZE_BATCH = 512  # jsonl texts tokenised together, at most TOKENIZE_BATCH_BYTES of them
+TOKENIZE_BATCH_BYTES = 32 * 2**20
 _done_in_process = 0
-
-
-def _expand_braces(s: str) -> list[str]:
-    m = _BRACE.search(s)
-    if not m:
-        return [s]
-    a, b = m.group(1), m.group(2)
-    width = len(a) if a.startswith("0") or len(a) == len(b) else 0
-    lo, hi = int(a), int(b)
-    if hi < lo:
-        raise ValueError(f"brace range {m.group(0)} in {s!r} is empty; write {{low..high}}")
-    out = []
-    for i in range(lo, hi + 1):
-        out += _expand_braces(s[:m.start()] + str(i).zfill(width) + s[m.end():])
-    return out
-
-
-def expand_inputs(inputs: list[str]) -> list[dict]:
-    """Sources ``[{"path", "kind"}]`` (kind ``jsonl``/``tar``/``dir``) from paths, globs and brace ranges.
-
-    A brace-expanded or explicit path that does not exist is kept (it becomes an ``unreadable_shard``
-    error, counted); a glob that matches nothing is a ValueError.
-    """
-    sources: list[dict] = []
-    for item in inputs:
-        for pat in _expand_braces(item):
-            paths = sorted(glob.glob(pat)) if glob.has_magic(pat) else [pat]
-            if not paths:
-                raise ValueError(f"input {pat!r} matches no file; check the path or quote the glob")
-            for p in paths:
-                pp = Path(p)
-                if pp.is_dir():
-                    kind = "dir"
-                elif pp.name.endswith((".jsonl", ".json.l", ".ndjson")):
-                    kind = "jsonl"
-                elif pp.name.endswith(".tar"):
-                    kind = "tar"
-                elif not pp.exists():
-                    kind = "tar" if ".tar" in pp.name else "jsonl"
-                else:
-                    raise ValueError(f"input {p!r}: not a .jsonl file, a .tar shard or a folder")
-                sources.append({"path": str(pp.resolve()), "kind": kind})
-    if not sources:
-        raise ValueError("no inputs given; pass jsonl files, tar shards (globs or {000..009} ranges) or folders")
-    return sources
-
-
-def make_tasks(sources: list[dict], dir_chunk: int = DIR_CHUNK) -> list[dict]:
-    """One task per jsonl file and tar shard; folders are split into chunks of ``dir_chunk`` samples."""
-    tasks: list[dict] = []
-    for si, src in enumerate(sources):
-        if src["kind"] != "dir":
-            tasks.append({"id": len(tasks), "source": si, "kind": src["kind"], "path": src["path"]})
-            continue
-        root = Path(src["path"])
-        files = sorted(str(p.relative_to(root)).replace(os.sep, "/") for p in root.rglob("*")
-                       if p.is_file() and not p.name.startswith("."))
-        keys: dict[str, list[str]] = {}
-        for f in files:
-            keys.setdefault(split_key(f)[0], []).append(f)
-        groups = list(keys.values())
-        for c in range(0, len(groups), dir_chunk):
-            chunk = [f for g in groups[c:c + dir_chunk] for f in g]
-            tasks.append({"id": len(tasks), "source": si, "kind": "dir", "path": src["path"], "files": chunk})
-    return tasks
+_INT_RANGE = {np.dtype(dt): np.iinfo(dt) for dt in COLUMNS.values() if np.issubdtype(dt, np.integer)}
 
 
 def task_fingerprint(task: dict, cfg: dict) -> str:
-    """What a finished part must match to be reused by ``--resume``."""
-    keep = {k: cfg[k] for k in ("spec_fingerprint", "probe", "text_field", "key_field")}
+    """What a finished part must match to be reused by ``--resume`` (the task includes its input's stamp)."""
+    keep = {k: cfg.get(k) for k in ("spec_fingerprint", "probe", "text_field", "key_field", "limits")}
     return hashlib.sha256(json.dumps([task, keep], sort_keys=True).encode()).hexdigest()
 
 
@@ -109,13 +55,38 @@ class _Rows:
         self.errors: list[dict] = []
 
     def add(self, key: str, members: list[tuple[str, int, int]], **vals) -> None:
+        for k, dt in COLUMNS.items():
+            r = _INT_RANGE.get(np.dtype(dt))
+            if r is not None and not r.min <= vals.get(k, 0) <= r.max:
+                raise ProbeError("value_out_of_range", f"{k} = {vals[k]} does not fit {np.dtype(dt).name}")
         for k in COLUMNS:
             self.cols[k].append(vals.get(k, 0))
-        self.keys.append(key)
+        self.keys.append(safe_key(key))
         self.members.append(members)
 
     def error(self, key: str, reason: str, detail: str = "", source: str = "") -> None:
-        self.errors.append({"key": key, "reason": reason, "detail": detail, "source": source})
+        self.errors.append({"key": safe_key(key), "reason": reason, "detail": clean_detail(detail),
+                            "source": safe_key(source)})
+
+    def record(self, key: str, source: str, e: BaseException) -> None:
+        """One sample's failure as an error record with a reason."""
+        if isinstance(e, ProbeError):
+            self.error(key, e.reason, e.detail, source)
+        elif isinstance(e, RecursionError):
+            self.error(key, "json_too_deep", "nested deeper than Python's parser allows", source)
+        elif isinstance(e, MemoryError):
+            self.error(key, "out_of_memory", "the sample did not fit in memory", source)
+        elif isinstance(e, OSError):
+            self.error(key, "unreadable_member", f"{type(e).__name__}: errno {e.errno} ({e.strerror})", source)
+        else:  # a bug or an unforeseen input: recorded, the task goes on
+            self.error(key, "unexpected_error", f"{type(e).__name__}: {e}", source)
+
+    def guard(self, key: str, source: str, fn, *args) -> None:
+        """Run ``fn(*args)`` for one sample; any failure becomes one error record."""
+        try:
+            fn(*args)
+        except Exception as e:
+            self.record(key, source, e)
 
 
 def _decode_text(raw: bytes) -> str:
@@ -125,54 +96,144 @@ def _decode_text(raw: bytes) -> str:
         raise ProbeError("bad_encoding", f"not UTF-8 at byte {e.start}") from None
 
 
-def _index_jsonl(task: dict, cfg: dict, spec, rows: _Rows) -> int:
-    path, seen = Path(task["path"]), 0
-    texts: list[tuple[str, int]] = []
+def _check_text(text: str) -> None:
+    """Text the tokenizer accepts: valid Unicode (JSON can spell lone surrogates)."""
     try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ProbeError("bad_encoding", f"lone surrogate at character {e.start}") from None
+
+
+def _parse_json(raw: bytes, limits: Limits):
+    try:
+        obj = json.loads(_decode_text(raw))
+    except ValueError as e:  # JSONDecodeError, and huge integers past Python's digit limit
+        raise ProbeError("bad_json", str(e)) from None
+    if json_depth_exceeds(raw, obj, limits.max_json_depth):
+        raise ProbeError("json_too_deep", f"nested deeper than --max-json-depth {limits.max_json_depth}")
+    return obj
+
+
+def _iter_lines(f, max_bytes: int):
+    """``(start, body or None, length)`` per line; a line longer than ``max_bytes`` is skipped in chunks (None)."""
+    offset = 0
+    while True:
+        line = f.readline(max_bytes + 2)
+        if not line:
+            return
+        start, n = offset, len(line)
+        if not line.endswith(b"\n") and n >= max_bytes + 2:
+            while True:
+                more = f.readline(1 << 20)
+                n += len(more)
+                if not more or more.endswith(b"\n"):
+                    break
+            offset += n
+            yield start, None, n
+            continue
+        offset += n
+        body = line.rstrip(b"\r\n")
+        yield start, body, len(body)
+
+
+def _regular_file(path: Path) -> None:
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise ProbeError("unreadable_shard", "not a regular file (a fifo, socket, device or folder)")
+
+
+def _index_jsonl(task: dict, cfg: dict, spec, rows: _Rows) -> int:
+    path, seen, limits = Path(task["path"]), 0, Limits.from_dict(cfg.get("limits"))
+    try:
+        _regular_file(path)
         f = open(path, "rb")
-    except OSError as e:
-        rows.error(str(path), "unreadable_shard", f"{type(e).__name__}: {e}", str(path))
+    except (OSError, ProbeError) as e:
+        rows.error(str(path), "unreadable_shard", getattr(e, "detail", None) or f"{type(e).__name__}: {e.strerror}", str(path))
         return 1
+    tok, extra = spec.tokenizer(), (1 if spec.eos_id is not None else 0)
+    pending: list[tuple[str, int, int, str]] = []
+    pending_bytes = [0]
+
+    def flush() -> None:
+        texts = [p[3] for p in pending]
+        try:
+            counts = [len(e.ids) for e in tok.encode_batch(texts, add_special_tokens=False)]
+        except Exception:  # one bad text fails the batch: encode one by one, record the failures
+            counts = []
+            for t in texts:
+                try:
+                    counts.append(len(tok.encode(t, add_special_tokens=False).ids))
+                except Exception as e:
+                    counts.append(f"{type(e).__name__}: {e}")
+        for (key, start, size, _), c in zip(pending, counts):
+            if isinstance(c, str):
+                rows.error(key, "tokenize_failed", c, str(path))
+            else:
+                rows.guard(key, str(path), lambda: rows.add(key, [("jsonl", start, size)], offset=start, size=size,
+                                                             shard=task["source"], kind=KIND_TEXT, eta=spec.eta,
+                                                             num_tokens=c + extra))
+        pending.clear()
+        pending_bytes[0] = 0
+
     with f:
-        offset = 0
-        for lineno, line in enumerate(f, start=1):
-            start, offset = offset, offset + len(line)
-            body = line.rstrip(b"\r\n")
-            if not body.strip():
+        for lineno, (start, body, size) in enumerate(_iter_lines(f, limits.max_text_bytes), start=1):
+            if body is not None and not body.strip():
                 continue
             seen += 1
             key = f"{path.stem}:{lineno}"
+            if lineno == 1 and body is not None and body.startswith(b"\xef\xbb\xbf"):  # a UTF-8 BOM: not part of the JSON
+                start, body, size = start + 3, body[3:], size - 3
+            if body is None:
+                rows.error(key, "text_too_large", f"line of {size} bytes > --max-text-bytes {limits.max_text_bytes}",
+                           str(path))
+                continue
             try:
-                obj = json.loads(_decode_text(body))
-                if not isinstance(obj, dict):
-                    raise ProbeError("bad_json", "line is not a JSON object")
-                if isinstance(obj.get(cfg["key_field"]), (str, int)):
+                obj = _parse_json(body, limits)
+                if isinstance(obj, dict) and isinstance(obj.get(cfg["key_field"]), (str, int)):
                     key = str(obj[cfg["key_field"]])
+                if not isinstance(obj, dict):
+                    raise ProbeError("bad_json", f"line is a JSON {type(obj).__name__}, not an object")
                 text = obj.get(cfg["text_field"])
                 if not isinstance(text, str):
                     raise ProbeError("missing_field", f"no string field {cfg['text_field']!r}")
                 if not text.strip():
                     raise ProbeError("empty_sample", "empty text")
-            except ProbeError as e:
-                rows.error(key, e.reason, e.detail, str(path))
+                _check_text(text)
+            except Exception as e:
+                rows.record(key, str(path), e)
                 continue
-            except json.JSONDecodeError as e:
-                rows.error(key, "bad_json", str(e), str(path))
-                continue
-            rows.add(key, [("jsonl", start, len(body))], offset=start, size=len(body), shard=task["source"],
-                     kind=KIND_TEXT, eta=spec.eta)
-            texts.append((text, len(rows.keys) - 1))
-    tok, extra = spec.tokenizer(), (1 if spec.eos_id is not None else 0)
-    for c in range(0, len(texts), 512):
-        chunk = texts[c:c + 512]
-        for (_, row), enc in zip(chunk, tok.encode_batch([t for t, _ in chunk], add_special_tokens=False)):
-            rows.cols["num_tokens"][row] = len(enc.ids) + extra
+            pending.append((key, start, size, text))
+            pending_bytes[0] += size
+            if len(pending) >= TOKENIZE_BATCH or pending_bytes[0] >= TOKENIZE_BATCH_BYTES:
+                flush()
+    flush()
     return seen
 
 
-def _index_media(key: str, members: dict, read, spec, cfg: dict, task: dict, rows: _Rows) -> None:
+def _read_text(read, ext: str, size: int, limits: Limits) -> bytes:
+    too_large = f".{ext} of {{}} bytes > --max-text-bytes {limits.max_text_bytes}"
+    if size > limits.max_text_bytes:
+        raise ProbeError("text_too_large", too_large.format(size))
+    data = read(ext)
+    if len(data) > limits.max_text_bytes:  # a folder file that grew since it was listed
+        raise ProbeError("text_too_large", too_large.format(f"over {len(data)}"))
+    return data
+
+
+def _check_video(h, limits: Limits) -> None:
+    if h.num_frames > limits.max_frames:
+        raise ProbeError("too_many_frames", f"{h.num_frames} frames > --max-frames {limits.max_frames}")
+    if h.num_frames / h.fps > limits.max_duration:
+        raise ProbeError("video_too_long", f"{h.num_frames / h.fps:.1f} s > --max-duration {limits.max_duration:g}")
+    if h.width * h.height > limits.max_image_pixels:
+        raise ProbeError("frame_too_large", f"{h.width}x{h.height} = {h.width * h.height} pixels > "
+                                            f"--max-image-pixels {limits.max_image_pixels}")
+
+
+def _index_media(key: str, members: dict, read, open_member, spec, cfg: dict, task: dict, rows: _Rows) -> None:
     from fcp_data.specs import count_segments, plan_visual
 
+    limits = Limits.from_dict(cfg.get("limits"))
     vid = next((e for e in VIDEO_EXTS if e in members), None)
     img = None if vid else next((e for e in IMAGE_EXTS if e in members), None)
     txt = next((e for e in TEXT_EXTS if e in members), None)
@@ -186,20 +247,26 @@ def _index_media(key: str, members: dict, read, spec, cfg: dict, task: dict, row
     primary = media or txt
     if members[primary][1] <= 0:
         raise ProbeError("empty_sample", f"member .{primary} is empty")
-    caption = _decode_text(read(txt)) if txt else ""
+    if "json" in members:  # webdataset metadata: a sample whose .json cannot be parsed breaks the trainer's decoder
+        _parse_json(_read_text(read, "json", members["json"][1], limits), limits)
+    caption = _decode_text(_read_text(read, txt, members[txt][1], limits)) if txt else ""
+    _check_text(caption)
     n_text = len(spec.encode(caption)) if caption else 0
     if not media and not caption.strip():
         raise ProbeError("empty_sample", "empty text")
     vals = dict(kind=KIND_TEXT, num_visual_tokens=0)
     if vid:
-        h = probe_video(read(vid) if task["kind"] == "tar" else Path(task["path"]) / f"{key}.{vid}", cfg["probe"])
+        with open_member(vid) as src:
+            h = probe_video(src, cfg["probe"], max_frames=limits.max_frames)
+        _check_video(h, limits)
         try:
             plan = plan_visual(spec, "video", height=h.height, width=h.width, num_frames=h.num_frames, fps=h.fps)
         except ValueError as e:
             raise ProbeError("unsupported_video", str(e)) from None
         vals = dict(kind=KIND_VIDEO, num_frames=h.num_frames, fps=h.fps, height=h.height, width=h.width)
     elif img:
-        ih, iw = probe_image(read(img))
+        with open_member(img) as src:
+            ih, iw = probe_image(src, limits.max_image_pixels)
         try:
             plan = plan_visual(spec, "image", height=ih, width=iw)
         except ValueError as e:
@@ -218,15 +285,16 @@ def _index_container(task: dict, cfg: dict, spec, rows: _Rows) -> int:
     if task["kind"] == "tar":
         fh = None
         try:
+            _regular_file(path)
             fh = open(path, "rb")
-            it = iter_tar_samples(path)
-            first = next(it, None)
+            samples = iter_tar_samples(path)
+            first = next(samples, None)
         except (OSError, ProbeError) as e:
             if fh is not None:
                 fh.close()
-            rows.error(str(path), "unreadable_shard", getattr(e, "detail", None) or f"{type(e).__name__}: {e}", str(path))
+            rows.error(str(path), "unreadable_shard", getattr(e, "detail", None) or f"{type(e).__name__}: {e.strerror}", str(path))
             return 1
-        samples = ([first] if first else []) + [s for s in it]
+        samples = itertools.chain([first] if first else [], samples)
 
         def reader(key, members):
             def read(ext):
@@ -236,15 +304,22 @@ def _index_container(task: dict, cfg: dict, spec, rows: _Rows) -> int:
                 if len(data) != size:
                     raise ProbeError("truncated_member", f".{ext}: {len(data)} of {size} bytes")
                 return data
-            return read
+
+            def open_member(ext):
+                return MemberFile(fh, *members[ext])
+            return read, open_member
     else:
-        fh = io.BytesIO()
-        samples = list(iter_dir_samples(path, task["files"]))
+        fh, limit = io.BytesIO(), Limits.from_dict(cfg.get("limits")).max_text_bytes
+        samples = iter_dir_samples(path, task["entries"])
 
         def reader(key, members):
             def read(ext):
-                return (path / f"{key}.{ext}").read_bytes()
-            return read
+                with open(path / f"{key}.{ext}", "rb") as f:
+                    return f.read(limit + 1)
+
+            def open_member(ext):  # a path: FFmpeg and pillow open the file themselves
+                return contextlib.nullcontext(path / f"{key}.{ext}")
+            return read, open_member
     with fh:
         for key, members, problem in samples:
             seen += 1
@@ -252,17 +327,23 @@ def _index_container(task: dict, cfg: dict, spec, rows: _Rows) -> int:
                 reason, _, detail = problem.partition(": ")
                 rows.error(key, reason, detail, str(path))
                 continue
-            try:
-                _index_media(key, members, reader(key, members), spec, cfg, task, rows)
-            except ProbeError as e:
-                rows.error(key, e.reason, e.detail, str(path))
-            except OSError as e:
-                rows.error(key, "unreadable_member", f"{type(e).__name__}: {e}", str(path))
+            rows.guard(key, str(path), _index_media, key, members, *reader(key, members), spec, cfg, task, rows)
     return seen
 
 
 def part_path(out: Path, task_id: int) -> Path:
     return Path(out) / "parts" / f"{task_id:06d}.npz"
+
+
+def _index_rows(task: dict, cfg: dict, spec) -> tuple[_Rows, int]:
+    rows = _Rows()
+    try:
+        seen = _index_jsonl(task, cfg, spec, rows) if task["kind"] == "jsonl" else _index_container(task, cfg, spec, rows)
+    except Exception as e:  # safety net outside the per-sample guards: the shard is one error, the run goes on
+        rows = _Rows()
+        rows.error(task["path"], "shard_failed", f"{type(e).__name__}: {e}", task["path"])
+        seen = 1
+    return rows, seen
 
 
 def index_task(task: dict, cfg: dict) -> dict:
@@ -273,9 +354,10 @@ def index_task(task: dict, cfg: dict) -> dict:
     global _done_in_process
     from fcp_data.specs import load_spec
 
+    if os.environ.get(SLEEP_ENV):
+        time.sleep(float(os.environ[SLEEP_ENV]))
     spec = load_spec(cfg["spec_path"], cfg.get("tokenizer"))
-    rows = _Rows()
-    seen = _index_jsonl(task, cfg, spec, rows) if task["kind"] == "jsonl" else _index_container(task, cfg, spec, rows)
+    rows, seen = _index_rows(task, cfg, spec)
     n = len(rows.keys)
     if n + len(rows.errors) != seen:  # internal invariant of the accounting
         raise AssertionError(f"task {task['id']}: {n} indexed + {len(rows.errors)} errors != {seen} seen")

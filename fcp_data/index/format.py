@@ -1,9 +1,16 @@
-"""The on-disk length index: a directory of columnar ``.npy`` files, ``manifest.json`` and ``errors.jsonl``.
+"""The on-disk length index: ``manifest.json`` naming a data folder of columnar ``.npy`` files + ``errors.jsonl``.
 
-Layout of ``DIR/``::
+Layout of ``DIR/`` (format version 2)::
 
     manifest.json          format/version, tool version, spec (name, fingerprint), inputs, sources, counts,
-                           token percentiles, errors by reason, column dtypes
+                           token percentiles, errors by reason, column dtypes and byte sizes, and ``data``:
+                           the name of the data folder below. Replacing this file is the commit point.
+    data-<hash>/           the columns and errors.jsonl of one complete build; <hash> = sha256 of their bytes
+    errors.jsonl           symlink to data-<hash>/errors.jsonl (for people; the index reads its data folder)
+    parts/                 per-shard parts of the last build (for --resume); .lock: held while a build runs
+
+Columns, in the data folder (at the top level in format version 1, which still loads)::
+
     num_tokens.npy         int64  [n]  tokens the model sees for the sample: text + visual + markers (+ EOS)
     num_visual_tokens.npy  int64  [n]  placeholder tokens the vision encoder fills (0 for text)
     eta.npy                float32[n]  mask factor of DESIGN §4 (0 causal, 1 full attention)
@@ -22,10 +29,15 @@ Layout of ``DIR/``::
 A member's file name is ``key + "." + ext`` (webdataset convention); in a folder source it is that path
 under the folder, in a tar shard its data sits at ``offset`` (``TarInfo.offset_data``) for ``size`` bytes.
 ``LengthIndex.load`` memory-maps every column, so loading is O(1) in the number of rows.
+
+A rebuild into an existing ``DIR`` writes a new data folder, then atomically replaces ``manifest.json``, then
+removes the old data folder (``store.commit_index``): a reader, or a build killed at any point, sees either
+the old index or the new one, never a mix. ``load`` checks every column's byte size against the manifest.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -33,10 +45,11 @@ from pathlib import Path
 import numpy as np
 
 __all__ = ["LengthIndex", "COLUMNS", "KIND_TEXT", "KIND_IMAGE", "KIND_VIDEO", "FORMAT_NAME", "FORMAT_VERSION",
-           "write_columns", "atomic_write_bytes", "KeyArray"]
+           "READABLE_VERSIONS", "write_columns", "atomic_write_bytes", "fsync_dir", "KeyArray"]
 
 FORMAT_NAME = "fcp-length-index"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 KIND_TEXT, KIND_IMAGE, KIND_VIDEO = 0, 1, 2
 
 # per-sample columns (length n) and their dtypes; the ragged ones (member_*, key_*) are listed separately
@@ -49,25 +62,62 @@ RAGGED = {"member_ptr": np.int64, "member_ext": np.int16, "member_offset": np.in
           "key_ptr": np.int64, "key_bytes": np.uint8}
 
 
+def fsync_dir(path: Path) -> None:
+    """Make a rename or a new file in folder ``path`` durable (no-op where folders cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temp file in the same folder and ``os.replace``."""
+    """Write ``data`` to ``path`` via a temp file in the same folder, fsync and ``os.replace``."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    fsync_dir(path.parent)
 
 
-def write_columns(out: Path, cols: dict[str, np.ndarray]) -> None:
-    """Write every column as ``NAME.npy`` (each atomically)."""
+class _HashingWriter:
+    def __init__(self, f, h):
+        self._f, self._h, self.size = f, h, 0
+
+    def write(self, b) -> int:
+        self._h.update(b)
+        self.size += len(b)
+        return self._f.write(b)
+
+
+def write_columns(out: Path, cols: dict[str, np.ndarray], digest=None, on_column=None) -> dict[str, int]:
+    """Write every column as ``NAME.npy`` (each atomically, fsynced); returns ``{name: file bytes}``.
+
+    ``digest`` (a hashlib object), when given, is updated with every file's bytes in order; ``on_column(name)``
+    is called after each file (the commit's test hook).
+    """
     out.mkdir(parents=True, exist_ok=True)
+    sizes = {}
     for name, arr in cols.items():
         dtype = COLUMNS.get(name) or RAGGED[name]
         tmp = out / f".{name}.npy.tmp{os.getpid()}"
         with open(tmp, "wb") as f:
-            np.save(f, np.ascontiguousarray(arr, dtype=dtype))
+            w = _HashingWriter(f, digest if digest is not None else hashlib.sha256())
+            np.lib.format.write_array(w, np.ascontiguousarray(arr, dtype=dtype), allow_pickle=False)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, out / f"{name}.npy")
+        sizes[name] = w.size
+        if on_column is not None:
+            on_column(name)
+    return sizes
 
 
 class KeyArray:
@@ -114,6 +164,7 @@ class LengthIndex:
         self.path, self.manifest, self._cols = Path(path), manifest, cols
         self.keys = KeyArray(cols["key_ptr"], cols["key_bytes"])
         self._errors: list[dict] | None = None
+        self.data_path = self.path / manifest.get("data", ".")
 
     @classmethod
     def load(cls, path: str | Path, mmap: bool = True) -> "LengthIndex":
@@ -121,14 +172,28 @@ class LengthIndex:
         mf = p / "manifest.json"
         if not mf.exists():
             raise FileNotFoundError(f"{p} is not a length index (no manifest.json); build one with `fcp index ... --out {p}`")
-        manifest = json.loads(mf.read_text(encoding="utf-8"))
-        if manifest.get("format") != FORMAT_NAME or manifest.get("version") != FORMAT_VERSION:
-            raise ValueError(f"{mf}: format {manifest.get('format')!r} v{manifest.get('version')} is not "
-                             f"{FORMAT_NAME} v{FORMAT_VERSION}; rebuild the index with this fcp version")
+        try:
+            manifest = json.loads(mf.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ValueError(f"{mf} is not valid JSON ({e}); rebuild the index") from None
+        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME \
+                or manifest.get("version") not in READABLE_VERSIONS:
+            got = (manifest.get("format"), manifest.get("version")) if isinstance(manifest, dict) else (None, None)
+            raise ValueError(f"{mf}: format {got[0]!r} v{got[1]} is not {FORMAT_NAME} v{FORMAT_VERSION}; "
+                             "rebuild the index with this fcp version")
+        data = p / manifest.get("data", ".")
+        if not data.is_dir():
+            raise ValueError(f"{p}: the data folder {manifest.get('data')!r} named by manifest.json is missing; rebuild the index")
+        sizes = manifest.get("column_bytes", {})
+        for name, size in sizes.items():
+            got = os.stat(data / f"{name}.npy").st_size
+            if got != size:
+                raise ValueError(f"{p}: {name}.npy has {got} bytes, manifest.json says {size}; the index is damaged, rebuild it")
         mode = "r" if mmap else None
-        cols = {name: np.load(p / f"{name}.npy", mmap_mode=mode) for name in (*COLUMNS, *RAGGED)}
+        cols = {name: np.load(data / f"{name}.npy", mmap_mode=mode) for name in (*COLUMNS, *RAGGED)}
         n = len(cols["num_tokens"])
-        if n != manifest["num_samples"] or len(cols["key_ptr"]) != n + 1 or len(cols["member_ptr"]) != n + 1:
+        if n != manifest["num_samples"] or len(cols["key_ptr"]) != n + 1 or len(cols["member_ptr"]) != n + 1 \
+                or any(len(cols[c]) != n for c in COLUMNS):
             raise ValueError(f"{p}: columns disagree with manifest.json ({n} rows vs {manifest['num_samples']}); the index is incomplete, rebuild it")
         return cls(p, manifest, cols)
 
@@ -157,7 +222,7 @@ class LengthIndex:
     def errors(self) -> list[dict]:
         """Every bad sample as ``{"key", "reason", ...}`` (read from errors.jsonl once)."""
         if self._errors is None:
-            ep = self.path / "errors.jsonl"
+            ep = self.data_path / "errors.jsonl"
             self._errors = [json.loads(line) for line in ep.read_text(encoding="utf-8").splitlines() if line] if ep.exists() else []
         return self._errors
 

@@ -1,5 +1,6 @@
 """Drive a whole ``fcp index`` run: plan tasks, skip finished ones on ``--resume``, run an engine with a
-progress bar, merge the per-shard parts (in task order) into the final columns, write manifest and errors.
+progress bar, merge the per-shard parts (in task order) into the final columns and commit them with the
+manifest and errors all-or-nothing (``store.commit_index``), holding the folder's build lock throughout.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from pathlib import Path
 import numpy as np
 
 from fcp_data.index.build import expand_inputs, make_tasks, part_path, task_fingerprint
-from fcp_data.index.format import COLUMNS, FORMAT_NAME, FORMAT_VERSION, atomic_write_bytes, write_columns
+from fcp_data.index.format import COLUMNS, FORMAT_NAME, FORMAT_VERSION
+from fcp_data.index.limits import Limits
+from fcp_data.index.store import build_lock, commit_index
 
 __all__ = ["build_index", "merge_parts", "summarize", "token_percentiles"]
 
@@ -43,8 +46,8 @@ def token_percentiles(num_tokens: np.ndarray) -> dict:
     return {"p50": int(q[0]), "p90": int(q[1]), "p99": int(q[2]), "max": int(num_tokens.max()), "sum": int(num_tokens.sum())}
 
 
-def merge_parts(out: Path, tasks: list[dict]) -> tuple[dict, list[dict], int]:
-    """Concatenate the parts of ``tasks`` in task order into ``out/*.npy``; returns (exts, errors, seen)."""
+def merge_parts(out: Path, tasks: list[dict]) -> tuple[dict, dict[str, np.ndarray], list[dict], int]:
+    """Concatenate the parts of ``tasks`` in task order; returns (info, columns, errors, seen)."""
     metas, parts = [], []
     for t in tasks:
         meta, arrays = _read_part(part_path(out, t["id"]))
@@ -68,9 +71,8 @@ def merge_parts(out: Path, tasks: list[dict]) -> tuple[dict, list[dict], int]:
     cat = lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt)  # noqa: E731
     cols.update(key_ptr=cat(key_ptr, np.int64), key_bytes=cat(key_bytes, np.uint8), member_ptr=cat(mem_ptr, np.int64),
                 member_ext=cat(mem_ext, np.int16), member_offset=cat(mem_off, np.int64), member_size=cat(mem_size, np.int64))
-    write_columns(out, cols)
     errors = [e for m in metas for e in m["errors"]]
-    return {"exts": exts, "num_tokens": cols["num_tokens"]}, errors, sum(m["seen"] for m in metas)
+    return {"exts": exts, "num_tokens": cols["num_tokens"]}, cols, errors, sum(m["seen"] for m in metas)
 
 
 def summarize(manifest: dict) -> str:
@@ -86,11 +88,16 @@ def summarize(manifest: dict) -> str:
 def build_index(inputs: list[str], spec: str, out: str | Path, *, tokenizer: str | None = None, workers: int = 1,
                 engine: str = "local", address: str | None = None, resume: bool = False, probe: str = "av",
                 text_field: str = "text", key_field: str = "id", max_error_rate: float = 0.01,
-                progress: bool = True, dir_chunk: int | None = None) -> tuple[dict, int]:
-    """Build (or resume) the index of ``inputs`` into ``out``; returns (manifest, exit code 0/1)."""
+                progress: bool = True, dir_chunk: int | None = None, limits: Limits | dict | None = None
+                ) -> tuple[dict, int]:
+    """Build (or resume) the index of ``inputs`` into ``out``; returns (manifest, exit code 0/1).
+
+    ``limits``: per-sample ingestion limits (:class:`~fcp_data.index.limits.Limits`, or a dict of its fields);
+    a sample past one is an error record. The index in ``out`` is replaced all-or-nothing.
+    """
     from fcp_data import __version__
     from fcp_data.index.build import DIR_CHUNK
-    from fcp_data.index.engines import ENGINES, run_local, run_ray
+    from fcp_data.index.engines import ENGINES
     from fcp_data.specs import load_spec
 
     if engine not in ENGINES:
@@ -99,6 +106,7 @@ def build_index(inputs: list[str], spec: str, out: str | Path, *, tokenizer: str
         raise ValueError(f"--max-error-rate must be in [0, 1], got {max_error_rate}")
     if workers < 1:
         raise ValueError(f"--workers must be >= 1, got {workers}")
+    limits = limits if isinstance(limits, Limits) else Limits.from_dict(limits)
     sp = load_spec(spec, tokenizer)
     sp.tokenizer()  # a broken tokenizer.json fails here, once, not in every worker
     out = Path(out)
@@ -108,11 +116,23 @@ def build_index(inputs: list[str], spec: str, out: str | Path, *, tokenizer: str
     if not any(Path(s["path"]).exists() for s in sources):
         raise ValueError(f"none of the inputs exist: {', '.join(s['path'] for s in sources[:3])}"
                          f"{' ...' if len(sources) > 3 else ''}")
-    tasks = make_tasks(sources, dir_chunk or DIR_CHUNK)
+    out.mkdir(parents=True, exist_ok=True)
+    with build_lock(out):
+        return _build_locked(inputs, sources, sp, out, probe=probe, text_field=text_field, key_field=key_field,
+                             limits=limits, resume=resume, engine=engine, address=address, workers=workers,
+                             progress=progress, dir_chunk=dir_chunk or DIR_CHUNK, max_error_rate=max_error_rate,
+                             version=__version__)
+
+
+def _build_locked(inputs, sources, sp, out: Path, *, probe, text_field, key_field, limits, resume, engine, address,
+                  workers, progress, dir_chunk, max_error_rate, version) -> tuple[dict, int]:
+    from fcp_data.index.engines import run_local, run_ray
+
+    tasks = make_tasks(sources, dir_chunk)
     if not tasks:
         raise ValueError(f"no samples found in {', '.join(s['path'] for s in sources[:3])}: the folders are empty")
     cfg = {"spec_path": sp.path, "tokenizer": sp.tokenizer_path, "spec_fingerprint": sp.fingerprint, "probe": probe,
-           "text_field": text_field, "key_field": key_field, "out": str(out.resolve())}
+           "text_field": text_field, "key_field": key_field, "out": str(out.resolve()), "limits": limits.to_dict()}
     if not resume and (out / "parts").exists():
         shutil.rmtree(out / "parts")
     (out / "parts").mkdir(parents=True, exist_ok=True)
@@ -138,14 +158,15 @@ def build_index(inputs: list[str], spec: str, out: str | Path, *, tokenizer: str
             run_local(todo, cfg, workers, on_done)
     finally:
         bar.close()
-    info, errors, seen = merge_parts(out, tasks)
+    info, cols, errors, seen = merge_parts(out, tasks)
     by_reason = Counter(e["reason"] for e in errors)
     n = len(info["num_tokens"])
     manifest = {
-        "format": FORMAT_NAME, "version": FORMAT_VERSION, "tool": f"fcp {__version__}",
+        "format": FORMAT_NAME, "version": FORMAT_VERSION, "tool": f"fcp {version}",
         "spec": {"name": sp.name, "family": sp.family, "fingerprint": sp.fingerprint, "eta": sp.eta,
                  "tokenizer": Path(sp.tokenizer_path).name},
-        "probe": probe, "text_field": text_field, "key_field": key_field, "inputs": list(inputs), "sources": sources,
+        "probe": probe, "text_field": text_field, "key_field": key_field, "limits": limits.to_dict(),
+        "inputs": list(inputs), "sources": sources,
         "num_tasks": len(tasks), "exts": info["exts"], "num_samples": n, "num_errors": len(errors), "num_seen": seen,
         "error_rate": len(errors) / seen if seen else 0.0, "errors_by_reason": dict(sorted(by_reason.items())),
         "tokens": token_percentiles(np.asarray(info["num_tokens"])),
@@ -153,6 +174,5 @@ def build_index(inputs: list[str], spec: str, out: str | Path, *, tokenizer: str
     }
     if n + len(errors) != seen:
         raise AssertionError(f"accounting broken: {n} indexed + {len(errors)} errors != {seen} seen")
-    atomic_write_bytes(out / "errors.jsonl", "".join(json.dumps(e) + "\n" for e in errors).encode())
-    atomic_write_bytes(out / "manifest.json", (json.dumps(manifest, indent=1) + "\n").encode())
+    manifest = commit_index(out, cols, errors, manifest)
     return manifest, (1 if manifest["error_rate"] > max_error_rate else 0)
