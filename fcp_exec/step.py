@@ -134,8 +134,9 @@ def _fsdp_modules(model: nn.Module) -> list:
 
 
 class FSDP2Reducer:
-    """FSDP2 (``fully_shard``): SUM reduce-scatter on every FSDP module (``set_gradient_divide_factor(1.0)`` is
-    per module, not recursive, so it is set on each), gradient sync only in the last micro-batch."""
+    """FSDP2 (``fully_shard``): SUM reduce-scatter on every FSDP module (``set_gradient_divide_factor(1.0)`` and
+    ``set_force_sum_reduction_for_comms(True)`` are per module, not recursive, so they are set on each), gradient
+    sync only in the last micro-batch."""
 
     name = "fsdp2"
 
@@ -148,6 +149,9 @@ class FSDP2Reducer:
                 m.set_gradient_divide_factor(1.0)
             else:  # torch < 2.6
                 m.set_reduce_scatter_divide_factor(1.0)
+            # a plain SUM reduce-scatter: fp32/bf16 would otherwise use PREMUL_SUM(1/factor), which gloo lacks
+            if hasattr(m, "set_force_sum_reduction_for_comms"):
+                m.set_force_sum_reduction_for_comms(True)
 
     def sync_context(self, model: nn.Module, last: bool):
         @contextlib.contextmanager
