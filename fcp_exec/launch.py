@@ -25,7 +25,8 @@ import time
 import traceback
 from typing import Any, Callable
 
-__all__ = ["launch", "resolve_nproc", "default_backend", "current_device", "in_torchrun", "dist_info"]
+__all__ = ["launch", "resolve_nproc", "default_backend", "current_device", "in_torchrun", "dist_info",
+           "init_distributed", "collective_dtype", "check_devices"]
 
 
 _PRELOAD = ["torch", "torch.distributed", "fcp_exec.launch", "fcp_exec.train", "fcp_exec.ring_attention",
@@ -65,16 +66,56 @@ def default_backend() -> str:
     return "gloo"
 
 
+def _npu_available() -> bool:
+    import torch
+
+    return hasattr(torch, "npu") and torch.npu.is_available()
+
+
 def current_device():
-    """This rank's device: ``cuda:LOCAL_RANK`` / ``npu:LOCAL_RANK`` when present, else CPU."""
+    """This rank's device: ``cuda:LOCAL_RANK`` / ``npu:LOCAL_RANK`` (modulo the device count) when present,
+    else CPU. The one place that maps a local rank to a device."""
     import torch
 
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available():
         return torch.device("cuda", local % torch.cuda.device_count())
-    if hasattr(torch, "npu") and torch.npu.is_available():  # pragma: no cover
-        return torch.device("npu", local)
+    if _npu_available():  # pragma: no cover - needs an Ascend NPU
+        return torch.device("npu", local % torch.npu.device_count())
     return torch.device("cpu")
+
+
+# dtypes each backend's collectives accept (HCCL all-reduce: int8/16/32/64, fp16, fp32, bf16 — no fp64)
+_COLLECTIVE_DTYPES = {
+    "hccl": ("int8", "int16", "int32", "int64", "float16", "float32", "bfloat16"),
+}
+
+
+def collective_dtype(dtype, backend: str | None = None):
+    """The dtype to run a collective on ``dtype`` data with on ``backend`` (default: the initialised one):
+    ``dtype`` itself where the backend takes it, else float32 (fp64 statistics on HCCL)."""
+    import torch
+    import torch.distributed as dist
+
+    if backend is None:
+        backend = dist.get_backend() if dist.is_available() and dist.is_initialized() else "gloo"
+    allowed = _COLLECTIVE_DTYPES.get(str(backend).lower())
+    if allowed is None or str(dtype).replace("torch.", "") in allowed:
+        return dtype
+    return torch.float32
+
+
+def check_devices(backend: str, nproc_local: int) -> None:
+    """Refuse, before any process starts, a launch that would put two ranks on one accelerator (NCCL ends in
+    "Duplicate GPU detected"; HCCL likewise)."""
+    import torch
+
+    if backend == "nccl" and torch.cuda.is_available() and nproc_local > torch.cuda.device_count():
+        raise ValueError(f"{nproc_local} processes on this node but only {torch.cuda.device_count()} CUDA device(s): "
+                         "NCCL needs one GPU per rank; use --nproc <= the GPU count, or --backend gloo")
+    if backend == "hccl" and _npu_available() and nproc_local > torch.npu.device_count():  # pragma: no cover
+        raise ValueError(f"{nproc_local} processes on this node but only {torch.npu.device_count()} NPU(s): "
+                         "HCCL needs one NPU per rank")
 
 
 def dist_info() -> tuple[int, int]:
@@ -92,15 +133,37 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _init(backend: str, timeout_s: float, num_threads: int | None) -> None:
+def init_distributed(backend: str | None = None, timeout_s: float = 300.0, num_threads: int | None = None):
+    """Initialise this rank's process group from the environment (``env://``) the one way fcp does everywhere:
+    pick the device (:func:`current_device`) and make it current (``torch.cuda.set_device`` /
+    ``torch.npu.set_device``) *before* ``init_process_group``, pass ``device_id`` so NCCL/HCCL communicators are
+    created eagerly, then run one warm-up barrier on the world group — so the first communication of every rank
+    is a world collective (a first partial-group batched P2P is undefined on NCCL/HCCL and would stall micro-batch
+    0 until every rank arrives). Returns the device."""
     import torch
     import torch.distributed as dist
 
+    backend = backend or default_backend()
     if num_threads:
         torch.set_num_threads(num_threads)
-    if torch.cuda.is_available():
-        torch.cuda.set_device(current_device())
-    dist.init_process_group(backend, init_method="env://", timeout=datetime.timedelta(seconds=timeout_s))
+    device = current_device()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    elif device.type == "npu":  # pragma: no cover - needs an Ascend NPU
+        torch.npu.set_device(device)
+    kwargs = {}
+    if device.type in ("cuda", "npu") and backend in ("nccl", "hccl"):
+        kwargs["device_id"] = device
+    dist.init_process_group(backend, init_method="env://", timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+    if device.type in ("cuda", "npu") and backend in ("nccl", "hccl"):
+        dist.barrier(device_ids=[device.index])
+    else:
+        dist.barrier()
+    return device
+
+
+def _init(backend: str, timeout_s: float, num_threads: int | None) -> None:
+    init_distributed(backend, timeout_s, num_threads)
 
 
 def _worker(rank: int, nproc: int, port: int, backend: str, threads: int, pg_timeout: float,
@@ -142,6 +205,7 @@ def launch(fn: Callable[..., Any], nproc: int, *args: Any, backend: str | None =
     import torch.multiprocessing as mp
 
     backend = backend or default_backend()
+    check_devices(backend, nproc)
     threads = max(1, (os.cpu_count() or 1) // nproc)
     use_forkserver = "forkserver" in mp.get_all_start_methods()
     while True:

@@ -93,11 +93,16 @@ class AllReduceReducer:
         if world == 1 or not params:
             return
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+        from fcp_exec.launch import collective_dtype
+
+        wire = collective_dtype(flat.dtype)
+        if wire != flat.dtype:
+            flat = flat.to(wire)
         dist.all_reduce(flat)
         offset = 0
         for p in params:
             n = p.numel()
-            p.grad = flat[offset:offset + n].view_as(p).clone()
+            p.grad = flat[offset:offset + n].view_as(p).to(p.dtype).clone()
             offset += n
 
 
@@ -253,7 +258,9 @@ def train_step(model: nn.Module, micro_batches: Iterable[dict], loss_fn: Callabl
     reducer.finish(model)
     total = loss_local.reshape(1)
     if world > 1:
+        from fcp_exec.launch import collective_dtype
+
         dev = next(model.parameters()).device
-        total = total.to(dev)
+        total = total.to(device=dev, dtype=collective_dtype(torch.float64))  # fp64 where the backend has it
         dist.all_reduce(total)
     return StepResult(loss=float(total[0]), num_tokens=num_tokens, groups=groups, num_idle=num_idle)
