@@ -130,3 +130,44 @@ def test_two_ranks_on_one_gpu_refused_before_start(monkeypatch):
         L.check_devices("nccl", 2)
     L.check_devices("nccl", 1)
     L.check_devices("gloo", 4)
+
+
+def _fake_flash_attn(monkeypatch, version: str, with_entry_points: bool = True):
+    import sys
+    import types
+
+    pkg = types.ModuleType("flash_attn")
+    pkg.__version__ = version
+    fai = types.ModuleType("flash_attn.flash_attn_interface")
+    if with_entry_points:
+        fai._flash_attn_varlen_forward = lambda *a, **k: None
+        fai._flash_attn_varlen_backward = lambda *a, **k: None
+    pkg.flash_attn_interface = fai
+    monkeypatch.setitem(sys.modules, "flash_attn", pkg)
+    monkeypatch.setitem(sys.modules, "flash_attn.flash_attn_interface", fai)
+
+
+@pytest.mark.parametrize("version,usable", [("2.4.2", False), ("2.5.9.post1", False), ("2.6.3", True), ("2.8.1", True)])
+def test_flash_attn_gated_at_2_6(monkeypatch, version, usable):
+    """flash-attn <= 2.5 has a [batch, heads, max_seqlen] LSE and a required block_table: "auto" must not pick it."""
+    from fcp_exec.kernels.cuda import CudaKernel, flash_attn_status
+
+    _fake_flash_attn(monkeypatch, version)
+    mod, reason = flash_attn_status()
+    assert (mod is not None) == usable, reason
+    kernel = CudaKernel("auto")
+    assert (kernel.backend == "flash_attn") == usable
+    if not usable:
+        assert "2.6" in reason
+        with pytest.raises(ImportError, match="2.6"):
+            CudaKernel("flash_attn")
+
+
+def test_device_bounds_are_cached_per_layout():
+    """The cumulative bounds of a micro-batch go to the device once, not once per ring block and layer."""
+    from fcp_exec.kernels.cuda import CudaKernel
+
+    kernel = CudaKernel("sdpa")
+    a = kernel._fa_bounds([0, 4, 10], [0, 4, 10], None, None, torch.device("cpu"))
+    b = kernel._fa_bounds([0, 4, 10], [0, 4, 10], None, None, torch.device("cpu"))
+    assert a[0] is b[0] and a[1] is b[1] and a[2:] == (6, 6)

@@ -26,7 +26,7 @@ __all__ = [
     "get_kernel",
 ]
 
-KERNEL_NAMES = ("cpu", "cpu_block_diag", "reference", "cuda", "sdpa", "npu")
+KERNEL_NAMES = ("cpu", "cpu_block_diag", "reference", "cuda", "torch_flash", "sdpa", "npu")
 
 
 def get_kernel(name: str) -> AttentionKernel:
@@ -41,6 +41,8 @@ def get_kernel(name: str) -> AttentionKernel:
         return CudaKernel("auto")
     if name == "sdpa":
         return CudaKernel("sdpa")
+    if name == "torch_flash":
+        return CudaKernel("torch_flash")
     if name == "npu":
         return NpuKernel()
     raise ValueError(f"unknown kernel {name!r}; choose one of {', '.join(KERNEL_NAMES)}")

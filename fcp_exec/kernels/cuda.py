@@ -1,10 +1,18 @@
-"""CUDA kernel: flash-attn varlen when importable, else SDPA per document with a math-path lse.
+"""CUDA kernel: flash-attn varlen (>= 2.6) when importable, else torch's own flash varlen, else SDPA per document
+with a math-path lse. ``CudaKernel("auto")`` picks in that order and records the choice in ``.backend``.
 
 * ``flash_attn``: ``flash_attn.flash_attn_interface._flash_attn_varlen_forward`` /
-  ``_flash_attn_varlen_backward`` (flash-attn 2.x). They return the log-sum-exp ``[H, T_q]`` in
+  ``_flash_attn_varlen_backward`` (flash-attn >= 2.6). They return the log-sum-exp ``[H, T_q]`` in
   float32 and the backward takes an external ``out``/``softmax_lse``. GQA is native. The keyword
   names changed across releases (``window_size`` tuple before 2.7, ``window_size_left/right``
   after; ``softcap`` from 2.6), so the call is built from the installed function's signature.
+  Releases up to 2.5 return the LSE as ``[batch, heads, max_seqlen]`` and need a ``block_table``
+  argument, so they are refused (``auto`` falls back) with the reason in :func:`flash_attn_status`.
+* ``torch_flash``: ``aten._flash_attention_forward`` / ``_flash_attention_backward`` with cumulative
+  sequence bounds (the kernels behind ``torch.nn.attention.varlen.varlen_attn``, which returns the LSE
+  ``[H, T_q]``); fp16/bf16 on CUDA, GQA native, no extra package. Chosen by ``auto`` when flash-attn is absent.
+* Cumulative bounds go to the device once per distinct document layout (a small per-kernel cache keyed by the
+  host lists), not once per ring block and layer.
 * ``sdpa``: per document, ``out`` from ``F.scaled_dot_product_attention`` and the lse plus the
   whole backward from a float32 math path, chunked over query rows to bound memory. It has no
   CUDA-specific code, so the tests run it on CPU tensors; on a GPU it is the fallback when
@@ -29,24 +37,53 @@ from fcp_exec.kernels.base import (
     reduce_kv,
 )
 
-__all__ = ["CudaKernel", "flash_attn_available"]
+__all__ = ["CudaKernel", "flash_attn_available", "flash_attn_status", "torch_flash_available"]
 
 _CHUNK_ELEMS = 1 << 25  # ≈128 MiB of float32 scores per chunk in the math path
 
 
-def _load_flash_attn():
+_MIN_FLASH_ATTN = (2, 6)
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    out = []
+    for part in str(text).split(".")[:3]:
+        digits = "".join(ch for ch in part if ch.isdigit())
+        if not digits:
+            break
+        out.append(int(digits))
+    return tuple(out)
+
+
+def flash_attn_status() -> tuple[object | None, str]:
+    """``(flash_attn_interface module or None, reason)``: usable only from 2.6 (module docstring)."""
     try:
-        from flash_attn import flash_attn_interface as fai  # noqa: PLC0415 (optional dependency)
-    except Exception:  # ImportError, or a broken CUDA build raising OSError/RuntimeError
-        return None
+        import flash_attn  # noqa: PLC0415 (optional dependency)
+        from flash_attn import flash_attn_interface as fai  # noqa: PLC0415
+    except Exception as e:  # ImportError, or a broken CUDA build raising OSError/RuntimeError
+        return None, f"flash-attn not importable ({type(e).__name__}: {e})"
+    version = getattr(flash_attn, "__version__", "0")
+    if _version_tuple(version) < _MIN_FLASH_ATTN:
+        return None, (f"flash-attn {version} is older than 2.6 (its varlen LSE is [batch, heads, max_seqlen] and the "
+                      "forward needs a block_table): pip install 'flash-attn>=2.6'")
     if not hasattr(fai, "_flash_attn_varlen_forward") or not hasattr(fai, "_flash_attn_varlen_backward"):
-        return None
-    return fai
+        return None, f"flash-attn {version} has no _flash_attn_varlen_forward/_backward"
+    return fai, f"flash-attn {version}"
+
+
+def _load_flash_attn():
+    return flash_attn_status()[0]
 
 
 def flash_attn_available() -> bool:
-    """True when a flash-attn 2.x with the varlen forward/backward entry points is importable."""
+    """True when a flash-attn >= 2.6 with the varlen forward/backward entry points is importable."""
     return _load_flash_attn() is not None
+
+
+def torch_flash_available() -> bool:
+    """True when this torch has CUDA flash attention with cumulative bounds and a CUDA device is present."""
+    return (torch.cuda.is_available() and hasattr(torch.ops.aten, "_flash_attention_forward")
+            and hasattr(torch.ops.aten, "_flash_attention_backward"))
 
 
 def _pad8(x: torch.Tensor) -> torch.Tensor:
@@ -83,26 +120,47 @@ def _window_kwargs(params) -> dict:
     return {}
 
 
-def _fa_bounds(cq: list[int], ck: list[int], max_q, max_k, device):
-    """flash-attn varlen arguments: int32 cumulative bounds on ``device`` and the longest document each side."""
-    max_q = max_q if max_q is not None else max(b - a for a, b in zip(cq[:-1], cq[1:]))
-    max_k = max_k if max_k is not None else max(b - a for a, b in zip(ck[:-1], ck[1:]))
-    return (torch.tensor(cq, dtype=torch.int32, device=device), torch.tensor(ck, dtype=torch.int32, device=device),
-            max_q, max_k)
+_BOUNDS_CACHE = 32
 
 
 class CudaKernel(AttentionKernel):
-    """``backend``: ``"auto"`` (flash-attn if importable, else SDPA), ``"flash_attn"`` or ``"sdpa"``."""
+    """``backend``: ``"auto"`` (flash-attn >= 2.6, else torch's flash varlen on a CUDA device, else SDPA),
+    ``"flash_attn"``, ``"torch_flash"`` or ``"sdpa"``."""
 
     name = "cuda"
 
     def __init__(self, backend: str = "auto"):
-        if backend not in ("auto", "flash_attn", "sdpa"):
-            raise ValueError(f"backend must be 'auto', 'flash_attn' or 'sdpa', got {backend!r}")
-        self._fa = _load_flash_attn() if backend in ("auto", "flash_attn") else None
+        if backend not in ("auto", "flash_attn", "torch_flash", "sdpa"):
+            raise ValueError(f"backend must be 'auto', 'flash_attn', 'torch_flash' or 'sdpa', got {backend!r}")
+        self._fa, reason = flash_attn_status() if backend in ("auto", "flash_attn") else (None, "")
         if backend == "flash_attn" and self._fa is None:
-            raise ImportError("backend='flash_attn' needs flash-attn 2.x (pip install flash-attn)")
-        self.backend = "flash_attn" if self._fa is not None else "sdpa"
+            raise ImportError(f"backend='flash_attn': {reason}")
+        if backend == "torch_flash" and not torch_flash_available():
+            raise ImportError("backend='torch_flash' needs a CUDA device and a torch with aten._flash_attention_forward")
+        if self._fa is not None:
+            self.backend = "flash_attn"
+        elif backend in ("auto", "torch_flash") and torch_flash_available():
+            self.backend = "torch_flash"
+        else:
+            self.backend = "sdpa"
+        self.reason = reason
+        self._bounds: dict = {}
+
+    def _fa_bounds(self, cq: list[int], ck: list[int], max_q, max_k, device):
+        """varlen arguments: int32 cumulative bounds on ``device`` (cached per layout, so the host→device copy
+        happens once per micro-batch, not per ring block and layer) and the longest document each side."""
+        max_q = max_q if max_q is not None else max(b - a for a, b in zip(cq[:-1], cq[1:]))
+        max_k = max_k if max_k is not None else max(b - a for a, b in zip(ck[:-1], ck[1:]))
+        out = []
+        for c in (cq, ck):
+            key = (tuple(c), str(device))
+            t = self._bounds.get(key)
+            if t is None:
+                if len(self._bounds) >= _BOUNDS_CACHE:
+                    self._bounds.clear()
+                t = self._bounds[key] = torch.tensor(c, dtype=torch.int32).to(device, non_blocking=True)
+            out.append(t)
+        return out[0], out[1], max_q, max_k
 
     def __repr__(self) -> str:
         return f"CudaKernel(backend={self.backend!r})"
@@ -120,7 +178,7 @@ class CudaKernel(AttentionKernel):
         out, lse = (res[0], res[1]) if len(res) == 4 else (res[0], res[5])
         if tuple(lse.shape) != (q.shape[1], q.shape[0]):
             raise RuntimeError(f"flash-attn returned softmax_lse of shape {tuple(lse.shape)}, expected "
-                               f"[H, T] = {(q.shape[1], q.shape[0])}; use flash-attn >= 2.4 or CudaKernel('sdpa')")
+                               f"[H, T] = {(q.shape[1], q.shape[0])}; use flash-attn >= 2.6 or CudaKernel('sdpa')")
         out = out[..., :d].contiguous()
         lse = lse.float().contiguous()
         empty_rows_fixup(out, lse, cq, ck)
@@ -140,6 +198,24 @@ class CudaKernel(AttentionKernel):
         fn(_pad8(dout), qp, kp, vp, _pad8(out), lse.float().contiguous(), dq, dk, dv,
            cu_q, cu_k, max_q, max_k, 0.0, scale, causal, **kwargs)
         return dq[..., :d], dk[..., :d], dv[..., :d]
+
+    # ------------------------------------------------------------------ torch's own flash varlen
+    def _tf_forward(self, q, k, v, cu_q, cu_k, cq, ck, causal, scale, max_q, max_k):
+        out, lse, _, _, _ = torch.ops.aten._flash_attention_forward(
+            q, k, v, cu_q, cu_k, max_q, max_k, 0.0, causal, return_debug_mask=False, scale=scale)
+        if tuple(lse.shape) != (q.shape[1], q.shape[0]):
+            raise RuntimeError(f"aten._flash_attention_forward returned an LSE of shape {tuple(lse.shape)}, expected "
+                               f"[H, T] = {(q.shape[1], q.shape[0])}; use CudaKernel('sdpa')")
+        lse = lse.float().contiguous()
+        empty_rows_fixup(out, lse, cq, ck)
+        return out, lse
+
+    def _tf_backward(self, dout, q, k, v, out, lse, cu_q, cu_k, causal, scale, max_q, max_k):
+        rng = torch.zeros((2,), dtype=torch.uint64, device=q.device)  # dropout is 0: never read
+        unused = torch.empty(0, device=q.device)
+        return torch.ops.aten._flash_attention_backward(
+            dout.contiguous(), q, k, v, out, lse.float().contiguous(), cu_q, cu_k, max_q, max_k, 0.0, causal, rng,
+            unused, scale=scale)
 
     # ------------------------------------------------------------------ SDPA + math
     @staticmethod
@@ -200,24 +276,33 @@ class CudaKernel(AttentionKernel):
         return dq.to(q.dtype), reduce_kv(dk, h_kv).to(k.dtype), reduce_kv(dv, h_kv).to(v.dtype)
 
     # ------------------------------------------------------------------ interface
-    def _use_flash_attn(self, q, k) -> bool:
-        """flash-attn takes fp16/bf16 CUDA tensors only; anything else goes the SDPA/math way."""
-        return (self.backend == "flash_attn" and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
-                and q.shape[0] > 0 and k.shape[0] > 0)
+    def _fused(self, q, k) -> str | None:
+        """The fused backend for these tensors: flash kernels take fp16/bf16 CUDA tensors only; anything else
+        (and empty blocks) goes the SDPA/math way."""
+        if (self.backend in ("flash_attn", "torch_flash") and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
+                and q.shape[0] > 0 and k.shape[0] > 0):
+            return self.backend
+        return None
 
     def forward(self, q, k, v, cu_q, cu_k, causal, scale, *, max_q=None, max_k=None):
         cq, ck = doc_bounds(cu_q), doc_bounds(cu_k)
         h_q, _ = check_block_inputs(q, k, v, cq, ck, causal)
-        if self._use_flash_attn(q, k):
-            cu_q_t, cu_k_t, max_q, max_k = _fa_bounds(cq, ck, max_q, max_k, q.device)
-            return self._fa_forward(q, k, v, cu_q_t, cu_k_t, cq, ck, causal, scale, max_q, max_k)
+        fused = self._fused(q, k)
+        if fused:
+            cu_q_t, cu_k_t, max_q, max_k = self._fa_bounds(cq, ck, max_q, max_k, q.device)
+            fwd = self._fa_forward if fused == "flash_attn" else self._tf_forward
+            return fwd(q, k, v, cu_q_t, cu_k_t, cq, ck, causal, scale, max_q, max_k)
         return self._sdpa_forward(q, k, v, cq, ck, causal, scale, h_q)
 
     def backward(self, dout, q, k, v, out, lse, cu_q, cu_k, causal, scale, *, max_q=None, max_k=None):
         cq, ck = doc_bounds(cu_q), doc_bounds(cu_k)
         h_q, h_kv = check_block_inputs(q, k, v, cq, ck, causal)
-        if self._use_flash_attn(q, k):
-            cu_q_t, cu_k_t, max_q, max_k = _fa_bounds(cq, ck, max_q, max_k, q.device)
+        fused = self._fused(q, k)
+        if fused == "flash_attn":
+            cu_q_t, cu_k_t, max_q, max_k = self._fa_bounds(cq, ck, max_q, max_k, q.device)
             return self._fa_backward(dout, q, k, v, out, lse, cu_q_t, cu_k_t, cq, ck, causal, scale,
                                      max_q, max_k)
+        if fused == "torch_flash":
+            cu_q_t, cu_k_t, max_q, max_k = self._fa_bounds(cq, ck, max_q, max_k, q.device)
+            return self._tf_backward(dout, q, k, v, out, lse, cu_q_t, cu_k_t, causal, scale, max_q, max_k)
         return self._math_backward(dout, q, k, v, out, lse, cq, ck, causal, scale, h_q, h_kv)
