@@ -2,19 +2,26 @@
 
 Measurement (:func:`profile_worker`, on every rank of a real process group): for each point of a grid of
 (documents per group ``k``, document length ``s``, degree ``d``), ``world // d`` concurrent CP groups of
-degree ``d`` each run forward + backward of the model (tiny-llm, or one transformer layer shaped like a
-preset model) on ``k`` packed documents of ``s`` tokens, zigzag-sharded, with ring attention; the point's
+degree ``d`` each run forward + backward of the model (tiny-llm, one transformer layer shaped like a
+preset model, or a Hugging Face model ``hf:CONFIG.json`` built by :func:`fcp_exec.integrations.hf.build_model`
+and :func:`~fcp_exec.integrations.hf.apply_fcp`, whose loss is :func:`~fcp_exec.integrations.hf.fcp_loss`) on
+``k`` packed documents of ``s`` tokens, zigzag-sharded, with ring attention; the point's
 time is the median over repetitions of the slowest rank, and every repetition sweeps the whole grid
 (noise of a shared machine spreads over all points instead of biasing a few). The grid is the
 single-document lengths ``seq_lens`` plus packed groups of ``packed_docs`` documents of each of
 ``packed_lens`` tokens (what training feeds a group: many short documents), so the fit also sees the
 per-document costs (see :mod:`fcp_exec.profile_fit`). The bandwidth is measured by a P2P ping-pong
 between ranks 0 and 1.
+
+An HF model is timed the way ``fcp train`` runs it: the whole model (embedding, decoder, LM head, loss) on text
+documents; a Qwen-VL model gets text positions on all three rope axes and, as on a text-only micro-batch in
+training, encodes one dummy frame per forward (its vision cost is not part of the fit).
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 from fcp_exec.profile_fit import (COEFFICIENTS, FitResult, ProfilePoint, fit_cost_model, format_fit, nnls_small,
                                   plot_fit)
@@ -61,10 +68,57 @@ def ping_bandwidth(rank: int, nbytes: int = 1 << 22, iters: int = 8) -> float:
     return 2.0 * buf.numel() * 4 * iters / elapsed
 
 
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """What the profiler needs of a model's text backbone (tiny config or a transformers config)."""
+
+    vocab_size: int
+    hidden: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    ffn: int
+    id_range: tuple[int, int] = (10, 0)  # token ids drawn in [lo, hi) (hi 0: vocab_size); keeps VL specials out
+
+
+def _hf_shape(config) -> _Shape:
+    tc = getattr(config, "text_config", config)
+    heads = int(tc.num_attention_heads)
+    vocab = int(tc.vocab_size)
+    lo, hi = 10, vocab
+    special = sorted(int(v) for k in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+                     if (v := getattr(config, k, None)) is not None)
+    if special:  # Qwen-VL: random text must not contain placeholder/marker ids
+        lo, hi = (10, special[0]) if special[0] - 10 >= vocab - special[-1] - 1 else (max(10, special[-1] + 1), vocab)
+    if hi - lo < 2:
+        raise ValueError(f"vocab_size {vocab} leaves no room for text token ids besides the special ids {special}")
+    return _Shape(vocab_size=vocab, hidden=int(tc.hidden_size), num_layers=int(tc.num_hidden_layers),
+                  num_heads=heads, num_kv_heads=int(getattr(tc, "num_key_value_heads", None) or heads),
+                  head_dim=int(getattr(tc, "head_dim", None) or tc.hidden_size // heads),
+                  ffn=int(tc.intermediate_size), id_range=(lo, hi))
+
+
+def _bytes(shape, elem: int) -> tuple[float, float]:
+    """(analytic alpha3, activation bytes per token) of a backbone shaped ``shape`` with ``elem``-byte values."""
+    kv = kv_bytes_per_token(shape.num_layers, shape.num_kv_heads, shape.head_dim, elem)
+    act = elem * (shape.num_layers * (8 * shape.hidden + 2 * (shape.num_heads + 2 * shape.num_kv_heads) * shape.head_dim
+                                      + 4 * shape.ffn) + 3 * shape.vocab_size)
+    return kv, act
+
+
 def _profile_model(model: str, layer_like: str | None, dtype, seed: int):
     """The model to time and its analytic alpha3 (bytes/token) and activation bytes per token."""
     from fcp_exec.models import TinyLLM, TinyLLMConfig, build_model
 
+    if model.startswith("hf:") and not layer_like:
+        from fcp_exec.integrations import hf
+
+        config = hf.load_config(model[3:])
+        net = hf.apply_fcp(hf.build_model(config, dtype=dtype, seed=seed))
+        shape = _hf_shape(config)
+        kv, act = _bytes(shape, net.get_input_embeddings().weight.element_size())
+        return net, shape, kv, act
     if layer_like:
         from fcp_data.presets import MODELS
 
@@ -81,10 +135,36 @@ def _profile_model(model: str, layer_like: str | None, dtype, seed: int):
         net = build_model(model, seed=seed, dtype=dtype)
         cfg = net.cfg if model == "tiny-llm" else net.cfg.llm
     elem = net.llm.embed.weight.element_size() if hasattr(net, "llm") else net.embed.weight.element_size()
-    kv = kv_bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, elem)
-    act = elem * (cfg.num_layers * (8 * cfg.hidden + 2 * (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
-                                    + 4 * cfg.ffn) + 3 * cfg.vocab_size)
+    kv, act = _bytes(cfg, elem)
     return net, cfg, kv, act
+
+
+def _step_fn(net, model: str, layer_like: str | None):
+    """``run(ids, pos, labels, cu_seqlens, ranks, cp_rank)``: one forward + backward of this rank's shard."""
+    import torch
+
+    if model.startswith("hf:") and not layer_like:
+        from fcp_exec.integrations import hf
+
+        is_vl = hf.model_type_of(net) in hf.VL_MODEL_TYPES
+        net.train()
+
+        def run_hf(ids, pos, labels, cu, ranks, cp_rank):
+            batch = {"input_ids": ids, "position_ids": pos, "labels": labels, "cu_seqlens": cu, "ranks": ranks,
+                     "cp_rank": cp_rank, "num_tokens_global": 1}
+            if is_vl:  # text documents: the same position on every rope axis, no visual token
+                batch.update(mrope_position_ids=pos.expand(3, -1), visual_pos=torch.zeros(0, dtype=torch.long),
+                             visual_index=torch.zeros(0, dtype=torch.long))
+            hf.fcp_loss(net, batch).backward()
+
+        return run_hf
+    lm = net.llm if model == "tiny-mllm" and not layer_like else net
+
+    def run(ids, pos, labels, cu, ranks, cp_rank):
+        logits = lm(ids, pos, cu, ranks)
+        torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum").backward()
+
+    return run
 
 
 def _device_memory(device) -> float:
@@ -135,7 +215,7 @@ def profile_worker(model: str = "tiny-llm", layer_like: str | None = None, seq_l
     tdtype = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}[dtype]
     net, cfg, kv, act = _profile_model(model, layer_like, tdtype, seed)
     net = net.to(device)
-    is_mllm = model == "tiny-mllm" and not layer_like
+    step = _step_fn(net, model, layer_like)
     bandwidth = ping_bandwidth(rank) if world > 1 else 0.0
     if world > 1:
         bw = torch.tensor([bandwidth], dtype=torch.float64, device=device)
@@ -145,7 +225,8 @@ def profile_worker(model: str = "tiny-llm", layer_like: str | None = None, seq_l
     if max(degrees) > world or min(degrees) < 1:
         raise ValueError(f"degrees {degrees} must lie in 1..{world} (the number of processes)")
     gen = torch.Generator().manual_seed(seed)
-    lm = net.llm if is_mllm else net
+    id_lo, id_hi = getattr(cfg, "id_range", (10, 0))
+    id_hi = id_hi or cfg.vocab_size
     cells = profile_grid(seq_lens, packed_docs, packed_lens)
     grid = []  # (num_docs, seq_len, degree, group or None, local tensors)
     for d in degrees:
@@ -154,8 +235,8 @@ def profile_worker(model: str = "tiny-llm", layer_like: str | None = None, seq_l
         for k, s in cells:
             s_pad = -(-int(s) // (2 * d)) * 2 * d  # every document padded to 2·d, as the collator does
             n = k * s_pad
-            ids = torch.randint(10, cfg.vocab_size, (n,), generator=gen)
-            labels = torch.randint(10, cfg.vocab_size, (n,), generator=gen)
+            ids = torch.randint(id_lo, id_hi, (n,), generator=gen)
+            labels = torch.randint(id_lo, id_hi, (n,), generator=gen)
             cu = torch.arange(0, n + 1, s_pad, dtype=torch.int32)
             pos = torch.arange(s_pad).repeat(k)
             local = None
@@ -172,9 +253,7 @@ def profile_worker(model: str = "tiny-llm", layer_like: str | None = None, seq_l
                 dist.barrier()
             t0 = time.perf_counter()
             if mine:
-                ids_l, pos_l, lab_l, cu_l = local
-                logits = lm(ids_l, pos_l, cu_l, mine)
-                torch.nn.functional.cross_entropy(logits.float(), lab_l, reduction="sum").backward()
+                step(*local, mine, mine.index(rank))
                 net.zero_grad(set_to_none=True)
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)

@@ -176,3 +176,169 @@ def test_index_summary_shows_an_example_per_error_reason(capsys, tmp_path):
                                  str(tmp_path / "ix"), "--text-field", "body", "--no-progress"])
     assert rc == 1 and "exceeds --max-error-rate" in err
     assert "missing_field: " in out and "no string field 'body'" in out
+
+
+# ---------------------------------------------------------------- fcp train / fcp profile (issue 15)
+# Every case below used to end in a worker's traceback (exit 1), a hang (--nproc 100000) or a silent retry; it
+# must be refused in the parent, before any process starts: one line on stderr, exit 2.
+
+CONFIGS = __import__("pathlib").Path(__file__).resolve().parents[1] / "examples" / "configs"
+
+
+@pytest.fixture(scope="module")
+def text_index(tmp_path_factory):
+    from fcp_data._resources import data_path
+    from fcp_data.index import build_index
+
+    out = tmp_path_factory.mktemp("tix") / "ix"
+    build_index([str(data_path("samples") / "text.jsonl")], "text", out, progress=False)
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def bad_configs(tmp_path_factory):
+    """Configs that transformers builds but that cannot train on the bundled data, or that fcp does not run."""
+    import json
+
+    d = tmp_path_factory.mktemp("cfg")
+    small = json.loads((CONFIGS / "qwen3-tiny.json").read_text())
+    small["vocab_size"] = 100
+    ids = json.loads((CONFIGS / "qwen2_5_vl-tiny.json").read_text())
+    ids["video_token_id"] = 7
+    (d / "small_vocab.json").write_text(json.dumps(small))
+    (d / "video_id.json").write_text(json.dumps(ids))
+    (d / "gpt2.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 1, "n_embd": 8, "n_head": 2}))
+    (d / "broken.json").write_text('{"model_type": ')
+    return d
+
+
+def test_train_bad_data(capsys, tmp_path, text_index):
+    """--data that is a file, missing, a folder without manifest.json (an interrupted `fcp index`), or a text
+    index for the video model: FileNotFoundError / ValueError tracebacks from the workers before."""
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    (tmp_path / "partial").mkdir()
+    base = ["train", "--nproc", "2", "--steps", "1"]
+    _one_line_error(capsys, [*base, "--data", str(afile)], "is a file, not a length index")
+    _one_line_error(capsys, [*base, "--data", str(tmp_path / "missing")], "no such length index")
+    _one_line_error(capsys, [*base, "--data", str(tmp_path / "partial")], r"no manifest\.json.*--resume")
+    _one_line_error(capsys, [*base, "--model", "tiny-mllm", "--data", text_index], "text spec 'text'; tiny-mllm needs")
+
+
+def test_train_bad_options(capsys):
+    """Values the workers used to reject (or, for --nproc 100000, hang on in the rendezvous)."""
+    base = ["train", "--steps", "1"]
+    _one_line_error(capsys, [*base, "--planner", "ilp"], "solver='ilp' is time-limited")
+    _one_line_error(capsys, [*base, "--planner", "nope"], "unknown planner 'nope'")
+    _one_line_error(capsys, [*base, "--backend", "foo"], "unknown --backend 'foo'")
+    _one_line_error(capsys, [*base, "--lr", "nan"], "lr and weight_decay must be finite")
+    _one_line_error(capsys, [*base, "--num-workers", "-1"], "num_workers and prefetch must be >= 0")
+    _one_line_error(capsys, [*base, "--nproc", "100000"], "more than 4 processes per CPU core")
+    _one_line_error(capsys, [*base, "--nproc", "0"], "--nproc must be a positive integer")
+    _one_line_error(capsys, [*base, "--model", "gpt-7"], "--model must be tiny-llm, tiny-mllm or hf:PATH")
+    _one_line_error(capsys, [*base, "--grad-checkpointing"], "gradient checkpointing is available for hf: models")
+    _one_line_error(capsys, [*base, "--planner", "static-cp:5", "--nproc", "2"], "degree 5 is not allowed")
+
+
+def test_train_nccl_without_gpus(capsys):
+    """--backend nccl on a CPU-only machine: 'Distributed package doesn't have NCCL built in' from a worker before."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA GPUs: nccl is a valid choice here")
+    _one_line_error(capsys, ["train", "--steps", "1", "--backend", "nccl"], "--backend nccl needs CUDA GPUs")
+
+
+def test_train_bad_hf_configs(capsys, tmp_path, bad_configs, text_index):
+    """hf: configs that do not exist, do not parse, are not supported, or do not fit the data (vocabulary,
+    special token ids, a text index for a VL model) — each one line, found before any process starts."""
+    pytest.importorskip("transformers")
+    base = ["train", "--nproc", "2", "--steps", "1", "--model"]
+    _one_line_error(capsys, [*base, f"hf:{tmp_path / 'nope.json'}"], "does not exist; pass a local transformers config")
+    _one_line_error(capsys, [*base, f"hf:{tmp_path}"], "holds no config.json")
+    _one_line_error(capsys, [*base, f"hf:{bad_configs / 'broken.json'}"], "not a JSON model config")
+    _one_line_error(capsys, [*base, f"hf:{bad_configs / 'gpt2.json'}"], "model_type 'gpt2' is not supported")
+    _one_line_error(capsys, [*base, f"hf:{bad_configs / 'small_vocab.json'}"], "vocab_size is 100")
+    _one_line_error(capsys, [*base, f"hf:{bad_configs / 'video_id.json'}"], r"special token ids: video 5 \(config 7\)")
+    _one_line_error(capsys, [*base, f"hf:{CONFIGS / 'qwen2_vl-tiny.json'}", "--data", text_index],
+                    "needs a Qwen-VL spec")
+
+
+def test_profile_bad_options(capsys, tmp_path, bad_configs):
+    """fcp profile: degrees above --nproc failed inside the workers; a bad preset or config likewise."""
+    base = ["profile", "--out", str(tmp_path / "c.json")]
+    _one_line_error(capsys, [*base, "--degrees", "4", "--nproc", "1"], "a degree cannot exceed the 1 process")
+    _one_line_error(capsys, [*base, "--layer-like", "nope"], "unknown --layer-like preset 'nope'")
+    _one_line_error(capsys, [*base, "--nproc", "100000"], "more than 4 processes per CPU core")
+    _one_line_error(capsys, [*base, "--reps", "0"], "--reps must be >= 1")
+    _one_line_error(capsys, ["profile", "--out", str(tmp_path)], "is a directory")
+    if __import__("importlib").util.find_spec("transformers"):
+        _one_line_error(capsys, [*base, "--model", f"hf:{bad_configs / 'gpt2.json'}"], "'gpt2' is not supported")
+
+
+def test_argparse_errors_are_one_line(capsys):
+    """argparse's usage + error (two lines and more) is one line too, and still exit code 2."""
+    for argv in (["train", "--nproc", "x"], ["train", "--reducer", "nope"], ["nope"]):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.count("\n") == 1 and "error:" in err and "usage:" not in err, err
+
+
+def test_debug_flag_shows_the_traceback(capsys):
+    """--debug (before or after the command) prints the traceback of a user error, then the same line; exit 2."""
+    for argv in (["--debug", "train", "--model", "gpt-7"], ["train", "--model", "gpt-7", "--debug"]):
+        rc, out, err = _run(capsys, argv)
+        assert rc == 2 and "Traceback" in err and err.rstrip().splitlines()[-1].startswith("fcp train: error: --model")
+
+
+def test_python_m_cli_reports_usage_errors_in_one_line():
+    """`python -m fcp_data.cli` runs cli.py as __main__, whose own UsageError class is not the one the commands
+    raise: every UsageError was a traceback with exit 1 that way."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "fcp_data.cli", "train", "--model", "gpt-7"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+
+
+def _raise_value_error(msg):
+    raise ValueError(msg)
+
+
+def _raise_index_error():
+    return [][1]
+
+
+def test_worker_user_error_is_one_line_but_a_worker_bug_keeps_its_traceback():
+    """A ValueError raised in a worker (a user error the parent could not see) reaches the user as its message;
+    any other worker exception stays a RuntimeError with the traceback (a bug)."""
+    from fcp_data.cli import _worker_user_error
+    from fcp_exec.launch import launch
+
+    with pytest.raises(RuntimeError) as e:
+        launch(_raise_value_error, 2, "vocab_size too small; raise it", timeout=120)
+    assert _worker_user_error(e.value) == "vocab_size too small; raise it"
+    with pytest.raises(RuntimeError) as e:
+        launch(_raise_index_error, 2, timeout=120)
+    assert _worker_user_error(e.value) is None
+    assert _worker_user_error(RuntimeError("something else")) is None
+
+
+def test_internal_bug_keeps_its_traceback(monkeypatch):
+    """Only user errors are turned into one line: any other exception (a bug) propagates with its traceback."""
+    import fcp_data.commands.presets as presets
+
+    def boom(args):
+        return [][1]
+
+    real = presets.register
+
+    def register(sub, summary):
+        real(sub, summary)
+        sub.choices["presets"].set_defaults(func=boom)
+
+    monkeypatch.setattr(presets, "register", register)
+    with pytest.raises(IndexError):
+        main(["presets"])

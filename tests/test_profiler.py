@@ -139,3 +139,45 @@ def test_profile_grid_cells():
     assert profile_grid((256,), (), (64,)) == [(1, 256)]
     with pytest.raises(ValueError, match=">= 1"):
         profile_grid((256,), (0,), (64,))
+
+
+def test_hf_shape_keeps_random_text_away_from_vl_special_ids():
+    """Random profile tokens must not be Qwen-VL placeholders/markers (the model would look for pixels): the id
+    range is the larger gap of the vocabulary that holds no special id — above them for the tiny configs
+    (ids 2..5), below them for real Qwen-VL vocabularies (specials at the top)."""
+    pytest.importorskip("transformers")
+    from pathlib import Path
+
+    from fcp_exec.integrations.hf import load_config
+    from fcp_exec.profiler import _hf_shape
+
+    configs = Path(__file__).resolve().parents[1] / "examples" / "configs"
+    tiny = _hf_shape(load_config(configs / "qwen2_5_vl-tiny.json"))
+    assert tiny.id_range == (10, 2000) and tiny.num_layers == 2 and tiny.num_kv_heads == 2 and tiny.head_dim == 8
+    cfg = load_config(configs / "qwen2_5_vl-tiny.json")
+    cfg.text_config.vocab_size = 151936
+    cfg.image_token_id, cfg.video_token_id, cfg.vision_start_token_id, cfg.vision_end_token_id = 151655, 151656, 151652, 151653
+    assert _hf_shape(cfg).id_range == (10, 151652)
+    assert _hf_shape(load_config(configs / "qwen3-tiny.json")).id_range == (10, 2000)
+
+
+def test_profile_hf_qwen3_tiny_fits_a_cost_model():
+    """`fcp profile --model hf:qwen3-tiny.json` on 2 processes (4 points: lengths 32, 64 at degrees 1, 2): the HF
+    model runs through apply_fcp + fcp_loss over the ring and the fit gives a usable §4 model. Times are noisy
+    on a shared CPU, so only well-formedness is checked: positive times, finite non-negative coefficients,
+    the analytic alpha3 of the config (3 transfers · 2 layers · 2·2 KV heads·8 dims · 4 bytes = 768)."""
+    pytest.importorskip("transformers")
+    from pathlib import Path
+
+    from fcp_exec.profiler import run_profile
+
+    cfg = Path(__file__).resolve().parents[1] / "examples" / "configs" / "qwen3-tiny.json"
+    fit, raw = run_profile(2, model=f"hf:{cfg}", seq_lens=(32, 64), degrees=(1, 2), reps=1, packed_docs=(),
+                           packed_lens=(), tokens_per_rank=512)
+    assert [(p["seq_len"], p["degree"]) for p in raw["points"]] == [(32, 1), (64, 1), (32, 2), (64, 2)]
+    assert all(p["time_s"] > 0 for p in raw["points"]) and raw["bandwidth"] > 0
+    assert raw["alpha3_default"] == 768.0 and raw["layers"] == 2
+    cm = fit.cost_model
+    assert cm.tokens_per_rank == 512 and cm.ranks_per_node == 2
+    assert all(math.isfinite(getattr(cm, k)) and getattr(cm, k) >= 0 for k in ("alpha1", "alpha2", "beta1", "alpha3", "beta2"))
+    assert cm.group_time([64], None, 2) > 0

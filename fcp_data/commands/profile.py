@@ -9,8 +9,13 @@ of (sequence length, CP degree), measures the point-to-point bandwidth, fits alp
 alpha3, beta2 (non-negative least squares on relative errors) and writes a DESIGN §4 cost JSON that
 `fcp plan --cost`, `fcp train --cost` and FCPSampler accept. Prints measured vs predicted per point.
 
+--model hf:CONFIG.json times a Hugging Face model (qwen3, llama, qwen2_vl, qwen2_5_vl, qwen3_vl; random weights
+from a local config.json) the way `fcp train --model hf:...` runs it: apply_fcp + fcp_loss, whole model, on
+packed text documents; the written model then plans for that architecture on this machine.
+
 examples:
   fcp profile --nproc 2 --out cost.json --plot fit.png
+  fcp profile --model hf:examples/configs/qwen3-tiny.json --nproc 2 --seq-lens 256,512,1024 --out qwen3.json
   fcp profile --nproc 2 --seq-lens 512,1024,2048,4096 --reps 5 --out cost.json
   fcp profile --nproc 8 --layer-like qwen3-8b --dtype bfloat16 --out qwen3-8b-h200.json   (on GPUs)"""
 
@@ -33,8 +38,9 @@ def register(subparsers, summary: str) -> None:
     p.add_argument("--nproc", type=int, default=None,
                    help="processes (default 2, under torchrun its WORLD_SIZE); degrees 1..nproc are measured")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--model", choices=("tiny-llm", "tiny-mllm"), default="tiny-llm",
-                   help="time this model's language backbone (default tiny-llm)")
+    g.add_argument("--model", default="tiny-llm", metavar="tiny-llm|tiny-mllm|hf:CONFIG.json",
+                   help="time this model's language backbone (default tiny-llm), or a Hugging Face model from a local "
+                        "config.json (hf:PATH; qwen3, llama, qwen2_vl, qwen2_5_vl, qwen3_vl)")
     g.add_argument("--layer-like", metavar="PRESET", default=None,
                    help="time one transformer layer shaped like a preset model (see `fcp presets`); the fit is "
                         "scaled to the preset's layer count")
@@ -56,31 +62,53 @@ def register(subparsers, summary: str) -> None:
 
 
 def run(args) -> int:
-    from fcp_data.cli import UsageError
-    from fcp_exec.profiler import format_fit, plot_fit, run_profile
+    from pathlib import Path
 
-    from fcp_exec.launch import resolve_nproc
+    from fcp_data.cli import UsageError, check_launch
+    from fcp_data.commands.train import load_hf_config, resolve_model
 
-    args.nproc = resolve_nproc(args.nproc)
+    model, hf_path = resolve_model(args.model)
     if args.reps < 1:
-        raise UsageError("--reps must be >= 1")
+        raise UsageError(f"--reps must be >= 1, got {args.reps}")
+    if args.tokens_per_rank is not None and args.tokens_per_rank < 1:
+        raise UsageError(f"--tokens-per-rank must be >= 1, got {args.tokens_per_rank}")
     seq_lens = _ints(args.seq_lens)
     degrees = _ints(args.degrees) if args.degrees else None
     packed_docs = () if args.packed_docs.strip().lower() in ("none", "") else _ints(args.packed_docs)
     packed_lens = _ints(args.packed_lens) if packed_docs else ()
-    from fcp_exec.profiler import profile_grid
+    out = Path(args.out)
+    if out.is_dir() or not out.resolve().parent.is_dir():
+        raise UsageError(f"--out {args.out}: {'is a directory' if out.is_dir() else 'its folder does not exist'}")
+    if args.plot:
+        from fcp_data.commands.simulate import check_plot_path
+
+        check_plot_path(args.plot)
+    if args.layer_like:
+        from fcp_data.presets import MODELS
+
+        names = {k.lower(): k for k in MODELS}  # `--layer-like qwen3-8b` as well as Qwen3-8B
+        if args.layer_like.lower() not in names:
+            raise UsageError(f"unknown --layer-like preset {args.layer_like!r}; choose one of {', '.join(MODELS)}")
+        args.layer_like = names[args.layer_like.lower()]
+    args.nproc, backend = check_launch(args.nproc, args.backend)
+    if degrees and max(degrees) > args.nproc:
+        raise UsageError(f"--degrees {args.degrees}: a degree cannot exceed the {args.nproc} process(es); pass "
+                         f"--nproc {max(degrees)} or drop the larger degrees")
+    from fcp_exec.profiler import format_fit, plot_fit, profile_grid, run_profile
 
     cells = profile_grid(seq_lens, packed_docs, packed_lens)
     if len(cells) * len(degrees or range(args.nproc)) < 3:
         raise UsageError("the grid needs at least 3 (length, degree) points; give more --seq-lens")
+    if hf_path:
+        load_hf_config(hf_path)  # a bad or unsupported config: one line here, not a worker traceback
     what = f"one layer like {args.layer_like}" if args.layer_like else args.model
     packed = (f", packed groups of {list(packed_docs)} documents of {list(packed_lens)} tokens" if packed_docs
               else "")
     print(f"[fcp profile] {what}, {args.dtype}, {args.nproc} process(es), lengths {list(seq_lens)}{packed}, "
           f"degrees {list(degrees or range(1, args.nproc + 1))}, {args.reps} reps", flush=True)
-    fit, raw = run_profile(args.nproc, model=args.model, layer_like=args.layer_like, seq_lens=seq_lens,
+    fit, raw = run_profile(args.nproc, model=model, layer_like=args.layer_like, seq_lens=seq_lens,
                            degrees=degrees, reps=args.reps, dtype=args.dtype, tokens_per_rank=args.tokens_per_rank,
-                           backend=args.backend, packed_docs=packed_docs, packed_lens=packed_lens)
+                           backend=backend, packed_docs=packed_docs, packed_lens=packed_lens)
     if args.layer_like:
         print(f"(times above are per layer; the table and fit below are scaled to {raw['layers_scaled']} layers)")
     if raw["bandwidth"]:

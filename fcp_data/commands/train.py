@@ -1,21 +1,37 @@
-"""``fcp train``: train tiny-llm / tiny-mllm on N processes with FCP plans and ring attention."""
+"""``fcp train``: train tiny-llm / tiny-mllm or a Hugging Face model (``hf:CONFIG.json``) on N processes with
+FCP plans and ring attention.
+
+Everything a user can get wrong is checked here, in the parent, before any process starts (cheap first):
+option values, the model config, backend and process count, then the data (loaded once, with rank 0's
+sampler built on it) — so a bad input is one line and exit code 2, not a worker's traceback.
+"""
 
 from __future__ import annotations
 
-__all__ = ["register"]
+__all__ = ["register", "resolve_model", "load_hf_config", "check_index_path", "preflight"]
 
 EPILOG = """Each step is one global batch: its plan-annotated micro-batches run on the CP groups the planner
-formed (ring attention inside each group), gradients are all-reduced over all ranks, then AdamW.
-Printed per step: loss (global-batch mean), label tokens, the plan (⟨degree⟩×count per micro-batch),
-step time and the time the loop waited for the planner. --json prints one object per step on stdout
-({"step", "loss", "num_tokens", "degrees", "step_time_s"}) and nothing else there.
+formed (ring attention inside each group), gradients are summed over all ranks by the --reducer, then AdamW.
+A rank the plan leaves idle in a micro-batch runs a zero-weighted dummy forward/backward, so DDP/FSDP2
+collectives stay in lock-step. Printed per step: loss (global-batch mean), label tokens, the plan
+(⟨degree⟩×count per micro-batch), step time and the time the loop waited for the planner. --json prints one
+object per step on stdout ({"step", "loss", "num_tokens", "degrees", "step_time_s"}; "degrees" lists each
+micro-batch's CP-group degrees, idle ranks = nproc − Σ degrees) and nothing else there.
+
+--model hf:PATH takes a local transformers config.json (random weights, nothing downloaded) of a qwen3,
+llama, qwen2_vl, qwen2_5_vl or qwen3_vl model; text models train on the bundled text samples, Qwen-VL models
+on the bundled videos/images (indexed with the family's spec), --data synthetic on generated documents.
 
 examples:
   fcp train --model tiny-llm --nproc 2 --steps 5
   fcp train --model tiny-mllm --nproc 2 --planner static-cp --steps 3 --json
+  fcp train --model hf:examples/configs/qwen3-tiny.json --nproc 2 --reducer ddp --steps 3
+  fcp train --model hf:examples/configs/qwen2_5_vl-tiny.json --nproc 2 --reducer fsdp2 --grad-checkpointing
   fcp train --model tiny-llm --nproc 3 --data synthetic --dtype float64 --max-tokens 160
   fcp index samples/text.jsonl --spec text --out idx && fcp train --data idx --nproc 2
-  torchrun --nproc-per-node 4 -m fcp_data.cli train --model tiny-llm --steps 10"""
+  torchrun --nproc-per-node 4 -m fcp_data.cli train --model hf:config.json --reducer fsdp2 --steps 10"""
+
+_TINY = ("tiny-llm", "tiny-mllm")
 
 
 def register(subparsers, summary: str) -> None:
@@ -25,18 +41,25 @@ def register(subparsers, summary: str) -> None:
 
     p = subparsers.add_parser("train", help=summary, description=summary, epilog=EPILOG,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", choices=("tiny-llm", "tiny-mllm"), default="tiny-llm")
+    p.add_argument("--model", default="tiny-llm", metavar="tiny-llm|tiny-mllm|hf:CONFIG.json",
+                   help="tiny-llm (default), tiny-mllm, or hf:PATH — a local transformers config.json (or its folder) "
+                        "of a qwen3, llama, qwen2_vl, qwen2_5_vl or qwen3_vl model, randomly initialised")
+    p.add_argument("--reducer", choices=("allreduce", "ddp", "fsdp2"), default="allreduce",
+                   help="gradient synchronisation: one flat all-reduce (default), DistributedDataParallel or FSDP2 "
+                        "(fully_shard per transformer block); all sum gradients exactly once per step")
+    p.add_argument("--grad-checkpointing", action="store_true",
+                   help="non-reentrant activation checkpointing of the hf: model's layers")
     p.add_argument("--nproc", type=int, default=None,
                    help="processes to start (default 2; under torchrun its WORLD_SIZE, no processes are started)")
     p.add_argument("--planner", default="fcp",
-                   help=f"the sampler's solver: {', '.join(SOLVER_NAMES)}; static-cp:D / ulysses:D fix the degree "
-                        "(static-cp:1 = data parallel only); default fcp")
+                   help=f"the sampler's solver: {', '.join(s for s in SOLVER_NAMES if s != 'ilp')}; static-cp:D / "
+                        "ulysses:D fix the degree (static-cp:1 = data parallel only); default fcp")
     p.add_argument("--steps", type=int, default=5, help="optimizer steps (default 5)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=("float32", "float64", "bfloat16"), default="float32")
     p.add_argument("--data", default=None,
                    help="a length index built by `fcp index`, or 'synthetic'; default: the bundled samples "
-                        "(text for tiny-llm, videos/images for tiny-mllm), indexed once into a cache folder")
+                        "(text for text models, videos/images for tiny-mllm and Qwen-VL), indexed once into a cache folder")
     p.add_argument("--global-batch-size", type=int, default=8, help="sequences per step (default 8)")
     p.add_argument("--max-tokens", type=int, default=2304,
                    help="cap on a sample's tokens: text is truncated, longer multimodal samples are left out "
@@ -47,33 +70,119 @@ def register(subparsers, summary: str) -> None:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes per rank (default 0)")
     p.add_argument("--json", action="store_true", help="one JSON object per step on stdout, nothing else")
-    p.add_argument("--backend", default=None, help="torch.distributed backend (default nccl/hccl/gloo by device)")
+    p.add_argument("--backend", default=None, help="torch.distributed backend: gloo, nccl, hccl (default by device)")
     p.set_defaults(func=run)
+
+
+def resolve_model(text: str) -> tuple[str, str | None]:
+    """``(model, config_path)`` for ``--model``: a tiny model name, or ``hf:`` with the config's absolute path
+    (workers need not share the current directory). Checks only that the path exists (cheap)."""
+    from pathlib import Path
+
+    from fcp_data.cli import UsageError
+
+    if text in _TINY:
+        return text, None
+    if not text.startswith("hf:") or not text[3:].strip():
+        raise UsageError(f"--model must be tiny-llm, tiny-mllm or hf:PATH (a local transformers config.json), got {text!r}")
+    path = Path(text[3:]).expanduser()
+    if not path.exists():
+        raise UsageError(f"--model {text}: {str(path)!r} does not exist; pass a local transformers config.json or its "
+                         "folder (random weights, nothing is downloaded), e.g. hf:examples/configs/qwen3-tiny.json")
+    if path.is_dir() and not (path / "config.json").is_file():
+        raise UsageError(f"--model {text}: the folder {str(path)!r} holds no config.json")
+    path = path.resolve()
+    return f"hf:{path}", str(path)
+
+
+def load_hf_config(path: str):
+    """The transformers config at ``path``; ``UsageError`` unless its model type is one fcp supports."""
+    from fcp_data.cli import UsageError
+
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        raise UsageError("hf: models need transformers: pip install 'fcp[hf]' (tested with transformers 5.24)") from None
+    from fcp_exec.integrations import hf
+
+    config = hf.load_config(path)  # ValueError with the reason
+    if config.model_type not in hf.SUPPORTED_MODEL_TYPES:
+        raise UsageError(f"{path}: model_type {config.model_type!r} is not supported; use one of "
+                         f"{', '.join(hf.SUPPORTED_MODEL_TYPES)}")
+    return config
+
+
+def check_index_path(data: str | None) -> None:
+    """``--data``: 'synthetic', nothing, or a folder holding a finished length index (cheap, before loading)."""
+    from pathlib import Path
+
+    from fcp_data.cli import UsageError
+
+    if data in (None, "synthetic"):
+        return
+    p = Path(data)
+    hint = f"build one with `fcp index INPUT... --spec SPEC --out {data}`, or pass --data synthetic"
+    if not p.exists():
+        raise UsageError(f"--data {data}: no such length index; {hint}")
+    if not p.is_dir():
+        raise UsageError(f"--data {data} is a file, not a length index folder; {hint}")
+    if not (p / "manifest.json").is_file():
+        raise UsageError(f"--data {data} is not a finished length index (no manifest.json): {hint}, or finish an "
+                         "interrupted build with `fcp index ... --resume`")
+
+
+def preflight(cfg, nproc: int, hf_config=None):
+    """Load ``cfg``'s data once and build rank 0's sampler on it, exactly as every rank will, so that data/config
+    mismatches (vocabulary, special tokens, a text index for a vision model, samples that no plan can hold, a
+    planner the sampler refuses) are a ``ValueError`` here, in the parent. Returns the data."""
+    from fcp_data import CostModel, FCPSampler
+    from fcp_exec.train import builtin_cost_model, parse_planner
+    from fcp_exec.train_data import load_train_data
+
+    data = load_train_data(cfg.model, cfg.data, max_tokens=cfg.max_tokens, seed=cfg.seed, cache_dir=cfg.cache_dir,
+                           num_synthetic=cfg.num_synthetic, lengths=cfg.synthetic_lengths, hf_config=hf_config)
+    if cfg.model == "tiny-mllm" and not data.visual_token_ids:
+        raise ValueError("tiny-mllm needs a multimodal dataset (an index built with a vision spec, e.g. qwen2-vl)")
+    cost = CostModel.from_dict(cfg.cost) if cfg.cost else builtin_cost_model(cfg.max_tokens, nproc, cfg.dtype)
+    if cfg.tokens_per_rank:
+        cost = cost.replace(tokens_per_rank=cfg.tokens_per_rank)
+    solver, degree = parse_planner(cfg.planner)
+    FCPSampler(data.lengths, num_ranks=nproc, rank=0, cost_model=cost, global_batch_size=cfg.global_batch_size,
+               seed=cfg.seed, solver=solver, prefetch=0, visual_layout=data.visual_layout,
+               solver_options=None if degree is None else {"degree": degree})
+    return data
 
 
 def run(args) -> int:
     import json
 
+    model, hf_path = resolve_model(args.model)
+    check_index_path(args.data)
+    from fcp_data.cli import check_launch
     from fcp_data.cost import CostModel
+    from fcp_exec.launch import default_backend, in_torchrun
     from fcp_exec.train import TrainConfig, run_training
 
-    from fcp_exec.launch import resolve_nproc
-
-    args.nproc = resolve_nproc(args.nproc)
     cost = CostModel.load(args.cost).to_dict() if args.cost else None
-    cfg = TrainConfig(model=args.model, steps=args.steps, seed=args.seed, dtype=args.dtype, planner=args.planner,
+    cfg = TrainConfig(model=model, steps=args.steps, seed=args.seed, dtype=args.dtype, planner=args.planner,
                       global_batch_size=args.global_batch_size, lr=args.lr, data=args.data,
                       max_tokens=args.max_tokens, cost=cost, tokens_per_rank=args.tokens_per_rank,
-                      num_workers=args.num_workers, json_lines=args.json, verbose=not args.json)
-    res = run_training(cfg, args.nproc, backend=args.backend)
+                      num_workers=args.num_workers, json_lines=args.json, verbose=not args.json,
+                      reducer=args.reducer, grad_checkpointing=args.grad_checkpointing)
+    nproc, backend = check_launch(args.nproc, args.backend)
+    preflight(cfg, nproc, load_hf_config(hf_path) if hf_path else None)
+    if cfg.reducer != "allreduce" and nproc == 1 and backend is None and not in_torchrun():
+        backend = default_backend()  # DDP/FSDP2 need a process group even for one rank: start one worker
+    res = run_training(cfg, nproc, backend=backend)
     if not args.json:
         steps = res["steps"]
         times = sorted(s["step_time_s"] for s in steps)
         waits = [s["planner_wait_s"] for s in steps]
+        idle = sum(s.get("num_idle", 0) for s in steps)
         agree = len(set(res["checksums"])) == 1
         print(f"done: {len(steps)} steps, median step {times[len(times) // 2] * 1e3:.1f} ms, "
-              f"planner wait total {sum(waits) * 1e3:.1f} ms; parameters identical on all "
-              f"{len(res['checksums'])} ranks: {'yes' if agree else 'NO'}")
+              f"planner wait total {sum(waits) * 1e3:.1f} ms, rank 0 idle in {idle} micro-batch(es); parameters "
+              f"identical on all {len(res['checksums'])} ranks: {'yes' if agree else 'NO'}")
         if not agree:
             print(json.dumps(res["checksums"]))
             return 1

@@ -1,0 +1,97 @@
+"""Train a Qwen2.5-VL model with FCP on videos and images: the pattern to copy into your own trainer.
+
+    torchrun --standalone --nproc-per-node 2 examples/train_qwen2_5_vl_video.py --steps 5
+    torchrun --nproc-per-node 8 examples/train_qwen2_5_vl_video.py --config qwen2.5-vl/config.json \
+        --data my-index --reducer fsdp2     # index: `fcp index shards/*.tar --spec qwen2.5-vl --out my-index`
+
+The model is randomly initialised from a config.json (use ``from_pretrained`` for real weights, then apply_fcp).
+A CP group's frames are encoded once, split over its ranks by whole frames, and every visual row is sent to the
+rank that holds its placeholder token; 3-D rope positions come from the installed transformers' own
+``get_rope_index`` (hf_collator). Labels whose target is a visual placeholder are left out of the loss.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+
+from fcp_data import CostModel, FCPDataset, FCPSampler, IndexedDataset
+from fcp_exec.integrations.hf import apply_fcp, build_model, fcp_loss, load_config
+from fcp_exec.integrations.hf_positions import hf_collator
+from fcp_exec.step import make_reducer, train_step
+
+
+def bundled_video_index(rank: int) -> Path:
+    """The package's sample video/image shards, indexed once by rank 0 (`fcp index ... --spec qwen2.5-vl`)."""
+    from fcp_data._resources import data_path
+    from fcp_data.index import build_index
+
+    out = Path(tempfile.gettempdir()) / f"fcp-example-{os.getuid()}" / "qwen2.5-vl"
+    if rank == 0 and not (out / "manifest.json").exists():
+        shards = sorted(str(p) for p in (data_path("samples") / "wds").glob("*.tar"))
+        build_index(shards, "qwen2.5-vl", out, progress=False)
+    dist.barrier()
+    return out
+
+
+def forever(loader: DataLoader, sampler: FCPSampler):
+    """The loader's micro-batches across epochs (a global batch never straddles two)."""
+    epoch = 0
+    while True:
+        sampler.set_epoch(epoch)
+        yield from loader
+        epoch += 1
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--config", default=str(Path(__file__).parent / "configs" / "qwen2_5_vl-tiny.json"),
+                   help="a transformers config.json of a qwen2_5_vl (or qwen2_vl / qwen3_vl) model")
+    p.add_argument("--data", default=None, help="a length index built with a Qwen-VL spec (default: bundled samples)")
+    p.add_argument("--reducer", choices=("allreduce", "ddp", "fsdp2"), default="allreduce")
+    p.add_argument("--cost", default=None, help="cost-model JSON from `fcp profile` (default: qwen3-vl-2b/h100 preset)")
+    p.add_argument("--tokens-per-rank", type=int, default=1152,
+                   help="memory budget per rank; a video longer than all ranks together is skipped (it cannot be cut)")
+    p.add_argument("--global-batch-size", type=int, default=8)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--lr", type=float, default=1e-3)
+    args = p.parse_args()
+
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    rank = dist.get_rank()
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+    data = IndexedDataset(args.data or bundled_video_index(rank))  # input_ids with placeholders, pixel patches, grids
+    config = load_config(args.config)
+    cost = CostModel.load(args.cost) if args.cost else CostModel.preset("qwen3-vl-2b", "h100")
+    # the sampler counts label tokens exactly, visual placeholders excluded, from the index (no data is read)
+    sampler = FCPSampler(data.index, cost_model=cost.replace(tokens_per_rank=args.tokens_per_rank),
+                         global_batch_size=args.global_batch_size, seed=0, on_overlong="drop")
+    loader = DataLoader(FCPDataset(data), batch_sampler=sampler, num_workers=2,
+                        collate_fn=hf_collator(config, pad_token_id=data.pad_token_id))
+
+    model = apply_fcp(build_model(config, seed=0).to(device))
+    model, reducer = make_reducer(args.reducer, model)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+
+    batches = forever(loader, sampler)
+    for step in range(args.steps):
+        res = train_step(model, batches, fcp_loss, reducer, pad_token_id=data.pad_token_id)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if rank == 0:
+            print(f"step {step} loss {res.loss:.4f} tokens {res.num_tokens} micro-batches {len(res.groups)} "
+                  f"idle on rank 0: {res.num_idle}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

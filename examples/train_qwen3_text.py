@@ -1,0 +1,98 @@
+"""Train a Qwen3 or Llama model with FCP on a text length index: the pattern to copy into your own trainer.
+
+    torchrun --standalone --nproc-per-node 2 examples/train_qwen3_text.py --steps 5
+    torchrun --nproc-per-node 8 examples/train_qwen3_text.py --config llama/config.json --data my-index \
+        --reducer fsdp2 --cost cost.json          # index: `fcp index corpus.jsonl --spec text --out my-index`
+                                                  # cost:  `fcp profile --model hf:llama/config.json --out cost.json`
+
+The model is randomly initialised from a config.json (use ``from_pretrained`` for real weights, then apply_fcp).
+Every rank computes the same plan; each micro-batch puts this rank in one CP group (ring attention inside it)
+or leaves it idle (train_step then runs a zero-weighted dummy so DDP/FSDP2 collectives stay in lock-step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+
+from fcp_data import CostModel, FCPCollator, FCPDataset, FCPSampler, IndexedDataset
+from fcp_exec.integrations.hf import apply_fcp, build_model, fcp_loss, load_config
+from fcp_exec.integrations.hf_data import check_data_fits
+from fcp_exec.step import make_reducer, train_step
+
+
+def bundled_text_index(rank: int) -> Path:
+    """The package's sample text, indexed once by rank 0 (what `fcp index samples/text.jsonl --spec text` does)."""
+    from fcp_data._resources import data_path
+    from fcp_data.index import build_index
+
+    out = Path(tempfile.gettempdir()) / f"fcp-example-{os.getuid()}" / "text"
+    if rank == 0 and not (out / "manifest.json").exists():
+        build_index([str(data_path("samples") / "text.jsonl")], "text", out, progress=False)
+    dist.barrier()
+    return out
+
+
+def forever(loader: DataLoader, sampler: FCPSampler):
+    """The loader's micro-batches across epochs (a global batch never straddles two)."""
+    epoch = 0
+    while True:
+        sampler.set_epoch(epoch)
+        yield from loader
+        epoch += 1
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--config", default=str(Path(__file__).parent / "configs" / "qwen3-tiny.json"),
+                   help="a transformers config.json of a qwen3 or llama model (default: a tiny Qwen3)")
+    p.add_argument("--data", default=None, help="a text length index (default: the bundled text samples)")
+    p.add_argument("--reducer", choices=("allreduce", "ddp", "fsdp2"), default="allreduce")
+    p.add_argument("--cost", default=None, help="cost-model JSON from `fcp profile` (default: the qwen3-1.7b/h100 preset)")
+    p.add_argument("--tokens-per-rank", type=int, default=1024, help="memory budget per rank; longer documents are cut")
+    p.add_argument("--global-batch-size", type=int, default=8)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--lr", type=float, default=1e-3)
+    args = p.parse_args()
+
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    rank = dist.get_rank()
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+    # data: a length index → FCPSampler (plans CP groups per micro-batch) → FCPCollator (this rank's zigzag shard)
+    data = IndexedDataset(args.data or bundled_text_index(rank))
+    config = load_config(args.config)
+    check_data_fits(config, vocab_size=data.spec.tokenizer().get_vocab_size(), what="the index")
+    cost = CostModel.load(args.cost) if args.cost else CostModel.preset("qwen3-1.7b", "h100")
+    sampler = FCPSampler(data.index, cost_model=cost.replace(tokens_per_rank=args.tokens_per_rank),
+                         global_batch_size=args.global_batch_size, seed=0, on_overlong="truncate")
+    loader = DataLoader(FCPDataset(data), batch_sampler=sampler, num_workers=2,
+                        collate_fn=FCPCollator(pad_token_id=data.pad_token_id))
+
+    # model: ring attention through transformers' AttentionInterface, then the reducer's wrapper
+    model = apply_fcp(build_model(config, seed=0).to(device))
+    model, reducer = make_reducer(args.reducer, model)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+
+    batches = forever(loader, sampler)
+    for step in range(args.steps):
+        # one global batch: every micro-batch forward/backward, loss = Σ token losses / num_tokens_global
+        res = train_step(model, batches, fcp_loss, reducer, pad_token_id=data.pad_token_id)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if rank == 0:
+            print(f"step {step} loss {res.loss:.4f} tokens {res.num_tokens} micro-batches {len(res.groups)} "
+                  f"idle on rank 0: {res.num_idle}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""`fcp train --model hf:CONFIG.json` and the torchrun examples on 2 CPU processes (gloo), 2 steps each.
+
+Reference: a randomly initialised LM predicts near-uniformly, so the first losses must be finite and within 0.5
+of ln(vocab_size) (7.60 for the tiny configs' 2000 tokens); every rank must end with identical weights, and
+the plan of every micro-batch uses at most the 2 ranks. A failure means the CLI no longer reaches the HF
+training stack (model type, reducer, gradient checkpointing, VL data), or the examples drifted from the API.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "examples" / "configs"
+LN_VOCAB = math.log(2000)
+
+
+def _fcp(*argv: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fcp_data.cli", *argv], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+
+
+def _check_losses(losses: list[float]) -> None:
+    assert losses and all(math.isfinite(v) and abs(v - LN_VOCAB) < 0.5 for v in losses), losses
+
+
+@pytest.mark.parametrize("config, extra", [
+    ("qwen3-tiny.json", []),
+    ("llama-tiny.json", ["--reducer", "ddp", "--grad-checkpointing"]),
+    ("qwen2_5_vl-tiny.json", ["--reducer", "fsdp2"]),
+    pytest.param("qwen2_vl-tiny.json", ["--reducer", "ddp"], marks=pytest.mark.slow),
+    pytest.param("qwen3_vl-tiny.json", ["--grad-checkpointing"], marks=pytest.mark.slow),
+])
+def test_train_hf_config_json_lines(config, extra):
+    """--json: exactly one object per step on stdout with step, loss, num_tokens, degrees (Σ d ≤ nproc per
+    micro-batch; fewer means idle ranks), step_time_s. VL configs train on the bundled videos/images."""
+    r = _fcp("train", "--model", f"hf:{CONFIGS / config}", "--nproc", "2", "--steps", "2", "--json", *extra)
+    assert r.returncode == 0, r.stderr[-3000:]
+    recs = [json.loads(line) for line in r.stdout.strip().splitlines()]
+    assert [rec["step"] for rec in recs] == [0, 1]
+    assert all({"step", "loss", "num_tokens", "degrees", "step_time_s"} <= set(rec) for rec in recs)
+    assert all(rec["num_tokens"] > 0 and all(1 <= sum(mb) <= 2 for mb in rec["degrees"]) for rec in recs)
+    _check_losses([rec["loss"] for rec in recs])
+
+
+@pytest.mark.slow
+def test_train_hf_human_output_reports_reducer_and_agreement():
+    """The header names the model type's config, the reducer and the data; the summary checks that all ranks'
+    parameters agree (here DDP on the bundled text)."""
+    r = _fcp("train", "--model", f"hf:{CONFIGS / 'qwen3-tiny.json'}", "--nproc", "2", "--steps", "1",
+             "--reducer", "ddp")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "reducer ddp" in r.stdout and "qwen3-tiny.json" in r.stdout and "bundled samples" in r.stdout
+    assert "parameters identical on all 2 ranks: yes" in r.stdout
+
+
+EXAMPLES = [
+    ("train_qwen3_text.py", ["--config", str(CONFIGS / "llama-tiny.json"), "--reducer", "fsdp2"]),
+    ("train_qwen2_5_vl_video.py", []),
+]
+
+
+@pytest.mark.parametrize("script, extra", EXAMPLES)
+def test_example_runs_under_torchrun(tmp_path, script, extra):
+    """Each example, copied as is, trains 2 steps under `torchrun --nproc-per-node 2` on CPU and prints
+    finite losses (its bundled-sample index goes to TMPDIR)."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    cmd = [str(torchrun) if torchrun.exists() else sys.executable, *([] if torchrun.exists() else
+           ["-m", "torch.distributed.run"]), "--standalone", "--nproc-per-node", "2",
+           str(ROOT / "examples" / script), "--steps", "2", *extra]
+    env = {**os.environ, "TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    steps = [ln for ln in r.stdout.splitlines() if ln.startswith("step ")]
+    assert len(steps) == 2, r.stdout
+    _check_losses([float(ln.split(" loss ")[1].split()[0]) for ln in steps])
