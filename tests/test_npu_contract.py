@@ -116,3 +116,28 @@ def test_ring_attention_through_npu_translation():
         for causal in (True, False):
             errs = pool.run(npu_ring_case, causal, timeout=120)
             assert max(errs) <= 1e-5, (causal, errs)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_blocks_over_the_tnd_token_limit_are_split_into_calls(causal):
+    """CONTRACT: torch_npu's TND cumulative actual_seq_* may not exceed 1M tokens per call. With the limit
+    lowered to 12 tokens, a block of documents 6, 0, 10, 3, 9 is cut into calls over whole documents, each
+    within the limit, and out/lse/grads still equal the fp64 reference (1e-5); a document over the limit is a
+    ValueError, never a silent truncation."""
+    fake = DocumentedNPUFusionAttention()
+    kernel = NpuKernel(module=fake)
+    kernel.max_tokens_per_call = 12
+    cu = [0, 6, 6, 16, 19, 28]
+    q, k, v, dout = _data(cu, cu, 4, 2, 8, seed=3)
+    out, lse = kernel.forward(q, k, v, cu, cu, causal, 0.3)
+    ref_out, ref_lse = ReferenceKernel().forward(q.double(), k.double(), v.double(), cu, cu, causal, 0.3)
+    assert (out.double() - ref_out).abs().max() <= 1e-5 and (lse.double() - ref_lse).abs().max() <= 1e-5
+    grads = kernel.backward(dout, q, k, v, out, lse, cu, cu, causal, 0.3)
+    ref_grads = ReferenceKernel().backward(dout.double(), q.double(), k.double(), v.double(), ref_out, ref_lse,
+                                           cu, cu, causal, 0.3)
+    for got, want in zip(grads, ref_grads):
+        assert (got.double() - want).abs().max() <= 1e-5
+    assert len(fake.calls) > 2 and all(c["actual_seq_qlen"][-1] <= 12 for c in fake.calls)
+    kernel.max_tokens_per_call = 8
+    with pytest.raises(ValueError, match="exceeds"):
+        kernel.forward(q, k, v, cu, cu, causal, 0.3)

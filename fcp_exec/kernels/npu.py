@@ -19,6 +19,12 @@ Translation between our contract (:mod:`fcp_exec.kernels.base`) and the document
   (the kernel uses ``P = exp(S − max) / sum``, identical to ``exp(S − lse)``), with
   ``attention_in`` = the global ``out``.
 
+* Limits (documented for torch_npu TND): the cumulative ``actual_seq_*`` values of one call may not exceed
+  1M (1,048,576) tokens, so a block holding more is split into calls over whole documents, each within the
+  limit (one document longer than that is a ``ValueError``); float32 in TND needs a recent torch_npu/CANN
+  (older releases document float16/bfloat16 only), so a float32 call that the installed op rejects is re-raised
+  as a ``ValueError`` saying so.
+
 It cannot run without an NPU; ``tests/test_npu_contract.py`` checks the translation against a
 reference implementation of the documented semantics injected as ``module``.
 """
@@ -28,17 +34,19 @@ import torch
 
 from fcp_exec.kernels.base import AttentionKernel, check_block_inputs, doc_bounds
 
-__all__ = ["NpuKernel", "NPU_CAUSAL_SPARSE_MODE", "NPU_MASK_SIZE"]
+__all__ = ["NpuKernel", "NPU_CAUSAL_SPARSE_MODE", "NPU_MASK_SIZE", "NPU_MAX_SEQ_TOKENS"]
 
 NPU_CAUSAL_SPARSE_MODE = 3
 NPU_MASK_SIZE = 2048
 _MAX_TOKENS = 2147483647
+NPU_MAX_SEQ_TOKENS = 1 << 20  # cumulative actual_seq_qlen / kvlen of one TND call
 
 
 class NpuKernel(AttentionKernel):
     """``module``: the ``torch_npu`` module (imported lazily when ``None``)."""
 
     name = "npu"
+    max_tokens_per_call = NPU_MAX_SEQ_TOKENS
 
     def __init__(self, module=None):
         if module is None:
@@ -62,24 +70,49 @@ class NpuKernel(AttentionKernel):
                     "pre_tockens": _MAX_TOKENS, "next_tockens": 0}
         return {"atten_mask": None, "sparse_mode": 0, "pre_tockens": _MAX_TOKENS, "next_tockens": _MAX_TOKENS}
 
-    @staticmethod
-    def _live(cq: list[int], ck: list[int]):
-        """Keep documents with both queries and keys: row indices (``None`` = all) and the
-        cumulative ends without the leading 0 for the kept documents."""
-        docs = range(len(cq) - 1)
-        keep = [i for i in docs if cq[i + 1] > cq[i] and ck[i + 1] > ck[i]]
-        dropped = len(keep) != len(cq) - 1
-        ends_q, ends_k, tq, tk = [], [], 0, 0
+    def _calls(self, cq: list[int], ck: list[int]):
+        """Documents with both queries and keys, split into calls whose cumulative lengths stay within
+        ``max_tokens_per_call``: per call ``(q_rows, k_rows, ends_q, ends_k)`` with row indices into the block
+        (``None`` = all rows, when one call covers every document) and the cumulative ends without the leading 0."""
+        limit = int(self.max_tokens_per_call)
+        keep = [i for i in range(len(cq) - 1) if cq[i + 1] > cq[i] and ck[i + 1] > ck[i]]
+        calls, cur, tq, tk = [], [], 0, 0
         for i in keep:
-            tq += cq[i + 1] - cq[i]
-            tk += ck[i + 1] - ck[i]
-            ends_q.append(tq)
-            ends_k.append(tk)
-        if not dropped:
-            return None, None, ends_q, ends_k
-        q_rows = [j for i in keep for j in range(cq[i], cq[i + 1])]
-        k_rows = [j for i in keep for j in range(ck[i], ck[i + 1])]
-        return q_rows, k_rows, ends_q, ends_k
+            nq, nk = cq[i + 1] - cq[i], ck[i + 1] - ck[i]
+            if nq > limit or nk > limit:
+                raise ValueError(f"a document of {max(nq, nk)} tokens in one attention block exceeds npu_fusion_attention's "
+                                 f"{limit} cumulative TND tokens per call; use a higher CP degree for it")
+            if cur and (tq + nq > limit or tk + nk > limit):
+                calls.append(cur)
+                cur, tq, tk = [], 0, 0
+            cur.append(i)
+            tq, tk = tq + nq, tk + nk
+        if cur:
+            calls.append(cur)
+        out = []
+        whole = len(calls) == 1 and len(keep) == len(cq) - 1
+        for docs in calls:
+            ends_q, ends_k, a, b = [], [], 0, 0
+            for i in docs:
+                a += cq[i + 1] - cq[i]
+                b += ck[i + 1] - ck[i]
+                ends_q.append(a)
+                ends_k.append(b)
+            if whole:
+                out.append((None, None, ends_q, ends_k))
+            else:
+                out.append(([j for i in docs for j in range(cq[i], cq[i + 1])],
+                            [j for i in docs for j in range(ck[i], ck[i + 1])], ends_q, ends_k))
+        return out
+
+    def _run(self, fn, q, *args, **kwargs):
+        try:
+            return fn(q, *args, **kwargs)
+        except RuntimeError as e:
+            if q.dtype == torch.float32:
+                raise ValueError(f"npu_fusion_attention rejected float32 in TND layout ({e}); this needs a recent "
+                                 "torch_npu/CANN — train in bfloat16/float16 or upgrade") from e
+            raise
 
     def forward(self, q, k, v, cu_q, cu_k, causal, scale, *, max_q=None, max_k=None):
         cq, ck = doc_bounds(cu_q), doc_bounds(cu_k)
@@ -88,46 +121,43 @@ class NpuKernel(AttentionKernel):
             raise ValueError(f"npu_fusion_attention takes float16/bfloat16/float32, got {q.dtype}")
         out = torch.zeros_like(q)
         lse = torch.full((h_q, q.shape[0]), float("-inf"), dtype=torch.float32, device=q.device)
-        q_rows, k_rows, ends_q, ends_k = self._live(cq, ck)
-        if not ends_q:
-            return out, lse
-        qi = torch.tensor(q_rows, device=q.device) if q_rows is not None else None
-        ki = torch.tensor(k_rows, device=q.device) if k_rows is not None else None
         sel = (lambda x, i: x if i is None else x.index_select(0, i))
-        res = self._npu.npu_fusion_attention(
-            sel(q, qi), sel(k, ki), sel(v, ki), h_q, "TND", pse=None, padding_mask=None,
-            scale=scale, keep_prob=1.0, inner_precise=0, prefix=None,
-            actual_seq_qlen=ends_q, actual_seq_kvlen=ends_k, **self._sparse_args(causal, q.device))
-        o, smax, ssum = res[0], res[1], res[2]
-        l_live = (smax[..., 0].float() + torch.log(ssum[..., 0].float())).transpose(0, 1)
-        if qi is None:
-            return o.to(q.dtype), l_live.contiguous()
-        out.index_copy_(0, qi, o.to(q.dtype))
-        lse.index_copy_(1, qi, l_live)
+        for q_rows, k_rows, ends_q, ends_k in self._calls(cq, ck):
+            qi = torch.tensor(q_rows, device=q.device) if q_rows is not None else None
+            ki = torch.tensor(k_rows, device=q.device) if k_rows is not None else None
+            res = self._run(self._npu.npu_fusion_attention,
+                            sel(q, qi), sel(k, ki), sel(v, ki), h_q, "TND", pse=None, padding_mask=None,
+                            scale=scale, keep_prob=1.0, inner_precise=0, prefix=None,
+                            actual_seq_qlen=ends_q, actual_seq_kvlen=ends_k, **self._sparse_args(causal, q.device))
+            o, smax, ssum = res[0], res[1], res[2]
+            l_live = (smax[..., 0].float() + torch.log(ssum[..., 0].float())).transpose(0, 1)
+            if qi is None:
+                return o.to(q.dtype), l_live.contiguous()
+            out.index_copy_(0, qi, o.to(q.dtype))
+            lse.index_copy_(1, qi, l_live)
         return out, lse
 
     def backward(self, dout, q, k, v, out, lse, cu_q, cu_k, causal, scale, *, max_q=None, max_k=None):
         cq, ck = doc_bounds(cu_q), doc_bounds(cu_k)
         h_q, _ = check_block_inputs(q, k, v, cq, ck, causal)
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        q_rows, k_rows, ends_q, ends_k = self._live(cq, ck)
-        if not ends_q:
-            return dq, dk, dv
-        qi = torch.tensor(q_rows, device=q.device) if q_rows is not None else None
-        ki = torch.tensor(k_rows, device=q.device) if k_rows is not None else None
         sel = (lambda x, i: x if i is None else x.index_select(0, i))
-        lse_t = sel(lse.float().transpose(0, 1), qi)  # [T_live, N1]
-        smax = lse_t.unsqueeze(-1).expand(*lse_t.shape, 8).contiguous()
-        ssum = torch.ones_like(smax)
-        res = self._npu.npu_fusion_attention_grad(
-            sel(q, qi), sel(k, ki), sel(v, ki), sel(dout, qi), h_q, "TND", pse=None, padding_mask=None,
-            softmax_max=smax, softmax_sum=ssum, softmax_in=None, attention_in=sel(out, qi),
-            scale_value=scale, keep_prob=1.0, inner_precise=0, seed=0, offset=0, numels=0, prefix=None,
-            actual_seq_qlen=ends_q, actual_seq_kvlen=ends_k, **self._sparse_args(causal, q.device))
-        g_q, g_k, g_v = res[0], res[1], res[2]
-        if qi is None and ki is None:
-            return g_q.to(q.dtype), g_k.to(k.dtype), g_v.to(v.dtype)
-        dq.index_copy_(0, qi, g_q.to(q.dtype))
-        dk.index_copy_(0, ki, g_k.to(k.dtype))
-        dv.index_copy_(0, ki, g_v.to(v.dtype))
+        for q_rows, k_rows, ends_q, ends_k in self._calls(cq, ck):
+            qi = torch.tensor(q_rows, device=q.device) if q_rows is not None else None
+            ki = torch.tensor(k_rows, device=q.device) if k_rows is not None else None
+            lse_t = sel(lse.float().transpose(0, 1), qi)  # [T_call, N1]
+            smax = lse_t.unsqueeze(-1).expand(*lse_t.shape, 8).contiguous()
+            ssum = torch.ones_like(smax)
+            res = self._run(self._npu.npu_fusion_attention_grad,
+                            sel(q, qi), sel(k, ki), sel(v, ki), sel(dout, qi), h_q, "TND", pse=None,
+                            padding_mask=None, softmax_max=smax, softmax_sum=ssum, softmax_in=None,
+                            attention_in=sel(out, qi), scale_value=scale, keep_prob=1.0, inner_precise=0, seed=0,
+                            offset=0, numels=0, prefix=None, actual_seq_qlen=ends_q, actual_seq_kvlen=ends_k,
+                            **self._sparse_args(causal, q.device))
+            g_q, g_k, g_v = res[0], res[1], res[2]
+            if qi is None and ki is None:
+                return g_q.to(q.dtype), g_k.to(k.dtype), g_v.to(v.dtype)
+            dq.index_copy_(0, qi, g_q.to(q.dtype))
+            dk.index_copy_(0, ki, g_k.to(k.dtype))
+            dv.index_copy_(0, ki, g_v.to(v.dtype))
         return dq, dk, dv
