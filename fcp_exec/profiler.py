@@ -207,7 +207,7 @@ def profile_worker(model: str = "tiny-llm", layer_like: str | None = None, seq_l
     import torch
     import torch.distributed as dist
 
-    from fcp_exec.launch import current_device, dist_info
+    from fcp_exec.launch import collective_dtype, current_device, dist_info
     from fcp_exec.layout import zigzag_shard
 
     rank, world = dist_info()
@@ -218,7 +218,7 @@ def profile_worker(model: str = "tiny-llm", layer_like: str | None = None, seq_l
     step = _step_fn(net, model, layer_like)
     bandwidth = ping_bandwidth(rank) if world > 1 else 0.0
     if world > 1:
-        bw = torch.tensor([bandwidth], dtype=torch.float64, device=device)
+        bw = torch.tensor([bandwidth], dtype=collective_dtype(torch.float64), device=device)
         dist.broadcast(bw, 0)
         bandwidth = float(bw[0])
     degrees = list(degrees or range(1, world + 1))
@@ -259,7 +259,7 @@ def profile_worker(model: str = "tiny-llm", layer_like: str | None = None, seq_l
                     torch.cuda.synchronize(device)
             dt = time.perf_counter() - t0 if mine else 0.0
             if world > 1:  # the group's (and micro-batch's) time is its slowest rank's
-                t = torch.tensor([dt], dtype=torch.float64, device=device)
+                t = torch.tensor([dt], dtype=collective_dtype(torch.float64), device=device)
                 dist.all_reduce(t, op=dist.ReduceOp.MAX)
                 dt = float(t[0])
             if r >= warmup:
