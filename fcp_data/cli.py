@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import re
 import sys
 import traceback
 
@@ -39,8 +38,8 @@ COMMANDS = (
 # the rendezvous or exhaust memory); larger jobs run under torchrun across machines
 MAX_PROCS_PER_CORE = 4
 
-# exception names a worker may raise for bad user input (fcp_exec.launch re-raises a worker's failure as
-# RuntimeError("N worker(s) failed\n--- rank R ---\n<traceback>"))
+# exception names a worker may raise for bad user input (fcp_exec.launch.WorkerFailure carries each rank's
+# exception type, message and traceback)
 _WORKER_USER_ERRORS = ("ValueError", "UsageError", "fcp_data.cli.UsageError", "FileNotFoundError")
 
 
@@ -93,18 +92,16 @@ def _one_line(text: str) -> str:
 
 
 def _worker_user_error(e: RuntimeError) -> str | None:
-    """The message of a worker's user error (a ``ValueError`` ...) from :func:`fcp_exec.launch.launch`'s
-    ``RuntimeError``; None when any failed worker died of something else (a bug: keep the traceback)."""
-    text = str(e)
-    if not re.match(r"\d+ worker\(s\) failed\n--- rank \d+ ---\n", text):
+    """The message of a worker's user error (a ``ValueError`` ...) from :class:`fcp_exec.launch.WorkerFailure`;
+    None when any failed worker died of something else (a bug: keep the traceback)."""
+    errors = getattr(e, "errors", None)
+    if not isinstance(errors, dict) or not errors:
         return None
     found = None
-    for rank, body in re.findall(r"--- rank (\d+) ---\n(.*?)(?=\n--- rank \d+ ---\n|\Z)", text, flags=re.S):
-        last = body.strip().splitlines()[-1] if body.strip() else ""
-        m = re.match(r"([\w.]+): (.+)$", last)
-        if m and m.group(1) in _WORKER_USER_ERRORS:
-            found = found or m.group(2)
-        elif not last.startswith("worker exited with code"):
+    for _, (kind, message, _tb) in sorted(errors.items()):
+        if kind in _WORKER_USER_ERRORS:
+            found = found or message
+        elif kind != "exit":  # peers of a failed rank may be stopped: their exit codes are not the cause
             return None
     return found
 

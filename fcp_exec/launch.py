@@ -26,7 +26,7 @@ import traceback
 from typing import Any, Callable
 
 __all__ = ["launch", "resolve_nproc", "default_backend", "current_device", "in_torchrun", "dist_info",
-           "init_distributed", "collective_dtype", "check_devices"]
+           "init_distributed", "collective_dtype", "check_devices", "WorkerFailure"]
 
 
 _PRELOAD = ["torch", "torch.distributed", "fcp_exec.launch", "fcp_exec.train", "fcp_exec.ring_attention",
@@ -176,14 +176,24 @@ def _worker(rank: int, nproc: int, port: int, backend: str, threads: int, pg_tim
         _init(backend, pg_timeout, threads if backend == "gloo" else None)
         value = fn(*args)
         results.put((rank, "ok", value))
-    except BaseException:  # noqa: BLE001 - every failure must reach the parent
-        results.put((rank, "err", traceback.format_exc()))
+    except BaseException as e:  # noqa: BLE001 - every failure must reach the parent
+        results.put((rank, "err", (type(e).__name__, str(e), traceback.format_exc())))
     finally:
         if dist.is_initialized():
             try:
                 dist.destroy_process_group()
             except Exception:  # noqa: BLE001
                 pass
+
+
+class WorkerFailure(RuntimeError):
+    """One or more ranks failed. ``errors`` maps rank to ``(exception type name, message, traceback text)``;
+    a rank that died without a Python exception has type name ``"exit"``. ``str()`` shows every traceback."""
+
+    def __init__(self, errors: dict[int, tuple[str, str, str]]):
+        self.errors = dict(errors)
+        detail = "".join(f"\n--- rank {r} ---\n{tb}" for r, (_, _, tb) in sorted(self.errors.items()))
+        super().__init__(f"{len(self.errors)} worker(s) failed{detail}")
 
 
 def launch(fn: Callable[..., Any], nproc: int, *args: Any, backend: str | None = None,
@@ -230,7 +240,7 @@ def launch(fn: Callable[..., Any], nproc: int, *args: Any, backend: str | None =
                 raise
             use_forkserver = False
     values: dict[int, Any] = {}
-    errors: dict[int, str] = {}
+    errors: dict[int, tuple[str, str, str]] = {}
     deadline = time.monotonic() + timeout
     try:
         while len(values) + len(errors) < nproc:
@@ -240,7 +250,8 @@ def launch(fn: Callable[..., Any], nproc: int, *args: Any, backend: str | None =
                 dead = [i for i, p in enumerate(procs) if p.exitcode not in (None, 0)
                         and i not in values and i not in errors]
                 if dead:
-                    errors.update({i: f"worker exited with code {procs[i].exitcode}" for i in dead})
+                    errors.update({i: ("exit", f"exit code {procs[i].exitcode}",
+                                       f"worker exited with code {procs[i].exitcode}") for i in dead})
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"workers did not finish within {timeout:.0f} s "
                                        f"({len(values)} of {nproc} done)") from None
@@ -258,6 +269,5 @@ def launch(fn: Callable[..., Any], nproc: int, *args: Any, backend: str | None =
                 p.terminate()
                 p.join(timeout=5.0)
     if errors:
-        detail = "".join(f"\n--- rank {r} ---\n{tb}" for r, tb in sorted(errors.items()))
-        raise RuntimeError(f"{len(errors)} worker(s) failed{detail}")
+        raise WorkerFailure(errors)
     return [values[r] for r in range(nproc)]
