@@ -24,17 +24,18 @@ from torch.utils.data import DataLoader
 from fcp_data import CostModel, FCPDataset, FCPSampler, IndexedDataset
 from fcp_exec.integrations.hf import apply_fcp, build_model, fcp_loss, load_config
 from fcp_exec.integrations.hf_positions import hf_collator
+from fcp_exec.launch import init_distributed
 from fcp_exec.step import make_reducer, train_step
 
 
 def bundled_video_index(rank: int) -> Path:
     """The package's sample video/image shards, indexed once by rank 0 (`fcp index ... --spec qwen2.5-vl`)."""
-    from fcp_data._resources import data_path
+    from fcp_data import bundled_path
     from fcp_data.index import build_index
 
     out = Path(tempfile.gettempdir()) / f"fcp-example-{os.getuid()}" / "qwen2.5-vl"
     if rank == 0 and not (out / "manifest.json").exists():
-        shards = sorted(str(p) for p in (data_path("samples") / "wds").glob("*.tar"))
+        shards = sorted(str(p) for p in (bundled_path("samples") / "wds").glob("*.tar"))
         build_index(shards, "qwen2.5-vl", out, progress=False)
     dist.barrier()
     return out
@@ -63,11 +64,8 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=1e-3)
     args = p.parse_args()
 
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    device = init_distributed()  # set_device, NCCL/HCCL/gloo by device, eager init + a warm-up barrier
     rank = dist.get_rank()
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
     data = IndexedDataset(args.data or bundled_video_index(rank))  # input_ids with placeholders, pixel patches, grids
     config = load_config(args.config)

@@ -24,17 +24,18 @@ from torch.utils.data import DataLoader
 from fcp_data import CostModel, FCPCollator, FCPDataset, FCPSampler, IndexedDataset
 from fcp_exec.integrations.hf import apply_fcp, build_model, fcp_loss, load_config
 from fcp_exec.integrations.hf_data import check_data_fits
+from fcp_exec.launch import init_distributed
 from fcp_exec.step import make_reducer, train_step
 
 
 def bundled_text_index(rank: int) -> Path:
     """The package's sample text, indexed once by rank 0 (what `fcp index samples/text.jsonl --spec text` does)."""
-    from fcp_data._resources import data_path
+    from fcp_data import bundled_path
     from fcp_data.index import build_index
 
     out = Path(tempfile.gettempdir()) / f"fcp-example-{os.getuid()}" / "text"
     if rank == 0 and not (out / "manifest.json").exists():
-        build_index([str(data_path("samples") / "text.jsonl")], "text", out, progress=False)
+        build_index([str(bundled_path("samples") / "text.jsonl")], "text", out, progress=False)
     dist.barrier()
     return out
 
@@ -61,11 +62,8 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=1e-3)
     args = p.parse_args()
 
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    device = init_distributed()  # set_device, NCCL/HCCL/gloo by device, eager init + a warm-up barrier
     rank = dist.get_rank()
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
     # data: a length index → FCPSampler (plans CP groups per micro-batch) → FCPCollator (this rank's zigzag shard)
     data = IndexedDataset(args.data or bundled_text_index(rank))

@@ -17,6 +17,7 @@ _LAZY = {
     "LengthIndex": "fcp_data.index",
     "IndexedDataset": "fcp_data.readers",
     "plan_batch": "fcp_data.plan",
+    "bundled_path": "fcp_data._resources",
 }
 
 __all__ = ["CostModel", "CPGroup", "MicroBatchPlan", "Plan", *_LAZY]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["data_path"]
+__all__ = ["data_path", "bundled_path"]
 
 _PKG = Path(__file__).resolve().parent
 
@@ -20,3 +20,9 @@ def data_path(name: str) -> Path:
         if p.exists():
             return p
     raise FileNotFoundError(f"bundled data {name!r} not found under {_PKG} or {_PKG.parent}; reinstall fcp")
+
+
+def bundled_path(name: str) -> Path:
+    """Public name of :func:`data_path`: ``bundled_path("samples")`` is the folder of the bundled sample data
+    (``text.jsonl``, ``wds/*.tar``), ``bundled_path("tokenizers")`` the token specs."""
+    return data_path(name)
