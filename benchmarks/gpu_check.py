@@ -1,114 +1,568 @@
-"""One short GPU check of the CUDA attention path against the dense reference, plus timings.
+"""The prepared check for one GPU (issue 11): kernels, ring schedule, timings, NCCL; JSON results.
 
-Without a CUDA device it prints ``no CUDA device`` and exits 0. With one it:
+``python benchmarks/gpu_check.py --out DIR [--device cuda|cpu] [--quick] [--perturb]``
 
-1. checks ``CudaKernel`` (flash-attn varlen if importable, else SDPA + math lse) forward and
-   backward in bf16 against dense fp64 attention on packed documents (causal and full, GQA),
-   including a split-key merge with backward against the merged out/lse (what the ring does);
-2. checks ``ring_attention`` of degree 1 on the GPU against the same reference;
-3. times kernel forward+backward on a larger packed batch with CUDA events.
+Sections, each entry written to ``DIR/results.json`` as soon as it is known (so a run cut short
+still leaves its results), and printed as one line:
 
-Usage: ``python benchmarks/gpu_check.py [--tokens 32768] [--heads 16 4 128]``
+0. ``versions``: python, torch, CUDA, cuDNN, NCCL, flash-attn (installed / importable), the
+   device, and what ``auto`` resolves to (``CudaKernel("auto").backend``, probed with one call).
+   ``backends_run`` is filled from the kernel checks that actually ran, never from what is
+   installed. Also in ``DIR/versions.json``.
+1. ``kernel``: the kernel contract per backend (``cuda`` = auto and ``sdpa`` on a GPU, deduplicated
+   when auto resolves to sdpa; ``cpu``, ``cpu_block_diag``, ``reference`` on CPU) for every dtype ×
+   head dim (64, 128) × GQA ratio (1, 4) × mask: ``causal``, ``full``, and the two unequal-length
+   blocks of the ring (all queries × first key halves, second query halves × all keys). Every
+   case packs documents of 1, 0, 2, an odd number and ``--long-doc`` tokens (> 4096 on a GPU).
+   Forward and backward are compared with a per-document fp64 autograd reference on the same
+   rounded inputs (itself checked against ``fcp_exec.testing.dense_attention``); rows without keys
+   must have ``lse = -inf``, ``out = 0`` and ``dq = 0`` exactly.
+2. ``ring``: the real schedule of ``fcp_exec.ring_attention`` for degrees 2, 4, 8 with one thread
+   per virtual rank and an in-process communicator (see ``_gpu_check_ring.py`` for why and how):
+   zigzag shard → forward/backward → unshard, against the fp64 reference; an fp64 run per
+   degree/mask checks the schedule tightly, the low-precision runs check it with each backend.
+3. ``timing``: degree-1 ``ring_attention`` forward+backward (autograd) of one causal document
+   of 32K and 128K tokens, heads 32/8, dim 128, bf16 (smaller on CPU); CUDA events, median ms,
+   TFLOP/s (forward 4·H·D·pairs, backward 2.5× forward) next to the device's dense bf16 peak,
+   and the host syncs of one step counted with ``torch.cuda.set_sync_debug_mode("warn")``.
+4. ``multiprocess``: 2 then 3 NCCL processes sharing GPU 0 running ``ring_attention`` (optional,
+   hard time limit). A platform that refuses (NCCL: "Duplicate GPU detected") is recorded as
+   skipped with its message; wrong numbers after a successful start are a failure. On CPU the
+   same worker runs once with gloo (2 processes) so the code path is tested without a GPU.
+
+Tolerances (``TOL``): ``out`` and ``lse`` against the reference, relative to max |reference|
+(``lse``: absolute, finite rows), and the gradients ``dq``/``dk``/``dv`` likewise. An entry's
+``max_error``/``tolerance`` are those of its worst component (``worst``); all are in ``errors``.
+
+``--perturb`` or ``FCP_GPU_CHECK_PERTURB=1`` scales every kernel output by 1.05: the run must
+then fail, which ``tests/test_gpu_check.py`` checks. Exit code: 0 all passed or skipped with a
+reason, 1 any check failed, 2 the script itself could not run.
 """
 from __future__ import annotations
 
 import argparse
+import collections
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import statistics
 import sys
+import time
+import traceback
+import warnings
 
 import torch
 
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [_HERE, os.path.dirname(_HERE)]  # the helper module, and fcp_exec of this checkout
+from _gpu_check_ring import (  # noqa: E402  (benchmarks/ is not a package)
+    multiprocess_checks,
+    reference_attention,
+    rel_error,
+    ring_inputs,
+    ring_section,
+)
 
-def _rel(got, want) -> float:
-    return ((got.double().cpu() - want.double().cpu()).abs().max() / want.abs().max().clamp_min(1e-30)).item()
+# per dtype: (out, gradients, lse) — out and gradients relative to max |reference|, lse absolute
+TOL = {
+    "float64": (1e-9, 1e-9, 1e-9),
+    "float32": (2e-5, 5e-5, 2e-5),
+    "bfloat16": (2e-2, 5e-2, 1e-3),
+    "float16": (5e-3, 1e-2, 1e-3),
+}
+MASKS = ("causal", "full", "q_all_k_first_half", "q_second_half_k_all")
+_SHORT = {"float64": "fp64", "float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
-def _check(kernel, causal: bool, dev) -> dict:
-    from fcp_exec import ring_attention
+class Results:
+    """Entries of one run; ``DIR/results.json`` is rewritten at most once a second while checks run
+    (after every failure at once) and at the end, so a run cut short still leaves its results."""
+
+    def __init__(self, out_dir: str, meta: dict):
+        self.out_dir, self.meta, self.checks = out_dir, meta, []
+        self.late_reason = "time limit reached"  # reason of checks skipped for --time-limit
+        self._written = 0.0
+        os.makedirs(out_dir, exist_ok=True)
+
+    def add(self, name: str, section: str, *, passed=None, skipped=False, reason=None, errors=None,
+            tolerances=None, max_error=None, tolerance=None, **details) -> dict:
+        worst = None
+        if errors:
+            worst = max(errors, key=lambda n: errors[n] / tolerances[n])
+            max_error, tolerance = errors[worst], tolerances[worst]
+            if passed is None:
+                passed = all(errors[n] <= tolerances[n] for n in errors)
+        entry = {"name": name, "section": section, "passed": None if skipped else bool(passed),
+                 "skipped": bool(skipped), "reason": reason, "max_error": max_error,
+                 "tolerance": tolerance, "worst": worst, "errors": errors, "tolerances": tolerances, **details}
+        self.checks.append(entry)
+        line = f"{'SKIP' if skipped else 'PASS' if passed else 'FAIL'}  {name}"
+        if max_error is not None:
+            line += f" max_err={max_error:.2e} tol={tolerance:.0e} ({worst})"
+        if "median_ms" in details:
+            line += (f": {details['median_ms']:.2f} ms, {details['tflops']:.2f} TFLOP/s (peak "
+                     f"{details['peak_bf16_tflops']}), host syncs {details.get('host_syncs_per_step', 'not counted')}")
+        print(line + (f": {reason}" if reason and not passed else ""), flush=True)
+        self.write(force=not skipped and not passed)
+        return entry
+
+    def run(self, name: str, section: str, fn, *args, implementation=None, **kwargs) -> dict:
+        """Call ``fn`` (returning ``add`` keyword arguments); an exception is a failed entry.
+        ``implementation`` is the kernel implementation under test; it counts as run
+        (``backends_run``) only when ``fn`` returned, i.e. the kernel produced results."""
+        t = time.monotonic()
+        try:
+            kw = {"implementation": implementation, **fn(*args, **kwargs)}
+        except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
+            kw = {"passed": False, "reason": f"{type(exc).__name__}: {exc}"[:2000], "implementation": None,
+                  "implementation_attempted": implementation, "traceback": traceback.format_exc(limit=-3)[-3000:]}
+        return self.add(name, section, seconds=round(time.monotonic() - t, 3), **kw)
+
+    def add_all(self, names, section: str, **kwargs) -> None:
+        for name in names:
+            self.add(name, section, **kwargs)
+
+    def failed(self) -> list:
+        return [c for c in self.checks if not c["skipped"] and not c["passed"]]
+
+    def write(self, force: bool = True) -> None:
+        if not force and time.monotonic() - self._written < 1.0:
+            return
+        self._written = time.monotonic()
+        # only implementations of checks that ran, never what is merely installed
+        ran = sorted({c["implementation"] for c in self.checks if c.get("implementation") and not c["skipped"]})
+        self.meta["backends_run"] = ran
+        if self.checks and self.checks[0]["name"] == "versions":
+            self.checks[0].update(backends_run=ran, auto_ran=self.checks[0]["auto_kernel"]["resolved"] in ran)
+            self.meta["versions"].update(backends_run=ran, auto_ran=self.checks[0]["auto_ran"])
+        doc = {**self.meta, "checks": self.checks,
+               "summary": {"total": len(self.checks), "failed": len(self.failed()),
+                           "skipped": sum(c["skipped"] for c in self.checks)}}
+        _dump(doc, os.path.join(self.out_dir, "results.json"))
+
+
+def _json_safe(x):
+    if isinstance(x, float) and not math.isfinite(x):
+        return repr(x)  # "inf"/"nan": keeps results.json valid JSON
+    if isinstance(x, dict):
+        return {str(k): _json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_safe(v) for v in x]
+    return x
+
+
+def _dump(doc, path: str) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(_json_safe(doc), f, indent=1)
+    os.replace(tmp, path)
+
+
+class PerturbedKernel:
+    """A deliberately broken kernel: the wrapped kernel's ``out`` times 1.05 (``--perturb``)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def forward(self, *args, **kwargs):
+        out, lse = self.inner.forward(*args, **kwargs)
+        return out * 1.05, lse
+
+    def backward(self, *args, **kwargs):
+        return self.inner.backward(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"PerturbedKernel({self.inner!r})"
+
+
+# ---------------------------------------------------------------------------- 0. versions, backends
+def _impl(kernel) -> str:
+    """The implementation a kernel object runs (what "auto" resolved to, for CudaKernel)."""
+    from fcp_exec.kernels import CpuFlashKernel, CudaKernel, ReferenceKernel
+
+    if isinstance(kernel, CudaKernel):
+        return kernel.backend
+    if isinstance(kernel, CpuFlashKernel):
+        return f"cpu_flash({kernel.mode})"
+    if isinstance(kernel, ReferenceKernel):
+        return "reference"
+    return type(kernel).__name__
+
+
+def kernel_backends(device):
+    """``(backends, tight, skipped)``: ``(label, kernel, implementation)`` per distinct backend, the
+    kernel for the fp64 ring runs, and ``(name, reason)`` of backends not run twice."""
+    from fcp_exec.kernels import CpuFlashKernel, CudaKernel, ReferenceKernel
+
+    if device.type == "cuda":
+        auto = CudaKernel("auto")
+        backends = [(f"cuda(auto:{auto.backend})", auto, auto.backend)]
+        skipped = []
+        if auto.backend != "sdpa":
+            backends.append(("sdpa", CudaKernel("sdpa"), "sdpa"))
+        else:
+            skipped.append(("kernel[sdpa]", "same implementation as kernel[cuda(auto:sdpa)] (flash-attn is not "
+                            "importable, so auto resolved to sdpa); checked once, not reported twice"))
+        return backends, ("sdpa", CudaKernel("sdpa"), "sdpa"), skipped  # fp64 always takes the sdpa path
+    backends = [(name, k, _impl(k)) for name, k in (("cpu", CpuFlashKernel("per_doc")),
+                                                     ("cpu_block_diag", CpuFlashKernel("block_diag")),
+                                                     ("reference", ReferenceKernel()))]
+    return backends, backends[0], []
+
+
+def collect_versions(device) -> dict:
+    """Versions and the ``auto`` kernel; ``auto_kernel.probe`` is one tiny forward of it."""
+    from fcp_exec.kernels import default_kernel, flash_attn_available
+
+    fa_version = None
+    for dist_name in ("flash-attn", "flash_attn"):
+        try:
+            fa_version = importlib.metadata.version(dist_name)
+            break
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    v = {"python": platform.python_version(), "platform": platform.platform(), "torch": torch.__version__,
+         "cuda_runtime": torch.version.cuda, "cudnn": None, "nccl": None,
+         "flash_attn": {"installed": fa_version, "varlen_importable": flash_attn_available()}}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        v["cudnn"] = torch.backends.cudnn.version()
+        try:
+            nccl = torch.cuda.nccl.version()
+            v["nccl"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
+        except Exception as exc:  # noqa: BLE001 - a torch built without NCCL
+            v["nccl"] = f"unavailable ({type(exc).__name__})"
+        v["device"] = {"name": props.name, "capability": f"{props.major}.{props.minor}",
+                       "memory_gib": round(props.total_memory / 2 ** 30, 1), "count": torch.cuda.device_count()}
+    else:
+        v["device"] = {"name": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
+                       "torch_threads": torch.get_num_threads()}
+    kernel = default_kernel(device)
+    auto = {"default_kernel": repr(kernel), "resolved": _impl(kernel)}
+    try:
+        dt = torch.bfloat16 if device.type == "cuda" else torch.float32
+        q = torch.randn(8, 2, 64, device=device, dtype=dt)
+        kernel.forward(q, q, q, [0, 8], [0, 8], True, 0.125)
+        auto["probe"] = "ok"
+    except Exception as exc:  # noqa: BLE001 - recorded; the kernel checks then fail with details
+        auto["probe"] = f"{type(exc).__name__}: {exc}"[:500]
+    v["auto_kernel"] = auto
+    return v
+
+
+# ---------------------------------------------------------------------------- 1. kernel contract
+def _halves(cu):
+    """Row indices of the first and second half of every document, and their cu_seqlens."""
+    first, second, cu_first, cu_second = [], [], [0], [0]
+    for a, b in zip(cu[:-1], cu[1:]):
+        h = (b - a) // 2
+        first += range(a, a + h)
+        second += range(a + h, b)
+        cu_first.append(cu_first[-1] + h)
+        cu_second.append(cu_second[-1] + (b - a - h))
+    return torch.tensor(first, dtype=torch.long), torch.tensor(second, dtype=torch.long), cu_first, cu_second
+
+
+def contract_case(lengths, heads, dtype, mask, device, seed):
+    """Inputs of one kernel case: ``(q, k, v, dout, cu_q, cu_k, causal)`` rounded to ``dtype``."""
+    cu, q, k, v, dout = ring_inputs(lengths, heads, dtype, device, seed)
+    first, second, cu_first, cu_second = _halves(cu)
+    if mask == "q_all_k_first_half":  # the ring's step with an earlier source rank
+        first = first.to(device)
+        return q, k[first], v[first], dout, cu, cu_first, False
+    if mask == "q_second_half_k_all":  # the ring's step with a later source rank
+        second = second.to(device)
+        return q[second], k, v, dout[second], cu_second, cu, False
+    return q, k, v, dout, cu, cu, mask == "causal"
+
+
+def check_kernel(kernel, case, ref, scale, dtype_name):
+    q, k, v, dout, cu_q, cu_k, causal = case
+    r_out, r_lse, r_dq, r_dk, r_dv = ref
+    t_out, t_grad, t_lse = TOL[dtype_name]
+    out, lse = kernel.forward(q, k, v, cu_q, cu_k, causal, scale)
+    grads = kernel.backward(dout, q, k, v, out, lse, cu_q, cu_k, causal, scale)
+    want_lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    problems = []
+    if out.shape != q.shape or out.dtype != q.dtype:
+        problems.append(f"out is {tuple(out.shape)} {out.dtype}, expected {tuple(q.shape)} {q.dtype}")
+    if lse.shape != (q.shape[1], q.shape[0]) or lse.dtype != want_lse_dtype:
+        problems.append(f"lse is {tuple(lse.shape)} {lse.dtype}, expected {(q.shape[1], q.shape[0])} {want_lse_dtype}")
+    for n, g, x in zip(("dq", "dk", "dv"), grads, (q, k, v)):
+        if g.shape != x.shape or g.dtype != x.dtype:
+            problems.append(f"{n} is {tuple(g.shape)} {g.dtype}, expected {tuple(x.shape)} {x.dtype}")
+    empty = torch.isinf(r_lse)  # [H, T_q]: rows that see no key
+    finite = ~empty
+    lse_err = (lse.double() - r_lse)[finite].abs().max().item() if finite.any() else 0.0
+    num_empty_rows = int(empty[0].sum())
+    if num_empty_rows:
+        rows = empty[0]
+        if not bool((lse[empty] == float("-inf")).all()):
+            problems.append("lse is not -inf on rows without keys")
+        if not bool((out[rows] == 0).all()):
+            problems.append("out is not exactly 0 on rows without keys")
+        if not bool((grads[0][rows] == 0).all()):
+            problems.append("dq is not exactly 0 on rows without keys")
+    errors = {"out": rel_error(out, r_out), "lse": lse_err if math.isfinite(lse_err) else float("inf"),
+              "dq": rel_error(grads[0], r_dq), "dk": rel_error(grads[1], r_dk), "dv": rel_error(grads[2], r_dv)}
+    tols = {"out": t_out, "lse": t_lse, "dq": t_grad, "dk": t_grad, "dv": t_grad}
+    res = {"errors": errors, "tolerances": tols, "num_empty_rows": num_empty_rows}
+    if problems:
+        res.update(passed=False, reason="; ".join(problems))
+    return res
+
+
+def reference_self_check():
+    """The per-document fp64 reference against ``fcp_exec.testing.dense_attention`` (autograd)."""
     from fcp_exec.testing import dense_attention
 
-    cu = [0, 100, 100, 356, 357, 612]
-    gen = torch.Generator().manual_seed(0)
-    q, k, v, dout = (torch.randn(cu[-1], h, 64, generator=gen, dtype=torch.float64) for h in (8, 2, 2, 8))
-    qr, kr, vr = (x.clone().requires_grad_() for x in (q, k, v))
-    ref = dense_attention(qr, kr, vr, cu, causal=causal, softmax_scale=0.125)
-    rg = torch.autograd.grad(ref, (qr, kr, vr), dout)
-    qb, kb, vb, db = (x.to(dev, torch.bfloat16) for x in (q, k, v, dout))
-    out, lse = kernel.forward(qb, kb, vb, cu, cu, causal, 0.125)
-    grads = kernel.backward(db, qb, kb, vb, out, lse, cu, cu, causal, 0.125)
-    errs = {"out": _rel(out, ref)}
-    errs.update({n: _rel(g, w) for n, g, w in zip(("dq", "dk", "dv"), grads, rg)})
-    ql, kl, vl = (x.clone().requires_grad_() for x in (qb, kb, vb))
-    ro = ring_attention(ql, kl, vl, torch.tensor(cu, device=dev), ranks=[0], causal=causal,
-                        softmax_scale=0.125, kernel=kernel)
-    ro.backward(db)
-    errs["ring1_out"] = _rel(ro, ref)
-    errs["ring1_dq"] = _rel(ql.grad, rg[0])
-    if not causal:  # split keys of every doc in two blocks, merge, backward against merged stats
-        la_n = [(e - s) // 2 for s, e in zip(cu[:-1], cu[1:])]
-        half = [sum(la_n[:i]) for i in range(len(cu))]
-        a = torch.cat([torch.arange(s, s + (e - s) // 2) for s, e in zip(cu[:-1], cu[1:])]).to(dev)
-        b = torch.cat([torch.arange(s + (e - s) // 2, e) for s, e in zip(cu[:-1], cu[1:])]).to(dev)
-        cu_b = [c - h for c, h in zip(cu, half)]  # the rest of every document
-        oa, la = kernel.forward(qb, kb[a], vb[a], cu, half, False, 0.125)
-        ob, lb = kernel.forward(qb, kb[b], vb[b], cu, cu_b, False, 0.125)
-        lse_m = torch.logaddexp(la, lb)
-        om = oa.float() * torch.exp(la - lse_m).t()[..., None] + ob.float() * torch.exp(lb - lse_m).t()[..., None]
-        errs["split_merge_out"] = _rel(om, ref)
-        ga = kernel.backward(db, qb, kb[a], vb[a], om.to(torch.bfloat16), lse_m, cu, half, False, 0.125)
-        gb = kernel.backward(db, qb, kb[b], vb[b], om.to(torch.bfloat16), lse_m, cu, cu_b, False, 0.125)
-        errs["split_merge_dq"] = _rel(ga[0].float() + gb[0].float(), rg[0])
-    return errs
+    errors = {}
+    for causal in (True, False):
+        cu, q, k, v, dout = ring_inputs([1, 0, 2, 7, 12], (4, 2, 8), torch.float64, "cpu", seed=3)
+        ref = reference_attention(q, k, v, dout, cu, cu, causal, 0.3)
+        qr, kr, vr = (x.clone().requires_grad_() for x in (q, k, v))
+        dense = dense_attention(qr, kr, vr, cu, causal=causal, softmax_scale=0.3)
+        grads = torch.autograd.grad(dense, (qr, kr, vr), dout)
+        tag = "causal" if causal else "full"
+        for n, got, want in zip(("out", "dq", "dk", "dv"), ref[:1] + ref[2:], (dense, *grads)):
+            errors[f"{tag}_{n}"] = rel_error(got, want)
+    return {"errors": errors, "tolerances": {n: 1e-12 for n in errors}}
+
+
+def kernel_section(res: Results, cfg, backends, deadline) -> None:
+    """Section 1: every backend on every case; one reference per case, shared by the backends."""
+    res.run("kernel reference self-check (fp64 vs testing.dense_attention)", "kernel", reference_self_check)
+    seed = 0
+    for dtype_name in cfg.dtypes:
+        dtype = getattr(torch, dtype_name)
+        for head_dim in cfg.head_dims:
+            for ratio in cfg.gqa_ratios:
+                heads = (cfg.kv_heads * ratio, cfg.kv_heads, head_dim)
+                for mask in MASKS:
+                    seed += 1
+                    lengths = [1, 0, 2, cfg.odd_doc, cfg.long_doc, 0]
+                    tag = f"{_SHORT[dtype_name]} d{head_dim} gqa{ratio} {mask} docs={lengths}"
+                    names = [f"kernel[{label}] {tag}" for label, _, _ in backends]
+                    if time.monotonic() > deadline:
+                        res.add_all(names, "kernel", skipped=True, reason=res.late_reason)
+                        continue
+                    try:
+                        case = contract_case(lengths, heads, dtype, mask, cfg.device, seed)
+                        ref = reference_attention(*case, head_dim ** -0.5)
+                    except Exception as exc:  # noqa: BLE001 - e.g. out of memory: every backend's entry fails
+                        res.add_all(names, "kernel", passed=False, reason=f"inputs/reference: {type(exc).__name__}: {exc}")
+                        continue
+                    for label, kernel, impl in backends:
+                        res.run(f"kernel[{label}] {tag}", "kernel", check_kernel, kernel, case, ref,
+                                head_dim ** -0.5, dtype_name, implementation=impl)
+
+
+# ---------------------------------------------------------------------------- 3. timing
+# dense (no sparsity) bf16 tensor-core peaks from NVIDIA's datasheets, TFLOP/s; first match wins
+PEAK_BF16_TFLOPS = (("GH200", 989.5), ("H200 NVL", 835.5), ("H200", 989.5), ("H100 NVL", 835.5),
+                    ("H100 PCIe", 756.5), ("H100", 989.5), ("H800", 989.5), ("GB200", 2500.0),
+                    ("B200", 2250.0), ("A100", 312.0), ("A800", 312.0), ("L40S", 362.05), ("L4", 121.0))
+
+
+def _peak(cfg, versions) -> tuple:
+    if cfg.peak_tflops:
+        return cfg.peak_tflops, "--peak-tflops"
+    if cfg.device.type != "cuda":
+        return "n/a", "no dense bf16 peak for a CPU"
+    name = versions["device"]["name"]
+    for key, tflops in PEAK_BF16_TFLOPS:
+        if key in name:
+            return tflops, f"datasheet ({key}, dense bf16)"
+    return None, f"{name!r} is not in PEAK_BF16_TFLOPS; pass --peak-tflops"
+
+
+def _count_host_syncs(step) -> tuple:
+    """Host syncs of one ``step()`` as warnings of ``torch.cuda.set_sync_debug_mode("warn")``
+    (warnings of autograd's device thread reach the caller), with the code lines that caused them."""
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+    syncs = [w for w in caught if "synchroniz" in str(w.message).lower()]
+    where = collections.Counter(f"{os.path.basename(w.filename)}:{w.lineno}" for w in syncs)
+    return len(syncs), dict(where.most_common(12))
+
+
+def time_degree1(kernel, tokens: int, heads, device, iters: int, budget_s: float, peak, cuda: bool):
+    """Median ms of degree-1 ``ring_attention`` forward+backward of one causal bf16 document;
+    ``cuda``: time with CUDA events and count host syncs."""
+    from fcp_exec import ring_attention
+
+    hq, hkv, d = heads
+    q, k, v = (torch.randn(tokens, h, d, device=device, dtype=torch.bfloat16).requires_grad_() for h in (hq, hkv, hkv))
+    dout = torch.randn(tokens, hq, d, device=device, dtype=torch.bfloat16)
+
+    def step():
+        out = ring_attention(q, k, v, [0, tokens], ranks=[0], causal=True, kernel=kernel)
+        return out, torch.autograd.grad(out, (q, k, v), dout)
+
+    t = time.perf_counter()
+    out, grads = step()
+    finite = all(bool(torch.isfinite(x).all()) for x in (out, *grads))  # also syncs
+    warmup_s = time.perf_counter() - t
+    del out, grads
+    n = max(1, min(iters, int(budget_s / max(warmup_s, 1e-6))))
+    times = []
+    for _ in range(n):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t = time.perf_counter()
+            step()
+            times.append((time.perf_counter() - t) * 1e3)
+    ms = statistics.median(times)
+    flops = 14 * hq * d * (tokens * (tokens + 1) // 2)
+    tflops = flops / (ms * 1e-3) / 1e12
+    res = {"passed": finite, "reason": None if finite else "non-finite output or gradient",
+           "median_ms": round(ms, 3), "times_ms": [round(x, 3) for x in times], "iters": n,
+           "warmup_s": round(warmup_s, 3), "tflops": round(tflops, 3), "peak_bf16_tflops": peak,
+           "fraction_of_peak": round(tflops / peak, 4) if isinstance(peak, float) else None,
+           "flops": flops, "flops_formula": "3.5 * 4 * H_q * D * T(T+1)/2 (causal pairs; backward = 2.5x forward)",
+           "timer": "cuda events" if cuda else "time.perf_counter"}
+    if cuda and warmup_s < 20:
+        res["host_syncs_per_step"], res["host_sync_sites"] = _count_host_syncs(step)
+    elif cuda:
+        res["host_syncs_note"] = f"not counted: one step took {warmup_s:.1f} s"
+    return res
+
+
+def timing_section(res: Results, cfg, versions, deadline) -> None:
+    from fcp_exec.kernels import default_kernel
+
+    kernel = default_kernel(cfg.device)
+    impl = _impl(kernel)
+    peak, peak_source = _peak(cfg, versions)
+    hq, hkv, d = cfg.timing_heads
+    if cfg.device.type != "cuda":
+        res.add("timing host syncs (torch.cuda.set_sync_debug_mode)", "timing", skipped=True,
+                reason="CUDA only: set_sync_debug_mode counts CUDA host syncs; there are none on CPU")
+    for i, tokens in enumerate(cfg.timing_tokens):
+        name = f"timing[{impl}] degree 1 fwd+bwd causal {tokens} tokens heads {hq}/{hkv} d{d} bf16"
+        left = deadline - time.monotonic()
+        if left <= 0:
+            res.add(name, "timing", skipped=True, reason=res.late_reason)
+            continue
+        budget = max(2.0, min(90.0, left / (len(cfg.timing_tokens) - i + 1)))
+        res.run(name, "timing", time_degree1, kernel, tokens, cfg.timing_heads, cfg.device, cfg.iters, budget,
+                peak, cfg.device.type == "cuda", implementation=impl)
+        res.checks[-1]["peak_source"] = peak_source
+        if cfg.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------------------- main
+def _config(args) -> argparse.Namespace:
+    cuda = args.device == "cuda"
+    quick = args.quick
+    return argparse.Namespace(
+        device=torch.device(args.device), time_limit=args.time_limit,
+        dtypes=("bfloat16", "float16") if cuda else ("float32", "bfloat16")[: 1 if quick else 2],
+        head_dims=(64,) if quick else (64, 128), gqa_ratios=(1, 4), kv_heads=2 if cuda else 1,
+        odd_doc=333 if cuda else 33, long_doc=args.long_doc or (4099 if cuda else 600),
+        degrees=(2, 4) if quick else (2, 4, 8), ring_heads=(4, 2, 64) if cuda else (4, 1, 32),
+        ring_long_doc=4097 if cuda else 192, ring_timeout=120.0 if cuda else 60.0,
+        timing_tokens=args.timing_tokens or ((32768, 131072) if cuda else ((256,) if quick else (512, 1024))),
+        timing_heads=tuple(args.timing_heads or ((32, 8, 128) if cuda else (4, 1, 64))),
+        iters=args.iters or (5 if cuda else 2), peak_tflops=args.peak_tflops,
+        mp_worlds=() if quick else ((2, 3) if cuda else (2,)), mp_timeout=args.mp_timeout)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tokens", type=int, default=32768)
-    ap.add_argument("--heads", type=int, nargs=3, default=(16, 4, 128), metavar=("HQ", "HKV", "D"))
-    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--out", required=True, help="folder for results.json and versions.json")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--quick", action="store_true", help="fewer cases (the test's perturbed run)")
+    ap.add_argument("--perturb", action="store_true", help="break every kernel on purpose (must fail)")
+    ap.add_argument("--sections", default="kernel,ring,timing,multiprocess",
+                    help="comma list of kernel, ring, timing, multiprocess (versions always run)")
+    ap.add_argument("--long-doc", type=int, help="the long document of the kernel cases (GPU 4099, CPU 600)")
+    ap.add_argument("--timing-tokens", type=int, nargs="+", help="GPU: 32768 131072; CPU: 512 1024")
+    ap.add_argument("--timing-heads", type=int, nargs=3, metavar=("HQ", "HKV", "D"))
+    ap.add_argument("--iters", type=int, help="timed iterations per size (GPU 5, CPU 2)")
+    ap.add_argument("--peak-tflops", type=float, help="dense bf16 peak if the device is not in the table")
+    ap.add_argument("--mp-timeout", type=float, default=90.0, help="hard limit per multi-process attempt (s)")
+    ap.add_argument("--time-limit", type=float, help="soft limit: later checks are skipped (GPU 400 s, CPU 110 s)")
+    ap.add_argument("--threads", type=int, help="torch CPU threads (default 1 with --device cpu: the small "
+                    "cases gain nothing from more, and the ring's threads would oversubscribe the cores)")
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("no CUDA device")
-        return 0
-    from fcp_exec.kernels import CudaKernel
+    t0 = time.monotonic()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("gpu_check: --device cuda but torch.cuda.is_available() is False", file=sys.stderr)
+        return 2
+    args.time_limit = args.time_limit or (400.0 if args.device == "cuda" else 110.0)
+    if args.threads or args.device == "cpu":
+        torch.set_num_threads(args.threads or 1)
+    perturb = args.perturb or os.environ.get("FCP_GPU_CHECK_PERTURB", "") not in ("", "0")
+    sections = {s.strip() for s in args.sections.split(",") if s.strip()}
+    unknown = sections - {"kernel", "ring", "timing", "multiprocess"}
+    if unknown:
+        ap.error(f"unknown --sections {sorted(unknown)}; choose from kernel, ring, timing, multiprocess")
+    cfg = _config(args)
+    res = Results(args.out, {"script": "benchmarks/gpu_check.py", "argv": sys.argv[1:] if argv is None else argv,
+                             "device": args.device, "perturbed": perturb, "quick": args.quick})
+    res.late_reason = f"time limit (--time-limit {cfg.time_limit:g} s) reached"
+    try:
+        return _run(res, cfg, sections, perturb, t0)
+    except Exception:  # noqa: BLE001 - a bug of this script, not a failed check
+        traceback.print_exc()
+        res.add("gpu_check internal error", "script", passed=False, reason=traceback.format_exc(limit=-4)[-3000:])
+        return 2
 
-    dev = torch.device("cuda")
-    print(f"device: {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
-    failures = 0
-    for backend in ("auto", "sdpa"):
-        kernel = CudaKernel(backend)
-        for causal in (True, False):
-            errs = _check(kernel, causal, dev)
-            ok = all(e <= 3e-2 for e in errs.values())
-            failures += not ok
-            print(f"{kernel!r:<32} {'causal' if causal else 'full':<6} {'OK  ' if ok else 'FAIL'} "
-                  + " ".join(f"{n}={e:.2e}" for n, e in errs.items()))
-    hq, hkv, d = args.heads
-    cu, n = [0], 0
-    gen = torch.Generator().manual_seed(1)
-    while cu[-1] < args.tokens:
-        n = min(int(torch.randint(256, 8192, (1,), generator=gen)), args.tokens - cu[-1])
-        cu.append(cu[-1] + n)
-    q, k, v = (torch.randn(cu[-1], h, d, device=dev, dtype=torch.bfloat16) for h in (hq, hkv, hkv))
-    for backend in ("auto", "sdpa"):
-        kernel = CudaKernel(backend)
-        for causal in (True, False):
-            def step():
-                out, lse = kernel.forward(q, k, v, cu, cu, causal, d ** -0.5)
-                kernel.backward(torch.ones_like(out), q, k, v, out, lse, cu, cu, causal, d ** -0.5)
-            step()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            times = []
-            for _ in range(args.iters):
-                start.record()
-                step()
-                end.record()
-                torch.cuda.synchronize()
-                times.append(start.elapsed_time(end))
-            times.sort()
-            print(f"timing {kernel!r:<32} {'causal' if causal else 'full':<6} {cu[-1]} tok, {len(cu) - 1} docs, "
-                  f"heads {tuple(args.heads)}: fwd+bwd median {times[len(times) // 2]:.2f} ms")
-    print("gpu_check:", "PASS" if failures == 0 else f"{failures} FAILED")
-    return 1 if failures else 0
+
+def _run(res: Results, cfg, sections, perturb: bool, t0: float) -> int:
+    deadline = t0 + cfg.time_limit
+    versions = collect_versions(cfg.device)
+    fa, auto = versions["flash_attn"], versions["auto_kernel"]
+    print(f"versions: torch {versions['torch']}, CUDA {versions['cuda_runtime']}, NCCL {versions['nccl']}, "
+          f"flash-attn {fa['installed']} (varlen importable: {fa['varlen_importable']}), device "
+          f"{versions['device']['name']}; auto -> {auto['resolved']} (probe: {auto['probe']})", flush=True)
+    res.meta["versions"] = versions
+    res.add("versions", "versions", passed=True, **versions)
+    backends, tight, skipped = kernel_backends(cfg.device)
+    for name, reason in skipped:
+        res.add(name, "kernel", skipped=True, reason=reason)
+    if perturb:
+        print("gpu_check: PERTURBED run (--perturb / FCP_GPU_CHECK_PERTURB): every kernel output is scaled by 1.05")
+        backends = [(f"{label}+perturbed", PerturbedKernel(k), impl) for label, k, impl in backends]
+        tight = (f"{tight[0]}+perturbed", PerturbedKernel(tight[1]), tight[2])
+    if "kernel" in sections:
+        kernel_section(res, cfg, backends, deadline)
+    if "ring" in sections:
+        ring_section(res, cfg, backends, tight, deadline, TOL)
+    if "timing" in sections:
+        timing_section(res, cfg, versions, deadline)
+    if "multiprocess" in sections:
+        multiprocess_checks(res, cfg, deadline, TOL)
+    res.meta["wall_s"] = round(time.monotonic() - t0, 1)
+    res.write()
+    ran = res.meta["backends_run"]
+    _dump(versions, os.path.join(res.out_dir, "versions.json"))
+    failed = res.failed()
+    n_skip = sum(c["skipped"] for c in res.checks)
+    print(f"gpu_check: {len(res.checks)} checks, {len(failed)} failed, {n_skip} skipped; backends run: "
+          f"{', '.join(ran) or 'none'}; auto -> {versions['auto_kernel']['resolved']}; "
+          f"{res.meta['wall_s']} s; results in {os.path.join(res.out_dir, 'results.json')}")
+    for c in failed[:20]:
+        why = c.get("reason") or f"{c['worst']} error {c['max_error']:.2e} > {c['tolerance']:.0e}"
+        print(f"  FAILED {c['name']}: {why}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

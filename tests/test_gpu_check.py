@@ -1,0 +1,66 @@
+"""``benchmarks/gpu_check.py`` on CPU: the prepared GPU check is itself tested before a GPU sees it.
+
+The plain ``--device cpu`` run (the acceptance command) must exit 0 and write ``results.json``
+with one entry per check — name, passed, max_error, tolerance, or skipped with a reason — and
+``versions.json``; every kernel/ring entry must be within its stated tolerance. A run with
+``FCP_GPU_CHECK_PERTURB=1`` (every kernel output scaled by 1.05) must exit 1 with failed kernel
+and ring entries. A failure means a CPU kernel or ring regression, or a check script that cannot
+tell a broken kernel from a working one.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
+
+
+def _run(out: Path, *extra: str, perturb: bool = False) -> tuple[subprocess.CompletedProcess, dict]:
+    env = dict(os.environ)
+    env.pop("FCP_GPU_CHECK_PERTURB", None)
+    if perturb:
+        env["FCP_GPU_CHECK_PERTURB"] = "1"
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--out", str(out), *extra],
+                          capture_output=True, text=True, timeout=150, env=env)
+    results = out / "results.json"
+    assert results.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc, json.loads(results.read_text())
+
+
+def test_cpu_run_passes_and_records_every_check(tmp_path):
+    proc, doc = _run(tmp_path)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    checks = doc["checks"]
+    assert {"versions", "kernel", "ring", "timing", "multiprocess"} <= {c["section"] for c in checks}
+    names = [c["name"] for c in checks]
+    assert len(names) == len(set(names)), "one entry per check"
+    for c in checks:
+        assert {"name", "passed", "skipped", "max_error", "tolerance", "reason"} <= set(c), c
+        if c["skipped"]:
+            assert c["reason"], c
+            continue
+        assert c["passed"] is True, c
+        if c["section"] in ("kernel", "ring"):
+            assert 0 <= c["max_error"] <= c["tolerance"], c
+    ring_degrees = {int(c["name"].split("d=")[1].split()[0]) for c in checks if c["section"] == "ring"}
+    assert ring_degrees == {2, 4, 8}
+    empty_rows = [c for c in checks if c["section"] == "kernel" and c.get("num_empty_rows")]
+    assert empty_rows, "some kernel case must have rows without keys (lse = -inf)"
+    # versions: never claim a backend that did not run
+    ran = {c["implementation"] for c in checks if c.get("implementation") and not c["skipped"]}
+    versions = json.loads((tmp_path / "versions.json").read_text())
+    assert versions["backends_run"] == sorted(ran) == doc["versions"]["backends_run"]
+    assert versions["auto_kernel"]["resolved"] in ran and versions["auto_ran"] is True
+    assert doc["summary"]["failed"] == 0 and doc["perturbed"] is False
+
+
+def test_perturbed_kernel_fails_the_run(tmp_path):
+    proc, doc = _run(tmp_path, "--quick", "--sections", "kernel,ring", perturb=True)
+    assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-4000:]
+    failed = [c for c in doc["checks"] if not c["skipped"] and not c["passed"]]
+    assert {"kernel", "ring"} <= {c["section"] for c in failed}
+    assert all(c["max_error"] > c["tolerance"] for c in failed)
+    assert doc["perturbed"] is True and doc["summary"]["failed"] == len(failed)
