@@ -14,6 +14,11 @@ Sections:
             (goal: mean gap ≤ 3 %, worst ≤ 15 %).
   simulate  step time on Wikipedia, 64 ranks (4 nodes × 16), GBS 512, Qwen3-8B and Llama3-8B on
             ascend-910c: FCP's speedup over every baseline (static degrees fixed for the whole run).
+  nscaling  planning time against the number of sequences (the first n of the workload, capped at N·E) at
+            1024 ranks with micro_batches='auto', Qwen3-8B on ascend-910c and h100 (issue 15: time linear in
+            n at fixed ranks, 400k under 4× the 100k time); also megatron-dynamic against FCP on the largest
+            micro-batch (FCP stops evaluating that candidate above MEGATRON_CANDIDATE_MAX sequences × ranks).
+            --nscaling-sizes picks the sizes (default 25000,50000,100000,200000,400000; ~3 min).
 """
 
 from __future__ import annotations
@@ -132,6 +137,31 @@ def bench_simulate(workload: np.ndarray, steps: int) -> None:
             print(f"| {model} | {s}{note} | {np.mean(times[s]):.3f} | {np.mean(times[s]) / base:.3f}x |")
 
 
+def bench_nscaling(workload_path: str, sizes: list[int], ranks: int = 1024) -> None:
+    from fcp_data.plan import megatron_dynamic
+
+    raw = load_lengths(workload_path)
+    print(f"\n### Planning time against sequences: {ranks} ranks, micro_batches='auto', Qwen3-8B, first n lengths of "
+          f"the workload capped at N·E\n")
+    print("| hardware | sequences | micro-batches | makespan [s] | CPU [s] | wall [s] | CPU / smallest ÷ n ratio | "
+          "megatron-dynamic / fcp (largest micro-batch) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for hw in ("ascend-910c", "h100"):
+        cm = CostModel.preset("Qwen3-8B", hw)
+        base = None
+        for n in sizes:
+            lengths, _ = apply_cap(raw[:n], ranks * cm.tokens_per_rank, "truncate")
+            t0, c0 = time.perf_counter(), time.process_time()
+            plan = plan_batch(lengths, num_ranks=ranks, cost_model=cm, micro_batches="auto")
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+            base = base or (cpu, n)
+            mb = max(plan.micro_batches, key=lambda m: len(m.seq_ids))
+            ids = np.array(sorted(mb.seq_ids))
+            meg = megatron_dynamic(lengths[ids], np.zeros(ids.size), ranks, cm).makespan
+            print(f"| {hw} | {n} | {len(plan.micro_batches)} | {plan.makespan:.3f} | {cpu:.1f} | {wall:.1f} | "
+                  f"{cpu / base[0] / (n / base[1]):.2f} | {meg / mb.makespan:.2f} |")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workload", default=str(REPO.parent / "shared" / "workloads" / "wikipedia_flexsp.txt"))
@@ -140,6 +170,8 @@ def main(argv=None) -> int:
     ap.add_argument("--instances", type=int, default=200, help="quality instances (each solved by the ILP)")
     ap.add_argument("--time-limit", type=float, default=30.0, help="ILP time limit per instance [s]")
     ap.add_argument("--steps", type=int, default=20, help="simulated steps per model")
+    ap.add_argument("--nscaling-sizes", default="25000,50000,100000,200000,400000",
+                    help="sequence counts of the nscaling section")
     args = ap.parse_args(argv)
     only = set(args.only.split(","))
     workload = None
@@ -156,6 +188,8 @@ def main(argv=None) -> int:
         bench_quality(args.instances, args.time_limit)
     if "simulate" in only:
         bench_simulate(workload, args.steps)
+    if "nscaling" in only:
+        bench_nscaling(args.workload, [int(v) for v in args.nscaling_sizes.split(",")])
     return 0
 
 

@@ -26,7 +26,23 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-__all__ = ["CostModel", "COST_KEYS", "group_aggregates"]
+__all__ = ["CostModel", "COST_KEYS", "group_aggregates", "MAX_RANKS", "MAX_SEQUENCE_TOKENS", "MAX_TOKENS_PER_RANK",
+           "MAX_GROUP_SECONDS"]
+
+# Sanity limits of the planning core. MAX_RANKS bounds the ranks one plan covers: stage 2 works on a
+# (groups × ranks) time table, so 4096 ranks × 4096 groups is 16.8M entries (134 MB per float64 array);
+# a plan for more ranks is not a CP plan anyone runs (TP/PP/DP split a larger cluster first).
+MAX_RANKS = 4096
+MAX_SEQUENCE_TOKENS = (1 << 31) - 1  # one sequence; a batch of them still sums far below int64
+MAX_TOKENS_PER_RANK = 1 << 40
+MAX_RANKS_PER_NODE = 1 << 20
+# no CP group that memory allows may take longer than this (about 31,700 years): a coefficient that makes
+# it so is in the wrong unit, and larger values overflow once makespans are summed
+MAX_GROUP_SECONDS = 1e12
+_MAX_COST_FILE_BYTES = 1 << 20
+_UNITS = {"alpha1": "s/token²", "alpha2": "s/token", "alpha3": "bytes/token", "beta1": "s", "beta2": "s",
+          "bandwidth_intra": "bytes/s", "bandwidth_inter": "bytes/s", "ranks_per_node": "ranks",
+          "tokens_per_rank": "tokens"}
 
 COST_KEYS = (
     "alpha1",
@@ -77,19 +93,56 @@ class CostModel:
     def __post_init__(self) -> None:
         for f in fields(self):
             v = getattr(self, f.name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise ValueError(f"CostModel.{f.name} must be a finite number, got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+                raise ValueError(f"CostModel.{f.name} must be a number ({_UNITS[f.name]}), got {type(v).__name__} {v!r:.60}")
+            try:
+                finite = math.isfinite(float(v))
+            except OverflowError:  # an int beyond float range
+                finite = False
+            if not finite:
+                raise ValueError(f"CostModel.{f.name} must be a finite number ({_UNITS[f.name]}), got {v!r:.60}")
         for name in ("alpha1", "alpha2", "alpha3", "beta1", "beta2"):
             if getattr(self, name) < 0:
-                raise ValueError(f"CostModel.{name} must be >= 0, got {getattr(self, name)!r}")
+                raise ValueError(f"CostModel.{name} must be >= 0 {_UNITS[name]}, got {getattr(self, name)!r}")
+            object.__setattr__(self, name, float(getattr(self, name)))
         for name in ("bandwidth_intra", "bandwidth_inter"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"CostModel.{name} must be > 0 bytes/s, got {getattr(self, name)!r}")
-        for name in ("ranks_per_node", "tokens_per_rank"):
+            object.__setattr__(self, name, float(getattr(self, name)))
+        for name, top in (("ranks_per_node", MAX_RANKS_PER_NODE), ("tokens_per_rank", MAX_TOKENS_PER_RANK)):
             v = getattr(self, name)
             if int(v) != v or v < 1:
                 raise ValueError(f"CostModel.{name} must be a positive integer, got {v!r}")
+            if v > top:
+                raise ValueError(f"CostModel.{name}={v!r} is beyond any real system (at most {top}); check the value")
             object.__setattr__(self, name, int(v))
+        self._check_range()
+
+    def _check_range(self) -> None:
+        """No memory-feasible group may take an infinite or absurd time: the slowest one a plan can hold is
+        one full-attention sequence filling ``d·tokens_per_rank`` on ``d`` ranks (A grows with ``d``), on
+        one node or across nodes. A coefficient in the wrong unit (alpha1=1e308) fails here, at load,
+        instead of as an overflow or a misleading "does not fit" deep inside a solver."""
+        d = np.array([1.0, float(min(self.ranks_per_node, MAX_RANKS)), float(MAX_RANKS)])
+        S = d * self.tokens_per_rank
+        with np.errstate(over="ignore", invalid="ignore"):
+            T = np.stack([self.time(S, 2.0 * S * S, d, intra) for intra in (True, False)])
+            T = np.where(np.isnan(T), np.inf, T)
+            if float(T.max()) <= MAX_GROUP_SECONDS:
+                return
+            intra, j = np.unravel_index(int(np.argmax(T)), T.shape)
+            dj, Sj = float(d[j]), float(S[j])
+            v = self.bandwidth_intra if intra == 0 else self.bandwidth_inter
+            terms = {"alpha1 (attention)": self.alpha1 * 2.0 * Sj * Sj / dj, "alpha2 (linear layers)": self.alpha2 * Sj / dj,
+                     "alpha3 / bandwidth (ring traffic)": self.alpha3 * Sj * (dj - 1.0) / dj / v,
+                     "beta1": self.beta1, "beta2": self.beta2}
+        culprit = max(terms, key=lambda k: terms[k] if not math.isnan(terms[k]) else math.inf)
+        raise ValueError(
+            f"cost model out of range: {int(dj)} rank(s) × tokens_per_rank={self.tokens_per_rank} would take "
+            f"{float(T.max()):.3g} s (limit {MAX_GROUP_SECONDS:g} s), mostly from {culprit}; check the units: alpha1 "
+            f"s/token², alpha2 s/token, alpha3 bytes/token, bandwidths bytes/s (alpha1={self.alpha1!r}, "
+            f"alpha2={self.alpha2!r}, alpha3={self.alpha3!r}, bandwidth_intra={self.bandwidth_intra!r}, "
+            f"bandwidth_inter={self.bandwidth_inter!r})")
 
     # ------------------------------------------------------------------ formulas
     def time(self, S, Q, d, intra=True):
@@ -162,8 +215,15 @@ class CostModel:
 
     @classmethod
     def load(cls, path: str | Path) -> "CostModel":
+        """Read a cost JSON (the §4 keys); every problem is a one-line ``ValueError`` naming the file."""
         p = Path(path)
         try:
+            size = p.stat().st_size
+            if p.exists() and not p.is_dir() and not p.is_file():
+                raise ValueError(f"cost model file {p} is not a regular file (a device, pipe or socket); pass a JSON file")
+            if size > _MAX_COST_FILE_BYTES:
+                raise ValueError(f"cost model file {p} has {size} bytes; a cost JSON is a few hundred bytes "
+                                 f"(at most {_MAX_COST_FILE_BYTES}) — is this the right file?")
             data = json.loads(p.read_text())
         except FileNotFoundError:
             raise ValueError(f"cost model file not found: {p}") from None
@@ -173,7 +233,13 @@ class CostModel:
             raise ValueError(f"cost model file {p} cannot be read: {e.strerror or e}") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ValueError(f"cost model file {p} is not valid JSON: {e}") from None
-        return cls.from_dict(data)
+        except RecursionError:
+            raise ValueError(f"cost model file {p} is nested too deeply to be a cost model; it must be one flat "
+                             f"JSON object with the keys {', '.join(COST_KEYS)}") from None
+        try:
+            return cls.from_dict(data)
+        except ValueError as e:
+            raise ValueError(f"cost model file {p}: {e}") from None
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fcp_data.cost import MAX_SEQUENCE_TOKENS
+
 __all__ = ["load_lengths", "apply_cap", "CapReport", "draw_batches", "OVERLONG_MODES"]
 
 OVERLONG_MODES = ("error", "truncate", "drop")
@@ -34,9 +36,11 @@ def _parse_int(text: str, where: str) -> int:
     try:
         v = float(text)
     except ValueError:
-        raise ValueError(f"{where}: {text!r} is not a number (expected one integer token count)") from None
+        raise ValueError(f"{where}: {text!r:.60} is not a number (expected one integer token count)") from None
     if not np.isfinite(v) or v != int(v):
-        raise ValueError(f"{where}: {text!r} is not a whole token count")
+        raise ValueError(f"{where}: {text!r:.60} is not a whole token count")
+    if abs(v) > MAX_SEQUENCE_TOKENS:  # beyond int64 this used to escape as OverflowError
+        raise ValueError(f"{where}: {text!r:.60} is not a plausible token count (at most {MAX_SEQUENCE_TOKENS})")
     return int(v)
 
 
@@ -46,8 +50,11 @@ def load_lengths(path: str | Path, column: str | int | None = None) -> np.ndarra
     p = Path(path)
     if p.is_dir():
         raise ValueError(f"lengths file {p} is a directory; pass a .txt, .npy or .csv file")
-    if not p.is_file():
+    if not p.exists():
         raise FileNotFoundError(f"lengths file not found: {p}")
+    if not p.is_file():
+        raise ValueError(f"lengths file {p} is not a regular file (a device, pipe or socket); pass a .txt, .npy or "
+                         ".csv file")
     try:
         return _load(p, column)
     except UnicodeDecodeError as e:
@@ -67,6 +74,11 @@ def _load(p: Path, column: str | int | None) -> np.ndarray:
             bad = np.flatnonzero(~np.isfinite(arr) | (arr != np.round(arr)))
             if bad.size:
                 raise ValueError(f"{p}: entry {bad[0]} is {arr[bad[0]]}, not a whole token count")
+        big = np.flatnonzero(np.abs(arr) > MAX_SEQUENCE_TOKENS) if arr.dtype != np.uint64 else \
+            np.flatnonzero(arr > MAX_SEQUENCE_TOKENS)
+        if big.size:  # before the cast, which would wrap uint64 / large floats silently
+            raise ValueError(f"{p}: entry {big[0]} is {arr[big[0]]}, not a plausible token count (at most "
+                             f"{MAX_SEQUENCE_TOKENS})")
         return _check(arr.astype(np.int64), str(p))
     if suffix == ".csv":
         return _load_csv(p, column)

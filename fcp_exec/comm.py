@@ -55,18 +55,23 @@ def validate_ranks(ranks: Sequence[int]) -> tuple[int, ...]:
 class PendingExchange:
     """Posted sends/receives of one ring step; :meth:`wait` returns the received tensors."""
 
-    __slots__ = ("_works", "_recv", "_send", "_comm", "_what")
+    __slots__ = ("_works", "_recv", "_send", "_comm", "_what", "_peers")
 
-    def __init__(self, works, recv, send, comm: "RingComm", what: str):
+    def __init__(self, works, recv, send, comm: "RingComm", what: str, peers=None):
         self._works, self._recv, self._send, self._comm, self._what = works, recv, send, comm, what
+        # (peer rank, is_recv) of each posted op, in posting order; default: [send to next, recv from prev] pairs
+        self._peers = peers
 
     def wait(self) -> list[torch.Tensor]:
         c = self._comm
-        # batch_isend_irecv returns one work per op (gloo) or one for the whole batch (NCCL);
-        # ops were posted as [send, recv] pairs.
+        # batch_isend_irecv returns one work per op (gloo) or one for the whole batch (NCCL)
+        per_op = self._peers is not None and len(self._peers) == len(self._works)
         for i, work in enumerate(self._works):
-            is_recv = len(self._works) > 1 and i % 2 == 1
-            peer = c.prev_rank if is_recv else c.next_rank
+            if per_op:
+                peer, is_recv = self._peers[i]
+            else:
+                is_recv = len(self._works) > 1 and i % 2 == 1
+                peer = c.prev_rank if is_recv else c.next_rank
             try:
                 if c.timeout is None:
                     work.wait()
@@ -148,3 +153,23 @@ class RingComm:
             ops.append(dist.P2POp(dist.irecv, buf, self.prev_rank, self.group, tag=tag + i))
         works = dist.batch_isend_irecv(ops)
         return PendingExchange(list(works), recv, send, self, what)
+
+    def exchange_with_neighbours(self, t: torch.Tensor, *, tag: int, what: str) -> dict[int, torch.Tensor]:
+        """Send ``t`` to both ring neighbours and receive theirs (same shape and dtype): one batched P2P
+        round trip. Returns ``{peer rank: its tensor}`` (one entry when degree is 2: the neighbours coincide).
+        Used for the small shape header that :func:`~fcp_exec.ring_attention.ring_attention` checks
+        before the first K/V block travels."""
+        if self.degree == 1:
+            raise RuntimeError("exchange_with_neighbours on a CP group of degree 1; there is no neighbour")
+        t = t.contiguous()
+        peers = [self.next_rank] if self.degree == 2 else [self.next_rank, self.prev_rank]
+        ops, recv, desc = [], {}, []
+        for j, peer in enumerate(peers):
+            # j = 0: to next / from prev; j = 1: to prev / from next (distinct tags: gloo matches on them)
+            src = self.prev_rank if j == 0 else self.next_rank
+            recv[src] = torch.empty_like(t)
+            ops.append(dist.P2POp(dist.isend, t, peer, self.group, tag=tag + j))
+            ops.append(dist.P2POp(dist.irecv, recv[src], src, self.group, tag=tag + j))
+            desc += [(peer, False), (src, True)]
+        PendingExchange(list(dist.batch_isend_irecv(ops)), list(recv.values()), [t], self, what, desc).wait()
+        return recv

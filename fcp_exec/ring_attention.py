@@ -20,8 +20,17 @@ Partial results are merged in fp32 (fp64 for fp64 inputs) with the log-sum-exp u
 re-runs each block against the final ``out``/``lse``; dQ stays local while dK/dV travel round the
 ring with the key/value blocks and arrive back at their owner after ``d`` hops. The next block's
 send/recv is posted before the current block is computed.
+
+Before the first block travels, every rank swaps a 12-integer header (local tokens, heads, head dim, dtype,
+mask, softmax scale, degree, checksums of ``ranks`` and of the local ``cu_seqlens``) with both ring
+neighbours — one batched P2P round trip — and raises ``ValueError`` naming the peer and both shapes when
+they differ. Without it a shard-size mismatch is a receive of the wrong size: gloo aborts the process
+(``gloo::EnforceNotMet``), NCCL/HCCL may hang or read garbage.
 """
 from __future__ import annotations
+
+import struct
+import zlib
 
 import torch
 
@@ -31,6 +40,53 @@ from fcp_exec.kernels.base import lse_dtype_for
 from fcp_exec.layout import check_cu_seqlens
 
 __all__ = ["ring_attention"]
+
+
+_HEADER_MAGIC = 0x46435031  # "FCP1": the peer runs this check (same header layout)
+_HEADER_TAG = 8  # K/V use tags 0-1, dK/dV 2-3
+_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+
+
+def _crc(values) -> int:
+    return zlib.crc32(struct.pack(f"<{len(values)}q", *values))
+
+
+def _header(q, k, cu: list[int], causal: bool, scale: float, ranks) -> list[int]:
+    code = _DTYPES.index(q.dtype) + 1 if q.dtype in _DTYPES else 99
+    scale_bits = struct.unpack("<q", struct.pack("<d", scale))[0]
+    return [_HEADER_MAGIC, q.shape[0], q.shape[1], k.shape[1], q.shape[2], code, int(causal), scale_bits,
+            len(ranks), _crc(list(ranks)), len(cu) - 1, _crc(cu)]
+
+
+def _describe(h: list[int]) -> str:
+    dtype = str(_DTYPES[h[5] - 1]).replace("torch.", "") if 1 <= h[5] <= len(_DTYPES) else f"dtype#{h[5]}"
+    scale = struct.unpack("<d", struct.pack("<q", h[7]))[0]
+    return (f"q [{h[1]}, {h[2]}, {h[4]}] k/v [{h[1]}, {h[3]}, {h[4]}] {dtype}, {'causal' if h[6] else 'full'} mask, "
+            f"scale {scale:.6g}, degree {h[8]}, {h[10]} local documents (cu_seqlens crc {h[11]:08x})")
+
+
+_FIELDS = ((1, "local tokens"), (2, "query heads"), (3, "key/value heads"), (4, "head dim"), (5, "dtype"),
+           (6, "mask"), (7, "softmax scale"), (8, "degree"), (9, "ranks (ring order)"), (10, "documents"),
+           (11, "local cu_seqlens"))
+
+
+def _check_peers(comm: RingComm, mine: list[int], device) -> None:
+    """Swap shape headers with both ring neighbours and raise ``ValueError`` on any difference."""
+    got = comm.exchange_with_neighbours(torch.tensor(mine, dtype=torch.int64, device=device),
+                                        tag=_HEADER_TAG, what="the shape header")
+    for peer, t in got.items():
+        theirs = t.tolist()
+        if theirs == mine:
+            continue
+        if theirs[0] != _HEADER_MAGIC:
+            raise ValueError(f"ring attention: rank {comm.rank} (cp_rank {comm.cp_rank} of CP group {comm.ranks}) got "
+                             f"no shape header from peer rank {peer}; do all ranks run the same fcp version?")
+        diff = [name for i, name in _FIELDS if theirs[i] != mine[i]]
+        raise ValueError(
+            f"ring attention: rank {comm.rank} (cp_rank {comm.cp_rank} of CP group {list(comm.ranks)}) and peer rank "
+            f"{peer} differ in {', '.join(diff)}: rank {comm.rank} has {_describe(mine)}; rank {peer} has "
+            f"{_describe(theirs)}. Every rank of a CP group must call ring_attention with the same ranks, dtype, mask "
+            "and local shapes and cu_seqlens (zigzag_shard of the same padded documents)")
 
 
 class _Plan:
@@ -158,7 +214,8 @@ class _RingAttentionFn(torch.autograd.Function):
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens, *, ranks,
                    causal: bool = True, softmax_scale: float | None = None,
-                   kernel: AttentionKernel | str | None = None, timeout=None, group=None) -> torch.Tensor:
+                   kernel: AttentionKernel | str | None = None, timeout=None, group=None,
+                   check_shapes: bool = True) -> torch.Tensor:
     """Attention of zigzag-sharded packed documents across the logical CP group ``ranks``.
 
     ``q`` ``[T_local, H_q, D]``, ``k``/``v`` ``[T_local, H_kv, D]`` (GQA when ``H_kv < H_q``),
@@ -170,7 +227,13 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
     communication. ``kernel`` (an :class:`AttentionKernel` or a name for
     :func:`fcp_exec.kernels.get_kernel`) defaults to :func:`fcp_exec.kernels.default_kernel`; ``timeout``
     (seconds) bounds every P2P wait (see :mod:`fcp_exec.comm`); ``group`` is the base process group
-    the P2P runs on (default: world).
+    the P2P runs on (default: world). With ``degree > 1`` the call first checks that both ring
+    neighbours made a matching call (see the module docstring): a mismatch is a ``ValueError`` naming
+    the peer rank and both shapes, raised on every rank next to the odd one before any K/V moves.
+    The check costs one small P2P round trip per call (0.3-0.6 ms on gloo over loopback; on NCCL/HCCL
+    also one device-to-host copy). ``check_shapes=False`` skips it — for the later layers of a model whose
+    first layer already checked the same shards; it must then be False on every rank of the group in
+    that call (a one-sided header would wait for its timeout).
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 3:
@@ -194,4 +257,6 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
     elif isinstance(kernel, str):
         kernel = get_kernel(kernel)
     plan = _Plan(cu, comm.degree, comm.cp_rank, bool(causal), q.device)
+    if comm.degree > 1 and check_shapes:
+        _check_peers(comm, _header(q, k, cu, bool(causal), scale, comm.ranks), q.device)
     return _RingAttentionFn.apply(q, k, v, plan, comm, scale, kernel)

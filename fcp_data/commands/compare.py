@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from fcp_data.commands.plan import BASELINES, add_input_args, parse_baselines, parse_micro_batches
+from fcp_data.commands.plan import BASELINES, add_input_args, parse_baselines, parse_micro_batches, positive_seconds
 
 __all__ = ["register"]
 
@@ -28,9 +28,9 @@ def run(args: argparse.Namespace) -> int:
             results[name] = plan_batch(lengths, num_ranks=args.ranks, cost_model=cm, solver=name,
                                        micro_batches=args.micro_batches, **opts.get(name, {}))
         except ValueError as e:
-            if name in ("fcp", "fcp-dp"):
+            if name == "fcp":
                 raise
-            results[name] = str(e)
+            results[name] = str(e)  # a reference or baseline that cannot plan this batch: reported, not fatal
     if args.json:
         out = {k: (v.to_dict() if not isinstance(v, str) else {"error": v}) for k, v in results.items()}
         for k in ("ilp", "exhaustive"):
@@ -60,16 +60,6 @@ EPILOG = """examples:
   fcp compare --lengths lengths.txt --ranks 16 --preset Qwen3-4B --hardware h200 --baselines static-cp,fcp-pow2 --json"""
 
 
-def _positive_seconds(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {text}")
-    return v
-
-
 def register(subparsers, summary: str) -> None:
     p = subparsers.add_parser("compare", help=summary, description=summary + ".", epilog=EPILOG,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -78,7 +68,9 @@ def register(subparsers, summary: str) -> None:
     p.add_argument("--exhaustive", action="store_true", help="also enumerate every partition (at most 7 sequences)")
     p.add_argument("--baselines", type=parse_baselines, default=BASELINES, metavar="a,b,...",
                    help=f"baselines to run (default all: {','.join(BASELINES)})")
-    p.add_argument("--time-limit", type=_positive_seconds, default=30.0, help="ILP time limit in seconds (default 30)")
+    p.add_argument("--time-limit", type=positive_seconds, default=30.0,
+                   help="ILP time budget in seconds for the whole batch, all micro-batches and 'auto' candidates "
+                        "together (default 30)")
     p.add_argument("--micro-batches", type=parse_micro_batches, default=1, metavar="auto|M",
                    help="one micro-batch (default), exactly M, or 'auto'")
     p.add_argument("--json", action="store_true", help="one §6 plan object per solver, keyed by solver name")

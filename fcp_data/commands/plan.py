@@ -11,7 +11,8 @@ import json
 from typing import Any
 
 __all__ = ["register", "add_input_args", "add_cost_args", "load_cost", "load_inputs", "solver_options",
-           "parse_micro_batches", "format_plan", "degree_summary", "SOLVER_CHOICES", "BASELINES", "parse_baselines"]
+           "parse_micro_batches", "format_plan", "degree_summary", "SOLVER_CHOICES", "BASELINES", "parse_baselines",
+           "check_ranks", "check_heads", "positive_seconds", "MAX_RANKS"]
 
 
 def add_cost_args(p: argparse.ArgumentParser) -> None:
@@ -60,13 +61,39 @@ def solver_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     return out
 
 
+# Literal copy of fcp_data.cost.MAX_RANKS so that building the parser imports no numpy (tested equal).
+MAX_RANKS = 4096
+
+
+def check_ranks(ranks: int) -> None:
+    """``--ranks`` within 1..MAX_RANKS, checked before any file is read."""
+    from fcp_data.cli import UsageError
+
+    if ranks < 1:
+        raise UsageError(f"--ranks must be >= 1, got {ranks}")
+    if ranks > MAX_RANKS:
+        raise UsageError(f"--ranks {ranks} is more than the planner supports ({MAX_RANKS}); plan the context-parallel "
+                         "ranks of one data-parallel replica, not the whole cluster")
+
+
+def check_heads(args: argparse.Namespace) -> None:
+    """``--heads``/``--kv-heads`` (Ulysses baseline) positive, heads a multiple of kv-heads."""
+    from fcp_data.cli import UsageError
+
+    for name in ("heads", "kv_heads"):
+        v = getattr(args, name, None)
+        if v is not None and v < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {v}")
+    if args.heads is not None and args.kv_heads is not None and args.heads % args.kv_heads:
+        raise UsageError(f"--heads {args.heads} must be a multiple of --kv-heads {args.kv_heads}")
+
+
 def load_inputs(args: argparse.Namespace):
     """``(lengths, cost_model, cap_report)`` from the shared options."""
-    from fcp_data.cli import UsageError
     from fcp_data.workloads import apply_cap, load_lengths
 
-    if args.ranks < 1:
-        raise UsageError(f"--ranks must be >= 1, got {args.ranks}")
+    check_ranks(args.ranks)
+    check_heads(args)
     cm = load_cost(args)
     lengths = load_lengths(args.lengths, args.column)
     lengths, report = apply_cap(lengths, args.ranks * cm.tokens_per_rank, args.on_overlong)
@@ -83,6 +110,16 @@ def parse_micro_batches(text: str) -> int | str:
     if m < 1:
         raise argparse.ArgumentTypeError(f"micro-batches must be >= 1, got {m}")
     return m
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not (v > 0 and v < float("inf")):
+        raise argparse.ArgumentTypeError(f"must be > 0 seconds and finite, got {text}")
+    return v
 
 
 def parse_baselines(text: str) -> tuple[str, ...]:
@@ -128,6 +165,10 @@ def format_plan(plan, lengths, cost_model) -> str:
 def run(args: argparse.Namespace) -> int:
     from fcp_data.plan import plan_batch
 
+    if args.solver != "ilp" and args.time_limit is not None:
+        from fcp_data.cli import UsageError
+
+        raise UsageError(f"--time-limit applies to --solver ilp only (got --solver {args.solver})")
     lengths, cm, report = load_inputs(args)
     opts = solver_options(args).get(args.solver, {})
     plan = plan_batch(lengths, num_ranks=args.ranks, cost_model=cm, solver=args.solver,
@@ -161,5 +202,8 @@ def register(subparsers, summary: str) -> None:
     p.add_argument("--solver", choices=SOLVER_CHOICES, default="fcp", help="solver (default fcp)")
     p.add_argument("--micro-batches", type=parse_micro_batches, default=1, metavar="auto|M",
                    help="plan as one micro-batch (default), exactly M, or 'auto' (fewest that fit, best of a few)")
+    p.add_argument("--time-limit", type=positive_seconds, default=None, metavar="S",
+                   help="--solver ilp: time budget in seconds for the whole batch, all micro-batches and 'auto' "
+                        "candidates together (default 30)")
     p.add_argument("--json", action="store_true", help="print the DESIGN §6 plan JSON")
     p.set_defaults(func=run)

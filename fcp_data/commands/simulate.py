@@ -16,7 +16,9 @@ import sys
 
 from fcp_data.commands.plan import BASELINES, add_cost_args, parse_baselines
 
-__all__ = ["register", "simulate", "plot_simulation", "check_plot_path"]
+__all__ = ["register", "simulate", "plot_simulation", "check_plot_path", "MAX_STEPS"]
+
+MAX_STEPS = 100_000  # every solver plans every step: more is hours of planning, not a simulation
 
 
 def simulate(lengths, *, num_ranks: int, cost_model, global_batch_size: int, steps: int, seed: int,
@@ -132,11 +134,19 @@ def check_plot_path(path: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from fcp_data.cli import UsageError
-    from fcp_data.commands.plan import load_cost, solver_options
+    from fcp_data.commands.plan import check_heads, check_ranks, load_cost, solver_options
     from fcp_data.workloads import apply_cap, load_lengths
 
-    if args.ranks < 1:
-        raise UsageError(f"--ranks must be >= 1, got {args.ranks}")
+    check_ranks(args.ranks)
+    check_heads(args)
+    if args.global_batch_size < 1:
+        raise UsageError(f"--global-batch-size must be >= 1, got {args.global_batch_size}")
+    if not 1 <= args.steps <= MAX_STEPS:
+        raise UsageError(f"--steps must be between 1 and {MAX_STEPS}, got {args.steps}")
+    if args.seed < 0:
+        raise UsageError(f"--seed must be >= 0, got {args.seed}")
+    if args.cap < 1:
+        raise UsageError(f"--cap must be >= 1 token, got {args.cap}")
     if args.plot:
         check_plot_path(args.plot)
     cm = load_cost(args)

@@ -24,7 +24,8 @@ import math
 import numpy as np
 
 from fcp_data.cost import CostModel
-from fcp_data.plan.bfd import group_aggregates_of, labels_to_groups, lpt_groups, lpt_labels
+from fcp_data.plan.bfd import group_aggregates_of
+from fcp_data.plan.lpt import labels_to_groups, lpt_groups, lpt_labels
 from fcp_data.plan.placement import build_micro_batch
 from fcp_data.plan.types import MicroBatchPlan
 

@@ -34,7 +34,9 @@ from fcp_data.plan.bfd import group_aggregates_of
 from fcp_data.plan.placement import build_micro_batch
 from fcp_data.plan.types import MicroBatchPlan
 
-__all__ = ["solve_ilp"]
+__all__ = ["solve_ilp", "MAX_ILP_BINARIES"]
+
+MAX_ILP_BINARIES = 200_000  # z[k, g, d] and y[g, d]: beyond this cvxpy alone takes minutes and GBs
 
 
 def _import_cvxpy():
@@ -61,10 +63,16 @@ def _quiet_stdout():
 def solve_ilp(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: CostModel, *,
               time_limit: float = 30.0, max_sequences: int = 40, **_: object) -> tuple[MicroBatchPlan, bool]:
     """Solve one micro-batch exactly (or best found within ``time_limit`` s); ``(plan, optimal)``."""
-    cp = _import_cvxpy()
     n, N = int(lengths.size), int(num_ranks)
     if n > max_sequences:
         raise ValueError(f"the ILP is a reference for small cases (≤ {max_sequences} sequences per micro-batch), got {n}")
+    binaries = min(n, N) * (n + 1) * N
+    if binaries > MAX_ILP_BINARIES:
+        raise ValueError(f"the ILP for {n} sequences on {N} ranks has {binaries} binary variables (at most "
+                         f"{MAX_ILP_BINARIES}); it is a reference for small cases — use fewer ranks or sequences")
+    if not (isinstance(time_limit, (int, float)) and not isinstance(time_limit, bool) and time_limit > 0):
+        raise ValueError(f"time_limit must be a positive number of seconds, got {time_limit!r}")
+    cp = _import_cvxpy()
     cm = cost_model
     s = lengths.astype(np.float64)
     q = (1.0 + etas) * s * s

@@ -5,6 +5,10 @@ A split into ``M`` micro-batches is built by LPT on the work proxy ``alpha1·(1+
 when every micro-batch's stage-1 bins (BFD with unit ``E``) need at most ``N`` ranks and the solver finds
 a plan for each. ``"auto"`` starts at ``M = ⌈Σs / (N·E)⌉``, moves up to the first ``M`` that fits, tries
 ``extra`` more, and keeps the split with the smallest sum of makespans (fewer micro-batches on ties).
+
+Time-limited solvers (the ILP) get one budget for the whole call, never one per micro-batch: ``solve_one``
+receives how many micro-batches of its split are still to solve and divides what is left; when the budget
+runs out (:class:`TimeBudgetExceeded`) ``auto`` keeps the best split solved so far, or says so.
 """
 
 from __future__ import annotations
@@ -17,11 +21,17 @@ import numpy as np
 from fcp_data.cost import CostModel
 from fcp_data.plan.baselines import work_proxy
 from fcp_data.plan.bfd import bfd_groups
+from fcp_data.plan.lpt import lpt_exact
 from fcp_data.plan.types import CPGroup, MicroBatchPlan
 
-__all__ = ["split_micro_batches", "plan_micro_batches", "min_micro_batches"]
+__all__ = ["split_micro_batches", "plan_micro_batches", "min_micro_batches", "TimeBudgetExceeded"]
 
-SolveOne = Callable[[np.ndarray], tuple[MicroBatchPlan, "bool | None"]]
+# solve_one(ids, left=k): plan lengths[ids]; k micro-batches of this split (this one included) are unsolved
+SolveOne = Callable[..., tuple[MicroBatchPlan, "bool | None"]]
+
+
+class TimeBudgetExceeded(ValueError):
+    """A time-limited solver's budget for the whole :func:`plan_micro_batches` call ran out."""
 
 
 def min_micro_batches(lengths: np.ndarray, num_ranks: int, cost_model: CostModel) -> int:
@@ -44,20 +54,16 @@ def split_micro_batches(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, c
     cap = num_ranks * cost_model.tokens_per_rank
     work = work_proxy(lengths, etas, cost_model)
     order = np.lexsort((np.arange(lengths.size), -work))
-    load = np.zeros(M)
-    tokens = np.zeros(M)
-    members: list[list[int]] = [[] for _ in range(M)]
-    for i in order.tolist():
-        room = tokens + lengths[i] <= cap
-        if not room.any():
-            return None
-        m = int(np.argmin(np.where(room, load, np.inf)))
-        members[m].append(i)
-        load[m] += work[i]
-        tokens[m] += lengths[i]
-    out = [np.array(sorted(m), dtype=np.int64) for m in members]
-    if any(ids.size == 0 for ids in out):
+    # each to the micro-batch of least work with token room, lowest index on ties (lpt_exact: O(n log M))
+    label = lpt_exact(work[order], lengths[order].astype(np.float64), np.zeros(M), np.zeros(M), float(cap))
+    if label is None:
         return None
+    mb = np.empty(lengths.size, dtype=np.int64)
+    mb[order] = label
+    counts = np.bincount(mb, minlength=M)
+    if not counts.all():
+        return None
+    out = np.split(np.argsort(mb, kind="stable"), np.cumsum(counts)[:-1])  # ascending ids per micro-batch
     if not all(_stage1_fits(lengths[ids], num_ranks, cost_model.tokens_per_rank) for ids in out):
         return None
     return out
@@ -67,16 +73,19 @@ def _solve_split(split: list[np.ndarray], solve_one: SolveOne, swallow: bool = T
                  ) -> tuple[list[MicroBatchPlan], bool | None] | None:
     plans: list[MicroBatchPlan] = []
     optimal: bool | None = None
-    for ids in split:
+    for j, ids in enumerate(split):
         try:
-            mb, opt = solve_one(ids)
+            mb, opt = solve_one(ids, left=len(split) - j)
+        except TimeBudgetExceeded:
+            raise
         except ValueError as e:
             if not swallow:
                 raise
             if errors is not None:
                 errors.append(str(e))
             return None
-        groups = tuple(CPGroup(ranks=g.ranks, seq_ids=tuple(int(ids[s]) for s in g.seq_ids), time=g.time) for g in mb.groups)
+        id_list = ids.tolist()
+        groups = tuple(CPGroup(ranks=g.ranks, seq_ids=tuple(id_list[s] for s in g.seq_ids), time=g.time) for g in mb.groups)
         plans.append(MicroBatchPlan(groups=groups, makespan=mb.makespan))
         if opt is not None:
             optimal = opt if optimal is None else (optimal and opt)
@@ -114,7 +123,13 @@ def plan_micro_batches(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, co
         if first_fit is not None and M > first_fit + extra:
             break
         split = split_micro_batches(lengths, etas, num_ranks, cost_model, M)
-        solved = _solve_split(split, solve_one, errors=errors) if split is not None else None
+        try:
+            solved = _solve_split(split, solve_one, errors=errors) if split is not None else None
+        except TimeBudgetExceeded as e:
+            if best is not None:
+                break  # keep the best split solved within the budget
+            raise TimeBudgetExceeded(f"{e} before any split of the {n} sequences into micro-batches was solved "
+                                     f"(tried M = {lo}..{M}); raise the time limit or plan fewer sequences") from None
         if solved is None:
             continue
         if first_fit is None:

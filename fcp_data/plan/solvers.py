@@ -10,9 +10,10 @@ sequences slower than the target makespan alone on the fewest ranks that meet it
 on single ranks) keep wide rings off short sequences, whose ring traffic does not shrink with ``d``.
 ``fcp`` also evaluates the static-cp configuration (uniform
 degree ``N/K`` on the LPT groupings, identical to the ``static-cp`` baseline) and the
-``megatron-dynamic`` plan, so it is never worse than a baseline whose configuration lies in its search
-space. ``fcp-dp`` is the same search with the paper's 2-D DP as stage 2 (same optimum per grouping,
-slower); ``fcp-pow2`` keeps only power-of-two degrees (FlexSP-like).
+``megatron-dynamic`` plan (for micro-batches of at most :data:`MEGATRON_CANDIDATE_MAX` sequences × ranks,
+see there), so it is never worse than a baseline whose configuration lies in its search space. ``fcp-dp``
+is the same search with the paper's 2-D DP as stage 2 (same optimum per grouping, slower); ``fcp-pow2``
+keeps only power-of-two degrees (FlexSP-like).
 
 Determinism: every choice is a stable sort or an ``argmin`` with index tie-breaks, so identical inputs
 give identical plans on every rank; only ``solve_ms`` differs.
@@ -26,17 +27,28 @@ from typing import Any, Callable
 
 import numpy as np
 
-from fcp_data.cost import CostModel
+from fcp_data.cost import MAX_RANKS, MAX_SEQUENCE_TOKENS, CostModel
 from fcp_data.plan.allocate import allocate_dp, allocate_fast, pow2_mask, time_table
 from fcp_data.plan.baselines import megatron_dynamic, static_cp, ulysses, work_proxy
-from fcp_data.plan.bfd import bfd_groups, candidate_units, group_aggregates_of, lpt_groups
-from fcp_data.plan.microbatch import plan_micro_batches
+from fcp_data.plan.bfd import bfd_groups, candidate_units, group_aggregates_of
+from fcp_data.plan.lpt import lpt_groups
+from fcp_data.plan.microbatch import TimeBudgetExceeded, plan_micro_batches
 from fcp_data.plan.placement import build_micro_batch, place_for_times, placed_times
 from fcp_data.plan.tau import tau_groupings
 from fcp_data.plan.types import CPGroup, MicroBatchPlan, Plan
 
-__all__ = ["plan_batch", "SOLVERS", "SOLVER_NAMES", "fcp_micro_batch", "refine_moves", "validate_inputs"]
+__all__ = ["plan_batch", "SOLVERS", "SOLVER_NAMES", "fcp_micro_batch", "refine_moves", "validate_inputs",
+           "MAX_RANKS", "MAX_SEQUENCE_TOKENS", "MAX_DP_RANKS"]
 
+MAX_DP_RANKS = 512  # fcp-dp runs Algorithm 1, O(K·N²) per grouping: a reference, not a production solver
+
+# Above this many (sequences × ranks) FCP does not evaluate the megatron-dynamic candidate: its greedy runs up
+# to N/2 LPTs of all n sequences, O(N·n) Python steps per micro-batch (at 1024 ranks and 40k sequences 2 s of
+# every 3), while FCP's makespan-driven power-of-two groupings (``pow2-tau``: long sequences alone on
+# power-of-two rings, the rest LPT-balanced on single ranks) cover the same family of configurations: on the
+# large micro-batches measured (benchmarks/bench_planner.py --only nscaling) megatron's makespan was 1.3-2.4×
+# FCP's. Every test instance (and 64 ranks × 512 sequences, the paper's setting) stays far below the bound.
+MEGATRON_CANDIDATE_MAX = 1 << 23
 _TAU_REFINE_SLACK = 1.05  # a makespan-driven candidate is refined only if within 5 % of the best refined plan
 
 SOLVER_NAMES = ("fcp", "fcp-dp", "ilp", "exhaustive", "static-cp", "ulysses", "megatron-dynamic", "fcp-pow2")
@@ -122,7 +134,7 @@ def fcp_micro_batch(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_
             plans.append((refine_moves(mb, lengths, etas, cost_model), True) if track != "uniform" else (mb, False))
             if track.startswith("pow2"):
                 pow2_spans.append(plans[-1][0].makespan)
-    if with_baselines:
+    if with_baselines and lengths.size * num_ranks <= MEGATRON_CANDIDATE_MAX:
         try:
             plans.append((megatron_dynamic(lengths, etas, num_ranks, cost_model), False))
         except ValueError:
@@ -148,9 +160,12 @@ def refine_moves(mb: MicroBatchPlan, lengths: np.ndarray, etas: np.ndarray, cost
         return mb
     s = lengths.astype(np.float64)
     q = (1.0 + etas) * s * s
+    sizes = [len(g.seq_ids) for g in mb.groups]
     label = np.empty(lengths.size, dtype=np.int64)
-    for g, grp in enumerate(mb.groups):
-        label[list(grp.seq_ids)] = g
+    label[np.fromiter((k for g in mb.groups for k in g.seq_ids), dtype=np.int64, count=sum(sizes))] = \
+        np.repeat(np.arange(K), sizes)
+    start = label.copy()
+    touched: set[int] = set()
     d = np.array([g.degree for g in mb.groups], dtype=np.float64)
     intra = np.array([cost_model.is_intra_node(g.ranks) for g in mb.groups])
     cap = d * cost_model.tokens_per_rank
@@ -163,9 +178,13 @@ def refine_moves(mb: MicroBatchPlan, lengths: np.ndarray, etas: np.ndarray, cost
         members = np.flatnonzero(label == b)
         if members.size == 0:
             break
+        alone = members.size == 1
+        if members.size > 32:  # equal (s, q) give equal rows; argmin below takes the first of them anyway
+            first = np.unique(np.stack((s[members], q[members]), axis=1), axis=0, return_index=True)[1]
+            members = members[np.sort(first)]
         sk, qk = s[members][:, None], q[members][:, None]
         tb = np.atleast_1d(cost_model.time(S[b] - s[members], Q[b] - q[members], d[b], intra[b]))
-        tb = np.where(members.size == 1, 0.0, tb)  # an emptied group leaves its ranks idle
+        tb = np.where(alone, 0.0, tb)  # an emptied group leaves its ranks idle
         tg = cost_model.time(S[None, :] + sk, Q[None, :] + qk, d[None, :], intra[None, :])
         tg = np.where(S[None, :] + sk <= cap[None, :], tg, np.inf)
         tg[:, b] = np.inf
@@ -176,22 +195,32 @@ def refine_moves(mb: MicroBatchPlan, lengths: np.ndarray, etas: np.ndarray, cost
             break
         k = int(members[i])
         label[k] = g
+        touched.add(k)
         S[b] -= s[k]; Q[b] -= q[k]; S[g] += s[k]; Q[g] += q[k]
         T[b] = tb[i]
         T[g] = tg[i, g]
         moved = True
     if not moved:
         return mb
+    # only the groups that lost or gained a sequence change: the members that stayed keep their packing
+    # order, the newcomers follow in index order (O(moves + their sizes), not O(groups × sequences))
+    changed = {k for k in touched if label[k] != start[k]}
+    incoming: dict[int, list[int]] = {}
+    for k in sorted(changed):
+        incoming.setdefault(int(label[k]), []).append(k)
+    dirty = {int(start[k]) for k in changed} | set(incoming)
     groups = []
     for g, grp in enumerate(mb.groups):
-        stayed = [int(k) for k in grp.seq_ids if label[k] == g]
-        kept = set(stayed)
-        ids = tuple(stayed) + tuple(int(k) for k in np.flatnonzero(label == g) if int(k) not in kept)
+        ids = grp.seq_ids
+        if g in dirty:
+            ids = tuple(k for k in ids if k not in changed) + tuple(incoming.get(g, ()))
         if ids:
-            groups.append((grp.ranks, ids))
-    times = placed_times(np.array([s[list(i)].sum() for _, i in groups]), np.array([q[list(i)].sum() for _, i in groups]),
-                         [r for r, _ in groups], cost_model)
-    cp = tuple(CPGroup(ranks=r, seq_ids=i, time=float(t)) for (r, i), t in zip(groups, times))
+            groups.append((g, grp.ranks, ids))
+    keep = np.array([g for g, _, _ in groups], dtype=np.int64)
+    S = np.bincount(label, weights=s, minlength=K)[keep]
+    Q = np.bincount(label, weights=q, minlength=K)[keep]
+    times = placed_times(S, Q, [r for _, r, _ in groups], cost_model)
+    cp = tuple(CPGroup(ranks=r, seq_ids=i, time=float(t)) for (_, r, i), t in zip(groups, times))
     out = MicroBatchPlan(groups=cp, makespan=float(max(times)))
     return out if out.makespan <= mb.makespan else mb
 
@@ -234,7 +263,14 @@ def validate_inputs(lengths, etas, num_ranks: int, cost_model: CostModel) -> tup
         raise TypeError(f"cost_model must be a CostModel, got {type(cost_model).__name__}")
     if isinstance(num_ranks, bool) or not isinstance(num_ranks, (int, np.integer)) or num_ranks < 1:
         raise ValueError(f"num_ranks must be a positive int, got {num_ranks!r}")
-    arr = np.asarray(lengths)
+    if num_ranks > MAX_RANKS:
+        raise ValueError(f"num_ranks={num_ranks} is more than the planner supports ({MAX_RANKS}): stage 2 works on a "
+                         "groups × ranks table; plan the context-parallel ranks of one data-parallel replica, not the "
+                         "whole cluster")
+    try:
+        arr = np.asarray(lengths)
+    except (ValueError, TypeError, OverflowError) as e:
+        raise ValueError(f"lengths must be a 1-D sequence of integer token counts ({e})") from None
     if arr.ndim != 1:
         raise ValueError(f"lengths must be a 1-D sequence of token counts, got shape {arr.shape}")
     if arr.size == 0:
@@ -245,6 +281,10 @@ def validate_inputs(lengths, etas, num_ranks: int, cost_model: CostModel) -> tup
         bad = np.flatnonzero(~np.isfinite(arr) | (arr != np.round(arr)))
         if bad.size:
             raise ValueError(f"lengths must be whole token counts; sequence {bad[0]} is {arr[bad[0]]}")
+    big = np.flatnonzero(arr > MAX_SEQUENCE_TOKENS)  # before the cast: uint64 / float values beyond int64 wrap
+    if big.size:
+        raise ValueError(f"sequence {big[0]} has {arr[big[0]]} tokens, more than any real sequence "
+                         f"(at most {MAX_SEQUENCE_TOKENS}); check the lengths")
     arr = arr.astype(np.int64)
     bad = np.flatnonzero(arr <= 0)
     if bad.size:
@@ -273,8 +313,10 @@ def plan_batch(lengths, *, num_ranks: int, cost_model: CostModel, etas=None, sol
 
     ``micro_batches``: an int ``M`` (exactly M micro-batches) or ``"auto"`` (micro-batch planner).
     ``solver``: one of :data:`SOLVER_NAMES`. ``solver_options`` go to the solver (``ulysses``:
-    ``num_heads``, ``num_kv_heads``; ``ilp``: ``time_limit``). ``seq_ids`` in the plan index ``lengths``.
-    Raises ``ValueError`` with the fix for infeasible input.
+    ``num_heads``, ``num_kv_heads``; ``ilp``: ``time_limit``, the budget in seconds of the whole call —
+    all micro-batches and all ``auto`` candidates together, default 30). ``seq_ids`` in the plan index
+    ``lengths``. Raises ``ValueError`` with the fix for infeasible input; ``num_ranks`` is at most
+    :data:`MAX_RANKS` (``fcp-dp``: :data:`MAX_DP_RANKS`).
     """
     t0 = time.perf_counter()
     if solver not in _MB_SOLVERS:
@@ -282,9 +324,24 @@ def plan_batch(lengths, *, num_ranks: int, cost_model: CostModel, etas=None, sol
     arr, e = validate_inputs(lengths, etas, num_ranks, cost_model)
     fn = _MB_SOLVERS[solver]
     num_ranks = int(num_ranks)
+    if solver == "fcp-dp" and num_ranks > MAX_DP_RANKS:
+        raise ValueError(f"fcp-dp (the paper's O(K·N²) dynamic program, a reference) plans at most {MAX_DP_RANKS} ranks, "
+                         f"got {num_ranks}; use fcp, whose exact allocator finds the same optimum per grouping")
+    deadline = None
+    if solver == "ilp":
+        limit = solver_options.pop("time_limit", 30.0)
+        if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit > 0:
+            raise ValueError(f"time_limit must be a positive number of seconds, got {limit!r}")
+        deadline = t0 + float(limit)
 
-    def solve_one(ids: np.ndarray):
-        return fn(arr[ids], e[ids], num_ranks, cost_model, **solver_options)
+    def solve_one(ids: np.ndarray, left: int = 1):
+        if deadline is None:
+            return fn(arr[ids], e[ids], num_ranks, cost_model, **solver_options)
+        # one budget for the whole call: this micro-batch gets its share of what is left
+        remaining = deadline - time.perf_counter()
+        if remaining <= 0.05 * left:
+            raise TimeBudgetExceeded(f"the {solver} time limit of {limit:g} s (for the whole batch) ran out")
+        return fn(arr[ids], e[ids], num_ranks, cost_model, time_limit=remaining / left, **solver_options)
 
     mbs, optimal = plan_micro_batches(arr, e, num_ranks, cost_model, solve_one, micro_batches)
     return Plan(num_ranks=num_ranks, solver=solver, solve_ms=(time.perf_counter() - t0) * 1e3,

@@ -27,7 +27,7 @@ import numpy as np
 
 from fcp_data.cost import CostModel
 from fcp_data.plan.allocate import time_table
-from fcp_data.plan.bfd import labels_to_groups, lpt_heap
+from fcp_data.plan.lpt import labels_to_groups, lpt_heap
 
 __all__ = ["tau_groupings", "min_ranks_for"]
 

@@ -8,7 +8,7 @@ lengths given to the solver; a step's makespan is the sum over its micro-batches
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["CPGroup", "MicroBatchPlan", "Plan"]
@@ -30,6 +30,14 @@ def _pop_all(d: dict, keys: tuple[str, ...], optional: tuple[str, ...], what: st
     return out
 
 
+def _int_tuple(values) -> tuple[int, ...]:
+    """``values`` as a tuple of Python ints; a tuple or list of ints passes through without a per-item
+    conversion (planners build hundreds of thousands of groups per global batch)."""
+    if type(values) in (tuple, list) and set(map(type, values)) <= {int}:
+        return tuple(values)
+    return tuple(int(v) for v in values)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CPGroup:
     """One context-parallel group of one micro-batch.
@@ -43,8 +51,8 @@ class CPGroup:
     time: float
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "ranks", tuple(int(r) for r in self.ranks))
-        object.__setattr__(self, "seq_ids", tuple(int(s) for s in self.seq_ids))
+        object.__setattr__(self, "ranks", _int_tuple(self.ranks))
+        object.__setattr__(self, "seq_ids", _int_tuple(self.seq_ids))
         object.__setattr__(self, "time", float(self.time))
         if not self.ranks:
             raise ValueError("a CPGroup needs at least one rank")
