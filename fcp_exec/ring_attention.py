@@ -39,7 +39,7 @@ from fcp_exec.kernels import AttentionKernel, default_kernel, get_kernel
 from fcp_exec.kernels.base import lse_dtype_for
 from fcp_exec.layout import check_cu_seqlens
 
-__all__ = ["ring_attention"]
+__all__ = ["RingBatch", "ring_attention"]
 
 
 _HEADER_MAGIC = 0x46435031  # "FCP1": the peer runs this check (same header layout)
@@ -212,7 +212,46 @@ class _RingAttentionFn(torch.autograd.Function):
         return dq.to(q.dtype), dk_blk.to(k.dtype), dv_blk.to(v.dtype), None, None, None, None
 
 
-def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens, *, ranks,
+class RingBatch:
+    """Host metadata of one micro-batch, shared by every attention layer of the model: the validated local
+    ``cu_seqlens`` as host ints (read once, never from the device per layer), the ring communicator, the
+    block plans per (mask, device) and which call signatures already passed the neighbour shape check.
+
+    Build it once per micro-batch from the collator's CPU ``cu_seqlens`` and pass it to :func:`ring_attention`
+    in place of ``cu_seqlens`` (``ranks``, ``group`` and ``timeout`` then come from here). The first call with a
+    given signature (shapes, dtype, mask, scale) checks the neighbours; later layers with the same signature skip
+    the round trip — symmetric on every rank, since every rank of the group runs the same layers."""
+
+    def __init__(self, cu_seqlens, ranks, *, group=None, timeout=None) -> None:
+        self.comm = RingComm(ranks, group=group, timeout=timeout)
+        if isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.device.type != "cpu":
+            cu_seqlens = cu_seqlens.cpu()  # once per micro-batch; pass the collator's CPU tensor to avoid even this
+        self.cu = check_cu_seqlens(cu_seqlens, multiple=2 if self.comm.degree > 1 else 1)
+        self._plans: dict = {}
+        self._checked: set = set()
+
+    @property
+    def degree(self) -> int:
+        return self.comm.degree
+
+    def plan(self, causal: bool, device) -> "_Plan":
+        key = (bool(causal), str(device))
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = _Plan(self.cu, self.comm.degree, self.comm.cp_rank, bool(causal), device)
+        return plan
+
+    def check(self, q, k, causal: bool, scale: float) -> None:
+        if self.comm.degree == 1:
+            return
+        key = (tuple(q.shape), tuple(k.shape), q.dtype, bool(causal), scale, str(q.device))
+        if key in self._checked:
+            return
+        _check_peers(self.comm, _header(q, k, self.cu, bool(causal), scale, self.comm.ranks), q.device)
+        self._checked.add(key)
+
+
+def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens, *, ranks=None,
                    causal: bool = True, softmax_scale: float | None = None,
                    kernel: AttentionKernel | str | None = None, timeout=None, group=None,
                    check_shapes: bool = True) -> torch.Tensor:
@@ -223,7 +262,9 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
     document length is even when ``degree > 1``), ``ranks`` the global ranks of this rank's CP
     group in ring order (this rank included; every member must make the same call with the same
     ``ranks`` and local ``cu_seqlens``). Returns ``out`` ``[T_local, H_q, D]`` in ``q``'s dtype,
-    differentiable in ``q``, ``k``, ``v``. ``degree == 1`` runs the local kernel with no
+    differentiable in ``q``, ``k``, ``v``. ``cu_seqlens`` may instead be a :class:`RingBatch` built once per
+    micro-batch (every layer then reuses its host metadata and plans, and the neighbour check runs once per
+    signature). ``degree == 1`` runs the local kernel with no
     communication. ``kernel`` (an :class:`AttentionKernel` or a name for
     :func:`fcp_exec.kernels.get_kernel`) defaults to :func:`fcp_exec.kernels.default_kernel`; ``timeout``
     (seconds) bounds every P2P wait (see :mod:`fcp_exec.comm`); ``group`` is the base process group
@@ -249,14 +290,20 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
         raise ValueError(f"q, k, v must be floating point (fp16/bf16/fp32/fp64), got {q.dtype}")
     if q.device != k.device or q.device != v.device:
         raise ValueError(f"q, k, v devices differ: {q.device}, {k.device}, {v.device}")
-    comm = RingComm(ranks, group=group, timeout=timeout)
-    cu = check_cu_seqlens(cu_seqlens, num_tokens=q.shape[0], multiple=2 if comm.degree > 1 else 1)
+    if isinstance(cu_seqlens, RingBatch):
+        rb = cu_seqlens
+        if ranks is not None and tuple(int(r) for r in ranks) != rb.comm.ranks:
+            raise ValueError(f"ranks={list(ranks)} differ from the RingBatch's {list(rb.comm.ranks)}")
+    else:
+        rb = RingBatch(cu_seqlens, ranks, group=group, timeout=timeout)
+    if rb.cu[-1] != q.shape[0]:
+        raise ValueError(f"cu_seqlens ends at {rb.cu[-1]} but the tensor has {q.shape[0]} tokens; "
+                         "they must describe the same packed sequence")
     scale = float(softmax_scale) if softmax_scale is not None else q.shape[-1] ** -0.5
     if kernel is None:
         kernel = default_kernel(q.device, q.dtype)
     elif isinstance(kernel, str):
         kernel = get_kernel(kernel)
-    plan = _Plan(cu, comm.degree, comm.cp_rank, bool(causal), q.device)
-    if comm.degree > 1 and check_shapes:
-        _check_peers(comm, _header(q, k, cu, bool(causal), scale, comm.ranks), q.device)
-    return _RingAttentionFn.apply(q, k, v, plan, comm, scale, kernel)
+    if check_shapes:
+        rb.check(q, k, bool(causal), scale)
+    return _RingAttentionFn.apply(q, k, v, rb.plan(bool(causal), q.device), rb.comm, scale, kernel)

@@ -35,7 +35,7 @@ def test_attention_goes_through_ring_attention_and_matches_dense(monkeypatch):
     g_ring = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
     monkeypatch.setattr(tiny_llm_mod, "_attention",
-                        lambda q, k, v, cu_seqlens, ranks, causal: dense_attention(q, k, v, cu_seqlens, causal=causal))
+                        lambda q, k, v, ring, ranks, causal: dense_attention(q, k, v, ring.cu, causal=causal))
     ref = model(ids, pos, cu, (0,))
     token_loss_sum(ref, labels).backward()
     torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)

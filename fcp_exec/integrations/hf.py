@@ -60,13 +60,17 @@ VL_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 
 @dataclass(frozen=True, slots=True)
 class FCPAttentionContext:
-    """Per-micro-batch metadata for :func:`fcp_attention_forward`: this rank's local ``cu_seqlens`` (int32),
-    the CP group ``ranks`` (global ranks, ring order), and the kernel/timeout :func:`apply_fcp` chose."""
+    """Per-micro-batch metadata for :func:`fcp_attention_forward`: ``ring``, the micro-batch's
+    :class:`fcp_exec.ring_attention.RingBatch` (this rank's local document bounds as host ints, the CP group, the
+    block plans — built once, shared by every layer, never read back from the device), and the kernel
+    :func:`apply_fcp` chose."""
 
-    cu_seqlens: torch.Tensor
-    ranks: tuple[int, ...]
+    ring: Any
     kernel: Any = None
-    timeout: float | None = None
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        return self.ring.comm.ranks
 
 
 def fcp_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -92,9 +96,8 @@ def fcp_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Ten
     q = query[0].transpose(0, 1)
     k = key[0].transpose(0, 1)
     v = value[0].transpose(0, 1)
-    out = ring_attention(q, k, v, fcp_context.cu_seqlens, ranks=fcp_context.ranks,
-                         causal=bool(getattr(module, "is_causal", True)), softmax_scale=scaling,
-                         kernel=fcp_context.kernel, timeout=fcp_context.timeout)
+    out = ring_attention(q, k, v, fcp_context.ring, causal=bool(getattr(module, "is_causal", True)),
+                         softmax_scale=scaling, kernel=fcp_context.kernel)
     return out.unsqueeze(0), None
 
 
@@ -295,10 +298,12 @@ def batch_inputs(batch: dict, model: nn.Module) -> dict[str, Any]:
     if not batch.get("ranks"):
         raise ValueError("this rank is idle in this micro-batch (ranks == ()); train_step runs fcp_exec.step.idle_batch "
                          "instead — or skip the forward when not using DDP/FSDP2")
+    from fcp_exec.ring_attention import RingBatch
+
     device = next(inner.parameters()).device
     ids = batch["input_ids"].to(device)
-    ctx = FCPAttentionContext(cu_seqlens=batch["cu_seqlens"].to(device), ranks=tuple(int(r) for r in batch["ranks"]),
-                              kernel=state.kernel, timeout=state.timeout)
+    ring = RingBatch(batch["cu_seqlens"], tuple(int(r) for r in batch["ranks"]), timeout=state.timeout)
+    ctx = FCPAttentionContext(ring=ring, kernel=state.kernel)
     out: dict[str, Any] = {"input_ids": ids[None], "fcp_context": ctx, "use_cache": False}
     if state.is_vl:
         if "mrope_position_ids" not in batch:

@@ -83,7 +83,7 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.
 def _attention(q, k, v, cu_seqlens, ranks, causal: bool) -> torch.Tensor:
     from fcp_exec import ring_attention  # the executor; imported here so the model file loads alone
 
-    return ring_attention(q, k, v, cu_seqlens, ranks=tuple(ranks), causal=causal)
+    return ring_attention(q, k, v, cu_seqlens, ranks=tuple(ranks), causal=causal)  # cu_seqlens: a RingBatch
 
 
 class Attention(nn.Module):
@@ -166,9 +166,12 @@ class TinyLLM(nn.Module):
                              f"tokens), got {tuple(input_ids.shape)} and {tuple(position_ids.shape)}")
         if not ranks:
             raise ValueError("ranks is empty: an idle rank has no tokens and must not call the model")
+        from fcp_exec.ring_attention import RingBatch
+
         x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
+        ring = RingBatch(cu_seqlens, tuple(ranks))  # host metadata once per forward, shared by every layer
         for layer in self.layers:
-            x = layer(x, position_ids, cu_seqlens, ranks)
+            x = layer(x, position_ids, ring, ranks)
         return self.lm_head(self.norm(x))
 
 
