@@ -112,6 +112,15 @@ def _wikipedia_batch(batch_size: int, num_ranks: int, cost, path: Path, scan: in
     return path
 
 
+def _has_examples() -> bool:
+    from fcp_data._resources import data_path
+
+    try:
+        return (data_path("examples") / "configs" / "qwen2_5_vl-tiny.json").exists()
+    except FileNotFoundError:
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m fcp_data.demo", description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="demo_out", help="output folder (default demo_out)")
@@ -169,6 +178,23 @@ def main(argv: list[str] | None = None) -> int:
          "--data", str(out / "index-video"), "--global-batch-size", "8",
          pretty=["train", "--model", "tiny-mllm", "--nproc", str(args.nproc), "--steps", str(args.steps),
                  "--data", _rel(out / "index-video"), "--global-batch-size", "8"])
+
+    hf_cfg = data_path("examples") / "configs" / "qwen2_5_vl-tiny.json" if _has_examples() else None
+    _header("3b. The same pipeline on a stock Hugging Face Qwen2.5-VL (tiny random config) with FSDP2")
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        hf_cfg = None
+    if hf_cfg is None:
+        print("skipped: needs transformers (pip install -e '.[hf]') and examples/configs from a source checkout")
+    else:
+        print("apply_fcp puts ring attention into the model through transformers' AttentionInterface; the vision tower "
+              "encodes each frame once per CP group; positions come from the model's own get_rope_index; ranks the "
+              "plan leaves idle run a zero-weighted dummy so FSDP2's collectives stay in step")
+        _fcp("train", "--model", f"hf:{hf_cfg}", "--reducer", "fsdp2", "--nproc", str(args.nproc), "--steps", "2",
+             "--global-batch-size", "8",
+             pretty=["train", "--model", "hf:examples/configs/qwen2_5_vl-tiny.json", "--reducer", "fsdp2", "--nproc",
+                     str(args.nproc), "--steps", "2", "--global-batch-size", "8"])
 
     _header("4. Gantt chart of one planned micro-batch")
     gantt = out / "gantt.png"

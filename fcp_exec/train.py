@@ -229,6 +229,13 @@ class Trainer:
             is_mllm = self.is_mllm
             self.loss_fn = lambda m, b: _forward_loss(m, b, is_mllm)
         self.num_params = sum(p.numel() for p in model.parameters())
+        if cfg.reducer == "fsdp2":
+            import warnings
+
+            # transformers returns logits as a view; FSDP2 warns that an in-place op on it would skip a hook.
+            # The loss here never modifies model outputs in place, so this one message is noise for fcp train.
+            warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor",
+                                    category=UserWarning)
         # tiny-mllm skips its vision encoder on text-only micro-batches: DDP must be told
         self.model, self.reducer = make_reducer(cfg.reducer, model,
                                                 find_unused_parameters=cfg.model == "tiny-mllm")
