@@ -12,8 +12,15 @@ solvers are comparable. A CP group holds sequences with token lengths ``s_k`` an
     T = C + M − min(A, X)                             group time (attention overlaps KV traffic)
     memory: Σ s_k ≤ d · tokens_per_rank
 
-Solvers work on two aggregates of a group: ``S = Σ s_k`` and ``Q = Σ (1+η_k)·s_k²``; :meth:`CostModel.time`
-takes those (vectorised over numpy arrays) so that a planner never re-sums the lengths.
+Cost model v2 (§4.1) adds three optional terms, 0 by default (then every formula above is unchanged
+bit-for-bit): ``gamma`` s per ring step (``M += gamma·(d−1)`` when ``d > 1``), ``alpha_blk`` s/token
+(``C += alpha_blk·Σ (1+η_k)·s_k``, any ``d``) and ``alpha_vis`` s per visual token (``C += alpha_vis·Σ v_k / d``,
+``v_k`` the visual tokens of sequence ``k``, 0 for text).
+
+Solvers work on aggregates of a group: ``S = Σ s_k``, ``Q = Σ (1+η_k)·s_k²`` and, for v2, ``B = Σ (1+η_k)·s_k``
+and ``V = Σ v_k``; :meth:`CostModel.time` takes those (vectorised over numpy arrays) so that a planner never
+re-sums the lengths. To add a cost term: a field here (validated in ``__post_init__``, optional in
+:data:`COST_KEYS_V2`), its aggregate in :func:`sequence_terms`, and a line in :meth:`CostModel.time`.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-__all__ = ["CostModel", "COST_KEYS", "group_aggregates", "MAX_RANKS", "MAX_SEQUENCE_TOKENS", "MAX_TOKENS_PER_RANK",
+__all__ = ["CostModel", "COST_KEYS", "COST_KEYS_V2", "group_aggregates", "sequence_terms", "MAX_RANKS", "MAX_SEQUENCE_TOKENS", "MAX_TOKENS_PER_RANK",
            "MAX_GROUP_SECONDS"]
 
 # Sanity limits of the planning core. MAX_RANKS bounds the ranks one plan covers: stage 2 works on a
@@ -42,7 +49,8 @@ MAX_GROUP_SECONDS = 1e12
 _MAX_COST_FILE_BYTES = 1 << 20
 _UNITS = {"alpha1": "s/token²", "alpha2": "s/token", "alpha3": "bytes/token", "beta1": "s", "beta2": "s",
           "bandwidth_intra": "bytes/s", "bandwidth_inter": "bytes/s", "ranks_per_node": "ranks",
-          "tokens_per_rank": "tokens"}
+          "tokens_per_rank": "tokens", "gamma": "s per ring step", "alpha_blk": "s/token",
+          "alpha_vis": "s per visual token"}
 
 COST_KEYS = (
     "alpha1",
@@ -55,6 +63,20 @@ COST_KEYS = (
     "ranks_per_node",
     "tokens_per_rank",
 )
+# §4.1: optional keys (absent = 0); to_dict emits them only when non-zero, so a v1 model round-trips as v1
+COST_KEYS_V2 = ("gamma", "alpha_blk", "alpha_vis")
+
+
+def sequence_terms(lengths, etas=None, visual=None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per-sequence float64 terms ``(s, q, b, v)``: ``q = (1+η)·s²``, ``b = (1+η)·s``, ``v`` the visual
+    tokens (zeros when ``visual`` is None). Summed over a group they give ``S, Q, B, V`` of :meth:`CostModel.time`."""
+    s = np.asarray(lengths, dtype=np.float64)
+    e = np.zeros_like(s) if etas is None else np.asarray(etas, dtype=np.float64)
+    v = np.zeros_like(s) if visual is None else np.asarray(visual, dtype=np.float64)
+    if e.shape != s.shape or v.shape != s.shape:
+        raise ValueError(f"etas/visual have shapes {e.shape}/{v.shape} but lengths has {s.shape}; give one per sequence")
+    b = (1.0 + e) * s
+    return s, b * s, b, v
 
 
 def group_aggregates(lengths: Iterable[float], etas: Iterable[float] | None = None) -> tuple[float, float]:
@@ -77,7 +99,9 @@ class CostModel:
     ``alpha3`` bytes/token (KV bytes sent per token, forward + backward), ``beta1``/``beta2`` s (fixed
     compute / communication overheads), ``bandwidth_intra``/``bandwidth_inter`` bytes/s,
     ``ranks_per_node`` (node of a rank = rank // ranks_per_node), ``tokens_per_rank`` (activation budget
-    E: the most tokens one rank holds).
+    E: the most tokens one rank holds). v2 (§4.1, default 0): ``gamma`` s per ring step (paid ``d−1`` times
+    when ``d > 1``), ``alpha_blk`` s/token (per-rank attention overhead ``alpha_blk·Σ(1+η)s`` that does not
+    shrink with ``d``), ``alpha_vis`` s per visual token (vision encoder, ``alpha_vis·Σv/d``).
     """
 
     alpha1: float
@@ -89,6 +113,9 @@ class CostModel:
     bandwidth_inter: float
     ranks_per_node: int
     tokens_per_rank: int
+    gamma: float = 0.0
+    alpha_blk: float = 0.0
+    alpha_vis: float = 0.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -101,7 +128,7 @@ class CostModel:
                 finite = False
             if not finite:
                 raise ValueError(f"CostModel.{f.name} must be a finite number ({_UNITS[f.name]}), got {v!r:.60}")
-        for name in ("alpha1", "alpha2", "alpha3", "beta1", "beta2"):
+        for name in ("alpha1", "alpha2", "alpha3", "beta1", "beta2") + COST_KEYS_V2:
             if getattr(self, name) < 0:
                 raise ValueError(f"CostModel.{name} must be >= 0 {_UNITS[name]}, got {getattr(self, name)!r}")
             object.__setattr__(self, name, float(getattr(self, name)))
@@ -126,7 +153,7 @@ class CostModel:
         d = np.array([1.0, float(min(self.ranks_per_node, MAX_RANKS)), float(MAX_RANKS)])
         S = d * self.tokens_per_rank
         with np.errstate(over="ignore", invalid="ignore"):
-            T = np.stack([self.time(S, 2.0 * S * S, d, intra) for intra in (True, False)])
+            T = np.stack([self.time(S, 2.0 * S * S, d, intra, B=2.0 * S, V=S) for intra in (True, False)])
             T = np.where(np.isnan(T), np.inf, T)
             if float(T.max()) <= MAX_GROUP_SECONDS:
                 return
@@ -135,31 +162,50 @@ class CostModel:
             v = self.bandwidth_intra if intra == 0 else self.bandwidth_inter
             terms = {"alpha1 (attention)": self.alpha1 * 2.0 * Sj * Sj / dj, "alpha2 (linear layers)": self.alpha2 * Sj / dj,
                      "alpha3 / bandwidth (ring traffic)": self.alpha3 * Sj * (dj - 1.0) / dj / v,
-                     "beta1": self.beta1, "beta2": self.beta2}
+                     "beta1": self.beta1, "beta2": self.beta2, "gamma (ring steps)": self.gamma * (dj - 1.0),
+                     "alpha_blk (attention blocks)": self.alpha_blk * 2.0 * Sj, "alpha_vis (vision)": self.alpha_vis * Sj / dj}
         culprit = max(terms, key=lambda k: terms[k] if not math.isnan(terms[k]) else math.inf)
         raise ValueError(
             f"cost model out of range: {int(dj)} rank(s) × tokens_per_rank={self.tokens_per_rank} would take "
             f"{float(T.max()):.3g} s (limit {MAX_GROUP_SECONDS:g} s), mostly from {culprit}; check the units: alpha1 "
             f"s/token², alpha2 s/token, alpha3 bytes/token, bandwidths bytes/s (alpha1={self.alpha1!r}, "
             f"alpha2={self.alpha2!r}, alpha3={self.alpha3!r}, bandwidth_intra={self.bandwidth_intra!r}, "
-            f"bandwidth_inter={self.bandwidth_inter!r})")
+            f"bandwidth_inter={self.bandwidth_inter!r}, gamma={self.gamma!r}, alpha_blk={self.alpha_blk!r}, "
+            f"alpha_vis={self.alpha_vis!r})")
 
     # ------------------------------------------------------------------ formulas
-    def time(self, S, Q, d, intra=True):
-        """Group time ``T`` from the aggregates ``S = Σ s``, ``Q = Σ (1+η)s²`` on ``d`` ranks.
+    @property
+    def is_v2(self) -> bool:
+        """True when a §4.1 term is non-zero (then group times need ``B`` and ``V``)."""
+        return bool(self.gamma or self.alpha_blk or self.alpha_vis)
+
+    def time(self, S, Q, d, intra=True, B=None, V=None):
+        """Group time ``T`` from the aggregates ``S = Σ s``, ``Q = Σ (1+η)s²`` on ``d`` ranks, and for the
+        §4.1 terms ``B = Σ (1+η)s`` (needed when ``alpha_blk > 0``) and ``V = Σ v`` (visual tokens; None = 0).
 
         Vectorised: any argument may be a numpy array (broadcast). ``intra`` says whether all the
-        group's ranks are on one node. Returns a float for scalar input, else an array.
+        group's ranks are on one node. Returns a float for scalar input, else an array. A zero v2
+        coefficient adds nothing, so with all three at 0 the result is bit-for-bit the §4 time.
         """
         S = np.asarray(S, dtype=np.float64)
         Q = np.asarray(Q, dtype=np.float64)
         d_arr = np.asarray(d, dtype=np.float64)
         v = np.where(np.asarray(intra, dtype=bool), self.bandwidth_intra, self.bandwidth_inter)
         A = self.alpha1 * Q / d_arr
-        C = A + self.alpha2 * S / d_arr + self.beta1
+        C = A + self.alpha2 * S / d_arr
+        if self.alpha_blk:
+            if B is None:
+                raise TypeError("CostModel.time needs B = Σ(1+η)s when alpha_blk > 0 (see sequence_terms)")
+            C = C + self.alpha_blk * np.asarray(B, dtype=np.float64)
+        if self.alpha_vis and V is not None:
+            C = C + self.alpha_vis * np.asarray(V, dtype=np.float64) / d_arr
+        C = C + self.beta1
         multi = d_arr > 1
         X = np.where(multi, self.alpha3 * S * (d_arr - 1.0) / d_arr / v, 0.0)
-        M = np.where(multi, X + self.beta2, 0.0)
+        if self.gamma:
+            M = np.where(multi, X + self.beta2 + self.gamma * (d_arr - 1.0), 0.0)
+        else:
+            M = np.where(multi, X + self.beta2, 0.0)
         T = C + M - np.minimum(A, X)
         return float(T) if T.ndim == 0 else T
 
@@ -171,10 +217,16 @@ class CostModel:
         node = ranks[0] // self.ranks_per_node
         return all(r // self.ranks_per_node == node for r in ranks)
 
-    def group_time(self, lengths: Iterable[float], etas: Iterable[float] | None = None, ranks: Sequence[int] | int = 1) -> float:
-        """§4 time of one group. ``ranks`` is the group's global ranks (placement decides intra/inter
-        node) or an int degree, which is taken as the best placement (one node if it fits)."""
-        S, Q = group_aggregates(lengths, etas)
+    def group_time(self, lengths: Iterable[float], etas: Iterable[float] | None = None, ranks: Sequence[int] | int = 1,
+                   visual: Iterable[float] | None = None) -> float:
+        """§4/§4.1 time of one group. ``ranks`` is the group's global ranks (placement decides intra/inter
+        node) or an int degree, which is taken as the best placement (one node if it fits); ``visual``:
+        visual tokens per sequence (None: text)."""
+        def arr(x):
+            return None if x is None else np.asarray(x if isinstance(x, np.ndarray) else list(x), dtype=np.float64)
+
+        s, q, b, v = sequence_terms(arr(lengths), arr(etas), arr(visual))
+        S, Q = float(s.sum()), float(q.sum())
         if isinstance(ranks, (int, np.integer)):
             d = int(ranks)
             if d < 1:
@@ -183,7 +235,7 @@ class CostModel:
         else:
             d = len(ranks)
             intra = self.is_intra_node(ranks)
-        return self.time(S, Q, d, intra)
+        return self.time(S, Q, d, intra, B=float(b.sum()), V=float(v.sum()))
 
     def fits(self, total_tokens: float, d: int) -> bool:
         """Memory check of §4: ``Σ s ≤ d · tokens_per_rank``."""
@@ -195,23 +247,30 @@ class CostModel:
 
     # ------------------------------------------------------------------ (de)serialisation
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The §4 keys, then each §4.1 key that is non-zero (a v1 model stays a v1 JSON)."""
+        d = asdict(self)
+        for k in COST_KEYS_V2:
+            if not d[k]:
+                del d[k]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "CostModel":
-        """Strict: exactly the §4 keys; a missing or unknown key is a ``ValueError`` naming it."""
+        """Strict: the §4 keys, optionally the §4.1 keys (absent = 0); a missing or unknown key is a
+        ``ValueError`` naming it."""
         if not isinstance(d, dict):
             raise ValueError(f"a cost model must be a JSON object with keys {', '.join(COST_KEYS)}; got {type(d).__name__}")
         missing = [k for k in COST_KEYS if k not in d]
-        unknown = sorted(k for k in d if k not in COST_KEYS)
+        unknown = sorted(k for k in d if k not in COST_KEYS + COST_KEYS_V2)
         if missing or unknown:
             parts = []
             if missing:
                 parts.append("missing " + ", ".join(missing))
             if unknown:
                 parts.append("unknown " + ", ".join(unknown))
-            raise ValueError(f"cost model keys: {'; '.join(parts)} (expected exactly: {', '.join(COST_KEYS)})")
-        return cls(**{k: d[k] for k in COST_KEYS})
+            raise ValueError(f"cost model keys: {'; '.join(parts)} (expected: {', '.join(COST_KEYS)}; optional: "
+                             f"{', '.join(COST_KEYS_V2)})")
+        return cls(**{k: d[k] for k in COST_KEYS + COST_KEYS_V2 if k in d})
 
     @classmethod
     def load(cls, path: str | Path) -> "CostModel":

@@ -26,6 +26,8 @@ Every rank builds the same plan from ``(seed, epoch, lengths, config)`` with no 
   (``num_visual_tokens`` + its spec), or given as ``visual_layout=`` (a callable ``(i, n) → placeholders
   among positions 1..n−1``, e.g. :class:`SpanVisualLayout`). With plain lengths and no layout it is
   ``None`` and the collator refuses to mask visual labels.
+* **Visual tokens in the cost.** The planner charges the vision encoder (cost model v2, DESIGN §4.1) for
+  ``index.num_visual_tokens`` of a ``LengthIndex``, or for ``visual=`` (one count per sample) with plain lengths.
 * **Micro-batches.** ``micro_batches="auto"`` lets the planner choose the count per global batch (fewest
   that fit, a few more tried, smallest summed makespan); an int ``M`` asks for exactly ``M`` per global
   batch (``min(M, size)`` for a last batch with fewer sequences) and raises if they do not fit in memory.
@@ -90,7 +92,7 @@ from fcp_data.cost import CostModel
 from fcp_data.plan.types import Plan
 from fcp_data.prefetch import SamplerIterator, Speculation, check_int, check_state, make_state
 from fcp_data.slots import (FCPDataset, IndexVisualLayout, SampleSlot, SlotList, SpanVisualLayout, check_lengths,
-                            check_solver_options, dist_rank_and_world)
+                            check_solver_options, check_visual, dist_rank_and_world)
 
 __all__ = ["FCPSampler", "SampleSlot", "SlotList", "FCPDataset", "dist_rank_and_world", "IndexVisualLayout",
            "SpanVisualLayout"]
@@ -106,7 +108,7 @@ class FCPSampler:
                  global_batch_tokens: int | None = None, seed: int = 0, drop_last: bool = False,
                  on_overlong: str = "error", prefetch: int = 2, solver: str = "fcp",
                  micro_batches: str | int = "auto", etas: Any = None,
-                 solver_options: dict[str, Any] | None = None, visual_layout: Any = None) -> None:
+                 solver_options: dict[str, Any] | None = None, visual_layout: Any = None, visual: Any = None) -> None:
         d_rank, d_world = dist_rank_and_world()
         self.num_ranks = d_world if num_ranks is None else int(num_ranks)
         self.rank = d_rank if rank is None else int(rank)
@@ -146,6 +148,7 @@ class FCPSampler:
         self.solver_options = check_solver_options(solver_options, self.solver, self.num_ranks, cost_model)
 
         lengths, self.etas = check_lengths(lengths_or_index, etas)
+        self.visual = check_visual(lengths_or_index, visual, lengths)  # §4.1 cost; a LengthIndex gives its own
         if visual_layout is not None and not callable(visual_layout):
             raise ValueError("visual_layout must be a callable (i, n) -> placeholder tokens among positions 1..n-1 "
                              "of sample i's first n tokens, e.g. SpanVisualLayout")
@@ -185,6 +188,8 @@ class FCPSampler:
         h = hashlib.blake2b(lengths.tobytes(), digest_size=16)
         if self.etas is not None:
             h.update(self.etas.tobytes())
+        if self.visual is not None:
+            h.update(b"visual" + self.visual.tobytes())
         self._data_digest = h.hexdigest()
         self._position = (0, 0, 0)  # (epoch, global_batch, micro_batch) of the next list (module doc)
         self._owner = 0  # generation of the iterator that moves the position; bumped to retire it
@@ -262,7 +267,8 @@ class FCPSampler:
 
         ids = self.global_batch_indices(g, epoch)
         plan = plan_batch(self.num_tokens[ids], num_ranks=self.num_ranks, cost_model=self.cost_model,
-                          etas=None if self.etas is None else self.etas[ids], solver=self.solver,
+                          etas=None if self.etas is None else self.etas[ids], solver=self.solver, visual=None if
+                          self.visual is None else np.minimum(self.visual[ids], self.num_tokens[ids]),
                           micro_batches=self._micro_batches_of(ids.size), **self.solver_options)
         if sorted(plan.seq_ids) != list(range(ids.size)):
             raise RuntimeError(f"planner returned a plan that does not hold each of the {ids.size} sequences "

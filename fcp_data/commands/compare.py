@@ -14,7 +14,7 @@ def run(args: argparse.Namespace) -> int:
     from fcp_data.commands.plan import degree_summary, load_inputs, solver_options
     from fcp_data.plan import plan_batch
 
-    lengths, cm, report = load_inputs(args)
+    lengths, cm, report, visual = load_inputs(args)
     names = ["fcp", "fcp-dp"]
     if args.ilp:
         names.append("ilp")
@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
     for name in names:
         try:
             results[name] = plan_batch(lengths, num_ranks=args.ranks, cost_model=cm, solver=name,
-                                       micro_batches=args.micro_batches, **opts.get(name, {}))
+                                       micro_batches=args.micro_batches, visual=visual, **opts.get(name, {}))
         except ValueError as e:
             if name == "fcp":
                 raise

@@ -1,7 +1,13 @@
 """``fcp plan``: plan one global batch of sequence lengths into CP groups (table or DESIGN §6 JSON).
 
-Also holds the input options shared by ``plan``, ``compare`` and ``simulate`` (lengths file, cost model
-from ``--cost`` or ``--preset/--hardware``, overlong handling, Ulysses head counts).
+Also holds the input options shared by ``plan``, ``compare`` and ``simulate`` (lengths file, visual tokens
+file, cost model from ``--cost`` or ``--preset/--hardware``, overlong handling, Ulysses head counts).
+
+Visual tokens (cost model v2, DESIGN §4.1): ``--visual FILE`` gives one count per sequence, in the order
+of ``--lengths`` and in the same formats (.txt one per line, .npy, .csv with ``--visual-column``; the file
+may be the lengths CSV itself), 0 for text; each count is at most its sequence's length. They follow
+``--on-overlong``: dropped with their sequence, clipped to a truncated length. Without ``--visual`` every
+sequence is text.
 """
 
 from __future__ import annotations
@@ -10,14 +16,16 @@ import argparse
 import json
 from typing import Any
 
-__all__ = ["register", "add_input_args", "add_cost_args", "load_cost", "load_inputs", "solver_options",
+__all__ = ["register", "add_input_args", "add_cost_args", "add_visual_args", "load_cost", "load_inputs", "load_visual",
+           "solver_options",
            "parse_micro_batches", "format_plan", "degree_summary", "SOLVER_CHOICES", "BASELINES", "parse_baselines",
            "check_ranks", "check_heads", "positive_seconds", "MAX_RANKS"]
 
 
 def add_cost_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("cost model (one of)")
-    g.add_argument("--cost", metavar="COST.json", help="cost model JSON with the DESIGN §4 keys")
+    g.add_argument("--cost", metavar="COST.json", help="cost model JSON with the DESIGN §4 keys (and optionally the "
+                   "§4.1 keys gamma, alpha_blk, alpha_vis)")
     g.add_argument("--preset", metavar="MODEL", help="model preset (see `fcp presets`), with --hardware")
     g.add_argument("--hardware", metavar="HW", help="hardware preset: ascend-910c, h100, h200, a100")
     g.add_argument("--heads", type=int, default=None, help="attention heads for the Ulysses baseline (default: preset's, else 32)")
@@ -30,7 +38,85 @@ def add_input_args(p: argparse.ArgumentParser, *, overlong_default: str = "error
     p.add_argument("--ranks", type=int, required=True, metavar="N", help="number of ranks (devices)")
     p.add_argument("--on-overlong", choices=("error", "truncate", "drop"), default=overlong_default,
                    help=f"a sequence longer than ranks × tokens_per_rank: error, truncate or drop (default {overlong_default})")
+    add_visual_args(p)
     add_cost_args(p)
+
+
+def add_visual_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--visual", metavar="FILE", default=None,
+                   help="visual tokens per sequence (cost model v2, alpha_vis): same order and formats as --lengths, "
+                        "0 for text (default: all text)")
+    p.add_argument("--visual-column", default=None, help="column of a .csv --visual file (name or 0-based index)")
+
+
+def _load_counts(path: str, column) -> list[int]:
+    """Non-negative whole counts from a .txt/.npy/.csv file (the --lengths formats, zeros allowed)."""
+    import csv
+    from pathlib import Path
+
+    import numpy as np
+
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"visual tokens file not found or not a regular file: {p}")
+    if p.suffix.lower() == ".npy":
+        try:
+            arr = np.load(p, allow_pickle=False)
+        except (ValueError, OSError) as e:
+            raise ValueError(f"{p}: not a readable .npy array ({e})") from None
+        if arr.ndim != 1 or not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
+            raise ValueError(f"{p}: expected a 1-D numeric array, got shape {arr.shape} dtype {arr.dtype}")
+        return arr.tolist()
+    with p.open(newline="", encoding="utf-8-sig") as f:
+        if p.suffix.lower() != ".csv":
+            if column is not None:
+                raise ValueError(f"--visual-column applies to .csv files only, got {p}")
+            cells = [(f"{p}:{i}", line.split("#", 1)[0].strip()) for i, line in enumerate(f, 1)]
+            cells = [c for c in cells if c[1]]
+        else:
+            rows = [r for r in csv.reader(f) if any(c.strip() for c in r)]
+            header = [c.strip() for c in rows[0]] if rows else []
+            has_header = bool(rows) and not all(c.lstrip("-").replace(".", "", 1).isdigit() for c in header)
+            if column is None and len(header) != 1:
+                raise ValueError(f"{p} has {len(header)} columns; choose one with --visual-column")
+            idx = 0 if column is None else int(column) if str(column).isdigit() else \
+                header.index(column) if has_header and column in header else None
+            if idx is None:
+                raise ValueError(f"{p}: no column named {column!r}; columns: {', '.join(header)}")
+            body = rows[1:] if has_header else rows
+            cells = [(f"{p}:{i + 1 + has_header}", r[idx].strip() if idx < len(r) else "") for i, r in enumerate(body)]
+    out = []
+    for where, text in cells:
+        try:
+            v = float(text)
+        except ValueError:
+            raise ValueError(f"{where}: {text!r} is not a visual-token count") from None
+        out.append(v)
+    return out
+
+
+def load_visual(args: argparse.Namespace, num_raw: int, lengths, report):
+    """The ``--visual`` counts (float64, aligned with the capped ``lengths``) or None; ``num_raw``: the
+    number of sequences in the lengths file, before ``--on-overlong``."""
+    if getattr(args, "visual", None) is None:
+        if getattr(args, "visual_column", None) is not None:
+            from fcp_data.cli import UsageError
+
+            raise UsageError("--visual-column needs --visual FILE")
+        return None
+    import numpy as np
+
+    from fcp_data.plan.inputs import validate_visual
+
+    v = np.asarray(_load_counts(args.visual, args.visual_column), dtype=np.float64)
+    if v.size != num_raw:
+        raise ValueError(f"--visual {args.visual} has {v.size} entries but --lengths has {num_raw}; give one count per "
+                         "sequence (0 for text)")
+    v = np.minimum(v[report.kept], lengths)  # follows --on-overlong: dropped or clipped with its sequence
+    bad = np.flatnonzero(~np.isfinite(v) | (v < 0))
+    if bad.size:
+        raise ValueError(f"--visual {args.visual}: entry {int(report.kept[bad[0]])} is {v[bad[0]]}; counts are >= 0")
+    return validate_visual(v, lengths)
 
 
 def load_cost(args: argparse.Namespace):
@@ -89,15 +175,15 @@ def check_heads(args: argparse.Namespace) -> None:
 
 
 def load_inputs(args: argparse.Namespace):
-    """``(lengths, cost_model, cap_report)`` from the shared options."""
+    """``(lengths, cost_model, cap_report, visual)`` from the shared options (``visual`` None: all text)."""
     from fcp_data.workloads import apply_cap, load_lengths
 
     check_ranks(args.ranks)
     check_heads(args)
     cm = load_cost(args)
-    lengths = load_lengths(args.lengths, args.column)
-    lengths, report = apply_cap(lengths, args.ranks * cm.tokens_per_rank, args.on_overlong)
-    return lengths, cm, report
+    raw = load_lengths(args.lengths, args.column)
+    lengths, report = apply_cap(raw, args.ranks * cm.tokens_per_rank, args.on_overlong)
+    return lengths, cm, report, load_visual(args, raw.size, lengths, report)
 
 
 def parse_micro_batches(text: str) -> int | str:
@@ -169,10 +255,10 @@ def run(args: argparse.Namespace) -> int:
         from fcp_data.cli import UsageError
 
         raise UsageError(f"--time-limit applies to --solver ilp only (got --solver {args.solver})")
-    lengths, cm, report = load_inputs(args)
+    lengths, cm, report, visual = load_inputs(args)
     opts = solver_options(args).get(args.solver, {})
     plan = plan_batch(lengths, num_ranks=args.ranks, cost_model=cm, solver=args.solver,
-                      micro_batches=args.micro_batches, **opts)
+                      micro_batches=args.micro_batches, visual=visual, **opts)
     if args.json:
         print(json.dumps(plan.to_dict()))
     else:
@@ -192,6 +278,7 @@ examples:
   fcp plan --lengths lengths.txt --ranks 8 --preset Qwen3-8B --hardware h100
   fcp plan --lengths lengths.npy --ranks 64 --cost cost.json --micro-batches auto --json
   fcp plan --lengths batch.csv --column num_tokens --ranks 16 --preset Llama3-8B --hardware a100 --on-overlong truncate
+  fcp plan --lengths batch.csv --column num_tokens --visual batch.csv --visual-column num_visual --ranks 8 --cost v2.json
 exit codes: 0 ok, 2 bad input (one line on stderr)."""
 
 

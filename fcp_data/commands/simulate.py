@@ -2,7 +2,8 @@
 
 Each step draws ``--global-batch-size`` sequences (seeded), every solver plans the same batch with the
 micro-batch planner (``micro_batches="auto"``), and the step time is the sum of the micro-batch
-makespans under the §4 cost model. ``static-cp`` and ``ulysses`` keep one degree for the whole run (the
+makespans under the §4/§4.1 cost model (``--visual FILE``: visual tokens per sequence of the workload,
+as in ``fcp plan``). ``static-cp`` and ``ulysses`` keep one degree for the whole run (the
 best one over all steps). Prints the mean step time per solver and FCP's speedup over it;
 ``--json`` prints ``{"<solver>": {"mean_step_s": float, "steps": [...]}}``; ``--plot`` writes a bar chart of
 the mean step times and a Gantt chart (ranks × time, one colour per CP group) of FCP's first micro-batch.
@@ -14,7 +15,7 @@ import argparse
 import json
 import sys
 
-from fcp_data.commands.plan import BASELINES, add_cost_args, parse_baselines
+from fcp_data.commands.plan import BASELINES, add_cost_args, add_visual_args, parse_baselines
 
 __all__ = ["register", "simulate", "plot_simulation", "check_plot_path", "MAX_STEPS"]
 
@@ -22,9 +23,9 @@ MAX_STEPS = 100_000  # every solver plans every step: more is hours of planning,
 
 
 def simulate(lengths, *, num_ranks: int, cost_model, global_batch_size: int, steps: int, seed: int,
-             solvers, options=None, progress: bool = False):
+             solvers, options=None, progress: bool = False, visual=None):
     """``({solver: [step seconds]}, {solver: first Plan}, {solver: fixed degree or None})`` over the same
-    drawn batches for every solver."""
+    drawn batches for every solver; ``visual``: visual tokens per workload sequence (None: text)."""
     from tqdm import tqdm
 
     from fcp_data.plan import plan_batch
@@ -52,7 +53,7 @@ def simulate(lengths, *, num_ranks: int, cost_model, global_batch_size: int, ste
         for b, ids in enumerate(batches):
             try:
                 plan = plan_batch(lengths[ids], num_ranks=num_ranks, cost_model=cost_model, solver=name,
-                                  micro_batches="auto", **opts)
+                                  micro_batches="auto", visual=None if visual is None else visual[ids], **opts)
             except ValueError as e:
                 failed = f"{name} cannot plan step {b}: {e}"
                 bar.update(steps - b)
@@ -134,7 +135,7 @@ def check_plot_path(path: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from fcp_data.cli import UsageError
-    from fcp_data.commands.plan import check_heads, check_ranks, load_cost, solver_options
+    from fcp_data.commands.plan import check_heads, check_ranks, load_cost, load_visual, solver_options
     from fcp_data.workloads import apply_cap, load_lengths
 
     check_ranks(args.ranks)
@@ -150,13 +151,14 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         check_plot_path(args.plot)
     cm = load_cost(args)
-    lengths = load_lengths(args.lengths, args.column)
+    raw = load_lengths(args.lengths, args.column)
     cap = min(args.cap, args.ranks * cm.tokens_per_rank)
-    lengths, report = apply_cap(lengths, cap, args.on_overlong)
+    lengths, report = apply_cap(raw, cap, args.on_overlong)
+    visual = load_visual(args, raw.size, lengths, report)
     solvers = ["fcp"] + [b for b in args.baselines if b != "fcp"]
     times, first, fixed = simulate(lengths, num_ranks=args.ranks, cost_model=cm, global_batch_size=args.global_batch_size,
                             steps=args.steps, seed=args.seed, solvers=solvers, options=solver_options(args),
-                            progress=not args.no_progress)
+                            progress=not args.no_progress, visual=visual)
     means = {n: sum(t) / len(t) for n, t in times.items()}
     if args.plot:
         plot_simulation(args.plot, means, first["fcp"], f"{args.ranks} ranks, GBS {args.global_batch_size}")
@@ -185,6 +187,7 @@ def register(subparsers, summary: str) -> None:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--lengths", required=True, metavar="FILE", help="workload token counts: .txt, .npy or .csv")
     p.add_argument("--column", default=None, help="column of a .csv lengths file")
+    add_visual_args(p)
     p.add_argument("--ranks", type=int, required=True, metavar="N", help="number of ranks (devices)")
     p.add_argument("--global-batch-size", type=int, required=True, metavar="B",
                    help="sequences per global batch (drawn without replacement; at most the workload's size)")

@@ -7,6 +7,7 @@ Entry point: :func:`plan_batch` (``SOLVERS[name]`` is the same call with the sol
 from fcp_data.plan.allocate import allocate_dp, allocate_fast, pow2_mask, time_table
 from fcp_data.plan.baselines import megatron_dynamic, static_cp, ulysses, ulysses_time
 from fcp_data.plan.bfd import bfd_groups, candidate_units
+from fcp_data.plan.inputs import validate_visual
 from fcp_data.plan.microbatch import TimeBudgetExceeded, plan_micro_batches, split_micro_batches
 from fcp_data.plan.placement import place_groups, placed_times
 from fcp_data.plan.solvers import (MAX_DP_RANKS, MAX_RANKS, MAX_SEQUENCE_TOKENS, SOLVER_NAMES, SOLVERS, fcp_micro_batch,
@@ -15,7 +16,7 @@ from fcp_data.plan.types import CPGroup, MicroBatchPlan, Plan
 
 __all__ = [
     "CPGroup", "MicroBatchPlan", "Plan",
-    "plan_batch", "SOLVERS", "SOLVER_NAMES", "validate_inputs", "fcp_micro_batch",
+    "plan_batch", "SOLVERS", "SOLVER_NAMES", "validate_inputs", "validate_visual", "fcp_micro_batch",
     "MAX_RANKS", "MAX_DP_RANKS", "MAX_SEQUENCE_TOKENS", "TimeBudgetExceeded",
     "bfd_groups", "candidate_units", "time_table", "allocate_fast", "allocate_dp", "pow2_mask",
     "place_groups", "placed_times", "plan_micro_batches", "split_micro_batches",

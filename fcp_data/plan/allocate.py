@@ -29,12 +29,16 @@ def pow2_mask(num_ranks: int) -> np.ndarray:
 
 
 def time_table(S: np.ndarray, Q: np.ndarray, num_ranks: int, cost_model: CostModel,
-               allowed: np.ndarray | None = None) -> np.ndarray:
-    """``T[i, d−1]``: §4 time of group ``i`` on ``d`` ranks, ``inf`` if memory fails or ``d`` not allowed."""
+               allowed: np.ndarray | None = None, B: np.ndarray | None = None,
+               V: np.ndarray | None = None) -> np.ndarray:
+    """``T[i, d−1]``: §4/§4.1 time of group ``i`` on ``d`` ranks, ``inf`` if memory fails or ``d`` not
+    allowed; ``B``, ``V``: the groups' §4.1 aggregates ``Σ(1+η)s`` and ``Σv`` (None: 0)."""
     S = np.asarray(S, dtype=np.float64)[:, None]
     Q = np.asarray(Q, dtype=np.float64)[:, None]
+    B = None if B is None else np.asarray(B, dtype=np.float64)[:, None]
+    V = None if V is None else np.asarray(V, dtype=np.float64)[:, None]
     d = np.arange(1, num_ranks + 1, dtype=np.float64)[None, :]
-    T = cost_model.time(S, Q, d, d <= cost_model.ranks_per_node)
+    T = cost_model.time(S, Q, d, d <= cost_model.ranks_per_node, B=B, V=V)
     T = np.where(S <= d * cost_model.tokens_per_rank, T, np.inf)
     if allowed is not None:
         T = np.where(np.asarray(allowed, dtype=bool)[None, :], T, np.inf)

@@ -13,6 +13,8 @@
   left); then, greedily, the heaviest sequence of the slowest group doubles
   its degree (a short one moves to a degree-2 group of its own) while the makespan improves.
 
+Every baseline takes the optional per-sequence ``visual`` tokens and pays the §4.1 terms of the cost model.
+
 ``fcp-pow2`` (FCP restricted to powers of two, FlexSP-like) lives with the FCP solver in
 :mod:`fcp_data.plan.solvers`.
 """
@@ -24,7 +26,8 @@ import math
 import numpy as np
 
 from fcp_data.cost import CostModel
-from fcp_data.plan.bfd import group_aggregates_of
+from fcp_data.cost import sequence_terms
+from fcp_data.plan.bfd import group_terms_of
 from fcp_data.plan.lpt import labels_to_groups, lpt_groups, lpt_labels
 from fcp_data.plan.placement import build_micro_batch
 from fcp_data.plan.types import MicroBatchPlan
@@ -32,19 +35,28 @@ from fcp_data.plan.types import MicroBatchPlan
 __all__ = ["static_cp", "ulysses", "megatron_dynamic", "ulysses_time", "ulysses_degrees", "work_proxy"]
 
 
-def work_proxy(lengths: np.ndarray, etas: np.ndarray, cost_model: CostModel) -> np.ndarray:
-    """Per-sequence compute on one rank, ``alpha1·(1+η)s² + alpha2·s`` — what LPT balances."""
+def work_proxy(lengths: np.ndarray, etas: np.ndarray, cost_model: CostModel, visual: np.ndarray | None = None) -> np.ndarray:
+    """Per-sequence compute on one rank, ``alpha1·(1+η)s² + alpha2·s`` (+ ``alpha_blk·(1+η)s + alpha_vis·v``
+    under §4.1) — what LPT balances."""
     s = np.asarray(lengths, dtype=np.float64)
-    return cost_model.alpha1 * (1.0 + np.asarray(etas, dtype=np.float64)) * s * s + cost_model.alpha2 * s
+    w = cost_model.alpha1 * (1.0 + np.asarray(etas, dtype=np.float64)) * s * s + cost_model.alpha2 * s
+    if cost_model.alpha_blk:
+        w = w + cost_model.alpha_blk * (1.0 + np.asarray(etas, dtype=np.float64)) * s
+    if cost_model.alpha_vis and visual is not None:
+        w = w + cost_model.alpha_vis * np.asarray(visual, dtype=np.float64)
+    return w
 
 
-def ulysses_time(S, Q, ranks: list[tuple[int, ...]], cost_model: CostModel, *, num_heads: int, num_kv_heads: int) -> np.ndarray:
+def ulysses_time(S, Q, ranks: list[tuple[int, ...]], cost_model: CostModel, B=None, V=None, *, num_heads: int,
+                 num_kv_heads: int) -> np.ndarray:
     """Group time of Ulysses sequence parallelism on §4 coefficients.
 
     Each rank holds ``S/d`` tokens; per layer and pass it all-to-alls Q, K, V out and O back, i.e.
     ``(2H + 2G)·hd`` values per token against the ring's ``2G·hd`` (K, V), and keeps ``1/d`` of them:
     ``X_u = alpha3 · (H+G)/G · S · (d−1)/d² / v``. The all-to-all cannot overlap attention, so
-    ``T = A + alpha2·S/d + beta1 + (X_u + beta2 if d > 1)``.
+    ``T = A + alpha2·S/d + beta1 + (X_u + beta2 if d > 1)``. §4.1: each rank still runs attention over
+    all ``S`` rows (for ``H/d`` heads), so it pays ``alpha_blk·B`` like a ring; the vision encoder
+    ``alpha_vis·V/d``; one all-to-all is no ring, so no ``gamma``.
     """
     S = np.asarray(S, dtype=np.float64)
     Q = np.asarray(Q, dtype=np.float64)
@@ -52,7 +64,12 @@ def ulysses_time(S, Q, ranks: list[tuple[int, ...]], cost_model: CostModel, *, n
     intra = np.array([cost_model.is_intra_node(r) for r in ranks], dtype=bool)
     v = np.where(intra, cost_model.bandwidth_intra, cost_model.bandwidth_inter)
     ratio = (num_heads + num_kv_heads) / num_kv_heads
-    comp = cost_model.alpha1 * Q / d + cost_model.alpha2 * S / d + cost_model.beta1
+    comp = cost_model.alpha1 * Q / d + cost_model.alpha2 * S / d
+    if cost_model.alpha_blk:
+        comp = comp + cost_model.alpha_blk * np.asarray(B, dtype=np.float64)
+    if cost_model.alpha_vis and V is not None:
+        comp = comp + cost_model.alpha_vis * np.asarray(V, dtype=np.float64) / d
+    comp = comp + cost_model.beta1
     comm = np.where(d > 1, cost_model.alpha3 * ratio * S * (d - 1.0) / (d * d) / v + cost_model.beta2, 0.0)
     return comp + comm
 
@@ -64,8 +81,8 @@ def _infeasible(name: str, lengths: np.ndarray, num_ranks: int, cost_model: Cost
                       "use more micro-batches or more ranks")
 
 
-def _fixed_degree(name: str, lengths, etas, num_ranks, cost_model, degrees, time_fn=None) -> MicroBatchPlan:
-    work = work_proxy(lengths, etas, cost_model)
+def _fixed_degree(name: str, lengths, etas, num_ranks, cost_model, degrees, time_fn=None, visual=None) -> MicroBatchPlan:
+    work = work_proxy(lengths, etas, cost_model, visual)
     best: MicroBatchPlan | None = None
     for d in degrees:
         if lengths.max() > d * cost_model.tokens_per_rank:
@@ -73,8 +90,8 @@ def _fixed_degree(name: str, lengths, etas, num_ranks, cost_model, degrees, time
         groups = lpt_groups(work, lengths, num_ranks // d, d * cost_model.tokens_per_rank)
         if groups is None:
             continue
-        S, Q = group_aggregates_of(groups, lengths, etas)
-        mb = build_micro_batch(groups, [d] * len(groups), S, Q, num_ranks, cost_model, time_fn=time_fn)
+        S, Q, B, V = group_terms_of(groups, lengths, etas, visual)
+        mb = build_micro_batch(groups, [d] * len(groups), S, Q, num_ranks, cost_model, time_fn=time_fn, B=B, V=V)
         if best is None or mb.makespan < best.makespan:
             best = mb
     if best is None:
@@ -91,10 +108,10 @@ def _only(name: str, degrees: list[int], degree: int | None) -> list[int]:
 
 
 def static_cp(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: CostModel, *,
-              degree: int | None = None, **_: object) -> MicroBatchPlan:
+              degree: int | None = None, visual: np.ndarray | None = None, **_: object) -> MicroBatchPlan:
     """Best fixed ring degree ``d | num_ranks`` (Megatron-LM CP), or exactly ``degree`` when given."""
     degrees = _only("static-cp", [d for d in range(1, num_ranks + 1) if num_ranks % d == 0], degree)
-    return _fixed_degree("static-cp", lengths, etas, num_ranks, cost_model, degrees)
+    return _fixed_degree("static-cp", lengths, etas, num_ranks, cost_model, degrees, visual=visual)
 
 
 def ulysses_degrees(num_ranks: int, num_heads: int) -> list[int]:
@@ -103,24 +120,26 @@ def ulysses_degrees(num_ranks: int, num_heads: int) -> list[int]:
 
 
 def ulysses(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: CostModel, *,
-            num_heads: int = 32, num_kv_heads: int = 8, degree: int | None = None, **_: object) -> MicroBatchPlan:
+            num_heads: int = 32, num_kv_heads: int = 8, degree: int | None = None, visual: np.ndarray | None = None,
+            **_: object) -> MicroBatchPlan:
     """Best fixed power-of-two Ulysses degree dividing ``num_heads`` and ``num_ranks`` (DeepSpeed), or
     exactly ``degree`` when given."""
     if num_heads < 1 or num_kv_heads < 1 or num_heads % num_kv_heads:
         raise ValueError(f"ulysses needs num_heads a multiple of num_kv_heads >= 1, got {num_heads}, {num_kv_heads}")
     degrees = _only("ulysses", ulysses_degrees(num_ranks, num_heads), degree)
 
-    def time_fn(S, Q, ranks):
-        return ulysses_time(S, Q, ranks, cost_model, num_heads=num_heads, num_kv_heads=num_kv_heads)
+    def time_fn(S, Q, ranks, B=None, V=None):
+        return ulysses_time(S, Q, ranks, cost_model, B, V, num_heads=num_heads, num_kv_heads=num_kv_heads)
 
-    return _fixed_degree("ulysses", lengths, etas, num_ranks, cost_model, degrees, time_fn)
+    return _fixed_degree("ulysses", lengths, etas, num_ranks, cost_model, degrees, time_fn, visual=visual)
 
 
-def megatron_dynamic(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: CostModel, **_: object) -> MicroBatchPlan:
+def megatron_dynamic(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: CostModel, *,
+                     visual: np.ndarray | None = None, **_: object) -> MicroBatchPlan:
     """Power-of-two degree per long sequence, LPT over the rest, greedy doubling of the slowest group."""
     E = cost_model.tokens_per_rank
     n = lengths.size
-    work = work_proxy(lengths, etas, cost_model)
+    work = work_proxy(lengths, etas, cost_model, visual)
     order = np.lexsort((np.arange(n), -work))
     deg = np.ones(n, dtype=np.int64)  # degree of each sequence; > 1 means a group of its own
     for i in range(n):
@@ -128,8 +147,7 @@ def megatron_dynamic(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost
             deg[i] = 1 << math.ceil(math.log2(math.ceil(lengths[i] / E)))
     R = cost_model.ranks_per_node
 
-    s64 = lengths.astype(np.float64)
-    q64 = (1.0 + etas) * s64 * s64
+    s64, q64, b64, v64 = sequence_terms(lengths, etas, visual)
 
     def evaluate(deg: np.ndarray):
         is_long = deg > 1
@@ -161,8 +179,10 @@ def megatron_dynamic(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost
         degrees[: long_ids.size] = deg[long_ids]
         S = np.bincount(label, weights=s64, minlength=k)
         Q = np.bincount(label, weights=q64, minlength=k)
+        B = np.bincount(label, weights=b64, minlength=k)
+        V = None if visual is None else np.bincount(label, weights=v64, minlength=k)
         d = degrees.astype(np.float64)
-        T = np.atleast_1d(cost_model.time(S, Q, d, d <= R))
+        T = np.atleast_1d(cost_model.time(S, Q, d, d <= R, B=B, V=V))
         return float(T.max()), label, degrees, T
 
     if int(deg[deg > 1].sum()) > num_ranks:
@@ -186,5 +206,5 @@ def megatron_dynamic(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost
         deg, cur = trial, nxt
     _, label, degrees, _ = cur
     groups = labels_to_groups(label, len(degrees))
-    S, Q = group_aggregates_of(groups, lengths, etas)
-    return build_micro_batch(groups, degrees, S, Q, num_ranks, cost_model)
+    S, Q, B, V = group_terms_of(groups, lengths, etas, visual)
+    return build_micro_batch(groups, degrees, S, Q, num_ranks, cost_model, B=B, V=V)

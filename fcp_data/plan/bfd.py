@@ -17,10 +17,12 @@ import math
 
 import numpy as np
 
+from fcp_data.cost import sequence_terms
+
 # the LPT packers used to live here; re-exported for callers that import them from this module
 from fcp_data.plan.lpt import labels_to_groups, lpt_exact, lpt_groups, lpt_heap, lpt_labels, lpt_place
 
-__all__ = ["bfd_groups", "group_aggregates_of", "candidate_units", "lpt_groups", "lpt_labels", "lpt_heap", "lpt_place",
+__all__ = ["bfd_groups", "group_aggregates_of", "group_terms_of", "candidate_units", "lpt_groups", "lpt_labels", "lpt_heap", "lpt_place",
            "lpt_exact", "labels_to_groups"]
 
 
@@ -101,6 +103,19 @@ def group_aggregates_of(groups: list[list[int]], lengths: np.ndarray, etas: np.n
         gid[members] = g
     k = len(groups)
     return np.bincount(gid, weights=s, minlength=k), np.bincount(gid, weights=q, minlength=k)
+
+
+def group_terms_of(groups: list[list[int]], lengths: np.ndarray, etas: np.ndarray, visual: np.ndarray | None = None
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+    """``(S, Q, B, V)`` arrays (one entry per group) of §4/§4.1: ``B = Σ (1+η)s``, ``V = Σ v`` (None
+    when ``visual`` is None)."""
+    s, q, b, v = sequence_terms(lengths, etas, visual)
+    gid = np.empty(s.size, dtype=np.int64)
+    for g, members in enumerate(groups):
+        gid[members] = g
+    k = len(groups)
+    sums = [np.bincount(gid, weights=x, minlength=k) for x in (s, q, b)]
+    return sums[0], sums[1], sums[2], None if visual is None else np.bincount(gid, weights=v, minlength=k)
 
 
 def candidate_units(total_tokens: float, num_ranks: int, tokens_per_rank: int, ratio: float = 4.0) -> list[float]:

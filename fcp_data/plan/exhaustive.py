@@ -3,7 +3,8 @@
 Enumerates every set partition of the sequences (restricted-growth strings; Bell(7) = 877) and gives
 each partition its exact optimal degrees with :func:`~fcp_data.plan.allocate.allocate_fast` (degree any
 integer, memory enforced, intra-node time for groups of at most one node). The best partition is placed
-on real ranks. On one node that is the exact optimum of the §4 model; the plan is marked ``optimal``
+on real ranks. On one node that is the exact optimum of the §4/§4.1 model (``visual``: visual tokens per
+sequence); the plan is marked ``optimal``
 when the placed makespan equals that bound (always on one node).
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fcp_data.cost import CostModel
+from fcp_data.cost import CostModel, sequence_terms
 from fcp_data.plan.allocate import allocate_fast, time_table
 from fcp_data.plan.placement import build_micro_batch
 from fcp_data.plan.types import MicroBatchPlan
@@ -41,19 +42,21 @@ def set_partitions(n: int, max_blocks: int | None = None):
 
 
 def solve_exhaustive(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: CostModel,
-                     *, max_sequences: int = MAX_EXHAUSTIVE, **_: object) -> tuple[MicroBatchPlan, bool]:
+                     *, max_sequences: int = MAX_EXHAUSTIVE, visual: np.ndarray | None = None,
+                     **_: object) -> tuple[MicroBatchPlan, bool]:
     """Best partition × degrees by enumeration; ``(plan, optimal)``."""
     n = int(lengths.size)
     if n > max_sequences:
         raise ValueError(f"the exhaustive solver handles at most {max_sequences} sequences per micro-batch, got {n}; "
                          "use the ILP (--ilp) for larger cases")
-    s = lengths.astype(np.float64)
-    q = (1.0 + etas) * s * s
+    s, q, b, v = sequence_terms(lengths, etas, visual)
     best_val, best_labels, best_deg = np.inf, None, None
     for labels, k in set_partitions(n, num_ranks):
         S = np.bincount(labels, weights=s, minlength=k)
         Q = np.bincount(labels, weights=q, minlength=k)
-        val, deg = allocate_fast(time_table(S, Q, num_ranks, cost_model), num_ranks)
+        B = np.bincount(labels, weights=b, minlength=k)
+        V = np.bincount(labels, weights=v, minlength=k)
+        val, deg = allocate_fast(time_table(S, Q, num_ranks, cost_model, B=B, V=V), num_ranks)
         if deg is not None and val < best_val:
             best_val, best_labels, best_deg = val, labels.copy(), deg
     if best_labels is None:
@@ -63,5 +66,7 @@ def solve_exhaustive(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost
     groups = [[int(i) for i in np.flatnonzero(best_labels == b)] for b in range(k)]
     S = np.bincount(best_labels, weights=s, minlength=k)
     Q = np.bincount(best_labels, weights=q, minlength=k)
-    mb = build_micro_batch(groups, best_deg, S, Q, num_ranks, cost_model)
+    B = np.bincount(best_labels, weights=b, minlength=k)
+    V = np.bincount(best_labels, weights=v, minlength=k)
+    mb = build_micro_batch(groups, best_deg, S, Q, num_ranks, cost_model, B=B, V=V)
     return mb, bool(mb.makespan <= best_val * (1 + 1e-12))

@@ -2,18 +2,21 @@
 
 Variables (all binary unless said): ``z[k, g, d]`` — sequence ``k`` is in group ``g`` and ``g`` has degree
 ``d``; ``y[g, d]`` — group ``g`` is open with degree ``d``; continuous ``t[g]`` and the makespan ``m``.
-A sequence is never split across groups. With ``c_d = beta1 + beta2·[d>1]`` and ``v_d`` the intra-node
-bandwidth for ``d ≤ ranks_per_node`` (the best placement), else inter-node::
+A sequence is never split across groups. With ``c_d = beta1 + (beta2 + gamma·(d−1))·[d>1]``, ``v_d`` the
+intra-node bandwidth for ``d ≤ ranks_per_node`` (the best placement), else inter-node, and the §4.1 per-rank
+work of sequence ``k`` on ``d`` ranks ``e_kd = alpha_blk·(1+η_k)s_k + alpha_vis·v_k/d`` (0 under §4)::
 
     Σ_{g,d} z[k,g,d] = 1                    every sequence in exactly one group
     z[k,g,d] ≤ y[g,d],  Σ_d y[g,d] ≤ 1      a group has one degree
     Σ_{g,d} d·y[g,d] ≤ N                    ranks
     Σ_k s_k z[k,g,d] ≤ d·E·y[g,d]           memory
-    t[g] ≥ Σ_d c_d y[g,d] + Σ_{k,d} z[k,g,d]·(alpha1 q_k + alpha2 s_k)/d
-    t[g] ≥ Σ_d c_d y[g,d] + Σ_{k,d} z[k,g,d]·(alpha3 s_k (d−1)/d / v_d + alpha2 s_k/d)
+    t[g] ≥ Σ_d c_d y[g,d] + Σ_{k,d} z[k,g,d]·((alpha1 q_k + alpha2 s_k)/d + e_kd)
+    t[g] ≥ Σ_d c_d y[g,d] + Σ_{k,d} z[k,g,d]·(alpha3 s_k (d−1)/d / v_d + alpha2 s_k/d + e_kd)
     m ≥ t[g];   minimise m
 
-The two ``t`` rows are exact because ``T = C + M − min(A, X) = max(A, X) + alpha2·S/d + beta1 + beta2·[d>1]``.
+The two ``t`` rows are exact because ``T = C + M − min(A, X) = max(A, X) + alpha2·S/d + alpha_blk·B +
+alpha_vis·V/d + beta1 + (beta2 + gamma·(d−1))·[d>1]``: for a fixed degree every term is linear in the
+assignment (the v2 terms are, like alpha2, per-sequence sums).
 Symmetry is broken by letting sequence ``k`` (in input order) use only groups ``g ≤ k``. The model is
 exact for the §4 cost on a single node; across nodes the solution is placed on real ranks and ``optimal``
 is reported only when HiGHS proved optimality and the placed makespan equals the ILP's bound.
@@ -29,8 +32,8 @@ import warnings
 
 import numpy as np
 
-from fcp_data.cost import CostModel
-from fcp_data.plan.bfd import group_aggregates_of
+from fcp_data.cost import CostModel, sequence_terms
+from fcp_data.plan.bfd import group_terms_of
 from fcp_data.plan.placement import build_micro_batch
 from fcp_data.plan.types import MicroBatchPlan
 
@@ -61,7 +64,8 @@ def _quiet_stdout():
 
 
 def solve_ilp(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: CostModel, *,
-              time_limit: float = 30.0, max_sequences: int = 40, **_: object) -> tuple[MicroBatchPlan, bool]:
+              time_limit: float = 30.0, max_sequences: int = 40, visual: np.ndarray | None = None,
+              **_: object) -> tuple[MicroBatchPlan, bool]:
     """Solve one micro-batch exactly (or best found within ``time_limit`` s); ``(plan, optimal)``."""
     n, N = int(lengths.size), int(num_ranks)
     if n > max_sequences:
@@ -74,14 +78,14 @@ def solve_ilp(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model:
         raise ValueError(f"time_limit must be a positive number of seconds, got {time_limit!r}")
     cp = _import_cvxpy()
     cm = cost_model
-    s = lengths.astype(np.float64)
-    q = (1.0 + etas) * s * s
+    s, q, b, vis = sequence_terms(lengths, etas, visual)
     G = min(n, N)
     d = np.arange(1, N + 1, dtype=np.float64)
     v = np.where(d <= cm.ranks_per_node, cm.bandwidth_intra, cm.bandwidth_inter)
-    c = cm.beta1 + np.where(d > 1, cm.beta2, 0.0)
-    coef_a = (cm.alpha1 * q[:, None] + cm.alpha2 * s[:, None]) / d[None, :]           # n × N
-    coef_x = cm.alpha3 * s[:, None] * ((d - 1) / d / v)[None, :] + cm.alpha2 * s[:, None] / d[None, :]
+    c = cm.beta1 + np.where(d > 1, cm.beta2 + cm.gamma * (d - 1), 0.0)
+    extra = cm.alpha_blk * b[:, None] + cm.alpha_vis * vis[:, None] / d[None, :]       # n × N, §4.1
+    coef_a = (cm.alpha1 * q[:, None] + cm.alpha2 * s[:, None]) / d[None, :] + extra
+    coef_x = cm.alpha3 * s[:, None] * ((d - 1) / d / v)[None, :] + cm.alpha2 * s[:, None] / d[None, :] + extra
     scale = 1.0 / max(float(coef_a.max()), 1e-30)  # keep the objective near 1 for the solver's tolerances
 
     z = [cp.Variable((n, N), boolean=True) for _ in range(G)]
@@ -105,7 +109,9 @@ def solve_ilp(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model:
     try:
         with _quiet_stdout(), warnings.catch_warnings():  # HiGHS prints a banner on the C-level stdout
             warnings.simplefilter("ignore")  # "solution may be inaccurate" after a time limit: reported below
-            prob.solve(solver=cp.HIGHS, time_limit=float(time_limit), output_flag=False)
+            # integrality tolerance 1e-9 (HiGHS: 1e-6): with z = 1 − 1e-6 the bound m sits a few 1e-6 below the
+            # placed makespan and a proved optimum would be reported as not optimal
+            prob.solve(solver=cp.HIGHS, time_limit=float(time_limit), output_flag=False, mip_feasibility_tolerance=1e-9)
     except cp.error.SolverError as e:
         raise ValueError(f"the ILP solver failed: {e}") from None
     if prob.status in ("infeasible", "infeasible_inaccurate"):
@@ -126,8 +132,8 @@ def solve_ilp(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model:
             degrees.append(max(int(Y[g].argmax()) + 1, need))
     if sum(degrees) > N:
         raise ValueError(f"the ILP found no usable solution within {time_limit} s (status {prob.status}); raise --time-limit")
-    S, Q = group_aggregates_of(groups, lengths, etas)
-    mb = build_micro_batch(groups, degrees, S, Q, N, cm)
+    S, Q, B, V = group_terms_of(groups, lengths, etas, visual)
+    mb = build_micro_batch(groups, degrees, S, Q, N, cm, B=B, V=V)
     proved = prob.status == "optimal"
     bound = float(m.value)
     return mb, bool(proved and mb.makespan <= bound * (1 + 1e-6))

@@ -1,6 +1,7 @@
 """Micro-batch planner: split a global batch into micro-batches that fit, keep the cheapest split (DESIGN §5).
 
-A split into ``M`` micro-batches is built by LPT on the work proxy ``alpha1·(1+η)s² + alpha2·s``
+A split into ``M`` micro-batches is built by LPT on the work proxy ``alpha1·(1+η)s² + alpha2·s`` (+ the §4.1
+terms ``alpha_blk·(1+η)s + alpha_vis·v``)
 (heaviest sequence first into the micro-batch with least work whose tokens stay within ``N·E``). It fits
 when every micro-batch's stage-1 bins (BFD with unit ``E``) need at most ``N`` ranks and the solver finds
 a plan for each. ``"auto"`` starts at ``M = ⌈Σs / (N·E)⌉``, moves up to the first ``M`` that fits, tries
@@ -46,13 +47,13 @@ def _stage1_fits(lengths: np.ndarray, num_ranks: int, E: int) -> bool:
 
 
 def split_micro_batches(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: CostModel,
-                        num_micro_batches: int) -> list[np.ndarray] | None:
+                        num_micro_batches: int, visual: np.ndarray | None = None) -> list[np.ndarray] | None:
     """Indices of each micro-batch (ascending), or None when this ``M`` does not fit."""
     M = int(num_micro_batches)
     if M < 1 or M > lengths.size:
         return None
     cap = num_ranks * cost_model.tokens_per_rank
-    work = work_proxy(lengths, etas, cost_model)
+    work = work_proxy(lengths, etas, cost_model, visual)
     order = np.lexsort((np.arange(lengths.size), -work))
     # each to the micro-batch of least work with token room, lowest index on ties (lpt_exact: O(n log M))
     label = lpt_exact(work[order], lengths[order].astype(np.float64), np.zeros(M), np.zeros(M), float(cap))
@@ -94,7 +95,7 @@ def _solve_split(split: list[np.ndarray], solve_one: SolveOne, swallow: bool = T
 
 def plan_micro_batches(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: CostModel,
                        solve_one: SolveOne, micro_batches: int | str = "auto", *, extra: int = 2,
-                       max_search: int = 16) -> tuple[list[MicroBatchPlan], bool | None]:
+                       max_search: int = 16, visual: np.ndarray | None = None) -> tuple[list[MicroBatchPlan], bool | None]:
     """Plan a global batch; ``solve_one(ids)`` plans the sub-batch ``lengths[ids]`` (local seq ids).
     ``auto`` looks for the first fitting ``M`` among ``⌈Σs/(N·E)⌉ … +max_search``, then ``extra`` more."""
     n = lengths.size
@@ -109,7 +110,7 @@ def plan_micro_batches(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, co
         if M == 1:  # the hot path: the solver itself reports infeasibility
             split = [np.arange(n, dtype=np.int64)] if lengths.sum() <= num_ranks * cost_model.tokens_per_rank else None
         else:
-            split = split_micro_batches(lengths, etas, num_ranks, cost_model, M)
+            split = split_micro_batches(lengths, etas, num_ranks, cost_model, M, visual)
         solved = _solve_split(split, solve_one, swallow=False) if split is not None else None
         if solved is None:
             raise ValueError(f"the batch ({n} sequences, {int(lengths.sum())} tokens) does not fit in {M} micro-batch(es) "
@@ -122,7 +123,7 @@ def plan_micro_batches(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, co
     for M in range(lo, min(n, lo + max_search) + 1):
         if first_fit is not None and M > first_fit + extra:
             break
-        split = split_micro_batches(lengths, etas, num_ranks, cost_model, M)
+        split = split_micro_batches(lengths, etas, num_ranks, cost_model, M, visual)
         try:
             solved = _solve_split(split, solve_one, errors=errors) if split is not None else None
         except TimeBudgetExceeded as e:

@@ -71,22 +71,29 @@ def place_groups(degrees: list[int] | np.ndarray, num_ranks: int, ranks_per_node
     return out  # type: ignore[return-value]
 
 
-def placed_times(S: np.ndarray, Q: np.ndarray, ranks: list[tuple[int, ...]], cost_model: CostModel) -> np.ndarray:
-    """§4 time of each group on its real ranks (intra-node only when all its ranks share a node)."""
+def placed_times(S: np.ndarray, Q: np.ndarray, ranks: list[tuple[int, ...]], cost_model: CostModel,
+                 B: np.ndarray | None = None, V: np.ndarray | None = None) -> np.ndarray:
+    """§4 time of each group on its real ranks (intra-node only when all its ranks share a node);
+    ``B``, ``V``: the groups' §4.1 aggregates (see :meth:`CostModel.time`)."""
     d = np.array([len(r) for r in ranks], dtype=np.float64)
     intra = np.array([cost_model.is_intra_node(r) for r in ranks], dtype=bool)
-    return np.atleast_1d(cost_model.time(np.asarray(S, dtype=np.float64), np.asarray(Q, dtype=np.float64), d, intra))
+    return np.atleast_1d(cost_model.time(np.asarray(S, dtype=np.float64), np.asarray(Q, dtype=np.float64), d, intra,
+                                         B=B, V=V))
+
+
+def _sub(x, idx):
+    return None if x is None else np.asarray(x, dtype=np.float64)[idx]
 
 
 def place_for_times(S: np.ndarray, Q: np.ndarray, degrees, num_ranks: int, cost_model: CostModel, *,
-                    time_fn=None) -> list[tuple[int, ...]]:
+                    time_fn=None, B=None, V=None) -> list[tuple[int, ...]]:
     """:func:`place_groups`, then the node-crossing rank sets of each degree go to the groups that lose
-    least by crossing (see the module docstring). ``time_fn(S, Q, ranks)`` as in :func:`build_micro_batch`."""
+    least by crossing (see the module docstring). ``time_fn(S, Q, ranks, B, V)`` as in :func:`build_micro_batch`."""
     ranks = place_groups(degrees, num_ranks, cost_model.ranks_per_node)
     intra = [cost_model.is_intra_node(r) for r in ranks]
     if all(intra):
         return ranks
-    time_fn = time_fn or (lambda s, q, r: placed_times(s, q, r, cost_model))
+    time_fn = time_fn or (lambda s, q, r, b, v: placed_times(s, q, r, cost_model, b, v))
     S = np.asarray(S, dtype=np.float64)
     Q = np.asarray(Q, dtype=np.float64)
     degrees = [int(d) for d in degrees]
@@ -96,7 +103,8 @@ def place_for_times(S: np.ndarray, Q: np.ndarray, degrees, num_ranks: int, cost_
         sets_out = [ranks[g] for g in members if not intra[g]]
         if not sets_in or not sets_out:
             continue
-        t_out = np.asarray(time_fn(S[members], Q[members], [sets_out[0]] * len(members)), dtype=np.float64)
+        t_out = np.asarray(time_fn(S[members], Q[members], [sets_out[0]] * len(members),
+                                       _sub(B, members), _sub(V, members)), dtype=np.float64)
         cross = set(np.lexsort((np.arange(len(members)), t_out))[: len(sets_out)].tolist())
         it_in, it_out = iter(sets_in), iter(sets_out)
         for j, g in enumerate(members):
@@ -105,14 +113,15 @@ def place_for_times(S: np.ndarray, Q: np.ndarray, degrees, num_ranks: int, cost_
 
 
 def build_micro_batch(groups: list[list[int]], degrees, S: np.ndarray, Q: np.ndarray, num_ranks: int,
-                      cost_model: CostModel, *, time_fn=None):
+                      cost_model: CostModel, *, time_fn=None, B=None, V=None):
     """Place ``groups`` with ``degrees`` and return the :class:`MicroBatchPlan` with real-placement times.
 
-    ``time_fn(S, Q, ranks) -> times`` replaces the §4 ring formula (the Ulysses baseline uses it).
+    ``B``, ``V``: the groups' §4.1 aggregates. ``time_fn(S, Q, ranks, B, V) -> times`` replaces the §4
+    ring formula (the Ulysses baseline uses it).
     """
     from fcp_data.plan.types import CPGroup, MicroBatchPlan
 
-    ranks = place_for_times(S, Q, degrees, num_ranks, cost_model, time_fn=time_fn)
-    times = (time_fn or (lambda s, q, r: placed_times(s, q, r, cost_model)))(S, Q, ranks)
+    ranks = place_for_times(S, Q, degrees, num_ranks, cost_model, time_fn=time_fn, B=B, V=V)
+    times = (time_fn or (lambda s, q, r, b, v: placed_times(s, q, r, cost_model, b, v)))(S, Q, ranks, B, V)
     cp = tuple(CPGroup(ranks=r, seq_ids=tuple(g), time=float(t)) for g, r, t in zip(groups, ranks, times))
     return MicroBatchPlan(groups=cp, makespan=float(max(times)) if len(cp) else 0.0)

@@ -30,7 +30,9 @@ import numpy as np
 from fcp_data.cost import MAX_RANKS, MAX_SEQUENCE_TOKENS, CostModel
 from fcp_data.plan.allocate import allocate_dp, allocate_fast, pow2_mask, time_table
 from fcp_data.plan.baselines import megatron_dynamic, static_cp, ulysses, work_proxy
-from fcp_data.plan.bfd import bfd_groups, candidate_units, group_aggregates_of
+from fcp_data.cost import sequence_terms
+from fcp_data.plan.bfd import bfd_groups, candidate_units, group_terms_of
+from fcp_data.plan.inputs import validate_inputs, validate_visual
 from fcp_data.plan.lpt import lpt_groups
 from fcp_data.plan.microbatch import TimeBudgetExceeded, plan_micro_batches
 from fcp_data.plan.placement import build_micro_batch, place_for_times, placed_times
@@ -54,7 +56,7 @@ _TAU_REFINE_SLACK = 1.05  # a makespan-driven candidate is refined only if withi
 SOLVER_NAMES = ("fcp", "fcp-dp", "ilp", "exhaustive", "static-cp", "ulysses", "megatron-dynamic", "fcp-pow2")
 
 
-def _candidate_groupings(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: CostModel):
+def _candidate_groupings(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: CostModel, visual=None):
     """Stage-1 groupings FCP tries, as ``(groups, uniform_degree | None, family)``: BFD on memory for each
     bin unit, then LPT on work into ``K = N/d`` groups for every divisor ``d`` of ``N`` and ``K = N, N/2, …``
     (balances the quadratic attention that token-packing ignores). For ``K = N/d`` the uniform degree
@@ -65,7 +67,7 @@ def _candidate_groupings(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, 
     E = cost_model.tokens_per_rank
     for unit in candidate_units(float(lengths.sum()), num_ranks, E):
         yield bfd_groups(lengths, unit), None, ""
-    work = work_proxy(lengths, etas, cost_model)
+    work = work_proxy(lengths, etas, cost_model, visual)
     ks = {num_ranks // d for d in range(1, num_ranks + 1) if num_ranks % d == 0}
     k = num_ranks
     while k >= 1:
@@ -75,14 +77,15 @@ def _candidate_groupings(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, 
         groups = lpt_groups(work, lengths, k, (num_ranks // k) * E)
         if groups is not None:
             yield groups, (num_ranks // k if num_ranks % k == 0 else None), ""
-    for groups, filled in tau_groupings(lengths, etas, num_ranks, cost_model):
+    for groups, filled in tau_groupings(lengths, etas, num_ranks, cost_model, visual=visual):
         yield groups, None, {True: "-tau+", False: "-tau", None: "-tauc"}[filled]
 
 
 def fcp_micro_batch(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: CostModel, *,
-                    allocator: str = "fast", degrees: str = "any", with_baselines: bool = True) -> MicroBatchPlan:
+                    allocator: str = "fast", degrees: str = "any", with_baselines: bool = True,
+                    visual: np.ndarray | None = None) -> MicroBatchPlan:
     """FCP on one micro-batch (see the module docstring). ``degrees``: ``"any"`` (tries powers of two
-    too) or ``"pow2"``; ``allocator``: ``"fast"`` or ``"dp"``."""
+    too) or ``"pow2"``; ``allocator``: ``"fast"`` or ``"dp"``; ``visual``: visual tokens per sequence."""
     alloc = {"fast": allocate_fast, "dp": allocate_dp}[allocator]
     pow2 = pow2_mask(num_ranks)
     # Tracks, each with its own incumbent so that pruning in one never changes another: "pow2" is exactly
@@ -90,21 +93,23 @@ def fcp_micro_batch(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_
     tracks = {"pow2": pow2} if degrees == "pow2" else {"any": None, "pow2": pow2}
     R = cost_model.ranks_per_node
     buddy = R & (R - 1) == 0 and num_ranks % R == 0
-    best: dict[str, tuple] = {}  # track -> (makespan, groups, degrees, S, Q)
+    best: dict[str, tuple] = {}  # track -> (makespan, groups, degrees, (S, Q, B, V))
 
-    def consider(track: str, value: float, deg: np.ndarray, groups, S, Q) -> None:
+    def consider(track: str, value: float, deg: np.ndarray, groups, agg) -> None:
         inc = best.get(track)
         if inc is not None and not value < inc[0] * (1 + 1e-12):
             return  # real makespan ≥ ideal value ≥ incumbent
         if buddy and bool(np.all(pow2[deg - 1])):
             span = value  # powers of two always pack into power-of-two nodes: placed time == table time
         else:
-            span = float(placed_times(S, Q, place_for_times(S, Q, deg, num_ranks, cost_model), cost_model).max())
+            S, Q, B, V = agg
+            span = float(placed_times(S, Q, place_for_times(S, Q, deg, num_ranks, cost_model, B=B, V=V), cost_model,
+                                      B, V).max())
         if inc is None or span < inc[0]:
-            best[track] = (span, groups, deg, S, Q)
+            best[track] = (span, groups, deg, agg)
 
     seen: set[tuple[tuple[int, ...], ...]] = set()
-    for groups, uniform, family in _candidate_groupings(lengths, etas, num_ranks, cost_model):
+    for groups, uniform, family in _candidate_groupings(lengths, etas, num_ranks, cost_model, visual):
         if len(groups) > num_ranks:
             continue
         key = tuple(tuple(g) for g in groups)
@@ -112,31 +117,31 @@ def fcp_micro_batch(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_
         if repeat and (uniform is None or not with_baselines):
             continue
         seen.add(key)
-        S, Q = group_aggregates_of(groups, lengths, etas)
-        table = time_table(S, Q, num_ranks, cost_model)
+        agg = group_terms_of(groups, lengths, etas, visual)
+        table = time_table(agg[0], agg[1], num_ranks, cost_model, B=agg[2], V=agg[3])
         for track, mask in () if repeat else tracks.items():  # a repeat still gets its uniform degree below
             value, deg = alloc(table if mask is None else np.where(mask[None, :], table, np.inf), num_ranks)
             if deg is not None:
-                consider(track + family, value, deg, groups, S, Q)
+                consider(track + family, value, deg, groups, agg)
         if uniform is not None and with_baselines:
             value = float(table[:, uniform - 1].max())  # inf when memory fails
             if np.isfinite(value):
-                consider("uniform", value, np.full(len(groups), uniform, dtype=np.int64), groups, S, Q)
+                consider("uniform", value, np.full(len(groups), uniform, dtype=np.int64), groups, agg)
     plans: list[tuple[MicroBatchPlan, bool]] = []  # (plan, refined)
     pow2_spans: list[float] = []  # the pow2 tracks prune only against each other, exactly as fcp-pow2 does
     for track in ("any", "pow2", "any-tau", "any-tau+", "any-tauc", "pow2-tau", "pow2-tau+", "pow2-tauc", "uniform"):
         if track in best:
-            span, groups, deg, S, Q = best[track]
+            span, groups, deg, (S, Q, B, V) = best[track]
             rivals = pow2_spans if track.startswith("pow2") else [p[0].makespan for p in plans]
             if "tau" in track and rivals and span >= _TAU_REFINE_SLACK * min(rivals):
                 continue  # refinement rarely gains that much: not worth its time
-            mb = build_micro_batch(groups, deg, S, Q, num_ranks, cost_model)
-            plans.append((refine_moves(mb, lengths, etas, cost_model), True) if track != "uniform" else (mb, False))
+            mb = build_micro_batch(groups, deg, S, Q, num_ranks, cost_model, B=B, V=V)
+            plans.append((refine_moves(mb, lengths, etas, cost_model, visual=visual), True) if track != "uniform" else (mb, False))
             if track.startswith("pow2"):
                 pow2_spans.append(plans[-1][0].makespan)
     if with_baselines and lengths.size * num_ranks <= MEGATRON_CANDIDATE_MAX:
         try:
-            plans.append((megatron_dynamic(lengths, etas, num_ranks, cost_model), False))
+            plans.append((megatron_dynamic(lengths, etas, num_ranks, cost_model, visual=visual), False))
         except ValueError:
             pass
     if not plans:
@@ -147,19 +152,18 @@ def fcp_micro_batch(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_
                          "split it into more micro-batches (micro_batches='auto')")
     plan, refined = min(plans, key=lambda p: p[0].makespan)  # first on ties: any, pow2, …-tau, uniform, megatron
     # a baseline plan won: refine it too (never increases the makespan)
-    return plan if refined else refine_moves(plan, lengths, etas, cost_model)
+    return plan if refined else refine_moves(plan, lengths, etas, cost_model, visual=visual)
 
 
 def refine_moves(mb: MicroBatchPlan, lengths: np.ndarray, etas: np.ndarray, cost_model: CostModel,
-                 max_moves: int = 32) -> MicroBatchPlan:
+                 max_moves: int = 32, visual: np.ndarray | None = None) -> MicroBatchPlan:
     """Local search on a plan with fixed ranks: move one sequence out of the slowest group into the group
     where ``max(T_slowest', T_target')`` is smallest, while that is below ``T_slowest`` and memory holds.
     Vectorised over (sequence of the slowest group × target group). Never increases the makespan."""
     K = len(mb.groups)
     if K < 2:
         return mb
-    s = lengths.astype(np.float64)
-    q = (1.0 + etas) * s * s
+    s, q, bq, v = sequence_terms(lengths, etas, visual)
     sizes = [len(g.seq_ids) for g in mb.groups]
     label = np.empty(lengths.size, dtype=np.int64)
     label[np.fromiter((k for g in mb.groups for k in g.seq_ids), dtype=np.int64, count=sum(sizes))] = \
@@ -171,7 +175,9 @@ def refine_moves(mb: MicroBatchPlan, lengths: np.ndarray, etas: np.ndarray, cost
     cap = d * cost_model.tokens_per_rank
     S = np.bincount(label, weights=s, minlength=K)
     Q = np.bincount(label, weights=q, minlength=K)
-    T = np.atleast_1d(cost_model.time(S, Q, d, intra))
+    B = np.bincount(label, weights=bq, minlength=K)
+    V = np.bincount(label, weights=v, minlength=K)
+    T = np.atleast_1d(cost_model.time(S, Q, d, intra, B=B, V=V))
     moved = False
     for _ in range(max_moves):
         b = int(np.argmax(T))
@@ -180,12 +186,15 @@ def refine_moves(mb: MicroBatchPlan, lengths: np.ndarray, etas: np.ndarray, cost
             break
         alone = members.size == 1
         if members.size > 32:  # equal (s, q) give equal rows; argmin below takes the first of them anyway
-            first = np.unique(np.stack((s[members], q[members]), axis=1), axis=0, return_index=True)[1]
+            cols = (s[members], q[members]) if visual is None else (s[members], q[members], v[members])
+            first = np.unique(np.stack(cols, axis=1), axis=0, return_index=True)[1]
             members = members[np.sort(first)]
-        sk, qk = s[members][:, None], q[members][:, None]
-        tb = np.atleast_1d(cost_model.time(S[b] - s[members], Q[b] - q[members], d[b], intra[b]))
+        sk, qk, bk, vk = s[members][:, None], q[members][:, None], bq[members][:, None], v[members][:, None]
+        tb = np.atleast_1d(cost_model.time(S[b] - s[members], Q[b] - q[members], d[b], intra[b],
+                                           B=B[b] - bq[members], V=V[b] - v[members]))
         tb = np.where(alone, 0.0, tb)  # an emptied group leaves its ranks idle
-        tg = cost_model.time(S[None, :] + sk, Q[None, :] + qk, d[None, :], intra[None, :])
+        tg = cost_model.time(S[None, :] + sk, Q[None, :] + qk, d[None, :], intra[None, :], B=B[None, :] + bk,
+                             V=V[None, :] + vk)
         tg = np.where(S[None, :] + sk <= cap[None, :], tg, np.inf)
         tg[:, b] = np.inf
         pair = np.maximum(tb[:, None], tg)
@@ -197,6 +206,7 @@ def refine_moves(mb: MicroBatchPlan, lengths: np.ndarray, etas: np.ndarray, cost
         label[k] = g
         touched.add(k)
         S[b] -= s[k]; Q[b] -= q[k]; S[g] += s[k]; Q[g] += q[k]
+        B[b] -= bq[k]; V[b] -= v[k]; B[g] += bq[k]; V[g] += v[k]
         T[b] = tb[i]
         T[g] = tg[i, g]
         moved = True
@@ -219,7 +229,9 @@ def refine_moves(mb: MicroBatchPlan, lengths: np.ndarray, etas: np.ndarray, cost
     keep = np.array([g for g, _, _ in groups], dtype=np.int64)
     S = np.bincount(label, weights=s, minlength=K)[keep]
     Q = np.bincount(label, weights=q, minlength=K)[keep]
-    times = placed_times(S, Q, [r for _, r, _ in groups], cost_model)
+    B = np.bincount(label, weights=bq, minlength=K)[keep]
+    V = np.bincount(label, weights=v, minlength=K)[keep]
+    times = placed_times(S, Q, [r for _, r, _ in groups], cost_model, B, V)
     cp = tuple(CPGroup(ranks=r, seq_ids=i, time=float(t)) for (_, r, i), t in zip(groups, times))
     out = MicroBatchPlan(groups=cp, makespan=float(max(times)))
     return out if out.makespan <= mb.makespan else mb
@@ -257,71 +269,22 @@ _MB_SOLVERS: dict[str, Callable[..., tuple[MicroBatchPlan, bool | None]]] = {
 }
 
 
-def validate_inputs(lengths, etas, num_ranks: int, cost_model: CostModel) -> tuple[np.ndarray, np.ndarray]:
-    """Checked int64 lengths and float64 etas; ``ValueError`` naming the offending entry otherwise."""
-    if not isinstance(cost_model, CostModel):
-        raise TypeError(f"cost_model must be a CostModel, got {type(cost_model).__name__}")
-    if isinstance(num_ranks, bool) or not isinstance(num_ranks, (int, np.integer)) or num_ranks < 1:
-        raise ValueError(f"num_ranks must be a positive int, got {num_ranks!r}")
-    if num_ranks > MAX_RANKS:
-        raise ValueError(f"num_ranks={num_ranks} is more than the planner supports ({MAX_RANKS}): stage 2 works on a "
-                         "groups × ranks table; plan the context-parallel ranks of one data-parallel replica, not the "
-                         "whole cluster")
-    try:
-        arr = np.asarray(lengths)
-    except (ValueError, TypeError, OverflowError) as e:
-        raise ValueError(f"lengths must be a 1-D sequence of integer token counts ({e})") from None
-    if arr.ndim != 1:
-        raise ValueError(f"lengths must be a 1-D sequence of token counts, got shape {arr.shape}")
-    if arr.size == 0:
-        raise ValueError("no sequences to plan: lengths is empty")
-    if not np.issubdtype(arr.dtype, np.number) or np.issubdtype(arr.dtype, np.complexfloating):
-        raise ValueError(f"lengths must be integers, got dtype {arr.dtype}")
-    if np.issubdtype(arr.dtype, np.floating):
-        bad = np.flatnonzero(~np.isfinite(arr) | (arr != np.round(arr)))
-        if bad.size:
-            raise ValueError(f"lengths must be whole token counts; sequence {bad[0]} is {arr[bad[0]]}")
-    big = np.flatnonzero(arr > MAX_SEQUENCE_TOKENS)  # before the cast: uint64 / float values beyond int64 wrap
-    if big.size:
-        raise ValueError(f"sequence {big[0]} has {arr[big[0]]} tokens, more than any real sequence "
-                         f"(at most {MAX_SEQUENCE_TOKENS}); check the lengths")
-    arr = arr.astype(np.int64)
-    bad = np.flatnonzero(arr <= 0)
-    if bad.size:
-        raise ValueError(f"lengths must be > 0; sequence {bad[0]} has {arr[bad[0]]} tokens (drop empty sequences)")
-    cap = int(num_ranks) * cost_model.tokens_per_rank
-    over = np.flatnonzero(arr > cap)
-    if over.size:
-        i = int(over[np.argmax(arr[over])])
-        raise ValueError(f"sequence {i} has {arr[i]} tokens but {num_ranks} ranks × {cost_model.tokens_per_rank} "
-                         f"tokens_per_rank hold at most {cap} ({over.size} such sequence(s)); truncate or drop it "
-                         "(--on-overlong truncate|drop) or add ranks")
-    if etas is None:
-        e = np.zeros(arr.size)
-    else:
-        e = np.asarray(etas, dtype=np.float64)
-        if e.shape != arr.shape:
-            raise ValueError(f"etas has shape {e.shape} but lengths has {arr.shape}; give one η per sequence")
-        if not np.all(np.isfinite(e)) or np.any(e < 0):
-            raise ValueError("etas must be finite and >= 0 (0 causal, 1 full attention)")
-    return arr, e
-
-
 def plan_batch(lengths, *, num_ranks: int, cost_model: CostModel, etas=None, solver: str = "fcp",
-               micro_batches: int | str = 1, **solver_options: Any) -> Plan:
+               micro_batches: int | str = 1, visual=None, **solver_options: Any) -> Plan:
     """Plan a global batch of sequence ``lengths`` onto ``num_ranks`` ranks.
 
     ``micro_batches``: an int ``M`` (exactly M micro-batches) or ``"auto"`` (micro-batch planner).
     ``solver``: one of :data:`SOLVER_NAMES`. ``solver_options`` go to the solver (``ulysses``:
     ``num_heads``, ``num_kv_heads``; ``ilp``: ``time_limit``, the budget in seconds of the whole call —
     all micro-batches and all ``auto`` candidates together, default 30). ``seq_ids`` in the plan index
-    ``lengths``. Raises ``ValueError`` with the fix for infeasible input; ``num_ranks`` is at most
+    ``lengths``. ``visual``: visual tokens per sequence (§4.1; None = text only, ``0 ≤ v ≤ s``). Raises ``ValueError`` with the fix for infeasible input; ``num_ranks`` is at most
     :data:`MAX_RANKS` (``fcp-dp``: :data:`MAX_DP_RANKS`).
     """
     t0 = time.perf_counter()
     if solver not in _MB_SOLVERS:
         raise ValueError(f"unknown solver {solver!r}; valid: {', '.join(SOLVER_NAMES)}")
     arr, e = validate_inputs(lengths, etas, num_ranks, cost_model)
+    vis = validate_visual(visual, arr)
     fn = _MB_SOLVERS[solver]
     num_ranks = int(num_ranks)
     if solver == "fcp-dp" and num_ranks > MAX_DP_RANKS:
@@ -335,6 +298,8 @@ def plan_batch(lengths, *, num_ranks: int, cost_model: CostModel, etas=None, sol
         deadline = t0 + float(limit)
 
     def solve_one(ids: np.ndarray, left: int = 1):
+        if vis is not None:
+            solver_options["visual"] = vis[ids]
         if deadline is None:
             return fn(arr[ids], e[ids], num_ranks, cost_model, **solver_options)
         # one budget for the whole call: this micro-batch gets its share of what is left
@@ -343,7 +308,7 @@ def plan_batch(lengths, *, num_ranks: int, cost_model: CostModel, etas=None, sol
             raise TimeBudgetExceeded(f"the {solver} time limit of {limit:g} s (for the whole batch) ran out")
         return fn(arr[ids], e[ids], num_ranks, cost_model, time_limit=remaining / left, **solver_options)
 
-    mbs, optimal = plan_micro_batches(arr, e, num_ranks, cost_model, solve_one, micro_batches)
+    mbs, optimal = plan_micro_batches(arr, e, num_ranks, cost_model, solve_one, micro_batches, visual=vis)
     return Plan(num_ranks=num_ranks, solver=solver, solve_ms=(time.perf_counter() - t0) * 1e3,
                 makespan=float(sum(mb.makespan for mb in mbs)), micro_batches=tuple(mbs), optimal=optimal)
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fcp_data.cost import CostModel
+from fcp_data.cost import CostModel, sequence_terms
 from fcp_data.plan.allocate import time_table
 from fcp_data.plan.lpt import labels_to_groups, lpt_heap
 
@@ -59,10 +59,12 @@ def _rest_bins(tau: float, m: int, work_sorted: np.ndarray, suffix_work: np.ndar
     return n_big + (max(0.0, float(np.ceil(spill / room - 1e-9))) if spill > 0 else 0.0)
 
 
-def _fill_headroom(groups, per, rest, s, q, tau, cost_model):
+def _fill_headroom(groups, per, rest, terms, tau, cost_model):
     """Best-fit the lightest remaining sequences into the long groups' headroom: each long group (on its
     ``per`` ranks) takes the longest prefix of the remaining sequences, lightest first, that keeps its
-    time ≤ ``τ`` (one vectorised prefix scan per long group). Returns the groups and what is left."""
+    time ≤ ``τ`` (one vectorised prefix scan per long group). ``terms``: per-sequence ``(s, q, b, v)``.
+    Returns the groups and what is left."""
+    s, q, b, v = terms
     light = rest[::-1]  # rest is heaviest first
     taken = 0
     for k, d in enumerate(per.tolist()):
@@ -71,7 +73,9 @@ def _fill_headroom(groups, per, rest, s, q, tau, cost_model):
         cand = light[taken:]
         S = s[groups[k]].sum() + np.cumsum(s[cand])
         Q = q[groups[k]].sum() + np.cumsum(q[cand])
-        T = np.atleast_1d(cost_model.time(S, Q, d, d <= cost_model.ranks_per_node))
+        B = b[groups[k]].sum() + np.cumsum(b[cand])
+        V = v[groups[k]].sum() + np.cumsum(v[cand])
+        T = np.atleast_1d(cost_model.time(S, Q, d, d <= cost_model.ranks_per_node, B=B, V=V))
         ok = (T <= tau) & (S <= d * cost_model.tokens_per_rank)
         j = int(ok.size if ok.all() else np.argmin(ok))
         if j:
@@ -82,24 +86,24 @@ def _fill_headroom(groups, per, rest, s, q, tau, cost_model):
 
 def tau_groupings(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: CostModel,
                   spread: int = 0, fill: bool = True,
-                  coarsen: tuple[int, ...] = (2, 3, 4)) -> list[tuple[list[list[int]], bool]]:
+                  coarsen: tuple[int, ...] = (2, 3, 4), visual: np.ndarray | None = None
+                  ) -> list[tuple[list[list[int]], bool]]:
     """Candidate groupings ``(lists of sequence-id lists, filled)`` for the FCP solver, see the module
     docstring; ``filled``: the long groups also took light sequences into their headroom; ``None`` for
     the coarse variants (one per ``c`` in ``coarsen``).
     ``spread``: also try singling out up to ``spread`` sequences fewer and more than at ``τ*``."""
-    s = np.asarray(lengths, dtype=np.float64)
-    q = (1.0 + np.asarray(etas, dtype=np.float64)) * s * s
+    s, q, b, v = sequence_terms(lengths, etas, visual)
     n, N, E = s.size, int(num_ranks), cost_model.tokens_per_rank
     if n < 2 or N < 2:
         return []
-    solo = np.atleast_1d(cost_model.time(s, q, 1, True))
+    solo = np.atleast_1d(cost_model.time(s, q, 1, True, B=b, V=v))  # additive on one rank: work = solo − beta1
     over = s > E
     # order: memory-overflowing first, then by solo time, longest first; index breaks ties
     order = np.lexsort((np.arange(n), -solo, ~over))
     # at most N/2 sequences can take ≥ 2 ranks each; overflowing ones always count
     M = int(min(n, max(int(over.sum()), N // 2)))
     top = order[:M]
-    Tt = np.minimum.accumulate(time_table(s[top], q[top], N, cost_model), axis=1)
+    Tt = np.minimum.accumulate(time_table(s[top], q[top], N, cost_model, B=b[top], V=v[top]), axis=1)
     beta1 = cost_model.beta1
     work_sorted = (solo - beta1)[order]
     suffix_work = np.concatenate((np.cumsum(work_sorted[::-1])[::-1], [0.0]))  # work of order[m:]
@@ -148,7 +152,7 @@ def tau_groupings(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_mo
             groups = [[int(k)] for k in order[:m]]
             rest = order[m:]
             if filled:
-                groups, rest = _fill_headroom(groups, per, rest, s, q, tau, cost_model)
+                groups, rest = _fill_headroom(groups, per, rest, (s, q, b, v), tau, cost_model)
             if rest.size:
                 k = min(k_rest, rest.size)
                 label = lpt_heap(solo[rest] - beta1, s[rest], k, float(E))

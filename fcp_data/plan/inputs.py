@@ -1,0 +1,83 @@
+"""Input checks of the planning entry point :func:`~fcp_data.plan.solvers.plan_batch`: lengths, mask
+factors ``η`` and the §4.1 visual tokens per sequence. Every problem is a ``ValueError`` naming the entry
+and the fix.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fcp_data.cost import MAX_RANKS, MAX_SEQUENCE_TOKENS, CostModel
+
+__all__ = ["validate_inputs", "validate_visual"]
+
+
+def validate_inputs(lengths, etas, num_ranks: int, cost_model: CostModel) -> tuple[np.ndarray, np.ndarray]:
+    """Checked int64 lengths and float64 etas; ``ValueError`` naming the offending entry otherwise."""
+    if not isinstance(cost_model, CostModel):
+        raise TypeError(f"cost_model must be a CostModel, got {type(cost_model).__name__}")
+    if isinstance(num_ranks, bool) or not isinstance(num_ranks, (int, np.integer)) or num_ranks < 1:
+        raise ValueError(f"num_ranks must be a positive int, got {num_ranks!r}")
+    if num_ranks > MAX_RANKS:
+        raise ValueError(f"num_ranks={num_ranks} is more than the planner supports ({MAX_RANKS}): stage 2 works on a "
+                         "groups × ranks table; plan the context-parallel ranks of one data-parallel replica, not the "
+                         "whole cluster")
+    try:
+        arr = np.asarray(lengths)
+    except (ValueError, TypeError, OverflowError) as e:
+        raise ValueError(f"lengths must be a 1-D sequence of integer token counts ({e})") from None
+    if arr.ndim != 1:
+        raise ValueError(f"lengths must be a 1-D sequence of token counts, got shape {arr.shape}")
+    if arr.size == 0:
+        raise ValueError("no sequences to plan: lengths is empty")
+    if not np.issubdtype(arr.dtype, np.number) or np.issubdtype(arr.dtype, np.complexfloating):
+        raise ValueError(f"lengths must be integers, got dtype {arr.dtype}")
+    if np.issubdtype(arr.dtype, np.floating):
+        bad = np.flatnonzero(~np.isfinite(arr) | (arr != np.round(arr)))
+        if bad.size:
+            raise ValueError(f"lengths must be whole token counts; sequence {bad[0]} is {arr[bad[0]]}")
+    big = np.flatnonzero(arr > MAX_SEQUENCE_TOKENS)  # before the cast: uint64 / float values beyond int64 wrap
+    if big.size:
+        raise ValueError(f"sequence {big[0]} has {arr[big[0]]} tokens, more than any real sequence "
+                         f"(at most {MAX_SEQUENCE_TOKENS}); check the lengths")
+    arr = arr.astype(np.int64)
+    bad = np.flatnonzero(arr <= 0)
+    if bad.size:
+        raise ValueError(f"lengths must be > 0; sequence {bad[0]} has {arr[bad[0]]} tokens (drop empty sequences)")
+    cap = int(num_ranks) * cost_model.tokens_per_rank
+    over = np.flatnonzero(arr > cap)
+    if over.size:
+        i = int(over[np.argmax(arr[over])])
+        raise ValueError(f"sequence {i} has {arr[i]} tokens but {num_ranks} ranks × {cost_model.tokens_per_rank} "
+                         f"tokens_per_rank hold at most {cap} ({over.size} such sequence(s)); truncate or drop it "
+                         "(--on-overlong truncate|drop) or add ranks")
+    if etas is None:
+        e = np.zeros(arr.size)
+    else:
+        e = np.asarray(etas, dtype=np.float64)
+        if e.shape != arr.shape:
+            raise ValueError(f"etas has shape {e.shape} but lengths has {arr.shape}; give one η per sequence")
+        if not np.all(np.isfinite(e)) or np.any(e < 0):
+            raise ValueError("etas must be finite and >= 0 (0 causal, 1 full attention)")
+    return arr, e
+
+
+
+def validate_visual(visual, lengths: np.ndarray) -> np.ndarray | None:
+    """Checked float64 visual tokens per sequence (§4.1), or None for text-only input. A sequence's
+    visual tokens are part of its tokens: ``0 ≤ v_k ≤ s_k``, whole numbers."""
+    if visual is None:
+        return None
+    try:
+        v = np.asarray(visual, dtype=np.float64)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"visual must be a 1-D sequence of visual-token counts, one per sequence ({e})") from None
+    if v.shape != lengths.shape:
+        raise ValueError(f"visual has shape {v.shape} but lengths has {lengths.shape}; give one visual-token count "
+                         "per sequence (0 for text)")
+    bad = np.flatnonzero(~np.isfinite(v) | (v < 0) | (v != np.round(v)) | (v > lengths))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"visual tokens must be whole numbers with 0 <= v <= the sequence's length; sequence {i} has "
+                         f"v={v[i]!r} and {int(lengths[i])} tokens")
+    return v
