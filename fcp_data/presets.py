@@ -32,8 +32,52 @@ and for the LLM backbone with ``L`` layers, hidden ``h``, ``H`` query heads, ``G
 
 For MLLMs (InternVL, Qwen3-VL) the preset covers the LLM backbone, which sees every text and visual
 token; the vision encoder runs per image/frame before the LLM, is data-parallel (not context-parallel)
-and is only charged for its weights/optimizer memory. Example: Qwen3-8B on ascend-910c gives about 54K
-tokens per rank, so a 128K sequence needs 3 ranks; ring traffic of long sequences hides behind attention.
+and is only charged for its weights/optimizer memory (v1; cost model v2 below adds its compute). Example:
+Qwen3-8B on ascend-910c gives about 54K tokens per rank, so a 128K sequence needs 3 ranks; ring traffic of
+long sequences hides behind attention.
+
+**Cost model v2 terms (DESIGN §4.1), opt-in**: ``preset_cost_model(..., v2=True)`` (or
+``CostModel.preset(model, hw, v2=True)``) adds ``gamma``, ``alpha_blk`` and ``alpha_vis`` to exactly the v1
+coefficients above (every v1 value is identical with or without ``v2``). The default stays ``v2=False``
+so that ``--preset`` plans and the v1 tests (which call ``CostModel.time`` without ``B``) are unchanged
+until the callers opt in. Options, valid only with ``v2=True``: ``frozen_vision=True`` (a frozen vision
+tower: forward only) and ``gamma_link="inter"`` (ring-step latency of an inter-node ring). All numbers
+below are *assumptions* from published orders of magnitude, meant to be replaced by ``fcp profile`` fits:
+
+* **Ring step** (``gamma``, s per step, paid ``d−1`` times). Each extra ring step costs, per layer and
+  pass, one P2P hand-shake (send/recv of the next K/V block) plus the launch of one more attention-block
+  kernel: ``gamma = train_factor · L · (latency + launch_s)`` (the backward counts twice, as it does in
+  ``beta1``/``beta2``: K/V travel forward and dK/dV travel back). ``latency`` is ``latency_s`` for an
+  intra-node ring and ``latency_inter_s`` across nodes. Assumed small-message P2P latencies with the
+  collective library's overhead (nccl-tests ``sendrecv_perf`` reports roughly 5–15 µs on NVLink and
+  10–30 µs over InfiniBand/RoCE; HCCL on HCCS/RoCE is taken somewhat slower): GPUs 15 µs NVLink /
+  30 µs IB, Ascend 910C 20 µs HCCS / 40 µs RoCE; kernel launch 20 µs on GPUs, 30 µs on Ascend (the v1
+  ``launch_s``). :class:`~fcp_data.cost.CostModel` has one ``gamma``: the preset uses the **intra-node**
+  value (a group of ``d ≤ ranks_per_node`` is placed on one node; across nodes the ring is already slowed
+  by ``bandwidth_inter``); ``gamma_link="inter"`` gives the inter-node value for clusters whose rings span
+  nodes. Qwen3-8B on H100: ``4·36·(15+20) µs = 5.04 ms`` per step intra, ``7.2 ms`` inter.
+* **Attention block overhead** (``alpha_blk``, s/token). A flash-attention kernel over a block of ``b`` keys
+  reaches the fraction ``b/(b + b0)`` of its large-block throughput (the tile prologue/epilogue, the
+  online-softmax rescale and the O/LSE write are a per-row cost worth ``b0`` keys). A rank of a degree-``d``
+  group runs ``d`` blocks of ``s/d`` keys for its ``s/d`` rows, so its attention time is
+  ``alpha1·(1+η)·(s/d)·(s + d·b0) = A + alpha1·b0·(1+η)·s``: ``alpha_blk = alpha1 · b0``, independent of
+  ``d`` as §4.1 has it. ``b0`` (``attention_half_block``, tokens: the block size at half efficiency) is
+  an assumption read off published kernel curves: FlashAttention-2 on A100 (Dao 2023, head dim 128) runs
+  at ~60 % of its long-sequence throughput at 512 tokens and ~75 % at 1K, so ``b0 ≈ 384``; Hopper's
+  FlashAttention-3 needs larger tiles to saturate (~50 % at 512), ``b0 = 512`` on H100/H200, and the same
+  512 is assumed for Ascend's FlashAttentionScore (no published curve). Qwen3-8B on H100:
+  ``alpha_blk = 3.41e-9 · 512 = 1.74 µs/token`` (vs ``alpha2 = 122 µs/token``: 1.4 % at ``d = 1``,
+  comparable to ``alpha2·s/d`` at ``d ≈ 70``).
+* **Vision tower** (``alpha_vis``, s per visual token; 0 for text models). A visual token of the LLM is
+  ``patches_per_visual_token`` ViT patches: InternVL (InternViT-300M, 14-px patches, pixel-unshuffle 0.5)
+  and Qwen3-VL (16-px patches, 2×2 spatial merge) both merge 4 patches into one token. The ViT's matmul
+  FLOPs are ``2·P_vis`` per patch forward, so ``alpha_vis = k · P_vis · patches / (peak ·
+  linear_efficiency)`` with ``k = 6`` for a trained tower (forward + backward, no recomputation: its
+  activations are per image and short-lived) and ``k = 2`` for a frozen one (forward only), a ratio of
+  exactly 1/3. The ViT's own self-attention (+~15 % for a 1024-patch tile) and the MLP projector (~1 %)
+  are neglected; ``P_vis`` is the ``vision_params`` used for memory (frozen or not, the memory keeps the
+  v1 conservative charge). InternVL3-8B on H200, trained: ``6·0.3e9·4 / (989e12·0.5) = 14.6 µs`` per
+  visual token; frozen ``4.85 µs``.
 """
 
 from __future__ import annotations
@@ -58,6 +102,7 @@ class ModelConfig:
     ffn: int
     vocab: int
     vision_params: float = 0.0
+    patches_per_visual_token: int = 0  # ViT patches merged into one LLM visual token (0: no vision tower)
     kind: str = "llm"
 
     def __post_init__(self) -> None:
@@ -98,6 +143,8 @@ class HardwareSpec:
     launch_s: float = 20e-6
     latency_s: float = 15e-6
     memory_fraction: float = 0.9
+    latency_inter_s: float = 30e-6  # v2: P2P hand-shake across nodes (latency_s: inside a node)
+    attention_half_block: int = 512  # v2: keys per block at which a flash-attention kernel runs at half efficiency
 
 
 # Public configs (Hugging Face config.json of each model). InternVL's LLMs: InternVL3-2B = Qwen2.5-1.5B,
@@ -111,17 +158,17 @@ MODELS: dict[str, ModelConfig] = {
     "Llama3.2-3B": ModelConfig(layers=28, hidden=3072, heads=24, kv_heads=8, head_dim=128, ffn=8192, vocab=128256),
     "Llama3-8B": ModelConfig(layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128, ffn=14336, vocab=128256),
     "InternVL3-2B": ModelConfig(layers=28, hidden=1536, heads=12, kv_heads=2, head_dim=128, ffn=8960, vocab=151674,
-                                vision_params=0.3e9, kind="mllm"),
+                                vision_params=0.3e9, patches_per_visual_token=4, kind="mllm"),
     "InternVL3-8B": ModelConfig(layers=28, hidden=3584, heads=28, kv_heads=4, head_dim=128, ffn=18944, vocab=151674,
-                                vision_params=0.3e9, kind="mllm"),
+                                vision_params=0.3e9, patches_per_visual_token=4, kind="mllm"),
     "InternVL2.5-4B": ModelConfig(layers=36, hidden=2048, heads=16, kv_heads=2, head_dim=128, ffn=11008, vocab=151674,
-                                  vision_params=0.3e9, kind="mllm"),
+                                  vision_params=0.3e9, patches_per_visual_token=4, kind="mllm"),
     "Qwen3-VL-2B": ModelConfig(layers=28, hidden=2048, heads=16, kv_heads=8, head_dim=128, ffn=6144, vocab=151936,
-                               vision_params=0.4e9, kind="mllm"),
+                               vision_params=0.4e9, patches_per_visual_token=4, kind="mllm"),
     "Qwen3-VL-4B": ModelConfig(layers=36, hidden=2560, heads=32, kv_heads=8, head_dim=128, ffn=9728, vocab=151936,
-                               vision_params=0.4e9, kind="mllm"),
+                               vision_params=0.4e9, patches_per_visual_token=4, kind="mllm"),
     "Qwen3-VL-8B": ModelConfig(layers=36, hidden=4096, heads=32, kv_heads=8, head_dim=128, ffn=12288, vocab=151936,
-                               vision_params=0.6e9, kind="mllm"),
+                               vision_params=0.6e9, patches_per_visual_token=4, kind="mllm"),
 }
 
 # Ascend 910C: a rank is one die (~376 TFLOP/s bf16, 64 GB HBM), 16 dies per node, HCCS ~196 GB/s per
@@ -129,10 +176,11 @@ MODELS: dict[str, ModelConfig] = {
 # 450 GB/s per direction, 400 Gb/s InfiniBand per GPU. A100 SXM: 312 TFLOP/s, NVLink 3 300 GB/s, 200 Gb/s.
 HARDWARE: dict[str, HardwareSpec] = {
     "ascend-910c": HardwareSpec(peak_flops=376e12, memory=64e9, bandwidth_intra=196e9, bandwidth_inter=25e9,
-                                ranks_per_node=16, launch_s=30e-6, latency_s=20e-6),
+                                ranks_per_node=16, launch_s=30e-6, latency_s=20e-6, latency_inter_s=40e-6),
     "h100": HardwareSpec(peak_flops=989e12, memory=80e9, bandwidth_intra=450e9, bandwidth_inter=50e9, ranks_per_node=8),
     "h200": HardwareSpec(peak_flops=989e12, memory=141e9, bandwidth_intra=450e9, bandwidth_inter=50e9, ranks_per_node=8),
-    "a100": HardwareSpec(peak_flops=312e12, memory=80e9, bandwidth_intra=300e9, bandwidth_inter=25e9, ranks_per_node=8),
+    "a100": HardwareSpec(peak_flops=312e12, memory=80e9, bandwidth_intra=300e9, bandwidth_inter=25e9, ranks_per_node=8,
+                         attention_half_block=384),
 }
 
 RING_STEPS = 7  # typical P2P rounds per layer and pass charged to beta2
@@ -149,17 +197,25 @@ def _lookup(table: dict, key: str, what: str):
 
 
 def preset_cost_model(model: str, hardware: str, *, dp_shards: int = 64, recompute: bool = True,
+                      v2: bool = False, frozen_vision: bool = False, gamma_link: str = "intra",
                       **overrides: Any) -> CostModel:
     """§4 coefficients of ``model`` on ``hardware`` (see the module docstring for the derivation).
 
     ``dp_shards``: ranks the optimizer state is sharded over; ``recompute``: full activation
     recomputation (else activations of every layer are kept: ``34·h`` bytes per layer and token, and
-    the training factor is 3). ``overrides``: any §4 key replaces the derived value.
+    the training factor is 3). ``v2``: also derive the §4.1 terms ``gamma``, ``alpha_blk``, ``alpha_vis``
+    (the v1 values are the same either way); with it, ``frozen_vision`` charges the vision tower forward
+    only and ``gamma_link`` ("intra" or "inter") picks the ring-step latency. ``overrides``: any §4 or
+    §4.1 key replaces the derived value.
     """
     m: ModelConfig = _lookup(MODELS, model, "model preset")
     hw: HardwareSpec = _lookup(HARDWARE, hardware, "hardware preset")
     if dp_shards < 1:
         raise ValueError(f"dp_shards must be >= 1, got {dp_shards}")
+    if gamma_link not in ("intra", "inter"):
+        raise ValueError(f"gamma_link must be 'intra' or 'inter', got {gamma_link!r}")
+    if not v2 and (frozen_vision or gamma_link != "intra"):
+        raise ValueError("frozen_vision / gamma_link set the cost-model v2 terms; pass v2=True with them")
     train_factor = 4.0 if recompute else 3.0
     attn_flops = 2.0 * m.heads * m.head_dim * m.layers  # causal forward FLOPs per token² (η=0)
     alpha1 = train_factor * attn_flops / (hw.peak_flops * hw.attention_efficiency)
@@ -183,12 +239,26 @@ def preset_cost_model(model: str, hardware: str, *, dp_shards: int = 64, recompu
         bandwidth_intra=hw.bandwidth_intra * hw.comm_efficiency,
         bandwidth_inter=hw.bandwidth_inter * hw.comm_efficiency,
         ranks_per_node=hw.ranks_per_node, tokens_per_rank=tokens_per_rank,
+        gamma=0.0, alpha_blk=0.0, alpha_vis=0.0,
     )
+    if v2:
+        values.update(_v2_terms(m, hw, alpha1, train_factor, frozen_vision=frozen_vision, gamma_link=gamma_link))
     unknown = sorted(set(overrides) - set(values))
     if unknown:
         raise ValueError(f"unknown cost-model override(s) {', '.join(unknown)}; valid: {', '.join(values)}")
     values.update(overrides)
     return CostModel(**values)
+
+
+def _v2_terms(m: ModelConfig, hw: HardwareSpec, alpha1: float, train_factor: float, *, frozen_vision: bool,
+              gamma_link: str) -> dict[str, float]:
+    """§4.1 terms (module docstring, "Cost model v2 terms")."""
+    latency = hw.latency_s if gamma_link == "intra" else hw.latency_inter_s
+    gamma = train_factor * m.layers * (latency + hw.launch_s)
+    alpha_blk = alpha1 * hw.attention_half_block
+    vis_factor = 2.0 if frozen_vision else 6.0
+    alpha_vis = vis_factor * m.vision_params * m.patches_per_visual_token / (hw.peak_flops * hw.linear_efficiency)
+    return dict(gamma=gamma, alpha_blk=alpha_blk, alpha_vis=alpha_vis)
 
 
 def describe_presets() -> list[dict[str, Any]]:
