@@ -22,6 +22,17 @@ on single documents only leaves that cost out entirely (the tiny model on CPU: a
 (``k`` documents per group, as training packs them) makes the least-squares fit fold the per-document
 cost into ``alpha2``/``beta1`` as well as the §4 form allows; :func:`format_fit` reports the mean error on
 single-document and packed points separately, so the remaining gap is visible.
+
+Cost model v2 (DESIGN §4.1, ``version=2``). The group time gains ``gamma·(d−1)`` (d > 1) and ``alpha_blk·B``,
+``B = k·(1+η)s``; both are linear, so the same regime search fits seven non-negative coefficients (columns
+``Q/d, S/d, 1, X, [d>1], [d>1]·(d−1), B``). ``gamma`` needs two multi-rank degrees (with degrees 1 and 2
+only, ``(d−1) = [d>1]`` and the ring-step latency is folded into ``beta2``); ``alpha_blk`` needs ``B`` not
+proportional to ``S/d`` (several degrees). A coefficient the grid cannot separate is fixed at 0 and listed
+in ``unidentified``. ``alpha_vis`` is not fitted here (text points have no visual tokens): the profiler
+measures it on the vision tower alone and passes it in (:func:`fit_alpha_vis`). A v2 fit carries the v1 fit
+of the same points (``FitResult.v1``), and :func:`format_fit` / :func:`fit_errors` compare the two: mean and
+max relative error, and the mean on high-degree short-document points (degree = the largest measured, and
+document length ≤ the median length of the grid), where v1, without per-step and per-block costs, errs most.
 """
 
 from __future__ import annotations
@@ -34,9 +45,11 @@ import numpy as np
 
 from fcp_data.cost import CostModel
 
-__all__ = ["ProfilePoint", "FitResult", "fit_cost_model", "nnls_small", "format_fit", "plot_fit", "COEFFICIENTS"]
+__all__ = ["ProfilePoint", "FitResult", "fit_cost_model", "nnls_small", "format_fit", "plot_fit", "COEFFICIENTS",
+           "COEFFICIENTS_V2", "fit_errors", "fit_alpha_vis"]
 
 COEFFICIENTS = ("alpha1", "alpha2", "beta1", "alpha3", "beta2")
+COEFFICIENTS_V2 = COEFFICIENTS + ("gamma", "alpha_blk")  # fitted on text points; alpha_vis is measured apart
 _NAMES = COEFFICIENTS
 
 
@@ -76,6 +89,12 @@ class FitResult:
     predicted: tuple[float, ...]
     rel_errors: tuple[float, ...]
     unidentified: tuple[str, ...] = field(default=())
+    version: int = 1
+    v1: "FitResult | None" = None  # a v2 fit: the v1 fit of the same points, for comparison
+
+    @property
+    def max_rel_error(self) -> float:
+        return float(np.max(self.rel_errors)) if self.rel_errors else 0.0
 
     @property
     def mean_rel_error(self) -> float:
@@ -120,59 +139,127 @@ def _features(points, v: float):
     d = np.array([p.degree for p in points], dtype=np.float64)
     q = np.array([p.num_docs * (1.0 + p.eta) * p.seq_len ** 2 for p in points], dtype=np.float64)
     multi = (d > 1).astype(np.float64)
-    return q / d, s / d, np.ones_like(s), s * (d - 1) / d / v, multi
+    blk = np.array([p.num_docs * (1.0 + p.eta) * p.seq_len for p in points], dtype=np.float64)
+    return q / d, s / d, np.ones_like(s), s * (d - 1) / d / v, multi, multi * (d - 1), blk
 
 
 def _predict(theta: np.ndarray, feats) -> np.ndarray:
-    a, s, one, x, multi = feats
-    a1, a2, b1, a3, b2 = theta
-    return a2 * s + b1 * one + b2 * multi + np.maximum(a1 * a, a3 * x)
+    a, s, one, x, multi, steps, blk = feats
+    a1, a2, b1, a3, b2 = theta[:5]
+    g, ab = (theta[5], theta[6]) if len(theta) > 5 else (0.0, 0.0)
+    return a2 * s + b1 * one + b2 * multi + g * steps + ab * blk + np.maximum(a1 * a, a3 * x)
+
+
+def _separable(u: np.ndarray, w: np.ndarray) -> bool:
+    """True when column ``w`` is not (numerically) a multiple of column ``u``: the fit can tell them apart."""
+    nu, nw = float(np.linalg.norm(u)), float(np.linalg.norm(w))
+    if nw == 0:
+        return False
+    if nu == 0:
+        return True
+    return float(np.linalg.svd(np.stack([u / nu, w / nw], axis=1), compute_uv=False)[-1]) > 1e-6
 
 
 def fit_cost_model(points, *, bandwidth_intra: float, bandwidth_inter: float | None = None,
                    ranks_per_node: int = 1, tokens_per_rank: int, alpha3_default: float = 0.0,
-                   beta2_default: float = 0.0) -> FitResult:
-    """Least-squares fit (relative residuals, non-negative) of alpha1, alpha2, beta1, alpha3, beta2.
+                   beta2_default: float = 0.0, version: int = 1, alpha_vis: float = 0.0) -> FitResult:
+    """Least-squares fit (relative residuals, non-negative) of alpha1, alpha2, beta1, alpha3, beta2 (§4,
+    ``version=1``) and, with ``version=2``, also gamma and alpha_blk (§4.1); ``alpha_vis`` (measured apart)
+    is written into a v2 model as given. A v2 result holds the v1 fit of the same points in ``.v1``.
 
     ``points`` are :class:`ProfilePoint`; the points must be measured inside one node (``bandwidth_intra``
     is the measured bandwidth). See the module docstring for the method."""
+    if version not in (1, 2):
+        raise ValueError(f"version must be 1 (DESIGN §4) or 2 (§4.1), got {version!r}")
     points = tuple(points)
     if len(points) < 3:
         raise ValueError(f"need at least 3 profile points to fit 5 coefficients sensibly, got {len(points)}")
     v = float(bandwidth_intra)
     if not v > 0:
         raise ValueError(f"bandwidth_intra must be > 0 bytes/s, got {bandwidth_intra}")
+    if not (math.isfinite(alpha_vis) and alpha_vis >= 0):
+        raise ValueError(f"alpha_vis must be a finite number >= 0 s per visual token, got {alpha_vis!r}")
     feats = _features(points, v)
-    a, s, one, x, multi = feats
+    a, s, one, x, multi, steps, blk = feats
     t = np.array([p.time_s for p in points], dtype=np.float64)
     w = 1.0 / t  # relative residuals
     multi_idx = np.flatnonzero(multi > 0)
+    unidentified = []
+    use_gamma = use_blk = False
+    if version == 2:
+        use_gamma = _separable(multi, steps)
+        use_blk = _separable(s, blk)
+        unidentified += [n for n, ok in (("gamma", use_gamma), ("alpha_blk", use_blk)) if not ok]
     ratio = a[multi_idx] / x[multi_idx]
     cuts = [np.inf] + sorted(set(ratio.tolist()))  # points with ratio < cut are X-bound
     best = None
     for cut in cuts:
         x_bound = np.zeros(len(points), dtype=bool)
         x_bound[multi_idx] = ratio < cut
-        cols = np.stack([a * ~x_bound, s, one, x * x_bound, multi], axis=1)
+        cols = [a * ~x_bound, s, one, x * x_bound, multi]
+        if version == 2:
+            cols += [steps if use_gamma else np.zeros_like(s), blk if use_blk else np.zeros_like(s)]
+        cols = np.stack(cols, axis=1)
         theta, _ = nnls_small(cols * w[:, None], t * w)
         err = float(np.sum(((_predict(theta, feats) - t) * w) ** 2))
         if best is None or err < best[0] * (1 - 1e-12):
             best = (err, theta, x_bound)
     _, theta, x_bound = best
-    unidentified = []
     if not multi_idx.size:
         unidentified += ["alpha3", "beta2"]
         theta[3], theta[4] = alpha3_default, beta2_default
     elif not x_bound.any():
         unidentified.append("alpha3")
         theta[3] = alpha3_default
-    coeffs = dict(zip(_NAMES, (float(c) for c in theta)))
+    names = COEFFICIENTS_V2 if version == 2 else COEFFICIENTS
+    coeffs = dict(zip(names, (float(c) for c in theta)))
+    if version == 2:
+        coeffs["alpha_vis"] = float(alpha_vis)
     cm = CostModel(bandwidth_intra=v, bandwidth_inter=float(bandwidth_inter or v),
                    ranks_per_node=int(ranks_per_node), tokens_per_rank=int(tokens_per_rank), **coeffs)
     pred = np.array([cm.group_time(p.lengths, [p.eta] * p.num_docs, p.degree) for p in points])
     rel = np.abs(pred - t) / t
+    base = None
+    if version == 2:
+        base = fit_cost_model(points, bandwidth_intra=bandwidth_intra, bandwidth_inter=bandwidth_inter,
+                              ranks_per_node=ranks_per_node, tokens_per_rank=tokens_per_rank,
+                              alpha3_default=alpha3_default, beta2_default=beta2_default, version=1)
     return FitResult(cost_model=cm, points=points, predicted=tuple(float(p) for p in pred),
-                     rel_errors=tuple(float(e) for e in rel), unidentified=tuple(unidentified))
+                     rel_errors=tuple(float(e) for e in rel), unidentified=tuple(unidentified), version=version,
+                     v1=base)
+
+
+def fit_alpha_vis(samples) -> float:
+    """``alpha_vis`` (s per visual token) from vision-tower timings ``[(visual_tokens, seconds), ...]``:
+    the non-negative slope of ``seconds = c + alpha_vis · visual_tokens`` (relative residuals); the
+    intercept ``c`` (launch overheads) is dropped, as §4.1 has no fixed vision cost. 0 with no samples."""
+    samples = [(float(n), float(sec)) for n, sec in samples]
+    if len({n for n, _ in samples}) < 2:
+        return 0.0
+    n = np.array([p[0] for p in samples])
+    sec = np.array([p[1] for p in samples])
+    wgt = 1.0 / sec
+    theta, _ = nnls_small(np.stack([np.ones_like(n), n], axis=1) * wgt[:, None], sec * wgt)
+    return float(theta[1])
+
+
+def _high_degree_short(points) -> list[int]:
+    """Indices of the high-degree short-document points: degree = the largest measured (> 1) and document
+    length ≤ the median document length of the points."""
+    top = max(p.degree for p in points)
+    if top < 2:
+        return []
+    med = float(np.median([p.seq_len for p in points]))
+    return [i for i, p in enumerate(points) if p.degree == top and p.seq_len <= med]
+
+
+def fit_errors(fit: FitResult) -> dict:
+    """Errors of a fit on its points: ``{"mean", "max", "high_degree_short", "n_points", "n_high_degree_short"}``
+    (relative, as fractions; ``high_degree_short`` None when there are no such points; see module docstring)."""
+    idx = _high_degree_short(fit.points)
+    return {"mean": fit.mean_rel_error, "max": fit.max_rel_error,
+            "high_degree_short": float(np.mean([fit.rel_errors[i] for i in idx])) if idx else None,
+            "n_points": len(fit.points), "n_high_degree_short": len(idx)}
 
 
 def format_fit(fit: FitResult) -> str:
@@ -188,10 +275,25 @@ def format_fit(fit: FitResult) -> str:
         lines.append(f"  single-document points: {single * 100:.1f}% ({len(fit.points) - n_packed}); packed points "
                      f"(several documents per group): {packed * 100:.1f}% ({n_packed})")
     cm = fit.cost_model
-    lines.append("fitted: " + ", ".join(f"{k}={getattr(cm, k):.4g}" for k in _NAMES)
+    names = COEFFICIENTS_V2 + ("alpha_vis",) if fit.version == 2 else _NAMES
+    lines.append(f"fitted (v{fit.version}): " + ", ".join(f"{k}={getattr(cm, k):.4g}" for k in names)
                  + f", bandwidth={cm.bandwidth_intra:.4g} B/s, tokens_per_rank={cm.tokens_per_rank}")
     if fit.unidentified:
-        lines.append("not identifiable from this grid (kept the analytic default): " + ", ".join(fit.unidentified))
+        lines.append("not identifiable from this grid (v1 terms: kept the analytic default; gamma/alpha_blk: 0): "
+                     + ", ".join(fit.unidentified))
+    if fit.v1 is not None:
+        e1, e2 = fit_errors(fit.v1), fit_errors(fit)
+
+        def pct(x):
+            return "-" if x is None else f"{x * 100:.1f}%"
+
+        top = max(p.degree for p in fit.points)
+        lines.append(f"v1 (§4) vs v2 (§4.1) on the same {e2['n_points']} points:")
+        lines.append(f"  {'':<34} {'v1':>7} {'v2':>7}")
+        lines.append(f"  {'mean error':<34} {pct(e1['mean']):>7} {pct(e2['mean']):>7}")
+        lines.append(f"  {'max error':<34} {pct(e1['max']):>7} {pct(e2['max']):>7}")
+        label = f"degree {top}, short docs ({e2['n_high_degree_short']} pts)"
+        lines.append(f"  {label:<34} {pct(e1['high_degree_short']):>7} {pct(e2['high_degree_short']):>7}")
     return "\n".join(lines)
 
 

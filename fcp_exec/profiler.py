@@ -16,6 +16,16 @@ between ranks 0 and 1.
 An HF model is timed the way ``fcp train`` runs it: the whole model (embedding, decoder, LM head, loss) on text
 documents; a Qwen-VL model gets text positions on all three rope axes and, as on a text-only micro-batch in
 training, encodes one dummy frame per forward (its vision cost is not part of the fit).
+
+Cost model v2 (DESIGN §4.1): ``gamma`` and ``alpha_blk`` are fitted from the same grid (degrees 1..nproc,
+single long and short documents, packed groups of many short documents; ``gamma`` needs degrees ≥ 3 to be
+told from ``beta2``). ``alpha_vis`` comes from a separate measurement whenever the model has a vision tower
+(``--model tiny-mllm``): :func:`time_vision` times forward + backward of the encoder (patch embedding,
+full-attention block, merger/projector) on every rank at once, on batches of ``VISION_FRAMES`` frames of
+``VISION_GRID`` patches (slowest rank, median over repetitions), and :func:`~fcp_exec.profile_fit.fit_alpha_vis`
+takes the slope in visual tokens. Other models (tiny-llm, ``--layer-like``, Hugging Face VL models, whose
+vision tower is not timed) get ``alpha_vis = 0``. :func:`run_profile` fits v2 by default (``version=2``) and
+keeps the v1 fit of the same points beside it.
 """
 
 from __future__ import annotations
@@ -23,11 +33,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from fcp_exec.profile_fit import (COEFFICIENTS, FitResult, ProfilePoint, fit_cost_model, format_fit, nnls_small,
-                                  plot_fit)
+from fcp_exec.profile_fit import (COEFFICIENTS, COEFFICIENTS_V2, FitResult, ProfilePoint, fit_alpha_vis,
+                                  fit_cost_model, fit_errors, format_fit, nnls_small, plot_fit)
 
 __all__ = ["ProfilePoint", "FitResult", "fit_cost_model", "nnls_small", "format_fit", "plot_fit", "run_profile",
-           "profile_worker", "ping_bandwidth", "kv_bytes_per_token", "profile_grid"]
+           "profile_worker", "ping_bandwidth", "kv_bytes_per_token", "profile_grid", "fit_errors", "fit_alpha_vis",
+           "time_vision", "VISION_FRAMES", "VISION_GRID"]
 
 _NAMES = COEFFICIENTS
 
@@ -178,6 +189,47 @@ def _device_memory(device) -> float:
     return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")) / max(local, 1)
 
 
+VISION_FRAMES = (2, 8, 32)  # frames per timed vision batch
+VISION_GRID = (8, 8)  # patches per frame (h, w); with merge 2: 16 visual tokens per frame
+
+
+def time_vision(vision, device, dtype, reps: int = 3, warmup: int = 1, frames=VISION_FRAMES, grid=VISION_GRID,
+                seed: int = 0) -> list[tuple[int, float]]:
+    """``[(visual_tokens, seconds), ...]``: forward + backward of ``vision.encode_frames`` on ``F`` frames of
+    ``grid`` patches for each ``F`` of ``frames`` (every rank at once, slowest rank, median of ``reps``).
+    Every rank of the process group (if any) must call it."""
+    import statistics
+
+    import torch
+    import torch.distributed as dist
+
+    from fcp_exec.launch import collective_dtype
+
+    h, w = grid
+    m2 = vision.cfg.merge_size ** 2
+    gen = torch.Generator().manual_seed(seed)
+    batches = [torch.randn(f, h * w, vision.cfg.patch_dim, generator=gen).to(device=device, dtype=dtype) for f in frames]
+    multi = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    times = [[] for _ in batches]
+    for r in range(warmup + reps):
+        for i, x in enumerate(batches):
+            if multi:
+                dist.barrier()
+            t0 = time.perf_counter()
+            vision.encode_frames(x, h, w).float().square().sum().backward()
+            vision.zero_grad(set_to_none=True)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            dt = time.perf_counter() - t0
+            if multi:
+                t = torch.tensor([dt], dtype=collective_dtype(torch.float64), device=device)
+                dist.all_reduce(t, op=dist.ReduceOp.MAX)
+                dt = float(t[0])
+            if r >= warmup:
+                times[i].append(dt)
+    return [(f * h * w // m2, statistics.median(ts)) for f, ts in zip(frames, times)]
+
+
 DEFAULT_PACKED_DOCS = (1, 4, 16)
 DEFAULT_PACKED_LENS = (64, 128, 256)
 
@@ -271,19 +323,41 @@ def profile_worker(model: str = "tiny-llm", layer_like: str | None = None, seq_l
         if rank == 0:
             print(f"  measured {k:>2} x seq_len {s_pad:>6} degree {d}: {med * 1e3:8.2f} ms (median of {len(ts)})",
                   flush=True)
+    vision = []
+    if model == "tiny-mllm" and not layer_like and hasattr(net, "vision"):
+        vision = time_vision(net.vision, device, tdtype, reps=reps, warmup=warmup, seed=seed)
+        if rank == 0:
+            for n, sec in vision:
+                print(f"  measured vision tower: {n:>5} visual tokens: {sec * 1e3:8.2f} ms", flush=True)
     return {"points": points, "bandwidth": bandwidth, "alpha3_default": kv, "bytes_per_token": act,
             "memory_bytes": _device_memory(device), "world": world,
-            "layers": getattr(cfg, "num_layers", 1)}
+            "layers": getattr(cfg, "num_layers", 1), "vision": vision}
+
+
+def _scaled(fit: FitResult, layers: int) -> FitResult:
+    """``fit`` for ``layers`` layers: per-layer coefficients and times multiplied (alpha_vis, bandwidths and
+    memory untouched)."""
+    cm = fit.cost_model
+    names = COEFFICIENTS_V2 if fit.version == 2 else COEFFICIENTS
+    pts = tuple(ProfilePoint(seq_len=p.seq_len, degree=p.degree, time_s=p.time_s * layers, eta=p.eta,
+                             num_docs=p.num_docs) for p in fit.points)
+    return FitResult(cost_model=cm.replace(**{k: getattr(cm, k) * layers for k in names}), points=pts,
+                     predicted=tuple(p * layers for p in fit.predicted), rel_errors=fit.rel_errors,
+                     unidentified=fit.unidentified, version=fit.version,
+                     v1=_scaled(fit.v1, layers) if fit.v1 is not None else None)
 
 
 def run_profile(nproc: int, *, model: str = "tiny-llm", layer_like: str | None = None,
                 seq_lens=(256, 512, 1024, 2048), degrees=None, reps: int = 3, dtype: str = "float32",
                 tokens_per_rank: int | None = None, backend: str | None = None,
-                packed_docs=DEFAULT_PACKED_DOCS, packed_lens=DEFAULT_PACKED_LENS) -> tuple[FitResult, dict]:
-    """Measure on ``nproc`` processes (:func:`fcp_exec.launch.launch`) and fit. With ``layer_like`` the
+                packed_docs=DEFAULT_PACKED_DOCS, packed_lens=DEFAULT_PACKED_LENS,
+                version: int = 2) -> tuple[FitResult, dict]:
+    """Measure on ``nproc`` processes (:func:`fcp_exec.launch.launch`) and fit (``version`` 2: the §4.1 model,
+    whose ``.v1`` is the §4 fit of the same points; 1: §4 only). With ``layer_like`` the
     measured layer's coefficients are multiplied by the preset's layer count (the written model is for
     the whole backbone, LM head not included). ``tokens_per_rank`` defaults to half the device memory
-    (per process) over the estimated activation bytes per token, rounded down to 64."""
+    (per process) over the estimated activation bytes per token, rounded down to 64. ``raw["alpha_vis"]`` is
+    the vision-tower slope (0 without a timed vision tower)."""
     from fcp_exec.launch import launch
 
     raw = next(r for r in launch(profile_worker, nproc, model, layer_like, tuple(seq_lens), degrees, reps, 1,
@@ -298,14 +372,11 @@ def run_profile(nproc: int, *, model: str = "tiny-llm", layer_like: str | None =
     if tokens_per_rank is None:
         tokens_per_rank = max(64, int(0.5 * raw["memory_bytes"] / (raw["bytes_per_token"] * layers)) // 64 * 64)
     bandwidth = raw["bandwidth"] or 1e10  # one process: no ring, the value is never used by a degree-1 plan
+    raw["alpha_vis"] = fit_alpha_vis(raw.get("vision") or ())
     fit = fit_cost_model(points, bandwidth_intra=bandwidth, ranks_per_node=max(1, raw["world"]),
-                         tokens_per_rank=tokens_per_rank, alpha3_default=raw["alpha3_default"])
+                         tokens_per_rank=tokens_per_rank, alpha3_default=raw["alpha3_default"], version=version,
+                         alpha_vis=raw["alpha_vis"])
     raw["layers_scaled"] = layers
     if layers > 1:
-        cm = fit.cost_model
-        scaled = cm.replace(**{k: getattr(cm, k) * layers for k in _NAMES})
-        pts = tuple(ProfilePoint(seq_len=p.seq_len, degree=p.degree, time_s=p.time_s * layers, eta=p.eta,
-                                 num_docs=p.num_docs) for p in fit.points)
-        fit = FitResult(cost_model=scaled, points=pts, predicted=tuple(p * layers for p in fit.predicted),
-                        rel_errors=fit.rel_errors, unidentified=fit.unidentified)
+        fit = _scaled(fit, layers)
     return fit, raw

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from fcp_data.cost import CostModel
-from fcp_exec.profiler import ProfilePoint, fit_cost_model, format_fit, nnls_small, profile_grid
+from fcp_exec.profiler import (ProfilePoint, fit_alpha_vis, fit_cost_model, fit_errors, format_fit, nnls_small,
+                                profile_grid)
 
 TRUE = CostModel(alpha1=2e-9, alpha2=3e-6, beta1=1e-3, alpha3=4096.0, beta2=5e-4, bandwidth_intra=1e9,
                  bandwidth_inter=1e9, ranks_per_node=4, tokens_per_rank=4096)
@@ -181,3 +182,94 @@ def test_profile_hf_qwen3_tiny_fits_a_cost_model():
     assert cm.tokens_per_rank == 512 and cm.ranks_per_node == 2
     assert all(math.isfinite(getattr(cm, k)) and getattr(cm, k) >= 0 for k in ("alpha1", "alpha2", "beta1", "alpha3", "beta2"))
     assert cm.group_time([64], None, 2) > 0
+
+
+# ------------------------------------------------------------------------------------------ cost model v2
+TRUE_V2 = TRUE.replace(gamma=2e-3, alpha_blk=1e-6)
+GRID_V2 = ([(1, s, d) for s in (256, 512, 1024, 2048, 4096, 8192) for d in (1, 2, 3, 4)]
+           + [(k, s, d) for k in (4, 16) for s in (64, 128, 256) for d in (1, 2, 3, 4)])
+
+
+def _v2_points(cm: CostModel, grid, noise: float = 0.0, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    return [ProfilePoint(seq_len=s, degree=d, num_docs=k,
+                         time_s=cm.group_time([s] * k, None, d) * (1 + noise * rng.standard_normal()))
+            for k, s, d in grid]
+
+
+def test_v2_fit_is_exact_on_v2_timings():
+    """Timings from the §4.1 formula (gamma, alpha_blk > 0), degrees 1..4, single and packed documents: the v2
+    fit gives back all seven coefficients to 1e-6; v1 cannot express them and errs visibly."""
+    fit = fit_cost_model(_v2_points(TRUE_V2, GRID_V2), bandwidth_intra=1e9, ranks_per_node=4, tokens_per_rank=4096,
+                         version=2)
+    for name in ("alpha1", "alpha2", "beta1", "alpha3", "beta2", "gamma", "alpha_blk"):
+        got, want = getattr(fit.cost_model, name), getattr(TRUE_V2, name)
+        assert math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-15), (name, got, want)
+    assert fit.mean_rel_error < 1e-9 and fit.unidentified == ()
+    assert fit.v1 is not None and fit.v1.version == 1 and fit.v1.mean_rel_error > 0.02
+
+
+def test_v2_fit_with_noise_recovers_gamma_and_alpha_blk():
+    """1% multiplicative noise: gamma within 10%, alpha_blk within 25% of the truth (alpha_blk·B is a small
+    share of most points), v2 errors (mean, max, high-degree short documents) at most v1's on the same points
+    and about the noise level; format_fit shows both side by side."""
+    fit = fit_cost_model(_v2_points(TRUE_V2, GRID_V2, noise=0.01, seed=1), bandwidth_intra=1e9, ranks_per_node=4,
+                         tokens_per_rank=4096, version=2)
+    assert math.isclose(fit.cost_model.gamma, TRUE_V2.gamma, rel_tol=0.10)
+    assert math.isclose(fit.cost_model.alpha_blk, TRUE_V2.alpha_blk, rel_tol=0.25)
+    e1, e2 = fit_errors(fit.v1), fit_errors(fit)
+    assert e2["mean"] <= e1["mean"] and e2["max"] <= e1["max"]
+    assert e2["high_degree_short"] <= e1["high_degree_short"] and e2["n_high_degree_short"] > 0
+    assert e2["mean"] < 0.02
+    for p, pred in zip(fit.points, fit.predicted):
+        assert math.isclose(pred, fit.cost_model.group_time(p.lengths, None, p.degree), rel_tol=1e-12)
+    text = format_fit(fit)
+    assert "v1 (§4) vs v2 (§4.1)" in text and "short docs" in text and "gamma=" in text
+
+
+def test_v2_fit_on_v1_timings_and_two_degrees():
+    """On §4 timings v2 finds gamma = alpha_blk = 0 and the v1 coefficients; with degrees 1 and 2 only,
+    gamma·(d−1) equals beta2·[d>1]: gamma is reported unidentified and left at 0 (beta2 takes it)."""
+    fit = fit_cost_model(_points(TRUE, GRID), bandwidth_intra=1e9, ranks_per_node=4, tokens_per_rank=4096,
+                         version=2)
+    assert fit.cost_model.gamma == 0 and fit.cost_model.alpha_blk < 1e-15 and fit.mean_rel_error < 1e-9
+    two = [(k, s, d) for k, s, d in GRID_V2 if d <= 2]
+    fit2 = fit_cost_model(_v2_points(TRUE_V2, two), bandwidth_intra=1e9, ranks_per_node=4, tokens_per_rank=4096,
+                          version=2, alpha_vis=3e-5)
+    assert "gamma" in fit2.unidentified and fit2.cost_model.gamma == 0
+    assert math.isclose(fit2.cost_model.beta2, TRUE_V2.beta2 + TRUE_V2.gamma, rel_tol=1e-6)
+    assert fit2.cost_model.alpha_vis == 3e-5 and fit2.mean_rel_error < 1e-9
+    with pytest.raises(ValueError, match="version"):
+        fit_cost_model(_points(TRUE, GRID), bandwidth_intra=1e9, tokens_per_rank=8, version=3)
+
+
+def test_fit_alpha_vis_is_the_slope():
+    """alpha_vis is the slope of vision time in visual tokens (the fixed launch cost is dropped)."""
+    assert math.isclose(fit_alpha_vis([(n, 2e-3 + 4e-5 * n) for n in (32, 128, 512)]), 4e-5, rel_tol=1e-9)
+    assert fit_alpha_vis([]) == 0.0 and fit_alpha_vis([(32, 1e-3)]) == 0.0
+
+
+def test_profile_cli_tiny_mllm_writes_v2_keys(tmp_path):
+    """`fcp profile --model tiny-mllm` on 2 processes (tiny grid, 1 rep): the vision tower is timed (alpha_vis
+    > 0), the cost JSON holds every §4 and §4.1 key (0 where not fitted: gamma with degrees 1, 2) and loads,
+    and the --report JSON carries both fits' errors on the same points."""
+    import json
+
+    from fcp_data.cli import main
+    from fcp_data.cost import COST_KEYS, COST_KEYS_V2
+
+    out, rep = tmp_path / "cost.json", tmp_path / "report.json"
+    rc = main(["profile", "--nproc", "2", "--model", "tiny-mllm", "--seq-lens", "64,128", "--packed-docs", "4",
+               "--packed-lens", "32", "--reps", "1", "--tokens-per-rank", "512", "--out", str(out),
+               "--report", str(rep)])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert list(data) == list(COST_KEYS + COST_KEYS_V2)
+    assert data["gamma"] == 0.0 and data["alpha_vis"] > 0 and data["tokens_per_rank"] == 512
+    assert CostModel.load(out).alpha_vis == data["alpha_vis"]
+    report = json.loads(rep.read_text())
+    assert report["written"] == "v2" and len(report["points"]) == 6 and len(report["vision"]) == 3
+    for v in ("v1", "v2"):
+        e = report["fits"][v]["errors"]
+        assert e["n_points"] == 6 and 0 <= e["mean"] <= e["max"]
+    assert report["fits"]["v1"]["cost_model"]["alpha_vis"] == 0.0

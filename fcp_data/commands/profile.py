@@ -6,8 +6,12 @@ __all__ = ["register"]
 
 EPILOG = """Runs forward + backward of the model with ring attention on --nproc real processes over a grid
 of (sequence length, CP degree), measures the point-to-point bandwidth, fits alpha1, alpha2, beta1,
-alpha3, beta2 (non-negative least squares on relative errors) and writes a DESIGN §4 cost JSON that
-`fcp plan --cost`, `fcp train --cost` and FCPSampler accept. Prints measured vs predicted per point.
+alpha3, beta2 and the cost model v2 terms gamma (s per ring step) and alpha_blk (s/token) (non-negative
+least squares on relative errors) and writes a cost JSON with the DESIGN §4 keys plus gamma, alpha_blk and
+alpha_vis (0 where not fitted) that `fcp plan --cost`, `fcp train --cost` and FCPSampler accept. Prints
+measured vs predicted per point and the v1 (§4) vs v2 (§4.1) errors on the same points (mean, max, and
+the high-degree short-document points). With --model tiny-mllm the vision tower is timed apart (forward +
+backward per visual token) and gives alpha_vis; other models get alpha_vis = 0. --fit v1 writes the §4 fit.
 
 --model hf:CONFIG.json times a Hugging Face model (qwen3, llama, qwen2_vl, qwen2_5_vl, qwen3_vl; random weights
 from a local config.json) the way `fcp train --model hf:...` runs it: apply_fcp + fcp_loss, whole model, on
@@ -55,14 +59,43 @@ def register(subparsers, summary: str) -> None:
     p.add_argument("--dtype", choices=("float32", "float64", "bfloat16"), default="float32")
     p.add_argument("--tokens-per-rank", type=int, default=None,
                    help="memory budget to write (default: half the memory per process / activation bytes per token)")
+    p.add_argument("--fit", choices=("v1", "v2"), default="v2",
+                   help="cost model to write: v2 (default, DESIGN §4.1: adds gamma, alpha_blk, alpha_vis) or v1 (§4); "
+                        "both are fitted and their errors compared either way")
     p.add_argument("--out", required=True, help="cost-model JSON to write")
+    p.add_argument("--report", default=None,
+                   help="also write a JSON report: measured points, both fits' coefficients, predictions and errors")
     p.add_argument("--plot", default=None, help="PNG of measured vs fitted times")
     p.add_argument("--backend", default=None, help="torch.distributed backend (default nccl/hccl/gloo by device)")
     p.set_defaults(func=run)
 
 
+def _full_dict(cm) -> dict:
+    """The cost JSON with every §4 and §4.1 key (a v2 key that is 0 is written as 0, not left out)."""
+    from fcp_data.cost import COST_KEYS, COST_KEYS_V2
+
+    return {k: getattr(cm, k) for k in COST_KEYS + COST_KEYS_V2}
+
+
+def _fit_dict(fit) -> dict:
+    from fcp_exec.profile_fit import fit_errors
+
+    return {"cost_model": _full_dict(fit.cost_model), "errors": fit_errors(fit), "predicted_s": list(fit.predicted),
+            "rel_errors": list(fit.rel_errors), "unidentified": list(fit.unidentified)}
+
+
+def _report(fit, raw, written: str) -> dict:
+    """JSON report of a profile run: points, the v1 and v2 fits (coefficients, predictions, errors)."""
+    return {"written": written, "points": [p.to_dict() for p in fit.points], "bandwidth": raw["bandwidth"],
+            "vision": [{"visual_tokens": n, "time_s": t} for n, t in raw.get("vision") or ()],
+            "alpha_vis": raw.get("alpha_vis", 0.0), "layers_scaled": raw.get("layers_scaled", 1),
+            "fits": {"v1": _fit_dict(fit.v1), "v2": _fit_dict(fit)}}
+
+
 def run(args) -> int:
+    import json
     from pathlib import Path
+
 
     from fcp_data.cli import UsageError, check_launch
     from fcp_data.commands.train import load_hf_config, resolve_model
@@ -79,6 +112,10 @@ def run(args) -> int:
     out = Path(args.out)
     if out.is_dir() or not out.resolve().parent.is_dir():
         raise UsageError(f"--out {args.out}: {'is a directory' if out.is_dir() else 'its folder does not exist'}")
+    if args.report:
+        rep = Path(args.report)
+        if rep.is_dir() or not rep.resolve().parent.is_dir():
+            raise UsageError(f"--report {args.report}: {'is a directory' if rep.is_dir() else 'its folder does not exist'}")
     if args.plot:
         from fcp_data.commands.simulate import check_plot_path
 
@@ -108,14 +145,21 @@ def run(args) -> int:
           f"degrees {list(degrees or range(1, args.nproc + 1))}, {args.reps} reps", flush=True)
     fit, raw = run_profile(args.nproc, model=model, layer_like=args.layer_like, seq_lens=seq_lens,
                            degrees=degrees, reps=args.reps, dtype=args.dtype, tokens_per_rank=args.tokens_per_rank,
-                           backend=backend, packed_docs=packed_docs, packed_lens=packed_lens)
+                           backend=backend, packed_docs=packed_docs, packed_lens=packed_lens, version=2)
     if args.layer_like:
         print(f"(times above are per layer; the table and fit below are scaled to {raw['layers_scaled']} layers)")
     if raw["bandwidth"]:
         print(f"P2P bandwidth rank 0 <-> 1: {raw['bandwidth'] / 1e9:.2f} GB/s")
+    if raw.get("alpha_vis"):
+        print(f"vision tower: alpha_vis = {raw['alpha_vis']:.4g} s per visual token (forward + backward)")
     print(format_fit(fit))
-    fit.cost_model.save(args.out)
-    print(f"cost model written to {args.out}")
+    written = fit if args.fit == "v2" else fit.v1
+    # the v2 keys always appear (0: not fitted, or a v1 model)
+    out.write_text(json.dumps(_full_dict(written.cost_model), indent=2) + "\n")
+    print(f"cost model ({args.fit}) written to {args.out}")
+    if args.report:
+        Path(args.report).write_text(json.dumps(_report(fit, raw, args.fit), indent=2) + "\n")
+        print(f"report written to {args.report}")
     if args.plot:
         plot_fit(fit, args.plot)
         print(f"plot written to {args.plot}")
