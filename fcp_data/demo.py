@@ -3,6 +3,8 @@
 1. index the bundled text and video samples with ``fcp index``;
 2. build one heterogeneous global batch (the longest text document and a dozen short text and video
    samples), plan it with ``fcp plan`` and compare FCP with the ILP and the baselines with ``fcp compare``;
+   2b. answer "will FCP help on my data?" straight from the video index with ``fcp simulate --index``
+   (lengths, visual tokens and η from the index; a bar chart and a Gantt chart with ``--plot``);
 3. train tiny-mllm for a few steps on 2 processes with ``fcp train`` (FCPSampler → FCPCollator → ring
    attention), printing losses and the plans of every step;
 4. draw a Gantt chart of one planned micro-batch with ``fcp simulate --plot``;
@@ -169,6 +171,18 @@ def main(argv: list[str] | None = None) -> int:
     pretty = ["--lengths", _rel(lengths_path), "--ranks", str(args.ranks), "--cost", _rel(cost_path)]
     _fcp("plan", *common, pretty=["plan", *pretty])
     _fcp("compare", *common, "--ilp", "--time-limit", "20", pretty=["compare", *pretty, "--ilp", "--time-limit", "20"])
+
+    _header("2b. Will FCP help on my data? Simulate straight from the length index")
+    print("`fcp simulate --index` reads the index `fcp index` wrote: lengths (num_tokens), visual tokens "
+          "(num_visual_tokens, the vision encoder's work in cost model v2) and η (the spec's attention kind); it "
+          "draws global batches, plans each with every solver and prints the mean step times; 'FCP speedup' above "
+          "1 is FCP's predicted gain on your data, a tie (1.000x) means one sequence's group sets the step time "
+          "whatever the solver")
+    sim_index = out / "simulate_index.png"
+    _fcp("simulate", "--index", str(out / "index-video"), "--ranks", str(args.ranks), "--cost", str(cost_path),
+         "--global-batch-size", "16", "--steps", "2", "--plot", str(sim_index), "--no-progress",
+         pretty=["simulate", "--index", _rel(out / "index-video"), "--ranks", str(args.ranks), "--cost", _rel(cost_path),
+                 "--global-batch-size", "16", "--steps", "2", "--plot", _rel(sim_index)])
 
     _header(f"3. Train tiny-mllm for {args.steps} steps on {args.nproc} processes "
             "(FCPSampler -> FCPCollator -> ring attention -> AdamW)")

@@ -1,4 +1,8 @@
-"""``fcp compare``: FCP against its 2-D DP variant, the exact references and the baselines on one batch."""
+"""``fcp compare``: FCP against its 2-D DP variant, the exact references and the baselines on one batch.
+
+The batch is ``--lengths FILE [--visual FILE]`` or ``--index DIR`` (a length index from ``fcp index``:
+lengths, visual tokens and η from its columns); see :mod:`fcp_data.commands.plan`.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ def run(args: argparse.Namespace) -> int:
     from fcp_data.commands.plan import degree_summary, load_inputs, solver_options
     from fcp_data.plan import plan_batch
 
-    lengths, cm, report, visual = load_inputs(args)
+    lengths, cm, report, visual, etas = load_inputs(args)
     names = ["fcp", "fcp-dp"]
     if args.ilp:
         names.append("ilp")
@@ -25,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     results: dict[str, object] = {}
     for name in names:
         try:
-            results[name] = plan_batch(lengths, num_ranks=args.ranks, cost_model=cm, solver=name,
+            results[name] = plan_batch(lengths, num_ranks=args.ranks, cost_model=cm, solver=name, etas=etas,
                                        micro_batches=args.micro_batches, visual=visual, **opts.get(name, {}))
         except ValueError as e:
             if name == "fcp":
@@ -57,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
 EPILOG = """examples:
   fcp compare --lengths lengths.txt --ranks 8 --preset Qwen3-8B --hardware h100
   fcp compare --lengths small.txt --ranks 4 --cost cost.json --ilp --exhaustive --time-limit 10
-  fcp compare --lengths lengths.txt --ranks 16 --preset Qwen3-4B --hardware h200 --baselines static-cp,fcp-pow2 --json"""
+  fcp compare --lengths lengths.txt --ranks 16 --preset Qwen3-4B --hardware h200 --baselines static-cp,fcp-pow2 --json
+  fcp compare --index my-index --ranks 8 --cost cost.json --micro-batches auto   (an index from `fcp index`)"""
 
 
 def register(subparsers, summary: str) -> None:

@@ -3,11 +3,17 @@
 Also holds the input options shared by ``plan``, ``compare`` and ``simulate`` (lengths file, visual tokens
 file, cost model from ``--cost`` or ``--preset/--hardware``, overlong handling, Ulysses head counts).
 
+The workload is exactly one of ``--lengths FILE`` (token counts) or ``--index DIR`` (a length index built
+by ``fcp index``: lengths from its ``num_tokens`` column, visual tokens from ``num_visual_tokens`` and the
+mask factor η of DESIGN §4 from its ``eta`` column, i.e. the spec's attention kind; ``--column``,
+``--visual`` and ``--visual-column`` do not apply to it). ``--index`` on the same data plans exactly as
+``--lengths`` + ``--visual`` (for a causal spec, η = 0, which ``--lengths`` assumes).
+
 Visual tokens (cost model v2, DESIGN §4.1): ``--visual FILE`` gives one count per sequence, in the order
 of ``--lengths`` and in the same formats (.txt one per line, .npy, .csv with ``--visual-column``; the file
 may be the lengths CSV itself), 0 for text; each count is at most its sequence's length. They follow
-``--on-overlong``: dropped with their sequence, clipped to a truncated length. Without ``--visual`` every
-sequence is text.
+``--on-overlong``: dropped with their sequence, clipped to a truncated length (so do an index's visual
+tokens and η). Without ``--visual`` (or ``--index``) every sequence is text.
 """
 
 from __future__ import annotations
@@ -16,8 +22,8 @@ import argparse
 import json
 from typing import Any
 
-__all__ = ["register", "add_input_args", "add_cost_args", "add_visual_args", "load_cost", "load_inputs", "load_visual",
-           "solver_options",
+__all__ = ["register", "add_input_args", "add_source_args", "add_cost_args", "add_visual_args", "load_cost",
+           "load_inputs", "load_visual", "check_source", "load_source", "Workload", "source_visual", "solver_options",
            "parse_micro_batches", "format_plan", "degree_summary", "SOLVER_CHOICES", "BASELINES", "parse_baselines",
            "check_ranks", "check_heads", "positive_seconds", "MAX_RANKS"]
 
@@ -32,9 +38,19 @@ def add_cost_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-heads", type=int, default=None, help="KV heads for the Ulysses baseline (default: preset's, else 8)")
 
 
+def add_source_args(p: argparse.ArgumentParser) -> None:
+    """``--lengths FILE [--column C]`` or ``--index DIR`` (exactly one; checked by :func:`check_source`)."""
+    g = p.add_argument_group("workload (exactly one of)")
+    g.add_argument("--lengths", metavar="FILE", default=None,
+                   help="token counts: .txt (one per line), .npy, or .csv (with --column)")
+    g.add_argument("--index", metavar="DIR", default=None,
+                   help="a length index built by `fcp index`: lengths from num_tokens, visual tokens from "
+                        "num_visual_tokens, η from the spec's attention kind (eta column)")
+    g.add_argument("--column", default=None, help="column of a .csv lengths file (name or 0-based index)")
+
+
 def add_input_args(p: argparse.ArgumentParser, *, overlong_default: str = "error") -> None:
-    p.add_argument("--lengths", required=True, metavar="FILE", help="token counts: .txt (one per line), .npy, or .csv")
-    p.add_argument("--column", default=None, help="column of a .csv lengths file (name or 0-based index)")
+    add_source_args(p)
     p.add_argument("--ranks", type=int, required=True, metavar="N", help="number of ranks (devices)")
     p.add_argument("--on-overlong", choices=("error", "truncate", "drop"), default=overlong_default,
                    help=f"a sequence longer than ranks × tokens_per_rank: error, truncate or drop (default {overlong_default})")
@@ -45,7 +61,7 @@ def add_input_args(p: argparse.ArgumentParser, *, overlong_default: str = "error
 def add_visual_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--visual", metavar="FILE", default=None,
                    help="visual tokens per sequence (cost model v2, alpha_vis): same order and formats as --lengths, "
-                        "0 for text (default: all text)")
+                        "0 for text (default: all text; --index reads them from the index)")
     p.add_argument("--visual-column", default=None, help="column of a .csv --visual file (name or 0-based index)")
 
 
@@ -93,6 +109,104 @@ def _load_counts(path: str, column) -> list[int]:
             raise ValueError(f"{where}: {text!r} is not a visual-token count") from None
         out.append(v)
     return out
+
+
+def check_source(args: argparse.Namespace) -> None:
+    """Exactly one of ``--lengths``/``--index``, and no lengths-file option with ``--index`` (``UsageError``),
+    checked before any file is read."""
+    from fcp_data.cli import UsageError
+
+    lengths, index = getattr(args, "lengths", None), getattr(args, "index", None)
+    if lengths is None and index is None:
+        raise UsageError("give the workload: --lengths FILE (token counts) or --index DIR (a length index built by "
+                         "`fcp index`)")
+    if lengths is not None and index is not None:
+        raise UsageError("give either --lengths FILE or --index DIR, not both")
+    if index is not None:
+        for opt in ("column", "visual", "visual_column"):
+            if getattr(args, opt, None) is not None:
+                flag = "--" + opt.replace("_", "-")
+                raise UsageError(f"{flag} applies to --lengths only; with --index the index's columns give the "
+                                 "lengths, visual tokens and η")
+
+
+class Workload:
+    """Sequences of one workload before ``--on-overlong``: ``lengths`` (int64), ``visual`` and ``etas``
+    (float64, one per sequence, or None: all text / all causal) and a one-line ``source`` description."""
+
+    __slots__ = ("lengths", "visual", "etas", "source")
+
+    def __init__(self, lengths, visual=None, etas=None, source: str = ""):
+        self.lengths, self.visual, self.etas, self.source = lengths, visual, etas, source
+
+
+def _load_index_workload(path: str) -> Workload:
+    from pathlib import Path
+
+    import numpy as np
+
+    from fcp_data.index import LengthIndex
+
+    p = Path(path)
+    if not p.exists():
+        raise ValueError(f"--index {p}: no such folder; build a length index with `fcp index INPUTS --spec SPEC --out {p}`")
+    if not p.is_dir():
+        raise ValueError(f"--index {p} is a file, not a length index folder; for a file of token counts use --lengths {p}")
+    try:
+        ix = LengthIndex.load(p)
+        n = len(ix)
+        spec = ix.spec_name
+        s = np.asarray(ix.num_tokens, dtype=np.int64)
+        v = np.asarray(ix.num_visual_tokens, dtype=np.float64)
+        e = np.asarray(ix.eta, dtype=np.float64)
+    except KeyError as e:
+        raise ValueError(f"--index {p}: manifest.json lacks {e}; the index is damaged, rebuild it") from None
+    except (OSError, ValueError, TypeError, AttributeError) as e:
+        msg = " ".join(str(e).split())
+        raise ValueError(f"--index: {msg}" if str(p) in msg else f"--index {p}: {msg}") from None
+    if n == 0:
+        raise ValueError(f"--index {p}: the index has no samples (see {p / 'errors.jsonl'} for the ones that failed)")
+    bad = np.flatnonzero(s <= 0)
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"--index {p}: sample {i} ({ix.keys[i]!r}) has {int(s[i])} tokens; lengths must be >= 1, "
+                         "rebuild the index")
+    bad = np.flatnonzero(~np.isfinite(v) | (v < 0) | (v > s))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"--index {p}: sample {i} ({ix.keys[i]!r}) has {v[i]:g} visual tokens for {int(s[i])} tokens; "
+                         "the index is damaged, rebuild it")
+    bad = np.flatnonzero(~((e == 0.0) | (e == 1.0)))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"--index {p}: sample {i} ({ix.keys[i]!r}) has eta {e[i]:g}; η is 0 (causal) or 1 (full), "
+                         "rebuild the index")
+    num_vis = int(np.count_nonzero(v))
+    etas_note = "" if not e.any() else (", full attention (η=1)" if e.all() else f", {int(np.count_nonzero(e))} with η=1")
+    source = (f"index {p}: {n} samples (spec {spec}), {num_vis} with visual tokens{etas_note}")
+    return Workload(s, v if num_vis else None, e if e.any() else None, source)
+
+
+def load_source(args: argparse.Namespace) -> Workload:
+    """The workload of ``--lengths FILE`` (visual tokens: see :func:`source_visual`) or ``--index DIR``."""
+    if getattr(args, "index", None) is not None:
+        return _load_index_workload(args.index)
+    from fcp_data.workloads import load_lengths
+
+    raw = load_lengths(args.lengths, args.column)
+    return Workload(raw, None, None, f"lengths {args.lengths}: {raw.size} sequences")
+
+
+def source_visual(args: argparse.Namespace, work: Workload, lengths, report):
+    """Visual tokens aligned with the capped ``lengths``: the index's (dropped or clipped with their sequence,
+    as ``--visual``), else :func:`load_visual`."""
+    if getattr(args, "index", None) is None:
+        return load_visual(args, work.lengths.size, lengths, report)
+    if work.visual is None:
+        return None
+    import numpy as np
+
+    return np.minimum(work.visual[report.kept], lengths)
 
 
 def load_visual(args: argparse.Namespace, num_raw: int, lengths, report):
@@ -175,15 +289,18 @@ def check_heads(args: argparse.Namespace) -> None:
 
 
 def load_inputs(args: argparse.Namespace):
-    """``(lengths, cost_model, cap_report, visual)`` from the shared options (``visual`` None: all text)."""
-    from fcp_data.workloads import apply_cap, load_lengths
+    """``(lengths, cost_model, cap_report, visual, etas)`` from the shared options (``visual`` None: all text;
+    ``etas`` None: all causal; both follow ``--on-overlong``)."""
+    from fcp_data.workloads import apply_cap
 
     check_ranks(args.ranks)
     check_heads(args)
+    check_source(args)
     cm = load_cost(args)
-    raw = load_lengths(args.lengths, args.column)
-    lengths, report = apply_cap(raw, args.ranks * cm.tokens_per_rank, args.on_overlong)
-    return lengths, cm, report, load_visual(args, raw.size, lengths, report)
+    work = load_source(args)
+    lengths, report = apply_cap(work.lengths, args.ranks * cm.tokens_per_rank, args.on_overlong)
+    etas = None if work.etas is None else work.etas[report.kept]
+    return lengths, cm, report, source_visual(args, work, lengths, report), etas
 
 
 def parse_micro_batches(text: str) -> int | str:
@@ -255,9 +372,9 @@ def run(args: argparse.Namespace) -> int:
         from fcp_data.cli import UsageError
 
         raise UsageError(f"--time-limit applies to --solver ilp only (got --solver {args.solver})")
-    lengths, cm, report, visual = load_inputs(args)
+    lengths, cm, report, visual, etas = load_inputs(args)
     opts = solver_options(args).get(args.solver, {})
-    plan = plan_batch(lengths, num_ranks=args.ranks, cost_model=cm, solver=args.solver,
+    plan = plan_batch(lengths, num_ranks=args.ranks, cost_model=cm, solver=args.solver, etas=etas,
                       micro_batches=args.micro_batches, visual=visual, **opts)
     if args.json:
         print(json.dumps(plan.to_dict()))
@@ -273,12 +390,14 @@ SOLVER_CHOICES = ("fcp", "fcp-dp", "ilp", "exhaustive", "static-cp", "ulysses", 
 BASELINES = ("static-cp", "ulysses", "megatron-dynamic", "fcp-pow2")
 
 
-EPILOG = """lengths files: .txt (one integer per line, '#' comments), .npy (1-D integers), .csv (--column NAME|INDEX).
+EPILOG = """workload: --lengths FILE, or --index DIR (a length index from `fcp index`: lengths, visual tokens and η).
+lengths files: .txt (one integer per line, '#' comments), .npy (1-D integers), .csv (--column NAME|INDEX).
 examples:
   fcp plan --lengths lengths.txt --ranks 8 --preset Qwen3-8B --hardware h100
   fcp plan --lengths lengths.npy --ranks 64 --cost cost.json --micro-batches auto --json
   fcp plan --lengths batch.csv --column num_tokens --ranks 16 --preset Llama3-8B --hardware a100 --on-overlong truncate
   fcp plan --lengths batch.csv --column num_tokens --visual batch.csv --visual-column num_visual --ranks 8 --cost v2.json
+  fcp plan --index my-index --ranks 8 --cost v2.json --micro-batches auto
 exit codes: 0 ok, 2 bad input (one line on stderr)."""
 
 

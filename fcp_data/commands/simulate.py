@@ -2,8 +2,11 @@
 
 Each step draws ``--global-batch-size`` sequences (seeded), every solver plans the same batch with the
 micro-batch planner (``micro_batches="auto"``), and the step time is the sum of the micro-batch
-makespans under the §4/§4.1 cost model (``--visual FILE``: visual tokens per sequence of the workload,
-as in ``fcp plan``). ``static-cp`` and ``ulysses`` keep one degree for the whole run (the
+makespans under the §4/§4.1 cost model. The workload is ``--lengths FILE`` (``--visual FILE``: visual
+tokens per sequence, as in ``fcp plan``) or ``--index DIR``, a length index built by ``fcp index``: lengths
+from its ``num_tokens`` column, visual tokens from ``num_visual_tokens`` and η from its ``eta`` column (the
+spec's attention kind), so "will FCP help on my data?" is one command after ``fcp index``. ``--cap`` and
+``--on-overlong`` apply to either, visual tokens and η following their sequence. ``static-cp`` and ``ulysses`` keep one degree for the whole run (the
 best one over all steps). Prints the mean step time per solver and FCP's speedup over it;
 ``--json`` prints ``{"<solver>": {"mean_step_s": float, "steps": [...]}}``; ``--plot`` writes a bar chart of
 the mean step times and a Gantt chart (ranks × time, one colour per CP group) of FCP's first micro-batch.
@@ -15,7 +18,7 @@ import argparse
 import json
 import sys
 
-from fcp_data.commands.plan import BASELINES, add_cost_args, add_visual_args, parse_baselines
+from fcp_data.commands.plan import BASELINES, add_cost_args, add_source_args, add_visual_args, parse_baselines
 
 __all__ = ["register", "simulate", "plot_simulation", "check_plot_path", "MAX_STEPS"]
 
@@ -23,9 +26,10 @@ MAX_STEPS = 100_000  # every solver plans every step: more is hours of planning,
 
 
 def simulate(lengths, *, num_ranks: int, cost_model, global_batch_size: int, steps: int, seed: int,
-             solvers, options=None, progress: bool = False, visual=None):
+             solvers, options=None, progress: bool = False, visual=None, etas=None):
     """``({solver: [step seconds]}, {solver: first Plan}, {solver: fixed degree or None})`` over the same
-    drawn batches for every solver; ``visual``: visual tokens per workload sequence (None: text)."""
+    drawn batches for every solver; ``visual``: visual tokens per workload sequence (None: text); ``etas``:
+    η per workload sequence (None: all causal)."""
     from tqdm import tqdm
 
     from fcp_data.plan import plan_batch
@@ -53,7 +57,8 @@ def simulate(lengths, *, num_ranks: int, cost_model, global_batch_size: int, ste
         for b, ids in enumerate(batches):
             try:
                 plan = plan_batch(lengths[ids], num_ranks=num_ranks, cost_model=cost_model, solver=name,
-                                  micro_batches="auto", visual=None if visual is None else visual[ids], **opts)
+                                  micro_batches="auto", visual=None if visual is None else visual[ids],
+                                  etas=None if etas is None else etas[ids], **opts)
             except ValueError as e:
                 failed = f"{name} cannot plan step {b}: {e}"
                 bar.update(steps - b)
@@ -135,11 +140,13 @@ def check_plot_path(path: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from fcp_data.cli import UsageError
-    from fcp_data.commands.plan import check_heads, check_ranks, load_cost, load_visual, solver_options
-    from fcp_data.workloads import apply_cap, load_lengths
+    from fcp_data.commands.plan import check_heads, check_ranks, check_source, load_cost, load_source, solver_options, \
+        source_visual
+    from fcp_data.workloads import apply_cap
 
     check_ranks(args.ranks)
     check_heads(args)
+    check_source(args)
     if args.global_batch_size < 1:
         raise UsageError(f"--global-batch-size must be >= 1, got {args.global_batch_size}")
     if not 1 <= args.steps <= MAX_STEPS:
@@ -151,20 +158,23 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         check_plot_path(args.plot)
     cm = load_cost(args)
-    raw = load_lengths(args.lengths, args.column)
+    work = load_source(args)
     cap = min(args.cap, args.ranks * cm.tokens_per_rank)
-    lengths, report = apply_cap(raw, cap, args.on_overlong)
-    visual = load_visual(args, raw.size, lengths, report)
+    lengths, report = apply_cap(work.lengths, cap, args.on_overlong)
+    visual = source_visual(args, work, lengths, report)
+    etas = None if work.etas is None else work.etas[report.kept]
     solvers = ["fcp"] + [b for b in args.baselines if b != "fcp"]
     times, first, fixed = simulate(lengths, num_ranks=args.ranks, cost_model=cm, global_batch_size=args.global_batch_size,
                             steps=args.steps, seed=args.seed, solvers=solvers, options=solver_options(args),
-                            progress=not args.no_progress, visual=visual)
+                            progress=not args.no_progress, visual=visual, etas=etas)
     means = {n: sum(t) / len(t) for n, t in times.items()}
     if args.plot:
         plot_simulation(args.plot, means, first["fcp"], f"{args.ranks} ranks, GBS {args.global_batch_size}")
     if args.json:
         print(json.dumps({n: {"mean_step_s": means[n], "steps": times[n]} for n in solvers}))
         return 0
+    if args.index is not None:
+        print(work.source)
     print(f"{args.steps} steps of {args.global_batch_size} sequences on {args.ranks} ranks ({report.summary()})")
     print(f"{'solver':<17} {'mean step [s]':>14} {'FCP speedup':>12}")
     for n in solvers:
@@ -179,14 +189,15 @@ EPILOG = """examples:
   fcp simulate --lengths lengths.txt --ranks 64 --global-batch-size 512 --steps 10 \\
       --preset Qwen3-8B --hardware h100
   fcp simulate --lengths lens.csv --column num_tokens --ranks 16 --global-batch-size 128 --cost cost.json \\
-      --baselines static-cp,fcp-pow2 --plot sim.png --json"""
+      --baselines static-cp,fcp-pow2 --plot sim.png --json
+  fcp index shards/*.tar --spec qwen2-vl --out my-index    # then, straight from the index:
+  fcp simulate --index my-index --ranks 8 --global-batch-size 64 --cost cost.json --plot sim.png"""
 
 
 def register(subparsers, summary: str) -> None:
     p = subparsers.add_parser("simulate", help=summary, description=summary + ".", epilog=EPILOG,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--lengths", required=True, metavar="FILE", help="workload token counts: .txt, .npy or .csv")
-    p.add_argument("--column", default=None, help="column of a .csv lengths file")
+    add_source_args(p)
     add_visual_args(p)
     p.add_argument("--ranks", type=int, required=True, metavar="N", help="number of ranks (devices)")
     p.add_argument("--global-batch-size", type=int, required=True, metavar="B",
