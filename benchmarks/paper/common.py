@@ -132,53 +132,80 @@ def _check(ctx: Ctx | None, label: str, out: dict[str, SystemResult]) -> None:
 
 def simulate_cell(pool: np.ndarray, *, model: str, cost_model: CostModel, num_ranks: int, gbs: int, steps: int,
                   seed: int, ctx: Ctx | None = None, label: str = "", oracle: bool = True,
-                  systems=SIM_SYSTEMS) -> tuple[dict[str, SystemResult], dict[str, int | None]]:
+                  systems=SIM_SYSTEMS, visual: np.ndarray | None = None
+                  ) -> tuple[dict[str, SystemResult], dict[str, int | None]]:
     """One cell = ``fcp simulate`` (:func:`fcp_data.commands.simulate.simulate`) on ``pool``: the same
     ``draw_batches`` batches for every system, ``plan_batch(..., micro_batches="auto")``, and
     ``static-cp``/``ulysses`` at the single degree with the best total over the run.
-    ``oracle`` adds ``static-cp-batch``: static CP re-choosing its degree for every micro-batch."""
+    ``oracle`` adds ``static-cp-batch``: static CP re-choosing its degree for every micro-batch. ``visual``:
+    visual tokens per pool sequence (§4.1), given to every system and to the lower bound."""
     from fcp_data.commands.simulate import simulate
     from fcp_data.workloads import draw_batches
 
     times, _, fixed = simulate(pool, num_ranks=num_ranks, cost_model=cost_model, global_batch_size=gbs, steps=steps,
-                               seed=seed, solvers=list(systems), options={"ulysses": _opts(model, "ulysses")})
+                               seed=seed, solvers=list(systems), options={"ulysses": _opts(model, "ulysses")},
+                               visual=visual)
     out = {name: SystemResult(steps=list(times[name])) for name in systems}
-    out["fcp"].lower_bound = [lower_bound(pool[ids], num_ranks, cost_model)
+    out["fcp"].lower_bound = [lower_bound(pool[ids], num_ranks, cost_model, visual=None if visual is None else visual[ids])
                               for ids in draw_batches(pool.size, gbs, steps, seed)]
     if oracle:
         out["static-cp-batch"] = SystemResult(steps=[
-            plan_batch(pool[ids], num_ranks=num_ranks, cost_model=cost_model, solver="static-cp",
-                       micro_batches="auto").makespan for ids in draw_batches(pool.size, gbs, steps, seed)])
+            plan_batch(pool[ids], num_ranks=num_ranks, cost_model=cost_model, solver="static-cp", micro_batches="auto",
+                       visual=None if visual is None else visual[ids]).makespan
+            for ids in draw_batches(pool.size, gbs, steps, seed)])
     _check(ctx, label, out)
     if ctx is not None:
         ctx.tick(steps, label)
     return out, fixed
 
 
-def lower_bound(lengths: np.ndarray, num_ranks: int, cm: CostModel, etas: np.ndarray | None = None) -> float:
-    """A §4 lower bound on any plan's step time: every group pays ``C = work/d + beta1`` at least, so a
-    micro-batch takes ≥ its work / N + beta1, and a step ≥ ``Σ(alpha1·(1+η)s² + alpha2·s) / N + M·beta1``
-    with ``M = ⌈Σs / (N·E)⌉`` the fewest micro-batches memory allows."""
+def lower_bound(lengths: np.ndarray, num_ranks: int, cm: CostModel, etas: np.ndarray | None = None,
+                visual: np.ndarray | None = None) -> float:
+    """A §4/§4.1 lower bound on any plan's step time.
+
+    v1 (§4): every group pays ``C = work/d + beta1`` at least, so a micro-batch takes ≥ its work / N + beta1,
+    and a step ≥ ``Σ(alpha1·(1+η)s² + alpha2·s) / N + M·beta1`` with ``M = ⌈Σs / (N·E)⌉`` the fewest
+    micro-batches memory allows.
+
+    v2 (§4.1, when ``cm`` has gamma/alpha_blk/alpha_vis): the v2 terms are added per sequence at its best
+    degree. Rank-seconds: a sequence on a ``d``-rank group costs ≥ ``alpha1·q + alpha2·s + alpha_vis·v +
+    d·alpha_blk·b`` (``alpha_blk`` does not shrink with ``d``), and ``d ≥ d_k = ⌈s/E⌉`` (memory), so the
+    area term is ``Σ(alpha1·q + alpha2·s + alpha_vis·v + d_k·alpha_blk·b) / N + M·beta1``. Critical path: the
+    group holding sequence ``k`` takes at least ``T_k* = min_d T(s_k, q_k, d, B=b_k, V=v_k)`` over every
+    ``d ≤ N`` at intra-node bandwidth (T is non-decreasing in S, Q, B, V), so a step ≥ ``max_k T_k*``.
+    The bound is the larger of the two. ``gamma`` (shared by a group) enters only through ``T_k*``.
+    """
     s = np.asarray(lengths, dtype=np.float64)
     e = np.zeros_like(s) if etas is None else np.asarray(etas, dtype=np.float64)
     m = max(1, math.ceil(s.sum() / (num_ranks * cm.tokens_per_rank)))
-    return float((cm.alpha1 * ((1 + e) * s * s).sum() + cm.alpha2 * s.sum()) / num_ranks + m * cm.beta1)
+    area = cm.alpha1 * ((1 + e) * s * s).sum() + cm.alpha2 * s.sum()
+    if not cm.is_v2:
+        return float(area / num_ranks + m * cm.beta1)
+    v = np.zeros_like(s) if visual is None else np.asarray(visual, dtype=np.float64)
+    b = (1 + e) * s
+    dk = np.maximum(1.0, np.ceil(s / cm.tokens_per_rank))
+    area += cm.alpha_vis * v.sum() + cm.alpha_blk * (dk * b).sum()
+    d = np.arange(1, num_ranks + 1, dtype=np.float64)[None, :]
+    t = cm.time(s[:, None], (b * s)[:, None], d, intra=True, B=b[:, None], V=v[:, None])
+    t = np.where(d >= dk[:, None], t, np.inf)
+    return float(max(area / num_ranks + m * cm.beta1, t.min(axis=1).max()))
 
 
 def plan_systems(batches: list[np.ndarray], *, model: str, cost_model: CostModel, num_ranks: int,
-                 systems=SIM_SYSTEMS, ctx: Ctx | None = None, label: str = "", fixed: dict[str, int] | None = None
-                 ) -> dict[str, SystemResult]:
+                 systems=SIM_SYSTEMS, ctx: Ctx | None = None, label: str = "", fixed: dict[str, int] | None = None,
+                 visual: list[np.ndarray] | None = None) -> dict[str, SystemResult]:
     """Plan explicit batches with every system (``micro_batches='auto'``), keeping the plans. ``fixed``
     pins a degree (``{"static-cp": 8}``); without it static-cp/ulysses choose per micro-batch. A system
-    that cannot plan a batch raises — nothing is silently skipped."""
+    that cannot plan a batch raises — nothing is silently skipped. ``visual``: visual tokens per batch (§4.1)."""
     out = {s: SystemResult() for s in systems}
-    for b in batches:
+    for i_b, b in enumerate(batches):
         for s in systems:
             opts = dict(_opts(model, s))
             if fixed and fixed.get(s) is not None:
                 opts["degree"] = fixed[s]
             t0 = time.perf_counter()
-            p = plan_batch(b, num_ranks=num_ranks, cost_model=cost_model, solver=s, micro_batches="auto", **opts)
+            p = plan_batch(b, num_ranks=num_ranks, cost_model=cost_model, solver=s, micro_batches="auto",
+                           visual=None if visual is None else visual[i_b], **opts)
             r = out[s]
             r.steps.append(p.makespan)
             r.solve_ms.append((time.perf_counter() - t0) * 1e3)

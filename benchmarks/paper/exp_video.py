@@ -184,6 +184,7 @@ def run_table6(ctx: Ctx) -> Section:
                              f"{plan.makespan:.3f}", fmt_x(plan.makespan / f)])
             except ValueError as err:
                 rows.append(["", f"static CP d={d}", f"infeasible: {str(err)[:70]}…", "—", "—"])
+    real_rows = _table6_real(ctx, model, ranks, gbs)
     heads, kv = model_heads(model)
     fcp_rows = [r for r in rows if r[1] == "FCP"]
     summary = [["Table 6 case study, FCP groups (32 ranks)", "heterogeneous ⟨d⟩ mixes per batch",
@@ -194,5 +195,37 @@ def run_table6(ctx: Ctx) -> Section:
 divide the {heads} heads.
 
 {md_table(["batch", "system", "groups", "step s", "× FCP"], rows)}
+
+The same case study on one batch of each **real** video dataset (train split, `qwen3-vl` spec, resolution mix
+`mixed`, see "Real video workloads" above) with the **v2** preset (`preset_cost_model(..., v2=True)`, trained
+ViT) and the visual tokens given to every system, seed {ctx.seed}+950:
+
+{md_table(["batch", "system", "groups", "step s", "× FCP"], real_rows)}
 """
+    summary.append(["Table 6 on real video (v2)", "—", "; ".join(f"{r[0].split(' ')[0]}: {r[2]}" for r in real_rows if r[1] == "FCP")])
     return Section("Case study — the paper's Table 6", body, summary)
+
+
+def _table6_real(ctx: Ctx, model: str, ranks: int, gbs: int) -> list[list[str]]:
+    from exp_v2 import REAL_DATASETS, real_pools
+    from fcp_data.presets import preset_cost_model
+
+    pools = getattr(ctx, "real_pools", None) or real_pools(ctx)
+    cm = preset_cost_model(model, HARDWARE, v2=True)
+    rows = []
+    for w_i, ds in enumerate(REAL_DATASETS):
+        wl = pools[(ds, "qwen3-vl")]
+        rng = np.random.default_rng(ctx.seed + 950 + w_i)
+        ids = rng.integers(0, len(wl), gbs)
+        b, v = wl.tokens[ids].astype(np.int64), wl.visual_tokens[ids].astype(np.int64)
+        res = plan_systems([b], model=model, cost_model=cm, num_ranks=ranks, ctx=ctx, label=f"table6 {ds}",
+                           systems=("fcp", "fcp-pow2", "megatron-dynamic", "static-cp", "ulysses"), visual=[v])
+        f = res["fcp"].mean
+        head = f"{ds} (n={gbs}, {int(b.sum()):,} tok, max {int(b.max()):,})"
+        for s, r in res.items():
+            plan = r.plans[0]
+            name = {"static-cp": "static CP (best d for this batch)", "ulysses": "Ulysses (best d for this batch)"}.get(s, LABELS[s])
+            rows.append([head, name, " ‖ ".join(degree_notation(mb.degrees) for mb in plan.micro_batches),
+                         f"{plan.makespan:.3f}", fmt_x(plan.makespan / f)])
+            head = ""
+    return rows

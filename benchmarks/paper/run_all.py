@@ -20,6 +20,7 @@ from common import REPO, Ctx, Section, machine_info, md_table  # noqa: E402
 
 import exp_misc  # noqa: E402
 import exp_text  # noqa: E402
+import exp_v2  # noqa: E402
 import exp_video  # noqa: E402
 
 
@@ -29,10 +30,12 @@ def _experiments(ctx: Ctx):
     return [
         ("Figure 3 (text)", exp_text.units_figure3(ctx), exp_text.run_figure3),
         ("Figures 4/6 (video)", exp_video.units_figure4_6(ctx), exp_video.run_figure4_6),
+        ("Real video (v2)", exp_v2.units_real_video(ctx), exp_v2.run_real_video),
+        ("Figure 3 under v2 (text)", exp_v2.units_text_v2(ctx), exp_v2.run_text_v2),
         ("Figure 5 (scaling)", exp_text.units_figure5(ctx), exp_text.run_figure5),
         ("Tables 1-2 (overheads)", 25, exp_misc.run_overheads),
         ("Tables 4-5 (robustness)", 2 * 5 * ctx.steps, exp_misc.run_robustness),
-        ("Table 6 (case study)", 2, exp_video.run_table6),
+        ("Table 6 (case study)", 4, exp_video.run_table6),
         ("Extreme heterogeneity", 12, exp_misc.run_extreme),
         ("Beyond the paper", 2 * (s + 1), exp_misc.run_beyond),
     ]
