@@ -266,18 +266,10 @@ def check_visual(lengths_or_index: Any, visual: Any, lengths: np.ndarray) -> np.
     ``LengthIndex``'s ``num_visual_tokens``, else None (text). None as well when all are 0 (plans as text)."""
     if visual is None and not isinstance(lengths_or_index, (np.ndarray, list, tuple)):
         visual = getattr(lengths_or_index, "num_visual_tokens", None)
-    if visual is None:
-        return None
-    v = np.asarray(visual, dtype=np.float64)
-    if v.shape != lengths.shape:
-        raise ValueError(f"visual has {v.size} entries but there are {lengths.size} samples; give one visual-token "
-                         "count per sample (0 for text)")
-    bad = np.flatnonzero(~np.isfinite(v) | (v < 0) | (v != np.round(v)) | (v > lengths))
-    if bad.size:
-        i = int(bad[0])
-        raise ValueError(f"sample {i} has {v[i]!r} visual tokens and {int(lengths[i])} tokens; visual tokens are whole "
-                         "numbers between 0 and the sample's length")
-    return v if np.any(v) else None
+    from fcp_data.plan.inputs import validate_visual  # the one visual-token check (planner and sampler alike)
+
+    v = validate_visual(visual, np.asarray(lengths))
+    return v if v is not None and np.any(v) else None
 
 
 _PLAN_ARGS = ("lengths", "num_ranks", "cost_model", "etas", "visual", "solver", "micro_batches")
