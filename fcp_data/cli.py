@@ -74,14 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     debug_help = "print the traceback of user errors too (default: one line, exit code 2)"
     parser.add_argument("--debug", action="store_true", help=debug_help)
     sub = parser.add_subparsers(dest="command", metavar="<command>")
-    for name, summary in COMMANDS:
-        try:
-            mod = importlib.import_module(f"fcp_data.commands.{name}")
-        except ModuleNotFoundError as e:
-            if e.name != f"fcp_data.commands.{name}":
-                raise
-            continue  # command not built yet
-        mod.register(sub, summary)
+    for name, summary in COMMANDS:  # a command whose module fails to import is an error, never silently dropped
+        importlib.import_module(f"fcp_data.commands.{name}").register(sub, summary)
     for p in sub.choices.values():  # `fcp train ... --debug` as well as `fcp --debug train ...`
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug_help)
     return parser

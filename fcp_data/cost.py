@@ -237,10 +237,6 @@ class CostModel:
             intra = self.is_intra_node(ranks)
         return self.time(S, Q, d, intra, B=float(b.sum()), V=float(v.sum()))
 
-    def fits(self, total_tokens: float, d: int) -> bool:
-        """Memory check of §4: ``Σ s ≤ d · tokens_per_rank``."""
-        return total_tokens <= d * self.tokens_per_rank
-
     def min_degree(self, total_tokens: float) -> int:
         """Smallest degree whose memory holds ``total_tokens``."""
         return max(1, math.ceil(total_tokens / self.tokens_per_rank))

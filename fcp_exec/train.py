@@ -23,7 +23,7 @@ import math
 import sys
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -369,9 +369,6 @@ def run_training(cfg: TrainConfig, nproc: int, *, backend: str | None = None, ti
     first["checksums"] = [r["param_checksum"] for r in results if r is not None]
     return first
 
-
-def config_dict(cfg: TrainConfig) -> dict[str, Any]:
-    return asdict(cfg)
 
 
 def _checkpointing_on(model) -> None:
