@@ -370,7 +370,6 @@ def run_training(cfg: TrainConfig, nproc: int, *, backend: str | None = None, ti
     return first
 
 
-
 def _checkpointing_on(model) -> None:
     """Non-reentrant activation checkpointing of a transformers model (the 5.x name, else the older one)."""
     enable = getattr(model, "activation_checkpointing_enable", None)
