@@ -61,15 +61,21 @@ def load_lengths(path: str | Path, column: str | int | None = None) -> np.ndarra
         raise ValueError(f"{p}: not a text file (byte {e.start} is not UTF-8); lengths are .txt, .npy or .csv") from None
 
 
+def load_npy_vector(p: Path) -> np.ndarray:
+    """A 1-D numeric array from a ``.npy`` file (no pickles); ``ValueError`` naming the file otherwise."""
+    try:
+        arr = np.load(p, allow_pickle=False)
+    except (ValueError, OSError) as e:
+        raise ValueError(f"{p}: not a readable .npy array ({e})") from None
+    if arr.ndim != 1 or not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
+        raise ValueError(f"{p}: expected a 1-D numeric array, got shape {arr.shape} dtype {arr.dtype}")
+    return arr
+
+
 def _load(p: Path, column: str | int | None) -> np.ndarray:
     suffix = p.suffix.lower()
     if suffix == ".npy":
-        try:
-            arr = np.load(p, allow_pickle=False)
-        except (ValueError, OSError) as e:
-            raise ValueError(f"{p}: not a readable .npy array ({e})") from None
-        if arr.ndim != 1 or not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
-            raise ValueError(f"{p}: expected a 1-D numeric array, got shape {arr.shape} dtype {arr.dtype}")
+        arr = load_npy_vector(p)
         if np.issubdtype(arr.dtype, np.floating):
             bad = np.flatnonzero(~np.isfinite(arr) | (arr != np.round(arr)))
             if bad.size:

@@ -70,19 +70,13 @@ def _load_counts(path: str, column) -> list[int]:
     import csv
     from pathlib import Path
 
-    import numpy as np
-
     p = Path(path)
     if not p.is_file():
         raise ValueError(f"visual tokens file not found or not a regular file: {p}")
     if p.suffix.lower() == ".npy":
-        try:
-            arr = np.load(p, allow_pickle=False)
-        except (ValueError, OSError) as e:
-            raise ValueError(f"{p}: not a readable .npy array ({e})") from None
-        if arr.ndim != 1 or not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
-            raise ValueError(f"{p}: expected a 1-D numeric array, got shape {arr.shape} dtype {arr.dtype}")
-        return arr.tolist()
+        from fcp_data.workloads import load_npy_vector
+
+        return load_npy_vector(p).tolist()
     with p.open(newline="", encoding="utf-8-sig") as f:
         if p.suffix.lower() != ".csv":
             if column is not None:
