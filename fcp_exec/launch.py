@@ -260,7 +260,19 @@ def launch(fn: Callable[..., Any], nproc: int, *args: Any, backend: str | None =
                 values[rank] = value
             else:
                 errors[rank] = value
-                break  # the others may be blocked on the failed rank: stop them
+                # the others may be blocked on the failed rank: give them a moment to report their own failure
+                # (the first error is often a peer's symptom), then stop them
+                grace = time.monotonic() + 2.0
+                while time.monotonic() < grace and len(values) + len(errors) < nproc:
+                    try:
+                        r2, st2, v2 = results.get(timeout=0.2)
+                    except queue.Empty:
+                        continue
+                    (values if st2 == "ok" else errors)[r2] = v2
+                for i, p in enumerate(procs):
+                    if p.exitcode not in (None, 0) and i not in errors and i not in values:
+                        errors[i] = ("exit", f"exit code {p.exitcode}", f"worker exited with code {p.exitcode}")
+                break
     finally:
         for p in procs:
             p.join(timeout=5.0 if not errors else 0.5)

@@ -291,8 +291,10 @@ class Trainer:
                 every: list = [None] * self.world
                 dist.all_gather_object(every, seen)
                 seen = [s for r in every for s in r]
-            grads = {n: _full(p.grad).detach().cpu().double().numpy().copy() if p.grad is not None else None
-                     for n, p in _named(self.model)}
+            grads = {}
+            for n, p in _named(self.model):  # every rank gathers every parameter: the same collectives in order
+                g = _full(p.grad if p.grad is not None else torch.zeros_like(p))
+                grads[n] = g.detach().cpu().double().numpy().copy() if p.grad is not None else None
         self.opt.step()
         degrees = _gather_groups(res.groups, self.world)
         waits = self.sampler.planner_waits[waits_before:]
