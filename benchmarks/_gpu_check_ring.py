@@ -196,7 +196,7 @@ def run_ring_threads(q, k, v, dout, cu, degree: int, causal: bool, scale: float,
     Returns ``(out, dq, dk, dv)`` in global token order. Raises ``RuntimeError`` naming the
     failing virtual rank(s) with their exception text.
     """
-    from fcp_exec.layout import check_cu_seqlens, zigzag_shard, zigzag_unshard
+    from fcp_data.layout import check_cu_seqlens, zigzag_shard, zigzag_unshard
 
     try:
         from fcp_exec.ring_attention import _Plan, _RingAttentionFn
@@ -381,7 +381,7 @@ def _worker(argv=None) -> int:
 
     from fcp_exec import ring_attention
     from fcp_exec.kernels import default_kernel
-    from fcp_exec.layout import zigzag_shard
+    from fcp_data.layout import zigzag_shard
 
     report = {"rank": args.rank, "world": args.world, "backend": args.backend, "ok": None}
 

@@ -17,7 +17,7 @@ slot order (an idle rank's list is empty but still carries the micro-batch's met
 4. positions are ``0 .. P−1`` over the padded document (real tokens ``0 .. n−1``, pads continue the count;
    pads sit after the document's real tokens, so under a causal mask no real token sees them);
 5. CP rank ``r`` keeps chunks ``r`` and ``2·degree−1−r`` of every padded document
-   (:func:`fcp_exec.layout.zigzag_index`), in document order.
+   (:func:`fcp_data.layout.zigzag_index`), in document order.
 
 Batch dict (all tensors on CPU, 1-D unless stated)::
 
@@ -88,7 +88,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from fcp_exec.layout import zigzag_index
+from fcp_data.layout import zigzag_index
 
 __all__ = ["FCPCollator", "qwen_vl_mrope_positions"]
 

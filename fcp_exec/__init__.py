@@ -2,7 +2,7 @@
 ring attention, the frame-share vision exchange, the micro-batch train step with its reducers (all-reduce,
 DDP, FSDP2), tiny models, the training loop and the profiler. Integrations (Hugging Face) live in
 ``fcp_exec.integrations`` and are imported on demand."""
-from fcp_exec.layout import zigzag_index, zigzag_shard, zigzag_unshard
+from fcp_data.layout import zigzag_index, zigzag_shard, zigzag_unshard
 from fcp_exec.ring_attention import ring_attention
 from fcp_exec.step import make_reducer, train_step
 from fcp_exec.vision_exchange import exchange_rows, frame_shares, frame_table

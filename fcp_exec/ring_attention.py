@@ -1,6 +1,6 @@
 """Exact ring attention over zigzag-sharded packed documents, forward and backward.
 
-Layout (see :mod:`fcp_exec.layout`): every document is cut into ``2·d`` chunks and CP rank ``r``
+Layout (see :mod:`fcp_data.layout`): every document is cut into ``2·d`` chunks and CP rank ``r``
 holds chunks ``r`` and ``2d−1−r`` of every document, so each local document is
 ``[first half | second half]``. At ring step ``j`` rank ``r`` holds the key/value shard of rank
 ``s = (r − j) mod d``, i.e. chunks ``s`` and ``2d−1−s`` of every document. For a causal mask,
@@ -37,7 +37,7 @@ import torch
 from fcp_exec.comm import RingComm
 from fcp_exec.kernels import AttentionKernel, default_kernel, get_kernel
 from fcp_exec.kernels.base import lse_dtype_for
-from fcp_exec.layout import check_cu_seqlens
+from fcp_data.layout import check_cu_seqlens
 
 __all__ = ["RingBatch", "ring_attention"]
 

@@ -2,7 +2,7 @@
 
 The reference is built here in plain Python from the documents (pad each to 2·degree, shift labels inside
 the document, positions 0..P−1); the collator's per-rank shards, reassembled with
-``fcp_exec.layout.zigzag_unshard`` over all cp_ranks, must equal it exactly.
+``fcp_data.layout.zigzag_unshard`` over all cp_ranks, must equal it exactly.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from fcp_data.collator import FCPCollator, qwen_vl_mrope_positions
 from fcp_data.sampler import FCPDataset, SampleSlot, SlotList
-from fcp_exec.layout import zigzag_unshard
+from fcp_data.layout import zigzag_unshard
 
 PAD, IGN = 7, -100
 
@@ -164,7 +164,7 @@ def test_multimodal_visual_scatter_and_mrope_shards(degree):
                     ref_rows[cu[k] + t] = row
                 row += 1
     seen, outs = [], []
-    from fcp_exec.layout import zigzag_index
+    from fcp_data.layout import zigzag_index
     text = sum(n - 1 - sum(tok == V for tok in d[1:n]) for d, n in zip(docs, keep))
     for r in range(degree):
         slots = _slots([len(d) for d in docs], keep, degree, r, text=text)

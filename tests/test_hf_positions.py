@@ -27,7 +27,7 @@ transformers = pytest.importorskip("transformers")
 from fcp_data.collator import FCPCollator, qwen_vl_mrope_positions  # noqa: E402
 from fcp_data.sampler import SampleSlot  # noqa: E402
 from fcp_exec.integrations.hf_positions import HFRopeIndex, hf_collator  # noqa: E402
-from fcp_exec.layout import zigzag_unshard  # noqa: E402
+from fcp_data.layout import zigzag_unshard  # noqa: E402
 
 IMG, VID, VS, VE, PAD = 100, 101, 102, 103, 0
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")

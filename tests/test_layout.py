@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 import torch
 
 from fcp_exec import zigzag_index, zigzag_shard, zigzag_unshard
-from fcp_exec.layout import check_cu_seqlens, zigzag_chunk_ids
+from fcp_data.layout import check_cu_seqlens, zigzag_chunk_ids
 
 
 def _random_cu(rng: random.Random, degree: int, num_docs: int, max_chunk: int = 5) -> torch.Tensor:

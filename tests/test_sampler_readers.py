@@ -20,7 +20,7 @@ from fcp_data.cost import CostModel
 from fcp_data.index import LengthIndex, build_index
 from fcp_data.readers import IndexedDataset
 from fcp_data.sampler import FCPDataset, FCPSampler
-from fcp_exec.layout import zigzag_unshard
+from fcp_data.layout import zigzag_unshard
 
 SAMPLES = data_path("samples")
 CM = CostModel(alpha1=2e-10, alpha2=5e-7, alpha3=2e4, beta1=1e-3, beta2=2e-4, bandwidth_intra=2e11,
