@@ -39,56 +39,29 @@ Batch dict (all tensors on CPU, 1-D unless stated)::
                                           the model scatters rows ``visual_index`` to ``visual_pos``
     pixel_values     Tensor               the group's pixel patches concatenated on dim 0 (only when
     grid_thw         LongTensor [n, 3]    samples carry them); grid_thw likewise
-    mrope_position_ids LongTensor [3, L]  Qwen-VL 3-D rope positions (``mrope=True``), rule below
+    mrope_position_ids LongTensor [3, L]  Qwen-VL 3-D rope positions (``mrope=True``), rule: fcp_data.mrope
 
-Qwen-VL 3-D positions (the public Qwen2-VL ``get_rope_index`` rule, re-derived): text tokens get the same
-value on all three axes, counting on from the previous token's maximum + 1 (0 at the document start).
-Placeholder tokens are matched to the document's ``grid_thw`` rows in order; image ``(t, h, w)`` with
-spatial merge ``m`` has ``t`` frame groups of ``(h/m)·(w/m)`` tokens (t-major, then rows, then columns).
-A run of consecutive placeholders takes as many whole frame groups of the current image as it holds
-(Qwen2-VL: one run per image/video; Qwen3-VL: one run per frame group, timestamps text in between), and
-token ``(i, j, k)`` of a run gets ``(s + i, s + j, s + k)``, ``s`` being the value the next text token
-would have had; the following token continues from the run's maximum + 1. (Qwen2.5-VL's scaling of the
-temporal index by seconds per grid is not applied: ``i`` is the frame group's number within the run.)
-Pads continue after the document's maximum. Positions are computed on the untruncated document and
-then cut, so truncation never changes them. ``grid_thw`` is checked against the placeholder count
-(``Σ t·h·w / m²``) when ``mrope=True``.
+3-D positions (``mrope=True``): :func:`fcp_data.mrope.qwen_vl_mrope_positions` (the rule and which transformers
+versions agree with it, are in :mod:`fcp_data.mrope`); ``position_fn`` replaces it (below).
 
-``position_fn`` replaces this rule: ``position_fn(sample, input_ids) -> LongTensor [3, n]`` gets the base
+``position_fn`` replaces that rule: ``position_fn(sample, input_ids) -> LongTensor [3, n]`` gets the base
 sample dict (``grid_thw``, optional ``second_per_grid_ts``, …) and the whole untruncated document's ids and
 returns its 3-D positions; step 4's cut, the pads (continuing after the document's maximum + 1 on all three
 axes) and step 5's zigzag take stay as above. :class:`fcp_exec.integrations.hf_positions.HFRopeIndex` is
 such a function: it calls the installed transformers' own ``get_rope_index``, which is what a model computes
 at inference. It must pickle (DataLoader workers receive the collator): a module-level function or a small
 object, not a lambda.
-
-Which transformers versions agree with the built-in rule. It advances the text after a vision block to the
-block's maximum + 1, the original Qwen2-VL rule, which ``get_rope_index`` kept up to transformers 5.2.0 (all
-4.x included). transformers 5.3.0 ("Unify 3D position ids", huggingface/transformers#43972; 5.2.0 vs 5.3.0
-outputs compared in #45381) advances it by ``max(h, w) / m`` instead. With the new rule (5.24 installed and
-tested) the built-in positions equal ``get_rope_index``'s exactly when, for every placeholder run,
-``t ≤ max(h, w) / m``:
-
-- Qwen2-VL: always for images (t = 1); for a video exactly when ``t ≤ max(h, w) / m``.
-- Qwen2.5-VL: as Qwen2-VL, and a video with t ≥ 2 also needs an unscaled temporal index,
-  ``⌊i · tokens_per_second · second_per_grid_t⌋ = i`` for every frame group i < t (e.g. the product is 1). At
-  the usual 2 fps sampling with ``tokens_per_second = 2`` the product is 2, so real videos disagree.
-- Qwen3-VL (one run per frame group, t = 1 each): always, old rule or new.
-
-With the old rule (≤ 5.2.0) the same holds without the ``t ≤ max(h, w) / m`` condition. Some Qwen2.5-VL
-releases between 5.3 and 5.5.3 also offset temporal positions wrongly (#45381 → #45400; images: #45325, fixed
-in 5.5.4), so they agree even less. ``tests/test_hf_positions.py`` checks these statements in both directions
-against the installed version. For exact parity with a transformers model, pass
-``position_fn=HFRopeIndex(config)``, or use ``hf_collator``.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
 
 from fcp_data.layout import zigzag_index
+from fcp_data.mrope import qwen_vl_mrope_positions
 
 __all__ = ["FCPCollator", "qwen_vl_mrope_positions"]
 
@@ -121,54 +94,6 @@ def _as_ids(x: Any, index: int) -> torch.Tensor:
             f"sample {index}: input_ids must be a 1-D integer tensor or list, got shape {tuple(t.shape)} "
             f"dtype {t.dtype}")
     return t.to(torch.long)
-
-
-def qwen_vl_mrope_positions(input_ids: torch.Tensor, grid_thw: torch.Tensor | None, visual_ids: torch.Tensor,
-                            spatial_merge_size: int) -> torch.Tensor:
-    """``[3, len(input_ids)]`` Qwen-VL rope positions of one document (rule in the module docstring)."""
-    n = int(input_ids.numel())
-    out = torch.empty((3, n), dtype=torch.long)
-    is_vis = torch.isin(input_ids, visual_ids).tolist()
-    m = spatial_merge_size
-    grids = [] if grid_thw is None else [tuple(int(v) for v in g) for g in grid_thw.reshape(-1, 3).tolist()]
-    for i, (t, h, w) in enumerate(grids):
-        if h % m or w % m:
-            raise ValueError(f"image {i} grid {(t, h, w)} is not divisible by spatial_merge_size={m}")
-    img, frames_done = 0, 0
-    nxt, pos = 0, 0
-    while pos < n:
-        end = pos
-        while end < n and is_vis[end] == is_vis[pos]:
-            end += 1
-        if not is_vis[pos]:  # a run of text continues the count on all three axes
-            out[:, pos:end] = torch.arange(nxt, nxt + end - pos)
-            nxt += end - pos
-            pos = end
-            continue
-        while pos < end:  # a run of placeholders: whole frame groups of the current image, in order
-            if img >= len(grids):
-                raise ValueError(f"document has more visual placeholder tokens than its grid_thw covers "
-                                 f"({len(grids)} image(s)) — the reader's input_ids and grid_thw disagree")
-            t, h, w = grids[img]
-            gh, gw = h // m, w // m
-            k = min((end - pos) // (gh * gw), t - frames_done)
-            if k == 0:
-                raise ValueError(f"a run of {end - pos} placeholder tokens at position {pos} is not a whole number of "
-                                 f"frame groups of image {img} (grid {(t, h, w)}: {gh * gw} tokens each) — the reader's "
-                                 "input_ids and grid_thw disagree")
-            count = k * gh * gw
-            out[0, pos:pos + count] = torch.arange(k).repeat_interleave(gh * gw) + nxt
-            out[1, pos:pos + count] = torch.arange(gh).repeat_interleave(gw).repeat(k) + nxt
-            out[2, pos:pos + count] = torch.arange(gw).repeat(k * gh) + nxt
-            nxt += max(k, gh, gw)
-            pos += count
-            frames_done += k
-            if frames_done == t:
-                img, frames_done = img + 1, 0
-    if img != len(grids):
-        raise ValueError(f"document has {len(grids)} image(s) in grid_thw but placeholder tokens for only {img} — the "
-                         "reader's input_ids and grid_thw disagree")
-    return out
 
 
 class FCPCollator:
@@ -288,105 +213,129 @@ class FCPCollator:
         meta = self._meta(batch)
         if not batch:
             return self._empty(self._denominator(meta, False))
-        degree = len(meta["ranks"])
-        cp_rank = meta["cp_rank"]
-        mult = 2 * degree
+        degree, cp_rank = len(meta["ranks"]), meta["cp_rank"]
+        acc = _Packed(multiple=2 * degree)
         visual_ids = torch.tensor(self.visual_ids, dtype=torch.long)
-        ids_parts, mrope_parts = [], []
-        padded_lens: list[int] = []
-        kept_lens: list[int] = []
-        vis_global: list[torch.Tensor] = []  # packed (padded, global) positions of kept visual tokens
-        vis_rows: list[torch.Tensor] = []
-        pixel_values, grids = [], []
-        vis_offset = 0
-        start = 0
         for sample, slot in batch:
-            if not isinstance(sample, dict) or "input_ids" not in sample:
-                got = f"a dict with keys {sorted(sample)}" if isinstance(sample, dict) else type(sample).__name__
-                raise ValueError(f"sample {slot.index}: expected a dict with 'input_ids', got {got}")
-            full = _as_ids(sample["input_ids"], slot.index)
-            if self.strict_lengths and full.numel() != slot.length:
-                raise ValueError(
-                    f"sample {slot.index} has {full.numel()} tokens but the sampler planned with {slot.length}; "
-                    "the length index is stale (rebuild it) or pass strict_lengths=False")
-            if full.numel() < slot.num_tokens:
-                raise ValueError(f"sample {slot.index} has {full.numel()} tokens, fewer than the slot's {slot.num_tokens}")
-            n = int(slot.num_tokens)
-            ids = full[:n]
-            pad = (-n) % mult
-            p = n + pad
-            ids_parts.append(ids)
-            if pad:
-                ids_parts.append(ids.new_full((pad,), self.pad_token_id))
-            kept_lens.append(n)
-            grid = sample.get("grid_thw")
-            if grid is not None:
-                grid = torch.as_tensor(grid, dtype=torch.long).reshape(-1, 3)
-                grids.append(grid)
-            if sample.get("pixel_values") is not None:
-                pixel_values.append(torch.as_tensor(sample["pixel_values"]))
-            if self.visual_ids:
-                is_vis = torch.isin(full, visual_ids)
-                num_vis = int(is_vis.sum())
-                if grid is not None and self.mrope:
-                    expect = int(grid.prod(dim=1).sum()) // self.spatial_merge_size ** 2
-                    if expect != num_vis:
-                        raise ValueError(
-                            f"sample {slot.index} has {num_vis} visual placeholder tokens but its grid_thw "
-                            f"implies {expect} (spatial_merge_size={self.spatial_merge_size})")
-                kept = torch.nonzero(is_vis[:n]).flatten()
-                vis_global.append(kept + start)
-                vis_rows.append(torch.arange(kept.numel(), dtype=torch.long) + vis_offset)
-                vis_offset += num_vis
-                if self.mrope:
-                    mr = self._document_positions(sample, full, grid, visual_ids, slot.index)[:, :n]
-                    top = int(mr.max()) + 1 if n else 0
-                    mrope_parts.append(torch.cat([mr, torch.arange(top, top + pad).expand(3, pad)], dim=1))
-            padded_lens.append(p)
-            start += p
+            self._pack(acc, sample, slot, visual_ids)
         cu = [0]
-        for p in padded_lens:
+        for p in acc.padded_lens:
             cu.append(cu[-1] + p)
-        cu_t = torch.tensor(cu, dtype=torch.int64)
-        input_ids = torch.cat(ids_parts)
-        # per token: position inside its padded document; label = next token while inside the document
-        plen = torch.tensor(padded_lens, dtype=torch.long)
-        positions = torch.arange(start, dtype=torch.long) - torch.repeat_interleave(cu_t[:-1], plen)
-        last = torch.repeat_interleave(torch.tensor(kept_lens, dtype=torch.long) - 1, plen)
-        nxt = torch.roll(input_ids, -1)
-        target = positions < last
-        vis_target = None
-        if self.mask_visual_labels:
-            vis_target = target & torch.isin(nxt, visual_ids)
-            target &= ~vis_target
-        meta = self._denominator(meta, bool(vis_target is not None and vis_target.any()))
-        labels = torch.where(target, nxt, self.ignore_index)
+        input_ids = torch.cat(acc.ids_parts)
+        positions, labels, has_vis_target = self._positions_labels(input_ids, cu, acc, visual_ids)
+        meta = self._denominator(meta, has_vis_target)
         idx = None if degree == 1 else zigzag_index(cu, degree, cp_rank)
         take = (lambda x: x) if idx is None else (lambda x: x.index_select(-1, idx))
         out: dict[str, Any] = {
             "input_ids": take(input_ids),
             "labels": take(labels),
             "position_ids": take(positions),
-            "cu_seqlens": torch.div(cu_t, degree, rounding_mode="floor").to(torch.int32),
-            "max_seqlen": max(padded_lens) // degree,
+            "cu_seqlens": torch.div(torch.tensor(cu, dtype=torch.int64), degree, rounding_mode="floor").to(torch.int32),
+            "max_seqlen": max(acc.padded_lens) // degree,
             "sample_indices": tuple(int(s.index) for _, s in batch),
         }
         out.update(meta)
         if self.visual_ids:
-            gpos = torch.cat(vis_global)
-            rows = torch.cat(vis_rows)
-            if idx is None:
-                out["visual_pos"], out["visual_index"] = gpos, rows
-            else:
-                inv = torch.full((start,), -1, dtype=torch.long)
-                inv[idx] = torch.arange(idx.numel(), dtype=torch.long)
-                local = inv[gpos]
-                keep = local >= 0
-                out["visual_pos"], out["visual_index"] = local[keep], rows[keep]
+            out["visual_pos"], out["visual_index"] = _local_visual(acc, idx)
             if self.mrope:
-                out["mrope_position_ids"] = take(torch.cat(mrope_parts, dim=1))
-        if pixel_values:
-            out["pixel_values"] = torch.cat(pixel_values, dim=0)
-        if grids:
-            out["grid_thw"] = torch.cat(grids, dim=0)
+                out["mrope_position_ids"] = take(torch.cat(acc.mrope_parts, dim=1))
+        if acc.pixel_values:
+            out["pixel_values"] = torch.cat(acc.pixel_values, dim=0)
+        if acc.grids:
+            out["grid_thw"] = torch.cat(acc.grids, dim=0)
         return out
+
+    def _pack(self, acc: "_Packed", sample, slot, visual_ids: torch.Tensor) -> None:
+        """Append one sample, cut to its slot's ``num_tokens`` and padded to a multiple of ``2·degree``."""
+        if not isinstance(sample, dict) or "input_ids" not in sample:
+            got = f"a dict with keys {sorted(sample)}" if isinstance(sample, dict) else type(sample).__name__
+            raise ValueError(f"sample {slot.index}: expected a dict with 'input_ids', got {got}")
+        full = _as_ids(sample["input_ids"], slot.index)
+        if self.strict_lengths and full.numel() != slot.length:
+            raise ValueError(
+                f"sample {slot.index} has {full.numel()} tokens but the sampler planned with {slot.length}; "
+                "the length index is stale (rebuild it) or pass strict_lengths=False")
+        if full.numel() < slot.num_tokens:
+            raise ValueError(f"sample {slot.index} has {full.numel()} tokens, fewer than the slot's {slot.num_tokens}")
+        n = int(slot.num_tokens)
+        pad = (-n) % acc.multiple
+        acc.ids_parts.append(full[:n])
+        if pad:
+            acc.ids_parts.append(full.new_full((pad,), self.pad_token_id))
+        acc.kept_lens.append(n)
+        grid = sample.get("grid_thw")
+        if grid is not None:
+            grid = torch.as_tensor(grid, dtype=torch.long).reshape(-1, 3)
+            acc.grids.append(grid)
+        if sample.get("pixel_values") is not None:
+            acc.pixel_values.append(torch.as_tensor(sample["pixel_values"]))
+        if self.visual_ids:
+            self._pack_visual(acc, sample, slot, full, grid, visual_ids, n, pad)
+        acc.padded_lens.append(n + pad)
+        acc.start += n + pad
+
+    def _pack_visual(self, acc: "_Packed", sample, slot, full: torch.Tensor, grid: torch.Tensor | None,
+                     visual_ids: torch.Tensor, n: int, pad: int) -> None:
+        """Record the kept visual tokens' packed positions and rows (and M-RoPE positions) of one sample."""
+        is_vis = torch.isin(full, visual_ids)
+        num_vis = int(is_vis.sum())
+        if grid is not None and self.mrope:
+            expect = int(grid.prod(dim=1).sum()) // self.spatial_merge_size ** 2
+            if expect != num_vis:
+                raise ValueError(
+                    f"sample {slot.index} has {num_vis} visual placeholder tokens but its grid_thw "
+                    f"implies {expect} (spatial_merge_size={self.spatial_merge_size})")
+        kept = torch.nonzero(is_vis[:n]).flatten()
+        acc.vis_global.append(kept + acc.start)
+        acc.vis_rows.append(torch.arange(kept.numel(), dtype=torch.long) + acc.vis_offset)
+        acc.vis_offset += num_vis
+        if self.mrope:
+            mr = self._document_positions(sample, full, grid, visual_ids, slot.index)[:, :n]
+            top = int(mr.max()) + 1 if n else 0
+            acc.mrope_parts.append(torch.cat([mr, torch.arange(top, top + pad).expand(3, pad)], dim=1))
+
+    def _positions_labels(self, input_ids: torch.Tensor, cu: list[int], acc: "_Packed",
+                          visual_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        """Per token: its position inside its padded document, its label (the next token while inside the kept
+        document, else ``ignore_index``; visual targets masked when asked) and whether a visual target exists."""
+        plen = torch.tensor(acc.padded_lens, dtype=torch.long)
+        positions = torch.arange(acc.start, dtype=torch.long) - torch.repeat_interleave(
+            torch.tensor(cu[:-1], dtype=torch.long), plen)
+        last = torch.repeat_interleave(torch.tensor(acc.kept_lens, dtype=torch.long) - 1, plen)
+        nxt = torch.roll(input_ids, -1)
+        target = positions < last
+        has_vis_target = False
+        if self.mask_visual_labels:
+            vis_target = target & torch.isin(nxt, visual_ids)
+            target &= ~vis_target
+            has_vis_target = bool(vis_target.any())
+        return positions, torch.where(target, nxt, self.ignore_index), has_vis_target
+
+
+@dataclass
+class _Packed:
+    """What :meth:`FCPCollator.__call__` accumulates over the samples of one batch (global, before sharding)."""
+
+    multiple: int
+    ids_parts: list = field(default_factory=list)
+    mrope_parts: list = field(default_factory=list)
+    padded_lens: list = field(default_factory=list)
+    kept_lens: list = field(default_factory=list)
+    vis_global: list = field(default_factory=list)  # packed (padded, global) positions of kept visual tokens
+    vis_rows: list = field(default_factory=list)
+    pixel_values: list = field(default_factory=list)
+    grids: list = field(default_factory=list)
+    vis_offset: int = 0
+    start: int = 0
+
+
+def _local_visual(acc: _Packed, idx: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's visual token positions (local, after zigzag) and their rows in the batch's visual features."""
+    gpos, rows = torch.cat(acc.vis_global), torch.cat(acc.vis_rows)
+    if idx is None:
+        return gpos, rows
+    inv = torch.full((acc.start,), -1, dtype=torch.long)
+    inv[idx] = torch.arange(idx.numel(), dtype=torch.long)
+    local = inv[gpos]
+    keep = local >= 0
+    return local[keep], rows[keep]

@@ -108,7 +108,7 @@ V = 99  # visual placeholder id in these tests
 
 def test_mrope_positions_match_hand_derived_qwen_vl_rule():
     """Text, a 1×4×4 image (merge 2 → 2×2 tokens), text, a 2×2×4 video (→ 2×1×2 tokens), text. The
-    expected values are derived by hand from the Qwen2-VL rule in the collator docstring."""
+    expected values are derived by hand from the Qwen2-VL rule in the fcp_data.mrope docstring."""
     ids = torch.tensor([1, 2, V, V, V, V, 3, V, V, V, V, 4])
     grid = torch.tensor([[1, 4, 4], [2, 2, 4]])
     got = qwen_vl_mrope_positions(ids, grid, torch.tensor([V]), 2).tolist()

@@ -176,7 +176,7 @@ def test_collator_shards_equal_installed_positions(family):
 # ---------------------------------------------------------------- built-in rule vs the installed transformers
 
 def _builtin_agrees(family: str, items) -> bool:
-    """The collator docstring's statement for transformers >= 5.3: equal iff every run has t <= max(h, w)/m
+    """The fcp_data.mrope docstring's statement for transformers >= 5.3: equal iff every run has t <= max(h, w)/m
     (Qwen3-VL: one run per frame group, so always), and Qwen2.5-VL videos' temporal index is unscaled."""
     for it in items:
         if it[0] == "text" or family == "qwen3_vl":
