@@ -36,13 +36,14 @@ and is only charged for its weights/optimizer memory (v1; cost model v2 below ad
 Qwen3-8B on ascend-910c gives about 54K tokens per rank, so a 128K sequence needs 3 ranks; ring traffic of
 long sequences hides behind attention.
 
-**Cost model v2 terms (DESIGN §4.1), opt-in**: ``preset_cost_model(..., v2=True)`` (or
-``CostModel.preset(model, hw, v2=True)``) adds ``gamma``, ``alpha_blk`` and ``alpha_vis`` to exactly the v1
-coefficients above (every v1 value is identical with or without ``v2``). The default stays ``v2=False``
-so that ``--preset`` plans and the v1 tests (which call ``CostModel.time`` without ``B``) are unchanged
-until the callers opt in. Options, valid only with ``v2=True``: ``frozen_vision=True`` (a frozen vision
-tower: forward only) and ``gamma_link="inter"`` (ring-step latency of an inter-node ring). All numbers
-below are *assumptions* from published orders of magnitude, meant to be replaced by ``fcp profile`` fits:
+**Cost model v2 terms (DESIGN §4.1), the default**: ``preset_cost_model(model, hw)`` (and
+``CostModel.preset(model, hw)``) adds ``gamma``, ``alpha_blk`` and ``alpha_vis`` to exactly the v1
+coefficients above; ``v2=False`` gives the v1 model (the three terms at 0, every other value identical), e.g.
+for a v1-vs-v2 comparison. Because ``alpha_blk`` depends on the per-sequence term ``B = Σ(1+η)·s``,
+``CostModel.time`` on a v2 preset needs ``B=`` (``group_time`` computes it). Options, valid only with
+``v2=True``: ``frozen_vision=True`` (a frozen vision tower: forward only) and ``gamma_link="inter"``
+(ring-step latency of an inter-node ring). All numbers below are *assumptions* from published orders of
+magnitude, meant to be replaced by ``fcp profile`` fits:
 
 * **Ring step** (``gamma``, s per step, paid ``d−1`` times). Each extra ring step costs, per layer and
   pass, one P2P hand-shake (send/recv of the next K/V block) plus the launch of one more attention-block
@@ -197,14 +198,14 @@ def _lookup(table: dict, key: str, what: str):
 
 
 def preset_cost_model(model: str, hardware: str, *, dp_shards: int = 64, recompute: bool = True,
-                      v2: bool = False, frozen_vision: bool = False, gamma_link: str = "intra",
+                      v2: bool = True, frozen_vision: bool = False, gamma_link: str = "intra",
                       **overrides: Any) -> CostModel:
     """§4 coefficients of ``model`` on ``hardware`` (see the module docstring for the derivation).
 
     ``dp_shards``: ranks the optimizer state is sharded over; ``recompute``: full activation
     recomputation (else activations of every layer are kept: ``34·h`` bytes per layer and token, and
-    the training factor is 3). ``v2``: also derive the §4.1 terms ``gamma``, ``alpha_blk``, ``alpha_vis``
-    (the v1 values are the same either way); with it, ``frozen_vision`` charges the vision tower forward
+    the training factor is 3). ``v2`` (default True): also derive the §4.1 terms ``gamma``, ``alpha_blk``,
+    ``alpha_vis`` (the v1 values are the same either way; ``v2=False`` leaves them at 0); with it, ``frozen_vision`` charges the vision tower forward
     only and ``gamma_link`` ("intra" or "inter") picks the ring-step latency. ``overrides``: any §4 or
     §4.1 key replaces the derived value.
     """
@@ -215,7 +216,7 @@ def preset_cost_model(model: str, hardware: str, *, dp_shards: int = 64, recompu
     if gamma_link not in ("intra", "inter"):
         raise ValueError(f"gamma_link must be 'intra' or 'inter', got {gamma_link!r}")
     if not v2 and (frozen_vision or gamma_link != "intra"):
-        raise ValueError("frozen_vision / gamma_link set the cost-model v2 terms; pass v2=True with them")
+        raise ValueError("frozen_vision / gamma_link set the cost-model v2 terms; they need v2=True (the default)")
     train_factor = 4.0 if recompute else 3.0
     attn_flops = 2.0 * m.heads * m.head_dim * m.layers  # causal forward FLOPs per token² (η=0)
     alpha1 = train_factor * attn_flops / (hw.peak_flops * hw.attention_efficiency)

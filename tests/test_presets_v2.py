@@ -40,9 +40,13 @@ def _v1(cm: CostModel) -> dict:
 
 @pytest.mark.parametrize(("model", "hw"), sorted(V1_PINNED))
 def test_v1_coefficients_unchanged(model, hw):
-    """Default (v1) and v2 presets both carry exactly the pre-v2 coefficients; the default adds no v2 term."""
-    plain = preset_cost_model(model, hw)
+    """v1 (``v2=False``) and v2 (the default) presets both carry exactly the pre-v2 coefficients; v1 adds no
+    v2 term, the default adds all of them (a failure means a v1 coefficient drifted or the default flipped back)."""
+    plain = preset_cost_model(model, hw, v2=False)
     assert plain.to_dict() == V1_PINNED[(model, hw)] and not plain.is_v2
+    default = preset_cost_model(model, hw)
+    assert default.is_v2 and default == preset_cost_model(model, hw, v2=True)
+    assert default == CostModel.preset(model, hw)
     for kw in ({}, {"frozen_vision": True}, {"gamma_link": "inter"}):
         assert _v1(preset_cost_model(model, hw, v2=True, **kw)) == V1_PINNED[(model, hw)]
 
@@ -56,7 +60,7 @@ def test_every_preset_has_finite_nonnegative_v2_terms():
                     v = getattr(cm, k)
                     assert math.isfinite(v) and v >= 0, (model, hw, k, v)
                 assert cm.gamma > 0 and cm.alpha_blk > 0
-                assert _v1(cm) == preset_cost_model(model, hw).to_dict()
+                assert _v1(cm) == preset_cost_model(model, hw, v2=False).to_dict()
 
 
 def test_alpha_vis_text_zero_vl_positive_frozen_third():
@@ -92,14 +96,14 @@ def test_hand_recomputation():
     assert preset_cost_model("Qwen3-8B", "h100", v2=True, gamma_link="inter").gamma == pytest.approx(4 * 36 * 50e-6)
     assert q.alpha_blk == pytest.approx(q.alpha1 * 512, rel=1e-12)
     assert preset_cost_model("Qwen3-8B", "a100", v2=True).alpha_blk == pytest.approx(
-        preset_cost_model("Qwen3-8B", "a100").alpha1 * 384, rel=1e-12)
+        preset_cost_model("Qwen3-8B", "a100", v2=False).alpha1 * 384, rel=1e-12)
     # without recomputation the fixed costs scale with 3 passes, like beta1/beta2
     assert preset_cost_model("Qwen3-8B", "h100", v2=True, recompute=False).gamma == pytest.approx(3 * 36 * 35e-6)
 
 
 def test_v2_terms_change_group_time_as_derived():
     """A 32K causal sequence with 8K visual tokens on 4 ranks: v2 time = v1 time + the three terms."""
-    v1 = preset_cost_model("Qwen3-VL-8B", "h100")
+    v1 = preset_cost_model("Qwen3-VL-8B", "h100", v2=False)
     v2 = preset_cost_model("Qwen3-VL-8B", "h100", v2=True)
     s, vis, d = 32768, 8192, 4
     t1 = v1.group_time([s], ranks=d, visual=[vis])
@@ -111,13 +115,15 @@ def test_v2_terms_change_group_time_as_derived():
 
 def test_v2_options_and_overrides():
     with pytest.raises(ValueError, match="v2=True"):
-        preset_cost_model("Qwen3-8B", "h100", frozen_vision=True)
+        preset_cost_model("Qwen3-8B", "h100", v2=False, frozen_vision=True)
     with pytest.raises(ValueError, match="v2=True"):
-        preset_cost_model("Qwen3-8B", "h100", gamma_link="inter")
+        preset_cost_model("Qwen3-8B", "h100", v2=False, gamma_link="inter")
     with pytest.raises(ValueError, match="gamma_link"):
         preset_cost_model("Qwen3-8B", "h100", v2=True, gamma_link="nvlink")
     cm = CostModel.preset("qwen3-vl-2b", "H200", v2=True, frozen_vision=True, gamma=1e-3)
     assert cm.gamma == 1e-3 and cm.alpha_vis > 0
-    assert preset_cost_model("Qwen3-8B", "h100", alpha_blk=2e-6).alpha_blk == 2e-6  # v2 keys are valid overrides
-    # the listing stays v1 (default presets carry no v2 key)
-    assert all(not any(k in r for k in COST_KEYS_V2) for r in describe_presets())
+    assert preset_cost_model("Qwen3-8B", "h100", v2=False, alpha_blk=2e-6).alpha_blk == 2e-6  # v2 keys: overrides
+    # the listing (`fcp presets`) shows the default, v2: every row carries gamma and alpha_blk > 0
+    rows = describe_presets()
+    assert all(r["gamma"] > 0 and r["alpha_blk"] > 0 for r in rows)
+    assert all(r.get("alpha_vis", 0.0) > 0 for r in rows if r["kind"] == "mllm")

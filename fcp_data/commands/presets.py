@@ -1,4 +1,5 @@
-"""``fcp presets``: the model and hardware presets and the §4 coefficients derived from them."""
+"""``fcp presets``: the model and hardware presets and the §4 + §4.1 (cost model v2, the preset default)
+coefficients derived from them."""
 
 from __future__ import annotations
 
@@ -21,14 +22,16 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows))
         return 0
-    print("Cost-model presets (DESIGN §4; derivation in fcp_data/presets.py). Use: --preset MODEL --hardware HW")
+    print("Cost-model presets (DESIGN §4 + §4.1 v2 terms; derivation in fcp_data/presets.py). "
+          "Use: --preset MODEL --hardware HW")
     print(f"hardware: {', '.join(f'{k} ({v.ranks_per_node}/node, {v.memory / 1e9:.0f} GB)' for k, v in HARDWARE.items())}")
     print(f"{'model':<15} {'hardware':<12} {'params':>7} {'heads':>6} {'tokens/rank':>12} {'alpha1':>10} {'alpha2':>10} "
-          f"{'alpha3':>10} {'beta1':>8} {'beta2':>8}")
+          f"{'alpha3':>10} {'beta1':>8} {'beta2':>8} {'gamma':>8} {'alpha_blk':>10} {'alpha_vis':>10}")
     for r in rows:
         print(f"{r['model']:<15} {r['hardware']:<12} {r['params_b']:>6.2f}B {r['heads']:>3}/{r['kv_heads']:<2} "
               f"{r['tokens_per_rank']:>12} {r['alpha1']:>10.3e} {r['alpha2']:>10.3e} {r['alpha3']:>10.3e} "
-              f"{r['beta1']:>8.4f} {r['beta2']:>8.4f}")
+              f"{r['beta1']:>8.4f} {r['beta2']:>8.4f} {r.get('gamma', 0.0):>8.4f} {r.get('alpha_blk', 0.0):>10.3e} "
+              f"{r.get('alpha_vis', 0.0):>10.3e}")
     return 0
 
 
@@ -43,5 +46,5 @@ def register(subparsers, summary: str) -> None:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="only this model")
     p.add_argument("--hardware", default=None, help="only this hardware")
-    p.add_argument("--json", action="store_true", help="print the rows as JSON (each with the §4 keys)")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON (each with the §4 keys and the v2 keys)")
     p.set_defaults(func=run)
