@@ -21,9 +21,8 @@ give identical plans on every rank; only ``solve_ms`` differs.
 
 from __future__ import annotations
 
-import functools
 import time
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -36,13 +35,13 @@ from fcp_data.plan.inputs import validate_inputs, validate_visual
 from fcp_data.plan.lpt import lpt_groups
 from fcp_data.plan.microbatch import TimeBudgetExceeded, plan_micro_batches
 from fcp_data.plan.placement import build_micro_batch, place_for_times, placed_times
+from fcp_data.plan.registry import (MAX_DP_RANKS, SOLVER_NAMES, TIME_LIMIT_OPTION, InvalidPlanError, SolverCalls, SolverSpec,
+                                     check_micro_batch, get_solver)
 from fcp_data.plan.tau import tau_groupings
 from fcp_data.plan.types import CPGroup, MicroBatchPlan, Plan
 
 __all__ = ["plan_batch", "SOLVERS", "SOLVER_NAMES", "fcp_micro_batch", "refine_moves", "validate_inputs",
            "MAX_RANKS", "MAX_SEQUENCE_TOKENS", "MAX_DP_RANKS"]
-
-MAX_DP_RANKS = 512  # fcp-dp runs Algorithm 1, O(K·N²) per grouping: a reference, not a production solver
 
 # Above this many (sequences × ranks) FCP does not evaluate the megatron-dynamic candidate: its greedy runs up
 # to N/2 LPTs of all n sequences, O(N·n) Python steps per micro-batch (at 1024 ranks and 40k sequences 2 s of
@@ -52,8 +51,6 @@ MAX_DP_RANKS = 512  # fcp-dp runs Algorithm 1, O(K·N²) per grouping: a referen
 # FCP's. Every test instance (and 64 ranks × 512 sequences, the paper's setting) stays far below the bound.
 MEGATRON_CANDIDATE_MAX = 1 << 23
 _TAU_REFINE_SLACK = 1.05  # a makespan-driven candidate is refined only if within 5 % of the best refined plan
-
-SOLVER_NAMES = ("fcp", "fcp-dp", "ilp", "exhaustive", "static-cp", "ulysses", "megatron-dynamic", "fcp-pow2")
 
 
 def _candidate_groupings(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: CostModel, visual=None):
@@ -237,36 +234,35 @@ def refine_moves(mb: MicroBatchPlan, lengths: np.ndarray, etas: np.ndarray, cost
     return out if out.makespan <= mb.makespan else mb
 
 
-def _exact(name: str) -> Callable[..., tuple[MicroBatchPlan, bool | None]]:
-    def run(lengths, etas, num_ranks, cost_model, **opts):
-        if name == "ilp":
-            from fcp_data.plan.ilp import solve_ilp
-
-            return solve_ilp(lengths, etas, num_ranks, cost_model, **opts)
-        from fcp_data.plan.exhaustive import solve_exhaustive
-
-        return solve_exhaustive(lengths, etas, num_ranks, cost_model, **opts)
-
-    return run
+DEFAULT_TIME_LIMIT = 30.0  # seconds, for a time-limited solver (the ILP) when the caller gives none
 
 
-def _plain(fn: Callable[..., MicroBatchPlan], **fixed: Any) -> Callable[..., tuple[MicroBatchPlan, bool | None]]:
-    def run(lengths, etas, num_ranks, cost_model, **opts):
-        return fn(lengths, etas, num_ranks, cost_model, **fixed, **opts), None
+def _check_options(spec: SolverSpec, options: dict[str, Any]) -> None:
+    """Only the options ``spec`` declares (a ``TypeError``, as for any unexpected keyword argument)."""
+    unknown = sorted(k for k in options if k not in spec.options)
+    if unknown:
+        raise TypeError(f"solver {spec.name!r} does not take option(s) {', '.join(unknown)}; its options: "
+                        f"{', '.join(spec.options) or 'none'}")
 
-    return run
 
-
-_MB_SOLVERS: dict[str, Callable[..., tuple[MicroBatchPlan, bool | None]]] = {
-    "fcp": _plain(fcp_micro_batch),
-    "fcp-dp": _plain(fcp_micro_batch, allocator="dp"),
-    "ilp": _exact("ilp"),
-    "exhaustive": _exact("exhaustive"),
-    "static-cp": _plain(static_cp),
-    "ulysses": _plain(ulysses),
-    "megatron-dynamic": _plain(megatron_dynamic),
-    "fcp-pow2": _plain(fcp_micro_batch, degrees="pow2", with_baselines=False),
-}
+def _solve(spec: SolverSpec, lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: CostModel,
+           visual: np.ndarray | None, options: dict[str, Any], broken: list[InvalidPlanError]):
+    """``spec.solve`` on one micro-batch. A registered (validated) solver's ``ValueError`` is prefixed with its
+    name and its plan is checked; a broken plan is also kept in ``broken`` so that the micro-batch planner,
+    which reads a ``ValueError`` as "this split does not fit", cannot hide it."""
+    if not spec.validate:
+        return spec.solve(lengths, etas, num_ranks, cost_model, visual=visual, **options)
+    try:
+        result = spec.solve(lengths, etas, num_ranks, cost_model, visual=visual, **options)
+    except TimeBudgetExceeded:
+        raise
+    except ValueError as err:
+        raise ValueError(f"solver {spec.name!r}: {err}") from err
+    try:
+        return check_micro_batch(spec, result, lengths, etas, num_ranks, cost_model, visual)
+    except InvalidPlanError as err:
+        broken.append(err)
+        raise
 
 
 def plan_batch(lengths, *, num_ranks: int, cost_model: CostModel, etas=None, solver: str = "fcp",
@@ -274,43 +270,52 @@ def plan_batch(lengths, *, num_ranks: int, cost_model: CostModel, etas=None, sol
     """Plan a global batch of sequence ``lengths`` onto ``num_ranks`` ranks.
 
     ``micro_batches``: an int ``M`` (exactly M micro-batches) or ``"auto"`` (micro-batch planner).
-    ``solver``: one of :data:`SOLVER_NAMES`. ``solver_options`` go to the solver (``ulysses``:
-    ``num_heads``, ``num_kv_heads``; ``ilp``: ``time_limit``, the budget in seconds of the whole call —
-    all micro-batches and all ``auto`` candidates together, default 30). ``seq_ids`` in the plan index
-    ``lengths``. ``visual``: visual tokens per sequence (§4.1; None = text only, ``0 ≤ v ≤ s``). Raises ``ValueError`` with the fix for infeasible input; ``num_ranks`` is at most
-    :data:`MAX_RANKS` (``fcp-dp``: :data:`MAX_DP_RANKS`).
+    ``solver``: a registered solver (:data:`SOLVER_NAMES`, :mod:`fcp_data.plan.registry`). ``solver_options``
+    go to the solver; each solver takes only the options its spec declares, another is a ``TypeError``
+    (``ulysses``: ``num_heads``, ``num_kv_heads``, ``degree``; ``static-cp``: ``degree``; ``exhaustive``:
+    ``max_sequences``; ``ilp``: ``max_sequences`` and ``time_limit``, the budget in seconds of the whole call —
+    all micro-batches and all ``auto`` candidates together, default 30 — as for any time-limited solver).
+    ``seq_ids`` in the plan index ``lengths``. ``visual``: visual tokens per sequence (§4.1; None = text only,
+    ``0 ≤ v ≤ s``). Raises ``ValueError`` with the fix for infeasible input (:class:`InvalidPlanError` when a
+    registered solver returns a broken plan); ``num_ranks`` is at most the solver's ``max_ranks``
+    (:data:`MAX_RANKS`; ``fcp-dp``: :data:`MAX_DP_RANKS`).
     """
     t0 = time.perf_counter()
-    if solver not in _MB_SOLVERS:
-        raise ValueError(f"unknown solver {solver!r}; valid: {', '.join(SOLVER_NAMES)}")
+    spec = get_solver(solver)
     arr, e = validate_inputs(lengths, etas, num_ranks, cost_model)
     vis = validate_visual(visual, arr)
-    fn = _MB_SOLVERS[solver]
     num_ranks = int(num_ranks)
-    if solver == "fcp-dp" and num_ranks > MAX_DP_RANKS:
-        raise ValueError(f"fcp-dp (the paper's O(K·N²) dynamic program, a reference) plans at most {MAX_DP_RANKS} ranks, "
-                         f"got {num_ranks}; use fcp, whose exact allocator finds the same optimum per grouping")
-    deadline = None
-    if solver == "ilp":
-        limit = solver_options.pop("time_limit", 30.0)
+    _check_options(spec, solver_options)
+    if num_ranks > spec.max_ranks:
+        raise ValueError(f"{spec.name} ({spec.help}) plans at most {spec.max_ranks} ranks, got {num_ranks}; use fcp, "
+                         f"which plans up to {MAX_RANKS} ranks")
+    deadline = limit = None
+    if spec.time_limited:
+        limit = solver_options.pop(TIME_LIMIT_OPTION, DEFAULT_TIME_LIMIT)
         if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit > 0:
             raise ValueError(f"time_limit must be a positive number of seconds, got {limit!r}")
         deadline = t0 + float(limit)
+    broken: list[InvalidPlanError] = []
 
     def solve_one(ids: np.ndarray, left: int = 1):
-        if vis is not None:
-            solver_options["visual"] = vis[ids]
-        if deadline is None:
-            return fn(arr[ids], e[ids], num_ranks, cost_model, **solver_options)
-        # one budget for the whole call: this micro-batch gets its share of what is left
-        remaining = deadline - time.perf_counter()
-        if remaining <= 0.05 * left:
-            raise TimeBudgetExceeded(f"the {solver} time limit of {limit:g} s (for the whole batch) ran out")
-        return fn(arr[ids], e[ids], num_ranks, cost_model, time_limit=remaining / left, **solver_options)
+        opts = solver_options
+        if deadline is not None:  # one budget for the whole call: this micro-batch gets its share of what is left
+            remaining = deadline - time.perf_counter()
+            if remaining <= 0.05 * left:
+                raise TimeBudgetExceeded(f"the {solver} time limit of {limit:g} s (for the whole batch) ran out")
+            opts = {**solver_options, TIME_LIMIT_OPTION: remaining / left}
+        return _solve(spec, arr[ids], e[ids], num_ranks, cost_model, None if vis is None else vis[ids], opts, broken)
 
-    mbs, optimal = plan_micro_batches(arr, e, num_ranks, cost_model, solve_one, micro_batches, visual=vis)
+    try:
+        mbs, optimal = plan_micro_batches(arr, e, num_ranks, cost_model, solve_one, micro_batches, visual=vis)
+    except ValueError:
+        if broken:
+            raise broken[0] from None
+        raise
+    if broken:
+        raise broken[0]
     return Plan(num_ranks=num_ranks, solver=solver, solve_ms=(time.perf_counter() - t0) * 1e3,
                 makespan=float(sum(mb.makespan for mb in mbs)), micro_batches=tuple(mbs), optimal=optimal)
 
 
-SOLVERS: dict[str, Callable[..., Plan]] = {name: functools.partial(plan_batch, solver=name) for name in SOLVER_NAMES}
+SOLVERS = SolverCalls(plan_batch)  # live: name -> plan_batch with the solver fixed, registered solvers included

@@ -1,0 +1,360 @@
+"""The solver registry: one :class:`SolverSpec` per solver, the single list every other part derives from.
+
+``plan_batch``'s dispatch and its "unknown solver" message, ``SOLVER_NAMES``/``SOLVERS``, the ``--solver``/
+``--solvers``/``--baselines`` choices of ``fcp plan/compare/simulate``, the fixed-degree sweep of ``fcp
+simulate``, ``fcp train --planner`` and the sampler's refusal of non-deterministic solvers all read this
+registry, so adding a solver is one :func:`register_solver` call.
+
+A solver plans **one micro-batch**: ``solve(lengths, etas, num_ranks, cost_model, *, visual=None, **options)
+-> (MicroBatchPlan, optimal)`` with ``seq_ids`` indexing ``lengths``, ``optimal`` True/False for an exact
+solver (proved optimal or not) and None otherwise; it raises ``ValueError`` when the micro-batch does not fit
+(the micro-batch planner then tries another split). ``visual`` is None for text-only batches.
+
+Plugins: ``FCP_SOLVER_PLUGINS=pkg.mod1,mod2`` names modules that call :func:`register_solver` when imported;
+they are imported on the first registry lookup of a process (the CLI, the sampler, ``plan_batch``), so the
+same variable reaches ``fcp train``'s worker processes.
+
+Plans of registered solvers are checked (:func:`check_micro_batch`): every sequence exactly once, ranks in
+range and disjoint, memory ``Σ s ≤ d · tokens_per_rank``, each group's time the §4/§4.1 time on its ranks,
+makespan the slowest group. A broken plan raises :class:`InvalidPlanError` naming the solver. The built-ins
+skip the check (it is what ``tests/test_plan_solvers.py`` proves for each of them, and FCP's planning
+latency matters).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import os
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from fcp_data.cost import MAX_RANKS, CostModel, sequence_terms
+from fcp_data.plan import baselines, exhaustive
+from fcp_data.plan.placement import placed_times
+from fcp_data.plan.types import MicroBatchPlan
+
+__all__ = ["SolverSpec", "register_solver", "unregister_solver", "get_solver", "solver_specs", "solver_names",
+           "SolverNames", "SolverCalls", "SOLVER_NAMES", "BASELINE_NAMES", "InvalidPlanError", "check_micro_batch",
+           "load_plugins", "PLUGINS_ENV", "TIME_LIMIT_OPTION", "MAX_DP_RANKS"]
+
+SolveFn = Callable[..., "tuple[MicroBatchPlan, bool | None]"]
+PLUGINS_ENV = "FCP_SOLVER_PLUGINS"
+# an option with this name is a wall-clock budget for the whole plan_batch call (see plan_batch); a solver
+# that takes it can return different plans for the same input, so it must be registered deterministic=False
+TIME_LIMIT_OPTION = "time_limit"
+_RESERVED = ("lengths", "etas", "num_ranks", "cost_model", "visual", "solver", "micro_batches")
+_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]*\Z")  # no ':' (fcp train's NAME:D) and no ',' (CLI lists)
+_TIME_RTOL = 1e-6
+MAX_DP_RANKS = 512  # fcp-dp runs Algorithm 1, O(K·N²) per grouping: a reference, not a production solver
+
+
+class InvalidPlanError(ValueError):
+    """A registered solver returned a plan the executor cannot run (or times off the cost model)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SolverSpec:
+    """One registered solver.
+
+    ``name``: lower-case, digits, ``-_.`` (used on the CLI); ``solve``: the per-micro-batch function (module
+    doc); ``help``: one line for ``--help``; ``exact``: proves optimality (``compare`` runs it only on request:
+    ``--ilp``/``--exhaustive``/``--solvers``); ``deterministic``: identical input → identical plan (the sampler
+    computes the plan on every rank without communication, so it refuses a solver that is not); ``fixed_degree``:
+    one CP degree for every group, chosen by the ``degree`` option (``fcp simulate`` sweeps it,
+    ``fcp train --planner NAME:D`` fixes it); ``degree_choices(num_ranks, options)``: the degrees swept (default:
+    the divisors of ``num_ranks``); ``baseline``: a system FCP is compared against (the default
+    ``--baselines``); ``max_ranks``: the most ranks it plans; ``options``: keyword options it accepts besides
+    ``visual`` (anything else is a ``TypeError``; ``time_limit`` is the whole-call budget); ``validate``:
+    check every plan it returns (:func:`check_micro_batch`).
+    """
+
+    name: str
+    solve: SolveFn
+    help: str
+    exact: bool = False
+    deterministic: bool = True
+    fixed_degree: bool = False
+    degree_choices: Callable[[int, Mapping[str, Any]], Sequence[int]] | None = None
+    baseline: bool = False
+    max_ranks: int = MAX_RANKS
+    options: tuple[str, ...] = ()
+    validate: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "options", tuple(self.options))
+        if not isinstance(self.name, str) or not _NAME.match(self.name):
+            raise ValueError(f"solver name {self.name!r}: use lower-case letters, digits and '-', '_' or '.', "
+                             "starting with a letter or digit (no ':' or ',')")
+        if not callable(self.solve):
+            raise ValueError(f"solver {self.name!r}: solve must be a function (lengths, etas, num_ranks, "
+                             f"cost_model, *, visual=None, **options) -> (MicroBatchPlan, optimal), got {self.solve!r}")
+        if not isinstance(self.help, str) or not self.help.strip() or "\n" in self.help.strip():
+            raise ValueError(f"solver {self.name!r}: help must be one non-empty line")
+        if isinstance(self.max_ranks, bool) or not isinstance(self.max_ranks, int) or not 1 <= self.max_ranks <= MAX_RANKS:
+            raise ValueError(f"solver {self.name!r}: max_ranks must be an int in 1..{MAX_RANKS}, got {self.max_ranks!r}")
+        bad = [o for o in self.options if not isinstance(o, str) or not o.isidentifier() or o in _RESERVED]
+        if bad:
+            raise ValueError(f"solver {self.name!r}: options {bad} are not keyword names or are plan_batch's own "
+                             f"({', '.join(_RESERVED)})")
+        if self.fixed_degree and "degree" not in self.options:
+            raise ValueError(f"solver {self.name!r}: a fixed-degree solver takes the option 'degree'")
+        if self.degree_choices is not None and not (self.fixed_degree and callable(self.degree_choices)):
+            raise ValueError(f"solver {self.name!r}: degree_choices is a function, for fixed_degree=True only")
+        if TIME_LIMIT_OPTION in self.options and self.deterministic:
+            raise ValueError(f"solver {self.name!r} takes a {TIME_LIMIT_OPTION}: its plans depend on wall-clock "
+                             "time, register it with deterministic=False")
+        _check_signature(self)
+
+    @property
+    def time_limited(self) -> bool:
+        """Takes a wall-clock ``time_limit`` (one budget for the whole ``plan_batch`` call)."""
+        return TIME_LIMIT_OPTION in self.options
+
+    def degrees(self, num_ranks: int, options: Mapping[str, Any] | None = None) -> tuple[int, ...]:
+        """The degrees a fixed-degree sweep tries on ``num_ranks`` ranks (empty for a flexible solver)."""
+        if not self.fixed_degree:
+            return ()
+        if self.degree_choices is None:
+            return tuple(d for d in range(1, num_ranks + 1) if num_ranks % d == 0)
+        return tuple(int(d) for d in self.degree_choices(num_ranks, dict(options or {})))
+
+
+def _check_signature(spec: SolverSpec) -> None:
+    """``solve`` must take the four positional inputs, ``visual=`` and every declared option."""
+    try:
+        sig = inspect.signature(spec.solve)
+    except (TypeError, ValueError):
+        return  # a builtin or C function without a signature: trust it
+    try:
+        sig.bind(None, None, None, None, visual=None, **{o: None for o in spec.options})
+    except TypeError as e:
+        raise ValueError(f"solver {spec.name!r}: solve{sig} cannot be called as solve(lengths, etas, num_ranks, "
+                         f"cost_model, visual=..., {', '.join(o + '=...' for o in spec.options) or '(no options)'}): "
+                         f"{e}") from None
+
+
+_REGISTRY: dict[str, SolverSpec] = {}
+
+
+def register_solver(name: str, solve: SolveFn, *, help: str, exact: bool = False, deterministic: bool = True,
+                    fixed_degree: bool = False, degree_choices: Callable[[int, Mapping[str, Any]], Sequence[int]] | None = None,
+                    baseline: bool = False, max_ranks: int = MAX_RANKS, options: Sequence[str] = (),
+                    validate: bool = True, replace: bool = False) -> SolverSpec:
+    """Register a solver under ``name`` (fields: :class:`SolverSpec`) and return its spec. A name that is
+    registered already is a ``ValueError`` unless ``replace=True``; the order of registration is the order
+    of ``SOLVER_NAMES`` (a replaced solver keeps its place)."""
+    spec = SolverSpec(name=name, solve=solve, help=help, exact=bool(exact), deterministic=bool(deterministic),
+                      fixed_degree=bool(fixed_degree), degree_choices=degree_choices, baseline=bool(baseline),
+                      max_ranks=max_ranks, options=tuple(options), validate=bool(validate))
+    if name in _REGISTRY and not replace:
+        raise ValueError(f"a solver named {name!r} is registered already; pass replace=True to replace it, or "
+                         "choose another name")
+    _REGISTRY[name] = spec
+    return spec
+
+
+def unregister_solver(name: str) -> SolverSpec:
+    """Remove ``name`` from the registry and return its spec (``ValueError`` if it is not registered)."""
+    if name not in _REGISTRY:
+        raise ValueError(f"no solver named {name!r} is registered; registered: {', '.join(_REGISTRY)}")
+    return _REGISTRY.pop(name)
+
+
+def load_plugins() -> None:
+    """Import the modules named in ``$FCP_SOLVER_PLUGINS`` (comma-separated) that are not imported yet; each
+    registers its solvers when imported. A module that fails to import is a ``ValueError`` naming it."""
+    for mod in (m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(",")):
+        if not mod or mod in sys.modules:  # imported (or being imported: a plugin's own register_solver calls)
+            continue
+        try:
+            importlib.import_module(mod)
+        except Exception as e:  # noqa: BLE001 - any failure of a plugin is reported as one line
+            sys.modules.pop(mod, None)
+            raise ValueError(f"{PLUGINS_ENV}: cannot import solver plugin {mod!r}: {type(e).__name__}: {e}") from e
+
+
+def get_solver(name: str) -> SolverSpec:
+    """The spec of ``name`` (plugins loaded first); an unknown name is a ``ValueError`` listing the valid ones."""
+    load_plugins()
+    spec = _REGISTRY.get(name) if isinstance(name, str) else None
+    if spec is None:
+        raise ValueError(f"unknown solver {name!r}; valid: {', '.join(_REGISTRY)}")
+    return spec
+
+
+def solver_specs() -> tuple[SolverSpec, ...]:
+    """Every registered spec, in registration order (plugins loaded first)."""
+    load_plugins()
+    return tuple(_REGISTRY.values())
+
+
+def solver_names(**flags: bool) -> tuple[str, ...]:
+    """Registered names whose spec has every given flag, e.g. ``solver_names(baseline=True)`` or
+    ``solver_names(deterministic=True, exact=False)``."""
+    bad = [k for k in flags if k not in ("exact", "deterministic", "fixed_degree", "baseline", "time_limited")]
+    if bad:
+        raise TypeError(f"solver_names() has no flag {bad[0]!r}")
+    return tuple(s.name for s in solver_specs() if all(getattr(s, k) == bool(v) for k, v in flags.items()))
+
+
+class SolverNames(Sequence):
+    """A live, read-only tuple-like view of the registered names (optionally only those with ``flags``):
+    a solver registered later appears in it. ``tuple(view)`` is a snapshot; equal to any sequence with the
+    same names in the same order."""
+
+    __slots__ = ("_flags",)
+
+    def __init__(self, **flags: bool) -> None:
+        self._flags = flags
+
+    def _names(self) -> tuple[str, ...]:
+        return solver_names(**self._flags)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return self._names()[i]
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names()
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (SolverNames, tuple, list)):
+            return self._names() == tuple(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(self._names())
+
+
+class SolverCalls(Mapping):
+    """``SOLVERS``: a live mapping ``name → plan_batch`` with the solver fixed (keyword ``solver`` set)."""
+
+    __slots__ = ("_plan_batch",)
+
+    def __init__(self, plan_batch: Callable[..., Any]) -> None:
+        self._plan_batch = plan_batch
+
+    def __getitem__(self, name: str) -> Callable[..., Any]:
+        if name not in SOLVER_NAMES:
+            raise KeyError(name)
+        return functools.partial(self._plan_batch, solver=name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(SOLVER_NAMES)
+
+    def __len__(self) -> int:
+        return len(SOLVER_NAMES)
+
+
+SOLVER_NAMES = SolverNames()
+BASELINE_NAMES = SolverNames(baseline=True)
+
+
+def check_micro_batch(spec: SolverSpec, result: Any, lengths: np.ndarray, etas: np.ndarray, num_ranks: int,
+                      cost_model: CostModel, visual: np.ndarray | None = None) -> tuple[MicroBatchPlan, bool | None]:
+    """``result`` of ``spec.solve`` on one micro-batch, checked (module doc); :class:`InvalidPlanError`
+    names the solver and the first broken invariant."""
+    def bad(why: str) -> InvalidPlanError:
+        return InvalidPlanError(f"solver {spec.name!r} returned an invalid plan for a micro-batch of {lengths.size} "
+                                f"sequences on {num_ranks} ranks: {why}")
+
+    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], MicroBatchPlan)
+            and (result[1] is None or isinstance(result[1], bool))):
+        raise bad(f"expected (MicroBatchPlan, True|False|None), got {type(result).__name__}")
+    mb, optimal = result
+    if not mb.groups:
+        raise bad("no CP group")
+    ids = np.fromiter(mb.seq_ids, dtype=np.int64, count=len(mb.seq_ids))
+    if ids.size and (ids.min() < 0 or ids.max() >= lengths.size):
+        raise bad(f"seq_id {int(ids.min() if ids.min() < 0 else ids.max())} is not in 0..{lengths.size - 1}")
+    counts = np.bincount(ids, minlength=lengths.size)
+    if (counts != 1).any():
+        k = int(np.flatnonzero(counts != 1)[0])
+        raise bad(f"sequence {k} is {'missing' if counts[k] == 0 else f'in {int(counts[k])} places'}; every "
+                  "sequence must be in exactly one group")
+    used = [r for g in mb.groups for r in g.ranks]
+    if len(set(used)) != len(used):
+        raise bad("ranks overlap: a rank is in two CP groups of one micro-batch")
+    top = max(used)
+    if top >= num_ranks:
+        raise bad(f"rank {top} does not exist (ranks are 0..{num_ranks - 1})")
+    s, q, b, v = sequence_terms(lengths, etas, visual)
+    for g in mb.groups:
+        if not g.seq_ids:
+            raise bad(f"the group on ranks {g.ranks} holds no sequence")
+        tokens = float(s[list(g.seq_ids)].sum())
+        if tokens > g.degree * cost_model.tokens_per_rank:
+            raise bad(f"the group on ranks {g.ranks} holds {tokens:.0f} tokens, more than its memory "
+                      f"{g.degree} × tokens_per_rank = {g.degree * cost_model.tokens_per_rank}")
+    agg = [np.array([float(x[list(g.seq_ids)].sum()) for g in mb.groups]) for x in (s, q, b, v)]
+    want = placed_times(agg[0], agg[1], [g.ranks for g in mb.groups], cost_model, agg[2], agg[3])
+    for g, t in zip(mb.groups, want):
+        if not abs(g.time - t) <= _TIME_RTOL * max(abs(t), 1e-300):
+            raise bad(f"the group on ranks {g.ranks} reports time {g.time!r} s but the cost model gives {float(t)!r} "
+                      "s on those ranks (fcp_data.plan.placement.placed_times)")
+    if not abs(mb.makespan - max(g.time for g in mb.groups)) <= _TIME_RTOL * max(mb.makespan, 1e-300):
+        raise bad(f"makespan {mb.makespan!r} is not the slowest group's time {max(g.time for g in mb.groups)!r}")
+    return mb, optimal
+
+
+# ---------------------------------------------------------------- the built-in solvers (DESIGN §5)
+
+def _fcp(**fixed: Any) -> SolveFn:
+    def run(lengths, etas, num_ranks, cost_model, *, visual=None):
+        from fcp_data.plan.solvers import fcp_micro_batch  # solvers imports this module
+
+        return fcp_micro_batch(lengths, etas, num_ranks, cost_model, visual=visual, **fixed), None
+
+    return run
+
+
+def _plain(fn: Callable[..., MicroBatchPlan]) -> SolveFn:
+    def run(lengths, etas, num_ranks, cost_model, **opts):
+        return fn(lengths, etas, num_ranks, cost_model, **opts), None
+
+    return run
+
+
+def _ilp(lengths, etas, num_ranks, cost_model, **opts):
+    from fcp_data.plan.ilp import solve_ilp  # numpy-only module; cvxpy itself is imported inside
+
+    return solve_ilp(lengths, etas, num_ranks, cost_model, **opts)
+
+
+def _ulysses_degrees(num_ranks: int, options: Mapping[str, Any]) -> list[int]:
+    return baselines.ulysses_degrees(num_ranks, options.get("num_heads", 32))
+
+
+_BUILTINS = (
+    SolverSpec(name="fcp", solve=_fcp(), help="FCP: flexible CP groups of any degree per micro-batch", validate=False),
+    SolverSpec(name="fcp-dp", solve=_fcp(allocator="dp"), max_ranks=MAX_DP_RANKS, validate=False,
+               help="FCP with the paper's O(K·N²) 2-D DP as stage 2 (a reference: same optimum, slower)"),
+    SolverSpec(name="ilp", solve=_ilp, exact=True, deterministic=False, options=("time_limit", "max_sequences"),
+               validate=False, help="exact ILP (cvxpy + HiGHS), time-limited; small batches"),
+    SolverSpec(name="exhaustive", solve=exhaustive.solve_exhaustive, exact=True, options=("max_sequences",),
+               validate=False, help="exact enumeration of every partition (at most 7 sequences)"),
+    SolverSpec(name="static-cp", solve=_plain(baselines.static_cp), fixed_degree=True, baseline=True,
+               options=("degree",), validate=False, help="Megatron-LM CP: one ring degree dividing N for every group"),
+    SolverSpec(name="ulysses", solve=_plain(baselines.ulysses), fixed_degree=True, baseline=True,
+               degree_choices=_ulysses_degrees, options=("num_heads", "num_kv_heads", "degree"), validate=False,
+               help="DeepSpeed-Ulysses: one power-of-two all-to-all degree dividing N and the head count"),
+    SolverSpec(name="megatron-dynamic", solve=_plain(baselines.megatron_dynamic), baseline=True, validate=False,
+               help="Megatron dynamic CP: power-of-two degree per long sequence, greedy balance"),
+    SolverSpec(name="fcp-pow2", solve=_fcp(degrees="pow2", with_baselines=False), baseline=True, validate=False,
+               help="FCP restricted to power-of-two degrees (FlexSP-like)"),
+)
+_REGISTRY.update((s.name, s) for s in _BUILTINS)
