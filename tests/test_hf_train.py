@@ -1,9 +1,10 @@
 """Stock Hugging Face models trained with FCP on real gloo processes equal single-process stock training.
 
 For each model family (tiny random configs of qwen3, llama, qwen2_vl, qwen2_5_vl, qwen3_vl from
-``examples/configs``) and each world size (2 and 3 processes), ONE launch runs every reducer (allreduce, ddp,
-fsdp2) with and without gradient checkpointing, 3 AdamW steps each, through the real pipeline: FCPSampler →
-FCPCollator (Qwen-VL positions from the installed transformers' ``get_rope_index``) → ``apply_fcp`` ring
+``examples/configs``) and each world size (2 and 3 processes), every reducer (allreduce, ddp, fsdp2) with and
+without gradient checkpointing, 3 AdamW steps each (ONE launch per world size runs every family and
+configuration), through the real pipeline: FCPSampler → FCPCollator (Qwen-VL positions from the installed
+transformers' ``get_rope_index``) → ``apply_fcp`` ring
 attention → :func:`fcp_exec.step.train_step`. The reference is the stock model (``sdpa`` attention, HF's own
 positions from ``mm_token_type_ids`` and the grids, one document per forward, float64) stepping over the same
 global batches (:func:`fcp_exec.integrations.hf_data.reference_step`).
@@ -87,30 +88,57 @@ def _check_run(family: str, nproc: int, cfg: TrainConfig, result: dict, tol: flo
     return [d for s in steps for d in s["degrees"]]
 
 
-@pytest.mark.timeout(240)
+FP32_REDUCERS = [("qwen2_vl", r) for r in REDUCERS]  # fp32 takes other collective paths: run on 2 processes
+
+
+def _matrix_cfgs(nproc: int) -> list[TrainConfig]:
+    cfgs = [_cfg(f, r, gc) for f in FAMILIES for r in REDUCERS for gc in (False, True)]
+    if nproc == 2:
+        cfgs += [_cfg(f, r, False, dtype="float32") for f, r in FP32_REDUCERS]
+    return cfgs
+
+
+@functools.lru_cache(maxsize=None)
+def _matrix(nproc: int):
+    """ONE launch of ``nproc`` processes runs every configuration of every family (process start-up and the torch /
+    transformers imports are paid once per world size, not per family). Returns ``(configs, per-config result with
+    every rank's checksum)``, or the exception the launch raised (cached too: one failed launch, not ten)."""
+    cfgs = _matrix_cfgs(nproc)
+    try:
+        per_rank = launch(train_matrix, nproc, cfgs, timeout=900.0, pg_timeout=120.0)
+    except Exception as exc:  # noqa: BLE001 - re-raised by every test that needs this launch
+        return cfgs, exc
+    results = [dict(per_rank[0][k], checksums=[r[k]["param_checksum"] for r in per_rank]) for k in range(len(cfgs))]
+    return cfgs, results
+
+
+def _runs(nproc: int, family: str, dtype: str = "float64"):
+    cfgs, results = _matrix(nproc)
+    if isinstance(results, Exception):
+        raise results
+    return [(c, r) for c, r in zip(cfgs, results) if c.model.endswith(f"{family}-tiny.json") and c.dtype == dtype]
+
+
+@pytest.mark.timeout(1000)
 @pytest.mark.parametrize("nproc", [2, 3])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_hf_fcp_training_equals_single_process_stock_model(family, nproc):
-    cfgs = [_cfg(family, r, gc) for r in REDUCERS for gc in (False, True)]
-    per_rank = launch(train_matrix, nproc, cfgs, timeout=200.0, pg_timeout=60.0)
-    results = per_rank[0]
-    checksums = [[r[k]["param_checksum"] for r in per_rank] for k in range(len(cfgs))]
+    runs = _runs(nproc, family)
+    assert len(runs) == len(REDUCERS) * 2
     plans = []
-    for cfg, res, sums in zip(cfgs, results, checksums):
-        res = dict(res, checksums=sums)
+    for cfg, res in runs:
         plans += _check_run(family, nproc, cfg, res)
     assert any(2 in mb for mb in plans), f"no degree-2 group in {plans}"
     assert any(1 in mb for mb in plans), f"no degree-1 group in {plans}"
     assert any(sum(mb) < nproc for mb in plans), f"no micro-batch with an idle rank in {plans}"
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(1000)
 def test_hf_fcp_training_float32_reducers():
     """fp32 takes other collective paths (FSDP2 would reduce-scatter with PREMUL_SUM, which gloo lacks): the VL model
     on 2 processes with every reducer against the fp32 stock reference, loss to 1e-5 and gradients to 1e-4 (fp32
     summation order)."""
-    cfgs = [_cfg("qwen2_vl", r, False, dtype="float32") for r in REDUCERS]
-    per_rank = launch(train_matrix, 2, cfgs, timeout=200.0, pg_timeout=60.0)
-    for k, cfg in enumerate(cfgs):
-        res = dict(per_rank[0][k], checksums=[r[k]["param_checksum"] for r in per_rank])
+    runs = _runs(2, "qwen2_vl", "float32")
+    assert [c.reducer for c, _ in runs] == list(REDUCERS)
+    for cfg, res in runs:
         _check_run("qwen2_vl", 2, cfg, res, tol=1e-5, gtol=1e-4)
