@@ -225,3 +225,93 @@ def test_lpt_on_nearly_full_groups_is_not_quadratic():
     label = lpt_heap(w[order], L[order], 1000, cap)
     assert label is not None and np.bincount(label, weights=L[order], minlength=1000).max() <= cap
     assert time.process_time() - start < 1.5
+
+
+# ---------------------------------------------------------------- sparse time table (issue 12, part B)
+def _sparse_cases(seed: int, count: int):
+    """Random (cost model, S, Q, B, V, N, allowed): v1 and v2 presets and a synthetic v2 model with every
+    §4.1 term, multi-node degrees, memory-tight groups (S just below / at / above multiples of E), pow2 masks."""
+    from fcp_data.presets import preset_cost_model
+
+    cms = [preset_cost_model("Qwen3-8B", "ascend-910c", v2=False), preset_cost_model("Qwen3-8B", "ascend-910c", v2=True),
+           preset_cost_model("Llama3-8B", "h100", v2=True), preset_cost_model("Qwen3-8B", "h100", v2=False),
+           CM.replace(gamma=0.003, alpha_blk=1e-6, alpha_vis=1e-5)]
+    rng = np.random.default_rng(seed)
+    for case in range(count):
+        cm = cms[case % len(cms)]
+        N = int(rng.choice([1, 2, 3, 5, 8, 16, 17, 33, 64, 100, 257]))
+        K = int(rng.integers(1, N + 2))
+        E = cm.tokens_per_rank
+        if case % 3 == 0:  # memory-tight: exactly k·E, one token either side
+            S = (rng.integers(1, max(2, 2 * N // K), size=K) * E + rng.integers(-1, 2, size=K)).astype(float)
+        else:
+            S = rng.lognormal(7, 2.5, size=K).clip(1, E * N)
+        Q = S * S * rng.uniform(0.01, 2.0, size=K)
+        B, V = S * rng.uniform(1, 2, size=K), S * rng.uniform(0, 1, size=K)
+        yield cm, np.maximum(S, 1.0), Q, B, V, N, (pow2_mask(N) if case % 4 == 0 else None)
+
+
+def test_sparse_allocation_equals_dense_bit_for_bit():
+    """allocate_fast on the sparse TimeTable returns exactly the dense optimum and degrees (3000 random
+    tables with v2 terms and memory-tight groups); a difference would change FCP plans."""
+    for cm, S, Q, B, V, N, allowed in _sparse_cases(11, 3000):
+        dense = time_table(S, Q, N, cm, allowed=allowed, B=B, V=V)
+        sparse = time_table(S, Q, N, cm, B=B, V=V, sparse=True)
+        v_d, d_d = allocate_fast(dense)
+        v_s, d_s = allocate_fast(sparse, N, allowed=allowed)
+        assert v_s == v_d or (not np.isfinite(v_d) and not np.isfinite(v_s))
+        assert (d_s is None) == (d_d is None)
+        if d_d is not None:
+            assert d_s.tolist() == d_d.tolist()
+        if N <= 64:  # and the paper's DP agrees through the dense view of the sparse table
+            assert allocate_dp(sparse, N, allowed=allowed)[0] == v_d or not np.isfinite(v_d)
+
+
+def test_useful_degree_bound_against_the_dense_table():
+    """Past each row's last useful degree the dense prefix minimum T̃ never falls again (the bound of
+    useful_degree_bound is true for the float entries too), and no degree below the memory minimum is
+    finite. With gamma > 0 the rows are short (O(sqrt(work/gamma)) degrees), not N."""
+    widths = []
+    for cm, S, Q, B, V, N, allowed in _sparse_cases(12, 2000):
+        sparse = time_table(S, Q, N, cm, B=B, V=V, sparse=True).masked(allowed)
+        T = np.asarray(sparse)
+        assert T.tolist() == time_table(S, Q, N, cm, allowed=allowed, B=B, V=V).tolist()
+        cand, first, last = sparse.useful_range()
+        Tt = np.minimum.accumulate(T, axis=1)
+        for i in range(S.size):
+            if first[i] == cand.size:
+                assert not np.isfinite(T[i]).any()
+                continue
+            assert not np.isfinite(T[i, : cand[first[i]] - 1]).any() and np.isfinite(T[i, cand[first[i]] - 1])
+            d = cand[last[i]]
+            assert (Tt[i, d - 1:] == Tt[i, d - 1]).all(), (i, d, N)
+            if cm.gamma and N == 257 and allowed is None:
+                widths.append(last[i] - first[i] + 1)
+    assert widths and np.median(widths) < 257 / 4
+
+
+def test_sparse_table_columns_and_memory():
+    """table[:, j] is the dense column; at 4096 ranks × 4096 groups (v2 preset) the allocation stores a few
+    degrees per group: its peak traced memory stays far below the dense table's 134 MB."""
+    import tracemalloc
+
+    from fcp_data.presets import preset_cost_model
+
+    cm = preset_cost_model("Qwen3-8B", "ascend-910c", v2=True)
+    rng = np.random.default_rng(3)
+    S = rng.lognormal(7, 1.5, size=300).clip(1, 4 * cm.tokens_per_rank)
+    Q = S * S
+    sparse = time_table(S, Q, 64, cm, B=S, sparse=True)
+    dense = time_table(S, Q, 64, cm, B=S)
+    for j in (0, 5, 15, 16, 63):
+        assert sparse[:, j].tolist() == dense[:, j].tolist()
+    N = 4096
+    S = rng.lognormal(8, 1.5, size=N).clip(1, cm.tokens_per_rank)
+    for model in (cm, preset_cost_model("Qwen3-8B", "ascend-910c", v2=False)):
+        table = time_table(S, S * S, N, model, B=S, sparse=True)
+        tracemalloc.start()
+        value, deg = allocate_fast(table)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert deg is not None and deg.sum() <= N
+        assert peak < 40e6, peak  # dense: K·N·8 bytes = 134 MB per array

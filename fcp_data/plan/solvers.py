@@ -115,9 +115,9 @@ def fcp_micro_batch(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_
             continue
         seen.add(key)
         agg = group_terms_of(groups, lengths, etas, visual)
-        table = time_table(agg[0], agg[1], num_ranks, cost_model, B=agg[2], V=agg[3])
+        table = time_table(agg[0], agg[1], num_ranks, cost_model, B=agg[2], V=agg[3], sparse=True)
         for track, mask in () if repeat else tracks.items():  # a repeat still gets its uniform degree below
-            value, deg = alloc(table if mask is None else np.where(mask[None, :], table, np.inf), num_ranks)
+            value, deg = alloc(table, num_ranks, allowed=mask)
             if deg is not None:
                 consider(track + family, value, deg, groups, agg)
         if uniform is not None and with_baselines:
