@@ -5,10 +5,11 @@ Measurement (:func:`profile_worker`, on every rank of a real process group): for
 degree ``d`` each run forward + backward of the model (tiny-llm, one transformer layer shaped like a
 preset model, or a Hugging Face model ``hf:CONFIG.json`` built by :func:`fcp_exec.integrations.hf.build_model`
 and :func:`~fcp_exec.integrations.hf.apply_fcp`, whose loss is :func:`~fcp_exec.integrations.hf.fcp_loss`) on
-``k`` packed documents of ``s`` tokens, zigzag-sharded, with ring attention; the point's
-time is the median over repetitions of the slowest rank, and every repetition sweeps the whole grid
-(noise of a shared machine spreads over all points instead of biasing a few). The grid is the
-single-document lengths ``seq_lens`` plus packed groups of ``packed_docs`` documents of each of
+``k`` packed documents of ``s`` tokens, zigzag-sharded, with ring attention. Timing (:func:`sweep_times`):
+untimed warm-up sweeps, then every repetition sweeps the whole grid in a shuffled order (load drift on a
+shared machine hits all points alike); a point's time is the slowest rank's, and its estimate is the
+minimum over the repetitions (contention only adds time), with the spread median/min − 1 reported. The grid
+is the single-document lengths ``seq_lens`` plus packed groups of ``packed_docs`` documents of each of
 ``packed_lens`` tokens (what training feeds a group: many short documents), so the fit also sees the
 per-document costs (see :mod:`fcp_exec.profile_fit`). The bandwidth is measured by a P2P ping-pong
 between ranks 0 and 1.
@@ -18,13 +19,12 @@ documents; a Qwen-VL model gets text positions on all three rope axes and, as on
 training, encodes one dummy frame per forward (its vision cost is not part of the fit).
 
 Cost model v2 (DESIGN §4.1): ``gamma`` and ``alpha_blk`` are fitted from the same grid (degrees 1..nproc,
-single long and short documents, packed groups of many short documents; ``gamma`` needs degrees ≥ 3 to be
-told from ``beta2``). ``alpha_vis`` comes from a separate measurement whenever the model has a vision tower
-(``--model tiny-mllm``): :func:`time_vision` times forward + backward of the encoder (patch embedding,
-full-attention block, merger/projector) on every rank at once, on batches of ``VISION_FRAMES`` frames of
-``VISION_GRID`` patches (slowest rank, median over repetitions), and :func:`~fcp_exec.profile_fit.fit_alpha_vis`
-takes the slope in visual tokens. Other models (tiny-llm, ``--layer-like``, Hugging Face VL models, whose
-vision tower is not timed) get ``alpha_vis = 0``. :func:`run_profile` fits v2 by default (``version=2``) and
+single long and short documents, packed groups of many short documents, every cell at every degree;
+``gamma`` needs degrees ≥ 3 to be told from ``beta2``). ``alpha_vis``: with a vision tower (``--model
+tiny-mllm``) :func:`time_vision` times the encoder's forward + backward on batches of ``VISION_FRAMES`` frames
+of ``VISION_GRID`` patches and :func:`~fcp_exec.profile_fit.fit_alpha_vis` takes the slope in visual tokens.
+Other models (tiny-llm, ``--layer-like``, Hugging Face VL models, whose vision tower is not timed) get
+``alpha_vis = 0``. :func:`run_profile` fits v2 by default (``version=2``) and
 keeps the v1 fit of the same points beside it.
 """
 
@@ -34,11 +34,11 @@ import time
 from dataclasses import dataclass
 
 from fcp_exec.profile_fit import (COEFFICIENTS, COEFFICIENTS_V2, FitResult, ProfilePoint, fit_alpha_vis,
-                                  fit_cost_model, fit_errors, format_fit, nnls_small, plot_fit)
+                                  fit_cost_model, fit_errors, format_fit, nnls_small, plot_fit, timing_estimate)
 
 __all__ = ["ProfilePoint", "FitResult", "fit_cost_model", "nnls_small", "format_fit", "plot_fit", "run_profile",
            "profile_worker", "ping_bandwidth", "kv_bytes_per_token", "profile_grid", "fit_errors", "fit_alpha_vis",
-           "time_vision", "VISION_FRAMES", "VISION_GRID"]
+           "time_vision", "VISION_FRAMES", "VISION_GRID", "sweep_times", "timing_estimate"]
 
 _NAMES = COEFFICIENTS
 
@@ -189,35 +189,30 @@ def _device_memory(device) -> float:
     return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")) / max(local, 1)
 
 
-VISION_FRAMES = (2, 8, 32)  # frames per timed vision batch
-VISION_GRID = (8, 8)  # patches per frame (h, w); with merge 2: 16 visual tokens per frame
-
-
-def time_vision(vision, device, dtype, reps: int = 3, warmup: int = 1, frames=VISION_FRAMES, grid=VISION_GRID,
-                seed: int = 0) -> list[tuple[int, float]]:
-    """``[(visual_tokens, seconds), ...]``: forward + backward of ``vision.encode_frames`` on ``F`` frames of
-    ``grid`` patches for each ``F`` of ``frames`` (every rank at once, slowest rank, median of ``reps``).
-    Every rank of the process group (if any) must call it."""
-    import statistics
+def sweep_times(steps, reps: int, warmup: int, device, seed: int = 0) -> list[list[float]]:
+    """Time every callable of ``steps`` once per sweep, ``warmup`` untimed sweeps then ``reps`` timed ones; each
+    sweep runs the steps in its own shuffled order (seeded: the same on every rank), so load drift on a shared
+    machine hits all points alike instead of whichever points ran during a slow phase. A step's time is the
+    slowest rank's (all ranks start together after a barrier). Returns, per step, its ``reps`` timings.
+    Every rank of the process group (if any) must call it with the same ``steps`` count and seed."""
+    import random
 
     import torch
     import torch.distributed as dist
 
     from fcp_exec.launch import collective_dtype
 
-    h, w = grid
-    m2 = vision.cfg.merge_size ** 2
-    gen = torch.Generator().manual_seed(seed)
-    batches = [torch.randn(f, h * w, vision.cfg.patch_dim, generator=gen).to(device=device, dtype=dtype) for f in frames]
     multi = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-    times = [[] for _ in batches]
+    order_rng = random.Random(seed)
+    times: list[list[float]] = [[] for _ in steps]
     for r in range(warmup + reps):
-        for i, x in enumerate(batches):
+        order = list(range(len(steps)))
+        order_rng.shuffle(order)
+        for i in order:
             if multi:
                 dist.barrier()
             t0 = time.perf_counter()
-            vision.encode_frames(x, h, w).float().square().sum().backward()
-            vision.zero_grad(set_to_none=True)
+            steps[i]()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             dt = time.perf_counter() - t0
@@ -227,7 +222,31 @@ def time_vision(vision, device, dtype, reps: int = 3, warmup: int = 1, frames=VI
                 dt = float(t[0])
             if r >= warmup:
                 times[i].append(dt)
-    return [(f * h * w // m2, statistics.median(ts)) for f, ts in zip(frames, times)]
+    return times
+
+
+VISION_FRAMES = (2, 8, 32)  # frames per timed vision batch
+VISION_GRID = (8, 8)  # patches per frame (h, w); with merge 2: 16 visual tokens per frame
+
+
+def time_vision(vision, device, dtype, reps: int = 3, warmup: int = 1, frames=VISION_FRAMES, grid=VISION_GRID,
+                seed: int = 0) -> list[tuple[int, float]]:
+    """``[(visual_tokens, seconds), ...]``: forward + backward of ``vision.encode_frames`` on ``F`` frames of
+    ``grid`` patches for each ``F`` of ``frames`` (every rank at once, slowest rank, minimum over ``reps``
+    interleaved sweeps, :func:`sweep_times`). Every rank of the process group (if any) must call it."""
+    import torch
+
+    h, w = grid
+    m2 = vision.cfg.merge_size ** 2
+    gen = torch.Generator().manual_seed(seed)
+    batches = [torch.randn(f, h * w, vision.cfg.patch_dim, generator=gen).to(device=device, dtype=dtype) for f in frames]
+
+    def step(x):
+        vision.encode_frames(x, h, w).float().square().sum().backward()
+        vision.zero_grad(set_to_none=True)
+
+    times = sweep_times([lambda x=x: step(x) for x in batches], reps, warmup, device, seed)
+    return [(f * h * w // m2, timing_estimate(ts)[0]) for f, ts in zip(frames, times)]
 
 
 DEFAULT_PACKED_DOCS = (1, 4, 16)
@@ -248,19 +267,49 @@ def profile_grid(seq_lens, packed_docs=DEFAULT_PACKED_DOCS, packed_lens=DEFAULT_
     return cells
 
 
+def _grid_shards(cfg, world: int, rank: int, degrees, cells, device, seed: int) -> list[tuple]:
+    """``[(num_docs, padded_len, degree, group or None, local tensors or None), ...]``: for each degree and cell,
+    random documents (padded to ``2·d`` as the collator does) zigzag-sharded for this rank's group of
+    ``world // d`` concurrent groups (a rank outside every group idles)."""
+    import torch
+
+    from fcp_exec.layout import zigzag_shard
+
+    gen = torch.Generator().manual_seed(seed)
+    id_lo, id_hi = getattr(cfg, "id_range", (10, 0))
+    id_hi = id_hi or cfg.vocab_size
+    grid = []
+    for d in degrees:
+        groups = [tuple(range(i * d, (i + 1) * d)) for i in range(world // d)]
+        mine = next((g for g in groups if rank in g), None)
+        for k, s in cells:
+            s_pad = -(-int(s) // (2 * d)) * 2 * d
+            n = k * s_pad
+            ids = torch.randint(id_lo, id_hi, (n,), generator=gen)
+            labels = torch.randint(id_lo, id_hi, (n,), generator=gen)
+            cu = torch.arange(0, n + 1, s_pad, dtype=torch.int32)
+            pos = torch.arange(s_pad).repeat(k)
+            local = None
+            if mine:
+                cp = mine.index(rank)
+                shards = [zigzag_shard(x, cu, d, cp)[0].to(device) for x in (ids, pos, labels)]
+                local = (*shards, zigzag_shard(ids, cu, d, cp)[1].to(device))
+            grid.append((k, s_pad, d, mine, local))
+    return grid
+
+
 def profile_worker(model: str = "tiny-llm", layer_like: str | None = None, seq_lens=(256, 512, 1024, 2048),
-                   degrees=None, reps: int = 3, warmup: int = 1, dtype: str = "float32", seed: int = 0,
+                   degrees=None, reps: int = 5, warmup: int = 2, dtype: str = "float32", seed: int = 0,
                    packed_docs=DEFAULT_PACKED_DOCS, packed_lens=DEFAULT_PACKED_LENS) -> dict:
     """Time forward + backward over the (seq_len, degree) grid on this rank (module docstring); every rank
-    of the process group must call it. Returns (same on all ranks) ``{"points", "bandwidth",
-    "alpha3_default", "bytes_per_token", "memory_bytes", "world"}``."""
-    import statistics
-
+    of the process group must call it. ``warmup`` untimed sweeps, then ``reps`` timed sweeps over the whole grid
+    (:func:`sweep_times`); a point's time is the minimum over its repetitions (:func:`timing_estimate`). Returns
+    (same on all ranks) ``{"points", "rep_times", "bandwidth", "alpha3_default", "bytes_per_token",
+    "memory_bytes", "world", "layers", "vision"}``; ``rep_times`` holds every point's repetitions."""
     import torch
     import torch.distributed as dist
 
     from fcp_exec.launch import collective_dtype, current_device, dist_info
-    from fcp_exec.layout import zigzag_shard
 
     rank, world = dist_info()
     device = current_device()
@@ -276,61 +325,29 @@ def profile_worker(model: str = "tiny-llm", layer_like: str | None = None, seq_l
     degrees = list(degrees or range(1, world + 1))
     if max(degrees) > world or min(degrees) < 1:
         raise ValueError(f"degrees {degrees} must lie in 1..{world} (the number of processes)")
-    gen = torch.Generator().manual_seed(seed)
-    id_lo, id_hi = getattr(cfg, "id_range", (10, 0))
-    id_hi = id_hi or cfg.vocab_size
-    cells = profile_grid(seq_lens, packed_docs, packed_lens)
-    grid = []  # (num_docs, seq_len, degree, group or None, local tensors)
-    for d in degrees:
-        groups = [tuple(range(i * d, (i + 1) * d)) for i in range(world // d)]
-        mine = next((g for g in groups if rank in g), None)
-        for k, s in cells:
-            s_pad = -(-int(s) // (2 * d)) * 2 * d  # every document padded to 2·d, as the collator does
-            n = k * s_pad
-            ids = torch.randint(id_lo, id_hi, (n,), generator=gen)
-            labels = torch.randint(id_lo, id_hi, (n,), generator=gen)
-            cu = torch.arange(0, n + 1, s_pad, dtype=torch.int32)
-            pos = torch.arange(s_pad).repeat(k)
-            local = None
-            if mine:
-                cp = mine.index(rank)
-                shards = [zigzag_shard(x, cu, d, cp)[0].to(device) for x in (ids, pos, labels)]
-                local = (*shards, zigzag_shard(ids, cu, d, cp)[1].to(device))
-            grid.append((k, s_pad, d, mine, local))
-    # every repetition sweeps the whole grid, so slow phases of a shared machine hit all points alike
-    times = [[] for _ in grid]
-    for r in range(warmup + reps):
-        for i, (_, s_pad, d, mine, local) in enumerate(grid):
-            if world > 1:
-                dist.barrier()
-            t0 = time.perf_counter()
-            if mine:
-                step(*local, mine, mine.index(rank))
-                net.zero_grad(set_to_none=True)
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-            dt = time.perf_counter() - t0 if mine else 0.0
-            if world > 1:  # the group's (and micro-batch's) time is its slowest rank's
-                t = torch.tensor([dt], dtype=collective_dtype(torch.float64), device=device)
-                dist.all_reduce(t, op=dist.ReduceOp.MAX)
-                dt = float(t[0])
-            if r >= warmup:
-                times[i].append(dt)
+    grid = _grid_shards(cfg, world, rank, degrees, profile_grid(seq_lens, packed_docs, packed_lens), device, seed)
+
+    def run_point(mine, local):
+        if mine:
+            step(*local, mine, mine.index(rank))
+            net.zero_grad(set_to_none=True)
+
+    times = sweep_times([lambda g=g: run_point(g[3], g[4]) for g in grid], reps, warmup, device, seed)
     points = []
     for (k, s_pad, d, _, _), ts in zip(grid, times):
-        med = statistics.median(ts)
-        points.append({"seq_len": s_pad, "degree": d, "time_s": med, "eta": 0.0, "num_docs": k})
+        best, med, spread = timing_estimate(ts)
+        points.append({"seq_len": s_pad, "degree": d, "time_s": best, "eta": 0.0, "num_docs": k})
         if rank == 0:
-            print(f"  measured {k:>2} x seq_len {s_pad:>6} degree {d}: {med * 1e3:8.2f} ms (median of {len(ts)})",
-                  flush=True)
+            print(f"  measured {k:>2} x seq_len {s_pad:>6} degree {d}: {best * 1e3:8.2f} ms (min of {len(ts)}; "
+                  f"median {med * 1e3:8.2f} ms, +{spread * 100:.0f}%)", flush=True)
     vision = []
     if model == "tiny-mllm" and not layer_like and hasattr(net, "vision"):
         vision = time_vision(net.vision, device, tdtype, reps=reps, warmup=warmup, seed=seed)
         if rank == 0:
             for n, sec in vision:
                 print(f"  measured vision tower: {n:>5} visual tokens: {sec * 1e3:8.2f} ms", flush=True)
-    return {"points": points, "bandwidth": bandwidth, "alpha3_default": kv, "bytes_per_token": act,
-            "memory_bytes": _device_memory(device), "world": world,
+    return {"points": points, "rep_times": times, "bandwidth": bandwidth, "alpha3_default": kv,
+            "bytes_per_token": act, "memory_bytes": _device_memory(device), "world": world,
             "layers": getattr(cfg, "num_layers", 1), "vision": vision}
 
 
@@ -348,10 +365,10 @@ def _scaled(fit: FitResult, layers: int) -> FitResult:
 
 
 def run_profile(nproc: int, *, model: str = "tiny-llm", layer_like: str | None = None,
-                seq_lens=(256, 512, 1024, 2048), degrees=None, reps: int = 3, dtype: str = "float32",
+                seq_lens=(256, 512, 1024, 2048), degrees=None, reps: int = 5, dtype: str = "float32",
                 tokens_per_rank: int | None = None, backend: str | None = None,
                 packed_docs=DEFAULT_PACKED_DOCS, packed_lens=DEFAULT_PACKED_LENS,
-                version: int = 2) -> tuple[FitResult, dict]:
+                version: int = 2, warmup: int = 2) -> tuple[FitResult, dict]:
     """Measure on ``nproc`` processes (:func:`fcp_exec.launch.launch`) and fit (``version`` 2: the §4.1 model,
     whose ``.v1`` is the §4 fit of the same points; 1: §4 only). With ``layer_like`` the
     measured layer's coefficients are multiplied by the preset's layer count (the written model is for
@@ -360,7 +377,7 @@ def run_profile(nproc: int, *, model: str = "tiny-llm", layer_like: str | None =
     the vision-tower slope (0 without a timed vision tower)."""
     from fcp_exec.launch import launch
 
-    raw = next(r for r in launch(profile_worker, nproc, model, layer_like, tuple(seq_lens), degrees, reps, 1,
+    raw = next(r for r in launch(profile_worker, nproc, model, layer_like, tuple(seq_lens), degrees, reps, warmup,
                                  dtype, 0, tuple(packed_docs or ()), tuple(packed_lens or ()), backend=backend)
                if r is not None)
     points = [ProfilePoint(**p) for p in raw["points"]]

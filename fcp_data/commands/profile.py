@@ -55,7 +55,11 @@ def register(subparsers, summary: str) -> None:
                    help="length of each packed document (default 64,128,256): packed points put k documents "
                         "of each length in one group, as training does, so the fit sees per-document costs")
     p.add_argument("--degrees", default=None, help="comma-separated degrees (default 1..nproc)")
-    p.add_argument("--reps", type=int, default=3, help="timed repetitions per point, median kept (default 3)")
+    p.add_argument("--reps", type=int, default=5,
+                   help="timed sweeps over the whole grid (default 5): each sweep times every point once, in a "
+                        "shuffled order; a point's time is the minimum over the sweeps (its median/min spread is "
+                        "printed)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed sweeps over the whole grid first (default 2)")
     p.add_argument("--dtype", choices=("float32", "float64", "bfloat16"), default="float32")
     p.add_argument("--tokens-per-rank", type=int, default=None,
                    help="memory budget to write (default: half the memory per process / activation bytes per token)")
@@ -86,7 +90,13 @@ def _fit_dict(fit) -> dict:
 
 def _report(fit, raw, written: str) -> dict:
     """JSON report of a profile run: points, the v1 and v2 fits (coefficients, predictions, errors)."""
+    from fcp_exec.profile_fit import alpha_blk_evidence, degree_slopes
+
+    ev = alpha_blk_evidence(fit.points)
     return {"written": written, "points": [p.to_dict() for p in fit.points], "bandwidth": raw["bandwidth"],
+            "rep_times_s": raw.get("rep_times"), "alpha3_analytic": raw.get("alpha3_default"),
+            "degree_slopes": {str(d): c for d, c in degree_slopes(fit.points).items()},
+            "alpha_blk_evidence": None if ev is None else {"alpha2": ev[0], "alpha_blk": ev[1]},
             "vision": [{"visual_tokens": n, "time_s": t} for n, t in raw.get("vision") or ()],
             "alpha_vis": raw.get("alpha_vis", 0.0), "layers_scaled": raw.get("layers_scaled", 1),
             "fits": {"v1": _fit_dict(fit.v1), "v2": _fit_dict(fit)}}
@@ -103,6 +113,8 @@ def run(args) -> int:
     model, hf_path = resolve_model(args.model)
     if args.reps < 1:
         raise UsageError(f"--reps must be >= 1, got {args.reps}")
+    if args.warmup < 0:
+        raise UsageError(f"--warmup must be >= 0, got {args.warmup}")
     if args.tokens_per_rank is not None and args.tokens_per_rank < 1:
         raise UsageError(f"--tokens-per-rank must be >= 1, got {args.tokens_per_rank}")
     seq_lens = _ints(args.seq_lens)
@@ -142,10 +154,12 @@ def run(args) -> int:
     packed = (f", packed groups of {list(packed_docs)} documents of {list(packed_lens)} tokens" if packed_docs
               else "")
     print(f"[fcp profile] {what}, {args.dtype}, {args.nproc} process(es), lengths {list(seq_lens)}{packed}, "
-          f"degrees {list(degrees or range(1, args.nproc + 1))}, {args.reps} reps", flush=True)
+          f"degrees {list(degrees or range(1, args.nproc + 1))}, {args.warmup} warm-up + {args.reps} timed sweeps "
+          f"(min kept)", flush=True)
     fit, raw = run_profile(args.nproc, model=model, layer_like=args.layer_like, seq_lens=seq_lens,
                            degrees=degrees, reps=args.reps, dtype=args.dtype, tokens_per_rank=args.tokens_per_rank,
-                           backend=backend, packed_docs=packed_docs, packed_lens=packed_lens, version=2)
+                           backend=backend, packed_docs=packed_docs, packed_lens=packed_lens, version=2,
+                           warmup=args.warmup)
     if args.layer_like:
         print(f"(times above are per layer; the table and fit below are scaled to {raw['layers_scaled']} layers)")
     if raw["bandwidth"]:
