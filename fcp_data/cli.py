@@ -101,6 +101,13 @@ def _worker_user_error(e: RuntimeError) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from fcp_data.plan.registry import load_plugins
+
+    try:  # solver plugins first: their names are choices of the parser (README "Adding a solver")
+        load_plugins()
+    except ValueError as e:
+        print(f"fcp: error: {_one_line(str(e))}", file=sys.stderr)
+        return 2
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

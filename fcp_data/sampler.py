@@ -134,13 +134,13 @@ class FCPSampler:
             raise ValueError(f"prefetch must be an integer >= 0 (global batches planned ahead), got {prefetch!r}")
         if not (micro_batches == "auto" or (isinstance(micro_batches, int) and micro_batches >= 1)):
             raise ValueError(f"micro_batches must be 'auto' or a positive int, got {micro_batches!r}")
-        from fcp_data.plan import SOLVER_NAMES
+        from fcp_data.plan.registry import get_solver
 
-        if solver not in SOLVER_NAMES:
-            raise ValueError(f"unknown solver {solver!r}; valid: {', '.join(SOLVER_NAMES)}")
-        if solver == "ilp":  # its result depends on how far HiGHS gets within a wall-clock limit
-            raise ValueError("solver='ilp' is time-limited, so ranks could compute different plans; use 'fcp' "
-                             "(or 'exhaustive' for tiny batches) in the sampler and the ILP for offline checks")
+        spec = get_solver(solver)  # unknown: ValueError listing the registered solvers
+        if not spec.deterministic:  # every rank plans on its own: e.g. the ILP's result depends on wall-clock time
+            why = "time-limited" if spec.time_limited else "registered as non-deterministic"
+            raise ValueError(f"solver={solver!r} is {why}, so ranks could compute different plans; use 'fcp' "
+                             f"(or 'exhaustive' for tiny batches) in the sampler and {solver!r} for offline checks")
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise ValueError(f"seed must be an integer, got {seed!r}")
         self.seed, self.drop_last, self.on_overlong = int(seed), bool(drop_last), on_overlong

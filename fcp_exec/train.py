@@ -124,16 +124,18 @@ def format_degrees(degrees: list[list[int]]) -> str:
 
 def parse_planner(planner: str) -> tuple[str, int | None]:
     """``"fcp"`` → ``("fcp", None)``; ``"static-cp:2"`` → ``("static-cp", 2)``: a fixed degree for the
-    fixed-degree baselines (static-cp, ulysses); ``static-cp:1`` is data parallelism only."""
-    from fcp_data.plan.solvers import SOLVER_NAMES
+    fixed-degree solvers of the registry (static-cp, ulysses); ``static-cp:1`` is data parallelism only."""
+    from fcp_data.plan.registry import SOLVER_NAMES, solver_names
 
     name, _, deg = planner.partition(":")
     if name not in SOLVER_NAMES:
         raise ValueError(f"unknown planner {name!r}; choose one of {', '.join(SOLVER_NAMES)}")
     if not deg:
         return name, None
-    if name not in ("static-cp", "ulysses") or not deg.isdigit() or int(deg) < 1:
-        raise ValueError(f"planner {planner!r}: a fixed degree ('NAME:D', D >= 1) only applies to static-cp and ulysses")
+    fixed = solver_names(fixed_degree=True)
+    if name not in fixed or not deg.isdigit() or int(deg) < 1:
+        raise ValueError(f"planner {planner!r}: a fixed degree ('NAME:D', D >= 1) only applies to "
+                         f"{' and '.join(fixed)}")
     return name, int(deg)
 
 

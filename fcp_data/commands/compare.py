@@ -2,6 +2,11 @@
 
 The batch is ``--lengths FILE [--visual FILE]`` or ``--index DIR`` (a length index from ``fcp index``:
 lengths, visual tokens and η from its columns); see :mod:`fcp_data.commands.plan`.
+
+The solvers come from the registry (:mod:`fcp_data.plan.registry`): by default every registered solver that
+is neither exact nor a baseline (``fcp``, ``fcp-dp``, and a plugin's), the exact ones asked for by ``--ilp`` /
+``--exhaustive``, then ``--baselines`` (default: every registered baseline); ``--solvers a,b`` runs exactly
+those instead. A solver that cannot plan the batch is reported, not fatal (``fcp`` excepted).
 """
 
 from __future__ import annotations
@@ -9,22 +14,18 @@ from __future__ import annotations
 import argparse
 import json
 
-from fcp_data.commands.plan import BASELINES, add_input_args, parse_baselines, parse_micro_batches, positive_seconds
+from fcp_data.commands.plan import add_input_args, parse_micro_batches, positive_seconds
+from fcp_data.commands.solver_args import BASELINES, parse_baselines, parse_solvers, solvers_epilog
 
 __all__ = ["register"]
 
 
 def run(args: argparse.Namespace) -> int:
     from fcp_data.commands.plan import degree_summary, load_inputs, solver_options
-    from fcp_data.plan import plan_batch
+    from fcp_data.plan import get_solver, plan_batch
 
+    names = _chosen_solvers(args)
     lengths, cm, report, visual, etas = load_inputs(args)
-    names = ["fcp", "fcp-dp"]
-    if args.ilp:
-        names.append("ilp")
-    if args.exhaustive:
-        names.append("exhaustive")
-    names += list(args.baselines)
     opts = solver_options(args)
     results: dict[str, object] = {}
     for name in names:
@@ -37,12 +38,14 @@ def run(args: argparse.Namespace) -> int:
             results[name] = str(e)  # a reference or baseline that cannot plan this batch: reported, not fatal
     if args.json:
         out = {k: (v.to_dict() if not isinstance(v, str) else {"error": v}) for k, v in results.items()}
-        for k in ("ilp", "exhaustive"):
-            if k in out and "error" not in out[k]:
+        for k in out:
+            if get_solver(k).exact and "error" not in out[k]:
                 out[k].setdefault("optimal", False)
         print(json.dumps(out))
         return 0
     ok = {k: v for k, v in results.items() if not isinstance(v, str)}
+    if not ok:
+        raise ValueError("no solver could plan this batch: " + "; ".join(f"{k}: {v}" for k, v in results.items()))
     best = min(p.makespan for p in ok.values())
     if report.num_overlong:
         print(report.summary())
@@ -58,21 +61,42 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _chosen_solvers(args: argparse.Namespace) -> list[str]:
+    """The solvers to run, in order (module doc); ``--solvers`` with ``--ilp``/``--exhaustive``/``--baselines``
+    is a ``UsageError``."""
+    from fcp_data.cli import UsageError
+    from fcp_data.plan import solver_specs
+
+    if args.solvers is not None:
+        if args.ilp or args.exhaustive or args.baselines is not None:
+            raise UsageError("--solvers lists every solver to run; do not combine it with --ilp, --exhaustive or "
+                             "--baselines")
+        return list(args.solvers)
+    asked = {"ilp": args.ilp, "exhaustive": args.exhaustive}
+    specs = solver_specs()
+    names = [s.name for s in specs if not s.exact and not s.baseline]
+    names += [s.name for s in specs if s.exact and asked.get(s.name)]
+    return names + list(BASELINES if args.baselines is None else args.baselines)
+
+
 EPILOG = """examples:
   fcp compare --lengths lengths.txt --ranks 8 --preset Qwen3-8B --hardware h100
   fcp compare --lengths small.txt --ranks 4 --cost cost.json --ilp --exhaustive --time-limit 10
   fcp compare --lengths lengths.txt --ranks 16 --preset Qwen3-4B --hardware h200 --baselines static-cp,fcp-pow2 --json
-  fcp compare --index my-index --ranks 8 --cost cost.json --micro-batches auto   (an index from `fcp index`)"""
+  fcp compare --index my-index --ranks 8 --cost cost.json --micro-batches auto   (an index from `fcp index`)
+  FCP_SOLVER_PLUGINS=my_solver fcp compare --lengths lengths.txt --ranks 8 --cost cost.json --solvers fcp,mine"""
 
 
 def register(subparsers, summary: str) -> None:
-    p = subparsers.add_parser("compare", help=summary, description=summary + ".", epilog=EPILOG,
+    p = subparsers.add_parser("compare", help=summary, description=summary + ".", epilog=EPILOG + "\n" + solvers_epilog(),
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     add_input_args(p)
     p.add_argument("--ilp", action="store_true", help="also solve the exact ILP (cvxpy + HiGHS; small batches)")
     p.add_argument("--exhaustive", action="store_true", help="also enumerate every partition (at most 7 sequences)")
-    p.add_argument("--baselines", type=parse_baselines, default=BASELINES, metavar="a,b,...",
+    p.add_argument("--baselines", type=parse_baselines, default=None, metavar="a,b,...",
                    help=f"baselines to run (default all: {','.join(BASELINES)})")
+    p.add_argument("--solvers", type=parse_solvers, default=None, metavar="a,b,...",
+                   help="run exactly these registered solvers instead of the default set (see the list below)")
     p.add_argument("--time-limit", type=positive_seconds, default=30.0,
                    help="ILP time budget in seconds for the whole batch, all micro-batches and 'auto' candidates "
                         "together (default 30)")

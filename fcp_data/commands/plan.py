@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+
+from fcp_data.commands.solver_args import (BASELINES, SOLVER_CHOICES, parse_baselines, parse_solvers, solver_options,
+                                          solvers_epilog)
+from fcp_data.plan.registry import get_solver, solver_specs
 
 __all__ = ["register", "add_input_args", "add_source_args", "add_cost_args", "add_visual_args", "load_cost",
            "load_inputs", "load_visual", "check_source", "load_source", "Workload", "source_visual", "solver_options",
            "parse_micro_batches", "format_plan", "degree_summary", "SOLVER_CHOICES", "BASELINES", "parse_baselines",
-           "check_ranks", "check_heads", "positive_seconds", "MAX_RANKS"]
+           "parse_solvers", "solvers_epilog", "check_ranks", "check_heads", "positive_seconds", "MAX_RANKS"]
 
 
 def add_cost_args(p: argparse.ArgumentParser) -> None:
@@ -240,21 +243,6 @@ def load_cost(args: argparse.Namespace):
     return CostModel.preset(args.preset, args.hardware)
 
 
-def solver_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    """Per-solver keyword options: Ulysses head counts (from the preset unless given)."""
-    heads, kv = 32, 8
-    if getattr(args, "preset", None):
-        from fcp_data.presets import model_heads
-
-        heads, kv = model_heads(args.preset)
-    heads = args.heads if args.heads is not None else heads
-    kv = args.kv_heads if args.kv_heads is not None else kv
-    out: dict[str, dict[str, Any]] = {"ulysses": {"num_heads": heads, "num_kv_heads": kv}}
-    if getattr(args, "time_limit", None) is not None:
-        out["ilp"] = {"time_limit": args.time_limit}
-    return out
-
-
 # Literal copy of fcp_data.cost.MAX_RANKS so that building the parser imports no numpy (tested equal).
 MAX_RANKS = 4096
 
@@ -319,14 +307,6 @@ def positive_seconds(text: str) -> float:
     return v
 
 
-def parse_baselines(text: str) -> tuple[str, ...]:
-    names = tuple(t.strip() for t in text.split(",") if t.strip())
-    bad = [n for n in names if n not in BASELINES]
-    if bad:
-        raise argparse.ArgumentTypeError(f"unknown baseline(s) {', '.join(bad)}; valid: {', '.join(BASELINES)}")
-    return names
-
-
 def degree_summary(degrees) -> str:
     """Groups as ⟨d⟩×count, largest degree first (the FCP paper's Table 6 notation)."""
     counts: dict[int, int] = {}
@@ -362,10 +342,11 @@ def format_plan(plan, lengths, cost_model) -> str:
 def run(args: argparse.Namespace) -> int:
     from fcp_data.plan import plan_batch
 
-    if args.solver != "ilp" and args.time_limit is not None:
+    if args.time_limit is not None and not get_solver(args.solver).time_limited:
         from fcp_data.cli import UsageError
 
-        raise UsageError(f"--time-limit applies to --solver ilp only (got --solver {args.solver})")
+        limited = " or ".join(s.name for s in solver_specs() if s.time_limited)
+        raise UsageError(f"--time-limit applies to --solver {limited} only (got --solver {args.solver})")
     lengths, cm, report, visual, etas = load_inputs(args)
     opts = solver_options(args).get(args.solver, {})
     plan = plan_batch(lengths, num_ranks=args.ranks, cost_model=cm, solver=args.solver, etas=etas,
@@ -377,11 +358,6 @@ def run(args: argparse.Namespace) -> int:
             print(report.summary())
         print(format_plan(plan, lengths, cm))
     return 0
-
-
-# Literal copy of fcp_data.plan.SOLVER_NAMES so that building the parser imports no numpy (tested equal).
-SOLVER_CHOICES = ("fcp", "fcp-dp", "ilp", "exhaustive", "static-cp", "ulysses", "megatron-dynamic", "fcp-pow2")
-BASELINES = ("static-cp", "ulysses", "megatron-dynamic", "fcp-pow2")
 
 
 EPILOG = """workload: --lengths FILE, or --index DIR (a length index from `fcp index`: lengths, visual tokens and η).
@@ -397,13 +373,15 @@ exit codes: 0 ok, 2 bad input (one line on stderr)."""
 
 def register(subparsers, summary: str) -> None:
     p = subparsers.add_parser("plan", help=summary, description=summary + ". Prints a table, or the plan JSON with --json.",
-                              epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              epilog=EPILOG + "\n" + solvers_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     add_input_args(p)
-    p.add_argument("--solver", choices=SOLVER_CHOICES, default="fcp", help="solver (default fcp)")
+    p.add_argument("--solver", choices=SOLVER_CHOICES, default="fcp", metavar="NAME",
+                   help=f"a registered solver (default fcp): {', '.join(SOLVER_CHOICES)}; see the list below")
     p.add_argument("--micro-batches", type=parse_micro_batches, default=1, metavar="auto|M",
                    help="plan as one micro-batch (default), exactly M, or 'auto' (fewest that fit, best of a few)")
+    limited = "/".join(s.name for s in solver_specs() if s.time_limited)
     p.add_argument("--time-limit", type=positive_seconds, default=None, metavar="S",
-                   help="--solver ilp: time budget in seconds for the whole batch, all micro-batches and 'auto' "
+                   help=f"--solver {limited}: time budget in seconds for the whole batch, all micro-batches and 'auto' "
                         "candidates together (default 30)")
     p.add_argument("--json", action="store_true", help="print the DESIGN §6 plan JSON")
     p.set_defaults(func=run)

@@ -6,8 +6,10 @@ makespans under the §4/§4.1 cost model. The workload is ``--lengths FILE`` (``
 tokens per sequence, as in ``fcp plan``) or ``--index DIR``, a length index built by ``fcp index``: lengths
 from its ``num_tokens`` column, visual tokens from ``num_visual_tokens`` and η from its ``eta`` column (the
 spec's attention kind), so "will FCP help on my data?" is one command after ``fcp index``. ``--cap`` and
-``--on-overlong`` apply to either, visual tokens and η following their sequence. ``static-cp`` and ``ulysses`` keep one degree for the whole run (the
-best one over all steps). Prints the mean step time per solver and FCP's speedup over it;
+``--on-overlong`` apply to either, visual tokens and η following their sequence. The solvers compared with
+FCP are ``--baselines`` (default: every registered baseline) or ``--solvers a,b`` (any registered solvers,
+plugins included). A fixed-degree solver (registry ``fixed_degree``: ``static-cp``, ``ulysses``) keeps one
+degree for the whole run (the best one over all steps, swept over its spec's ``degrees``). Prints the mean step time per solver and FCP's speedup over it;
 ``--json`` prints ``{"<solver>": {"mean_step_s": float, "steps": [...]}}``; ``--plot`` writes a bar chart of
 the mean step times and a Gantt chart (ranks × time, one colour per CP group) of FCP's first micro-batch.
 """
@@ -18,7 +20,8 @@ import argparse
 import json
 import sys
 
-from fcp_data.commands.plan import BASELINES, add_cost_args, add_source_args, add_visual_args, parse_baselines
+from fcp_data.commands.plan import add_cost_args, add_source_args, add_visual_args
+from fcp_data.commands.solver_args import BASELINES, parse_baselines, parse_solvers, solvers_epilog
 
 __all__ = ["register", "simulate", "plot_simulation", "check_plot_path", "MAX_STEPS"]
 
@@ -32,22 +35,19 @@ def simulate(lengths, *, num_ranks: int, cost_model, global_batch_size: int, ste
     η per workload sequence (None: all causal)."""
     from tqdm import tqdm
 
-    from fcp_data.plan import plan_batch
+    from fcp_data.plan import get_solver, plan_batch
     from fcp_data.workloads import draw_batches
 
     options = options or {}
     batches = draw_batches(len(lengths), global_batch_size, steps, seed)
-    from fcp_data.plan.baselines import ulysses_degrees
-
-    # static baselines keep one degree for the whole run (a Megatron/DeepSpeed job is configured once):
-    # every allowed degree is simulated and the best mean kept.
+    # fixed-degree solvers keep one degree for the whole run (a Megatron/DeepSpeed job is configured once):
+    # every degree of the spec's sweep is simulated and the best mean kept.
     runs: list[tuple[str, dict]] = []
     for name in solvers:
         opts = dict(options.get(name, {}))
-        if name == "static-cp":
-            runs += [(name, {**opts, "degree": d}) for d in range(1, num_ranks + 1) if num_ranks % d == 0]
-        elif name == "ulysses":
-            runs += [(name, {**opts, "degree": d}) for d in ulysses_degrees(num_ranks, opts.get("num_heads", 32))]
+        spec = get_solver(name)
+        if spec.fixed_degree:
+            runs += [(name, {**opts, "degree": d}) for d in spec.degrees(num_ranks, opts)]
         else:
             runs.append((name, opts))
     results: list[tuple[str, dict, list[float], object]] = []
@@ -68,7 +68,7 @@ def simulate(lengths, *, num_ranks: int, cost_model, global_batch_size: int, ste
             bar.update(1)
         if failed is None:
             results.append((name, opts, ts, first_plan))
-        elif "degree" not in opts:
+        elif not get_solver(name).fixed_degree:
             raise ValueError(failed)
     bar.close()
     times: dict[str, list[float]] = {}
@@ -155,6 +155,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--seed must be >= 0, got {args.seed}")
     if args.cap < 1:
         raise UsageError(f"--cap must be >= 1 token, got {args.cap}")
+    if args.solvers is not None and args.baselines is not None:
+        raise UsageError("give either --baselines or --solvers (the solvers to compare with FCP), not both")
+    others = args.solvers if args.solvers is not None else BASELINES if args.baselines is None else args.baselines
+    solvers = ["fcp"] + [b for b in others if b != "fcp"]
     if args.plot:
         check_plot_path(args.plot)
     cm = load_cost(args)
@@ -163,7 +167,6 @@ def run(args: argparse.Namespace) -> int:
     lengths, report = apply_cap(work.lengths, cap, args.on_overlong)
     visual = source_visual(args, work, lengths, report)
     etas = None if work.etas is None else work.etas[report.kept]
-    solvers = ["fcp"] + [b for b in args.baselines if b != "fcp"]
     times, first, fixed = simulate(lengths, num_ranks=args.ranks, cost_model=cm, global_batch_size=args.global_batch_size,
                             steps=args.steps, seed=args.seed, solvers=solvers, options=solver_options(args),
                             progress=not args.no_progress, visual=visual, etas=etas)
@@ -195,7 +198,7 @@ EPILOG = """examples:
 
 
 def register(subparsers, summary: str) -> None:
-    p = subparsers.add_parser("simulate", help=summary, description=summary + ".", epilog=EPILOG,
+    p = subparsers.add_parser("simulate", help=summary, description=summary + ".", epilog=EPILOG + "\n" + solvers_epilog(),
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     add_source_args(p)
     add_visual_args(p)
@@ -207,8 +210,10 @@ def register(subparsers, summary: str) -> None:
     p.add_argument("--cap", type=int, default=131072, help="length cap (default 131072; also at most ranks × tokens_per_rank)")
     p.add_argument("--on-overlong", choices=("error", "truncate", "drop"), default="truncate",
                    help="sequences over the cap: truncate (default), drop or error")
-    p.add_argument("--baselines", type=parse_baselines, default=BASELINES, metavar="a,b,...",
+    p.add_argument("--baselines", type=parse_baselines, default=None, metavar="a,b,...",
                    help=f"baselines to compare with FCP (default all: {','.join(BASELINES)})")
+    p.add_argument("--solvers", type=parse_solvers, default=None, metavar="a,b,...",
+                   help="registered solvers to compare with FCP instead of --baselines (see the list below)")
     p.add_argument("--plot", metavar="OUT.png", help="write a bar chart and a Gantt chart of one FCP micro-batch")
     p.add_argument("--json", action="store_true", help='print {"<solver>": {"mean_step_s": ..., "steps": [...]}}')
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")

@@ -37,7 +37,7 @@ _TINY = ("tiny-llm", "tiny-mllm")
 def register(subparsers, summary: str) -> None:
     import argparse
 
-    from fcp_data.plan.solvers import SOLVER_NAMES
+    from fcp_data.plan.registry import solver_names
 
     p = subparsers.add_parser("train", help=summary, description=summary, epilog=EPILOG,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -52,8 +52,9 @@ def register(subparsers, summary: str) -> None:
     p.add_argument("--nproc", type=int, default=None,
                    help="processes to start (default 2; under torchrun its WORLD_SIZE, no processes are started)")
     p.add_argument("--planner", default="fcp",
-                   help=f"the sampler's solver: {', '.join(s for s in SOLVER_NAMES if s != 'ilp')}; static-cp:D / "
-                        "ulysses:D fix the degree (static-cp:1 = data parallel only); default fcp")
+                   help=f"the sampler's solver (a deterministic registered one): {', '.join(solver_names(deterministic=True))}; "
+                        f"{' / '.join(n + ':D' for n in solver_names(fixed_degree=True))} fix the degree (static-cp:1 = "
+                        "data parallel only); default fcp")
     p.add_argument("--steps", type=int, default=5, help="optimizer steps (default 5)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=("float32", "float64", "bfloat16"), default="float32")

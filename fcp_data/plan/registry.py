@@ -342,7 +342,7 @@ def _ulysses_degrees(num_ranks: int, options: Mapping[str, Any]) -> list[int]:
 _BUILTINS = (
     SolverSpec(name="fcp", solve=_fcp(), help="FCP: flexible CP groups of any degree per micro-batch", validate=False),
     SolverSpec(name="fcp-dp", solve=_fcp(allocator="dp"), max_ranks=MAX_DP_RANKS, validate=False,
-               help="FCP with the paper's O(K·N²) 2-D DP as stage 2 (a reference: same optimum, slower)"),
+               help="FCP with the paper's O(K·N²) 2-D DP as stage 2: a reference, same optimum as fcp, slower"),
     SolverSpec(name="ilp", solve=_ilp, exact=True, deterministic=False, options=("time_limit", "max_sequences"),
                validate=False, help="exact ILP (cvxpy + HiGHS), time-limited; small batches"),
     SolverSpec(name="exhaustive", solve=exhaustive.solve_exhaustive, exact=True, options=("max_sequences",),

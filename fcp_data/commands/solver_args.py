@@ -1,0 +1,68 @@
+"""Solver options shared by ``fcp plan``, ``compare`` and ``simulate``, all derived from the solver registry
+(:mod:`fcp_data.plan.registry`): the ``--solver``/``--solvers``/``--baselines`` choices, the per-solver
+keyword options built from the CLI's values, and the list of solvers in ``--help``.
+
+The choices are live views of the registry, so a solver registered by a plugin module
+(``FCP_SOLVER_PLUGINS=module``, imported by :func:`fcp_data.cli.main` before the parser is built) is a valid
+choice of every command.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from fcp_data.plan.registry import BASELINE_NAMES, SOLVER_NAMES, solver_specs
+
+__all__ = ["SOLVER_CHOICES", "BASELINES", "solver_options", "parse_baselines", "parse_solvers", "solvers_epilog"]
+
+# live views of the registry: a solver registered later (FCP_SOLVER_PLUGINS) is a valid choice too
+SOLVER_CHOICES = SOLVER_NAMES
+BASELINES = BASELINE_NAMES
+
+
+def solver_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """Per-solver keyword options, each solver getting those of the CLI's values its registry spec declares:
+    ``num_heads``/``num_kv_heads`` (Ulysses; from the preset unless given by ``--heads``/``--kv-heads``) and
+    ``time_limit`` (``--time-limit``, when given)."""
+    heads, kv = 32, 8
+    if getattr(args, "preset", None):
+        from fcp_data.presets import model_heads
+
+        heads, kv = model_heads(args.preset)
+    pool: dict[str, Any] = {"num_heads": args.heads if args.heads is not None else heads,
+                            "num_kv_heads": args.kv_heads if args.kv_heads is not None else kv}
+    if getattr(args, "time_limit", None) is not None:
+        pool["time_limit"] = args.time_limit
+    out = {s.name: {k: v for k, v in pool.items() if k in s.options} for s in solver_specs()}
+    return {name: opts for name, opts in out.items() if opts}
+
+
+def parse_baselines(text: str) -> tuple[str, ...]:
+    """A comma-separated list of registered baselines (``baseline=True`` in the registry)."""
+    names = tuple(t.strip() for t in text.split(",") if t.strip())
+    bad = [n for n in names if n not in BASELINES]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown baseline(s) {', '.join(bad)}; valid: {', '.join(BASELINES)}")
+    return names
+
+
+def parse_solvers(text: str) -> tuple[str, ...]:
+    """A comma-separated list of registered solvers (each once, in the order given)."""
+    names = tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    bad = [n for n in names if n not in SOLVER_NAMES]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown solver(s) {', '.join(bad) or repr(text)}; valid: "
+                                         f"{', '.join(SOLVER_NAMES)}")
+    return names
+
+
+def solvers_epilog() -> str:
+    """The registered solvers, one line each (name, kind, help), for the commands' ``--help``."""
+    lines = ["solvers (fcp_data.plan.registry; FCP_SOLVER_PLUGINS=module adds yours, see README 'Adding a solver'):"]
+    width = max(len(s.name) for s in solver_specs())
+    for s in solver_specs():
+        kind = ", ".join(k for k, on in (("exact", s.exact), ("baseline", s.baseline), ("fixed degree", s.fixed_degree),
+                                         ("time-limited", s.time_limited)) if on)
+        lines.append(f"  {s.name:<{width}}  {s.help}" + (f" [{kind}]" if kind else ""))
+    return "\n".join(lines)
