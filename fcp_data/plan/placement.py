@@ -20,6 +20,8 @@ crossing sets to the ``k`` groups that are fastest across nodes (exact, ties by 
 
 from __future__ import annotations
 
+import heapq
+
 import numpy as np
 
 from fcp_data.cost import CostModel
@@ -34,49 +36,85 @@ def place_groups(degrees: list[int] | np.ndarray, num_ranks: int, ranks_per_node
         raise ValueError(f"degrees must be >= 1, got {degrees}")
     if sum(degrees) > num_ranks:
         raise ValueError(f"degrees sum to {sum(degrees)} but only {num_ranks} ranks exist")
-    R = int(ranks_per_node)
+    return _place(degrees, int(num_ranks), int(ranks_per_node))
+
+
+def _place(degrees: list[int], num_ranks: int, R: int) -> list[tuple[int, ...]]:
+    """:func:`place_groups` without the input checks. A node's free ranks are always a suffix of its
+    range (groups take the lowest free ones), so a node is ``(next free rank, end)``; nodes are kept in
+    one min-heap of ids per free count (stale entries skipped), which makes the best fit O(R) per group.
+    Once only degree-1 groups are left, best fit drains the nodes in (free count, id) order: one pass."""
     num_nodes = -(-num_ranks // R)
-    free: list[list[int]] = [list(range(n * R, min((n + 1) * R, num_ranks))) for n in range(num_nodes)]
-    out: list[tuple[int, ...] | None] = [None] * len(degrees)
-    order = sorted(range(len(degrees)), key=lambda g: (-degrees[g], g))
+    nxt = [n * R for n in range(num_nodes)]
+    end = [min((n + 1) * R, num_ranks) for n in range(num_nodes)]
+    count = [e - s for s, e in zip(nxt, end)]
+    top = min(R, num_ranks)  # no node has more free ranks than this
+    buckets: list[list[int]] = [[] for _ in range(top + 1)]
+    for n in range(num_nodes):
+        buckets[count[n]].append(n)  # ascending ids: already a heap
 
-    count = np.array([len(f) for f in free], dtype=np.int64)  # free ranks per node
+    def lowest(c: int) -> int:
+        if c > top:
+            return -1
+        h = buckets[c]
+        while h and count[h[0]] != c:
+            heapq.heappop(h)
+        return h[0] if h else -1
 
-    def take(node: int, k: int) -> list[int]:
-        got, free[node] = free[node][:k], free[node][k:]
-        count[node] -= len(got)
+    def take(n: int, k: int) -> range:
+        got = range(nxt[n], nxt[n] + k)
+        nxt[n] += k
+        count[n] -= k
+        heapq.heappush(buckets[count[n]], n)
         return got
 
-    for g in order:
+    out: list[tuple[int, ...] | None] = [None] * len(degrees)
+    order = sorted(range(len(degrees)), key=lambda g: (-degrees[g], g))
+    for pos, g in enumerate(order):
         need = degrees[g]
-        ranks: list[int] = []
-        if need > R:
-            for n in np.flatnonzero(count == R).tolist():  # whole free nodes, lowest first
-                if need < R:
-                    break
-                ranks += take(n, R)
-                need -= R
+        if need == 1:  # the rest are degree 1: fill nodes by (free count, id), each from its lowest rank
+            free = [r for n in sorted((n for n in range(num_nodes) if count[n]), key=lambda n: (count[n], n))
+                    for r in range(nxt[n], end[n])]
+            for r, h in zip(free, order[pos:]):
+                out[h] = (r,)
+            break
+        parts: list[range] = []
+        while need >= R and need > 0:  # whole free nodes, lowest first (only when the group is larger than a node)
+            n = lowest(R) if degrees[g] > R else -1
+            if n < 0:
+                break
+            parts.append(take(n, R))
+            need -= R
         if need > 0:
-            fits = np.flatnonzero(count >= need)
-            if fits.size:  # best fit: fewest free ranks that still hold it, lowest node on ties
-                ranks += take(int(fits[np.argmin(count[fits])]), need)
+            n = next((m for m in (lowest(c) for c in range(need, top + 1)) if m >= 0), -1)
+            if n >= 0:  # best fit: fewest free ranks that still hold it, lowest node on ties
+                parts.append(take(n, need))
             else:  # spread over the nodes with most free ranks
-                for n in np.lexsort((np.arange(num_nodes), -count)).tolist():
-                    k = min(need, int(count[n]))
-                    ranks += take(n, k)
-                    need -= k
+                for m in sorted(range(num_nodes), key=lambda m: (-count[m], m)):
+                    k = min(need, count[m])
+                    if k:
+                        parts.append(take(m, k))
+                        need -= k
                     if need == 0:
                         break
-        out[g] = tuple(sorted(ranks))
+        out[g] = tuple(parts[0]) if len(parts) == 1 else tuple(sorted(r for p in parts for r in p))
     return out  # type: ignore[return-value]
+
+
+def _intra(ranks: list[tuple[int, ...]], ranks_per_node: int) -> np.ndarray:
+    """Per group: do all its ranks lie on one node (``min // R == max // R``)?"""
+    R = ranks_per_node
+    return np.fromiter((min(r) // R == max(r) // R for r in ranks), dtype=bool, count=len(ranks))
 
 
 def placed_times(S: np.ndarray, Q: np.ndarray, ranks: list[tuple[int, ...]], cost_model: CostModel,
                  B: np.ndarray | None = None, V: np.ndarray | None = None) -> np.ndarray:
     """§4 time of each group on its real ranks (intra-node only when all its ranks share a node);
     ``B``, ``V``: the groups' §4.1 aggregates (see :meth:`CostModel.time`)."""
-    d = np.array([len(r) for r in ranks], dtype=np.float64)
-    intra = np.array([cost_model.is_intra_node(r) for r in ranks], dtype=bool)
+    if any(len(r) == 0 for r in ranks):
+        raise ValueError("a CP group needs at least one rank")
+    d = np.fromiter(map(len, ranks), dtype=np.float64, count=len(ranks))
+    intra = _intra(ranks, cost_model.ranks_per_node)
     return np.atleast_1d(cost_model.time(np.asarray(S, dtype=np.float64), np.asarray(Q, dtype=np.float64), d, intra,
                                          B=B, V=V))
 
@@ -90,25 +128,27 @@ def place_for_times(S: np.ndarray, Q: np.ndarray, degrees, num_ranks: int, cost_
     """:func:`place_groups`, then the node-crossing rank sets of each degree go to the groups that lose
     least by crossing (see the module docstring). ``time_fn(S, Q, ranks, B, V)`` as in :func:`build_micro_batch`."""
     ranks = place_groups(degrees, num_ranks, cost_model.ranks_per_node)
-    intra = [cost_model.is_intra_node(r) for r in ranks]
-    if all(intra):
+    intra = _intra(ranks, cost_model.ranks_per_node)
+    if intra.all():
         return ranks
     time_fn = time_fn or (lambda s, q, r, b, v: placed_times(s, q, r, cost_model, b, v))
     S = np.asarray(S, dtype=np.float64)
     Q = np.asarray(Q, dtype=np.float64)
-    degrees = [int(d) for d in degrees]
-    for d in sorted(set(degrees)):
-        members = [g for g in range(len(degrees)) if degrees[g] == d]
-        sets_in = [ranks[g] for g in members if intra[g]]
-        sets_out = [ranks[g] for g in members if not intra[g]]
-        if not sets_in or not sets_out:
+    deg = np.fromiter(map(len, ranks), dtype=np.int64, count=len(ranks))
+    for d in np.unique(deg[~intra]).tolist():  # only degrees with a crossing set can swap
+        members = np.flatnonzero(deg == d)
+        inside = intra[members]
+        if not inside.any():
             continue
+        sets_in = [ranks[g] for g in members[inside].tolist()]
+        sets_out = [ranks[g] for g in members[~inside].tolist()]
         t_out = np.asarray(time_fn(S[members], Q[members], [sets_out[0]] * len(members),
-                                       _sub(B, members), _sub(V, members)), dtype=np.float64)
-        cross = set(np.lexsort((np.arange(len(members)), t_out))[: len(sets_out)].tolist())
+                                   _sub(B, members), _sub(V, members)), dtype=np.float64)
+        cross = np.zeros(len(members), dtype=bool)
+        cross[np.lexsort((np.arange(len(members)), t_out))[: len(sets_out)]] = True
         it_in, it_out = iter(sets_in), iter(sets_out)
-        for j, g in enumerate(members):
-            ranks[g] = next(it_out) if j in cross else next(it_in)
+        for j, g in enumerate(members.tolist()):
+            ranks[g] = next(it_out) if cross[j] else next(it_in)
     return ranks
 
 
