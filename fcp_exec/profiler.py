@@ -21,11 +21,11 @@ training, encodes one dummy frame per forward (its vision cost is not part of th
 Cost model v2 (DESIGN §4.1): ``gamma`` and ``alpha_blk`` are fitted from the same grid (degrees 1..nproc,
 single long and short documents, packed groups of many short documents, every cell at every degree;
 ``gamma`` needs degrees ≥ 3 to be told from ``beta2``). ``alpha_vis``: with a vision tower (``--model
-tiny-mllm``) :func:`time_vision` times the encoder's forward + backward on batches of ``VISION_FRAMES`` frames
-of ``VISION_GRID`` patches and :func:`~fcp_exec.profile_fit.fit_alpha_vis` takes the slope in visual tokens.
-Other models (tiny-llm, ``--layer-like``, Hugging Face VL models, whose vision tower is not timed) get
-``alpha_vis = 0``. :func:`run_profile` fits v2 by default (``version=2``) and
-keeps the v1 fit of the same points beside it.
+tiny-mllm``, or a Hugging Face Qwen-VL model) :func:`~fcp_exec.profile_timing.time_vision` times the encoder's
+forward + backward on batches of ``VISION_FRAMES`` frames of ``VISION_GRID`` patches and
+:func:`~fcp_exec.profile_fit.fit_alpha_vis` takes the slope in visual tokens; other models (tiny-llm,
+``--layer-like``, HF text models) get ``alpha_vis = 0``. :func:`run_profile` fits v2 by default (``version=2``)
+and keeps the v1 fit of the same points beside it.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 from fcp_exec.profile_fit import (COEFFICIENTS, COEFFICIENTS_V2, FitResult, ProfilePoint, fit_alpha_vis,
                                   fit_cost_model, fit_errors, format_fit, nnls_small, plot_fit, timing_estimate)
+from fcp_exec.profile_timing import VISION_FRAMES, VISION_GRID, sweep_times, time_vision, vision_tower
 
 __all__ = ["ProfilePoint", "FitResult", "fit_cost_model", "nnls_small", "format_fit", "plot_fit", "run_profile",
            "profile_worker", "ping_bandwidth", "kv_bytes_per_token", "profile_grid", "fit_errors", "fit_alpha_vis",
@@ -189,66 +190,6 @@ def _device_memory(device) -> float:
     return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")) / max(local, 1)
 
 
-def sweep_times(steps, reps: int, warmup: int, device, seed: int = 0) -> list[list[float]]:
-    """Time every callable of ``steps`` once per sweep, ``warmup`` untimed sweeps then ``reps`` timed ones; each
-    sweep runs the steps in its own shuffled order (seeded: the same on every rank), so load drift on a shared
-    machine hits all points alike instead of whichever points ran during a slow phase. A step's time is the
-    slowest rank's (all ranks start together after a barrier). Returns, per step, its ``reps`` timings.
-    Every rank of the process group (if any) must call it with the same ``steps`` count and seed."""
-    import random
-
-    import torch
-    import torch.distributed as dist
-
-    from fcp_exec.launch import collective_dtype
-
-    multi = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-    order_rng = random.Random(seed)
-    times: list[list[float]] = [[] for _ in steps]
-    for r in range(warmup + reps):
-        order = list(range(len(steps)))
-        order_rng.shuffle(order)
-        for i in order:
-            if multi:
-                dist.barrier()
-            t0 = time.perf_counter()
-            steps[i]()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            dt = time.perf_counter() - t0
-            if multi:
-                t = torch.tensor([dt], dtype=collective_dtype(torch.float64), device=device)
-                dist.all_reduce(t, op=dist.ReduceOp.MAX)
-                dt = float(t[0])
-            if r >= warmup:
-                times[i].append(dt)
-    return times
-
-
-VISION_FRAMES = (2, 8, 32)  # frames per timed vision batch
-VISION_GRID = (8, 8)  # patches per frame (h, w); with merge 2: 16 visual tokens per frame
-
-
-def time_vision(vision, device, dtype, reps: int = 3, warmup: int = 1, frames=VISION_FRAMES, grid=VISION_GRID,
-                seed: int = 0) -> list[tuple[int, float]]:
-    """``[(visual_tokens, seconds), ...]``: forward + backward of ``vision.encode_frames`` on ``F`` frames of
-    ``grid`` patches for each ``F`` of ``frames`` (every rank at once, slowest rank, minimum over ``reps``
-    interleaved sweeps, :func:`sweep_times`). Every rank of the process group (if any) must call it."""
-    import torch
-
-    h, w = grid
-    m2 = vision.cfg.merge_size ** 2
-    gen = torch.Generator().manual_seed(seed)
-    batches = [torch.randn(f, h * w, vision.cfg.patch_dim, generator=gen).to(device=device, dtype=dtype) for f in frames]
-
-    def step(x):
-        vision.encode_frames(x, h, w).float().square().sum().backward()
-        vision.zero_grad(set_to_none=True)
-
-    times = sweep_times([lambda x=x: step(x) for x in batches], reps, warmup, device, seed)
-    return [(f * h * w // m2, timing_estimate(ts)[0]) for f, ts in zip(frames, times)]
-
-
 DEFAULT_PACKED_DOCS = (1, 4, 16)
 DEFAULT_PACKED_LENS = (64, 128, 256)
 
@@ -340,9 +281,9 @@ def profile_worker(model: str = "tiny-llm", layer_like: str | None = None, seq_l
         if rank == 0:
             print(f"  measured {k:>2} x seq_len {s_pad:>6} degree {d}: {best * 1e3:8.2f} ms (min of {len(ts)}; "
                   f"median {med * 1e3:8.2f} ms, +{spread * 100:.0f}%)", flush=True)
-    vision = []
-    if model == "tiny-mllm" and not layer_like and hasattr(net, "vision"):
-        vision = time_vision(net.vision, device, tdtype, reps=reps, warmup=warmup, seed=seed)
+    vision, tower = [], vision_tower(net, model, layer_like)
+    if tower is not None:
+        vision = time_vision(tower, device, tdtype, reps=reps, warmup=warmup, seed=seed)
         if rank == 0:
             for n, sec in vision:
                 print(f"  measured vision tower: {n:>5} visual tokens: {sec * 1e3:8.2f} ms", flush=True)

@@ -385,7 +385,7 @@ def test_sweep_times_interleaves_shuffled_sweeps():
 
     import torch
 
-    from fcp_exec.profiler import sweep_times
+    from fcp_exec.profile_timing import sweep_times
 
     def run(seed):
         calls = []
@@ -399,3 +399,31 @@ def test_sweep_times_interleaves_shuffled_sweeps():
     assert any(s != list(range(7)) for s in sweeps) and len({tuple(s) for s in sweeps}) > 1
     assert [len(t) for t in times] == [4] * 7 and min(times[6]) >= 0.02
     assert run(3)[0] == calls
+
+
+def test_hf_vision_tower_timing_encodes_frames_independently():
+    """The Hugging Face Qwen2.5-VL vision tower as time_vision sees it (`fcp profile --model hf:...` then gives
+    alpha_vis): F frames in one call (F grid rows (1, h, w)) give F·h·w/m² visual rows equal, to 1e-5, to encoding
+    each frame alone (a wrong grid_thw would mix frames in attention), and time_vision returns one positive timing
+    per batch size with the visual-token counts of VISION_FRAMES × VISION_GRID."""
+    pytest.importorskip("transformers")
+    from pathlib import Path
+
+    import torch
+
+    from fcp_exec.integrations import hf
+    from fcp_exec.profile_timing import VISION_FRAMES, VISION_GRID, time_vision, vision_tower
+
+    cfg = hf.load_config(Path(__file__).resolve().parents[1] / "examples" / "configs" / "qwen2_5_vl-tiny.json")
+    net = hf.build_model(cfg, dtype=torch.float32, seed=0)
+    tower = vision_tower(net, "hf:qwen2_5_vl-tiny.json", None)
+    assert tower is not None and vision_tower(net, "hf:x.json", "Qwen3-8B") is None
+    h, w = VISION_GRID
+    x = torch.randn(3, h * w, tower.cfg.patch_dim, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        together = tower.encode_frames(x, h, w)
+        alone = torch.cat([tower.encode_frames(x[i:i + 1], h, w) for i in range(3)])
+    assert together.shape[0] == 3 * h * w // tower.cfg.merge_size ** 2
+    torch.testing.assert_close(together, alone, rtol=1e-5, atol=1e-5)
+    timings = time_vision(tower, torch.device("cpu"), torch.float32, reps=1, warmup=0)
+    assert [n for n, _ in timings] == [f * h * w // 4 for f in VISION_FRAMES] and all(t > 0 for _, t in timings)

@@ -10,8 +10,9 @@ alpha3, beta2 and the cost model v2 terms gamma (s per ring step) and alpha_blk 
 least squares on relative errors) and writes a cost JSON with the DESIGN §4 keys plus gamma, alpha_blk and
 alpha_vis (0 where not fitted) that `fcp plan --cost`, `fcp train --cost` and FCPSampler accept. Prints
 measured vs predicted per point and the v1 (§4) vs v2 (§4.1) errors on the same points (mean, max, and
-the high-degree short-document points). With --model tiny-mllm the vision tower is timed apart (forward +
-backward per visual token) and gives alpha_vis; other models get alpha_vis = 0. --fit v1 writes the §4 fit.
+the high-degree short-document points). With --model tiny-mllm or a Hugging Face Qwen-VL model the vision
+tower is timed apart (forward + backward per visual token) and gives alpha_vis; other models get alpha_vis = 0.
+--fit v1 writes the §4 fit.
 
 --model hf:CONFIG.json times a Hugging Face model (qwen3, llama, qwen2_vl, qwen2_5_vl, qwen3_vl; random weights
 from a local config.json) the way `fcp train --model hf:...` runs it: apply_fcp + fcp_loss, whole model, on
@@ -102,6 +103,17 @@ def _report(fit, raw, written: str) -> dict:
             "fits": {"v1": _fit_dict(fit.v1), "v2": _fit_dict(fit)}}
 
 
+def _print_spread(rep_times) -> None:
+    """One line: how much contention the repetitions saw (median/min − 1 per point: median and max over points)."""
+    from fcp_exec.profile_fit import timing_estimate
+
+    if not rep_times or min(len(ts) for ts in rep_times) < 2:
+        return
+    spreads = sorted(timing_estimate(ts)[2] for ts in rep_times)
+    print(f"timing spread (median/min - 1 of each point's {len(rep_times[0])} repetitions): median "
+          f"{spreads[len(spreads) // 2] * 100:.0f}%, max {spreads[-1] * 100:.0f}% over {len(spreads)} points")
+
+
 def run(args) -> int:
     import json
     from pathlib import Path
@@ -167,6 +179,7 @@ def run(args) -> int:
     if raw.get("alpha_vis"):
         print(f"vision tower: alpha_vis = {raw['alpha_vis']:.4g} s per visual token (forward + backward)")
     print(format_fit(fit))
+    _print_spread(raw.get("rep_times"))
     written = fit if args.fit == "v2" else fit.v1
     # the v2 keys always appear (0: not fitted, or a v1 model)
     out.write_text(json.dumps(_full_dict(written.cost_model), indent=2) + "\n")
