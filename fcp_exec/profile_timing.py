@@ -17,12 +17,16 @@ from fcp_exec.profile_fit import timing_estimate
 __all__ = ["sweep_times", "time_vision", "vision_tower", "VISION_FRAMES", "VISION_GRID"]
 
 
-def sweep_times(steps, reps: int, warmup: int, device, seed: int = 0) -> list[list[float]]:
+def sweep_times(steps, reps: int, warmup: int, device, seed: int = 0,
+                cpu_times: list | None = None) -> list[list[float]]:
     """Time every callable of ``steps`` once per sweep, ``warmup`` untimed sweeps then ``reps`` timed ones; each
     sweep runs the steps in its own shuffled order (seeded: the same on every rank), so load drift on a shared
     machine hits all points alike instead of whichever points ran during a slow phase. A step's time is the
-    slowest rank's (all ranks start together after a barrier). Returns, per step, its ``reps`` timings.
-    Every rank of the process group (if any) must call it with the same ``steps`` count and seed."""
+    slowest rank's wall time (all ranks start together after a barrier). Returns, per step, its ``reps`` timings.
+    ``cpu_times`` (a list, filled in place the same way): the largest per-rank CPU time of the process
+    (``time.process_time``) — blind to time spent descheduled by other jobs, and to waiting for a peer, so a
+    diagnostic of the compute terms, not a group time. Every rank of the process group (if any) must call it
+    with the same ``steps`` count and seed."""
     import random
 
     import torch
@@ -33,23 +37,27 @@ def sweep_times(steps, reps: int, warmup: int, device, seed: int = 0) -> list[li
     multi = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
     order_rng = random.Random(seed)
     times: list[list[float]] = [[] for _ in steps]
+    cpu: list[list[float]] = [[] for _ in steps]
     for r in range(warmup + reps):
         order = list(range(len(steps)))
         order_rng.shuffle(order)
         for i in order:
             if multi:
                 dist.barrier()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             steps[i]()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            dt = time.perf_counter() - t0
+            dt, dc = time.perf_counter() - t0, time.process_time() - c0
             if multi:
-                t = torch.tensor([dt], dtype=collective_dtype(torch.float64), device=device)
+                t = torch.tensor([dt, dc], dtype=collective_dtype(torch.float64), device=device)
                 dist.all_reduce(t, op=dist.ReduceOp.MAX)
-                dt = float(t[0])
+                dt, dc = float(t[0]), float(t[1])
             if r >= warmup:
                 times[i].append(dt)
+                cpu[i].append(dc)
+    if cpu_times is not None:
+        cpu_times[:] = cpu
     return times
 
 

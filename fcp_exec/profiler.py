@@ -245,8 +245,9 @@ def profile_worker(model: str = "tiny-llm", layer_like: str | None = None, seq_l
     """Time forward + backward over the (seq_len, degree) grid on this rank (module docstring); every rank
     of the process group must call it. ``warmup`` untimed sweeps, then ``reps`` timed sweeps over the whole grid
     (:func:`sweep_times`); a point's time is the minimum over its repetitions (:func:`timing_estimate`). Returns
-    (same on all ranks) ``{"points", "rep_times", "bandwidth", "alpha3_default", "bytes_per_token",
-    "memory_bytes", "world", "layers", "vision"}``; ``rep_times`` holds every point's repetitions."""
+    (same on all ranks) ``{"points", "rep_times", "rep_cpu_times", "bandwidth", "alpha3_default",
+    "bytes_per_token", "memory_bytes", "world", "layers", "vision"}``; ``rep_times`` holds every point's
+    repetitions, ``rep_cpu_times`` their CPU times (a diagnostic, :func:`sweep_times`)."""
     import torch
     import torch.distributed as dist
 
@@ -273,7 +274,8 @@ def profile_worker(model: str = "tiny-llm", layer_like: str | None = None, seq_l
             step(*local, mine, mine.index(rank))
             net.zero_grad(set_to_none=True)
 
-    times = sweep_times([lambda g=g: run_point(g[3], g[4]) for g in grid], reps, warmup, device, seed)
+    cpu: list = []
+    times = sweep_times([lambda g=g: run_point(g[3], g[4]) for g in grid], reps, warmup, device, seed, cpu)
     points = []
     for (k, s_pad, d, _, _), ts in zip(grid, times):
         best, med, spread = timing_estimate(ts)
@@ -287,8 +289,8 @@ def profile_worker(model: str = "tiny-llm", layer_like: str | None = None, seq_l
         if rank == 0:
             for n, sec in vision:
                 print(f"  measured vision tower: {n:>5} visual tokens: {sec * 1e3:8.2f} ms", flush=True)
-    return {"points": points, "rep_times": times, "bandwidth": bandwidth, "alpha3_default": kv,
-            "bytes_per_token": act, "memory_bytes": _device_memory(device), "world": world,
+    return {"points": points, "rep_times": times, "rep_cpu_times": cpu, "bandwidth": bandwidth,
+            "alpha3_default": kv, "bytes_per_token": act, "memory_bytes": _device_memory(device), "world": world,
             "layers": getattr(cfg, "num_layers", 1), "vision": vision}
 
 

@@ -380,24 +380,32 @@ def test_timing_estimate_min_of_reps_under_contention():
 def test_sweep_times_interleaves_shuffled_sweeps():
     """sweep_times (one process, no process group): warm-up sweeps are not timed, every sweep runs every step once,
     the order is shuffled per sweep (not always the grid order), the same seed gives the same order (what keeps
-    ranks in step), and a step that sleeps 20 ms is timed at ≥ 20 ms."""
+    ranks in step), and a step that sleeps 20 ms is timed at ≥ 20 ms of wall time but (nearly) no CPU time,
+    while a step that spins 20 ms has CPU time ≥ 15 ms (cpu_times, the descheduling-blind diagnostic)."""
     import time
 
     import torch
 
     from fcp_exec.profile_timing import sweep_times
 
-    def run(seed):
-        calls = []
-        steps = [lambda i=i: calls.append(i) for i in range(6)] + [lambda: (calls.append(6), time.sleep(0.02))]
-        times = sweep_times(steps, reps=4, warmup=2, device=torch.device("cpu"), seed=seed)
-        return calls, times
+    def spin(seconds):
+        end = time.process_time() + seconds
+        while time.process_time() < end:
+            pass
 
-    calls, times = run(3)
-    sweeps = [calls[i:i + 7] for i in range(0, len(calls), 7)]
-    assert len(sweeps) == 6 and all(sorted(s) == list(range(7)) for s in sweeps)
-    assert any(s != list(range(7)) for s in sweeps) and len({tuple(s) for s in sweeps}) > 1
-    assert [len(t) for t in times] == [4] * 7 and min(times[6]) >= 0.02
+    def run(seed):
+        calls, cpu = [], []
+        steps = ([lambda i=i: calls.append(i) for i in range(6)] + [lambda: (calls.append(6), time.sleep(0.02))]
+                 + [lambda: (calls.append(7), spin(0.02))])
+        times = sweep_times(steps, reps=4, warmup=2, device=torch.device("cpu"), seed=seed, cpu_times=cpu)
+        return calls, times, cpu
+
+    calls, times, cpu = run(3)
+    sweeps = [calls[i:i + 8] for i in range(0, len(calls), 8)]
+    assert len(sweeps) == 6 and all(sorted(s) == list(range(8)) for s in sweeps)
+    assert any(s != list(range(8)) for s in sweeps) and len({tuple(s) for s in sweeps}) > 1
+    assert [len(t) for t in times] == [4] * 8 and [len(c) for c in cpu] == [4] * 8
+    assert min(times[6]) >= 0.02 and max(cpu[6]) < 0.01 and min(cpu[7]) >= 0.015
     assert run(3)[0] == calls
 
 

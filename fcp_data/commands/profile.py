@@ -93,14 +93,41 @@ def _report(fit, raw, written: str) -> dict:
     """JSON report of a profile run: points, the v1 and v2 fits (coefficients, predictions, errors)."""
     from fcp_exec.profile_fit import alpha_blk_evidence, degree_slopes
 
-    ev = alpha_blk_evidence(fit.points)
+    ev, cpu_pts = alpha_blk_evidence(fit.points), _cpu_points(fit, raw)
+    ev_cpu = alpha_blk_evidence(cpu_pts) if cpu_pts else None
     return {"written": written, "points": [p.to_dict() for p in fit.points], "bandwidth": raw["bandwidth"],
-            "rep_times_s": raw.get("rep_times"), "alpha3_analytic": raw.get("alpha3_default"),
+            "rep_times_s": raw.get("rep_times"), "rep_cpu_times_s": raw.get("rep_cpu_times"),
+            "alpha3_analytic": raw.get("alpha3_default"),
             "degree_slopes": {str(d): c for d, c in degree_slopes(fit.points).items()},
             "alpha_blk_evidence": None if ev is None else {"alpha2": ev[0], "alpha_blk": ev[1]},
+            "alpha_blk_evidence_cpu_time": None if ev_cpu is None else {"alpha2": ev_cpu[0], "alpha_blk": ev_cpu[1]},
             "vision": [{"visual_tokens": n, "time_s": t} for n, t in raw.get("vision") or ()],
             "alpha_vis": raw.get("alpha_vis", 0.0), "layers_scaled": raw.get("layers_scaled", 1),
             "fits": {"v1": _fit_dict(fit.v1), "v2": _fit_dict(fit)}}
+
+
+def _cpu_points(fit, raw) -> list:
+    """The fit's points with their minimum per-rank CPU time instead of wall time (empty without CPU times or when
+    the times were scaled to a preset's layers)."""
+    from fcp_exec.profile_fit import ProfilePoint
+
+    cpu = raw.get("rep_cpu_times")
+    if not cpu or raw.get("layers_scaled", 1) != 1 or len(cpu) != len(fit.points) or min(map(min, cpu)) <= 0:
+        return []
+    return [ProfilePoint(seq_len=p.seq_len, degree=p.degree, eta=p.eta, num_docs=p.num_docs, time_s=min(ts))
+            for p, ts in zip(fit.points, cpu)]
+
+
+def _print_cpu_evidence(fit, raw) -> None:
+    """The model-free alpha_blk check on per-rank CPU times (blind to descheduling by other jobs)."""
+    from fcp_exec.profile_fit import alpha_blk_evidence, degree_slopes
+
+    pts = _cpu_points(fit, raw)
+    ev = alpha_blk_evidence(pts) if pts else None
+    if ev is not None:
+        print("same check on per-rank CPU time (blind to other jobs and to waiting for a peer): "
+              + ", ".join(f"d={d}: {c:.3g}" for d, c in degree_slopes(pts).items())
+              + f" s/token; alpha_blk = {ev[1]:.3g} s/token (alpha2 {ev[0]:.3g})")
 
 
 def _print_spread(rep_times) -> None:
@@ -179,6 +206,7 @@ def run(args) -> int:
     if raw.get("alpha_vis"):
         print(f"vision tower: alpha_vis = {raw['alpha_vis']:.4g} s per visual token (forward + backward)")
     print(format_fit(fit))
+    _print_cpu_evidence(fit, raw)
     _print_spread(raw.get("rep_times"))
     written = fit if args.fit == "v2" else fit.v1
     # the v2 keys always appear (0: not fitted, or a v1 model)
