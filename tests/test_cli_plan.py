@@ -33,7 +33,16 @@ def _run(capsys, argv):
 
 
 def test_solver_choices_match_registry():
-    assert SOLVER_CHOICES == SOLVER_NAMES
+    """`fcp plan --solver` offers exactly the registered solvers, and the default --baselines of compare and
+    simulate are the registry's baselines, i.e. the four systems of DESIGN §5."""
+    from fcp_data.cli import build_parser
+    from fcp_data.commands.plan import BASELINES
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    solver = next(a for a in sub.choices["plan"]._actions if a.dest == "solver")
+    assert tuple(solver.choices) == tuple(SOLVER_CHOICES) == tuple(SOLVER_NAMES)
+    assert SOLVER_NAMES[:4] == ("fcp", "fcp-dp", "ilp", "exhaustive")
+    assert tuple(BASELINES) == ("static-cp", "ulysses", "megatron-dynamic", "fcp-pow2")
 
 
 def test_plan_table_and_json(capsys, lengths_file):

@@ -89,12 +89,38 @@ def test_plan_invariants(solver, lengths, etas, num_ranks):
 
 
 def test_solvers_registry_matches_plan_batch():
-    """SOLVERS[name] is plan_batch with the solver fixed; a mismatch means the registry is stale."""
-    lengths = [5000, 300, 12000, 700]
-    for name in FAST_SOLVERS:
-        a = SOLVERS[name](lengths, num_ranks=8, cost_model=CM)
-        b = plan_batch(lengths, num_ranks=8, cost_model=CM, solver=name)
-        assert a.micro_batches == b.micro_batches
+    """SOLVERS, SOLVER_NAMES and the registry list the same solvers in the same order, and every deterministic
+    one is dispatched to its own function: SOLVERS[name] and plan_batch(solver=name) return exactly the
+    micro-batch plan of the spec's ``solve`` called directly (not via plan_batch), and the built-in entries are
+    the functions DESIGN §5 names. The instance separates the solvers (5 distinct makespans over 7 solvers), so
+    a crossed or stale dispatch (e.g. fcp-pow2 running fcp, static-cp running ulysses) fails here."""
+    from fcp_data.plan import solver_specs
+
+    lengths = np.array([13598, 7910, 6627, 4927, 4783, 1112])  # on 6 ranks fcp uses a non-power-of-two degree
+    specs = [s for s in solver_specs() if s.deterministic]
+    assert tuple(SOLVERS) == tuple(SOLVER_NAMES) == tuple(s.name for s in solver_specs())
+    assert {s.name for s in specs} >= set(FAST_SOLVERS) | {"exhaustive"}
+    spans = set()
+    for spec in specs:
+        direct, _ = spec.solve(lengths, np.zeros(lengths.size), 6, CM, visual=None)
+        a = SOLVERS[spec.name](lengths, num_ranks=6, cost_model=CM)
+        b = plan_batch(lengths, num_ranks=6, cost_model=CM, solver=spec.name)
+        assert a.solver == b.solver == spec.name
+        assert a.micro_batches == b.micro_batches == (direct,), spec.name
+        spans.add(round(direct.makespan, 12))
+    assert len(spans) >= 5, spans
+    # the built-in entries run the functions DESIGN §5 names (a registry typo, e.g. fcp-pow2 without pow2, fails)
+    from fcp_data.plan.baselines import megatron_dynamic, static_cp, ulysses
+    from fcp_data.plan.exhaustive import solve_exhaustive
+    from fcp_data.plan.solvers import fcp_micro_batch
+
+    e = np.zeros(lengths.size)
+    reference = {"fcp": fcp_micro_batch(lengths, e, 6, CM), "fcp-dp": fcp_micro_batch(lengths, e, 6, CM, allocator="dp"),
+                 "exhaustive": solve_exhaustive(lengths, e, 6, CM)[0], "static-cp": static_cp(lengths, e, 6, CM),
+                 "ulysses": ulysses(lengths, e, 6, CM), "megatron-dynamic": megatron_dynamic(lengths, e, 6, CM),
+                 "fcp-pow2": fcp_micro_batch(lengths, e, 6, CM, degrees="pow2", with_baselines=False)}
+    for name, mb in reference.items():
+        assert SOLVERS[name](lengths, num_ranks=6, cost_model=CM).micro_batches == (mb,), name
 
 
 @pytest.mark.parametrize("solver", FAST_SOLVERS)
