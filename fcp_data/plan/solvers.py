@@ -37,6 +37,7 @@ from fcp_data.plan.microbatch import TimeBudgetExceeded, plan_micro_batches
 from fcp_data.plan.placement import build_micro_batch, place_for_times, placed_times
 from fcp_data.plan.registry import (MAX_DP_RANKS, SOLVER_NAMES, TIME_LIMIT_OPTION, InvalidPlanError, SolverCalls, SolverSpec,
                                      check_micro_batch, get_solver)
+from fcp_data.plan.search import retime, robust_choice, scenario_models, search_groupings
 from fcp_data.plan.tau import tau_groupings
 from fcp_data.plan.types import CPGroup, MicroBatchPlan, Plan
 
@@ -80,9 +81,14 @@ def _candidate_groupings(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, 
 
 def fcp_micro_batch(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: CostModel, *,
                     allocator: str = "fast", degrees: str = "any", with_baselines: bool = True,
-                    visual: np.ndarray | None = None) -> MicroBatchPlan:
+                    visual: np.ndarray | None = None, search: bool = True, robust_tol: float = 0.0) -> MicroBatchPlan:
     """FCP on one micro-batch (see the module docstring). ``degrees``: ``"any"`` (tries powers of two
-    too) or ``"pow2"``; ``allocator``: ``"fast"`` or ``"dp"``; ``visual``: visual tokens per sequence."""
+    too) or ``"pow2"``; ``allocator``: ``"fast"`` or ``"dp"``; ``visual``: visual tokens per sequence;
+    ``search``: also run the stage-1 local search of :mod:`fcp_data.plan.search` on small micro-batches
+    (``degrees="any"`` only; ``False`` is exactly the planner before issue 12, kept as the reference);
+    ``robust_tol``: when > 0, run the candidate of least sensitivity to coefficient error among those within
+    ``(1 + robust_tol)`` of the best predicted makespan (:func:`~fcp_data.plan.search.robust_choice`); the
+    default 0 keeps the guarantees (never slower than a baseline or than the planner before issue 12)."""
     alloc = {"fast": allocate_fast, "dp": allocate_dp}[allocator]
     pow2 = pow2_mask(num_ranks)
     # Tracks, each with its own incumbent so that pruning in one never changes another: "pow2" is exactly
@@ -124,9 +130,12 @@ def fcp_micro_batch(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_
             value = float(table[:, uniform - 1].max())  # inf when memory fails
             if np.isfinite(value):
                 consider("uniform", value, np.full(len(groups), uniform, dtype=np.int64), groups, agg)
+    if search and degrees == "any":
+        _search_candidates(lengths, etas, num_ranks, cost_model, visual, best, alloc, consider)
     plans: list[tuple[MicroBatchPlan, bool]] = []  # (plan, refined)
     pow2_spans: list[float] = []  # the pow2 tracks prune only against each other, exactly as fcp-pow2 does
-    for track in ("any", "pow2", "any-tau", "any-tau+", "any-tauc", "pow2-tau", "pow2-tau+", "pow2-tauc", "uniform"):
+    for track in ("any", "pow2", "any-tau", "any-tau+", "any-tauc", "pow2-tau", "pow2-tau+", "pow2-tauc", "uniform",
+                  "any-search"):
         if track in best:
             span, groups, deg, (S, Q, B, V) = best[track]
             rivals = pow2_spans if track.startswith("pow2") else [p[0].makespan for p in plans]
@@ -147,9 +156,28 @@ def fcp_micro_batch(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_
         raise ValueError(f"the micro-batch ({lengths.size} sequences, {total} tokens) does not fit on {num_ranks} "
                          f"ranks: its groups need {need} ranks at tokens_per_rank={cost_model.tokens_per_rank}; "
                          "split it into more micro-batches (micro_batches='auto')")
-    plan, refined = min(plans, key=lambda p: p[0].makespan)  # first on ties: any, pow2, …-tau, uniform, megatron
+    if robust_tol > 0:  # plans made for the scenario models join the candidates, judged by this model
+        plans += [(retime(fcp_micro_batch(lengths, etas, num_ranks, m, allocator=allocator, degrees=degrees,
+                                          with_baselines=with_baselines, visual=visual, search=search),
+                          lengths, etas, cost_model, visual), True) for m in scenario_models(cost_model)]
+        plan, refined = plans[robust_choice([p for p, _ in plans], lengths, etas, cost_model, robust_tol, visual)]
+    else:
+        plan, refined = min(plans, key=lambda p: p[0].makespan)  # first on ties: any, pow2, …-tau, uniform, megatron
     # a baseline plan won: refine it too (never increases the makespan)
     return plan if refined else refine_moves(plan, lengths, etas, cost_model, visual=visual)
+
+
+def _search_candidates(lengths, etas, num_ranks, cost_model, visual, best, alloc, consider) -> None:
+    """Track ``"any-search"``: the local search of :func:`~fcp_data.plan.search.search_groupings` from the
+    other tracks' incumbents (so it starts from today's best groupings and only improves them) and from
+    its own starts; each grouping found gets the exact allocator and placement like every candidate."""
+    seeds = [best[t][1] for t in sorted(best)]
+    work = work_proxy(lengths, etas, cost_model, visual)
+    for groups in search_groupings(lengths, etas, num_ranks, cost_model, seeds, work, visual):
+        agg = group_terms_of(groups, lengths, etas, visual)
+        value, deg = alloc(time_table(agg[0], agg[1], num_ranks, cost_model, B=agg[2], V=agg[3], sparse=True), num_ranks)
+        if deg is not None:
+            consider("any-search", value, deg, groups, agg)
 
 
 def refine_moves(mb: MicroBatchPlan, lengths: np.ndarray, etas: np.ndarray, cost_model: CostModel,

@@ -1,0 +1,355 @@
+"""Stage-1 search for tight micro-batches: repaired bins, mixed-capacity starts, local search (issue 12).
+
+Why: near ``N·tokens_per_rank`` the paper's stage 1 (BFD with unit capacity) scatters headroom over its
+bins, so a tight batch needs ``N + 1`` bins and falls back to uniform-capacity groupings, which never give
+mixed splits such as ``1 + 2`` or ``4 + 4 + 4 + 2`` ranks. Three additions, all feeding the exact stage-2
+allocator (:func:`~fcp_data.plan.allocate.allocate_fast`), which re-chooses every degree:
+
+* :func:`repair_bins` — merge the two bins with most headroom until their minimum degrees fit ``N``;
+* :func:`mixed_starts` — for every group count ``K ≤ min(N, n)``: degrees split ``N`` as evenly as
+  possible (``N mod K`` groups get one rank more), sequences heaviest first to the group whose work per rank
+  grows least among those with token room (capacity ``d_g·E``);
+* :func:`local_search` — best-improvement descent over group labels. Neighbours: move one sequence (to
+  another group or to a new group of its own: a split), swap two sequences of different groups, merge
+  two groups, split a group in two (LPT on work). Every neighbour is scored by the exact allocator
+  (the optimal degrees of its groups), vectorised over all neighbours of one step; a step is taken only
+  if it lowers the makespan by a relative 1e-9, so the search ends and never gets worse than its start.
+
+Bounded: :func:`search_plan` runs only on micro-batches of at most :data:`SEARCH_MAX_SEQUENCES` sequences
+and :data:`SEARCH_MAX_RANKS` ranks (the tight, small ones where stage 1 fails; the paper's 512 × 64
+micro-batches keep their old cost), descends from the :data:`SEARCH_STARTS` best starts and stops after
+:data:`SEARCH_MAX_STEPS` steps per start.
+Deterministic: stable sorts and ``argmin`` with index tie-breaks only.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from fcp_data.cost import CostModel, sequence_terms
+from fcp_data.plan.bfd import bfd_groups
+
+__all__ = ["repair_bins", "mixed_starts", "local_search", "search_groupings", "neighbour_labels", "double_moves", "repartitions",
+           "SEARCH_MAX_SEQUENCES", "SEARCH_MAX_RANKS", "SEARCH_STARTS", "SEARCH_MAX_STEPS"]
+
+SEARCH_MAX_SEQUENCES = 32  # above this the descent's O(n²) neighbours cost more than stage 1 gains
+SEARCH_MAX_RANKS = 64
+SEARCH_STARTS = 4
+SEARCH_MAX_STEPS = 64
+SEARCH_COMPOUND = 2  # local optima that also get the compound steps
+_IMPROVE = 1e-9
+PAIR_UNION_MAX = 10  # sequences of two groups up to which a stuck descent re-splits them exactly
+TRIPLE_UNION_MAX = 8  # the same for three groups (3^7 = 2187 assignments)
+REPARTITION_BUDGET = 8192  # rows per kind of re-split and step
+DOUBLE_MOVE_MAX = 96  # sequences × (groups + 1) up to which a stuck descent tries pairs of moves
+
+
+def repair_bins(groups: list[list[int]], lengths: np.ndarray, num_ranks: int, tokens_per_rank: int
+                ) -> list[list[list[int]]]:
+    """Merge bins until ``Σ ceil(S_g / E) ≤ N``: each time the two bins with most headroom
+    (``ceil(S/E)·E − S``; lowest bin id on ties) become one. Returns the bins when their count first
+    drops to ``N`` or below (a start for the search even if memory still fails there) and the bins that
+    fit (if they differ); ``[]`` if the input already fits."""
+    E = float(tokens_per_rank)
+    bins = [list(g) for g in groups]
+    sizes = [float(np.sum(lengths[g])) for g in bins]
+
+    def need(S: float) -> int:
+        return max(1, int(np.ceil(S / E - 1e-12)))
+
+    out: list[list[list[int]]] = []
+    while sum(need(S) for S in sizes) > num_ranks and len(bins) > 1:
+        room = np.array([need(S) * E - S for S in sizes])
+        a, b = sorted(np.lexsort((np.arange(room.size), -room))[:2].tolist())
+        bins[a] = sorted(bins[a] + bins[b])
+        sizes[a] += sizes[b]
+        del bins[b], sizes[b]
+        if len(bins) == num_ranks:
+            out.append([list(g) for g in bins])
+    if out and sum(need(S) for S in sizes) <= num_ranks and len(bins) < num_ranks:
+        out.append(bins)
+    return out
+
+
+def mixed_starts(work: np.ndarray, num_ranks: int) -> list[list[list[int]]]:
+    """One grouping per ``K = 1 … min(N, n)``: degrees split ``N`` as evenly as possible (``N mod K``
+    groups get one rank more), sequences heaviest first to the group whose work per rank stays least
+    (lowest id on ties). Memory is ignored: the search (:func:`local_search`) repairs it."""
+    n, N = int(work.size), int(num_ranks)
+    order = np.lexsort((np.arange(n), -work)).tolist()
+    w = work.tolist()
+    out = []
+    for K in range(1, min(N, n) + 1):
+        deg = [N // K + (1 if g < N % K else 0) for g in range(K)]
+        load = [0.0] * K
+        label = [0] * n
+        for i in order:
+            g = min(range(K), key=lambda h: ((load[h] + w[i]) / deg[h], h))
+            label[i] = g
+            load[g] += w[i]
+        out.append([[i for i in range(n) if label[i] == g] for g in range(K) if load[g] > 0 or g in label])
+    return out
+
+
+def _values(agg: np.ndarray, index: np.ndarray, num_ranks: int, cost_model: CostModel
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """Scores of many groupings at once, compared lexicographically: ``(excess, value)``. ``agg``:
+    ``(U, 4)`` sums ``(S, Q, B, V)`` of the distinct groups (row 0: the empty group); ``index``: ``(C, G)``
+    rows of ``agg`` forming each grouping (0: no group; empty groups take no rank). ``excess = max(0,
+    Σ_g ceil(S_g/E) − N)``: ranks missing for memory. At ``excess = 0`` the value is the exact min-max
+    allocation (:func:`allocate_fast` on the grouping's table); above, the allocation ignoring memory — it
+    guides the search through a plateau of equal excess towards balanced groups, while every step that
+    frees a rank is taken first. ``inf``: more groups than ranks. Times are computed once per distinct
+    group, not per grouping (neighbours share all but two or three groups)."""
+    C, G = index.shape
+    N, E = int(num_ranks), float(cost_model.tokens_per_rank)
+    used = index > 0
+    need_u = np.maximum(np.ceil(agg[:, 0] / E - 1e-12), 1.0)
+    need_u[0] = 0.0
+    excess = np.maximum(need_u[index].sum(axis=1) - N, 0.0).astype(np.int64)
+    d = np.arange(1, N + 1, dtype=np.float64)
+    S, Q, B, V = (agg[:, j, None] for j in range(4))
+    T = np.atleast_2d(cost_model.time(S, Q, d, d <= cost_model.ranks_per_node, B=B, V=V))
+    relaxed = np.minimum.accumulate(T, axis=1)
+    strict = np.minimum.accumulate(np.where(S <= d * E, T, np.inf), axis=1)
+    relaxed[0] = strict[0] = -np.inf
+    k = N - used.sum(axis=1)  # the k-th largest entry (0-based) is the optimum, k < 0: too many groups
+    out = np.full(C, np.inf)
+    for over in (False, True):
+        table = relaxed if over else strict
+        for kk in np.unique(k[(k >= 0) & ((excess > 0) == over)]).tolist():
+            rows = np.flatnonzero((k == kk) & ((excess > 0) == over))
+            flat = table[index[rows]].reshape(rows.size, G * N)
+            out[rows] = -np.partition(-flat, kk, axis=1)[:, kk]
+    return excess, out
+
+
+def neighbour_labels(label: np.ndarray, work: np.ndarray) -> np.ndarray:
+    """Every neighbour of the grouping ``label`` (group id per sequence, ids ``0 … K−1`` all used), one row
+    each, in a fixed order: moves (sequence × target group, target ``K`` = a new group of its own), swaps
+    (pairs ``i < j`` in different groups), merges (pairs ``a < b``), 2-way splits of each group with ≥ 2
+    members (LPT on ``work``; the lighter-loaded half on ties becomes group ``K``)."""
+    n, K = label.size, int(label.max()) + 1
+    sizes = np.bincount(label, minlength=K)
+    i, g = np.divmod(np.arange(n * (K + 1)), K + 1)
+    ok = (g != label[i]) & ~((g == K) & (sizes[label[i]] == 1))
+    i, g = i[ok], g[ok]
+    moves = np.repeat(label[None, :], i.size, axis=0)
+    moves[np.arange(i.size), i] = g
+    a, b = np.triu_indices(n, 1)
+    keep = label[a] != label[b]
+    a, b = a[keep], b[keep]
+    swaps = np.repeat(label[None, :], a.size, axis=0)
+    swaps[np.arange(a.size), a] = label[b]
+    swaps[np.arange(a.size), b] = label[a]
+    ga, gb = np.triu_indices(K, 1)
+    merges = np.where(label[None, :] == gb[:, None], ga[:, None], label[None, :])
+    splits = []
+    for grp in np.flatnonzero(sizes >= 2).tolist():
+        members = np.flatnonzero(label == grp)
+        x = label.copy()
+        load = [0.0, 0.0]
+        for m in members[np.lexsort((members, -work[members]))].tolist():
+            h = 0 if load[0] <= load[1] else 1
+            load[h] += work[m]
+            x[m] = grp if h == 0 else K
+        splits.append(x)
+    return np.concatenate([moves, swaps, merges] + ([np.stack(splits)] if splits else []), axis=0)
+
+
+def double_moves(label: np.ndarray) -> np.ndarray:
+    """Pairs of moves of two different sequences (each to another group or the one new group ``K``):
+    the compound steps out of a local optimum where each move alone breaks memory or the makespan."""
+    n, K = label.size, int(label.max()) + 1
+    i, g = np.divmod(np.arange(n * (K + 1)), K + 1)
+    ok = g != label[i]
+    i, g = i[ok], g[ok]
+    p, q = np.triu_indices(i.size, 1)
+    keep = i[p] != i[q]
+    p, q = p[keep], q[keep]
+    out = np.repeat(label[None, :], p.size, axis=0)
+    rows = np.arange(p.size)
+    out[rows, i[p]] = g[p]
+    out[rows, i[q]] = g[q]
+    return out
+
+
+def repartitions(label: np.ndarray, k: int, max_union: int, budget: int) -> np.ndarray:
+    """For every ``k`` groups (in combination order) whose union holds at most ``max_union`` sequences:
+    every assignment of the union to those ``k`` group ids (the union's first sequence stays in the first;
+    empty groups allowed) — the exact re-optimisation of ``k`` groups, a step that single and double moves
+    cannot make. At most ``budget`` rows (whole combinations only)."""
+    K = int(label.max()) + 1
+    rows, total = [], 0
+    for combo in itertools.combinations(range(K), k):
+        ids = np.array(combo)
+        members = np.flatnonzero(np.isin(label, ids))
+        m = members.size
+        if m > max_union or m < 2:
+            continue
+        codes = np.arange(k ** (m - 1))
+        digits = (codes[:, None] // k ** np.arange(m - 1)[None, :]) % k
+        digits = np.concatenate([np.zeros((codes.size, 1), dtype=np.int64), digits], axis=1)
+        if total + codes.size > budget:
+            break
+        x = np.repeat(label[None, :], codes.size, axis=0)
+        x[:, members] = ids[digits]
+        rows.append(x)
+        total += codes.size
+    return np.concatenate(rows, axis=0) if rows else np.zeros((0, label.size), dtype=np.int64)
+
+
+def _canonical(label: np.ndarray) -> np.ndarray:
+    """Relabel groups in order of first appearance, dropping empty ids (so ids are ``0 … K−1``)."""
+    _, first, inv = np.unique(label, return_index=True, return_inverse=True)
+    rank = np.empty(first.size, dtype=np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(first.size)
+    return rank[inv.reshape(-1)]
+
+
+def _score(labels, terms: np.ndarray, num_ranks: int, cost_model: CostModel) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_values` of whole groupings given as label rows (group ids ``0 … G−1``, gaps allowed; at
+    most 62 sequences: a group is keyed by the bit mask of its members)."""
+    L = np.asarray(labels if isinstance(labels, np.ndarray) else np.stack(labels))
+    G = int(L.max()) + 1
+    bit = np.left_shift(np.int64(1), np.arange(L.shape[1], dtype=np.int64))
+    masks = np.zeros((L.shape[0], G), dtype=np.int64)
+    np.add.at(masks, (np.arange(L.shape[0])[:, None], L), bit[None, :])
+    uniq, inv = np.unique(np.concatenate(([0], masks.ravel())), return_inverse=True)  # uniq[0] = 0: empty
+    members = ((uniq[:, None] >> np.arange(L.shape[1], dtype=np.int64)[None, :]) & 1).astype(np.float64)
+    return _values(members @ terms, inv[1:].reshape(masks.shape), num_ranks, cost_model)
+
+
+def local_search(label: np.ndarray, terms: np.ndarray, work: np.ndarray, num_ranks: int, cost_model: CostModel,
+                 max_steps: int = SEARCH_MAX_STEPS, compound: bool = True) -> tuple[int, float, np.ndarray]:
+    """Best-improvement descent from ``label`` (see :func:`neighbour_labels`): take the neighbour of least
+    ``(excess, value)`` (first in neighbour order on ties) while it frees a rank or, at equal excess,
+    lowers the value by a relative 1e-9; when none does and ``compound``, the best of the compound steps
+    (:func:`double_moves` on small groupings, :func:`repartitions` of two and three groups). At most
+    ``max_steps`` steps. Returns ``(excess, value, label)``; the score never gets worse than the start's
+    (``excess = 0``: memory holds and ``value`` is the optimal makespan of the grouping)."""
+    label = _canonical(np.asarray(label, dtype=np.int64))
+    ex, val = _score([label], terms, num_ranks, cost_model)
+    excess, value = int(ex[0]), float(val[0])
+    for _ in range(max_steps):
+        cands = neighbour_labels(label, work)
+        exs, vals = _score(cands, terms, num_ranks, cost_model)
+        j = int(np.lexsort((np.arange(vals.size), vals, exs))[0])
+        if not (exs[j] < excess or (exs[j] == excess and vals[j] < value * (1 - _IMPROVE))):
+            if not compound:
+                break
+            big = label.size * (int(label.max()) + 2) > DOUBLE_MOVE_MAX
+            cands = np.concatenate(([] if big else [double_moves(label)]) + [
+                repartitions(label, 2, PAIR_UNION_MAX, REPARTITION_BUDGET),
+                repartitions(label, 3, TRIPLE_UNION_MAX, REPARTITION_BUDGET)])
+            if not cands.shape[0]:
+                break
+            exs, vals = _score(cands, terms, num_ranks, cost_model)  # stuck: the compound steps
+            j = int(np.lexsort((np.arange(vals.size), vals, exs))[0])
+            if not (exs[j] < excess or (exs[j] == excess and vals[j] < value * (1 - _IMPROVE))):
+                break
+        excess, value, label = int(exs[j]), float(vals[j]), _canonical(cands[j])
+    return excess, value, label
+
+
+def search_groupings(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: CostModel,
+                     seeds: list[list[list[int]]], work: np.ndarray, visual: np.ndarray | None = None
+                     ) -> list[list[list[int]]]:
+    """Locally optimal groupings for a small micro-batch: descends (:func:`local_search`) from each of
+    ``seeds`` (the incumbents of the caller's other candidates, kept as given) and from the
+    :data:`SEARCH_STARTS` best of the repaired BFD bins and the :func:`mixed_starts` with single steps, then
+    continues the :data:`SEARCH_COMPOUND` best local optima with the compound steps too. Returns the
+    groupings found (lists of sequence ids, ascending within a group); empty above the size bounds."""
+    n, N = int(lengths.size), int(num_ranks)
+    if n > SEARCH_MAX_SEQUENCES or N > SEARCH_MAX_RANKS or n < 2:
+        return []
+    terms = np.stack(sequence_terms(lengths, etas, visual), axis=1)
+    starts = repair_bins(bfd_groups(lengths, cost_model.tokens_per_rank), lengths, N, cost_model.tokens_per_rank)
+    labels = [_to_label(g, n) for g in starts + mixed_starts(work, N)]
+    if labels:
+        ex, vals = _score(labels, terms, N, cost_model)
+        order = np.lexsort((np.arange(vals.size), vals, ex))
+        labels = [labels[int(i)] for i in order[:SEARCH_STARTS]]
+    found, seen = [], set()
+    for lab in [_to_label(g, n) for g in seeds] + labels:  # plain descents from every start
+        key = tuple(_canonical(lab).tolist())
+        if key not in seen:
+            seen.add(key)
+            found.append(local_search(lab, terms, work, N, cost_model, compound=False))
+    found.sort(key=lambda r: (r[0], r[1]))  # stable: ties keep the start order
+    out = []
+    for rank, (excess, value, best) in enumerate(found):
+        if rank < SEARCH_COMPOUND:  # the best local optima also get the compound steps
+            excess, value, best = local_search(best, terms, work, N, cost_model)
+        if excess == 0 and np.isfinite(value):
+            out.append([np.flatnonzero(best == g).tolist() for g in range(int(best.max()) + 1)])
+    return out
+
+
+def _to_label(groups: list[list[int]], n: int) -> np.ndarray:
+    """Lists of sequence ids -> group id per sequence."""
+    label = np.empty(n, dtype=np.int64)
+    for g, members in enumerate(groups):
+        label[list(members)] = g
+    return label
+
+
+ROBUST_DELTA = 0.2  # relative coefficient error the robust choice guards against
+# scenario models the robust mode also plans with: attention compute and ring traffic off by ±ROBUST_DELTA
+ROBUST_SCENARIOS = (("alpha1", 1 - ROBUST_DELTA), ("alpha1", 1 + ROBUST_DELTA), ("alpha3", 1 - ROBUST_DELTA),
+                    ("alpha3", 1 + ROBUST_DELTA))
+_ROBUST_KEYS = ("alpha1", "alpha2", "alpha3", "beta1", "beta2", "bandwidth_intra", "bandwidth_inter", "gamma",
+                "alpha_blk", "alpha_vis")
+
+
+def robust_choice(plans: list, lengths: np.ndarray, etas: np.ndarray, cost_model: CostModel, tol: float,
+                  visual: np.ndarray | None = None) -> int:
+    """Index of the plan to run among candidate :class:`MicroBatchPlan` s of one micro-batch.
+
+    Rule: among the plans whose predicted makespan is within ``(1 + tol)`` of the best, take the one of
+    least worst-case regret when one coefficient is off by ``±ROBUST_DELTA`` (each §4/§4.1 coefficient
+    and bandwidth in turn, both signs): regret of a plan under a perturbed model = its makespan there /
+    the best window plan's makespan there − 1. Ties (and ``tol = 0``, or a single plan in the window) go to
+    the lowest predicted makespan, then the lowest index. Why: a plan whose advantage rests on one
+    coefficient (say the bandwidth making a wide ring just worth it) loses when the profile is off, while
+    one that is near-best under every single-coefficient error keeps its step time."""
+    spans = np.array([p.makespan for p in plans])
+    order = np.lexsort((np.arange(spans.size), spans))
+    window = [int(i) for i in order if spans[i] <= spans[order[0]] * (1 + tol)]
+    if len(window) == 1:
+        return window[0]
+    s, q, b, v = sequence_terms(lengths, etas, visual)
+    models = [cost_model.replace(**{k: getattr(cost_model, k) * f})
+              for k in _ROBUST_KEYS if getattr(cost_model, k) for f in (1 - ROBUST_DELTA, 1 + ROBUST_DELTA)]
+    table = np.empty((len(window), len(models)))
+    for r, i in enumerate(window):
+        ids = [list(g.seq_ids) for g in plans[i].groups]
+        S, Q, B, V = (np.array([x[g].sum() for g in ids]) for x in (s, q, b, v))
+        d = np.array([g.degree for g in plans[i].groups], dtype=np.float64)
+        intra = np.array([cost_model.is_intra_node(g.ranks) for g in plans[i].groups])
+        for c, m in enumerate(models):
+            table[r, c] = float(np.max(m.time(S, Q, d, intra, B=B, V=V)))
+    regret = (table / table.min(axis=0) - 1).max(axis=1)
+    return window[int(np.lexsort((np.arange(len(window)), regret))[0])]
+
+
+def scenario_models(cost_model: CostModel) -> list[CostModel]:
+    """The cost models of :data:`ROBUST_SCENARIOS` (one coefficient scaled each)."""
+    return [cost_model.replace(**{k: getattr(cost_model, k) * f}) for k, f in ROBUST_SCENARIOS]
+
+
+def retime(plan, lengths: np.ndarray, etas: np.ndarray, cost_model: CostModel, visual: np.ndarray | None = None):
+    """``plan`` (a :class:`MicroBatchPlan`) with its group times and makespan recomputed under ``cost_model``
+    on the same ranks (a plan made with another model, judged by this one)."""
+    from fcp_data.plan.types import CPGroup, MicroBatchPlan
+
+    s, q, b, v = sequence_terms(lengths, etas, visual)
+    ids = [list(g.seq_ids) for g in plan.groups]
+    S, Q, B, V = (np.array([x[g].sum() for g in ids]) for x in (s, q, b, v))
+    d = np.array([g.degree for g in plan.groups], dtype=np.float64)
+    intra = np.array([cost_model.is_intra_node(g.ranks) for g in plan.groups])
+    times = np.atleast_1d(cost_model.time(S, Q, d, intra, B=B, V=V))
+    groups = tuple(CPGroup(ranks=g.ranks, seq_ids=g.seq_ids, time=float(x)) for g, x in zip(plan.groups, times))
+    return MicroBatchPlan(groups=groups, makespan=float(times.max()))
