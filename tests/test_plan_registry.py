@@ -324,8 +324,10 @@ def test_undeclared_options_are_type_errors():
     """Only the options a spec declares reach its solver (static-cp used to swallow any keyword silently)."""
     with pytest.raises(TypeError, match="'static-cp' does not take option.*foo; its options: degree"):
         plan_batch(LENGTHS, num_ranks=8, cost_model=CM, solver="static-cp", foo=1)
-    with pytest.raises(TypeError, match="'fcp' does not take option.*degree; its options: none"):
+    with pytest.raises(TypeError, match="'fcp' does not take option.*degree; its options: search, robust_tol"):
         plan_batch(LENGTHS, num_ranks=8, cost_model=CM, solver="fcp", degree=2)
+    with pytest.raises(TypeError, match="'megatron-dynamic' does not take option.*num_heads; its options: none"):
+        plan_batch(LENGTHS, num_ranks=8, cost_model=CM, solver="megatron-dynamic", num_heads=32)
 
 
 def test_broken_plugin_module_is_one_line(tmp_path, monkeypatch, capsys):

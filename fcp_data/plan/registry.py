@@ -314,10 +314,10 @@ def check_micro_batch(spec: SolverSpec, result: Any, lengths: np.ndarray, etas: 
 # ---------------------------------------------------------------- the built-in solvers (DESIGN §5)
 
 def _fcp(**fixed: Any) -> SolveFn:
-    def run(lengths, etas, num_ranks, cost_model, *, visual=None):
+    def run(lengths, etas, num_ranks, cost_model, *, visual=None, **opts):
         from fcp_data.plan.solvers import fcp_micro_batch  # solvers imports this module
 
-        return fcp_micro_batch(lengths, etas, num_ranks, cost_model, visual=visual, **fixed), None
+        return fcp_micro_batch(lengths, etas, num_ranks, cost_model, visual=visual, **fixed, **opts), None
 
     return run
 
@@ -339,9 +339,12 @@ def _ulysses_degrees(num_ranks: int, options: Mapping[str, Any]) -> list[int]:
     return baselines.ulysses_degrees(num_ranks, options.get("num_heads", 32))
 
 
+_FCP_OPTIONS = ("search", "robust_tol")  # fcp_micro_batch's stage-1 local search and robust choice
+
 _BUILTINS = (
-    SolverSpec(name="fcp", solve=_fcp(), help="FCP: flexible CP groups of any degree per micro-batch", validate=False),
-    SolverSpec(name="fcp-dp", solve=_fcp(allocator="dp"), max_ranks=MAX_DP_RANKS, validate=False,
+    SolverSpec(name="fcp", solve=_fcp(), options=_FCP_OPTIONS, validate=False,
+               help="FCP: flexible CP groups of any degree per micro-batch"),
+    SolverSpec(name="fcp-dp", solve=_fcp(allocator="dp"), options=_FCP_OPTIONS, max_ranks=MAX_DP_RANKS, validate=False,
                help="FCP with the paper's O(K·N²) 2-D DP as stage 2: a reference, same optimum as fcp, slower"),
     SolverSpec(name="ilp", solve=_ilp, exact=True, deterministic=False, options=("time_limit", "max_sequences"),
                validate=False, help="exact ILP (cvxpy + HiGHS), time-limited; small batches"),
