@@ -145,6 +145,16 @@ class TimeTable:
             return self.evaluate(None, np.full((1, 1), j + 1.0))[:, 0]
         return self.dense()[key]
 
+    def row_min(self) -> np.ndarray:
+        """Per row, the least entry over all allowed degrees (``inf`` when none holds memory): the row's
+        prefix minimum at its last useful degree, so only useful degrees are evaluated."""
+        cand, first, last = self.useful_range()
+        out = np.full(self.shape[0], np.inf)
+        ok = np.flatnonzero(first < cand.size)
+        if ok.size:
+            out[ok] = _row_items(self, cand, ok, first[ok], last[ok] - first[ok] + 1)[3]
+        return out
+
     def useful_range(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(cand, first, last)``: ``cand`` the allowed degrees ascending; row ``i``'s useful degrees are
         ``cand[first[i] : last[i] + 1]`` — from the least allowed degree that holds its memory

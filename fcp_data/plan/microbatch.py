@@ -7,6 +7,11 @@ when every micro-batch's stage-1 bins (BFD with unit ``E``) need at most ``N`` r
 a plan for each. ``"auto"`` starts at ``M = ⌈Σs / (N·E)⌉``, moves up to the first ``M`` that fits, tries
 ``extra`` more, and keeps the split with the smallest sum of makespans (fewer micro-batches on ties).
 
+Pruning (:func:`split_lower_bound`): ``auto`` solves a split of ``M`` only when a lower bound on the total
+makespan of *any* ``M``-split can still beat the best split found; the bound grows with ``M``, so the
+search stops there. The chosen ``M`` and makespan are those of the unpruned search (a pruned ``M`` costs
+at least the bound, which is not below the best, and ties keep fewer micro-batches).
+
 Time-limited solvers (the ILP) get one budget for the whole call, never one per micro-batch: ``solve_one``
 receives how many micro-batches of its split are still to solve and divides what is left; when the budget
 runs out (:class:`TimeBudgetExceeded`) ``auto`` keeps the best split solved so far, or says so.
@@ -19,13 +24,14 @@ from typing import Callable
 
 import numpy as np
 
-from fcp_data.cost import CostModel
+from fcp_data.cost import CostModel, sequence_terms
+from fcp_data.plan.allocate import TimeTable
 from fcp_data.plan.baselines import work_proxy
 from fcp_data.plan.bfd import bfd_groups
 from fcp_data.plan.lpt import lpt_exact
 from fcp_data.plan.types import CPGroup, MicroBatchPlan
 
-__all__ = ["split_micro_batches", "plan_micro_batches", "min_micro_batches", "TimeBudgetExceeded"]
+__all__ = ["split_micro_batches", "plan_micro_batches", "min_micro_batches", "split_lower_bound", "TimeBudgetExceeded"]
 
 # solve_one(ids, left=k): plan lengths[ids]; k micro-batches of this split (this one included) are unsolved
 SolveOne = Callable[..., tuple[MicroBatchPlan, "bool | None"]]
@@ -38,6 +44,39 @@ class TimeBudgetExceeded(ValueError):
 def min_micro_batches(lengths: np.ndarray, num_ranks: int, cost_model: CostModel) -> int:
     """Lower bound on the micro-batch count: ``⌈Σs / (N·E)⌉`` (at least 1)."""
     return max(1, math.ceil(float(np.sum(lengths)) / (num_ranks * cost_model.tokens_per_rank)))
+
+
+_BOUND_TOP = 8  # sequences (heaviest by work) whose best time on any degree bounds the heaviest micro-batch
+
+
+def split_lower_bound(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: CostModel,
+                      visual: np.ndarray | None = None) -> Callable[[int], float]:
+    """``LB(M)``: a lower bound on the sum of makespans of any split into ``M`` micro-batches, each planned
+    in any way on ``N`` ranks (§4/§4.1, any grouping, any degrees, any placement)::
+
+        LB(M) = max(W/N + M·beta1,  m* + (M−1)·(beta1 + alpha_blk·min_k b_k))
+
+    Proof. A group on ``d`` ranks takes ``T ≥ C = w_g/d + alpha_blk·B_g + beta1`` (``M − min(A, X) ≥ 0``), with
+    ``w = alpha1·Q + alpha2·S + alpha_vis·V``. So ``d·(τ_j − beta1) ≥ w_g + alpha_blk·B_g`` for every group of
+    micro-batch ``j`` (``d ≥ 1``); summing over its groups (``Σ d ≤ N``) gives ``τ_j ≥ W_j/N + beta1``, ``W``
+    the work proxy of :func:`~fcp_data.plan.baselines.work_proxy` summed; summing over ``j`` the first term.
+    Second: ``T`` grows with a group's ``S, Q, B, V`` and intra-node bandwidth is the best case, so the
+    micro-batch holding sequence ``k`` takes at least ``m_k = min_d T_k(d)`` (sequence ``k`` alone, one node
+    when it fits); ``m*`` is the largest ``m_k`` over the :data:`_BOUND_TOP` heaviest sequences (a lower
+    bound of the largest over all), and each of the other ``M − 1`` micro-batches holds a group with
+    ``T ≥ alpha_blk·B_g + beta1``."""
+    N = int(num_ranks)
+    work = work_proxy(lengths, etas, cost_model, visual)
+    s, q, b, v = sequence_terms(lengths, etas, visual)
+    top = np.lexsort((np.arange(s.size), -work))[:_BOUND_TOP]
+    m_star = float(TimeTable(s[top], q[top], N, cost_model, B=b[top], V=v[top]).row_min().max()) if s.size else 0.0
+    per_mb = cost_model.beta1 + cost_model.alpha_blk * (float(b.min()) if b.size else 0.0)
+    W = float(work.sum())
+
+    def bound(M: int) -> float:
+        return max(W / N + M * cost_model.beta1, m_star + (M - 1) * per_mb)
+
+    return bound
 
 
 def _stage1_fits(lengths: np.ndarray, num_ranks: int, E: int) -> bool:
@@ -53,6 +92,9 @@ def split_micro_batches(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, c
     if M < 1 or M > lengths.size:
         return None
     cap = num_ranks * cost_model.tokens_per_rank
+    if M == 1:  # LPT into one micro-batch keeps every sequence, in index order, when the tokens fit
+        fits = float(lengths.sum()) <= cap and _stage1_fits(lengths, num_ranks, cost_model.tokens_per_rank)
+        return [np.arange(lengths.size, dtype=np.int64)] if fits else None
     work = work_proxy(lengths, etas, cost_model, visual)
     order = np.lexsort((np.arange(lengths.size), -work))
     # each to the micro-batch of least work with token room, lowest index on ties (lpt_exact: O(n log M))
@@ -93,36 +135,49 @@ def _solve_split(split: list[np.ndarray], solve_one: SolveOne, swallow: bool = T
     return plans, optimal
 
 
+def _plan_fixed(lengths, etas, num_ranks, cost_model, solve_one, micro_batches, visual, lo):
+    """Exactly ``micro_batches`` micro-batches (an int), or a ``ValueError`` that says what to change."""
+    n = lengths.size
+    if isinstance(micro_batches, bool) or not isinstance(micro_batches, (int, np.integer)) or micro_batches < 1:
+        raise ValueError(f"micro_batches must be a positive int or 'auto', got {micro_batches!r}")
+    M = int(micro_batches)
+    if M > n:
+        raise ValueError(f"cannot split {n} sequences into {M} micro-batches (each needs at least one); use fewer")
+    if M == 1:  # the hot path: the solver itself reports infeasibility
+        split = [np.arange(n, dtype=np.int64)] if lengths.sum() <= num_ranks * cost_model.tokens_per_rank else None
+    else:
+        split = split_micro_batches(lengths, etas, num_ranks, cost_model, M, visual)
+    solved = _solve_split(split, solve_one, swallow=False) if split is not None else None
+    if solved is None:
+        raise ValueError(f"the batch ({n} sequences, {int(lengths.sum())} tokens) does not fit in {M} micro-batch(es) "
+                         f"on {num_ranks} ranks × {cost_model.tokens_per_rank} tokens_per_rank (at least {lo} "
+                         "needed by memory); use micro_batches='auto' (--micro-batches auto) or a larger M")
+    return solved
+
+
 def plan_micro_batches(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: CostModel,
                        solve_one: SolveOne, micro_batches: int | str = "auto", *, extra: int = 2,
-                       max_search: int = 16, visual: np.ndarray | None = None) -> tuple[list[MicroBatchPlan], bool | None]:
+                       max_search: int = 16, visual: np.ndarray | None = None, prune: bool = True
+                       ) -> tuple[list[MicroBatchPlan], bool | None]:
     """Plan a global batch; ``solve_one(ids)`` plans the sub-batch ``lengths[ids]`` (local seq ids).
-    ``auto`` looks for the first fitting ``M`` among ``⌈Σs/(N·E)⌉ … +max_search``, then ``extra`` more."""
+    ``auto`` looks for the first fitting ``M`` among ``⌈Σs/(N·E)⌉ … +max_search``, then ``extra`` more;
+    ``prune=False`` solves every such ``M`` (the reference the pruned search must equal)."""
     n = lengths.size
     lo = min_micro_batches(lengths, num_ranks, cost_model)
-    errors: list[str] = []
     if micro_batches != "auto":
-        if isinstance(micro_batches, bool) or not isinstance(micro_batches, (int, np.integer)) or micro_batches < 1:
-            raise ValueError(f"micro_batches must be a positive int or 'auto', got {micro_batches!r}")
-        M = int(micro_batches)
-        if M > n:
-            raise ValueError(f"cannot split {n} sequences into {M} micro-batches (each needs at least one); use fewer")
-        if M == 1:  # the hot path: the solver itself reports infeasibility
-            split = [np.arange(n, dtype=np.int64)] if lengths.sum() <= num_ranks * cost_model.tokens_per_rank else None
-        else:
-            split = split_micro_batches(lengths, etas, num_ranks, cost_model, M, visual)
-        solved = _solve_split(split, solve_one, swallow=False) if split is not None else None
-        if solved is None:
-            raise ValueError(f"the batch ({n} sequences, {int(lengths.sum())} tokens) does not fit in {M} micro-batch(es) "
-                             f"on {num_ranks} ranks × {cost_model.tokens_per_rank} tokens_per_rank (at least {lo} "
-                             "needed by memory); use micro_batches='auto' (--micro-batches auto) or a larger M")
-        return solved
+        return _plan_fixed(lengths, etas, num_ranks, cost_model, solve_one, micro_batches, visual, lo)
+    errors: list[str] = []
     best: tuple[list[MicroBatchPlan], bool | None] | None = None
     best_cost = math.inf
     first_fit: int | None = None
+    bound = None
     for M in range(lo, min(n, lo + max_search) + 1):
         if first_fit is not None and M > first_fit + extra:
             break
+        if prune and best is not None:
+            bound = bound or split_lower_bound(lengths, etas, num_ranks, cost_model, visual)
+            if bound(M) * (1.0 - 1e-9) >= best_cost:
+                break  # no M-split (and, the bound growing with M, no larger one) beats the best
         split = split_micro_batches(lengths, etas, num_ranks, cost_model, M, visual)
         try:
             solved = _solve_split(split, solve_one, errors=errors) if split is not None else None

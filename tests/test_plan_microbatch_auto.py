@@ -1,0 +1,112 @@
+"""``micro_batches="auto"`` with pruning (issue 12): the pruned search must choose exactly the split of the
+unpruned one, and its lower bound must be a true lower bound.
+
+A failure of the first test means pruning skipped an ``M`` that would have won (auto changed plans); of
+the second, that :func:`split_lower_bound` is not a lower bound under §4/§4.1 (then pruning is unsafe).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from fcp_data.cost import CostModel
+from fcp_data.plan.baselines import megatron_dynamic, static_cp
+from fcp_data.plan.exhaustive import solve_exhaustive
+from fcp_data.plan.microbatch import plan_micro_batches, split_lower_bound
+from fcp_data.plan.solvers import fcp_micro_batch
+from fcp_data.presets import preset_cost_model
+
+
+def _models() -> list[CostModel]:
+    small = CostModel(alpha1=2e-9, alpha2=1e-4, alpha3=3e5, beta1=0.01, beta2=0.02, bandwidth_intra=1e11,
+                      bandwidth_inter=1.2e10, ranks_per_node=4, tokens_per_rank=8192)
+    return [preset_cost_model("Qwen3-8B", "ascend-910c", v2=False), preset_cost_model("Qwen3-8B", "ascend-910c", v2=True),
+            small, small.replace(gamma=0.004, alpha_blk=2e-6, alpha_vis=1e-5)]
+
+
+def _solver(lengths, etas, num_ranks, cm, visual, calls, fn):
+    def solve_one(ids, left=1):
+        calls.append(ids.size)
+        vis = None if visual is None else visual[ids]
+        return fn(lengths[ids], etas[ids], num_ranks, cm, visual=vis), None
+    return solve_one
+
+
+def test_pruned_auto_chooses_the_unpruned_split():
+    """120 random batches (v1/v2 presets, a synthetic v2 model with every term, full attention, visual
+    tokens, batches from one to several memory-bound micro-batches), planned by FCP (on 128 ranks) and by
+    the static-cp and megatron-dynamic baselines (4-32 ranks; the bound holds for any plan): same M, same
+    makespans, same groups; and pruning must actually skip solver calls on some of them."""
+    rng = np.random.default_rng(4)
+    models = _models()
+    saved = 0
+    for case in range(120):
+        cm = models[case % len(models)]
+        fn = [fcp_micro_batch, static_cp, megatron_dynamic][case % 3]
+        N = 128 if fn is fcp_micro_batch else int(rng.choice([4, 8, 16, 32]))
+        n = int(rng.integers(4, 120))
+        E = cm.tokens_per_rank
+        L = np.minimum(rng.lognormal(np.log(E) - rng.uniform(0.5, 4), 1.3, n).astype(np.int64) + 1, N * E)
+        etas = (rng.random(n) < 0.2).astype(float)
+        vis = (L * rng.uniform(0, 0.7, n)).astype(np.int64) if case % 3 == 0 else None
+        runs = []
+        for prune in (False, True):
+            calls: list[int] = []
+            try:
+                mbs, _ = plan_micro_batches(L, etas, N, cm, _solver(L, etas, N, cm, vis, calls, fn), "auto", visual=vis,
+                                            prune=prune)
+            except ValueError:
+                mbs = None
+            runs.append((mbs, len(calls)))
+        (ref, ref_calls), (got, got_calls) = runs
+        assert (ref is None) == (got is None), case
+        if ref is not None:
+            assert len(got) == len(ref), case
+            assert [mb.makespan for mb in got] == [mb.makespan for mb in ref], case
+            assert [mb.groups for mb in got] == [mb.groups for mb in ref], case
+        assert got_calls <= ref_calls
+        saved += ref_calls - got_calls
+    assert saved > 0
+
+
+def _best_split_cost(L, etas, N, cm, M):
+    """Optimum sum of makespans over every split of the (tiny) batch into M non-empty micro-batches,
+    each solved exactly by the exhaustive solver; inf when none fits."""
+    n, best = L.size, np.inf
+    for labels in itertools.product(range(M), repeat=n):
+        if len(set(labels)) != M or labels[0] != 0:
+            continue
+        total = 0.0
+        for j in range(M):
+            ids = np.array([i for i in range(n) if labels[i] == j])
+            try:
+                total += solve_exhaustive(L[ids], etas[ids], N, cm)[0].makespan
+            except ValueError:
+                total = np.inf
+                break
+        best = min(best, total)
+    return best
+
+
+@pytest.mark.parametrize("cm_index", range(4))
+def test_split_lower_bound_is_below_every_split(cm_index):
+    """On tiny batches (3-5 sequences, 1-4 ranks) LB(M) ≤ the exact optimum over all M-splits, M = 1, 2, 3
+    (exhaustive per micro-batch; relative slack 1e-12 for rounding)."""
+    cm = _models()[cm_index]
+    rng = np.random.default_rng(10 + cm_index)
+    checked = 0
+    for _ in range(12):
+        n, N = int(rng.integers(3, 6)), int(rng.integers(1, 5))
+        E = cm.tokens_per_rank
+        L = np.minimum(rng.lognormal(np.log(E) - 1, 1.2, n).astype(np.int64) + 1, N * E)
+        etas = (rng.random(n) < 0.3).astype(float)
+        bound = split_lower_bound(L, etas, N, cm)
+        for M in (1, 2, 3):
+            opt = _best_split_cost(L, etas, N, cm, M)
+            if np.isfinite(opt):
+                assert bound(M) <= opt * (1 + 1e-12), (M, bound(M), opt)
+                checked += 1
+    assert checked >= 10
