@@ -276,7 +276,9 @@ def degree_slopes(points) -> dict[int, float]:
     """Model-free check of alpha_blk: per degree with ≥ 4 causal points, the unconstrained least-squares fit
     (relative residuals) of ``T = a·Q + c·S + b`` on that degree's points alone; returns ``{degree: c}``, the
     group's cost per token at that degree. §4.1 says ``c_d = alpha2/d + alpha_blk`` (attention-bound points; KV
-    traffic would add ``alpha3·(d−1)/(d·v)``), §4 says ``c_d = alpha2/d``."""
+    traffic would add ``alpha3·(d−1)/(d·v)``), §4 says ``c_d = alpha2/d``. Caveat: ``a`` and ``c`` trade off
+    (Q and S move together on single documents), and a per-document cost paid at every ring step (k·d kernel
+    calls per rank on the CPU executor) also lands in ``c_d`` through the packed points; read it as a hint."""
     out = {}
     for d in sorted({p.degree for p in points}):
         pts = [p for p in points if p.degree == d and p.eta == 0]

@@ -141,32 +141,53 @@ def _print_spread(rep_times) -> None:
           f"{spreads[len(spreads) // 2] * 100:.0f}%, max {spreads[-1] * 100:.0f}% over {len(spreads)} points")
 
 
-def run(args) -> int:
-    import json
+def _print_results(fit, raw, layer_like) -> None:
+    """Bandwidth, alpha_vis, the fit table with v1 vs v2, the CPU-time alpha_blk check and the timing spread."""
+    from fcp_exec.profiler import format_fit
+
+    if layer_like:
+        print(f"(times above are per layer; the table and fit below are scaled to {raw['layers_scaled']} layers)")
+    if raw["bandwidth"]:
+        print(f"P2P bandwidth rank 0 <-> 1: {raw['bandwidth'] / 1e9:.2f} GB/s")
+    if raw.get("alpha_vis"):
+        print(f"vision tower: alpha_vis = {raw['alpha_vis']:.4g} s per visual token (forward + backward)")
+    print(format_fit(fit))
+    _print_cpu_evidence(fit, raw)
+    _print_spread(raw.get("rep_times"))
+
+
+def _check_numbers(args) -> None:
+    """--reps, --warmup, --tokens-per-rank and the --out/--report paths, before any process starts."""
     from pathlib import Path
 
+    from fcp_data.cli import UsageError
 
-    from fcp_data.cli import UsageError, check_launch
-    from fcp_data.commands.train import load_hf_config, resolve_model
-
-    model, hf_path = resolve_model(args.model)
     if args.reps < 1:
         raise UsageError(f"--reps must be >= 1, got {args.reps}")
     if args.warmup < 0:
         raise UsageError(f"--warmup must be >= 0, got {args.warmup}")
     if args.tokens_per_rank is not None and args.tokens_per_rank < 1:
         raise UsageError(f"--tokens-per-rank must be >= 1, got {args.tokens_per_rank}")
+    for flag, path in (("--out", args.out), ("--report", args.report)):
+        if path and (Path(path).is_dir() or not Path(path).resolve().parent.is_dir()):
+            why = "is a directory" if Path(path).is_dir() else "its folder does not exist"
+            raise UsageError(f"{flag} {path}: {why}")
+
+
+def run(args) -> int:
+    import json
+    from pathlib import Path
+
+    from fcp_data.cli import UsageError, check_launch
+    from fcp_data.commands.train import load_hf_config, resolve_model
+
+    model, hf_path = resolve_model(args.model)
+    _check_numbers(args)
     seq_lens = _ints(args.seq_lens)
     degrees = _ints(args.degrees) if args.degrees else None
     packed_docs = () if args.packed_docs.strip().lower() in ("none", "") else _ints(args.packed_docs)
     packed_lens = _ints(args.packed_lens) if packed_docs else ()
     out = Path(args.out)
-    if out.is_dir() or not out.resolve().parent.is_dir():
-        raise UsageError(f"--out {args.out}: {'is a directory' if out.is_dir() else 'its folder does not exist'}")
-    if args.report:
-        rep = Path(args.report)
-        if rep.is_dir() or not rep.resolve().parent.is_dir():
-            raise UsageError(f"--report {args.report}: {'is a directory' if rep.is_dir() else 'its folder does not exist'}")
     if args.plot:
         from fcp_data.commands.simulate import check_plot_path
 
@@ -182,7 +203,7 @@ def run(args) -> int:
     if degrees and max(degrees) > args.nproc:
         raise UsageError(f"--degrees {args.degrees}: a degree cannot exceed the {args.nproc} process(es); pass "
                          f"--nproc {max(degrees)} or drop the larger degrees")
-    from fcp_exec.profiler import format_fit, plot_fit, profile_grid, run_profile
+    from fcp_exec.profiler import plot_fit, profile_grid, run_profile
 
     cells = profile_grid(seq_lens, packed_docs, packed_lens)
     if len(cells) * len(degrees or range(args.nproc)) < 3:
@@ -199,15 +220,7 @@ def run(args) -> int:
                            degrees=degrees, reps=args.reps, dtype=args.dtype, tokens_per_rank=args.tokens_per_rank,
                            backend=backend, packed_docs=packed_docs, packed_lens=packed_lens, version=2,
                            warmup=args.warmup)
-    if args.layer_like:
-        print(f"(times above are per layer; the table and fit below are scaled to {raw['layers_scaled']} layers)")
-    if raw["bandwidth"]:
-        print(f"P2P bandwidth rank 0 <-> 1: {raw['bandwidth'] / 1e9:.2f} GB/s")
-    if raw.get("alpha_vis"):
-        print(f"vision tower: alpha_vis = {raw['alpha_vis']:.4g} s per visual token (forward + backward)")
-    print(format_fit(fit))
-    _print_cpu_evidence(fit, raw)
-    _print_spread(raw.get("rep_times"))
+    _print_results(fit, raw, args.layer_like)
     written = fit if args.fit == "v2" else fit.v1
     # the v2 keys always appear (0: not fitted, or a v1 model)
     out.write_text(json.dumps(_full_dict(written.cost_model), indent=2) + "\n")
