@@ -14,6 +14,14 @@ Sections:
             (goal: mean gap ≤ 3 %, worst ≤ 15 %).
   simulate  step time on Wikipedia, 64 ranks (4 nodes × 16), GBS 512, Qwen3-8B and Llama3-8B on
             ascend-910c: FCP's speedup over every baseline (static degrees fixed for the whole run).
+  memory    one micro-batch of n Wikipedia sequences on N ranks (512×64, 2048×256, 4096×1024, 8192×2048,
+            16384×4096; --sizes), Qwen3-8B / ascend-910c (v2 preset; --v1 for v1): median planning time and peak
+            RSS above the interpreter's baseline, each size in a fresh subprocess (issue 12 goals: 512×64
+            ≤ 10 ms, 4096×1024 ≤ 150 ms, 16384×4096 ≤ 1 s and ≤ 200 MB).
+  auto      micro_batches='auto' against one plan per step: N = 1024, GBS 4096, --steps global batches (default
+            50): median time of a single plan, of auto (pruned by the §4 lower bound) and of the unpruned
+            M = 1, 2, 3 search, and whether pruned and unpruned chose the same M and makespan on every step
+            (goal: auto ≤ 1.5× a single plan).
   nscaling  planning time against the number of sequences (the first n of the workload, capped at N·E) at
             1024 ranks with micro_batches='auto', Qwen3-8B on ascend-910c and h100 (issue 15: time linear in
             n at fixed ranks, 400k under 4× the 100k time); also megatron-dynamic against FCP on the largest
@@ -162,6 +170,82 @@ def bench_nscaling(workload_path: str, sizes: list[int], ranks: int = 1024) -> N
                   f"{cpu / base[0] / (n / base[1]):.2f} | {meg / mb.makespan:.2f} |")
 
 
+SIZES = ((512, 64), (2048, 256), (4096, 1024), (8192, 2048), (16384, 4096))
+
+
+def _size_child(workload_path: str, n: int, ranks: int, reps: int, v2: bool) -> None:
+    """Run in a fresh interpreter: plan ``reps`` batches of ``n`` sequences on ``ranks`` ranks; print JSON with
+    the median time and the peak RSS above the RSS before the first plan (imports and workload loaded)."""
+    import json
+    import resource
+
+    from fcp_data.presets import preset_cost_model
+
+    cm = preset_cost_model("Qwen3-8B", "ascend-910c", v2=v2)
+    workload, _ = apply_cap(load_lengths(workload_path), min(CAP, ranks * cm.tokens_per_rank), "truncate")
+    rng = np.random.default_rng(n + ranks)
+    batches = [workload[rng.choice(workload.size, n, replace=False)] for _ in range(reps)]
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    ts, spans = [], []
+    for b in batches:
+        t0 = time.perf_counter()
+        spans.append(plan_batch(b, num_ranks=ranks, cost_model=cm).makespan)
+        ts.append((time.perf_counter() - t0) * 1e3)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"median_ms": statistics.median(ts), "min_ms": min(ts), "rss_mb": (peak - base) / 1024,
+                      "base_mb": base / 1024, "makespan": float(np.mean(spans))}))
+
+
+def bench_memory(workload_path: str, sizes: list[tuple[int, int]], reps: int, v2: bool) -> None:
+    import json
+    import subprocess
+
+    print(f"\n### One micro-batch at scale: Wikipedia, Qwen3-8B / ascend-910c ({'v2' if v2 else 'v1'} preset), each size in "
+          "a fresh process\n")
+    print("| sequences × ranks | median [ms] | min [ms] | peak RSS above baseline [MB] | baseline RSS [MB] | "
+          "mean makespan [s] | load |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for n, ranks in sizes:
+        r = max(3, reps if n * ranks <= 1 << 21 else reps // 4)
+        out = subprocess.run([sys.executable, __file__, "--workload", workload_path, "--_size",
+                              f"{n},{ranks},{r},{int(v2)}"], capture_output=True, text=True, check=True)
+        m = json.loads(out.stdout.strip().splitlines()[-1])
+        print(f"| {n} × {ranks} | {m['median_ms']:.1f} | {m['min_ms']:.1f} | {m['rss_mb']:.0f} | {m['base_mb']:.0f} | "
+              f"{m['makespan']:.3f} | {os.getloadavg()[0]:.1f} |", flush=True)
+
+
+def bench_auto(workload: np.ndarray, steps: int, ranks: int = 1024, gbs: int = 4096) -> None:
+    from fcp_data.plan import fcp_micro_batch, plan_micro_batches
+    from fcp_data.presets import preset_cost_model
+
+    print(f"\n### micro_batches='auto' vs one plan: {ranks} ranks, GBS {gbs}, {steps} steps, Qwen3-8B / ascend-910c\n")
+    print("| preset | single [ms] | auto [ms] | unpruned M=1,2,3 [ms] | auto / single | unpruned / single | "
+          "same M and makespan | chosen M (counts) | load |")
+    print("|---|---:|---:|---:|---:|---:|---|---|---:|")
+    for v2 in (True, False):
+        cm = preset_cost_model("Qwen3-8B", "ascend-910c", v2=v2)
+        rng = np.random.default_rng(7)
+        t_one, t_auto, t_ref, same, chosen = [], [], [], 0, []
+        for _ in range(steps):
+            b = np.minimum(workload[rng.choice(workload.size, gbs, replace=False)], ranks * cm.tokens_per_rank)
+            e = np.zeros(b.size)
+            t0 = time.perf_counter()
+            plan_batch(b, num_ranks=ranks, cost_model=cm, micro_batches=1)
+            t1 = time.perf_counter()
+            auto = plan_batch(b, num_ranks=ranks, cost_model=cm, micro_batches="auto")
+            t2 = time.perf_counter()
+            ref, _ = plan_micro_batches(b, e, ranks, cm, lambda ids, left=1: (fcp_micro_batch(b[ids], e[ids], ranks, cm),
+                                                                                None), "auto", prune=False)
+            t3 = time.perf_counter()
+            t_one.append(t1 - t0), t_auto.append(t2 - t1), t_ref.append(t3 - t2)
+            same += len(ref) == len(auto.micro_batches) and sum(m.makespan for m in ref) == auto.makespan
+            chosen.append(len(auto.micro_batches))
+        one, au, rf = (statistics.median(t) * 1e3 for t in (t_one, t_auto, t_ref))
+        counts = ", ".join(f"M={m}: {chosen.count(m)}" for m in sorted(set(chosen)))
+        print(f"| {'v2' if v2 else 'v1'} | {one:.0f} | {au:.0f} | {rf:.0f} | {au / one:.2f}x | {rf / one:.2f}x | "
+              f"{same}/{steps} | {counts} | {os.getloadavg()[0]:.1f} |", flush=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workload", default=str(REPO.parent / "shared" / "workloads" / "wikipedia_flexsp.txt"))
@@ -172,10 +256,18 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=20, help="simulated steps per model")
     ap.add_argument("--nscaling-sizes", default="25000,50000,100000,200000,400000",
                     help="sequence counts of the nscaling section")
+    ap.add_argument("--sizes", default=",".join(f"{n}x{r}" for n, r in SIZES), help="memory section: n x ranks list")
+    ap.add_argument("--v1", action="store_true", help="memory section: v1 preset instead of v2")
+    ap.add_argument("--auto-steps", type=int, default=50, help="auto section: global batches")
+    ap.add_argument("--_size", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args._size:
+        n, ranks, reps, v2 = (int(x) for x in args._size.split(","))
+        _size_child(args.workload, n, ranks, reps, bool(v2))
+        return 0
     only = set(args.only.split(","))
     workload = None
-    if only & {"latency", "scaling", "simulate"}:
+    if only & {"latency", "scaling", "simulate", "auto"}:
         raw = load_lengths(args.workload)
         workload, _ = apply_cap(raw, CAP, "truncate")
         print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (wall times grow with load; CPU times do not)")
@@ -188,6 +280,11 @@ def main(argv=None) -> int:
         bench_quality(args.instances, args.time_limit)
     if "simulate" in only:
         bench_simulate(workload, args.steps)
+    if "memory" in only:
+        sizes = [tuple(int(x) for x in s.split("x")) for s in args.sizes.split(",")]
+        bench_memory(args.workload, sizes, args.reps, not args.v1)
+    if "auto" in only:
+        bench_auto(workload, args.auto_steps)
     if "nscaling" in only:
         bench_nscaling(args.workload, [int(v) for v in args.nscaling_sizes.split(",")])
     return 0
