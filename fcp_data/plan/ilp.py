@@ -77,7 +77,31 @@ def solve_ilp(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model:
     if not (isinstance(time_limit, (int, float)) and not isinstance(time_limit, bool) and time_limit > 0):
         raise ValueError(f"time_limit must be a positive number of seconds, got {time_limit!r}")
     cp = _import_cvxpy()
-    cm = cost_model
+    prob, z, y, m = _build(cp, lengths, etas, N, cost_model, visual)
+    try:
+        with _quiet_stdout(), warnings.catch_warnings():  # HiGHS prints a banner on the C-level stdout
+            warnings.simplefilter("ignore")  # "solution may be inaccurate" after a time limit: reported below
+            # integrality tolerance 1e-9 (HiGHS: 1e-6): with z = 1 − 1e-6 the bound m sits a few 1e-6 below the
+            # placed makespan and a proved optimum would be reported as not optimal
+            prob.solve(solver=cp.HIGHS, time_limit=float(time_limit), output_flag=False, mip_feasibility_tolerance=1e-9)
+    except cp.error.SolverError as e:
+        raise ValueError(f"the ILP solver failed: {e}") from None
+    if prob.status in ("infeasible", "infeasible_inaccurate"):
+        raise ValueError(f"no feasible plan for {n} sequences on {N} ranks at tokens_per_rank={cost_model.tokens_per_rank}")
+    if y.value is None:
+        raise ValueError(f"the ILP found no solution within {time_limit} s (status {prob.status}); raise --time-limit")
+    groups, degrees = _incumbent(z, y, lengths, cost_model)
+    if sum(degrees) > N:
+        raise ValueError(f"the ILP found no usable solution within {time_limit} s (status {prob.status}); raise --time-limit")
+    S, Q, B, V = group_terms_of(groups, lengths, etas, visual)
+    mb = build_micro_batch(groups, degrees, S, Q, N, cost_model, B=B, V=V)
+    proved = prob.status == "optimal"
+    return mb, bool(proved and mb.makespan <= float(m.value) * (1 + 1e-6))
+
+
+def _build(cp, lengths: np.ndarray, etas: np.ndarray, N: int, cm: CostModel, visual: np.ndarray | None):
+    """The cvxpy problem of the module docstring: ``(problem, z per group, y, m)``."""
+    n = int(lengths.size)
     s, q, b, vis = sequence_terms(lengths, etas, visual)
     G = min(n, N)
     d = np.arange(1, N + 1, dtype=np.float64)
@@ -92,8 +116,7 @@ def solve_ilp(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model:
     y = cp.Variable((G, N), boolean=True)
     t = cp.Variable(G)
     m = cp.Variable()
-    cons = []
-    cons.append(sum(cp.sum(z[g], axis=1) for g in range(G)) == 1)
+    cons = [sum(cp.sum(z[g], axis=1) for g in range(G)) == 1]
     for g in range(G):
         cons.append(z[g] <= np.ones((n, 1)) @ cp.reshape(y[g], (1, N), order="C"))
         if g > 0:
@@ -105,21 +128,14 @@ def solve_ilp(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model:
         cons.append(m >= t[g])
     cons.append(cp.sum(y, axis=1) <= 1)
     cons.append(cp.sum(y @ d) <= N)
-    prob = cp.Problem(cp.Minimize(m * scale), cons)
-    try:
-        with _quiet_stdout(), warnings.catch_warnings():  # HiGHS prints a banner on the C-level stdout
-            warnings.simplefilter("ignore")  # "solution may be inaccurate" after a time limit: reported below
-            # integrality tolerance 1e-9 (HiGHS: 1e-6): with z = 1 − 1e-6 the bound m sits a few 1e-6 below the
-            # placed makespan and a proved optimum would be reported as not optimal
-            prob.solve(solver=cp.HIGHS, time_limit=float(time_limit), output_flag=False, mip_feasibility_tolerance=1e-9)
-    except cp.error.SolverError as e:
-        raise ValueError(f"the ILP solver failed: {e}") from None
-    if prob.status in ("infeasible", "infeasible_inaccurate"):
-        raise ValueError(f"no feasible plan for {n} sequences on {N} ranks at tokens_per_rank={cm.tokens_per_rank}")
-    if y.value is None:
-        raise ValueError(f"the ILP found no solution within {time_limit} s (status {prob.status}); raise --time-limit")
-    # Read the incumbent robustly (a time-limited solve may leave values slightly off 0/1): each sequence
-    # goes to its largest z, each group takes its largest y; repaired to memory, else no solution.
+    return cp.Problem(cp.Minimize(m * scale), cons), z, y, m
+
+
+def _incumbent(z, y, lengths: np.ndarray, cm: CostModel) -> tuple[list[list[int]], list[int]]:
+    """Read the incumbent robustly (a time-limited solve may leave values slightly off 0/1): each sequence goes
+    to its largest z, each group takes its largest y, raised to its memory minimum."""
+    s = lengths.astype(np.float64)
+    G = len(z)
     Z = np.stack([np.asarray(z[g].value, dtype=np.float64).sum(axis=1) for g in range(G)], axis=1)  # n × G
     owner = Z.argmax(axis=1)
     Y = np.asarray(y.value, dtype=np.float64)
@@ -128,12 +144,5 @@ def solve_ilp(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model:
         members = [int(k) for k in np.flatnonzero(owner == g)]
         if members:
             groups.append(members)
-            need = cm.min_degree(float(s[members].sum()))
-            degrees.append(max(int(Y[g].argmax()) + 1, need))
-    if sum(degrees) > N:
-        raise ValueError(f"the ILP found no usable solution within {time_limit} s (status {prob.status}); raise --time-limit")
-    S, Q, B, V = group_terms_of(groups, lengths, etas, visual)
-    mb = build_micro_batch(groups, degrees, S, Q, N, cm, B=B, V=V)
-    proved = prob.status == "optimal"
-    bound = float(m.value)
-    return mb, bool(proved and mb.makespan <= bound * (1 + 1e-6))
+            degrees.append(max(int(Y[g].argmax()) + 1, cm.min_degree(float(s[members].sum()))))
+    return groups, degrees
