@@ -25,9 +25,10 @@ import numpy as np
 
 from fcp_data.cost import CostModel
 
-__all__ = ["time_table", "TimeTable", "useful_degree_bound", "allocate_fast", "allocate_dp", "pow2_mask"]
+__all__ = ["time_table", "TimeTable", "RunningMin", "useful_degree_bound", "allocate_fast", "allocate_dp", "pow2_mask"]
 
 _FIRST_WIDTH = 16  # degrees per group stored at first; a row that the optimum needs wider doubles
+_CHUNK = 1 << 19  # table entries evaluated at once by RunningMin (bounds its temporaries)
 
 
 def pow2_mask(num_ranks: int) -> np.ndarray:
@@ -155,6 +156,11 @@ class TimeTable:
             out[ok] = _row_items(self, cand, ok, first[ok], last[ok] - first[ok] + 1)[3]
         return out
 
+    def running_min(self, floor: float = -np.inf) -> "RunningMin":
+        """``np.minimum.accumulate(table, axis=1)`` as a :class:`RunningMin` that answers queries at
+        ``τ ≥ max(floor, largest row minimum)`` only (the entries below never count there)."""
+        return RunningMin(self, floor)
+
     def useful_range(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(cand, first, last)``: ``cand`` the allowed degrees ascending; row ``i``'s useful degrees are
         ``cand[first[i] : last[i] + 1]`` — from the least allowed degree that holds its memory
@@ -178,6 +184,66 @@ class TimeTable:
             bound = np.minimum(bound, R) if intra else np.maximum(bound, R + 1.0)
             last = np.maximum(last, np.searchsorted(cand, bound, side="left"))
         return cand, first, np.minimum(last, cand.size - 1)
+
+
+class RunningMin:
+    """The running minimum ``T̃`` of a :class:`TimeTable` for queries at makespans ``τ ≥ floor``, where
+    ``floor`` is at least the largest row minimum (no row meets a lower ``τ``). Stores each row's minimum
+    and the items of :func:`_row_items` whose ``T̃`` is above ``floor``, rows in order: ``table[:m]`` are
+    the first ``m`` rows, ``table[:, -1]`` the row minima, :meth:`min_ranks` the dense
+    ``1 + (T̃ > τ).sum(axis=1)``. Rows are evaluated in chunks of at most :data:`_CHUNK` entries."""
+
+    __slots__ = ("num_rows", "num_ranks", "floor", "_first", "_min", "_row", "_key", "_w")
+
+    def __init__(self, table: TimeTable, floor: float = -np.inf) -> None:
+        cand, first, last = table.useful_range()
+        K, N = table.shape
+        self.num_rows, self.num_ranks = K, N
+        self._first = np.where(first < cand.size, cand[np.minimum(first, cand.size - 1)], N + 1)
+        self._min = np.full(K, np.inf)
+        level = float(floor)
+        parts = []
+        ok = np.flatnonzero(first < cand.size)
+        step = max(1, _CHUNK // max(1, int((last - first + 1).max(initial=1))))
+        for lo in range(0, ok.size, step):  # rows in order, so the level (a floor) rises early
+            rows = ok[lo: lo + step]
+            r, k, w, m = _row_items(table, cand, rows, first[rows], last[rows] - first[rows] + 1)
+            self._min[rows] = m
+            level = max(level, float(m.max()))
+            keep = k > level
+            parts.append((r[keep], k[keep], w[keep]))
+        self.floor = max(level, float(self._min.max(initial=-np.inf)))
+        row, key, w = (np.concatenate([p[j] for p in parts]) if parts else np.zeros(0) for j in range(3))
+        keep = key > self.floor
+        order = np.argsort(row[keep], kind="stable")
+        self._row, self._key, self._w = row[keep][order].astype(np.int64), key[keep][order], w[keep][order]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.num_rows, self.num_ranks)
+
+    def __getitem__(self, key):
+        """``[:m]``: the first ``m`` rows; ``[:, -1]``: the row minima (the last column of ``T̃``)."""
+        if isinstance(key, slice) and key.start in (None, 0) and key.step in (None, 1):
+            view = object.__new__(RunningMin)
+            for name in RunningMin.__slots__:
+                setattr(view, name, getattr(self, name))
+            view.num_rows = len(range(self.num_rows)[key])
+            return view
+        if key == (slice(None), -1) or key == (slice(None), self.num_ranks - 1):
+            return self._min[: self.num_rows].copy()
+        raise TypeError(f"RunningMin supports [:m] and [:, -1], got {key!r}")
+
+    def min_ranks(self, tau: float) -> np.ndarray:
+        """Fewest ranks per row with ``T̃ ≤ τ`` (``N + 1`` where none), for ``τ ≥ floor``."""
+        if not tau >= self.floor:
+            raise ValueError(f"RunningMin answers τ >= {self.floor!r} only, got {tau!r}")
+        m = self.num_rows
+        end = int(np.searchsorted(self._row, m, side="left"))
+        above = self._key[:end] > tau
+        extra = np.bincount(self._row[:end][above], weights=self._w[:end][above], minlength=m)
+        out = self._first[:m] + extra.astype(np.int64)
+        return np.where(self._min[:m] <= tau, out, self.num_ranks + 1)
 
 
 def _table(T, num_ranks: int | None, allowed: np.ndarray | None = None) -> tuple[np.ndarray, int, int]:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from fcp_data.cost import CostModel, sequence_terms
-from fcp_data.plan.allocate import time_table
+from fcp_data.plan.allocate import RunningMin, time_table
 from fcp_data.plan.lpt import labels_to_groups, lpt_heap
 
 __all__ = ["tau_groupings", "min_ranks_for"]
@@ -34,10 +34,10 @@ __all__ = ["tau_groupings", "min_ranks_for"]
 _BISECT_STEPS = 48
 
 
-def min_ranks_for(Tt: np.ndarray, tau: float) -> np.ndarray:
+def min_ranks_for(Tt: np.ndarray | RunningMin, tau: float) -> np.ndarray:
     """Fewest ranks per row of the running-minimum time table ``Tt`` (K × N) meeting ``τ``; ``N + 1``
     where no degree does."""
-    return 1 + (Tt > tau).sum(axis=1)
+    return Tt.min_ranks(tau) if isinstance(Tt, RunningMin) else 1 + (Tt > tau).sum(axis=1)
 
 
 def _rest_bins(tau: float, m: int, work_sorted: np.ndarray, suffix_work: np.ndarray, beta1: float) -> float:
@@ -103,7 +103,8 @@ def tau_groupings(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_mo
     # at most N/2 sequences can take ≥ 2 ranks each; overflowing ones always count
     M = int(min(n, max(int(over.sum()), N // 2)))
     top = order[:M]
-    Tt = np.minimum.accumulate(time_table(s[top], q[top], N, cost_model, B=b[top], V=v[top]), axis=1)
+    # the running minimum over useful degrees only (queried at τ ≥ lo below, its floor)
+    Tt = time_table(s[top], q[top], N, cost_model, B=b[top], V=v[top], sparse=True).running_min(cost_model.beta1)
     beta1 = cost_model.beta1
     work_sorted = (solo - beta1)[order]
     suffix_work = np.concatenate((np.cumsum(work_sorted[::-1])[::-1], [0.0]))  # work of order[m:]
