@@ -29,14 +29,13 @@ from fcp_data.index.inputs import DIR_CHUNK, expand_inputs, make_tasks
 from fcp_data.index.limits import Limits, clean_detail, json_depth_exceeds, safe_key
 from fcp_data.index.probe import (IMAGE_EXTS, TEXT_EXTS, VIDEO_EXTS, MemberFile, ProbeError, iter_dir_samples,
                                   iter_tar_samples, probe_image, probe_video)
+from fcp_data.index.textbatch import TextBatch
 
 __all__ = ["expand_inputs", "make_tasks", "index_task", "task_fingerprint", "part_path", "EXIT_AFTER_ENV",
            "SLEEP_ENV", "DIR_CHUNK"]
 
 EXIT_AFTER_ENV = "FCP_INDEX_EXIT_AFTER"  # test hook: a worker process os._exit()s after writing this many parts
 SLEEP_ENV = "FCP_INDEX_TASK_SLEEP"  # test hook: seconds a worker sleeps before each task (keeps workers busy)
-TOKENIZE_BATCH = 512  # jsonl texts tokenised together, at most TOKENIZE_BATCH_BYTES of them
-TOKENIZE_BATCH_BYTES = 32 * 2**20
 _done_in_process = 0
 _INT_RANGE = {np.dtype(dt): np.iinfo(dt) for dt in COLUMNS.values() if np.issubdtype(dt, np.integer)}
 
@@ -150,31 +149,7 @@ def _index_jsonl(task: dict, cfg: dict, spec, rows: _Rows) -> int:
     except (OSError, ProbeError) as e:
         rows.error(str(path), "unreadable_shard", getattr(e, "detail", None) or f"{type(e).__name__}: {e.strerror}", str(path))
         return 1
-    tok, extra = spec.tokenizer(), (1 if spec.eos_id is not None else 0)
-    pending: list[tuple[str, int, int, str]] = []
-    pending_bytes = [0]
-
-    def flush() -> None:
-        texts = [p[3] for p in pending]
-        try:
-            counts = [len(e.ids) for e in tok.encode_batch(texts, add_special_tokens=False)]
-        except Exception:  # one bad text fails the batch: encode one by one, record the failures
-            counts = []
-            for t in texts:
-                try:
-                    counts.append(len(tok.encode(t, add_special_tokens=False).ids))
-                except Exception as e:
-                    counts.append(f"{type(e).__name__}: {e}")
-        for (key, start, size, _), c in zip(pending, counts):
-            if isinstance(c, str):
-                rows.error(key, "tokenize_failed", c, str(path))
-            else:
-                rows.guard(key, str(path), lambda: rows.add(key, [("jsonl", start, size)], offset=start, size=size,
-                                                             shard=task["source"], kind=KIND_TEXT, eta=spec.eta,
-                                                             num_tokens=c + extra))
-        pending.clear()
-        pending_bytes[0] = 0
-
+    batch = TextBatch(task, spec, rows)
     with f:
         for lineno, (start, body, size) in enumerate(_iter_lines(f, limits.max_text_bytes), start=1):
             if body is not None and not body.strip():
@@ -190,24 +165,27 @@ def _index_jsonl(task: dict, cfg: dict, spec, rows: _Rows) -> int:
             try:
                 obj = _parse_json(body, limits)
                 if isinstance(obj, dict) and isinstance(obj.get(cfg["key_field"]), (str, int)):
-                    key = str(obj[cfg["key_field"]])
-                if not isinstance(obj, dict):
-                    raise ProbeError("bad_json", f"line is a JSON {type(obj).__name__}, not an object")
-                text = obj.get(cfg["text_field"])
-                if not isinstance(text, str):
-                    raise ProbeError("missing_field", f"no string field {cfg['text_field']!r}")
-                if not text.strip():
-                    raise ProbeError("empty_sample", "empty text")
-                _check_text(text)
+                    key = str(obj[cfg["key_field"]])  # before the checks: an error is recorded under this key
+                text = _jsonl_text(obj, cfg)
             except Exception as e:
                 rows.record(key, str(path), e)
                 continue
-            pending.append((key, start, size, text))
-            pending_bytes[0] += size
-            if len(pending) >= TOKENIZE_BATCH or pending_bytes[0] >= TOKENIZE_BATCH_BYTES:
-                flush()
-    flush()
+            batch.add(key, start, size, text)
+    batch.flush()
     return seen
+
+
+def _jsonl_text(obj, cfg: dict) -> str:
+    """The text of one parsed JSON line; a ``ProbeError`` says why the line is not a sample."""
+    if not isinstance(obj, dict):
+        raise ProbeError("bad_json", f"line is a JSON {type(obj).__name__}, not an object")
+    text = obj.get(cfg["text_field"])
+    if not isinstance(text, str):
+        raise ProbeError("missing_field", f"no string field {cfg['text_field']!r}")
+    if not text.strip():
+        raise ProbeError("empty_sample", "empty text")
+    _check_text(text)
+    return text
 
 
 def _read_text(read, ext: str, size: int, limits: Limits) -> bytes:
