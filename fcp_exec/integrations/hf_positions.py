@@ -168,6 +168,27 @@ class HFRopeIndex:
                 "placeholder ids are not the model's — index and read with the spec whose tokenizer matches the "
                 "model, or pass the config whose image_token_id/video_token_id are the reader's "
                 "(dataset.image_token_id/video_token_id)")
+        image_rows, video_rows = self._match_runs(runs, rows, ids_hint)
+        kw: dict[str, Any] = {
+            "input_ids": ids[None],
+            "mm_token_type_ids": types[None],
+            "image_grid_thw": torch.tensor(image_rows, dtype=torch.long) if image_rows else None,
+            "video_grid_thw": torch.tensor(video_rows, dtype=torch.long) if video_rows else None,
+        }
+        if self.model_type in _SECONDS_PER_GRID:
+            spg = sample.get("second_per_grid_ts")
+            spg = torch.ones(len(video_rows)) if spg is None else \
+                torch.as_tensor(spg, dtype=torch.float32).reshape(-1)
+            if spg.numel() != len(video_rows):
+                raise ValueError(f"second_per_grid_ts has {spg.numel()} value(s) but the sample has {len(video_rows)} "
+                                 "video(s); give one value (temporal_patch_size / sampled fps) per video")
+            kw["second_per_grid_ts"] = spg.to(torch.float32) if video_rows else None
+        return kw
+
+    def _match_runs(self, runs: list[tuple[int, int, int]], rows: list[tuple[int, int, int]],
+                    ids_hint: str) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]:
+        """Match placeholder runs to ``grid_thw`` rows in order; ``(image rows, video rows)`` or a ``ValueError``
+        saying where they disagree (Qwen3-VL: one run per frame group of a video)."""
         m = self.spatial_merge_size
         frame_runs = self.model_type in _FRAME_GROUP_RUNS
         image_rows: list[tuple[int, int, int]] = []
@@ -206,21 +227,7 @@ class HFRopeIndex:
         if row_i != len(rows):
             raise ValueError(f"sample has {len(rows)} grid_thw row(s) but placeholder runs for only {row_i} "
                              f"(ids {ids_hint}): grid_thw rows and placeholder counts disagree")
-        kw: dict[str, Any] = {
-            "input_ids": ids[None],
-            "mm_token_type_ids": types[None],
-            "image_grid_thw": torch.tensor(image_rows, dtype=torch.long) if image_rows else None,
-            "video_grid_thw": torch.tensor(video_rows, dtype=torch.long) if video_rows else None,
-        }
-        if self.model_type in _SECONDS_PER_GRID:
-            spg = sample.get("second_per_grid_ts")
-            spg = torch.ones(len(video_rows)) if spg is None else \
-                torch.as_tensor(spg, dtype=torch.float32).reshape(-1)
-            if spg.numel() != len(video_rows):
-                raise ValueError(f"second_per_grid_ts has {spg.numel()} value(s) but the sample has {len(video_rows)} "
-                                 "video(s); give one value (temporal_patch_size / sampled fps) per video")
-            kw["second_per_grid_ts"] = spg.to(torch.float32) if video_rows else None
-        return kw
+        return image_rows, video_rows
 
     def __call__(self, sample: dict, input_ids: torch.Tensor) -> torch.Tensor:
         """``LongTensor [3, len(input_ids)]``: the installed ``get_rope_index`` on the whole document."""
