@@ -251,9 +251,13 @@ def _sparse_cases(seed: int, count: int):
         yield cm, np.maximum(S, 1.0), Q, B, V, N, (pow2_mask(N) if case % 4 == 0 else None)
 
 
-def test_sparse_allocation_equals_dense_bit_for_bit():
+def test_sparse_allocation_equals_dense_bit_for_bit(monkeypatch):
     """allocate_fast on the sparse TimeTable returns exactly the dense optimum and degrees (3000 random
-    tables with v2 terms and memory-tight groups); a difference would change FCP plans."""
+    tables with v2 terms and memory-tight groups; the sparse path forced, small tables normally go dense);
+    a difference would change FCP plans."""
+    import fcp_data.plan.allocate as allocate_module
+
+    monkeypatch.setattr(allocate_module, "_DENSE_MAX", 0)
     for cm, S, Q, B, V, N, allowed in _sparse_cases(11, 3000):
         dense = time_table(S, Q, N, cm, allowed=allowed, B=B, V=V)
         sparse = time_table(S, Q, N, cm, B=B, V=V, sparse=True)

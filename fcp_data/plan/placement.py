@@ -104,7 +104,7 @@ def _place(degrees: list[int], num_ranks: int, R: int) -> list[tuple[int, ...]]:
 def _intra(ranks: list[tuple[int, ...]], ranks_per_node: int) -> np.ndarray:
     """Per group: do all its ranks lie on one node (``min // R == max // R``)?"""
     R = ranks_per_node
-    return np.fromiter((min(r) // R == max(r) // R for r in ranks), dtype=bool, count=len(ranks))
+    return np.fromiter((len(r) == 1 or min(r) // R == max(r) // R for r in ranks), dtype=bool, count=len(ranks))
 
 
 def placed_times(S: np.ndarray, Q: np.ndarray, ranks: list[tuple[int, ...]], cost_model: CostModel,
@@ -163,5 +163,7 @@ def build_micro_batch(groups: list[list[int]], degrees, S: np.ndarray, Q: np.nda
 
     ranks = place_for_times(S, Q, degrees, num_ranks, cost_model, time_fn=time_fn, B=B, V=V)
     times = (time_fn or (lambda s, q, r, b, v: placed_times(s, q, r, cost_model, b, v)))(S, Q, ranks, B, V)
-    cp = tuple(CPGroup(ranks=r, seq_ids=tuple(g), time=float(t)) for g, r, t in zip(groups, ranks, times))
+    ids = [np.asarray(g, dtype=np.int64).tolist() if not isinstance(g, list) or g and type(g[0]) is not int else g
+           for g in groups]  # Python ints: CPGroup takes them without a per-item conversion
+    cp = tuple(CPGroup(ranks=r, seq_ids=tuple(g), time=t) for g, r, t in zip(ids, ranks, np.asarray(times, dtype=np.float64).tolist()))
     return MicroBatchPlan(groups=cp, makespan=float(max(times)) if len(cp) else 0.0)
