@@ -276,6 +276,8 @@ def test_names_are_unique_unless_replaced(toys):
     with pytest.raises(ValueError, match="replace=True"):
         register_solver("dup", _missing, help="x")
     place = list(SOLVER_NAMES).index("dup")
+    assert SOLVER_NAMES[place] == "dup" and SOLVER_NAMES + ("x",) == tuple(SOLVER_NAMES) + ("x",)  # tuple-like view
+    assert ("x",) + SOLVER_NAMES == ("x",) + tuple(SOLVER_NAMES) and SOLVER_NAMES == list(SOLVER_NAMES)
     register_solver("dup", _fast_clock, help="replaced", validate=False, replace=True)
     assert list(SOLVER_NAMES).index("dup") == place and get_solver("dup").help == "replaced"
     plan = SOLVERS["dup"](LENGTHS, num_ranks=8, cost_model=CM)  # not validated: the half time goes through

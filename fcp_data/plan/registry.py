@@ -234,6 +234,12 @@ class SolverNames(Sequence):
             return self._names() == tuple(other)
         return NotImplemented
 
+    def __add__(self, other: Sequence[str]) -> tuple[str, ...]:  # as the tuple it used to be
+        return self._names() + tuple(other)
+
+    def __radd__(self, other: Sequence[str]) -> tuple[str, ...]:
+        return tuple(other) + self._names()
+
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
