@@ -25,6 +25,8 @@ import time
 import traceback
 from typing import Any, Callable
 
+from fcp_data.slots import dist_rank_and_world as dist_info  # the one rank/world helper
+
 __all__ = ["launch", "resolve_nproc", "default_backend", "current_device", "in_torchrun", "dist_info",
            "init_distributed", "collective_dtype", "check_devices", "WorkerFailure"]
 
@@ -118,15 +120,6 @@ def check_devices(backend: str, nproc_local: int) -> None:
                          "HCCL needs one NPU per rank")
 
 
-def dist_info() -> tuple[int, int]:
-    """``(rank, world_size)`` of the initialised process group, ``(0, 1)`` without one."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -202,20 +195,44 @@ def launch(fn: Callable[..., Any], nproc: int, *args: Any, backend: str | None =
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise ValueError(f"nproc must be a positive int, got {nproc!r}")
     if in_torchrun():
-        world = int(os.environ["WORLD_SIZE"])
-        if nproc not in (1, world):
-            raise ValueError(f"running under torchrun with WORLD_SIZE={world}; drop --nproc or pass {world}")
-        import torch.distributed as dist
-
-        if not dist.is_initialized():
-            _init(backend or default_backend(), pg_timeout, None)
-        out: list = [None] * world
-        out[dist.get_rank()] = fn(*args)
-        return out
-    import torch.multiprocessing as mp
-
+        return _in_torchrun(fn, nproc, args, backend, pg_timeout)
     backend = backend or default_backend()
     check_devices(backend, nproc)
+    procs, results = _start(fn, nproc, args, backend, pg_timeout)
+    values: dict[int, Any] = {}
+    errors: dict[int, tuple[str, str, str]] = {}
+    try:
+        _collect(procs, results, values, errors, timeout)
+    finally:
+        for p in procs:
+            p.join(timeout=5.0 if not errors else 0.5)
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=5.0)
+    if errors:
+        raise WorkerFailure(errors)
+    return [values[r] for r in range(nproc)]
+
+
+def _in_torchrun(fn: Callable[..., Any], nproc: int, args: tuple, backend: str | None, pg_timeout: float) -> list:
+    """Under torchrun this process is one rank: initialise the process group once and run ``fn`` here."""
+    world = int(os.environ["WORLD_SIZE"])
+    if nproc not in (1, world):
+        raise ValueError(f"running under torchrun with WORLD_SIZE={world}; drop --nproc or pass {world}")
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        _init(backend or default_backend(), pg_timeout, None)
+    out: list = [None] * world
+    out[dist.get_rank()] = fn(*args)
+    return out
+
+
+def _start(fn: Callable[..., Any], nproc: int, args: tuple, backend: str, pg_timeout: float):
+    """Start the ``nproc`` worker processes; ``(processes, result queue)``."""
+    import torch.multiprocessing as mp
+
     threads = max(1, (os.cpu_count() or 1) // nproc)
     use_forkserver = "forkserver" in mp.get_all_start_methods()
     while True:
@@ -230,7 +247,7 @@ def launch(fn: Callable[..., Any], nproc: int, *args: Any, backend: str | None =
         try:
             for p in procs:
                 p.start()
-            break
+            return procs, results
         except OSError:  # the forkserver's socket vanished (e.g. its temp dir was cleaned): start by spawn
             for p in procs:
                 if p.pid is not None and p.is_alive():
@@ -239,47 +256,38 @@ def launch(fn: Callable[..., Any], nproc: int, *args: Any, backend: str | None =
             if not use_forkserver:
                 raise
             use_forkserver = False
-    values: dict[int, Any] = {}
-    errors: dict[int, tuple[str, str, str]] = {}
+
+
+def _exited(procs, values: dict, errors: dict) -> dict[int, tuple[str, str, str]]:
+    """The ranks that exited with a non-zero code without reporting, as errors."""
+    return {i: ("exit", f"exit code {p.exitcode}", f"worker exited with code {p.exitcode}")
+            for i, p in enumerate(procs) if p.exitcode not in (None, 0) and i not in values and i not in errors}
+
+
+def _collect(procs, results, values: dict, errors: dict, timeout: float) -> None:
+    """Fill ``values``/``errors`` by rank until every rank reported, one failed (then the others get 2 s to
+    report their own failure: the first error is often a peer's symptom) or ``timeout`` passed."""
+    nproc = len(procs)
     deadline = time.monotonic() + timeout
-    try:
-        while len(values) + len(errors) < nproc:
+    while len(values) + len(errors) < nproc:
+        try:
+            rank, status, value = results.get(timeout=1.0)
+        except queue.Empty:
+            errors.update(_exited(procs, values, errors))
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"workers did not finish within {timeout:.0f} s "
+                                   f"({len(values)} of {nproc} done)") from None
+            continue
+        if status == "ok":
+            values[rank] = value
+            continue
+        errors[rank] = value
+        grace = time.monotonic() + 2.0
+        while time.monotonic() < grace and len(values) + len(errors) < nproc:
             try:
-                rank, status, value = results.get(timeout=1.0)
+                r2, st2, v2 = results.get(timeout=0.2)
             except queue.Empty:
-                dead = [i for i, p in enumerate(procs) if p.exitcode not in (None, 0)
-                        and i not in values and i not in errors]
-                if dead:
-                    errors.update({i: ("exit", f"exit code {procs[i].exitcode}",
-                                       f"worker exited with code {procs[i].exitcode}") for i in dead})
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"workers did not finish within {timeout:.0f} s "
-                                       f"({len(values)} of {nproc} done)") from None
                 continue
-            if status == "ok":
-                values[rank] = value
-            else:
-                errors[rank] = value
-                # the others may be blocked on the failed rank: give them a moment to report their own failure
-                # (the first error is often a peer's symptom), then stop them
-                grace = time.monotonic() + 2.0
-                while time.monotonic() < grace and len(values) + len(errors) < nproc:
-                    try:
-                        r2, st2, v2 = results.get(timeout=0.2)
-                    except queue.Empty:
-                        continue
-                    (values if st2 == "ok" else errors)[r2] = v2
-                for i, p in enumerate(procs):
-                    if p.exitcode not in (None, 0) and i not in errors and i not in values:
-                        errors[i] = ("exit", f"exit code {p.exitcode}", f"worker exited with code {p.exitcode}")
-                break
-    finally:
-        for p in procs:
-            p.join(timeout=5.0 if not errors else 0.5)
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-                p.join(timeout=5.0)
-    if errors:
-        raise WorkerFailure(errors)
-    return [values[r] for r in range(nproc)]
+            (values if st2 == "ok" else errors)[r2] = v2
+        errors.update(_exited(procs, values, errors))
+        return

@@ -39,16 +39,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from fcp_data.slots import dist_rank_and_world
+
 __all__ = ["REDUCER_NAMES", "AllReduceReducer", "DDPReducer", "FSDP2Reducer", "StepResult", "idle_batch",
            "is_idle", "make_reducer", "train_step"]
 
 REDUCER_NAMES = ("allreduce", "ddp", "fsdp2")
-
-
-def _world() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
 
 
 def is_idle(batch: dict) -> bool:
@@ -60,7 +56,7 @@ def is_idle(batch: dict) -> bool:
 def idle_batch(batch: dict, *, pad_token_id: int = 0, ignore_index: int = -100) -> dict:
     """A two-token dummy micro-batch for an idle rank: one document of two pad tokens, no label, run as a
     degree-1 group of this rank. Keeps every metadata key of ``batch``; 3-D positions when it has them."""
-    rank, _ = _world()
+    rank, _ = dist_rank_and_world()
     out = dict(batch)
     out.update(input_ids=torch.full((2,), int(pad_token_id), dtype=torch.long),
                labels=torch.full((2,), int(ignore_index), dtype=torch.long),
@@ -88,7 +84,7 @@ class AllReduceReducer:
         return contextlib.nullcontext()
 
     def finish(self, model: nn.Module) -> None:
-        rank, world = _world()
+        rank, world = dist_rank_and_world()
         params = [p for p in model.parameters() if p.requires_grad]
         if world == 1 or not params:
             return
@@ -229,7 +225,7 @@ def train_step(model: nn.Module, micro_batches: Iterable[dict], loss_fn: Callabl
     called on :func:`idle_batch` for idle micro-batches and its result multiplied by 0. ``reducer``: from
     :func:`make_reducer`. The caller zeroes gradients before and steps the optimizer after."""
     it = iter(micro_batches)
-    rank, world = _world()
+    rank, world = dist_rank_and_world()
     loss_local = torch.zeros((), dtype=torch.float64)
     groups: list[tuple[int, ...]] = []
     num_idle, m, num_mb, num_tokens = 0, 0, 1, 0
