@@ -78,19 +78,20 @@ def mixed_starts(work: np.ndarray, num_ranks: int) -> list[list[list[int]]]:
     groups get one rank more), sequences heaviest first to the group whose work per rank stays least
     (lowest id on ties). Memory is ignored: the search (:func:`local_search`) repairs it."""
     n, N = int(work.size), int(num_ranks)
-    order = np.lexsort((np.arange(n), -work)).tolist()
-    w = work.tolist()
-    out = []
-    for K in range(1, min(N, n) + 1):
-        deg = [N // K + (1 if g < N % K else 0) for g in range(K)]
-        load = [0.0] * K
-        label = [0] * n
-        for i in order:
-            g = min(range(K), key=lambda h: ((load[h] + w[i]) / deg[h], h))
-            label[i] = g
-            load[g] += w[i]
-        out.append([[i for i in range(n) if label[i] == g] for g in range(K) if load[g] > 0 or g in label])
-    return out
+    M = min(N, n)
+    Ks = np.arange(1, M + 1)[:, None]  # one row per K, all K at once
+    g = np.arange(M)[None, :]
+    deg = np.where(g < Ks, N // Ks + (g < N % Ks), 0).astype(np.float64)
+    deg_safe = np.where(deg > 0, deg, 1.0)
+    load = np.zeros((M, M))
+    label = np.zeros((M, n), dtype=np.int64)
+    rows = np.arange(M)
+    for i in np.lexsort((np.arange(n), -work)).tolist():
+        pick = np.argmin(np.where(deg > 0, (load + work[i]) / deg_safe, np.inf), axis=1)  # lowest id on ties
+        label[:, i] = pick
+        load[rows, pick] += work[i]
+    return [[np.flatnonzero(lab == k).tolist() for k in range(K) if np.any(lab == k)]
+            for K, lab in zip(range(1, M + 1), label)]
 
 
 def _values(agg: np.ndarray, index: np.ndarray, num_ranks: int, cost_model: CostModel

@@ -15,6 +15,14 @@ see there), so it is never worse than a baseline whose configuration lies in its
 is the same search with the paper's 2-D DP as stage 2 (same optimum per grouping, slower); ``fcp-pow2``
 keeps only power-of-two degrees (FlexSP-like).
 
+On small micro-batches (at most :data:`~fcp_data.plan.search.SEARCH_MAX_SEQUENCES` sequences and
+:data:`~fcp_data.plan.search.SEARCH_MAX_RANKS` ranks) a last track, ``any-search``, runs the stage-1
+local search of :mod:`fcp_data.plan.search` (issue 12: near ``N·tokens_per_rank`` BFD scatters headroom
+and the candidates above never form mixed splits such as 1 + 2 ranks): it starts from every other track's
+incumbent grouping, so the plan is never slower than the planner without it (``search=False``), which
+the tests keep as the reference. ``robust_tol > 0`` (opt-in) trades up to that share of predicted makespan
+for insensitivity to profiling error (:func:`~fcp_data.plan.search.robust_choice`).
+
 Determinism: every choice is a stable sort or an ``argmin`` with index tie-breaks, so identical inputs
 give identical plans on every rank; only ``solve_ms`` differs.
 """

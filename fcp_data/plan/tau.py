@@ -123,7 +123,9 @@ def tau_groupings(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_mo
         return need + _rest_bins(tau, m, work_sorted, suffix_work, beta1) <= N
 
     lo = float(max(Tt[:, -1].max() if M else 0.0, beta1))  # no plan beats the longest sequence on N ranks
-    hi = float(solo.max() + solo.sum())  # everything on one rank — and more than enough
+    # everything on one rank — and more than enough, unless memory forces the longest sequence onto a ring
+    # slower than that (then the search starts at lo: RunningMin answers τ ≥ lo only)
+    hi = max(float(solo.max() + solo.sum()), lo)
     if not np.isfinite(lo):
         return []
     if feasible(lo):
