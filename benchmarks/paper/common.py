@@ -1,8 +1,10 @@
 """Shared pieces of the paper-replication evaluation (benchmarks/paper/run_all.py).
 
 Every experiment plans the same drawn global batches with every system through
-:func:`fcp_data.plan.plan_batch` (the computation behind ``fcp simulate``) on a §4 preset cost model, and
-reports mean step time (sum of micro-batch makespans) and speedups measured side by side in one run.
+:func:`fcp_data.plan.plan_batch` (the computation behind ``fcp simulate``) on a preset cost model — cost model
+v2 (DESIGN §4.1, the preset default) everywhere except the v1-vs-v2 comparison tables, which build v1 with
+``v2=False`` — and reports mean step time (sum of micro-batch makespans) and speedups measured side by side in
+one run, each FCP time next to the §4.1 lower bound (:func:`lower_bound`).
 """
 
 from __future__ import annotations
@@ -196,7 +198,8 @@ def plan_systems(batches: list[np.ndarray], *, model: str, cost_model: CostModel
                  visual: list[np.ndarray] | None = None) -> dict[str, SystemResult]:
     """Plan explicit batches with every system (``micro_batches='auto'``), keeping the plans. ``fixed``
     pins a degree (``{"static-cp": 8}``); without it static-cp/ulysses choose per micro-batch. A system
-    that cannot plan a batch raises — nothing is silently skipped. ``visual``: visual tokens per batch (§4.1)."""
+    that cannot plan a batch raises — nothing is silently skipped. ``visual``: visual tokens per batch (§4.1).
+    FCP's result also holds the §4.1 lower bound of every batch (``lower_bound``)."""
     out = {s: SystemResult() for s in systems}
     for i_b, b in enumerate(batches):
         for s in systems:
@@ -211,6 +214,9 @@ def plan_systems(batches: list[np.ndarray], *, model: str, cost_model: CostModel
             r.solve_ms.append((time.perf_counter() - t0) * 1e3)
             r.micro_batches.append(len(p.micro_batches))
             r.plans.append(p)
+        if "fcp" in out:
+            out["fcp"].lower_bound.append(lower_bound(b, num_ranks, cost_model,
+                                                      visual=None if visual is None else visual[i_b]))
         if ctx is not None:
             ctx.tick(1, label)
     _check(ctx, label, out)
@@ -218,10 +224,11 @@ def plan_systems(batches: list[np.ndarray], *, model: str, cost_model: CostModel
 
 
 def vision_alpha2(model: str, hardware: str, *, frozen: bool, visual_fraction: float) -> CostModel:
-    """The preset of an MLLM with its vision encoder's compute folded into ``alpha2`` (a documented
-    ``preset_cost_model`` override; §4 has no separate vision term).
+    """The **v1** preset of an MLLM with its vision encoder's compute folded into ``alpha2`` (a documented
+    ``preset_cost_model`` override): how video cells were modelled before §4.1, kept for the v1-vs-v2
+    comparison tables only (the v2 cells use ``alpha_vis`` and the visual tokens instead).
 
-    The presets charge the vision encoder for memory only. Per LLM visual token the encoder sees 4 patches
+    The v1 presets charge the vision encoder for memory only. Per LLM visual token the encoder sees 4 patches
     (2×2 merge for Qwen3-VL; pixel-shuffle 0.5 for InternVL: 1024 patches → 256 tokens), each costing
     ``2·P_vit`` forward FLOPs (within-frame ViT attention omitted). Each CP rank encodes the frames whose
     tokens it holds, so the cost scales with ``S/d`` like ``alpha2``. Unfrozen: forward + backward +
@@ -229,11 +236,11 @@ def vision_alpha2(model: str, hardware: str, *, frozen: bool, visual_fraction: f
     encoder, no recompute). ``alpha2 += visual_fraction · factor · 8·P_vit / (peak · linear_efficiency)``.
     The frozen encoder's smaller optimizer state would raise ``tokens_per_rank`` slightly; not modelled.
     """
-    base = preset_cost_model(model, hardware)
+    base = preset_cost_model(model, hardware, v2=False)
     m, hw = MODELS[model], HARDWARE[hardware]
     factor = 1.0 if frozen else 4.0
     extra = visual_fraction * factor * 8.0 * m.vision_params / (hw.peak_flops * hw.linear_efficiency)
-    return preset_cost_model(model, hardware, alpha2=base.alpha2 + extra)
+    return preset_cost_model(model, hardware, v2=False, alpha2=base.alpha2 + extra)
 
 
 def batch_pool_draws(pool: np.ndarray, gbs: int, steps: int, seed: int) -> list[np.ndarray]:

@@ -1,4 +1,5 @@
-"""Overheads (Tables 1–2), robustness (Tables 4–5), extreme heterogeneity, and beyond the paper."""
+"""Overheads (Tables 1–2), robustness (Tables 4–5), extreme heterogeneity, and beyond the paper — all on the v2
+presets (DESIGN §4.1)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from fcp_data.workload_models import apply_cap
 __all__ = ["run_overheads", "run_robustness", "run_extreme", "run_beyond", "true_step_time"]
 
 MODEL, HARDWARE, CAP = "Qwen3-8B", "ascend-910c", 128 * 1024
-NOISE_KEYS = ("alpha1", "alpha2", "alpha3", "beta1", "beta2", "bandwidth_intra", "bandwidth_inter")
+NOISE_KEYS = ("alpha1", "alpha2", "alpha3", "beta1", "beta2", "bandwidth_intra", "bandwidth_inter", "gamma", "alpha_blk")
 
 
 def _wiki(ctx: Ctx, cap: int | None = CAP) -> np.ndarray:
@@ -26,7 +27,7 @@ def _wiki(ctx: Ctx, cap: int | None = CAP) -> np.ndarray:
 def run_overheads(ctx: Ctx, reps: int = 5) -> Section:
     """Solver time (``plan_batch`` wall time: micro-batch split, stage 1, stage 2, placement) and total
     scheduling time (+ drawing the batch and serialising the plan to §6 JSON, what a sampler would ship)."""
-    cm = preset_cost_model(MODEL, HARDWARE)
+    cm = preset_cost_model(MODEL, HARDWARE, v2=True)
     pool = _wiki(ctx)
     rows = []
     for gbs, ranks in ((128, 64), (256, 64), (512, 64), (512, 16), (512, 32)):
@@ -79,7 +80,7 @@ def _degrees(plan, n: int) -> np.ndarray:
 
 
 def run_robustness(ctx: Ctx, trials: int = 4) -> Section:
-    cm = preset_cost_model(MODEL, HARDWARE)
+    cm = preset_cost_model(MODEL, HARDWARE, v2=True)
     rows, stats = [], {}
     for wname, pool in (("wikipedia", _wiki(ctx)), ("github", None)):
         if pool is None:
@@ -108,7 +109,8 @@ def run_robustness(ctx: Ctx, trials: int = 4) -> Section:
             rows.append([wname, f"±{noise * 100:.0f} %", f"{np.mean(match) * 100:.1f} %",
                          f"{same_plan / len(match) * 100:.0f} %", f"{np.mean(growth) * 100:+.2f} %",
                          f"{np.max(growth) * 100:+.2f} %"])
-    body = f"""Each of the §4 coefficients {", ".join(f"`{k}`" for k in NOISE_KEYS)} is multiplied by an independent
+    body = f"""Cost model v2 (the preset default). Each of the §4/§4.1 coefficients {", ".join(f"`{k}`" for k in NOISE_KEYS)} is
+multiplied by an independent
 factor 1+ε, ε ~ U(−p, p); FCP re-plans with the noisy model; the plan is then timed with the TRUE model on its own
 placement. {MODEL} on {HARDWARE}, 64 ranks, GBS 512, 128K cap (truncation), {ctx.steps} batches × {trials} noise draws
 per level (seeds {ctx.seed}+41/+43). "Degree match" = share of sequences whose CP degree equals the clean plan's;
@@ -131,8 +133,9 @@ def _configured(ctx: Ctx) -> dict[str, int]:
     if key not in ctx.configured:
         from common import simulate_cell
 
-        _, fixed = simulate_cell(_wiki(ctx), model=MODEL, cost_model=preset_cost_model(MODEL, HARDWARE), num_ranks=64,
-                                 gbs=512, steps=ctx.steps, seed=ctx.seed, oracle=False)
+        cm = preset_cost_model(MODEL, HARDWARE, v2=True)
+        _, fixed = simulate_cell(_wiki(ctx), model=MODEL, cost_model=cm, num_ranks=64, gbs=512, steps=ctx.steps,
+                                 seed=ctx.seed, oracle=False)
         ctx.configured[key] = {"static-cp": fixed["static-cp"], "ulysses": fixed["ulysses"]}
     return ctx.configured[key]
 
@@ -140,7 +143,7 @@ def _configured(ctx: Ctx) -> dict[str, int]:
 def run_extreme(ctx: Ctx) -> Section:
     from exp_video import degree_notation
 
-    cm = preset_cost_model(MODEL, HARDWARE)
+    cm = preset_cost_model(MODEL, HARDWARE, v2=True)
     conf = _configured(ctx)
     rng = np.random.default_rng(ctx.seed + 77)
     rows, xs, ys, zs = [], [], [], []
@@ -158,7 +161,8 @@ def run_extreme(ctx: Ctx) -> Section:
         v_static, v_uly = at["static-cp"].mean / f, at["ulysses"].mean / f
         v_dyn = res["megatron-dynamic"].mean / f
         v_hind = min(res["static-cp"].mean, res["ulysses"].mean) / f
-        rows.append([f"1 × 128K + {n_short} × U[2K, 8K]", f"{share * 100:.0f} %", f"{f:.3f}", g,
+        rows.append([f"1 × 128K + {n_short} × U[2K, 8K]", f"{share * 100:.0f} %", f"{f:.3f}",
+                     f"{res['fcp'].lower_bound[0]:.3f}", g,
                      f"{at['static-cp'].mean:.3f}", f"{at['ulysses'].mean:.3f}", f"{res['megatron-dynamic'].mean:.3f}",
                      f"{res['static-cp'].mean:.3f} ({degree_notation(res['static-cp'].plans[0].micro_batches[0].degrees)})",
                      f"{res['ulysses'].mean:.3f}", fmt_x(v_static), fmt_x(v_uly), fmt_x(v_dyn), fmt_x(v_hind)])
@@ -178,13 +182,13 @@ def run_extreme(ctx: Ctx) -> Section:
     fig.tight_layout()
     fig.savefig(ctx.figures / "extreme_heterogeneity.png", dpi=110)
     p.close(fig)
-    body = f"""One 128K-token sequence with n sequences of 2K–8K tokens (uniform, seed {ctx.seed}+77), {MODEL} on {HARDWARE},
-64 ranks. "Long attention share" = the 128K sequence's attention work over the whole batch's compute.
+    body = f"""One 128K-token sequence with n sequences of 2K–8K tokens (uniform, seed {ctx.seed}+77), {MODEL} on {HARDWARE}
+(cost model v2), 64 ranks. "Long attention share" = the 128K sequence's attention work over the whole batch's compute.
 "Configured" = static CP d={conf['static-cp']} and Ulysses d={conf['ulysses']}, the fixed degrees `fcp simulate` chose
 for the ordinary Wikipedia workload (Figure 3, same model) — a Megatron/DeepSpeed job is configured once and then
 meets this batch, the paper's scenario. "Re-tuned" = the best degree for this very batch (hindsight).
 
-{md_table(["batch", "long attention share", "FCP s", "FCP groups", f"static CP d={conf['static-cp']}",
+{md_table(["batch", "long attention share", "FCP s", "§4.1 lower bound s", "FCP groups", f"static CP d={conf['static-cp']}",
            f"Ulysses d={conf['ulysses']}", "Megatron dyn-CP", "static CP re-tuned (groups)", "Ulysses re-tuned",
            f"× vs static CP d={conf['static-cp']}", f"× vs Ulysses d={conf['ulysses']}", "× vs Megatron dyn-CP",
            "× vs better re-tuned"], rows)}
@@ -208,7 +212,7 @@ sequence its own large power-of-two group, so it stays close to FCP on this batc
 
 
 def run_beyond(ctx: Ctx) -> Section:
-    cm = preset_cost_model(MODEL, HARDWARE)
+    cm = preset_cost_model(MODEL, HARDWARE, v2=True)
     wiki = _wiki(ctx, None)
     longest = int(wiki.max())
     rows = []
@@ -222,21 +226,21 @@ def run_beyond(ctx: Ctx) -> Section:
         for i, b in enumerate(batches):
             tag = f"with the {longest / 1e6:.2f}M doc" if i == len(batches) - 1 else f"random #{i}"
             f = res["fcp"].steps[i]
-            rows.append([ranks, gbs, tag, f"{int(b.max()):,}", f"{f:.3f}",
+            rows.append([ranks, gbs, tag, f"{int(b.max()):,}", f"{f:.3f}", f"{res['fcp'].lower_bound[i]:.3f}",
                          *[f"{res[s].steps[i]:.3f} ({fmt_x(res[s].steps[i] / f)})" for s in ("static-cp", "megatron-dynamic", "fcp-pow2")],
                          f"{res['fcp'].solve_ms[i]:.0f}", res["fcp"].micro_batches[i]])
     plan_ms = [float(r[-2]) for r in rows if r[0] == 1024]
     summary = [[f"Beyond: uncapped Wikipedia (≤ {longest / 1e6:.2f}M tokens), 1024 ranks, GBS 4096", "—",
                 f"FCP plans in {min(plan_ms) / 1e3:.1f}–{max(plan_ms) / 1e3:.1f} s on this CPU; speedups in the section"]]
     body = f"""The Wikipedia file without a cap (longest document {longest:,} tokens, which needs
-{cm.min_degree(longest)} ranks of {cm.tokens_per_rank:,} tokens), {MODEL} on {HARDWARE}. Random batches (seed
+{cm.min_degree(longest)} ranks of {cm.tokens_per_rank:,} tokens), {MODEL} on {HARDWARE} (cost model v2). Random batches (seed
 {ctx.seed}+ranks) rarely hold a >128K document ({int((wiki > CAP).sum())} of {wiki.size:,} are), so the last row of each size forces the longest one
 into the batch. Planner latency is the wall time of `plan_batch(..., solver="fcp", micro_batches="auto")` on this
 machine (one run each, not a median). "static CP" here re-chooses its degree per micro-batch (a fixed degree would
 have to be ≥ {cm.min_degree(longest)} for every batch); Ulysses is absent because its degree is bounded by the
 {__import__("fcp_data.presets", fromlist=["x"]).model_heads(MODEL)[0]} heads, too few ranks for the longest document.
 
-{md_table(["ranks", "GBS", "batch", "max tokens", "FCP s", "static CP s (× FCP)", "Megatron dyn-CP s",
+{md_table(["ranks", "GBS", "batch", "max tokens", "FCP s", "§4.1 lower bound s", "static CP s (× FCP)", "Megatron dyn-CP s",
            "FCP-pow2 s", "FCP plan ms", "µbatches"], rows)}
 """
     return Section("Beyond the paper: uncapped Wikipedia on 256 and 1024 ranks", body, summary)

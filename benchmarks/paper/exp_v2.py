@@ -1,5 +1,5 @@
 """Cost model v2 (DESIGN §4.1) experiments: real video workloads (ActivityNet Captions, YouCook2) under v2
-presets with visual tokens, the v1-vs-v2 comparison, and the text Figure 3 re-run under v2 presets."""
+presets with visual tokens and their v1-vs-v2 comparison, and the v1-vs-v2 comparison of Figure 3's text cells."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 from common import LABELS, Ctx, Section, fmt_x, md_table, plt, simulate_cell, vision_alpha2
 from fcp_data.presets import preset_cost_model
 
-__all__ = ["REAL_MODELS", "REAL_DATASETS", "run_real_video", "units_real_video", "run_text_v2", "units_text_v2"]
+__all__ = ["REAL_MODELS", "REAL_DATASETS", "run_real_video", "units_real_video", "run_text_v1v2", "units_text_v1v2"]
 
 HARDWARE = "ascend-910c"
 RANKS = 64
@@ -246,74 +246,129 @@ def _tsteps(ctx: Ctx) -> int:
     return max(1, ctx.steps // 3)
 
 
-def units_text_v2(ctx: Ctx) -> int:
+def units_text_v1v2(ctx: Ctx) -> int:
     from exp_text import LLM_PRESETS
 
-    return len(LLM_PRESETS) * 3 * _tsteps(ctx)
+    return len(LLM_PRESETS) * 3 * 2 * _tsteps(ctx)
 
 
-def run_text_v2(ctx: Ctx) -> Section:
-    from exp_text import CAP, LLM_PRESETS, text_pools
+TEXT_COLS = ("static-cp", "ulysses", "megatron-dynamic", "fcp-pow2")
+
+
+def _text_cells(ctx: Ctx, pools, steps: int):
+    """Every Figure 3 cell under v1 (``v2=False``) and v2 on the same batches: {(w, model, ver): (res, fixed, cm)}."""
+    from exp_text import LLM_PRESETS
+
+    out = {}
+    for w_i, (wname, pool) in enumerate(pools.items()):
+        for model in LLM_PRESETS:
+            for ver in ("v1", "v2"):
+                cm = preset_cost_model(model, HARDWARE, v2=ver == "v2")
+                res, fixed = simulate_cell(pool, model=model, cost_model=cm, num_ranks=RANKS, gbs=GBS, steps=steps,
+                                           seed=ctx.seed + 7 * w_i, ctx=ctx, label=f"fig3-{ver} {wname} {model}",
+                                           oracle=False)
+                out[(wname, model, ver)] = (res, fixed, cm)
+    return out
+
+
+def run_text_v1v2(ctx: Ctx) -> Section:
+    from exp_text import CAP, text_pools
 
     pools = text_pools(ctx)
     steps = _tsteps(ctx)
-    rows, speed = [], {}
-    cols = ("static-cp", "ulysses", "megatron-dynamic", "fcp-pow2")
-    for w_i, (wname, pool) in enumerate(pools.items()):
-        for model in LLM_PRESETS:
-            cm = preset_cost_model(model, HARDWARE, v2=True)
-            res, fixed = simulate_cell(pool, model=model, cost_model=cm, num_ranks=RANKS, gbs=GBS, steps=steps,
-                                       seed=ctx.seed + 7 * w_i, ctx=ctx, label=f"fig3-v2 {wname} {model}", oracle=False)
-            f = res["fcp"].mean
-            sp = {c: res[c].mean / f for c in cols}
-            speed[(wname, model)] = sp
-            v1 = ctx.configured.get((wname, model), {})
-            rows.append([wname, model, f"{f:.3f}", f"{float(np.mean(res['fcp'].lower_bound)):.3f}",
-                         f"{res['fcp'].lb_gap * 100:.1f} %", *[fmt_x(sp[c]) for c in cols],
-                         f"{v1.get('static-cp', '—')} → {fixed['static-cp']}", f"{v1.get('ulysses', '—')} → {fixed['ulysses']}"])
-    headers = ["workload", "model", "FCP s", "§4.1 lower bound s", "FCP above bound", *[f"vs {LABELS[c]}" for c in cols],
-               "static CP fixed d (v1 → v2)", "Ulysses fixed d (v1 → v2)"]
+    cells = _text_cells(ctx, pools, steps)
+    speed = {k: {c: r[c].mean / r["fcp"].mean for c in TEXT_COLS} for k, (r, _, _) in cells.items()}
+    rows = []
+    for (wname, model, ver), (res, fixed, _) in cells.items():
+        if ver == "v2":
+            r1, f1, _ = cells[(wname, model, "v1")]
+            s1, s2 = speed[(wname, model, "v1")], speed[(wname, model, "v2")]
+            rows.append([wname, model, f"{r1['fcp'].mean:.3f} → {res['fcp'].mean:.3f}",
+                         f"{f1['static-cp']} → {fixed['static-cp']}", f"{f1['ulysses']} → {fixed['ulysses']}",
+                         *[f"{fmt_x(s1[c])} → {fmt_x(s2[c])}" for c in TEXT_COLS],
+                         f"{r1['fcp'].lb_gap * 100:.1f} % → {res['fcp'].lb_gap * 100:.1f} %"])
+    headers = ["workload", "model", "FCP s (v1 → v2)", "static CP fixed d", "Ulysses fixed d",
+               *[f"vs {LABELS[c]}" for c in TEXT_COLS], "FCP above bound"]
 
-    def rng(wname, col):
-        v = [sp[col] for (w, m), sp in speed.items() if w == wname]
-        return f"{min(v):.3f}×–{max(v):.3f}×"
+    def rng(wname, col, ver):
+        v = [sp[col] for (w, m, vr), sp in speed.items() if w == wname and vr == ver]
+        return f"{min(v):.2f}×–{max(v):.2f}×"
 
-    fig = _plot_text(ctx, pools, speed, cols)
-    body = f"""Figure 3's cells (same pools, cap {CAP:,} by truncation, same seeds and first batches) with the v2 presets
-(`preset_cost_model(model, hw, v2=True)`: `gamma`, `alpha_blk`; text has no visual tokens), **{steps} steps per cell**
-(a third of Figure 3's, to keep `make evaluation` short; no per-batch oracle column). The fixed degrees are shown
-next to the ones Figure 3 (v1) chose.
+    fig = _plot_text(ctx, pools, speed)
+    ranges = "; ".join(f"{w}: {rng(w, 'static-cp', 'v1')} → {rng(w, 'static-cp', 'v2')} vs static CP, "
+                       f"{rng(w, 'ulysses', 'v1')} → {rng(w, 'ulysses', 'v2')} vs Ulysses" for w in pools)
+    why = _text_why(ctx, pools, cells, speed, steps)
+    body = f"""Every cell of Figure 3 (same pools, cap {CAP:,} by truncation, same seeds and first batches) planned and timed
+under the **v1** presets (`preset_cost_model(model, hw, v2=False)`: §4 only) and the **v2** presets (the default:
+§4 + `gamma`, `alpha_blk`; text has no visual tokens) on the same batches, **{steps} steps per cell** (a third of
+Figure 3's, to keep `make evaluation` short; no per-batch oracle column). Every column reads v1 → v2; "FCP above
+bound" is the distance to each model's own lower bound (§4 for v1, §4.1 for v2).
 
 {md_table(headers, rows)}
 
-Ranges over the 6 presets, v2: {"; ".join(f"{w}: {rng(w, 'static-cp')} vs static CP, {rng(w, 'ulysses')} vs Ulysses, {rng(w, 'megatron-dynamic')} vs Megatron dyn-CP" for w in pools)}.
+FCP speedup ranges over the 6 presets, v1 → v2: {ranges}.
 
-![Figure 3 under v2](figures/{fig})
+{why}
+
+![Figure 3 under v1 and v2](figures/{fig})
 """
-    summary = [[f"Fig. 3 text under v2 presets, {w}", "—",
-                f"{rng(w, 'static-cp')} vs static CP, {rng(w, 'ulysses')} vs Ulysses, "
-                f"{rng(w, 'megatron-dynamic')} vs Megatron dyn-CP"] for w in pools]
-    return Section("Text LLMs under cost model v2 — Figure 3 re-run", body, summary)
+    summary = [[f"Fig. 3 text, {w}: v1 → v2 on the same {steps} batches", "—",
+                f"{rng(w, 'static-cp', 'v1')} → {rng(w, 'static-cp', 'v2')} vs static CP, "
+                f"{rng(w, 'ulysses', 'v1')} → {rng(w, 'ulysses', 'v2')} vs Ulysses"] for w in pools]
+    return Section("v1 vs v2 on the text cells of Figure 3", body, summary)
 
 
-def _plot_text(ctx: Ctx, pools, speed, cols) -> str:
+def _text_why(ctx: Ctx, pools, cells, speed, steps: int) -> str:
+    """Where v1 and v2 disagree most on text (largest change of the speedup over static CP): static CP at the v1
+    and the v2 fixed degree, timed under both models, and the v2 terms a ring of that degree pays."""
+    from fcp_data.plan import plan_batch
+    from fcp_data.workloads import draw_batches
+
+    keys = sorted({k[:2] for k in cells})
+    w, m = max(keys, key=lambda k: abs(speed[(*k, "v2")]["static-cp"] - speed[(*k, "v1")]["static-cp"]))
+    (r1, f1, cm1), (r2, f2, cm2) = cells[(w, m, "v1")], cells[(w, m, "v2")]
+    pool = pools[w]
+    ids = draw_batches(pool.size, GBS, steps, ctx.seed + 7 * list(pools).index(w))[0]
+    b = pool[ids]
+    rows = []
+    for d in sorted({f1["static-cp"], f2["static-cp"]}):
+        p1 = plan_batch(b, num_ranks=RANKS, cost_model=cm1, solver="static-cp", micro_batches="auto", degree=d)
+        p2 = plan_batch(b, num_ranks=RANKS, cost_model=cm2, solver="static-cp", micro_batches="auto", degree=d)
+        per_group = b.sum() / (len(p2.micro_batches) * (RANKS // d))
+        rows.append([f"{d}" + (" (v1's choice)" if d == f1["static-cp"] else "") + (" (v2's choice)" if d == f2["static-cp"] else ""),
+                     f"{p1.makespan:.3f}", f"{p2.makespan:.3f}", len(p2.micro_batches),
+                     f"{cm2.gamma * (d - 1) * 1e3:.1f} ms", f"{cm2.alpha_blk * per_group * 1e3:.1f} ms"])
+    fp1, fp2 = r1["fcp"].mean, r2["fcp"].mean
+    return f"""Where v1 and v2 disagree most on text — **{w} {m}**: FCP's speedup over fixed-degree static CP goes from
+{fmt_x(speed[(w, m, "v1")]["static-cp"])} (v1) to {fmt_x(speed[(w, m, "v2")]["static-cp"])} (v2); FCP itself {fp1:.3f} s → {fp2:.3f} s.
+The first batch, planned by static CP at the v1 and the v2 fixed degree and timed under each model; the last two
+columns are what v2 adds to every group of that degree: `gamma·(d−1)` (gamma = {cm2.gamma * 1e3:.2f} ms per ring step) and
+`alpha_blk·S` for a group's mean token count S (alpha_blk = {cm2.alpha_blk * 1e6:.2f} µs/token; it does not shrink with d):
+
+{md_table(["static CP degree", "step s under v1", "step s under v2", "µbatches (v2)", "gamma·(d−1) per group",
+           "alpha_blk·S per group"], rows)}"""
+
+
+def _plot_text(ctx: Ctx, pools, speed) -> str:
     from exp_text import LLM_PRESETS
 
     p = plt()
-    fig, axes = p.subplots(1, len(pools), figsize=(5 * len(pools), 3.8), sharey=True)
-    w = 0.8 / len(cols)
-    for ax, wname in zip(axes, pools):
-        x = np.arange(len(LLM_PRESETS))
-        for i, c in enumerate(cols):
-            ax.bar(x + (i - len(cols) / 2 + 0.5) * w, [speed[(wname, m)][c] for m in LLM_PRESETS], w, label=LABELS[c])
-        ax.axhline(1.0, color="k", lw=0.8)
-        ax.set_ylim(bottom=0.8)
-        ax.set_xticks(x, LLM_PRESETS, rotation=30, ha="right", fontsize=7)
-        ax.set_title(f"{wname} (v2 presets)", fontsize=9)
-    axes[0].set_ylabel("FCP speedup")
-    axes[-1].legend(fontsize=7)
+    fig, axes = p.subplots(2, len(pools), figsize=(5 * len(pools), 7), sharey=True)
+    w = 0.8 / len(TEXT_COLS)
+    for row, ver in enumerate(("v1", "v2")):
+        for ax, wname in zip(axes[row], pools):
+            x = np.arange(len(LLM_PRESETS))
+            for i, c in enumerate(TEXT_COLS):
+                ax.bar(x + (i - len(TEXT_COLS) / 2 + 0.5) * w, [speed[(wname, m, ver)][c] for m in LLM_PRESETS], w,
+                       label=LABELS[c])
+            ax.axhline(1.0, color="k", lw=0.8)
+            ax.set_ylim(bottom=0.8)
+            ax.set_xticks(x, LLM_PRESETS, rotation=30, ha="right", fontsize=7)
+            ax.set_title(f"{wname} ({ver} presets)", fontsize=9)
+        axes[row][0].set_ylabel("FCP speedup")
+    axes[0][-1].legend(fontsize=7)
     fig.tight_layout()
-    name = "fig3_text_v2_speedup.png"
+    name = "fig3_text_v1_v2_speedup.png"
     fig.savefig(ctx.figures / name, dpi=110)
     p.close(fig)
     return name

@@ -1,12 +1,12 @@
-"""Video MLLM experiments: the paper's Figures 4 and 6 (unfrozen / frozen vision encoder) and Table 6."""
+"""Video MLLM experiments under cost model v2 (DESIGN §4.1): the paper's Figures 4 and 6 (unfrozen / frozen vision
+encoder, with the v1 comparison) and Table 6 (synthetic and real video)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from common import (LABELS, Ctx, Section, batch_pool_draws, fmt_x, md_table, plan_systems, plt, simulate_cell,
-                    vision_alpha2)
-from fcp_data.presets import model_heads
+from common import LABELS, Ctx, Section, fmt_x, md_table, plan_systems, plt, simulate_cell, vision_alpha2
+from fcp_data.presets import model_heads, preset_cost_model
 from fcp_data.workload_models import MLLM_SPECS, VIDEO_WORKLOADS, video_token_lengths
 
 __all__ = ["MLLM_PRESETS", "video_pools", "run_figure4_6", "run_table6", "units_figure4_6", "degree_notation"]
@@ -17,19 +17,43 @@ GBS = 512
 RANKS = 64
 POOL = 4096
 COLS = ("static-cp", "static-cp-batch", "ulysses", "megatron-dynamic", "fcp-pow2")
+CMP_COLS = ("static-cp", "ulysses", "megatron-dynamic", "fcp-pow2")  # the v1 cells have no per-batch oracle
 INTERNVL_VARIABLE = (1.0, 8, 64)  # frames = clamp(round(duration · 1 fps), 8, 64)
 
 
-def video_pools(ctx: Ctx) -> dict[tuple[str, str], tuple[np.ndarray, float]]:
-    """(spec variant, workload) → (token lengths of POOL clips, visual-token fraction)."""
+def _visual_tokens(wm, spec_name: str, n: int, *, seed: int, frames) -> np.ndarray:
+    """Visual (placeholder) tokens of the same ``n`` clips :func:`video_token_lengths` counts: the spec's
+    ``plan_visual(...).num_visual_tokens`` per clip header (same clips: same ``sample_clips`` seed)."""
+    from dataclasses import replace
+
+    from fcp_data.specs import load_spec, plan_visual
+
+    spec = load_spec(spec_name)
+    clips = wm.sample_clips(n, seed=seed)
+    cache: dict[tuple[int, int, int, int], int] = {}
+    out = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        segs = 0 if frames is None else int(min(max(round(float(clips["duration"][i]) * frames[0]), frames[1]), frames[2]))
+        key = (int(clips["width"][i]), int(clips["height"][i]), int(clips["num_frames"][i]), segs)
+        if key not in cache:
+            sp = spec if not segs else replace(spec, vision=dict(spec.vision, video=dict(spec.vision["video"], num_frames=segs)))
+            cache[key] = plan_visual(sp, "video", height=key[1], width=key[0], num_frames=key[2], fps=wm.fps).num_visual_tokens
+        out[i] = cache[key]
+    return out
+
+
+def video_pools(ctx: Ctx) -> dict[tuple[str, str], tuple[np.ndarray, float, np.ndarray]]:
+    """(spec variant, workload) → (token lengths of POOL clips, visual-token fraction, visual tokens per clip)."""
     out = {}
     for w_i, (wname, wm) in enumerate(VIDEO_WORKLOADS.items()):
         seed = ctx.seed + 300 + w_i
-        caption = wm.sample_clips(POOL, seed=seed)["caption_tokens"].astype(np.float64) + 1.0
         for variant, spec, frames in (("qwen3-vl", "qwen3-vl", None), ("internvl3", "internvl3", None),
                                       ("internvl3-1fps", "internvl3", INTERNVL_VARIABLE)):
             lengths = video_token_lengths(wm, spec, POOL, seed=seed, internvl_frames=frames)
-            out[(variant, wname)] = (lengths, float(1.0 - caption.sum() / lengths.sum()))
+            visual = _visual_tokens(wm, spec, POOL, seed=seed, frames=frames)
+            if (visual >= lengths).any():  # internal invariant: every clip also has caption + EOS tokens
+                raise AssertionError(f"{wname} {variant}: visual tokens >= clip tokens")
+            out[(variant, wname)] = (lengths, float(visual.sum() / lengths.sum()), visual)
     return out
 
 
@@ -37,45 +61,86 @@ def _variants(model: str) -> tuple[str, ...]:
     return ("qwen3-vl",) if MLLM_SPECS[model] == "qwen3-vl" else ("internvl3", "internvl3-1fps")
 
 
+def _cells():
+    """(workload index, workload, model, token variant, frozen) of Figures 4/6."""
+    return [(w_i, w, m, v, fr) for w_i, w in enumerate(VIDEO_WORKLOADS) for m in MLLM_PRESETS for v in _variants(m)
+            for fr in (False, True)]
+
+
 def units_figure4_6(ctx: Ctx) -> int:
-    return sum(len(_variants(m)) for m in MLLM_PRESETS) * len(VIDEO_WORKLOADS) * 2 * ctx.video_steps
+    return len(_cells()) * 2 * ctx.video_steps  # v2 cells + the v1 comparison
+
+
+def _video_cell(ctx: Ctx, pools, cell, ver: str):
+    """One Figure 4/6 cell under the v2 preset (``alpha_vis`` + visual tokens; frozen ViT: ``frozen_vision``)
+    or, for the comparison, the v1 preset with the encoder folded into ``alpha2`` (no visual tokens)."""
+    w_i, wname, model, variant, frozen = cell
+    lengths, vf, vis = pools[(variant, wname)]
+    if ver == "v2":
+        cm, visual = preset_cost_model(model, HARDWARE, v2=True, frozen_vision=frozen), vis
+    else:
+        cm, visual = vision_alpha2(model, HARDWARE, frozen=frozen, visual_fraction=vf), None
+    label = f"fig4/6 {ver} {wname} {model} {variant} {'frozen' if frozen else 'unfrozen'}"
+    return simulate_cell(lengths, model=model, cost_model=cm, num_ranks=RANKS, gbs=GBS, steps=ctx.video_steps,
+                         seed=ctx.seed + 500 + w_i, ctx=ctx, label=label, visual=visual, oracle=ver == "v2")
+
+
+def _fig46_rows(ctx: Ctx, pools):
+    """Run every cell under v2 and v1: (v2 rows, v1→v2 rows, speedups keyed (w, m, v, frozen, ver), gaps)."""
+    rows, cmp_rows, speed, gaps = [], [], {}, []
+    for cell in _cells():
+        _, wname, model, variant, frozen = cell
+        lengths = pools[(variant, wname)][0]
+        out = {ver: _video_cell(ctx, pools, cell, ver) for ver in ("v2", "v1")}
+        for ver, (res, _) in out.items():
+            speed[(wname, model, variant, frozen, ver)] = {c: res[c].mean / res["fcp"].mean for c in COLS if c in res}
+        (res, fixed), (r1, f1) = out["v2"], out["v1"]
+        f, lb = res["fcp"].mean, float(np.mean(res["fcp"].lower_bound))
+        sp = speed[(wname, model, variant, frozen, "v2")]
+        vit = "frozen" if frozen else "unfrozen"
+        rows.append([wname, model, variant, vit, f"{np.mean(lengths):,.0f} / {lengths.max():,}", f"{f:.3f}",
+                     f"{lb:.3f}", f"{res['fcp'].lb_gap * 100:.1f} %", *[f"{res[c].mean:.3f}" for c in COLS],
+                     *[fmt_x(sp[c]) for c in COLS], f"{fixed['static-cp']}/{fixed['ulysses']}"])
+        s1 = speed[(wname, model, variant, frozen, "v1")]
+        cmp_rows.append([wname, model, variant, vit, f"{f1['static-cp']} → {fixed['static-cp']}",
+                         f"{f1['ulysses']} → {fixed['ulysses']}",
+                         *[f"{fmt_x(s1[c])} → {fmt_x(sp[c])}" for c in CMP_COLS],
+                         f"{r1['fcp'].lb_gap * 100:.1f} % → {res['fcp'].lb_gap * 100:.1f} %"])
+        gaps.append((res["fcp"].lb_gap, res["static-cp"].mean / lb - 1))
+    return rows, cmp_rows, speed, gaps
 
 
 def run_figure4_6(ctx: Ctx) -> Section:
     pools = ctx.vpools = video_pools(ctx)
-    rows, speed, gaps = [], {}, []
-    for w_i, wname in enumerate(VIDEO_WORKLOADS):
-        for model in MLLM_PRESETS:
-            for variant in _variants(model):
-                lengths, vf = pools[(variant, wname)]
-                for frozen in (False, True):
-                    cm = vision_alpha2(model, HARDWARE, frozen=frozen, visual_fraction=vf)
-                    label = f"fig4/6 {wname} {model} {variant} {'frozen' if frozen else 'unfrozen'}"
-                    res, fixed = simulate_cell(lengths, model=model, cost_model=cm, num_ranks=RANKS, gbs=GBS,
-                                               steps=ctx.video_steps, seed=ctx.seed + 500 + w_i, ctx=ctx, label=label)
-                    d_s, d_u = fixed["static-cp"], fixed["ulysses"]
-                    f = res["fcp"].mean
-                    sp = {c: res[c].mean / f for c in COLS}
-                    speed[(wname, model, variant, frozen)] = sp
-                    rows.append([wname, model, variant, "frozen" if frozen else "unfrozen",
-                                 f"{np.mean(lengths):,.0f} / {lengths.max():,}", f"{f:.3f}",
-                                 *[f"{res[c].mean:.3f}" for c in COLS], *[fmt_x(sp[c]) for c in COLS],
-                                 f"{d_s}/{d_u}", f"{res['fcp'].lb_gap * 100:.1f} %"])
-                    gaps.append((res["fcp"].lb_gap, res["static-cp"].mean / float(np.mean(res["fcp"].lower_bound)) - 1))
-    headers = ["workload", "model", "token spec", "ViT", "mean / max tokens", "FCP s", *[f"{LABELS[c]} s" for c in COLS],
-               *[f"vs {LABELS[c]}" for c in COLS], "fixed d (CP/Uly)", "FCP above lower bound"]
+    rows, cmp_rows, speed, gaps = _fig46_rows(ctx, pools)
+    headers = ["workload", "model", "token spec", "ViT", "mean / max tokens", "FCP s", "§4.1 lower bound s",
+               "FCP above bound", *[f"{LABELS[c]} s" for c in COLS], *[f"vs {LABELS[c]}" for c in COLS],
+               "fixed d (CP/Uly)"]
+    cmp_headers = ["workload", "model", "token spec", "ViT", "static CP fixed d (v1 → v2)",
+                   "Ulysses fixed d (v1 → v2)", *[f"vs {LABELS[c]} (v1 → v2)" for c in CMP_COLS],
+                   "FCP above bound (v1 → v2)"]
 
-    def rng(frozen, variants, col=None):
-        v = [(min(sp["static-cp"], sp["ulysses"]) if col is None else sp[col]) for (w, m, var, fr), sp in speed.items()
-             if fr == frozen and var in variants]
+    def rng(frozen, variants, col=None, ver="v2"):
+        v = [(min(sp["static-cp"], sp["ulysses"]) if col is None else sp[col])
+             for (w, m, var, fr, vr), sp in speed.items() if fr == frozen and var in variants and vr == ver]
         return f"{min(v):.2f}×–{max(v):.2f}× (mean {np.mean(v):.2f}×)"
 
     dur = ("qwen3-vl", "internvl3-1fps")
     per_base = "; ".join(
         f"{'frozen' if fr else 'unfrozen'}: {rng(fr, dur, 'static-cp')} vs static CP, {rng(fr, dur, 'ulysses')} vs "
         f"Ulysses, {rng(fr, dur, 'megatron-dynamic')} vs Megatron dyn-CP" for fr in (False, True))
-
     fig = _plot(ctx, speed)
+    body = _fig46_body(ctx, pools, md_table(headers, rows), md_table(cmp_headers, cmp_rows), rng, per_base, gaps, fig)
+    summary = [[f"Fig. {4 if not fr else 6} video MLLMs, {'frozen' if fr else 'unfrozen'} ViT",
+                "1.14×–1.38×" if not fr else "1.16×–1.40×",
+                f"{rng(fr, dur)} vs better of static CP / Ulysses; {rng(fr, dur, 'ulysses')} vs Ulysses; "
+                f"{rng(fr, dur, 'megatron-dynamic')} vs Megatron dyn-CP; static CP ≤ "
+                f"{max(g[1] for g in gaps) * 100:.1f} % above the §4.1 lower bound (v1: {rng(fr, dur, ver='v1')} "
+                "vs better of static CP / Ulysses)"] for fr in (False, True)]
+    return Section("Video MLLMs — the paper's Figures 4 (unfrozen) and 6 (frozen)", body, summary)
+
+
+def _fig46_body(ctx: Ctx, pools, table: str, cmp_table: str, rng, per_base: str, gaps, fig: str) -> str:
     from fcp_data.specs import load_spec
 
     fixed_frames = load_spec("internvl3").vision["video"]["num_frames"]
@@ -84,7 +149,8 @@ def run_figure4_6(ctx: Ctx) -> Section:
     spec_rows = [[f"{w}", *[f"{np.mean(pools[(v, w)][0]):,.0f} (p99 {np.quantile(pools[(v, w)][0], 0.99):,.0f})"
                             for v in ("qwen3-vl", "internvl3", "internvl3-1fps")],
                   f"{pools[('qwen3-vl', w)][1]:.3f}", VIDEO_WORKLOADS[w].source] for w in VIDEO_WORKLOADS]
-    body = f"""Settings: {RANKS} ranks = 4 nodes × 16 ({HARDWARE}), GBS {GBS} clips drawn with replacement from a pool of
+    dur = ("qwen3-vl", "internvl3-1fps")
+    return f"""Settings: {RANKS} ranks = 4 nodes × 16 ({HARDWARE}), GBS {GBS} clips drawn with replacement from a pool of
 {POOL} SYNTHETIC clips per workload (`fcp_data.workload_models`, seeds {ctx.seed}+300+workload) by `fcp simulate`
 (seed {ctx.seed}+500+workload), {ctx.video_steps} steps per cell, no cap needed (the longest clip fits),
 `micro_batches="auto"`; columns as in Figure 3.
@@ -98,49 +164,49 @@ paper's frame sampling, which must vary with duration for its InternVL speedups 
 
 {md_table(["workload", "qwen3-vl tokens", "internvl3 tokens", "internvl3-1fps tokens", "visual share", "clip statistics"], spec_rows)}
 
-Vision encoder: §4 has no vision term, so each MLLM preset is re-derived with the encoder's compute folded into
-`alpha2` (`preset_cost_model(..., alpha2=...)`, see `common.vision_alpha2`): 4 patches per visual token × 2·P_vit
-FLOPs, × 4 (forward + backward + recompute) **unfrozen**, × 1 (forward only, no backward through the encoder)
-**frozen**, weighted by the visual-token share. A larger linear term makes balancing attention matter less, so
-frozen speedups come out slightly higher — the paper's direction.
+**Cost model v2** (DESIGN §4.1, the preset default): `preset_cost_model(model, hw, frozen_vision=...)` — `gamma`
+per ring step, `alpha_blk` per token and rank, and the vision encoder as `alpha_vis` per visual token
+(6·P_vit·4 patches per token **unfrozen**: forward + backward; 2·P_vit·4 **frozen**: forward only); every system and
+the lower bound get each clip's visual tokens (`plan_visual(...).num_visual_tokens` of the same spec). The §4.1 lower
+bound is `common.lower_bound` (the larger of the area bound and the longest sequence alone on its best degree).
 
-{md_table(headers, rows)}
+{table}
 
-FCP speedup over the better fixed-degree baseline (Megatron-LM / DeepSpeed setting):
-unfrozen {rng(False, ("qwen3-vl", "internvl3-1fps"))}, frozen {rng(True, ("qwen3-vl", "internvl3-1fps"))} over the
-duration-dependent token specs; with the bundled fixed-32-frame InternVL spec {rng(False, ("internvl3",))} unfrozen.
+FCP speedup over the better fixed-degree baseline (Megatron-LM / DeepSpeed setting), v2:
+unfrozen {rng(False, dur)}, frozen {rng(True, dur)} over the duration-dependent token specs; with the bundled
+fixed-32-frame InternVL spec {rng(False, ("internvl3",))} unfrozen.
 Per baseline over the duration-dependent specs — {per_base}.
 Paper: 1.14×–1.38× unfrozen, 1.16×–1.40× frozen.
 
-Why FCP cannot beat static CP here: across all {len(gaps)} video cells the fixed-degree static CP is at most
-{max(g[1] for g in gaps) * 100:.1f} % above the §4 lower bound `Σ(alpha1·s² + alpha2·s)/N + M·beta1` that no plan can
-beat (FCP at most {max(g[0] for g in gaps) * 100:.1f} %). Clips are short next to s* (the anatomy table), so their
-work is mostly linear, and §4 charges a static ring almost nothing for splitting them (see "Where we differ").
+Across all {len(gaps)} video cells under v2 the fixed-degree static CP is at most {max(g[1] for g in gaps) * 100:.1f} % above
+the §4.1 lower bound that no plan can beat (FCP at most {max(g[0] for g in gaps) * 100:.1f} %), so no planner could gain more
+than that over static CP on these pools.
 
 ![Figures 4 and 6](figures/{fig})
+
+### v1 vs v2 on the same synthetic video cells
+
+The same batches under the **v1** presets (`v2=False`; the vision encoder folded into `alpha2`, `common.vision_alpha2`:
+× 4 unfrozen, × 1 frozen, weighted by the visual-token share; no visual tokens; bound `Σ(alpha1·s² + alpha2·s)/N +
+M·beta1`) and under v2, shown as v1 → v2. v1 ranges over the duration-dependent specs: unfrozen {rng(False, dur, ver="v1")},
+frozen {rng(True, dur, ver="v1")} vs the better of static CP / Ulysses.
+
+{cmp_table}
 """
-    summary = [[f"Fig. {4 if not fr else 6} video MLLMs, {'frozen' if fr else 'unfrozen'} ViT",
-                "1.14×–1.38×" if not fr else "1.16×–1.40×",
-                f"{rng(fr, dur)} vs better of static CP / Ulysses; {rng(fr, dur, 'ulysses')} vs Ulysses; "
-                f"{rng(fr, dur, 'megatron-dynamic')} vs Megatron dyn-CP; static CP already ≤ "
-                f"{max(g[1] for g in gaps) * 100:.1f} % above the §4 lower bound"] for fr in (False, True)]
-    return Section("Video MLLMs — the paper's Figures 4 (unfrozen) and 6 (frozen)", body, summary)
-
-
 def _plot(ctx: Ctx, speed) -> str:
     p = plt()
-    keys = sorted({(m, v) for (w, m, v, fr) in speed}, key=lambda k: (MLLM_PRESETS.index(k[0]), k[1]))
+    keys = sorted({(m, v) for (w, m, v, fr, vr) in speed}, key=lambda k: (MLLM_PRESETS.index(k[0]), k[1]))
     fig, axes = p.subplots(2, len(VIDEO_WORKLOADS), figsize=(5 * len(VIDEO_WORKLOADS), 7), sharey=True)
     w = 0.8 / len(COLS)
     for row, frozen in enumerate((False, True)):
         for ax, wname in zip(axes[row], VIDEO_WORKLOADS):
             x = np.arange(len(keys))
             for i, c in enumerate(COLS):
-                ax.bar(x + (i - len(COLS) / 2 + 0.5) * w, [speed[(wname, m, v, frozen)][c] for m, v in keys], w, label=LABELS[c])
+                ax.bar(x + (i - len(COLS) / 2 + 0.5) * w, [speed[(wname, m, v, frozen, "v2")][c] for m, v in keys], w, label=LABELS[c])
             ax.axhline(1.0, color="k", lw=0.8)
             ax.set_ylim(bottom=0.8)
             ax.set_xticks(x, [f"{m}\n{v}" for m, v in keys], rotation=40, ha="right", fontsize=6)
-            ax.set_title(f"{wname} ({'frozen' if frozen else 'unfrozen'} ViT)", fontsize=9)
+            ax.set_title(f"{wname} ({'frozen' if frozen else 'unfrozen'} ViT, cost model v2)", fontsize=9)
         axes[row][0].set_ylabel("FCP speedup")
     axes[0][-1].legend(fontsize=7)
     fig.tight_layout()
@@ -156,49 +222,57 @@ def degree_notation(degrees) -> str:
     return " ".join(f"⟨{int(v)}⟩×{int(c)}" for v, c in sorted(zip(vals, counts), reverse=True))
 
 
+def _table6_rows(ctx: Ctx, label: str, b: np.ndarray, v: np.ndarray, model: str, ranks: int,
+                 degrees=()) -> list[list[str]]:
+    """Table 6 rows of one batch under the v2 preset (trained ViT, visual tokens given to every system): each
+    system's groups, the §4.1 lower bound, and static CP at each of ``degrees`` (pinned)."""
+    cm = preset_cost_model(model, HARDWARE, v2=True)
+    res = plan_systems([b], model=model, cost_model=cm, num_ranks=ranks, ctx=ctx, label=label, visual=[v],
+                       systems=("fcp", "fcp-pow2", "megatron-dynamic", "static-cp", "ulysses"))
+    f = res["fcp"].mean
+    rows, head = [], f"{label.split(' ')[-1]} (n={b.size}, {int(b.sum()):,} tok, max {int(b.max()):,})"
+    for s, r in res.items():
+        plan = r.plans[0]
+        name = {"static-cp": "static CP (best d for this batch)", "ulysses": "Ulysses (best d for this batch)"}.get(s, LABELS[s])
+        rows.append([head, name, " ‖ ".join(degree_notation(mb.degrees) for mb in plan.micro_batches),
+                     f"{plan.makespan:.3f}", fmt_x(plan.makespan / f)])
+        head = ""
+    lb = res["fcp"].lower_bound[0]
+    rows.append(["", "§4.1 lower bound (no plan is faster)", "—", f"{lb:.3f}", fmt_x(lb / f)])
+    for d in degrees:
+        try:
+            plan = plan_systems([b], model=model, cost_model=cm, num_ranks=ranks, systems=("static-cp",),
+                                fixed={"static-cp": d}, visual=[v])["static-cp"].plans[0]
+            rows.append(["", f"static CP d={d}", " ‖ ".join(degree_notation(m.degrees) for m in plan.micro_batches),
+                         f"{plan.makespan:.3f}", fmt_x(plan.makespan / f)])
+        except ValueError as err:
+            rows.append(["", f"static CP d={d}", f"infeasible: {str(err)[:70]}…", "—", "—"])
+    return rows
+
+
 def run_table6(ctx: Ctx) -> Section:
     model, ranks, gbs = "Qwen3-VL-8B", 32, 128
     pools = ctx.vpools or video_pools(ctx)
     rows = []
     for w_i, wname in enumerate(("openvid", "msr-vtt")):
-        lengths, vf = pools[("qwen3-vl", wname)]
-        batch = batch_pool_draws(lengths, gbs, 1, ctx.seed + 900 + w_i)
-        cm = vision_alpha2(model, HARDWARE, frozen=False, visual_fraction=vf)
-        res = plan_systems(batch, model=model, cost_model=cm, num_ranks=ranks, ctx=ctx, label=f"table6 {wname}",
-                           systems=("fcp", "fcp-pow2", "megatron-dynamic", "static-cp", "ulysses"))
-        f = res["fcp"].mean
-        b = batch[0]
-        head = f"{wname} (n={gbs}, {int(b.sum()):,} tok, max {int(b.max()):,})"
-        for s, r in res.items():
-            plan = r.plans[0]
-            name = {"static-cp": "static CP (best d for this batch)", "ulysses": "Ulysses (best d for this batch)"}.get(s, LABELS[s])
-            rows.append([head, name, " ‖ ".join(degree_notation(mb.degrees) for mb in plan.micro_batches),
-                         f"{plan.makespan:.3f}", fmt_x(plan.makespan / f)])
-            head = ""
-        for d in (1, 2, 4, 8, 16):
-            try:
-                fx = plan_systems(batch, model=model, cost_model=cm, num_ranks=ranks, systems=("static-cp",),
-                                  fixed={"static-cp": d})["static-cp"]
-                plan = fx.plans[0]
-                rows.append(["", f"static CP d={d}", " ‖ ".join(degree_notation(m.degrees) for m in plan.micro_batches),
-                             f"{plan.makespan:.3f}", fmt_x(plan.makespan / f)])
-            except ValueError as err:
-                rows.append(["", f"static CP d={d}", f"infeasible: {str(err)[:70]}…", "—", "—"])
+        lengths, _, vis = pools[("qwen3-vl", wname)]
+        ids = np.random.default_rng(ctx.seed + 900 + w_i).integers(0, lengths.size, gbs)  # = batch_pool_draws
+        rows += _table6_rows(ctx, f"table6 {wname}", lengths[ids], vis[ids], model, ranks, degrees=(1, 2, 4, 8, 16))
     real_rows = _table6_real(ctx, model, ranks, gbs)
     heads, kv = model_heads(model)
     fcp_rows = [r for r in rows if r[1] == "FCP"]
-    summary = [["Table 6 case study, FCP groups (32 ranks)", "heterogeneous ⟨d⟩ mixes per batch",
+    summary = [["Table 6 case study, FCP groups (32 ranks, v2)", "heterogeneous ⟨d⟩ mixes per batch",
                 "; ".join(f"{r[0].split(' ')[0]}: {r[2]}" for r in fcp_rows)]]
     body = f"""CP groups chosen for one OpenVid-like and one MSR-VTT-like global batch ({gbs} clips, Qwen3-VL token spec) of
-{model} on {ranks} ranks = 2 nodes × 16 ({HARDWARE}), unfrozen ViT, seed {ctx.seed}+900. Groups per micro-batch in
-⟨degree⟩×count notation (micro-batches separated by ‖); "× FCP" = step time / FCP step time. Ulysses degrees must
-divide the {heads} heads.
+{model} on {ranks} ranks = 2 nodes × 16 ({HARDWARE}), unfrozen ViT, **cost model v2** (`alpha_vis` with each clip's
+visual tokens, `gamma`, `alpha_blk`), seed {ctx.seed}+900. Groups per micro-batch in ⟨degree⟩×count notation
+(micro-batches separated by ‖); "× FCP" = step time / FCP step time; the §4.1 lower bound row is the bound of
+`common.lower_bound` for that batch. Ulysses degrees must divide the {heads} heads.
 
 {md_table(["batch", "system", "groups", "step s", "× FCP"], rows)}
 
 The same case study on one batch of each **real** video dataset (train split, `qwen3-vl` spec, resolution mix
-`mixed`, see "Real video workloads" above) with the **v2** preset (`preset_cost_model(..., v2=True)`, trained
-ViT) and the visual tokens given to every system, seed {ctx.seed}+950:
+`mixed`, see "Real video workloads" above), same v2 preset and visual tokens, seed {ctx.seed}+950:
 
 {md_table(["batch", "system", "groups", "step s", "× FCP"], real_rows)}
 """
@@ -208,24 +282,12 @@ ViT) and the visual tokens given to every system, seed {ctx.seed}+950:
 
 def _table6_real(ctx: Ctx, model: str, ranks: int, gbs: int) -> list[list[str]]:
     from exp_v2 import REAL_DATASETS, real_pools
-    from fcp_data.presets import preset_cost_model
 
     pools = getattr(ctx, "real_pools", None) or real_pools(ctx)
-    cm = preset_cost_model(model, HARDWARE, v2=True)
     rows = []
     for w_i, ds in enumerate(REAL_DATASETS):
         wl = pools[(ds, "qwen3-vl")]
-        rng = np.random.default_rng(ctx.seed + 950 + w_i)
-        ids = rng.integers(0, len(wl), gbs)
-        b, v = wl.tokens[ids].astype(np.int64), wl.visual_tokens[ids].astype(np.int64)
-        res = plan_systems([b], model=model, cost_model=cm, num_ranks=ranks, ctx=ctx, label=f"table6 {ds}",
-                           systems=("fcp", "fcp-pow2", "megatron-dynamic", "static-cp", "ulysses"), visual=[v])
-        f = res["fcp"].mean
-        head = f"{ds} (n={gbs}, {int(b.sum()):,} tok, max {int(b.max()):,})"
-        for s, r in res.items():
-            plan = r.plans[0]
-            name = {"static-cp": "static CP (best d for this batch)", "ulysses": "Ulysses (best d for this batch)"}.get(s, LABELS[s])
-            rows.append([head, name, " ‖ ".join(degree_notation(mb.degrees) for mb in plan.micro_batches),
-                         f"{plan.makespan:.3f}", fmt_x(plan.makespan / f)])
-            head = ""
+        ids = np.random.default_rng(ctx.seed + 950 + w_i).integers(0, len(wl), gbs)
+        rows += _table6_rows(ctx, f"table6 {ds}", wl.tokens[ids].astype(np.int64),
+                             wl.visual_tokens[ids].astype(np.int64), model, ranks)
     return rows
