@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from common import LABELS, Ctx, Section, fmt_x, md_table, plan_systems, plt, simulate_cell, vision_alpha2
-from fcp_data.presets import model_heads, preset_cost_model
+from fcp_data.presets import MODELS, model_heads, preset_cost_model
 from fcp_data.workload_models import MLLM_SPECS, VIDEO_WORKLOADS, video_token_lengths
 
 __all__ = ["MLLM_PRESETS", "video_pools", "run_figure4_6", "run_table6", "units_figure4_6", "degree_notation"]
@@ -107,7 +107,32 @@ def _fig46_rows(ctx: Ctx, pools):
                          *[f"{fmt_x(s1[c])} → {fmt_x(sp[c])}" for c in CMP_COLS],
                          f"{r1['fcp'].lb_gap * 100:.1f} % → {res['fcp'].lb_gap * 100:.1f} %"])
         gaps.append((res["fcp"].lb_gap, res["static-cp"].mean / lb - 1))
+        speed[(wname, model, variant, frozen, "v1")]["_d"] = f1["static-cp"]
+        speed[(wname, model, variant, frozen, "v2")]["_d"] = fixed["static-cp"]
     return rows, cmp_rows, speed, gaps
+
+
+def _video_why(speed) -> str:
+    """The synthetic video cell where v1 and v2 disagree most (speedup over fixed-degree static CP), with the §4.1
+    terms a static ring of v1's degree pays under v2."""
+    keys = sorted({k[:4] for k in speed})
+    w, m, var, fr = max(keys, key=lambda k: abs(speed[(*k, "v2")]["static-cp"] - speed[(*k, "v1")]["static-cp"]))
+    s1, s2 = speed[(w, m, var, fr, "v1")], speed[(w, m, var, fr, "v2")]
+    cm = preset_cost_model(m, HARDWARE, v2=True, frozen_vision=fr)
+    d1 = s1["_d"]
+    v1_vis = (1 if fr else 4) * 8  # FLOPs per visual token in units of P_vit: common.vision_alpha2
+    v2_vis = (2 if fr else 6) * MODELS[m].patches_per_visual_token  # fcp_data.presets alpha_vis
+    moved = sum(speed[(*k, "v1")]["_d"] != speed[(*k, "v2")]["_d"] for k in keys)
+    wider = sum(speed[(*k, "v1")]["_d"] > speed[(*k, "v2")]["_d"] for k in keys)
+    return f"""Where v1 and v2 disagree: the best fixed static-CP degree changes in {moved} of {len(keys)} cells (v1's is the wider
+ring in {wider} of them), and FCP's speedup over it moves most in **{w} {m} {var} {'frozen' if fr else 'unfrozen'}**:
+{fmt_x(s1["static-cp"])} (v1, fixed d = {d1}) → {fmt_x(s2["static-cp"])} (v2, fixed d = {s2["_d"]}). v1 charges a ring no
+per-step cost, so a wide static ring over short clips looks free and static CP sits at the v1 bound. v2 charges every
+group of degree d `gamma·(d−1)` per micro-batch (here gamma = {cm.gamma * 1e3:.2f} ms, {cm.gamma * (d1 - 1) * 1e3:.1f} ms at d = {d1}) and every
+rank `alpha_blk` per token of its group ({cm.alpha_blk * 1e6:.2f} µs/token, not divided by d), so a fixed degree wide enough
+for the longest clips taxes all the short ones, while FCP gives short clips d = 1 and rings only to long ones.
+The vision term (`alpha_vis`: {v2_vis}·P_vit FLOPs per visual token in v2 vs {v1_vis}·P_vit folded into `alpha2` in v1, both
+divided by d) changes absolute times (the FCP s column) far more than which plan wins."""
 
 
 def run_figure4_6(ctx: Ctx) -> Section:
@@ -130,7 +155,8 @@ def run_figure4_6(ctx: Ctx) -> Section:
         f"{'frozen' if fr else 'unfrozen'}: {rng(fr, dur, 'static-cp')} vs static CP, {rng(fr, dur, 'ulysses')} vs "
         f"Ulysses, {rng(fr, dur, 'megatron-dynamic')} vs Megatron dyn-CP" for fr in (False, True))
     fig = _plot(ctx, speed)
-    body = _fig46_body(ctx, pools, md_table(headers, rows), md_table(cmp_headers, cmp_rows), rng, per_base, gaps, fig)
+    cmp_table = md_table(cmp_headers, cmp_rows) + "\n\n" + _video_why(speed)
+    body = _fig46_body(ctx, pools, md_table(headers, rows), cmp_table, rng, per_base, gaps, fig)
     summary = [[f"Fig. {4 if not fr else 6} video MLLMs, {'frozen' if fr else 'unfrozen'} ViT",
                 "1.14×–1.38×" if not fr else "1.16×–1.40×",
                 f"{rng(fr, dur)} vs better of static CP / Ulysses; {rng(fr, dur, 'ulysses')} vs Ulysses; "
