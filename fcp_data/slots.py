@@ -235,27 +235,16 @@ class IndexVisualLayout:
 def check_lengths(lengths_or_index: Any, etas: Any) -> tuple[np.ndarray, np.ndarray | None]:
     src = lengths_or_index
     if hasattr(src, "num_tokens") and not isinstance(src, (np.ndarray, list, tuple)):
-        lengths = np.asarray(src.num_tokens)
+        lengths = src.num_tokens
         if etas is None:
             etas = getattr(src, "eta", None)
     else:
-        lengths = np.asarray(src)
-    if lengths.ndim != 1 or lengths.size == 0:
-        raise ValueError(f"lengths must be a non-empty 1-D array of token counts, got shape {lengths.shape}")
-    if not np.issubdtype(lengths.dtype, np.integer):
-        if not np.issubdtype(lengths.dtype, np.floating) or not np.all(lengths == np.round(lengths)):
-            raise ValueError("lengths must be integer token counts")
-    lengths = lengths.astype(np.int64)
-    bad = np.flatnonzero(lengths < 1)
-    if bad.size:
-        raise ValueError(f"sample {int(bad[0])} has {int(lengths[bad[0]])} tokens; every sample needs >= 1 "
-                         f"({bad.size} such samples) — remove them from the index")
+        lengths = src
+    from fcp_data.plan.inputs import validate_etas, validate_lengths  # the one length / η check
+
+    lengths = validate_lengths(lengths)
     if etas is not None:
-        etas = np.asarray(etas, dtype=np.float64)
-        if etas.shape != lengths.shape:
-            raise ValueError(f"etas has {etas.size} entries but there are {lengths.size} samples")
-        if not np.all(np.isfinite(etas)) or etas.min() < 0:
-            raise ValueError("etas must be finite and >= 0 (0 causal, 1 full attention)")
+        etas = validate_etas(etas, lengths)
         if not np.any(etas):
             etas = None
     return lengths, etas

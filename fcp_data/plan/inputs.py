@@ -9,19 +9,12 @@ import numpy as np
 
 from fcp_data.cost import MAX_RANKS, MAX_SEQUENCE_TOKENS, CostModel
 
-__all__ = ["validate_inputs", "validate_visual"]
+__all__ = ["validate_inputs", "validate_lengths", "validate_etas", "validate_visual"]
 
 
-def validate_inputs(lengths, etas, num_ranks: int, cost_model: CostModel) -> tuple[np.ndarray, np.ndarray]:
-    """Checked int64 lengths and float64 etas; ``ValueError`` naming the offending entry otherwise."""
-    if not isinstance(cost_model, CostModel):
-        raise TypeError(f"cost_model must be a CostModel, got {type(cost_model).__name__}")
-    if isinstance(num_ranks, bool) or not isinstance(num_ranks, (int, np.integer)) or num_ranks < 1:
-        raise ValueError(f"num_ranks must be a positive int, got {num_ranks!r}")
-    if num_ranks > MAX_RANKS:
-        raise ValueError(f"num_ranks={num_ranks} is more than the planner supports ({MAX_RANKS}): stage 2 works on a "
-                         "groups × ranks table; plan the context-parallel ranks of one data-parallel replica, not the "
-                         "whole cluster")
+def validate_lengths(lengths) -> np.ndarray:
+    """Checked int64 token counts (1-D, non-empty, whole, ``0 < s ≤ MAX_SEQUENCE_TOKENS``); the one length
+    check of the planner, the sampler and the CLI loaders. ``ValueError`` naming the offending entry."""
     try:
         arr = np.asarray(lengths)
     except (ValueError, TypeError, OverflowError) as e:
@@ -44,6 +37,32 @@ def validate_inputs(lengths, etas, num_ranks: int, cost_model: CostModel) -> tup
     bad = np.flatnonzero(arr <= 0)
     if bad.size:
         raise ValueError(f"lengths must be > 0; sequence {bad[0]} has {arr[bad[0]]} tokens (drop empty sequences)")
+    return arr
+
+
+def validate_etas(etas, lengths: np.ndarray) -> np.ndarray:
+    """Checked float64 mask factors, one per sequence (None → zeros: causal)."""
+    if etas is None:
+        return np.zeros(lengths.size)
+    e = np.asarray(etas, dtype=np.float64)
+    if e.shape != lengths.shape:
+        raise ValueError(f"etas has shape {e.shape} but lengths has {lengths.shape}; give one η per sequence")
+    if not np.all(np.isfinite(e)) or np.any(e < 0):
+        raise ValueError("etas must be finite and >= 0 (0 causal, 1 full attention)")
+    return e
+
+
+def validate_inputs(lengths, etas, num_ranks: int, cost_model: CostModel) -> tuple[np.ndarray, np.ndarray]:
+    """Checked int64 lengths and float64 etas; ``ValueError`` naming the offending entry otherwise."""
+    if not isinstance(cost_model, CostModel):
+        raise TypeError(f"cost_model must be a CostModel, got {type(cost_model).__name__}")
+    if isinstance(num_ranks, bool) or not isinstance(num_ranks, (int, np.integer)) or num_ranks < 1:
+        raise ValueError(f"num_ranks must be a positive int, got {num_ranks!r}")
+    if num_ranks > MAX_RANKS:
+        raise ValueError(f"num_ranks={num_ranks} is more than the planner supports ({MAX_RANKS}): stage 2 works on a "
+                         "groups × ranks table; plan the context-parallel ranks of one data-parallel replica, not the "
+                         "whole cluster")
+    arr = validate_lengths(lengths)
     cap = int(num_ranks) * cost_model.tokens_per_rank
     over = np.flatnonzero(arr > cap)
     if over.size:
@@ -51,16 +70,7 @@ def validate_inputs(lengths, etas, num_ranks: int, cost_model: CostModel) -> tup
         raise ValueError(f"sequence {i} has {arr[i]} tokens but {num_ranks} ranks × {cost_model.tokens_per_rank} "
                          f"tokens_per_rank hold at most {cap} ({over.size} such sequence(s)); truncate or drop it "
                          "(--on-overlong truncate|drop) or add ranks")
-    if etas is None:
-        e = np.zeros(arr.size)
-    else:
-        e = np.asarray(etas, dtype=np.float64)
-        if e.shape != arr.shape:
-            raise ValueError(f"etas has shape {e.shape} but lengths has {arr.shape}; give one η per sequence")
-        if not np.all(np.isfinite(e)) or np.any(e < 0):
-            raise ValueError("etas must be finite and >= 0 (0 causal, 1 full attention)")
-    return arr, e
-
+    return arr, validate_etas(etas, arr)
 
 
 def validate_visual(visual, lengths: np.ndarray) -> np.ndarray | None:
