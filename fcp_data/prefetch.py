@@ -305,12 +305,9 @@ class SamplerIterator:
 
 
 def _config(sampler: Any) -> dict[str, Any]:
-    return {"num_ranks": sampler.num_ranks, "rank": sampler.rank, "seed": sampler.seed,
-            "global_batch_size": sampler.global_batch_size, "global_batch_tokens": sampler.global_batch_tokens,
-            "drop_last": sampler.drop_last, "on_overlong": sampler.on_overlong, "solver": sampler.solver,
-            "solver_options": dict(sampler.solver_options),
-            "micro_batches": sampler.micro_batches, "cost_model": sampler.cost_model.to_dict(),
-            "num_samples": int(sampler.lengths.size), "data_digest": sampler._data_digest}
+    """The resume fingerprint: every fingerprint field of the sampler's :class:`SamplerConfig` plus the data."""
+    return {**sampler.config.fingerprint(), "num_samples": int(sampler.lengths.size),
+            "data_digest": sampler._data_digest}
 
 
 def make_state(sampler: Any, epoch: int, g: int, m: int) -> dict[str, Any]:

@@ -79,6 +79,7 @@ Every rank builds the same plan from ``(seed, epoch, lengths, config)`` with no 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import threading
@@ -90,14 +91,16 @@ import numpy as np
 
 from fcp_data.cost import CostModel
 from fcp_data.plan.types import Plan
+from fcp_data.sampler_config import SamplerConfig
 from fcp_data.prefetch import SamplerIterator, Speculation, check_int, check_state, make_state
 from fcp_data.slots import (FCPDataset, IndexVisualLayout, SampleSlot, SlotList, SpanVisualLayout, check_lengths,
-                            check_solver_options, check_visual, dist_rank_and_world)
+                            check_visual, dist_rank_and_world)
 
 __all__ = ["FCPSampler", "SampleSlot", "SlotList", "FCPDataset", "dist_rank_and_world", "IndexVisualLayout",
            "SpanVisualLayout"]
 
 logger = logging.getLogger(__name__)
+_CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplerConfig))
 
 
 class FCPSampler:
@@ -110,43 +113,25 @@ class FCPSampler:
                  micro_batches: str | int = "auto", etas: Any = None,
                  solver_options: dict[str, Any] | None = None, visual_layout: Any = None, visual: Any = None) -> None:
         d_rank, d_world = dist_rank_and_world()
-        self.num_ranks = d_world if num_ranks is None else int(num_ranks)
-        self.rank = d_rank if rank is None else int(rank)
-        if self.num_ranks < 1:
-            raise ValueError(f"num_ranks must be >= 1, got {num_ranks}")
-        if not 0 <= self.rank < self.num_ranks:
-            raise ValueError(f"rank must be in [0, num_ranks={self.num_ranks}), got {self.rank}")
-        if isinstance(cost_model, dict):
-            cost_model = CostModel.from_dict(cost_model)
-        if not isinstance(cost_model, CostModel):
-            raise TypeError(f"cost_model must be a CostModel (or its dict), got {type(cost_model).__name__}")
-        self.cost_model = cost_model
-        if (global_batch_size is None) == (global_batch_tokens is None):
-            raise ValueError("give exactly one of global_batch_size (sequences) or global_batch_tokens")
-        for name, v in (("global_batch_size", global_batch_size), ("global_batch_tokens", global_batch_tokens)):
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1):
-                raise ValueError(f"{name} must be a positive integer, got {v!r}")
-        self.global_batch_size = None if global_batch_size is None else int(global_batch_size)
-        self.global_batch_tokens = None if global_batch_tokens is None else int(global_batch_tokens)
-        if on_overlong not in ("error", "truncate", "drop"):
-            raise ValueError(f"on_overlong must be 'error', 'truncate' or 'drop', got {on_overlong!r}")
-        if int(prefetch) != prefetch or prefetch < 0:
-            raise ValueError(f"prefetch must be an integer >= 0 (global batches planned ahead), got {prefetch!r}")
-        if not (micro_batches == "auto" or (isinstance(micro_batches, int) and micro_batches >= 1)):
-            raise ValueError(f"micro_batches must be 'auto' or a positive int, got {micro_batches!r}")
-        from fcp_data.plan.registry import get_solver
+        self.config = SamplerConfig(
+            num_ranks=d_world if num_ranks is None else int(num_ranks), rank=d_rank if rank is None else int(rank),
+            cost_model=cost_model, global_batch_size=global_batch_size, global_batch_tokens=global_batch_tokens,
+            seed=seed, drop_last=drop_last, on_overlong=on_overlong, prefetch=prefetch, solver=solver,
+            micro_batches=micro_batches, solver_options=solver_options)
+        self._init_data(lengths_or_index, etas, visual, visual_layout)
+        self._position = (0, 0, 0)  # (epoch, global_batch, micro_batch) of the next list (module doc)
+        self._owner = 0  # generation of the iterator that moves the position; bumped to retire it
+        self._live: weakref.ref | None = None  # that iterator, to stop its planning thread when retired
+        self._layouts: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._layout_lock = threading.Lock()
+        self._counts: dict[int, dict[int, int]] = {}
+        self.planner_waits: list[float] = []
+        self.num_speculative_hits = 0
+        self._spec: Speculation | None = None
+        self._spec_lock = threading.Lock()
 
-        spec = get_solver(solver)  # unknown: ValueError listing the registered solvers
-        if not spec.deterministic:  # every rank plans on its own: e.g. the ILP's result depends on wall-clock time
-            why = "time-limited" if spec.time_limited else "registered as non-deterministic"
-            raise ValueError(f"solver={solver!r} is {why}, so ranks could compute different plans; use 'fcp' "
-                             f"(or 'exhaustive' for tiny batches) in the sampler and {solver!r} for offline checks")
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-            raise ValueError(f"seed must be an integer, got {seed!r}")
-        self.seed, self.drop_last, self.on_overlong = int(seed), bool(drop_last), on_overlong
-        self.prefetch, self.solver, self.micro_batches = int(prefetch), str(solver), micro_batches
-        self.solver_options = check_solver_options(solver_options, self.solver, self.num_ranks, cost_model)
-
+    def _init_data(self, lengths_or_index: Any, etas: Any, visual: Any, visual_layout: Any) -> None:
+        """Lengths, η, visual tokens and layout of the data; the over-long policy; the data digest."""
         lengths, self.etas = check_lengths(lengths_or_index, etas)
         self.visual = check_visual(lengths_or_index, visual, lengths)  # §4.1 cost; a LengthIndex gives its own
         if visual_layout is not None and not callable(visual_layout):
@@ -157,6 +142,27 @@ class FCPSampler:
             visual_layout = IndexVisualLayout(lengths_or_index)
         self.visual_layout = visual_layout
         self.lengths = lengths
+        kept = self._apply_overlong(lengths)
+        if kept.size == 0:
+            raise ValueError("no sample is left after dropping over-long ones")
+        if self.drop_last and self.global_batch_size is not None and kept.size < self.global_batch_size:
+            raise ValueError(f"drop_last=True with global_batch_size={self.global_batch_size} but only {kept.size} "
+                             "samples: every epoch would be empty; lower global_batch_size or pass drop_last=False")
+        total = int(np.minimum(lengths, self.capacity)[kept].sum())
+        if self.drop_last and self.global_batch_tokens is not None and total < self.global_batch_tokens:
+            raise ValueError(f"drop_last=True with global_batch_tokens={self.global_batch_tokens} but the data holds "
+                             f"only {total} tokens: every epoch would be empty; lower it or pass drop_last=False")
+        self._kept = kept
+        h = hashlib.blake2b(lengths.tobytes(), digest_size=16)
+        if self.etas is not None:
+            h.update(self.etas.tobytes())
+        if self.visual is not None:
+            h.update(b"visual" + self.visual.tobytes())
+        self._data_digest = h.hexdigest()
+
+    def _apply_overlong(self, lengths: np.ndarray) -> np.ndarray:
+        """The kept sample ids after the ``on_overlong`` policy (over ``num_ranks·tokens_per_rank`` tokens)."""
+        cost_model, on_overlong = self.cost_model, self.on_overlong
         self.capacity = self.num_ranks * cost_model.tokens_per_rank
         over = np.flatnonzero(lengths > self.capacity)
         self.num_truncated = self.num_dropped = 0
@@ -175,32 +181,14 @@ class FCPSampler:
             else:
                 self.num_truncated = int(over.size)
                 logger.warning("FCPSampler truncates %s", what)
-        if kept.size == 0:
-            raise ValueError("no sample is left after dropping over-long ones")
-        if self.drop_last and self.global_batch_size is not None and kept.size < self.global_batch_size:
-            raise ValueError(f"drop_last=True with global_batch_size={self.global_batch_size} but only {kept.size} "
-                             "samples: every epoch would be empty; lower global_batch_size or pass drop_last=False")
-        total = int(np.minimum(lengths, self.capacity)[kept].sum())
-        if self.drop_last and self.global_batch_tokens is not None and total < self.global_batch_tokens:
-            raise ValueError(f"drop_last=True with global_batch_tokens={self.global_batch_tokens} but the data holds "
-                             f"only {total} tokens: every epoch would be empty; lower it or pass drop_last=False")
-        self._kept = kept
-        h = hashlib.blake2b(lengths.tobytes(), digest_size=16)
-        if self.etas is not None:
-            h.update(self.etas.tobytes())
-        if self.visual is not None:
-            h.update(b"visual" + self.visual.tobytes())
-        self._data_digest = h.hexdigest()
-        self._position = (0, 0, 0)  # (epoch, global_batch, micro_batch) of the next list (module doc)
-        self._owner = 0  # generation of the iterator that moves the position; bumped to retire it
-        self._live: weakref.ref | None = None  # that iterator, to stop its planning thread when retired
-        self._layouts: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        self._layout_lock = threading.Lock()
-        self._counts: dict[int, dict[int, int]] = {}
-        self.planner_waits: list[float] = []
-        self.num_speculative_hits = 0
-        self._spec: Speculation | None = None
-        self._spec_lock = threading.Lock()
+        return kept
+
+    def __getattr__(self, name: str) -> Any:
+        """The configuration's fields read as attributes (``sampler.num_ranks``, ``sampler.solver``, …)."""
+        config = self.__dict__.get("config")
+        if config is not None and name in _CONFIG_FIELDS:
+            return getattr(config, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     # ------------------------------------------------------------------ epoch layout
     @property

@@ -1,0 +1,55 @@
+"""The sampler's configuration is one frozen dataclass and the resume fingerprint is derived from its fields:
+every field but ``prefetch`` is in ``state_dict()["config"]``, and a state saved under any other value of any
+of them is refused by ``load_state_dict`` naming that field."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from fcp_data.cost import CostModel
+from fcp_data.sampler import FCPSampler
+from fcp_data.sampler_config import SamplerConfig
+
+CM = CostModel(alpha1=2e-10, alpha2=5e-7, alpha3=2e4, beta1=1e-3, beta2=2e-4, bandwidth_intra=2e11,
+               bandwidth_inter=2.5e10, tokens_per_rank=4096, ranks_per_node=8)
+LENGTHS = np.random.default_rng(0).integers(50, 3000, size=64)
+BASE = dict(num_ranks=4, rank=1, cost_model=CM, global_batch_size=16)
+# another valid value for every field (the test fails if a field is added without one here)
+OTHER = dict(num_ranks=8, rank=2, cost_model=CM.replace(alpha2=6e-7), global_batch_size=8, global_batch_tokens=None,
+             seed=3, drop_last=True, on_overlong="truncate", solver="fcp-pow2", micro_batches=2,
+             solver_options={"robust_tol": 0.0}, prefetch=0)
+
+
+def test_every_field_has_a_changed_value_and_fingerprint_excludes_only_prefetch():
+    names = [f.name for f in dataclasses.fields(SamplerConfig)]
+    assert sorted(OTHER) == sorted(names)
+    assert set(SamplerConfig.fingerprint_fields()) == set(names) - {"prefetch"}
+    state = FCPSampler(LENGTHS, **BASE).state_dict()
+    assert set(state["config"]) == set(SamplerConfig.fingerprint_fields()) | {"num_samples", "data_digest"}
+
+
+@pytest.mark.parametrize("name", sorted(OTHER))
+def test_a_state_saved_with_another_value_of_a_field_is_refused(name):
+    kw = dict(BASE)
+    kw[name] = OTHER[name]
+    if name == "global_batch_tokens":  # exactly one of the two batch sizes
+        kw.update(global_batch_size=None, global_batch_tokens=20000)
+    saved = FCPSampler(LENGTHS, **kw).state_dict()
+    fresh = FCPSampler(LENGTHS, **BASE)
+    if name == "prefetch":  # planning ahead does not change the lists: the state loads
+        fresh.load_state_dict(saved)
+        return
+    with pytest.raises(ValueError, match=name):
+        fresh.load_state_dict(saved)
+
+
+def test_config_is_frozen_and_read_through_the_sampler():
+    s = FCPSampler(LENGTHS, **BASE, seed=5)
+    assert (s.num_ranks, s.rank, s.seed, s.solver, s.prefetch) == (4, 1, 5, "fcp", 2)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.config.seed = 6
+    with pytest.raises(AttributeError):
+        s.not_an_option  # noqa: B018
