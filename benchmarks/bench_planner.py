@@ -22,6 +22,10 @@ Sections:
             50): median time of a single plan, of auto (pruned by the §4 lower bound) and of the unpruned
             M = 1, 2, 3 search, and whether pruned and unpruned chose the same M and makespan on every step
             (goal: auto ≤ 1.5× a single plan).
+  digest    one line per (instance, solver): makespan and a hash of every group's ranks, sequences and time, on
+            random Wikipedia batches (8-1024 ranks, v1/v2 presets, full attention, visual tokens; fcp also with
+            micro_batches='auto'). Run it on two checkouts and diff the output: a performance change must
+            leave it identical (issue 12: plans hash-identical unless exactly improved).
   nscaling  planning time against the number of sequences (the first n of the workload, capped at N·E) at
             1024 ranks with micro_batches='auto', Qwen3-8B on ascend-910c and h100 (issue 15: time linear in
             n at fixed ranks, 400k under 4× the 100k time); also megatron-dynamic against FCP on the largest
@@ -246,6 +250,32 @@ def bench_auto(workload: np.ndarray, steps: int, ranks: int = 1024, gbs: int = 4
               f"{same}/{steps} | {counts} | {os.getloadavg()[0]:.1f} |", flush=True)
 
 
+def bench_digest(workload: np.ndarray, seed: int, count: int) -> None:
+    import hashlib
+
+    from fcp_data.presets import preset_cost_model
+
+    rng = np.random.default_rng(seed)
+    shapes = [(64, 8), (128, 16), (512, 64), (300, 32), (1024, 128), (96, 12), (40, 6), (2048, 256), (4096, 1024)]
+    for i in range(count):
+        cm = preset_cost_model("Qwen3-8B", ["ascend-910c", "h100"][(i // 2) % 2], v2=bool(i % 2))
+        n, N = shapes[i % len(shapes)]
+        b = np.minimum(workload[rng.choice(workload.size, n, replace=False)], N * cm.tokens_per_rank)
+        etas = (rng.random(n) < 0.2).astype(float) if i % 3 == 0 else None
+        vis = (b * rng.uniform(0, 0.8, n)).astype(np.int64) if i % 5 == 0 else None
+        solvers = ["fcp", "fcp-pow2", "static-cp"] + (["megatron-dynamic", "ulysses"] if N <= 256 else [])
+        for s in solvers + (["fcp-dp"] if N <= 32 else []):
+            for mb in ([1, "auto"] if s == "fcp" and N <= 256 else [1]):
+                try:
+                    p = plan_batch(b, num_ranks=N, cost_model=cm, etas=etas, visual=vis, solver=s, micro_batches=mb)
+                except ValueError as e:
+                    print(i, s, mb, "error", str(e)[:60])
+                    continue
+                key = repr(p.makespan) + repr([[(g.ranks, g.seq_ids, repr(g.time)) for g in m.groups]
+                                                for m in p.micro_batches])
+                print(i, n, N, s, mb, f"{p.makespan:.6f}", hashlib.sha1(key.encode()).hexdigest()[:16], flush=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workload", default=str(REPO.parent / "shared" / "workloads" / "wikipedia_flexsp.txt"))
@@ -259,6 +289,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default=",".join(f"{n}x{r}" for n, r in SIZES), help="memory section: n x ranks list")
     ap.add_argument("--v1", action="store_true", help="memory section: v1 preset instead of v2")
     ap.add_argument("--auto-steps", type=int, default=50, help="auto section: global batches")
+    ap.add_argument("--digest-seed", type=int, default=0, help="digest section: random seed")
+    ap.add_argument("--digest-count", type=int, default=45, help="digest section: instances")
     ap.add_argument("--_size", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args._size:
@@ -267,7 +299,7 @@ def main(argv=None) -> int:
         return 0
     only = set(args.only.split(","))
     workload = None
-    if only & {"latency", "scaling", "simulate", "auto"}:
+    if only & {"latency", "scaling", "simulate", "auto", "digest"}:
         raw = load_lengths(args.workload)
         workload, _ = apply_cap(raw, CAP, "truncate")
         print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (wall times grow with load; CPU times do not)")
@@ -285,6 +317,8 @@ def main(argv=None) -> int:
         bench_memory(args.workload, sizes, args.reps, not args.v1)
     if "auto" in only:
         bench_auto(workload, args.auto_steps)
+    if "digest" in only:
+        bench_digest(workload, args.digest_seed, args.digest_count)
     if "nscaling" in only:
         bench_nscaling(args.workload, [int(v) for v in args.nscaling_sizes.split(",")])
     return 0
