@@ -104,7 +104,7 @@ def test_values_match_allocator():
         s = np.stack(sequence_terms(L, e), axis=1)
         label = rng.integers(0, min(N, L.size), size=L.size)
         K = int(label.max()) + 1
-        ex, val = _score([label], s, N, cm)
+        ex, val, _ = _score([label], s, N, cm)
         groups = [np.flatnonzero(label == g).tolist() for g in range(K) if np.any(label == g)]
         S, Q, B, V = group_terms_of(groups, L, e)
         want, deg = allocate_fast(time_table(S, Q, N, cm, B=B), N)

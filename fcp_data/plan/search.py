@@ -38,7 +38,7 @@ SEARCH_MAX_SEQUENCES = 32  # above this the descent's O(n²) neighbours cost mor
 SEARCH_MAX_RANKS = 64
 SEARCH_STARTS = 4
 SEARCH_MAX_STEPS = 64
-SEARCH_COMPOUND = 2  # local optima that also get the compound steps
+SEARCH_COMPOUND = 3  # local optima that also get the compound steps
 _IMPROVE = 1e-9
 PAIR_UNION_MAX = 10  # sequences of two groups up to which a stuck descent re-splits them exactly
 TRIPLE_UNION_MAX = 8  # the same for three groups (3^7 = 2187 assignments)
@@ -95,14 +95,16 @@ def mixed_starts(work: np.ndarray, num_ranks: int) -> list[list[list[int]]]:
 
 
 def _values(agg: np.ndarray, index: np.ndarray, num_ranks: int, cost_model: CostModel
-            ) -> tuple[np.ndarray, np.ndarray]:
-    """Scores of many groupings at once, compared lexicographically: ``(excess, value)``. ``agg``:
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Scores of many groupings at once, compared lexicographically: ``(excess, value, spread)``. ``agg``:
     ``(U, 4)`` sums ``(S, Q, B, V)`` of the distinct groups (row 0: the empty group); ``index``: ``(C, G)``
     rows of ``agg`` forming each grouping (0: no group; empty groups take no rank). ``excess = max(0,
     Σ_g ceil(S_g/E) − N)``: ranks missing for memory. At ``excess = 0`` the value is the exact min-max
     allocation (:func:`allocate_fast` on the grouping's table); above, the allocation ignoring memory — it
     guides the search through a plateau of equal excess towards balanced groups, while every step that
-    frees a rank is taken first. ``inf``: more groups than ranks. Times are computed once per distinct
+    frees a rank is taken first. ``spread``: the sum of the entries of ``T̃`` ranked ``k … N−1`` (the value
+    is entry ``k``): at an equal value it prefers groupings whose other groups are also fast, so a descent
+    can cross a plateau of the makespan (number partitioning near capacity). ``inf``: more groups than ranks. Times are computed once per distinct
     group, not per grouping (neighbours share all but two or three groups)."""
     C, G = index.shape
     N, E = int(num_ranks), float(cost_model.tokens_per_rank)
@@ -117,14 +119,15 @@ def _values(agg: np.ndarray, index: np.ndarray, num_ranks: int, cost_model: Cost
     strict = np.minimum.accumulate(np.where(S <= d * E, T, np.inf), axis=1)
     relaxed[0] = strict[0] = -np.inf
     k = N - used.sum(axis=1)  # the k-th largest entry (0-based) is the optimum, k < 0: too many groups
-    out = np.full(C, np.inf)
+    out, spread = np.full(C, np.inf), np.full(C, np.inf)
     for over in (False, True):
         table = relaxed if over else strict
         for kk in np.unique(k[(k >= 0) & ((excess > 0) == over)]).tolist():
             rows = np.flatnonzero((k == kk) & ((excess > 0) == over))
-            flat = table[index[rows]].reshape(rows.size, G * N)
-            out[rows] = -np.partition(-flat, kk, axis=1)[:, kk]
-    return excess, out
+            part = np.partition(-table[index[rows]].reshape(rows.size, G * N), sorted({kk, N - 1}), axis=1)
+            out[rows] = -part[:, kk]
+            spread[rows] = -part[:, kk:N].sum(axis=1)
+    return excess, out, spread
 
 
 def neighbour_labels(label: np.ndarray, work: np.ndarray) -> np.ndarray:
@@ -178,13 +181,13 @@ def double_moves(label: np.ndarray) -> np.ndarray:
 
 
 def repartitions(label: np.ndarray, k: int, max_union: int, budget: int) -> np.ndarray:
-    """For every ``k`` groups (in combination order) whose union holds at most ``max_union`` sequences:
-    every assignment of the union to those ``k`` group ids (the union's first sequence stays in the first;
-    empty groups allowed) — the exact re-optimisation of ``k`` groups, a step that single and double moves
+    """For every ``k`` group ids among ``0 … K`` (in combination order; ``K`` is a new, empty group) whose
+    union holds at most ``max_union`` sequences: every assignment of the union to those ``k`` ids (the
+    union's first sequence stays in the first; empty groups allowed) — the exact re-optimisation of ``k`` groups, a step that single and double moves
     cannot make. At most ``budget`` rows (whole combinations only)."""
     K = int(label.max()) + 1
     rows, total = [], 0
-    for combo in itertools.combinations(range(K), k):
+    for combo in itertools.combinations(range(K + 1), k):  # id K: a new group (re-split into one more)
         ids = np.array(combo)
         members = np.flatnonzero(np.isin(label, ids))
         m = members.size
@@ -210,7 +213,8 @@ def _canonical(label: np.ndarray) -> np.ndarray:
     return rank[inv.reshape(-1)]
 
 
-def _score(labels, terms: np.ndarray, num_ranks: int, cost_model: CostModel) -> tuple[np.ndarray, np.ndarray]:
+def _score(labels, terms: np.ndarray, num_ranks: int, cost_model: CostModel
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """:func:`_values` of whole groupings given as label rows (group ids ``0 … G−1``, gaps allowed; at
     most 62 sequences: a group is keyed by the bit mask of its members)."""
     L = np.asarray(labels if isinstance(labels, np.ndarray) else np.stack(labels))
@@ -223,35 +227,46 @@ def _score(labels, terms: np.ndarray, num_ranks: int, cost_model: CostModel) -> 
     return _values(members @ terms, inv[1:].reshape(masks.shape), num_ranks, cost_model)
 
 
+def _best(scores: tuple[np.ndarray, np.ndarray, np.ndarray], cur: tuple[int, float, float]):
+    """``(row, score)`` of the best candidate if it beats ``cur``, else None. Order: fewer missing ranks,
+    then a value lower by a relative 1e-9 (values within that are equal), then a spread lower by the same;
+    first row on ties."""
+    exs, vals, spr = scores
+    if not vals.size:
+        return None
+    e = int(exs.min())
+    rows = np.flatnonzero(exs == e)
+    v = float(vals[rows].min())
+    rows = rows[vals[rows] <= v + abs(v) * _IMPROVE]
+    j = int(rows[np.argmin(spr[rows])])
+    ex0, v0, s0 = cur
+    better = e < ex0 or (e == ex0 and (v < v0 * (1 - _IMPROVE) or (v <= v0 * (1 + _IMPROVE) and spr[j] < s0 * (1 - _IMPROVE))))
+    return (j, (e, float(vals[j]), float(spr[j]))) if better else None
+
+
 def local_search(label: np.ndarray, terms: np.ndarray, work: np.ndarray, num_ranks: int, cost_model: CostModel,
                  max_steps: int = SEARCH_MAX_STEPS, compound: bool = True) -> tuple[int, float, np.ndarray]:
     """Best-improvement descent from ``label`` (see :func:`neighbour_labels`): take the neighbour of least
-    ``(excess, value)`` (first in neighbour order on ties) while it frees a rank or, at equal excess,
-    lowers the value by a relative 1e-9; when none does and ``compound``, the best of the compound steps
+    ``(excess, value, spread)`` (:func:`_best`) while it beats the current one; when none does and ``compound``, the best of the compound steps
     (:func:`double_moves` on small groupings, :func:`repartitions` of two and three groups). At most
     ``max_steps`` steps. Returns ``(excess, value, label)``; the score never gets worse than the start's
     (``excess = 0``: memory holds and ``value`` is the optimal makespan of the grouping)."""
     label = _canonical(np.asarray(label, dtype=np.int64))
-    ex, val = _score([label], terms, num_ranks, cost_model)
-    excess, value = int(ex[0]), float(val[0])
+    ex, val, spr = _score([label], terms, num_ranks, cost_model)
+    cur = (int(ex[0]), float(val[0]), float(spr[0]))
     for _ in range(max_steps):
         cands = neighbour_labels(label, work)
-        exs, vals = _score(cands, terms, num_ranks, cost_model)
-        j = int(np.lexsort((np.arange(vals.size), vals, exs))[0])
-        if not (exs[j] < excess or (exs[j] == excess and vals[j] < value * (1 - _IMPROVE))):
-            if not compound:
-                break
+        j = _best(_score(cands, terms, num_ranks, cost_model), cur)
+        if j is None and compound:  # stuck: the compound steps
             big = label.size * (int(label.max()) + 2) > DOUBLE_MOVE_MAX
             cands = np.concatenate(([] if big else [double_moves(label)]) + [
                 repartitions(label, 2, PAIR_UNION_MAX, REPARTITION_BUDGET),
                 repartitions(label, 3, TRIPLE_UNION_MAX, REPARTITION_BUDGET)])
-            if not cands.shape[0]:
-                break
-            exs, vals = _score(cands, terms, num_ranks, cost_model)  # stuck: the compound steps
-            j = int(np.lexsort((np.arange(vals.size), vals, exs))[0])
-            if not (exs[j] < excess or (exs[j] == excess and vals[j] < value * (1 - _IMPROVE))):
-                break
-        excess, value, label = int(exs[j]), float(vals[j]), _canonical(cands[j])
+            j = _best(_score(cands, terms, num_ranks, cost_model), cur) if cands.shape[0] else None
+        if j is None:
+            break
+        cur, label = j[1], _canonical(cands[j[0]])
+    excess, value = cur[0], cur[1]
     return excess, value, label
 
 
@@ -259,9 +274,10 @@ def search_groupings(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost
                      seeds: list[list[list[int]]], work: np.ndarray, visual: np.ndarray | None = None
                      ) -> list[list[list[int]]]:
     """Locally optimal groupings for a small micro-batch: descends (:func:`local_search`) from each of
-    ``seeds`` (the incumbents of the caller's other candidates, kept as given) and from the
-    :data:`SEARCH_STARTS` best of the repaired BFD bins and the :func:`mixed_starts` with single steps, then
-    continues the :data:`SEARCH_COMPOUND` best local optima with the compound steps too. Returns the
+    ``seeds`` (the incumbents of the caller's other candidates, kept as given) and from the repaired BFD
+    bins and the :func:`mixed_starts`, best score first, with single steps — at least :data:`SEARCH_STARTS`
+    of them and more until :data:`SEARCH_COMPOUND` distinct local optima are found — then continues those
+    best distinct local optima with the compound steps too. Returns the
     groupings found (lists of sequence ids, ascending within a group); empty above the size bounds."""
     n, N = int(lengths.size), int(num_ranks)
     if n > SEARCH_MAX_SEQUENCES or N > SEARCH_MAX_RANKS or n < 2:
@@ -270,19 +286,26 @@ def search_groupings(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost
     starts = repair_bins(bfd_groups(lengths, cost_model.tokens_per_rank), lengths, N, cost_model.tokens_per_rank)
     labels = [_to_label(g, n) for g in starts + mixed_starts(work, N)]
     if labels:
-        ex, vals = _score(labels, terms, N, cost_model)
+        ex, vals, _ = _score(labels, terms, N, cost_model)
         order = np.lexsort((np.arange(vals.size), vals, ex))
-        labels = [labels[int(i)] for i in order[:SEARCH_STARTS]]
-    found, seen = [], set()
-    for lab in [_to_label(g, n) for g in seeds] + labels:  # plain descents from every start
+        labels = [labels[int(i)] for i in order]
+    found, seen, optima = [], set(), set()
+    for j, lab in enumerate([_to_label(g, n) for g in seeds] + labels):  # plain descents
+        if j >= len(seeds) + SEARCH_STARTS and len(optima) >= SEARCH_COMPOUND:
+            break  # enough starts, and enough distinct local optima for the compound phase
         key = tuple(_canonical(lab).tolist())
         if key not in seen:
             seen.add(key)
             found.append(local_search(lab, terms, work, N, cost_model, compound=False))
+            optima.add(tuple(found[-1][2].tolist()))
     found.sort(key=lambda r: (r[0], r[1]))  # stable: ties keep the start order
-    out = []
-    for rank, (excess, value, best) in enumerate(found):
-        if rank < SEARCH_COMPOUND:  # the best local optima also get the compound steps
+    out, optima = [], set()
+    for excess, value, best in found:
+        key = tuple(best.tolist())
+        if key in optima:
+            continue
+        if len(optima) < SEARCH_COMPOUND:  # the best distinct local optima also get the compound steps
+            optima.add(key)
             excess, value, best = local_search(best, terms, work, N, cost_model)
         if excess == 0 and np.isfinite(value):
             out.append([np.flatnonzero(best == g).tolist() for g in range(int(best.max()) + 1)])
