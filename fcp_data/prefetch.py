@@ -16,16 +16,13 @@ to start a :class:`Speculation` of the next epoch's first global batches.
 global batch's per-rank lists from a prefetcher; it is stateful (``state_dict``/``load_state_dict``), which
 is the hook torchdata's ``StatefulDataLoader`` uses to resume a batch sampler without replaying it. The
 iterator created last by the sampler (its *owner* generation) reports each new position to the sampler,
-which is how ``FCPSampler.state_dict()`` stays exact after a ``break`` or the end of an epoch.
-:func:`make_state`/:func:`check_state` define that state: the position ``(epoch, global_batch,
-micro_batch)`` of the next list and the sampler's config fingerprint, loaded strictly (ints only:
-:func:`check_int`).
+which is how ``FCPSampler.state_dict()`` stays exact after a ``break`` or the end of an epoch (the state
+itself: :mod:`fcp_data.sampler_state`).
 """
 
 from __future__ import annotations
 
 import logging
-import numbers
 import queue
 import threading
 import time
@@ -33,11 +30,10 @@ from concurrent.futures import Future
 from functools import partial
 from typing import Any, Callable
 
-__all__ = ["PlanPrefetcher", "Speculation", "SamplerIterator", "make_state", "check_state", "check_int"]
+__all__ = ["PlanPrefetcher", "Speculation", "SamplerIterator"]
 
 logger = logging.getLogger(__name__)
 
-STATE_VERSION = 1
 
 _POLL_S = 0.05
 
@@ -302,67 +298,3 @@ class SamplerIterator:
             self.close()
         except Exception:
             pass
-
-
-def _config(sampler: Any) -> dict[str, Any]:
-    """The resume fingerprint: every fingerprint field of the sampler's :class:`SamplerConfig` plus the data."""
-    return {**sampler.config.fingerprint(), "num_samples": int(sampler.lengths.size),
-            "data_digest": sampler._data_digest}
-
-
-def make_state(sampler: Any, epoch: int, g: int, m: int) -> dict[str, Any]:
-    """A sampler state: plain JSON types (position of the next list + config fingerprint)."""
-    return {"version": STATE_VERSION, "epoch": int(epoch), "global_batch": int(g), "micro_batch": int(m),
-            "config": _config(sampler)}
-
-
-def check_int(name: str, value: Any, where: str) -> int:
-    """``value`` as an ``int`` if it is an integer (Python or numpy, not ``bool``); else a ``TypeError``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{where}: {name} must be an int, got {type(value).__name__} {value!r}; pass the integer "
-                        "itself (a string, float or bool is refused rather than rounded or parsed)")
-    return int(value)
-
-
-def _same(a: Any, b: Any) -> bool:
-    """``a == b`` with bools distinct from numbers (``True`` is not ``1``), recursively."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    return isinstance(a, bool) == isinstance(b, bool) and a == b
-
-
-def check_state(sampler: Any, state: dict[str, Any]) -> tuple[int, int, int]:
-    """Strictly validate ``state`` against ``sampler``; return ``(epoch, global_batch, micro_batch)``.
-
-    A non-int ``version``/``epoch``/``global_batch``/``micro_batch`` (``bool``, ``"1"``, ``1.7``) is a
-    ``TypeError``; unknown or missing keys, another version, a position out of range or any config
-    difference (world size, rank, seed, batch size, solver, cost model, data digest, ...) is a
-    ``ValueError`` listing every difference.
-    """
-    if not isinstance(state, dict):
-        raise TypeError(f"an FCPSampler state must be a dict (from FCPSampler.state_dict()), got "
-                        f"{type(state).__name__}")
-    keys = {"version", "epoch", "global_batch", "micro_batch", "config"}
-    if set(state) != keys:
-        raise ValueError(f"an FCPSampler state has keys {sorted(keys)}; got {sorted(state)}")
-    where = "FCPSampler.load_state_dict"
-    version = check_int("version", state["version"], where)
-    if version != STATE_VERSION:
-        raise ValueError(f"FCPSampler state version {version} is not {STATE_VERSION}")
-    e, g, m = (check_int(k, state[k], where) for k in ("epoch", "global_batch", "micro_batch"))
-    mine, theirs = _config(sampler), state["config"]
-    if not isinstance(theirs, dict) or set(theirs) != set(mine):
-        got = sorted(theirs) if isinstance(theirs, dict) else theirs
-        raise ValueError(f"FCPSampler state config has keys {got}, expected {sorted(mine)}")
-    diffs = [f"{k}: saved {theirs[k]!r}, this sampler {mine[k]!r}" for k in mine if not _same(theirs[k], mine[k])]
-    if diffs:
-        raise ValueError("the FCPSampler state was saved with a different configuration — " + "; ".join(diffs)
-                         + ". Resume with the same world size, rank, seed, data and config.")
-    num_g = sampler.num_global_batches(e) if e >= 0 else -1
-    if e < 0 or not 0 <= g <= num_g or m < 0 or (g == num_g and m):
-        raise ValueError(f"FCPSampler state position (epoch {e}, global batch {g}, micro-batch {m}) is out of range "
-                         f"(epoch {e} has {num_g} global batches; a finished epoch is global batch {num_g}, "
-                         "micro-batch 0): load a state saved by FCPSampler.state_dict() with this config")
-    return e, g, m

@@ -36,23 +36,8 @@ Every rank builds the same plan from ``(seed, epoch, lengths, config)`` with no 
   planning it, so the first ``len()`` of an epoch plans every global batch of the epoch (in the calling
   thread; cached per epoch, and batches already planned by an iterator are not planned again). Iteration
   itself never needs ``len()``.
-* **Position and resume.** The sampler is a cursor. Its position ``(epoch, global_batch, micro_batch)``
-  is that of the next list it yields; every list the current iterator yields moves it, so once a consumer
-  has received lists ``0 … k−1`` of an epoch (``break`` included), ``state_dict()`` resumes at list ``k``.
-  ``iter()`` starts at the position: a second ``iter()`` (a DataLoader with workers calls it twice) continues
-  instead of restarting the epoch; only the most recent iterator moves the position, and an older one's
-  planning thread is stopped. When every list of epoch ``e`` is yielded the position says so
-  (``global_batch == num_global_batches(e)``, ``micro_batch == 0``) and the next ``iter()`` starts epoch
-  ``e + 1`` — an epoch is never replayed silently (a loop without ``set_epoch`` sees each epoch once, and a
-  ``StatefulDataLoader`` restored at the end of an epoch continues with the next one). ``set_epoch(e)``
-  keeps the position if ``e`` is its epoch (so ``load_state_dict`` and then the usual
-  ``set_epoch(saved_epoch)`` resume mid-epoch) and otherwise moves to the start of ``e``; to run an epoch
-  again from its start, load a state saved there. ``load_state_dict`` sets the position (``state_dict()``
-  then returns the loaded state): O(1) — the first iterator re-plans only that global batch and skips its
-  first ``micro_batch`` lists. States are strict: ``epoch``/``global_batch``/``micro_batch``/``version``
-  must be ints (``bool`` and ``"1"``/``1.7`` are a ``TypeError``), a position out of range or another
-  config is a ``ValueError``. Iterators are stateful too, which is what torchdata's ``StatefulDataLoader``
-  uses.
+* **Position and resume**: :mod:`fcp_data.sampler_state` (the sampler is a cursor; ``state_dict()`` resumes
+  at the exact next list, strictly checked).
 * **Prefetch.** Iterators plan ``prefetch`` global batches ahead on a daemon thread started at the first
   ``next()`` (after DataLoader workers have forked). Planner errors are re-raised in the training process;
   the thread stops when the epoch ends, when the iterator is closed, garbage-collected, re-positioned or
@@ -92,7 +77,8 @@ import numpy as np
 from fcp_data.cost import CostModel
 from fcp_data.plan.types import Plan
 from fcp_data.sampler_config import SamplerConfig
-from fcp_data.prefetch import SamplerIterator, Speculation, check_int, check_state, make_state
+from fcp_data.prefetch import SamplerIterator, Speculation
+from fcp_data.sampler_state import check_int, check_state, make_state
 from fcp_data.slots import (FCPDataset, IndexVisualLayout, SampleSlot, SlotList, SpanVisualLayout, check_lengths,
                             check_visual, dist_rank_and_world)
 
