@@ -187,7 +187,7 @@ class Trainer:
     def __init__(self, cfg: TrainConfig) -> None:
         from torch.utils.data import DataLoader
 
-        from fcp_data import FCPCollator, FCPDataset, FCPSampler
+        from fcp_data import FCPDataset, FCPSampler
         from fcp_exec.step import make_reducer
         from fcp_exec.train_data import load_train_data
 
@@ -210,26 +210,7 @@ class Trainer:
         if cfg.tokens_per_rank:
             cost = cost.replace(tokens_per_rank=cfg.tokens_per_rank)
         self.cost = cost
-        if self.is_hf:
-            model = hf.build_model(hf_config, dtype=_DTYPES[cfg.dtype], seed=cfg.seed).to(self.device)
-            hf.apply_fcp(model)
-            if cfg.grad_checkpointing:
-                _checkpointing_on(model)
-            model.train()
-            if self.is_mllm:
-                from fcp_exec.integrations.hf_positions import hf_collator
-
-                collator = hf_collator(model.config, pad_token_id=data.pad_token_id)
-            else:
-                collator = FCPCollator(pad_token_id=data.pad_token_id)
-            self.loss_fn = hf.fcp_loss
-        else:
-            from fcp_exec.models import build_model
-
-            model = build_model(cfg.model, seed=cfg.seed, dtype=_DTYPES[cfg.dtype]).to(self.device)
-            collator = FCPCollator(pad_token_id=data.pad_token_id, visual_token_id=data.visual_token_ids or None)
-            is_mllm = self.is_mllm
-            self.loss_fn = lambda m, b: _forward_loss(m, b, is_mllm)
+        model, collator = self._model_and_collator(hf_config)
         self.num_params = sum(p.numel() for p in model.parameters())
         if cfg.reducer == "fsdp2":
             import warnings
@@ -250,6 +231,36 @@ class Trainer:
                                  num_workers=cfg.num_workers, persistent_workers=cfg.num_workers > 0)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
         self.epoch, self._it, self.num_steps = 0, None, 0
+
+    def _model_and_collator(self, hf_config):
+        """The model (HF: stock transformers model with ``fcp_ring`` attention; else a built-in tiny model) on this
+        rank's device, its collator, and ``self.loss_fn``."""
+        from fcp_data import FCPCollator
+
+        cfg, data = self.cfg, self.data
+        if self.is_hf:
+            from fcp_exec.integrations import hf
+
+            model = hf.build_model(hf_config, dtype=_DTYPES[cfg.dtype], seed=cfg.seed).to(self.device)
+            hf.apply_fcp(model)
+            if cfg.grad_checkpointing:
+                _checkpointing_on(model)
+            model.train()
+            if self.is_mllm:
+                from fcp_exec.integrations.hf_positions import hf_collator
+
+                collator = hf_collator(model.config, pad_token_id=data.pad_token_id)
+            else:
+                collator = FCPCollator(pad_token_id=data.pad_token_id)
+            self.loss_fn = hf.fcp_loss
+        else:
+            from fcp_exec.models import build_model
+
+            model = build_model(cfg.model, seed=cfg.seed, dtype=_DTYPES[cfg.dtype]).to(self.device)
+            collator = FCPCollator(pad_token_id=data.pad_token_id, visual_token_id=data.visual_token_ids or None)
+            is_mllm = self.is_mllm
+            self.loss_fn = lambda m, b: _forward_loss(m, b, is_mllm)
+        return model, collator
 
     def describe(self) -> str:
         c = self.cfg
