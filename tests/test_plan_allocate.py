@@ -309,6 +309,11 @@ def test_sparse_table_columns_and_memory():
     dense = time_table(S, Q, 64, cm, B=S)
     for j in (0, 5, 15, 16, 63):
         assert sparse[:, j].tolist() == dense[:, j].tolist()
+    kept = np.asarray(sparse)  # now the entries are kept: columns and masked views must not change
+    kept[:] = -1.0  # writing to the returned array must not reach the table
+    for j in (0, 15, 63):
+        assert sparse[:, j].tolist() == dense[:, j].tolist()
+    assert np.asarray(sparse.masked(pow2_mask(64))).tolist() == time_table(S, Q, 64, cm, pow2_mask(64), B=S).tolist()
     N = 4096
     S = rng.lognormal(8, 1.5, size=N).clip(1, cm.tokens_per_rank)
     for model in (cm, preset_cost_model("Qwen3-8B", "ascend-910c", v2=False)):

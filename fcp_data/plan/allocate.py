@@ -40,10 +40,7 @@ def pow2_mask(num_ranks: int) -> np.ndarray:
 
 def _column(x, rows=None) -> np.ndarray | None:
     """``x`` as a float64 column (``(K, 1)``), restricted to ``rows``; None stays None."""
-    if x is None:
-        return None
-    x = np.asarray(x, dtype=np.float64).reshape(-1)
-    return (x if rows is None else x[rows])[:, None]
+    return None if x is None else (x if rows is None else x[rows])[:, None]
 
 
 def time_table(S: np.ndarray, Q: np.ndarray, num_ranks: int, cost_model: CostModel,
@@ -91,7 +88,7 @@ class TimeTable:
     row's useful degrees; :func:`allocate_fast` works on those without building the K × N array.
     """
 
-    __slots__ = ("S", "Q", "B", "V", "num_ranks", "cost_model", "allowed", "shape")
+    __slots__ = ("S", "Q", "B", "V", "num_ranks", "cost_model", "allowed", "shape", "_unmasked")
 
     def __init__(self, S, Q, num_ranks: int, cost_model: CostModel, *, B=None, V=None,
                  allowed: np.ndarray | None = None) -> None:
@@ -107,13 +104,16 @@ class TimeTable:
                 raise ValueError(f"allowed has {allowed.size} entries but num_ranks={self.num_ranks}; give one per degree")
         self.allowed = allowed
         self.shape = (self.S.size, self.num_ranks)
+        self._unmasked: list[np.ndarray] = []  # the dense entries without mask, once computed (small tables only)
 
     def masked(self, allowed: np.ndarray | None) -> "TimeTable":
         """The same table with only the degrees in ``allowed`` (and in this table's mask) finite."""
         if allowed is None:
             return self
         mask = np.asarray(allowed, dtype=bool) if self.allowed is None else self.allowed & np.asarray(allowed, dtype=bool)
-        return TimeTable(self.S, self.Q, self.num_ranks, self.cost_model, B=self.B, V=self.V, allowed=mask)
+        out = TimeTable(self.S, self.Q, self.num_ranks, self.cost_model, B=self.B, V=self.V, allowed=mask)
+        out._unmasked = self._unmasked  # same entries: share them
+        return out
 
     def evaluate(self, rows, degrees: np.ndarray) -> np.ndarray:
         """Entries ``T[rows[i], degrees[i, j] − 1]`` (``degrees`` float, broadcast against ``rows[:, None]``),
@@ -126,10 +126,16 @@ class TimeTable:
 
     def dense(self) -> np.ndarray:
         """The full K × N float64 array (what ``time_table(..., sparse=False)`` returns)."""
-        d = np.arange(1, self.num_ranks + 1, dtype=np.float64)[None, :]
-        T = self.evaluate(None, d)
+        if self._unmasked:
+            T = self._unmasked[0]
+        else:
+            T = self.evaluate(None, np.arange(1, self.num_ranks + 1, dtype=np.float64)[None, :])
+            if T.size <= _DENSE_MAX:  # kept for the next masked view (the solver allocates any and pow2)
+                self._unmasked.append(T)
         if self.allowed is not None:
             T = np.where(self.allowed[None, :], T, np.inf)
+        elif self._unmasked:
+            T = T.copy()  # the caller may write to it; the kept entries stay as computed
         return np.atleast_2d(T)
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
@@ -144,6 +150,8 @@ class TimeTable:
                 raise IndexError(f"degree column {key[1]} out of range for {self.num_ranks} ranks")
             if self.allowed is not None and not self.allowed[j]:
                 return np.full(self.shape[0], np.inf)
+            if self._unmasked:
+                return self._unmasked[0][:, j].copy()
             return self.evaluate(None, np.full((1, 1), j + 1.0))[:, 0]
         return self.dense()[key]
 
