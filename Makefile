@@ -20,7 +20,7 @@ $(STAMP): $(VPY) pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(VPY) -m fcp_data.demo
+	$(VPY) -m fcp_exec.demo
 
 test: $(STAMP)
 	$(VPY) -m pytest -q -x --durations=15

@@ -1,8 +1,9 @@
-"""The ``fcp`` command.
+"""The ``fcp`` command (``python -m fcp_cli``).
 
-Each sub-command lives in its own module under :mod:`fcp_data.commands` and exposes
-``register(subparsers)``, which adds its parser and sets ``func(args) -> int``. Modules are imported
-only to build the parser; heavy imports (torch, cvxpy, decord, ray) belong inside ``func``.
+Each sub-command lives in its own module — data side under :mod:`fcp_data.commands`, executor side under
+:mod:`fcp_exec.commands` — and exposes ``register(subparsers, summary)``, which adds its parser and sets
+``func(args) -> int``. Modules are imported only to build the parser; heavy imports (torch, cvxpy, decord,
+ray) belong inside ``func``. This package is the only one that sees both sides (docs/ARCHITECTURE.md).
 
 One error boundary for every command (:func:`main`): a user error — a bad option value or combination
 (argparse errors, :class:`UsageError`, ``ValueError``), a bad path (``OSError`` such as
@@ -10,7 +11,7 @@ One error boundary for every command (:func:`main`): a user error — a bad opti
 one line ``fcp <cmd>: error: ...`` on stderr and exits with code 2, never a traceback. Anything else is a
 bug and keeps its traceback. ``fcp --debug ...`` (or ``FCP_DEBUG=1``) prints the traceback of user errors
 too. Commands validate cheap things (values, paths, backend, process count) before expensive ones (model,
-data, starting processes): :func:`check_launch` is the shared check of ``--nproc``/``--backend``.
+data, starting processes): :func:`fcp_exec.commands.check_launch` is the shared check of ``--nproc``/``--backend``.
 """
 
 from __future__ import annotations
@@ -21,30 +22,25 @@ import os
 import sys
 import traceback
 
-__all__ = ["main", "UsageError", "COMMANDS", "check_launch", "MAX_PROCS_PER_CORE"]
+from fcp_data.commands import UsageError
 
-# (module under fcp_data.commands, one-line summary shown by `fcp --help`)
+__all__ = ["main", "UsageError", "COMMANDS", "build_parser"]
+
+# (command, module, one-line summary shown by `fcp --help`)
 COMMANDS = (
-    ("plan", "plan one global batch of sequence lengths into CP groups"),
-    ("compare", "compare FCP against the ILP, the exhaustive search and the baselines"),
-    ("simulate", "simulate step times of every solver over batches drawn from a workload"),
-    ("presets", "list the model and hardware presets of the cost model"),
-    ("index", "build a length index (token counts) of text, image and video datasets"),
-    ("train", "train a tiny or Hugging Face LLM / video MLLM with FCP plans and ring attention on N processes"),
-    ("profile", "time the real executor and fit the cost model coefficients"),
+    ("plan", "fcp_data.commands.plan", "plan one global batch of sequence lengths into CP groups"),
+    ("compare", "fcp_data.commands.compare", "compare FCP against the ILP, the exhaustive search and the baselines"),
+    ("simulate", "fcp_data.commands.simulate", "simulate step times of every solver over batches drawn from a workload"),
+    ("presets", "fcp_data.commands.presets", "list the model and hardware presets of the cost model"),
+    ("index", "fcp_data.commands.index", "build a length index (token counts) of text, image and video datasets"),
+    ("train", "fcp_exec.commands.train",
+     "train a tiny or Hugging Face LLM / video MLLM with FCP plans and ring attention on N processes"),
+    ("profile", "fcp_data.commands.profile", "time the real executor and fit the cost model coefficients"),
 )
-
-# gloo on CPU: more processes than this per core only thrash (and a typo like --nproc 100000 would hang in
-# the rendezvous or exhaust memory); larger jobs run under torchrun across machines
-MAX_PROCS_PER_CORE = 4
 
 # exception names a worker may raise for bad user input (fcp_exec.launch.WorkerFailure carries each rank's
 # exception type, message and traceback)
-_WORKER_USER_ERRORS = ("ValueError", "UsageError", "fcp_data.cli.UsageError", "FileNotFoundError")
-
-
-class UsageError(Exception):
-    """A user error that the CLI reports in one line (exit code 2)."""
+_WORKER_USER_ERRORS = ("ValueError", "UsageError", "fcp_data.commands.UsageError", "FileNotFoundError")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -74,8 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     debug_help = "print the traceback of user errors too (default: one line, exit code 2)"
     parser.add_argument("--debug", action="store_true", help=debug_help)
     sub = parser.add_subparsers(dest="command", metavar="<command>")
-    for name, summary in COMMANDS:  # a command whose module fails to import is an error, never silently dropped
-        importlib.import_module(f"fcp_data.commands.{name}").register(sub, summary)
+    for _name, module, summary in COMMANDS:  # a module that fails to import is an error, never silently dropped
+        importlib.import_module(module).register(sub, summary)
     for p in sub.choices.values():  # `fcp train ... --debug` as well as `fcp --debug train ...`
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug_help)
     return parser
@@ -150,61 +146,5 @@ def main(argv: list[str] | None = None) -> int:
     return int(rc or 0)
 
 
-def check_launch(nproc: int | None, backend: str | None, *, default: int = 2) -> tuple[int, str | None]:
-    """``(nproc, backend)`` of a command that starts ranks, checked before anything starts (``UsageError``);
-    ``backend`` comes back lower-cased, or None when not given (the launcher then picks the device's).
-
-    ``nproc``: torchrun's ``WORLD_SIZE`` under torchrun, else ``--nproc`` (default ``default``); without
-    torchrun at most :data:`MAX_PROCS_PER_CORE` processes per CPU core for gloo, one per device for
-    NCCL/HCCL. ``backend``: ``--backend`` or the device's default; it must be built into this torch and
-    have its devices (NCCL needs CUDA GPUs, HCCL torch_npu and NPUs)."""
-    import torch
-    import torch.distributed as dist
-
-    from fcp_exec.launch import default_backend, in_torchrun, resolve_nproc
-
-    try:
-        nproc = resolve_nproc(nproc, default)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    if not dist.is_available():
-        raise UsageError("this torch build has no torch.distributed; install a build with it")
-    name = (backend or default_backend()).lower()
-    known = [b for b in dist.Backend.backend_list if b not in ("undefined", "fake")] + ["hccl"]
-    if name not in known:
-        raise UsageError(f"unknown --backend {backend!r}; use one of gloo, nccl (CUDA), hccl (Ascend NPU), or leave "
-                         "it out for the device's default")
-    num_devices = None
-    if name == "nccl":
-        if not (dist.is_nccl_available() and torch.cuda.is_available()):
-            raise UsageError("--backend nccl needs CUDA GPUs and a torch build with NCCL; this one has "
-                             f"{'no NCCL' if not dist.is_nccl_available() else 'no visible GPU'} (use gloo on CPU)")
-        num_devices = torch.cuda.device_count()
-    elif name == "hccl":
-        try:
-            import torch_npu  # noqa: F401
-        except ImportError:
-            raise UsageError("--backend hccl needs torch_npu (pip install 'fcp[npu]', with CANN)") from None
-        if not torch.npu.is_available():
-            raise UsageError("--backend hccl needs Ascend NPUs; none is visible (use gloo on CPU)")
-        num_devices = torch.npu.device_count()
-    elif not dist.is_backend_available(name):
-        raise UsageError(f"--backend {name} is not built into this torch; use gloo on CPU")
-    if not in_torchrun():
-        if num_devices is not None and nproc > num_devices:
-            raise UsageError(f"--nproc {nproc} needs {nproc} devices for {name}, this machine has {num_devices}; pass "
-                             f"--nproc <= {num_devices}, or use torchrun across machines")
-        cores = os.cpu_count() or 1
-        if num_devices is None and nproc > MAX_PROCS_PER_CORE * cores:
-            raise UsageError(f"--nproc {nproc} is more than {MAX_PROCS_PER_CORE} processes per CPU core on this "
-                             f"machine ({cores} cores: at most {MAX_PROCS_PER_CORE * cores}); pass fewer, or use "
-                             "torchrun across machines")
-    return nproc, (name if backend else None)
-
-
-if __name__ == "__main__":
-    # `python -m fcp_data.cli` runs this file as __main__: use the importable module, whose UsageError is the
-    # class the commands raise (this file's own copy would not catch it)
-    from fcp_data.cli import main as _main
-
-    sys.exit(_main())
+if __name__ == "__main__":  # `python -m fcp_cli.main`; `python -m fcp_cli` is the same command
+    sys.exit(main())

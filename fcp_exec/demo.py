@@ -1,4 +1,4 @@
-"""``python -m fcp_data.demo`` (what ``make demo`` runs): the whole pipeline on the bundled samples.
+"""``python -m fcp_exec.demo`` (what ``make demo`` runs): the whole pipeline on the bundled samples.
 
 1. index the bundled text and video samples with ``fcp index``;
 2. build one heterogeneous global batch (the longest text document and a dozen short text and video
@@ -37,7 +37,7 @@ def _fcp(*args: str, pretty: list[str] | None = None) -> None:
     shown = " ".join(shlex.quote(a) for a in (pretty or args))
     print(f"$ fcp {shown}", flush=True)
     t0 = time.perf_counter()
-    rc = subprocess.call([sys.executable, "-m", "fcp_data.cli", *args])
+    rc = subprocess.call([sys.executable, "-m", "fcp_cli", *args])
     if rc:
         raise SystemExit(f"demo: `fcp {shown}` failed with exit code {rc}")
     print(f"  ({time.perf_counter() - t0:.1f} s)", flush=True)
@@ -124,28 +124,40 @@ def _has_examples() -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m fcp_data.demo", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m fcp_exec.demo", description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="demo_out", help="output folder (default demo_out)")
     ap.add_argument("--steps", type=int, default=4, help="tiny-mllm training steps (default 4)")
     ap.add_argument("--nproc", type=int, default=2, help="training processes (default 2)")
     ap.add_argument("--ranks", type=int, default=8, help="ranks of the planning example (default 8)")
     args = ap.parse_args(argv)
-
-    from fcp_data import CostModel
-    from fcp_data._resources import data_path
-    from fcp_exec.train import builtin_cost_model
+    import torch
 
     t_start = time.perf_counter()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    samples = data_path("samples")
-    shards = sorted((samples / "wds").glob("shard-*.tar"))
-    import torch
-
     print("FCP demo — Flexible Context Parallelism on the bundled samples")
     print(f"python {sys.version.split()[0]}, torch {torch.__version__}, {os.cpu_count()} CPU cores; "
           f"outputs in {_rel(out)}/")
+    _step_index(out)
+    cost_path, common, pretty, lengths = _step_plan(out, args.ranks)
+    _step_simulate_index(out, args.ranks, cost_path)
+    _step_train(out, args.nproc, args.steps)
+    _step_gantt(out, common, pretty, lengths)
+    _step_wikipedia(out)
+    _header("Done")
+    print(f"total {time.perf_counter() - t_start:.0f} s. Files in {_rel(out)}/:")
+    for p in sorted(out.iterdir()):
+        print(f"  {p.name}{'/' if p.is_dir() else ''}")
+    print("next: `fcp profile --nproc 2 --out cost.json` fits the cost model on this machine; "
+          "`fcp train --help`; `make test`.")
+    return 0
 
+
+def _step_index(out: Path) -> None:
+    from fcp_data._resources import data_path
+
+    samples = data_path("samples")
+    shards = sorted((samples / "wds").glob("shard-*.tar"))
     _header("1. Index the bundled samples (token count of every sample, no tokenisation at train time)")
     _fcp("index", str(samples / "text.jsonl"), "--spec", "text", "--out", str(out / "index-text"), "--no-progress",
          pretty=["index", _rel(samples / "text.jsonl"), "--spec", "text", "--out", _rel(out / "index-text")])
@@ -154,24 +166,31 @@ def main(argv: list[str] | None = None) -> int:
          pretty=["index", _rel(samples / "wds") + "/shard-*.tar", "--spec", "qwen2-vl", "--out",
                  _rel(out / "index-video"), "--workers", "2"])
 
-    _header(f"2. Plan one heterogeneous global batch on {args.ranks} ranks; compare with the ILP and baselines")
+
+def _step_plan(out: Path, ranks: int):
+    from fcp_exec.train import builtin_cost_model
+
+    _header(f"2. Plan one heterogeneous global batch on {ranks} ranks; compare with the ILP and baselines")
     cost_path = out / "cost-tiny-mllm.json"
-    cost = builtin_cost_model(2304, args.ranks)
+    cost = builtin_cost_model(2304, ranks)
     cost.save(cost_path)
     print(f"cost model: the built-in CPU model of the tiny models (tokens_per_rank {cost.tokens_per_rank}), written "
           f"to {_rel(cost_path)}; `fcp profile` fits one on your machine")
     lengths_path = out / "batch_lengths.txt"
-    lengths, what = _pick_batch(out, args.ranks, cost.tokens_per_rank, lengths_path)
+    lengths, what = _pick_batch(out, ranks, cost.tokens_per_rank, lengths_path)
     print(f"global batch: {what}; {len(lengths)} samples, {sum(lengths)} tokens, lengths "
           f"{sorted(lengths, reverse=True)} -> {_rel(lengths_path)}")
     print("what to look for: static CP must give every group the long document's degree, so the short samples pay "
           "ring traffic for nothing; FCP gives the long document just the ranks it needs and packs the short ones "
           "on single ranks (the 'groups' column: ⟨degree⟩×count)")
-    common = ["--lengths", str(lengths_path), "--ranks", str(args.ranks), "--cost", str(cost_path)]
-    pretty = ["--lengths", _rel(lengths_path), "--ranks", str(args.ranks), "--cost", _rel(cost_path)]
+    common = ["--lengths", str(lengths_path), "--ranks", str(ranks), "--cost", str(cost_path)]
+    pretty = ["--lengths", _rel(lengths_path), "--ranks", str(ranks), "--cost", _rel(cost_path)]
     _fcp("plan", *common, pretty=["plan", *pretty])
     _fcp("compare", *common, "--ilp", "--time-limit", "20", pretty=["compare", *pretty, "--ilp", "--time-limit", "20"])
+    return cost_path, common, pretty, lengths
 
+
+def _step_simulate_index(out: Path, ranks: int, cost_path: Path) -> None:
     _header("2b. Will FCP help on my data? Simulate straight from the length index")
     print("`fcp simulate --index` reads the index `fcp index` wrote: lengths (num_tokens), visual tokens "
           "(num_visual_tokens, the vision encoder's work in cost model v2) and η (the spec's attention kind); it "
@@ -179,20 +198,23 @@ def main(argv: list[str] | None = None) -> int:
           "1 is FCP's predicted gain on your data, a tie (1.000x) means one sequence's group sets the step time "
           "whatever the solver")
     sim_index = out / "simulate_index.png"
-    _fcp("simulate", "--index", str(out / "index-video"), "--ranks", str(args.ranks), "--cost", str(cost_path),
+    _fcp("simulate", "--index", str(out / "index-video"), "--ranks", str(ranks), "--cost", str(cost_path),
          "--global-batch-size", "16", "--steps", "2", "--plot", str(sim_index), "--no-progress",
-         pretty=["simulate", "--index", _rel(out / "index-video"), "--ranks", str(args.ranks), "--cost", _rel(cost_path),
+         pretty=["simulate", "--index", _rel(out / "index-video"), "--ranks", str(ranks), "--cost", _rel(cost_path),
                  "--global-batch-size", "16", "--steps", "2", "--plot", _rel(sim_index)])
 
-    _header(f"3. Train tiny-mllm for {args.steps} steps on {args.nproc} processes "
+
+def _step_train(out: Path, nproc: int, steps: int) -> None:
+    from fcp_data._resources import data_path
+
+    _header(f"3. Train tiny-mllm for {steps} steps on {nproc} processes "
             "(FCPSampler -> FCPCollator -> ring attention -> AdamW)")
     print("each line: global-batch mean loss, label tokens, the plan (⟨degree⟩×groups, '|' between "
           "micro-batches), step time, time spent waiting for the planner")
-    _fcp("train", "--model", "tiny-mllm", "--nproc", str(args.nproc), "--steps", str(args.steps),
+    _fcp("train", "--model", "tiny-mllm", "--nproc", str(nproc), "--steps", str(steps),
          "--data", str(out / "index-video"), "--global-batch-size", "8",
-         pretty=["train", "--model", "tiny-mllm", "--nproc", str(args.nproc), "--steps", str(args.steps),
+         pretty=["train", "--model", "tiny-mllm", "--nproc", str(nproc), "--steps", str(steps),
                  "--data", _rel(out / "index-video"), "--global-batch-size", "8"])
-
     hf_cfg = data_path("examples") / "configs" / "qwen2_5_vl-tiny.json" if _has_examples() else None
     _header("3b. The same pipeline on a stock Hugging Face Qwen2.5-VL (tiny random config) with FSDP2")
     try:
@@ -201,40 +223,38 @@ def main(argv: list[str] | None = None) -> int:
         hf_cfg = None
     if hf_cfg is None:
         print("skipped: needs transformers (pip install -e '.[hf]') and examples/configs from a source checkout")
-    else:
-        print("apply_fcp puts ring attention into the model through transformers' AttentionInterface; the vision tower "
-              "encodes each frame once per CP group; positions come from the model's own get_rope_index; ranks the "
-              "plan leaves idle run a zero-weighted dummy so FSDP2's collectives stay in step")
-        _fcp("train", "--model", f"hf:{hf_cfg}", "--reducer", "fsdp2", "--nproc", str(args.nproc), "--steps", "2",
-             "--global-batch-size", "8",
-             pretty=["train", "--model", "hf:examples/configs/qwen2_5_vl-tiny.json", "--reducer", "fsdp2", "--nproc",
-                     str(args.nproc), "--steps", "2", "--global-batch-size", "8"])
+        return
+    print("apply_fcp puts ring attention into the model through transformers' AttentionInterface; the vision tower "
+          "encodes each frame once per CP group; positions come from the model's own get_rope_index; ranks the "
+          "plan leaves idle run a zero-weighted dummy so FSDP2's collectives stay in step")
+    _fcp("train", "--model", f"hf:{hf_cfg}", "--reducer", "fsdp2", "--nproc", str(nproc), "--steps", "2",
+         "--global-batch-size", "8",
+         pretty=["train", "--model", "hf:examples/configs/qwen2_5_vl-tiny.json", "--reducer", "fsdp2", "--nproc",
+                 str(nproc), "--steps", "2", "--global-batch-size", "8"])
 
+
+def _step_gantt(out: Path, common: list[str], pretty: list[str], lengths) -> None:
     _header("4. Gantt chart of one planned micro-batch")
     gantt = out / "gantt.png"
     _fcp("simulate", *common, "--global-batch-size", str(len(lengths)), "--steps", "1", "--plot", str(gantt),
          "--no-progress", pretty=["simulate", *pretty, "--global-batch-size", str(len(lengths)), "--steps", "1",
                                   "--plot", _rel(gantt)])
 
+
+def _step_wikipedia(out: Path) -> None:
+    from fcp_data import CostModel
+
     _header("5. At scale: one real Wikipedia global batch (512 documents) on 64 Ascend 910C ranks, Qwen3-8B")
     wiki = _wikipedia_batch(512, 64, CostModel.preset("qwen3-8b", "ascend-910c"), out / "wikipedia_batch.txt")
     if wiki is None:
         print("skipped: ../shared/workloads/wikipedia_flexsp.txt (the Wikipedia length workload) is not in this "
               "checkout")
-    else:
-        _fcp("compare", "--lengths", str(wiki), "--ranks", "64", "--preset", "qwen3-8b", "--hardware", "ascend-910c",
-             "--micro-batches", "auto",
-             pretty=["compare", "--lengths", _rel(wiki), "--ranks", "64", "--preset", "qwen3-8b", "--hardware",
-                     "ascend-910c", "--micro-batches", "auto"])
-        print("(times are the §4 cost model's predictions for that hardware; `fcp simulate` runs many batches)")
-
-    _header("Done")
-    print(f"total {time.perf_counter() - t_start:.0f} s. Files in {_rel(out)}/:")
-    for p in sorted(out.iterdir()):
-        print(f"  {p.name}{'/' if p.is_dir() else ''}")
-    print("next: `fcp profile --nproc 2 --out cost.json` fits the cost model on this machine; "
-          "`fcp train --help`; `make test`.")
-    return 0
+        return
+    _fcp("compare", "--lengths", str(wiki), "--ranks", "64", "--preset", "qwen3-8b", "--hardware", "ascend-910c",
+         "--micro-batches", "auto",
+         pretty=["compare", "--lengths", _rel(wiki), "--ranks", "64", "--preset", "qwen3-8b", "--hardware",
+                 "ascend-910c", "--micro-batches", "auto"])
+    print("(times are the cost model's predictions for that hardware; `fcp simulate` runs many batches)")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from fcp_data.cli import main
+from fcp_cli.main import main
 
 PRESET = ["--preset", "qwen3-8b", "--hardware", "h100"]
 
@@ -135,7 +135,7 @@ def test_index_crashed_worker_is_one_line(tmp_path):
     from fcp_data.index.build import EXIT_AFTER_ENV
 
     shards = str(data_path("samples") / "wds" / "shard-{000000..000003}.tar")
-    r = subprocess.run([sys.executable, "-m", "fcp_data.cli", "index", shards, "--spec", "text", "--out",
+    r = subprocess.run([sys.executable, "-m", "fcp_cli", "index", shards, "--spec", "text", "--out",
                         str(tmp_path / "ix"), "--workers", "2", "--no-progress"],
                        env={**os.environ, EXIT_AFTER_ENV: "1"}, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
@@ -293,14 +293,15 @@ def test_debug_flag_shows_the_traceback(capsys):
 
 
 def test_python_m_cli_reports_usage_errors_in_one_line():
-    """`python -m fcp_data.cli` runs cli.py as __main__, whose own UsageError class is not the one the commands
-    raise: every UsageError was a traceback with exit 1 that way."""
+    """`python -m fcp_cli` and `python -m fcp_cli.main` (main.py as __main__: a UsageError class defined there would
+    not be the one the commands raise, and every UsageError was a traceback with exit 1 that way)."""
     import subprocess
     import sys
 
-    r = subprocess.run([sys.executable, "-m", "fcp_data.cli", "train", "--model", "gpt-7"], capture_output=True,
-                       text=True, timeout=120)
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+    for module in ("fcp_cli", "fcp_cli.main"):
+        r = subprocess.run([sys.executable, "-m", module, "train", "--model", "gpt-7"], capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, (module, r.stderr)
 
 
 def _raise_value_error(msg):
@@ -314,7 +315,7 @@ def _raise_index_error():
 def test_worker_user_error_is_one_line_but_a_worker_bug_keeps_its_traceback():
     """A ValueError raised in a worker (a user error the parent could not see) reaches the user as its message;
     any other worker exception stays a RuntimeError with the traceback (a bug)."""
-    from fcp_data.cli import _worker_user_error
+    from fcp_cli.main import _worker_user_error
     from fcp_exec.launch import launch
 
     with pytest.raises(RuntimeError) as e:

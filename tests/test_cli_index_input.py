@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from fcp_data._resources import data_path
-from fcp_data.cli import main
+from fcp_cli.main import main
 from fcp_data.cost import CostModel
 from fcp_data.index import LengthIndex, build_index
 

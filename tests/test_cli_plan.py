@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from fcp_data.cli import main
+from fcp_cli.main import main
 from fcp_data.commands.plan import SOLVER_CHOICES
 from fcp_data.plan import SOLVER_NAMES, Plan
 
@@ -35,7 +35,7 @@ def _run(capsys, argv):
 def test_solver_choices_match_registry():
     """`fcp plan --solver` offers exactly the registered solvers, and the default --baselines of compare and
     simulate are the registry's baselines, i.e. the four systems of DESIGN §5."""
-    from fcp_data.cli import build_parser
+    from fcp_cli.main import build_parser
     from fcp_data.commands.plan import BASELINES
 
     sub = next(a for a in build_parser()._actions if a.dest == "command")
@@ -139,7 +139,7 @@ def test_console_entry_point_exit_code(tmp_path):
     """The real process: exit code 2 and no traceback on bad input."""
     p = tmp_path / "l.txt"
     p.write_text("-3\n")
-    r = subprocess.run([sys.executable, "-m", "fcp_data.cli", "plan", "--lengths", str(p), "--ranks", "2", *PRESET],
+    r = subprocess.run([sys.executable, "-m", "fcp_cli", "plan", "--lengths", str(p), "--ranks", "2", *PRESET],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "Traceback" not in r.stderr and "must be > 0" in r.stderr
 
@@ -154,7 +154,7 @@ def test_plan_identical_across_processes(tmp_path):
     outs = []
     for seed in ("1", "2"):
         env = {**os.environ, "PYTHONHASHSEED": seed}
-        r = subprocess.run([sys.executable, "-m", "fcp_data.cli", "plan", "--lengths", str(p), "--ranks", "24",
+        r = subprocess.run([sys.executable, "-m", "fcp_cli", "plan", "--lengths", str(p), "--ranks", "24",
                             *PRESET, "--micro-batches", "auto", "--json"], capture_output=True, text=True, env=env)
         assert r.returncode == 0, r.stderr
         d = json.loads(r.stdout)

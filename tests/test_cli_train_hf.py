@@ -25,7 +25,7 @@ LN_VOCAB = math.log(2000)
 
 
 def _fcp(*argv: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fcp_data.cli", *argv], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "fcp_cli", *argv], capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT)
 
 

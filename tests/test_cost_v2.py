@@ -22,7 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fcp_data.cli import main
+from fcp_cli.main import main
 from fcp_data.cost import COST_KEYS, CostModel
 from fcp_data.plan import plan_batch
 

@@ -76,7 +76,7 @@ def test_tiny_llm_n_processes_equal_one(nproc):
 def test_tiny_llm_fcp_equals_static_cp_via_cli():
     """`fcp train --json` on 2 processes with static CP of degree 2 (every document split over both ranks)
     gives the same losses as FCP's mixed plans and as 1 process; stdout holds only the JSON lines."""
-    cmd = [sys.executable, "-m", "fcp_data.cli", "train", "--model", "tiny-llm", "--nproc", "2", "--planner",
+    cmd = [sys.executable, "-m", "fcp_cli", "train", "--model", "tiny-llm", "--nproc", "2", "--planner",
            "static-cp:2", "--steps", "3", "--seed", "0", "--dtype", "float64", "--data", "synthetic",
            "--max-tokens", "160", "--global-batch-size", "8", "--json"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)

@@ -106,7 +106,7 @@ def test_short_real_profile_gives_loadable_cost_model(tmp_path):
     """`fcp profile` on 2 processes (tiny grid): measured vs predicted table, a JSON that CostModel.load and
     `fcp plan --cost` accept, and a plot. Measured times are noisy; the fit must still be well-formed."""
     out, png = tmp_path / "cost.json", tmp_path / "fit.png"
-    cmd = [sys.executable, "-m", "fcp_data.cli", "profile", "--nproc", "2", "--seq-lens", "64,128,256",
+    cmd = [sys.executable, "-m", "fcp_cli", "profile", "--nproc", "2", "--seq-lens", "64,128,256",
            "--reps", "1", "--out", str(out), "--plot", str(png), "--tokens-per-rank", "256", "--packed-docs", "4",
            "--packed-lens", "32"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -122,7 +122,7 @@ def test_short_real_profile_gives_loadable_cost_model(tmp_path):
     assert sum(len(slots) for slots in sampler) >= 1  # the fitted model drives real plans
     lengths = tmp_path / "l.txt"
     lengths.write_text("300\n20\n40\n")
-    p = subprocess.run([sys.executable, "-m", "fcp_data.cli", "plan", "--lengths", str(lengths), "--ranks", "2",
+    p = subprocess.run([sys.executable, "-m", "fcp_cli", "plan", "--lengths", str(lengths), "--ranks", "2",
                         "--cost", str(out), "--json"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert sorted(json.loads(p.stdout)["micro_batches"][0]["groups"][0]["seq_ids"] +
@@ -131,8 +131,8 @@ def test_short_real_profile_gives_loadable_cost_model(tmp_path):
 
 @pytest.mark.slow
 def test_demo_runs(tmp_path):
-    """`python -m fcp_data.demo` end to end (what `make demo` runs) writes the Gantt chart and indexes."""
-    r = subprocess.run([sys.executable, "-m", "fcp_data.demo", "--out", str(tmp_path / "d"), "--steps", "2"],
+    """`python -m fcp_exec.demo` end to end (what `make demo` runs) writes the Gantt chart and indexes."""
+    r = subprocess.run([sys.executable, "-m", "fcp_exec.demo", "--out", str(tmp_path / "d"), "--steps", "2"],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert (tmp_path / "d" / "gantt.png").stat().st_size > 1000
@@ -143,7 +143,7 @@ def test_train_cli_bundled_text_human_output(tmp_path):
     """`fcp train` on the bundled text (default data) prints one line per step with the plan and ends with
     the agreement check of all ranks' weights."""
     env = {**__import__("os").environ, "FCP_CACHE": str(tmp_path)}
-    r = subprocess.run([sys.executable, "-m", "fcp_data.cli", "train", "--nproc", "2", "--steps", "2",
+    r = subprocess.run([sys.executable, "-m", "fcp_cli", "train", "--nproc", "2", "--steps", "2",
                         "--max-tokens", "256", "--global-batch-size", "6"],
                        capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fcp_data.cli import main
+from fcp_cli.main import main
 from fcp_data.cost import MAX_RANKS, CostModel
 
 PRESET = ["--preset", "qwen3-8b", "--hardware", "h100"]
@@ -221,7 +221,7 @@ def test_case_count_and_limits():
 # ---------------------------------------------------------------- resource bounds, in a subprocess
 _CHILD = r"""
 import resource, sys, time
-from fcp_data.cli import main
+from fcp_cli.main import main
 t = time.perf_counter()
 try:
     rc = main(sys.argv[1:])

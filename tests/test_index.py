@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from fcp_data._resources import data_path
-from fcp_data.cli import main as cli_main
+from fcp_cli.main import main as cli_main
 from fcp_data.index import KIND_IMAGE, KIND_TEXT, KIND_VIDEO, LengthIndex, build_index
 from fcp_data.index.build import expand_inputs
 from fcp_data.index.probe import probe_video

@@ -52,7 +52,7 @@ def assert_same_index(a: Path, b: Path) -> None:
 
 
 def _cli(inputs, out, *extra, env=None) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "fcp_data.cli", "index", *inputs, "--spec", "qwen3-vl", "--out", str(out),
+    cmd = [sys.executable, "-m", "fcp_cli", "index", *inputs, "--spec", "qwen3-vl", "--out", str(out),
            "--workers", "2", "--no-progress", *extra]
     return subprocess.run(cmd, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=120)
 

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from fcp_data._resources import data_path
-from fcp_data.cli import main as cli_main
+from fcp_cli.main import main as cli_main
 from fcp_data.index import LengthIndex, build_index
 from fcp_data.index.build import SLEEP_ENV
 from fcp_data.index.store import KILL_AT_ENV, KILL_POINTS
@@ -93,7 +93,7 @@ EXPECTED_MIX = {"image_too_large": 1, "corrupt_video": 1, "json_too_deep": 1}
 
 
 def run_cli(args: list[str], env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fcp_data.cli", "index", *args, "--no-progress"], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "fcp_cli", "index", *args, "--no-progress"], capture_output=True,
                           text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
@@ -230,7 +230,7 @@ def test_no_worker_outlives_a_sigkilled_parent(tmp_path):
     """SIGKILL of `fcp index --workers 2` while its workers are busy: no worker alive 5 s later."""
     for k in range(4):
         (tmp_path / f"t{k}.jsonl").write_text('{"text": "hello"}\n')
-    p = subprocess.Popen([sys.executable, "-m", "fcp_data.cli", "index", str(tmp_path / "t*.jsonl"), "--spec", "text",
+    p = subprocess.Popen([sys.executable, "-m", "fcp_cli", "index", str(tmp_path / "t*.jsonl"), "--spec", "text",
                           "--out", str(tmp_path / "ix"), "--workers", "2", "--no-progress"],
                          env={**os.environ, SLEEP_ENV: "60"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

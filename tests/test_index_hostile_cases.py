@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fcp_data.cli import main as cli_main
+from fcp_cli.main import main as cli_main
 from fcp_data.index import LengthIndex, build_index
 from fcp_data.index.format import COLUMNS, FORMAT_NAME, RAGGED, write_columns
 from fcp_data.index.store import build_lock

@@ -20,7 +20,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from fcp_data.cli import main
+from fcp_cli.main import main
 from fcp_data.cost import CostModel
 from fcp_data.plan import (CPGroup, InvalidPlanError, MicroBatchPlan, SOLVER_NAMES, SOLVERS, get_solver, plan_batch,
                            register_solver, solver_names, unregister_solver)
@@ -107,7 +107,7 @@ def test_plugin_solver_in_fcp_compare_subprocess(tmp_path):
     lengths, cost = _files(tmp_path)
     env = {**os.environ, "FCP_SOLVER_PLUGINS": "toy_fcp_plugin",
            "PYTHONPATH": os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)}
-    r = subprocess.run([sys.executable, "-m", "fcp_data.cli", "compare", "--lengths", lengths, "--ranks", "4",
+    r = subprocess.run([sys.executable, "-m", "fcp_cli", "compare", "--lengths", lengths, "--ranks", "4",
                         "--cost", cost, "--json"], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)

@@ -20,7 +20,7 @@ lengths = np.array([120000, 3000, 800, 45000, 200, 9000, 17000])
 for s in SOLVER_NAMES:
     if s != "ilp":
         plan_batch(lengths, num_ranks=8, cost_model=cm, solver=s, micro_batches="auto")
-from fcp_data.cli import main
+from fcp_cli.main import main
 with open(sys.argv[1], "w") as f:
     f.write("\n".join(map(str, lengths)))
 with contextlib.redirect_stdout(io.StringIO()):

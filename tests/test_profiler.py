@@ -255,7 +255,7 @@ def test_profile_cli_tiny_mllm_writes_v2_keys(tmp_path):
     and the --report JSON carries both fits' errors on the same points."""
     import json
 
-    from fcp_data.cli import main
+    from fcp_cli.main import main
     from fcp_data.cost import COST_KEYS, COST_KEYS_V2
 
     out, rep = tmp_path / "cost.json", tmp_path / "report.json"

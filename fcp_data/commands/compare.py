@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
 def _chosen_solvers(args: argparse.Namespace) -> list[str]:
     """The solvers to run, in order (module doc); ``--solvers`` with ``--ilp``/``--exhaustive``/``--baselines``
     is a ``UsageError``."""
-    from fcp_data.cli import UsageError
+    from fcp_data.commands import UsageError
     from fcp_data.plan import solver_specs
 
     if args.solvers is not None:

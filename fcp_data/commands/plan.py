@@ -111,7 +111,7 @@ def _load_counts(path: str, column) -> list[int]:
 def check_source(args: argparse.Namespace) -> None:
     """Exactly one of ``--lengths``/``--index``, and no lengths-file option with ``--index`` (``UsageError``),
     checked before any file is read."""
-    from fcp_data.cli import UsageError
+    from fcp_data.commands import UsageError
 
     lengths, index = getattr(args, "lengths", None), getattr(args, "index", None)
     if lengths is None and index is None:
@@ -211,7 +211,7 @@ def load_visual(args: argparse.Namespace, num_raw: int, lengths, report):
     number of sequences in the lengths file, before ``--on-overlong``."""
     if getattr(args, "visual", None) is None:
         if getattr(args, "visual_column", None) is not None:
-            from fcp_data.cli import UsageError
+            from fcp_data.commands import UsageError
 
             raise UsageError("--visual-column needs --visual FILE")
         return None
@@ -231,7 +231,7 @@ def load_visual(args: argparse.Namespace, num_raw: int, lengths, report):
 
 
 def load_cost(args: argparse.Namespace):
-    from fcp_data.cli import UsageError
+    from fcp_data.commands import UsageError
     from fcp_data.cost import CostModel
 
     if args.cost and (args.preset or args.hardware):
@@ -249,7 +249,7 @@ MAX_RANKS = 4096
 
 def check_ranks(ranks: int) -> None:
     """``--ranks`` within 1..MAX_RANKS, checked before any file is read."""
-    from fcp_data.cli import UsageError
+    from fcp_data.commands import UsageError
 
     if ranks < 1:
         raise UsageError(f"--ranks must be >= 1, got {ranks}")
@@ -260,7 +260,7 @@ def check_ranks(ranks: int) -> None:
 
 def check_heads(args: argparse.Namespace) -> None:
     """``--heads``/``--kv-heads`` (Ulysses baseline) positive, heads a multiple of kv-heads."""
-    from fcp_data.cli import UsageError
+    from fcp_data.commands import UsageError
 
     for name in ("heads", "kv_heads"):
         v = getattr(args, name, None)
@@ -343,7 +343,7 @@ def run(args: argparse.Namespace) -> int:
     from fcp_data.plan import plan_batch
 
     if args.time_limit is not None and not get_solver(args.solver).time_limited:
-        from fcp_data.cli import UsageError
+        from fcp_data.commands import UsageError
 
         limited = " or ".join(s.name for s in solver_specs() if s.time_limited)
         raise UsageError(f"--time-limit applies to --solver {limited} only (got --solver {args.solver})")

@@ -160,7 +160,7 @@ def _check_numbers(args) -> None:
     """--reps, --warmup, --tokens-per-rank and the --out/--report paths, before any process starts."""
     from pathlib import Path
 
-    from fcp_data.cli import UsageError
+    from fcp_data.commands import UsageError
 
     if args.reps < 1:
         raise UsageError(f"--reps must be >= 1, got {args.reps}")
@@ -178,8 +178,9 @@ def run(args) -> int:
     import json
     from pathlib import Path
 
-    from fcp_data.cli import UsageError, check_launch
-    from fcp_data.commands.train import load_hf_config, resolve_model
+    from fcp_data.commands import UsageError
+    from fcp_exec.commands import check_launch
+    from fcp_exec.commands.train import load_hf_config, resolve_model
 
     model, hf_path = resolve_model(args.model)
     _check_numbers(args)

@@ -139,7 +139,7 @@ def check_plot_path(path: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fcp_data.cli import UsageError
+    from fcp_data.commands import UsageError
     from fcp_data.commands.plan import check_heads, check_ranks, check_source, load_cost, load_source, solver_options, \
         source_visual
     from fcp_data.workloads import apply_cap

@@ -3,7 +3,7 @@
 keyword options built from the CLI's values, and the list of solvers in ``--help``.
 
 The choices are live views of the registry, so a solver registered by a plugin module
-(``FCP_SOLVER_PLUGINS=module``, imported by :func:`fcp_data.cli.main` before the parser is built) is a valid
+(``FCP_SOLVER_PLUGINS=module``, imported by :func:`fcp_cli.main.main` before the parser is built) is a valid
 choice of every command.
 """
 

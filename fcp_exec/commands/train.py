@@ -29,7 +29,7 @@ examples:
   fcp train --model hf:examples/configs/qwen2_5_vl-tiny.json --nproc 2 --reducer fsdp2 --grad-checkpointing
   fcp train --model tiny-llm --nproc 3 --data synthetic --dtype float64 --max-tokens 160
   fcp index samples/text.jsonl --spec text --out idx && fcp train --data idx --nproc 2
-  torchrun --nproc-per-node 4 -m fcp_data.cli train --model hf:config.json --reducer fsdp2 --steps 10"""
+  torchrun --nproc-per-node 4 -m fcp_cli train --model hf:config.json --reducer fsdp2 --steps 10"""
 
 _TINY = ("tiny-llm", "tiny-mllm")
 
@@ -80,7 +80,7 @@ def resolve_model(text: str) -> tuple[str, str | None]:
     (workers need not share the current directory). Checks only that the path exists (cheap)."""
     from pathlib import Path
 
-    from fcp_data.cli import UsageError
+    from fcp_data.commands import UsageError
 
     if text in _TINY:
         return text, None
@@ -98,7 +98,7 @@ def resolve_model(text: str) -> tuple[str, str | None]:
 
 def load_hf_config(path: str):
     """The transformers config at ``path``; ``UsageError`` unless its model type is one fcp supports."""
-    from fcp_data.cli import UsageError
+    from fcp_data.commands import UsageError
 
     try:
         import transformers  # noqa: F401
@@ -117,7 +117,7 @@ def check_index_path(data: str | None) -> None:
     """``--data``: 'synthetic', nothing, or a folder holding a finished length index (cheap, before loading)."""
     from pathlib import Path
 
-    from fcp_data.cli import UsageError
+    from fcp_data.commands import UsageError
 
     if data in (None, "synthetic"):
         return
@@ -159,7 +159,7 @@ def run(args) -> int:
 
     model, hf_path = resolve_model(args.model)
     check_index_path(args.data)
-    from fcp_data.cli import check_launch
+    from fcp_exec.commands import check_launch
     from fcp_data.cost import CostModel
     from fcp_exec.launch import default_backend, in_torchrun
     from fcp_exec.train import TrainConfig, run_training
