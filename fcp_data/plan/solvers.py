@@ -140,7 +140,40 @@ def fcp_micro_batch(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_
                 consider("uniform", value, np.full(len(groups), uniform, dtype=np.int64), groups, agg)
     if search and degrees == "any":
         _search_candidates(lengths, etas, num_ranks, cost_model, visual, best, alloc, consider)
-    plans: list[tuple[MicroBatchPlan, bool]] = []  # (plan, refined)
+    plans = _refined_plans(best, lengths, etas, num_ranks, cost_model, visual)
+    if with_baselines and lengths.size * num_ranks <= MEGATRON_CANDIDATE_MAX:
+        try:
+            plans.append((megatron_dynamic(lengths, etas, num_ranks, cost_model, visual=visual), False))
+        except ValueError:
+            pass
+    if not plans:
+        raise _does_not_fit(lengths, num_ranks, cost_model)
+    if robust_tol > 0:  # plans made for the scenario models join the candidates, judged by this model
+        plans += [(retime(fcp_micro_batch(lengths, etas, num_ranks, m, allocator=allocator, degrees=degrees,
+                                          with_baselines=with_baselines, visual=visual, search=search),
+                          lengths, etas, cost_model, visual), True) for m in scenario_models(cost_model)]
+        plan, refined = plans[robust_choice([p for p, _ in plans], lengths, etas, cost_model, robust_tol, visual)]
+    else:
+        plan, refined = min(plans, key=lambda p: p[0].makespan)  # first on ties: any, pow2, …-tau, uniform, megatron
+    # a baseline plan won: refine it too (never increases the makespan)
+    return plan if refined else refine_moves(plan, lengths, etas, cost_model, visual=visual)
+
+
+def _does_not_fit(lengths: np.ndarray, num_ranks: int, cost_model: CostModel) -> ValueError:
+    """The error for a micro-batch no candidate fits: how many ranks its stage-1 bins need."""
+    total = int(lengths.sum())
+    need = sum(cost_model.min_degree(float(lengths[g].sum())) for g in map(np.asarray, bfd_groups(lengths, cost_model.tokens_per_rank)))
+    return ValueError(f"the micro-batch ({lengths.size} sequences, {total} tokens) does not fit on {num_ranks} "
+                      f"ranks: its groups need {need} ranks at tokens_per_rank={cost_model.tokens_per_rank}; "
+                      "split it into more micro-batches (micro_batches='auto')")
+
+
+def _refined_plans(best: dict, lengths, etas, num_ranks: int, cost_model: CostModel, visual
+                   ) -> list[tuple[MicroBatchPlan, bool]]:
+    """Each track's incumbent placed and refined (:func:`refine_moves`; ``uniform`` is kept as the static-cp
+    plan), as ``(plan, refined)`` in track order; a makespan-driven track more than :data:`_TAU_REFINE_SLACK`
+    above the best plan so far is skipped."""
+    plans: list[tuple[MicroBatchPlan, bool]] = []
     pow2_spans: list[float] = []  # the pow2 tracks prune only against each other, exactly as fcp-pow2 does
     for track in ("any", "pow2", "any-tau", "any-tau+", "any-tauc", "pow2-tau", "pow2-tau+", "pow2-tauc", "uniform",
                   "any-search"):
@@ -153,26 +186,7 @@ def fcp_micro_batch(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_
             plans.append((refine_moves(mb, lengths, etas, cost_model, visual=visual), True) if track != "uniform" else (mb, False))
             if track.startswith("pow2"):
                 pow2_spans.append(plans[-1][0].makespan)
-    if with_baselines and lengths.size * num_ranks <= MEGATRON_CANDIDATE_MAX:
-        try:
-            plans.append((megatron_dynamic(lengths, etas, num_ranks, cost_model, visual=visual), False))
-        except ValueError:
-            pass
-    if not plans:
-        total = int(lengths.sum())
-        need = sum(cost_model.min_degree(float(lengths[g].sum())) for g in map(np.asarray, bfd_groups(lengths, cost_model.tokens_per_rank)))
-        raise ValueError(f"the micro-batch ({lengths.size} sequences, {total} tokens) does not fit on {num_ranks} "
-                         f"ranks: its groups need {need} ranks at tokens_per_rank={cost_model.tokens_per_rank}; "
-                         "split it into more micro-batches (micro_batches='auto')")
-    if robust_tol > 0:  # plans made for the scenario models join the candidates, judged by this model
-        plans += [(retime(fcp_micro_batch(lengths, etas, num_ranks, m, allocator=allocator, degrees=degrees,
-                                          with_baselines=with_baselines, visual=visual, search=search),
-                          lengths, etas, cost_model, visual), True) for m in scenario_models(cost_model)]
-        plan, refined = plans[robust_choice([p for p, _ in plans], lengths, etas, cost_model, robust_tol, visual)]
-    else:
-        plan, refined = min(plans, key=lambda p: p[0].makespan)  # first on ties: any, pow2, …-tau, uniform, megatron
-    # a baseline plan won: refine it too (never increases the makespan)
-    return plan if refined else refine_moves(plan, lengths, etas, cost_model, visual=visual)
+    return plans
 
 
 def _search_candidates(lengths, etas, num_ranks, cost_model, visual, best, alloc, consider) -> None:
