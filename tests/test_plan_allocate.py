@@ -376,3 +376,30 @@ def test_placement_equals_the_reference_loop():
             deg.pop()
         if deg:
             assert place_groups(deg, N, R) == _place_reference(deg, N, R), (R, N, deg)
+
+
+def test_running_min_answers_like_the_dense_running_minimum():
+    """RunningMin (tau groupings' table): row minima equal the dense T̃'s last column, and min_ranks on every
+    row prefix equals 1 + (T̃ > τ).sum(axis=1) at τ = its floor, dense entries above it and larger values
+    (300 random tables, v1/v2, infeasible rows); below the floor it refuses."""
+    from fcp_data.presets import preset_cost_model
+
+    rng = np.random.default_rng(31)
+    cms = [preset_cost_model("Qwen3-8B", "ascend-910c", v2=False), preset_cost_model("Qwen3-8B", "ascend-910c", v2=True)]
+    for case in range(300):
+        cm = cms[case % 2]
+        N, K = int(rng.choice([1, 2, 5, 16, 17, 40, 128, 300])), int(rng.integers(1, 60))
+        S = rng.lognormal(9, 2, K).clip(1, N * cm.tokens_per_rank * (1.1 if case % 7 == 0 else 1))
+        table = time_table(S, S * S * rng.uniform(1, 2, K), N, cm, B=S, sparse=True)
+        rm = table.running_min(cm.beta1)
+        Tt = np.minimum.accumulate(np.asarray(table), axis=1)
+        assert rm[:, -1].tolist() == Tt[:, -1].tolist()
+        lo = max(Tt[:, -1].max(), cm.beta1)
+        if not np.isfinite(lo):
+            continue
+        above = Tt[(Tt >= lo) & np.isfinite(Tt)]
+        for tau in [lo, lo * 1.5, lo * 10] + list(above[:6]):
+            for m in (K, K // 2, 1, 0):
+                assert rm[:m].min_ranks(tau).tolist() == (1 + (Tt[:m] > tau).sum(axis=1)).tolist()
+        with pytest.raises(ValueError):
+            rm.min_ranks(lo * 0.5)

@@ -216,7 +216,7 @@ class RunningMin:
         step = max(1, _CHUNK // max(1, int((last - first + 1).max(initial=1))))
         for lo in range(0, ok.size, step):  # rows in order, so the level (a floor) rises early
             rows = ok[lo: lo + step]
-            r, k, w, m = _row_items(table, cand, rows, first[rows], last[rows] - first[rows] + 1)
+            r, k, w, m = _row_items(table, cand, rows, first[rows], last[rows] - first[rows] + 1, level)
             self._min[rows] = m
             level = max(level, float(m.max()))
             keep = k > level
@@ -295,11 +295,13 @@ def allocate_fast(T, num_ranks: int | None = None, allowed: np.ndarray | None = 
     return tau, degrees.astype(np.int64)
 
 
-def _row_items(table: TimeTable, cand: np.ndarray, rows: np.ndarray, start: np.ndarray, width: np.ndarray):
+def _row_items(table: TimeTable, cand: np.ndarray, rows: np.ndarray, start: np.ndarray, width: np.ndarray,
+               floor: float = -np.inf):
     """Prefix minima of ``rows`` over ``cand[start : start + width]``, as allocation items: for consecutive
     stored degrees ``d_j < d_{j+1}`` of a row the item ``(T̃(d_j), d_{j+1} − d_j)`` — the ranks the row
     needs beyond ``d_j`` while the makespan is below ``T̃(d_j)``. Rows are padded to power-of-two widths
-    (grouped by width, so a few wide rows do not widen the rest). Returns ``(row, key, weight, last)``."""
+    (grouped by width, so a few wide rows do not widen the rest); items with key ``≤ floor`` are left out.
+    Returns ``(row, key, weight, last)``."""
     out_row, out_key, out_w = [], [], []
     last = np.empty(rows.size)
     level = np.ceil(np.log2(np.maximum(width, 1))).astype(np.int64)
@@ -311,7 +313,7 @@ def _row_items(table: TimeTable, cand: np.ndarray, rows: np.ndarray, start: np.n
         d = cand[np.minimum(start[sel][:, None] + j, cand.size - 1)].astype(np.float64)
         Tt = np.minimum.accumulate(np.where(valid, table.evaluate(r, d), np.inf), axis=1)
         last[sel] = Tt[:, -1]
-        ok = valid[:, 1:]
+        ok = valid[:, 1:] & (Tt[:, :-1] > floor)
         out_row.append(np.broadcast_to(r[:, None], ok.shape)[ok])
         out_key.append(Tt[:, :-1][ok])
         out_w.append((d[:, 1:] - d[:, :-1])[ok])
