@@ -38,6 +38,8 @@ COMMANDS = (
     ("profile", "fcp_data.commands.profile", "time the real executor and fit the cost model coefficients"),
 )
 
+_NAMES = frozenset(name for name, _, _ in COMMANDS)
+
 # exception names a worker may raise for bad user input (fcp_exec.launch.WorkerFailure carries each rank's
 # exception type, message and traceback)
 _WORKER_USER_ERRORS = ("ValueError", "UsageError", "fcp_data.commands.UsageError", "FileNotFoundError")
@@ -59,7 +61,9 @@ def _version() -> str:
         return "(not installed)"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``fcp`` parser. With ``command`` only that command's module is imported (the others get a parser that
+    only shows their summary), so ``fcp plan`` never loads the executor (torch); None imports every command."""
     parser = _Parser(
         prog="fcp",
         description="Flexible Context Parallelism: plan CP groups per micro-batch, index datasets, run ring attention.",
@@ -70,8 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
     debug_help = "print the traceback of user errors too (default: one line, exit code 2)"
     parser.add_argument("--debug", action="store_true", help=debug_help)
     sub = parser.add_subparsers(dest="command", metavar="<command>")
-    for _name, module, summary in COMMANDS:  # a module that fails to import is an error, never silently dropped
-        importlib.import_module(module).register(sub, summary)
+    for name, module, summary in COMMANDS:  # a module that fails to import is an error, never silently dropped
+        if command is None or name == command:
+            importlib.import_module(module).register(sub, summary)
+        else:
+            sub.add_parser(name, help=summary, description=f"{summary} (`fcp {name} --help` for its options)")
     for p in sub.choices.values():  # `fcp train ... --debug` as well as `fcp --debug train ...`
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug_help)
     return parser
@@ -104,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"fcp: error: {_one_line(str(e))}", file=sys.stderr)
         return 2
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(next((a for a in argv if a in _NAMES), None))
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
