@@ -102,6 +102,14 @@ def _report(ctx: Ctx, args, sections, wall: float) -> str:
                                                   f" --steps {args.steps} --video-steps {args.video_steps}")
     parts = [INTRO.format(cmd=cmd, seed=args.seed, steps=ctx.steps, vsteps=ctx.video_steps, **m, wall=wall,
                           workload_dir=_rel(args.workload_dir))]
+    from fcp_data.plan import search
+
+    on = search.SEARCH_MAX_SEQUENCES > 0
+    parts.append(f"- Planner: FCP's stage-1 local search (`fcp_data.plan.search`, track `any-search`) "
+                 + (f"on micro-batches of ≤ {search.SEARCH_MAX_SEQUENCES} sequences and ≤ {search.SEARCH_MAX_RANKS} "
+                    "ranks." if on else "**disabled for this run** (`SEARCH_MAX_SEQUENCES = 0`): FCP is the "
+                    "planner without it (BFD/τ groupings + exact allocation), so FCP's times are upper bounds of "
+                    "the full planner's.") + "\n")
     summary = [row for s, _ in sections for row in s.summary]
     parts.append("## Headline: the paper beside our simulation\n\n" + md_table(["experiment", "paper (measured)", "ours (simulated, cost model v2 unless marked v1)"], summary)
                  + f"\n\nFCP slower than a baseline in {len(ctx.violations)} cell(s) — listed in the section "
