@@ -170,9 +170,9 @@ def megatron_dynamic(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost
             sl = lpt_labels(work[short_ids], lengths[short_ids], r, E)
             if sl is None:
                 return None
-            used = np.unique(sl)  # renumber to the non-empty groups, in group-id order
-            label[short_ids] = long_ids.size + np.searchsorted(used, sl)
-            k += used.size
+            present = np.bincount(sl, minlength=r) > 0  # renumber to the non-empty groups, in group-id order
+            label[short_ids] = long_ids.size + (np.cumsum(present) - 1)[sl]
+            k += int(present.sum())
         elif r < 0:
             return None
         degrees = np.ones(k, dtype=np.int64)
