@@ -169,13 +169,15 @@ def lower_bound(lengths: np.ndarray, num_ranks: int, cm: CostModel, etas: np.nda
     and a step ≥ ``Σ(alpha1·(1+η)s² + alpha2·s) / N + M·beta1`` with ``M = ⌈Σs / (N·E)⌉`` the fewest
     micro-batches memory allows.
 
-    v2 (§4.1, when ``cm`` has gamma/alpha_blk/alpha_vis): the v2 terms are added per sequence at its best
-    degree. Rank-seconds: a sequence on a ``d``-rank group costs ≥ ``alpha1·q + alpha2·s + alpha_vis·v +
-    d·alpha_blk·b`` (``alpha_blk`` does not shrink with ``d``), and ``d ≥ d_k = ⌈s/E⌉`` (memory), so the
-    area term is ``Σ(alpha1·q + alpha2·s + alpha_vis·v + d_k·alpha_blk·b) / N + M·beta1``. Critical path: the
-    group holding sequence ``k`` takes at least ``T_k* = min_d T(s_k, q_k, d, B=b_k, V=v_k)`` over every
-    ``d ≤ N`` at intra-node bandwidth (T is non-decreasing in S, Q, B, V), so a step ≥ ``max_k T_k*``.
-    The bound is the larger of the two. ``gamma`` (shared by a group) enters only through ``T_k*``.
+    v2 (§4.1, when ``cm`` has gamma/alpha_blk/alpha_vis): a group's time is at least each member's time alone on
+    the same degree, ``t_k(d) = T(s_k, q_k, d, B=b_k, V=v_k)`` at intra-node bandwidth (T is non-decreasing in S,
+    Q, B, V and T ≥ C), so a step of time τ puts sequence ``k`` on a degree of at least ``d_k(τ) = min{d ≥ ⌈s_k/E⌉ :
+    t_k(d) ≤ τ}`` (and τ ≥ ``max_k min_d t_k(d)``, the critical path). Rank-seconds: a group of degree d spends
+    ``d·C ≥ Σ_k(alpha1·q_k + alpha2·s_k + alpha_vis·v_k) + d·alpha_blk·Σ_k b_k`` (``alpha_blk`` does not shrink with
+    d), so τ ≥ ``area(τ) = Σ_k(alpha1·q_k + alpha2·s_k + alpha_vis·v_k + d_k(τ)·alpha_blk·b_k)/N + M·beta1``.
+    ``area`` does not increase with τ; the bound is the smallest τ ≥ the critical path with τ ≥ area(τ), found by
+    bisection (the returned value is the infeasible end, so it stays a bound). ``gamma`` (shared by a group) enters
+    only through ``t_k``.
     """
     s = np.asarray(lengths, dtype=np.float64)
     e = np.zeros_like(s) if etas is None else np.asarray(etas, dtype=np.float64)
@@ -186,11 +188,23 @@ def lower_bound(lengths: np.ndarray, num_ranks: int, cm: CostModel, etas: np.nda
     v = np.zeros_like(s) if visual is None else np.asarray(visual, dtype=np.float64)
     b = (1 + e) * s
     dk = np.maximum(1.0, np.ceil(s / cm.tokens_per_rank))
-    area += cm.alpha_vis * v.sum() + cm.alpha_blk * (dk * b).sum()
+    fixed = (area + cm.alpha_vis * v.sum()) / num_ranks + m * cm.beta1
     d = np.arange(1, num_ranks + 1, dtype=np.float64)[None, :]
     t = cm.time(s[:, None], (b * s)[:, None], d, intra=True, B=b[:, None], V=v[:, None])
     t = np.where(d >= dk[:, None], t, np.inf)
-    return float(max(area / num_ranks + m * cm.beta1, t.min(axis=1).max()))
+    crit = float(t.min(axis=1).max())
+
+    def excess(tau: float) -> float:  # area(tau) - tau; decreasing in tau
+        deg = np.argmax(t <= tau, axis=1) + 1.0  # smallest degree meeting tau (exists for tau >= crit)
+        return fixed + cm.alpha_blk * float((deg * b).sum()) / num_ranks - tau
+
+    if excess(crit) <= 0:
+        return crit
+    lo, hi = crit, crit + excess(crit)  # area(hi) <= area(crit) = hi, so hi is feasible
+    for _ in range(40):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if excess(mid) > 0 else (lo, mid)
+    return float(lo)
 
 
 def plan_systems(batches: list[np.ndarray], *, model: str, cost_model: CostModel, num_ranks: int,
