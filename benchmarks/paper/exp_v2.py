@@ -140,10 +140,10 @@ clamped to {INTERNVL_VARIABLE[1]}–{INTERNVL_VARIABLE[2]} frames as in the synt
 **v2 presets** (`preset_cost_model(model, hw, v2=True, frozen_vision=...)`, DESIGN §4.1): `gamma` per ring step,
 `alpha_blk` per token and rank, `alpha_vis` per visual token (6·P_vit·patches per token trained, 2· frozen), and
 the planner and every baseline get the visual tokens (`visual=`). **§4.1 lower bound** (`common.lower_bound`):
-the larger of the area bound `Σ_k(alpha1·s_k² + alpha2·s_k + alpha_vis·v_k + ⌈s_k/E⌉·alpha_blk·s_k)/N + M·beta1`
-(the v2 terms added per sequence at its best degree: the smallest one memory allows, since `alpha_blk` is paid by
-every rank of a group) and the critical path `max_k min_d T(s_k, s_k², d, B=s_k, V=v_k)` (one sequence alone on
-its best degree, intra-node bandwidth; `gamma` enters here).
+the smallest step time τ that is at least the critical path `max_k min_d T(s_k, s_k², d, B=s_k, V=v_k)` (one
+sequence alone on its best degree, intra-node bandwidth; `gamma` enters here) and at least the area bound
+`Σ_k(alpha1·s_k² + alpha2·s_k + alpha_vis·v_k + d_k(τ)·alpha_blk·s_k)/N + M·beta1`, `d_k(τ)` the smallest degree on
+which sequence k alone finishes within τ (`alpha_blk` is paid by every rank of its group).
 
 {md_table(headers, rows)}
 

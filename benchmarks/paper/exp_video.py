@@ -194,7 +194,7 @@ paper's frame sampling, which must vary with duration for its InternVL speedups 
 per ring step, `alpha_blk` per token and rank, and the vision encoder as `alpha_vis` per visual token
 (6·P_vit·4 patches per token **unfrozen**: forward + backward; 2·P_vit·4 **frozen**: forward only); every system and
 the lower bound get each clip's visual tokens (`plan_visual(...).num_visual_tokens` of the same spec). The §4.1 lower
-bound is `common.lower_bound` (the larger of the area bound and the longest sequence alone on its best degree).
+bound is `common.lower_bound` (as in Figure 3, with `alpha_vis·v_k` in the area term).
 
 {table}
 
