@@ -320,7 +320,7 @@ def _to_label(groups: list[list[int]], n: int) -> np.ndarray:
     return label
 
 
-ROBUST_DELTA = 0.2  # relative coefficient error the robust choice guards against
+ROBUST_DELTA = 0.3  # relative coefficient error the robust choice guards against
 # scenario models the robust mode also plans with: attention compute and ring traffic off by ±ROBUST_DELTA
 ROBUST_SCENARIOS = (("alpha1", 1 - ROBUST_DELTA), ("alpha1", 1 + ROBUST_DELTA), ("alpha3", 1 - ROBUST_DELTA),
                     ("alpha3", 1 + ROBUST_DELTA))

@@ -59,6 +59,7 @@ __all__ = ["plan_batch", "SOLVERS", "SOLVER_NAMES", "fcp_micro_batch", "refine_m
 # large micro-batches measured (benchmarks/bench_planner.py --only nscaling) megatron's makespan was 1.3-2.4×
 # FCP's. Every test instance (and 64 ranks × 512 sequences, the paper's setting) stays far below the bound.
 MEGATRON_CANDIDATE_MAX = 1 << 23
+ROBUST_POOL = 32  # stage-1 candidates (best ideal makespan first) the robust mode also weighs
 _TAU_REFINE_SLACK = 1.05  # a makespan-driven candidate is refined only if within 5 % of the best refined plan
 
 
@@ -106,7 +107,11 @@ def fcp_micro_batch(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_
     buddy = R & (R - 1) == 0 and num_ranks % R == 0
     best: dict[str, tuple] = {}  # track -> (makespan, groups, degrees, (S, Q, B, V))
 
+    pool: list | None = [] if robust_tol > 0 else None  # every candidate, for the robust choice
+
     def consider(track: str, value: float, deg: np.ndarray, groups, agg) -> None:
+        if pool is not None:
+            pool.append((value, groups, deg, agg))
         inc = best.get(track)
         if inc is not None and not value < inc[0] * (1 + 1e-12):
             return  # real makespan ≥ ideal value ≥ incumbent
@@ -148,11 +153,9 @@ def fcp_micro_batch(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_
             pass
     if not plans:
         raise _does_not_fit(lengths, num_ranks, cost_model)
-    if robust_tol > 0:  # plans made for the scenario models join the candidates, judged by this model
-        plans += [(retime(fcp_micro_batch(lengths, etas, num_ranks, m, allocator=allocator, degrees=degrees,
-                                          with_baselines=with_baselines, visual=visual, search=search),
-                          lengths, etas, cost_model, visual), True) for m in scenario_models(cost_model)]
-        plan, refined = plans[robust_choice([p for p, _ in plans], lengths, etas, cost_model, robust_tol, visual)]
+    if pool is not None:
+        plan, refined = _robust_pick(plans, pool, lengths, etas, num_ranks, cost_model, visual, robust_tol,
+                                     dict(allocator=allocator, degrees=degrees, with_baselines=with_baselines, search=search))
     else:
         plan, refined = min(plans, key=lambda p: p[0].makespan)  # first on ties: any, pow2, …-tau, uniform, megatron
     # a baseline plan won: refine it too (never increases the makespan)
@@ -166,6 +169,24 @@ def _does_not_fit(lengths: np.ndarray, num_ranks: int, cost_model: CostModel) ->
     return ValueError(f"the micro-batch ({lengths.size} sequences, {total} tokens) does not fit on {num_ranks} "
                       f"ranks: its groups need {need} ranks at tokens_per_rank={cost_model.tokens_per_rank}; "
                       "split it into more micro-batches (micro_batches='auto')")
+
+
+def _robust_pick(plans, pool, lengths, etas, num_ranks: int, cost_model: CostModel, visual, tol: float,
+                 opts: dict) -> tuple[MicroBatchPlan, bool]:
+    """The robust mode's ``(plan, refined)``: the candidates are the tracks' plans, every stage-1 candidate
+    whose ideal makespan is within ``(1 + tol)`` of the best plan (placed), and the plans FCP makes for the
+    scenario models (:func:`~fcp_data.plan.search.scenario_models`, judged by this model);
+    :func:`~fcp_data.plan.search.robust_choice` picks one."""
+    limit = min(p.makespan for p, _ in plans) * (1 + tol)
+    seen = set()
+    for value, groups, deg, (S, Q, B, V) in sorted(pool, key=lambda c: c[0]):
+        key = (tuple(tuple(g) for g in groups), tuple(deg.tolist()))
+        if value <= limit and key not in seen and len(seen) < ROBUST_POOL:
+            seen.add(key)
+            plans.append((build_micro_batch(groups, deg, S, Q, num_ranks, cost_model, B=B, V=V), False))
+    plans += [(retime(fcp_micro_batch(lengths, etas, num_ranks, m, visual=visual, **opts), lengths, etas, cost_model,
+                      visual), True) for m in scenario_models(cost_model)]
+    return plans[robust_choice([p for p, _ in plans], lengths, etas, cost_model, tol, visual)]
 
 
 def _refined_plans(best: dict, lengths, etas, num_ranks: int, cost_model: CostModel, visual
