@@ -130,7 +130,7 @@ def bench_quality(instances: int, time_limit: float) -> None:
 
 
 def bench_simulate(workload: np.ndarray, steps: int) -> None:
-    from fcp_data.commands.simulate import simulate
+    from fcp_data.plan.simulate import simulate
     from fcp_data.presets import model_heads
 
     print(f"\n### Simulated step time: Wikipedia, 64 ranks (4 × 16), GBS 512, {steps} steps, ascend-910c\n")
