@@ -33,6 +33,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from fcp_data.strict import strict_keys
+
 __all__ = ["CostModel", "COST_KEYS", "COST_KEYS_V2", "group_aggregates", "sequence_terms", "MAX_RANKS", "MAX_SEQUENCE_TOKENS", "MAX_TOKENS_PER_RANK",
            "MAX_GROUP_SECONDS"]
 
@@ -254,19 +256,7 @@ class CostModel:
     def from_dict(cls, d: dict[str, Any]) -> "CostModel":
         """Strict: the §4 keys, optionally the §4.1 keys (absent = 0); a missing or unknown key is a
         ``ValueError`` naming it."""
-        if not isinstance(d, dict):
-            raise ValueError(f"a cost model must be a JSON object with keys {', '.join(COST_KEYS)}; got {type(d).__name__}")
-        missing = [k for k in COST_KEYS if k not in d]
-        unknown = sorted(k for k in d if k not in COST_KEYS + COST_KEYS_V2)
-        if missing or unknown:
-            parts = []
-            if missing:
-                parts.append("missing " + ", ".join(missing))
-            if unknown:
-                parts.append("unknown " + ", ".join(unknown))
-            raise ValueError(f"cost model keys: {'; '.join(parts)} (expected: {', '.join(COST_KEYS)}; optional: "
-                             f"{', '.join(COST_KEYS_V2)})")
-        return cls(**{k: d[k] for k in COST_KEYS + COST_KEYS_V2 if k in d})
+        return cls(**strict_keys(d, COST_KEYS, COST_KEYS_V2, what="cost model"))
 
     @classmethod
     def load(cls, path: str | Path) -> "CostModel":

@@ -11,23 +11,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from fcp_data.strict import strict_keys
+
 __all__ = ["CPGroup", "MicroBatchPlan", "Plan"]
-
-
-def _pop_all(d: dict, keys: tuple[str, ...], optional: tuple[str, ...], what: str) -> dict:
-    if not isinstance(d, dict):
-        raise ValueError(f"{what} must be a JSON object, got {type(d).__name__}")
-    d = dict(d)
-    missing = [k for k in keys if k not in d]
-    if missing:
-        raise ValueError(f"{what} is missing key(s) {', '.join(missing)}")
-    out = {k: d.pop(k) for k in keys}
-    for k in optional:
-        if k in d:
-            out[k] = d.pop(k)
-    if d:
-        raise ValueError(f"{what} has unknown key(s) {', '.join(sorted(d))}")
-    return out
 
 
 def _int_tuple(values) -> tuple[int, ...]:
@@ -72,7 +58,7 @@ class CPGroup:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "CPGroup":
-        return cls(**_pop_all(d, ("ranks", "seq_ids", "time"), (), "a CP group"))
+        return cls(**strict_keys(d, ("ranks", "seq_ids", "time"), what="a CP group"))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -113,7 +99,7 @@ class MicroBatchPlan:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "MicroBatchPlan":
-        kw = _pop_all(d, ("makespan", "groups"), (), "a micro-batch")
+        kw = strict_keys(d, ("makespan", "groups"), what="a micro-batch")
         return cls(makespan=kw["makespan"], groups=tuple(CPGroup.from_dict(g) for g in kw["groups"]))
 
 
@@ -162,6 +148,6 @@ class Plan:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Plan":
-        kw = _pop_all(d, ("num_ranks", "solver", "solve_ms", "makespan", "micro_batches"), ("optimal",), "a plan")
+        kw = strict_keys(d, ("num_ranks", "solver", "solve_ms", "makespan", "micro_batches"), ("optimal",), what="a plan")
         kw["micro_batches"] = tuple(MicroBatchPlan.from_dict(m) for m in kw["micro_batches"])
         return cls(**kw)
