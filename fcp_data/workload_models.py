@@ -43,6 +43,8 @@ from typing import Any
 
 import numpy as np
 
+from fcp_data import workloads
+
 __all__ = ["LogNormalLengths", "VideoWorkloadModel", "TEXT_WORKLOADS", "VIDEO_WORKLOADS", "MLLM_SPECS",
            "fit_lognormal", "truncated_lognormal_mean", "apply_cap", "video_token_lengths"]
 
@@ -61,17 +63,13 @@ def fit_lognormal(lengths) -> tuple[float, float]:
 
 
 def apply_cap(lengths: np.ndarray, cap: int | None, on_overlong: str = "truncate") -> np.ndarray:
-    """Cap lengths at ``cap`` tokens: ``truncate`` (clip to the cap) or ``drop`` (remove them)."""
-    a = np.asarray(lengths, dtype=np.int64)
+    """Cap lengths at ``cap`` tokens (None: unchanged) with :func:`fcp_data.workloads.apply_cap` — the one cap —
+    in its ``truncate`` or ``drop`` mode; only the lengths are returned."""
     if cap is None:
-        return a
-    if cap < 1:
-        raise ValueError(f"cap must be >= 1 token, got {cap}")
-    if on_overlong == "truncate":
-        return np.minimum(a, cap)
-    if on_overlong == "drop":
-        return a[a <= cap]
-    raise ValueError(f"on_overlong must be 'truncate' or 'drop', got {on_overlong!r}")
+        return np.asarray(lengths, dtype=np.int64)
+    if on_overlong not in ("truncate", "drop"):
+        raise ValueError(f"on_overlong must be 'truncate' or 'drop', got {on_overlong!r}")
+    return workloads.apply_cap(lengths, cap, on_overlong)[0]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
