@@ -32,12 +32,14 @@ from fcp_data.cost import CostModel, sequence_terms
 from fcp_data.plan.bfd import bfd_groups
 
 __all__ = ["repair_bins", "mixed_starts", "local_search", "search_groupings", "neighbour_labels", "double_moves", "repartitions",
-           "SEARCH_MAX_SEQUENCES", "SEARCH_MAX_RANKS", "SEARCH_STARTS", "SEARCH_MAX_STEPS"]
+           "SEARCH_MAX_SEQUENCES", "SEARCH_MAX_RANKS", "SEARCH_STARTS", "SEARCH_MAX_STEPS", "SEARCH_BUDGET", "Budget"]
 
 SEARCH_MAX_SEQUENCES = 32  # above this the descent's O(n²) neighbours cost more than stage 1 gains
 SEARCH_MAX_RANKS = 64
 SEARCH_STARTS = 4
 SEARCH_MAX_STEPS = 64
+SEARCH_BUDGET = 6_000_000  # table entries per micro-batch: at most about 0.1 s of one core (measured)
+_STEP_COST = 100_000  # entries one scoring costs besides its table (numpy call overhead, about 1-2 ms)
 SEARCH_COMPOUND = 3  # local optima that also get the compound steps
 _IMPROVE = 1e-9
 PAIR_UNION_MAX = 10  # sequences of two groups up to which a stuck descent re-splits them exactly
@@ -244,25 +246,51 @@ def _best(scores: tuple[np.ndarray, np.ndarray, np.ndarray], cur: tuple[int, flo
     return (j, (e, float(vals[j]), float(spr[j]))) if better else None
 
 
+class Budget:
+    """Time-table entries a search may still evaluate (rows × groups × ranks, plus :data:`_STEP_COST` for
+    the fixed cost of a step, summed over its steps): a deterministic bound on its work, unlike a clock, so
+    every rank stops at the same step."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, entries: int) -> None:
+        self.left = int(entries)
+
+    def take(self, rows: int, groups: int, num_ranks: int) -> bool:
+        """Spend the cost of scoring ``rows`` groupings; False (nothing spent) when it is not left."""
+        cost = int(rows) * int(groups) * int(num_ranks) + _STEP_COST
+        if cost > self.left:
+            return False
+        self.left -= cost
+        return True
+
+
 def local_search(label: np.ndarray, terms: np.ndarray, work: np.ndarray, num_ranks: int, cost_model: CostModel,
-                 max_steps: int = SEARCH_MAX_STEPS, compound: bool = True) -> tuple[int, float, np.ndarray]:
+                 max_steps: int = SEARCH_MAX_STEPS, compound: bool = True, budget: Budget | None = None
+                 ) -> tuple[int, float, np.ndarray]:
     """Best-improvement descent from ``label`` (see :func:`neighbour_labels`): take the neighbour of least
     ``(excess, value, spread)`` (:func:`_best`) while it beats the current one; when none does and ``compound``, the best of the compound steps
     (:func:`double_moves` on small groupings, :func:`repartitions` of two and three groups). At most
-    ``max_steps`` steps. Returns ``(excess, value, label)``; the score never gets worse than the start's
+    ``max_steps`` steps, and it stops where ``budget`` cannot pay the next scoring. Returns
+    ``(excess, value, label)``; the score never gets worse than the start's
     (``excess = 0``: memory holds and ``value`` is the optimal makespan of the grouping)."""
     label = _canonical(np.asarray(label, dtype=np.int64))
     ex, val, spr = _score([label], terms, num_ranks, cost_model)
     cur = (int(ex[0]), float(val[0]), float(spr[0]))
+    budget = budget or Budget(1 << 62)
     for _ in range(max_steps):
+        G = int(label.max()) + 2  # the groups a neighbour may have
         cands = neighbour_labels(label, work)
+        if not budget.take(cands.shape[0], G, num_ranks):
+            break
         j = _best(_score(cands, terms, num_ranks, cost_model), cur)
         if j is None and compound:  # stuck: the compound steps
-            big = label.size * (int(label.max()) + 2) > DOUBLE_MOVE_MAX
+            big = label.size * G > DOUBLE_MOVE_MAX
             cands = np.concatenate(([] if big else [double_moves(label)]) + [
                 repartitions(label, 2, PAIR_UNION_MAX, REPARTITION_BUDGET),
                 repartitions(label, 3, TRIPLE_UNION_MAX, REPARTITION_BUDGET)])
-            j = _best(_score(cands, terms, num_ranks, cost_model), cur) if cands.shape[0] else None
+            ok = cands.shape[0] and budget.take(cands.shape[0], G, num_ranks)
+            j = _best(_score(cands, terms, num_ranks, cost_model), cur) if ok else None
         if j is None:
             break
         cur, label = j[1], _canonical(cands[j[0]])
@@ -290,13 +318,14 @@ def search_groupings(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost
         order = np.lexsort((np.arange(vals.size), vals, ex))
         labels = [labels[int(i)] for i in order]
     found, seen, optima = [], set(), set()
+    budget = Budget(SEARCH_BUDGET)
     for j, lab in enumerate([_to_label(g, n) for g in seeds] + labels):  # plain descents
         if j >= len(seeds) + SEARCH_STARTS and len(optima) >= SEARCH_COMPOUND:
             break  # enough starts, and enough distinct local optima for the compound phase
         key = tuple(_canonical(lab).tolist())
         if key not in seen:
             seen.add(key)
-            found.append(local_search(lab, terms, work, N, cost_model, compound=False))
+            found.append(local_search(lab, terms, work, N, cost_model, compound=False, budget=budget))
             optima.add(tuple(found[-1][2].tolist()))
     found.sort(key=lambda r: (r[0], r[1]))  # stable: ties keep the start order
     out, optima = [], set()
@@ -306,7 +335,7 @@ def search_groupings(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost
             continue
         if len(optima) < SEARCH_COMPOUND:  # the best distinct local optima also get the compound steps
             optima.add(key)
-            excess, value, best = local_search(best, terms, work, N, cost_model)
+            excess, value, best = local_search(best, terms, work, N, cost_model, budget=budget)
         if excess == 0 and np.isfinite(value):
             out.append([np.flatnonzero(best == g).tolist() for g in range(int(best.max()) + 1)])
     return out
