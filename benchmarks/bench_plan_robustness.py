@@ -21,7 +21,6 @@ Rows: ``robust_tol = 0`` (the default planner) and the robust choice (``robust_t
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 from pathlib import Path

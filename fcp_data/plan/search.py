@@ -31,7 +31,8 @@ import numpy as np
 from fcp_data.cost import CostModel, sequence_terms
 from fcp_data.plan.bfd import bfd_groups
 
-__all__ = ["repair_bins", "mixed_starts", "local_search", "search_groupings", "neighbour_labels", "double_moves", "repartitions",
+__all__ = ["repair_bins", "mixed_starts", "local_search", "search_groupings", "neighbour_labels", "double_moves",
+           "repartitions",
            "SEARCH_MAX_SEQUENCES", "SEARCH_MAX_RANKS", "SEARCH_STARTS", "SEARCH_MAX_STEPS", "SEARCH_BUDGET", "Budget"]
 
 SEARCH_MAX_SEQUENCES = 32  # above this the descent's O(n²) neighbours cost more than stage 1 gains
@@ -106,8 +107,9 @@ def _values(agg: np.ndarray, index: np.ndarray, num_ranks: int, cost_model: Cost
     guides the search through a plateau of equal excess towards balanced groups, while every step that
     frees a rank is taken first. ``spread``: the sum of the entries of ``T̃`` ranked ``k … N−1`` (the value
     is entry ``k``): at an equal value it prefers groupings whose other groups are also fast, so a descent
-    can cross a plateau of the makespan (number partitioning near capacity). ``inf``: more groups than ranks. Times are computed once per distinct
-    group, not per grouping (neighbours share all but two or three groups)."""
+    can cross a plateau of the makespan (number partitioning near capacity). ``inf``: more groups than ranks.
+    Times are computed once per distinct group, not per grouping (neighbours share all but two or three
+    groups)."""
     C, G = index.shape
     N, E = int(num_ranks), float(cost_model.tokens_per_rank)
     used = index > 0
@@ -185,8 +187,9 @@ def double_moves(label: np.ndarray) -> np.ndarray:
 def repartitions(label: np.ndarray, k: int, max_union: int, budget: int) -> np.ndarray:
     """For every ``k`` group ids among ``0 … K`` (in combination order; ``K`` is a new, empty group) whose
     union holds at most ``max_union`` sequences: every assignment of the union to those ``k`` ids (the
-    union's first sequence stays in the first; empty groups allowed) — the exact re-optimisation of ``k`` groups, a step that single and double moves
-    cannot make. At most ``budget`` rows (whole combinations only)."""
+    union's first sequence stays in the first; empty groups allowed) — the exact re-optimisation of ``k``
+    groups, a step that single and double moves cannot make. At most ``budget`` rows (whole combinations
+    only)."""
     K = int(label.max()) + 1
     rows, total = [], 0
     for combo in itertools.combinations(range(K + 1), k):  # id K: a new group (re-split into one more)
@@ -242,7 +245,8 @@ def _best(scores: tuple[np.ndarray, np.ndarray, np.ndarray], cur: tuple[int, flo
     rows = rows[vals[rows] <= v + abs(v) * _IMPROVE]
     j = int(rows[np.argmin(spr[rows])])
     ex0, v0, s0 = cur
-    better = e < ex0 or (e == ex0 and (v < v0 * (1 - _IMPROVE) or (v <= v0 * (1 + _IMPROVE) and spr[j] < s0 * (1 - _IMPROVE))))
+    flatter = v <= v0 * (1 + _IMPROVE) and spr[j] < s0 * (1 - _IMPROVE)
+    better = e < ex0 or (e == ex0 and (v < v0 * (1 - _IMPROVE) or flatter))
     return (j, (e, float(vals[j]), float(spr[j]))) if better else None
 
 
@@ -269,11 +273,11 @@ def local_search(label: np.ndarray, terms: np.ndarray, work: np.ndarray, num_ran
                  max_steps: int = SEARCH_MAX_STEPS, compound: bool = True, budget: Budget | None = None
                  ) -> tuple[int, float, np.ndarray]:
     """Best-improvement descent from ``label`` (see :func:`neighbour_labels`): take the neighbour of least
-    ``(excess, value, spread)`` (:func:`_best`) while it beats the current one; when none does and ``compound``, the best of the compound steps
-    (:func:`double_moves` on small groupings, :func:`repartitions` of two and three groups). At most
-    ``max_steps`` steps, and it stops where ``budget`` cannot pay the next scoring. Returns
-    ``(excess, value, label)``; the score never gets worse than the start's
-    (``excess = 0``: memory holds and ``value`` is the optimal makespan of the grouping)."""
+    ``(excess, value, spread)`` (:func:`_best`) while it beats the current one; when none does and ``compound``,
+    the best of the compound steps (:func:`double_moves` on small groupings, :func:`repartitions` of two and
+    three groups). At most ``max_steps`` steps, and it stops where ``budget`` cannot pay the next scoring.
+    Returns ``(excess, value, label)``; the score never gets worse than the start's (``excess = 0``: memory
+    holds and ``value`` is the optimal makespan of the grouping)."""
     label = _canonical(np.asarray(label, dtype=np.int64))
     ex, val, spr = _score([label], terms, num_ranks, cost_model)
     cur = (int(ex[0]), float(val[0]), float(spr[0]))
@@ -349,7 +353,7 @@ def _to_label(groups: list[list[int]], n: int) -> np.ndarray:
     return label
 
 
-ROBUST_DELTA = 0.3  # relative coefficient error the robust choice guards against
+ROBUST_DELTA = 0.2  # relative coefficient error the robust choice guards against
 # scenario models the robust mode also plans with: attention compute and ring traffic off by ±ROBUST_DELTA
 ROBUST_SCENARIOS = (("alpha1", 1 - ROBUST_DELTA), ("alpha1", 1 + ROBUST_DELTA), ("alpha3", 1 - ROBUST_DELTA),
                     ("alpha3", 1 + ROBUST_DELTA))
