@@ -20,9 +20,10 @@ from common import lower_bound  # noqa: E402
 REL = 1e-9  # float summation order only
 
 
-def _cm(v2: bool, tokens_per_rank: int):
+def _cm(v2: bool, tokens_per_rank: int, ranks_per_node: int = 8):
     kw = {"frozen_vision": False} if v2 else {}
-    return preset_cost_model("Qwen3-VL-8B", "h100", v2=v2, tokens_per_rank=tokens_per_rank, **kw)
+    return preset_cost_model("Qwen3-VL-8B", "h100", v2=v2, tokens_per_rank=tokens_per_rank,
+                             ranks_per_node=ranks_per_node, **kw)
 
 
 @pytest.mark.parametrize("v2", [False, True])
@@ -37,7 +38,7 @@ def test_bound_below_exhaustive_optimum(v2):
             continue  # one micro-batch must be feasible for the exhaustive reference
         etas = (rng.random(n) < 0.3).astype(float)
         vis = (L * rng.random(n) * 0.9).astype(np.int64) if v2 else None
-        cm = _cm(v2, E)
+        cm = _cm(v2, E, ranks_per_node=int(rng.choice([2, 4, 8])))  # small nodes: rings cross them
         best = plan_batch(L, num_ranks=N, cost_model=cm, etas=etas, solver="exhaustive", micro_batches=1,
                           visual=vis).makespan
         lb = lower_bound(L, N, cm, etas=etas, visual=vis)

@@ -170,8 +170,8 @@ def lower_bound(lengths: np.ndarray, num_ranks: int, cm: CostModel, etas: np.nda
     micro-batches memory allows.
 
     v2 (§4.1, when ``cm`` has gamma/alpha_blk/alpha_vis): a group's time is at least each member's time alone on
-    the same degree, ``t_k(d) = T(s_k, q_k, d, B=b_k, V=v_k)`` at intra-node bandwidth (T is non-decreasing in S,
-    Q, B, V and T ≥ C), so a step of time τ puts sequence ``k`` on a degree of at least ``d_k(τ) = min{d ≥ ⌈s_k/E⌉ :
+    the same degree, ``t_k(d) = T(s_k, q_k, d, B=b_k, V=v_k)`` at intra-node bandwidth while ``d ≤ ranks_per_node``
+    and inter-node above (a wider group must span nodes; T is non-decreasing in S, Q, B, V, the KV time, and T ≥ C), so a step of time τ puts sequence ``k`` on a degree of at least ``d_k(τ) = min{d ≥ ⌈s_k/E⌉ :
     t_k(d) ≤ τ}`` (and τ ≥ ``max_k min_d t_k(d)``, the critical path). Rank-seconds: a group of degree d spends
     ``d·C ≥ Σ_k(alpha1·q_k + alpha2·s_k + alpha_vis·v_k) + d·alpha_blk·Σ_k b_k`` (``alpha_blk`` does not shrink with
     d), so τ ≥ ``area(τ) = Σ_k(alpha1·q_k + alpha2·s_k + alpha_vis·v_k + d_k(τ)·alpha_blk·b_k)/N + M·beta1``.
@@ -190,7 +190,7 @@ def lower_bound(lengths: np.ndarray, num_ranks: int, cm: CostModel, etas: np.nda
     dk = np.maximum(1.0, np.ceil(s / cm.tokens_per_rank))
     fixed = (area + cm.alpha_vis * v.sum()) / num_ranks + m * cm.beta1
     d = np.arange(1, num_ranks + 1, dtype=np.float64)[None, :]
-    t = cm.time(s[:, None], (b * s)[:, None], d, intra=True, B=b[:, None], V=v[:, None])
+    t = cm.time(s[:, None], (b * s)[:, None], d, intra=d <= cm.ranks_per_node, B=b[:, None], V=v[:, None])
     t = np.where(d >= dk[:, None], t, np.inf)
     crit = float(t.min(axis=1).max())
 

@@ -96,7 +96,8 @@ the best one over these batches, as `fcp simulate` does (the paper's Megatron-LM
 (per-batch d)" lets the planner re-choose the degree for *each micro-batch*, an oracle no fixed configuration has,
 hence a stricter comparison. Cost model **v2** (`preset_cost_model(model, hw)`, the default: §4 + `gamma` per ring
 step and `alpha_blk` per token and rank; text has no visual tokens). "§4.1 lower bound" is `common.lower_bound`:
-the smallest step time τ that is at least the critical path (each sequence alone on its best degree) and at least
+the smallest step time τ that is at least the critical path (each sequence alone on its best degree; a degree above
+16 ranks crosses nodes) and at least
 the area bound `Σ_k(alpha1·s_k² + alpha2·s_k + d_k(τ)·alpha_blk·s_k)/N + M·beta1`, `d_k(τ)` the smallest degree on
 which sequence k alone finishes within τ; no plan can beat it, so a small gap means no planner could gain much more.
 

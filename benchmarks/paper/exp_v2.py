@@ -141,7 +141,7 @@ clamped to {INTERNVL_VARIABLE[1]}–{INTERNVL_VARIABLE[2]} frames as in the synt
 `alpha_blk` per token and rank, `alpha_vis` per visual token (6·P_vit·patches per token trained, 2· frozen), and
 the planner and every baseline get the visual tokens (`visual=`). **§4.1 lower bound** (`common.lower_bound`):
 the smallest step time τ that is at least the critical path `max_k min_d T(s_k, s_k², d, B=s_k, V=v_k)` (one
-sequence alone on its best degree, intra-node bandwidth; `gamma` enters here) and at least the area bound
+sequence alone on its best degree, intra-node bandwidth up to 16 ranks, inter-node above; `gamma` enters here) and at least the area bound
 `Σ_k(alpha1·s_k² + alpha2·s_k + alpha_vis·v_k + d_k(τ)·alpha_blk·s_k)/N + M·beta1`, `d_k(τ)` the smallest degree on
 which sequence k alone finishes within τ (`alpha_blk` is paid by every rank of its group).
 
