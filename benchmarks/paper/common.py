@@ -136,12 +136,12 @@ def simulate_cell(pool: np.ndarray, *, model: str, cost_model: CostModel, num_ra
                   seed: int, ctx: Ctx | None = None, label: str = "", oracle: bool = True,
                   systems=SIM_SYSTEMS, visual: np.ndarray | None = None
                   ) -> tuple[dict[str, SystemResult], dict[str, int | None]]:
-    """One cell = ``fcp simulate`` (:func:`fcp_data.commands.simulate.simulate`) on ``pool``: the same
+    """One cell = ``fcp simulate`` (:func:`fcp_data.plan.simulate.simulate`) on ``pool``: the same
     ``draw_batches`` batches for every system, ``plan_batch(..., micro_batches="auto")``, and
     ``static-cp``/``ulysses`` at the single degree with the best total over the run.
     ``oracle`` adds ``static-cp-batch``: static CP re-choosing its degree for every micro-batch. ``visual``:
     visual tokens per pool sequence (§4.1), given to every system and to the lower bound."""
-    from fcp_data.commands.simulate import simulate
+    from fcp_data.plan.simulate import simulate
     from fcp_data.workloads import draw_batches
 
     times, _, fixed = simulate(pool, num_ranks=num_ranks, cost_model=cost_model, global_batch_size=gbs, steps=steps,
