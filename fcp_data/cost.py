@@ -239,6 +239,33 @@ class CostModel:
             intra = self.is_intra_node(ranks)
         return self.time(S, Q, d, intra, B=float(b.sum()), V=float(v.sum()))
 
+    def work(self, lengths, etas=None, visual=None) -> np.ndarray:
+        """Per-sequence compute on one rank, ``alpha1·(1+η)s² + alpha2·s`` (+ ``alpha_blk·(1+η)s + alpha_vis·v``
+        under §4.1): what LPT balances and what the micro-batch bound of ``auto`` sums."""
+        s = np.asarray(lengths, dtype=np.float64)
+        e = np.zeros_like(s) if etas is None else np.asarray(etas, dtype=np.float64)
+        w = self.alpha1 * (1.0 + e) * s * s + self.alpha2 * s  # this order: plans depend on these exact floats
+        if self.alpha_blk:
+            w = w + self.alpha_blk * (1.0 + e) * s
+        if self.alpha_vis and visual is not None:
+            w = w + self.alpha_vis * np.asarray(visual, dtype=np.float64)
+        return w
+
+    def linearized(self, lengths, etas, visual, num_ranks: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The group time as linear functions of the sequences on each degree ``d = 1..num_ranks`` (the exact
+        form the ILP uses): ``T = c_d + max(Σ_k a[k, d], Σ_k x[k, d])`` for a group on one node, with
+        ``c_d = beta1 + (beta2 + gamma·(d−1))·[d>1]``, ``a = (alpha1·q + alpha2·s)/d + e``, ``x = alpha3·s·(d−1)/(d·v_d)
+        + alpha2·s/d + e`` and ``e = alpha_blk·b + alpha_vis·v/d`` (``T = C + M − min(A, X)`` rewritten;
+        ``v_d`` the intra-node bandwidth up to ``ranks_per_node``, else inter-node). Returns ``(c, a, x)``."""
+        s, q, b, vis = sequence_terms(lengths, etas, visual)
+        d = np.arange(1, int(num_ranks) + 1, dtype=np.float64)
+        bw = np.where(d <= self.ranks_per_node, self.bandwidth_intra, self.bandwidth_inter)
+        c = self.beta1 + np.where(d > 1, self.beta2 + self.gamma * (d - 1), 0.0)
+        extra = self.alpha_blk * b[:, None] + self.alpha_vis * vis[:, None] / d[None, :]
+        a = (self.alpha1 * q[:, None] + self.alpha2 * s[:, None]) / d[None, :] + extra
+        x = self.alpha3 * s[:, None] * ((d - 1) / d / bw)[None, :] + self.alpha2 * s[:, None] / d[None, :] + extra
+        return c, a, x
+
     def min_degree(self, total_tokens: float) -> int:
         """Smallest degree whose memory holds ``total_tokens``."""
         return max(1, math.ceil(total_tokens / self.tokens_per_rank))

@@ -36,15 +36,8 @@ __all__ = ["static_cp", "ulysses", "megatron_dynamic", "ulysses_time", "ulysses_
 
 
 def work_proxy(lengths: np.ndarray, etas: np.ndarray, cost_model: CostModel, visual: np.ndarray | None = None) -> np.ndarray:
-    """Per-sequence compute on one rank, ``alpha1·(1+η)s² + alpha2·s`` (+ ``alpha_blk·(1+η)s + alpha_vis·v``
-    under §4.1) — what LPT balances."""
-    s = np.asarray(lengths, dtype=np.float64)
-    w = cost_model.alpha1 * (1.0 + np.asarray(etas, dtype=np.float64)) * s * s + cost_model.alpha2 * s
-    if cost_model.alpha_blk:
-        w = w + cost_model.alpha_blk * (1.0 + np.asarray(etas, dtype=np.float64)) * s
-    if cost_model.alpha_vis and visual is not None:
-        w = w + cost_model.alpha_vis * np.asarray(visual, dtype=np.float64)
-    return w
+    """Per-sequence compute on one rank (:meth:`~fcp_data.cost.CostModel.work`, where the formula lives)."""
+    return cost_model.work(lengths, etas, visual)
 
 
 def ulysses_time(S, Q, ranks: list[tuple[int, ...]], cost_model: CostModel, B=None, V=None, *, num_heads: int,

@@ -32,7 +32,7 @@ import warnings
 
 import numpy as np
 
-from fcp_data.cost import CostModel, sequence_terms
+from fcp_data.cost import CostModel
 from fcp_data.plan.bfd import group_terms_of
 from fcp_data.plan.placement import build_micro_batch
 from fcp_data.plan.types import MicroBatchPlan
@@ -102,14 +102,10 @@ def solve_ilp(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model:
 def _build(cp, lengths: np.ndarray, etas: np.ndarray, N: int, cm: CostModel, visual: np.ndarray | None):
     """The cvxpy problem of the module docstring: ``(problem, z per group, y, m)``."""
     n = int(lengths.size)
-    s, q, b, vis = sequence_terms(lengths, etas, visual)
+    s = lengths.astype(np.float64)
     G = min(n, N)
     d = np.arange(1, N + 1, dtype=np.float64)
-    v = np.where(d <= cm.ranks_per_node, cm.bandwidth_intra, cm.bandwidth_inter)
-    c = cm.beta1 + np.where(d > 1, cm.beta2 + cm.gamma * (d - 1), 0.0)
-    extra = cm.alpha_blk * b[:, None] + cm.alpha_vis * vis[:, None] / d[None, :]       # n × N, §4.1
-    coef_a = (cm.alpha1 * q[:, None] + cm.alpha2 * s[:, None]) / d[None, :] + extra
-    coef_x = cm.alpha3 * s[:, None] * ((d - 1) / d / v)[None, :] + cm.alpha2 * s[:, None] / d[None, :] + extra
+    c, coef_a, coef_x = cm.linearized(lengths, etas, visual, N)  # n × N each, §4/§4.1 (the module docstring)
     scale = 1.0 / max(float(coef_a.max()), 1e-30)  # keep the objective near 1 for the solver's tolerances
 
     z = [cp.Variable((n, N), boolean=True) for _ in range(G)]
