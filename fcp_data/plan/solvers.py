@@ -379,8 +379,16 @@ def plan_batch(lengths, *, num_ranks: int, cost_model: CostModel, etas=None, sol
             opts = {**solver_options, TIME_LIMIT_OPTION: remaining / left}
         return _solve(spec, arr[ids], e[ids], num_ranks, cost_model, None if vis is None else vis[ids], opts, broken)
 
+    # the stage-1 local search (fcp) runs on the chosen split only: `auto` compares several splits with the
+    # search off, then each micro-batch of the winner is re-planned with it (kept where it is faster)
+    polish = micro_batches == "auto" and "search" in spec.options and "search" not in solver_options
     try:
+        if polish:
+            solver_options["search"] = False
         mbs, optimal = plan_micro_batches(arr, e, num_ranks, cost_model, solve_one, micro_batches, visual=vis)
+        if polish:
+            del solver_options["search"]
+            mbs = [_polished(mb, solve_one) for mb in mbs]
     except ValueError:
         if broken:
             raise broken[0] from None
@@ -389,6 +397,16 @@ def plan_batch(lengths, *, num_ranks: int, cost_model: CostModel, etas=None, sol
         raise broken[0]
     return Plan(num_ranks=num_ranks, solver=solver, solve_ms=(time.perf_counter() - t0) * 1e3,
                 makespan=float(sum(mb.makespan for mb in mbs)), micro_batches=tuple(mbs), optimal=optimal)
+
+
+def _polished(mb: MicroBatchPlan, solve_one) -> MicroBatchPlan:
+    """``mb`` re-planned by ``solve_one`` on its own sequences (ascending global ids), if that is faster."""
+    ids = np.array(sorted(k for g in mb.groups for k in g.seq_ids), dtype=np.int64)
+    new, _ = solve_one(ids)
+    if not new.makespan < mb.makespan:
+        return mb
+    groups = tuple(CPGroup(ranks=g.ranks, seq_ids=tuple(int(ids[k]) for k in g.seq_ids), time=g.time) for g in new.groups)
+    return MicroBatchPlan(groups=groups, makespan=new.makespan)
 
 
 SOLVERS = SolverCalls(plan_batch)  # live: name -> plan_batch with the solver fixed, registered solvers included
