@@ -35,7 +35,7 @@ COMMANDS = (
     ("index", "fcp_data.commands.index", "build a length index (token counts) of text, image and video datasets"),
     ("train", "fcp_exec.commands.train",
      "train a tiny or Hugging Face LLM / video MLLM with FCP plans and ring attention on N processes"),
-    ("profile", "fcp_data.commands.profile", "time the real executor and fit the cost model coefficients"),
+    ("profile", "fcp_exec.commands.profile", "time the real executor and fit the cost model coefficients"),
 )
 
 _NAMES = frozenset(name for name, _, _ in COMMANDS)
