@@ -36,13 +36,13 @@ import numpy as np
 
 from fcp_data.cost import MAX_RANKS, MAX_SEQUENCE_TOKENS, CostModel
 from fcp_data.plan.allocate import allocate_dp, allocate_fast, pow2_mask, time_table
-from fcp_data.plan.baselines import megatron_dynamic, static_cp, ulysses, work_proxy
-from fcp_data.cost import sequence_terms
+from fcp_data.plan.baselines import megatron_dynamic, work_proxy
 from fcp_data.plan.bfd import bfd_groups, candidate_units, group_terms_of
 from fcp_data.plan.inputs import validate_inputs, validate_visual
 from fcp_data.plan.lpt import lpt_groups
 from fcp_data.plan.microbatch import TimeBudgetExceeded, plan_micro_batches
 from fcp_data.plan.placement import build_micro_batch, place_for_times, placed_times
+from fcp_data.plan.refine import refine_moves
 from fcp_data.plan.registry import (MAX_DP_RANKS, SOLVER_NAMES, TIME_LIMIT_OPTION, InvalidPlanError, SolverCalls, SolverSpec,
                                      check_micro_batch, get_solver)
 from fcp_data.plan.search import retime, robust_choice, scenario_models, search_groupings
@@ -105,27 +105,60 @@ def fcp_micro_batch(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_
     # Tracks, each with its own incumbent so that pruning in one never changes another: "pow2" is exactly
     # what fcp-pow2 computes, "uniform" exactly static-cp; FCP ends with the best of all (after refinement).
     tracks = {"pow2": pow2} if degrees == "pow2" else {"any": None, "pow2": pow2}
-    R = cost_model.ranks_per_node
-    buddy = R & (R - 1) == 0 and num_ranks % R == 0
-    best: dict[str, tuple] = {}  # track -> (makespan, groups, degrees, (S, Q, B, V))
+    inc = _Incumbents(num_ranks, cost_model, pow2, robust_tol > 0)
+    best, consider, pool = inc.best, inc.consider, inc.pool
+    _stage1(lengths, etas, num_ranks, cost_model, visual, tracks, alloc, consider, with_baselines)
+    if search and degrees == "any":
+        _search_candidates(lengths, etas, num_ranks, cost_model, visual, best, alloc, consider)
+    plans = _refined_plans(best, lengths, etas, num_ranks, cost_model, visual)
+    if with_baselines and lengths.size * num_ranks <= MEGATRON_CANDIDATE_MAX:
+        try:
+            plans.append((megatron_dynamic(lengths, etas, num_ranks, cost_model, visual=visual), False))
+        except ValueError:
+            pass
+    if not plans:
+        raise _does_not_fit(lengths, num_ranks, cost_model)
+    if pool is not None:
+        plan, refined = _robust_pick(plans, pool, lengths, etas, num_ranks, cost_model, visual, robust_tol,
+                                     dict(allocator=allocator, degrees=degrees, with_baselines=with_baselines, search=search))
+    else:
+        plan, refined = min(plans, key=lambda p: p[0].makespan)  # first on ties: any, pow2, …-tau, uniform, megatron
+    # a baseline plan won: refine it too (never increases the makespan)
+    return plan if refined else refine_moves(plan, lengths, etas, cost_model, visual=visual)
 
-    pool: list | None = [] if robust_tol > 0 else None  # every candidate, for the robust choice
 
-    def consider(track: str, value: float, deg: np.ndarray, groups, agg) -> None:
-        if pool is not None:
-            pool.append((value, groups, deg, agg))
-        inc = best.get(track)
+class _Incumbents:
+    """Each track's best candidate ``track -> (makespan, groups, degrees, (S, Q, B, V))``: :meth:`consider` places a
+    candidate only when its ideal (table) value can beat the track's incumbent; ``pool`` keeps every candidate
+    for the robust choice (None otherwise)."""
+
+    def __init__(self, num_ranks: int, cost_model: CostModel, pow2: np.ndarray, keep_pool: bool) -> None:
+        self.num_ranks, self.cost_model, self.pow2 = num_ranks, cost_model, pow2
+        R = cost_model.ranks_per_node
+        self.buddy = R & (R - 1) == 0 and num_ranks % R == 0
+        self.best: dict[str, tuple] = {}
+        self.pool: list | None = [] if keep_pool else None
+
+    def consider(self, track: str, value: float, deg: np.ndarray, groups, agg) -> None:
+        if self.pool is not None:
+            self.pool.append((value, groups, deg, agg))
+        inc = self.best.get(track)
         if inc is not None and not value < inc[0] * (1 + 1e-12):
             return  # real makespan ≥ ideal value ≥ incumbent
-        if buddy and bool(np.all(pow2[deg - 1])):
+        if self.buddy and bool(np.all(self.pow2[deg - 1])):
             span = value  # powers of two always pack into power-of-two nodes: placed time == table time
         else:
             S, Q, B, V = agg
-            span = float(placed_times(S, Q, place_for_times(S, Q, deg, num_ranks, cost_model, B=B, V=V), cost_model,
-                                      B, V).max())
+            cm = self.cost_model
+            span = float(placed_times(S, Q, place_for_times(S, Q, deg, self.num_ranks, cm, B=B, V=V), cm, B, V).max())
         if inc is None or span < inc[0]:
-            best[track] = (span, groups, deg, agg)
+            self.best[track] = (span, groups, deg, agg)
 
+
+def _stage1(lengths, etas, num_ranks: int, cost_model: CostModel, visual, tracks: dict, alloc, consider,
+            with_baselines: bool) -> None:
+    """Every stage-1 grouping of :func:`_candidate_groupings` through stage 2 on each track (and its uniform
+    degree, the static-cp configuration, when it has one)."""
     seen: set[tuple[tuple[int, ...], ...]] = set()
     for groups, uniform, family in _candidate_groupings(lengths, etas, num_ranks, cost_model, visual):
         if len(groups) > num_ranks:
@@ -145,23 +178,6 @@ def fcp_micro_batch(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_
             value = float(table[:, uniform - 1].max())  # inf when memory fails
             if np.isfinite(value):
                 consider("uniform", value, np.full(len(groups), uniform, dtype=np.int64), groups, agg)
-    if search and degrees == "any":
-        _search_candidates(lengths, etas, num_ranks, cost_model, visual, best, alloc, consider)
-    plans = _refined_plans(best, lengths, etas, num_ranks, cost_model, visual)
-    if with_baselines and lengths.size * num_ranks <= MEGATRON_CANDIDATE_MAX:
-        try:
-            plans.append((megatron_dynamic(lengths, etas, num_ranks, cost_model, visual=visual), False))
-        except ValueError:
-            pass
-    if not plans:
-        raise _does_not_fit(lengths, num_ranks, cost_model)
-    if pool is not None:
-        plan, refined = _robust_pick(plans, pool, lengths, etas, num_ranks, cost_model, visual, robust_tol,
-                                     dict(allocator=allocator, degrees=degrees, with_baselines=with_baselines, search=search))
-    else:
-        plan, refined = min(plans, key=lambda p: p[0].makespan)  # first on ties: any, pow2, …-tau, uniform, megatron
-    # a baseline plan won: refine it too (never increases the makespan)
-    return plan if refined else refine_moves(plan, lengths, etas, cost_model, visual=visual)
 
 
 def _does_not_fit(lengths: np.ndarray, num_ranks: int, cost_model: CostModel) -> ValueError:
@@ -223,88 +239,6 @@ def _search_candidates(lengths, etas, num_ranks, cost_model, visual, best, alloc
         value, deg = alloc(time_table(agg[0], agg[1], num_ranks, cost_model, B=agg[2], V=agg[3], sparse=True), num_ranks)
         if deg is not None:
             consider("any-search", value, deg, groups, agg)
-
-
-def refine_moves(mb: MicroBatchPlan, lengths: np.ndarray, etas: np.ndarray, cost_model: CostModel,
-                 max_moves: int = 32, visual: np.ndarray | None = None) -> MicroBatchPlan:
-    """Local search on a plan with fixed ranks: move one sequence out of the slowest group into the group
-    where ``max(T_slowest', T_target')`` is smallest, while that is below ``T_slowest`` and memory holds.
-    Vectorised over (sequence of the slowest group × target group). Never increases the makespan."""
-    K = len(mb.groups)
-    if K < 2:
-        return mb
-    s, q, bq, v = sequence_terms(lengths, etas, visual)
-    sizes = [len(g.seq_ids) for g in mb.groups]
-    label = np.empty(lengths.size, dtype=np.int64)
-    label[np.fromiter((k for g in mb.groups for k in g.seq_ids), dtype=np.int64, count=sum(sizes))] = \
-        np.repeat(np.arange(K), sizes)
-    start = label.copy()
-    touched: set[int] = set()
-    d = np.array([g.degree for g in mb.groups], dtype=np.float64)
-    intra = np.array([cost_model.is_intra_node(g.ranks) for g in mb.groups])
-    cap = d * cost_model.tokens_per_rank
-    S = np.bincount(label, weights=s, minlength=K)
-    Q = np.bincount(label, weights=q, minlength=K)
-    B = np.bincount(label, weights=bq, minlength=K)
-    V = np.bincount(label, weights=v, minlength=K)
-    T = np.atleast_1d(cost_model.time(S, Q, d, intra, B=B, V=V))
-    moved = False
-    for _ in range(max_moves):
-        b = int(np.argmax(T))
-        members = np.flatnonzero(label == b)
-        if members.size == 0:
-            break
-        alone = members.size == 1
-        if members.size > 32:  # equal (s, q) give equal rows; argmin below takes the first of them anyway
-            cols = (s[members], q[members]) if visual is None else (s[members], q[members], v[members])
-            first = np.unique(np.stack(cols, axis=1), axis=0, return_index=True)[1]
-            members = members[np.sort(first)]
-        sk, qk, bk, vk = s[members][:, None], q[members][:, None], bq[members][:, None], v[members][:, None]
-        tb = np.atleast_1d(cost_model.time(S[b] - s[members], Q[b] - q[members], d[b], intra[b],
-                                           B=B[b] - bq[members], V=V[b] - v[members]))
-        tb = np.where(alone, 0.0, tb)  # an emptied group leaves its ranks idle
-        tg = cost_model.time(S[None, :] + sk, Q[None, :] + qk, d[None, :], intra[None, :], B=B[None, :] + bk,
-                             V=V[None, :] + vk)
-        tg = np.where(S[None, :] + sk <= cap[None, :], tg, np.inf)
-        tg[:, b] = np.inf
-        pair = np.maximum(tb[:, None], tg)
-        flat = int(np.argmin(pair))
-        i, g = divmod(flat, K)
-        if not pair[i, g] < T[b] * (1 - 1e-12):
-            break
-        k = int(members[i])
-        label[k] = g
-        touched.add(k)
-        S[b] -= s[k]; Q[b] -= q[k]; S[g] += s[k]; Q[g] += q[k]
-        B[b] -= bq[k]; V[b] -= v[k]; B[g] += bq[k]; V[g] += v[k]
-        T[b] = tb[i]
-        T[g] = tg[i, g]
-        moved = True
-    if not moved:
-        return mb
-    # only the groups that lost or gained a sequence change: the members that stayed keep their packing
-    # order, the newcomers follow in index order (O(moves + their sizes), not O(groups × sequences))
-    changed = {k for k in touched if label[k] != start[k]}
-    incoming: dict[int, list[int]] = {}
-    for k in sorted(changed):
-        incoming.setdefault(int(label[k]), []).append(k)
-    dirty = {int(start[k]) for k in changed} | set(incoming)
-    groups = []
-    for g, grp in enumerate(mb.groups):
-        ids = grp.seq_ids
-        if g in dirty:
-            ids = tuple(k for k in ids if k not in changed) + tuple(incoming.get(g, ()))
-        if ids:
-            groups.append((g, grp.ranks, ids))
-    keep = np.array([g for g, _, _ in groups], dtype=np.int64)
-    S = np.bincount(label, weights=s, minlength=K)[keep]
-    Q = np.bincount(label, weights=q, minlength=K)[keep]
-    B = np.bincount(label, weights=bq, minlength=K)[keep]
-    V = np.bincount(label, weights=v, minlength=K)[keep]
-    times = placed_times(S, Q, [r for _, r, _ in groups], cost_model, B, V)
-    cp = tuple(CPGroup(ranks=r, seq_ids=i, time=float(t)) for (_, r, i), t in zip(groups, times))
-    out = MicroBatchPlan(groups=cp, makespan=float(max(times)))
-    return out if out.makespan <= mb.makespan else mb
 
 
 DEFAULT_TIME_LIMIT = 30.0  # seconds, for a time-limited solver (the ILP) when the caller gives none

@@ -1,0 +1,112 @@
+"""Refinement of a placed plan with its ranks fixed (:func:`refine_moves`), the last step of every FCP track."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fcp_data.cost import CostModel, sequence_terms
+from fcp_data.plan.placement import placed_times
+from fcp_data.plan.types import CPGroup, MicroBatchPlan
+
+__all__ = ["refine_moves"]
+
+
+class _Groups:
+    """Per-group aggregates ``S, Q, B, V``, times ``T``, degrees, memory caps of a plan's groups, and the
+    sequence → group ``label``, updated move by move."""
+
+    def __init__(self, mb: MicroBatchPlan, terms, cost_model: CostModel, n: int) -> None:
+        K = len(mb.groups)
+        s, q, bq, v = terms
+        sizes = [len(g.seq_ids) for g in mb.groups]
+        self.label = np.empty(n, dtype=np.int64)
+        self.label[np.fromiter((k for g in mb.groups for k in g.seq_ids), dtype=np.int64, count=sum(sizes))] = \
+            np.repeat(np.arange(K), sizes)
+        self.d = np.array([g.degree for g in mb.groups], dtype=np.float64)
+        self.intra = np.array([cost_model.is_intra_node(g.ranks) for g in mb.groups])
+        self.cap = self.d * cost_model.tokens_per_rank
+        self.S, self.Q, self.B, self.V = (np.bincount(self.label, weights=w, minlength=K) for w in (s, q, bq, v))
+        self.T = np.atleast_1d(cost_model.time(self.S, self.Q, self.d, self.intra, B=self.B, V=self.V))
+
+
+def refine_moves(mb: MicroBatchPlan, lengths: np.ndarray, etas: np.ndarray, cost_model: CostModel,
+                 max_moves: int = 32, visual: np.ndarray | None = None) -> MicroBatchPlan:
+    """Local search on a plan with fixed ranks: move one sequence out of the slowest group into the group
+    where ``max(T_slowest', T_target')`` is smallest, while that is below ``T_slowest`` and memory holds.
+    Vectorised over (sequence of the slowest group × target group). Never increases the makespan."""
+    if len(mb.groups) < 2:
+        return mb
+    terms = sequence_terms(lengths, etas, visual)
+    st = _Groups(mb, terms, cost_model, lengths.size)
+    start = st.label.copy()
+    touched: set[int] = set()
+    for _ in range(max_moves):
+        k = _best_move(st, terms, cost_model, visual is not None)
+        if k is None:
+            break
+        touched.add(k)
+    if not touched:
+        return mb
+    return _rebuilt(mb, st.label, start, touched, terms, cost_model)
+
+
+def _best_move(st: _Groups, terms, cost_model: CostModel, has_visual: bool) -> int | None:
+    """Apply the best single move out of the slowest group (updating ``st``); the moved sequence, or None when
+    no move lowers the slowest group's time."""
+    s, q, bq, v = terms
+    S, Q, B, V, T, d, intra = st.S, st.Q, st.B, st.V, st.T, st.d, st.intra
+    K = T.size
+    b = int(np.argmax(T))
+    members = np.flatnonzero(st.label == b)
+    if members.size == 0:
+        return None
+    alone = members.size == 1
+    if members.size > 32:  # equal (s, q) give equal rows; argmin below takes the first of them anyway
+        cols = (s[members], q[members], v[members]) if has_visual else (s[members], q[members])
+        first = np.unique(np.stack(cols, axis=1), axis=0, return_index=True)[1]
+        members = members[np.sort(first)]
+    sk, qk, bk, vk = s[members][:, None], q[members][:, None], bq[members][:, None], v[members][:, None]
+    tb = np.atleast_1d(cost_model.time(S[b] - s[members], Q[b] - q[members], d[b], intra[b],
+                                       B=B[b] - bq[members], V=V[b] - v[members]))
+    tb = np.where(alone, 0.0, tb)  # an emptied group leaves its ranks idle
+    tg = cost_model.time(S[None, :] + sk, Q[None, :] + qk, d[None, :], intra[None, :], B=B[None, :] + bk,
+                         V=V[None, :] + vk)
+    tg = np.where(S[None, :] + sk <= st.cap[None, :], tg, np.inf)
+    tg[:, b] = np.inf
+    pair = np.maximum(tb[:, None], tg)
+    i, g = divmod(int(np.argmin(pair)), K)
+    if not pair[i, g] < T[b] * (1 - 1e-12):
+        return None
+    k = int(members[i])
+    st.label[k] = g
+    S[b] -= s[k]; Q[b] -= q[k]; S[g] += s[k]; Q[g] += q[k]  # noqa: E702
+    B[b] -= bq[k]; V[b] -= v[k]; B[g] += bq[k]; V[g] += v[k]  # noqa: E702
+    T[b] = tb[i]
+    T[g] = tg[i, g]
+    return k
+
+
+def _rebuilt(mb: MicroBatchPlan, label: np.ndarray, start: np.ndarray, touched: set[int], terms,
+             cost_model: CostModel) -> MicroBatchPlan:
+    """The plan after the moves. Only the groups that lost or gained a sequence change: the members that stayed
+    keep their packing order, the newcomers follow in index order (O(moves + their sizes), not O(groups ×
+    sequences)). ``mb`` itself if the moves did not lower its placed makespan."""
+    K = len(mb.groups)
+    changed = {k for k in touched if label[k] != start[k]}
+    incoming: dict[int, list[int]] = {}
+    for k in sorted(changed):
+        incoming.setdefault(int(label[k]), []).append(k)
+    dirty = {int(start[k]) for k in changed} | set(incoming)
+    groups = []
+    for g, grp in enumerate(mb.groups):
+        ids = grp.seq_ids
+        if g in dirty:
+            ids = tuple(k for k in ids if k not in changed) + tuple(incoming.get(g, ()))
+        if ids:
+            groups.append((g, grp.ranks, ids))
+    keep = np.array([g for g, _, _ in groups], dtype=np.int64)
+    S, Q, B, V = (np.bincount(label, weights=w, minlength=K)[keep] for w in terms)
+    times = placed_times(S, Q, [r for _, r, _ in groups], cost_model, B, V)
+    cp = tuple(CPGroup(ranks=r, seq_ids=i, time=float(t)) for (_, r, i), t in zip(groups, times))
+    out = MicroBatchPlan(groups=cp, makespan=float(max(times)))
+    return out if out.makespan <= mb.makespan else mb
