@@ -23,6 +23,8 @@ Deterministic: stable sorts and fixed bisection steps only.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from fcp_data.cost import CostModel, sequence_terms
@@ -84,6 +86,24 @@ def _fill_headroom(groups, per, rest, terms, tau, cost_model):
     return groups, light[taken:][::-1]
 
 
+@dataclass
+class _Target:
+    """What :func:`tau_groupings` derives once: the order (memory-overflowing first, then by solo time), the
+    running-minimum table of the ``M`` heaviest, the target makespan ``tau`` and the long count ``m0`` at it."""
+
+    s: np.ndarray
+    q: np.ndarray
+    b: np.ndarray
+    v: np.ndarray
+    solo: np.ndarray
+    order: np.ndarray
+    Tt: object
+    M: int
+    n_over: int
+    tau: float = 0.0
+    m0: int = 0
+
+
 def tau_groupings(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: CostModel,
                   spread: int = 0, fill: bool = True,
                   coarsen: tuple[int, ...] = (2, 3, 4), visual: np.ndarray | None = None
@@ -105,29 +125,37 @@ def tau_groupings(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_mo
     top = order[:M]
     # the running minimum over useful degrees only (queried at τ ≥ lo below, its floor)
     Tt = time_table(s[top], q[top], N, cost_model, B=b[top], V=v[top], sparse=True).running_min(cost_model.beta1)
-    beta1 = cost_model.beta1
-    work_sorted = (solo - beta1)[order]
-    suffix_work = np.concatenate((np.cumsum(work_sorted[::-1])[::-1], [0.0]))  # work of order[m:]
-    solo_sorted = solo[order]
-    n_over = int(over.sum())
+    t = _Target(s=s, q=q, b=b, v=v, solo=solo, order=order, Tt=Tt, M=M, n_over=int(over.sum()))
+    if not _bisect(t, N, cost_model):
+        return []
+    return _single_out(t, N, cost_model, spread, fill) + _coarse(t, N, cost_model, coarsen)
 
-    def long_count(tau: float) -> int:
-        # sequences singled out at τ: overflowing ones plus those slower than τ alone on one rank
-        return max(n_over, int(np.searchsorted(-solo_sorted[n_over:], -tau, side="left")) + n_over)
+
+def _long_count(t: _Target, tau: float) -> int:
+    """Sequences singled out at τ: overflowing ones plus those slower than τ alone on one rank."""
+    solo_sorted = t.solo[t.order]
+    return max(t.n_over, int(np.searchsorted(-solo_sorted[t.n_over:], -tau, side="left")) + t.n_over)
+
+
+def _bisect(t: _Target, N: int, cost_model: CostModel) -> bool:
+    """Set ``t.tau`` to the smallest feasible target makespan (bisection) and ``t.m0``; False if none is."""
+    beta1 = cost_model.beta1
+    work_sorted = (t.solo - beta1)[t.order]
+    suffix_work = np.concatenate((np.cumsum(work_sorted[::-1])[::-1], [0.0]))  # work of order[m:]
 
     def feasible(tau: float) -> bool:
-        m = long_count(tau)
-        if m > M:
+        m = _long_count(t, tau)
+        if m > t.M:
             return False
-        need = int(min_ranks_for(Tt[:m], tau).sum()) if m else 0
+        need = int(min_ranks_for(t.Tt[:m], tau).sum()) if m else 0
         return need + _rest_bins(tau, m, work_sorted, suffix_work, beta1) <= N
 
-    lo = float(max(Tt[:, -1].max() if M else 0.0, beta1))  # no plan beats the longest sequence on N ranks
+    lo = float(max(t.Tt[:, -1].max() if t.M else 0.0, beta1))  # no plan beats the longest sequence on N ranks
     # everything on one rank — and more than enough, unless memory forces the longest sequence onto a ring
     # slower than that (then the search starts at lo: RunningMin answers τ ≥ lo only)
-    hi = max(float(solo.max() + solo.sum()), lo)
+    hi = max(float(t.solo.max() + t.solo.sum()), lo)
     if not np.isfinite(lo):
-        return []
+        return False
     if feasible(lo):
         hi = lo
     else:
@@ -140,42 +168,54 @@ def tau_groupings(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_mo
             if hi - lo <= 1e-4 * hi:  # τ only picks the long set and its ranks; the allocator is exact
                 break
     if not feasible(hi):
-        return []
-    tau = hi
-    m0 = long_count(tau)
+        return False
+    t.tau, t.m0 = hi, _long_count(t, hi)
+    return True
+
+
+def _single_out(t: _Target, N: int, cost_model: CostModel, spread: int, fill: bool) -> list:
+    """The long sequences alone on the fewest ranks that meet τ, the rest LPT-balanced on single ranks (and the
+    variant whose long groups also take light sequences into their headroom)."""
+    n, E, beta1 = t.s.size, cost_model.tokens_per_rank, cost_model.beta1
     out: list[tuple[list[list[int]], bool]] = []
-    for m in range(max(n_over, m0 - spread), min(M, m0 + spread) + 1):
+    for m in range(max(t.n_over, t.m0 - spread), min(t.M, t.m0 + spread) + 1):
         if m >= n:
             continue
-        per = np.minimum(min_ranks_for(Tt[:m], tau), N) if m else np.zeros(0, dtype=np.int64)
+        per = np.minimum(min_ranks_for(t.Tt[:m], t.tau), N) if m else np.zeros(0, dtype=np.int64)
         k_rest = N - int(per.sum())
         if k_rest < 1:
             continue
         for filled in ((False, True) if fill and m else (False,)):
-            groups = [[int(k)] for k in order[:m]]
-            rest = order[m:]
+            groups = [[int(k)] for k in t.order[:m]]
+            rest = t.order[m:]
             if filled:
-                groups, rest = _fill_headroom(groups, per, rest, (s, q, b, v), tau, cost_model)
+                groups, rest = _fill_headroom(groups, per, rest, (t.s, t.q, t.b, t.v), t.tau, cost_model)
             if rest.size:
                 k = min(k_rest, rest.size)
-                label = lpt_heap(solo[rest] - beta1, s[rest], k, float(E))
+                label = lpt_heap(t.solo[rest] - beta1, t.s[rest], k, float(E))
                 if label is None:
                     continue
                 groups += [[int(rest[i]) for i in g] for g in labels_to_groups(label, k)]
             out.append((groups, filled))
-    # rings of about c ranks over mixed heavy and light sequences: the sequences that need more than c
-    # ranks at τ* stay alone, the rest is LPT-balanced into (ranks left) // c groups
-    per_all = np.minimum(min_ranks_for(Tt, tau), N)
+    return out
+
+
+def _coarse(t: _Target, N: int, cost_model: CostModel, coarsen: tuple[int, ...]) -> list:
+    """Rings of about c ranks over mixed heavy and light sequences: the sequences that need more than c ranks at
+    τ* stay alone, the rest is LPT-balanced into (ranks left) // c groups."""
+    n, E, beta1 = t.s.size, cost_model.tokens_per_rank, cost_model.beta1
+    per_all = np.minimum(min_ranks_for(t.Tt, t.tau), N)
+    out: list[tuple[list[list[int]], None]] = []
     for c in coarsen:
-        j = max(n_over, int(np.count_nonzero(per_all[:m0] > c)))
+        j = max(t.n_over, int(np.count_nonzero(per_all[:t.m0] > c)))
         k = (N - int(per_all[:j].sum())) // c
         if j >= n or k < 1:
             continue
-        rest = order[j:]
+        rest = t.order[j:]
         k = min(k, rest.size)
-        label = lpt_heap(solo[rest] - beta1, s[rest], k, float(c * E))
+        label = lpt_heap(t.solo[rest] - beta1, t.s[rest], k, float(c * E))
         if label is not None:
-            groups = [[int(i)] for i in order[:j]]
+            groups = [[int(i)] for i in t.order[:j]]
             groups += [[int(rest[i]) for i in g] for g in labels_to_groups(label, k)]
             out.append((groups, None))
     return out
