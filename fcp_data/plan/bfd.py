@@ -66,20 +66,9 @@ def bfd_groups(lengths: np.ndarray, unit: float) -> list[list[int]]:
         else:
             pos = bisect_left(rooms, s)
             if pos < len(rooms):
-                r = rooms.pop(pos)
-                b = ids.pop(pos)
-                k = 1
-                if run_end is not None:
-                    k = min(run_end[p] - p, int(r // s))
-                    while k > 1 and r - (k - 1) * s < s:  # exact integer-step arithmetic, float-safe
-                        k -= 1
-                    while p + k < run_end[p] and r - k * s >= s:
-                        k += 1
-                    k = max(k, 1)
-                if k == 1:
-                    groups[b].append(i)
-                else:
-                    groups[b].extend(order[p:p + k])
+                r, b = rooms.pop(pos), ids.pop(pos)
+                k = 1 if run_end is None else _run_take(r, s, p, run_end[p])
+                groups[b].extend(order[p:p + k])
                 room = r - k * s
                 p += k
             else:
@@ -92,6 +81,17 @@ def bfd_groups(lengths: np.ndarray, unit: float) -> list[list[int]]:
             rooms.insert(j, room)
             ids.insert(j, b)
     return groups
+
+
+def _run_take(r: float, s: float, p: int, end: int) -> int:
+    """How many of the equal sequences ``p … end−1`` (``s`` tokens each) a bin with room ``r`` takes: as many as
+    fit, at least one (best fit keeps sending them there while one more fits)."""
+    k = min(end - p, int(r // s))
+    while k > 1 and r - (k - 1) * s < s:  # exact integer-step arithmetic, float-safe
+        k -= 1
+    while p + k < end and r - k * s >= s:
+        k += 1
+    return max(k, 1)
 
 
 def group_aggregates_of(groups: list[list[int]], lengths: np.ndarray, etas: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
