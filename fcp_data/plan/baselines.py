@@ -133,55 +133,12 @@ def megatron_dynamic(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost
     E = cost_model.tokens_per_rank
     n = lengths.size
     work = work_proxy(lengths, etas, cost_model, visual)
-    order = np.lexsort((np.arange(n), -work))
     deg = np.ones(n, dtype=np.int64)  # degree of each sequence; > 1 means a group of its own
     for i in range(n):
         if lengths[i] > E:
             deg[i] = 1 << math.ceil(math.log2(math.ceil(lengths[i] / E)))
-    R = cost_model.ranks_per_node
-
-    s64, q64, b64, v64 = sequence_terms(lengths, etas, visual)
-
-    def evaluate(deg: np.ndarray):
-        is_long = deg > 1
-        long_ids = order[is_long[order]]
-        short_ids = order[~is_long[order]]
-        r = num_ranks - int(deg[long_ids].sum())
-        label = np.empty(n, dtype=np.int64)
-        label[long_ids] = np.arange(long_ids.size)
-        k = long_ids.size
-        if short_ids.size and r < 1:  # no rank left: short sequences ride in the long groups' headroom
-            room = deg[long_ids] * float(E) - lengths[long_ids]
-            for i in short_ids.tolist():
-                fits = np.flatnonzero(room >= lengths[i])
-                if fits.size == 0:
-                    return None
-                g = int(fits[np.argmin(room[fits])])
-                label[i] = g
-                room[g] -= lengths[i]
-        elif short_ids.size:
-            sl = lpt_labels(work[short_ids], lengths[short_ids], r, E)
-            if sl is None:
-                return None
-            present = np.bincount(sl, minlength=r) > 0  # renumber to the non-empty groups, in group-id order
-            label[short_ids] = long_ids.size + (np.cumsum(present) - 1)[sl]
-            k += int(present.sum())
-        elif r < 0:
-            return None
-        degrees = np.ones(k, dtype=np.int64)
-        degrees[: long_ids.size] = deg[long_ids]
-        S = np.bincount(label, weights=s64, minlength=k)
-        Q = np.bincount(label, weights=q64, minlength=k)
-        B = np.bincount(label, weights=b64, minlength=k)
-        V = None if visual is None else np.bincount(label, weights=v64, minlength=k)
-        d = degrees.astype(np.float64)
-        T = np.atleast_1d(cost_model.time(S, Q, d, d <= R, B=B, V=V))
-        return float(T.max()), label, degrees, T
-
-    if int(deg[deg > 1].sum()) > num_ranks:
-        cur = None
-    else:
-        cur = evaluate(deg)
+    ev = _MegatronEval(lengths, etas, visual, num_ranks, cost_model, work)
+    cur = None if int(deg[deg > 1].sum()) > num_ranks else ev(deg)
     if cur is None:
         raise _infeasible("megatron-dynamic", lengths, num_ranks, cost_model,
                           f"power-of-two degrees of the long sequences need {int(deg[deg > 1].sum())} ranks")
@@ -193,7 +150,7 @@ def megatron_dynamic(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost
         trial[i] *= 2
         if int(trial[trial > 1].sum()) > num_ranks:
             break
-        nxt = evaluate(trial)
+        nxt = ev(trial)
         if nxt is None or nxt[0] >= cur[0]:
             break
         deg, cur = trial, nxt
@@ -201,3 +158,58 @@ def megatron_dynamic(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost
     groups = labels_to_groups(label, len(degrees))
     S, Q, B, V = group_terms_of(groups, lengths, etas, visual)
     return build_micro_batch(groups, degrees, S, Q, num_ranks, cost_model, B=B, V=V)
+
+
+class _MegatronEval:
+    """``ev(deg)``: megatron-dynamic's configuration for per-sequence degrees ``deg`` (a sequence with degree > 1
+    gets a group of its own, the rest LPT on the ranks left or, with none left, the long groups' headroom) as
+    ``(makespan, label, group degrees, group times)``, or None when it does not fit."""
+
+    def __init__(self, lengths, etas, visual, num_ranks: int, cost_model: CostModel, work: np.ndarray) -> None:
+        self.lengths, self.visual, self.N, self.cm, self.work = lengths, visual, num_ranks, cost_model, work
+        self.order = np.lexsort((np.arange(lengths.size), -work))
+        self.terms = sequence_terms(lengths, etas, visual)
+
+    def _label_short(self, label, short_ids, long_ids, deg, r: int) -> int | None:
+        """Label the short sequences (in place); the number of groups, or None when they do not fit."""
+        lengths, E = self.lengths, self.cm.tokens_per_rank
+        k = long_ids.size
+        if short_ids.size and r < 1:  # no rank left: short sequences ride in the long groups' headroom
+            room = deg[long_ids] * float(E) - lengths[long_ids]
+            for i in short_ids.tolist():
+                fits = np.flatnonzero(room >= lengths[i])
+                if fits.size == 0:
+                    return None
+                g = int(fits[np.argmin(room[fits])])
+                label[i] = g
+                room[g] -= lengths[i]
+        elif short_ids.size:
+            sl = lpt_labels(self.work[short_ids], lengths[short_ids], r, E)
+            if sl is None:
+                return None
+            present = np.bincount(sl, minlength=r) > 0  # renumber to the non-empty groups, in group-id order
+            label[short_ids] = long_ids.size + (np.cumsum(present) - 1)[sl]
+            k += int(present.sum())
+        elif r < 0:
+            return None
+        return k
+
+    def __call__(self, deg: np.ndarray):
+        is_long = deg > 1
+        long_ids = self.order[is_long[self.order]]
+        short_ids = self.order[~is_long[self.order]]
+        label = np.empty(self.lengths.size, dtype=np.int64)
+        label[long_ids] = np.arange(long_ids.size)
+        k = self._label_short(label, short_ids, long_ids, deg, self.N - int(deg[long_ids].sum()))
+        if k is None:
+            return None
+        degrees = np.ones(k, dtype=np.int64)
+        degrees[: long_ids.size] = deg[long_ids]
+        s64, q64, b64, v64 = self.terms
+        S = np.bincount(label, weights=s64, minlength=k)
+        Q = np.bincount(label, weights=q64, minlength=k)
+        B = np.bincount(label, weights=b64, minlength=k)
+        V = None if self.visual is None else np.bincount(label, weights=v64, minlength=k)
+        d = degrees.astype(np.float64)
+        T = np.atleast_1d(self.cm.time(S, Q, d, d <= self.cm.ranks_per_node, B=B, V=V))
+        return float(T.max()), label, degrees, T
