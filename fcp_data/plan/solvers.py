@@ -45,7 +45,8 @@ from fcp_data.plan.placement import build_micro_batch, place_for_times, placed_t
 from fcp_data.plan.refine import refine_moves
 from fcp_data.plan.registry import (MAX_DP_RANKS, SOLVER_NAMES, TIME_LIMIT_OPTION, InvalidPlanError, SolverCalls, SolverSpec,
                                      check_micro_batch, get_solver)
-from fcp_data.plan.search import retime, robust_choice, scenario_models, search_groupings
+from fcp_data.plan.robust import retime, robust_choice, scenario_models
+from fcp_data.plan.search import search_groupings
 from fcp_data.plan.tau import tau_groupings
 from fcp_data.plan.types import CPGroup, MicroBatchPlan, Plan
 
