@@ -1,4 +1,4 @@
-"""Synthetic workload models (fcp_data.workload_models) hit the statistics they claim, deterministically.
+"""Synthetic workload models (benchmarks/paper/workload_models.py) hit the statistics they claim, deterministically.
 
 Each test compares a generator against the published (or stated) statistic it is fitted to, with a
 tolerance derived from the sampling error; a failure means the generator no longer produces the
@@ -8,11 +8,14 @@ workload the evaluation report describes.
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from fcp_data.workload_models import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "paper"))  # evaluation-only code
+from workload_models import (  # noqa: E402
     MLLM_SPECS, TEXT_WORKLOADS, VIDEO_WORKLOADS, LogNormalLengths, apply_cap, fit_lognormal,
     truncated_lognormal_mean, video_token_lengths,
 )

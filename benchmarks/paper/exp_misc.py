@@ -12,7 +12,7 @@ from common import Ctx, Section, batch_pool_draws, fmt_x, md_table, plan_systems
 from fcp_data.cost import CostModel
 from fcp_data.plan import plan_batch
 from fcp_data.presets import preset_cost_model
-from fcp_data.workload_models import apply_cap
+from workload_models import apply_cap
 
 __all__ = ["run_overheads", "run_robustness", "run_extreme", "run_beyond", "true_step_time"]
 
@@ -84,7 +84,7 @@ def run_robustness(ctx: Ctx, trials: int = 4) -> Section:
     rows, stats = [], {}
     for wname, pool in (("wikipedia", _wiki(ctx)), ("github", None)):
         if pool is None:
-            from fcp_data.workload_models import TEXT_WORKLOADS
+            from workload_models import TEXT_WORKLOADS
 
             pool = TEXT_WORKLOADS["github"].sample(200_000, seed=ctx.seed + 102, cap=CAP)
         batches = batch_pool_draws(pool, 512, ctx.steps, ctx.seed + 41)

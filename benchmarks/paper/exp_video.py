@@ -7,7 +7,7 @@ import numpy as np
 
 from common import LABELS, Ctx, Section, fmt_x, md_table, plan_systems, plt, simulate_cell, vision_alpha2
 from fcp_data.presets import MODELS, model_heads, preset_cost_model
-from fcp_data.workload_models import MLLM_SPECS, VIDEO_WORKLOADS, video_token_lengths
+from workload_models import MLLM_SPECS, VIDEO_WORKLOADS, video_token_lengths
 
 __all__ = ["MLLM_PRESETS", "video_pools", "run_figure4_6", "run_table6", "units_figure4_6", "degree_notation"]
 
@@ -177,7 +177,7 @@ def _fig46_body(ctx: Ctx, pools, table: str, cmp_table: str, rng, per_base: str,
                   f"{pools[('qwen3-vl', w)][1]:.3f}", VIDEO_WORKLOADS[w].source] for w in VIDEO_WORKLOADS]
     dur = ("qwen3-vl", "internvl3-1fps")
     return f"""Settings: {RANKS} ranks = 4 nodes × 16 ({HARDWARE}), GBS {GBS} clips drawn with replacement from a pool of
-{POOL} SYNTHETIC clips per workload (`fcp_data.workload_models`, seeds {ctx.seed}+300+workload) by `fcp simulate`
+{POOL} SYNTHETIC clips per workload (`benchmarks/paper/workload_models.py`, seeds {ctx.seed}+300+workload) by `fcp simulate`
 (seed {ctx.seed}+500+workload), {ctx.video_steps} steps per cell, no cap needed (the longest clip fits),
 `micro_batches="auto"`; columns as in Figure 3.
 

@@ -23,7 +23,7 @@ from fcp_data.commands.plan import add_cost_args, add_source_args, add_visual_ar
 from fcp_data.commands.solver_args import BASELINES, parse_baselines, parse_solvers, solvers_epilog
 from fcp_data.plan.simulate import simulate
 
-__all__ = ["register", "simulate", "plot_simulation", "check_plot_path", "MAX_STEPS"]
+__all__ = ["register", "plot_simulation", "check_plot_path", "MAX_STEPS"]
 
 MAX_STEPS = 100_000  # every solver plans every step: more is hours of planning, not a simulation
 
