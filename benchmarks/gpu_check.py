@@ -35,7 +35,7 @@ Tolerances (``TOL``): ``out`` and ``lse`` against the reference, relative to max
 ``max_error``/``tolerance`` are those of its worst component (``worst``); all are in ``errors``.
 
 ``--perturb`` or ``FCP_GPU_CHECK_PERTURB=1`` scales every kernel output by 1.05: the run must
-then fail, which ``tests/test_gpu_check.py`` checks. Exit code: 0 all passed or skipped with a
+then fail, which ``tests/exec/test_gpu_check.py`` checks. Exit code: 0 all passed or skipped with a
 reason, 1 any check failed, 2 the script itself could not run.
 """
 from __future__ import annotations

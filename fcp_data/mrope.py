@@ -36,7 +36,7 @@ tested) the built-in positions equal ``get_rope_index``'s exactly when, for ever
 
 With the old rule (≤ 5.2.0) the same holds without the ``t ≤ max(h, w) / m`` condition. Some Qwen2.5-VL
 releases between 5.3 and 5.5.3 also offset temporal positions wrongly (#45381 → #45400; images: #45325, fixed
-in 5.5.4), so they agree even less. ``tests/test_hf_positions.py`` checks these statements in both directions
+in 5.5.4), so they agree even less. ``tests/exec/test_hf_positions.py`` checks these statements in both directions
 against the installed version. For exact parity with a transformers model, pass
 ``position_fn=HFRopeIndex(config)``, or use ``hf_collator``.
 """

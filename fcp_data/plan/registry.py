@@ -17,7 +17,7 @@ same variable reaches ``fcp train``'s worker processes.
 Plans of registered solvers are checked (:func:`check_micro_batch`): every sequence exactly once, ranks in
 range and disjoint, memory ``Σ s ≤ d · tokens_per_rank``, each group's time the §4/§4.1 time on its ranks,
 makespan the slowest group. A broken plan raises :class:`InvalidPlanError` naming the solver. The built-ins
-skip the check (it is what ``tests/test_plan_solvers.py`` proves for each of them, and FCP's planning
+skip the check (it is what ``tests/plan/test_plan_solvers.py`` proves for each of them, and FCP's planning
 latency matters).
 """
 

@@ -25,7 +25,7 @@ Translation between our contract (:mod:`fcp_exec.kernels.base`) and the document
   (older releases document float16/bfloat16 only), so a float32 call that the installed op rejects is re-raised
   as a ``ValueError`` saying so.
 
-It cannot run without an NPU; ``tests/test_npu_contract.py`` checks the translation against a
+It cannot run without an NPU; ``tests/exec/test_npu_contract.py`` checks the translation against a
 reference implementation of the documented semantics injected as ``module``.
 """
 from __future__ import annotations

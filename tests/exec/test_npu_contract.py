@@ -1,6 +1,6 @@
 """CONTRACT test of the NPU kernel's argument and result translation — it does NOT run on an NPU.
 
-``NpuKernel`` is given ``DocumentedNPUFusionAttention`` (``tests/_npu_reference.py``), a CPU
+``NpuKernel`` is given ``DocumentedNPUFusionAttention`` (``tests/exec/_npu_reference.py``), a CPU
 float64 implementation of the documented ``torch_npu.npu_fusion_attention`` /
 ``npu_fusion_attention_grad`` semantics in TND layout, in place of ``torch_npu``. These tests show
 that our translation (cumulative ends without a leading 0, sparse_mode/atten_mask for causal,

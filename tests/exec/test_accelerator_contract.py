@@ -21,7 +21,7 @@ import torch
 from fcp_exec.launch import collective_dtype, launch
 
 HCCL_OK = {torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.float32, torch.bfloat16}
-CONFIGS = Path(__file__).resolve().parents[1] / "examples" / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "examples" / "configs"
 
 
 def _spy_collectives(record: list, backend_name: str | None = None) -> None:

@@ -26,7 +26,7 @@ from fcp_data.cost import MAX_RANKS, CostModel
 
 PRESET = ["--preset", "qwen3-8b", "--hardware", "h100"]
 GOOD_COST = CostModel.preset("Qwen3-8B", "h100").to_dict()
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass

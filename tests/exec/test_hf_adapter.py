@@ -22,7 +22,7 @@ from fcp_data import FCPCollator  # noqa: E402
 from fcp_data.slots import SampleSlot  # noqa: E402
 from fcp_exec.integrations import hf  # noqa: E402
 
-CONFIGS = Path(__file__).resolve().parents[1] / "examples" / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "examples" / "configs"
 
 
 def _slot(i: int, n: int, total: int):

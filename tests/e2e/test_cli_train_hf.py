@@ -19,7 +19,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "examples" / "configs"
 LN_VOCAB = math.log(2000)
 

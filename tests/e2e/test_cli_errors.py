@@ -182,7 +182,7 @@ def test_index_summary_shows_an_example_per_error_reason(capsys, tmp_path):
 # Every case below used to end in a worker's traceback (exit 1), a hang (--nproc 100000) or a silent retry; it
 # must be refused in the parent, before any process starts: one line on stderr, exit 2.
 
-CONFIGS = __import__("pathlib").Path(__file__).resolve().parents[1] / "examples" / "configs"
+CONFIGS = __import__("pathlib").Path(__file__).resolve().parents[2] / "examples" / "configs"
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FORBIDDEN = {"fcp_data": ("fcp_exec", "fcp_cli"), "fcp_exec": ("fcp_cli",)}
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60

@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py"
 
 
 def _run(out: Path, *extra: str, perturb: bool = False) -> tuple[subprocess.CompletedProcess, dict]:

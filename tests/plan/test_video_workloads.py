@@ -19,7 +19,7 @@ import pytest
 
 from fcp_data.specs import count_segments, load_spec, plan_visual
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("video_workloads", REPO / "benchmarks" / "paper" / "video_workloads.py")
 vw = importlib.util.module_from_spec(_spec)
 sys.modules["video_workloads"] = vw

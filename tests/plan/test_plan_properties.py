@@ -9,7 +9,7 @@ deterministic solver's plan is valid, checked here independently of the planner'
   inter-node bandwidth), to 1e-9 relative (Ulysses has its own all-to-all model); the micro-batch makespan is its slowest group, the plan's the sum;
 - FCP is never slower than any ring baseline that can plan the same input (the planner's promise: their
   configurations are in its search space). Ulysses' all-to-all can beat any ring under random coefficients
-  (low bandwidth); on the presets ``tests/test_plan_vs_baselines.py`` compares against it too.
+  (low bandwidth); on the presets ``tests/plan/test_plan_vs_baselines.py`` compares against it too.
 
 A solver may refuse an input it cannot plan (``ValueError``), never return an invalid plan."""
 

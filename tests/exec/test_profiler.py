@@ -152,7 +152,7 @@ def test_hf_shape_keeps_random_text_away_from_vl_special_ids():
     from fcp_exec.integrations.hf import load_config
     from fcp_exec.profiler import _hf_shape
 
-    configs = Path(__file__).resolve().parents[1] / "examples" / "configs"
+    configs = Path(__file__).resolve().parents[2] / "examples" / "configs"
     tiny = _hf_shape(load_config(configs / "qwen2_5_vl-tiny.json"))
     assert tiny.id_range == (10, 2000) and tiny.num_layers == 2 and tiny.num_kv_heads == 2 and tiny.head_dim == 8
     cfg = load_config(configs / "qwen2_5_vl-tiny.json")
@@ -172,7 +172,7 @@ def test_profile_hf_qwen3_tiny_fits_a_cost_model():
 
     from fcp_exec.profiler import run_profile
 
-    cfg = Path(__file__).resolve().parents[1] / "examples" / "configs" / "qwen3-tiny.json"
+    cfg = Path(__file__).resolve().parents[2] / "examples" / "configs" / "qwen3-tiny.json"
     fit, raw = run_profile(2, model=f"hf:{cfg}", seq_lens=(32, 64), degrees=(1, 2), reps=1, packed_docs=(),
                            packed_lens=(), tokens_per_rank=512)
     assert [(p["seq_len"], p["degree"]) for p in raw["points"]] == [(32, 1), (64, 1), (32, 2), (64, 2)]
@@ -422,7 +422,7 @@ def test_hf_vision_tower_timing_encodes_frames_independently():
     from fcp_exec.integrations import hf
     from fcp_exec.profile_timing import VISION_FRAMES, VISION_GRID, time_vision, vision_tower
 
-    cfg = hf.load_config(Path(__file__).resolve().parents[1] / "examples" / "configs" / "qwen2_5_vl-tiny.json")
+    cfg = hf.load_config(Path(__file__).resolve().parents[2] / "examples" / "configs" / "qwen2_5_vl-tiny.json")
     net = hf.build_model(cfg, dtype=torch.float32, seed=0)
     tower = vision_tower(net, "hf:qwen2_5_vl-tiny.json", None)
     assert tower is not None and vision_tower(net, "hf:x.json", "Qwen3-8B") is None

@@ -24,7 +24,7 @@ from fcp_data.plan.baselines import ulysses_degrees
 from fcp_data.presets import model_heads, preset_cost_model
 from fcp_data.workloads import draw_batches
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks" / "paper"))  # evaluation-only code
 from workload_models import TEXT_WORKLOADS, apply_cap  # noqa: E402
 

@@ -32,7 +32,7 @@ from fcp_exec.launch import launch  # noqa: E402
 from fcp_exec.train import TrainConfig, train_matrix  # noqa: E402
 from fcp_exec.train_data import load_train_data  # noqa: E402
 
-CONFIGS = Path(__file__).resolve().parents[1] / "examples" / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "examples" / "configs"
 FAMILIES = ("qwen3", "llama", "qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 REDUCERS = ("allreduce", "ddp", "fsdp2")
 STEPS = 3

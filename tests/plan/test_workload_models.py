@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "paper"))  # evaluation-only code
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "paper"))  # evaluation-only code
 from workload_models import (  # noqa: E402
     MLLM_SPECS, TEXT_WORKLOADS, VIDEO_WORKLOADS, LogNormalLengths, apply_cap, fit_lognormal,
     truncated_lognormal_mean, video_token_lengths,

@@ -14,7 +14,7 @@ import pytest
 from fcp_data.plan import plan_batch
 from fcp_data.presets import preset_cost_model
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "paper"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "paper"))
 from common import lower_bound  # noqa: E402
 
 REL = 1e-9  # float summation order only
