@@ -39,6 +39,14 @@ NUM_RANKS = 4
 EPOCH = 3
 
 
+@pytest.fixture(autouse=True)
+def _no_local_search(monkeypatch):
+    """These tests check the sampler's bookkeeping (lists, positions, threads), which does not depend on which
+    plan the planner picks; planner v2's stage-1 local search (tests/plan/test_plan_search.py) is switched off to
+    keep them fast. tests/data/test_sampler_properties.py runs the sampler with the default planner."""
+    monkeypatch.setattr("fcp_data.plan.search.SEARCH_MAX_SEQUENCES", 0)
+
+
 def _lengths(n):
     rng = np.random.default_rng(1)
     return np.clip(rng.lognormal(5.0, 1.1, size=n), 1, 2000).astype(np.int64)

@@ -56,7 +56,9 @@ def _plan_hash(plan) -> str:
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _all_hashes(cm_map=lambda cm: cm, visual=False) -> dict[str, str]:
+def _all_hashes(cm_map=lambda cm: cm, visual=False, search=True) -> dict[str, str]:
+    """``search=False``: fcp and fcp-dp without the stage-1 local search of planner v2 (issue 12), i.e. the
+    planner the digest was pinned with."""
     out = {}
     for i, cm, N, L, etas, mb in _instances():
         vis = np.floor(L * np.random.default_rng(i).random(L.size)) if visual else None
@@ -64,7 +66,9 @@ def _all_hashes(cm_map=lambda cm: cm, visual=False) -> dict[str, str]:
             if s == "exhaustive" and L.size > 6:
                 continue
             try:
-                p = plan_batch(L, num_ranks=N, cost_model=cm_map(cm), etas=etas, solver=s, micro_batches=mb, visual=vis)
+                opts = {} if search or s not in ("fcp", "fcp-dp") else {"search": False}
+                p = plan_batch(L, num_ranks=N, cost_model=cm_map(cm), etas=etas, solver=s, micro_batches=mb, visual=vis,
+                               **opts)
                 out[f"{i}:{s}"] = _plan_hash(p)
             except ValueError:
                 out[f"{i}:{s}"] = "err"
@@ -76,11 +80,14 @@ def _digest(h: dict[str, str]) -> str:
 
 
 def test_v2_at_zero_reproduces_v1_plans_bit_for_bit():
-    """Plans of every solver hash to the digest pinned before v2; keys absent == explicit zeros ==
-    visual tokens given with alpha_vis = 0."""
+    """Plans of every solver hash to the digest pinned before v2 (fcp without planner v2's local search, which
+    changes plans on purpose); keys absent == explicit zeros == visual tokens given with alpha_vis = 0, with the
+    search too."""
+    old = _all_hashes(search=False)
+    assert len(old) == 78
+    assert _digest(old) == PINNED_V1_DIGEST
+    assert _all_hashes(lambda cm: cm.replace(gamma=0.0, alpha_blk=0, alpha_vis=0.0), search=False) == old
     base = _all_hashes()
-    assert len(base) == 78
-    assert _digest(base) == PINNED_V1_DIGEST
     zeros = _all_hashes(lambda cm: cm.replace(gamma=0.0, alpha_blk=0, alpha_vis=0.0))
     assert zeros == base
     assert _all_hashes(visual=True) == base
