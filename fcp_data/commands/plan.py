@@ -37,6 +37,9 @@ def add_cost_args(p: argparse.ArgumentParser) -> None:
                    "§4.1 keys gamma, alpha_blk, alpha_vis)")
     g.add_argument("--preset", metavar="MODEL", help="model preset (see `fcp presets`), with --hardware")
     g.add_argument("--hardware", metavar="HW", help="hardware preset: ascend-910c, h100, h200, a100")
+    g.add_argument("--cost-model", choices=("v1", "v2"), default="v2",
+                   help="with --preset: v2 (default, DESIGN §4.1: ring-step latency, block overhead and vision work "
+                        "derived from the specs) or v1 (§4 terms only)")
     g.add_argument("--heads", type=int, default=None, help="attention heads for the Ulysses baseline (default: preset's, else 32)")
     g.add_argument("--kv-heads", type=int, default=None, help="KV heads for the Ulysses baseline (default: preset's, else 8)")
 
@@ -236,11 +239,13 @@ def load_cost(args: argparse.Namespace):
 
     if args.cost and (args.preset or args.hardware):
         raise UsageError("give either --cost FILE or --preset MODEL --hardware HW, not both")
+    if args.cost and getattr(args, "cost_model", "v2") != "v2":
+        raise UsageError("--cost-model applies to --preset; a cost JSON is v1 or v2 by its keys")
     if args.cost:
         return CostModel.load(args.cost)
     if not (args.preset and args.hardware):
         raise UsageError("a cost model is needed: --cost COST.json, or --preset MODEL --hardware HW (see `fcp presets`)")
-    return CostModel.preset(args.preset, args.hardware)
+    return CostModel.preset(args.preset, args.hardware, v2=getattr(args, "cost_model", "v2") == "v2")
 
 
 # Literal copy of fcp_data.cost.MAX_RANKS so that building the parser imports no numpy (tested equal).

@@ -161,3 +161,25 @@ def test_plan_identical_across_processes(tmp_path):
         d.pop("solve_ms")
         outs.append(d)
     assert outs[0] == outs[1]
+
+
+def test_cost_model_version_of_presets(tmp_path, capsys):
+    """`--cost-model v1|v2` picks the preset's cost model (v2 default = CostModel.preset; v1 = v2=False); the JSON
+    plan's makespan equals plan_batch with that model; with --cost it is a usage error."""
+    import json as _json
+
+    from fcp_data.cost import CostModel
+    from fcp_data.plan import plan_batch
+
+    p = tmp_path / "l.txt"
+    lengths = [30000, 9000, 4000, 700, 300, 12000]
+    p.write_text("\n".join(map(str, lengths)))
+    for version, v2 in (("v1", False), ("v2", True)):
+        assert main(["plan", "--lengths", str(p), "--ranks", "8", "--preset", "qwen3-8b", "--hardware", "h100",
+                     "--cost-model", version, "--json"]) == 0
+        got = _json.loads(capsys.readouterr().out)["makespan"]
+        want = plan_batch(lengths, num_ranks=8, cost_model=CostModel.preset("qwen3-8b", "h100", v2=v2)).makespan
+        assert got == pytest.approx(want, rel=1e-12)
+    cost = tmp_path / "c.json"
+    CostModel.preset("qwen3-8b", "h100").save(cost)
+    assert main(["plan", "--lengths", str(p), "--ranks", "8", "--cost", str(cost), "--cost-model", "v1"]) == 2
