@@ -125,14 +125,20 @@ _BOUNDS_CACHE = 32
 
 class CudaKernel(AttentionKernel):
     """``backend``: ``"auto"`` (flash-attn >= 2.6, else torch's flash varlen on a CUDA device, else SDPA),
-    ``"flash_attn"``, ``"torch_flash"`` or ``"sdpa"``."""
+    ``"flash_attn"``, ``"torch_flash"`` or ``"sdpa"``. ``flash_attn_module``: an object with flash-attn's
+    ``_flash_attn_varlen_forward``/``_flash_attn_varlen_backward`` to call instead of the installed flash-attn (a
+    patched build, or a stand-in that checks the call plumbing on CPU); implies ``backend="flash_attn"``."""
 
     name = "cuda"
 
-    def __init__(self, backend: str = "auto"):
+    def __init__(self, backend: str = "auto", *, flash_attn_module=None):
         if backend not in ("auto", "flash_attn", "torch_flash", "sdpa"):
             raise ValueError(f"backend must be 'auto', 'flash_attn', 'torch_flash' or 'sdpa', got {backend!r}")
-        self._fa, reason = flash_attn_status() if backend in ("auto", "flash_attn") else (None, "")
+        if flash_attn_module is not None:
+            backend = "flash_attn"
+            self._fa, reason = flash_attn_module, ""
+        else:
+            self._fa, reason = flash_attn_status() if backend in ("auto", "flash_attn") else (None, "")
         if backend == "flash_attn" and self._fa is None:
             raise ImportError(f"backend='flash_attn': {reason}")
         if backend == "torch_flash" and not torch_flash_available():

@@ -175,11 +175,10 @@ def test_flash_attn_call_plumbing_with_a_stand_in():
     so this says nothing about flash-attn's numerics (``benchmarks/gpu_check.py`` does, on a GPU)."""
     import types
 
-    kernel = CudaKernel("sdpa")
-    kernel._fa = types.SimpleNamespace(_flash_attn_varlen_forward=_CustomOpLike(_fa27_forward),
-                                       _flash_attn_varlen_backward=_CustomOpLike(_fa27_backward))
-    kernel.backend = "flash_attn"
-    kernel._use_flash_attn = lambda q, k: True
+    stand_in = types.SimpleNamespace(_flash_attn_varlen_forward=_CustomOpLike(_fa27_forward),
+                                     _flash_attn_varlen_backward=_CustomOpLike(_fa27_backward))
+    kernel = CudaKernel(flash_attn_module=stand_in)
+    assert kernel.backend == "flash_attn"
     cu = [0, 5, 12]
     q, k, v, dout = _data(cu, 4, 2, 6, torch.float64, seed=5)
     out, lse = kernel.forward(q, k, v, cu, cu, True, 0.3)
