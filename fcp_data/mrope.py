@@ -13,13 +13,7 @@ Pads continue after the document's maximum. Positions are computed on the untrun
 then cut, so truncation never changes them. ``grid_thw`` is checked against the placeholder count
 (``Σ t·h·w / m²``) when ``mrope=True``.
 
-``position_fn`` replaces this rule: ``position_fn(sample, input_ids) -> LongTensor [3, n]`` gets the base
-sample dict (``grid_thw``, optional ``second_per_grid_ts``, …) and the whole untruncated document's ids and
-returns its 3-D positions; step 4's cut, the pads (continuing after the document's maximum + 1 on all three
-axes) and step 5's zigzag take stay as above. :class:`fcp_exec.integrations.hf_positions.HFRopeIndex` is
-such a function: it calls the installed transformers' own ``get_rope_index``, which is what a model computes
-at inference. It must pickle (DataLoader workers receive the collator): a module-level function or a small
-object, not a lambda.
+``FCPCollator(position_fn=...)`` replaces this rule (the collator's docstring says how).
 
 Which transformers versions agree with the built-in rule. It advances the text after a vision block to the
 block's maximum + 1, the original Qwen2-VL rule, which ``get_rope_index`` kept up to transformers 5.2.0 (all

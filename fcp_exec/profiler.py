@@ -214,7 +214,7 @@ def _grid_shards(cfg, world: int, rank: int, degrees, cells, device, seed: int) 
     ``world // d`` concurrent groups (a rank outside every group idles)."""
     import torch
 
-    from fcp_exec.layout import zigzag_shard
+    from fcp_data.layout import zigzag_shard
 
     gen = torch.Generator().manual_seed(seed)
     id_lo, id_hi = getattr(cfg, "id_range", (10, 0))

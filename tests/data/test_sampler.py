@@ -19,12 +19,8 @@ CM = CostModel(alpha1=2e-10, alpha2=5e-7, alpha3=2e4, beta1=1e-3, beta2=2e-4, ba
                bandwidth_inter=2.5e10, ranks_per_node=4, tokens_per_rank=512)
 
 
-@pytest.fixture(autouse=True)
-def _no_local_search(monkeypatch):
-    """These tests check the sampler's bookkeeping (lists, positions, threads), which does not depend on which
-    plan the planner picks; planner v2's stage-1 local search (tests/plan/test_plan_search.py) is switched off to
-    keep them fast. tests/data/test_sampler_properties.py runs the sampler with the default planner."""
-    monkeypatch.setattr("fcp_data.plan.search.SEARCH_MAX_SEQUENCES", 0)
+# the sampler's bookkeeping does not depend on the plan: the planner's local search is off (conftest.py)
+pytestmark = pytest.mark.usefixtures("no_local_search")
 
 
 def _lengths(n=300, seed=0, cap=None):

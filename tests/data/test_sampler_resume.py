@@ -27,7 +27,8 @@ from torch.utils.data import DataLoader
 from fcp_data.cost import CostModel
 from fcp_data.sampler import FCPDataset, FCPSampler
 
-pytestmark = pytest.mark.timeout(60)
+# the sampler's bookkeeping does not depend on the plan: the planner's local search is off (conftest.py)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("no_local_search")]
 
 CM = CostModel(alpha1=2e-10, alpha2=5e-7, alpha3=2e4, beta1=1e-3, beta2=2e-4, bandwidth_intra=2e11,
                bandwidth_inter=2.5e10, ranks_per_node=4, tokens_per_rank=512)
@@ -39,12 +40,6 @@ NUM_RANKS = 4
 EPOCH = 3
 
 
-@pytest.fixture(autouse=True)
-def _no_local_search(monkeypatch):
-    """These tests check the sampler's bookkeeping (lists, positions, threads), which does not depend on which
-    plan the planner picks; planner v2's stage-1 local search (tests/plan/test_plan_search.py) is switched off to
-    keep them fast. tests/data/test_sampler_properties.py runs the sampler with the default planner."""
-    monkeypatch.setattr("fcp_data.plan.search.SEARCH_MAX_SEQUENCES", 0)
 
 
 def _lengths(n):

@@ -26,6 +26,8 @@ from fcp_cli.main import main
 from fcp_data.cost import COST_KEYS, CostModel
 from fcp_data.plan import plan_batch
 
+from _reference import reference_time  # tests/plan/_reference.py: §4.1 term by term
+
 CMS = [CostModel(alpha1=2e-9, alpha2=1e-4, alpha3=3e5, beta1=0.01, beta2=0.02, bandwidth_intra=1e11,
                  bandwidth_inter=1.2e10, ranks_per_node=4, tokens_per_rank=8192),
        CostModel(alpha1=5e-10, alpha2=3e-5, alpha3=1e5, beta1=0.002, beta2=0.004, bandwidth_intra=2e11,
@@ -93,18 +95,6 @@ def test_v2_at_zero_reproduces_v1_plans_bit_for_bit():
     assert _all_hashes(visual=True) == base
 
 
-def _reference_time(cm: CostModel, s, e, v, ranks) -> float:
-    """§4.1 written out term by term for one group on its global ranks."""
-    d = len(ranks)
-    bw = cm.bandwidth_intra if len({r // cm.ranks_per_node for r in ranks}) == 1 else cm.bandwidth_inter
-    A = sum(cm.alpha1 * (1 + ek) * sk * sk for sk, ek in zip(s, e)) / d
-    C = (A + cm.alpha2 * sum(s) / d + cm.alpha_blk * sum((1 + ek) * sk for sk, ek in zip(s, e))
-         + cm.alpha_vis * sum(v) / d + cm.beta1)
-    X = 0.0 if d == 1 else cm.alpha3 * sum(s) * (d - 1) / d / bw
-    M = 0.0 if d == 1 else X + cm.beta2 + cm.gamma * (d - 1)
-    return C + M - min(A, X)
-
-
 def _v2(cm: CostModel, rng) -> CostModel:
     """Random v2 terms of realistic size against the §4 ones."""
     return cm.replace(gamma=float(rng.choice([0.0, 1e-4, 3e-3, 2e-2])),
@@ -124,9 +114,9 @@ def test_group_times_match_hand_reference():
         d = int(rng.integers(1, 13))
         start = int(rng.integers(0, 8))
         ranks = tuple(range(start, start + d))
-        want = _reference_time(cm, s.tolist(), e.tolist(), v.tolist(), ranks)
+        want = reference_time(cm, s.tolist(), e.tolist(), v.tolist(), ranks)
         assert cm.group_time(s, e, ranks, visual=v) == pytest.approx(want, rel=1e-12)
-        assert cm.group_time(s, e, ranks) == pytest.approx(_reference_time(cm, s, e, [0] * k, ranks), rel=1e-12)
+        assert cm.group_time(s, e, ranks) == pytest.approx(reference_time(cm, s, e, [0] * k, ranks), rel=1e-12)
     for trial in range(8):
         cm = _v2(CMS[trial % 2], rng).replace(gamma=1e-3, alpha_blk=1e-6, alpha_vis=1e-4)
         N = int(rng.choice([3, 4, 8]))
@@ -140,7 +130,7 @@ def test_group_times_match_hand_reference():
             for mb in plan.micro_batches:
                 for g in mb.groups:
                     ids = list(g.seq_ids)
-                    want = _reference_time(cm, L[ids].tolist(), e[ids].tolist(), vis[ids].tolist(), g.ranks)
+                    want = reference_time(cm, L[ids].tolist(), e[ids].tolist(), vis[ids].tolist(), g.ranks)
                     assert g.time == pytest.approx(want, rel=1e-12), solver
                 assert mb.makespan == max(g.time for g in mb.groups)
 

@@ -25,19 +25,9 @@ from hypothesis import strategies as st
 from fcp_data.cost import CostModel
 from fcp_data.plan import plan_batch
 
+from _reference import reference_time  # tests/plan/_reference.py: §4.1 term by term
+
 SOLVERS = ("fcp", "fcp-pow2", "static-cp", "ulysses", "megatron-dynamic")
-
-
-def _reference_time(cm: CostModel, s, e, v, ranks) -> float:
-    d = len(ranks)
-    intra = len({r // cm.ranks_per_node for r in ranks}) == 1
-    bw = cm.bandwidth_intra if intra else cm.bandwidth_inter
-    A = sum(cm.alpha1 * (1 + ek) * sk * sk for sk, ek in zip(s, e)) / d
-    C = (A + cm.alpha2 * sum(s) / d + cm.alpha_blk * sum((1 + ek) * sk for sk, ek in zip(s, e))
-         + cm.alpha_vis * sum(v) / d + cm.beta1)
-    X = 0.0 if d == 1 else cm.alpha3 * sum(s) * (d - 1) / d / bw
-    M = 0.0 if d == 1 else X + cm.beta2 + cm.gamma * (d - 1)
-    return C + M - min(A, X)
 
 
 def _check(plan, lengths, etas, visual, cm: CostModel, N: int, name: str) -> None:
@@ -51,7 +41,7 @@ def _check(plan, lengths, etas, visual, cm: CostModel, N: int, name: str) -> Non
             s = lengths[list(g.seq_ids)]
             assert s.sum() <= len(g.ranks) * cm.tokens_per_rank, f"{name}: group over memory"
             if name != "ulysses":  # Ulysses pays all-to-alls, not a ring: its own time model (baselines.ulysses_time)
-                t = _reference_time(cm, s.tolist(), etas[list(g.seq_ids)].tolist(), visual[list(g.seq_ids)].tolist(),
+                t = reference_time(cm, s.tolist(), etas[list(g.seq_ids)].tolist(), visual[list(g.seq_ids)].tolist(),
                                     g.ranks)
                 assert math.isclose(g.time, t, rel_tol=1e-9), f"{name}: group time {g.time} != formula {t}"
             seen += list(g.seq_ids)
