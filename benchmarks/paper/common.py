@@ -263,6 +263,28 @@ def batch_pool_draws(pool: np.ndarray, gbs: int, steps: int, seed: int) -> list[
     return [pool[rng.integers(0, pool.size, gbs)] for _ in range(steps)]
 
 
+def speedup_bars(ax, labels: list[str], cols, values: dict[str, list[float]], *, title: str, fontsize: int = 7,
+                 rotation: int = 30, title_size: int | None = None) -> None:
+    """One panel of grouped bars: FCP's speedup over each baseline of ``cols`` at every x label (``values[c]``,
+    one per label), with the 1.0 line."""
+    x = np.arange(len(labels))
+    w = 0.8 / len(cols)
+    for i, c in enumerate(cols):
+        ax.bar(x + (i - len(cols) / 2 + 0.5) * w, values[c], w, label=LABELS[c])
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_ylim(bottom=0.8)
+    ax.set_xticks(x, labels, rotation=rotation, ha="right", fontsize=fontsize)
+    ax.set_title(title, **({} if title_size is None else {"fontsize": title_size}))
+
+
+def save_figure(ctx: "Ctx", fig, name: str) -> str:
+    """Write ``fig`` to the report's figures folder and close it; returns ``name``."""
+    fig.tight_layout()
+    fig.savefig(ctx.figures / name, dpi=110)
+    plt().close(fig)
+    return name
+
+
 def md_table(headers: list[str], rows: list[list[Any]]) -> str:
     out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]

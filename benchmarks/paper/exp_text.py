@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from common import LABELS, Ctx, Section, fmt_x, md_table, plt, simulate_cell
+from common import LABELS, Ctx, Section, fmt_x, md_table, save_figure, speedup_bars, plt, simulate_cell
 from fcp_data.presets import preset_cost_model
 from workload_models import TEXT_WORKLOADS, apply_cap, fit_lognormal
 
@@ -131,24 +131,13 @@ def _ranges(speed, pools) -> tuple[str, list]:
 
 
 def _plot_fig3(ctx: Ctx, pools, speed) -> str:
-    p = plt()
-    fig, axes = p.subplots(1, len(pools), figsize=(5 * len(pools), 3.8), sharey=True)
-    w = 0.8 / len(COLS)
+    fig, axes = plt().subplots(1, len(pools), figsize=(5 * len(pools), 3.8), sharey=True)
     for ax, wname in zip(np.atleast_1d(axes), pools):
-        x = np.arange(len(LLM_PRESETS))
-        for i, c in enumerate(COLS):
-            ax.bar(x + (i - len(COLS) / 2 + 0.5) * w, [speed[(wname, m)][c] for m in LLM_PRESETS], w, label=LABELS[c])
-        ax.axhline(1.0, color="k", lw=0.8)
-        ax.set_ylim(bottom=0.8)
-        ax.set_xticks(x, LLM_PRESETS, rotation=30, ha="right", fontsize=8)
-        ax.set_title(wname)
+        speedup_bars(ax, LLM_PRESETS, COLS, {c: [speed[(wname, m)][c] for m in LLM_PRESETS] for c in COLS},
+                     title=wname, fontsize=8)
     np.atleast_1d(axes)[0].set_ylabel("FCP speedup (baseline / FCP step time)")
     np.atleast_1d(axes)[-1].legend(fontsize=7)
-    fig.tight_layout()
-    name = "fig3_text_speedup.png"
-    fig.savefig(ctx.figures / name, dpi=110)
-    p.close(fig)
-    return name
+    return save_figure(ctx, fig, "fig3_text_speedup.png")
 
 
 def run_figure5(ctx: Ctx) -> Section:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from common import LABELS, Ctx, Section, fmt_x, md_table, plt, simulate_cell, vision_alpha2
+from common import LABELS, Ctx, Section, fmt_x, md_table, save_figure, speedup_bars, plt, simulate_cell, vision_alpha2
 from fcp_data.presets import preset_cost_model
 
 __all__ = ["REAL_MODELS", "REAL_DATASETS", "run_real_video", "units_real_video", "run_text_v1v2", "units_text_v1v2"]
@@ -218,28 +218,17 @@ def _cross(ctx: Ctx, pools, ex, d1: int, d2: int):
 
 
 def _plot(ctx: Ctx, speed) -> str:
-    p = plt()
-    fig, axes = p.subplots(2, 2, figsize=(11, 7), sharey=True)
-    w = 0.8 / len(COLS)
+    fig, axes = plt().subplots(2, 2, figsize=(11, 7), sharey=True)
+    keys = [(ds, m, v) for ds in REAL_DATASETS for m in REAL_MODELS for v in _variants(m)]
     for row, ver in enumerate(("v1", "v2")):
         for col, frozen in enumerate((False, True)):
-            ax = axes[row][col]
-            keys = [(ds, m, v) for ds in REAL_DATASETS for m in REAL_MODELS for v in _variants(m)]
-            x = np.arange(len(keys))
-            for i, c in enumerate(COLS):
-                ax.bar(x + (i - len(COLS) / 2 + 0.5) * w, [speed[(ds, m, v, frozen, ver)][c] for ds, m, v in keys], w,
-                       label=LABELS[c])
-            ax.axhline(1.0, color="k", lw=0.8)
-            ax.set_ylim(bottom=0.8)
-            ax.set_xticks(x, [f"{ds}\n{m} {v}" for ds, m, v in keys], rotation=40, ha="right", fontsize=6)
-            ax.set_title(f"{ver} presets, {'frozen' if frozen else 'trained'} ViT", fontsize=9)
+            speedup_bars(axes[row][col], [f"{ds}\n{m} {v}" for ds, m, v in keys], COLS,
+                         {c: [speed[(ds, m, v, frozen, ver)][c] for ds, m, v in keys] for c in COLS},
+                         title=f"{ver} presets, {'frozen' if frozen else 'trained'} ViT", fontsize=6, rotation=40,
+                         title_size=9)
         axes[row][0].set_ylabel("FCP speedup")
     axes[0][-1].legend(fontsize=7)
-    fig.tight_layout()
-    name = "real_video_v1_v2_speedup.png"
-    fig.savefig(ctx.figures / name, dpi=110)
-    p.close(fig)
-    return name
+    return save_figure(ctx, fig, "real_video_v1_v2_speedup.png")
 
 
 def _tsteps(ctx: Ctx) -> int:
@@ -352,23 +341,11 @@ columns are what v2 adds to every group of that degree: `gamma·(d−1)` (gamma 
 def _plot_text(ctx: Ctx, pools, speed) -> str:
     from exp_text import LLM_PRESETS
 
-    p = plt()
-    fig, axes = p.subplots(2, len(pools), figsize=(5 * len(pools), 7), sharey=True)
-    w = 0.8 / len(TEXT_COLS)
+    fig, axes = plt().subplots(2, len(pools), figsize=(5 * len(pools), 7), sharey=True)
     for row, ver in enumerate(("v1", "v2")):
         for ax, wname in zip(axes[row], pools):
-            x = np.arange(len(LLM_PRESETS))
-            for i, c in enumerate(TEXT_COLS):
-                ax.bar(x + (i - len(TEXT_COLS) / 2 + 0.5) * w, [speed[(wname, m, ver)][c] for m in LLM_PRESETS], w,
-                       label=LABELS[c])
-            ax.axhline(1.0, color="k", lw=0.8)
-            ax.set_ylim(bottom=0.8)
-            ax.set_xticks(x, LLM_PRESETS, rotation=30, ha="right", fontsize=7)
-            ax.set_title(f"{wname} ({ver} presets)", fontsize=9)
+            speedup_bars(ax, LLM_PRESETS, TEXT_COLS, {c: [speed[(wname, m, ver)][c] for m in LLM_PRESETS] for c in TEXT_COLS},
+                         title=f"{wname} ({ver} presets)", title_size=9)
         axes[row][0].set_ylabel("FCP speedup")
     axes[0][-1].legend(fontsize=7)
-    fig.tight_layout()
-    name = "fig3_text_v1_v2_speedup.png"
-    fig.savefig(ctx.figures / name, dpi=110)
-    p.close(fig)
-    return name
+    return save_figure(ctx, fig, "fig3_text_v1_v2_speedup.png")

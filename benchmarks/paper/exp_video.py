@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from common import LABELS, Ctx, Section, fmt_x, md_table, plan_systems, plt, simulate_cell, vision_alpha2
+from common import LABELS, Ctx, Section, fmt_x, md_table, save_figure, speedup_bars, plan_systems, plt, simulate_cell, vision_alpha2
 from fcp_data.presets import MODELS, model_heads, preset_cost_model
 from workload_models import MLLM_SPECS, VIDEO_WORKLOADS, video_token_lengths
 
@@ -220,26 +220,17 @@ frozen {rng(True, dur, ver="v1")} vs the better of static CP / Ulysses.
 {cmp_table}
 """
 def _plot(ctx: Ctx, speed) -> str:
-    p = plt()
     keys = sorted({(m, v) for (w, m, v, fr, vr) in speed}, key=lambda k: (MLLM_PRESETS.index(k[0]), k[1]))
-    fig, axes = p.subplots(2, len(VIDEO_WORKLOADS), figsize=(5 * len(VIDEO_WORKLOADS), 7), sharey=True)
-    w = 0.8 / len(COLS)
+    fig, axes = plt().subplots(2, len(VIDEO_WORKLOADS), figsize=(5 * len(VIDEO_WORKLOADS), 7), sharey=True)
     for row, frozen in enumerate((False, True)):
         for ax, wname in zip(axes[row], VIDEO_WORKLOADS):
-            x = np.arange(len(keys))
-            for i, c in enumerate(COLS):
-                ax.bar(x + (i - len(COLS) / 2 + 0.5) * w, [speed[(wname, m, v, frozen, "v2")][c] for m, v in keys], w, label=LABELS[c])
-            ax.axhline(1.0, color="k", lw=0.8)
-            ax.set_ylim(bottom=0.8)
-            ax.set_xticks(x, [f"{m}\n{v}" for m, v in keys], rotation=40, ha="right", fontsize=6)
-            ax.set_title(f"{wname} ({'frozen' if frozen else 'unfrozen'} ViT, cost model v2)", fontsize=9)
+            speedup_bars(ax, [f"{m}\n{v}" for m, v in keys], COLS,
+                         {c: [speed[(wname, m, v, frozen, "v2")][c] for m, v in keys] for c in COLS},
+                         title=f"{wname} ({'frozen' if frozen else 'unfrozen'} ViT, cost model v2)", fontsize=6,
+                         rotation=40, title_size=9)
         axes[row][0].set_ylabel("FCP speedup")
     axes[0][-1].legend(fontsize=7)
-    fig.tight_layout()
-    name = "fig4_6_video_speedup.png"
-    fig.savefig(ctx.figures / name, dpi=110)
-    p.close(fig)
-    return name
+    return save_figure(ctx, fig, "fig4_6_video_speedup.png")
 
 
 def degree_notation(degrees) -> str:
