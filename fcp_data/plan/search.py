@@ -31,8 +31,8 @@ import numpy as np
 from fcp_data.cost import CostModel, sequence_terms
 from fcp_data.plan.bfd import bfd_groups
 
-__all__ = ["repair_bins", "mixed_starts", "local_search", "search_groupings", "neighbour_labels", "double_moves",
-           "repartitions",
+__all__ = ["repair_bins", "mixed_starts", "local_search", "search_groupings", "search_runs", "neighbour_labels",
+           "double_moves", "repartitions",
            "SEARCH_MAX_SEQUENCES", "SEARCH_MAX_RANKS", "SEARCH_STARTS", "SEARCH_MAX_STEPS", "SEARCH_BUDGET", "Budget"]
 
 SEARCH_MAX_SEQUENCES = 32  # above this the descent's O(n²) neighbours cost more than stage 1 gains
@@ -302,6 +302,12 @@ def local_search(label: np.ndarray, terms: np.ndarray, work: np.ndarray, num_ran
     return excess, value, label
 
 
+def search_runs(num_sequences: int, num_ranks: int) -> bool:
+    """Whether :func:`search_groupings` searches a micro-batch of this size (otherwise it returns ``[]``, so a
+    solver run with and without the search gives the same plan: ``auto`` skips re-planning it)."""
+    return 2 <= num_sequences <= SEARCH_MAX_SEQUENCES and num_ranks <= SEARCH_MAX_RANKS
+
+
 def search_groupings(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: CostModel,
                      seeds: list[list[list[int]]], work: np.ndarray, visual: np.ndarray | None = None
                      ) -> list[list[list[int]]]:
@@ -312,7 +318,7 @@ def search_groupings(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost
     best distinct local optima with the compound steps too. Returns the
     groupings found (lists of sequence ids, ascending within a group); empty above the size bounds."""
     n, N = int(lengths.size), int(num_ranks)
-    if n > SEARCH_MAX_SEQUENCES or N > SEARCH_MAX_RANKS or n < 2:
+    if not search_runs(n, N):
         return []
     terms = np.stack(sequence_terms(lengths, etas, visual), axis=1)
     starts = repair_bins(bfd_groups(lengths, cost_model.tokens_per_rank), lengths, N, cost_model.tokens_per_rank)

@@ -110,3 +110,28 @@ def test_split_lower_bound_is_below_every_split(cm_index):
                 assert bound(M) <= opt * (1 + 1e-12), (M, bound(M), opt)
                 checked += 1
     assert checked >= 10
+
+
+def test_auto_skips_replanning_only_where_the_search_cannot_change_the_plan():
+    """``auto`` re-plans the chosen micro-batches with the stage-1 search on, except where
+    :func:`~fcp_data.plan.search.search_runs` says the search does not run; there FCP with and without the
+    search must give the same plan (ranks, sequences, times), and ``auto`` must equal the unpruned reference
+    (FCP with the search on every split). A failure means skipping the re-plan changed ``auto``'s plans."""
+    from fcp_data.plan import plan_batch
+    from fcp_data.plan.search import SEARCH_MAX_SEQUENCES, search_runs
+
+    rng = np.random.default_rng(11)
+    cm = preset_cost_model("Qwen3-8B", "ascend-910c", v2=True)
+    for n, N in ((SEARCH_MAX_SEQUENCES + 8, 16), (24, 128), (200, 32)):  # the last: several micro-batches
+        lengths = np.minimum(rng.lognormal(8.5, 1.5, n).astype(np.int64) + 1, N * cm.tokens_per_rank // 4)
+        etas = np.zeros(n)
+        auto = plan_batch(lengths, num_ranks=N, cost_model=cm, micro_batches="auto")
+        for mb in auto.micro_batches:
+            ids = np.array(sorted(k for g in mb.groups for k in g.seq_ids))
+            assert not search_runs(ids.size, N)
+            on = fcp_micro_batch(lengths[ids], etas[ids], N, cm, search=True)
+            assert on == fcp_micro_batch(lengths[ids], etas[ids], N, cm, search=False)
+        ref, _ = plan_micro_batches(lengths, etas, N, cm, _solver(lengths, etas, N, cm, None, [], fcp_micro_batch),
+                                    "auto", prune=False)
+        assert auto.makespan == sum(m.makespan for m in ref) and len(auto.micro_batches) == len(ref)
+    assert search_runs(SEARCH_MAX_SEQUENCES, 64) and not search_runs(1, 8)
