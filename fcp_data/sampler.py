@@ -38,18 +38,20 @@ Every rank builds the same plan from ``(seed, epoch, lengths, config)`` with no 
   itself never needs ``len()``.
 * **Position and resume**: :mod:`fcp_data.sampler_state` (the sampler is a cursor; ``state_dict()`` resumes
   at the exact next list, strictly checked).
-* **Prefetch.** Iterators plan ``prefetch`` global batches ahead on a daemon thread started at the first
-  ``next()`` (after DataLoader workers have forked). Planner errors are re-raised in the training process;
-  the thread stops when the epoch ends, when the iterator is closed, garbage-collected, re-positioned or
-  superseded by a newer ``iter()``.
-  ``planner_waits`` holds the seconds the consumer waited for each global batch's plan.
-* **Across epochs.** Once the planning thread has planned the last global batch of epoch ``e``, the
-  first ``prefetch`` global batches of epoch ``e+1`` (whose order is a pure function of ``(seed, e+1)``)
-  are planned speculatively on a sampler-level thread (``fcp-speculate``, it ends after those plans), so
+* **Prefetch.** The sampler plans ``prefetch`` global batches ahead of its current iterator, in the order
+  they are yielded, on one daemon thread (``fcp-planner``) started at the iterator's first ``next()`` (after
+  DataLoader workers have forked): :class:`fcp_data.prefetch.PlanWindow`, futures keyed by
+  ``(epoch, global batch)``. Planner errors are re-raised in the training process with the planner's
+  traceback. ``close()`` on the iterator, or re-positioning it, stops the thread; when the epoch ends, or
+  the iterator is garbage-collected or superseded by a newer ``iter()``, the thread plans what is
+  scheduled (at most ``prefetch`` global batches) and ends by itself. ``planner_waits`` holds the seconds
+  the consumer waited for each global batch's plan. ``prefetch=0`` plans in the consumer's thread.
+* **Across epochs.** The window runs on past the last global batch of epoch ``e`` into the first
+  ``prefetch`` global batches of epoch ``e+1`` (whose order is a pure function of ``(seed, e+1)``), so
   that the first step of the next epoch does not wait either (with one global batch per epoch, every
-  step). The next iterator of epoch ``e+1`` takes them instead of planning again (``num_speculative_hits``
-  counts them); ``set_epoch(x)`` with ``x`` neither ``e`` nor ``e+1``, and ``load_state_dict``, cancel and
-  discard them.
+  step). The next iterator that starts where the window is (epoch ``e+1``, global batch 0) takes those
+  plans instead of planning again (``num_speculative_hits`` counts plans an iterator found scheduled when
+  it started); ``set_epoch(x)`` with another start, and ``load_state_dict``, cancel and discard them.
   The plans are the same either way: a plan depends only on ``(epoch, global batch)`` and the config.
 * **DataLoader.** ``batch_sampler`` is iterated in the main process, also with workers. A plain
   DataLoader with workers pulls ``prefetch_factor · num_workers`` lists ahead of the training loop, so
@@ -69,7 +71,6 @@ import hashlib
 import logging
 import threading
 import weakref
-from functools import partial
 from typing import Any, Iterator
 
 import numpy as np
@@ -77,7 +78,7 @@ import numpy as np
 from fcp_data.cost import CostModel
 from fcp_data.plan.types import Plan
 from fcp_data.sampler_config import SamplerConfig
-from fcp_data.prefetch import SamplerIterator, Speculation
+from fcp_data.prefetch import PlanWindow, SamplerIterator
 from fcp_data.sampler_state import check_int, check_state, make_state
 from fcp_data.slots import (FCPDataset, IndexVisualLayout, SampleSlot, SlotList, SpanVisualLayout, check_lengths,
                             check_visual, dist_rank_and_world)
@@ -113,8 +114,7 @@ class FCPSampler:
         self._counts: dict[int, dict[int, int]] = {}
         self.planner_waits: list[float] = []
         self.num_speculative_hits = 0
-        self._spec: Speculation | None = None
-        self._spec_lock = threading.Lock()
+        self._window: PlanWindow | None = None  # plans ahead of the owner iterator, across epochs (prefetch.py)
 
     def _init_data(self, lengths_or_index: Any, etas: Any, visual: Any, visual_layout: Any) -> None:
         """Lengths, η, visual tokens and layout of the data; the over-long policy; the data digest."""
@@ -188,11 +188,11 @@ class FCPSampler:
         epoch = check_int("epoch", epoch, "set_epoch(epoch)")
         if epoch < 0:
             raise ValueError(f"set_epoch(epoch): epoch must be >= 0, got {epoch}")
-        if self._spec is not None and self._spec.epoch not in (epoch, epoch + 1):
-            self._discard_speculation()
         if epoch != self._position[0]:
             self._retire_iterator()
             self._position = (epoch, 0, 0)
+            if self._window is not None and self._window.head != (epoch, 0):
+                self._discard_window()  # stale: plans of an epoch that is not next
 
     def _epoch_layout(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         """``(order, bounds)``: the epoch's permutation of kept indices and global batch boundaries."""
@@ -276,48 +276,33 @@ class FCPSampler:
             out.append(SlotList(slots, ranks=group.ranks, cp_rank=cp, **meta))
         return out
 
-    def _planned_lists(self, epoch: int, g: int) -> list[SlotList]:
-        """:meth:`_rank_lists`, taken from the speculative plans of this epoch when there are some."""
-        spec = self._spec
-        fut = spec.take(g) if spec is not None and spec.epoch == epoch else None
-        if fut is not None:
-            try:
-                lists = fut.result()
-            except Exception:  # cancelled, or it failed: plan here, where an error reaches the consumer
-                pass
-            else:
-                self.num_speculative_hits += 1
-                return lists
-        return self._rank_lists(epoch, g)
+    def _window_at(self, key: tuple[int, int], owner: int) -> tuple[PlanWindow, bool, int]:
+        """The plan window an iterator starting at ``key`` takes from: ``(window, shared, adopted)``. The owner
+        iterator continues the sampler's window when its head is ``key`` (``adopted`` = the plans already
+        scheduled there, e.g. the next epoch's first ones) or starts a new one; a superseded iterator plans
+        on a private window."""
+        def new() -> PlanWindow:
+            return PlanWindow(self._rank_lists, self.num_global_batches, key, self.prefetch)
 
-    def _speculative_lists(self, epoch: int, g: int) -> tuple[bool, Any]:
-        """``(True, lists)`` if the speculative plan of ``(epoch, g)`` is ready, else ``(False, None)``."""
-        spec = self._spec
-        if spec is None or spec.epoch != epoch:
-            return False, None
-        ready, lists = spec.take_done(g)
-        self.num_speculative_hits += ready
-        return ready, lists
+        if owner != self._owner:
+            return new(), False, 0
+        old = self._window
+        if old is not None and not old.closed and old.head == key:
+            old.attach()
+            return old, True, old.scheduled()
+        self._discard_window()
+        self._window = new()
+        return self._window, True, 0
 
-    def _speculate(self, epoch: int) -> None:
-        """Start planning the first ``prefetch`` global batches of ``epoch`` (called by the planning thread
-        when the previous epoch is planned), unless that is already done or the sampler moved elsewhere."""
-        if self.prefetch < 1 or self.epoch not in (epoch - 1, epoch):
-            return
-        with self._spec_lock:
-            old = self._spec
-            if old is not None and old.epoch == epoch:
-                return
-            count = min(self.prefetch, self.num_global_batches(epoch))
-            self._spec = Speculation(partial(self._rank_lists, epoch), epoch, count)
+    def _drop_window(self, window: PlanWindow) -> None:
+        if self._window is window:
+            self._window = None
+
+    def _discard_window(self) -> None:
+        """Close the shared window (stale plans: another epoch or a loaded state)."""
+        old, self._window = self._window, None
         if old is not None:
-            old.cancel()
-
-    def _discard_speculation(self) -> None:
-        with self._spec_lock:
-            old, self._spec = self._spec, None
-        if old is not None:
-            old.cancel()
+            old.close()
 
     def _record_count(self, epoch: int, g: int, count: int) -> None:
         self._counts.setdefault(epoch, {})[g] = count
@@ -352,13 +337,14 @@ class FCPSampler:
         return it
 
     def _retire_iterator(self) -> None:
-        """The current iterator stops moving the position; its planning thread is stopped (it can go on,
-        re-planning from where it is, as an independent cursor)."""
+        """The current iterator stops moving the position and lets go of the shared plan window (whose
+        scheduled plans the next iterator takes if it starts at the window's head); it can go on, planning
+        from where it is on a private window, as an independent cursor."""
         self._owner += 1
         it = self._live() if self._live is not None else None
         self._live = None
         if it is not None:
-            it.close()
+            it._release()
 
     def _moved(self, owner: int, position: tuple[int, int, int]) -> None:
         """Called by an iterator after each yield (and re-position): the position follows its owner."""
@@ -380,16 +366,16 @@ class FCPSampler:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Set the position: the next ``iter()`` starts there (a finished epoch: at the next epoch)."""
         e, g, m = self.check_state(state)
-        self._discard_speculation()
         self._retire_iterator()
+        self._discard_window()
         self._position = (e, g, m)
 
     def __getstate__(self) -> dict[str, Any]:
         d = self.__dict__.copy()
-        d["_live"] = d["_spec"] = None  # an iterator weakref and a thread belong to this process
-        del d["_layout_lock"], d["_spec_lock"]
+        d["_live"] = d["_window"] = None  # an iterator weakref and a thread belong to this process
+        del d["_layout_lock"]
         return d
 
     def __setstate__(self, d: dict[str, Any]) -> None:
         self.__dict__.update(d)
-        self._layout_lock, self._spec_lock = threading.Lock(), threading.Lock()
+        self._layout_lock = threading.Lock()

@@ -89,10 +89,6 @@ def test_planner_thread_stops_on_exhaustion_abandon_and_close():
     assert not _planner_threads()
 
 
-def _spec_threads():
-    return [t for t in threading.enumerate() if t.name == "fcp-speculate" and t.is_alive()]
-
-
 def _keys(lists):
     return [(x.epoch, x.global_batch, x.micro_batch, x.ranks, x.cp_rank, tuple(s.index for s in x),
              x.num_tokens_global) for x in lists]
@@ -117,32 +113,32 @@ def test_next_epoch_is_planned_speculatively_with_identical_plans(batch):
         expected_hits += min(2, s.num_global_batches(e)) if e else 0
         assert s.num_speculative_hits == expected_hits, e
     assert s.planner_waits and ref.num_speculative_hits == 0
-    # the speculation started at the end of epoch 3 ends by itself; nothing else is left running
-    assert s._spec is not None and s._spec.epoch == 4
-    s._spec.thread.join(timeout=30)
-    assert not _spec_threads() and not _wait_no_planner_threads()
+    # the plans of epoch 4's first global batches were scheduled as epoch 3 ended; the thread plans them and
+    # ends by itself; nothing else is left running
+    assert s._window is not None and s._window.head == (4, 0) and s._window.scheduled() == 2
+    assert not _wait_no_planner_threads(30)
 
 
 def test_speculation_is_discarded_by_another_epoch_and_by_load_state_dict():
-    """set_epoch(x) with x != e+1 and load_state_dict cancel the speculative plans of epoch e+1 (the
-    thread is joined before they return) and the next epoch is planned afresh, with the same lists as a
-    fresh sampler (the reference). A failure means stale plans could be served or threads leak."""
+    """set_epoch(x) with another start than the window's and load_state_dict cancel the speculative plans of
+    epoch e+1 (the thread is joined before they return) and the next epoch is planned afresh, with the same
+    lists as a fresh sampler (the reference). A failure means stale plans could be served or threads leak."""
     lengths = _lengths()
     s = FCPSampler(lengths, num_ranks=8, rank=0, cost_model=CM, global_batch_size=200, prefetch=2)
     list(s)
-    assert s._spec is not None and s._spec.epoch == 1
-    spec = s._spec
+    window = s._window
+    assert window is not None and window.head == (1, 0)
     s.set_epoch(5)
-    assert s._spec is None and not spec.thread.is_alive()
+    assert s._window is None and window.closed and window.thread is None
     fresh = FCPSampler(lengths, num_ranks=8, rank=0, cost_model=CM, global_batch_size=200, prefetch=0)
     fresh.set_epoch(5)
     assert _keys(list(s)) == _keys(list(fresh)) and s.num_speculative_hits == 0
     state = s.state_dict()
-    assert s._spec is not None and s._spec.epoch == 6
-    spec = s._spec
+    window = s._window
+    assert window is not None and window.head == (6, 0)
     s.load_state_dict(state)
-    assert s._spec is None and not spec.thread.is_alive()
-    assert not _spec_threads() and not _wait_no_planner_threads()
+    assert s._window is None and window.closed and window.thread is None
+    assert not _wait_no_planner_threads()
 
 
 def test_planner_errors_surface_in_the_consumer():
@@ -152,7 +148,7 @@ def test_planner_errors_surface_in_the_consumer():
     s = FCPSampler(_lengths(), num_ranks=8, rank=0, cost_model=CM, global_batch_size=32, micro_batches=1)
     with pytest.raises(ValueError, match="does not fit") as err:
         next(iter(s))
-    assert any(f.name == "_produce" for f in __import__("traceback").extract_tb(err.value.__traceback__))
+    assert any(f.name == "_plan_ahead" for f in __import__("traceback").extract_tb(err.value.__traceback__))
     assert not _wait_no_planner_threads()
     loader = DataLoader(FCPDataset(TextData(_lengths())), batch_sampler=s, collate_fn=FCPCollator(), num_workers=2)
     with pytest.raises(ValueError, match="does not fit"):

@@ -1,0 +1,168 @@
+"""The sampler's one background mechanism, :class:`fcp_data.prefetch.PlanWindow`, on its own: keys in yield
+order across epochs, bounded look-ahead, ordered consumption, errors with the planner's traceback, attach /
+detach / close, ``depth=0`` synchronous; and through ``FCPSampler``: an abandoned iterator is freed by
+reference counting alone (no cycle), and plans equal those made without a thread.
+
+Reference for the window: a plan function that records its calls (which keys, on which thread) — the
+expected key sequence is written out by hand from the epoch sizes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+import weakref
+
+import numpy as np
+import pytest
+
+from fcp_data.cost import CostModel
+from fcp_data.prefetch import PlanWindow
+from fcp_data.sampler import FCPSampler
+
+SIZES = {0: 3, 1: 1, 2: 2, 3: 4}  # global batches per epoch (2 for later epochs)
+
+
+def _num(epoch):
+    return SIZES.get(epoch, 2)
+
+
+class Recorder:
+    """``plan_fn``: returns ``("plan", epoch, g)``, records each call; ``fail``: the key that raises;
+    ``gate``: planning waits for it (to observe the window while the worker is blocked)."""
+
+    def __init__(self, fail=None, gate=None):
+        self.calls, self.threads, self.fail, self.gate = [], set(), fail, gate
+
+    def __call__(self, epoch, g):
+        if self.gate is not None:
+            self.gate.wait(10)
+        self.calls.append((epoch, g))
+        self.threads.add(threading.current_thread().name)
+        if (epoch, g) == self.fail:
+            raise ValueError(f"cannot plan {(epoch, g)}")
+        return ("plan", epoch, g)
+
+
+def _wait_for(cond, timeout=10.0):
+    end = time.monotonic() + timeout
+    while not cond() and time.monotonic() < end:
+        time.sleep(0.005)
+    return cond()
+
+
+@pytest.mark.parametrize("depth", [0, 1, 2, 5])
+def test_keys_follow_yield_order_across_epochs_and_stay_within_depth(depth):
+    """Taking the keys (0,0)(0,1)(0,2)(1,0)(2,0)(2,1)(3,0) returns their plans in order; the worker never
+    plans more than `depth` keys past the last one taken; depth 0 plans in the caller's thread."""
+    rec = Recorder()
+    w = PlanWindow(rec, _num, (0, 0), depth)
+    expected = [(0, 0), (0, 1), (0, 2), (1, 0), (2, 0), (2, 1), (3, 0)]
+    for i, key in enumerate(expected):
+        assert w.head == key
+        plan, wait = w.take(key)
+        assert plan == ("plan", *key) and wait >= 0
+        assert len(rec.calls) <= i + 1 + depth  # bounded look-ahead
+    seq = expected + [(3, 1), (3, 2), (3, 3), (4, 0), (4, 1)]
+    assert _wait_for(lambda: len(rec.calls) == len(expected) + depth)  # the window fills up to depth ...
+    assert rec.calls == seq[:len(expected) + depth]  # ... in yield order, each key once
+    assert rec.threads == ({"MainThread"} if depth == 0 else {"fcp-planner"})
+    w.close()
+    w.close()  # idempotent
+    assert w.thread is None and w.closed
+    with pytest.raises(RuntimeError, match="closed"):
+        w.take(w.head)
+
+
+def test_out_of_order_take_is_refused():
+    w = PlanWindow(Recorder(), _num, (0, 1), 2)
+    with pytest.raises(RuntimeError, match=r"in order: asked for \(0, 2\), the next one is \(0, 1\)"):
+        w.take((0, 2))
+    assert w.take((0, 1))[0] == ("plan", 0, 1)
+    w.close()
+
+
+def test_error_is_reraised_in_the_consumer_with_the_planner_traceback():
+    """A failing plan raises in take() (not on the thread), and the traceback shows the planning frames."""
+    w = PlanWindow(Recorder(fail=(0, 1)), _num, (0, 0), 2)
+    assert w.take((0, 0))[0] == ("plan", 0, 0)
+    with pytest.raises(ValueError, match=r"cannot plan \(0, 1\)") as err:
+        w.take((0, 1))
+    names = [f.name for f in traceback.extract_tb(err.value.__traceback__)]
+    assert "_plan_ahead" in names and "__call__" in names
+    w.close()
+
+
+def test_detach_finishes_the_scheduled_keys_and_ends_attach_resumes():
+    """Detached, the worker plans what is scheduled (depth keys) and its thread ends; attached again, the
+    scheduled plans are handed out without re-planning and the worker goes on. Attached with nothing to plan,
+    the worker sleeps (no polling) and stays alive."""
+    gate = threading.Event()
+    rec = Recorder(gate=gate)
+    w = PlanWindow(rec, _num, (0, 0), 3)
+    thread = w.thread
+    assert thread is not None and thread.is_alive() and w.scheduled() == 3
+    gate.set()
+    assert _wait_for(lambda: len(rec.calls) == 3)
+    time.sleep(0.05)
+    assert thread.is_alive()  # attached: waits for the consumer
+    w.detach()
+    thread.join(10)
+    assert not thread.is_alive() and w.thread is None
+    w.attach()
+    assert [w.take(k)[0] for k in [(0, 0), (0, 1), (0, 2)]] == [("plan", 0, 0), ("plan", 0, 1), ("plan", 0, 2)]
+    assert _wait_for(lambda: len(rec.calls) == 6)
+    assert rec.calls == [(0, 0), (0, 1), (0, 2), (1, 0), (2, 0), (2, 1)]
+    w.close()
+    assert w.thread is None
+
+
+def test_close_cancels_what_is_not_started_and_joins():
+    gate = threading.Event()
+    rec = Recorder(gate=gate)
+    w = PlanWindow(rec, _num, (0, 0), 4)
+    thread = w.thread
+    threading.Timer(0.05, gate.set).start()
+    w.close()  # returns after the plan in progress
+    assert not thread.is_alive() and len(rec.calls) <= 1
+
+
+CM = CostModel(alpha1=2e-10, alpha2=5e-7, alpha3=2e4, beta1=1e-3, beta2=2e-4, bandwidth_intra=2e11,
+               bandwidth_inter=2.5e10, ranks_per_node=4, tokens_per_rank=512)
+
+
+def _sampler(prefetch):
+    lengths = np.clip(np.random.default_rng(3).lognormal(5.0, 1.1, size=90), 1, 2000).astype(np.int64)
+    return FCPSampler(lengths, num_ranks=4, rank=1, cost_model=CM, global_batch_size=12, prefetch=prefetch)
+
+
+@pytest.mark.usefixtures("no_local_search")
+def test_abandoned_iterator_is_freed_without_the_cycle_collector_and_plans_match():
+    """An iterator dropped mid-epoch is freed by reference counting alone (nothing holds it: no cycle through
+    the window or its thread), its window's thread ends, and the next iterator continues from the position
+    with the window's plans (taken, not re-planned) — the lists equal prefetch=0's."""
+    import gc
+
+    ref = _sampler(0)
+    full = [(x.global_batch, x.micro_batch, tuple(s.index for s in x)) for x in ref]
+    s = _sampler(2)
+    gc.disable()
+    try:
+        it = iter(s)
+        head = [next(it)]
+        while (head[-1].global_batch, head[-1].micro_batch) != (1, head[-1].num_micro_batches - 1):
+            head.append(next(it))  # up to the end of global batch 1: the position is (0, 2, 0)
+        alive = weakref.ref(it)
+        thread = it.planner_thread
+        del it
+        assert alive() is None  # freed at once
+    finally:
+        gc.enable()
+    thread.join(10)
+    assert not thread.is_alive()
+    assert s.state_dict()["global_batch"] == 2 and s._window.head == (0, 2)
+    rest = list(s)
+    got = [(x.global_batch, x.micro_batch, tuple(sl.index for sl in x)) for x in head + rest]
+    assert got == full
+    assert s.num_speculative_hits == 2  # the next iterator took the window's two scheduled plans
