@@ -62,9 +62,7 @@ def _best_move(st: _Groups, terms, cost_model: CostModel, has_visual: bool) -> i
         return None
     alone = members.size == 1
     if members.size > 32:  # equal (s, q) give equal rows; argmin below takes the first of them anyway
-        cols = (s[members], q[members], v[members]) if has_visual else (s[members], q[members])
-        first = np.unique(np.stack(cols, axis=1), axis=0, return_index=True)[1]
-        members = members[np.sort(first)]
+        members = _first_distinct(members, s, q, v if has_visual else None)
     sk, qk, bk, vk = s[members][:, None], q[members][:, None], bq[members][:, None], v[members][:, None]
     tb = np.atleast_1d(cost_model.time(S[b] - s[members], Q[b] - q[members], d[b], intra[b],
                                        B=B[b] - bq[members], V=V[b] - v[members]))
@@ -84,6 +82,19 @@ def _best_move(st: _Groups, terms, cost_model: CostModel, has_visual: bool) -> i
     T[b] = tb[i]
     T[g] = tg[i, g]
     return k
+
+
+def _first_distinct(members: np.ndarray, s: np.ndarray, q: np.ndarray, v: np.ndarray | None) -> np.ndarray:
+    """The members whose ``(s, q[, v])`` no earlier member has, in order (what ``np.unique(..., axis=0,
+    return_index=True)`` finds, by one lexsort instead of a structured-array sort)."""
+    keys = (members, q[members], s[members]) if v is None else (members, v[members], q[members], s[members])
+    order = np.lexsort(keys)  # by s, then q (then v), then position: each run of equal rows starts at its first
+    repeat = np.ones(order.size, dtype=bool)  # equal to the row before it in sorted order
+    for k in keys[1:]:
+        ks = k[order]
+        repeat[1:] &= ks[1:] == ks[:-1]
+    repeat[0] = False
+    return members[np.sort(order[~repeat])]
 
 
 def _rebuilt(mb: MicroBatchPlan, label: np.ndarray, start: np.ndarray, touched: set[int], terms,

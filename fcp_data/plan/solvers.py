@@ -215,6 +215,7 @@ def _refined_plans(best: dict, lengths, etas, num_ranks: int, cost_model: CostMo
     above the best plan so far is skipped."""
     plans: list[tuple[MicroBatchPlan, bool]] = []
     pow2_spans: list[float] = []  # the pow2 tracks prune only against each other, exactly as fcp-pow2 does
+    done: dict[tuple, tuple[MicroBatchPlan, MicroBatchPlan | None]] = {}  # (grouping, degrees) -> (placed, refined)
     for track in ("any", "pow2", "any-tau", "any-tau+", "any-tauc", "pow2-tau", "pow2-tau+", "pow2-tauc", "uniform",
                   "any-search"):
         if track in best:
@@ -222,8 +223,16 @@ def _refined_plans(best: dict, lengths, etas, num_ranks: int, cost_model: CostMo
             rivals = pow2_spans if track.startswith("pow2") else [p[0].makespan for p in plans]
             if "tau" in track and rivals and span >= _TAU_REFINE_SLACK * min(rivals):
                 continue  # refinement rarely gains that much: not worth its time
-            mb = build_micro_batch(groups, deg, S, Q, num_ranks, cost_model, B=B, V=V)
-            plans.append((refine_moves(mb, lengths, etas, cost_model, visual=visual), True) if track != "uniform" else (mb, False))
+            # tracks often share an incumbent (any = pow2 = uniform on loose batches): placement and refinement
+            # are deterministic, so it is placed and refined once (the groups object is alive in best: id is safe)
+            key = (id(groups), deg.tobytes())
+            mb, refined = done.get(key, (None, None))
+            if mb is None:
+                mb = build_micro_batch(groups, deg, S, Q, num_ranks, cost_model, B=B, V=V)
+            if track != "uniform" and refined is None:
+                refined = refine_moves(mb, lengths, etas, cost_model, visual=visual)
+            done[key] = (mb, refined)
+            plans.append((refined, True) if track != "uniform" else (mb, False))
             if track.startswith("pow2"):
                 pow2_spans.append(plans[-1][0].makespan)
     return plans

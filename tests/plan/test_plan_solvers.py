@@ -195,3 +195,22 @@ def test_refine_moves_never_hurts():
         assert {g.ranks for g in out.groups} <= {g.ranks for g in mb.groups}
         for g in out.groups:
             assert L[list(g.seq_ids)].sum() <= g.degree * CM.tokens_per_rank
+
+
+def test_refine_first_distinct_matches_numpy_unique():
+    """refine's member dedupe (one lexsort) keeps exactly the first member of every distinct ``(s, q[, v])``
+    row, in order — what ``np.unique(rows, axis=0, return_index=True)`` gives; a failure means refinement
+    evaluates different moves than before (plans would change)."""
+    from fcp_data.plan.refine import _first_distinct
+
+    rng = np.random.default_rng(4)
+    for _ in range(200):
+        n = int(rng.integers(1, 80))
+        s = rng.integers(1, 6, size=120).astype(float)
+        q = s * s * (1 + rng.integers(0, 2, size=120))
+        v = rng.integers(0, 3, size=120).astype(float)
+        members = np.sort(rng.choice(120, size=n, replace=False))
+        for vis in (None, v):
+            cols = (s[members], q[members]) if vis is None else (s[members], q[members], v[members])
+            first = np.unique(np.stack(cols, axis=1), axis=0, return_index=True)[1]
+            assert _first_distinct(members, s, q, vis).tolist() == members[np.sort(first)].tolist()
