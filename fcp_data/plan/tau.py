@@ -73,17 +73,33 @@ def _fill_headroom(groups, per, rest, terms, tau, cost_model):
         if d < 2 or taken >= light.size:
             continue
         cand = light[taken:]
-        S = s[groups[k]].sum() + np.cumsum(s[cand])
-        Q = q[groups[k]].sum() + np.cumsum(q[cand])
-        B = b[groups[k]].sum() + np.cumsum(b[cand])
-        V = v[groups[k]].sum() + np.cumsum(v[cand])
-        T = np.atleast_1d(cost_model.time(S, Q, d, d <= cost_model.ranks_per_node, B=B, V=V))
-        ok = (T <= tau) & (S <= d * cost_model.tokens_per_rank)
-        j = int(ok.size if ok.all() else np.argmin(ok))
+        j = _fitting_prefix(groups[k], cand, terms, d, tau, cost_model)
         if j:
             groups[k] = groups[k] + [int(i) for i in cand[:j]]
             taken += j
     return groups, light[taken:][::-1]
+
+
+_PREFIX_FIRST = 32  # candidates scanned at first by _fitting_prefix (doubled until the prefix ends inside)
+
+
+def _fitting_prefix(members: list[int], cand: np.ndarray, terms, d: int, tau: float, cost_model: CostModel) -> int:
+    """The longest prefix of ``cand`` that ``members`` on ``d`` ranks can take keeping time ≤ ``τ`` and memory.
+    Scans ``_PREFIX_FIRST`` candidates, doubling while the whole scanned prefix fits: ``np.cumsum`` adds in
+    order, so a prefix's sums (and times) are bit for bit those of the full scan, at O(answer) cost."""
+    s, q, b, v = terms
+    base = [x[members].sum() for x in (s, q, b, v)]
+    width = _PREFIX_FIRST
+    while True:
+        c = cand[:width]
+        S, Q, B, V = (x0 + np.cumsum(x[c]) for x0, x in zip(base, (s, q, b, v)))
+        T = np.atleast_1d(cost_model.time(S, Q, d, d <= cost_model.ranks_per_node, B=B, V=V))
+        ok = (T <= tau) & (S <= d * cost_model.tokens_per_rank)
+        if not ok.all():
+            return int(np.argmin(ok))
+        if c.size == cand.size:
+            return int(c.size)
+        width *= 2
 
 
 @dataclass

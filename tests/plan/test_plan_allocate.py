@@ -403,3 +403,28 @@ def test_running_min_answers_like_the_dense_running_minimum():
                 assert rm[:m].min_ranks(tau).tolist() == (1 + (Tt[:m] > tau).sum(axis=1)).tolist()
         with pytest.raises(ValueError):
             rm.min_ranks(lo * 0.5)
+
+
+def test_tau_fitting_prefix_equals_the_full_scan():
+    """The headroom fill's doubling prefix scan (tau._fitting_prefix) returns what scanning every candidate
+    returns (the first index where time > τ or memory fails); a failure means the makespan-driven
+    ``-tau+`` groupings changed."""
+    from fcp_data.cost import sequence_terms
+    from fcp_data.plan.tau import _fitting_prefix
+    from fcp_data.presets import preset_cost_model
+
+    rng = np.random.default_rng(3)
+    cm = preset_cost_model("Qwen3-8B", "ascend-910c", v2=True)
+    for _ in range(300):
+        n = int(rng.integers(2, 300))
+        lengths = rng.integers(1, 20000, size=n)
+        terms = sequence_terms(lengths.astype(float), (rng.random(n) < 0.2).astype(float), rng.integers(0, 50, n).astype(float))
+        members = [int(rng.integers(n))]
+        cand = np.setdiff1d(np.arange(n), members)[::-1]
+        d = int(rng.integers(2, 33))
+        tau = float(cm.time(*(x[members].sum() for x in terms[:2]), d, d <= cm.ranks_per_node,
+                            B=terms[2][members].sum(), V=terms[3][members].sum())) * float(rng.uniform(0.9, 3.0))
+        S, Q, B, V = (x[members].sum() + np.cumsum(x[cand]) for x in terms)
+        T = np.atleast_1d(cm.time(S, Q, d, d <= cm.ranks_per_node, B=B, V=V))
+        ok = (T <= tau) & (S <= d * cm.tokens_per_rank)
+        assert _fitting_prefix(members, cand, terms, d, tau, cm) == int(ok.size if ok.all() else np.argmin(ok))
