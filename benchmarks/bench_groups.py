@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from fcp_exec.comm import RingComm
-from fcp_exec.testing import WorkerPool
+from fcp_exec.launch import WorkerPool
 
 
 def _partition(rng: random.Random, world: int) -> list[tuple[int, ...]]:
@@ -69,7 +69,7 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    with WorkerPool(args.world, pg_timeout=120) as pool:
+    with WorkerPool(args.world, backend="gloo", pg_timeout=120) as pool:
         results = pool.run(bench_worker, args.iters, args.seed, timeout=600)
     logical = [x for r in results for x in r["logical"]]
     new_group = [max(r["new_group"][i] for r in results) for i in range(args.iters)]

@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from fcp_exec import ring_attention, zigzag_shard
 from fcp_exec.kernels import CpuFlashKernel
-from fcp_exec.testing import WorkerPool
+from fcp_exec.launch import WorkerPool
 
 
 def _docs(total: int, mult: int, seed: int) -> list[int]:
@@ -98,7 +98,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float64"])
     ap.add_argument("--iters", type=int, default=3)
     args = ap.parse_args(argv)
-    with WorkerPool(2, pg_timeout=600, num_threads=1) as pool:
+    with WorkerPool(2, backend="gloo", pg_timeout=600, num_threads=1) as pool:
         r0, r1 = pool.run(bench_worker, args.tokens, tuple(args.heads), args.dtype, args.iters, timeout=3000)
     t = r0["tokens"]
     ring = max(r0["ring"][0], r1["ring"][0])

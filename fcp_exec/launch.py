@@ -1,39 +1,52 @@
-"""Start N worker processes with an initialised process group, or join one started by torchrun.
+"""Start N worker processes with an initialised process group, or join one started by torchrun: the one launcher.
 
-``launch(fn, nproc, *args)`` runs ``fn(*args)`` on every rank and returns the per-rank results:
+Two ways to use it, one mechanism (:class:`WorkerPool`):
 
-* **Under torchrun** (``RANK``, ``WORLD_SIZE`` and ``MASTER_ADDR`` in the environment) the current
-  process is one rank: the process group is initialised from the environment (``env://``), ``fn`` runs
-  here and the result list holds only this rank's value (at its index; other entries ``None``).
-* **Otherwise** ``nproc`` processes are started on this machine (forked by a ``forkserver`` that has
-  imported torch and fcp once, so repeated launches are cheap; ``spawn`` where there is none), rendezvous on
-  a free localhost port, and each runs ``fn``; a worker's exception is re-raised here with its traceback
-  and the other workers are stopped; ``timeout`` bounds the whole run.
+* ``launch(fn, nproc, *args)`` runs ``fn(*args)`` once on every rank and returns the per-rank results.
+  **Under torchrun** (``RANK``, ``WORLD_SIZE`` and ``MASTER_ADDR`` in the environment) the current process is
+  one rank: the process group is initialised from the environment (``env://``), ``fn`` runs here and the
+  result list holds only this rank's value (at its index; other entries ``None``). **Otherwise** it is a
+  one-shot :class:`WorkerPool` of ``nproc`` processes.
+* ``WorkerPool(n)`` keeps ``n`` processes, each with its process group, and runs many functions on them:
+  ``pool.run(fn, *args)`` calls ``fn(rank, *args)`` on every rank (tests and benchmarks reuse one pool for
+  many cases, so the start-up is paid once).
 
-Backend: NCCL when CUDA is available (one device per local rank), HCCL with ``torch_npu``, else gloo on
-CPU. With gloo every worker gets ``max(1, cpu_count // nproc)`` torch threads so N workers share the
-machine fairly. Workers inherit stdout/stderr, so rank 0 can stream its output.
+Workers are forked by a ``forkserver`` that imported torch (for :func:`launch` also fcp's training stack)
+once, so a start costs ~0.1 s (``spawn`` where there is none); they rendezvous on a ``TCPStore`` the parent
+hosts on a free port (no port race). A worker's exception is re-raised here as :class:`WorkerFailure` with
+each failing rank's traceback (peers get 2 s to report theirs: the first error is often a peer's symptom);
+``timeout`` bounds the start-up and every run: a hanging or dying worker makes the pool kill all workers and
+raise ``TimeoutError`` / :class:`WorkerFailure`, never hang. After a failure the pool restarts on the next
+``run`` (an aborted ring leaves unmatched messages behind); workers leave when the parent is gone.
+
+Backend: NCCL with CUDA (one device per local rank), HCCL with ``torch_npu``, else gloo, where every worker
+gets ``max(1, cpu_count // nproc)`` torch threads. Workers inherit stdout/stderr (rank 0 streams its output).
 """
 
 from __future__ import annotations
 
+import atexit
 import datetime
+import multiprocessing.util  # registers its exit hook before ours, so atexit runs _close_all first
 import os
 import queue
-import socket
 import time
 import traceback
-from typing import Any, Callable
+import weakref
+from typing import Any, Callable, Sequence
 
 from fcp_data.slots import dist_rank_and_world as dist_info  # the one rank/world helper
 
-__all__ = ["launch", "resolve_nproc", "default_backend", "current_device", "in_torchrun", "dist_info",
-           "init_distributed", "collective_dtype", "check_devices", "WorkerFailure"]
+__all__ = ["launch", "WorkerPool", "WorkerFailure", "resolve_nproc", "default_backend", "current_device",
+           "in_torchrun", "dist_info", "init_distributed", "collective_dtype", "check_devices"]
 
-
-_PRELOAD = ["torch", "torch.distributed", "fcp_exec.launch", "fcp_exec.train", "fcp_exec.ring_attention",
-            "transformers", "fcp_exec.integrations.hf", "fcp_exec.integrations.hf_positions",
-            "fcp_exec.models", "fcp_data.sampler", "fcp_data.collator", "fcp_data.plan"]
+_HOST = "127.0.0.1"
+_PRELOAD = ("torch", "torch.distributed", "fcp_exec.launch")
+# launch() serves training: its forkserver also imports the training stack once (later launches start in ~0.1 s)
+_TRAIN_PRELOAD = _PRELOAD + ("fcp_exec.train", "fcp_exec.ring_attention", "transformers", "fcp_exec.integrations.hf",
+                             "fcp_exec.integrations.hf_positions", "fcp_exec.models", "fcp_data.sampler",
+                             "fcp_data.collator", "fcp_data.plan")
+_GRACE_S = 2.0  # after the first failure, how long the other ranks may still report theirs
 
 
 def in_torchrun() -> bool:
@@ -120,19 +133,15 @@ def check_devices(backend: str, nproc_local: int) -> None:
                          "HCCL needs one NPU per rank")
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def init_distributed(backend: str | None = None, timeout_s: float = 300.0, num_threads: int | None = None):
-    """Initialise this rank's process group from the environment (``env://``) the one way fcp does everywhere:
-    pick the device (:func:`current_device`) and make it current (``torch.cuda.set_device`` /
-    ``torch.npu.set_device``) *before* ``init_process_group``, pass ``device_id`` so NCCL/HCCL communicators are
-    created eagerly, then run one warm-up barrier on the world group — so the first communication of every rank
-    is a world collective (a first partial-group batched P2P is undefined on NCCL/HCCL and would stall micro-batch
-    0 until every rank arrives). Returns the device."""
+def init_distributed(backend: str | None = None, timeout_s: float = 300.0, num_threads: int | None = None, *,
+                     store=None):
+    """Initialise this rank's process group the one way fcp does everywhere: pick the device
+    (:func:`current_device`) and make it current (``torch.cuda.set_device`` / ``torch.npu.set_device``) *before*
+    ``init_process_group``, pass ``device_id`` so NCCL/HCCL communicators are created eagerly, then run one
+    warm-up barrier on the world group — so the first communication of every rank is a world collective (a
+    first partial-group batched P2P is undefined on NCCL/HCCL and would stall micro-batch 0 until every rank
+    arrives). Rendezvous on ``store`` (rank and world size from ``RANK``/``WORLD_SIZE``) when given, else
+    ``env://`` (torchrun). Returns the device."""
     import torch
     import torch.distributed as dist
 
@@ -144,33 +153,64 @@ def init_distributed(backend: str | None = None, timeout_s: float = 300.0, num_t
         torch.cuda.set_device(device)
     elif device.type == "npu":  # pragma: no cover - needs an Ascend NPU
         torch.npu.set_device(device)
-    kwargs = {}
-    if device.type in ("cuda", "npu") and backend in ("nccl", "hccl"):
+    kwargs: dict[str, Any] = {"init_method": "env://"}
+    if store is not None:
+        kwargs = {"store": store, "rank": int(os.environ["RANK"]), "world_size": int(os.environ["WORLD_SIZE"])}
+    accelerator = device.type in ("cuda", "npu") and backend in ("nccl", "hccl")
+    if accelerator:
         kwargs["device_id"] = device
-    dist.init_process_group(backend, init_method="env://", timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
-    if device.type in ("cuda", "npu") and backend in ("nccl", "hccl"):
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+    if accelerator:
         dist.barrier(device_ids=[device.index])
     else:
         dist.barrier()
     return device
 
 
-def _init(backend: str, timeout_s: float, num_threads: int | None) -> None:
-    init_distributed(backend, timeout_s, num_threads)
+class WorkerFailure(RuntimeError):
+    """One or more ranks failed. ``errors`` maps rank to ``(exception type name, message, traceback text)``;
+    a rank that died without a Python exception has type name ``"exit"``. ``str()`` shows every traceback."""
+
+    def __init__(self, errors: dict[int, tuple[str, str, str]], what: str = "workers"):
+        self.errors = dict(errors)
+        detail = "".join(f"\n--- rank {r} ---\n{tb}" for r, (_, _, tb) in sorted(self.errors.items()))
+        super().__init__(f"{what}: {len(self.errors)} worker(s) failed (ranks {sorted(self.errors)}){detail}")
 
 
-def _worker(rank: int, nproc: int, port: int, backend: str, threads: int, pg_timeout: float,
-            results, fn: Callable, args: tuple) -> None:
+def _failure(e: BaseException) -> tuple[str, str, str]:  # what WorkerFailure.errors holds per rank
+    return type(e).__name__, str(e), traceback.format_exc()
+
+
+def _next_task(tasks):
+    """The next ``(task id, fn, args)``, or None when told to stop or when the parent process is gone."""
+    parent = multiprocessing.parent_process()
+    while True:
+        try:
+            return tasks.get(timeout=5.0)
+        except queue.Empty:
+            if parent is not None and not parent.is_alive():
+                return None
+
+
+def _worker_main(rank: int, world: int, port: int, backend: str, pg_timeout: float, threads: int | None,
+                 tasks, results) -> None:
+    """One rank: join the process group on the parent's store, then run tasks until told to stop."""
     import torch.distributed as dist
 
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(nproc),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+                      MASTER_ADDR=_HOST, MASTER_PORT=str(port))
     try:
-        _init(backend, pg_timeout, threads if backend == "gloo" else None)
-        value = fn(*args)
-        results.put((rank, "ok", value))
-    except BaseException as e:  # noqa: BLE001 - every failure must reach the parent
-        results.put((rank, "err", (type(e).__name__, str(e), traceback.format_exc())))
+        store = dist.TCPStore(_HOST, port, None, False, timeout=datetime.timedelta(seconds=pg_timeout))
+        init_distributed(backend, pg_timeout, threads, store=store)
+        results.put((rank, -1, "ok", None))
+        while (task := _next_task(tasks)) is not None:
+            task_id, fn, args = task
+            try:
+                results.put((rank, task_id, "ok", fn(rank, *args)))
+            except BaseException as e:  # noqa: BLE001 - every failure must reach the parent
+                results.put((rank, task_id, "err", _failure(e)))
+    except BaseException as e:  # noqa: BLE001 - start-up failures (and a task that cannot be unpickled)
+        results.put((rank, -1, "err", _failure(e)))
     finally:
         if dist.is_initialized():
             try:
@@ -179,115 +219,182 @@ def _worker(rank: int, nproc: int, port: int, backend: str, threads: int, pg_tim
                 pass
 
 
-class WorkerFailure(RuntimeError):
-    """One or more ranks failed. ``errors`` maps rank to ``(exception type name, message, traceback text)``;
-    a rank that died without a Python exception has type name ``"exit"``. ``str()`` shows every traceback."""
+def _spawn(world: int, worker_args: tuple, preload: Sequence[str]):
+    """Start ``world`` workers: ``(processes, task queues, result queue)``. Through the forkserver when there is
+    one, by ``spawn`` if there is none or its socket vanished (e.g. its temp dir was cleaned)."""
+    import torch.multiprocessing as mp
 
-    def __init__(self, errors: dict[int, tuple[str, str, str]]):
-        self.errors = dict(errors)
-        detail = "".join(f"\n--- rank {r} ---\n{tb}" for r, (_, _, tb) in sorted(self.errors.items()))
-        super().__init__(f"{len(self.errors)} worker(s) failed{detail}")
+    methods = (["forkserver"] if "forkserver" in mp.get_all_start_methods() else []) + ["spawn"]
+    for method in methods:
+        ctx = mp.get_context(method)
+        if method == "forkserver":
+            ctx.set_forkserver_preload(list(preload))
+        results, tasks = ctx.Queue(), [ctx.Queue() for _ in range(world)]
+        procs = [ctx.Process(target=_worker_main, name=f"fcp-rank-{r}", daemon=False,  # ranks may start DataLoader workers
+                             args=(r, world, *worker_args, tasks[r], results)) for r in range(world)]
+        try:
+            for p in procs:
+                p.start()
+            return procs, tasks, results
+        except OSError:
+            _stop(procs)
+            if method == "spawn":
+                raise
+
+
+def _stop(procs) -> None:
+    for p in procs:
+        if p.pid is not None and p.is_alive():
+            p.kill()
+    for p in procs:
+        if p.pid is not None:
+            p.join(5.0)
+
+
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    """At exit, before multiprocessing joins its (non-daemon) children: stop every pool still open."""
+    for pool in list(_LIVE):
+        pool.close(timeout=2.0)
+
+
+class WorkerPool:
+    """``world_size`` ranks that run functions on demand (module docstring); use as a context manager.
+    ``backend`` None: the device's (:func:`default_backend`); ``num_threads`` None: the gloo share of the cores."""
+
+    def __init__(self, world_size: int, *, backend: str | None = None, pg_timeout: float = 300.0,
+                 start_timeout: float = 300.0, num_threads: int | None = None, preload: Sequence[str] = _PRELOAD):
+        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+            raise ValueError(f"nproc must be a positive int, got {world_size!r}")
+        self.world_size = world_size
+        self.backend = backend or default_backend()
+        check_devices(self.backend, world_size)
+        if num_threads is None and self.backend == "gloo":
+            num_threads = max(1, (os.cpu_count() or 1) // world_size)
+        self.num_threads, self.pg_timeout, self.start_timeout = num_threads, float(pg_timeout), float(start_timeout)
+        self.preload = tuple(preload)
+        self._procs, self._tasks = [], []  # processes and their task queues, by rank
+        self._results, self._store, self._next_id = None, None, 0
+
+    @property
+    def alive(self) -> bool:
+        return bool(self._procs) and all(p.is_alive() for p in self._procs)
+
+    def start(self) -> "WorkerPool":
+        """Start the workers (no-op while they are alive) and wait until every rank joined the process group."""
+        if self.alive:
+            return self
+        self._kill()
+        import torch.distributed as dist
+
+        self._store = dist.TCPStore(_HOST, 0, None, True, wait_for_workers=False,
+                                    timeout=datetime.timedelta(seconds=self.pg_timeout))
+        worker_args = (self._store.port, self.backend, self.pg_timeout, self.num_threads)
+        self._procs, self._tasks, self._results = _spawn(self.world_size, worker_args, self.preload)
+        _LIVE.add(self)
+        self._collect(-1, self.start_timeout, what="start-up (init_process_group)")
+        return self
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Ask the workers to leave (they destroy their process group), then kill stragglers."""
+        for q in self._tasks:
+            try:
+                q.put(None)
+            except (OSError, ValueError):
+                pass
+        deadline = time.monotonic() + timeout
+        for p in self._procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        self._kill()
+
+    def _kill(self) -> None:
+        _stop(self._procs)
+        for q in self._tasks:  # end each queue's feeder thread now, not whenever the queue is collected
+            q.cancel_join_thread()
+            q.close()
+        _LIVE.discard(self)
+        self._procs, self._tasks, self._results, self._store = [], [], None, None
+
+    def __enter__(self) -> "WorkerPool":
+        return self.start()
+
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is None:
+            self.close()
+        else:  # the workers may be busy with the interrupted task: do not wait for them
+            self._kill()
+
+    def run(self, fn: Callable[..., Any], *args: Any, timeout: float = 1800.0) -> list:
+        """Call ``fn(rank, *args)`` on every rank; the results by rank (restarts the pool first if needed)."""
+        self.start()
+        task_id, self._next_id = self._next_id, self._next_id + 1
+        for q in self._tasks:
+            q.put((task_id, fn, args))
+        target = args[0] if fn is _without_rank else fn
+        return self._collect(task_id, timeout, what=getattr(target, "__qualname__", repr(target)))
+
+    def _collect(self, task_id: int, timeout: float, *, what: str) -> list:
+        """Every rank's result of ``task_id``; on a failure, a hang past ``timeout`` or a dead worker the workers
+        are killed and WorkerFailure / TimeoutError is raised."""
+        values: dict[int, Any] = {}
+        errors: dict[int, tuple[str, str, str]] = {}
+        deadline, grace = time.monotonic() + timeout, float("inf")
+        while len(values) + len(errors) < self.world_size:
+            limit = min(deadline, grace)
+            if time.monotonic() >= limit:
+                break
+            try:
+                rank, tid, status, payload = self._results.get(timeout=max(0.01, min(0.5, limit - time.monotonic())))
+            except queue.Empty:
+                errors.update((r, ("exit", f"exit code {p.exitcode}", f"rank {r} exit code {p.exitcode} (died "
+                                            "without reporting)")) for r, p in enumerate(self._procs)
+                              if not p.is_alive() and r not in values and r not in errors)
+            else:
+                if tid != task_id and not (tid == -1 and status == "err"):
+                    continue  # a stale reply from an earlier, failed task
+                (values if status == "ok" else errors)[rank] = payload
+            if errors:
+                grace = min(grace, time.monotonic() + _GRACE_S)
+        if len(values) == self.world_size:
+            return [values[r] for r in range(self.world_size)]
+        missing = sorted(set(range(self.world_size)) - set(values) - set(errors))
+        self._kill()
+        if errors:
+            raise WorkerFailure(errors, f"{what}" + (f"; ranks {missing} did not finish afterwards" if missing else ""))
+        raise TimeoutError(f"{what}: ranks {missing} did not finish within {timeout:g} s (workers killed; the pool "
+                           "restarts on the next run)")
+
+
+def _without_rank(rank: int, fn: Callable[..., Any], *args: Any) -> Any:
+    return fn(*args)
 
 
 def launch(fn: Callable[..., Any], nproc: int, *args: Any, backend: str | None = None,
            timeout: float = 1800.0, pg_timeout: float = 300.0) -> list:
-    """Run ``fn(*args)`` on ``nproc`` ranks (module docstring); returns the results by rank."""
+    """Run ``fn(*args)`` on ``nproc`` ranks (module docstring); returns the results by rank. ``timeout`` bounds
+    the whole run (start-up included)."""
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise ValueError(f"nproc must be a positive int, got {nproc!r}")
     if in_torchrun():
         return _in_torchrun(fn, nproc, args, backend, pg_timeout)
-    backend = backend or default_backend()
-    check_devices(backend, nproc)
-    procs, results = _start(fn, nproc, args, backend, pg_timeout)
-    values: dict[int, Any] = {}
-    errors: dict[int, tuple[str, str, str]] = {}
-    try:
-        _collect(procs, results, values, errors, timeout)
-    finally:
-        for p in procs:
-            p.join(timeout=5.0 if not errors else 0.5)
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-                p.join(timeout=5.0)
-    if errors:
-        raise WorkerFailure(errors)
-    return [values[r] for r in range(nproc)]
+    deadline = time.monotonic() + timeout
+    with WorkerPool(nproc, backend=backend, pg_timeout=pg_timeout, start_timeout=timeout,
+                    preload=_TRAIN_PRELOAD) as pool:
+        return pool.run(_without_rank, fn, *args, timeout=max(0.0, deadline - time.monotonic()))
 
 
 def _in_torchrun(fn: Callable[..., Any], nproc: int, args: tuple, backend: str | None, pg_timeout: float) -> list:
     """Under torchrun this process is one rank: initialise the process group once and run ``fn`` here."""
+    import torch.distributed as dist
+
     world = int(os.environ["WORLD_SIZE"])
     if nproc not in (1, world):
         raise ValueError(f"running under torchrun with WORLD_SIZE={world}; drop --nproc or pass {world}")
-    import torch.distributed as dist
-
     if not dist.is_initialized():
-        _init(backend or default_backend(), pg_timeout, None)
+        init_distributed(backend or default_backend(), pg_timeout)
     out: list = [None] * world
     out[dist.get_rank()] = fn(*args)
     return out
-
-
-def _start(fn: Callable[..., Any], nproc: int, args: tuple, backend: str, pg_timeout: float):
-    """Start the ``nproc`` worker processes; ``(processes, result queue)``."""
-    import torch.multiprocessing as mp
-
-    threads = max(1, (os.cpu_count() or 1) // nproc)
-    use_forkserver = "forkserver" in mp.get_all_start_methods()
-    while True:
-        # a server that has imported torch and fcp once forks every worker: later launches start in ~0.1 s
-        ctx = mp.get_context("forkserver" if use_forkserver else "spawn")
-        if use_forkserver:
-            ctx.set_forkserver_preload(_PRELOAD)
-        results = ctx.Queue()
-        port = _free_port()
-        procs = [ctx.Process(target=_worker, args=(r, nproc, port, backend, threads, pg_timeout, results, fn, args),
-                             daemon=False) for r in range(nproc)]  # ranks may start DataLoader workers
-        try:
-            for p in procs:
-                p.start()
-            return procs, results
-        except OSError:  # the forkserver's socket vanished (e.g. its temp dir was cleaned): start by spawn
-            for p in procs:
-                if p.pid is not None and p.is_alive():
-                    p.terminate()
-                    p.join(timeout=5.0)
-            if not use_forkserver:
-                raise
-            use_forkserver = False
-
-
-def _exited(procs, values: dict, errors: dict) -> dict[int, tuple[str, str, str]]:
-    """The ranks that exited with a non-zero code without reporting, as errors."""
-    return {i: ("exit", f"exit code {p.exitcode}", f"worker exited with code {p.exitcode}")
-            for i, p in enumerate(procs) if p.exitcode not in (None, 0) and i not in values and i not in errors}
-
-
-def _collect(procs, results, values: dict, errors: dict, timeout: float) -> None:
-    """Fill ``values``/``errors`` by rank until every rank reported, one failed (then the others get 2 s to
-    report their own failure: the first error is often a peer's symptom) or ``timeout`` passed."""
-    nproc = len(procs)
-    deadline = time.monotonic() + timeout
-    while len(values) + len(errors) < nproc:
-        try:
-            rank, status, value = results.get(timeout=1.0)
-        except queue.Empty:
-            errors.update(_exited(procs, values, errors))
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"workers did not finish within {timeout:.0f} s "
-                                   f"({len(values)} of {nproc} done)") from None
-            continue
-        if status == "ok":
-            values[rank] = value
-            continue
-        errors[rank] = value
-        grace = time.monotonic() + 2.0
-        while time.monotonic() < grace and len(values) + len(errors) < nproc:
-            try:
-                r2, st2, v2 = results.get(timeout=0.2)
-            except queue.Empty:
-                continue
-            (values if st2 == "ok" else errors)[r2] = v2
-        errors.update(_exited(procs, values, errors))
-        return

@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader
 from fcp_data.collator import FCPCollator
 from fcp_data.cost import CostModel
 from fcp_data.sampler import FCPDataset, FCPSampler
-from fcp_exec.testing import run_workers
+from fcp_exec.launch import WorkerPool
 
 CM = CostModel(alpha1=2e-10, alpha2=5e-7, alpha3=2e4, beta1=1e-3, beta2=2e-4, bandwidth_intra=2e11,
                bandwidth_inter=2.5e10, ranks_per_node=4, tokens_per_rank=512)
@@ -242,7 +242,8 @@ def test_all_processes_compute_the_same_plan():
     epoch. A failure means ranks disagree on the plan (deadlock or wrong data in a real job)."""
     world = 4
     lengths = _lengths(120, seed=5)
-    res = run_workers(_gloo_worker, world, lengths, timeout=120)
+    with WorkerPool(world, backend="gloo") as pool:
+        res = pool.run(_gloo_worker, lengths, timeout=120)
     assert all(r["hashes"] == res[0]["hashes"] for r in res) and len(res[0]["hashes"]) == 3
     assert len({r["len"] for r in res}) == 1 and all(len(r["lists"]) == r["len"] for r in res)
     seen = []

@@ -5,15 +5,17 @@ process launcher (errors reach the caller), the bundled-sample path of `fcp trai
 from __future__ import annotations
 
 import json
+import multiprocessing
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
 import torch
 
 from fcp_data.cost import CostModel
-from fcp_exec.launch import launch
+from fcp_exec.launch import WorkerFailure, launch
 from fcp_exec.train import builtin_cost_model, format_degrees, parse_planner
 from fcp_exec.train_data import SyntheticText, SyntheticVideo, load_train_data
 
@@ -94,12 +96,29 @@ def _ok(x):
     return float(t[0]) * x
 
 
+def _hangs_on_rank_0():
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        time.sleep(600)
+    return 0
+
+
 def test_launcher_results_and_errors():
-    """launch() returns per-rank values of a collective; a worker exception reaches the caller with its
-    traceback (never a hang)."""
+    """launch() returns per-rank values of a collective; a worker exception reaches the caller as WorkerFailure
+    with its type and traceback; a hanging rank is a TimeoutError after ``timeout``, never a hang; after either
+    failure no worker process is left behind."""
     assert launch(_ok, 2, 10.0, timeout=120) == [30.0, 30.0]
-    with pytest.raises(RuntimeError, match="boom 7"):
+    with pytest.raises(WorkerFailure, match="boom 7") as info:
         launch(_fails_on_rank_1, 2, 7, timeout=120)
+    assert sorted(info.value.errors) == [1] and info.value.errors[1][0] == "ArithmeticError"
+    assert "_fails_on_rank_1" in info.value.errors[1][2]
+    assert multiprocessing.active_children() == []
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"ranks \[0(, 1)?\] did not finish within"):  # [0, 1]: a slow start-up
+        launch(_hangs_on_rank_0, 2, timeout=5)
+    assert time.monotonic() - start < 20
+    assert multiprocessing.active_children() == []
 
 
 def test_short_real_profile_gives_loadable_cost_model(tmp_path):

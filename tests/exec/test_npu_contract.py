@@ -17,7 +17,8 @@ from _npu_reference import DocumentedNPUFusionAttention
 from fcp_exec import ring_attention, zigzag_shard
 from fcp_exec.kernels import NpuKernel, ReferenceKernel
 from fcp_exec.kernels.npu import NPU_CAUSAL_SPARSE_MODE
-from fcp_exec.testing import WorkerPool, dense_attention
+from fcp_exec.launch import WorkerPool
+from fcp_exec.testing import dense_attention
 
 
 def _data(cu_q, cu_k, hq, hkv, d, seed):
@@ -112,7 +113,7 @@ def npu_ring_case(rank, causal):
 def test_ring_attention_through_npu_translation():
     """Two gloo processes run ring attention (causal, then full) with the NPU kernel over the fake:
     fp32 results match dense fp64 attention within 1e-5 (the ring's half-block calls translate)."""
-    with WorkerPool(2, pg_timeout=60) as pool:
+    with WorkerPool(2, backend="gloo", pg_timeout=60) as pool:
         for causal in (True, False):
             errs = pool.run(npu_ring_case, causal, timeout=120)
             assert max(errs) <= 1e-5, (causal, errs)

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from fcp_exec import ring_attention, zigzag_index, zigzag_shard
-from fcp_exec.testing import WorkerError, WorkerPool, dense_attention
+from fcp_exec.launch import WorkerFailure, WorkerPool
+from fcp_exec.testing import dense_attention
 
 # max |ring − dense| allowed, relative to max |dense| of the same tensor (fp64: absolute).
 TOL = {"float64": 1e-9, "float32": 5e-6, "bfloat16": 2e-2}
@@ -22,7 +23,7 @@ TOL = {"float64": 1e-9, "float32": 5e-6, "bfloat16": 2e-2}
 
 @pytest.fixture(scope="module")
 def pool4():
-    with WorkerPool(4, pg_timeout=60) as pool:
+    with WorkerPool(4, backend="gloo", pg_timeout=60) as pool:
         yield pool
 
 
@@ -256,21 +257,22 @@ def dying_case(rank):
 def test_missing_neighbour_times_out_and_worker_errors_propagate():
     """A rank whose ring neighbour never shows up gets a RuntimeError naming that peer within
     about the timeout instead of hanging; a worker exception reaches the parent with the worker's
-    traceback; a hanging worker turns into TimeoutError and a dying one into WorkerError, and the
+    traceback; a hanging worker turns into TimeoutError and a dying one into WorkerFailure, and the
     pool restarts after each. (A separate pool: the aborted ring leaves unmatched messages behind.)"""
-    with WorkerPool(2, pg_timeout=30) as pool:
+    with WorkerPool(2, backend="gloo", pg_timeout=30) as pool:
         msg, elapsed = pool.run(missing_neighbour_case, 1.5, timeout=60)[0]
         assert "peer rank 1" in msg and "ranks=[0, 1]" in msg, msg
         assert elapsed < 20, elapsed
-        with pytest.raises(WorkerError, match="boom from rank 1") as info:
+        with pytest.raises(WorkerFailure, match="boom from rank 1") as info:
             pool.run(raising_case, timeout=30)
-        assert "Traceback" in info.value.tracebacks[1] and "raising_case" in info.value.tracebacks[1]
+        kind, _, tb = info.value.errors[1]
+        assert kind == "KeyError" and "Traceback" in tb and "raising_case" in tb
         assert pool.run(_rank, timeout=60) == [0, 1]  # the pool restarted after the failure
         start = time.monotonic()
         with pytest.raises(TimeoutError, match=r"ranks \[0\] did not finish"):
             pool.run(hanging_case, timeout=2)
         assert time.monotonic() - start < 15
-        with pytest.raises(WorkerError, match="rank 1 exit code 3"):
+        with pytest.raises(WorkerFailure, match="rank 1 exit code 3"):
             pool.run(dying_case, timeout=60)
         assert pool.run(_rank, timeout=60) == [0, 1]
 
@@ -284,6 +286,6 @@ def test_fp64_degrees_5_to_8(causal):
     groupings = [[(0, 1, 2, 3, 4), (5, 6, 7)], [(7, 1, 3, 5, 0, 2), (4, 6)],
                  [(6, 5, 4, 3, 2, 1, 0), (7,)], [(0, 1, 2, 3, 4, 5, 6, 7)]]
     lengths = [_lengths_for(gs, 60 + i, num_docs=3, max_chunks=2) for i, gs in enumerate(groupings)]
-    with WorkerPool(8, pg_timeout=120) as pool:
+    with WorkerPool(8, backend="gloo", pg_timeout=120) as pool:
         reports = pool.run(ring_case, groupings, lengths, (2, 1, 8), "float64", causal, 3, timeout=600)
     _assert_close(reports, "float64")

@@ -16,12 +16,13 @@ import pytest
 import torch
 
 from fcp_exec import ring_attention, zigzag_shard
-from fcp_exec.testing import WorkerPool, dense_attention
+from fcp_exec.launch import WorkerPool
+from fcp_exec.testing import dense_attention
 
 
 @pytest.fixture(scope="module")
 def pool3():
-    with WorkerPool(3, pg_timeout=60) as pool:
+    with WorkerPool(3, backend="gloo", pg_timeout=60) as pool:
         yield pool
 
 
