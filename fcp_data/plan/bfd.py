@@ -13,6 +13,7 @@ Ties are broken by sequence index, so the grouping is a deterministic function o
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 
 import numpy as np
@@ -111,9 +112,10 @@ def group_terms_of(groups: list[list[int]], lengths: np.ndarray, etas: np.ndarra
     when ``visual`` is None)."""
     s, q, b, v = sequence_terms(lengths, etas, visual)
     gid = np.empty(s.size, dtype=np.int64)
-    for g, members in enumerate(groups):
-        gid[members] = g
+    sizes = [len(members) for members in groups]
     k = len(groups)
+    flat = np.fromiter(itertools.chain.from_iterable(groups), dtype=np.int64, count=sum(sizes))
+    gid[flat] = np.repeat(np.arange(k), sizes)  # one scatter instead of one per group (groups are disjoint)
     sums = [np.bincount(gid, weights=x, minlength=k) for x in (s, q, b)]
     return sums[0], sums[1], sums[2], None if visual is None else np.bincount(gid, weights=v, minlength=k)
 
