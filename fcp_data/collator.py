@@ -1,8 +1,8 @@
 """FCPCollator: turn one rank's share of a planned micro-batch into local, zigzag-sharded tensors.
 
 Input: the list a DataLoader builds from ``FCPDataset`` — ``(sample, slot)`` pairs of one CP group, in
-slot order (an idle rank's list is empty but still carries the micro-batch's metadata, see
-:class:`fcp_data.sampler.SlotList`). Per document, in slot order:
+slot order (an idle rank's list is empty but still carries the micro-batch's metadata: the
+:class:`fcp_data.slots.MicroBatchMeta` its list and slots share, read once). Per document, in slot order:
 
 1. ``input_ids`` is cut to ``slot.num_tokens`` (the sampler truncates over-long samples this way);
 2. it is padded with ``pad_token_id`` to a multiple of ``2·degree``;
@@ -12,7 +12,7 @@ slot order (an idle rank's list is empty but still carries the micro-batch's met
    ``mask_visual_labels=True`` (the default; only with ``visual_token_id``) ``labels[t]`` is also
    ``ignore_index`` when ``input_ids[t+1]`` is a visual placeholder (MLLM recipes never train the LM to
    predict placeholders), and the batch's ``num_tokens_global`` is ``slot.num_text_labels_global``, the
-   sampler's exact count of such label tokens (truncation included, see :mod:`fcp_data.slots`); a batch
+   sampler's exact count of such label tokens (truncation included, see :mod:`fcp_data.visual_layout`); a batch
    with visual tokens whose sampler had no visual layout (plain lengths) is a ``ValueError``;
 4. positions are ``0 .. P−1`` over the padded document (real tokens ``0 .. n−1``, pads continue the count;
    pads sit after the document's real tokens, so under a causal mask no real token sees them);
@@ -65,12 +65,14 @@ from fcp_data.mrope import qwen_vl_mrope_positions
 
 __all__ = ["FCPCollator", "qwen_vl_mrope_positions"]
 
-_META = ("epoch", "global_batch", "micro_batch", "num_micro_batches", "num_tokens_global")
+# the batch-dict entries taken from the micro-batch's MicroBatchMeta (num_text_labels_global: see _denominator)
+_META = ("epoch", "global_batch", "micro_batch", "num_micro_batches", "num_tokens_global", "ranks", "cp_rank",
+         "num_text_labels_global")
 
 
 def _check_pairs(batch: Any) -> None:
     """The batch must be a list of ``(sample, SampleSlot)`` pairs, as ``FCPDataset`` + ``FCPSampler`` produce."""
-    from fcp_data.sampler import SampleSlot
+    from fcp_data.slots import SampleSlot
 
     how = ("build the DataLoader with dataset=FCPDataset(base), batch_sampler=FCPSampler(...), "
            "collate_fn=FCPCollator(...)")
@@ -147,28 +149,25 @@ class FCPCollator:
 
     # ------------------------------------------------------------------ helpers
     def _meta(self, batch: Sequence) -> dict[str, Any]:
+        """The batch's micro-batch metadata as batch-dict entries, read once from the one
+        :class:`~fcp_data.slots.MicroBatchMeta` its list (a ``SlotList`` from ``FCPDataset``) and slots share;
+        a hand-built list of pairs uses its first slot's, and every slot must refer to the same one."""
+        from fcp_data.slots import MicroBatchMeta
+
+        meta = getattr(batch, "meta", None)
         if batch:
-            slot = batch[0][1]
-            meta = {k: int(getattr(slot, k)) for k in _META}
-            meta["ranks"], meta["cp_rank"] = tuple(slot.ranks), int(slot.cp_rank)
-            meta["num_text_labels_global"] = getattr(slot, "num_text_labels_global", None)
+            meta = batch[0][1].meta if meta is None else meta
             for _, s in batch:
-                if tuple(s.ranks) != meta["ranks"] or s.cp_rank != meta["cp_rank"]:
-                    raise ValueError(
-                        f"all slots of one batch must belong to one CP group; got ranks {meta['ranks']} "
-                        f"and {tuple(s.ranks)} — use FCPSampler as the DataLoader's batch_sampler")
-                if any(int(getattr(s, k)) != meta[k] for k in _META) or \
-                        getattr(s, "num_text_labels_global", None) != meta["num_text_labels_global"]:
+                if s.meta is not meta and s.meta != meta:  # shared by reference: equal only if built apart
+                    if (s.ranks, s.cp_rank) != (meta.ranks, meta.cp_rank):
+                        raise ValueError(f"all slots of one batch must belong to one CP group; got ranks {meta.ranks} "
+                                         f"and {s.ranks} — use FCPSampler as the DataLoader's batch_sampler")
                     raise ValueError("slots of one batch come from different micro-batches")
-            return meta
-        if not all(hasattr(batch, k) for k in _META):
+        elif not isinstance(meta, MicroBatchMeta):
             raise ValueError(
                 "an empty batch must carry the micro-batch metadata (an idle rank's SlotList); build the "
                 "DataLoader with batch_sampler=FCPSampler(...) and dataset=FCPDataset(base)")
-        meta = {k: int(getattr(batch, k)) for k in _META}
-        meta["ranks"], meta["cp_rank"] = (), -1
-        meta["num_text_labels_global"] = getattr(batch, "num_text_labels_global", None)
-        return meta
+        return {k: getattr(meta, k) for k in _META}
 
     def _denominator(self, meta: dict[str, Any], has_visual_target: bool) -> dict[str, Any]:
         """``meta`` with ``num_tokens_global`` = the non-ignored labels of the global batch."""

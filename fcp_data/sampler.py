@@ -13,7 +13,8 @@ Every rank builds the same plan from ``(seed, epoch, lengths, config)`` with no 
   passed to every ``plan_batch`` call; they are part of the state's config fingerprint.
 * **Yield.** For every micro-batch this rank gets one :class:`SlotList` of :class:`SampleSlot` — the
   samples of its CP group in packing order, or an empty list if it is idle in that micro-batch. So every
-  rank yields the same number of lists, in the same order.
+  rank yields the same number of lists, in the same order. The micro-batch's metadata is one
+  :class:`MicroBatchMeta` shared by the list and its slots (:mod:`fcp_data.slots`).
 * **Over-long samples** (more than ``num_ranks · tokens_per_rank`` tokens: no micro-batch could hold
   them): ``"error"`` raises ``ValueError`` at construction naming the first one; ``"truncate"`` keeps the
   first ``num_ranks · tokens_per_rank`` tokens (the slot's ``num_tokens``; the collator cuts the sample);
@@ -22,7 +23,7 @@ Every rank builds the same plan from ``(seed, epoch, lengths, config)`` with no 
 * **Label counts.** ``num_tokens_global`` = Σ (num_tokens − 1) over the global batch;
   ``num_text_labels_global`` = the same without labels whose target is a visual placeholder (what
   ``FCPCollator(mask_visual_labels=True)`` reports as the loss denominator), computed exactly — truncation
-  included — with a *visual layout* (:mod:`fcp_data.slots`): taken from a ``LengthIndex`` automatically
+  included — with a *visual layout* (:mod:`fcp_data.visual_layout`): taken from a ``LengthIndex`` automatically
   (``num_visual_tokens`` + its spec), or given as ``visual_layout=`` (a callable ``(i, n) → placeholders
   among positions 1..n−1``, e.g. :class:`SpanVisualLayout`). With plain lengths and no layout it is
   ``None`` and the collator refuses to mask visual labels.
@@ -80,11 +81,12 @@ from fcp_data.plan.types import Plan
 from fcp_data.sampler_config import SamplerConfig
 from fcp_data.prefetch import PlanWindow, SamplerIterator
 from fcp_data.sampler_state import check_int, check_state, make_state
-from fcp_data.slots import (FCPDataset, IndexVisualLayout, SampleSlot, SlotList, SpanVisualLayout, check_lengths,
-                            check_visual, dist_rank_and_world)
+from fcp_data.sampler_inputs import check_lengths, check_visual, dist_rank_and_world
+from fcp_data.slots import FCPDataset, MicroBatchMeta, SampleSlot, SlotList
+from fcp_data.visual_layout import IndexVisualLayout, SpanVisualLayout
 
-__all__ = ["FCPSampler", "SampleSlot", "SlotList", "FCPDataset", "dist_rank_and_world", "IndexVisualLayout",
-           "SpanVisualLayout"]
+__all__ = ["FCPSampler", "SampleSlot", "SlotList", "MicroBatchMeta", "FCPDataset", "dist_rank_and_world",
+           "IndexVisualLayout", "SpanVisualLayout"]
 
 logger = logging.getLogger(__name__)
 _CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplerConfig))
@@ -264,16 +266,15 @@ class FCPSampler:
         num_mb = len(plan.micro_batches)
         out = []
         for m, mb in enumerate(plan.micro_batches):
-            meta = dict(epoch=epoch, global_batch=g, micro_batch=m, num_micro_batches=num_mb,
-                        num_tokens_global=total, num_text_labels_global=text_total)
             group = mb.group_of_rank(self.rank)
-            if group is None:
-                out.append(SlotList(**meta))
-                continue
-            cp = group.ranks.index(self.rank)
-            slots = [SampleSlot(index=int(ids[s]), ranks=group.ranks, cp_rank=cp, num_tokens=int(toks[s]),
-                                length=int(self.lengths[ids[s]]), **meta) for s in group.seq_ids]
-            out.append(SlotList(slots, ranks=group.ranks, cp_rank=cp, **meta))
+            ranks = () if group is None else tuple(group.ranks)
+            meta = MicroBatchMeta(epoch=epoch, global_batch=g, micro_batch=m, num_micro_batches=num_mb,
+                                  num_tokens_global=total, num_text_labels_global=text_total, ranks=ranks,
+                                  cp_rank=ranks.index(self.rank) if ranks else -1)  # shared by the list and slots
+            seqs = () if group is None else group.seq_ids
+            slots = [SampleSlot(index=int(ids[s]), num_tokens=int(toks[s]), length=int(self.lengths[ids[s]]), meta=meta)
+                     for s in seqs]
+            out.append(SlotList(slots, meta=meta))
         return out
 
     def _window_at(self, key: tuple[int, int], owner: int) -> tuple[PlanWindow, bool, int]:

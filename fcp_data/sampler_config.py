@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from fcp_data.cost import CostModel
-from fcp_data.slots import check_solver_options
+from fcp_data.sampler_inputs import check_solver_options
 
 __all__ = ["SamplerConfig", "OVERLONG_CHOICES"]
 

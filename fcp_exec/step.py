@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from fcp_data.slots import dist_rank_and_world
+from fcp_data.sampler_inputs import dist_rank_and_world
 
 __all__ = ["REDUCER_NAMES", "AllReduceReducer", "DDPReducer", "FSDP2Reducer", "StepResult", "idle_batch",
            "is_idle", "make_reducer", "train_step"]

@@ -14,8 +14,8 @@ identical data): text samples are truncated to ``max_tokens``; a multimodal samp
 its visual block, so one longer than ``max_tokens`` is left out (``num_dropped``).
 
 ``visual_layout`` (for ``FCPSampler(visual_layout=...)``) tells the sampler where the placeholders sit, so
-that the loss denominator with masked visual labels is exact: :class:`~fcp_data.slots.IndexVisualLayout`
-over the kept index rows, or :class:`~fcp_data.slots.SpanVisualLayout` for the synthetic video.
+that the loss denominator with masked visual labels is exact: :class:`~fcp_data.visual_layout.IndexVisualLayout`
+over the kept index rows, or :class:`~fcp_data.visual_layout.SpanVisualLayout` for the synthetic video.
 """
 
 from __future__ import annotations
@@ -206,7 +206,7 @@ def load_train_data(model: str, data: str | None = None, *, max_tokens: int = 23
         base = SyntheticVideo(num_synthetic or 16, seed=seed, max_len=max_tokens)
         vis = np.array([s[0] > 0 for s in base.samples])
         ds, lengths, dropped = _cap(base, base.lengths, vis, max_tokens)
-        from fcp_data.slots import SpanVisualLayout
+        from fcp_data.visual_layout import SpanVisualLayout
 
         spans = base.placeholder_spans()
         return TrainData(dataset=ds, lengths=lengths, pad_token_id=_SYN_PAD, visual_token_ids=(_SYN_PLACEHOLDER,),
@@ -229,7 +229,7 @@ def load_train_data(model: str, data: str | None = None, *, max_tokens: int = 23
     if capped.size == 0:
         raise ValueError(f"no sample of {path} fits max_tokens={max_tokens}; raise --max-tokens")
     what = "bundled samples" if not data else str(path)
-    from fcp_data.slots import IndexVisualLayout
+    from fcp_data.visual_layout import IndexVisualLayout
 
     layout = IndexVisualLayout(index, keep=ds.keep, spec=base.spec) if base.placeholder_ids else None
     return TrainData(dataset=ds, lengths=capped, pad_token_id=int(base.pad_token_id), visual_layout=layout,
@@ -241,7 +241,7 @@ def load_train_data(model: str, data: str | None = None, *, max_tokens: int = 23
 def _load_hf_data(config, data: str | None, *, max_tokens: int, seed: int, cache_dir: str | None,
                   num_synthetic: int | None) -> TrainData:
     """Data for a transformers model, checked against its config (vocabulary, special token ids, patch size)."""
-    from fcp_data.slots import IndexVisualLayout, SpanVisualLayout
+    from fcp_data.visual_layout import IndexVisualLayout, SpanVisualLayout
     from fcp_exec.integrations.hf_data import SyntheticHFDocs, check_data_fits, special_ids
 
     is_vl = config.model_type in HF_SPECS

@@ -1,0 +1,91 @@
+"""The sampler's inputs, resolved and checked once (used by :class:`fcp_data.sampler.FCPSampler` and
+:class:`fcp_data.sampler_config.SamplerConfig`): the lengths / η / visual tokens of the data (from arrays or a
+``LengthIndex``, with the planner's one length check), the solver options (JSON scalars a solver accepts), and
+the default rank and world size (from ``torch.distributed``; the one rank/world helper, also used by the
+executor).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from fcp_data.cost import CostModel
+
+__all__ = ["dist_rank_and_world", "check_lengths", "check_visual", "check_solver_options"]
+
+
+def dist_rank_and_world() -> tuple[int, int]:
+    """``(rank, world_size)`` from ``torch.distributed`` when it is initialised, else ``(0, 1)``."""
+    try:
+        import torch.distributed as dist
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return 0, 1
+    if dist.is_available() and dist.is_initialized():
+        return int(dist.get_rank()), int(dist.get_world_size())
+    return 0, 1
+
+
+def check_lengths(lengths_or_index: Any, etas: Any) -> tuple[np.ndarray, np.ndarray | None]:
+    """``(lengths, etas)`` from an array or a ``LengthIndex`` (its ``num_tokens``/``eta``), checked by the
+    planner's one length / η check; ``etas`` is None when absent or all causal."""
+    src = lengths_or_index
+    if hasattr(src, "num_tokens") and not isinstance(src, (np.ndarray, list, tuple)):
+        lengths = src.num_tokens
+        if etas is None:
+            etas = getattr(src, "eta", None)
+    else:
+        lengths = src
+    from fcp_data.plan.inputs import validate_etas, validate_lengths  # the one length / η check
+
+    lengths = validate_lengths(lengths)
+    if etas is not None:
+        etas = validate_etas(etas, lengths)
+        if not np.any(etas):
+            etas = None
+    return lengths, etas
+
+
+def check_visual(lengths_or_index: Any, visual: Any, lengths: np.ndarray) -> np.ndarray | None:
+    """Visual tokens per sample for the cost model (DESIGN §4.1): ``visual=`` when given, else a
+    ``LengthIndex``'s ``num_visual_tokens``, else None (text). None as well when all are 0 (plans as text)."""
+    if visual is None and not isinstance(lengths_or_index, (np.ndarray, list, tuple)):
+        visual = getattr(lengths_or_index, "num_visual_tokens", None)
+    from fcp_data.plan.inputs import validate_visual  # the one visual-token check (planner and sampler alike)
+
+    v = validate_visual(visual, np.asarray(lengths))
+    return v if v is not None and np.any(v) else None
+
+
+_PLAN_ARGS = ("lengths", "num_ranks", "cost_model", "etas", "visual", "solver", "micro_batches")
+
+
+def check_solver_options(options: Any, solver: str, num_ranks: int, cost_model: CostModel) -> dict[str, Any]:
+    """A copy of ``options`` (JSON scalars keyed by str, so the state fingerprint survives a JSON round
+    trip), tried once on a one-token batch so that an option the solver rejects fails here."""
+    if options is None:
+        return {}
+    if not isinstance(options, dict):
+        raise ValueError(f"solver_options must be a dict of keyword arguments for the solver, got {options!r}")
+    out = {}
+    for k in sorted(options):
+        v = options[k]
+        if not isinstance(k, str) or k in _PLAN_ARGS:
+            raise ValueError(f"solver_options key {k!r} is not a solver option (reserved: {', '.join(_PLAN_ARGS)})")
+        if isinstance(v, np.generic):
+            v = v.item()
+        if v is not None and not isinstance(v, (bool, int, float, str)):
+            raise ValueError(f"solver_options[{k!r}] must be a JSON scalar (int, float, str, bool, None), got {v!r}")
+        out[k] = v
+    if out:
+        from fcp_data.plan import plan_batch
+
+        try:
+            plan_batch([1], num_ranks=num_ranks, cost_model=cost_model, solver=solver, micro_batches=1, **out)
+        except TypeError as exc:
+            raise ValueError(f"solver {solver!r} does not accept solver_options {out}: {exc}") from None
+        except ValueError as exc:
+            raise ValueError(f"solver_options {out} are invalid for solver {solver!r} on {num_ranks} ranks: "
+                             f"{exc}") from None
+    return out

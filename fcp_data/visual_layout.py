@@ -1,0 +1,104 @@
+"""Visual layouts: how many label tokens of a sample's kept prefix target a visual placeholder, so that the
+sampler's masked loss denominator (``num_text_labels_global``) is exact (used by :class:`fcp_data.sampler.FCPSampler`).
+
+**Label tokens with visual masking.** A document of ``n`` kept tokens has ``n − 1`` label tokens
+(``num_tokens_global`` sums these). With ``FCPCollator(mask_visual_labels=True)`` the label at position
+``t`` is also ignored when token ``t + 1`` is a visual placeholder, so the document has
+``n − 1 − m`` label tokens, ``m`` = placeholders among positions ``1 .. n−1`` of its *kept* tokens (a
+placeholder at position 0 is never a target). ``num_text_labels_global`` sums these. Truncation cuts the
+token sequence (the collator still hands the vision tower every image of the document whole, but only
+the kept placeholders receive embeddings and only they can be targets), so ``m`` depends on where the
+placeholders sit, not just on how many there are. A *visual layout* is a callable ``layout(i, n) → m``:
+
+* :class:`IndexVisualLayout` (built by the sampler from a ``LengthIndex`` automatically): re-derives the
+  token layout of sample ``i`` from its index columns and the index's spec with the same
+  :func:`fcp_data.specs.plan_visual` call the reader makes (the visual block first, then caption + EOS,
+  which hold no placeholder), and counts placeholders in ``[1, n)``. Text samples cost nothing; a visual
+  sample costs one ``plan_visual`` (done per global batch, on the planning thread).
+* :class:`SpanVisualLayout`: explicit placeholder spans ``(start, count)`` per sample, for datasets that
+  are not read from an index (e.g. ``fcp_exec.train_data``'s synthetic video).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+__all__ = ["SpanVisualLayout", "IndexVisualLayout"]
+
+
+class SpanVisualLayout:
+    """Visual layout from explicit placeholder spans: ``spans[i]`` is a sequence of ``(start, count)``
+    runs of placeholder tokens in sample ``i`` (empty for text). ``layout(i, n)`` = placeholders in
+    ``[1, n)``."""
+
+    def __init__(self, spans: Sequence[Sequence[tuple[int, int]]]) -> None:
+        self.spans = [tuple((int(a), int(c)) for a, c in sp) for sp in spans]
+        for i, sp in enumerate(self.spans):
+            if any(a < 0 or c < 0 for a, c in sp):
+                raise ValueError(f"sample {i}: placeholder spans must have start >= 0 and count >= 0, got {sp}")
+
+    def __call__(self, i: int, n: int) -> int:
+        return sum(max(0, min(a + c, n) - max(a, 1)) for a, c in self.spans[i])
+
+
+class IndexVisualLayout:
+    """Visual layout of a ``LengthIndex`` sample, re-derived from its columns and the index's spec exactly
+    as :class:`fcp_data.readers.IndexedDataset` builds ``input_ids`` (module docstring). ``keep``: optional
+    map from the sampler's sample numbers to index rows (a filtered view of the index)."""
+
+    def __init__(self, index: Any, keep: Any = None, spec: Any = None) -> None:
+        self.index = index
+        self.keep = None if keep is None else np.asarray(keep, dtype=np.int64)
+        self._spec = spec
+        self._vis = np.asarray(index.num_visual_tokens, dtype=np.int64)
+
+    def __getstate__(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["_spec"] = None  # reloaded on demand (a tokenizer does not always pickle)
+        return d
+
+    def spec(self) -> Any:
+        if self._spec is None:
+            from fcp_data.specs import load_spec
+
+            m = self.index.manifest
+            self._spec = load_spec(m["spec"]["name"])
+            if self._spec.fingerprint != m["spec"]["fingerprint"]:
+                raise ValueError(f"spec {self._spec.name!r} differs from the one the index was built with; the visual "
+                                 "layout (and the masked loss denominator) cannot be derived — rebuild the index")
+        return self._spec
+
+    def __call__(self, i: int, n: int) -> int:
+        row = int(i if self.keep is None else self.keep[i])
+        total = int(self._vis[row])
+        if total == 0:
+            return 0
+        from fcp_data.index.format import KIND_IMAGE, KIND_VIDEO
+        from fcp_data.specs import plan_visual
+
+        spec, ix = self.spec(), self.index
+        kind = int(ix.kind[row])
+        if kind == KIND_VIDEO:
+            plan = plan_visual(spec, "video", height=int(ix.height[row]), width=int(ix.width[row]),
+                               num_frames=int(ix.num_frames[row]), fps=float(ix.fps[row]))
+        elif kind == KIND_IMAGE:
+            plan = plan_visual(spec, "image", height=int(ix.height[row]), width=int(ix.width[row]))
+        else:
+            raise ValueError(f"index row {row} has {total} visual tokens but kind {kind} is neither image nor video")
+        place = set(spec.placeholder_ids)
+        pos = m = seen = 0
+        for seg in plan.segments:
+            if seg[0] == "text":
+                pos += len(spec.encode(seg[1]))
+                continue
+            c = int(seg[2])
+            if spec.token_id(seg[1]) in place:
+                m += max(0, min(pos + c, n) - max(pos, 1))
+                seen += c
+            pos += c
+        if seen != total:
+            raise ValueError(f"index row {row}: the spec's layout has {seen} placeholder tokens, the index {total}; "
+                             "the index is stale — rebuild it")
+        return m
