@@ -19,82 +19,20 @@ step on stdout and nothing else there).
 from __future__ import annotations
 
 import json
-import math
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from fcp_data.cost import CostModel
 from fcp_exec.launch import current_device, dist_info, launch
+from fcp_exec.train_config import DTYPE_NAMES, TrainConfig
 
 __all__ = ["TrainConfig", "Trainer", "train", "train_matrix", "run_training", "builtin_cost_model", "format_degrees", "parse_planner"]
 
-_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class TrainConfig:
-    """``model``: tiny-llm | tiny-mllm | ``hf:PATH`` (a local transformers config.json: qwen3, llama, qwen2_vl,
-    qwen2_5_vl, qwen3_vl; random weights); ``reducer``: allreduce | ddp | fsdp2 (:mod:`fcp_exec.step`);
-    ``grad_checkpointing`` (hf models); ``steps`` optimizer steps; ``seed`` (weights, data order, synthetic
-    data); ``dtype``; ``planner``: an FCPSampler solver (fcp, static-cp, ...); ``global_batch_size``
-    (sequences per step); ``data``: None (bundled samples), an index path or "synthetic"; ``max_tokens``
-    per sample (see :mod:`fcp_exec.train_data`); ``cost``: a §4 cost-model dict (default:
-    :func:`builtin_cost_model`); ``tokens_per_rank`` overrides the cost model's; ``num_workers`` of the
-    DataLoader; ``prefetch`` global batches planned ahead; ``json_lines``/``verbose`` control rank 0's
-    output; ``return_params``: rank 0 returns the final parameters (numpy) for equivalence checks."""
-
-    model: str = "tiny-llm"
-    steps: int = 3
-    seed: int = 0
-    dtype: str = "float32"
-    planner: str = "fcp"
-    global_batch_size: int = 8
-    lr: float = 1e-3
-    weight_decay: float = 0.01
-    data: str | None = None
-    max_tokens: int = 2304
-    num_synthetic: int | None = None
-    synthetic_lengths: tuple[int, ...] | None = None
-    cost: dict | None = None
-    tokens_per_rank: int | None = None
-    num_workers: int = 0
-    prefetch: int = 2
-    json_lines: bool = False
-    verbose: bool = True
-    return_params: bool = False
-    return_grads: bool = False
-    cache_dir: str | None = None
-    reducer: str = "allreduce"
-    grad_checkpointing: bool = False
-
-    def __post_init__(self) -> None:
-        from fcp_exec.step import REDUCER_NAMES
-
-        if self.model not in ("tiny-llm", "tiny-mllm") and not (self.model.startswith("hf:") and len(self.model) > 3):
-            raise ValueError(f"model must be tiny-llm, tiny-mllm or hf:PATH/config.json, got {self.model!r}")
-        if self.reducer not in REDUCER_NAMES:
-            raise ValueError(f"reducer must be one of {', '.join(REDUCER_NAMES)}, got {self.reducer!r}")
-        if self.grad_checkpointing and not self.model.startswith("hf:"):
-            raise ValueError("gradient checkpointing is available for hf: models (the tiny models do not implement it)")
-        if not math.isfinite(self.lr) or self.lr < 0 or not math.isfinite(self.weight_decay) or self.weight_decay < 0:
-            raise ValueError(f"lr and weight_decay must be finite and >= 0, got {self.lr}, {self.weight_decay}")
-        if self.num_workers < 0 or self.prefetch < 0:
-            raise ValueError(f"num_workers and prefetch must be >= 0, got {self.num_workers}, {self.prefetch}")
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {self.dtype!r}")
-        for name in ("steps", "global_batch_size", "max_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.cost is not None:
-            CostModel.from_dict(self.cost)
-        parse_planner(self.planner)
-        if self.tokens_per_rank is not None and self.tokens_per_rank < 1:
-            raise ValueError(f"tokens_per_rank must be >= 1, got {self.tokens_per_rank}")
+_DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 
 def builtin_cost_model(max_tokens: int, num_ranks: int, dtype: str = "float32") -> CostModel:

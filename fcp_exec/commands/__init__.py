@@ -1,15 +1,19 @@
 """Sub-commands of the ``fcp`` CLI on the executor side (train, profile); the dispatcher is :mod:`fcp_cli.main`.
 
-:func:`check_launch` is the shared check of ``--nproc``/``--backend`` of every command that starts ranks.
+:func:`check_launch` is the shared check of ``--nproc``/``--backend`` of every command that starts ranks;
+:func:`add_config_options` / :func:`config_kwargs` derive a command's options from a config dataclass.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import types
+import typing
 
 from fcp_data.commands import UsageError
 
-__all__ = ["check_launch", "MAX_PROCS_PER_CORE"]
+__all__ = ["check_launch", "MAX_PROCS_PER_CORE", "add_config_options", "config_kwargs", "cli_fields"]
 
 # gloo on CPU: more processes than this per core only thrash (and a typo like --nproc 100000 would hang in
 # the rendezvous or exhaust memory); larger jobs run under torchrun across machines
@@ -66,3 +70,46 @@ def check_launch(nproc: int | None, backend: str | None, *, default: int = 2) ->
                              f"machine ({cores} cores: at most {MAX_PROCS_PER_CORE * cores}); pass fewer, or use "
                              "torchrun across machines")
     return nproc, (name if backend else None)
+
+
+def cli_fields(cls) -> list[dataclasses.Field]:
+    """The fields of dataclass ``cls`` that are command-line options: all but those with ``metadata cli=False``."""
+    return [f for f in dataclasses.fields(cls) if f.metadata.get("cli", True)]
+
+
+def _option_type(cls, f: dataclasses.Field, hint) -> type:
+    """``int``/``float``/``str``/``bool`` of a field annotated with one of them (or ``X | None``)."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if typing.get_origin(hint) in (typing.Union, types.UnionType) and len(args) == 1:
+        hint = args[0]
+    if hint not in (int, float, str, bool):
+        raise TypeError(f"{cls.__name__}.{f.name}: type {hint} has no command-line form; give the field a plain "
+                        "type (int, float, str, bool, or one of them | None) or metadata cli=False")
+    return hint
+
+
+def add_config_options(parser, cls) -> None:
+    """One ``--field-name`` option per :func:`cli_fields` field of dataclass ``cls``: its type, its default (the
+    dataclass's: the two cannot diverge), ``metadata`` ``help`` (a string or a zero-argument callable),
+    ``choices`` and ``metavar``. A bool defaulting to False is a flag; to True, ``--x/--no-x``."""
+    import argparse
+
+    hints = typing.get_type_hints(cls)
+    for f in cli_fields(cls):
+        kind = _option_type(cls, f, hints[f.name])
+        help_text = f.metadata.get("help", "")
+        help_text = help_text() if callable(help_text) else help_text
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        kwargs: dict = {"dest": f.name} | ({"required": True} if default is dataclasses.MISSING else {"default": default})
+        if kind is bool:
+            kwargs["action"] = "store_true" if default is False else argparse.BooleanOptionalAction
+        else:
+            kwargs.update(type=kind, choices=f.metadata.get("choices"), metavar=f.metadata.get("metavar"))
+            if default not in (None, dataclasses.MISSING):
+                help_text += f" (default {default})"
+        parser.add_argument("--" + f.name.replace("_", "-"), help=help_text, **kwargs)
+
+
+def config_kwargs(cls, args) -> dict:
+    """The :func:`cli_fields` values of parsed ``args``, as keyword arguments of ``cls``."""
+    return {f.name: getattr(args, f.name) for f in cli_fields(cls)}

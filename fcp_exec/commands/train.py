@@ -8,7 +8,7 @@ sampler built on it) — so a bad input is one line and exit code 2, not a worke
 
 from __future__ import annotations
 
-__all__ = ["register", "resolve_model", "load_hf_config", "check_index_path", "preflight"]
+__all__ = ["register", "config_from_args", "resolve_model", "load_hf_config", "check_index_path", "preflight"]
 
 EPILOG = """Each step is one global batch: its plan-annotated micro-batches run on the CP groups the planner
 formed (ring attention inside each group), gradients are summed over all ranks by the --reducer, then AdamW.
@@ -37,39 +37,16 @@ _TINY = ("tiny-llm", "tiny-mllm")
 def register(subparsers, summary: str) -> None:
     import argparse
 
-    from fcp_data.plan.registry import solver_names
+    from fcp_exec.commands import add_config_options
+    from fcp_exec.train_config import TrainConfig
 
     p = subparsers.add_parser("train", help=summary, description=summary, epilog=EPILOG,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="tiny-llm", metavar="tiny-llm|tiny-mllm|hf:CONFIG.json",
-                   help="tiny-llm (default), tiny-mllm, or hf:PATH — a local transformers config.json (or its folder) "
-                        "of a qwen3, llama, qwen2_vl, qwen2_5_vl or qwen3_vl model, randomly initialised")
-    p.add_argument("--reducer", choices=("allreduce", "ddp", "fsdp2"), default="allreduce",
-                   help="gradient synchronisation: one flat all-reduce (default), DistributedDataParallel or FSDP2 "
-                        "(fully_shard per transformer block); all sum gradients exactly once per step")
-    p.add_argument("--grad-checkpointing", action="store_true",
-                   help="non-reentrant activation checkpointing of the hf: model's layers")
+    add_config_options(p, TrainConfig)  # every TrainConfig field with a plain value: name, type, default, help
     p.add_argument("--nproc", type=int, default=None,
                    help="processes to start (default 2; under torchrun its WORLD_SIZE, no processes are started)")
-    p.add_argument("--planner", default="fcp",
-                   help=f"the sampler's solver (a deterministic registered one): {', '.join(solver_names(deterministic=True))}; "
-                        f"{' / '.join(n + ':D' for n in solver_names(fixed_degree=True))} fix the degree (static-cp:1 = "
-                        "data parallel only); default fcp")
-    p.add_argument("--steps", type=int, default=5, help="optimizer steps (default 5)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", choices=("float32", "float64", "bfloat16"), default="float32")
-    p.add_argument("--data", default=None,
-                   help="a length index built by `fcp index`, or 'synthetic'; default: the bundled samples "
-                        "(text for text models, videos/images for tiny-mllm and Qwen-VL), indexed once into a cache folder")
-    p.add_argument("--global-batch-size", type=int, default=8, help="sequences per step (default 8)")
-    p.add_argument("--max-tokens", type=int, default=2304,
-                   help="cap on a sample's tokens: text is truncated, longer multimodal samples are left out "
-                        "(default 2304, which keeps every bundled video)")
     p.add_argument("--cost", default=None, help="cost-model JSON (DESIGN §4, e.g. from `fcp profile`); default: "
                                                 "a built-in CPU model with tokens_per_rank = max-tokens/2")
-    p.add_argument("--tokens-per-rank", type=int, default=None, help="override the cost model's memory budget")
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes per rank (default 0)")
     p.add_argument("--json", action="store_true", help="one JSON object per step on stdout, nothing else")
     p.add_argument("--backend", default=None, help="torch.distributed backend: gloo, nccl, hccl (default by device)")
     p.set_defaults(func=run)
@@ -154,22 +131,29 @@ def preflight(cfg, nproc: int, hf_config=None):
     return data
 
 
+def config_from_args(args, model: str | None = None):
+    """The :class:`TrainConfig` of parsed ``fcp train`` arguments: the derived options as they are, ``model``
+    (resolved by :func:`resolve_model`) in place of ``--model``, ``--cost`` read from its JSON file, ``--json``
+    as ``json_lines`` (and not ``verbose``)."""
+    from fcp_data.cost import CostModel
+    from fcp_exec.commands import config_kwargs
+    from fcp_exec.train_config import TrainConfig
+
+    cost = CostModel.load(args.cost).to_dict() if args.cost else None
+    return TrainConfig(**{**config_kwargs(TrainConfig, args), "model": model or args.model, "cost": cost,
+                          "json_lines": args.json, "verbose": not args.json})
+
+
 def run(args) -> int:
     import json
 
     model, hf_path = resolve_model(args.model)
     check_index_path(args.data)
     from fcp_exec.commands import check_launch
-    from fcp_data.cost import CostModel
     from fcp_exec.launch import default_backend, in_torchrun
-    from fcp_exec.train import TrainConfig, run_training
+    from fcp_exec.train import run_training
 
-    cost = CostModel.load(args.cost).to_dict() if args.cost else None
-    cfg = TrainConfig(model=model, steps=args.steps, seed=args.seed, dtype=args.dtype, planner=args.planner,
-                      global_batch_size=args.global_batch_size, lr=args.lr, data=args.data,
-                      max_tokens=args.max_tokens, cost=cost, tokens_per_rank=args.tokens_per_rank,
-                      num_workers=args.num_workers, json_lines=args.json, verbose=not args.json,
-                      reducer=args.reducer, grad_checkpointing=args.grad_checkpointing)
+    cfg = config_from_args(args, model)
     nproc, backend = check_launch(args.nproc, args.backend)
     preflight(cfg, nproc, load_hf_config(hf_path) if hf_path else None)
     if cfg.reducer != "allreduce" and nproc == 1 and backend is None and not in_torchrun():

@@ -1,0 +1,99 @@
+"""``TrainConfig``: every option of a training run, declared once.
+
+Each field carries its documentation in ``metadata["help"]``; ``fcp train`` derives its command-line options
+from these fields (:func:`fcp_exec.commands.add_config_options`: name, type, default, choices, help), so a new
+field appears in the CLI without a second edit and the CLI's defaults cannot diverge from the dataclass's.
+Fields whose values have no plain command-line form (a dict, a tuple, API-only switches) say ``cli=False``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from fcp_data.cost import CostModel
+from fcp_exec.step import REDUCER_NAMES
+
+__all__ = ["TrainConfig", "DTYPE_NAMES"]
+
+DTYPE_NAMES = ("float32", "float64", "bfloat16")
+
+
+def _opt(default: Any, help: Any, **extra: Any):  # noqa: A002 - the argparse word
+    """A field with its documentation (a string, or a zero-argument callable evaluated when a parser is built)
+    and, optionally, ``choices``, ``metavar`` or ``cli=False``."""
+    return field(default=default, metadata={"help": help, **extra})
+
+
+def _planner_help() -> str:
+    from fcp_data.plan.registry import solver_names
+
+    fixed = " / ".join(n + ":D" for n in solver_names(fixed_degree=True))
+    return (f"the sampler's solver (a deterministic registered one): {', '.join(solver_names(deterministic=True))}; "
+            f"{fixed} fix the degree (static-cp:1 = data parallel only)")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainConfig:
+    """One training run of :func:`fcp_exec.train.train` (each field's ``metadata["help"]`` says what it is)."""
+
+    model: str = _opt("tiny-llm", "tiny-llm, tiny-mllm, or hf:PATH — a local transformers config.json (or its "
+                      "folder) of a qwen3, llama, qwen2_vl, qwen2_5_vl or qwen3_vl model, randomly initialised",
+                      metavar="tiny-llm|tiny-mllm|hf:CONFIG.json")
+    steps: int = _opt(3, "optimizer steps, one global batch each")
+    seed: int = _opt(0, "seed of the weights, the data order and the synthetic data")
+    dtype: str = _opt("float32", "dtype of the parameters and activations", choices=DTYPE_NAMES)
+    planner: str = _opt("fcp", _planner_help)
+    global_batch_size: int = _opt(8, "sequences per step")
+    lr: float = _opt(1e-3, "AdamW learning rate")
+    weight_decay: float = _opt(0.01, "AdamW weight decay")
+    data: str | None = _opt(None, "a length index built by `fcp index`, or 'synthetic'; default: the bundled samples "
+                            "(text for text models, videos/images for tiny-mllm and Qwen-VL), indexed once into "
+                            "a cache folder")
+    max_tokens: int = _opt(2304, "cap on a sample's tokens: text is truncated, longer multimodal samples are left "
+                           "out (the default keeps every bundled video)")
+    num_synthetic: int | None = _opt(None, "documents of --data synthetic (default: 24 text, 16 video)")
+    synthetic_lengths: tuple[int, ...] | None = _opt(None, "exact document lengths of synthetic text", cli=False)
+    cost: dict | None = _opt(None, "a §4 cost-model dict (default: fcp_exec.train.builtin_cost_model); the CLI's "
+                             "--cost reads it from a JSON file", cli=False)
+    tokens_per_rank: int | None = _opt(None, "override the cost model's memory budget (tokens per rank)")
+    num_workers: int = _opt(0, "DataLoader worker processes per rank")
+    prefetch: int = _opt(2, "global batches the sampler plans ahead in its background thread")
+    json_lines: bool = _opt(False, "rank 0 prints one JSON object per step on stdout, nothing else", cli=False)
+    verbose: bool = _opt(True, "rank 0 prints one line per step", cli=False)
+    return_params: bool = _opt(False, "rank 0 returns the final parameters (numpy), for equivalence checks",
+                               cli=False)
+    return_grads: bool = _opt(False, "every step's record keeps its gradients and sample indices", cli=False)
+    cache_dir: str | None = _opt(None, "folder of the bundled samples' cached length index (default: $FCP_CACHE or "
+                                 "a per-user temporary folder)")
+    reducer: str = _opt("allreduce", "gradient synchronisation (fcp_exec.step): one flat all-reduce, "
+                        "DistributedDataParallel or FSDP2 (fully_shard per transformer block); all sum gradients "
+                        "exactly once per step", choices=REDUCER_NAMES)
+    grad_checkpointing: bool = _opt(False, "non-reentrant activation checkpointing of the hf: model's layers")
+
+    def __post_init__(self) -> None:
+        from fcp_exec.train import parse_planner
+
+        if self.model not in ("tiny-llm", "tiny-mllm") and not (self.model.startswith("hf:") and len(self.model) > 3):
+            raise ValueError(f"model must be tiny-llm, tiny-mllm or hf:PATH/config.json, got {self.model!r}")
+        if self.reducer not in REDUCER_NAMES:
+            raise ValueError(f"reducer must be one of {', '.join(REDUCER_NAMES)}, got {self.reducer!r}")
+        if self.grad_checkpointing and not self.model.startswith("hf:"):
+            raise ValueError("gradient checkpointing is available for hf: models (the tiny models do not implement it)")
+        if not math.isfinite(self.lr) or self.lr < 0 or not math.isfinite(self.weight_decay) or self.weight_decay < 0:
+            raise ValueError(f"lr and weight_decay must be finite and >= 0, got {self.lr}, {self.weight_decay}")
+        if self.num_workers < 0 or self.prefetch < 0:
+            raise ValueError(f"num_workers and prefetch must be >= 0, got {self.num_workers}, {self.prefetch}")
+        if self.dtype not in DTYPE_NAMES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPE_NAMES)}, got {self.dtype!r}")
+        for name in ("steps", "global_batch_size", "max_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_synthetic is not None and self.num_synthetic < 1:
+            raise ValueError(f"num_synthetic must be >= 1, got {self.num_synthetic}")
+        if self.cost is not None:
+            CostModel.from_dict(self.cost)
+        parse_planner(self.planner)
+        if self.tokens_per_rank is not None and self.tokens_per_rank < 1:
+            raise ValueError(f"tokens_per_rank must be >= 1, got {self.tokens_per_rank}")
