@@ -27,6 +27,7 @@ class _Groups:
         self.cap = self.d * cost_model.tokens_per_rank
         self.S, self.Q, self.B, self.V = (np.bincount(self.label, weights=w, minlength=K) for w in (s, q, bq, v))
         self.T = np.atleast_1d(cost_model.time(self.S, self.Q, self.d, self.intra, B=self.B, V=self.V))
+        self.d_ext, self.intra_ext = np.append(self.d, 0.0), np.append(self.intra, False)  # + the slowest group
 
 
 def refine_moves(mb: MicroBatchPlan, lengths: np.ndarray, etas: np.ndarray, cost_model: CostModel,
@@ -57,19 +58,20 @@ def _best_move(st: _Groups, terms, cost_model: CostModel, has_visual: bool) -> i
     S, Q, B, V, T, d, intra = st.S, st.Q, st.B, st.V, st.T, st.d, st.intra
     K = T.size
     b = int(np.argmax(T))
+    st.d_ext[K], st.intra_ext[K] = d[b], intra[b]
     members = np.flatnonzero(st.label == b)
     if members.size == 0:
         return None
     alone = members.size == 1
     if members.size > 32:  # equal (s, q) give equal rows; argmin below takes the first of them anyway
         members = _first_distinct(members, s, q, v if has_visual else None)
-    sk, qk, bk, vk = s[members][:, None], q[members][:, None], bq[members][:, None], v[members][:, None]
-    tb = np.atleast_1d(cost_model.time(S[b] - s[members], Q[b] - q[members], d[b], intra[b],
-                                       B=B[b] - bq[members], V=V[b] - v[members]))
-    tb = np.where(alone, 0.0, tb)  # an emptied group leaves its ranks idle
-    tg = cost_model.time(S[None, :] + sk, Q[None, :] + qk, d[None, :], intra[None, :], B=B[None, :] + bk,
-                         V=V[None, :] + vk)
-    tg = np.where(S[None, :] + sk <= st.cap[None, :], tg, np.inf)
+    # one time() call: columns 0..K-1 each target with member i added, column K the slowest group without it
+    # (elementwise, so every entry is the float two separate calls give)
+    Sx, Qx, Bx, Vx = (np.concatenate((X[None, :] + x[members][:, None], X[b] - x[members][:, None]), axis=1)
+                      for X, x in ((S, s), (Q, q), (B, bq), (V, v)))
+    t = cost_model.time(Sx, Qx, st.d_ext[None, :], st.intra_ext[None, :], B=Bx, V=Vx)
+    tb = np.where(alone, 0.0, t[:, K])  # an emptied group leaves its ranks idle
+    tg = np.where(Sx[:, :K] <= st.cap[None, :], t[:, :K], np.inf)
     tg[:, b] = np.inf
     pair = np.maximum(tb[:, None], tg)
     i, g = divmod(int(np.argmin(pair)), K)
