@@ -23,7 +23,7 @@ demo: $(STAMP)
 	$(VPY) -m fcp_exec.demo
 
 test: $(STAMP)
-	$(VPY) -m pytest -q -x -n auto --dist loadfile --durations=15
+	$(VPY) -m pytest -q -x -n auto --dist loadfile --no-loadscope-reorder --durations=15
 
 test-slow: $(STAMP)
 	$(VPY) -m pytest -q -m slow
