@@ -75,7 +75,7 @@ def _fill_headroom(groups, per, rest, terms, tau, cost_model):
         cand = light[taken:]
         j = _fitting_prefix(groups[k], cand, terms, d, tau, cost_model)
         if j:
-            groups[k] = groups[k] + [int(i) for i in cand[:j]]
+            groups[k] = groups[k] + cand[:j].tolist()
             taken += j
     return groups, light[taken:][::-1]
 
@@ -202,7 +202,7 @@ def _single_out(t: _Target, N: int, cost_model: CostModel, spread: int, fill: bo
         if k_rest < 1:
             continue
         for filled in ((False, True) if fill and m else (False,)):
-            groups = [[int(k)] for k in t.order[:m]]
+            groups = [[k] for k in t.order[:m].tolist()]
             rest = t.order[m:]
             if filled:
                 groups, rest = _fill_headroom(groups, per, rest, (t.s, t.q, t.b, t.v), t.tau, cost_model)
@@ -211,7 +211,8 @@ def _single_out(t: _Target, N: int, cost_model: CostModel, spread: int, fill: bo
                 label = lpt_heap(t.solo[rest] - beta1, t.s[rest], k, float(E))
                 if label is None:
                     continue
-                groups += [[int(rest[i]) for i in g] for g in labels_to_groups(label, k)]
+                ids = rest.tolist()  # Python ints, once
+                groups += [[ids[i] for i in g] for g in labels_to_groups(label, k)]
             out.append((groups, filled))
     return out
 
@@ -231,7 +232,8 @@ def _coarse(t: _Target, N: int, cost_model: CostModel, coarsen: tuple[int, ...])
         k = min(k, rest.size)
         label = lpt_heap(t.solo[rest] - beta1, t.s[rest], k, float(c * E))
         if label is not None:
-            groups = [[int(i)] for i in t.order[:j]]
-            groups += [[int(rest[i]) for i in g] for g in labels_to_groups(label, k)]
+            groups = [[i] for i in t.order[:j].tolist()]
+            ids = rest.tolist()  # Python ints, once
+            groups += [[ids[i] for i in g] for g in labels_to_groups(label, k)]
             out.append((groups, None))
     return out
