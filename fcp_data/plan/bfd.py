@@ -68,10 +68,16 @@ def bfd_groups(lengths: np.ndarray, unit: float) -> list[list[int]]:
             pos = bisect_left(rooms, s)
             if pos < len(rooms):
                 r, b = rooms.pop(pos), ids.pop(pos)
-                k = 1 if run_end is None else _run_take(r, s, p, run_end[p])
-                groups[b].extend(order[p:p + k])
-                room = r - k * s
-                p += k
+                end = p + 1 if run_end is None else run_end[p]
+                if end == p + 1:  # a run of one (r >= s): what _run_take gives, without the call
+                    groups[b].append(i)
+                    room = r - s
+                    p += 1
+                else:
+                    k = _run_take(r, s, p, end)
+                    groups[b].extend(order[p:p + k])
+                    room = r - k * s
+                    p += k
             else:
                 room = unit - s
                 b = len(groups)
