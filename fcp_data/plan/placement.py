@@ -153,15 +153,17 @@ def place_for_times(S: np.ndarray, Q: np.ndarray, degrees, num_ranks: int, cost_
 
 
 def build_micro_batch(groups: list[list[int]], degrees, S: np.ndarray, Q: np.ndarray, num_ranks: int,
-                      cost_model: CostModel, *, time_fn=None, B=None, V=None):
+                      cost_model: CostModel, *, time_fn=None, B=None, V=None, ranks=None):
     """Place ``groups`` with ``degrees`` and return the :class:`MicroBatchPlan` with real-placement times.
 
     ``B``, ``V``: the groups' §4.1 aggregates. ``time_fn(S, Q, ranks, B, V) -> times`` replaces the §4
-    ring formula (the Ulysses baseline uses it).
+    ring formula (the Ulysses baseline uses it). ``ranks``: what :func:`place_for_times` returned for these
+    arguments, when the caller has it already (it is not recomputed).
     """
     from fcp_data.plan.types import CPGroup, MicroBatchPlan
 
-    ranks = place_for_times(S, Q, degrees, num_ranks, cost_model, time_fn=time_fn, B=B, V=V)
+    if ranks is None:
+        ranks = place_for_times(S, Q, degrees, num_ranks, cost_model, time_fn=time_fn, B=B, V=V)
     times = (time_fn or (lambda s, q, r, b, v: placed_times(s, q, r, cost_model, b, v)))(S, Q, ranks, B, V)
     ids = [np.asarray(g, dtype=np.int64).tolist() if not isinstance(g, list) or g and type(g[0]) is not int else g
            for g in groups]  # Python ints: CPGroup takes them without a per-item conversion

@@ -129,7 +129,7 @@ def fcp_micro_batch(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_
 
 
 class _Incumbents:
-    """Each track's best candidate ``track -> (makespan, groups, degrees, (S, Q, B, V))``: :meth:`consider` places a
+    """Each track's best candidate ``track -> (makespan, groups, degrees, (S, Q, B, V), ranks | None)``: :meth:`consider` places a
     candidate only when its ideal (table) value can beat the track's incumbent; ``pool`` keeps every candidate
     for the robust choice (None otherwise)."""
 
@@ -146,14 +146,16 @@ class _Incumbents:
         inc = self.best.get(track)
         if inc is not None and not value < inc[0] * (1 + 1e-12):
             return  # real makespan ≥ ideal value ≥ incumbent
+        ranks = None  # kept with the incumbent: building its plan places it exactly so (same inputs)
         if self.buddy and bool(np.all(self.pow2[deg - 1])):
             span = value  # powers of two always pack into power-of-two nodes: placed time == table time
         else:
             S, Q, B, V = agg
             cm = self.cost_model
-            span = float(placed_times(S, Q, place_for_times(S, Q, deg, self.num_ranks, cm, B=B, V=V), cm, B, V).max())
+            ranks = place_for_times(S, Q, deg, self.num_ranks, cm, B=B, V=V)
+            span = float(placed_times(S, Q, ranks, cm, B, V).max())
         if inc is None or span < inc[0]:
-            self.best[track] = (span, groups, deg, agg)
+            self.best[track] = (span, groups, deg, agg, ranks)
 
 
 def _stage1(lengths, etas, num_ranks: int, cost_model: CostModel, visual, tracks: dict, alloc, consider,
@@ -219,7 +221,7 @@ def _refined_plans(best: dict, lengths, etas, num_ranks: int, cost_model: CostMo
     for track in ("any", "pow2", "any-tau", "any-tau+", "any-tauc", "pow2-tau", "pow2-tau+", "pow2-tauc", "uniform",
                   "any-search"):
         if track in best:
-            span, groups, deg, (S, Q, B, V) = best[track]
+            span, groups, deg, (S, Q, B, V), ranks = best[track]
             rivals = pow2_spans if track.startswith("pow2") else [p[0].makespan for p in plans]
             if "tau" in track and rivals and span >= _TAU_REFINE_SLACK * min(rivals):
                 continue  # refinement rarely gains that much: not worth its time
@@ -228,7 +230,7 @@ def _refined_plans(best: dict, lengths, etas, num_ranks: int, cost_model: CostMo
             key = (id(groups), deg.tobytes())
             mb, refined = done.get(key, (None, None))
             if mb is None:
-                mb = build_micro_batch(groups, deg, S, Q, num_ranks, cost_model, B=B, V=V)
+                mb = build_micro_batch(groups, deg, S, Q, num_ranks, cost_model, B=B, V=V, ranks=ranks)
             if track != "uniform" and refined is None:
                 refined = refine_moves(mb, lengths, etas, cost_model, visual=visual)
             done[key] = (mb, refined)
