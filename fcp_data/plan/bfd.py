@@ -45,12 +45,7 @@ def bfd_groups(lengths: np.ndarray, unit: float) -> list[list[int]]:
         return [order]  # what the loop below yields: the first bin holds everything
     values = lengths.tolist()
     n = len(order)
-    if np.issubdtype(lengths.dtype, np.integer) and n:
-        sorted_vals = lengths[order_arr]
-        starts = np.flatnonzero(np.diff(sorted_vals)) + 1
-        run_end = np.repeat(np.append(starts, n), np.diff(np.concatenate(([0], starts, [n])))).tolist()
-    else:
-        run_end = None  # float lengths: r - k·s may round differently from k subtractions; one at a time
+    run_end = _run_ends(lengths, order_arr)
     groups: list[list[int]] = []
     rooms: list[float] = []  # headroom of the bins that have some, ascending
     ids: list[int] = []      # their bin ids, parallel to rooms
@@ -88,6 +83,16 @@ def bfd_groups(lengths: np.ndarray, unit: float) -> list[list[int]]:
             rooms.insert(j, room)
             ids.insert(j, b)
     return groups
+
+
+def _run_ends(lengths: np.ndarray, order: np.ndarray) -> list[int] | None:
+    """Per position of ``order`` (lengths descending), where its run of equal lengths ends; None for float
+    lengths (``r - k·s`` may round differently from ``k`` subtractions: one at a time)."""
+    n = order.size
+    if not (np.issubdtype(lengths.dtype, np.integer) and n):
+        return None
+    starts = np.flatnonzero(np.diff(lengths[order])) + 1
+    return np.repeat(np.append(starts, n), np.diff(np.concatenate(([0], starts, [n])))).tolist()
 
 
 def _run_take(r: float, s: float, p: int, end: int) -> int:
