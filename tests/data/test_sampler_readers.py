@@ -49,12 +49,12 @@ def data(tmp_path_factory):
     build_index([str(SAMPLES / "wds" / "shard-{000000..000003}.tar"), str(SAMPLES / "text.jsonl")], "qwen3-vl", out,
                 progress=False, probe="av")
     ix = LengthIndex.load(out)
-    return ix, IndexedDataset(ix)
+    reader = IndexedDataset(ix)
+    return ix, reader, Cached(reader)  # one cache for the module: each video is decoded once, not once per test
 
 
 def test_index_to_batches_reassemble_exactly(data):
-    ix, reader = data
-    base = Cached(reader)
+    ix, reader, base = data
     vis = torch.tensor(reader.placeholder_ids)
     collate = FCPCollator(pad_token_id=reader.pad_token_id, visual_token_id=reader.placeholder_ids, mrope=True)
     ds = FCPDataset(base)
@@ -126,14 +126,14 @@ def test_masked_labels_match_num_tokens_global(tmp_path, data, spec, num_ranks):
     llava-video puts placeholders at position 0 (never a target). A failure means the loss denominator
     the sampler computes from the index (IndexVisualLayout) differs from the labels the collator trains on."""
     if spec == "qwen3-vl":
-        ix, reader = data
+        ix, reader, base = data
     else:
         out = tmp_path / spec
         build_index([str(SAMPLES / "wds" / "shard-{000000..000003}.tar"), str(SAMPLES / "text.jsonl")], spec, out,
                     progress=False, probe="av")
         ix = LengthIndex.load(out)
         reader = IndexedDataset(ix)
-    base = Cached(reader)
+        base = Cached(reader)
     vis = torch.tensor(reader.placeholder_ids)
     collate = FCPCollator(pad_token_id=reader.pad_token_id, visual_token_id=reader.placeholder_ids)
     ds = FCPDataset(base)
