@@ -108,7 +108,7 @@ def fcp_micro_batch(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_
     tracks = {"pow2": pow2} if degrees == "pow2" else {"any": None, "pow2": pow2}
     inc = _Incumbents(num_ranks, cost_model, pow2, robust_tol > 0)
     best, consider, pool = inc.best, inc.consider, inc.pool
-    _stage1(lengths, etas, num_ranks, cost_model, visual, tracks, alloc, consider, with_baselines)
+    _stage1(lengths, etas, num_ranks, cost_model, visual, tracks, alloc, inc, with_baselines)
     if search and degrees == "any":
         _search_candidates(lengths, etas, num_ranks, cost_model, visual, best, alloc, consider)
     plans = _refined_plans(best, lengths, etas, num_ranks, cost_model, visual)
@@ -140,6 +140,12 @@ class _Incumbents:
         self.best: dict[str, tuple] = {}
         self.pool: list | None = [] if keep_pool else None
 
+    def beaten(self, track: str, value: float) -> bool:
+        """Whether :meth:`consider` would drop every candidate of ideal value ``value`` or more on ``track``
+        (never in the robust mode, which keeps every candidate in ``pool``)."""
+        inc = self.best.get(track)
+        return self.pool is None and inc is not None and not value < inc[0] * (1 + 1e-12)
+
     def consider(self, track: str, value: float, deg: np.ndarray, groups, agg) -> None:
         if self.pool is not None:
             self.pool.append((value, groups, deg, agg))
@@ -158,10 +164,13 @@ class _Incumbents:
             self.best[track] = (span, groups, deg, agg, ranks)
 
 
-def _stage1(lengths, etas, num_ranks: int, cost_model: CostModel, visual, tracks: dict, alloc, consider,
+def _stage1(lengths, etas, num_ranks: int, cost_model: CostModel, visual, tracks: dict, alloc, inc: "_Incumbents",
             with_baselines: bool) -> None:
     """Every stage-1 grouping of :func:`_candidate_groupings` through stage 2 on each track (and its uniform
-    degree, the static-cp configuration, when it has one)."""
+    degree, the static-cp configuration, when it has one). A restricted track (pow2) is not allocated when the
+    unrestricted one's value already fails its incumbent: its optimum is never below (a subset of the same
+    table entries), so :meth:`_Incumbents.consider` would drop it."""
+    consider = inc.consider
     seen: set[tuple[tuple[int, ...], ...]] = set()
     for groups, uniform, family in _candidate_groupings(lengths, etas, num_ranks, cost_model, visual):
         if len(groups) > num_ranks:
@@ -173,8 +182,12 @@ def _stage1(lengths, etas, num_ranks: int, cost_model: CostModel, visual, tracks
         seen.add(key)
         agg = group_terms_of(groups, lengths, etas, visual)
         table = time_table(agg[0], agg[1], num_ranks, cost_model, B=agg[2], V=agg[3], sparse=True)
+        floor = None  # the unrestricted track's value (tracks: "any" first)
         for track, mask in () if repeat else tracks.items():  # a repeat still gets its uniform degree below
+            if floor is not None and (not np.isfinite(floor) or inc.beaten(track + family, floor)):
+                continue
             value, deg = alloc(table, num_ranks, allowed=mask)
+            floor = value if mask is None else floor
             if deg is not None:
                 consider(track + family, value, deg, groups, agg)
         if uniform is not None and with_baselines:
