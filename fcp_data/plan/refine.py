@@ -67,11 +67,11 @@ def _best_move(st: _Groups, terms, cost_model: CostModel, has_visual: bool) -> i
         members = _first_distinct(members, s, q, v if has_visual else None)
     # one time() call: columns 0..K-1 each target with member i added, column K the slowest group without it
     # (elementwise, so every entry is the float two separate calls give)
-    Sx, Qx, Bx, Vx = (np.concatenate((X[None, :] + x[members][:, None], X[b] - x[members][:, None]), axis=1)
-                      for X, x in ((S, s), (Q, q), (B, bq), (V, v)))
+    Sx, Qx, Bx, Vx = (_with_and_without(X, x[members], b) for X, x in ((S, s), (Q, q), (B, bq), (V, v)))
     t = cost_model.time(Sx, Qx, st.d_ext[None, :], st.intra_ext[None, :], B=Bx, V=Vx)
     tb = np.where(alone, 0.0, t[:, K])  # an emptied group leaves its ranks idle
-    tg = np.where(Sx[:, :K] <= st.cap[None, :], t[:, :K], np.inf)
+    tg = t[:, :K]
+    tg[~(Sx[:, :K] <= st.cap[None, :])] = np.inf  # memory fails
     tg[:, b] = np.inf
     pair = np.maximum(tb[:, None], tg)
     i, g = divmod(int(np.argmin(pair)), K)
@@ -84,6 +84,14 @@ def _best_move(st: _Groups, terms, cost_model: CostModel, has_visual: bool) -> i
     T[b] = tb[i]
     T[g] = tg[i, g]
     return k
+
+
+def _with_and_without(X: np.ndarray, xm: np.ndarray, b: int) -> np.ndarray:
+    """``(m, K+1)``: column ``g < K`` is ``X[g] + xm``, column ``K`` is ``X[b] − xm`` (no concatenation copy)."""
+    out = np.empty((xm.size, X.size + 1))
+    np.add(X[None, :], xm[:, None], out=out[:, :-1])
+    np.subtract(X[b], xm, out=out[:, -1])
+    return out
 
 
 def _first_distinct(members: np.ndarray, s: np.ndarray, q: np.ndarray, v: np.ndarray | None) -> np.ndarray:
@@ -120,6 +128,8 @@ def _rebuilt(mb: MicroBatchPlan, label: np.ndarray, start: np.ndarray, touched: 
     keep = np.array([g for g, _, _ in groups], dtype=np.int64)
     S, Q, B, V = (np.bincount(label, weights=w, minlength=K)[keep] for w in terms)
     times = placed_times(S, Q, [r for _, r, _ in groups], cost_model, B, V)
-    cp = tuple(CPGroup(ranks=r, seq_ids=i, time=float(t)) for (_, r, i), t in zip(groups, times))
+    old = mb.groups  # an untouched group with the same time is kept as is (no new, re-validated CPGroup)
+    cp = tuple(old[g] if g not in dirty and t == old[g].time else CPGroup(ranks=r, seq_ids=i, time=t)
+               for (g, r, i), t in zip(groups, times.tolist()))
     out = MicroBatchPlan(groups=cp, makespan=float(max(times)))
     return out if out.makespan <= mb.makespan else mb
