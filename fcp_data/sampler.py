@@ -110,7 +110,7 @@ class FCPSampler:
         self._init_data(lengths_or_index, etas, visual, visual_layout)
         self._position = (0, 0, 0)  # (epoch, global_batch, micro_batch) of the next list (module doc)
         self._owner = 0  # generation of the iterator that moves the position; bumped to retire it
-        self._live: weakref.ref | None = None  # that iterator, to stop its planning thread when retired
+        self._live: weakref.ref | None = None  # that iterator, to release the plan window when retired
         self._layouts: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._layout_lock = threading.Lock()
         self._counts: dict[int, dict[int, int]] = {}

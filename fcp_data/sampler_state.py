@@ -4,8 +4,8 @@ The sampler is a cursor. Its position ``(epoch, global_batch, micro_batch)``
 is that of the next list it yields; every list the current iterator yields moves it, so once a consumer
 has received lists ``0 … k−1`` of an epoch (``break`` included), ``state_dict()`` resumes at list ``k``.
 ``iter()`` starts at the position: a second ``iter()`` (a DataLoader with workers calls it twice) continues
-instead of restarting the epoch; only the most recent iterator moves the position, and an older one's
-planning thread is stopped. When every list of epoch ``e`` is yielded the position says so
+instead of restarting the epoch; only the most recent iterator moves the position and plans on the
+sampler's window (an older one lets go of it). When every list of epoch ``e`` is yielded the position says so
 (``global_batch == num_global_batches(e)``, ``micro_batch == 0``) and the next ``iter()`` starts epoch
 ``e + 1`` — an epoch is never replayed silently (a loop without ``set_epoch`` sees each epoch once, and a
 ``StatefulDataLoader`` restored at the end of an epoch continues with the next one). ``set_epoch(e)``
