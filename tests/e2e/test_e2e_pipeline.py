@@ -121,6 +121,32 @@ def test_launcher_results_and_errors():
     assert multiprocessing.active_children() == []
 
 
+def _running(pid: int) -> bool:
+    """The process exists and is not a zombie (an orphan's zombie may wait for a reaper in a container)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_pool_workers_leave_when_their_parent_is_killed():
+    """A process holding a WorkerPool is SIGKILLed (no cleanup runs): its idle workers notice the parent is gone
+    and exit within seconds instead of waiting for a task forever."""
+    code = ("import multiprocessing, os, signal; from fcp_exec.launch import WorkerPool; "
+            "WorkerPool(2, backend='gloo').start(); print(*[c.pid for c in multiprocessing.active_children()], "
+            "flush=True); os.kill(os.getpid(), signal.SIGKILL)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    pids = [int(x) for x in r.stdout.split()]
+    assert r.returncode == -9 and len(pids) == 2, r.stderr[-2000:]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(_running(p) for p in pids):
+        time.sleep(0.5)
+    assert not any(_running(p) for p in pids)
+
+
 def test_short_real_profile_gives_loadable_cost_model(tmp_path):
     """`fcp profile` on 2 processes (tiny grid): measured vs predicted table, a JSON that CostModel.load and
     `fcp plan --cost` accept, and a plot. Measured times are noisy; the fit must still be well-formed."""
