@@ -13,7 +13,7 @@ own variance: plans made for nearby models are sometimes better in the nominal m
 Rule. The uncertainty set is a box ``[1 − δ, 1 + δ]`` around every non-zero coefficient (alpha1-3, beta1-2, both
 bandwidths, gamma, alpha_blk, alpha_vis), jointly — not one coefficient at a time: the measured losses come from
 combinations. It is represented by the nominal model and :data:`ROBUST_SCENARIOS` fixed joint draws
-(:func:`scenario_models`, a fixed seed, so every rank computes the same plan). Candidates: FCP's own plans plus
+(:func:`scenario_models`: a Latin hypercube from a fixed seed, so every rank computes the same plan). Candidates: FCP's own plans plus
 the plan FCP makes under each scenario model. Regret of a candidate in a scenario = its makespan there / the best
 candidate's makespan there − 1; the choice is the plan of least *mean* regret over the scenarios among those
 whose nominal makespan is within ``(1 + tol)`` of the best (ties: lower nominal makespan, then lower index).
@@ -44,13 +44,18 @@ ROBUST_KEYS = ("alpha1", "alpha2", "alpha3", "beta1", "beta2", "bandwidth_intra"
 
 def scenario_models(cost_model: CostModel, delta: float = ROBUST_DELTA, count: int = ROBUST_SCENARIOS
                     ) -> list[CostModel]:
-    """``count`` cost models, each non-zero coefficient of :data:`ROBUST_KEYS` times its own factor drawn
-    uniformly in ``[1 − delta, 1 + delta]`` (a fixed-seed generator: deterministic; zeros stay zero; the factors
-    do not depend on the coefficients' values, only on which are non-zero). The nominal model is not included."""
+    """``count`` cost models, each non-zero coefficient of :data:`ROBUST_KEYS` times its own factor in
+    ``[1 − delta, 1 + delta]``: a Latin hypercube (for every coefficient each of the ``count`` equal slices of the
+    box holds exactly one draw) from a fixed-seed generator — deterministic; zeros stay zero; the factors depend
+    only on ``delta`` and ``count``. Why a Latin hypercube: with plain random draws the choice depended on the
+    sample (three seeds, Wikipedia v2 ±20 %: +2.05 / +1.47 / +1.44 % true loss); stratified, +1.51 / +1.57 / +1.44 %.
+    The nominal model is not included."""
     if not 0 <= delta < 1 or count < 0:
         raise ValueError(f"the robust box needs 0 <= delta < 1 and count >= 0, got delta={delta!r}, count={count!r}")
+    rng = np.random.default_rng(_ROBUST_SEED)
+    slices = np.stack([rng.permutation(count) for _ in ROBUST_KEYS], axis=1) if count else np.zeros((0, len(ROBUST_KEYS)))
+    factors = 1 - delta + 2 * delta * (slices + rng.uniform(size=slices.shape)) / max(count, 1)
     keys = [k for k in ROBUST_KEYS if getattr(cost_model, k)]
-    factors = np.random.default_rng(_ROBUST_SEED).uniform(1 - delta, 1 + delta, size=(count, len(ROBUST_KEYS)))
     return [cost_model.replace(**{k: getattr(cost_model, k) * float(row[ROBUST_KEYS.index(k)]) for k in keys})
             for row in factors]
 

@@ -63,7 +63,8 @@ def test_ties_go_to_lower_makespan_then_lower_index():
 
 def test_scenario_models_box_and_determinism():
     """Fixed-seed joint draws: each non-zero coefficient of ROBUST_KEYS in [1 − δ, 1 + δ] × nominal, with its own
-    factor (not all equal), zeros and the memory/topology fields untouched, the same list on every call."""
+    factor (not all equal), zeros and the memory/topology fields untouched, the same list on every call; a Latin
+    hypercube: for each coefficient the draws fall one in each of the count equal slices of the box."""
     cm = CostModel.preset("Qwen3-8B", "ascend-910c")
     a, b = scenario_models(cm), scenario_models(cm)
     assert a == b and len(a) == robust.ROBUST_SCENARIOS
@@ -78,7 +79,11 @@ def test_scenario_models_box_and_determinism():
                 ratios.append(r)
         assert len(set(ratios)) == len(ratios)
         assert (m.ranks_per_node, m.tokens_per_rank) == (cm.ranks_per_node, cm.tokens_per_rank)
-    assert scenario_models(cm, 0.0, 3) == [cm] * 3
+    for k in ROBUST_KEYS:
+        if getattr(cm, k):
+            u = [(getattr(m, k) / getattr(cm, k) - (1 - ROBUST_DELTA)) / (2 * ROBUST_DELTA) for m in a]
+            assert sorted(int(x * len(a)) for x in u) == list(range(len(a)))
+    assert scenario_models(cm, 0.0, 3) == [cm] * 3 and scenario_models(cm, 0.2, 0) == []
     for bad in ((1.0, 4), (-0.1, 4), (0.2, -1)):
         with pytest.raises(ValueError, match="robust box"):
             scenario_models(cm, *bad)
