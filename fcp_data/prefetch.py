@@ -10,11 +10,12 @@ sleeps on a condition variable when nothing is scheduled. An exception raised by
 :meth:`take` in the consumer's thread, with the planning thread's traceback (the future carries it).
 
 The worker waits for more work only while a consumer is *attached*; :meth:`detach` (an iterator that
-finished its epoch, was superseded or garbage-collected) lets it finish the scheduled keys — at most
+finished its epoch or was superseded by a newer ``iter()``) lets it finish the scheduled keys — at most
 ``depth`` plans, which is how the next epoch's first global batches get planned — and end by itself; an
-iterator that continues from the window's head (:attr:`PlanWindow.head`) :meth:`attach`\\ es and takes
-those plans. :meth:`close` (idempotent) cancels what is not started and joins the thread (at most one
-planning call). The thread holds the window, never an iterator, so an abandoned iterator is collected.
+iterator that continues from the window's head (:attr:`PlanWindow.head`) attaches (:meth:`attach`) and
+takes those plans. :meth:`close` (idempotent; an iterator's ``close()``, re-positioning or garbage collection)
+cancels what is not started and joins the thread (at most one planning call). The thread holds the
+window, never an iterator, so an abandoned iterator is collected — and closes its window.
 ``depth = 0`` means no thread: :meth:`take` plans synchronously and reports the planning time as the wait.
 
 :class:`SamplerIterator` is what ``iter(FCPSampler)`` returns: one epoch from a position, taking each
@@ -250,8 +251,8 @@ class SamplerIterator:
             if self._shared:
                 self._sampler._drop_window(window)
 
-    def __del__(self) -> None:
+    def __del__(self) -> None:  # abandoned mid-epoch (or done, then it holds no window)
         try:
-            self._release()
+            self.close()
         except Exception:
             pass

@@ -43,8 +43,8 @@ Every rank builds the same plan from ``(seed, epoch, lengths, config)`` with no 
   they are yielded, on one daemon thread (``fcp-planner``) started at the iterator's first ``next()`` (after
   DataLoader workers have forked): :class:`fcp_data.prefetch.PlanWindow`, futures keyed by
   ``(epoch, global batch)``. Planner errors are re-raised in the training process with the planner's
-  traceback. ``close()`` on the iterator, or re-positioning it, stops the thread; when the epoch ends, or
-  the iterator is garbage-collected or superseded by a newer ``iter()``, the thread plans what is
+  traceback. ``close()`` on the iterator, re-positioning it or its garbage collection stops the thread;
+  when the epoch ends, or the iterator is superseded by a newer ``iter()``, the thread plans what is
   scheduled (at most ``prefetch`` global batches) and ends by itself. ``planner_waits`` holds the seconds
   the consumer waited for each global batch's plan. ``prefetch=0`` plans in the consumer's thread.
 * **Across epochs.** The window runs on past the last global batch of epoch ``e`` into the first

@@ -138,10 +138,10 @@ def _sampler(prefetch):
 
 
 @pytest.mark.usefixtures("no_local_search")
-def test_abandoned_iterator_is_freed_without_the_cycle_collector_and_plans_match():
+def test_abandoned_iterator_is_freed_without_the_cycle_collector_and_closes_its_window():
     """An iterator dropped mid-epoch is freed by reference counting alone (nothing holds it: no cycle through
-    the window or its thread), its window's thread ends, and the next iterator continues from the position
-    with the window's plans (taken, not re-planned) — the lists equal prefetch=0's."""
+    the window or its thread) and closes its window (the thread is joined, nothing is planned after); the next
+    iterator continues from the position on a new window, with the lists of prefetch=0 (the reference)."""
     import gc
 
     ref = _sampler(0)
@@ -154,15 +154,33 @@ def test_abandoned_iterator_is_freed_without_the_cycle_collector_and_plans_match
         while (head[-1].global_batch, head[-1].micro_batch) != (1, head[-1].num_micro_batches - 1):
             head.append(next(it))  # up to the end of global batch 1: the position is (0, 2, 0)
         alive = weakref.ref(it)
-        thread = it.planner_thread
+        window, thread = s._window, it.planner_thread
+        assert thread is not None and thread.is_alive()
         del it
-        assert alive() is None  # freed at once
+        assert alive() is None  # freed at once ...
+        assert window.closed and not thread.is_alive() and s._window is None  # ... and its planning stopped
     finally:
         gc.enable()
-    thread.join(10)
-    assert not thread.is_alive()
-    assert s.state_dict()["global_batch"] == 2 and s._window.head == (0, 2)
+    assert s.state_dict()["global_batch"] == 2
     rest = list(s)
     got = [(x.global_batch, x.micro_batch, tuple(sl.index for sl in x)) for x in head + rest]
-    assert got == full
-    assert s.num_speculative_hits == 2  # the next iterator took the window's two scheduled plans
+    assert got == full and s.num_speculative_hits == 0
+
+
+@pytest.mark.usefixtures("no_local_search")
+def test_superseded_iterator_hands_its_window_to_the_next_one():
+    """A newer iter() at the same position (what a DataLoader does) takes the plans the previous iterator's
+    window had scheduled (counted in num_speculative_hits) instead of planning them again; lists as prefetch=0."""
+    ref = _sampler(0)
+    full = [(x.global_batch, x.micro_batch, tuple(s.index for s in x)) for x in ref]
+    s = _sampler(2)
+    first = iter(s)
+    head = [next(first)]
+    while (head[-1].global_batch, head[-1].micro_batch) != (1, head[-1].num_micro_batches - 1):
+        head.append(next(first))
+    window = s._window
+    second = iter(s)  # supersedes `first`, which lets go of the window without closing it
+    assert first.planner_thread is None and not window.closed and window.head == (0, 2)
+    rest = list(second)
+    got = [(x.global_batch, x.micro_batch, tuple(sl.index for sl in x)) for x in head + rest]
+    assert got == full and s.num_speculative_hits == 2
