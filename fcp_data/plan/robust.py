@@ -13,10 +13,11 @@ own variance: plans made for nearby models are sometimes better in the nominal m
 Rule. The uncertainty set is a box ``[1 − δ, 1 + δ]`` around every non-zero coefficient (alpha1-3, beta1-2, both
 bandwidths, gamma, alpha_blk, alpha_vis), jointly — not one coefficient at a time: the measured losses come from
 combinations. It is represented by the nominal model and :data:`ROBUST_SCENARIOS` fixed joint draws
-(:func:`scenario_models`: a Latin hypercube from a fixed seed, so every rank computes the same plan). Candidates: FCP's own plans plus
-the plan FCP makes under each scenario model. Regret of a candidate in a scenario = its makespan there / the best
-candidate's makespan there − 1; the choice is the plan of least *mean* regret over the scenarios among those
-whose nominal makespan is within ``(1 + tol)`` of the best (ties: lower nominal makespan, then lower index).
+(:func:`scenario_models`: a Latin hypercube from a fixed seed, so every rank computes the same plan).
+Candidates: FCP's own plans plus the plan FCP makes under each scenario model. Regret of a candidate in a
+scenario = its makespan there / the best candidate's makespan there − 1; the choice is the plan of least *mean*
+regret over the scenarios among those whose nominal makespan is within ``(1 + tol)`` of the best (ties: lower
+nominal makespan, then lower index).
 Mean (the sample-average of the regret under a uniform prior on the box) rather than worst-case: on the
 benchmark the minimax-regret choice lost more (+2.0-2.3 % against +1.4-1.7 % at ±20 %, +11.7 % against +10.2 % at
 ±50 %): the worst corner of a ±δ box is rarely the truth, and guarding it gives up the common case.
@@ -53,7 +54,8 @@ def scenario_models(cost_model: CostModel, delta: float = ROBUST_DELTA, count: i
     if not 0 <= delta < 1 or count < 0:
         raise ValueError(f"the robust box needs 0 <= delta < 1 and count >= 0, got delta={delta!r}, count={count!r}")
     rng = np.random.default_rng(_ROBUST_SEED)
-    slices = np.stack([rng.permutation(count) for _ in ROBUST_KEYS], axis=1) if count else np.zeros((0, len(ROBUST_KEYS)))
+    width = len(ROBUST_KEYS)
+    slices = np.stack([rng.permutation(count) for _ in ROBUST_KEYS], axis=1) if count else np.zeros((0, width))
     factors = 1 - delta + 2 * delta * (slices + rng.uniform(size=slices.shape)) / max(count, 1)
     keys = [k for k in ROBUST_KEYS if getattr(cost_model, k)]
     return [cost_model.replace(**{k: getattr(cost_model, k) * float(row[ROBUST_KEYS.index(k)]) for k in keys})
