@@ -25,7 +25,10 @@ class _Groups:
         self.d = np.array([g.degree for g in mb.groups], dtype=np.float64)
         self.intra = np.array([cost_model.is_intra_node(g.ranks) for g in mb.groups])
         self.cap = self.d * cost_model.tokens_per_rank
-        self.S, self.Q, self.B, self.V = (np.bincount(self.label, weights=w, minlength=K) for w in (s, q, bq, v))
+        # one (4, K) array (rows S, Q, B, V; the attributes are views of it): a move's with/without matrices are
+        # built for all four in one broadcast (:func:`_with_and_without`)
+        self.X = np.stack([np.bincount(self.label, weights=w, minlength=K) for w in (s, q, bq, v)])
+        self.S, self.Q, self.B, self.V = self.X
         self.T = np.atleast_1d(cost_model.time(self.S, self.Q, self.d, self.intra, B=self.B, V=self.V))
         self.d_ext, self.intra_ext = np.append(self.d, 0.0), np.append(self.intra, False)  # + the slowest group
 
@@ -41,8 +44,9 @@ def refine_moves(mb: MicroBatchPlan, lengths: np.ndarray, etas: np.ndarray, cost
     st = _Groups(mb, terms, cost_model, lengths.size)
     start = st.label.copy()
     touched: set[int] = set()
+    terms4 = np.stack(terms)
     for _ in range(max_moves):
-        k = _best_move(st, terms, cost_model, visual is not None)
+        k = _best_move(st, terms, terms4, cost_model, visual is not None)
         if k is None:
             break
         touched.add(k)
@@ -51,9 +55,9 @@ def refine_moves(mb: MicroBatchPlan, lengths: np.ndarray, etas: np.ndarray, cost
     return _rebuilt(mb, st.label, start, touched, terms, cost_model)
 
 
-def _best_move(st: _Groups, terms, cost_model: CostModel, has_visual: bool) -> int | None:
+def _best_move(st: _Groups, terms, terms4: np.ndarray, cost_model: CostModel, has_visual: bool) -> int | None:
     """Apply the best single move out of the slowest group (updating ``st``); the moved sequence, or None when
-    no move lowers the slowest group's time."""
+    no move lowers the slowest group's time. ``terms4``: ``terms`` stacked, ``(4, n)``."""
     s, q, bq, v = terms
     S, Q, B, V, T, d, intra = st.S, st.Q, st.B, st.V, st.T, st.d, st.intra
     K = T.size
@@ -67,7 +71,7 @@ def _best_move(st: _Groups, terms, cost_model: CostModel, has_visual: bool) -> i
         members = _first_distinct(members, s, q, v if has_visual else None)
     # one time() call: columns 0..K-1 each target with member i added, column K the slowest group without it
     # (elementwise, so every entry is the float two separate calls give)
-    Sx, Qx, Bx, Vx = (_with_and_without(X, x[members], b) for X, x in ((S, s), (Q, q), (B, bq), (V, v)))
+    Sx, Qx, Bx, Vx = _with_and_without(st.X, terms4[:, members], b)
     t = cost_model.time(Sx, Qx, st.d_ext[None, :], st.intra_ext[None, :], B=Bx, V=Vx)
     tb = np.where(alone, 0.0, t[:, K])  # an emptied group leaves its ranks idle
     tg = t[:, :K]
@@ -87,10 +91,13 @@ def _best_move(st: _Groups, terms, cost_model: CostModel, has_visual: bool) -> i
 
 
 def _with_and_without(X: np.ndarray, xm: np.ndarray, b: int) -> np.ndarray:
-    """``(m, K+1)``: column ``g < K`` is ``X[g] + xm``, column ``K`` is ``X[b] − xm`` (no concatenation copy)."""
-    out = np.empty((xm.size, X.size + 1))
-    np.add(X[None, :], xm[:, None], out=out[:, :-1])
-    np.subtract(X[b], xm, out=out[:, -1])
+    """For each row ``r`` of the aggregates ``X`` ``(R, K)`` and the members' terms ``xm`` ``(R, m)`` an ``(m, K+1)``
+    matrix: column ``g < K`` is ``X[r, g] + xm[r]``, column ``K`` is ``X[r, b] − xm[r]`` (elementwise: the same
+    floats as one row at a time; two numpy calls for all rows, no concatenation copy)."""
+    R, K = X.shape
+    out = np.empty((R, xm.shape[1], K + 1))
+    np.add(X[:, None, :], xm[:, :, None], out=out[:, :, :-1])
+    np.subtract(X[:, b, None], xm, out=out[:, :, -1])
     return out
 
 
