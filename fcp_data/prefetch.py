@@ -113,6 +113,8 @@ class PlanWindow:
     def attach(self) -> None:
         """A consumer continues from :attr:`head`: the worker keeps planning as keys are taken."""
         with self._cond:
+            if self._closed:
+                raise RuntimeError("the plan window is closed")
             self._attached = True
             self._fill()
 

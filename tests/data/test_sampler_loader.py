@@ -55,10 +55,11 @@ def _planner_threads():
 
 
 def _wait_no_planner_threads(timeout=5.0):
+    """The planner threads still alive after a cycle collection and ``timeout`` s (joined, no polling)."""
     end = time.monotonic() + timeout
-    while _planner_threads() and time.monotonic() < end:
-        gc.collect()
-        time.sleep(0.02)
+    gc.collect()
+    for t in _planner_threads():
+        t.join(max(0.0, end - time.monotonic()))
     return _planner_threads()
 
 
