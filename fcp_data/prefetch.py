@@ -3,9 +3,10 @@
 A :class:`PlanWindow` is a bounded window of futures keyed by ``(epoch, global_batch)``. Keys follow the
 order the sampler yields them — ``(e, 0) … (e, n_e − 1), (e + 1, 0), …`` — so when an epoch's last global
 batch is scheduled, planning runs on into the next epoch's first ones (an epoch's order is a pure function
-of ``(seed, epoch)``). The window always holds the ``depth`` keys after the last one taken: :meth:`take`
-hands out the next key's plan (ordered consumption; it waits for it and reports the wait) and schedules
-one more. One worker thread (``fcp-planner``) plans the scheduled keys in order; there is no polling — it
+of ``(seed, epoch)``), but never further than the epoch after the last key taken (with one global batch per
+epoch, the window holds one plan, not ``depth`` epochs). The window holds the ``depth`` keys after the last
+one taken: :meth:`take` hands out the next key's plan (ordered consumption; it waits for it and reports the
+wait) and schedules one more. One worker thread (``fcp-planner``) plans the scheduled keys in order; there is no polling — it
 sleeps on a condition variable when nothing is scheduled. An exception raised by planning is re-raised by
 :meth:`take` in the consumer's thread, with the planning thread's traceback (the future carries it).
 
@@ -54,6 +55,7 @@ class PlanWindow:
         self._futures: dict[Key, Future] = {}  # the window, oldest key first (insertion order)
         self._todo: collections.deque[tuple[Key, Future]] = collections.deque()  # scheduled, not started
         self._next: Key = (int(start[0]), int(start[1]))  # the key scheduled after the window's last
+        self._last_epoch = self._next[0] + 1  # keys are scheduled up to this epoch: the one after the consumer's
         self._attached = True
         self._closed = False
         self.thread: threading.Thread | None = None
@@ -79,8 +81,8 @@ class PlanWindow:
         return (e, g + 1) if g + 1 < self._num_fn(e) else (e + 1, 0)
 
     def _fill(self) -> None:
-        """Schedule keys until the window holds ``depth`` (under the lock)."""
-        while len(self._futures) < self._depth:
+        """Schedule keys until the window holds ``depth`` or reaches ``_last_epoch``'s end (under the lock)."""
+        while len(self._futures) < self._depth and self._next[0] <= self._last_epoch:
             key, fut = self._next, Future()
             self._futures[key] = fut
             self._todo.append((key, fut))
@@ -103,6 +105,7 @@ class PlanWindow:
                 self._next = self._successor(head)
             else:
                 fut = self._futures.pop(head)
+                self._last_epoch = head[0] + 1
                 self._fill()
         if not self._depth:
             result = self._plan_fn(*head)

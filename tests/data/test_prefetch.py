@@ -55,7 +55,8 @@ def _wait_for(cond, timeout=10.0):
 @pytest.mark.parametrize("depth", [0, 1, 2, 5])
 def test_keys_follow_yield_order_across_epochs_and_stay_within_depth(depth):
     """Taking the keys (0,0)(0,1)(0,2)(1,0)(2,0)(2,1)(3,0) returns their plans in order; the worker never
-    plans more than `depth` keys past the last one taken; depth 0 plans in the caller's thread."""
+    plans more than `depth` keys past the last one taken, nor past the epoch after its epoch; depth 0 plans in
+    the caller's thread."""
     rec = Recorder()
     w = PlanWindow(rec, _num, (0, 0), depth)
     expected = [(0, 0), (0, 1), (0, 2), (1, 0), (2, 0), (2, 1), (3, 0)]
@@ -63,7 +64,8 @@ def test_keys_follow_yield_order_across_epochs_and_stay_within_depth(depth):
         assert w.head == key
         plan, wait = w.take(key)
         assert plan == ("plan", *key) and wait >= 0
-        assert len(rec.calls) <= i + 1 + depth  # bounded look-ahead
+        assert len(rec.calls) <= i + 1 + depth  # bounded look-ahead ...
+        assert all(e <= key[0] + 1 for e, _ in rec.calls)  # ... into the next epoch at most
     seq = expected + [(3, 1), (3, 2), (3, 3), (4, 0), (4, 1)]
     assert _wait_for(lambda: len(rec.calls) == len(expected) + depth)  # the window fills up to depth ...
     assert rec.calls == seq[:len(expected) + depth]  # ... in yield order, each key once
@@ -73,6 +75,20 @@ def test_keys_follow_yield_order_across_epochs_and_stay_within_depth(depth):
     assert w.thread is None and w.closed
     with pytest.raises(RuntimeError, match="closed"):
         w.take(w.head)
+
+
+def test_one_batch_epochs_plan_only_the_next_epoch_ahead():
+    """Epochs of one global batch, depth 3: the window holds the next epoch's plan only (as many as the old
+    speculation made), and moves on one epoch per take."""
+    rec = Recorder()
+    w = PlanWindow(rec, lambda e: 1, (0, 0), 3)
+    assert w.take((0, 0))[0] == ("plan", 0, 0)
+    assert _wait_for(lambda: len(rec.calls) == 2)
+    time.sleep(0.05)
+    assert rec.calls == [(0, 0), (1, 0)] and w.scheduled() == 1
+    assert w.take((1, 0))[0] == ("plan", 1, 0)
+    assert _wait_for(lambda: len(rec.calls) == 3) and rec.calls[2] == (2, 0)
+    w.close()
 
 
 def test_out_of_order_take_is_refused():
@@ -112,8 +128,11 @@ def test_detach_finishes_the_scheduled_keys_and_ends_attach_resumes():
     assert not thread.is_alive() and w.thread is None
     w.attach()
     assert [w.take(k)[0] for k in [(0, 0), (0, 1), (0, 2)]] == [("plan", 0, 0), ("plan", 0, 1), ("plan", 0, 2)]
-    assert _wait_for(lambda: len(rec.calls) == 6)
-    assert rec.calls == [(0, 0), (0, 1), (0, 2), (1, 0), (2, 0), (2, 1)]
+    assert _wait_for(lambda: len(rec.calls) == 4)
+    time.sleep(0.05)
+    assert rec.calls == [(0, 0), (0, 1), (0, 2), (1, 0)]  # epoch 2 waits until a key of epoch 1 is taken
+    assert w.take((1, 0))[0] == ("plan", 1, 0)
+    assert _wait_for(lambda: len(rec.calls) == 6) and rec.calls[4:] == [(2, 0), (2, 1)]
     w.close()
     assert w.thread is None
 

@@ -116,7 +116,8 @@ def test_next_epoch_is_planned_speculatively_with_identical_plans(batch):
     assert s.planner_waits and ref.num_speculative_hits == 0
     # the plans of epoch 4's first global batches were scheduled as epoch 3 ended; the thread plans them and
     # ends by itself; nothing else is left running
-    assert s._window is not None and s._window.head == (4, 0) and s._window.scheduled() == 2
+    assert s._window is not None and s._window.head == (4, 0)
+    assert s._window.scheduled() == min(2, s.num_global_batches(4))
     assert not _wait_no_planner_threads(30)
 
 
