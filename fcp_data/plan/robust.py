@@ -3,9 +3,9 @@ plans near the best predicted makespan, the one of least expected regret over th
 (:func:`robust_choice`).
 
 Why (measured, BENCHMARKS.md "Robustness to profiling error"): on Wikipedia batches on 64 ranks the loss under
-coefficient noise does not come from the micro-batch count (``auto`` keeps ``M = 1`` throughout) but from the
-balance inside one micro-batch. FCP equalises the group times, and a group holding one long sequence is
-attention-bound (``alpha1``) while a group of many short ones is linear-bound (``alpha2``, ``beta1``, ``alpha_blk``):
+coefficient noise does not come from the micro-batch count (``auto`` keeps the true plan's ``M`` in 574 of the
+benchmark's 576 perturbed plans) but from the balance inside one micro-batch. FCP equalises the group times, and a
+group holding one long sequence is attention-bound (``alpha1``) while a group of many short ones is linear-bound (``alpha2``, ``beta1``, ``alpha_blk``):
 an error in their ratio moves ranks between the two kinds and, in the true model, the slowest group is then
 several % slower (one coefficient off by 16-19 % alone costs up to +6.8 %). A second part is the heuristic's
 own variance: plans made for nearby models are sometimes better in the nominal model than the plan made for it.
@@ -19,8 +19,8 @@ scenario = its makespan there / the best candidate's makespan there − 1; the c
 regret over the scenarios among those whose nominal makespan is within ``(1 + tol)`` of the best (ties: lower
 nominal makespan, then lower index).
 Mean (the sample-average of the regret under a uniform prior on the box) rather than worst-case: on the
-benchmark the minimax-regret choice lost more (+2.0-2.3 % against +1.4-1.7 % at ±20 %, +11.7 % against +10.2 % at
-±50 %): the worst corner of a ±δ box is rarely the truth, and guarding it gives up the common case.
+benchmark the minimax-regret choice lost more (+1.8-2.0 % against +1.4 % at ±20 %, +11.8-11.9 % against +10.9 % at
+±50 %, window 1 %): the worst corner of a ±δ box is rarely the truth, and guarding it gives up the common case.
 
 Cost: one FCP call per scenario (``ROBUST_SCENARIOS`` + 1 solves), and a plans × scenarios table of group times.
 ``robust_tol = 0`` (the default) never reaches this module.
