@@ -240,7 +240,7 @@ def _grid_shards(cfg, world: int, rank: int, degrees, cells, device, seed: int) 
 
 
 def profile_worker(model: str = "tiny-llm", layer_like: str | None = None, seq_lens=(256, 512, 1024, 2048),
-                   degrees=None, reps: int = 5, warmup: int = 2, dtype: str = "float32", seed: int = 0,
+                   degrees=None, reps: int = 9, warmup: int = 2, dtype: str = "float32", seed: int = 0,
                    packed_docs=DEFAULT_PACKED_DOCS, packed_lens=DEFAULT_PACKED_LENS) -> dict:
     """Time forward + backward over the (seq_len, degree) grid on this rank (module docstring); every rank
     of the process group must call it. ``warmup`` untimed sweeps, then ``reps`` timed sweeps over the whole grid
@@ -308,7 +308,7 @@ def _scaled(fit: FitResult, layers: int) -> FitResult:
 
 
 def run_profile(nproc: int, *, model: str = "tiny-llm", layer_like: str | None = None,
-                seq_lens=(256, 512, 1024, 2048), degrees=None, reps: int = 5, dtype: str = "float32",
+                seq_lens=(256, 512, 1024, 2048), degrees=None, reps: int = 9, dtype: str = "float32",
                 tokens_per_rank: int | None = None, backend: str | None = None,
                 packed_docs=DEFAULT_PACKED_DOCS, packed_lens=DEFAULT_PACKED_LENS,
                 version: int = 2, warmup: int = 2) -> tuple[FitResult, dict]:

@@ -21,7 +21,7 @@ packed text documents; the written model then plans for that architecture on thi
 examples:
   fcp profile --nproc 2 --out cost.json --plot fit.png
   fcp profile --model hf:examples/configs/qwen3-tiny.json --nproc 2 --seq-lens 256,512,1024 --out qwen3.json
-  fcp profile --nproc 2 --seq-lens 512,1024,2048,4096 --reps 5 --out cost.json
+  fcp profile --nproc 2 --seq-lens 512,1024,2048,4096 --reps 5 --out cost.json   (fewer sweeps: faster, noisier)
   fcp profile --nproc 8 --layer-like qwen3-8b --dtype bfloat16 --out qwen3-8b-h200.json   (on GPUs)"""
 
 
@@ -56,10 +56,11 @@ def register(subparsers, summary: str) -> None:
                    help="length of each packed document (default 64,128,256): packed points put k documents "
                         "of each length in one group, as training does, so the fit sees per-document costs")
     p.add_argument("--degrees", default=None, help="comma-separated degrees (default 1..nproc)")
-    p.add_argument("--reps", type=int, default=5,
-                   help="timed sweeps over the whole grid (default 5): each sweep times every point once, in a "
+    p.add_argument("--reps", type=int, default=9,
+                   help="timed sweeps over the whole grid (default 9): each sweep times every point once, in a "
                         "shuffled order; a point's time is the minimum over the sweeps (its median/min spread is "
-                        "printed)")
+                        "printed). On a shared 2-core machine 9 sweeps kept the fit's mean error <= 10 %% in every "
+                        "run measured, 5 in 3 of 5 (BENCHMARKS.md)")
     p.add_argument("--warmup", type=int, default=2, help="untimed sweeps over the whole grid first (default 2)")
     p.add_argument("--dtype", choices=("float32", "float64", "bfloat16"), default="float32")
     p.add_argument("--tokens-per-rank", type=int, default=None,
