@@ -22,7 +22,7 @@ import argparse
 import json
 
 from fcp_data.commands.solver_args import (BASELINES, SOLVER_CHOICES, parse_baselines, parse_solvers, solver_options,
-                                          solvers_epilog)
+                                          solvers_epilog, add_robust_arg)
 from fcp_data.plan.registry import get_solver, solver_specs
 
 __all__ = ["register", "add_input_args", "add_source_args", "add_cost_args", "add_visual_args", "load_cost",
@@ -42,6 +42,7 @@ def add_cost_args(p: argparse.ArgumentParser) -> None:
                         "derived from the specs) or v1 (§4 terms only)")
     g.add_argument("--heads", type=int, default=None, help="attention heads for the Ulysses baseline (default: preset's, else 32)")
     g.add_argument("--kv-heads", type=int, default=None, help="KV heads for the Ulysses baseline (default: preset's, else 8)")
+    add_robust_arg(g)
 
 
 def add_source_args(p: argparse.ArgumentParser) -> None:

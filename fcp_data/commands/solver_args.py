@@ -14,7 +14,8 @@ from typing import Any
 
 from fcp_data.plan.registry import BASELINE_NAMES, SOLVER_NAMES, solver_specs
 
-__all__ = ["SOLVER_CHOICES", "BASELINES", "solver_options", "parse_baselines", "parse_solvers", "solvers_epilog"]
+__all__ = ["SOLVER_CHOICES", "BASELINES", "solver_options", "parse_baselines", "parse_solvers", "solvers_epilog",
+           "add_robust_arg"]
 
 # live views of the registry: a solver registered later (FCP_SOLVER_PLUGINS) is a valid choice too
 SOLVER_CHOICES = SOLVER_NAMES
@@ -24,7 +25,7 @@ BASELINES = BASELINE_NAMES
 def solver_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     """Per-solver keyword options, each solver getting those of the CLI's values its registry spec declares:
     ``num_heads``/``num_kv_heads`` (Ulysses; from the preset unless given by ``--heads``/``--kv-heads``) and
-    ``time_limit`` (``--time-limit``, when given)."""
+    ``time_limit`` (``--time-limit``, when given) and ``robust_tol`` (``--robust-tol``, when > 0)."""
     heads, kv = 32, 8
     if getattr(args, "preset", None):
         from fcp_data.presets import model_heads
@@ -34,8 +35,28 @@ def solver_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
                             "num_kv_heads": args.kv_heads if args.kv_heads is not None else kv}
     if getattr(args, "time_limit", None) is not None:
         pool["time_limit"] = args.time_limit
+    if getattr(args, "robust_tol", 0.0):
+        pool["robust_tol"] = args.robust_tol
     out = {s.name: {k: v for k, v in pool.items() if k in s.options} for s in solver_specs()}
     return {name: opts for name, opts in out.items() if opts}
+
+
+def _tolerance(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction such as 0.01, got {text!r}") from None
+    if not 0 <= v < 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text}")
+    return v
+
+
+def add_robust_arg(p: argparse.ArgumentParser) -> None:
+    """``--robust-tol TOL`` for the solvers that declare ``robust_tol`` (fcp, fcp-dp)."""
+    p.add_argument("--robust-tol", type=_tolerance, default=0.0, metavar="TOL",
+                   help="fcp/fcp-dp robust mode: among plans within (1+TOL) of the best predicted makespan, run the "
+                        "one of least mean regret when every cost coefficient may be off by up to 20 %% (plans once "
+                        "per scenario, ~30x slower; default 0 = off; see BENCHMARKS.md 'Robustness')")
 
 
 def parse_baselines(text: str) -> tuple[str, ...]:

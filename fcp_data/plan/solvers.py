@@ -21,7 +21,8 @@ local search of :mod:`fcp_data.plan.search` (issue 12: near ``N·tokens_per_rank
 and the candidates above never form mixed splits such as 1 + 2 ranks): it starts from every other track's
 incumbent grouping, so the plan is never slower than the planner without it (``search=False``), which
 the tests keep as the reference. ``robust_tol > 0`` (opt-in) trades up to that share of predicted makespan
-for insensitivity to profiling error (:func:`~fcp_data.plan.search.robust_choice`).
+for insensitivity to profiling error (:mod:`fcp_data.plan.robust`: least mean regret over joint ±20 % scenarios
+of every coefficient).
 
 Determinism: every choice is a stable sort or an ``argmin`` with index tie-breaks, so identical inputs
 give identical plans on every rank; only ``solve_ms`` differs.
@@ -98,8 +99,9 @@ def fcp_micro_batch(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_
     too) or ``"pow2"``; ``allocator``: ``"fast"`` or ``"dp"``; ``visual``: visual tokens per sequence;
     ``search``: also run the stage-1 local search of :mod:`fcp_data.plan.search` on small micro-batches
     (``degrees="any"`` only; ``False`` is exactly the planner before issue 12, kept as the reference);
-    ``robust_tol``: when > 0, run the candidate of least sensitivity to coefficient error among those within
-    ``(1 + robust_tol)`` of the best predicted makespan (:func:`~fcp_data.plan.search.robust_choice`); the
+    ``robust_tol``: when > 0, run the candidate of least mean regret over joint coefficient-error scenarios among
+    those within ``(1 + robust_tol)`` of the best predicted makespan (:func:`~fcp_data.plan.robust.robust_choice`;
+    it plans once per scenario, ~30x the time); the
     default 0 keeps the guarantees (never slower than a baseline or than the planner before issue 12)."""
     alloc = {"fast": allocate_fast, "dp": allocate_dp}[allocator]
     pow2 = pow2_mask(num_ranks)

@@ -183,3 +183,24 @@ def test_cost_model_version_of_presets(tmp_path, capsys):
     cost = tmp_path / "c.json"
     CostModel.preset("qwen3-8b", "h100").save(cost)
     assert main(["plan", "--lengths", str(p), "--ranks", "8", "--cost", str(cost), "--cost-model", "v1"]) == 2
+
+
+def test_plan_robust_tol_reaches_the_planner(capsys, lengths_file):
+    """`--robust-tol` is the robust mode of fcp (fcp_data.plan.robust): the CLI's plan equals plan_batch(...,
+    robust_tol=0.05) on the same inputs group for group, and out-of-range values are one line and exit 2."""
+    from fcp_data.plan import plan_batch
+    from fcp_data.presets import preset_cost_model
+
+    rc, out, _ = _run(capsys, ["plan", "--lengths", str(lengths_file), "--ranks", "16", *PRESET, "--json",
+                               "--robust-tol", "0.05"])
+    assert rc == 0
+    got = Plan.from_dict(json.loads(out))
+    lengths = np.loadtxt(lengths_file, dtype=np.int64)
+    ref = plan_batch(lengths, num_ranks=16, cost_model=preset_cost_model("Qwen3-8B", "h100"), robust_tol=0.05)
+    strip = [[(g.ranks, g.seq_ids, g.time) for g in mb.groups] for mb in ref.micro_batches]
+    assert [[(g.ranks, g.seq_ids, g.time) for g in mb.groups] for mb in got.micro_batches] == strip
+    for bad in ("-0.1", "1", "x"):
+        with pytest.raises(SystemExit) as exc:  # argparse's own exit for a bad option value
+            main(["plan", "--lengths", str(lengths_file), "--ranks", "16", *PRESET, "--robust-tol", bad])
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and "--robust-tol" in err and err.count("\n") == 1 and err.startswith("fcp plan: error:")
