@@ -21,7 +21,6 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from fcp_data.sampler_inputs import dist_rank_and_world  # noqa: F401  (re-exported: fcp_exec.launch imports it here)
 
 __all__ = ["MicroBatchMeta", "SampleSlot", "SlotList", "FCPDataset"]
 

@@ -35,7 +35,7 @@ import traceback
 import weakref
 from typing import Any, Callable, Sequence
 
-from fcp_data.slots import dist_rank_and_world as dist_info  # the one rank/world helper
+from fcp_data.sampler_inputs import dist_rank_and_world as dist_info  # the one rank/world helper
 
 __all__ = ["launch", "WorkerPool", "WorkerFailure", "resolve_nproc", "default_backend", "current_device",
            "in_torchrun", "dist_info", "init_distributed", "collective_dtype", "check_devices"]
