@@ -15,9 +15,9 @@ Workers are forked by a ``forkserver`` that imported torch (for :func:`launch` a
 once, so a start costs ~0.1 s (``spawn`` where there is none); they rendezvous on a ``TCPStore`` the parent
 hosts on a free port (no port race). A worker's exception is re-raised here as :class:`WorkerFailure` with
 each failing rank's traceback (peers get 2 s to report theirs: the first error is often a peer's symptom);
-``timeout`` bounds the start-up and every run: a hanging or dying worker makes the pool kill all workers and
-raise ``TimeoutError`` / :class:`WorkerFailure`, never hang. After a failure the pool restarts on the next
-``run`` (an aborted ring leaves unmatched messages behind); workers leave when the parent is gone.
+``timeout`` bounds the start-up and every run: a hanging or dying worker makes the pool kill all workers and raise
+``TimeoutError`` / :class:`WorkerFailure`, never hang. After a failure the pool restarts on the next ``run`` (an
+aborted ring leaves unmatched messages behind); workers leave when the parent is gone.
 
 Backend: NCCL with CUDA (one device per local rank), HCCL with ``torch_npu``, else gloo, where every worker
 gets ``max(1, cpu_count // nproc)`` torch threads. Workers inherit stdout/stderr (rank 0 streams its output).
@@ -43,9 +43,8 @@ __all__ = ["launch", "WorkerPool", "WorkerFailure", "resolve_nproc", "default_ba
 _HOST = "127.0.0.1"
 _PRELOAD = ("torch", "torch.distributed", "fcp_exec.launch")
 # launch() serves training: its forkserver also imports the training stack once (later launches start in ~0.1 s)
-_TRAIN_PRELOAD = _PRELOAD + ("fcp_exec.train", "fcp_exec.ring_attention", "transformers", "fcp_exec.integrations.hf",
-                             "fcp_exec.integrations.hf_positions", "fcp_exec.models", "fcp_data.sampler",
-                             "fcp_data.collator", "fcp_data.plan")
+_TRAIN_PRELOAD = _PRELOAD + tuple("fcp_exec.train fcp_exec.ring_attention transformers fcp_exec.integrations.hf fcp_exec.models "
+                                   "fcp_exec.integrations.hf_positions fcp_data.sampler fcp_data.collator fcp_data.plan".split())
 _GRACE_S = 2.0  # after the first failure, how long the other ranks may still report theirs
 
 
@@ -373,16 +372,17 @@ def _without_rank(rank: int, fn: Callable[..., Any], *args: Any) -> Any:
 
 
 def launch(fn: Callable[..., Any], nproc: int, *args: Any, backend: str | None = None,
-           timeout: float = 1800.0, pg_timeout: float = 300.0) -> list:
+           timeout: float = 1800.0, pg_timeout: float = 300.0, preload: Sequence[str] = ()) -> list:
     """Run ``fn(*args)`` on ``nproc`` ranks (module docstring); returns the results by rank. ``timeout`` bounds
-    the whole run (start-up included)."""
+    the whole run (start-up included). ``preload``: more modules the forkserver imports once (if this call starts
+    it), e.g. ``transformers.modeling_utils`` (1.7 s per rank otherwise)."""
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise ValueError(f"nproc must be a positive int, got {nproc!r}")
     if in_torchrun():
         return _in_torchrun(fn, nproc, args, backend, pg_timeout)
     deadline = time.monotonic() + timeout
     with WorkerPool(nproc, backend=backend, pg_timeout=pg_timeout, start_timeout=timeout,
-                    preload=_TRAIN_PRELOAD) as pool:
+                    preload=_TRAIN_PRELOAD + tuple(preload)) as pool:
         return pool.run(_without_rank, fn, *args, timeout=max(0.0, deadline - time.monotonic()))
 
 

@@ -30,7 +30,8 @@ from fcp_data.cost import CostModel
 from fcp_exec.launch import current_device, dist_info, launch
 from fcp_exec.train_config import DTYPE_NAMES, TrainConfig
 
-__all__ = ["TrainConfig", "Trainer", "train", "train_matrix", "run_training", "builtin_cost_model", "format_degrees", "parse_planner"]
+__all__ = ["TrainConfig", "Trainer", "train", "train_matrix", "run_training", "builtin_cost_model", "format_degrees", "parse_planner",
+           "hf_preload"]
 
 _DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
@@ -316,11 +317,17 @@ def run_training(cfg: TrainConfig, nproc: int, *, backend: str | None = None, ti
             res = train(cfg)
             res["checksums"] = [res["param_checksum"]]
             return res
-    results = launch(train, nproc, cfg, backend=backend, timeout=timeout)
+    results = launch(train, nproc, cfg, backend=backend, timeout=timeout, preload=hf_preload([cfg]))
     first = next(r for r in results if r is not None)
     first = dict(first)
     first["checksums"] = [r["param_checksum"] for r in results if r is not None]
     return first
+
+
+def hf_preload(cfgs) -> tuple[str, ...]:
+    """Modules worth importing once in the launcher's forkserver for these configurations: transformers' model
+    machinery when any of them is an ``hf:`` model (else nothing: the tiny models do not need it)."""
+    return ("transformers.modeling_utils",) if any(c.model.startswith("hf:") for c in cfgs) else ()
 
 
 def _checkpointing_on(model) -> None:

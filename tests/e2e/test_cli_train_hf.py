@@ -35,7 +35,9 @@ def _check_losses(losses: list[float]) -> None:
 
 @pytest.mark.parametrize("config, extra", [
     ("qwen3-tiny.json", []),
-    ("llama-tiny.json", ["--reducer", "ddp", "--grad-checkpointing"]),
+    # llama + ddp + checkpointing: the options reaching TrainConfig are tests/e2e/test_cli_train_config.py's, that
+    # training's equivalence to the stock model is tests/exec/test_hf_train.py's; the CLI run itself is slow-only
+    pytest.param("llama-tiny.json", ["--reducer", "ddp", "--grad-checkpointing"], marks=pytest.mark.slow),
     ("qwen2_5_vl-tiny.json", ["--reducer", "fsdp2"]),
     pytest.param("qwen2_vl-tiny.json", ["--reducer", "ddp"], marks=pytest.mark.slow),
     pytest.param("qwen3_vl-tiny.json", ["--grad-checkpointing"], marks=pytest.mark.slow),

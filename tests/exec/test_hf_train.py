@@ -29,7 +29,7 @@ transformers = pytest.importorskip("transformers")
 from fcp_exec.integrations import hf  # noqa: E402
 from fcp_exec.integrations.hf_data import reference_step, special_ids  # noqa: E402
 from fcp_exec.launch import launch  # noqa: E402
-from fcp_exec.train import TrainConfig, train_matrix  # noqa: E402
+from fcp_exec.train import TrainConfig, hf_preload, train_matrix  # noqa: E402
 from fcp_exec.train_data import load_train_data  # noqa: E402
 
 CONFIGS = Path(__file__).resolve().parents[2] / "examples" / "configs"
@@ -105,7 +105,7 @@ def _matrix(nproc: int):
     every rank's checksum)``, or the exception the launch raised (cached too: one failed launch, not ten)."""
     cfgs = _matrix_cfgs(nproc)
     try:
-        per_rank = launch(train_matrix, nproc, cfgs, timeout=900.0, pg_timeout=120.0)
+        per_rank = launch(train_matrix, nproc, cfgs, timeout=900.0, pg_timeout=120.0, preload=hf_preload(cfgs))
     except Exception as exc:  # noqa: BLE001 - re-raised by every test that needs this launch
         return cfgs, exc
     results = [dict(per_rank[0][k], checksums=[r[k]["param_checksum"] for r in per_rank]) for k in range(len(cfgs))]
