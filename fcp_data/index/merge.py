@@ -136,6 +136,8 @@ def _build_locked(inputs, sources, sp, out: Path, *, probe, text_field, key_fiel
     if not resume and (out / "parts").exists():
         shutil.rmtree(out / "parts")
     (out / "parts").mkdir(parents=True, exist_ok=True)
+    for stale in (out / "parts").glob(".*.tmp*"):  # a killed run's half-written temp files (we hold the lock)
+        stale.unlink(missing_ok=True)
     todo = [t for t in tasks if not (resume and _part_done(part_path(out, t["id"]), task_fingerprint(t, cfg)))]
 
     from tqdm import tqdm
