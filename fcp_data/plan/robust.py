@@ -76,10 +76,21 @@ def scenario_table(plans: list, lengths: np.ndarray, etas: np.ndarray, models: l
     """Makespan of each plan (rows, on its real ranks) under each cost model (columns)."""
     s, q, b, v = sequence_terms(lengths, etas, visual)
     table = np.empty((len(plans), len(models)))
-    for r, plan in enumerate(plans):
-        S, Q, B, V, d, intra = _plan_terms(plan, s, q, b, v, models[0])
-        for c, m in enumerate(models):
-            table[r, c] = float(np.max(m.time(S, Q, d, intra, B=B, V=V)))
+    if not plans:
+        return table
+    if any(not plan.groups for plan in plans):  # reduceat needs a non-empty slice per plan
+        for r, plan in enumerate(plans):
+            S, Q, B, V, d, intra = _plan_terms(plan, s, q, b, v, models[0])
+            for c, m in enumerate(models):
+                table[r, c] = float(np.max(m.time(S, Q, d, intra, B=B, V=V), initial=0.0))
+        return table
+    # every group of every plan in one array (times are elementwise, so each entry is what a per-plan call gives);
+    # one CostModel.time call per model, then the max over each plan's slice
+    terms = [_plan_terms(plan, s, q, b, v, models[0]) for plan in plans]
+    S, Q, B, V, d, intra = (np.concatenate([t[j] for t in terms]) for j in range(6))
+    starts = np.cumsum([0] + [len(plan.groups) for plan in plans[:-1]])
+    for c, m in enumerate(models):
+        table[:, c] = np.maximum.reduceat(np.atleast_1d(m.time(S, Q, d, intra, B=B, V=V)), starts)
     return table
 
 

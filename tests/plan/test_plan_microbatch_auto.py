@@ -27,11 +27,21 @@ def _models() -> list[CostModel]:
             small, small.replace(gamma=0.004, alpha_blk=2e-6, alpha_vis=1e-5)]
 
 
-def _solver(lengths, etas, num_ranks, cm, visual, calls, fn):
+def _solver(lengths, etas, num_ranks, cm, visual, calls, fn, memo=None):
+    """``solve_one`` for :func:`plan_micro_batches`; every call is counted in ``calls``. ``memo`` (a dict shared by
+    the pruned and the unpruned run of one batch) answers a sub-batch already planned by the other run with that
+    plan: the solvers are deterministic (tests/plan/test_plan_solvers.py::test_deterministic), so a second call on
+    the same ids returns the same plan, and both runs still see exactly the plans the solver makes."""
     def solve_one(ids, left=1):
         calls.append(ids.size)
+        key = ids.tobytes()
+        if memo is not None and key in memo:
+            return memo[key], None
         vis = None if visual is None else visual[ids]
-        return fn(lengths[ids], etas[ids], num_ranks, cm, visual=vis), None
+        mb = fn(lengths[ids], etas[ids], num_ranks, cm, visual=vis)
+        if memo is not None:
+            memo[key] = mb
+        return mb, None
     return solve_one
 
 
@@ -39,7 +49,8 @@ def test_pruned_auto_chooses_the_unpruned_split():
     """120 random batches (v1/v2 presets, a synthetic v2 model with every term, full attention, visual
     tokens, batches from one to several memory-bound micro-batches), planned by FCP (on 128 ranks) and by
     the static-cp and megatron-dynamic baselines (4-32 ranks; the bound holds for any plan): same M, same
-    makespans, same groups; and pruning must actually skip solver calls on some of them."""
+    makespans, same groups; and pruning must actually skip solver calls on some of them. (A sub-batch both runs
+    plan is solved once: see :func:`_solver`.)"""
     rng = np.random.default_rng(4)
     models = _models()
     saved = 0
@@ -52,12 +63,12 @@ def test_pruned_auto_chooses_the_unpruned_split():
         L = np.minimum(rng.lognormal(np.log(E) - rng.uniform(0.5, 4), 1.3, n).astype(np.int64) + 1, N * E)
         etas = (rng.random(n) < 0.2).astype(float)
         vis = (L * rng.uniform(0, 0.7, n)).astype(np.int64) if case % 3 == 0 else None
-        runs = []
+        runs, memo = [], {}
         for prune in (False, True):
             calls: list[int] = []
             try:
-                mbs, _ = plan_micro_batches(L, etas, N, cm, _solver(L, etas, N, cm, vis, calls, fn), "auto", visual=vis,
-                                            prune=prune)
+                mbs, _ = plan_micro_batches(L, etas, N, cm, _solver(L, etas, N, cm, vis, calls, fn, memo), "auto",
+                                            visual=vis, prune=prune)
             except ValueError:
                 mbs = None
             runs.append((mbs, len(calls)))

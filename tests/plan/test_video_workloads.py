@@ -8,8 +8,10 @@ memoisation, row handling or cap bookkeeping changed a count. Exact equality (in
 from __future__ import annotations
 
 import csv
+import functools
 import hashlib
 import importlib.util
+import inspect
 import math
 import sys
 from pathlib import Path
@@ -30,9 +32,26 @@ pytestmark = pytest.mark.skipif(not (VIDEO_DIR / "activitynet_captions.csv").is_
                                 reason=f"real video metadata not found under {VIDEO_DIR} (set FCP_WORKLOAD_DIR)")
 
 
+@functools.cache
 def _csv_rows(dataset: str) -> list[dict[str, str]]:
+    """The dataset's CSV rows, read once per session (the tests only read them)."""
     with open(VIDEO_DIR / vw.DATASETS[dataset], newline="", encoding="utf-8") as f:
         return list(csv.DictReader(f))
+
+
+_LOADED: dict[str, object] = {}
+
+
+def _load(*args, **kwargs):
+    """``vw.load_video_workload`` with its arguments (defaults filled in), loaded once per session: several tests read
+    the same workload (e.g. ActivityNet train through Qwen2.5-VL, mixed) and none modifies it. Calls that must load
+    afresh (test_deterministic_across_calls_and_memo, the error cases) call ``vw.load_video_workload`` directly."""
+    bound = inspect.signature(vw.load_video_workload).bind(*args, **kwargs)
+    bound.apply_defaults()
+    key = repr(sorted(bound.arguments.items()))
+    if key not in _LOADED:
+        _LOADED[key] = vw.load_video_workload(*args, **kwargs)
+    return _LOADED[key]
 
 
 @pytest.mark.parametrize("dataset,split,splits", [
@@ -41,7 +60,7 @@ def _csv_rows(dataset: str) -> list[dict[str, str]]:
 ])
 def test_one_sample_per_csv_row_of_the_split(dataset, split, splits):
     rows = [r for r in _csv_rows(dataset) if r["split"] in splits]
-    wl = vw.load_video_workload(dataset, "qwen2.5-vl", split=split)
+    wl = _load(dataset, "qwen2.5-vl", split=split)
     assert len(wl) == len(rows) == wl.describe()["count"]
     assert sorted(wl.video_ids.tolist()) == sorted(r["video_id"] for r in rows)
     assert np.all(wl.eta == 0.0) and wl.tokens.dtype == np.int64 and np.all(wl.visual_tokens < wl.tokens)
@@ -49,9 +68,9 @@ def test_one_sample_per_csv_row_of_the_split(dataset, split, splits):
 
 def test_published_split_sizes():
     """The dataset READMEs' counts: ActivityNet train 10,009 / val_1 4,917 / val_2 4,885; YouCook2 1,333/457/210."""
-    assert [len(vw.load_video_workload("activitynet", "internvl3", split=s)) for s in ("train", "val_1", "val_2")] == \
+    assert [len(_load("activitynet", "internvl3", split=s)) for s in ("train", "val_1", "val_2")] == \
         [10009, 4917, 4885]
-    assert [len(vw.load_video_workload("youcook2", "internvl3", split=s)) for s in ("train", "val", "test")] == [1333, 457, 210]
+    assert [len(_load("youcook2", "internvl3", split=s)) for s in ("train", "val", "test")] == [1333, 457, 210]
 
 
 def _by_hand(spec_name, row, width, height, internvl_frames=None, tokens_per_word=1.3, prompt=40):
@@ -84,7 +103,7 @@ def test_tokens_equal_a_direct_plan_visual_call(dataset, spec, ivf):
             int(np.argmax([float(r["duration_s"]) for r in rows]))]
     if dataset == "activitynet":
         pick += [i for i, r in enumerate(rows) if not r["fps"]][:2]
-    wl = vw.load_video_workload(dataset, spec, split=split, mix="mixed", internvl_frames=ivf)
+    wl = _load(dataset, spec, split=split, mix="mixed", internvl_frames=ivf)
     for i in pick:
         assert wl.video_ids[i] == rows[i]["video_id"]
         s, v = _by_hand(spec, rows[i], int(wl.width[i]), int(wl.height[i]), ivf)
@@ -116,10 +135,10 @@ def test_deterministic_across_calls_and_memo():
 
 
 def test_mixes_differ():
-    low = vw.load_video_workload("activitynet", "qwen2.5-vl", mix="low")
-    mixed = vw.load_video_workload("activitynet", "qwen2.5-vl", mix="mixed")
-    high = vw.load_video_workload("activitynet", "qwen2.5-vl", mix="high")
-    other_seed = vw.load_video_workload("activitynet", "qwen2.5-vl", mix="mixed", seed=1)
+    low = _load("activitynet", "qwen2.5-vl", mix="low")
+    mixed = _load("activitynet", "qwen2.5-vl", mix="mixed")
+    high = _load("activitynet", "qwen2.5-vl", mix="high")
+    other_seed = _load("activitynet", "qwen2.5-vl", mix="mixed", seed=1)
     assert set(zip(low.width, low.height)) == {(640, 360)} and set(zip(high.width, high.height)) == {(1280, 720)}
     shares = [np.mean(mixed.width == w) for w in (640, 854, 1280)]
     assert all(abs(s - 1 / 3) < 0.03 for s in shares), shares  # 10k hash draws: binomial sd 0.005
@@ -133,23 +152,23 @@ def test_mixes_differ():
     # the visual budget: no Qwen2.5-VL video exceeds total_pixels / 28² = 115,200 visual tokens
     assert high.visual_tokens.max() <= 115_200 and high.num_over_128k == 0
     # custom mixes are accepted and validated
-    custom = vw.load_video_workload("youcook2", "qwen2.5-vl", mix=((1920, 1080, 1.0),))
+    custom = _load("youcook2", "qwen2.5-vl", mix=((1920, 1080, 1.0),))
     assert custom.mix == "custom" and set(custom.width) == {1920}
     with pytest.raises(ValueError, match="unknown resolution mix"):
         vw.load_video_workload("youcook2", "qwen2.5-vl", mix="ultra")
 
 
 def test_internvl3_ignores_resolution_and_is_near_constant():
-    a = vw.load_video_workload("youcook2", "internvl3", mix="low")
-    b = vw.load_video_workload("youcook2", "internvl3", mix="high")
+    a = _load("youcook2", "internvl3", mix="low")
+    b = _load("youcook2", "internvl3", mix="high")
     assert np.array_equal(a.tokens, b.tokens) and set(a.visual_tokens) == {32 * 256}
 
 
 @pytest.mark.parametrize("policy", ["truncate", "drop"])
 def test_cap(policy):
     cap = 50_000
-    full = vw.load_video_workload("activitynet", "qwen2.5-vl", mix="mixed")
-    wl = vw.load_video_workload("activitynet", "qwen2.5-vl", mix="mixed", cap=cap, on_overlong=policy)
+    full = _load("activitynet", "qwen2.5-vl", mix="mixed")
+    wl = _load("activitynet", "qwen2.5-vl", mix="mixed", cap=cap, on_overlong=policy)
     over = full.tokens > cap
     assert wl.num_over_cap == int(over.sum()) > 1000 and wl.describe()["num_over_cap"] == wl.num_over_cap
     assert wl.tokens.max() <= cap and np.array_equal(wl.uncapped_tokens, full.tokens)
@@ -160,7 +179,7 @@ def test_cap(policy):
     else:
         assert len(wl) == int((~over).sum()) and np.array_equal(wl.video_ids, full.video_ids[~over])
         assert np.array_equal(wl.tokens, full.tokens[~over])
-    assert vw.load_video_workload("activitynet", "qwen2.5-vl", cap=131_072).num_over_cap == 0
+    assert _load("activitynet", "qwen2.5-vl", cap=131_072).num_over_cap == 0
     with pytest.raises(ValueError, match="on_overlong"):
         vw.load_video_workload("youcook2", "qwen2.5-vl", cap=cap, on_overlong="clip")
 
@@ -168,7 +187,7 @@ def test_cap(policy):
 def test_truncated_qwen3_visual_tokens_count_the_prefix():
     """Qwen3-VL interleaves timestamps: the kept visual tokens are the placeholders among the first `cap` tokens."""
     cap = 20_000
-    wl = vw.load_video_workload("youcook2", "qwen3-vl", split="val", cap=cap)
+    wl = _load("youcook2", "qwen3-vl", split="val", cap=cap)
     spec = load_spec("qwen3-vl")
     i = int(np.flatnonzero(wl.uncapped_tokens > cap)[0])
     vp = plan_visual(spec, "video", height=int(wl.height[i]), width=int(wl.width[i]), num_frames=int(wl.num_frames[i]),
@@ -178,7 +197,7 @@ def test_truncated_qwen3_visual_tokens_count_the_prefix():
 
 
 def test_describe_reports_stats_and_assumptions():
-    d = vw.load_video_workload("activitynet", "qwen2.5-vl", mix="mixed").describe()
+    d = _load("activitynet", "qwen2.5-vl", mix="mixed").describe()
     for k in ("count", "mean", "p50", "p90", "p99", "max", "mean_visual_share", "num_over_128k", "assumptions"):
         assert k in d
     assert d["min"] <= d["p50"] <= d["p90"] <= d["p99"] <= d["max"] and 0.9 < d["mean_visual_share"] < 1.0
@@ -197,4 +216,4 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="text-only"):
         vw.load_video_workload("youcook2", "text")
     with pytest.raises(ValueError, match="internvl_frames"):
-        vw.load_video_workload("youcook2", "qwen2.5-vl", internvl_frames=(1.0, 8, 64))
+        _load("youcook2", "qwen2.5-vl", internvl_frames=(1.0, 8, 64))
