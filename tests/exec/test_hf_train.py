@@ -47,12 +47,13 @@ def _cfg(family: str, reducer: str, gc: bool, dtype: str = "float64") -> TrainCo
 
 
 @functools.lru_cache(maxsize=None)
-def _reference(family: str, batches: tuple[tuple[int, ...], ...], dtype: str = "float64"):
-    """Per step ``(loss, num_tokens, {name: grad})`` of the stock model over ``batches`` (global batches)."""
+def _reference(family: str, batches: tuple[tuple[int, ...], ...], dtype: str = "float64", init: str | None = None):
+    """Per step ``(loss, num_tokens, {name: grad})`` of the stock model over ``batches`` (global batches), in
+    ``dtype``; ``init`` initialises the weights in another dtype first (the fp32 model's weights, in fp64)."""
     config = hf.load_config(CONFIGS / f"{family}-tiny.json")
     data = load_train_data(f"hf:{family}", "synthetic", max_tokens=COMMON["max_tokens"], seed=0,
                            num_synthetic=COMMON["num_synthetic"], hf_config=config)
-    model = hf.build_model(config, dtype=getattr(torch, dtype), seed=0)
+    model = hf.build_model(config, dtype=getattr(torch, init or dtype), seed=0).to(getattr(torch, dtype))
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=COMMON["lr"], weight_decay=0.01, foreach=False)
     ignore = ()
@@ -136,9 +137,52 @@ def test_hf_fcp_training_equals_single_process_stock_model(family, nproc):
 @pytest.mark.timeout(1000)
 def test_hf_fcp_training_float32_reducers():
     """fp32 takes other collective paths (FSDP2 would reduce-scatter with PREMUL_SUM, which gloo lacks): the VL model
-    on 2 processes with every reducer against the fp32 stock reference, loss to 1e-5 and gradients to 1e-4 (fp32
-    summation order)."""
+    on 2 processes with every reducer: step 0 against the fp32 stock model (loss 1e-5, gradients 1e-4), every step
+    against fp64 training of the same weights within 10x the fp32 stock model's own drift (:func:`_check_fp32_run`)."""
     runs = _runs(2, "qwen2_vl", "float32")
     assert [c.reducer for c, _ in runs] == list(REDUCERS)
     for cfg, res in runs:
-        _check_run("qwen2_vl", 2, cfg, res, tol=1e-5, gtol=1e-4)
+        _check_fp32_run("qwen2_vl", cfg, res)
+
+
+FP32_STEP0 = 1e-4  # step 0: gradients of the same weights, fp32 summation order only
+FP32_DRIFT = 10.0  # later steps: this many times the stock fp32 model's own drift from fp64, plus FP32_STEP0
+
+
+def _gap(grads: dict, ref: dict) -> float:
+    scale = max(float(np.abs(g).max()) for g in ref.values())
+    return max(float(np.abs(grads[n] - g).max()) for n, g in ref.items()) / scale
+
+
+def _check_fp32_run(family: str, cfg: TrainConfig, result: dict) -> None:
+    """An fp32 FCP run against the truth: the same fp32-initialised weights trained in fp64 on the same batches.
+
+    After an AdamW step fp32 rounding is no longer small: the first update is about ``lr * sign(grad)``, so an entry
+    whose gradient is within rounding of zero moves by up to ``2 lr`` depending on summation order, and the next
+    gradients differ by much more than fp32's epsilon (CI measured 1.3e-4 between two correct fp32 runs at step 2).
+    So step 0 is held to FP32_STEP0 against the fp32 stock model, and every step to FP32_DRIFT times the stock fp32
+    model's own distance from fp64 (plus FP32_STEP0): FCP in fp32 is no further from exact training than the stock
+    model in fp32 is, within a factor. A wrong reduction (a lost rank, a missing 1/N, an unreduced shard) is off by
+    O(1) of the largest gradient and fails either bound."""
+    steps = result["steps"]
+    assert len(steps) == STEPS
+    batches = tuple(tuple(s["sample_indices"]) for s in steps)
+    ref32 = _reference(family, batches, "float32")
+    truth = _reference(family, batches, "float64", init="float32")
+    what = f"{family} fp32 nproc=2 reducer={cfg.reducer}"
+    for s, (loss32, num, g32), (loss64, _, g64) in zip(steps, ref32, truth):
+        assert s["num_tokens"] == num, f"{what} step {s['step']}: denominator {s['num_tokens']} != reference {num}"
+        missing = sorted(set(g32) - {n for n, g in s["grads"].items() if g is not None})
+        assert not missing, f"{what}: no gradient for {missing[:3]}"
+        if s["step"] == 0:
+            assert abs(s["loss"] - loss32) <= 1e-5 * abs(loss32), f"{what} step 0: loss {s['loss']!r} vs {loss32!r}"
+            gap = _gap(s["grads"], g32)
+            assert gap <= FP32_STEP0, f"{what} step 0: gradient differs by {gap:.2e} from the fp32 stock model"
+        drift, gap = _gap(g32, g64), _gap(s["grads"], g64)
+        bound = FP32_DRIFT * drift + FP32_STEP0
+        assert gap <= bound, (f"{what} step {s['step']}: gradient {gap:.2e} from fp64 training, the fp32 stock model "
+                              f"{drift:.2e} (bound {bound:.2e})")
+        ldrift, lgap = abs(loss32 - loss64), abs(s["loss"] - loss64)
+        assert lgap <= FP32_DRIFT * ldrift + 1e-5 * abs(loss64), \
+            f"{what} step {s['step']}: loss {lgap:.2e} from fp64 training, the fp32 stock model {ldrift:.2e}"
+    assert len(set(result["checksums"])) == 1, f"{what}: parameters differ across ranks"
