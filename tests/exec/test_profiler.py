@@ -232,7 +232,8 @@ def test_v2_fit_on_v1_timings_and_two_degrees():
     gamma·(d−1) equals beta2·[d>1]: gamma is reported unidentified and left at 0 (beta2 takes it)."""
     fit = fit_cost_model(_points(TRUE, GRID), bandwidth_intra=1e9, ranks_per_node=4, tokens_per_rank=4096,
                          version=2)
-    assert fit.cost_model.gamma == 0 and fit.cost_model.alpha_blk < 1e-15 and fit.mean_rel_error < 1e-9
+    # zero up to the least-squares solver's rounding (CI once got gamma = 4.9e-19 s against step times >= 1e-3 s)
+    assert fit.cost_model.gamma < 1e-15 and fit.cost_model.alpha_blk < 1e-15 and fit.mean_rel_error < 1e-9
     two = [(k, s, d) for k, s, d in GRID_V2 if d <= 2]
     fit2 = fit_cost_model(_v2_points(TRUE_V2, two), bandwidth_intra=1e9, ranks_per_node=4, tokens_per_rank=4096,
                           version=2, alpha_vis=3e-5)
