@@ -64,7 +64,11 @@ def split_lower_bound(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cos
     micro-batch holding sequence ``k`` takes at least ``m_k = min_d T_k(d)`` (sequence ``k`` alone, one node
     when it fits); ``m*`` is the largest ``m_k`` over the :data:`_BOUND_TOP` heaviest sequences (a lower
     bound of the largest over all), and each of the other ``M − 1`` micro-batches holds a group with
-    ``T ≥ alpha_blk·B_g + beta1``."""
+    ``T ≥ alpha_blk·B_g + beta1``.
+
+    A third term, ``H + (M−1)·beta1`` (:func:`_held_bound`), charges the micro-batch that holds a heavy
+    sequence for the ranks its group keeps: a long sequence alone on a wide ring can be within a few % of its
+    best time and still leave the other ranks too little time for the rest of the batch."""
     N = int(num_ranks)
     work = work_proxy(lengths, etas, cost_model, visual)
     s, q, b, v = sequence_terms(lengths, etas, visual)
@@ -72,11 +76,52 @@ def split_lower_bound(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cos
     m_star = float(TimeTable(s[top], q[top], N, cost_model, B=b[top], V=v[top]).row_min().max()) if s.size else 0.0
     per_mb = cost_model.beta1 + cost_model.alpha_blk * (float(b.min()) if b.size else 0.0)
     W = float(work.sum())
+    held = _held_bound(s, q, b, v, top, N, cost_model) if s.size else 0.0
 
     def bound(M: int) -> float:
-        return max(W / N + M * cost_model.beta1, m_star + (M - 1) * per_mb)
+        return max(W / N + M * cost_model.beta1, m_star + (M - 1) * per_mb, held + (M - 1) * cost_model.beta1)
 
     return bound
+
+
+def _held_bound(s, q, b, v, top, N: int, cm: CostModel) -> float:
+    """``H = max_k min_d [t_k(d) + max(0, C_k(d) − (N−d)·(t_k(d) − beta1)) / N]`` over the heavy sequences
+    ``k`` (``top``) and the degrees ``d`` of ``k``'s group that hold it in memory; ``H + (M−1)·beta1`` is a lower
+    bound on the sum of makespans of any ``M``-split.
+
+    Proof. Let micro-batch ``j`` hold ``k`` in a group of ``d`` ranks. With ``T = max(A, X) + alpha2·S/d +
+    alpha_blk·B + alpha_vis·V/d + beta1 + [d>1]·(beta2 + gamma·(d−1))`` (``C + M − min(A, X)`` rewritten), adding
+    sequences ``O`` to a group raises ``T`` by at least ``alpha2·S_O/d + alpha_blk·B_O + alpha_vis·V_O/d +
+    min(A_O, X_O)`` (``max(a+a', x+x') − max(a, x) ≥ min(a', x')``), so ``d·ΔT ≥ Σ_o c_o(d)`` with
+    ``c_o(d) = alpha2·s_o + alpha_blk·b_o + alpha_vis·v_o + min(alpha1·q_o, alpha3·s_o·(d−1)/v_d)`` (``v_d`` the
+    best bandwidth a ``d``-rank group can have) — at most ``o``'s work proxy ``w_o``. ``k``'s group therefore holds
+    its ``d`` ranks for ``τ_j ≥ t_k(d) + Σ_{o in it} c_o/d`` (``t_k(d)``: ``k`` alone, best bandwidth); every
+    other group of ``j`` needs ``d_g·(τ_j − beta1) ≥ w_g``, and every other micro-batch ``i`` has
+    ``N·(τ_i − beta1) ≥ W_i`` (see :func:`split_lower_bound`). Adding rank-time over the ``N`` ranks:
+    ``N·τ_j ≥ d·t_k(d) + (N−d)·beta1 + C_j`` and ``Σ_{i≠j} τ_i ≥ (C − C_j)/N + (M−1)·beta1`` with
+    ``C = Σ_{o≠k} c_o(d)`` split as ``C_j`` in ``j`` and the rest elsewhere; also ``τ_j ≥ t_k(d)``. The sum is
+    smallest when ``j`` takes ``C_j = min(C, (N−d)·(t_k(d) − beta1))`` (the rest of ``j`` then ends with ``k``),
+    which gives the bracket; minimising over ``d`` and maximising over ``k`` keeps it a bound for any split."""
+    d = np.arange(1, N + 1, dtype=np.float64)
+    intra = d <= cm.ranks_per_node
+    ring = cm.alpha3 * (d - 1.0) / np.where(intra, cm.bandwidth_intra, cm.bandwidth_inter)  # per token, × d
+    u = np.divide(cm.alpha1 * q, s, out=np.zeros_like(s), where=s > 0)  # alpha1·(1+η)·s: min(alpha1·q, r·s) = s·min(u, r)
+    base = cm.alpha2 * s + cm.alpha_blk * b + cm.alpha_vis * v
+    order = np.argsort(u, kind="stable")
+    us, ss = u[order], s[order]
+    su = np.concatenate(([0.0], np.cumsum(ss * us)))
+    sc = np.concatenate(([0.0], np.cumsum(ss)))
+    cut = np.searchsorted(us, ring, side="right")  # sequences with u ≤ ring pay alpha1·q, the others ring·s
+    c_all = float(base.sum()) + su[cut] + ring * (sc[-1] - sc[cut])
+    held = 0.0
+    for k in top:
+        fits = d >= max(1, math.ceil(float(s[k]) / cm.tokens_per_rank))
+        t = np.asarray(cm.time(s[k], q[k], d, intra, B=b[k], V=v[k]), dtype=np.float64)
+        c = c_all - (base[k] + s[k] * np.minimum(u[k], ring))
+        lb = t + np.maximum(0.0, c - (N - d) * (t - cm.beta1)) / N
+        if fits.any():
+            held = max(held, float(lb[fits].min()))
+    return held
 
 
 def _stage1_fits(lengths: np.ndarray, num_ranks: int, E: int) -> bool:
