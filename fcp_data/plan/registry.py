@@ -345,7 +345,7 @@ def _ulysses_degrees(num_ranks: int, options: Mapping[str, Any]) -> list[int]:
     return baselines.ulysses_degrees(num_ranks, options.get("num_heads", 32))
 
 
-_FCP_OPTIONS = ("search", "robust_tol")  # fcp_micro_batch's stage-1 local search and robust choice
+_FCP_OPTIONS = ("search", "robust_tol", "escalate")  # fcp_micro_batch: stage-1 local search, robust choice, longer search
 
 _BUILTINS = (
     SolverSpec(name="fcp", solve=_fcp(), options=_FCP_OPTIONS, validate=False,

@@ -33,13 +33,21 @@ from fcp_data.plan.bfd import bfd_groups
 
 __all__ = ["repair_bins", "mixed_starts", "local_search", "search_groupings", "search_runs", "neighbour_labels",
            "double_moves", "repartitions",
-           "SEARCH_MAX_SEQUENCES", "SEARCH_MAX_RANKS", "SEARCH_STARTS", "SEARCH_MAX_STEPS", "SEARCH_BUDGET", "Budget"]
+           "SEARCH_MAX_SEQUENCES", "SEARCH_MAX_RANKS", "SEARCH_STARTS", "SEARCH_MAX_STEPS", "SEARCH_BUDGET", "Budget",
+           "ESCALATE_GAP", "ESCALATE_BUDGET", "ESCALATE_STARTS"]
 
 SEARCH_MAX_SEQUENCES = 32  # above this the descent's O(n²) neighbours cost more than stage 1 gains
 SEARCH_MAX_RANKS = 64
 SEARCH_STARTS = 4
 SEARCH_MAX_STEPS = 64
 SEARCH_BUDGET = 6_000_000  # table entries per micro-batch: at most about 0.1 s of one core (measured)
+# A second, longer search where the first one's plan stays far above the micro-batch lower bound (see
+# fcp_data.plan.solvers._search_candidates): measured on 40 tight micro-batches (80-100 % full, 4-32 sequences,
+# 2-64 ranks) the first search ended 6.7 % above the best plan known on average (133 % at worst: 22 sequences that
+# pack exactly into 4 one-rank bins); 10x the budget from 12 starts ends 0.3 % above it.
+ESCALATE_GAP = 0.02  # relative gap to the lower bound above which the longer search runs
+ESCALATE_BUDGET = 10 * SEARCH_BUDGET
+ESCALATE_STARTS = 12
 _STEP_COST = 100_000  # entries one scoring costs besides its table (numpy call overhead, about 1-2 ms)
 SEARCH_COMPOUND = 3  # local optima that also get the compound steps
 _IMPROVE = 1e-9
@@ -309,12 +317,12 @@ def search_runs(num_sequences: int, num_ranks: int) -> bool:
 
 
 def search_groupings(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: CostModel,
-                     seeds: list[list[list[int]]], work: np.ndarray, visual: np.ndarray | None = None
-                     ) -> list[list[list[int]]]:
+                     seeds: list[list[list[int]]], work: np.ndarray, visual: np.ndarray | None = None, *,
+                     budget: int = SEARCH_BUDGET, num_starts: int = SEARCH_STARTS) -> list[list[list[int]]]:
     """Locally optimal groupings for a small micro-batch: descends (:func:`local_search`) from each of
     ``seeds`` (the incumbents of the caller's other candidates, kept as given) and from the repaired BFD
-    bins and the :func:`mixed_starts`, best score first, with single steps — at least :data:`SEARCH_STARTS`
-    of them and more until :data:`SEARCH_COMPOUND` distinct local optima are found — then continues those
+    bins and the :func:`mixed_starts`, best score first, with single steps — at least ``num_starts``
+    (:data:`SEARCH_STARTS`) of them and more until :data:`SEARCH_COMPOUND` distinct local optima are found — then continues those
     best distinct local optima with the compound steps too. Returns the
     groupings found (lists of sequence ids, ascending within a group); empty above the size bounds."""
     n, N = int(lengths.size), int(num_ranks)
@@ -328,9 +336,9 @@ def search_groupings(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost
         order = np.lexsort((np.arange(vals.size), vals, ex))
         labels = [labels[int(i)] for i in order]
     found, seen, optima = [], set(), set()
-    budget = Budget(SEARCH_BUDGET)
+    budget = Budget(budget)
     for j, lab in enumerate([_to_label(g, n) for g in seeds] + labels):  # plain descents
-        if j >= len(seeds) + SEARCH_STARTS and len(optima) >= SEARCH_COMPOUND:
+        if j >= len(seeds) + num_starts and len(optima) >= SEARCH_COMPOUND:
             break  # enough starts, and enough distinct local optima for the compound phase
         key = tuple(_canonical(lab).tolist())
         if key not in seen:
