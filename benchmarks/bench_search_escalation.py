@@ -5,7 +5,7 @@ Instances: the generator of ``bench_plan_quality.py`` (presets with a redrawn in
 v1/v2 coefficients; lengths a Dirichlet split of the bin's share of ``N·E``, 25 % full attention) with 4-32
 sequences on 2-64 ranks — the sizes the search runs on, and too large for the ILP to prove an optimum in
 minutes. Reference: the best plan any of three planners finds on the instance — FCP with one search (``off``:
-``ESCALATE_GAP`` set out of reach), FCP as shipped (``on``) and the robust mode (``robust_tol=0.02``: 33
+``escalate=False``), FCP as shipped (``on``) and the robust mode (``robust_tol=0.02``: 33
 plans under perturbed models, judged by this one; used here only as a multi-start reference) — and the
 micro-batch lower bound ``split_lower_bound(...)(1)``. Gap = makespan / best known − 1. CPU time per
 micro-batch (``time.process_time``) of ``off`` and ``on`` side by side, same instances, same process.
@@ -27,7 +27,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import fcp_data.plan.solvers as solvers  # noqa: E402
 from bench_plan_quality import random_instance  # noqa: E402
 from fcp_data.plan.microbatch import split_lower_bound  # noqa: E402
 from fcp_data.plan.solvers import fcp_micro_batch  # noqa: E402
@@ -36,14 +35,9 @@ BINS = ((0.5, 0.8), (0.8, 0.95), (0.95, 1.0))
 
 
 def _plan(L, e, N, cm, escalate: bool) -> tuple[float, float]:
-    saved = solvers.ESCALATE_GAP
-    solvers.ESCALATE_GAP = saved if escalate else float("inf")
-    try:
-        t0 = time.process_time()
-        span = fcp_micro_batch(L, e, N, cm).makespan
-        return span, time.process_time() - t0
-    finally:
-        solvers.ESCALATE_GAP = saved
+    t0 = time.process_time()
+    span = fcp_micro_batch(L, e, N, cm, escalate=escalate).makespan
+    return span, time.process_time() - t0
 
 
 def main(argv=None) -> int:

@@ -34,7 +34,8 @@ from fcp_data.plan.bfd import bfd_groups
 __all__ = ["repair_bins", "mixed_starts", "local_search", "search_groupings", "search_runs", "neighbour_labels",
            "double_moves", "repartitions",
            "SEARCH_MAX_SEQUENCES", "SEARCH_MAX_RANKS", "SEARCH_STARTS", "SEARCH_MAX_STEPS", "SEARCH_BUDGET", "Budget",
-           "ESCALATE_GAP", "ESCALATE_BUDGET", "ESCALATE_STARTS"]
+           "ESCALATE_GAP", "ESCALATE_FILL", "ESCALATE_BUDGET",
+           "ESCALATE_STARTS", "escalation_due"]
 
 SEARCH_MAX_SEQUENCES = 32  # above this the descent's O(n²) neighbours cost more than stage 1 gains
 SEARCH_MAX_RANKS = 64
@@ -46,6 +47,8 @@ SEARCH_BUDGET = 6_000_000  # table entries per micro-batch: at most about 0.1 s 
 # 2-64 ranks) the first search ended 6.7 % above the best plan known on average (133 % at worst: 22 sequences that
 # pack exactly into 4 one-rank bins); 10x the budget from 12 starts ends 0.3 % above it.
 ESCALATE_GAP = 0.02  # relative gap to the lower bound above which the longer search runs
+ESCALATE_FILL = 0.9  # ... on micro-batches at least this full (Σs / (N·E)): where packing decides the plan; on
+# looser ones the longer search gained 0.1-0.5 % on average for 1.2-8x the planning time
 ESCALATE_BUDGET = 10 * SEARCH_BUDGET
 ESCALATE_STARTS = 12
 _STEP_COST = 100_000  # entries one scoring costs besides its table (numpy call overhead, about 1-2 ms)
@@ -314,6 +317,18 @@ def search_runs(num_sequences: int, num_ranks: int) -> bool:
     """Whether :func:`search_groupings` searches a micro-batch of this size (otherwise it returns ``[]``, so a
     solver run with and without the search gives the same plan: ``auto`` skips re-planning it)."""
     return 2 <= num_sequences <= SEARCH_MAX_SEQUENCES and num_ranks <= SEARCH_MAX_RANKS
+
+
+def escalation_due(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: CostModel,
+                   visual: np.ndarray | None, best: float) -> bool:
+    """Whether a micro-batch whose best plan so far takes ``best`` gets the longer second search: it is searched
+    at all (:func:`search_runs`), at least :data:`ESCALATE_FILL` full, and ``best`` is more than
+    :data:`ESCALATE_GAP` above its lower bound (:func:`~fcp_data.plan.microbatch.split_lower_bound`, ``M = 1``)."""
+    from fcp_data.plan.microbatch import split_lower_bound
+
+    N = int(num_ranks)
+    return (search_runs(int(lengths.size), N) and float(np.sum(lengths)) >= ESCALATE_FILL * N * cost_model.tokens_per_rank
+            and best > split_lower_bound(lengths, etas, N, cost_model, visual)(1) * (1 + ESCALATE_GAP))
 
 
 def search_groupings(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: CostModel,

@@ -20,8 +20,8 @@ On small micro-batches (at most :data:`~fcp_data.plan.search.SEARCH_MAX_SEQUENCE
 local search of :mod:`fcp_data.plan.search` (issue 12: near ``N·tokens_per_rank`` BFD scatters headroom
 and the candidates above never form mixed splits such as 1 + 2 ranks): it starts from every other track's
 incumbent grouping, so the plan is never slower than the planner without it (``search=False``), which
-the tests keep as the reference. Where its best plan stays more than
-:data:`~fcp_data.plan.search.ESCALATE_GAP` above the micro-batch lower bound, the search runs a second, longer
+the tests keep as the reference. On a nearly full micro-batch (:data:`~fcp_data.plan.search.ESCALATE_FILL`) whose
+best plan stays more than :data:`~fcp_data.plan.search.ESCALATE_GAP` above its lower bound, the search runs a second, longer
 time (``escalate``, default on; off with ``solver_options={"escalate": False}``). ``robust_tol > 0`` (opt-in) trades up to that share of predicted makespan
 for insensitivity to profiling error (:mod:`fcp_data.plan.robust`: least mean regret over joint ±20 % scenarios
 of every coefficient).
@@ -43,13 +43,13 @@ from fcp_data.plan.baselines import megatron_dynamic, work_proxy
 from fcp_data.plan.bfd import bfd_groups, candidate_units, group_terms_of
 from fcp_data.plan.inputs import validate_inputs, validate_visual
 from fcp_data.plan.lpt import lpt_groups
-from fcp_data.plan.microbatch import TimeBudgetExceeded, plan_micro_batches, split_lower_bound
+from fcp_data.plan.microbatch import TimeBudgetExceeded, plan_micro_batches
 from fcp_data.plan.placement import build_micro_batch, place_for_times, placed_times
 from fcp_data.plan.refine import refine_moves
 from fcp_data.plan.registry import (MAX_DP_RANKS, SOLVER_NAMES, TIME_LIMIT_OPTION, InvalidPlanError, SolverCalls, SolverSpec,
                                      check_micro_batch, get_solver)
 from fcp_data.plan.robust import retime, robust_choice, scenario_models
-from fcp_data.plan.search import ESCALATE_BUDGET, ESCALATE_GAP, ESCALATE_STARTS, search_groupings, search_runs
+from fcp_data.plan.search import ESCALATE_BUDGET, ESCALATE_STARTS, escalation_due, search_groupings, search_runs
 from fcp_data.plan.tau import tau_groupings
 from fcp_data.plan.types import CPGroup, MicroBatchPlan, Plan
 
@@ -267,8 +267,9 @@ def _search_candidates(lengths, etas, num_ranks, cost_model, visual, best, alloc
     """Track ``"any-search"``: the local search of :func:`~fcp_data.plan.search.search_groupings` from the
     other tracks' incumbents (so it starts from today's best groupings and only improves them) and from
     its own starts; each grouping found gets the exact allocator and placement like every candidate. With
-    ``escalate``, where the best incumbent then stays more than ``ESCALATE_GAP`` above the micro-batch lower bound
-    (:func:`~fcp_data.plan.microbatch.split_lower_bound` at ``M = 1``), the search runs again from every incumbent
+    ``escalate``, on a micro-batch at least ``ESCALATE_FILL`` full whose best incumbent then stays more than
+    ``ESCALATE_GAP`` above the lower bound (:func:`~fcp_data.plan.microbatch.split_lower_bound` at ``M = 1``),
+    the search runs again from every incumbent
     with ``ESCALATE_BUDGET`` and ``ESCALATE_STARTS`` (tight micro-batches of 20-32 sequences: one search ended
     7.6 % above the best plan known on average, 133 % at worst; see BENCHMARKS "Planner v2")."""
     seeds = [best[t][1] for t in sorted(best)]
@@ -283,9 +284,8 @@ def _search_candidates(lengths, etas, num_ranks, cost_model, visual, best, alloc
                 consider("any-search", value, deg, groups, agg)
 
     run()
-    # still far above the lower bound: a longer search from every incumbent (the first search's included)
-    if escalate and best and search_runs(lengths.size, num_ranks) and min(b[0] for b in best.values()) > \
-            split_lower_bound(lengths, etas, num_ranks, cost_model, visual)(1) * (1 + ESCALATE_GAP):
+    # nearly full and still far above the lower bound: a longer search from every incumbent (the first one's too)
+    if escalate and best and escalation_due(lengths, etas, num_ranks, cost_model, visual, min(b[0] for b in best.values())):
         seeds = [best[t][1] for t in sorted(best)]
         run(budget=ESCALATE_BUDGET, num_starts=ESCALATE_STARTS)
 

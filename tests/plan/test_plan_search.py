@@ -178,11 +178,10 @@ def _counting_search(monkeypatch) -> list[int]:
 
 
 def test_longer_search_where_the_plan_stays_far_above_the_bound(monkeypatch):
-    """The second, longer search (ESCALATE_*) runs when the first search's best plan is more than ESCALATE_GAP above
-    the micro-batch lower bound: on the exact-packing batch it brings FCP from 2.4x to within 2 % of the ILP's
+    """The second, longer search (ESCALATE_*) runs when the micro-batch is nearly full (ESCALATE_FILL) and the first
+    search's best plan is more than ESCALATE_GAP above the micro-batch lower bound: on the exact-packing batch it brings FCP from 2.4x to within 2 % of the ILP's
     proven optimum (measured 1.5 %), and FCP with the escalation switched off still shows the failure (so the test
     fails if the escalation stops running)."""
-    import fcp_data.plan.solvers as solvers
     from fcp_data.plan.search import ESCALATE_BUDGET
 
     pytest.importorskip("cvxpy")
@@ -192,19 +191,23 @@ def test_longer_search_where_the_plan_stays_far_above_the_bound(monkeypatch):
     plan = fcp_micro_batch(PACKING, PACKING_ETAS, 4, PACKING_CM)
     assert calls == [None, ESCALATE_BUDGET]
     assert plan.makespan <= ilp.makespan * 1.02, (plan.makespan, ilp.makespan)
-    monkeypatch.setattr(solvers, "ESCALATE_GAP", float("inf"))
-    assert fcp_micro_batch(PACKING, PACKING_ETAS, 4, PACKING_CM).makespan > 2 * ilp.makespan
+    assert fcp_micro_batch(PACKING, PACKING_ETAS, 4, PACKING_CM, escalate=False).makespan > 2 * ilp.makespan
 
 
 def test_no_longer_search_near_the_bound(monkeypatch):
-    """A plan within ESCALATE_GAP of the lower bound gets one search only (8 equal sequences on 8 ranks: one per
-    rank is exactly the bound W/N + beta1), and micro-batches above the search's size bounds get none."""
+    """escalation_due: only on micro-batches at least ESCALATE_FILL full whose plan is more than ESCALATE_GAP above
+    the bound — 8 equal sequences filling 8 ranks (one per rank is exactly the bound W/N + beta1) get one search;
+    the same far-off plan on a half-full batch is not escalated; micro-batches above the search's size bounds get
+    no second call."""
     from fcp_data.plan.microbatch import split_lower_bound
-    from fcp_data.plan.search import ESCALATE_GAP
+    from fcp_data.plan.search import ESCALATE_GAP, escalation_due
 
-    L, e = np.full(8, 2048), np.zeros(8)
+    L, e = np.full(8, EXAMPLE_CM.tokens_per_rank), np.zeros(8)
+    bound = split_lower_bound(L, e, 8, EXAMPLE_CM)(1)
     plan = fcp_micro_batch(L, e, 8, EXAMPLE_CM)
-    assert plan.makespan <= split_lower_bound(L, e, 8, EXAMPLE_CM)(1) * (1 + ESCALATE_GAP)
+    assert plan.makespan <= bound * (1 + ESCALATE_GAP)
+    assert escalation_due(L, e, 8, EXAMPLE_CM, None, 2 * bound) and not escalation_due(L, e, 8, EXAMPLE_CM, None, bound)
+    assert not escalation_due(L // 2, e, 8, EXAMPLE_CM, None, 10 * bound)  # half full
     calls = _counting_search(monkeypatch)
     fcp_micro_batch(L, e, 8, EXAMPLE_CM)
     assert calls == [None]
