@@ -78,19 +78,15 @@ def scenario_table(plans: list, lengths: np.ndarray, etas: np.ndarray, models: l
     table = np.empty((len(plans), len(models)))
     if not plans:
         return table
-    if any(not plan.groups for plan in plans):  # reduceat needs a non-empty slice per plan
-        for r, plan in enumerate(plans):
-            S, Q, B, V, d, intra = _plan_terms(plan, s, q, b, v, models[0])
-            for c, m in enumerate(models):
-                table[r, c] = float(np.max(m.time(S, Q, d, intra, B=B, V=V), initial=0.0))
-        return table
     # every group of every plan in one array (times are elementwise, so each entry is what a per-plan call gives);
-    # one CostModel.time call per model, then the max over each plan's slice
+    # one CostModel.time call per model, then the max over each plan's groups
     terms = [_plan_terms(plan, s, q, b, v, models[0]) for plan in plans]
     S, Q, B, V, d, intra = (np.concatenate([t[j] for t in terms]) for j in range(6))
-    starts = np.cumsum([0] + [len(plan.groups) for plan in plans[:-1]])
+    owner = np.repeat(np.arange(len(plans)), [len(plan.groups) for plan in plans])
     for c, m in enumerate(models):
-        table[:, c] = np.maximum.reduceat(np.atleast_1d(m.time(S, Q, d, intra, B=B, V=V)), starts)
+        column = np.zeros(len(plans))
+        np.maximum.at(column, owner, np.atleast_1d(m.time(S, Q, d, intra, B=B, V=V)))
+        table[:, c] = column
     return table
 
 

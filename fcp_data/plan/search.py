@@ -30,6 +30,7 @@ import numpy as np
 
 from fcp_data.cost import CostModel, sequence_terms
 from fcp_data.plan.bfd import bfd_groups
+from fcp_data.plan.microbatch import split_lower_bound
 
 __all__ = ["repair_bins", "mixed_starts", "local_search", "search_groupings", "search_runs", "neighbour_labels",
            "double_moves", "repartitions",
@@ -324,8 +325,6 @@ def escalation_due(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_m
     """Whether a micro-batch whose best plan so far takes ``best`` gets the longer second search: it is searched
     at all (:func:`search_runs`), at least :data:`ESCALATE_FILL` full, and ``best`` is more than
     :data:`ESCALATE_GAP` above its lower bound (:func:`~fcp_data.plan.microbatch.split_lower_bound`, ``M = 1``)."""
-    from fcp_data.plan.microbatch import split_lower_bound
-
     N = int(num_ranks)
     return (search_runs(int(lengths.size), N) and float(np.sum(lengths)) >= ESCALATE_FILL * N * cost_model.tokens_per_rank
             and best > split_lower_bound(lengths, etas, N, cost_model, visual)(1) * (1 + ESCALATE_GAP))

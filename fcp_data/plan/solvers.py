@@ -267,11 +267,8 @@ def _search_candidates(lengths, etas, num_ranks, cost_model, visual, best, alloc
     """Track ``"any-search"``: the local search of :func:`~fcp_data.plan.search.search_groupings` from the
     other tracks' incumbents (so it starts from today's best groupings and only improves them) and from
     its own starts; each grouping found gets the exact allocator and placement like every candidate. With
-    ``escalate``, on a micro-batch at least ``ESCALATE_FILL`` full whose best incumbent then stays more than
-    ``ESCALATE_GAP`` above the lower bound (:func:`~fcp_data.plan.microbatch.split_lower_bound` at ``M = 1``),
-    the search runs again from every incumbent
-    with ``ESCALATE_BUDGET`` and ``ESCALATE_STARTS`` (tight micro-batches of 20-32 sequences: one search ended
-    7.6 % above the best plan known on average, 133 % at worst; see BENCHMARKS "Planner v2")."""
+    ``escalate``, where :func:`~fcp_data.plan.search.escalation_due` says so, the search runs again from every
+    incumbent with ``ESCALATE_BUDGET`` and ``ESCALATE_STARTS`` (why: the comment at those constants)."""
     seeds = [best[t][1] for t in sorted(best)]
     work = work_proxy(lengths, etas, cost_model, visual)
 

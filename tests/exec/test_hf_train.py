@@ -70,6 +70,12 @@ def _reference(family: str, batches: tuple[tuple[int, ...], ...], dtype: str = "
     return out
 
 
+def _gap(grads: dict, ref: dict) -> float:
+    """Largest entry-wise gradient difference, relative to the largest reference gradient entry."""
+    scale = max(float(np.abs(g).max()) for g in ref.values())
+    return max(float(np.abs(grads[n] - g).max()) for n, g in ref.items()) / scale
+
+
 def _check_run(family: str, nproc: int, cfg: TrainConfig, result: dict, tol: float = TOL,
                gtol: float = TOL) -> list[list[int]]:
     steps = result["steps"]
@@ -80,10 +86,9 @@ def _check_run(family: str, nproc: int, cfg: TrainConfig, result: dict, tol: flo
     for s, (loss, num, grads) in zip(steps, ref):
         assert s["num_tokens"] == num, f"{what} step {s['step']}: denominator {s['num_tokens']} != reference {num}"
         assert abs(s["loss"] - loss) <= tol * abs(loss), f"{what} step {s['step']}: loss {s['loss']!r} vs {loss!r}"
-        scale = max(float(np.abs(g).max()) for g in grads.values())
         missing = sorted(set(grads) - {n for n, g in s["grads"].items() if g is not None})
         assert not missing, f"{what}: no gradient for {missing[:3]}"
-        worst = max(float(np.abs(s["grads"][n] - g).max()) for n, g in grads.items()) / scale
+        worst = _gap(s["grads"], grads)
         assert worst <= gtol, f"{what} step {s['step']}: gradient differs by {worst:.2e} (relative to max |grad|)"
     assert len(set(result["checksums"])) == 1, f"{what}: parameters differ across ranks"
     return [d for s in steps for d in s["degrees"]]
@@ -147,11 +152,6 @@ def test_hf_fcp_training_float32_reducers():
 
 FP32_STEP0 = 1e-4  # step 0: gradients of the same weights, fp32 summation order only
 FP32_DRIFT = 10.0  # later steps: this many times the stock fp32 model's own drift from fp64, plus FP32_STEP0
-
-
-def _gap(grads: dict, ref: dict) -> float:
-    scale = max(float(np.abs(g).max()) for g in ref.values())
-    return max(float(np.abs(grads[n] - g).max()) for n, g in ref.items()) / scale
 
 
 def _check_fp32_run(family: str, cfg: TrainConfig, result: dict) -> None:
