@@ -8,25 +8,35 @@ node may be partial). Groups are placed largest first:
 * a larger group takes whole free nodes first, then places its remainder like a small group;
 * only when no node can hold a (remainder of a) group is it spread over the nodes with most free ranks.
 
-Ranks of a group are returned in ring order (ascending). The times a solver reports are recomputed
-from these ranks (:func:`placed_times`), so a group that had to cross nodes is charged the inter-node
-bandwidth.
-
-:func:`place_for_times` then decides *which* groups of one degree get the rank sets that cross nodes:
-every group is at least as slow across nodes as inside one, so the makespan of a degree class is
-``max(max intra time, k-th smallest inter time)`` for ``k`` crossing sets — reached by giving the
-crossing sets to the ``k`` groups that are fastest across nodes (exact, ties by group order).
+Best fit decreasing can leave a group that fits in a node straddling two although a packing with every such
+group inside one node exists (degrees 6, 6, 6, 5, 4, 4 on nodes of 16 + 15: best fit strands the last 4 across
+nodes; 6 + 6 + 4 | 6 + 5 + 4 fits). :func:`pack_in_nodes` searches for a packing with every group of degree
+2…``ranks_per_node`` inside one node (depth first over those groups, largest first, best fit first; bounded by
+:data:`PACK_MAX_STEPS` and :data:`PACK_MAX_GROUPS`). FCP uses it in two places (:mod:`fcp_data.plan.solvers`): on
+its own track ``packed`` (a candidate whose slowest group best fit strands, on its packing) and on every refined
+plan (:func:`repack_stranded`, so its plans keep every group that fits in a node inside one whenever the search
+finds how, DESIGN §5). A plan can only get faster. Using the packing inside :func:`place_groups` instead, for every
+candidate, changed which candidates refinement started from and made some Wikipedia plans slower (one of 40
+batches on 64 ranks by 1.2 %).
 """
 
 from __future__ import annotations
 
+import functools
 import heapq
 
 import numpy as np
 
 from fcp_data.cost import CostModel
 
-__all__ = ["place_groups", "place_for_times", "placed_times", "build_micro_batch"]
+__all__ = ["place_groups", "pack_in_nodes", "packed_placement", "repack_stranded", "place_for_times", "placed_times", "build_micro_batch", "PACK_MAX_STEPS",
+           "PACK_MAX_GROUPS"]
+
+# node trials of the in-node packing search (:func:`pack_in_nodes`) per placement: on the planner digest, 512 x 64
+# Wikipedia batches and 42 tight 2-64-rank instances (725 searches) every packing found took <= 611 trials, and the
+# searches without one took a median of 2 (the lost-space bound and the dead-end memo), p90 1380
+PACK_MAX_STEPS = 1_000
+PACK_MAX_GROUPS = 128  # above this many groups of degree 2…ranks_per_node the search is not tried
 
 
 def place_groups(degrees: list[int] | np.ndarray, num_ranks: int, ranks_per_node: int) -> list[tuple[int, ...]]:
@@ -37,6 +47,16 @@ def place_groups(degrees: list[int] | np.ndarray, num_ranks: int, ranks_per_node
     if sum(degrees) > num_ranks:
         raise ValueError(f"degrees sum to {sum(degrees)} but only {num_ranks} ranks exist")
     return _place(degrees, int(num_ranks), int(ranks_per_node))
+
+
+def pack_in_nodes(degrees: list[int] | np.ndarray, num_ranks: int, ranks_per_node: int) -> list[tuple[int, ...]] | None:
+    """Global ranks for each group with every group of degree 2…``ranks_per_node`` inside one node, or None when
+    the search finds no such packing (module docstring); ``Σ degrees ≤ num_ranks`` required."""
+    degrees = [int(d) for d in degrees]
+    if any(d < 1 for d in degrees) or sum(degrees) > num_ranks:
+        raise ValueError(f"degrees must be >= 1 and sum to at most {num_ranks}, got {degrees}")
+    num_ranks, R = int(num_ranks), int(ranks_per_node)
+    return _pack(degrees, num_ranks, R, True) or _pack(degrees, num_ranks, R, False)
 
 
 def _place(degrees: list[int], num_ranks: int, R: int) -> list[tuple[int, ...]]:
@@ -101,6 +121,98 @@ def _place(degrees: list[int], num_ranks: int, R: int) -> list[tuple[int, ...]]:
     return out  # type: ignore[return-value]
 
 
+@functools.lru_cache(maxsize=1024)  # tracks and refined plans often repeat one degree multiset
+def _fit_rigid(sizes: tuple[int, ...], free: tuple[int, ...]) -> tuple[int, ...] | None:
+    """Node of each item (``sizes`` in non-increasing order) such that every node's items fit its ``free`` ranks,
+    or None (none exists, or :data:`PACK_MAX_STEPS` node trials ran out). Depth first, best fit first; nodes with
+    equal free space are interchangeable, so one of each is tried per item, and a dead end is remembered by its
+    multiset of free counts (which nodes hold which count does not matter)."""
+    where, steps = [0] * len(sizes), 0
+    tails = np.cumsum(sizes[::-1])[::-1].tolist() + [0]  # Σ sizes[i:]
+    free = list(free)
+    dead: set[tuple[int, ...]] = set()
+
+    def fill(i: int) -> bool:
+        nonlocal steps
+        if i == len(sizes):
+            return True
+        if tails[i] > sum(f for f in free if f >= sizes[-1]):  # space no remaining group fits in is lost
+            return False
+        state = (i, *sorted(free))
+        if state in dead:
+            return False
+        first: dict[int, int] = {}  # free count -> lowest node with it (one per count: interchangeable)
+        for m, f in enumerate(free):
+            if f >= sizes[i] and f not in first:
+                first[f] = m
+        for f in sorted(first):  # best fit first
+            n = first[f]
+            steps += 1
+            if steps > PACK_MAX_STEPS:
+                return False
+            free[n] -= sizes[i]
+            where[i] = n
+            if fill(i + 1):
+                return True
+            free[n] += sizes[i]
+        if steps <= PACK_MAX_STEPS:  # a real dead end, not the step bound
+            dead.add(state)
+        return False
+
+    return tuple(where) if fill(0) else None
+
+
+def _pack(degrees: list[int], num_ranks: int, R: int, whole: bool) -> list[tuple[int, ...]] | None:
+    """:func:`pack_in_nodes` once: first with ``whole`` (groups larger than a node take whole free nodes, lowest
+    ids), then without (they fill whatever the others leave: they cross nodes either way, so their time is the
+    same). Then the rigid groups go where :func:`_fit_rigid` puts them, then the rest (what the large groups
+    still need, largest first, then degree-1 groups) take the free ranks by :func:`_place`'s rules; within a
+    node ranks are taken lowest first, in that order."""
+    num_nodes = -(-num_ranks // R)
+    free = [min((n + 1) * R, num_ranks) - n * R for n in range(num_nodes)]
+    nxt = [n * R for n in range(num_nodes)]
+    out: list[list[int]] = [[] for _ in degrees]
+
+    def take(g: int, n: int, k: int) -> None:
+        out[g] += range(nxt[n], nxt[n] + k)
+        nxt[n] += k
+        free[n] -= k
+
+    large = sorted((g for g, d in enumerate(degrees) if d > R), key=lambda g: (-degrees[g], g))
+    for g in large if whole else ():
+        for _ in range(degrees[g] // R):
+            n = next((m for m in range(num_nodes) if free[m] == R), -1)
+            if n < 0:
+                return None
+            take(g, n, R)
+    rigid = sorted((g for g, d in enumerate(degrees) if 1 < d <= R), key=lambda g: (-degrees[g], g))
+    if len(rigid) > PACK_MAX_GROUPS:
+        return None
+    where = _fit_rigid(tuple(degrees[g] for g in rigid), tuple(free))
+    if where is None:
+        return None
+    for g, n in zip(rigid, where):
+        take(g, n, degrees[g])
+    for g in large:
+        need = degrees[g] - len(out[g])
+        if not need:
+            continue
+        fits = [m for m in range(num_nodes) if free[m] >= need]
+        if fits:  # best fit, lowest node on ties
+            take(g, min(fits, key=lambda m: (free[m], m)), need)
+            continue
+        for m in sorted(range(num_nodes), key=lambda m: (-free[m], m)):
+            k = min(need, free[m])
+            if k:
+                take(g, m, k)
+                need -= k
+    singles = iter(g for g, d in enumerate(degrees) if d == 1)  # as in _place: nodes by (free count, id)
+    for n in sorted((n for n in range(num_nodes) if free[n]), key=lambda n: (free[n], n)):
+        for r, g in zip(range(nxt[n], nxt[n] + free[n]), singles):
+            out[g].append(r)
+    return [tuple(sorted(r)) for r in out]
+
+
 def _intra(ranks: list[tuple[int, ...]], ranks_per_node: int) -> np.ndarray:
     """Per group: do all its ranks lie on one node (``min // R == max // R``)?"""
     R = ranks_per_node
@@ -150,6 +262,43 @@ def place_for_times(S: np.ndarray, Q: np.ndarray, degrees, num_ranks: int, cost_
         for j, g in enumerate(members.tolist()):
             ranks[g] = next(it_out) if cross[j] else next(it_in)
     return ranks
+
+
+def packed_placement(ranks: list[tuple[int, ...]], S, Q, num_ranks: int, cost_model: CostModel, B=None, V=None, *,
+                     slowest: bool = True):
+    """``(ranks, times)`` of :func:`pack_in_nodes` for the groups placed on ``ranks`` when a group that fits in a
+    node crosses nodes there (with ``slowest``: and is the slowest, and the packing lowers the makespan; without:
+    and the packing does not raise it); None otherwise."""
+    R = cost_model.ranks_per_node
+    stranded = np.fromiter((1 < len(r) <= R and r[0] // R != r[-1] // R for r in ranks), dtype=bool, count=len(ranks))
+    if not stranded.any():
+        return None
+    times = placed_times(S, Q, ranks, cost_model, B, V)
+    if slowest and not times[stranded].max() >= times.max():
+        return None
+    packed = pack_in_nodes([len(r) for r in ranks], num_ranks, R)
+    if packed is None:
+        return None
+    new = placed_times(S, Q, packed, cost_model, B, V)  # (checked: a model whose inter-node bandwidth beats intra-node)
+    return (packed, new) if new.max() < times.max() or not slowest and new.max() <= times.max() else None
+
+
+def repack_stranded(mb, lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: CostModel, visual=None):
+    """``mb`` (a :class:`~fcp_data.plan.types.MicroBatchPlan`), or, when a group that fits in a node crosses nodes,
+    its groups and degrees on :func:`pack_in_nodes`'s placement (every such group inside a node, as DESIGN §5
+    asks; the makespan drops or stays: checked)."""
+    from fcp_data.plan.bfd import group_terms_of
+    from fcp_data.plan.types import CPGroup, MicroBatchPlan
+
+    R = cost_model.ranks_per_node
+    if not any(1 < len(g.ranks) <= R and g.ranks[0] // R != g.ranks[-1] // R for g in mb.groups):
+        return mb  # nothing stranded (what packed_placement checks first; here without computing the aggregates)
+    S, Q, B, V = group_terms_of([list(g.seq_ids) for g in mb.groups], lengths, etas, visual)
+    alt = packed_placement([g.ranks for g in mb.groups], S, Q, num_ranks, cost_model, B, V, slowest=False)
+    if alt is None:
+        return mb
+    return MicroBatchPlan(groups=tuple(CPGroup(ranks=r, seq_ids=g.seq_ids, time=float(t))
+                                       for g, r, t in zip(mb.groups, alt[0], alt[1].tolist())), makespan=float(alt[1].max()))
 
 
 def build_micro_batch(groups: list[list[int]], degrees, S: np.ndarray, Q: np.ndarray, num_ranks: int,

@@ -7,11 +7,12 @@ gets stage 2 (exact allocation, any degree and powers of two), is placed on real
 the smallest real makespan wins; a local search then moves sequences out of the slowest group while that
 helps (:func:`refine_moves`, ranks fixed). The makespan-driven groupings (:mod:`fcp_data.plan.tau`:
 sequences slower than the target makespan alone on the fewest ranks that meet it, the rest LPT-balanced
-on single ranks) keep wide rings off short sequences, whose ring traffic does not shrink with ``d``.
-``fcp`` also evaluates the static-cp configuration (uniform
-degree ``N/K`` on the LPT groupings, identical to the ``static-cp`` baseline) and the
-``megatron-dynamic`` plan (for micro-batches of at most :data:`MEGATRON_CANDIDATE_MAX` sequences × ranks,
-see there), so it is never worse than a baseline whose configuration lies in its search space. ``fcp-dp``
+on single ranks) keep wide rings off short sequences, whose ring traffic does not shrink with ``d``. ``fcp`` also
+evaluates the static-cp configuration (uniform degree ``N/K`` on the LPT groupings, identical to the ``static-cp``
+baseline) and the ``megatron-dynamic`` plan (for micro-batches of at most :data:`MEGATRON_CANDIDATE_MAX` sequences
+× ranks, see there), so it is never worse than a baseline whose configuration lies in its search space. Where best
+fit placement strands the slowest group across nodes, an in-node packing is tried (track ``"packed"`` and every
+refined plan: :func:`~fcp_data.plan.placement.repack_stranded`). ``fcp-dp``
 is the same search with the paper's 2-D DP as stage 2 (same optimum per grouping, slower); ``fcp-pow2``
 keeps only power-of-two degrees (FlexSP-like).
 
@@ -44,7 +45,7 @@ from fcp_data.plan.bfd import bfd_groups, candidate_units, group_terms_of
 from fcp_data.plan.inputs import validate_inputs, validate_visual
 from fcp_data.plan.lpt import lpt_groups
 from fcp_data.plan.microbatch import TimeBudgetExceeded, plan_micro_batches
-from fcp_data.plan.placement import build_micro_batch, place_for_times, placed_times
+from fcp_data.plan.placement import build_micro_batch, packed_placement, place_for_times, placed_times, repack_stranded
 from fcp_data.plan.refine import refine_moves
 from fcp_data.plan.registry import (MAX_DP_RANKS, SOLVER_NAMES, TIME_LIMIT_OPTION, InvalidPlanError, SolverCalls, SolverSpec,
                                      check_micro_batch, get_solver)
@@ -63,9 +64,7 @@ __all__ = ["plan_batch", "SOLVERS", "SOLVER_NAMES", "fcp_micro_batch", "refine_m
 # large micro-batches measured (benchmarks/bench_planner.py --only nscaling) megatron's makespan was 1.3-2.4×
 # FCP's. Every test instance (and 64 ranks × 512 sequences, the paper's setting) stays far below the bound.
 MEGATRON_CANDIDATE_MAX = 1 << 23
-# stage-1 candidates (best ideal makespan first) the robust mode also weighs; 32 measured worse on Wikipedia
-# (bench_plan_robustness, v2, ±20 %: +3.62 % true step-time loss vs +2.89 % with none)
-ROBUST_POOL = 0
+ROBUST_POOL = 0  # stage-1 candidates the robust mode also weighs (32: bench_plan_robustness v2 ±20 % +3.62 % vs +2.89 %)
 _TAU_REFINE_SLACK = 1.05  # a makespan-driven candidate is refined only if within 5 % of the best refined plan
 
 
@@ -133,8 +132,9 @@ def fcp_micro_batch(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_
                                           escalate=False))
     else:
         plan, refined = min(plans, key=lambda p: p[0].makespan)  # first on ties: any, pow2, …-tau, uniform, megatron
-    # a baseline plan won: refine it too (never increases the makespan)
-    return plan if refined else refine_moves(plan, lengths, etas, cost_model, visual=visual)
+    # a baseline plan won: refine it too (never increases the makespan), and pack a stranded slowest group
+    return plan if refined else repack_stranded(refine_moves(plan, lengths, etas, cost_model, visual=visual), lengths,
+                                                etas, num_ranks, cost_model, visual)
 
 
 class _Incumbents:
@@ -169,6 +169,10 @@ class _Incumbents:
             cm = self.cost_model
             ranks = place_for_times(S, Q, deg, self.num_ranks, cm, B=B, V=V)
             span = float(placed_times(S, Q, ranks, cm, B, V).max())
+            # the in-node packing of a stranded slowest group: its own track, so the others stay as they were
+            alt = None if track.startswith("pow2") else packed_placement(ranks, S, Q, self.num_ranks, cm, B, V)
+            if alt is not None and ("packed" not in self.best or alt[1].max() < self.best["packed"][0]):
+                self.best["packed"] = (float(alt[1].max()), groups, deg, agg, alt[0])
         if inc is None or span < inc[0]:
             self.best[track] = (span, groups, deg, agg, ranks)
 
@@ -241,7 +245,7 @@ def _refined_plans(best: dict, lengths, etas, num_ranks: int, cost_model: CostMo
     pow2_spans: list[float] = []  # the pow2 tracks prune only against each other, exactly as fcp-pow2 does
     done: dict[tuple, tuple[MicroBatchPlan, MicroBatchPlan | None]] = {}  # (grouping, degrees) -> (placed, refined)
     for track in ("any", "pow2", "any-tau", "any-tau+", "any-tauc", "pow2-tau", "pow2-tau+", "pow2-tauc", "uniform",
-                  "any-search"):
+                  "any-search", "packed"):
         if track in best:
             span, groups, deg, (S, Q, B, V), ranks = best[track]
             rivals = pow2_spans if track.startswith("pow2") else [p[0].makespan for p in plans]
@@ -254,7 +258,8 @@ def _refined_plans(best: dict, lengths, etas, num_ranks: int, cost_model: CostMo
             if mb is None:
                 mb = build_micro_batch(groups, deg, S, Q, num_ranks, cost_model, B=B, V=V, ranks=ranks)
             if track != "uniform" and refined is None:
-                refined = refine_moves(mb, lengths, etas, cost_model, visual=visual)
+                refined = repack_stranded(refine_moves(mb, lengths, etas, cost_model, visual=visual), lengths, etas,
+                                          num_ranks, cost_model, visual)
             done[key] = (mb, refined)
             plans.append((refined, True) if track != "uniform" else (mb, False))
             if track.startswith("pow2"):
@@ -294,8 +299,7 @@ def _check_options(spec: SolverSpec, options: dict[str, Any]) -> None:
     """Only the options ``spec`` declares (a ``TypeError``, as for any unexpected keyword argument)."""
     unknown = sorted(k for k in options if k not in spec.options)
     if unknown:
-        raise TypeError(f"solver {spec.name!r} does not take option(s) {', '.join(unknown)}; its options: "
-                        f"{', '.join(spec.options) or 'none'}")
+        raise TypeError(f"solver {spec.name!r} does not take option(s) {', '.join(unknown)}; its options: {', '.join(spec.options) or 'none'}")
 
 
 def _solve(spec: SolverSpec, lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: CostModel,

@@ -215,3 +215,47 @@ def test_no_longer_search_near_the_bound(monkeypatch):
     big = np.random.default_rng(3).integers(100, 3000, 40)
     fcp_micro_batch(big, np.zeros(big.size), 16, EXAMPLE_CM)
     assert calls == [None]  # called, returns [] above the bounds, and no second call
+
+
+def test_final_plan_packs_a_stranded_slowest_group_into_a_node(monkeypatch):
+    """A tight micro-batch (20 sequences, 99.4 % full) on 31 ranks = nodes of 16 + 15, random v2 coefficients (drawn
+    by benchmarks/bench_plan_quality.py's generator): FCP's plan before the final repack had degrees 6, 6, 6, 5, 4, 4
+    and best fit stranded a 4-group across the nodes as the slowest group (0.6591 s); packed 6 + 6 + 4 | 6 + 5 + 4,
+    every group runs inside a node (0.6064 s, measured). Asserted: no stranded group sets the makespan, and the plan
+    is ≥ 5 % faster than the same planner without the repack (the function made an identity)."""
+    import fcp_data.plan.solvers as solvers
+    from fcp_data.plan.placement import pack_in_nodes
+
+    L = np.array([2594, 5306, 3630, 5645, 7771, 2116, 2235, 66, 7494, 296, 2555, 3698, 1899, 1648, 2577, 8291, 427, 517,
+                  802, 3565])
+    e = np.array([1, 0, 1, 1, 0, 0, 0, 0, 0, 0, 1, 0, 1, 0, 1, 0, 0, 0, 0, 0], dtype=np.float64)
+    cm = CostModel(alpha1=8.9638905775076e-09, alpha2=0.00017116051063829788, alpha3=589824.0, beta1=0.01296,
+                   beta2=0.02016, bandwidth_intra=82969021352.68639, bandwidth_inter=17.5e9, ranks_per_node=16,
+                   tokens_per_rank=2048, gamma=0.0072, alpha_blk=4.589511975683891e-06)
+    plan = fcp_micro_batch(L, e, 31, cm)
+    slowest = max(plan.groups, key=lambda g: g.time)
+    stranded = 1 < len(slowest.ranks) <= 16 and slowest.ranks[0] // 16 != slowest.ranks[-1] // 16
+    assert not stranded or pack_in_nodes([len(g.ranks) for g in plan.groups], 31, 16) is None
+    monkeypatch.setattr(solvers, "repack_stranded", lambda mb, *a, **k: mb)
+    without = fcp_micro_batch(L, e, 31, cm)
+    assert plan.makespan <= without.makespan / 1.05, (plan.makespan, without.makespan)
+
+
+def test_packed_track_keeps_a_grouping_that_best_fit_places_badly(monkeypatch):
+    """13 sequences, 27 ranks = nodes of 16 + 11, 95–100 % full (bench_search_escalation's stream): the search finds
+    the grouping whose exact allocation is 8 + 8 + 6 + 5 ranks (0.2734 s, all inside nodes: 8 + 8 | 6 + 5), but
+    best fit places it with a group across the boundary (> 0.357 s), so every track kept a 0.352 s plan. The
+    ``packed`` track keeps the grouping on its in-node packing. Asserted: ≤ 0.28 s, no group crossing nodes, and
+    ≥ 20 % faster than with the packing switched off (measured 0.2734 against 0.3520 s)."""
+    import fcp_data.plan.solvers as solvers
+
+    L = np.array([5605, 3069, 11281, 2476, 1450, 7591, 7046, 2964, 38, 6445, 2833, 1481, 1305])
+    e = np.array([0, 0, 0, 1, 0, 1, 0, 0, 0, 1, 0, 0, 0], dtype=np.float64)
+    cm = CostModel(alpha1=4.201025641025641e-09, alpha2=8.82282601025641e-05, alpha3=458752.0, beta1=0.00672,
+                   beta2=0.01176, bandwidth_intra=84908929311.37958, bandwidth_inter=17.5e9, ranks_per_node=16,
+                   tokens_per_rank=2048)
+    plan = fcp_micro_batch(L, e, 27, cm)
+    assert plan.makespan <= 0.28 and all(g.ranks[0] // 16 == g.ranks[-1] // 16 for g in plan.groups), plan
+    monkeypatch.setattr(solvers, "packed_placement", lambda *a, **k: None)
+    monkeypatch.setattr(solvers, "repack_stranded", lambda mb, *a, **k: mb)
+    assert plan.makespan <= fcp_micro_batch(L, e, 27, cm).makespan / 1.2
