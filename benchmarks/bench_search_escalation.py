@@ -12,6 +12,10 @@ micro-batch (``time.process_time``) of ``off`` and ``on`` side by side, same ins
 
     .venv/bin/python benchmarks/bench_search_escalation.py            # ~4 min on 2 cores
     .venv/bin/python benchmarks/bench_search_escalation.py --per-bin 40
+    .venv/bin/python benchmarks/bench_search_escalation.py --max-sequences 9 --ablate-enumeration
+
+``--ablate-enumeration`` adds a third planner, the shipped one with the second search's enumeration of every
+grouping (``ESCALATE_ENUMERATE``) switched off, and prints how many instances it ends slower / faster than ``on``.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_plan_quality import random_instance  # noqa: E402
 from fcp_data.plan.microbatch import split_lower_bound  # noqa: E402
+import fcp_data.plan.solvers as solvers  # noqa: E402
 from fcp_data.plan.solvers import fcp_micro_batch  # noqa: E402
 
 BINS = ((0.5, 0.8), (0.8, 0.95), (0.95, 1.0))
@@ -46,6 +51,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-sequences", type=int, default=32)
     ap.add_argument("--max-ranks", type=int, default=64)
+    ap.add_argument("--ablate-enumeration", action="store_true",
+                    help="also plan without the second search's enumeration of every grouping (ESCALATE_ENUMERATE = 0)")
     args = ap.parse_args(argv)
     if args.per_bin < 1 or args.max_sequences < 3 or args.max_ranks < 2:
         ap.error("need --per-bin >= 1, --max-sequences >= 3, --max-ranks >= 2")
@@ -57,12 +64,16 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(args.seed)
     for v2 in (False, True):
         for lo, hi in BINS:
-            rows = []
+            rows, ablated = [], []
             for i in range(args.per_bin):
                 L, e, N, cm = random_instance(rng, lo, hi, v2, max_ranks=args.max_ranks,
                                               max_sequences=args.max_sequences)
                 off, t_off = _plan(L, e, N, cm, False)
                 on, t_on = _plan(L, e, N, cm, True)
+                if args.ablate_enumeration:
+                    saved, solvers.ESCALATE_ENUMERATE = solvers.ESCALATE_ENUMERATE, 0
+                    ablated.append(_plan(L, e, N, cm, True)[0] / on - 1)
+                    solvers.ESCALATE_ENUMERATE = saved
                 robust = fcp_micro_batch(L, e, N, cm, robust_tol=0.02).makespan
                 best = min(off, on, robust)
                 rows.append((off / best - 1, on / best - 1, on > off * (1 + 1e-9),
@@ -77,6 +88,10 @@ def main(argv=None) -> int:
             print(f"| {'v2' if v2 else 'v1'} | {lo:.0%}–{hi:.0%} | {g_off.mean():.2%} / {g_off.max():.1%} | "
                   f"{g_on.mean():.2%} / {g_on.max():.1%} | {int(worse.sum())} | {np.median(lb):.3f} | {ms(t_off)} | "
                   f"{ms(t_on)} |", flush=True)
+            if ablated:
+                a = np.array(ablated)
+                print(f"|   without the enumeration: {int(np.sum(a > 1e-12))} slower, {int(np.sum(a < -1e-12))} faster "
+                      f"than on (at most {a.max():+.2%}) | | | | | | |", flush=True)
     return 0
 
 

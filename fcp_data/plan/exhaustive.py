@@ -17,7 +17,7 @@ from fcp_data.plan.allocate import allocate_fast, time_table
 from fcp_data.plan.placement import build_micro_batch
 from fcp_data.plan.types import MicroBatchPlan
 
-__all__ = ["set_partitions", "solve_exhaustive", "MAX_EXHAUSTIVE"]
+__all__ = ["set_partitions", "partition_labels", "partition_count", "solve_exhaustive", "MAX_EXHAUSTIVE"]
 
 MAX_EXHAUSTIVE = 7
 
@@ -39,6 +39,27 @@ def set_partitions(n: int, max_blocks: int | None = None):
     if n == 0:
         return
     yield from rec(1, 1)
+
+
+def partition_count(n: int, max_blocks: int) -> int:
+    """Partitions of ``n`` items into at most ``max_blocks`` blocks (Σ_k Stirling numbers of the second kind)."""
+    row = [1] + [0] * max_blocks  # S(i, k) for k = 0 … max_blocks, i = 0
+    for i in range(1, n + 1):
+        row = [0] + [k * row[k] + row[k - 1] for k in range(1, max_blocks + 1)]
+    return sum(row)
+
+
+def partition_labels(n: int, max_blocks: int) -> np.ndarray:
+    """Every partition of ``range(n)`` (``n ≥ 1``) into at most ``max_blocks`` blocks as rows of restricted-growth
+    labels, the order of :func:`set_partitions` (built a column at a time with numpy; ``partition_count`` rows)."""
+    labels, used = np.zeros((1, 1), dtype=np.int64), np.ones(1, dtype=np.int64)
+    for _ in range(1, n):
+        k = np.minimum(used + 1, max_blocks)  # choices of the next item: an existing block or a new one
+        parent = np.repeat(np.arange(labels.shape[0]), k)
+        choice = np.arange(parent.size) - np.repeat(np.cumsum(k) - k, k)
+        labels = np.concatenate([labels[parent], choice[:, None]], axis=1)
+        used = np.maximum(used[parent], choice + 1)
+    return labels
 
 
 def solve_exhaustive(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: CostModel,

@@ -50,7 +50,7 @@ from fcp_data.plan.refine import refine_moves
 from fcp_data.plan.registry import (MAX_DP_RANKS, SOLVER_NAMES, TIME_LIMIT_OPTION, InvalidPlanError, SolverCalls, SolverSpec,
                                      check_micro_batch, get_solver)
 from fcp_data.plan.robust import retime, robust_choice, scenario_models
-from fcp_data.plan.search import ESCALATE_BUDGET, ESCALATE_STARTS, escalation_due, search_groupings, search_runs
+from fcp_data.plan.search import ESCALATE_BUDGET, ESCALATE_ENUMERATE, ESCALATE_STARTS, escalation_due, search_groupings, search_runs
 from fcp_data.plan.tau import tau_groupings
 from fcp_data.plan.types import CPGroup, MicroBatchPlan, Plan
 
@@ -289,7 +289,7 @@ def _search_candidates(lengths, etas, num_ranks, cost_model, visual, best, alloc
     # nearly full and still far above the lower bound: a longer search from every incumbent (the first one's too)
     if escalate and best and escalation_due(lengths, etas, num_ranks, cost_model, visual, min(b[0] for b in best.values())):
         seeds = [best[t][1] for t in sorted(best)]
-        run(budget=ESCALATE_BUDGET, num_starts=ESCALATE_STARTS)
+        run(budget=ESCALATE_BUDGET, num_starts=ESCALATE_STARTS, enumerate_max=ESCALATE_ENUMERATE)
 
 
 DEFAULT_TIME_LIMIT = 30.0  # seconds, for a time-limited solver (the ILP) when the caller gives none
