@@ -8,6 +8,15 @@ node may be partial). Groups are placed largest first:
 * a larger group takes whole free nodes first, then places its remainder like a small group;
 * only when no node can hold a (remainder of a) group is it spread over the nodes with most free ranks.
 
+Ranks of a group are returned in ring order (ascending). The times a solver reports are recomputed
+from these ranks (:func:`placed_times`), so a group that had to cross nodes is charged the inter-node
+bandwidth.
+
+:func:`place_for_times` then decides *which* groups of one degree get the rank sets that cross nodes:
+every group is at least as slow across nodes as inside one, so the makespan of a degree class is
+``max(max intra time, k-th smallest inter time)`` for ``k`` crossing sets — reached by giving the
+crossing sets to the ``k`` groups that are fastest across nodes (exact, ties by group order).
+
 Best fit decreasing can leave a group that fits in a node straddling two although a packing with every such
 group inside one node exists (degrees 6, 6, 6, 5, 4, 4 on nodes of 16 + 15: best fit strands the last 4 across
 nodes; 6 + 6 + 4 | 6 + 5 + 4 fits). :func:`pack_in_nodes` searches for a packing with every group of degree
@@ -29,8 +38,8 @@ import numpy as np
 
 from fcp_data.cost import CostModel
 
-__all__ = ["place_groups", "pack_in_nodes", "packed_placement", "repack_stranded", "place_for_times", "placed_times", "build_micro_batch", "PACK_MAX_STEPS",
-           "PACK_MAX_GROUPS"]
+__all__ = ["place_groups", "pack_in_nodes", "packed_placement", "repack_stranded", "place_for_times", "placed_times",
+           "build_micro_batch", "PACK_MAX_STEPS", "PACK_MAX_GROUPS"]
 
 # node trials of the in-node packing search (:func:`pack_in_nodes`) per placement: on the planner digest, 512 x 64
 # Wikipedia batches and 42 tight 2-64-rank instances (725 searches) every packing found took <= 611 trials, and the
