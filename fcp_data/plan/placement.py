@@ -274,15 +274,16 @@ def place_for_times(S: np.ndarray, Q: np.ndarray, degrees, num_ranks: int, cost_
 
 
 def packed_placement(ranks: list[tuple[int, ...]], S, Q, num_ranks: int, cost_model: CostModel, B=None, V=None, *,
-                     slowest: bool = True):
+                     slowest: bool = True, times: np.ndarray | None = None):
     """``(ranks, times)`` of :func:`pack_in_nodes` for the groups placed on ``ranks`` when a group that fits in a
     node crosses nodes there (with ``slowest``: and is the slowest, and the packing lowers the makespan; without:
-    and the packing does not raise it); None otherwise."""
+    and the packing does not raise it); None otherwise. ``times``: :func:`placed_times` on ``ranks``, when the
+    caller has them."""
     R = cost_model.ranks_per_node
     stranded = np.fromiter((1 < len(r) <= R and r[0] // R != r[-1] // R for r in ranks), dtype=bool, count=len(ranks))
     if not stranded.any():
         return None
-    times = placed_times(S, Q, ranks, cost_model, B, V)
+    times = placed_times(S, Q, ranks, cost_model, B, V) if times is None else times
     if slowest and not times[stranded].max() >= times.max():
         return None
     packed = pack_in_nodes([len(r) for r in ranks], num_ranks, R)

@@ -168,9 +168,9 @@ class _Incumbents:
             S, Q, B, V = agg
             cm = self.cost_model
             ranks = place_for_times(S, Q, deg, self.num_ranks, cm, B=B, V=V)
-            span = float(placed_times(S, Q, ranks, cm, B, V).max())
+            span = float((times := placed_times(S, Q, ranks, cm, B, V)).max())
             # the in-node packing of a stranded slowest group: its own track, so the others stay as they were
-            alt = None if track.startswith("pow2") else packed_placement(ranks, S, Q, self.num_ranks, cm, B, V)
+            alt = None if track.startswith("pow2") else packed_placement(ranks, S, Q, self.num_ranks, cm, B, V, times=times)
             if alt is not None and ("packed" not in self.best or alt[1].max() < self.best["packed"][0]):
                 self.best["packed"] = (float(alt[1].max()), groups, deg, agg, alt[0])
         if inc is None or span < inc[0]:
