@@ -8,8 +8,9 @@ from __future__ import annotations
 import numpy as np
 
 from fcp_data.cost import MAX_RANKS, MAX_SEQUENCE_TOKENS, CostModel
+from fcp_data.plan.bfd import bfd_groups
 
-__all__ = ["validate_inputs", "validate_lengths", "validate_etas", "validate_visual"]
+__all__ = ["validate_inputs", "validate_lengths", "validate_etas", "validate_visual", "does_not_fit"]
 
 
 def validate_lengths(lengths) -> np.ndarray:
@@ -91,3 +92,12 @@ def validate_visual(visual, lengths: np.ndarray) -> np.ndarray | None:
         raise ValueError(f"visual tokens must be whole numbers with 0 <= v <= the sequence's length; sequence {i} has "
                          f"v={v[i]!r} and {int(lengths[i])} tokens")
     return v
+
+
+def does_not_fit(lengths: np.ndarray, num_ranks: int, cost_model: CostModel) -> ValueError:
+    """The error for a micro-batch no candidate fits: how many ranks its stage-1 bins need."""
+    total = int(lengths.sum())
+    need = sum(cost_model.min_degree(float(lengths[g].sum())) for g in map(np.asarray, bfd_groups(lengths, cost_model.tokens_per_rank)))
+    return ValueError(f"the micro-batch ({lengths.size} sequences, {total} tokens) does not fit on {num_ranks} "
+                      f"ranks: its groups need {need} ranks at tokens_per_rank={cost_model.tokens_per_rank}; "
+                      "split it into more micro-batches (micro_batches='auto')")

@@ -32,12 +32,13 @@ from fcp_data.cost import CostModel, sequence_terms
 from fcp_data.plan.bfd import bfd_groups
 from fcp_data.plan.exhaustive import partition_count, partition_labels
 from fcp_data.plan.microbatch import split_lower_bound
+from fcp_data.plan.starts import mixed_starts, repair_bins, wider_bins
 
 __all__ = ["repair_bins", "mixed_starts", "local_search", "search_groupings", "search_runs", "neighbour_labels",
            "double_moves", "repartitions",
            "SEARCH_MAX_SEQUENCES", "SEARCH_MAX_RANKS", "SEARCH_STARTS", "SEARCH_MAX_STEPS", "SEARCH_BUDGET", "Budget",
            "ESCALATE_GAP", "ESCALATE_FILL", "ESCALATE_BUDGET",
-           "ESCALATE_STARTS", "ESCALATE_ENUMERATE", "escalation_due"]
+           "ESCALATE_STARTS", "ESCALATE_ENUMERATE", "ESCALATE_UNITS", "ESCALATE_UNITS_BUDGET", "wider_bins", "escalation_due"]
 
 SEARCH_MAX_SEQUENCES = 32  # above this the descent's O(n²) neighbours cost more than stage 1 gains
 SEARCH_MAX_RANKS = 64
@@ -56,6 +57,13 @@ ESCALATE_STARTS = 12
 # ... and when a micro-batch has at most this many groupings (Bell(9): up to 9 sequences) it scores every one: on 100
 # tight 3-9-sequence instances 1 plan 5.1 % faster, none slower, CPU p90 114 -> 131 ms, max 346 -> 542 ms
 ESCALATE_ENUMERATE = 21_147
+# ... and where the plan is still that far above the bound, a third search (its own budget, SEARCH_STARTS starts)
+# descends from BFD bins of c·E tokens too, c = 2 … ESCALATE_UNITS (:func:`wider_bins`): other mixes of group sizes.
+# On 20 tight v2 micro-batches it made 4 plans 15-28 % faster, none slower: there the other starts led into groupings
+# whose memory-minimum degrees do not fit the nodes (28 sequences / 25 ranks: 0.1345 -> 0.0965 s). BENCHMARKS: "a
+# third search".
+ESCALATE_UNITS = 8
+ESCALATE_UNITS_BUDGET = ESCALATE_BUDGET // 8
 _STEP_COST = 100_000  # entries one scoring costs besides its table (numpy call overhead, about 1-2 ms)
 SEARCH_COMPOUND = 3  # local optima that also get the compound steps
 _IMPROVE = 1e-9
@@ -63,54 +71,6 @@ PAIR_UNION_MAX = 10  # sequences of two groups up to which a stuck descent re-sp
 TRIPLE_UNION_MAX = 8  # the same for three groups (3^7 = 2187 assignments)
 REPARTITION_BUDGET = 8192  # rows per kind of re-split and step
 DOUBLE_MOVE_MAX = 96  # sequences × (groups + 1) up to which a stuck descent tries pairs of moves
-
-
-def repair_bins(groups: list[list[int]], lengths: np.ndarray, num_ranks: int, tokens_per_rank: int
-                ) -> list[list[list[int]]]:
-    """Merge bins until ``Σ ceil(S_g / E) ≤ N``: each time the two bins with most headroom
-    (``ceil(S/E)·E − S``; lowest bin id on ties) become one. Returns the bins when their count first
-    drops to ``N`` or below (a start for the search even if memory still fails there) and the bins that
-    fit (if they differ); ``[]`` if the input already fits."""
-    E = float(tokens_per_rank)
-    bins = [list(g) for g in groups]
-    sizes = [float(np.sum(lengths[g])) for g in bins]
-
-    def need(S: float) -> int:
-        return max(1, int(np.ceil(S / E - 1e-12)))
-
-    out: list[list[list[int]]] = []
-    while sum(need(S) for S in sizes) > num_ranks and len(bins) > 1:
-        room = np.array([need(S) * E - S for S in sizes])
-        a, b = sorted(np.lexsort((np.arange(room.size), -room))[:2].tolist())
-        bins[a] = sorted(bins[a] + bins[b])
-        sizes[a] += sizes[b]
-        del bins[b], sizes[b]
-        if len(bins) == num_ranks:
-            out.append([list(g) for g in bins])
-    if out and sum(need(S) for S in sizes) <= num_ranks and len(bins) < num_ranks:
-        out.append(bins)
-    return out
-
-
-def mixed_starts(work: np.ndarray, num_ranks: int) -> list[list[list[int]]]:
-    """One grouping per ``K = 1 … min(N, n)``: degrees split ``N`` as evenly as possible (``N mod K``
-    groups get one rank more), sequences heaviest first to the group whose work per rank stays least
-    (lowest id on ties). Memory is ignored: the search (:func:`local_search`) repairs it."""
-    n, N = int(work.size), int(num_ranks)
-    M = min(N, n)
-    Ks = np.arange(1, M + 1)[:, None]  # one row per K, all K at once
-    g = np.arange(M)[None, :]
-    deg = np.where(g < Ks, N // Ks + (g < N % Ks), 0).astype(np.float64)
-    deg_safe = np.where(deg > 0, deg, 1.0)
-    load = np.zeros((M, M))
-    label = np.zeros((M, n), dtype=np.int64)
-    rows = np.arange(M)
-    for i in np.lexsort((np.arange(n), -work)).tolist():
-        pick = np.argmin(np.where(deg > 0, (load + work[i]) / deg_safe, np.inf), axis=1)  # lowest id on ties
-        label[:, i] = pick
-        load[rows, pick] += work[i]
-    return [[np.flatnonzero(lab == k).tolist() for k in range(K) if np.any(lab == k)]
-            for K, lab in zip(range(1, M + 1), label)]
 
 
 def _values(agg: np.ndarray, index: np.ndarray, num_ranks: int, cost_model: CostModel

@@ -23,7 +23,7 @@ and the candidates above never form mixed splits such as 1 + 2 ranks): it starts
 incumbent grouping, so the plan is never slower than the planner without it (``search=False``), which
 the tests keep as the reference. On a nearly full micro-batch (:data:`~fcp_data.plan.search.ESCALATE_FILL`) whose
 best plan stays more than :data:`~fcp_data.plan.search.ESCALATE_GAP` above its lower bound, the search runs a second, longer
-time (``escalate``, default on; off with ``solver_options={"escalate": False}``). ``robust_tol > 0`` (opt-in) trades up to that share of predicted makespan
+time, then from wider bins (``escalate``, default on; off with ``solver_options={"escalate": False}``). ``robust_tol > 0`` (opt-in) trades up to that share of predicted makespan
 for insensitivity to profiling error (:mod:`fcp_data.plan.robust`: least mean regret over joint ±20 % scenarios
 of every coefficient).
 
@@ -42,7 +42,7 @@ from fcp_data.cost import MAX_RANKS, MAX_SEQUENCE_TOKENS, CostModel
 from fcp_data.plan.allocate import allocate_dp, allocate_fast, pow2_mask, time_table
 from fcp_data.plan.baselines import megatron_dynamic, work_proxy
 from fcp_data.plan.bfd import bfd_groups, candidate_units, group_terms_of
-from fcp_data.plan.inputs import validate_inputs, validate_visual
+from fcp_data.plan.inputs import does_not_fit, validate_inputs, validate_visual
 from fcp_data.plan.lpt import lpt_groups
 from fcp_data.plan.microbatch import TimeBudgetExceeded, plan_micro_batches
 from fcp_data.plan.placement import build_micro_batch, packed_placement, place_for_times, placed_times, repack_stranded
@@ -50,7 +50,8 @@ from fcp_data.plan.refine import refine_moves
 from fcp_data.plan.registry import (MAX_DP_RANKS, SOLVER_NAMES, TIME_LIMIT_OPTION, InvalidPlanError, SolverCalls, SolverSpec,
                                      check_micro_batch, get_solver)
 from fcp_data.plan.robust import retime, robust_choice, scenario_models
-from fcp_data.plan.search import ESCALATE_BUDGET, ESCALATE_ENUMERATE, ESCALATE_STARTS, escalation_due, search_groupings, search_runs
+from fcp_data.plan.search import (ESCALATE_BUDGET, ESCALATE_ENUMERATE, ESCALATE_STARTS, ESCALATE_UNITS, ESCALATE_UNITS_BUDGET,
+                                  SEARCH_STARTS, escalation_due, search_groupings, search_runs, wider_bins)
 from fcp_data.plan.tau import tau_groupings
 from fcp_data.plan.types import CPGroup, MicroBatchPlan, Plan
 
@@ -125,7 +126,7 @@ def fcp_micro_batch(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_
         except ValueError:
             pass
     if not plans:
-        raise _does_not_fit(lengths, num_ranks, cost_model)
+        raise does_not_fit(lengths, num_ranks, cost_model)
     if pool is not None:
         plan, refined = _robust_pick(plans, pool, lengths, etas, num_ranks, cost_model, visual, robust_tol,
                                      dict(allocator=allocator, degrees=degrees, with_baselines=with_baselines, search=search,
@@ -209,15 +210,6 @@ def _stage1(lengths, etas, num_ranks: int, cost_model: CostModel, visual, tracks
                 consider("uniform", value, np.full(len(groups), uniform, dtype=np.int64), groups, agg)
 
 
-def _does_not_fit(lengths: np.ndarray, num_ranks: int, cost_model: CostModel) -> ValueError:
-    """The error for a micro-batch no candidate fits: how many ranks its stage-1 bins need."""
-    total = int(lengths.sum())
-    need = sum(cost_model.min_degree(float(lengths[g].sum())) for g in map(np.asarray, bfd_groups(lengths, cost_model.tokens_per_rank)))
-    return ValueError(f"the micro-batch ({lengths.size} sequences, {total} tokens) does not fit on {num_ranks} "
-                      f"ranks: its groups need {need} ranks at tokens_per_rank={cost_model.tokens_per_rank}; "
-                      "split it into more micro-batches (micro_batches='auto')")
-
-
 def _robust_pick(plans, pool, lengths, etas, num_ranks: int, cost_model: CostModel, visual, tol: float,
                  opts: dict) -> tuple[MicroBatchPlan, bool]:
     """The robust mode's ``(plan, refined)``: the candidates are the tracks' plans, every stage-1 candidate
@@ -273,7 +265,9 @@ def _search_candidates(lengths, etas, num_ranks, cost_model, visual, best, alloc
     other tracks' incumbents (so it starts from today's best groupings and only improves them) and from
     its own starts; each grouping found gets the exact allocator and placement like every candidate. With
     ``escalate``, where :func:`~fcp_data.plan.search.escalation_due` says so, the search runs again from every
-    incumbent with ``ESCALATE_BUDGET`` and ``ESCALATE_STARTS`` (why: the comment at those constants)."""
+    incumbent with ``ESCALATE_BUDGET`` and ``ESCALATE_STARTS``, and if the plan is still that far from the bound, a
+    third time from :func:`wider_bins` (``ESCALATE_UNITS_BUDGET``: the second search's groupings are all still found;
+    ``ESCALATE_UNITS = 1``: no third search; why: the comments at those constants)."""
     seeds = [best[t][1] for t in sorted(best)]
     work = work_proxy(lengths, etas, cost_model, visual)
 
@@ -290,6 +284,9 @@ def _search_candidates(lengths, etas, num_ranks, cost_model, visual, best, alloc
     if escalate and best and escalation_due(lengths, etas, num_ranks, cost_model, visual, min(b[0] for b in best.values())):
         seeds = [best[t][1] for t in sorted(best)]
         run(budget=ESCALATE_BUDGET, num_starts=ESCALATE_STARTS, enumerate_max=ESCALATE_ENUMERATE)
+        if ESCALATE_UNITS > 1 and escalation_due(lengths, etas, num_ranks, cost_model, visual, min(b[0] for b in best.values())):
+            seeds = wider_bins(lengths, num_ranks, cost_model.tokens_per_rank, ESCALATE_UNITS)
+            run(budget=ESCALATE_UNITS_BUDGET, num_starts=SEARCH_STARTS)
 
 
 DEFAULT_TIME_LIMIT = 30.0  # seconds, for a time-limited solver (the ILP) when the caller gives none

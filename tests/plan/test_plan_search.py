@@ -179,17 +179,18 @@ def _counting_search(monkeypatch) -> list[int]:
 
 def test_longer_search_where_the_plan_stays_far_above_the_bound(monkeypatch):
     """The second, longer search (ESCALATE_*) runs when the micro-batch is nearly full (ESCALATE_FILL) and the first
-    search's best plan is more than ESCALATE_GAP above the micro-batch lower bound: on the exact-packing batch it brings FCP from 2.4x to within 2 % of the ILP's
-    proven optimum (measured 1.5 %), and FCP with the escalation switched off still shows the failure (so the test
-    fails if the escalation stops running)."""
-    from fcp_data.plan.search import ESCALATE_BUDGET
+    search's best plan is more than ESCALATE_GAP above the micro-batch lower bound, and the third (from wider bins,
+    ESCALATE_UNITS_BUDGET) when the second one's plan still is: on the exact-packing batch they bring FCP from 2.4x to
+    within 2 % of the ILP's proven optimum (measured 1.5 %), and FCP with the escalation switched off still shows the
+    failure (so the test fails if the escalation stops running)."""
+    from fcp_data.plan.search import ESCALATE_BUDGET, ESCALATE_UNITS_BUDGET
 
     pytest.importorskip("cvxpy")
     ilp = plan_batch(PACKING, num_ranks=4, cost_model=PACKING_CM, etas=PACKING_ETAS, solver="ilp", time_limit=120)
     assert ilp.optimal and ilp.makespan == pytest.approx(0.0880, abs=5e-4)
     calls = _counting_search(monkeypatch)
     plan = fcp_micro_batch(PACKING, PACKING_ETAS, 4, PACKING_CM)
-    assert calls == [None, ESCALATE_BUDGET]
+    assert calls == [None, ESCALATE_BUDGET, ESCALATE_UNITS_BUDGET]
     assert plan.makespan <= ilp.makespan * 1.02, (plan.makespan, ilp.makespan)
     assert fcp_micro_batch(PACKING, PACKING_ETAS, 4, PACKING_CM, escalate=False).makespan > 2 * ilp.makespan
 
@@ -278,6 +279,43 @@ def test_second_search_scores_every_grouping_of_a_small_micro_batch(monkeypatch)
     assert plan.makespan <= 1.69, plan
     monkeypatch.setattr(solvers, "ESCALATE_ENUMERATE", 0)
     assert plan.makespan <= fcp_micro_batch(L, e, 51, cm).makespan / 1.05
+
+
+@pytest.mark.parametrize("case", ["28x25", "11x18"])
+def test_third_search_from_wider_bins(monkeypatch, case):
+    """Tight micro-batches from bench_search_escalation's stream (v2 95-100 %, random v2 coefficients) where every start
+    of the first two searches (BFD bins of E tokens, repaired; the mixed starts; the other tracks) descends into
+    groupings whose memory-minimum degrees do not fit the nodes, so a group crosses them as the slowest:
+
+    * 28 sequences on 25 ranks (16 + 9), 99.3 % full: 6 + 6 + 6 + 7 or 5 + 6 + 7 + 7 cannot be packed, and the plan
+      was 9 + 7 + 7 + 2 ranks (0.1345 s); from BFD bins of 2·E … 8·E tokens (the third search, ESCALATE_UNITS) it
+      is 3 + 4 + 4 + 4 + 4 + 6 ranks inside the nodes (0.0965 s, measured);
+    * 11 sequences on 18 ranks (16 + 2), 96.9 % full: 5 + 7 + 6 with the 5-group across the nodes (1.0592 s) ->
+      0.8937 s (measured; the robust mode's plan: 0.9085 s).
+
+    Asserted: within 0.5 % of the measured plan, and ≥ 12 % faster than without the third search."""
+    import fcp_data.plan.solvers as solvers
+
+    if case == "28x25":
+        L = np.array([725, 67, 1437, 1098, 818, 19, 96, 470, 59, 116, 1255, 511, 801, 1343, 425, 16, 5780, 565, 904,
+                      198, 431, 838, 549, 2743, 166, 2041, 1910, 38])
+        full, N, measured = [3, 5, 6, 9, 10, 11, 16, 17, 19, 25, 27], 25, 0.0965
+        cm = CostModel(alpha1=3.3020469284755954e-09, alpha2=5.251858199174105e-06, alpha3=801653.482945091,
+                       beta1=0.022512005692650945, beta2=0.006450202933829616, bandwidth_intra=64513381565.46692,
+                       bandwidth_inter=25e9, ranks_per_node=16, tokens_per_rank=1024, gamma=2.9406741003358207e-05,
+                       alpha_blk=9.387544681811617e-09)
+    else:
+        L = np.array([6686, 4753, 128, 3736, 4047, 3889, 3537, 87, 7509, 232, 1109])
+        full, N, measured = [6, 7], 18, 0.8937
+        cm = CostModel(alpha1=8.9638905775076e-09, alpha2=0.00032204669276595743, alpha3=589824.0, beta1=0.01296,
+                       beta2=0.02016, bandwidth_intra=60642298406.79832, bandwidth_inter=17.5e9, ranks_per_node=16,
+                       tokens_per_rank=2048, gamma=0.0072, alpha_blk=4.589511975683891e-06)
+    e = np.zeros(L.size)
+    e[full] = 1.0
+    plan = fcp_micro_batch(L, e, N, cm)
+    assert plan.makespan <= measured * 1.005, plan
+    monkeypatch.setattr(solvers, "ESCALATE_UNITS", 1)
+    assert plan.makespan <= fcp_micro_batch(L, e, N, cm).makespan / 1.12
 
 
 def test_partition_labels_are_set_partitions():
