@@ -5,7 +5,8 @@ bins, so a tight batch needs ``N + 1`` bins and falls back to uniform-capacity g
 mixed splits such as ``1 + 2`` or ``4 + 4 + 4 + 2`` ranks. Three additions, all feeding the exact stage-2
 allocator (:func:`~fcp_data.plan.allocate.allocate_fast`), which re-chooses every degree:
 
-* :func:`repair_bins` — merge the two bins with most headroom until their minimum degrees fit ``N``;
+* :func:`repair_bins` — merge the two bins with most headroom until their minimum degrees fit ``N`` (the start
+  constructions, and :func:`wider_bins` for the third search, live in :mod:`fcp_data.plan.starts`);
 * :func:`mixed_starts` — for every group count ``K ≤ min(N, n)``: degrees split ``N`` as evenly as
   possible (``N mod K`` groups get one rank more), sequences heaviest first to the group whose work per rank
   grows least among those with token room (capacity ``d_g·E``);
