@@ -14,10 +14,12 @@ micro-batch (``time.process_time``) of ``off`` and ``on`` side by side, same ins
     .venv/bin/python benchmarks/bench_search_escalation.py --per-bin 40
     .venv/bin/python benchmarks/bench_search_escalation.py --max-sequences 9 --ablate-enumeration
     .venv/bin/python benchmarks/bench_search_escalation.py --ablate-units
+    .venv/bin/python benchmarks/bench_search_escalation.py --ablate-placed
 
 ``--ablate-enumeration`` adds a third planner, the shipped one with the second search's enumeration of every
 grouping (``ESCALATE_ENUMERATE``) switched off, and prints how many instances it ends slower / faster than ``on``;
-``--ablate-units`` the same for the third search, from wider BFD bins (``ESCALATE_UNITS``; 1 = off), with its CPU.
+``--ablate-units`` the same for the third search, from wider BFD bins (``ESCALATE_UNITS``; 1 = off), with its CPU;
+``--ablate-placed`` for the descent on the placed makespan after it (``PLACED_MAX_EVALS``; 0 = off).
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ def main(argv=None) -> int:
                     help="also plan without the second search's enumeration of every grouping (ESCALATE_ENUMERATE = 0)")
     ap.add_argument("--ablate-units", action="store_true",
                     help="also plan without the third search from wider BFD bins (ESCALATE_UNITS = 1: the planner before it)")
+    ap.add_argument("--ablate-placed", action="store_true",
+                    help="also plan without the descent on the placed makespan (PLACED_MAX_EVALS = 0: the planner before it)")
     args = ap.parse_args(argv)
     if args.per_bin < 1 or args.max_sequences < 3 or args.max_ranks < 2:
         ap.error("need --per-bin >= 1, --max-sequences >= 3, --max-ranks >= 2")
@@ -68,7 +72,7 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(args.seed)
     for v2 in (False, True):
         for lo, hi in BINS:
-            rows, ablated, unitless = [], [], []
+            rows, ablated, unitless, unplaced = [], [], [], []
             for i in range(args.per_bin):
                 L, e, N, cm = random_instance(rng, lo, hi, v2, max_ranks=args.max_ranks,
                                               max_sequences=args.max_sequences)
@@ -83,6 +87,11 @@ def main(argv=None) -> int:
                     span, cpu = _plan(L, e, N, cm, True)
                     unitless.append((span / on - 1, cpu))
                     solvers.ESCALATE_UNITS = saved
+                if args.ablate_placed:
+                    saved, solvers.PLACED_MAX_EVALS = solvers.PLACED_MAX_EVALS, 0
+                    span, cpu = _plan(L, e, N, cm, True)
+                    unplaced.append((span / on - 1, cpu))
+                    solvers.PLACED_MAX_EVALS = saved
                 robust = fcp_micro_batch(L, e, N, cm, robust_tol=0.02).makespan
                 best = min(off, on, robust)
                 rows.append((off / best - 1, on / best - 1, on > off * (1 + 1e-9),
@@ -101,11 +110,11 @@ def main(argv=None) -> int:
                 a = np.array(ablated)
                 print(f"|   without the enumeration: {int(np.sum(a > 1e-12))} slower, {int(np.sum(a < -1e-12))} faster "
                       f"than on (at most {a.max():+.2%}) | | | | | | |", flush=True)
-            if unitless:
-                a, cpu = (np.array(c) for c in zip(*unitless))
-                print(f"|   without the third search (wider bins): {int(np.sum(a > 1e-12))} slower, {int(np.sum(a < -1e-12))} "
-                      f"faster than on (at most {a.max():+.2%}, mean {a.mean():+.2%}); CPU {ms(cpu)} | | | | | | |",
-                      flush=True)
+            for what, runs in (("the third search (wider bins)", unitless), ("the placed descent", unplaced)):
+                if runs:
+                    a, cpu = (np.array(c) for c in zip(*runs))
+                    print(f"|   without {what}: {int(np.sum(a > 1e-12))} slower, {int(np.sum(a < -1e-12))} faster than on "
+                          f"(at most {a.max():+.2%}, mean {a.mean():+.2%}); CPU {ms(cpu)} | | | | | | |", flush=True)
     return 0
 
 

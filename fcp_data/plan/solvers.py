@@ -45,6 +45,7 @@ from fcp_data.plan.bfd import bfd_groups, candidate_units, group_terms_of
 from fcp_data.plan.inputs import does_not_fit, validate_inputs, validate_visual
 from fcp_data.plan.lpt import lpt_groups
 from fcp_data.plan.microbatch import TimeBudgetExceeded, plan_micro_batches
+from fcp_data.plan.placed_search import PLACED_MAX_EVALS, placed_descent
 from fcp_data.plan.placement import build_micro_batch, packed_placement, place_for_times, placed_times, repack_stranded
 from fcp_data.plan.refine import refine_moves
 from fcp_data.plan.registry import (MAX_DP_RANKS, SOLVER_NAMES, TIME_LIMIT_OPTION, InvalidPlanError, SolverCalls, SolverSpec,
@@ -261,32 +262,34 @@ def _refined_plans(best: dict, lengths, etas, num_ranks: int, cost_model: CostMo
 
 def _search_candidates(lengths, etas, num_ranks, cost_model, visual, best, alloc, consider,
                        escalate: bool = True) -> None:
-    """Track ``"any-search"``: the local search of :func:`~fcp_data.plan.search.search_groupings` from the
-    other tracks' incumbents (so it starts from today's best groupings and only improves them) and from
-    its own starts; each grouping found gets the exact allocator and placement like every candidate. With
-    ``escalate``, where :func:`~fcp_data.plan.search.escalation_due` says so, the search runs again from every
-    incumbent with ``ESCALATE_BUDGET`` and ``ESCALATE_STARTS``, and if the plan is still that far from the bound, a
-    third time from :func:`wider_bins` (``ESCALATE_UNITS_BUDGET``: the second search's groupings are all still found;
-    ``ESCALATE_UNITS = 1``: no third search; why: the comments at those constants)."""
+    """Track ``"any-search"``: the local search of :func:`~fcp_data.plan.search.search_groupings` from the other
+    tracks' incumbents (so it only improves on them) and its own starts; each grouping found is a candidate like any.
+    With ``escalate``, while the plan stays far above the bound (:func:`~fcp_data.plan.search.escalation_due`): a
+    longer search (``ESCALATE_*``), one from :func:`wider_bins` (``ESCALATE_UNITS``), then a descent on the placed
+    makespan (:func:`~fcp_data.plan.placed_search.placed_descent`); why: the comments at those constants."""
     seeds = [best[t][1] for t in sorted(best)]
     work = work_proxy(lengths, etas, cost_model, visual)
 
     def run(**limits) -> None:
         for groups in search_groupings(lengths, etas, num_ranks, cost_model, seeds, work, visual, **limits):
             agg = group_terms_of(groups, lengths, etas, visual)
-            value, deg = alloc(time_table(agg[0], agg[1], num_ranks, cost_model, B=agg[2], V=agg[3], sparse=True),
-                               num_ranks)
+            value, deg = alloc(time_table(agg[0], agg[1], num_ranks, cost_model, B=agg[2], V=agg[3], sparse=True), num_ranks)
             if deg is not None:
                 consider("any-search", value, deg, groups, agg)
 
+    def far() -> bool:  # nearly full and still far above the lower bound
+        return bool(best) and escalation_due(lengths, etas, num_ranks, cost_model, visual, min(b[0] for b in best.values()))
+
     run()
-    # nearly full and still far above the lower bound: a longer search from every incumbent (the first one's too)
-    if escalate and best and escalation_due(lengths, etas, num_ranks, cost_model, visual, min(b[0] for b in best.values())):
+    if escalate and far():  # a longer search from every incumbent (the first one's too), then from wider bins
         seeds = [best[t][1] for t in sorted(best)]
         run(budget=ESCALATE_BUDGET, num_starts=ESCALATE_STARTS, enumerate_max=ESCALATE_ENUMERATE)
-        if ESCALATE_UNITS > 1 and escalation_due(lengths, etas, num_ranks, cost_model, visual, min(b[0] for b in best.values())):
+        if ESCALATE_UNITS > 1 and far():
             seeds = wider_bins(lengths, num_ranks, cost_model.tokens_per_rank, ESCALATE_UNITS)
             run(budget=ESCALATE_UNITS_BUDGET, num_starts=SEARCH_STARTS)
+        if PLACED_MAX_EVALS and far() and (found := placed_descent(min(best.values(), key=lambda b: b[0])[1], lengths,
+                                                                   etas, num_ranks, cost_model, visual, PLACED_MAX_EVALS)):
+            consider("any-search", *found)
 
 
 DEFAULT_TIME_LIMIT = 30.0  # seconds, for a time-limited solver (the ILP) when the caller gives none
