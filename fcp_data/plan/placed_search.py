@@ -71,7 +71,11 @@ def _neighbours(groups: list[list[int]]):
 def placed_descent(groups: list[list[int]], lengths: np.ndarray, etas: np.ndarray, num_ranks: int,
                    cost_model: CostModel, visual: np.ndarray | None = None, max_evals: int = PLACED_MAX_EVALS):
     """The best grouping the descent reaches from ``groups`` (module docstring) as ``(allocation value, degrees,
-    groups, (S, Q, B, V))`` — the arguments of a candidate — or None when no step improved the placed makespan."""
+    groups, (S, Q, B, V))`` — the arguments of a candidate — or None when no step improved the placed makespan. On
+    one node (``num_ranks ≤ ranks_per_node``) every group runs inside it, the placed makespan is the allocation the
+    search descended on already, and it returns None at once."""
+    if num_ranks <= cost_model.ranks_per_node:
+        return None
     cur = [sorted(int(x) for x in g) for g in groups]
     span = placed_value(cur, lengths, etas, num_ranks, cost_model, visual)[0]
     found, evals = None, 0
