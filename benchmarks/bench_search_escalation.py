@@ -49,6 +49,16 @@ def _plan(L, e, N, cm, escalate: bool) -> tuple[float, float]:
     return span, time.process_time() - t0
 
 
+def _ablated(L, e, N, cm, name: str, value) -> tuple[float, float]:
+    """:func:`_plan` (as shipped) with the solver constant ``name`` set to ``value`` for this one plan."""
+    saved = getattr(solvers, name)
+    setattr(solvers, name, value)
+    try:
+        return _plan(L, e, N, cm, True)
+    finally:
+        setattr(solvers, name, saved)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--per-bin", type=int, default=20, help="instances per tightness bin and cost-model version")
@@ -78,20 +88,12 @@ def main(argv=None) -> int:
                                               max_sequences=args.max_sequences)
                 off, t_off = _plan(L, e, N, cm, False)
                 on, t_on = _plan(L, e, N, cm, True)
-                if args.ablate_enumeration:
-                    saved, solvers.ESCALATE_ENUMERATE = solvers.ESCALATE_ENUMERATE, 0
-                    ablated.append(_plan(L, e, N, cm, True)[0] / on - 1)
-                    solvers.ESCALATE_ENUMERATE = saved
-                if args.ablate_units:
-                    saved, solvers.ESCALATE_UNITS = solvers.ESCALATE_UNITS, 1
-                    span, cpu = _plan(L, e, N, cm, True)
-                    unitless.append((span / on - 1, cpu))
-                    solvers.ESCALATE_UNITS = saved
-                if args.ablate_placed:
-                    saved, solvers.PLACED_MAX_EVALS = solvers.PLACED_MAX_EVALS, 0
-                    span, cpu = _plan(L, e, N, cm, True)
-                    unplaced.append((span / on - 1, cpu))
-                    solvers.PLACED_MAX_EVALS = saved
+                for wanted, name, off_value, runs in ((args.ablate_enumeration, "ESCALATE_ENUMERATE", 0, ablated),
+                                                      (args.ablate_units, "ESCALATE_UNITS", 1, unitless),
+                                                      (args.ablate_placed, "PLACED_MAX_EVALS", 0, unplaced)):
+                    if wanted:
+                        span, cpu = _ablated(L, e, N, cm, name, off_value)
+                        runs.append((span / on - 1, cpu))
                 robust = fcp_micro_batch(L, e, N, cm, robust_tol=0.02).makespan
                 best = min(off, on, robust)
                 rows.append((off / best - 1, on / best - 1, on > off * (1 + 1e-9),
@@ -107,7 +109,7 @@ def main(argv=None) -> int:
                   f"{g_on.mean():.2%} / {g_on.max():.1%} | {int(worse.sum())} | {np.median(lb):.3f} | {ms(t_off)} | "
                   f"{ms(t_on)} |", flush=True)
             if ablated:
-                a = np.array(ablated)
+                a = np.array([r[0] for r in ablated])
                 print(f"|   without the enumeration: {int(np.sum(a > 1e-12))} slower, {int(np.sum(a < -1e-12))} faster "
                       f"than on (at most {a.max():+.2%}) | | | | | | |", flush=True)
             for what, runs in (("the third search (wider bins)", unitless), ("the placed descent", unplaced)):
