@@ -30,7 +30,8 @@ class _Groups:
         self.X = np.stack([np.bincount(self.label, weights=w, minlength=K) for w in (s, q, bq, v)])
         self.S, self.Q, self.B, self.V = self.X
         self.T = np.atleast_1d(cost_model.time(self.S, self.Q, self.d, self.intra, B=self.B, V=self.V))
-        self.d_ext, self.intra_ext = np.append(self.d, 0.0), np.append(self.intra, False)  # + the slowest group
+        # the groups' fixed-degree constants (CostModel.time_fixed) + a column K for the slowest group, set per move
+        self.cols = cost_model.fixed_columns(np.append(self.d, 1.0), np.append(self.intra, True))
 
 
 def refine_moves(mb: MicroBatchPlan, lengths: np.ndarray, etas: np.ndarray, cost_model: CostModel,
@@ -45,8 +46,12 @@ def refine_moves(mb: MicroBatchPlan, lengths: np.ndarray, etas: np.ndarray, cost
     start = st.label.copy()
     touched: set[int] = set()
     terms4 = np.stack(terms)
+    # the aggregate rows the times need (S, Q; B for alpha_blk; V for alpha_vis with visual tokens): a zero term
+    # adds exactly 0.0, so leaving it out gives the same floats
+    rows = [0, 1] + [2] * bool(cost_model.alpha_blk) + [3] * bool(cost_model.alpha_vis and visual is not None)
+    terms_r = terms4[rows]
     for _ in range(max_moves):
-        k = _best_move(st, terms, terms4, cost_model, visual is not None)
+        k = _best_move(st, terms, terms4, terms_r, cost_model, visual is not None, rows)
         if k is None:
             break
         touched.add(k)
@@ -55,36 +60,38 @@ def refine_moves(mb: MicroBatchPlan, lengths: np.ndarray, etas: np.ndarray, cost
     return _rebuilt(mb, st.label, start, touched, terms, cost_model)
 
 
-def _best_move(st: _Groups, terms, terms4: np.ndarray, cost_model: CostModel, has_visual: bool) -> int | None:
+def _best_move(st: _Groups, terms, terms4: np.ndarray, terms_r: np.ndarray, cost_model: CostModel, has_visual: bool,
+               rows: list[int]) -> int | None:
     """Apply the best single move out of the slowest group (updating ``st``); the moved sequence, or None when
-    no move lowers the slowest group's time. ``terms4``: ``terms`` stacked, ``(4, n)``."""
-    s, q, bq, v = terms
-    S, Q, B, V, T, d, intra = st.S, st.Q, st.B, st.V, st.T, st.d, st.intra
+    no move lowers the slowest group's time. ``terms4``: ``terms`` stacked, ``(4, n)``; ``rows``: the aggregates
+    the times need, ``terms_r``: those rows of ``terms4``."""
+    s, q, _, v = terms
+    T = st.T
     K = T.size
     b = int(np.argmax(T))
-    st.d_ext[K], st.intra_ext[K] = d[b], intra[b]
+    st.cols[:, K] = st.cols[:, b]
     members = np.flatnonzero(st.label == b)
     if members.size == 0:
         return None
     alone = members.size == 1
     if members.size > 32:  # equal (s, q) give equal rows; argmin below takes the first of them anyway
         members = _first_distinct(members, s, q, v if has_visual else None)
-    # one time() call: columns 0..K-1 each target with member i added, column K the slowest group without it
+    # one time_fixed() call: columns 0..K-1 each target with member i added, column K the slowest group without it
     # (elementwise, so every entry is the float two separate calls give)
-    Sx, Qx, Bx, Vx = _with_and_without(st.X, terms4[:, members], b)
-    t = cost_model.time(Sx, Qx, st.d_ext[None, :], st.intra_ext[None, :], B=Bx, V=Vx)
-    tb = np.where(alone, 0.0, t[:, K])  # an emptied group leaves its ranks idle
+    Xm = _with_and_without(st.X[rows], terms_r[:, members], b)
+    t = cost_model.time_fixed(Xm[0], Xm[1], Xm[2] if 2 in rows else None, Xm[-1] if 3 in rows else None, st.cols)
+    tb = np.zeros(1) if alone else t[:, K]  # an emptied group leaves its ranks idle
     tg = t[:, :K]
-    tg[~(Sx[:, :K] <= st.cap[None, :])] = np.inf  # memory fails
+    np.copyto(tg, np.inf, where=Xm[0][:, :K] > st.cap)  # memory fails
     tg[:, b] = np.inf
     pair = np.maximum(tb[:, None], tg)
-    i, g = divmod(int(np.argmin(pair)), K)
+    i, g = divmod(int(pair.argmin()), K)
     if not pair[i, g] < T[b] * (1 - 1e-12):
         return None
     k = int(members[i])
     st.label[k] = g
-    S[b] -= s[k]; Q[b] -= q[k]; S[g] += s[k]; Q[g] += q[k]  # noqa: E702
-    B[b] -= bq[k]; V[b] -= v[k]; B[g] += bq[k]; V[g] += v[k]  # noqa: E702
+    st.X[:, b] -= terms4[:, k]
+    st.X[:, g] += terms4[:, k]
     T[b] = tb[i]
     T[g] = tg[i, g]
     return k
