@@ -20,7 +20,8 @@ bit-for-bit): ``gamma`` s per ring step (``M += gamma·(d−1)`` when ``d > 1``)
 Solvers work on aggregates of a group: ``S = Σ s_k``, ``Q = Σ (1+η_k)·s_k²`` and, for v2, ``B = Σ (1+η_k)·s_k``
 and ``V = Σ v_k``; :meth:`CostModel.time` takes those (vectorised over numpy arrays) so that a planner never
 re-sums the lengths. To add a cost term: a field here (validated in ``__post_init__``, optional in
-:data:`COST_KEYS_V2`), its aggregate in :func:`sequence_terms`, and a line in :meth:`CostModel.time`.
+:data:`COST_KEYS_V2`), its aggregate in :func:`sequence_terms`, and a line in :meth:`CostModel.time` and in
+:meth:`CostModel.time_fixed` (``tests/plan/test_cost_fixed.py`` holds the two to the same floats).
 """
 
 from __future__ import annotations
@@ -221,8 +222,8 @@ class CostModel:
     def time_fixed(self, S, Q, B, V, cols: np.ndarray) -> np.ndarray:
         """:meth:`time` for many aggregates on groups whose degrees and placement are fixed (``cols`` from
         :meth:`fixed_columns`, broadcast along the last axis): bit-for-bit the same floats (the same operations in the
-        same order; for ``d = 1`` the ring terms are exact zeros), in about half the numpy calls; for the local
-        searches that evaluate thousands of moves. ``B`` is needed when ``alpha_blk > 0``; ``V`` None means no visual
+        same order; for ``d = 1`` the ring terms are exact zeros), in about half the numpy calls; for refinement,
+        which times thousands of moves per plan. ``B`` is needed when ``alpha_blk > 0``; ``V`` None means no visual
         tokens (as in :meth:`time`)."""
         d, dm1, v, b2, gd = cols
         A = self.alpha1 * Q / d

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fcp_data.cost import CostModel
+from fcp_data.cost import COST_KEYS_V2, CostModel
 
 
 def _model(rng: np.random.Generator, v2: bool) -> CostModel:
@@ -14,9 +14,8 @@ def _model(rng: np.random.Generator, v2: bool) -> CostModel:
               beta1=float(rng.choice([0.0, rng.uniform(0, 1e-2)])), beta2=float(rng.choice([0.0, rng.uniform(0, 1e-2)])),
               bandwidth_intra=10 ** rng.uniform(9, 11.3), bandwidth_inter=10 ** rng.uniform(8, 10.5),
               ranks_per_node=int(rng.choice([1, 8, 16])), tokens_per_rank=1 << 16)
-    if v2:
-        kw.update(gamma=float(rng.choice([0.0, rng.uniform(0, 1e-3)])), alpha_blk=float(rng.choice([0.0, 1e-7])),
-                  alpha_vis=float(rng.choice([0.0, 3e-6])))
+    if v2:  # every §4.1 key, so that a term added later is drawn here too
+        kw.update({k: float(rng.choice([0.0, 10 ** rng.uniform(-9, -4)])) for k in COST_KEYS_V2})
     return CostModel(**kw)
 
 
