@@ -5,10 +5,21 @@ from __future__ import annotations
 import numpy as np
 
 from fcp_data.cost import CostModel, sequence_terms
+from fcp_data.plan.jit import compiled
 from fcp_data.plan.placement import placed_times
+from fcp_data.plan.refine_kernel import SIGNATURE, refine_loop
 from fcp_data.plan.types import CPGroup, MicroBatchPlan
 
-__all__ = ["refine_moves"]
+__all__ = ["refine_moves", "JIT_MIN_WORK"]
+
+# sequences × groups from which refinement runs the compiled move loop (fcp_data.plan.refine_kernel) when numba is
+# installed: below it numpy is fast enough, and a small plan never pays numba's import (~0.5 s per process)
+JIT_MIN_WORK = 2048
+
+
+def refine_kernel():
+    """The compiled move loop, or None (no numba, or ``FCP_JIT=0``): :func:`fcp_data.plan.jit.compiled`."""
+    return compiled(refine_loop, SIGNATURE)
 
 
 class _Groups:
@@ -38,26 +49,43 @@ def refine_moves(mb: MicroBatchPlan, lengths: np.ndarray, etas: np.ndarray, cost
                  max_moves: int = 32, visual: np.ndarray | None = None) -> MicroBatchPlan:
     """Local search on a plan with fixed ranks: move one sequence out of the slowest group into the group
     where ``max(T_slowest', T_target')`` is smallest, while that is below ``T_slowest`` and memory holds.
-    Vectorised over (sequence of the slowest group × target group). Never increases the makespan."""
+    Vectorised over (sequence of the slowest group × target group); from :data:`JIT_MIN_WORK` on, the same moves
+    by the compiled loop of :mod:`fcp_data.plan.refine_kernel` when numba is installed. Never increases the
+    makespan."""
     if len(mb.groups) < 2:
         return mb
     terms = sequence_terms(lengths, etas, visual)
     st = _Groups(mb, terms, cost_model, lengths.size)
     start = st.label.copy()
-    touched: set[int] = set()
     terms4 = np.stack(terms)
+    kernel = refine_kernel() if lengths.size * len(mb.groups) >= JIT_MIN_WORK else None
+    if kernel is not None:
+        moved = np.empty(max_moves, dtype=np.int64)
+        coef = np.array([cost_model.alpha1, cost_model.alpha2, cost_model.alpha_blk, cost_model.alpha_vis,
+                         cost_model.beta1, cost_model.alpha3])
+        count = kernel(st.label, st.X, st.T, st.cols, st.cap, terms4, coef, bool(cost_model.alpha_blk),
+                       bool(cost_model.alpha_vis and visual is not None), max_moves, moved)
+        touched = set(moved[:count].tolist())
+    else:
+        touched = _numpy_moves(st, terms, terms4, cost_model, visual, max_moves)
+    if not touched:
+        return mb
+    return _rebuilt(mb, st.label, start, touched, terms, cost_model)
+
+
+def _numpy_moves(st: _Groups, terms, terms4: np.ndarray, cost_model: CostModel, visual, max_moves: int) -> set[int]:
+    """Up to ``max_moves`` moves of :func:`_best_move`; the moved sequences."""
     # the aggregate rows the times need (S, Q; B for alpha_blk; V for alpha_vis with visual tokens): a zero term
     # adds exactly 0.0, so leaving it out gives the same floats
     rows = [0, 1] + [2] * bool(cost_model.alpha_blk) + [3] * bool(cost_model.alpha_vis and visual is not None)
     terms_r = terms4[rows]
+    touched: set[int] = set()
     for _ in range(max_moves):
         k = _best_move(st, terms, terms4, terms_r, cost_model, visual is not None, rows)
         if k is None:
             break
         touched.add(k)
-    if not touched:
-        return mb
-    return _rebuilt(mb, st.label, start, touched, terms, cost_model)
+    return touched
 
 
 def _best_move(st: _Groups, terms, terms4: np.ndarray, terms_r: np.ndarray, cost_model: CostModel, has_visual: bool,
