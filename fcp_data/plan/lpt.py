@@ -24,7 +24,25 @@ import heapq
 
 import numpy as np
 
-__all__ = ["lpt_groups", "lpt_labels", "lpt_heap", "lpt_exact", "lpt_place", "labels_to_groups"]
+from fcp_data.plan.jit import compiled
+from fcp_data.plan.lpt_kernel import SIGNATURE, lpt_loop
+
+__all__ = ["lpt_groups", "lpt_labels", "lpt_heap", "lpt_exact", "lpt_place", "labels_to_groups", "JIT_MIN_WORK"]
+
+# items × groups from which lpt_labels / lpt_heap run the compiled loop (fcp_data.plan.lpt_kernel) when numba is
+# installed: below it the numpy path is fast enough, and a small plan never pays numba's import
+JIT_MIN_WORK = 2048
+
+
+def _kernel(n: int, k: int):
+    """The compiled LPT loop for ``n`` items into ``k`` groups, or None (small, no numba, or ``FCP_JIT=0``)."""
+    return compiled(lpt_loop, SIGNATURE) if n * k >= JIT_MIN_WORK else None
+
+
+def _run_kernel(kernel, work, sizes, order, k: int, cap: float, rounds: bool) -> np.ndarray | None:
+    label = np.empty(work.size, dtype=np.int64)
+    ok = kernel(work, sizes, order, int(k), float(cap), rounds, label, np.zeros(int(k)), np.zeros(int(k)))
+    return label if ok else None
 
 _MIN_VECTOR_GROUPS = 32  # below this a numpy block costs more than the heap steps it saves
 _MIN_PREFIX = 16         # a verified prefix shorter than this: the next block goes through the heap
@@ -61,6 +79,13 @@ def lpt_labels(work: np.ndarray, lengths: np.ndarray, num_groups: int, capacity:
     if K == 1:
         return np.zeros(n, dtype=np.int64) if float(lengths.sum()) <= capacity else None
     order = np.lexsort((np.arange(n), -work))
+    kernel = _kernel(n, K)
+    if kernel is not None:  # the same labels (fcp_data.plan.lpt_kernel); numpy decides whether capacity can bind
+        free = float(lengths.sum()) <= capacity
+        if K >= 16:
+            return _run_kernel(kernel, work, lengths, order, K, np.inf if free else capacity, True)
+        return _run_kernel(kernel, work, lengths, order, K, capacity if float(np.sum(lengths[order])) > capacity
+                           else np.inf, False)
     label = np.empty(n, dtype=np.int64)
     load = np.zeros(K)
     tokens = np.zeros(K)
@@ -90,6 +115,10 @@ def lpt_heap(work: np.ndarray, tokens: np.ndarray, k: int, capacity: float) -> n
     """Exact LPT (items already heaviest first): each goes to the least-loaded group with token room,
     lowest group id on ties; None when an item fits nowhere."""
     cap = float(capacity) if float(np.sum(tokens)) > capacity else np.inf  # no group can overflow: no checks
+    kernel = _kernel(np.size(work), int(k))
+    if kernel is not None:  # the same labels (fcp_data.plan.lpt_kernel)
+        w, t = np.asarray(work, dtype=np.float64), np.asarray(tokens, dtype=np.float64)
+        return _run_kernel(kernel, w, t, np.arange(w.size), k, cap, False)
     return lpt_exact(np.asarray(work, dtype=np.float64), np.asarray(tokens, dtype=np.float64),
                      np.zeros(int(k)), np.zeros(int(k)), cap)
 

@@ -1,0 +1,60 @@
+"""The LPT kernel (``fcp_data.plan.lpt_kernel``, compiled by numba when installed) returns the numpy path's labels:
+``lpt_labels`` in both modes (classic below 16 groups, rounds from 16) and ``lpt_heap``, on random work with ties
+(equal and zero work), integer and float sizes, loose and tight capacities (rounds that break the capacity, items
+that fit nowhere). Run as plain Python too, so the comparison holds without numba."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import fcp_data.plan.lpt as lpt
+from fcp_data.plan.lpt_kernel import lpt_loop
+
+
+def _kernels():
+    out = [("python", lpt_loop)]
+    compiled = lpt._kernel(1 << 20, 1 << 20)
+    if compiled is not None:
+        out.append(("numba", compiled))
+    return out
+
+
+def _draw(rng: np.random.Generator):
+    n, k = int(rng.integers(1, 300)), int(rng.choice([2, 3, 7, 15, 16, 17, 33, 64, 130]))
+    work = rng.choice([rng.random(n), np.round(rng.random(n), 1), np.zeros(n), rng.pareto(1.0, n)])
+    sizes = rng.integers(1, 5000, n).astype(np.float64)
+    if rng.random() < 0.3:
+        sizes = sizes * rng.uniform(0.3, 1.0, n)
+    total = float(sizes.sum())
+    capacity = float(rng.choice([total * 2, total / k * rng.uniform(1.0, 1.3), sizes.max(), total / k * 0.9]))
+    return work, sizes, k, capacity
+
+
+@pytest.mark.parametrize("name,kernel", _kernels(), ids=lambda x: x if isinstance(x, str) else "")
+def test_kernel_labels_equal_the_numpy_paths(monkeypatch, name, kernel):
+    rng = np.random.default_rng(21)
+    failed = placed = 0
+    for _ in range(400 if name == "numba" else 150):
+        work, sizes, k, capacity = _draw(rng)
+        for fn, args in ((lpt.lpt_labels, (work, sizes, k, capacity)),
+                         (lpt.lpt_heap, (np.sort(work)[::-1], sizes, k, capacity))):
+            monkeypatch.setattr(lpt, "_kernel", lambda n, k: None)
+            want = fn(*args)
+            monkeypatch.setattr(lpt, "_kernel", lambda n, k: kernel)
+            got = fn(*args)
+            monkeypatch.undo()
+            if want is None:
+                assert got is None
+                failed += 1
+            else:
+                assert got is not None and np.array_equal(got, want), (name, fn.__name__, k, capacity)
+                placed += 1
+    assert failed > 0.1 * (failed + placed) and placed > 0.3 * (failed + placed)  # both outcomes drawn often
+
+
+def test_large_packings_use_the_kernel_when_numba_is_installed(monkeypatch):
+    compiled = lpt._kernel(1 << 20, 1 << 20)
+    if compiled is None:
+        pytest.skip("numba is not installed (pip install fcp[fast]) or FCP_JIT=0")
+    assert lpt._kernel(lpt.JIT_MIN_WORK, 1) is compiled and lpt._kernel(lpt.JIT_MIN_WORK - 1, 1) is None
