@@ -30,13 +30,16 @@ from fcp_data.plan.lpt_kernel import SIGNATURE, lpt_loop
 __all__ = ["lpt_groups", "lpt_labels", "lpt_heap", "lpt_exact", "lpt_place", "labels_to_groups", "JIT_MIN_WORK"]
 
 # items × groups from which lpt_labels / lpt_heap run the compiled loop (fcp_data.plan.lpt_kernel) when numba is
-# installed: below it the numpy path is fast enough, and a small plan never pays numba's import
+# installed: below it the numpy path is fast enough, and a small plan never pays numba's import. Above
+# JIT_MAX_GROUPS the kernel's O(groups) scan per item loses to the heap of lpt_place / the blocks of lpt_exact.
 JIT_MIN_WORK = 2048
+JIT_MAX_GROUPS = 256
 
 
 def _kernel(n: int, k: int):
-    """The compiled LPT loop for ``n`` items into ``k`` groups, or None (small, no numba, or ``FCP_JIT=0``)."""
-    return compiled(lpt_loop, SIGNATURE) if n * k >= JIT_MIN_WORK else None
+    """The compiled LPT loop for ``n`` items into ``k`` groups, or None (small, too many groups, no numba, or
+    ``FCP_JIT=0``)."""
+    return compiled(lpt_loop, SIGNATURE) if n * k >= JIT_MIN_WORK and k <= JIT_MAX_GROUPS else None
 
 
 def _run_kernel(kernel, work, sizes, order, k: int, cap: float, rounds: bool) -> np.ndarray | None:

@@ -14,7 +14,7 @@ from fcp_data.plan.lpt_kernel import lpt_loop
 
 def _kernels():
     out = [("python", lpt_loop)]
-    compiled = lpt._kernel(1 << 20, 1 << 20)
+    compiled = lpt._kernel(1 << 20, lpt.JIT_MAX_GROUPS)
     if compiled is not None:
         out.append(("numba", compiled))
     return out
@@ -54,7 +54,8 @@ def test_kernel_labels_equal_the_numpy_paths(monkeypatch, name, kernel):
 
 
 def test_large_packings_use_the_kernel_when_numba_is_installed(monkeypatch):
-    compiled = lpt._kernel(1 << 20, 1 << 20)
+    compiled = lpt._kernel(1 << 20, lpt.JIT_MAX_GROUPS)
     if compiled is None:
         pytest.skip("numba is not installed (pip install fcp[fast]) or FCP_JIT=0")
     assert lpt._kernel(lpt.JIT_MIN_WORK, 1) is compiled and lpt._kernel(lpt.JIT_MIN_WORK - 1, 1) is None
+    assert lpt._kernel(1 << 20, lpt.JIT_MAX_GROUPS + 1) is None  # many groups: the heap / blocks path
