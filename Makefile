@@ -15,6 +15,7 @@ $(VPY):
 $(STAMP): $(VPY) pyproject.toml
 	@$(VPY) -c "import torch" 2>/dev/null || $(VPY) -m pip install -q "$(TORCH)"
 	$(VPY) -m pip install -q -e ".[all,dev]"
+	$(VPY) -m fcp_data.plan.compile_kernels
 	@touch $(STAMP)
 
 install: $(STAMP)

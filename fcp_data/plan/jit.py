@@ -14,7 +14,7 @@ import os
 import warnings
 from typing import Callable
 
-__all__ = ["compiled", "jit_enabled"]
+__all__ = ["compiled", "jit_enabled"]  # ahead-of-time: python -m fcp_data.plan.compile_kernels
 
 _CACHE: dict[tuple[Callable, str], Callable | None] = {}
 
@@ -50,3 +50,4 @@ def compiled(fn: Callable, signature: str) -> Callable | None:
                                   stacklevel=2)
     _CACHE[key] = out
     return out
+

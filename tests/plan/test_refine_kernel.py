@@ -122,3 +122,14 @@ def test_fcp_jit_0_turns_the_kernels_off(monkeypatch):
     monkeypatch.setattr(jit, "_CACHE", {})
     assert not jit.jit_enabled()
     assert jit.compiled(refine_loop, "int64()") is None
+
+
+def test_compile_kernels_command_compiles_every_kernel(capsys):
+    from fcp_data.plan import compile_kernels
+
+    assert compile_kernels.main() == 0
+    out = capsys.readouterr().out
+    if jit_enabled():
+        assert "(refine_loop, lpt_loop, bfd_loop)" in out, out
+    else:
+        assert "numpy path" in out, out
