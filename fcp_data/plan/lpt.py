@@ -27,7 +27,8 @@ import numpy as np
 from fcp_data.plan.jit import compiled
 from fcp_data.plan.lpt_kernel import SIGNATURE, lpt_loop
 
-__all__ = ["lpt_groups", "lpt_labels", "lpt_heap", "lpt_exact", "lpt_place", "labels_to_groups", "JIT_MIN_WORK"]
+__all__ = ["lpt_groups", "lpt_labels", "lpt_heap", "lpt_exact", "lpt_place", "labels_to_groups", "JIT_MIN_WORK",
+           "JIT_MAX_GROUPS"]
 
 # items × groups from which lpt_labels / lpt_heap run the compiled loop (fcp_data.plan.lpt_kernel) when numba is
 # installed: below it the numpy path is fast enough, and a small plan never pays numba's import. Above
@@ -43,6 +44,7 @@ def _kernel(n: int, k: int):
 
 
 def _run_kernel(kernel, work, sizes, order, k: int, cap: float, rounds: bool) -> np.ndarray | None:
+    """The labels the kernel gives from empty groups, or None when an item fits nowhere."""
     label = np.empty(work.size, dtype=np.int64)
     ok = kernel(work, sizes, order, int(k), float(cap), rounds, label, np.zeros(int(k)), np.zeros(int(k)))
     return label if ok else None
