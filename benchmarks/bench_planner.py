@@ -17,7 +17,8 @@ Sections:
   memory    one micro-batch of n Wikipedia sequences on N ranks (512×64, 2048×256, 4096×1024, 8192×2048,
             16384×4096; --sizes), Qwen3-8B / ascend-910c (v2 preset; --v1 for v1): median planning time and peak
             RSS above the interpreter's baseline, each size in a fresh subprocess (issue 12 goals: 512×64
-            ≤ 10 ms, 4096×1024 ≤ 150 ms, 16384×4096 ≤ 1 s and ≤ 200 MB).
+            ≤ 10 ms, 4096×1024 ≤ 150 ms, 16384×4096 ≤ 1 s and ≤ 200 MB). With numba installed (fcp[fast]) the
+            first plan imports it (~1 s, ~124 MB of the peak RSS); FCP_JIT=0 measures the numpy path.
   auto      micro_batches='auto' against one plan per step: N = 1024, GBS 4096, --steps global batches (default
             50): median time of a single plan, of auto (pruned by the §4 lower bound) and of the unpruned
             M = 1, 2, 3 search, and whether pruned and unpruned chose the same M and makespan on every step
