@@ -20,7 +20,7 @@ import numpy as np
 
 from fcp_data.cost import sequence_terms
 from fcp_data.plan.bfd_kernel import SIGNATURE, bfd_loop
-from fcp_data.plan.jit import compiled
+from fcp_data.plan.jit import kernel
 
 # the LPT packers used to live here; re-exported for callers that import them from this module
 from fcp_data.plan.lpt import labels_to_groups, lpt_exact, lpt_groups, lpt_heap, lpt_labels, lpt_place
@@ -31,6 +31,7 @@ __all__ = ["bfd_groups", "group_aggregates_of", "group_terms_of", "candidate_uni
 
 # sequences from which bfd_groups runs the compiled loop (fcp_data.plan.bfd_kernel) when numba is installed
 JIT_MIN_SEQUENCES = 256
+_compiled_loop = kernel(bfd_loop, SIGNATURE)
 
 
 def bfd_groups(lengths: np.ndarray, unit: float) -> list[list[int]]:
@@ -49,9 +50,9 @@ def bfd_groups(lengths: np.ndarray, unit: float) -> list[list[int]]:
     order = order_arr.tolist()
     if lengths.size and unit >= float(lengths.sum()):
         return [order]  # what the loop below yields: the first bin holds everything
-    kernel = compiled(bfd_loop, SIGNATURE) if lengths.size >= JIT_MIN_SEQUENCES else None
-    if kernel is not None:  # the same bins (fcp_data.plan.bfd_kernel)
-        return _kernel_bins(kernel, lengths, order_arr, order, unit)
+    loop = _compiled_loop() if lengths.size >= JIT_MIN_SEQUENCES else None
+    if loop is not None:  # the same bins (fcp_data.plan.bfd_kernel)
+        return _kernel_bins(loop, lengths, order_arr, order, unit)
     values = lengths.tolist()
     n = len(order)
     run_end = _run_ends(lengths, order_arr)
@@ -94,10 +95,10 @@ def bfd_groups(lengths: np.ndarray, unit: float) -> list[list[int]]:
     return groups
 
 
-def _kernel_bins(kernel, lengths: np.ndarray, order_arr: np.ndarray, order: list[int], unit: float) -> list[list[int]]:
+def _kernel_bins(loop, lengths: np.ndarray, order_arr: np.ndarray, order: list[int], unit: float) -> list[list[int]]:
     """:func:`bfd_groups` by the compiled loop: the bin of each sequence, then the bins' lists in visiting order."""
     bin_of = np.empty(lengths.size, dtype=np.int64)
-    bins: list[list[int]] = [[] for _ in range(kernel(lengths[order_arr].astype(np.float64), float(unit), bin_of))]
+    bins: list[list[int]] = [[] for _ in range(loop(lengths[order_arr].astype(np.float64), float(unit), bin_of))]
     for i, b in zip(order, bin_of.tolist()):
         bins[b].append(i)
     return bins

@@ -7,17 +7,15 @@ from __future__ import annotations
 
 import time
 
-from fcp_data.plan import bfd, lpt, refine
-from fcp_data.plan.jit import compiled
+import fcp_data.plan.solvers  # noqa: F401 - imports every module that registers a kernel
+from fcp_data.plan.jit import KERNELS
 
 __all__ = ["warm"]
 
 
 def warm() -> list[str]:
     """Compile every kernel; the names compiled (none without numba or with ``FCP_JIT=0``)."""
-    kernels = {"refine_loop": refine.refine_kernel(), "lpt_loop": compiled(lpt.lpt_loop, lpt.SIGNATURE),
-               "bfd_loop": compiled(bfd.bfd_loop, bfd.SIGNATURE)}
-    return [name for name, k in kernels.items() if k is not None]
+    return [name for name, get in KERNELS.items() if get() is not None]
 
 
 def main() -> int:

@@ -15,9 +15,10 @@ import os
 import warnings
 from typing import Callable
 
-__all__ = ["compiled", "jit_enabled"]  # ahead-of-time: python -m fcp_data.plan.compile_kernels
+__all__ = ["compiled", "jit_enabled", "kernel", "KERNELS"]  # ahead-of-time: python -m fcp_data.plan.compile_kernels
 
 _CACHE: dict[tuple[Callable, str], Callable | None] = {}
+KERNELS: dict[str, Callable[[], Callable | None]] = {}  # every kernel's getter, by name (registered at import)
 
 
 def jit_enabled() -> bool:
@@ -51,3 +52,13 @@ def compiled(fn: Callable, signature: str) -> Callable | None:
                                   stacklevel=2)
     _CACHE[key] = out
     return out
+
+
+def kernel(fn: Callable, signature: str) -> Callable[[], Callable | None]:
+    """Register ``fn`` as a kernel: returns a getter that gives ``compiled(fn, signature)`` on call (compiling
+    lazily), listed in :data:`KERNELS` so that ``compile_kernels`` compiles every kernel without a list of its own."""
+    def get() -> Callable | None:
+        return compiled(fn, signature)
+
+    KERNELS[fn.__name__] = get
+    return get

@@ -24,7 +24,7 @@ import heapq
 
 import numpy as np
 
-from fcp_data.plan.jit import compiled
+from fcp_data.plan.jit import kernel
 from fcp_data.plan.lpt_kernel import SIGNATURE, lpt_loop
 
 __all__ = ["lpt_groups", "lpt_labels", "lpt_heap", "lpt_exact", "lpt_place", "labels_to_groups", "JIT_MIN_WORK",
@@ -35,18 +35,19 @@ __all__ = ["lpt_groups", "lpt_labels", "lpt_heap", "lpt_exact", "lpt_place", "la
 # JIT_MAX_GROUPS the kernel's O(groups) scan per item loses to the heap of lpt_place / the blocks of lpt_exact.
 JIT_MIN_WORK = 2048
 JIT_MAX_GROUPS = 256
+_compiled_loop = kernel(lpt_loop, SIGNATURE)
 
 
 def _kernel(n: int, k: int):
     """The compiled LPT loop for ``n`` items into ``k`` groups, or None (small, too many groups, no numba, or
     ``FCP_JIT=0``)."""
-    return compiled(lpt_loop, SIGNATURE) if n * k >= JIT_MIN_WORK and k <= JIT_MAX_GROUPS else None
+    return _compiled_loop() if n * k >= JIT_MIN_WORK and k <= JIT_MAX_GROUPS else None
 
 
-def _run_kernel(kernel, work, sizes, order, k: int, cap: float, rounds: bool) -> np.ndarray | None:
-    """The labels the kernel gives from empty groups, or None when an item fits nowhere."""
+def _run_kernel(loop, work, sizes, order, k: int, cap: float, rounds: bool) -> np.ndarray | None:
+    """The labels the compiled loop gives from empty groups, or None when an item fits nowhere."""
     label = np.empty(work.size, dtype=np.int64)
-    ok = kernel(work, sizes, order, int(k), float(cap), rounds, label, np.zeros(int(k)), np.zeros(int(k)))
+    ok = loop(work, sizes, order, int(k), float(cap), rounds, label, np.zeros(int(k)), np.zeros(int(k)))
     return label if ok else None
 
 _MIN_VECTOR_GROUPS = 32  # below this a numpy block costs more than the heap steps it saves
@@ -84,13 +85,9 @@ def lpt_labels(work: np.ndarray, lengths: np.ndarray, num_groups: int, capacity:
     if K == 1:
         return np.zeros(n, dtype=np.int64) if float(lengths.sum()) <= capacity else None
     order = np.lexsort((np.arange(n), -work))
-    kernel = _kernel(n, K)
-    if kernel is not None:  # the same labels (fcp_data.plan.lpt_kernel); numpy decides whether capacity can bind
-        free = float(lengths.sum()) <= capacity
-        if K >= 16:
-            return _run_kernel(kernel, work, lengths, order, K, np.inf if free else capacity, True)
-        return _run_kernel(kernel, work, lengths, order, K, capacity if float(np.sum(lengths[order])) > capacity
-                           else np.inf, False)
+    loop = _kernel(n, K) if K >= 16 else None  # (below 16 groups lpt_heap runs it)
+    if loop is not None:  # the same labels (fcp_data.plan.lpt_kernel); numpy decides whether capacity can bind
+        return _run_kernel(loop, work, lengths, order, K, np.inf if float(lengths.sum()) <= capacity else capacity, True)
     label = np.empty(n, dtype=np.int64)
     load = np.zeros(K)
     tokens = np.zeros(K)
@@ -120,10 +117,10 @@ def lpt_heap(work: np.ndarray, tokens: np.ndarray, k: int, capacity: float) -> n
     """Exact LPT (items already heaviest first): each goes to the least-loaded group with token room,
     lowest group id on ties; None when an item fits nowhere."""
     cap = float(capacity) if float(np.sum(tokens)) > capacity else np.inf  # no group can overflow: no checks
-    kernel = _kernel(np.size(work), int(k))
-    if kernel is not None:  # the same labels (fcp_data.plan.lpt_kernel)
+    loop = _kernel(np.size(work), int(k))
+    if loop is not None:  # the same labels (fcp_data.plan.lpt_kernel)
         w, t = np.asarray(work, dtype=np.float64), np.asarray(tokens, dtype=np.float64)
-        return _run_kernel(kernel, w, t, np.arange(w.size), k, cap, False)
+        return _run_kernel(loop, w, t, np.arange(w.size), k, cap, False)
     return lpt_exact(np.asarray(work, dtype=np.float64), np.asarray(tokens, dtype=np.float64),
                      np.zeros(int(k)), np.zeros(int(k)), cap)
 

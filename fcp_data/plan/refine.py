@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from fcp_data.cost import CostModel, sequence_terms
-from fcp_data.plan.jit import compiled
+from fcp_data.plan.jit import kernel
 from fcp_data.plan.placement import placed_times
 from fcp_data.plan.refine_kernel import SIGNATURE, refine_loop
 from fcp_data.plan.types import CPGroup, MicroBatchPlan
@@ -17,9 +17,7 @@ __all__ = ["refine_moves", "JIT_MIN_WORK"]
 JIT_MIN_WORK = 2048
 
 
-def refine_kernel():
-    """The compiled move loop, or None (no numba, or ``FCP_JIT=0``): :func:`fcp_data.plan.jit.compiled`."""
-    return compiled(refine_loop, SIGNATURE)
+refine_kernel = kernel(refine_loop, SIGNATURE)  # () -> the compiled move loop, or None (no numba, or FCP_JIT=0)
 
 
 class _Groups:
@@ -58,30 +56,30 @@ def refine_moves(mb: MicroBatchPlan, lengths: np.ndarray, etas: np.ndarray, cost
     st = _Groups(mb, terms, cost_model, lengths.size)
     start = st.label.copy()
     terms4 = np.stack(terms)
-    kernel = refine_kernel() if lengths.size * len(mb.groups) >= JIT_MIN_WORK else None
-    if kernel is not None:
+    # the B and V terms apply (a zero term adds exactly 0.0: leaving it out gives the same floats)
+    use_b, use_v = bool(cost_model.alpha_blk), bool(cost_model.alpha_vis and visual is not None)
+    loop = refine_kernel() if lengths.size * len(mb.groups) >= JIT_MIN_WORK else None
+    if loop is not None:
         moved = np.empty(max_moves, dtype=np.int64)
         coef = np.array([cost_model.alpha1, cost_model.alpha2, cost_model.alpha_blk, cost_model.alpha_vis,
                          cost_model.beta1, cost_model.alpha3])
-        count = kernel(st.label, st.X, st.T, st.cols, st.cap, terms4, coef, bool(cost_model.alpha_blk),
-                       bool(cost_model.alpha_vis and visual is not None), max_moves, moved)
+        count = loop(st.label, st.X, st.T, st.cols, st.cap, terms4, coef, use_b, use_v, max_moves, moved)
         touched = set(moved[:count].tolist())
     else:
-        touched = _numpy_moves(st, terms, terms4, cost_model, visual, max_moves)
+        touched = _numpy_moves(st, terms, terms4, cost_model, visual is not None, [0, 1] + [2] * use_b + [3] * use_v,
+                               max_moves)
     if not touched:
         return mb
     return _rebuilt(mb, st.label, start, touched, terms, cost_model)
 
 
-def _numpy_moves(st: _Groups, terms, terms4: np.ndarray, cost_model: CostModel, visual, max_moves: int) -> set[int]:
-    """Up to ``max_moves`` moves of :func:`_best_move`; the moved sequences."""
-    # the aggregate rows the times need (S, Q; B for alpha_blk; V for alpha_vis with visual tokens): a zero term
-    # adds exactly 0.0, so leaving it out gives the same floats
-    rows = [0, 1] + [2] * bool(cost_model.alpha_blk) + [3] * bool(cost_model.alpha_vis and visual is not None)
+def _numpy_moves(st: _Groups, terms, terms4: np.ndarray, cost_model: CostModel, has_visual: bool, rows: list[int],
+                 max_moves: int) -> set[int]:
+    """Up to ``max_moves`` moves of :func:`_best_move` (``rows``: the aggregates the times need); the moved sequences."""
     terms_r = terms4[rows]
     touched: set[int] = set()
     for _ in range(max_moves):
-        k = _best_move(st, terms, terms4, terms_r, cost_model, visual is not None, rows)
+        k = _best_move(st, terms, terms4, terms_r, cost_model, has_visual, rows)
         if k is None:
             break
         touched.add(k)

@@ -41,9 +41,9 @@ def test_kernel_bins_equal_the_numpy_paths(monkeypatch, name, kernel):
     rng = np.random.default_rng(8)
     for _ in range(300 if name == "numba" else 80):
         L, unit = _draw(rng)
-        monkeypatch.setattr(bfd, "compiled", lambda fn, sig: None)
+        monkeypatch.setattr(bfd, "_compiled_loop", lambda: None)
         want = bfd.bfd_groups(L, unit)
-        monkeypatch.setattr(bfd, "compiled", lambda fn, sig: kernel)
+        monkeypatch.setattr(bfd, "_compiled_loop", lambda: kernel)
         monkeypatch.setattr(bfd, "JIT_MIN_SEQUENCES", 0)
         got = bfd.bfd_groups(L, unit)
         monkeypatch.undo()
