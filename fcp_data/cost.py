@@ -34,6 +34,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from fcp_data.cost_kernel import compiled_time
 from fcp_data.strict import strict_keys
 
 __all__ = ["CostModel", "COST_KEYS", "COST_KEYS_V2", "group_aggregates", "sequence_terms", "MAX_RANKS", "MAX_SEQUENCE_TOKENS", "MAX_TOKENS_PER_RANK",
@@ -190,6 +191,8 @@ class CostModel:
         group's ranks are on one node. Returns a float for scalar input, else an array. A zero v2
         coefficient adds nothing, so with all three at 0 the result is bit-for-bit the §4 time.
         """
+        if (out := compiled_time(self, S, Q, d, intra, B, V)) is not None:
+            return out  # the same floats (fcp_data/cost_kernel.py), once the planner has loaded its kernels
         S = np.asarray(S, dtype=np.float64)
         Q = np.asarray(Q, dtype=np.float64)
         d_arr = np.asarray(d, dtype=np.float64)

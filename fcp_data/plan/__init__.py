@@ -6,7 +6,8 @@ registered in :mod:`fcp_data.plan.registry`; to add one, call :func:`register_so
 does in ``$FCP_SOLVER_PLUGINS``).
 """
 
-from fcp_data.plan.allocate import allocate_dp, allocate_fast, pow2_mask, time_table
+from fcp_data.plan.allocate import allocate_fast, pow2_mask, time_table
+from fcp_data.plan.allocate_dp import allocate_dp
 from fcp_data.plan.baselines import megatron_dynamic, static_cp, ulysses, ulysses_time
 from fcp_data.plan.bfd import bfd_groups, candidate_units
 from fcp_data.plan.inputs import validate_visual

@@ -4,7 +4,7 @@ Input: the groups' aggregates ``S = Σ s``, ``Q = Σ (1+η)s²`` (§4.1: ``B``, 
 ``T[i, d−1]`` of group ``i`` on ``d`` ranks (§4, intra-node when ``d ≤ ranks_per_node`` — the placement's
 best case — ``inf`` where memory ``S ≤ d·E`` fails or the degree is not allowed). Two allocators, same optimum:
 
-* :func:`allocate_dp` — the paper's Algorithm 1, ``DP[i][j] = min_d max(DP[i−1][j−d], T_i(d))`` with
+* :func:`~fcp_data.plan.allocate_dp.allocate_dp` — the paper's Algorithm 1, ``DP[i][j] = min_d max(DP[i−1][j−d], T_i(d))`` with
   ``DP[0][j] = 0``, O(K·N²) (each row vectorised over ``(j, d)``).
 * :func:`allocate_fast` — exact: with idle ranks allowed, ``T̃_i(d) = min_{d'≤d} T_i(d')`` is
   non-increasing, so the least ``d`` with ``T̃_i(d) ≤ τ`` is ``f_i(τ) = 1 + #{d : T̃_i(d) > τ}`` and a
@@ -23,9 +23,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from fcp_data import jit
 from fcp_data.cost import CostModel
+from fcp_data.cost_kernel import compiled_table
+from fcp_data.plan.allocate_kernel import SIGNATURE, allocate_loop
 
-__all__ = ["time_table", "TimeTable", "RunningMin", "useful_degree_bound", "allocate_fast", "allocate_dp", "pow2_mask"]
+allocate_kernel = jit.kernel(allocate_loop, SIGNATURE)
+
+__all__ = ["time_table", "TimeTable", "RunningMin", "useful_degree_bound", "allocate_fast", "pow2_mask"]
 
 _FIRST_WIDTH = 16  # degrees per group stored at first; a row that the optimum needs wider doubles
 _DENSE_MAX = 1 << 15  # a TimeTable of at most this many entries is allocated dense (faster when small)
@@ -129,7 +134,9 @@ class TimeTable:
         if self._unmasked:
             T = self._unmasked[0]
         else:
-            T = self.evaluate(None, np.arange(1, self.num_ranks + 1, dtype=np.float64)[None, :])
+            T = compiled_table(self.cost_model, self.S, self.Q, self.B, self.V, self.num_ranks)  # same floats
+            if T is None:
+                T = self.evaluate(None, np.arange(1, self.num_ranks + 1, dtype=np.float64)[None, :])
             if T.size <= _DENSE_MAX:  # kept for the next masked view (the solver allocates any and pow2)
                 self._unmasked.append(T)
         if self.allowed is not None:
@@ -282,6 +289,9 @@ def allocate_fast(T, num_ranks: int | None = None, allowed: np.ndarray | None = 
         return 0.0, np.zeros(0, dtype=np.int64)
     if K > N:
         return float("inf"), None
+    if jit.active() and (kern := allocate_kernel()) is not None:  # the same answer (fcp_data/plan/allocate_kernel.py)
+        tau = kern(T, degrees := np.empty(K, dtype=np.int64))
+        return (float(tau), degrees) if np.isfinite(tau) else (float("inf"), None)
     Tt = np.minimum.accumulate(T, axis=1)
     flat = Tt.ravel()
     k = N - K  # the answer is the k-th largest entry (0-based)
@@ -367,34 +377,3 @@ def _allocate_sparse(table: TimeTable) -> tuple[float, np.ndarray | None]:
     above = item_key > tau
     degrees = cand[first] + np.bincount(item_row[above], weights=item_w[above], minlength=K).astype(np.int64)
     return tau, degrees
-
-
-def allocate_dp(T, num_ranks: int | None = None, allowed: np.ndarray | None = None
-                ) -> tuple[float, np.ndarray | None]:
-    """The paper's 2-D dynamic program (Algorithm 1) on the table ``T`` (K × N; a :class:`TimeTable` is
-    made dense), only the degrees in ``allowed`` (None: all); O(K·N²)."""
-    T, K, N = _table(T, num_ranks, allowed)
-    if K == 0:
-        return 0.0, np.zeros(0, dtype=np.int64)
-    j = np.arange(N + 1)[:, None]
-    d = np.arange(1, N + 1)[None, :]
-    prev_idx = j - d
-    valid = prev_idx >= 0
-    prev_idx = np.where(valid, prev_idx, 0)
-    dp = np.zeros(N + 1)  # DP[0][j] = 0: no group, any number of ranks
-    choice = np.zeros((K, N + 1), dtype=np.int64)
-    for i in range(K):
-        cand = np.maximum(dp[prev_idx], T[i][None, :])
-        cand = np.where(valid, cand, np.inf)
-        best = cand.argmin(axis=1)
-        dp = cand[np.arange(N + 1), best]
-        choice[i] = best + 1
-    value = float(dp[N])
-    if not np.isfinite(value):
-        return float("inf"), None
-    degrees = np.zeros(K, dtype=np.int64)
-    jj = N
-    for i in range(K - 1, -1, -1):
-        degrees[i] = choice[i, jj]
-        jj -= degrees[i]
-    return value, degrees

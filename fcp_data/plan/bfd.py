@@ -20,7 +20,7 @@ import numpy as np
 
 from fcp_data.cost import sequence_terms
 from fcp_data.plan.bfd_kernel import SIGNATURE, bfd_loop
-from fcp_data.plan.jit import kernel
+from fcp_data.jit import kernel
 
 # the LPT packers used to live here; re-exported for callers that import them from this module
 from fcp_data.plan.lpt import labels_to_groups, lpt_exact, lpt_groups, lpt_heap, lpt_labels, lpt_place
@@ -47,12 +47,12 @@ def bfd_groups(lengths: np.ndarray, unit: float) -> list[list[int]]:
         raise ValueError(f"bin unit must be > 0, got {unit}")
     lengths = np.asarray(lengths)
     order_arr = np.lexsort((np.arange(lengths.size), -lengths))
-    order = order_arr.tolist()
     if lengths.size and unit >= float(lengths.sum()):
-        return [order]  # what the loop below yields: the first bin holds everything
+        return [order_arr.tolist()]  # what the loop below yields: the first bin holds everything
     loop = _compiled_loop() if lengths.size >= JIT_MIN_SEQUENCES else None
     if loop is not None:  # the same bins (fcp_data.plan.bfd_kernel)
-        return _kernel_bins(loop, lengths, order_arr, order, unit)
+        return _kernel_bins(loop, lengths, order_arr, unit)
+    order = order_arr.tolist()
     values = lengths.tolist()
     n = len(order)
     run_end = _run_ends(lengths, order_arr)
@@ -95,13 +95,14 @@ def bfd_groups(lengths: np.ndarray, unit: float) -> list[list[int]]:
     return groups
 
 
-def _kernel_bins(loop, lengths: np.ndarray, order_arr: np.ndarray, order: list[int], unit: float) -> list[list[int]]:
-    """:func:`bfd_groups` by the compiled loop: the bin of each sequence, then the bins' lists in visiting order."""
+def _kernel_bins(loop, lengths: np.ndarray, order_arr: np.ndarray, unit: float) -> list[list[int]]:
+    """:func:`bfd_groups` by the compiled loop: the bin of each sequence, then the bins' lists in visiting order
+    (every bin the loop opens holds a sequence)."""
     bin_of = np.empty(lengths.size, dtype=np.int64)
-    bins: list[list[int]] = [[] for _ in range(loop(lengths[order_arr].astype(np.float64), float(unit), bin_of))]
-    for i, b in zip(order, bin_of.tolist()):
-        bins[b].append(i)
-    return bins
+    count = loop(lengths[order_arr].astype(np.float64), float(unit), bin_of)
+    by_bin = order_arr[np.argsort(bin_of, kind="stable")].tolist()  # visiting order kept inside each bin
+    ends = np.cumsum(np.bincount(bin_of, minlength=count)).tolist()
+    return [by_bin[a:b] for a, b in zip([0] + ends[:-1], ends)]
 
 
 def _run_ends(lengths: np.ndarray, order: np.ndarray) -> list[int] | None:

@@ -1,5 +1,5 @@
 """Best-fit decreasing (:func:`fcp_data.plan.bfd.bfd_groups`) as one kernel, compiled by numba when it is installed
-(:mod:`fcp_data.plan.jit`).
+(:mod:`fcp_data.jit`).
 
 The same bins: sequences in the caller's order (longest first), one at a time (the numpy path's runs of equal
 lengths are a shortcut to exactly these choices); the open bins' headroom kept ascending, a new headroom inserted

@@ -1,5 +1,5 @@
 """``python -m fcp_data.plan.compile_kernels``: compile (or load from numba's disk cache) every planner kernel of
-:mod:`fcp_data.plan.jit` now — e.g. when building an image or right after ``pip install fcp[fast]`` — so that the
+:mod:`fcp_data.jit` now — e.g. when building an image or right after ``pip install fcp[fast]`` — so that the
 first large plan of a process does not pay the compilation (~10 s on 2 slow cores; ~1 s from the cache). ``make``
 runs it after installing."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 import fcp_data.plan.solvers  # noqa: F401 - imports every module that registers a kernel
-from fcp_data.plan.jit import KERNELS
+from fcp_data.jit import KERNELS
 
 __all__ = ["warm"]
 

@@ -24,7 +24,7 @@ import heapq
 
 import numpy as np
 
-from fcp_data.plan.jit import kernel
+from fcp_data.jit import kernel
 from fcp_data.plan.lpt_kernel import SIGNATURE, lpt_loop
 
 __all__ = ["lpt_groups", "lpt_labels", "lpt_heap", "lpt_exact", "lpt_place", "labels_to_groups", "JIT_MIN_WORK",

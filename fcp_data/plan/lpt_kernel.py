@@ -1,5 +1,5 @@
 """The LPT packers of :mod:`fcp_data.plan.lpt` as one kernel, compiled by numba when it is installed
-(:mod:`fcp_data.plan.jit`).
+(:mod:`fcp_data.jit`).
 
 Each item goes to the group of least load (lowest id on ties) that still holds it — :func:`~fcp_data.plan.lpt.lpt_place`'s
 choice, found by a scan of the groups instead of a heap — and a load grows by the same single float add; in

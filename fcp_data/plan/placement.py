@@ -326,5 +326,7 @@ def build_micro_batch(groups: list[list[int]], degrees, S: np.ndarray, Q: np.nda
     times = (time_fn or (lambda s, q, r, b, v: placed_times(s, q, r, cost_model, b, v)))(S, Q, ranks, B, V)
     ids = [np.asarray(g, dtype=np.int64).tolist() if not isinstance(g, list) or g and type(g[0]) is not int else g
            for g in groups]  # Python ints: CPGroup takes them without a per-item conversion
-    cp = tuple(CPGroup(ranks=r, seq_ids=tuple(g), time=t) for g, r, t in zip(ids, ranks, np.asarray(times, dtype=np.float64).tolist()))
+    # placement's ranks are tuples of distinct Python ints, the ids Python ints, the times finite floats
+    cp = tuple(CPGroup.prechecked(tuple(r), tuple(g), t)
+               for g, r, t in zip(ids, ranks, np.asarray(times, dtype=np.float64).tolist()))
     return MicroBatchPlan(groups=cp, makespan=float(max(times)) if len(cp) else 0.0)

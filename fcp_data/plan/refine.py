@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from fcp_data.cost import CostModel, sequence_terms
-from fcp_data.plan.jit import kernel
+from fcp_data.jit import kernel
 from fcp_data.plan.placement import placed_times
 from fcp_data.plan.refine_kernel import SIGNATURE, refine_loop
 from fcp_data.plan.types import CPGroup, MicroBatchPlan

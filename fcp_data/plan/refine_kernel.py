@@ -1,5 +1,5 @@
 """The move loop of :func:`fcp_data.plan.refine.refine_moves` as one kernel, compiled by numba when it is
-installed (:mod:`fcp_data.plan.jit`).
+installed (:mod:`fcp_data.jit`).
 
 It makes exactly the moves of the numpy path (``refine._best_move``): each group time is
 :meth:`CostModel.time_fixed`'s operations in the same order on the same operands, the best move is the first

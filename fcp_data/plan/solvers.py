@@ -27,9 +27,8 @@ time, then from wider bins (``escalate``, default on; off with ``solver_options=
 for insensitivity to profiling error (:mod:`fcp_data.plan.robust`: least mean regret over joint ±20 % scenarios
 of every coefficient).
 
-Determinism: every choice is a stable sort or an ``argmin`` with index tie-breaks, so identical inputs
-give identical plans on every rank; only ``solve_ms`` differs.
-"""
+Determinism: every choice is a stable sort or an ``argmin`` with index tie-breaks, so identical inputs give identical
+plans on every rank; only ``solve_ms`` differs."""
 
 from __future__ import annotations
 
@@ -39,7 +38,8 @@ from typing import Any
 import numpy as np
 
 from fcp_data.cost import MAX_RANKS, MAX_SEQUENCE_TOKENS, CostModel
-from fcp_data.plan.allocate import allocate_dp, allocate_fast, pow2_mask, time_table
+from fcp_data.plan.allocate import allocate_fast, pow2_mask, time_table
+from fcp_data.plan.allocate_dp import allocate_dp
 from fcp_data.plan.baselines import megatron_dynamic, work_proxy
 from fcp_data.plan.bfd import bfd_groups, candidate_units, group_terms_of
 from fcp_data.plan.inputs import does_not_fit, validate_inputs, validate_visual

@@ -49,6 +49,18 @@ class CPGroup:
         if not math.isfinite(self.time) or self.time < 0:
             raise ValueError(f"group time must be a finite number >= 0, got {self.time}")
 
+    @classmethod
+    def prechecked(cls, ranks: tuple[int, ...], seq_ids: tuple[int, ...], time: float) -> "CPGroup":
+        """A group from values that already meet :meth:`__post_init__`'s rules (tuples of Python ints, distinct
+        ranks ≥ 0, a finite time ≥ 0), without re-checking them: for the planner's candidate plans (hundreds per
+        micro-batch) built from placement's ranks and the cost model's times. Every plan a solver returns is
+        rebuilt through the checking constructor when its ids are mapped back (``microbatch._solve_split``)."""
+        group = object.__new__(cls)
+        object.__setattr__(group, "ranks", ranks)
+        object.__setattr__(group, "seq_ids", seq_ids)
+        object.__setattr__(group, "time", time)
+        return group
+
     @property
     def degree(self) -> int:
         return len(self.ranks)

@@ -10,7 +10,7 @@ import pytest
 
 import fcp_data.plan.bfd as bfd
 from fcp_data.plan.bfd_kernel import bfd_loop
-from fcp_data.plan.jit import compiled
+from fcp_data.jit import compiled
 
 
 def _kernels():

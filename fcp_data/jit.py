@@ -15,10 +15,18 @@ import os
 import warnings
 from typing import Callable
 
-__all__ = ["compiled", "jit_enabled", "kernel", "KERNELS"]  # ahead-of-time: python -m fcp_data.plan.compile_kernels
+__all__ = ["active", "compiled", "jit_enabled", "kernel", "KERNELS"]  # ahead-of-time: python -m fcp_data.plan.compile_kernels
 
 _CACHE: dict[tuple[Callable, str], Callable | None] = {}
 KERNELS: dict[str, Callable[[], Callable | None]] = {}  # every kernel's getter, by name (registered at import)
+_ACTIVE = [False]  # a kernel was compiled in this process (numba is loaded)
+
+
+def active() -> bool:
+    """Whether a kernel has been compiled (or loaded from the cache) in this process. Kernels too small to justify
+    numba's import on their own (the cost model's, :mod:`fcp_data.cost_kernel`) run only from then on: a process
+    that never plans a large micro-batch never imports numba."""
+    return _ACTIVE[0]
 
 
 def jit_enabled() -> bool:
@@ -51,6 +59,7 @@ def compiled(fn: Callable, signature: str) -> Callable | None:
                     warnings.warn(f"fcp: numba could not compile {fn.__name__} ({err}); using the numpy path",
                                   stacklevel=2)
     _CACHE[key] = out
+    _ACTIVE[0] = _ACTIVE[0] or out is not None
     return out
 
 
