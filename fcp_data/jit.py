@@ -1,11 +1,12 @@
-"""Optional compiled kernels for the planner's hottest loops (``pip install fcp[fast]``, numba).
+"""Optional compiled kernels for the planner's hottest loops and the cost model's group times (``pip install
+fcp[fast]``, numba).
 
 A kernel is a plain-Python function over numpy arrays and floats that repeats, operation for operation, what the
 numpy path computes: compiled by numba (``njit``, no fastmath: no reassociation, no fused multiply-adds; tested on
 x86-64) it returns bit-for-bit the same floats, so plans do not depend on whether numba is installed (the tests run
 every kernel against its numpy path). Without numba, or with ``FCP_JIT=0`` in the environment, the numpy path runs.
 numba is imported on the first call that wants a kernel, never by ``import fcp_data``; compiled code is cached on
-disk (numba's ``cache=True``), so the compilation (~12 s for all of them on 2 slow cores) is paid once per machine
+disk (numba's ``cache=True``), so the compilation (~18 s for all of them on 2 slow cores) is paid once per machine
 (``python -m fcp_data.plan.compile_kernels`` pays it ahead), and a process ~1 s after (numba's import, the cache).
 """
 

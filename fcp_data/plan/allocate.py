@@ -28,7 +28,7 @@ from fcp_data.cost import CostModel
 from fcp_data.cost_kernel import compiled_table
 from fcp_data.plan.allocate_kernel import SIGNATURE, allocate_loop
 
-allocate_kernel = jit.kernel(allocate_loop, SIGNATURE)
+dense_kernel = jit.kernel(allocate_loop, SIGNATURE)  # () -> the compiled dense allocation, or None
 
 __all__ = ["time_table", "TimeTable", "RunningMin", "useful_degree_bound", "allocate_fast", "pow2_mask"]
 
@@ -289,7 +289,7 @@ def allocate_fast(T, num_ranks: int | None = None, allowed: np.ndarray | None = 
         return 0.0, np.zeros(0, dtype=np.int64)
     if K > N:
         return float("inf"), None
-    if jit.active() and (kern := allocate_kernel()) is not None:  # the same answer (fcp_data/plan/allocate_kernel.py)
+    if jit.active() and (kern := dense_kernel()) is not None:  # the same answer (fcp_data/plan/allocate_kernel.py)
         tau = kern(T, degrees := np.empty(K, dtype=np.int64))
         return (float(tau), degrees) if np.isfinite(tau) else (float("inf"), None)
     Tt = np.minimum.accumulate(T, axis=1)

@@ -1,6 +1,6 @@
 """``python -m fcp_data.plan.compile_kernels``: compile (or load from numba's disk cache) every planner kernel of
 :mod:`fcp_data.jit` now — e.g. when building an image or right after ``pip install fcp[fast]`` — so that the
-first large plan of a process does not pay the compilation (~10 s on 2 slow cores; ~1 s from the cache). ``make``
+first large plan of a process does not pay the compilation (~18 s on 2 slow cores; ~1 s from the cache). ``make``
 runs it after installing."""
 
 from __future__ import annotations

@@ -117,7 +117,7 @@ def test_allocation_kernel_equals_the_numpy_path(monkeypatch, name, kernel):
         monkeypatch.setattr(jit, "_ACTIVE", [False])
         want = alloc.allocate_fast(T, N, allowed)
         monkeypatch.setattr(jit, "_ACTIVE", [True])
-        monkeypatch.setattr(alloc, "allocate_kernel", lambda: kernel)
+        monkeypatch.setattr(alloc, "dense_kernel", lambda: kernel)
         got = alloc.allocate_fast(T, N, allowed)
         assert got[0] == want[0], (name, trial)
         assert (got[1] is None and want[1] is None) or np.array_equal(got[1], want[1]), (name, trial)
