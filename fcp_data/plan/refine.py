@@ -6,7 +6,7 @@ import numpy as np
 
 from fcp_data.cost import CostModel, sequence_terms
 from fcp_data.jit import kernel
-from fcp_data.plan.placement import placed_times
+from fcp_data.plan.placement import _intra, placed_times
 from fcp_data.plan.refine_kernel import SIGNATURE, refine_loop
 from fcp_data.plan.types import CPGroup, MicroBatchPlan
 
@@ -32,7 +32,7 @@ class _Groups:
         self.label[np.fromiter((k for g in mb.groups for k in g.seq_ids), dtype=np.int64, count=sum(sizes))] = \
             np.repeat(np.arange(K), sizes)
         self.d = np.array([g.degree for g in mb.groups], dtype=np.float64)
-        self.intra = np.array([cost_model.is_intra_node(g.ranks) for g in mb.groups])
+        self.intra = _intra([g.ranks for g in mb.groups], cost_model.ranks_per_node)
         self.cap = self.d * cost_model.tokens_per_rank
         # one (4, K) array (rows S, Q, B, V; the attributes are views of it): a move's with/without matrices are
         # built for all four in one broadcast (:func:`_with_and_without`)
@@ -169,7 +169,8 @@ def _rebuilt(mb: MicroBatchPlan, label: np.ndarray, start: np.ndarray, touched: 
     S, Q, B, V = (np.bincount(label, weights=w, minlength=K)[keep] for w in terms)
     times = placed_times(S, Q, [r for _, r, _ in groups], cost_model, B, V)
     old = mb.groups  # an untouched group with the same time is kept as is (no new, re-validated CPGroup)
-    cp = tuple(old[g] if g not in dirty and t == old[g].time else CPGroup(ranks=r, seq_ids=i, time=t)
+    # r: a checked group's ranks; i: Python ints (the plan's ids and the moved ones); t: a finite float
+    cp = tuple(old[g] if g not in dirty and t == old[g].time else CPGroup.prechecked(r, i, t)
                for (g, r, i), t in zip(groups, times.tolist()))
     out = MicroBatchPlan(groups=cp, makespan=float(max(times)))
     return out if out.makespan <= mb.makespan else mb
