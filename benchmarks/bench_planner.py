@@ -55,6 +55,18 @@ from fcp_data.workloads import apply_cap, load_lengths  # noqa: E402
 CAP = 131072
 
 
+def speed_reference(steps: int = 5_000_000) -> float:
+    """Seconds a fixed pure-Python loop takes (median of 3): printed with the timing sections, because a shared host's
+    speed varies several-fold with its neighbours at the same load average — compare timings at similar values."""
+    runs = []
+    for _ in range(3):
+        t0, acc = time.perf_counter(), 0
+        for i in range(steps):
+            acc += i
+        runs.append(time.perf_counter() - t0)
+    return statistics.median(runs)
+
+
 def _median_ms(fn, reps: int) -> float:
     ts = []
     for _ in range(reps):
@@ -190,13 +202,22 @@ def _size_child(workload_path: str, n: int, ranks: int, reps: int, v2: bool) -> 
     workload, _ = apply_cap(load_lengths(workload_path), min(CAP, ranks * cm.tokens_per_rank), "truncate")
     rng = np.random.default_rng(n + ranks)
     batches = [workload[rng.choice(workload.size, n, replace=False)] for _ in range(reps)]
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    def peak_kb() -> int:
+        """This process's peak RSS: VmHWM (ru_maxrss survives exec on Linux, so a child would report the peak of
+        the benchmark process that started it)."""
+        try:
+            with open("/proc/self/status") as f:
+                return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+        except (OSError, StopIteration, ValueError):
+            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+    base = peak_kb()
     ts, spans = [], []
     for b in batches:
         t0 = time.perf_counter()
         spans.append(plan_batch(b, num_ranks=ranks, cost_model=cm).makespan)
         ts.append((time.perf_counter() - t0) * 1e3)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = peak_kb()
     print(json.dumps({"median_ms": statistics.median(ts), "min_ms": min(ts), "rss_mb": (peak - base) / 1024,
                       "base_mb": base / 1024, "makespan": float(np.mean(spans))}))
 
@@ -303,8 +324,12 @@ def main(argv=None) -> int:
     if only & {"latency", "scaling", "simulate", "auto", "digest"}:
         raw = load_lengths(args.workload)
         workload, _ = apply_cap(raw, CAP, "truncate")
-        print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (wall times grow with load; CPU times do not)")
+        print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (wall times grow with load; CPU times "
+              "less so, but a shared host's speed also varies: see the speed reference)")
         print(f"workload {args.workload}: {raw.size} sequences, median {int(np.median(raw))}, max {raw.max()}, capped at {CAP}")
+    if only & {"latency", "memory"}:
+        print(f"speed reference: 5M-step Python loop {speed_reference():.2f} s (compare timings at similar values; "
+              "0.23-0.69 s on this 2-core host on 2026-12-02)")
     if "latency" in only:
         bench_latency(workload, args.reps)
     if "scaling" in only:
@@ -316,6 +341,8 @@ def main(argv=None) -> int:
     if "memory" in only:
         sizes = [tuple(int(x) for x in s.split("x")) for s in args.sizes.split(",")]
         bench_memory(args.workload, sizes, args.reps, not args.v1)
+    if only & {"latency", "memory"}:
+        print(f"\nspeed reference at the end: {speed_reference():.2f} s (this host's speed can change ~3x within a minute)")
     if "auto" in only:
         bench_auto(workload, args.auto_steps)
     if "digest" in only:
