@@ -27,11 +27,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fcp_data import jit
 from fcp_data.cost import CostModel, sequence_terms
 from fcp_data.plan.allocate import RunningMin, time_table
 from fcp_data.plan.lpt import labels_to_groups, lpt_heap
+from fcp_data.plan.tau_kernel import SIGNATURE, headroom_loop
 
 __all__ = ["tau_groupings", "min_ranks_for"]
+
+headroom_kernel = jit.kernel(headroom_loop, SIGNATURE)  # () -> the compiled headroom fill, or None
 
 _BISECT_STEPS = 48
 
@@ -68,6 +72,13 @@ def _fill_headroom(groups, per, rest, terms, tau, cost_model):
     Returns the groups and what is left."""
     s, q, b, v = terms
     light = rest[::-1]  # rest is heaviest first
+    if (take := _compiled_take(groups, per, light, terms, tau, cost_model)) is not None:
+        taken = 0
+        for k, j in enumerate(take.tolist()):
+            if j:
+                groups[k] = groups[k] + light[taken:taken + j].tolist()
+                taken += j
+        return groups, light[taken:][::-1]
     taken = 0
     for k, d in enumerate(per.tolist()):
         if d < 2 or taken >= light.size:
@@ -78,6 +89,22 @@ def _fill_headroom(groups, per, rest, terms, tau, cost_model):
             groups[k] = groups[k] + cand[:j].tolist()
             taken += j
     return groups, light[taken:][::-1]
+
+
+def _compiled_take(groups, per, light, terms, tau: float, cost_model: CostModel) -> np.ndarray | None:
+    """How many light sequences each long group takes, by :mod:`fcp_data.plan.tau_kernel` (the same prefixes), when
+    a kernel is in use in this process and every group is still its one long sequence; else None."""
+    cm = cost_model
+    if not jit.active() or any(len(g) != 1 for g in groups) or (loop := headroom_kernel()) is None:
+        return None
+    ids = [g[0] for g in groups]
+    take = np.empty(len(groups), dtype=np.int64)
+    loop(np.asarray(per, dtype=np.int64), np.stack([x[ids] for x in terms]), np.ascontiguousarray(light, dtype=np.int64),
+         np.stack(terms), float(tau), float(cm.tokens_per_rank), float(cm.ranks_per_node),
+         np.array((cm.alpha1, cm.alpha2, cm.alpha3, cm.beta1, cm.beta2, cm.bandwidth_intra, cm.bandwidth_inter, cm.gamma,
+                   cm.alpha_blk, cm.alpha_vis), dtype=np.float64), bool(cm.alpha_blk), bool(cm.alpha_vis), bool(cm.gamma),
+         take)
+    return take
 
 
 _PREFIX_FIRST = 32  # candidates scanned at first by _fitting_prefix (doubled until the prefix ends inside)
