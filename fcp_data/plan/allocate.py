@@ -250,11 +250,12 @@ class RunningMin:
             return self._min[: self.num_rows].copy()
         raise TypeError(f"RunningMin supports [:m] and [:, -1], got {key!r}")
 
-    def min_ranks(self, tau: float) -> np.ndarray:
-        """Fewest ranks per row with ``T̃ ≤ τ`` (``N + 1`` where none), for ``τ ≥ floor``."""
+    def min_ranks(self, tau: float, rows: int | None = None) -> np.ndarray:
+        """Fewest ranks per row with ``T̃ ≤ τ`` (``N + 1`` where none), for ``τ ≥ floor``; ``rows``: only the first
+        ``rows`` rows (what ``self[:rows].min_ranks(tau)`` gives, without the view)."""
         if not tau >= self.floor:
             raise ValueError(f"RunningMin answers τ >= {self.floor!r} only, got {tau!r}")
-        m = self.num_rows
+        m = self.num_rows if rows is None else min(int(rows), self.num_rows)
         end = int(np.searchsorted(self._row, m, side="left"))
         above = self._key[:end] > tau
         extra = np.bincount(self._row[:end][above], weights=self._w[:end][above], minlength=m)

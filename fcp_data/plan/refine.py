@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import chain
+
 import numpy as np
 
 from fcp_data.cost import CostModel, sequence_terms
@@ -29,7 +31,7 @@ class _Groups:
         s, q, bq, v = terms
         sizes = [len(g.seq_ids) for g in mb.groups]
         self.label = np.empty(n, dtype=np.int64)
-        self.label[np.fromiter((k for g in mb.groups for k in g.seq_ids), dtype=np.int64, count=sum(sizes))] = \
+        self.label[np.fromiter(chain.from_iterable(g.seq_ids for g in mb.groups), dtype=np.int64, count=sum(sizes))] = \
             np.repeat(np.arange(K), sizes)
         self.d = np.array([g.degree for g in mb.groups], dtype=np.float64)
         self.intra = _intra([g.ranks for g in mb.groups], cost_model.ranks_per_node)

@@ -46,10 +46,12 @@ def min_ranks_for(Tt: np.ndarray | RunningMin, tau: float) -> np.ndarray:
     return Tt.min_ranks(tau) if isinstance(Tt, RunningMin) else 1 + (Tt > tau).sum(axis=1)
 
 
-def _rest_bins(tau: float, m: int, work_sorted: np.ndarray, suffix_work: np.ndarray, beta1: float) -> float:
+def _rest_bins(tau: float, m: int, work_sorted: np.ndarray, neg_work: np.ndarray, suffix_work: np.ndarray,
+               beta1: float) -> float:
     """Degree-1 bins of time ≤ ``τ`` for the sequences ``order[m:]`` (work descending): items heavier than
     half a bin cannot share one, so each opens its own; the lighter ones fill their headroom, then new bins
-    (the first-fit-decreasing count up to the fragmentation of the light items)."""
+    (the first-fit-decreasing count up to the fragmentation of the light items). ``neg_work``: ``−work_sorted``, made
+    once for the bisection's many calls."""
     room = tau - beta1
     if suffix_work[m] <= 0:
         return 0.0
@@ -58,7 +60,7 @@ def _rest_bins(tau: float, m: int, work_sorted: np.ndarray, suffix_work: np.ndar
     rest = work_sorted[m:]
     if rest[0] > room * (1 + 1e-12):
         return np.inf
-    n_big = int(np.searchsorted(-rest, -0.5 * room, side="left"))  # work > room/2
+    n_big = int(np.searchsorted(neg_work[m:], -0.5 * room, side="left"))  # work > room/2
     big_work = suffix_work[m] - suffix_work[m + n_big]
     light = suffix_work[m + n_big]
     spill = light - (n_big * room - big_work)
@@ -145,6 +147,7 @@ class _Target:
     n_over: int
     tau: float = 0.0
     m0: int = 0
+    neg_solo: np.ndarray | None = None  # −solo in that order, past the overflowing ones (for _long_count)
 
 
 def tau_groupings(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: CostModel,
@@ -176,8 +179,9 @@ def tau_groupings(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_mo
 
 def _long_count(t: _Target, tau: float) -> int:
     """Sequences singled out at τ: overflowing ones plus those slower than τ alone on one rank."""
-    solo_sorted = t.solo[t.order]
-    return max(t.n_over, int(np.searchsorted(-solo_sorted[t.n_over:], -tau, side="left")) + t.n_over)
+    if t.neg_solo is None:
+        t.neg_solo = -t.solo[t.order][t.n_over:]  # once: the bisection asks ~30 times
+    return max(t.n_over, int(np.searchsorted(t.neg_solo, -tau, side="left")) + t.n_over)
 
 
 def _bisect(t: _Target, N: int, cost_model: CostModel) -> bool:
@@ -185,13 +189,14 @@ def _bisect(t: _Target, N: int, cost_model: CostModel) -> bool:
     beta1 = cost_model.beta1
     work_sorted = (t.solo - beta1)[t.order]
     suffix_work = np.concatenate((np.cumsum(work_sorted[::-1])[::-1], [0.0]))  # work of order[m:]
+    neg_work = -work_sorted
 
     def feasible(tau: float) -> bool:
         m = _long_count(t, tau)
         if m > t.M:
             return False
-        need = int(min_ranks_for(t.Tt[:m], tau).sum()) if m else 0
-        return need + _rest_bins(tau, m, work_sorted, suffix_work, beta1) <= N
+        need = int(t.Tt.min_ranks(tau, m).sum()) if m else 0
+        return need + _rest_bins(tau, m, work_sorted, neg_work, suffix_work, beta1) <= N
 
     lo = float(max(t.Tt[:, -1].max() if t.M else 0.0, beta1))  # no plan beats the longest sequence on N ranks
     # everything on one rank — and more than enough, unless memory forces the longest sequence onto a ring
