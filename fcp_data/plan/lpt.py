@@ -62,9 +62,11 @@ def lpt_groups(work: np.ndarray, lengths: np.ndarray, num_groups: int, capacity:
     return labels_to_groups(label, int(num_groups))
 
 
-def labels_to_groups(label: np.ndarray, num_groups: int) -> list[list[int]]:
-    """Group id per sequence -> lists of sequence ids (ascending) per non-empty group, in group-id order."""
-    members = np.argsort(label, kind="stable").tolist()
+def labels_to_groups(label: np.ndarray, num_groups: int, ids: np.ndarray | None = None) -> list[list[int]]:
+    """Group id per sequence -> lists of sequence ids (ascending) per non-empty group, in group-id order; with
+    ``ids``, each sequence ``i`` is listed as ``ids[i]`` (same order)."""
+    members = np.argsort(label, kind="stable")
+    members = (members if ids is None else ids[members]).tolist()
     bounds = [0] + np.cumsum(np.bincount(label, minlength=num_groups)).tolist()
     return [members[a:b] for a, b in zip(bounds[:-1], bounds[1:]) if b > a]  # list slices: no np.split overhead
 

@@ -243,8 +243,7 @@ def _single_out(t: _Target, N: int, cost_model: CostModel, spread: int, fill: bo
                 label = lpt_heap(t.solo[rest] - beta1, t.s[rest], k, float(E))
                 if label is None:
                     continue
-                ids = rest.tolist()  # Python ints, once
-                groups += [[ids[i] for i in g] for g in labels_to_groups(label, k)]
+                groups += labels_to_groups(label, k, rest)
             out.append((groups, filled))
     return out
 
@@ -265,7 +264,6 @@ def _coarse(t: _Target, N: int, cost_model: CostModel, coarsen: tuple[int, ...])
         label = lpt_heap(t.solo[rest] - beta1, t.s[rest], k, float(c * E))
         if label is not None:
             groups = [[i] for i in t.order[:j].tolist()]
-            ids = rest.tolist()  # Python ints, once
-            groups += [[ids[i] for i in g] for g in labels_to_groups(label, k)]
+            groups += labels_to_groups(label, k, rest)
             out.append((groups, None))
     return out
