@@ -137,11 +137,11 @@ def group_aggregates_of(groups: list[list[int]], lengths: np.ndarray, etas: np.n
     return np.bincount(gid, weights=s, minlength=k), np.bincount(gid, weights=q, minlength=k)
 
 
-def group_terms_of(groups: list[list[int]], lengths: np.ndarray, etas: np.ndarray, visual: np.ndarray | None = None
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+def group_terms_of(groups: list[list[int]], lengths: np.ndarray, etas: np.ndarray, visual: np.ndarray | None = None,
+                   *, terms=None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
     """``(S, Q, B, V)`` arrays (one entry per group) of §4/§4.1: ``B = Σ (1+η)s``, ``V = Σ v`` (None
-    when ``visual`` is None)."""
-    s, q, b, v = sequence_terms(lengths, etas, visual)
+    when ``visual`` is None). ``terms``: ``sequence_terms(lengths, etas, visual)`` when the caller has it."""
+    s, q, b, v = sequence_terms(lengths, etas, visual) if terms is None else terms
     gid = np.empty(s.size, dtype=np.int64)
     sizes = [len(members) for members in groups]
     k = len(groups)

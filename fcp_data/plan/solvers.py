@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from fcp_data.cost import MAX_RANKS, MAX_SEQUENCE_TOKENS, CostModel
+from fcp_data.cost import MAX_RANKS, MAX_SEQUENCE_TOKENS, CostModel, sequence_terms
 from fcp_data.plan.allocate import allocate_fast, pow2_mask, time_table
 from fcp_data.plan.allocate_dp import allocate_dp
 from fcp_data.plan.baselines import megatron_dynamic, work_proxy
@@ -185,7 +185,7 @@ def _stage1(lengths, etas, num_ranks: int, cost_model: CostModel, visual, tracks
     degree, the static-cp configuration, when it has one). A restricted track (pow2) is not allocated when the
     unrestricted one's value already fails its incumbent: its optimum is never below (a subset of the same
     table entries), so :meth:`_Incumbents.consider` would drop it."""
-    consider = inc.consider
+    consider, terms = inc.consider, sequence_terms(lengths, etas, visual)  # the per-sequence terms, once
     seen: set[tuple[tuple[int, ...], ...]] = set()
     for groups, uniform, family in _candidate_groupings(lengths, etas, num_ranks, cost_model, visual):
         if len(groups) > num_ranks:
@@ -195,7 +195,7 @@ def _stage1(lengths, etas, num_ranks: int, cost_model: CostModel, visual, tracks
         if repeat and (uniform is None or not with_baselines):
             continue
         seen.add(key)
-        agg = group_terms_of(groups, lengths, etas, visual)
+        agg = group_terms_of(groups, lengths, etas, visual, terms=terms)
         table = time_table(agg[0], agg[1], num_ranks, cost_model, B=agg[2], V=agg[3], sparse=True)
         floor = None  # the unrestricted track's value (tracks: "any" first)
         for track, mask in () if repeat else tracks.items():  # a repeat still gets its uniform degree below
