@@ -7,6 +7,8 @@ Each function repeats :meth:`CostModel.time`'s float operations in the same orde
 ``M = (X + beta2) [+ gamma·(d−1)]``, ``T = (C + M) − min(A, X)``; ``X = M = 0`` on one rank), so compiled
 without fastmath it gives bit-for-bit the same times (``tests/plan/test_cost_kernel.py`` compares both ways,
 compiled and as plain Python). A term whose switch is off is not added at all, exactly as the numpy path skips it.
+The formula is written out in each loop (and in :mod:`fcp_data.plan.tau_kernel`) on purpose: a compiled kernel can
+only call a helper that numba compiled too, and compiling one at import would import numba in every process.
 ``coef`` is ``(alpha1, alpha2, alpha3, beta1, beta2, bandwidth_intra, bandwidth_inter, gamma, alpha_blk,
 alpha_vis)``; ``use_blk`` / ``use_vis`` / ``use_gamma`` say whether the §4.1 terms are added."""
 
@@ -16,7 +18,7 @@ import numpy as np
 
 from fcp_data import jit
 
-__all__ = ["compiled_time", "compiled_table", "time_loop", "table_loop", "TIME_SIGNATURE", "TABLE_SIGNATURE"]
+__all__ = ["compiled_time", "compiled_table", "kernel_switches", "time_loop", "table_loop", "TIME_SIGNATURE", "TABLE_SIGNATURE"]
 
 TIME_SIGNATURE = ("float64[:](float64[:], float64[:], float64[:], boolean[:], float64[:], float64[:], float64[:], "
                   "boolean, boolean, boolean)")
@@ -84,9 +86,10 @@ time_kernel = jit.kernel(time_loop, TIME_SIGNATURE)
 table_kernel = jit.kernel(table_loop, TABLE_SIGNATURE)
 
 
-def _switches(cost_model, B, V) -> tuple[np.ndarray, bool, bool, bool] | None:
-    """``(coef, use_blk, use_vis, use_gamma)`` of :meth:`CostModel.time`'s branches, or None when the numpy path
-    must run (it raises the error for ``alpha_blk > 0`` without ``B``)."""
+def kernel_switches(cost_model, B, V) -> tuple[np.ndarray, bool, bool, bool] | None:
+    """``(coef, use_blk, use_vis, use_gamma)`` of :meth:`CostModel.time`'s branches, the trailing arguments of every
+    kernel that evaluates the formula, or None when the numpy path must run (it raises the error for
+    ``alpha_blk > 0`` without ``B``)."""
     cm = cost_model
     if cm.alpha_blk and B is None:
         return None
@@ -113,7 +116,7 @@ def compiled_time(cost_model, S, Q, d, intra, B, V) -> np.ndarray | None:
         return None
     n = S.shape[0]
     S, Q, d = _vector(S, n), _vector(Q, n), _vector(d, n)
-    sw = _switches(cost_model, B, V)
+    sw = kernel_switches(cost_model, B, V)
     if S is None or Q is None or d is None or sw is None or (kern := time_kernel()) is None:
         return None
     Bv = S if B is None else _vector(B, n)
@@ -131,7 +134,7 @@ def compiled_table(cost_model, S: np.ndarray, Q: np.ndarray, B, V, num_ranks: in
     kernel is in use in this process, else None."""
     if not jit.active():
         return None
-    sw = _switches(cost_model, B, V)
+    sw = kernel_switches(cost_model, B, V)
     if sw is None or (kern := table_kernel()) is None:
         return None
     return kern(S, Q, S if B is None else B, S if V is None else V, int(num_ranks), float(cost_model.tokens_per_rank),

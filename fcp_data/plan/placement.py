@@ -39,7 +39,7 @@ import numpy as np
 from fcp_data.cost import CostModel
 
 __all__ = ["place_groups", "pack_in_nodes", "packed_placement", "repack_stranded", "place_for_times", "placed_times",
-           "build_micro_batch", "PACK_MAX_STEPS", "PACK_MAX_GROUPS"]
+           "intra_flags", "build_micro_batch", "PACK_MAX_STEPS", "PACK_MAX_GROUPS"]
 
 # node trials of the in-node packing search (:func:`pack_in_nodes`) per placement: on the planner digest, 512 x 64
 # Wikipedia batches and 42 tight 2-64-rank instances (725 searches) every packing found took <= 611 trials, and the
@@ -222,7 +222,7 @@ def _pack(degrees: list[int], num_ranks: int, R: int, whole: bool) -> list[tuple
     return [tuple(sorted(r)) for r in out]
 
 
-def _intra(ranks: list[tuple[int, ...]], ranks_per_node: int) -> np.ndarray:
+def intra_flags(ranks: list[tuple[int, ...]], ranks_per_node: int) -> np.ndarray:
     """Per group: do all its ranks lie on one node (``min // R == max // R``)?"""
     R = ranks_per_node
     return np.fromiter((len(r) == 1 or min(r) // R == max(r) // R for r in ranks), dtype=bool, count=len(ranks))
@@ -235,7 +235,7 @@ def placed_times(S: np.ndarray, Q: np.ndarray, ranks: list[tuple[int, ...]], cos
     if any(len(r) == 0 for r in ranks):
         raise ValueError("a CP group needs at least one rank")
     d = np.fromiter(map(len, ranks), dtype=np.float64, count=len(ranks))
-    intra = _intra(ranks, cost_model.ranks_per_node)
+    intra = intra_flags(ranks, cost_model.ranks_per_node)
     return np.atleast_1d(cost_model.time(np.asarray(S, dtype=np.float64), np.asarray(Q, dtype=np.float64), d, intra,
                                          B=B, V=V))
 
@@ -249,7 +249,7 @@ def place_for_times(S: np.ndarray, Q: np.ndarray, degrees, num_ranks: int, cost_
     """:func:`place_groups`, then the node-crossing rank sets of each degree go to the groups that lose
     least by crossing (see the module docstring). ``time_fn(S, Q, ranks, B, V)`` as in :func:`build_micro_batch`."""
     ranks = place_groups(degrees, num_ranks, cost_model.ranks_per_node)
-    intra = _intra(ranks, cost_model.ranks_per_node)
+    intra = intra_flags(ranks, cost_model.ranks_per_node)
     if intra.all():
         return ranks
     time_fn = time_fn or (lambda s, q, r, b, v: placed_times(s, q, r, cost_model, b, v))

@@ -8,7 +8,7 @@ import numpy as np
 
 from fcp_data.cost import CostModel, sequence_terms
 from fcp_data.jit import kernel
-from fcp_data.plan.placement import _intra, placed_times
+from fcp_data.plan.placement import intra_flags, placed_times
 from fcp_data.plan.refine_kernel import SIGNATURE, refine_loop
 from fcp_data.plan.types import CPGroup, MicroBatchPlan
 
@@ -34,7 +34,7 @@ class _Groups:
         self.label[np.fromiter(chain.from_iterable(g.seq_ids for g in mb.groups), dtype=np.int64, count=sum(sizes))] = \
             np.repeat(np.arange(K), sizes)
         self.d = np.array([g.degree for g in mb.groups], dtype=np.float64)
-        self.intra = _intra([g.ranks for g in mb.groups], cost_model.ranks_per_node)
+        self.intra = intra_flags([g.ranks for g in mb.groups], cost_model.ranks_per_node)
         self.cap = self.d * cost_model.tokens_per_rank
         # one (4, K) array (rows S, Q, B, V; the attributes are views of it): a move's with/without matrices are
         # built for all four in one broadcast (:func:`_with_and_without`)

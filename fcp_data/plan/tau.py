@@ -29,6 +29,7 @@ import numpy as np
 
 from fcp_data import jit
 from fcp_data.cost import CostModel, sequence_terms
+from fcp_data.cost_kernel import kernel_switches
 from fcp_data.plan.allocate import RunningMin, time_table
 from fcp_data.plan.lpt import labels_to_groups, lpt_heap
 from fcp_data.plan.tau_kernel import SIGNATURE, headroom_loop
@@ -103,9 +104,7 @@ def _compiled_take(groups, per, light, terms, tau: float, cost_model: CostModel)
     take = np.empty(len(groups), dtype=np.int64)
     loop(np.asarray(per, dtype=np.int64), np.stack([x[ids] for x in terms]), np.ascontiguousarray(light, dtype=np.int64),
          np.stack(terms), float(tau), float(cm.tokens_per_rank), float(cm.ranks_per_node),
-         np.array((cm.alpha1, cm.alpha2, cm.alpha3, cm.beta1, cm.beta2, cm.bandwidth_intra, cm.bandwidth_inter, cm.gamma,
-                   cm.alpha_blk, cm.alpha_vis), dtype=np.float64), bool(cm.alpha_blk), bool(cm.alpha_vis), bool(cm.gamma),
-         take)
+         *kernel_switches(cm, terms[2], terms[3]), take)  # B and V given: the numpy path's switches
     return take
 
 

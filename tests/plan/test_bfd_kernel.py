@@ -10,15 +10,11 @@ import pytest
 
 import fcp_data.plan.bfd as bfd
 from fcp_data.plan.bfd_kernel import bfd_loop
-from fcp_data.jit import compiled
+from _kernels import kernel_variants  # tests/plan/_kernels.py
 
 
 def _kernels():
-    out = [("python", bfd_loop)]
-    fast = compiled(bfd_loop, bfd.SIGNATURE)
-    if fast is not None:
-        out.append(("numba", fast))
-    return out
+    return kernel_variants(bfd_loop, bfd.SIGNATURE)
 
 
 def _draw(rng: np.random.Generator) -> tuple[np.ndarray, float]:

@@ -20,16 +20,12 @@ from fcp_data.cost_kernel import TABLE_SIGNATURE, TIME_SIGNATURE, table_loop, ti
 from fcp_data.plan.allocate_kernel import SIGNATURE as ALLOC_SIGNATURE
 from fcp_data.plan.allocate_kernel import allocate_loop
 from fcp_data.presets import preset_cost_model
+from _kernels import kernel_variants  # tests/plan/_kernels.py
 
 BASE = preset_cost_model("Qwen3-8B", "ascend-910c", v2=True)
 
 
-def _variants(fn, signature):
-    out = [("python", fn)]
-    fast = jit.compiled(fn, signature)
-    if fast is not None:
-        out.append(("numba", fast))
-    return out
+_variants = kernel_variants
 
 
 def _model(rng: np.random.Generator):

@@ -9,15 +9,12 @@ import numpy as np
 import pytest
 
 import fcp_data.plan.lpt as lpt
-from fcp_data.plan.lpt_kernel import lpt_loop
+from fcp_data.plan.lpt_kernel import SIGNATURE, lpt_loop
+from _kernels import kernel_variants  # tests/plan/_kernels.py
 
 
 def _kernels():
-    out = [("python", lpt_loop)]
-    compiled = lpt._kernel(1 << 20, lpt.JIT_MAX_GROUPS)
-    if compiled is not None:
-        out.append(("numba", compiled))
-    return out
+    return kernel_variants(lpt_loop, SIGNATURE)
 
 
 def _draw(rng: np.random.Generator):

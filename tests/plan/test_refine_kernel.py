@@ -14,7 +14,8 @@ from fcp_data.cost import CostModel
 from fcp_data.plan.bfd import group_terms_of
 from fcp_data.jit import jit_enabled
 from fcp_data.plan.placement import placed_times
-from fcp_data.plan.refine_kernel import refine_loop
+from fcp_data.plan.refine_kernel import SIGNATURE, refine_loop
+from _kernels import kernel_variants  # tests/plan/_kernels.py
 from fcp_data.plan.types import CPGroup, MicroBatchPlan
 
 
@@ -61,11 +62,7 @@ def _key(mb: MicroBatchPlan):
 
 
 def _kernels():
-    out = [("python", refine_loop)]
-    compiled = refine.refine_kernel()
-    if compiled is not None:
-        out.append(("numba", compiled))
-    return out
+    return kernel_variants(refine_loop, SIGNATURE)
 
 
 @pytest.mark.parametrize("name,kernel", _kernels(), ids=lambda x: x if isinstance(x, str) else "")

@@ -12,14 +12,11 @@ import fcp_data.plan.tau as tau
 from fcp_data import jit
 from fcp_data.plan.tau_kernel import SIGNATURE, headroom_loop
 from fcp_data.presets import preset_cost_model
+from _kernels import kernel_variants  # tests/plan/_kernels.py
 
 
 def _variants():
-    out = [("python", headroom_loop)]
-    fast = jit.compiled(headroom_loop, SIGNATURE)
-    if fast is not None:
-        out.append(("numba", fast))
-    return out
+    return kernel_variants(headroom_loop, SIGNATURE)
 
 
 def _instance(rng: np.random.Generator):
