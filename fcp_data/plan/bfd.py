@@ -23,7 +23,7 @@ from fcp_data.plan.bfd_kernel import SIGNATURE, bfd_loop
 from fcp_data.jit import kernel
 
 # the LPT packers used to live here; re-exported for callers that import them from this module
-from fcp_data.plan.lpt import labels_to_groups, lpt_exact, lpt_groups, lpt_heap, lpt_labels, lpt_place
+from fcp_data.plan.lpt import labels_to_groups, lpt_exact, lpt_groups, lpt_heap, lpt_labels, lpt_place, stable_order
 
 __all__ = ["bfd_groups", "group_aggregates_of", "group_terms_of", "candidate_units", "lpt_groups", "lpt_labels", "lpt_heap", "lpt_place",
            "lpt_exact", "labels_to_groups"]
@@ -100,7 +100,7 @@ def _kernel_bins(loop, lengths: np.ndarray, order_arr: np.ndarray, unit: float) 
     (every bin the loop opens holds a sequence)."""
     bin_of = np.empty(lengths.size, dtype=np.int64)
     count = loop(lengths[order_arr].astype(np.float64), float(unit), bin_of)
-    by_bin = order_arr[np.argsort(bin_of, kind="stable")].tolist()  # visiting order kept inside each bin
+    by_bin = order_arr[stable_order(bin_of, count)].tolist()  # visiting order kept inside each bin
     ends = np.cumsum(np.bincount(bin_of, minlength=count)).tolist()
     return [by_bin[a:b] for a, b in zip([0] + ends[:-1], ends)]
 

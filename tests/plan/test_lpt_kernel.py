@@ -56,3 +56,18 @@ def test_large_packings_use_the_kernel_when_numba_is_installed(monkeypatch):
         pytest.skip("numba is not installed (pip install fcp[fast]) or FCP_JIT=0")
     assert lpt._kernel(lpt.JIT_MIN_WORK, 1) is compiled and lpt._kernel(lpt.JIT_MIN_WORK - 1, 1) is None
     assert lpt._kernel(1 << 20, lpt.JIT_MAX_GROUPS + 1) is None  # many groups: the heap / blocks path
+
+
+@pytest.mark.parametrize("num_groups", [1, 2, 37, 1 << 16, (1 << 16) + 1, 1 << 20])
+def test_stable_order_is_the_stable_argsort(num_groups):
+    """``stable_order`` (16-bit radix keys while the ids fit) is ``np.argsort(label, kind="stable")``: the same
+    permutation, ties in index order, at the 16-bit boundary and past it; ``labels_to_groups`` built on it lists
+    each group's ids ascending. A key that wraps (ids ≥ 2**16 cast to 16 bits) or an unstable sort fails it."""
+    rng = np.random.default_rng(num_groups)
+    for n in (0, 1, 5, 513, 4096):
+        label = rng.integers(0, num_groups, n).astype(np.int64)
+        if n and num_groups > 2:
+            label[: n // 3] = num_groups - 1  # the largest id, many ties
+        assert np.array_equal(lpt.stable_order(label, num_groups), np.argsort(label, kind="stable"))
+        groups = lpt.labels_to_groups(label, num_groups)
+        assert groups == [sorted(np.flatnonzero(label == g).tolist()) for g in np.unique(label)]
