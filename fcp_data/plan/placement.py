@@ -36,10 +36,12 @@ import heapq
 
 import numpy as np
 
+from fcp_data import jit
 from fcp_data.cost import CostModel
+from fcp_data.plan.place_kernel import SIGNATURE, place_loop
 
 __all__ = ["place_groups", "pack_in_nodes", "packed_placement", "repack_stranded", "place_for_times", "placed_times",
-           "intra_flags", "build_micro_batch", "PACK_MAX_STEPS", "PACK_MAX_GROUPS"]
+           "intra_flags", "build_micro_batch", "PACK_MAX_STEPS", "PACK_MAX_GROUPS", "PLACE_JIT_MIN_GROUPS"]
 
 # node trials of the in-node packing search (:func:`pack_in_nodes`) per placement: on the planner digest, 512 x 64
 # Wikipedia batches and 42 tight 2-64-rank instances (725 searches) every packing found took <= 611 trials, and the
@@ -48,13 +50,28 @@ PACK_MAX_STEPS = 1_000
 PACK_MAX_GROUPS = 128  # above this many groups of degree 2…ranks_per_node the search is not tried
 
 
+place_kernel = jit.kernel(place_loop, SIGNATURE)  # () -> the compiled placement, or None
+PLACE_JIT_MIN_GROUPS = 8  # from this many groups the compiled placement runs, once numba is loaded (jit.active())
+
+
 def place_groups(degrees: list[int] | np.ndarray, num_ranks: int, ranks_per_node: int) -> list[tuple[int, ...]]:
-    """Global ranks for each group (same order as ``degrees``); ``Σ degrees ≤ num_ranks`` required."""
-    degrees = [int(d) for d in degrees]
+    """Global ranks for each group (same order as ``degrees``); ``Σ degrees ≤ num_ranks`` required. From
+    :data:`PLACE_JIT_MIN_GROUPS` groups, once a planner kernel has loaded numba in this process, by the compiled
+    loop of :mod:`fcp_data.plan.place_kernel` (the same ranks)."""
+    degrees = degrees.tolist() if isinstance(degrees, np.ndarray) and degrees.dtype.kind in "iu" else \
+        [int(d) for d in degrees]
     if any(d < 1 for d in degrees):
         raise ValueError(f"degrees must be >= 1, got {degrees}")
     if sum(degrees) > num_ranks:
         raise ValueError(f"degrees sum to {sum(degrees)} but only {num_ranks} ranks exist")
+    if len(degrees) >= PLACE_JIT_MIN_GROUPS and jit.active() and (loop := place_kernel()) is not None:
+        deg = np.array(degrees, dtype=np.int64)
+        start = np.zeros(deg.size + 1, dtype=np.int64)
+        np.cumsum(deg, out=start[1:])
+        out = np.empty(int(start[-1]), dtype=np.int64)
+        loop(deg, int(num_ranks), int(ranks_per_node), out, start)
+        flat, bounds = out.tolist(), start.tolist()
+        return [tuple(flat[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
     return _place(degrees, int(num_ranks), int(ranks_per_node))
 
 
@@ -329,4 +346,5 @@ def build_micro_batch(groups: list[list[int]], degrees, S: np.ndarray, Q: np.nda
     # placement's ranks are tuples of distinct Python ints, the ids Python ints, the times finite floats
     cp = tuple(CPGroup.prechecked(tuple(r), tuple(g), t)
                for g, r, t in zip(ids, ranks, np.asarray(times, dtype=np.float64).tolist()))
-    return MicroBatchPlan(groups=cp, makespan=float(max(times)) if len(cp) else 0.0)
+    # placement hands out each free rank once: the groups' ranks are disjoint
+    return MicroBatchPlan.prechecked(cp, float(max(times)) if len(cp) else 0.0)

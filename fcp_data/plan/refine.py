@@ -46,15 +46,16 @@ class _Groups:
 
 
 def refine_moves(mb: MicroBatchPlan, lengths: np.ndarray, etas: np.ndarray, cost_model: CostModel,
-                 max_moves: int = 32, visual: np.ndarray | None = None) -> MicroBatchPlan:
+                 max_moves: int = 32, visual: np.ndarray | None = None, *, terms=None) -> MicroBatchPlan:
     """Local search on a plan with fixed ranks: move one sequence out of the slowest group into the group
     where ``max(T_slowest', T_target')`` is smallest, while that is below ``T_slowest`` and memory holds.
     Vectorised over (sequence of the slowest group × target group); from :data:`JIT_MIN_WORK` on, the same moves
     by the compiled loop of :mod:`fcp_data.plan.refine_kernel` when numba is installed. Never increases the
-    makespan."""
+    makespan. ``terms``: ``sequence_terms(lengths, etas, visual)`` when the caller has it (one micro-batch's
+    tracks are refined with the same terms)."""
     if len(mb.groups) < 2:
         return mb
-    terms = sequence_terms(lengths, etas, visual)
+    terms = sequence_terms(lengths, etas, visual) if terms is None else terms
     st = _Groups(mb, terms, cost_model, lengths.size)
     start = st.label.copy()
     terms4 = np.stack(terms)
@@ -174,5 +175,5 @@ def _rebuilt(mb: MicroBatchPlan, label: np.ndarray, start: np.ndarray, touched: 
     # r: a checked group's ranks; i: Python ints (the plan's ids and the moved ones); t: a finite float
     cp = tuple(old[g] if g not in dirty and t == old[g].time else CPGroup.prechecked(r, i, t)
                for (g, r, i), t in zip(groups, times.tolist()))
-    out = MicroBatchPlan(groups=cp, makespan=float(max(times)))
+    out = MicroBatchPlan.prechecked(cp, float(max(times)))  # each group on its ranks in ``mb``: still disjoint
     return out if out.makespan <= mb.makespan else mb

@@ -231,12 +231,12 @@ def _robust_pick(plans, pool, lengths, etas, num_ranks: int, cost_model: CostMod
 
 def _refined_plans(best: dict, lengths, etas, num_ranks: int, cost_model: CostModel, visual
                    ) -> list[tuple[MicroBatchPlan, bool]]:
-    """Each track's incumbent placed and refined (:func:`refine_moves`; ``uniform`` is kept as the static-cp
-    plan), as ``(plan, refined)`` in track order; a makespan-driven track more than :data:`_TAU_REFINE_SLACK`
-    above the best plan so far is skipped."""
+    """Each track's incumbent placed and refined (:func:`refine_moves`; ``uniform`` is kept as the static-cp plan), as
+    ``(plan, refined)`` in track order; a makespan-driven track more than :data:`_TAU_REFINE_SLACK` above the best is skipped."""
     plans: list[tuple[MicroBatchPlan, bool]] = []
     pow2_spans: list[float] = []  # the pow2 tracks prune only against each other, exactly as fcp-pow2 does
     done: dict[tuple, tuple[MicroBatchPlan, MicroBatchPlan | None]] = {}  # (grouping, degrees) -> (placed, refined)
+    terms = sequence_terms(lengths, etas, visual)  # every track's refinement uses the same per-sequence terms
     for track in ("any", "pow2", "any-tau", "any-tau+", "any-tauc", "pow2-tau", "pow2-tau+", "pow2-tauc", "uniform",
                   "any-search", "packed"):
         if track in best:
@@ -251,8 +251,8 @@ def _refined_plans(best: dict, lengths, etas, num_ranks: int, cost_model: CostMo
             if mb is None:
                 mb = build_micro_batch(groups, deg, S, Q, num_ranks, cost_model, B=B, V=V, ranks=ranks)
             if track != "uniform" and refined is None:
-                refined = repack_stranded(refine_moves(mb, lengths, etas, cost_model, visual=visual), lengths, etas,
-                                          num_ranks, cost_model, visual)
+                refined = repack_stranded(refine_moves(mb, lengths, etas, cost_model, visual=visual, terms=terms),
+                                          lengths, etas, num_ranks, cost_model, visual)
             done[key] = (mb, refined)
             plans.append((refined, True) if track != "uniform" else (mb, False))
             if track.startswith("pow2"):

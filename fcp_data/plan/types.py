@@ -92,6 +92,17 @@ class MicroBatchPlan:
                 raise ValueError(f"rank(s) {sorted(dup)} appear in two CP groups of one micro-batch")
             seen.update(g.ranks)
 
+    @classmethod
+    def prechecked(cls, groups: tuple[CPGroup, ...], makespan: float) -> "MicroBatchPlan":
+        """A micro-batch from a tuple of :class:`CPGroup` whose ranks are already known disjoint (placement's rank
+        sets, or a subset of a checked plan's groups on their ranks) and a float makespan, without re-checking:
+        for the planner's candidate plans, like :meth:`CPGroup.prechecked` (the plan a solver returns is rebuilt
+        through the checking constructor when its ids are mapped back)."""
+        plan = object.__new__(cls)
+        object.__setattr__(plan, "groups", groups)
+        object.__setattr__(plan, "makespan", makespan)
+        return plan
+
     @property
     def seq_ids(self) -> tuple[int, ...]:
         return tuple(s for g in self.groups for s in g.seq_ids)

@@ -128,7 +128,7 @@ def test_compile_kernels_command_compiles_every_kernel(capsys):
     out = capsys.readouterr().out
     if jit_enabled():
         listed = out[out.index("(") + 1:out.index(")")].split(", ")  # in registration (import) order
-        assert sorted(listed) == ["allocate_loop", "bfd_loop", "headroom_loop", "lpt_loop", "refine_loop", "table_loop",
-                                "time_loop"], out
+        assert sorted(listed) == ["allocate_loop", "bfd_loop", "headroom_loop", "lpt_loop", "place_loop", "refine_loop",
+                                "table_loop", "time_loop"], out
     else:
         assert "numpy path" in out, out
