@@ -32,8 +32,9 @@ def bfd_loop(values, unit, bin_of):
             bins += 1
         elif pos < size:
             room, b = rooms[pos] - s, ids[pos]
-            rooms[pos:size - 1] = rooms[pos + 1:size].copy()
-            ids[pos:size - 1] = ids[pos + 1:size].copy()
+            for i in range(pos, size - 1):  # close the gap (in place: no temporary per sequence)
+                rooms[i] = rooms[i + 1]
+                ids[i] = ids[i + 1]
             size -= 1
         else:
             room, b = unit - s, bins
@@ -41,8 +42,9 @@ def bfd_loop(values, unit, bin_of):
         bin_of[p] = b
         if room > 0:
             lo = np.searchsorted(rooms[:size], room, side="left")  # bisect_left: before the equal ones
-            rooms[lo + 1:size + 1] = rooms[lo:size].copy()
-            ids[lo + 1:size + 1] = ids[lo:size].copy()
+            for i in range(size, lo, -1):  # open a slot at lo
+                rooms[i] = rooms[i - 1]
+                ids[i] = ids[i - 1]
             rooms[lo], ids[lo] = room, b
             size += 1
     return bins

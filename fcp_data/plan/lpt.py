@@ -24,16 +24,20 @@ import heapq
 
 import numpy as np
 
+from fcp_data.jit import active as jit_active
 from fcp_data.jit import kernel
 from fcp_data.plan.lpt_kernel import SIGNATURE, lpt_loop
 
 __all__ = ["lpt_groups", "lpt_labels", "lpt_heap", "lpt_exact", "lpt_place", "labels_to_groups", "stable_order", "JIT_MIN_WORK",
-           "JIT_MAX_GROUPS"]
+           "JIT_ACTIVE_MIN_WORK", "JIT_MAX_GROUPS"]
 
 # items × groups from which lpt_labels / lpt_heap run the compiled loop (fcp_data.plan.lpt_kernel) when numba is
 # installed: below it the numpy path is fast enough, and a small plan never pays numba's import. Above
 # JIT_MAX_GROUPS the kernel's O(groups) scan per item loses to the heap of lpt_place / the blocks of lpt_exact.
+# Once a kernel has loaded numba in the process (jit.active()), from JIT_ACTIVE_MIN_WORK: the few-group packings
+# of a large micro-batch (512 sequences into 2 groups: 0.2 ms by the heap) then cost no import.
 JIT_MIN_WORK = 2048
+JIT_ACTIVE_MIN_WORK = 256
 JIT_MAX_GROUPS = 256
 _compiled_loop = kernel(lpt_loop, SIGNATURE)
 
@@ -41,7 +45,9 @@ _compiled_loop = kernel(lpt_loop, SIGNATURE)
 def _kernel(n: int, k: int):
     """The compiled LPT loop for ``n`` items into ``k`` groups, or None (small, too many groups, no numba, or
     ``FCP_JIT=0``)."""
-    return _compiled_loop() if n * k >= JIT_MIN_WORK and k <= JIT_MAX_GROUPS else None
+    if k > JIT_MAX_GROUPS or n * k < (JIT_ACTIVE_MIN_WORK if jit_active() else JIT_MIN_WORK):
+        return None
+    return _compiled_loop()
 
 
 def _run_kernel(loop, work, sizes, order, k: int, cap: float, rounds: bool) -> np.ndarray | None:

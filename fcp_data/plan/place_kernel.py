@@ -48,6 +48,7 @@ def place_loop(degrees, num_ranks, R, out, start):
                         h += 1
             return
         w = start[g]
+        parts = 0
         if degrees[g] > R:  # whole free nodes, lowest first
             while need >= R:
                 n = -1
@@ -63,6 +64,7 @@ def place_loop(degrees, num_ranks, R, out, start):
                 nxt[n] += R
                 count[n] -= R
                 need -= R
+                parts += 1
         if need > 0:
             n = -1
             for m in range(num_nodes):  # best fit: fewest free ranks that hold it, lowest id on ties
@@ -74,6 +76,7 @@ def place_loop(degrees, num_ranks, R, out, start):
                     w += 1
                 nxt[n] += need
                 count[n] -= need
+                parts += 1
             else:  # spread over the nodes with most free ranks (that order, taken once)
                 key = np.empty(num_nodes, dtype=np.int64)
                 for m in range(num_nodes):
@@ -86,6 +89,8 @@ def place_loop(degrees, num_ranks, R, out, start):
                     nxt[m] += k
                     count[m] -= k
                     need -= k
+                    parts += 1
                     if need == 0:
                         break
-        out[start[g]: start[g + 1]] = np.sort(out[start[g]: start[g + 1]])
+        if parts > 1:  # one part is ascending already
+            out[start[g]: start[g + 1]].sort()

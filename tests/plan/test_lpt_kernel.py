@@ -54,8 +54,12 @@ def test_large_packings_use_the_kernel_when_numba_is_installed(monkeypatch):
     compiled = lpt._kernel(1 << 20, lpt.JIT_MAX_GROUPS)
     if compiled is None:
         pytest.skip("numba is not installed (pip install fcp[fast]) or FCP_JIT=0")
+    monkeypatch.setattr(lpt, "jit_active", lambda: False)  # a process that has not loaded numba yet
     assert lpt._kernel(lpt.JIT_MIN_WORK, 1) is compiled and lpt._kernel(lpt.JIT_MIN_WORK - 1, 1) is None
     assert lpt._kernel(1 << 20, lpt.JIT_MAX_GROUPS + 1) is None  # many groups: the heap / blocks path
+    monkeypatch.setattr(lpt, "jit_active", lambda: True)  # numba loaded: from the smaller size on
+    assert lpt._kernel(lpt.JIT_ACTIVE_MIN_WORK, 1) is compiled and lpt._kernel(lpt.JIT_ACTIVE_MIN_WORK - 1, 1) is None
+    assert lpt._kernel(1 << 20, lpt.JIT_MAX_GROUPS + 1) is None
 
 
 @pytest.mark.parametrize("num_groups", [1, 2, 37, 1 << 16, (1 << 16) + 1, 1 << 20])
