@@ -138,15 +138,18 @@ def group_aggregates_of(groups: list[list[int]], lengths: np.ndarray, etas: np.n
 
 
 def group_terms_of(groups: list[list[int]], lengths: np.ndarray, etas: np.ndarray, visual: np.ndarray | None = None,
-                   *, terms=None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+                   *, terms=None, gid: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
     """``(S, Q, B, V)`` arrays (one entry per group) of §4/§4.1: ``B = Σ (1+η)s``, ``V = Σ v`` (None
-    when ``visual`` is None). ``terms``: ``sequence_terms(lengths, etas, visual)`` when the caller has it."""
+    when ``visual`` is None). ``terms``: ``sequence_terms(lengths, etas, visual)`` when the caller has it; ``gid``:
+    the position in ``groups`` of each sequence's group, when the caller has it (:func:`labels_to_groups` with
+    ``gid=True``; every sequence in a group)."""
     s, q, b, v = sequence_terms(lengths, etas, visual) if terms is None else terms
-    gid = np.empty(s.size, dtype=np.int64)
-    sizes = [len(members) for members in groups]
     k = len(groups)
-    flat = np.fromiter(itertools.chain.from_iterable(groups), dtype=np.int64, count=sum(sizes))
-    gid[flat] = np.repeat(np.arange(k), sizes)  # one scatter instead of one per group (groups are disjoint)
+    if gid is None:
+        gid = np.empty(s.size, dtype=np.int64)
+        sizes = [len(members) for members in groups]
+        flat = np.fromiter(itertools.chain.from_iterable(groups), dtype=np.int64, count=sum(sizes))
+        gid[flat] = np.repeat(np.arange(k), sizes)  # one scatter instead of one per group (groups are disjoint)
     sums = [np.bincount(gid, weights=x, minlength=k) for x in (s, q, b)]
     return sums[0], sums[1], sums[2], None if visual is None else np.bincount(gid, weights=v, minlength=k)
 

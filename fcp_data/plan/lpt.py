@@ -77,13 +77,20 @@ def stable_order(label: np.ndarray, num_groups: int) -> np.ndarray:
     return np.argsort(label, kind="stable")
 
 
-def labels_to_groups(label: np.ndarray, num_groups: int, ids: np.ndarray | None = None) -> list[list[int]]:
+def labels_to_groups(label: np.ndarray, num_groups: int, ids: np.ndarray | None = None, *, gid: bool = False):
     """Group id per sequence -> lists of sequence ids (ascending) per non-empty group, in group-id order; with
-    ``ids``, each sequence ``i`` is listed as ``ids[i]`` (same order)."""
+    ``ids``, each sequence ``i`` is listed as ``ids[i]`` (same order). ``gid=True``: ``(lists, gid)`` with ``gid[i]``
+    the position of sequence ``i``'s list (the labels renumbered over the non-empty groups: what
+    :func:`~fcp_data.plan.bfd.group_terms_of` would build from the lists)."""
     members = stable_order(label, num_groups)
     members = (members if ids is None else ids[members]).tolist()
-    bounds = [0] + np.cumsum(np.bincount(label, minlength=num_groups)).tolist()
-    return [members[a:b] for a, b in zip(bounds[:-1], bounds[1:]) if b > a]  # list slices: no np.split overhead
+    counts = np.bincount(label, minlength=num_groups)
+    bounds = [0] + np.cumsum(counts).tolist()
+    groups = [members[a:b] for a, b in zip(bounds[:-1], bounds[1:]) if b > a]  # list slices: no np.split overhead
+    if not gid:
+        return groups
+    dense = np.cumsum(counts > 0) - 1
+    return groups, dense[label]
 
 
 def lpt_labels(work: np.ndarray, lengths: np.ndarray, num_groups: int, capacity: float) -> np.ndarray | None:

@@ -43,7 +43,7 @@ from fcp_data.plan.allocate_dp import allocate_dp
 from fcp_data.plan.baselines import megatron_dynamic, work_proxy
 from fcp_data.plan.bfd import bfd_groups, candidate_units, group_terms_of
 from fcp_data.plan.inputs import does_not_fit, validate_inputs, validate_visual
-from fcp_data.plan.lpt import lpt_groups
+from fcp_data.plan.lpt import labels_to_groups, lpt_labels
 from fcp_data.plan.microbatch import TimeBudgetExceeded, plan_micro_batches
 from fcp_data.plan.placed_search import PLACED_MAX_EVALS, placed_descent
 from fcp_data.plan.placement import build_micro_batch, packed_placement, place_for_times, placed_times, repack_stranded
@@ -71,7 +71,7 @@ _TAU_REFINE_SLACK = 1.05  # a makespan-driven candidate is refined only if withi
 
 
 def _candidate_groupings(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: CostModel, visual=None):
-    """Stage-1 groupings FCP tries, as ``(groups, uniform_degree | None, family)``: BFD on memory for each
+    """Stage-1 groupings FCP tries, as ``(groups, uniform_degree | None, family, gid | None)``: BFD on memory for each
     bin unit, then LPT on work into ``K = N/d`` groups for every divisor ``d`` of ``N`` and ``K = N, N/2, …``
     (balances the quadratic attention that token-packing ignores). For ``K = N/d`` the uniform degree
     ``d`` — the static-cp configuration — is evaluated as well. Last the makespan-driven groupings of
@@ -80,19 +80,19 @@ def _candidate_groupings(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, 
     their own incumbents, so adding them never loses a plan that refinement would have improved."""
     E = cost_model.tokens_per_rank
     for unit in candidate_units(float(lengths.sum()), num_ranks, E):
-        yield bfd_groups(lengths, unit), None, ""
+        yield bfd_groups(lengths, unit), None, "", None
     work = work_proxy(lengths, etas, cost_model, visual)
     ks = {num_ranks // d for d in range(1, num_ranks + 1) if num_ranks % d == 0}
     k = num_ranks
     while k >= 1:
         ks.add(k)
         k //= 2
-    for k in sorted(ks, reverse=True):
-        groups = lpt_groups(work, lengths, k, (num_ranks // k) * E)
-        if groups is not None:
-            yield groups, (num_ranks // k if num_ranks % k == 0 else None), ""
+    for k in sorted(ks, reverse=True):  # with each grouping its group of each sequence (group_terms_of's gid)
+        if (label := lpt_labels(work, lengths, k, (num_ranks // k) * E)) is not None:
+            groups, gid = labels_to_groups(label, k, gid=True)
+            yield groups, (num_ranks // k if num_ranks % k == 0 else None), "", gid
     for groups, filled in tau_groupings(lengths, etas, num_ranks, cost_model, visual=visual):
-        yield groups, None, {True: "-tau+", False: "-tau", None: "-tauc"}[filled]
+        yield groups, None, {True: "-tau+", False: "-tau", None: "-tauc"}[filled], None
 
 
 def fcp_micro_batch(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: CostModel, *,
@@ -187,7 +187,7 @@ def _stage1(lengths, etas, num_ranks: int, cost_model: CostModel, visual, tracks
     table entries), so :meth:`_Incumbents.consider` would drop it."""
     consider, terms = inc.consider, sequence_terms(lengths, etas, visual)  # the per-sequence terms, once
     seen: set[tuple[tuple[int, ...], ...]] = set()
-    for groups, uniform, family in _candidate_groupings(lengths, etas, num_ranks, cost_model, visual):
+    for groups, uniform, family, gid in _candidate_groupings(lengths, etas, num_ranks, cost_model, visual):
         if len(groups) > num_ranks:
             continue
         key = tuple(tuple(g) for g in groups)
@@ -195,7 +195,7 @@ def _stage1(lengths, etas, num_ranks: int, cost_model: CostModel, visual, tracks
         if repeat and (uniform is None or not with_baselines):
             continue
         seen.add(key)
-        agg = group_terms_of(groups, lengths, etas, visual, terms=terms)
+        agg = group_terms_of(groups, lengths, etas, visual, terms=terms, gid=gid)
         table = time_table(agg[0], agg[1], num_ranks, cost_model, B=agg[2], V=agg[3], sparse=True)
         floor = None  # the unrestricted track's value (tracks: "any" first)
         for track, mask in () if repeat else tracks.items():  # a repeat still gets its uniform degree below

@@ -75,3 +75,20 @@ def test_stable_order_is_the_stable_argsort(num_groups):
         assert np.array_equal(lpt.stable_order(label, num_groups), np.argsort(label, kind="stable"))
         groups = lpt.labels_to_groups(label, num_groups)
         assert groups == [sorted(np.flatnonzero(label == g).tolist()) for g in np.unique(label)]
+
+
+def test_labels_gid_gives_group_terms_of_its_own_sums():
+    """``labels_to_groups(..., gid=True)``'s positions give ``group_terms_of`` exactly the sums it builds from the lists
+    (empty groups skipped, the same order of additions), and place each sequence in its own list."""
+    from fcp_data.plan.bfd import group_terms_of
+
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        n, k = int(rng.integers(1, 300)), int(rng.integers(1, 80))
+        label = rng.integers(0, k, n).astype(np.int64)
+        L, E, V = rng.integers(1, 5000, n), rng.uniform(0, 1, n), rng.integers(0, 900, n).astype(np.float64)
+        groups, gid = lpt.labels_to_groups(label, k, gid=True)
+        assert groups == lpt.labels_to_groups(label, k)
+        assert all(i in groups[g] for i, g in enumerate(gid.tolist()))
+        for want, got in zip(group_terms_of(groups, L, E, V), group_terms_of(groups, L, E, V, gid=gid)):
+            assert np.array_equal(want, got)
