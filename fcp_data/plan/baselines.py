@@ -155,8 +155,8 @@ def megatron_dynamic(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost
             break
         deg, cur = trial, nxt
     _, label, degrees, _ = cur
-    groups = labels_to_groups(label, len(degrees))
-    S, Q, B, V = group_terms_of(groups, lengths, etas, visual)
+    groups, gid = labels_to_groups(label, len(degrees), gid=True)
+    S, Q, B, V = group_terms_of(groups, lengths, etas, visual, terms=ev.terms, gid=gid)
     return build_micro_batch(groups, degrees, S, Q, num_ranks, cost_model, B=B, V=V)
 
 
@@ -184,7 +184,8 @@ class _MegatronEval:
                 label[i] = g
                 room[g] -= lengths[i]
         elif short_ids.size:
-            sl = lpt_labels(self.work[short_ids], lengths[short_ids], r, E)
+            # short_ids are in self.order: heaviest first, index order on ties, as lpt_labels would sort them
+            sl = lpt_labels(self.work[short_ids], lengths[short_ids], r, E, presorted=True)
             if sl is None:
                 return None
             present = np.bincount(sl, minlength=r) > 0  # renumber to the non-empty groups, in group-id order

@@ -93,7 +93,8 @@ def labels_to_groups(label: np.ndarray, num_groups: int, ids: np.ndarray | None 
     return groups, dense[label]
 
 
-def lpt_labels(work: np.ndarray, lengths: np.ndarray, num_groups: int, capacity: float) -> np.ndarray | None:
+def lpt_labels(work: np.ndarray, lengths: np.ndarray, num_groups: int, capacity: float, *,
+               presorted: bool = False) -> np.ndarray | None:
     """Longest-processing-time packing into ``num_groups`` groups of at most ``capacity`` tokens.
 
     Sequences are taken heaviest ``work`` first. With fewer than 16 groups each goes to the least loaded
@@ -101,14 +102,15 @@ def lpt_labels(work: np.ndarray, lengths: np.ndarray, num_groups: int, capacity:
     rounds (vectorised): the next ``num_groups`` sequences go, heaviest first, to the groups in ascending
     order of load; a round where some pair breaks the capacity is placed one by one instead
     (:func:`lpt_exact`, the same choices as :func:`lpt_place`).
-    Returns the group id of each sequence, or None when some sequence fits nowhere.
+    Returns the group id of each sequence, or None when some sequence fits nowhere. ``presorted``: the items are
+    already heaviest first with index order on ties (the order the sort below would give; it is skipped).
     """
     work = np.asarray(work, dtype=np.float64)
     lengths = np.asarray(lengths, dtype=np.float64)
     n, K = work.size, int(num_groups)
     if K == 1:
         return np.zeros(n, dtype=np.int64) if float(lengths.sum()) <= capacity else None
-    order = np.lexsort((np.arange(n), -work))
+    order = np.arange(n) if presorted else np.lexsort((np.arange(n), -work))
     loop = _kernel(n, K) if K >= 16 else None  # (below 16 groups lpt_heap runs it)
     if loop is not None:  # the same labels (fcp_data.plan.lpt_kernel); numpy decides whether capacity can bind
         return _run_kernel(loop, work, lengths, order, K, np.inf if float(lengths.sum()) <= capacity else capacity, True)

@@ -92,3 +92,17 @@ def test_labels_gid_gives_group_terms_of_its_own_sums():
         assert all(i in groups[g] for i, g in enumerate(gid.tolist()))
         for want, got in zip(group_terms_of(groups, L, E, V), group_terms_of(groups, L, E, V, gid=gid)):
             assert np.array_equal(want, got)
+
+
+def test_presorted_items_skip_only_the_sort():
+    """``lpt_labels(..., presorted=True)`` on items already heaviest first (ties in index order, many of them) gives
+    the labels of the sorting call, for both LPT modes, with and without binding capacity."""
+    rng = np.random.default_rng(4)
+    for _ in range(300):
+        n, k = int(rng.integers(1, 400)), int(rng.integers(1, 70))
+        work = -np.sort(-rng.choice(rng.uniform(0, 10, int(rng.integers(1, 20))), n))  # non-increasing, ties
+        sizes = rng.integers(1, 1000, n).astype(np.float64)
+        cap = float(rng.choice([np.inf, sizes.sum() / k * 1.2, sizes.max() * 2]))
+        want = lpt.lpt_labels(work, sizes, k, cap)
+        got = lpt.lpt_labels(work, sizes, k, cap, presorted=True)
+        assert (want is None and got is None) or np.array_equal(want, got)
