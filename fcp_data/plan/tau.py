@@ -39,12 +39,15 @@ __all__ = ["tau_groupings", "min_ranks_for"]
 headroom_kernel = jit.kernel(headroom_loop, SIGNATURE)  # () -> the compiled headroom fill, or None
 
 _BISECT_STEPS = 48
+_DENSE_TAU_MAX = 1 << 15  # long-sequence candidates × ranks up to which the running minimum is kept dense
 
 
-def min_ranks_for(Tt: np.ndarray | RunningMin, tau: float) -> np.ndarray:
+def min_ranks_for(Tt: np.ndarray | RunningMin, tau: float, rows: int | None = None) -> np.ndarray:
     """Fewest ranks per row of the running-minimum time table ``Tt`` (K × N) meeting ``τ``; ``N + 1``
-    where no degree does."""
-    return Tt.min_ranks(tau) if isinstance(Tt, RunningMin) else 1 + (Tt > tau).sum(axis=1)
+    where no degree does; ``rows``: only the first ``rows`` rows."""
+    if isinstance(Tt, RunningMin):
+        return Tt.min_ranks(tau, rows)
+    return 1 + (Tt[:rows] > tau).sum(axis=1)
 
 
 def _rest_bins(tau: float, m: int, work_sorted: np.ndarray, neg_work: np.ndarray, suffix_work: np.ndarray,
@@ -168,8 +171,10 @@ def tau_groupings(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_mo
     # at most N/2 sequences can take ≥ 2 ranks each; overflowing ones always count
     M = int(min(n, max(int(over.sum()), N // 2)))
     top = order[:M]
-    # the running minimum over useful degrees only (queried at τ ≥ lo below, its floor)
-    Tt = time_table(s[top], q[top], N, cost_model, B=b[top], V=v[top], sparse=True).running_min(cost_model.beta1)
+    # the running minimum over useful degrees only (queried at τ ≥ lo below, its floor); a small table dense (the
+    # same entries, RunningMin's items cost more to build than the whole table)
+    table = time_table(s[top], q[top], N, cost_model, B=b[top], V=v[top], sparse=True)
+    Tt = np.minimum.accumulate(table.dense(), axis=1) if M * N <= _DENSE_TAU_MAX else table.running_min(cost_model.beta1)
     t = _Target(s=s, q=q, b=b, v=v, solo=solo, order=order, Tt=Tt, M=M, n_over=int(over.sum()))
     if not _bisect(t, N, cost_model):
         return []
@@ -194,7 +199,7 @@ def _bisect(t: _Target, N: int, cost_model: CostModel) -> bool:
         m = _long_count(t, tau)
         if m > t.M:
             return False
-        need = int(t.Tt.min_ranks(tau, m).sum()) if m else 0
+        need = int(min_ranks_for(t.Tt, tau, m).sum()) if m else 0
         return need + _rest_bins(tau, m, work_sorted, neg_work, suffix_work, beta1) <= N
 
     lo = float(max(t.Tt[:, -1].max() if t.M else 0.0, beta1))  # no plan beats the longest sequence on N ranks

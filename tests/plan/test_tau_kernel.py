@@ -48,3 +48,21 @@ def test_headroom_kernel_gives_the_numpy_groupings(monkeypatch, name, kernel):
         assert got == want, (name, trial)
         filled_with_light += sum(1 for groups, filled in want if filled and any(len(g) > 1 for g in groups))
     assert filled_with_light > 10  # the fill took light sequences often enough to be tested
+
+
+def test_dense_running_minimum_gives_the_sparse_groupings(monkeypatch):
+    """A small tau table is kept dense (``np.minimum.accumulate`` of the whole table) instead of a RunningMin over
+    useful degrees: the same groupings on the random instances above (the bisection's target, the ranks per long
+    sequence, the coarse variants), and the dense path is the one small instances take."""
+    rng = np.random.default_rng(43)
+    dense_taken = 0
+    for trial in range(120):
+        L, etas, N, cm, visual = _instance(rng)
+        monkeypatch.setattr(tau, "_DENSE_TAU_MAX", 0)
+        want = tau.tau_groupings(L, etas, N, cm, visual=visual, spread=1)
+        monkeypatch.setattr(tau, "_DENSE_TAU_MAX", 1 << 30)
+        got = tau.tau_groupings(L, etas, N, cm, visual=visual, spread=1)
+        monkeypatch.undo()
+        assert got == want, trial
+        dense_taken += min(L.size, max(int((L > cm.tokens_per_rank).sum()), N // 2)) * N <= tau._DENSE_TAU_MAX
+    assert dense_taken > 100
