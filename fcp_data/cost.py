@@ -219,8 +219,15 @@ class CostModel:
         """Per-group constants of :meth:`time_fixed` for groups of degrees ``d`` (1-D) and node flags ``intra``: a
         ``(5, K)`` array of rows ``d``, ``d − 1``, the bandwidth, ``beta2`` (0 where ``d == 1``) and ``gamma·(d − 1)``."""
         d = np.asarray(d, dtype=np.float64)
-        return np.stack([d, d - 1.0, np.where(np.asarray(intra, dtype=bool), self.bandwidth_intra, self.bandwidth_inter),
-                         np.where(d > 1, self.beta2, 0.0), self.gamma * (d - 1.0)])
+        out = np.empty((5,) + d.shape)  # filled row by row: the values np.stack of the five rows gives, fewer copies
+        out[0] = d
+        np.subtract(d, 1.0, out=out[1])
+        np.copyto(out[2], self.bandwidth_inter)
+        np.copyto(out[2], self.bandwidth_intra, where=np.asarray(intra, dtype=bool))
+        np.copyto(out[3], 0.0)
+        np.copyto(out[3], self.beta2, where=d > 1)
+        np.multiply(self.gamma, out[1], out=out[4])
+        return out
 
     def time_fixed(self, S, Q, B, V, cols: np.ndarray) -> np.ndarray:
         """:meth:`time` for many aggregates on groups whose degrees and placement are fixed (``cols`` from
