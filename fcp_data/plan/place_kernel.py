@@ -25,72 +25,58 @@ def place_loop(degrees, num_ranks, R, out, start):
     """Write each group's ranks, ascending, into ``out[start[g]:start[g + 1]]`` (``Σ degrees ≤ num_ranks``)."""
     K = degrees.size
     num_nodes = (num_ranks + R - 1) // R
-    nxt = np.empty(num_nodes, dtype=np.int64)
-    end = np.empty(num_nodes, dtype=np.int64)
-    count = np.empty(num_nodes, dtype=np.int64)
-    for n in range(num_nodes):
-        nxt[n] = n * R
-        end[n] = min((n + 1) * R, num_ranks)
-        count[n] = end[n] - nxt[n]
+    nxt = np.arange(num_nodes) * R  # a node's free ranks: nxt[n] .. its end
+    count = np.minimum(nxt + R, num_ranks) - nxt
+    part_node = np.empty(num_nodes, dtype=np.int64)  # this group's parts: node and ranks taken there
+    part_size = np.empty_like(part_node)
+    key = np.empty_like(part_node)
     order = np.argsort(-degrees, kind="mergesort")  # stable: (−degree, index)
     for pos in range(K):
         g = order[pos]
-        need = degrees[g]
+        need, parts = degrees[g], 0
         if need == 1:  # drain the nodes in (free count, id) order into the degree-1 groups left
-            key = np.empty(num_nodes, dtype=np.int64)
             for n in range(num_nodes):
                 key[n] = count[n] * num_nodes + n
             h = pos
             for n in np.argsort(key):
-                for r in range(nxt[n], end[n]):
+                for r in range(nxt[n], nxt[n] + count[n]):
                     if h < K:
                         out[start[order[h]]] = r
                         h += 1
             return
-        w = start[g]
-        parts = 0
-        if degrees[g] > R:  # whole free nodes, lowest first
-            while need >= R:
-                n = -1
-                for m in range(num_nodes):
-                    if count[m] == R:
-                        n = m
-                        break
-                if n < 0:
-                    break
-                for r in range(nxt[n], nxt[n] + R):
-                    out[w] = r
-                    w += 1
-                nxt[n] += R
-                count[n] -= R
-                need -= R
-                parts += 1
+        while degrees[g] > R and need >= R:  # whole free nodes, lowest first
+            full = np.flatnonzero(count == R)
+            if full.size == 0:
+                break
+            n = full[0]
+            part_node[parts], part_size[parts], parts = n, R, parts + 1
+            count[n] -= R
+            need -= R
         if need > 0:
             n = -1
             for m in range(num_nodes):  # best fit: fewest free ranks that hold it, lowest id on ties
                 if count[m] >= need and (n < 0 or count[m] < count[n]):
                     n = m
             if n >= 0:
-                for r in range(nxt[n], nxt[n] + need):
-                    out[w] = r
-                    w += 1
-                nxt[n] += need
+                part_node[parts], part_size[parts], parts = n, need, parts + 1
                 count[n] -= need
-                parts += 1
             else:  # spread over the nodes with most free ranks (that order, taken once)
-                key = np.empty(num_nodes, dtype=np.int64)
                 for m in range(num_nodes):
                     key[m] = (R - count[m]) * num_nodes + m
                 for m in np.argsort(key):
                     k = min(need, count[m])
-                    for r in range(nxt[m], nxt[m] + k):
-                        out[w] = r
-                        w += 1
-                    nxt[m] += k
-                    count[m] -= k
-                    need -= k
-                    parts += 1
+                    if k > 0:
+                        part_node[parts], part_size[parts], parts = m, k, parts + 1
+                        count[m] -= k
+                        need -= k
                     if need == 0:
                         break
+        w = start[g]
+        for p in range(parts):  # a node is in at most one part of a group: its lowest free ranks
+            n = part_node[p]
+            for r in range(nxt[n], nxt[n] + part_size[p]):
+                out[w] = r
+                w += 1
+            nxt[n] += part_size[p]
         if parts > 1:  # one part is ascending already
             out[start[g]: start[g + 1]].sort()
