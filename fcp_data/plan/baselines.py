@@ -128,8 +128,11 @@ def ulysses(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: C
 
 
 def megatron_dynamic(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: CostModel, *,
-                     visual: np.ndarray | None = None, **_: object) -> MicroBatchPlan:
-    """Power-of-two degree per long sequence, LPT over the rest, greedy doubling of the slowest group."""
+                     visual: np.ndarray | None = None, below: float | None = None, **_: object) -> MicroBatchPlan | None:
+    """Power-of-two degree per long sequence, LPT over the rest, greedy doubling of the slowest group. ``below``
+    (FCP's candidate): None instead of the plan when its makespan cannot be below ``below`` — its configuration's
+    time, with every group of at most a node inside one, is a lower bound of the placed makespan when the inter-node
+    bandwidth does not exceed the intra-node one (a group that crosses nodes only gets slower)."""
     E = cost_model.tokens_per_rank
     n = lengths.size
     work = work_proxy(lengths, etas, cost_model, visual)
@@ -154,7 +157,9 @@ def megatron_dynamic(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost
         if nxt is None or nxt[0] >= cur[0]:
             break
         deg, cur = trial, nxt
-    _, label, degrees, _ = cur
+    span, label, degrees, _ = cur
+    if below is not None and span >= below and cost_model.bandwidth_inter <= cost_model.bandwidth_intra:
+        return None
     groups, gid = labels_to_groups(label, len(degrees), gid=True)
     S, Q, B, V = group_terms_of(groups, lengths, etas, visual, terms=ev.terms, gid=gid)
     return build_micro_batch(groups, degrees, S, Q, num_ranks, cost_model, B=B, V=V)

@@ -32,6 +32,7 @@ plans on every rank; only ``solve_ms`` differs."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -122,10 +123,10 @@ def fcp_micro_batch(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_
         _search_candidates(lengths, etas, num_ranks, cost_model, visual, best, alloc, consider, escalate)
     plans = _refined_plans(best, lengths, etas, num_ranks, cost_model, visual)
     if with_baselines and lengths.size * num_ranks <= MEGATRON_CANDIDATE_MAX:
-        try:
-            plans.append((megatron_dynamic(lengths, etas, num_ranks, cost_model, visual=visual), False))
-        except ValueError:
-            pass
+        with contextlib.suppress(ValueError):  # no megatron configuration fits: no candidate; ties go to earlier plans
+            below = None if pool is not None else min((p.makespan for p, _ in plans), default=None)
+            if (mb := megatron_dynamic(lengths, etas, num_ranks, cost_model, visual=visual, below=below)) is not None:
+                plans.append((mb, False))
     if not plans:
         raise does_not_fit(lengths, num_ranks, cost_model)
     if pool is not None:
@@ -152,8 +153,7 @@ class _Incumbents:
         self.pool: list | None = [] if keep_pool else None
 
     def beaten(self, track: str, value: float) -> bool:
-        """Whether :meth:`consider` would drop every candidate of ideal value ``value`` or more on ``track``
-        (never in the robust mode, which keeps every candidate in ``pool``)."""
+        """Whether :meth:`consider` would drop every candidate of ideal value ``value`` or more on ``track`` (never in the robust mode)."""
         inc = self.best.get(track)
         return self.pool is None and inc is not None and not value < inc[0] * (1 + 1e-12)
 
