@@ -249,9 +249,10 @@ def placed_times(S: np.ndarray, Q: np.ndarray, ranks: list[tuple[int, ...]], cos
                  B: np.ndarray | None = None, V: np.ndarray | None = None) -> np.ndarray:
     """§4 time of each group on its real ranks (intra-node only when all its ranks share a node);
     ``B``, ``V``: the groups' §4.1 aggregates (see :meth:`CostModel.time`)."""
-    if any(len(r) == 0 for r in ranks):
+    sizes = list(map(len, ranks))
+    if 0 in sizes:
         raise ValueError("a CP group needs at least one rank")
-    d = np.fromiter(map(len, ranks), dtype=np.float64, count=len(ranks))
+    d = np.array(sizes, dtype=np.float64)
     intra = intra_flags(ranks, cost_model.ranks_per_node)
     return np.atleast_1d(cost_model.time(np.asarray(S, dtype=np.float64), np.asarray(Q, dtype=np.float64), d, intra,
                                          B=B, V=V))

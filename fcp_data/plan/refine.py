@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from itertools import chain
+from itertools import chain, filterfalse
 
 import numpy as np
 
@@ -156,16 +156,18 @@ def _rebuilt(mb: MicroBatchPlan, label: np.ndarray, start: np.ndarray, touched: 
     keep their packing order, the newcomers follow in index order (O(moves + their sizes), not O(groups ×
     sequences)). ``mb`` itself if the moves did not lower its placed makespan."""
     K = len(mb.groups)
-    changed = {k for k in touched if label[k] != start[k]}
+    moved = np.sort(np.fromiter(touched, dtype=np.int64, count=len(touched)))
+    moved = moved[label[moved] != start[moved]]  # ascending: the newcomers' order
+    changed = set(moved.tolist())
     incoming: dict[int, list[int]] = {}
-    for k in sorted(changed):
-        incoming.setdefault(int(label[k]), []).append(k)
-    dirty = {int(start[k]) for k in changed} | set(incoming)
+    for k, g in zip(moved.tolist(), label[moved].tolist()):
+        incoming.setdefault(g, []).append(k)
+    dirty = set(start[moved].tolist()) | set(incoming)
     groups = []
     for g, grp in enumerate(mb.groups):
         ids = grp.seq_ids
-        if g in dirty:
-            ids = tuple(k for k in ids if k not in changed) + tuple(incoming.get(g, ()))
+        if g in dirty:  # the members that stayed, in order (filterfalse: no Python step per member)
+            ids = tuple(filterfalse(changed.__contains__, ids)) + tuple(incoming.get(g, ()))
         if ids:
             groups.append((g, grp.ranks, ids))
     keep = np.array([g for g, _, _ in groups], dtype=np.int64)
