@@ -45,10 +45,11 @@ def place_loop(degrees, num_ranks, R, out, start):
                         h += 1
             return
         while degrees[g] > R and need >= R:  # whole free nodes, lowest first
-            full = np.flatnonzero(count == R)
-            if full.size == 0:
+            n = 0
+            while n < num_nodes and count[n] != R:  # the lowest fully free node (a scan: no temporary per node)
+                n += 1
+            if n == num_nodes:
                 break
-            n = full[0]
             part_node[parts], part_size[parts], parts = n, R, parts + 1
             count[n] -= R
             need -= R
