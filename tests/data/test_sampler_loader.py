@@ -146,8 +146,10 @@ def test_speculation_is_discarded_by_another_epoch_and_by_load_state_dict():
 # torch's multiprocessing DataLoader iterator prefetches indices in its constructor, so the sampler's error aborts that
 # constructor after the workers started; its __del__ then closes the index queues while their feeder threads may still
 # write ("Bad file descriptor" in a QueueFeederThread). That teardown is torch's; it is finished inside this test
-# (:func:`_join_queue_feeders`) so that it is not reported under the next one.
+# (:func:`_join_queue_feeders`) so that it is not reported under the next one; the same close can also surface from a
+# connection's __del__ ("Exception ignored in ... _ConnectionBase.__del__").
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_planner_errors_surface_in_the_consumer():
     """An exception raised while planning on the background thread is re-raised by next() in the
     training process (with the planner's traceback), and the thread is gone afterwards."""
