@@ -12,8 +12,9 @@ Two ways to use it, one mechanism (:class:`WorkerPool`):
   many cases, so the start-up is paid once).
 
 Workers are forked by a ``forkserver`` that imported torch (for :func:`launch` also fcp's training stack)
-once, so a start costs ~0.1 s (``spawn`` where there is none); they rendezvous on a ``TCPStore`` the parent
-hosts on a free port (no port race). A worker's exception is re-raised here as :class:`WorkerFailure` with
+once, so a start costs ~0.1 s (``spawn`` where there is none; a launch that needs more modules restarts an idle
+forkserver with them, :mod:`fcp_exec.forkserver`); they rendezvous on a ``TCPStore`` the parent hosts on a free
+port (no port race). A worker's exception is re-raised here as :class:`WorkerFailure` with
 each failing rank's traceback (peers get 2 s to report theirs: the first error is often a peer's symptom);
 ``timeout`` bounds the start-up and every run: a hanging or dying worker makes the pool kill all workers and raise
 ``TimeoutError`` / :class:`WorkerFailure`, never hang. After a failure the pool restarts on the next ``run`` (an
@@ -36,6 +37,7 @@ import weakref
 from typing import Any, Callable, Sequence
 
 from fcp_data.sampler_inputs import dist_rank_and_world as dist_info  # the one rank/world helper
+from fcp_exec import forkserver
 
 __all__ = ["launch", "WorkerPool", "WorkerFailure", "resolve_nproc", "default_backend", "current_device",
            "in_torchrun", "dist_info", "init_distributed", "collective_dtype", "check_devices"]
@@ -159,10 +161,7 @@ def init_distributed(backend: str | None = None, timeout_s: float = 300.0, num_t
     if accelerator:
         kwargs["device_id"] = device
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
-    if accelerator:
-        dist.barrier(device_ids=[device.index])
-    else:
-        dist.barrier()
+    dist.barrier(**({"device_ids": [device.index]} if accelerator else {}))
     return device
 
 
@@ -223,17 +222,18 @@ def _spawn(world: int, worker_args: tuple, preload: Sequence[str]):
     one, by ``spawn`` if there is none or its socket vanished (e.g. its temp dir was cleaned)."""
     import torch.multiprocessing as mp
 
-    methods = (["forkserver"] if "forkserver" in mp.get_all_start_methods() else []) + ["spawn"]
-    for method in methods:
+    for method in (["forkserver"] if "forkserver" in mp.get_all_start_methods() else []) + ["spawn"]:
         ctx = mp.get_context(method)
         if method == "forkserver":
-            ctx.set_forkserver_preload(list(preload))
+            preload, before = forkserver.set_preload(ctx, preload, busy=len(_LIVE) > 0)
         results, tasks = ctx.Queue(), [ctx.Queue() for _ in range(world)]
         procs = [ctx.Process(target=_worker_main, name=f"fcp-rank-{r}", daemon=False,  # ranks may start DataLoader workers
                              args=(r, world, *worker_args, tasks[r], results)) for r in range(world)]
         try:
             for p in procs:
                 p.start()
+            if method == "forkserver":
+                forkserver.note_started(preload, before)
             return procs, tasks, results
         except OSError:
             _stop(procs)

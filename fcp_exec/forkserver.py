@@ -1,0 +1,57 @@
+"""The forkserver's preload across launches of one process (a notebook, a test session, a benchmark sweep).
+
+``multiprocessing`` starts one forkserver per process and fixes its preloaded modules when it starts; a later
+launch that needs more (``transformers.modeling_utils`` for a Hugging Face model, ~3.5 s of imports) would pay
+those imports again in *every* worker it forks. :func:`set_preload` restarts a forkserver that fcp started itself
+and that lacks modules the new launch needs, with the union of both preloads, when no worker forked from it is
+alive (its exit statuses reach the parent through the server). Any other forkserver (started by user code) is
+left alone; so is ours while a pool is open: the workers then import what is missing themselves, as before.
+Restarting relies on ``ForkServer._stop`` (CPython ≥ 3.8, used by its own tests); without it nothing changes.
+"""
+
+from __future__ import annotations
+
+from multiprocessing import forkserver
+from typing import Sequence
+
+__all__ = ["set_preload", "note_started", "stop"]
+
+_served: tuple[str, ...] = ()  # what the forkserver fcp started preloads, in import order
+_pid: int | None = None  # that forkserver's pid (None: fcp started none, or it was stopped)
+
+
+def _running_pid() -> int | None:
+    return getattr(forkserver._forkserver, "_forkserver_pid", None)
+
+
+def set_preload(ctx, preload: Sequence[str], *, busy: bool) -> tuple[tuple[str, ...], int | None]:
+    """Set the preload of ``ctx`` (a forkserver context) for the next start; restart fcp's running forkserver
+    when it lacks some of ``preload`` and ``busy`` is False (no worker of it alive). Returns the preload set and
+    the pid of the forkserver running now (None: none), for :func:`note_started`."""
+    wanted = tuple(dict.fromkeys([*preload, *_served]))  # a restart keeps what the old server had
+    if not set(preload) <= set(_served) and not busy:
+        stop()
+    ctx.set_forkserver_preload(list(wanted))
+    return wanted, _running_pid()
+
+
+def stop() -> bool:
+    """Stop the forkserver fcp started (it holds the preloaded modules' memory, ~0.5 GB with a Hugging Face
+    model's) and forget what it preloaded; True if one was stopped. Only call it when no fcp worker is alive
+    (:class:`fcp_exec.launch.WorkerPool` closed): the exit status of a worker reaches the parent through it."""
+    global _pid, _served
+    halt = getattr(forkserver._forkserver, "_stop", None)
+    if halt is None or _pid is None or _running_pid() != _pid:
+        return False
+    halt()
+    _pid, _served = None, ()
+    return True
+
+
+def note_started(preload: Sequence[str], before: int | None) -> None:
+    """After workers started: a forkserver that was not running before (pid ``before``) was started by this
+    launch with ``preload``; record it as fcp's. One that was already running keeps its record."""
+    global _served, _pid
+    running = _running_pid()
+    if running is not None and running != before:
+        _served, _pid = tuple(preload), running
