@@ -11,6 +11,7 @@ Restarting relies on ``ForkServer._stop`` (CPython ≥ 3.8, used by its own test
 
 from __future__ import annotations
 
+import os
 from multiprocessing import forkserver
 from typing import Sequence
 
@@ -18,6 +19,12 @@ __all__ = ["set_preload", "note_started", "stop"]
 
 _served: tuple[str, ...] = ()  # what the forkserver fcp started preloads, in import order
 _pid: int | None = None  # that forkserver's pid (None: fcp started none, or it was stopped)
+
+
+def _from_env() -> list[str]:
+    """``FCP_FORKSERVER_PRELOAD``: more modules, comma-separated, for every forkserver fcp starts (e.g. the package
+    of the function the workers run, which each worker would otherwise import when it unpickles the task)."""
+    return [m.strip() for m in os.environ.get("FCP_FORKSERVER_PRELOAD", "").split(",") if m.strip()]
 
 
 def _running_pid() -> int | None:
@@ -28,6 +35,7 @@ def set_preload(ctx, preload: Sequence[str], *, busy: bool) -> tuple[tuple[str, 
     """Set the preload of ``ctx`` (a forkserver context) for the next start; restart fcp's running forkserver
     when it lacks some of ``preload`` and ``busy`` is False (no worker of it alive). Returns the preload set and
     the pid of the forkserver running now (None: none), for :func:`note_started`."""
+    preload = [*preload, *_from_env()]
     wanted = tuple(dict.fromkeys([*preload, *_served]))  # a restart keeps what the old server had
     if not set(preload) <= set(_served) and not busy:
         stop()

@@ -43,7 +43,8 @@ __all__ = ["launch", "WorkerPool", "WorkerFailure", "resolve_nproc", "default_ba
            "in_torchrun", "dist_info", "init_distributed", "collective_dtype", "check_devices"]
 
 _HOST = "127.0.0.1"
-_PRELOAD = ("torch", "torch.distributed", "fcp_exec.launch")
+# torch._dynamo: torch imports it on a process's first dynamo-disabled call (optimizer step, FSDP): ~1 s per worker
+_PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "fcp_exec.launch")
 # launch() serves training: its forkserver also imports the training stack once (later launches start in ~0.1 s)
 _TRAIN_PRELOAD = _PRELOAD + tuple("fcp_exec.train fcp_exec.ring_attention transformers fcp_exec.integrations.hf fcp_exec.models "
                                    "fcp_exec.integrations.hf_positions fcp_data.sampler fcp_data.collator fcp_data.plan".split())
@@ -338,8 +339,7 @@ class WorkerPool:
     def _collect(self, task_id: int, timeout: float, *, what: str) -> list:
         """Every rank's result of ``task_id``; on a failure, a hang past ``timeout`` or a dead worker the workers
         are killed and WorkerFailure / TimeoutError is raised."""
-        values: dict[int, Any] = {}
-        errors: dict[int, tuple[str, str, str]] = {}
+        values, errors = {}, {}  # rank -> result; rank -> (type name, message, traceback)
         deadline, grace = time.monotonic() + timeout, float("inf")
         while len(values) + len(errors) < self.world_size:
             limit = min(deadline, grace)
@@ -374,8 +374,8 @@ def _without_rank(rank: int, fn: Callable[..., Any], *args: Any) -> Any:
 def launch(fn: Callable[..., Any], nproc: int, *args: Any, backend: str | None = None,
            timeout: float = 1800.0, pg_timeout: float = 300.0, preload: Sequence[str] = ()) -> list:
     """Run ``fn(*args)`` on ``nproc`` ranks (module docstring); returns the results by rank. ``timeout`` bounds
-    the whole run (start-up included). ``preload``: more modules the forkserver imports once (if this call starts
-    it), e.g. ``transformers.modeling_utils`` (1.7 s per rank otherwise)."""
+    the whole run (start-up included). ``preload``: more modules the forkserver imports once (an idle one that
+    lacks them is restarted), e.g. ``transformers.modeling_utils`` (~3 s per rank otherwise)."""
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise ValueError(f"nproc must be a positive int, got {nproc!r}")
     if in_torchrun():

@@ -19,6 +19,10 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
+# Workers forked by fcp's launcher unpickle functions defined in test modules, which import pytest: the forkserver
+# imports it once instead (fcp_exec/forkserver.py).
+os.environ.setdefault("FCP_FORKSERVER_PRELOAD", "pytest")
+
 _DURATIONS = Path(__file__).with_name("durations.json")
 _measured: dict[str, float] = defaultdict(float)
 

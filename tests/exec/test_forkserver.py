@@ -69,3 +69,9 @@ def test_a_forkserver_started_by_someone_else_is_never_stopped():
             assert not forkserver.stop()
     finally:
         forkserver._served, forkserver._pid = saved
+
+
+def test_the_environment_adds_modules_to_every_forkserver(monkeypatch):
+    monkeypatch.setenv("FCP_FORKSERVER_PRELOAD", " sched , ")
+    seen, _ = _run(())
+    assert seen["sched"], "FCP_FORKSERVER_PRELOAD did not reach the forkserver"
