@@ -1,77 +1,109 @@
 """The launcher's forkserver across launches of one process (:mod:`fcp_exec.forkserver`), on real processes.
 
-A worker forked by a forkserver sees the server's preloaded modules in ``sys.modules`` before it runs anything, and
-its parent pid is the server's. Reference: which stdlib modules (``tabnanny``, ``sched``, ``pyclbr``, imported by
-nothing fcp or torch loads) each worker finds already imported, and whether the server pid changed. A failure
-means a launch that needs more modules pays their imports in every worker again (3.5 s each for a Hugging Face
-model's), or that a forkserver with live workers was stopped under them.
+A process forked by a forkserver sees the server's preloaded modules in ``sys.modules`` before it runs anything, and
+its parent pid is the server's. Reference: which stdlib modules (``tabnanny``, ``sched``, ``pyclbr``, ``netrc``,
+imported by nothing fcp, torch or pytest loads) each child finds already imported, and whether the server pid
+changed. Most cases drive :func:`fcp_exec.forkserver.set_preload` with a bare forkserver context and a probe that
+imports nothing (each server start costs ~0.1 s); one case goes through :class:`WorkerPool`. A failure means a
+launch that needs more modules pays their imports in every worker again (3.5 s each for a Hugging Face model's),
+or that a forkserver with live workers, or one fcp did not start, was stopped under them.
 """
 
 from __future__ import annotations
 
-import os
-import sys
+import multiprocessing as mp
 
 import pytest
 
+from _forkserver_probe import probe
 from fcp_exec import forkserver
 from fcp_exec.launch import _PRELOAD, WorkerPool
 
-PROBED = ("tabnanny", "sched", "pyclbr")
+PROBED = ("tabnanny", "sched", "pyclbr", "netrc")
+CTX = mp.get_context("forkserver")
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _fresh_forkserver():
-    """The module starts and ends without fcp's forkserver: its restarts then import torch only (not the training
-    stack an earlier test of this process preloaded), and the probe modules do not reach later launches."""
+def _no_fcp_forkserver_at_the_start():
+    """Start from no fcp forkserver: its restarts here then import the probe modules only, not the training stack
+    an earlier test of this process preloaded."""
     forkserver.stop()
     yield
-    forkserver.stop()
 
 
-def _probe(rank: int) -> tuple[dict[str, bool], int]:
-    return {m: m in sys.modules for m in PROBED}, os.getppid()
+def _fork(preload: tuple[str, ...], busy: bool = False) -> tuple[dict[str, bool], int]:
+    """Start one child the way the launcher does (set_preload, start, note_started); what it saw, its server."""
+    wanted, before = forkserver.set_preload(CTX, preload, busy=busy)
+    results = CTX.Queue()
+    child = CTX.Process(target=probe, args=(results, PROBED))
+    child.start()
+    forkserver.note_started(wanted, before)
+    out = results.get(timeout=60)
+    child.join(30)
+    return out
 
 
-def _run(preload: tuple[str, ...]) -> tuple[dict[str, bool], int]:
-    with WorkerPool(2, backend="gloo", pg_timeout=60, preload=_PRELOAD + preload) as pool:
-        out = pool.run(_probe, timeout=120)
-    assert out[0] == out[1], f"the two ranks were forked differently: {out}"
-    return out[0]
-
-
-def test_an_idle_forkserver_is_restarted_with_the_modules_a_launch_needs_and_a_busy_one_is_not():
-    seen0, server0 = _run(())
-    assert not seen0["tabnanny"] and not seen0["sched"], seen0
-    with WorkerPool(2, backend="gloo", pg_timeout=60) as held:  # workers of the running server stay alive
-        seen, server = _run(("sched",))
-        assert server == server0 and not seen["sched"], "a forkserver with live workers was restarted"
-        assert all(p.is_alive() for p in held._procs)
-        assert held.run(_probe, timeout=120)[0][1] == server0  # the held pool still works
-    seen1, server1 = _run(("tabnanny",))  # idle now: restarted with tabnanny
-    assert seen1["tabnanny"], "the workers of a launch that needs tabnanny were forked without it"
+def test_an_idle_forkserver_is_restarted_with_the_modules_a_launch_needs():
+    seen0, server0 = _fork(())
+    assert not any(seen0.values()), seen0
+    seen1, server1 = _fork(("tabnanny",))
+    assert seen1["tabnanny"], "a launch that needs tabnanny was forked from a server without it"
     assert server1 != server0, "the forkserver was not restarted"
-    seen2, server2 = _run(())  # a smaller preload: the server (and what it imported) is kept
-    assert server2 == server1 and seen2["tabnanny"], (server1, server2, seen2)
+    seen2, server2 = _fork(("sched",))  # restarted again: with the union, tabnanny stays preloaded
+    assert server2 != server1 and seen2["sched"] and seen2["tabnanny"], seen2
+    seen3, server3 = _fork(("tabnanny",))  # a preload the server already has: kept
+    assert server3 == server2 and seen3["sched"], (server2, server3)
+
+
+def test_a_busy_forkserver_is_left_running():
+    _, server0 = _fork(())
+    seen, server = _fork(("pyclbr",), busy=True)  # workers of it alive: never stopped under them
+    assert server == server0 and not seen["pyclbr"], (server0, server, seen)
+    seen, server = _fork(("pyclbr",))  # idle again
+    assert server != server0 and seen["pyclbr"]
 
 
 def test_a_forkserver_started_by_someone_else_is_never_stopped():
-    """A forkserver fcp did not start keeps running (here fcp's record is cleared, as if user code had started the
-    server, or names another server, as if multiprocessing had replaced fcp's); fcp's workers then import what
-    they need themselves."""
+    """A forkserver fcp did not start keeps running: fcp's record cleared (as if user code had started the server)
+    or naming another server (as if multiprocessing had replaced fcp's); fcp's workers then import what they need
+    themselves."""
     saved = forkserver._served, forkserver._pid
     try:
         for record in (None, -1):
             forkserver._pid = record
-            _, server_before = _run(())
-            seen, server_after = _run(("pyclbr",))
-            assert server_after == server_before and not seen["pyclbr"], record
+            _, server_before = _fork(())
+            seen, server_after = _fork(("netrc",))
+            assert server_after == server_before and not seen["netrc"], record
             assert not forkserver.stop()
     finally:
         forkserver._served, forkserver._pid = saved
 
 
 def test_the_environment_adds_modules_to_every_forkserver(monkeypatch):
-    monkeypatch.setenv("FCP_FORKSERVER_PRELOAD", " sched , ")
-    seen, _ = _run(())
-    assert seen["sched"], "FCP_FORKSERVER_PRELOAD did not reach the forkserver"
+    forkserver.stop()
+    monkeypatch.setenv("FCP_FORKSERVER_PRELOAD", " netrc , ")
+    seen, _ = _fork(())
+    assert seen["netrc"], "FCP_FORKSERVER_PRELOAD did not reach the forkserver"
+
+
+def _worker_probe(rank: int) -> tuple[dict[str, bool], int]:
+    import os
+    import sys
+
+    return {m: m in sys.modules for m in PROBED}, os.getppid()
+
+
+def test_worker_pools_restart_an_idle_forkserver_but_not_one_with_live_workers():
+    """The launcher's own calls: a pool that needs a module the server lacks restarts it when no pool is open,
+    and leaves it running while one is."""
+    forkserver.stop()
+    with WorkerPool(2, backend="gloo", pg_timeout=60, preload=_PRELOAD) as held:
+        (seen, server_held), _ = held.run(_worker_probe, timeout=120)
+        assert not seen["sched"]
+        with WorkerPool(2, backend="gloo", pg_timeout=60, preload=_PRELOAD + ("sched",)) as other:
+            (seen, server), _ = other.run(_worker_probe, timeout=120)
+        assert server == server_held and not seen["sched"], "a forkserver with live workers was restarted"
+        assert held.run(_worker_probe, timeout=120)[0][1] == server_held  # the held pool still works
+    with WorkerPool(2, backend="gloo", pg_timeout=60, preload=_PRELOAD + ("sched",)) as pool:
+        (seen, server), _ = pool.run(_worker_probe, timeout=120)
+    assert seen["sched"] and server != server_held, "an idle forkserver lacking sched was not restarted"

@@ -1,0 +1,9 @@
+"""What a process forked by a forkserver finds already imported (tests/exec/test_forkserver.py). Kept free of
+imports beyond the standard library, so unpickling it in a child loads nothing the probe would then see."""
+
+import os
+import sys
+
+
+def probe(results, names) -> None:
+    results.put(({n: n in sys.modules for n in names}, os.getppid()))
