@@ -3,14 +3,16 @@
 ``multiprocessing`` starts one forkserver per process and fixes its preloaded modules when it starts; a later
 launch that needs more (``transformers.modeling_utils`` for a Hugging Face model, ~3.5 s of imports) would pay
 those imports again in *every* worker it forks. :func:`set_preload` restarts a forkserver that fcp started itself
-and that lacks modules the new launch needs, with the union of both preloads, when no worker forked from it is
-alive (its exit statuses reach the parent through the server). Any other forkserver (started by user code) is
-left alone; so is ours while a pool is open: the workers then import what is missing themselves, as before.
+and that lacks modules the new launch needs, with the union of both preloads, when no process forked from it is
+alive (their exit statuses reach the parent through the server: fcp's ranks, but also a DataLoader's workers).
+Any other forkserver (started by user code) is left alone; so is ours while a process of it lives: the workers then
+import what is missing themselves, as before.
 Restarting relies on ``ForkServer._stop`` (CPython ≥ 3.8, used by its own tests); without it nothing changes.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 from multiprocessing import forkserver
 from typing import Sequence
@@ -31,13 +33,20 @@ def _running_pid() -> int | None:
     return getattr(forkserver._forkserver, "_forkserver_pid", None)
 
 
-def set_preload(ctx, preload: Sequence[str], *, busy: bool) -> tuple[tuple[str, ...], int | None]:
+def _children_alive() -> bool:
+    """Whether any live process of this one was forked by the forkserver: fcp's ranks, and anyone else's (a
+    DataLoader's workers with a forkserver context, the default start method from Python 3.14 on)."""
+    return any(type(getattr(p, "_popen", None)).__module__ == "multiprocessing.popen_forkserver"
+               for p in multiprocessing.active_children())
+
+
+def set_preload(ctx, preload: Sequence[str]) -> tuple[tuple[str, ...], int | None]:
     """Set the preload of ``ctx`` (a forkserver context) for the next start; restart fcp's running forkserver
-    when it lacks some of ``preload`` and ``busy`` is False (no worker of it alive). Returns the preload set and
-    the pid of the forkserver running now (None: none), for :func:`note_started`."""
+    when it lacks some of ``preload`` (:func:`stop` refuses while a process it forked is alive). Returns the
+    preload set and the pid of the forkserver running now (None: none), for :func:`note_started`."""
     preload = [*preload, *_from_env()]
     wanted = tuple(dict.fromkeys([*preload, *_served]))  # a restart keeps what the old server had
-    if not set(preload) <= set(_served) and not busy:
+    if not set(preload) <= set(_served):
         stop()
     ctx.set_forkserver_preload(list(wanted))
     return wanted, _running_pid()
@@ -45,11 +54,11 @@ def set_preload(ctx, preload: Sequence[str], *, busy: bool) -> tuple[tuple[str, 
 
 def stop() -> bool:
     """Stop the forkserver fcp started (it holds the preloaded modules' memory, ~0.5 GB with a Hugging Face
-    model's) and forget what it preloaded; True if one was stopped. Only call it when no fcp worker is alive
-    (:class:`fcp_exec.launch.WorkerPool` closed): the exit status of a worker reaches the parent through it."""
+    model's) and forget what it preloaded; True if one was stopped. Not while a process it forked is alive (an fcp
+    rank, a DataLoader worker): their exit statuses reach the parent through it."""
     global _pid, _served
     halt = getattr(forkserver._forkserver, "_stop", None)
-    if halt is None or _pid is None or _running_pid() != _pid:
+    if halt is None or _pid is None or _running_pid() != _pid or _children_alive():
         return False
     halt()
     _pid, _served = None, ()

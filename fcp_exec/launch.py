@@ -226,7 +226,7 @@ def _spawn(world: int, worker_args: tuple, preload: Sequence[str]):
     for method in (["forkserver"] if "forkserver" in mp.get_all_start_methods() else []) + ["spawn"]:
         ctx = mp.get_context(method)
         if method == "forkserver":
-            preload, before = forkserver.set_preload(ctx, preload, busy=len(_LIVE) > 0)
+            preload, before = forkserver.set_preload(ctx, preload)
         results, tasks = ctx.Queue(), [ctx.Queue() for _ in range(world)]
         procs = [ctx.Process(target=_worker_main, name=f"fcp-rank-{r}", daemon=False,  # ranks may start DataLoader workers
                              args=(r, world, *worker_args, tasks[r], results)) for r in range(world)]

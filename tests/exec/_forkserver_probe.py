@@ -7,3 +7,8 @@ import sys
 
 def probe(results, names) -> None:
     results.put(({n: n in sys.modules for n in names}, os.getppid()))
+
+
+def wait(release) -> None:
+    """Stay alive until something is put on ``release``."""
+    release.get()

@@ -15,7 +15,7 @@ import multiprocessing as mp
 
 import pytest
 
-from _forkserver_probe import probe
+from _forkserver_probe import probe, wait
 from fcp_exec import forkserver
 from fcp_exec.launch import _PRELOAD, WorkerPool
 
@@ -31,9 +31,9 @@ def _no_fcp_forkserver_at_the_start():
     yield
 
 
-def _fork(preload: tuple[str, ...], busy: bool = False) -> tuple[dict[str, bool], int]:
+def _fork(preload: tuple[str, ...]) -> tuple[dict[str, bool], int]:
     """Start one child the way the launcher does (set_preload, start, note_started); what it saw, its server."""
-    wanted, before = forkserver.set_preload(CTX, preload, busy=busy)
+    wanted, before = forkserver.set_preload(CTX, preload)
     results = CTX.Queue()
     child = CTX.Process(target=probe, args=(results, PROBED))
     child.start()
@@ -55,11 +55,22 @@ def test_an_idle_forkserver_is_restarted_with_the_modules_a_launch_needs():
     assert server3 == server2 and seen3["sched"], (server2, server3)
 
 
-def test_a_busy_forkserver_is_left_running():
+def test_a_forkserver_with_a_live_child_is_left_running():
+    """A live process the server forked — here one fcp did not start, as a DataLoader's forkserver workers would be
+    — keeps the server running: it is never stopped under them, and stop() refuses too."""
     _, server0 = _fork(())
-    seen, server = _fork(("pyclbr",), busy=True)  # workers of it alive: never stopped under them
-    assert server == server0 and not seen["pyclbr"], (server0, server, seen)
-    seen, server = _fork(("pyclbr",))  # idle again
+    release = CTX.Queue()
+    child = CTX.Process(target=wait, args=(release,))
+    child.start()
+    try:
+        seen, server = _fork(("pyclbr",))
+        assert server == server0 and not seen["pyclbr"], (server0, server, seen)
+        assert not forkserver.stop() and child.is_alive()
+    finally:
+        release.put(None)
+        child.join(30)
+    assert child.exitcode == 0, "the child lost its server"
+    seen, server = _fork(("pyclbr",))  # no live child now
     assert server != server0 and seen["pyclbr"]
 
 
