@@ -12,6 +12,9 @@ or that a forkserver with live workers, or one fcp did not start, was stopped un
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
+import sys
+from multiprocessing import forkserver as mp_forkserver
 
 import pytest
 
@@ -98,9 +101,6 @@ def test_the_environment_adds_modules_to_every_forkserver(monkeypatch):
 
 
 def _worker_probe(rank: int) -> tuple[dict[str, bool], int]:
-    import os
-    import sys
-
     return {m: m in sys.modules for m in PROBED}, os.getppid()
 
 
@@ -118,3 +118,14 @@ def test_worker_pools_restart_an_idle_forkserver_but_not_one_with_live_workers()
     with WorkerPool(2, backend="gloo", pg_timeout=60, preload=_PRELOAD + ("sched",)) as pool:
         (seen, server), _ = pool.run(_worker_probe, timeout=120)
     assert seen["sched"] and server != server_held, "an idle forkserver lacking sched was not restarted"
+
+
+def test_a_server_whose_socket_file_vanished_is_still_replaced():
+    """A cleaned temp dir removes the server's socket file: stopping it must not raise into the launch."""
+    _, server0 = _fork(())
+    address = mp_forkserver._forkserver._forkserver_address
+    if not isinstance(address, str) or not os.path.exists(address):
+        pytest.skip("the forkserver listens on an abstract socket (no file to remove)")
+    os.unlink(address)
+    seen, server = _fork(("pyclbr",))
+    assert server != server0 and seen["pyclbr"]
