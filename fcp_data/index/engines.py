@@ -80,14 +80,24 @@ def run_local(tasks: list[dict], cfg: dict, workers: int, on_done: Callable[[dic
                 on_done(fut.result())
     except BaseException:  # a failed task, a broken pool or Ctrl-C: do not wait for the remaining tasks
         procs = list((getattr(pool, "_processes", None) or {}).values())
+        manager = getattr(pool, "_executor_manager_thread", None)  # shutdown() drops the reference
         pool.shutdown(wait=False, cancel_futures=True)
         for p in procs:
             if p.is_alive():
                 p.kill()
         for p in procs:
             p.join(5)
+        _join_manager(manager)
         raise
     pool.shutdown(wait=True)
+
+
+def _join_manager(manager: threading.Thread | None, timeout: float = 10.0) -> None:
+    """Wait for a broken pool's manager thread to finish its clean-up. Otherwise a CLI that reports the failure and
+    exits at once races it at interpreter exit: CPython's exit hook (3.11) wakes the thread through a pipe the
+    thread is closing, and prints "Exception ignored ... OSError: Bad file descriptor" under the one-line error."""
+    if manager is not None and manager.is_alive():
+        manager.join(timeout)
 
 
 def run_ray(tasks: list[dict], cfg: dict, on_done: Callable[[dict], None], address: str | None = None,

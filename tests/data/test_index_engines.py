@@ -100,3 +100,18 @@ def test_ray_engine_equals_local(tmp_path, inputs, reference):
         ray.shutdown()
     assert_same_index(reference, tmp_path / "ray")
     shutil.rmtree(tmp_path / "ray")
+
+
+def test_a_broken_pool_is_cleaned_up_before_the_error_reaches_the_caller(tmp_path, inputs, monkeypatch):
+    """After a worker dies, the pool's manager thread has finished before BrokenProcessPool reaches the caller:
+    `fcp index` prints its one-line error and exits at once, and a manager thread still closing its wake-up pipe
+    then races CPython's exit hook, which prints an 'Exception ignored ... Bad file descriptor' traceback (seen in
+    CI once under load). Reference: no live concurrent.futures manager thread once the error is raised."""
+    import threading
+    from concurrent.futures.process import BrokenProcessPool
+
+    monkeypatch.setenv(EXIT_AFTER_ENV, "1")
+    with pytest.raises(BrokenProcessPool):
+        build_index(inputs, "qwen3-vl", tmp_path / "ix", workers=2, progress=False)
+    alive = [t for t in threading.enumerate() if type(t).__name__ == "_ExecutorManagerThread" and t.is_alive()]
+    assert not alive, f"the pool's manager thread still runs after the error was raised: {alive}"
