@@ -325,9 +325,9 @@ def run_training(cfg: TrainConfig, nproc: int, *, backend: str | None = None, ti
 
 
 def hf_preload(cfgs) -> tuple[str, ...]:
-    """Modules worth importing once in the launcher's forkserver for these configurations: transformers' model
-    machinery when any of them is an ``hf:`` model (else nothing: the tiny models do not need it)."""
-    return ("transformers.modeling_utils",) if any(c.model.startswith("hf:") for c in cfgs) else ()
+    """Modules worth importing once in the launcher's forkserver for these configurations (or ``--model`` strings):
+    transformers' model machinery when any of them is an ``hf:`` model (else nothing: the tiny models do not need it)."""
+    return ("transformers.modeling_utils",) if any(getattr(c, "model", c).startswith("hf:") for c in cfgs) else ()
 
 
 def _checkpointing_on(model) -> None:

@@ -5,8 +5,13 @@ import os
 import sys
 
 
+def seen(names) -> tuple[dict[str, bool], int]:
+    """Which of ``names`` are imported in this process, and its parent's pid (a forked child's: its server's)."""
+    return {n: n in sys.modules for n in names}, os.getppid()
+
+
 def probe(results, names) -> None:
-    results.put(({n: n in sys.modules for n in names}, os.getppid()))
+    results.put(seen(names))
 
 
 def wait(release) -> None:

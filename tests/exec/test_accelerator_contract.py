@@ -19,10 +19,11 @@ import pytest
 import torch
 
 from fcp_exec.launch import collective_dtype, launch
+from fcp_exec.train import hf_preload
 
 HCCL_OK = {torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.float32, torch.bfloat16}
 CONFIGS = Path(__file__).resolve().parents[2] / "examples" / "configs"
-HF_PRELOAD = ("transformers.modeling_utils",)  # imported once by the forkserver, not by every worker
+QWEN3 = f"hf:{CONFIGS / 'qwen3-tiny.json'}"
 
 
 def _spy_collectives(record: list, backend_name: str | None = None) -> None:
@@ -64,7 +65,7 @@ def test_collective_dtype_table():
 def test_no_collective_in_a_dtype_hccl_rejects(model):
     if model.startswith("hf:"):
         pytest.importorskip("transformers")
-    per_rank = launch(_hccl_step, 2, model, timeout=150.0, preload=HF_PRELOAD if model.startswith("hf:") else ())
+    per_rank = launch(_hccl_step, 2, model, timeout=150.0, preload=hf_preload([model]))
     for rank, ops in enumerate(per_rank):
         assert ops, "the spy saw no collective at all (the test would prove nothing)"
         bad = [(n, d) for n, d in ops if d not in {str(x) for x in HCCL_OK}]
@@ -232,6 +233,6 @@ def test_no_device_read_per_layer():
     in one process and at degree 2 on two gloo processes (the neighbour shape check runs once per micro-batch)."""
     pytest.importorskip("transformers")
     assert _reads_per_layer_count(2, 1) == _reads_per_layer_count(4, 1)
-    two = launch(_reads_per_layer_count, 2, 2, 2, timeout=100.0, preload=HF_PRELOAD)
-    four = launch(_reads_per_layer_count, 2, 4, 2, timeout=100.0, preload=HF_PRELOAD)
+    two = launch(_reads_per_layer_count, 2, 2, 2, timeout=100.0, preload=hf_preload([QWEN3]))
+    four = launch(_reads_per_layer_count, 2, 4, 2, timeout=100.0, preload=hf_preload([QWEN3]))
     assert two == four, f"host reads per rank grow with layers: 2 layers {two}, 4 layers {four}"

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import sys
 from multiprocessing import forkserver as mp_forkserver
 
 import pytest
 
-from _forkserver_probe import probe, wait
+from _forkserver_probe import probe, seen, wait
 from fcp_exec import forkserver
 from fcp_exec.launch import _PRELOAD, WorkerPool
 
@@ -101,7 +100,7 @@ def test_the_environment_adds_modules_to_every_forkserver(monkeypatch):
 
 
 def _worker_probe(rank: int) -> tuple[dict[str, bool], int]:
-    return {m: m in sys.modules for m in PROBED}, os.getppid()
+    return seen(PROBED)
 
 
 def test_worker_pools_restart_an_idle_forkserver_but_not_one_with_live_workers():
