@@ -81,6 +81,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             sub.add_parser(name, help=summary, description=f"{summary} (`fcp {name} --help` for its options)")
     for p in sub.choices.values():  # `fcp train ... --debug` as well as `fcp --debug train ...`
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug_help)
+    parser.commands = sub.choices  # name -> the command's parser (its errors name the command)
     return parser
 
 
@@ -113,7 +114,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(next((a for a in argv if a in _NAMES), None))
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # `fcp plan --bogus` is `fcp plan`'s error (see `fcp plan --help`); `fcp --bogus plan` the top level's
+        command = getattr(args, "command", None)
+        after = command in argv and unknown[0] in argv and argv.index(unknown[0]) > argv.index(command)
+        (parser.commands[command] if after else parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -285,6 +285,18 @@ def test_argparse_errors_are_one_line(capsys):
         assert e.value.code == 2 and err.count("\n") == 1 and "error:" in err and "usage:" not in err, err
 
 
+def test_unknown_option_names_its_command(capsys):
+    """An option the command does not have is that command's error and points at that command's --help; one
+    before the command is the top level's."""
+    for argv, prog in ((["plan", "--ranks", "2", "--bogus", "x"], "fcp plan"), (["presets", "--bogus"], "fcp presets"),
+                       (["--bogus", "presets"], "fcp")):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.count("\n") == 1, err
+        assert err.startswith(f"{prog}: error: unrecognized arguments: --bogus") and f"(see `{prog} --help`)" in err, err
+
+
 def test_debug_flag_shows_the_traceback(capsys):
     """--debug (before or after the command) prints the traceback of a user error, then the same line; exit 2."""
     for argv in (["--debug", "train", "--model", "gpt-7"], ["train", "--model", "gpt-7", "--debug"]):
