@@ -11,17 +11,18 @@ Two ways to use it, one mechanism (:class:`WorkerPool`):
   ``pool.run(fn, *args)`` calls ``fn(rank, *args)`` on every rank (tests and benchmarks reuse one pool for
   many cases, so the start-up is paid once).
 
-Workers are forked by a ``forkserver`` that imported torch (for :func:`launch` also fcp's training stack)
-once, so a start costs ~0.1 s (``spawn`` where there is none; a launch that needs more modules restarts an idle
-forkserver with them, :mod:`fcp_exec.forkserver`); they rendezvous on a ``TCPStore`` the parent hosts on a free
-port (no port race). A worker's exception is re-raised here as :class:`WorkerFailure` with
-each failing rank's traceback (peers get 2 s to report theirs: the first error is often a peer's symptom);
+Workers are forked by a ``forkserver`` that imported torch (for :func:`launch` also fcp's training stack) once,
+so a start costs ~0.1 s (``spawn`` where there is none; a launch that needs more modules restarts an idle forkserver
+with them, :mod:`fcp_exec.forkserver`); they rendezvous on a ``TCPStore`` the parent hosts on a free port (no port
+race). A worker's exception is re-raised here as :class:`WorkerFailure` with each failing rank's traceback (peers
+get 2 s to report theirs: the first error is often a peer's symptom);
 ``timeout`` bounds the start-up and every run: a hanging or dying worker makes the pool kill all workers and raise
 ``TimeoutError`` / :class:`WorkerFailure`, never hang. After a failure the pool restarts on the next ``run`` (an
 aborted ring leaves unmatched messages behind); workers leave when the parent is gone.
 
-Backend: NCCL with CUDA (one device per local rank), HCCL with ``torch_npu``, else gloo, where every worker
-gets ``max(1, cpu_count // nproc)`` torch threads. Workers inherit stdout/stderr (rank 0 streams its output).
+Backend: NCCL with CUDA (one device per local rank), HCCL with ``torch_npu``, else gloo, where every worker gets
+``max(1, cpu_count // nproc)`` torch threads; a CPU worker keeps freed memory (:mod:`fcp_exec.host_memory`: no page
+faults on every large tensor). Workers inherit stdout/stderr (rank 0 streams its output).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from typing import Any, Callable, Sequence
 
 from fcp_data.sampler_inputs import dist_rank_and_world as dist_info  # the one rank/world helper
 from fcp_exec import forkserver
+from fcp_exec.host_memory import keep_freed_memory
 
 __all__ = ["launch", "WorkerPool", "WorkerFailure", "resolve_nproc", "default_backend", "current_device",
            "in_torchrun", "dist_info", "init_distributed", "collective_dtype", "check_devices"]
@@ -103,9 +105,7 @@ def current_device():
 
 
 # dtypes each backend's collectives accept (HCCL all-reduce: int8/16/32/64, fp16, fp32, bf16 — no fp64)
-_COLLECTIVE_DTYPES = {
-    "hccl": ("int8", "int16", "int32", "int64", "float16", "float32", "bfloat16"),
-}
+_COLLECTIVE_DTYPES = {"hccl": ("int8", "int16", "int32", "int64", "float16", "float32", "bfloat16")}
 
 
 def collective_dtype(dtype, backend: str | None = None):
@@ -200,7 +200,7 @@ def _worker_main(rank: int, world: int, port: int, backend: str, pg_timeout: flo
                       MASTER_ADDR=_HOST, MASTER_PORT=str(port))
     try:
         store = dist.TCPStore(_HOST, port, None, False, timeout=datetime.timedelta(seconds=pg_timeout))
-        init_distributed(backend, pg_timeout, threads, store=store)
+        keep_freed_memory(init_distributed(backend, pg_timeout, threads, store=store))  # CPU ranks only
         results.put((rank, -1, "ok", None))
         while (task := _next_task(tasks)) is not None:
             task_id, fn, args = task

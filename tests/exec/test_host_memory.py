@@ -1,0 +1,78 @@
+"""A CPU rank keeps freed memory (:mod:`fcp_exec.host_memory`), on real processes.
+
+Reference: the kernel's count of minor page faults (``getrusage``). Allocating and filling a 64 MiB tensor that
+glibc serves by ``mmap`` faults in every one of its 16,384 pages each time; served from a heap that keeps freed
+memory, the pages are faulted in once and reused. The setting is process-global, so it is measured in a fresh
+interpreter (never in the test process) and in a rank started by fcp's launcher. A failure means CPU ranks page-fault
+every large activation on every step again (16×256 tokens on one rank: 183 ms against 131–155 ms, BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from fcp_exec.host_memory import keep_freed_memory
+from fcp_exec.launch import WorkerPool
+
+MIB64 = 64 << 20
+PAGES = MIB64 // 4096
+ROUNDS = 6
+
+
+def _faults_per_round() -> float:
+    """Minor page faults per allocate-fill-free round of a 64 MiB tensor (after one warm-up round)."""
+    import resource
+
+    torch.ones(MIB64 // 4).sum()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(ROUNDS):
+        torch.ones(MIB64 // 4).sum()
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / ROUNDS
+
+
+_PROBE = f"""
+import sys
+sys.path.insert(0, {os.path.dirname(__file__)!r})
+from test_host_memory import _faults_per_round
+from fcp_exec.host_memory import keep_freed_memory
+print(_faults_per_round(), keep_freed_memory(), _faults_per_round())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc (Linux)")
+def test_keep_freed_memory_stops_the_page_faults_of_large_tensors():
+    out = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "FCP_KEEP_FREED_MEMORY": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    default, applied, kept = out.stdout.split()
+    assert applied == "True"
+    assert float(default) >= PAGES / 2, f"glibc's default should mmap (and fault in) a 64 MiB block: {default} faults"
+    assert float(kept) <= PAGES / 20, f"after keep_freed_memory(): {kept} faults per round (default {default})"
+
+
+def test_keep_freed_memory_leaves_accelerators_and_the_opt_out_alone(monkeypatch):
+    """Nothing is changed (False, no call reaches glibc) for an accelerator's rank or with FCP_KEEP_FREED_MEMORY=0."""
+    assert keep_freed_memory(torch.device("cuda", 0)) is False
+    monkeypatch.setenv("FCP_KEEP_FREED_MEMORY", "0")
+    assert keep_freed_memory() is False
+    assert keep_freed_memory(torch.device("cpu")) is False
+
+
+def _rank_faults(rank: int) -> float:
+    return _faults_per_round()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc (Linux)")
+@pytest.mark.timeout(300)
+def test_launched_cpu_ranks_keep_freed_memory():
+    """A CPU rank of fcp's launcher reuses its heap (glibc's default, measured above, faults every page in again)."""
+    if os.environ.get("FCP_KEEP_FREED_MEMORY") == "0":
+        pytest.skip("FCP_KEEP_FREED_MEMORY=0: this session's ranks keep glibc's defaults, as asked")
+    with WorkerPool(1, pg_timeout=120) as pool:
+        kept = pool.run(_rank_faults, timeout=120)[0]
+    assert kept <= PAGES / 20, f"a launched CPU rank faults {kept} pages per 64 MiB round ({PAGES} per round: mmap)"
