@@ -13,8 +13,8 @@ activations live in the device's caching allocator and never see this.
 :func:`keep_freed_memory` turns mmap off for the process and keeps freed memory in its heap (``mallopt``), the
 knobs PyTorch's CPU performance guides tune through ``MALLOC_*`` variables or a different allocator. The cost: a
 rank's resident memory stays at its peak instead of shrinking between steps. fcp's launcher applies it to the CPU
-ranks it starts (:func:`fcp_exec.launch.launch`: ``fcp train``, ``fcp profile``); a CPU trainer of your own can
-call it at start-up. ``FCP_KEEP_FREED_MEMORY=0`` leaves glibc's defaults.
+ranks it starts (:func:`fcp_exec.launch.launch`: ``fcp train``, ``fcp profile``), and so do these commands under
+torchrun; a CPU trainer of your own can call it at start-up. ``FCP_KEEP_FREED_MEMORY=0`` leaves glibc's defaults.
 """
 
 from __future__ import annotations

@@ -27,7 +27,8 @@ def check_launch(nproc: int | None, backend: str | None, *, default: int = 2) ->
     ``nproc``: torchrun's ``WORLD_SIZE`` under torchrun, else ``--nproc`` (default ``default``); without
     torchrun at most :data:`MAX_PROCS_PER_CORE` processes per CPU core for gloo, one per device for
     NCCL/HCCL. ``backend``: ``--backend`` or the device's default; it must be built into this torch and
-    have its devices (NCCL needs CUDA GPUs, HCCL torch_npu and NPUs)."""
+    have its devices (NCCL needs CUDA GPUs, HCCL torch_npu and NPUs). Under torchrun, where this process is a rank,
+    a CPU rank keeps freed memory (:mod:`fcp_exec.host_memory`), as the ranks of fcp's launcher do."""
     import torch
     import torch.distributed as dist
 
@@ -69,6 +70,11 @@ def check_launch(nproc: int | None, backend: str | None, *, default: int = 2) ->
             raise UsageError(f"--nproc {nproc} is more than {MAX_PROCS_PER_CORE} processes per CPU core on this "
                              f"machine ({cores} cores: at most {MAX_PROCS_PER_CORE * cores}); pass fewer, or use "
                              "torchrun across machines")
+    else:  # under torchrun this process is one of the ranks: on CPU it keeps freed memory as the launcher's ranks do
+        from fcp_exec.host_memory import keep_freed_memory
+        from fcp_exec.launch import current_device
+
+        keep_freed_memory(current_device())
     return nproc, (name if backend else None)
 
 

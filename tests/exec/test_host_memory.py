@@ -55,6 +55,25 @@ def test_keep_freed_memory_stops_the_page_faults_of_large_tensors():
     assert float(kept) <= PAGES / 20, f"after keep_freed_memory(): {kept} faults per round (default {default})"
 
 
+_UNDER_TORCHRUN = f"""
+import sys
+sys.path.insert(0, {os.path.dirname(__file__)!r})
+from test_host_memory import _faults_per_round
+from fcp_exec.commands import check_launch
+print(_faults_per_round(), check_launch(None, None), _faults_per_round())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc (Linux)")
+def test_a_command_under_torchrun_keeps_freed_memory():
+    """`fcp train` / `fcp profile` under torchrun: the command's own process is a CPU rank (torchrun's variables)."""
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "FCP_KEEP_FREED_MEMORY": "1"}
+    out = subprocess.run([sys.executable, "-c", _UNDER_TORCHRUN], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    before, after = float(out.stdout.split()[0]), float(out.stdout.split()[-1])
+    assert before >= PAGES / 2 and after <= PAGES / 20, f"faults per round before {before}, after check_launch {after}"
+
+
 def test_keep_freed_memory_leaves_accelerators_and_the_opt_out_alone(monkeypatch):
     """Nothing is changed (False, no call reaches glibc) for an accelerator's rank or with FCP_KEEP_FREED_MEMORY=0."""
     assert keep_freed_memory(torch.device("cuda", 0)) is False
