@@ -38,14 +38,17 @@ DEFAULT_FLOOR = (MIB64 // (2 << 20)) // 2 if _thp_always() else PAGES // 2
 
 
 def _faults_per_round() -> float:
-    """Minor page faults per allocate-fill-free round of a 64 MiB tensor (after one warm-up round)."""
+    """Minor page faults of an allocate-fill-free round of a 64 MiB tensor: the median over ROUNDS rounds after two
+    warm-up rounds (steady state: a round in which the heap still grows, e.g. past another allocation, faults once)."""
     import resource
+    import statistics
 
-    torch.ones(MIB64 // 4).sum()
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for _ in range(ROUNDS):
+    counts = []
+    for _ in range(2 + ROUNDS):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         torch.ones(MIB64 // 4).sum()
-    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / ROUNDS
+        counts.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    return float(statistics.median(counts[2:]))
 
 
 _PROBE = f"""
