@@ -89,6 +89,7 @@ __all__ = ["FCPSampler", "SampleSlot", "SlotList", "MicroBatchMeta", "FCPDataset
            "IndexVisualLayout", "SpanVisualLayout"]
 
 logger = logging.getLogger(__name__)
+_KEEP_PLANS = 256  # plans len() keeps for the iteration (a few MB at 512 sequences per global batch)
 _CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplerConfig))
 
 
@@ -114,6 +115,7 @@ class FCPSampler:
         self._layouts: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._layout_lock = threading.Lock()
         self._counts: dict[int, dict[int, int]] = {}
+        self._planned: dict[tuple[int, int], Any] = {}  # plans len() made, taken by the iteration (at most _KEEP_PLANS)
         self.planner_waits: list[float] = []
         self.num_speculative_hits = 0
         self._window: PlanWindow | None = None  # plans ahead of the owner iterator, across epochs (prefetch.py)
@@ -257,7 +259,9 @@ class FCPSampler:
     def _rank_lists(self, epoch: int, g: int) -> list[SlotList]:
         """Plan global batch ``g`` and return this rank's list for each of its micro-batches."""
         ids = self.global_batch_indices(g, epoch)
-        plan = self.plan_global_batch(g, epoch)
+        plan = self._planned.pop((epoch, g), None)
+        if plan is None:
+            plan = self.plan_global_batch(g, epoch)
         toks = self.num_tokens[ids]
         total = int(np.maximum(toks - 1, 0).sum())
         text_total = None
@@ -311,7 +315,8 @@ class FCPSampler:
     # ------------------------------------------------------------------ iteration
     def __len__(self) -> int:
         """Number of lists of the current epoch: O(1) for an int ``micro_batches``; with ``"auto"`` it
-        plans the epoch's not yet planned global batches once (cached per epoch)."""
+        plans the epoch's not yet planned global batches once (counts cached per epoch; the first
+        ``_KEEP_PLANS`` plans are kept for the iteration, which then does not plan them again)."""
         epoch = self.epoch
         if self.micro_batches != "auto":
             _, bounds = self._epoch_layout(epoch)
@@ -321,8 +326,12 @@ class FCPSampler:
         if len(missing) > 16:
             logger.warning("len(FCPSampler) plans the %d unplanned global batches of epoch %d once to count their "
                            "micro-batches; pass micro_batches=<int> for an O(1) len()", len(missing), epoch)
+        self._planned = {k: v for k, v in self._planned.items() if k[0] == epoch}  # another epoch's: stale
         for g in missing:
-            counts[g] = len(self.plan_global_batch(g, epoch).micro_batches)
+            plan = self.plan_global_batch(g, epoch)
+            counts[g] = len(plan.micro_batches)
+            if len(self._planned) < _KEEP_PLANS:
+                self._planned[(epoch, g)] = plan
         return int(sum(counts[g] for g in range(self.num_global_batches(epoch))))
 
     def __iter__(self) -> Iterator[SlotList]:

@@ -215,6 +215,46 @@ def test_len_matches_iteration_for_fixed_micro_batches_and_constructor_checks():
     assert [_key(x) for x in fresh] == [_key(x) for x in lists]
 
 
+def _counting(sampler) -> list:
+    """Record the global batches ``sampler`` plans (its real planner still runs)."""
+    calls, plan = [], sampler.plan_global_batch
+
+    def counted(g, epoch=None):
+        calls.append((sampler.epoch if epoch is None else epoch, g))
+        return plan(g, epoch)
+
+    sampler.plan_global_batch = counted
+    return calls
+
+
+@pytest.mark.parametrize("keep", [None, 2])
+def test_len_plans_are_the_iterations_plans(monkeypatch, keep):
+    """len() with micro_batches="auto" plans the epoch; the iteration that follows takes those plans instead of planning
+    every global batch a second time (DataLoader and trainers call len() first), up to _KEEP_PLANS of them (here also
+    2: the rest are planned again); the lists equal those of a sampler on which len() was never called (reference),
+    over two epochs, with and without the background window (prefetch 2: plans ahead, into the next epoch too)."""
+    import fcp_data.sampler as sampler_module
+
+    if keep is not None:
+        monkeypatch.setattr(sampler_module, "_KEEP_PLANS", keep)
+    lengths = _lengths(300, cap=2000)
+    for prefetch in (0, 2):
+        ref = _sampler(lengths, prefetch=prefetch)
+        expected = [[_key(x) for x in iter(ref)], [_key(x) for x in iter(ref)]]
+        s = _sampler(lengths, prefetch=prefetch)
+        calls = _counting(s)
+        n = len(s)
+        planned = s.num_global_batches()
+        assert calls == [(0, g) for g in range(planned)]
+        got = [_key(x) for x in iter(s)]
+        kept = planned if keep is None else keep
+        assert n == len(got) and got == expected[0]
+        again = [c for c in calls[planned:] if c[0] == 0]  # (the window may already plan epoch 1's first batch)
+        assert again == [(0, g) for g in range(kept, planned)], f"replanned {again}"
+        s.set_epoch(1)  # the trainer's usual call (len() of a finished epoch's position counts that epoch)
+        assert len(s) == len(expected[1]) and [_key(x) for x in iter(s)] == expected[1]  # epoch 1: same again
+
+
 def test_solver_options_reach_the_planner_and_the_fingerprint():
     """solver_options={"degree": 2} with static-cp: every global batch's plan equals plan_batch(..., degree=2)
     called directly (the reference) and every group has degree 2; the options are part of the state's
