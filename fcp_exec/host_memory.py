@@ -5,8 +5,8 @@ glibc serves an allocation of 32 MiB or more (the largest mmap threshold it allo
 threshold has grown) with a fresh ``mmap`` and returns it to the kernel on ``free``: every such tensor is then
 zero-filled by the kernel page by page each time it is allocated again. On the CPU executor the logits are that
 size from a few thousand local tokens on (tiny-llm: 2000-token vocabulary, 8 KB per token in fp32, 32.8 MB at 4096
-tokens), and ``fcp profile --nproc 2`` measured a group of 16 documents × 256 tokens on one rank at 183 ms with
-glibc's defaults against 133–140 ms with mmap off: a per-rank cost that grows past a size threshold, which neither
+tokens), and ``fcp profile --nproc 2`` measured a group of 16 documents × 256 tokens on one rank at 177–197 ms with
+glibc's defaults against 127–148 ms with mmap off: a per-rank cost that grows past a size threshold, which neither
 cost model has, so it skewed every fit (BENCHMARKS.md, "Cost model v2 fit by the profiler"). GPU and NPU
 activations live in the device's caching allocator and never see this.
 
@@ -14,7 +14,8 @@ activations live in the device's caching allocator and never see this.
 knobs PyTorch's CPU performance guides tune through ``MALLOC_*`` variables or a different allocator. The cost: a
 rank's resident memory stays at its peak instead of shrinking between steps. fcp's launcher applies it to the CPU
 ranks it starts (:func:`fcp_exec.launch.launch`: ``fcp train``, ``fcp profile``), and so do these commands under
-torchrun; a CPU trainer of your own can call it at start-up. ``FCP_KEEP_FREED_MEMORY=0`` leaves glibc's defaults.
+torchrun; a CPU trainer of your own can call it at start-up. ``FCP_KEEP_FREED_MEMORY=0`` leaves glibc's defaults
+(set it before the first launch: ranks read the environment of the launcher's forkserver, started with the first).
 """
 
 from __future__ import annotations
