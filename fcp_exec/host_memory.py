@@ -11,7 +11,10 @@ cost model has, so it skewed every fit (BENCHMARKS.md, "Cost model v2 fit by the
 activations live in the device's caching allocator and never see this.
 
 :func:`keep_freed_memory` turns mmap off for the process and keeps freed memory in its heap (``mallopt``), the
-knobs PyTorch's CPU performance guides tune through ``MALLOC_*`` variables or a different allocator. The cost: a
+knobs PyTorch's CPU performance guides tune through ``MALLOC_*`` variables or a different allocator; it also puts
+threads started afterwards on that one heap (a thread's own arena holds at most 64 MiB per sub-heap, so a larger
+tensor allocated there was still mmapped every time). Call it before starting threads (the launcher does: before
+``init_distributed`` starts gloo's). The cost: a
 rank's resident memory stays at its peak instead of shrinking between steps. fcp's launcher applies it to the CPU
 ranks it starts (:func:`fcp_exec.launch.launch`: ``fcp train``, ``fcp profile``), and so do these commands under
 torchrun; a CPU trainer of your own can call it at start-up. ``FCP_KEEP_FREED_MEMORY=0`` leaves glibc's defaults
@@ -27,7 +30,7 @@ import os
 __all__ = ["keep_freed_memory"]
 
 # mallopt parameters (glibc's malloc.h)
-_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_MAX = -1, -2, -4
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -2, -4, -8
 _TRIM_THRESHOLD = 2**31 - 1  # (C int) release the heap's free top only past 2 GiB
 _TOP_PAD = 256 << 20  # grow the heap 256 MiB at a time (fewer brk calls)
 
@@ -46,4 +49,4 @@ def keep_freed_memory(device=None) -> bool:
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
     return all(mallopt(p, v) == 1 for p, v in ((_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, _TRIM_THRESHOLD),
-                                                (_M_TOP_PAD, _TOP_PAD)))
+                                                (_M_TOP_PAD, _TOP_PAD), (_M_ARENA_MAX, 1)))

@@ -15,10 +15,9 @@ Workers are forked by a ``forkserver`` that imported torch (for :func:`launch` a
 so a start costs ~0.1 s (``spawn`` where there is none; a launch that needs more modules restarts an idle forkserver
 with them, :mod:`fcp_exec.forkserver`); they rendezvous on a ``TCPStore`` the parent hosts on a free port (no port
 race). A worker's exception is re-raised here as :class:`WorkerFailure` with each failing rank's traceback (peers
-get 2 s to report theirs: the first error is often a peer's symptom);
-``timeout`` bounds the start-up and every run: a hanging or dying worker makes the pool kill all workers and raise
-``TimeoutError`` / :class:`WorkerFailure`, never hang. After a failure the pool restarts on the next ``run`` (an
-aborted ring leaves unmatched messages behind); workers leave when the parent is gone.
+get 2 s to report theirs: the first error is often a peer's symptom); ``timeout`` bounds the start-up and every run:
+a hanging or dying worker makes the pool kill all workers and raise ``TimeoutError`` / :class:`WorkerFailure`, never
+hang. After a failure it restarts on the next ``run`` (a failed ring leaves stale messages); workers go with the parent.
 
 Backend: NCCL with CUDA (one device per local rank), HCCL with ``torch_npu``, else gloo, where every worker gets
 ``max(1, cpu_count // nproc)`` torch threads; a CPU worker keeps freed memory (:mod:`fcp_exec.host_memory`: no page
@@ -200,7 +199,8 @@ def _worker_main(rank: int, world: int, port: int, backend: str, pg_timeout: flo
                       MASTER_ADDR=_HOST, MASTER_PORT=str(port))
     try:
         store = dist.TCPStore(_HOST, port, None, False, timeout=datetime.timedelta(seconds=pg_timeout))
-        keep_freed_memory(init_distributed(backend, pg_timeout, threads, store=store))  # CPU ranks only
+        keep_freed_memory(current_device())  # CPU ranks only; before init_distributed starts gloo's threads
+        init_distributed(backend, pg_timeout, threads, store=store)
         results.put((rank, -1, "ok", None))
         while (task := _next_task(tasks)) is not None:
             task_id, fn, args = task

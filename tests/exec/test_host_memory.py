@@ -51,12 +51,23 @@ def _faults_per_round() -> float:
     return float(statistics.median(counts[2:]))
 
 
+def _faults_in_a_thread() -> float:
+    """:func:`_faults_per_round` in a thread started now (glibc gives it its own arena unless told otherwise)."""
+    import threading
+
+    out = []
+    t = threading.Thread(target=lambda: out.append(_faults_per_round()))
+    t.start()
+    t.join()
+    return out[0]
+
+
 _PROBE = f"""
 import sys
 sys.path.insert(0, {os.path.dirname(__file__)!r})
-from test_host_memory import _faults_per_round
+from test_host_memory import _faults_in_a_thread, _faults_per_round
 from fcp_exec.host_memory import keep_freed_memory
-print(_faults_per_round(), keep_freed_memory(), _faults_per_round())
+print(_faults_per_round(), keep_freed_memory(), _faults_per_round(), _faults_in_a_thread())
 """
 
 
@@ -65,10 +76,11 @@ def test_keep_freed_memory_stops_the_page_faults_of_large_tensors():
     out = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "FCP_KEEP_FREED_MEMORY": "1"})
     assert out.returncode == 0, out.stderr[-2000:]
-    default, applied, kept = out.stdout.split()
+    default, applied, kept, thread = out.stdout.split()
     assert applied == "True"
     assert float(default) >= DEFAULT_FLOOR, f"glibc's default should mmap (and fault in) a 64 MiB block: {default} faults"
     assert float(kept) <= PAGES / 20, f"after keep_freed_memory(): {kept} faults per round (default {default})"
+    assert float(thread) <= PAGES / 20, f"a thread started afterwards: {thread} faults per round (its own arena?)"
 
 
 _UNDER_TORCHRUN = f"""
@@ -98,16 +110,18 @@ def test_keep_freed_memory_leaves_accelerators_and_the_opt_out_alone(monkeypatch
     assert keep_freed_memory(torch.device("cpu")) is False
 
 
-def _rank_faults(rank: int) -> float:
-    return _faults_per_round()
+def _rank_faults(rank: int) -> tuple[float, float]:
+    return _faults_per_round(), _faults_in_a_thread()
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc (Linux)")
 @pytest.mark.timeout(300)
 def test_launched_cpu_ranks_keep_freed_memory():
-    """A CPU rank of fcp's launcher reuses its heap (glibc's default, measured above, faults every page in again)."""
+    """A CPU rank of fcp's launcher reuses its heap, in its main thread and in a thread it starts (glibc's default,
+    measured above, faults every page in again)."""
     if os.environ.get("FCP_KEEP_FREED_MEMORY") == "0":
         pytest.skip("FCP_KEEP_FREED_MEMORY=0: this session's ranks keep glibc's defaults, as asked")
     with WorkerPool(1, pg_timeout=120) as pool:
-        kept = pool.run(_rank_faults, timeout=120)[0]
-    assert kept <= PAGES / 20, f"a launched CPU rank faults {kept} pages per 64 MiB round ({PAGES} per round: mmap)"
+        kept, thread = pool.run(_rank_faults, timeout=120)[0]
+    assert kept <= PAGES / 20 and thread <= PAGES / 20, \
+        f"a launched CPU rank faults {kept} pages per 64 MiB round ({PAGES} per round: mmap), {thread} in a new thread"
