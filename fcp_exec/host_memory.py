@@ -11,10 +11,11 @@ cost model has, so it skewed every fit (BENCHMARKS.md, "Cost model v2 fit by the
 activations live in the device's caching allocator and never see this.
 
 :func:`keep_freed_memory` turns mmap off for the process and keeps freed memory in its heap (``mallopt``), the
-knobs PyTorch's CPU performance guides tune through ``MALLOC_*`` variables or a different allocator; it also puts
-threads started afterwards on that one heap (a thread's own arena holds at most 64 MiB per sub-heap, so a larger
-tensor allocated there was still mmapped every time). Call it before starting threads (the launcher does: before
-``init_distributed`` starts gloo's). The cost: a
+knobs PyTorch's CPU performance guides tune through ``MALLOC_*`` variables or a different allocator; it also allows no
+further arenas, so threads started afterwards share that heap (a thread's own arena holds at most 64 MiB per
+sub-heap, so a larger tensor allocated there is still mmapped every time). Arenas that already exist stay, e.g. in
+a process forked from one that held several: call it early (the launcher does: before ``init_distributed`` starts
+gloo's threads). The cost: a
 rank's resident memory stays at its peak instead of shrinking between steps. fcp's launcher applies it to the CPU
 ranks it starts (:func:`fcp_exec.launch.launch`: ``fcp train``, ``fcp profile``), and so do these commands under
 torchrun; a CPU trainer of your own can call it at start-up. ``FCP_KEEP_FREED_MEMORY=0`` leaves glibc's defaults
