@@ -63,43 +63,35 @@ def _faults_in_a_thread() -> float:
     return out[0]
 
 
-_PROBE = f"""
-import sys
-sys.path.insert(0, {os.path.dirname(__file__)!r})
-from test_host_memory import _faults_in_a_thread, _faults_per_round
-from fcp_exec.host_memory import keep_freed_memory
-print(_faults_per_round(), keep_freed_memory(), _faults_per_round(), _faults_in_a_thread())
-"""
+def _fresh_interpreter(setup: str, call: str, env: dict[str, str]) -> list[str]:
+    """In a fresh interpreter (the setting is process-global): faults per round, then ``call``'s value, then faults per
+    round again and in a thread started afterwards; ``setup`` imports what ``call`` needs."""
+    code = (f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
+            f"from test_host_memory import _faults_in_a_thread, _faults_per_round\n{setup}\n"
+            f"print(_faults_per_round(), repr({call}).replace(' ', ''), _faults_per_round(), _faults_in_a_thread())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "FCP_KEEP_FREED_MEMORY": "1", **env})
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.split()
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc (Linux)")
 def test_keep_freed_memory_stops_the_page_faults_of_large_tensors():
-    out = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "FCP_KEEP_FREED_MEMORY": "1"})
-    assert out.returncode == 0, out.stderr[-2000:]
-    default, applied, kept, thread = out.stdout.split()
+    default, applied, kept, thread = _fresh_interpreter("from fcp_exec.host_memory import keep_freed_memory",
+                                                        "keep_freed_memory()", {})
     assert applied == "True"
     assert float(default) >= DEFAULT_FLOOR, f"glibc's default should mmap (and fault in) a 64 MiB block: {default} faults"
     assert float(kept) <= PAGES / 20, f"after keep_freed_memory(): {kept} faults per round (default {default})"
     assert float(thread) <= PAGES / 20, f"a thread started afterwards: {thread} faults per round (its own arena?)"
 
 
-_UNDER_TORCHRUN = f"""
-import sys
-sys.path.insert(0, {os.path.dirname(__file__)!r})
-from test_host_memory import _faults_per_round
-from fcp_exec.commands import check_launch
-print(_faults_per_round(), check_launch(None, None), _faults_per_round())
-"""
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc (Linux)")
 def test_a_command_under_torchrun_keeps_freed_memory():
     """`fcp train` / `fcp profile` under torchrun: the command's own process is a CPU rank (torchrun's variables)."""
-    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "FCP_KEEP_FREED_MEMORY": "1"}
-    out = subprocess.run([sys.executable, "-c", _UNDER_TORCHRUN], capture_output=True, text=True, timeout=120, env=env)
-    assert out.returncode == 0, out.stderr[-2000:]
-    before, after = float(out.stdout.split()[0]), float(out.stdout.split()[-1])
+    env = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
+    before, _, after, _ = _fresh_interpreter("from fcp_exec.commands import check_launch", "check_launch(None, None)",
+                                             env)
+    before, after = float(before), float(after)
     assert before >= DEFAULT_FLOOR and after <= PAGES / 20, f"faults per round before {before}, after check_launch {after}"
 
 
