@@ -20,11 +20,14 @@ from fcp_data.sampler_inputs import check_solver_options
 __all__ = ["SamplerConfig", "OVERLONG_CHOICES"]
 
 OVERLONG_CHOICES = ("error", "truncate", "drop")
+MAX_COUNT = 1 << 40  # the largest batch / token / step count accepted: beyond it numpy's int64 arithmetic overflows
 
 
 def _positive_int_or_none(name: str, v: Any) -> int | None:
     if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1):
         raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    if v is not None and v > MAX_COUNT:
+        raise ValueError(f"{name}={v} is beyond any real run (at most {MAX_COUNT}); check the value")
     return None if v is None else int(v)
 
 
@@ -63,12 +66,13 @@ class SamplerConfig:
         put(self, "global_batch_tokens", _positive_int_or_none("global_batch_tokens", self.global_batch_tokens))
         if self.on_overlong not in OVERLONG_CHOICES:
             raise ValueError(f"on_overlong must be 'error', 'truncate' or 'drop', got {self.on_overlong!r}")
-        if isinstance(self.prefetch, bool) or int(self.prefetch) != self.prefetch or self.prefetch < 0:
-            raise ValueError(f"prefetch must be an integer >= 0 (global batches planned ahead), got {self.prefetch!r}")
+        if isinstance(self.prefetch, bool) or int(self.prefetch) != self.prefetch or not 0 <= self.prefetch <= MAX_COUNT:
+            raise ValueError(f"prefetch must be an integer from 0 to {MAX_COUNT} (global batches planned ahead), "
+                             f"got {self.prefetch!r}")
         put(self, "prefetch", int(self.prefetch))
         mb = self.micro_batches
-        if not (mb == "auto" or (isinstance(mb, int) and not isinstance(mb, bool) and mb >= 1)):
-            raise ValueError(f"micro_batches must be 'auto' or a positive int, got {mb!r}")
+        if not (mb == "auto" or (isinstance(mb, int) and not isinstance(mb, bool) and 1 <= mb <= MAX_COUNT)):
+            raise ValueError(f"micro_batches must be 'auto' or an int from 1 to {MAX_COUNT}, got {mb!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
         put(self, "seed", int(self.seed))

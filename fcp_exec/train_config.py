@@ -13,11 +13,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fcp_data.cost import CostModel
+from fcp_data.sampler_config import MAX_COUNT
 from fcp_exec.step import REDUCER_NAMES
 
 __all__ = ["TrainConfig", "DTYPE_NAMES"]
 
 DTYPE_NAMES = ("float32", "float64", "bfloat16")
+
+
+def max_workers() -> int:
+    """The most DataLoader worker processes per rank: 4 per CPU core this process may use, at least 8 (a
+    DataLoader starts every worker at once, so 10**20 of them would not fail: it would exhaust the machine)."""
+    import os
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(8, 4 * cores)
 
 
 def _opt(default: Any, help: Any, **extra: Any):  # noqa: A002 - the argparse word
@@ -85,8 +95,15 @@ class TrainConfig:
             raise ValueError(f"lr and weight_decay must be finite and >= 0, got {self.lr}, {self.weight_decay}")
         if self.num_workers < 0 or self.prefetch < 0:
             raise ValueError(f"num_workers and prefetch must be >= 0, got {self.num_workers}, {self.prefetch}")
+        if self.num_workers > max_workers():
+            raise ValueError(f"num_workers={self.num_workers} is more DataLoader processes per rank than this machine "
+                             f"can run (at most {max_workers()}: 4 per CPU core, at least 8)")
         if self.dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPE_NAMES)}, got {self.dtype!r}")
+        for name in ("steps", "global_batch_size", "max_tokens", "prefetch", "num_synthetic", "tokens_per_rank"):
+            v = getattr(self, name)
+            if v is not None and v > MAX_COUNT:  # numpy's int64 would overflow deep inside; no real run is this big
+                raise ValueError(f"{name}={v} is beyond any real run (at most {MAX_COUNT}); check the value")
         for name in ("steps", "global_batch_size", "max_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -28,6 +28,11 @@ def _sampler(**kw):
     ({"solver": "ilp"}, "time-limited, so ranks could compute different plans"),
     ({"seed": "a"}, "seed must be an integer"),
     ({"global_batch_size": True}, "global_batch_size must be a positive integer"),
+    # numpy int64 overflowed deep inside the epoch layout (OverflowError) on these
+    ({"global_batch_size": 10**20}, r"global_batch_size=10+ is beyond any real run"),
+    ({"global_batch_size": None, "global_batch_tokens": 10**20}, r"global_batch_tokens=10+ is beyond any real run"),
+    ({"prefetch": 10**20}, "prefetch must be an integer from 0 to"),
+    ({"micro_batches": 10**20}, "micro_batches must be 'auto' or an int from 1 to"),
     ({"global_batch_size": 100, "drop_last": True}, "every epoch would be empty"),
     ({"global_batch_size": None, "global_batch_tokens": 10**9, "drop_last": True}, "every epoch would be empty"),
 ])

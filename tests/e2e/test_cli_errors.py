@@ -233,6 +233,11 @@ def test_train_bad_options(capsys):
     _one_line_error(capsys, [*base, "--backend", "foo"], "unknown --backend 'foo'")
     _one_line_error(capsys, [*base, "--lr", "nan"], "lr and weight_decay must be finite")
     _one_line_error(capsys, [*base, "--num-workers", "-1"], "num_workers and prefetch must be >= 0")
+    # found by fuzzing: 10**20 workers started processes until the machine thrashed (a hang), 10**20 sequences or
+    # tokens overflowed numpy's int64 deep inside (a traceback)
+    _one_line_error(capsys, [*base, "--num-workers", str(10**20)], "more DataLoader processes per rank than")
+    for opt in ("--global-batch-size", "--max-tokens", "--prefetch", "--steps", "--tokens-per-rank"):
+        _one_line_error(capsys, [*base, opt, str(10**20)], r"is beyond any real run \(at most 1099511627776\)")
     _one_line_error(capsys, [*base, "--nproc", "100000"], "more than 4 processes per CPU core")
     _one_line_error(capsys, [*base, "--nproc", "0"], "--nproc must be a positive integer")
     _one_line_error(capsys, [*base, "--model", "gpt-7"], "--model must be tiny-llm, tiny-mllm or hf:PATH")
