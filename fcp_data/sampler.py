@@ -104,7 +104,7 @@ class FCPSampler:
                  solver_options: dict[str, Any] | None = None, visual_layout: Any = None, visual: Any = None) -> None:
         d_rank, d_world = dist_rank_and_world()
         self.config = SamplerConfig(
-            num_ranks=d_world if num_ranks is None else int(num_ranks), rank=d_rank if rank is None else int(rank),
+            num_ranks=d_world if num_ranks is None else num_ranks, rank=d_rank if rank is None else rank,
             cost_model=cost_model, global_batch_size=global_batch_size, global_batch_tokens=global_batch_tokens,
             seed=seed, drop_last=drop_last, on_overlong=on_overlong, prefetch=prefetch, solver=solver,
             micro_batches=micro_batches, solver_options=solver_options)

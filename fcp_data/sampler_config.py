@@ -9,18 +9,30 @@ result. The fingerprint is derived from the fields, so a new option can never es
 from __future__ import annotations
 
 import dataclasses
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from fcp_data.cost import CostModel
+from fcp_data.cost import MAX_RANKS, CostModel
 from fcp_data.sampler_inputs import check_solver_options
 
 __all__ = ["SamplerConfig", "OVERLONG_CHOICES"]
 
 OVERLONG_CHOICES = ("error", "truncate", "drop")
 MAX_COUNT = 1 << 40  # the largest batch / token / step count accepted: beyond it numpy's int64 arithmetic overflows
+
+
+def _index(name: str, v: Any) -> int:
+    """An integer argument as a Python int: ints, numpy and 0-d torch integers (anything with ``__index__``);
+    a bool, float or string is refused rather than rounded or parsed."""
+    if isinstance(v, (bool, np.bool_)):
+        raise ValueError(f"{name} must be an integer, got {v!r}")
+    try:
+        return operator.index(v)
+    except TypeError:
+        raise ValueError(f"{name} must be an integer, got {type(v).__name__} {v!r:.40}") from None
 
 
 def _positive_int_or_none(name: str, v: Any) -> int | None:
@@ -50,12 +62,15 @@ class SamplerConfig:
 
     def __post_init__(self) -> None:
         put = object.__setattr__  # frozen: normalise once, here
-        if isinstance(self.num_ranks, bool) or not isinstance(self.num_ranks, (int, np.integer)) or self.num_ranks < 1:
+        put(self, "num_ranks", _index("num_ranks", self.num_ranks))
+        if self.num_ranks < 1:
             raise ValueError(f"num_ranks must be >= 1, got {self.num_ranks}")
+        if self.num_ranks > MAX_RANKS:
+            raise ValueError(f"num_ranks={self.num_ranks} is more than the planner supports ({MAX_RANKS}); plan the "
+                             "context-parallel ranks of one data-parallel replica, not the whole cluster")
+        put(self, "rank", _index("rank", self.rank))
         if not 0 <= self.rank < self.num_ranks:
             raise ValueError(f"rank must be in [0, num_ranks={self.num_ranks}), got {self.rank}")
-        put(self, "num_ranks", int(self.num_ranks))
-        put(self, "rank", int(self.rank))
         cm = CostModel.from_dict(self.cost_model) if isinstance(self.cost_model, dict) else self.cost_model
         if not isinstance(cm, CostModel):
             raise TypeError(f"cost_model must be a CostModel (or its dict), got {type(cm).__name__}")
@@ -66,15 +81,17 @@ class SamplerConfig:
         put(self, "global_batch_tokens", _positive_int_or_none("global_batch_tokens", self.global_batch_tokens))
         if self.on_overlong not in OVERLONG_CHOICES:
             raise ValueError(f"on_overlong must be 'error', 'truncate' or 'drop', got {self.on_overlong!r}")
-        if isinstance(self.prefetch, bool) or int(self.prefetch) != self.prefetch or not 0 <= self.prefetch <= MAX_COUNT:
+        if isinstance(self.prefetch, bool) or not isinstance(self.prefetch, (int, float, np.integer, np.floating)) \
+                or int(self.prefetch) != self.prefetch or not 0 <= self.prefetch <= MAX_COUNT:
             raise ValueError(f"prefetch must be an integer from 0 to {MAX_COUNT} (global batches planned ahead), "
                              f"got {self.prefetch!r}")
         put(self, "prefetch", int(self.prefetch))
         mb = self.micro_batches
         if not (mb == "auto" or (isinstance(mb, int) and not isinstance(mb, bool) and 1 <= mb <= MAX_COUNT)):
             raise ValueError(f"micro_batches must be 'auto' or an int from 1 to {MAX_COUNT}, got {mb!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or self.seed < 0:
+            raise ValueError(f"seed must be an integer >= 0 (numpy seeds its generator with [seed, epoch]), "
+                             f"got {self.seed!r}")
         put(self, "seed", int(self.seed))
         put(self, "drop_last", bool(self.drop_last))
         self._check_solver()

@@ -30,7 +30,8 @@ def validate_lengths(lengths) -> np.ndarray:
         bad = np.flatnonzero(~np.isfinite(arr) | (arr != np.round(arr)))
         if bad.size:
             raise ValueError(f"lengths must be whole token counts; sequence {bad[0]} is {arr[bad[0]]}")
-    big = np.flatnonzero(arr > MAX_SEQUENCE_TOKENS)  # before the cast: uint64 / float values beyond int64 wrap
+    wide = arr.astype(np.float64) if np.issubdtype(arr.dtype, np.floating) else arr  # float16 cannot hold the limit
+    big = np.flatnonzero(wide > MAX_SEQUENCE_TOKENS)  # before the cast: uint64 / float values beyond int64 wrap
     if big.size:
         raise ValueError(f"sequence {big[0]} has {arr[big[0]]} tokens, more than any real sequence "
                          f"(at most {MAX_SEQUENCE_TOKENS}); check the lengths")
@@ -45,7 +46,10 @@ def validate_etas(etas, lengths: np.ndarray) -> np.ndarray:
     """Checked float64 mask factors, one per sequence (None → zeros: causal)."""
     if etas is None:
         return np.zeros(lengths.size)
-    e = np.asarray(etas, dtype=np.float64)
+    try:
+        e = np.asarray(etas, dtype=np.float64)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"etas must be numbers, one η per sequence (0 causal, 1 full attention): {exc}") from None
     if e.shape != lengths.shape:
         raise ValueError(f"etas has shape {e.shape} but lengths has {lengths.shape}; give one η per sequence")
     if not np.all(np.isfinite(e)) or np.any(e < 0):

@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import math
 import os
 import re
 import sys
@@ -319,10 +320,25 @@ def check_micro_batch(spec: SolverSpec, result: Any, lengths: np.ndarray, etas: 
 
 # ---------------------------------------------------------------- the built-in solvers (DESIGN §5)
 
+def _check_fcp_options(opts: Mapping[str, Any]) -> None:
+    """``search``/``escalate`` are booleans, ``robust_tol`` a finite share >= 0: anything else would be read as
+    its truth value or compared silently (``robust_tol=-1`` or NaN would just switch the robust mode off)."""
+    for name in ("search", "escalate"):
+        if name in opts and not isinstance(opts[name], (bool, np.bool_)):
+            raise ValueError(f"{name} must be True or False, got {opts[name]!r}")
+    if "robust_tol" in opts:
+        tol = opts["robust_tol"]
+        if isinstance(tol, (bool, np.bool_)) or not isinstance(tol, (int, float, np.integer, np.floating)) \
+                or not 0 <= tol < math.inf:
+            raise ValueError(f"robust_tol must be a finite number >= 0 (a share of the best predicted makespan, "
+                             f"e.g. 0.01; 0 turns the robust choice off), got {tol!r}")
+
+
 def _fcp(**fixed: Any) -> SolveFn:
     def run(lengths, etas, num_ranks, cost_model, *, visual=None, **opts):
         from fcp_data.plan.solvers import fcp_micro_batch  # solvers imports this module
 
+        _check_fcp_options(opts)
         return fcp_micro_batch(lengths, etas, num_ranks, cost_model, visual=visual, **fixed, **opts), None
 
     return run

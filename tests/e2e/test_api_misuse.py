@@ -33,6 +33,20 @@ def _sampler(**kw):
     ({"global_batch_size": None, "global_batch_tokens": 10**20}, r"global_batch_tokens=10+ is beyond any real run"),
     ({"prefetch": 10**20}, "prefetch must be an integer from 0 to"),
     ({"micro_batches": 10**20}, "micro_batches must be 'auto' or an int from 1 to"),
+    # found by fuzzing the API: num_ranks=10**20 overflowed (OverflowError); 1.5 / '2' / True were int()-ed to
+    # 1 / 2 / 1 silently; seed=-1 gave numpy's bare "expected non-negative integer"; prefetch=None a bare int() error;
+    # robust_tol=-1 or NaN switched the robust mode off without a word
+    ({"num_ranks": 10**20}, r"num_ranks=10+ is more than the planner supports \(4096\)"),
+    ({"num_ranks": 1.5}, "num_ranks must be an integer, got float 1.5"),
+    ({"num_ranks": "2"}, "num_ranks must be an integer, got str"),
+    ({"num_ranks": True}, "num_ranks must be an integer, got True"),
+    ({"rank": 1.5}, "rank must be an integer, got float 1.5"),
+    ({"seed": -1}, r"seed must be an integer >= 0"),
+    ({"prefetch": None}, "prefetch must be an integer from 0 to"),
+    ({"solver_options": {"robust_tol": -1}}, "robust_tol must be a finite number >= 0"),
+    ({"solver_options": {"robust_tol": float("nan")}}, "robust_tol must be a finite number >= 0"),
+    ({"solver_options": {"search": "no"}}, "search must be True or False"),
+    ({"etas": ["a"] * 32}, "etas must be numbers, one η per sequence"),
     ({"global_batch_size": 100, "drop_last": True}, "every epoch would be empty"),
     ({"global_batch_size": None, "global_batch_tokens": 10**9, "drop_last": True}, "every epoch would be empty"),
 ])
@@ -41,6 +55,13 @@ def test_sampler_rejects_at_construction(kw, match):
     the data gave an empty epoch (a training loop that silently does nothing)."""
     with pytest.raises(ValueError, match=match):
         _sampler(**kw)
+
+
+def test_sampler_takes_numpy_and_torch_integer_ranks():
+    """Integers computed with numpy or torch (``dist.get_world_size()`` as a tensor) are ints; the lists equal those
+    of a sampler built with plain ints."""
+    ref = [list(x) for x in _sampler()]
+    assert [list(x) for x in _sampler(num_ranks=np.int64(4), rank=torch.tensor(0))] == ref
 
 
 def test_collator_wrong_item_types():
@@ -116,3 +137,16 @@ def test_collator_constructor_types():
         with pytest.raises(TypeError, match="must be an int token id"):
             FCPCollator(**kw)
     assert FCPCollator(pad_token_id=np.int64(3)).pad_token_id == 3
+
+
+def test_float16_lengths_plan_without_an_overflow_warning():
+    """float16 lengths (whole values) plan like ints; the range check cast the 2**31−1 limit to float16 and numpy
+    warned 'overflow encountered in cast' on every call."""
+    import warnings
+
+    from fcp_data import plan_batch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        half = plan_batch(np.array([100, 200, 300], dtype=np.float16), num_ranks=2, cost_model=CM)
+    assert half.to_dict()["micro_batches"] == plan_batch([100, 200, 300], num_ranks=2, cost_model=CM).to_dict()["micro_batches"]
