@@ -3,9 +3,14 @@
 A split into ``M`` micro-batches is built by LPT on the work proxy ``alpha1·(1+η)s² + alpha2·s`` (+ the §4.1
 terms ``alpha_blk·(1+η)s + alpha_vis·v``)
 (heaviest sequence first into the micro-batch with least work whose tokens stay within ``N·E``). It fits
-when every micro-batch's stage-1 bins (BFD with unit ``E``) need at most ``N`` ranks and the solver finds
-a plan for each. ``"auto"`` starts at ``M = ⌈Σs / (N·E)⌉``, moves up to the first ``M`` that fits, tries
-``extra`` more, and keeps the split with the smallest sum of makespans (fewer micro-batches on ties).
+when the solver finds a plan for each micro-batch (DESIGN §5: ``Σs ≤ N·E`` each and every stage-2 problem
+feasible). Memory alone decides nothing more: one group of all ``N`` ranks holds any ``Σs ≤ N·E``, even when
+stage-1 bins of unit ``E`` would need ``N + 1`` ranks (a tight batch), so such a split is solved, not skipped.
+
+``"auto"`` starts at ``M = ⌈Σs / (N·E)⌉``, moves up to the first ``M`` whose micro-batches' stage-1 bins each
+need at most ``N`` ranks, tries ``extra`` more, and keeps the split with the smallest sum of makespans (fewer
+micro-batches on ties). Tight splits below that ``M`` are solved too: they only add candidates, so auto never
+ends above the search that skipped them.
 
 Pruning (:func:`split_lower_bound`): ``auto`` solves a split of ``M`` only when a lower bound on the total
 makespan of *any* ``M``-split can still beat the best split found; the bound grows with ``M``, so the
@@ -124,10 +129,13 @@ def _held_bound(s, q, b, v, top, N: int, cm: CostModel) -> float:
     return held
 
 
-def _stage1_fits(lengths: np.ndarray, num_ranks: int, E: int) -> bool:
-    groups = bfd_groups(lengths, E)
-    need = sum(max(1, math.ceil(float(lengths[g].sum()) / E)) for g in map(np.asarray, groups))
-    return need <= num_ranks
+def _loose(lengths: np.ndarray, split: list[np.ndarray], num_ranks: int, E: int) -> bool:
+    """Whether every micro-batch of ``split`` fits its stage-1 bins (BFD with unit ``E``) in ``num_ranks`` ranks."""
+    for ids in split:
+        sub = lengths[ids]
+        if sum(max(1, math.ceil(float(sub[g].sum()) / E)) for g in map(np.asarray, bfd_groups(sub, E))) > num_ranks:
+            return False
+    return True
 
 
 def split_micro_batches(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: CostModel,
@@ -138,8 +146,7 @@ def split_micro_batches(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, c
         return None
     cap = num_ranks * cost_model.tokens_per_rank
     if M == 1:  # LPT into one micro-batch keeps every sequence, in index order, when the tokens fit
-        fits = float(lengths.sum()) <= cap and _stage1_fits(lengths, num_ranks, cost_model.tokens_per_rank)
-        return [np.arange(lengths.size, dtype=np.int64)] if fits else None
+        return [np.arange(lengths.size, dtype=np.int64)] if float(lengths.sum()) <= cap else None
     work = work_proxy(lengths, etas, cost_model, visual)
     order = np.lexsort((np.arange(lengths.size), -work))
     # each to the micro-batch of least work with token room, lowest index on ties (lpt_exact: O(n log M))
@@ -151,10 +158,7 @@ def split_micro_batches(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, c
     counts = np.bincount(mb, minlength=M)
     if not counts.all():
         return None
-    out = np.split(np.argsort(mb, kind="stable"), np.cumsum(counts)[:-1])  # ascending ids per micro-batch
-    if not all(_stage1_fits(lengths[ids], num_ranks, cost_model.tokens_per_rank) for ids in out):
-        return None
-    return out
+    return np.split(np.argsort(mb, kind="stable"), np.cumsum(counts)[:-1])  # ascending ids per micro-batch
 
 
 def _solve_split(split: list[np.ndarray], solve_one: SolveOne, swallow: bool = True, errors: list[str] | None = None
@@ -202,30 +206,54 @@ def _plan_fixed(lengths, etas, num_ranks, cost_model, solve_one, micro_batches, 
 
 def plan_micro_batches(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: CostModel,
                        solve_one: SolveOne, micro_batches: int | str = "auto", *, extra: int = 2,
-                       max_search: int = 16, visual: np.ndarray | None = None, prune: bool = True
+                       max_search: int = 16, visual: np.ndarray | None = None, prune: bool = True,
+                       finish: Callable[[list[MicroBatchPlan]], list[MicroBatchPlan]] | None = None
                        ) -> tuple[list[MicroBatchPlan], bool | None]:
     """Plan a global batch; ``solve_one(ids)`` plans the sub-batch ``lengths[ids]`` (local seq ids).
-    ``auto`` looks for the first fitting ``M`` among ``⌈Σs/(N·E)⌉ … +max_search``, then ``extra`` more;
-    ``prune=False`` solves every such ``M`` (the reference the pruned search must equal)."""
-    n = lengths.size
+    ``auto`` looks for the first ``M`` with loose stage-1 bins among ``⌈Σs/(N·E)⌉ … +max_search``, then ``extra`` more;
+    ``prune=False`` solves every such ``M`` (the reference the pruned search must equal). ``finish`` (``auto`` only:
+    :func:`~fcp_data.plan.solvers.plan_batch` re-plans the winner with the local search) is applied to the best split
+    and, when a tight split beat the loose ones, to the best loose split too; the better finished one is returned, so
+    solving tight splits never ends above the search without them."""
     lo = min_micro_batches(lengths, num_ranks, cost_model)
     if micro_batches != "auto":
         return _plan_fixed(lengths, etas, num_ranks, cost_model, solve_one, micro_batches, visual, lo)
+    best, loose = _search_splits(lengths, etas, num_ranks, cost_model, solve_one, lo, extra, max_search, visual, prune)
+    if finish is None:
+        return best
+    out = (finish(best[0]), best[1])
+    if loose is not None and loose is not best:
+        alt = (finish(loose[0]), loose[1])
+        if sum(mb.makespan for mb in alt[0]) < sum(mb.makespan for mb in out[0]):
+            out = alt
+    return out
+
+
+def _search_splits(lengths, etas, num_ranks, cost_model, solve_one, lo, extra, max_search, visual, prune):
+    """``auto``'s search (module docstring): the best split over all, and the best loose one (None: none solved)."""
+    n, E = lengths.size, cost_model.tokens_per_rank
     errors: list[str] = []
-    best: tuple[list[MicroBatchPlan], bool | None] | None = None
-    best_cost = math.inf
+    best = loose_best = None
+    best_cost = loose_cost = math.inf
     first_fit: int | None = None
     bound = None
     for M in range(lo, min(n, lo + max_search) + 1):
         if first_fit is not None and M > first_fit + extra:
             break
+        lb = -math.inf
         if prune and best is not None:
             bound = bound or split_lower_bound(lengths, etas, num_ranks, cost_model, visual)
-            if bound(M) * (1.0 - 1e-9) >= best_cost:
-                break  # no M-split (and, the bound growing with M, no larger one) beats the best
+            lb = bound(M) * (1.0 - 1e-9)
+            if lb >= loose_cost:
+                break  # no M-split (and, the bound growing with M, no larger one) beats the best loose split
         split = split_micro_batches(lengths, etas, num_ranks, cost_model, M, visual)
+        if split is None:
+            continue
+        loose = _loose(lengths, split, num_ranks, E)
+        if not loose and lb >= best_cost:
+            continue  # a tight split that cannot beat the best
         try:
-            solved = _solve_split(split, solve_one, errors=errors) if split is not None else None
+            solved = _solve_split(split, solve_one, errors=errors)
         except TimeBudgetExceeded as e:
             if best is not None:
                 break  # keep the best split solved within the budget
@@ -233,13 +261,15 @@ def plan_micro_batches(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, co
                                      f"(tried M = {lo}..{M}); raise the time limit or plan fewer sequences") from None
         if solved is None:
             continue
-        if first_fit is None:
-            first_fit = M
         cost = sum(mb.makespan for mb in solved[0])
+        if loose:  # the window counts from the first split whose stage-1 bins fit: tight ones only add to it
+            first_fit = M if first_fit is None else first_fit
+            if cost < loose_cost:
+                loose_best, loose_cost = solved, cost
         if cost < best_cost:
             best, best_cost = solved, cost
     if best is None:
         why = f"; the solver said: {errors[-1]}" if errors else ""
         raise ValueError(f"no split of the batch ({n} sequences) into micro-batches fits {num_ranks} ranks × "
                          f"{cost_model.tokens_per_rank} tokens_per_rank{why}")
-    return best
+    return best, loose_best

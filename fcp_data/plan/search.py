@@ -34,8 +34,9 @@ from fcp_data.plan.bfd import bfd_groups
 from fcp_data.plan.exhaustive import partition_count, partition_labels
 from fcp_data.plan.microbatch import split_lower_bound
 from fcp_data.plan.starts import mixed_starts, repair_bins, wider_bins
+from fcp_data.plan.types import CPGroup, MicroBatchPlan
 
-__all__ = ["repair_bins", "mixed_starts", "local_search", "search_groupings", "search_runs", "neighbour_labels",
+__all__ = ["polisher", "repair_bins", "mixed_starts", "local_search", "search_groupings", "search_runs", "neighbour_labels",
            "double_moves", "repartitions",
            "SEARCH_MAX_SEQUENCES", "SEARCH_MAX_RANKS", "SEARCH_STARTS", "SEARCH_MAX_STEPS", "SEARCH_BUDGET", "Budget",
            "ESCALATE_GAP", "ESCALATE_FILL", "ESCALATE_BUDGET",
@@ -351,3 +352,26 @@ def _to_label(groups: list[list[int]], n: int) -> np.ndarray:
     for g, members in enumerate(groups):
         label[list(members)] = g
     return label
+
+
+def polisher(solver_options: dict, solve_one, num_ranks: int):
+    """``finish`` of :func:`~fcp_data.plan.microbatch.plan_micro_batches` for ``auto``, which compares splits with
+    the search off (``solver_options["search"] = False``): the search back on, and every micro-batch re-planned by
+    ``solve_one`` on its own sequences (ascending global ids), kept where that is faster. Not re-planned where the
+    search does not run (:func:`search_runs`): the solver is deterministic, so it would return the same plan (at
+    1024 ranks this was half of ``auto``'s time)."""
+    def polished(mb: MicroBatchPlan) -> MicroBatchPlan:
+        if not search_runs(sum(len(g.seq_ids) for g in mb.groups), num_ranks):
+            return mb
+        ids = np.array(sorted(k for g in mb.groups for k in g.seq_ids), dtype=np.int64)
+        new, _ = solve_one(ids)
+        if not new.makespan < mb.makespan:
+            return mb
+        return MicroBatchPlan(groups=tuple(CPGroup(ranks=g.ranks, seq_ids=tuple(int(ids[k]) for k in g.seq_ids),
+                                                   time=g.time) for g in new.groups), makespan=new.makespan)
+
+    def finish(mbs: list[MicroBatchPlan]) -> list[MicroBatchPlan]:
+        solver_options.pop("search", None)
+        return [polished(mb) for mb in mbs]
+
+    return finish

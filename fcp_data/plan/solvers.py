@@ -53,9 +53,9 @@ from fcp_data.plan.registry import (MAX_DP_RANKS, SOLVER_NAMES, TIME_LIMIT_OPTIO
                                      check_micro_batch, get_solver)
 from fcp_data.plan.robust import retime, robust_choice, scenario_models
 from fcp_data.plan.search import (ESCALATE_BUDGET, ESCALATE_ENUMERATE, ESCALATE_STARTS, ESCALATE_UNITS, ESCALATE_UNITS_BUDGET,
-                                  SEARCH_STARTS, escalation_due, search_groupings, search_runs, wider_bins)
+                                  SEARCH_STARTS, escalation_due, polisher, search_groupings, wider_bins)
 from fcp_data.plan.tau import tau_groupings
-from fcp_data.plan.types import CPGroup, MicroBatchPlan, Plan
+from fcp_data.plan.types import MicroBatchPlan, Plan
 
 __all__ = ["plan_batch", "SOLVERS", "SOLVER_NAMES", "fcp_micro_batch", "refine_moves", "validate_inputs",
            "MAX_RANKS", "MAX_SEQUENCE_TOKENS", "MAX_DP_RANKS"]
@@ -369,10 +369,8 @@ def plan_batch(lengths, *, num_ranks: int, cost_model: CostModel, etas=None, sol
     try:
         if polish:
             solver_options["search"] = False
-        mbs, optimal = plan_micro_batches(arr, e, num_ranks, cost_model, solve_one, micro_batches, visual=vis)
-        if polish:
-            del solver_options["search"]
-            mbs = [_polished(mb, solve_one, num_ranks) for mb in mbs]
+        mbs, optimal = plan_micro_batches(arr, e, num_ranks, cost_model, solve_one, micro_batches, visual=vis,
+                                          finish=polisher(solver_options, solve_one, num_ranks) if polish else None)
     except ValueError:
         if broken:
             raise broken[0] from None
@@ -381,20 +379,6 @@ def plan_batch(lengths, *, num_ranks: int, cost_model: CostModel, etas=None, sol
         raise broken[0]
     return Plan(num_ranks=num_ranks, solver=solver, solve_ms=(time.perf_counter() - t0) * 1e3,
                 makespan=float(sum(mb.makespan for mb in mbs)), micro_batches=tuple(mbs), optimal=optimal)
-
-
-def _polished(mb: MicroBatchPlan, solve_one, num_ranks: int) -> MicroBatchPlan:
-    """``mb`` re-planned by ``solve_one`` on its own sequences (ascending global ids), if that is faster. Not
-    re-planned where the search does not run (:func:`~fcp_data.plan.search.search_runs`): the solver is
-    deterministic, so it would return the same plan (at 1024 ranks this was half of ``auto``'s time)."""
-    if not search_runs(sum(len(g.seq_ids) for g in mb.groups), num_ranks):
-        return mb
-    ids = np.array(sorted(k for g in mb.groups for k in g.seq_ids), dtype=np.int64)
-    new, _ = solve_one(ids)
-    if not new.makespan < mb.makespan:
-        return mb
-    groups = tuple(CPGroup(ranks=g.ranks, seq_ids=tuple(int(ids[k]) for k in g.seq_ids), time=g.time) for g in new.groups)
-    return MicroBatchPlan(groups=groups, makespan=new.makespan)
 
 
 SOLVERS = SolverCalls(plan_batch)  # live: name -> plan_batch with the solver fixed, registered solvers included
