@@ -13,7 +13,9 @@ slot order (an idle rank's list is empty but still carries the micro-batch's met
    ``ignore_index`` when ``input_ids[t+1]`` is a visual placeholder (MLLM recipes never train the LM to
    predict placeholders), and the batch's ``num_tokens_global`` is ``slot.num_text_labels_global``, the
    sampler's exact count of such label tokens (truncation included, see :mod:`fcp_data.visual_layout`); a batch
-   with visual tokens whose sampler had no visual layout (plain lengths) is a ``ValueError``;
+   with visual tokens whose sampler had no visual layout (plain lengths) is a ``ValueError``. A sample's own
+   ``labels`` must equal its ``input_ids`` (the causal-LM convention): per-token label masks (SFT prompts) are a
+   ``ValueError``, since the denominator is the sampler's count;
 4. positions are ``0 .. P−1`` over the padded document (real tokens ``0 .. n−1``, pads continue the count;
    pads sit after the document's real tokens, so under a causal mask no real token sees them);
 5. CP rank ``r`` keeps chunks ``r`` and ``2·degree−1−r`` of every padded document
@@ -55,6 +57,7 @@ object, not a lambda.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -85,17 +88,59 @@ def _check_pairs(batch: Any) -> None:
             raise TypeError(f"FCPCollator: batch item {i} must be a (sample, SampleSlot) pair, got {got}; {how}")
 
 
-def _as_ids(x: Any, index: int) -> torch.Tensor:
+def _as_ids(x: Any, index: int, key: str = "input_ids") -> torch.Tensor:
     if isinstance(x, (list, tuple)) and len(x) == 0:
-        raise ValueError(f"sample {index}: input_ids is empty; every sample needs at least one token")
-    t = torch.as_tensor(x)
+        raise ValueError(f"sample {index}: {key} is empty; every sample needs at least one token")
+    try:
+        t = torch.as_tensor(x).cpu()  # DataLoader workers collate on the host; pinning and the copy come later
+    except (TypeError, ValueError, RuntimeError, NotImplementedError) as e:
+        raise ValueError(f"sample {index}: {key} must be a 1-D integer tensor or list, got {type(x).__name__} "
+                         f"({str(e).splitlines()[0][:120]})") from None
     if t.dim() == 2 and t.shape[0] == 1:
         t = t[0]
     if t.dim() != 1 or t.dtype.is_floating_point or t.dtype == torch.bool:
         raise ValueError(
-            f"sample {index}: input_ids must be a 1-D integer tensor or list, got shape {tuple(t.shape)} "
+            f"sample {index}: {key} must be a 1-D integer tensor or list, got shape {tuple(t.shape)} "
             f"dtype {t.dtype}")
     return t.to(torch.long)
+
+
+def _token_ids(v: Any) -> tuple[int, ...]:
+    """``visual_token_id`` as a tuple of ints: None, one id, or an iterable of ids (list, tuple, array, tensor)."""
+    if v is None:
+        return ()
+    try:
+        items = [v] if hasattr(v, "__index__") and getattr(v, "ndim", 0) == 0 else list(v)
+        if any(isinstance(x, bool) for x in items):
+            raise TypeError
+        return tuple(operator.index(x) for x in items)
+    except TypeError:
+        raise TypeError(f"visual_token_id must be an int token id or a list of them, got {v!r}") from None
+
+
+# keys of a Hugging Face processor's output that this collator does not read: carrying the sample on would drop them
+_HF_VISUAL_KEYS = ("image_grid_thw", "video_grid_thw", "pixel_values_videos")
+
+
+def _check_sample_keys(sample: dict, full: torch.Tensor, index: int) -> None:
+    """Refuse what the collator would otherwise drop in silence: per-token ``labels`` other than the causal-LM copy
+    of ``input_ids`` (the collator derives the labels, and the loss denominator is the sampler's count), and a
+    processor's separate image / video grids and video pixels."""
+    labels = sample.get("labels")
+    if labels is not None:
+        lab = _as_ids(labels, index, "labels")
+        if lab.shape != full.shape or not torch.equal(lab, full):
+            raise ValueError(
+                f"sample {index}: its labels differ from its input_ids (a prompt mask, as in SFT?); FCPCollator derives "
+                "the labels from input_ids (shifted, ignore_index on document ends) and the loss denominator "
+                "num_tokens_global is the sampler's count of those, so per-token label masks are not supported; "
+                "drop 'labels' from the sample or set them equal to input_ids")
+    hf = [k for k in _HF_VISUAL_KEYS if sample.get(k) is not None]
+    if hf:
+        raise ValueError(
+            f"sample {index} has {', '.join(hf)} (a Hugging Face processor's output): FCPCollator reads one 'grid_thw' "
+            "[n, 3] per sample, rows in the order of the visual placeholders, and one 'pixel_values' with the patches "
+            "in that order; merge them so, or read the data with fcp_data.IndexedDataset")
 
 
 class FCPCollator:
@@ -121,14 +166,9 @@ class FCPCollator:
                 raise TypeError(f"{name} must be an int token id, got {v!r}")
         self.pad_token_id = int(pad_token_id)
         self.ignore_index = int(ignore_index)
-        if visual_token_id is None:
-            self.visual_ids: tuple[int, ...] = ()
-        elif isinstance(visual_token_id, int):
-            self.visual_ids = (int(visual_token_id),)
-        else:
-            self.visual_ids = tuple(int(v) for v in visual_token_id)
-        if int(spatial_merge_size) < 1:
-            raise ValueError(f"spatial_merge_size must be >= 1, got {spatial_merge_size}")
+        self.visual_ids: tuple[int, ...] = _token_ids(visual_token_id)
+        if isinstance(spatial_merge_size, bool) or not hasattr(spatial_merge_size, "__index__") or spatial_merge_size < 1:
+            raise ValueError(f"spatial_merge_size must be an int >= 1, got {spatial_merge_size!r}")
         self.spatial_merge_size = int(spatial_merge_size)
         if position_fn is not None and not callable(position_fn):
             raise TypeError(f"position_fn must be a callable (sample, input_ids) -> LongTensor [3, n], got {position_fn!r}")
@@ -250,6 +290,7 @@ class FCPCollator:
             got = f"a dict with keys {sorted(sample)}" if isinstance(sample, dict) else type(sample).__name__
             raise ValueError(f"sample {slot.index}: expected a dict with 'input_ids', got {got}")
         full = _as_ids(sample["input_ids"], slot.index)
+        _check_sample_keys(sample, full, slot.index)
         if self.strict_lengths and full.numel() != slot.length:
             raise ValueError(
                 f"sample {slot.index} has {full.numel()} tokens but the sampler planned with {slot.length}; "
@@ -264,7 +305,13 @@ class FCPCollator:
         acc.kept_lens.append(n)
         grid = sample.get("grid_thw")
         if grid is not None:
-            grid = torch.as_tensor(grid, dtype=torch.long).reshape(-1, 3)
+            try:
+                grid = torch.as_tensor(grid, dtype=torch.long).reshape(-1, 3)
+            except (TypeError, ValueError, RuntimeError) as e:
+                raise ValueError(f"sample {slot.index}: grid_thw must be n rows of (t, h, w) integers, got "
+                                 f"{type(sample['grid_thw']).__name__} ({str(e).splitlines()[0][:120]})") from None
+            if (grid < 1).any():
+                raise ValueError(f"sample {slot.index}: grid_thw entries must be >= 1, got {grid.tolist()}")
             acc.grids.append(grid)
         if sample.get("pixel_values") is not None:
             acc.pixel_values.append(torch.as_tensor(sample["pixel_values"]))

@@ -189,6 +189,8 @@ _ACTIVATION_WORKSET = 34  # bytes per token per hidden unit of the layer being r
 
 
 def _lookup(table: dict, key: str, what: str):
+    if not isinstance(key, str):
+        raise ValueError(f"{what} must be a name (str), got {type(key).__name__} {key!r}; valid: {', '.join(table)}")
     if key in table:
         return table[key]
     folded = {k.lower(): k for k in table}

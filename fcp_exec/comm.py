@@ -30,6 +30,9 @@ def validate_ranks(ranks: Sequence[int]) -> tuple[int, ...]:
     """Check a CP group given as global ranks in ring order; returns it as a tuple of ints."""
     if isinstance(ranks, torch.Tensor):
         ranks = ranks.tolist()
+    if ranks is None:
+        raise ValueError("ranks is required: this rank's CP group as global ranks in ring order, this rank included "
+                         "(FCPCollator's batch['ranks'])")
     msg = f"ranks must be a sequence of non-negative int global ranks, got {ranks!r}"
     try:
         items = list(ranks)

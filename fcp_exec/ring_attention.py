@@ -276,6 +276,23 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
     first layer already checked the same shards; it must then be False on every rank of the group in
     that call (a one-sided header would wait for its timeout).
     """
+    scale, kernel = _checked_args(q, k, v, causal, softmax_scale, kernel)
+    if isinstance(cu_seqlens, RingBatch):
+        rb = cu_seqlens
+        if ranks is not None and tuple(int(r) for r in ranks) != rb.comm.ranks:
+            raise ValueError(f"ranks={list(ranks)} differ from the RingBatch's {list(rb.comm.ranks)}")
+    else:
+        rb = RingBatch(cu_seqlens, ranks, group=group, timeout=timeout)
+    if rb.cu[-1] != q.shape[0]:
+        raise ValueError(f"cu_seqlens ends at {rb.cu[-1]} but the tensor has {q.shape[0]} tokens; "
+                         "they must describe the same packed sequence")
+    if check_shapes:
+        rb.check(q, k, bool(causal), scale)
+    return _RingAttentionFn.apply(q, k, v, rb.plan(bool(causal), q.device), rb.comm, scale, kernel)
+
+
+def _checked_args(q, k, v, causal, softmax_scale, kernel) -> tuple[float, AttentionKernel]:
+    """:func:`ring_attention`'s argument checks; returns the softmax scale and the kernel to run."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 3:
             raise ValueError(f"{name} must be a [T_local, H, D] tensor, got {getattr(t, 'shape', t)!r}")
@@ -290,20 +307,20 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
         raise ValueError(f"q, k, v must be floating point (fp16/bf16/fp32/fp64), got {q.dtype}")
     if q.device != k.device or q.device != v.device:
         raise ValueError(f"q, k, v devices differ: {q.device}, {k.device}, {v.device}")
-    if isinstance(cu_seqlens, RingBatch):
-        rb = cu_seqlens
-        if ranks is not None and tuple(int(r) for r in ranks) != rb.comm.ranks:
-            raise ValueError(f"ranks={list(ranks)} differ from the RingBatch's {list(rb.comm.ranks)}")
-    else:
-        rb = RingBatch(cu_seqlens, ranks, group=group, timeout=timeout)
-    if rb.cu[-1] != q.shape[0]:
-        raise ValueError(f"cu_seqlens ends at {rb.cu[-1]} but the tensor has {q.shape[0]} tokens; "
-                         "they must describe the same packed sequence")
-    scale = float(softmax_scale) if softmax_scale is not None else q.shape[-1] ** -0.5
+    if q.shape[-1] < 1:
+        raise ValueError(f"head dim must be >= 1, got q {tuple(q.shape)}")
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal must be True or False, got {causal!r}")
+    scale = q.shape[-1] ** -0.5
+    if softmax_scale is not None:
+        if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)) or \
+                not 0 < softmax_scale < float("inf"):
+            raise ValueError(f"softmax_scale must be a finite number > 0 (default 1/sqrt(head dim)), got {softmax_scale!r}")
+        scale = float(softmax_scale)
     if kernel is None:
-        kernel = default_kernel(q.device, q.dtype)
-    elif isinstance(kernel, str):
-        kernel = get_kernel(kernel)
-    if check_shapes:
-        rb.check(q, k, bool(causal), scale)
-    return _RingAttentionFn.apply(q, k, v, rb.plan(bool(causal), q.device), rb.comm, scale, kernel)
+        return scale, default_kernel(q.device, q.dtype)
+    if isinstance(kernel, str):
+        return scale, get_kernel(kernel)
+    if not isinstance(kernel, AttentionKernel):
+        raise ValueError(f"kernel must be an AttentionKernel or a kernel name, got {type(kernel).__name__} {kernel!r}")
+    return scale, kernel

@@ -106,6 +106,29 @@ def test_ring_attention_rejects_integer_and_mixed_device_inputs():
         ring_attention(q, q.double(), q, [0, 8], ranks=[0])
 
 
+def test_ring_attention_argument_values():
+    """Found by fuzzing: kernel=3 gave AttributeError, head dim 0 a ZeroDivisionError, softmax_scale NaN a NaN
+    output and 'a' a bare float() error, causal='no' ran causal (a string is truthy), ranks left out a message
+    saying "got None". Reference for the accepted call: the same call with the defaults spelled out."""
+    from fcp_exec import ring_attention
+
+    q = torch.randn(8, 2, 4)
+    for kw, match in (({"kernel": 3}, "kernel must be an AttentionKernel or a kernel name, got int 3"),
+                      ({"softmax_scale": float("nan")}, "softmax_scale must be a finite number > 0"),
+                      ({"softmax_scale": "a"}, "softmax_scale must be a finite number > 0"),
+                      ({"softmax_scale": 0.0}, "softmax_scale must be a finite number > 0"),
+                      ({"causal": "no"}, "causal must be True or False, got 'no'")):
+        with pytest.raises(ValueError, match=match):
+            ring_attention(q, q, q, [0, 8], ranks=[0], **kw)
+    with pytest.raises(ValueError, match="head dim must be >= 1"):
+        z = torch.randn(8, 2, 0)
+        ring_attention(z, z, z, [0, 8], ranks=[0])
+    with pytest.raises(ValueError, match=r"ranks is required: this rank's CP group .*batch\['ranks'\]"):
+        ring_attention(q, q, q, [0, 8])
+    ref = ring_attention(q, q, q, [0, 8], ranks=[0], causal=True, softmax_scale=0.5, kernel="cpu")
+    assert torch.equal(ring_attention(q, q, q, [0, 8], ranks=[0], softmax_scale=0.5), ref)
+
+
 def test_indexed_dataset_bounds_open_shard_handles(tmp_path):
     """IndexedDataset kept one open file per shard ever read and never closed them: random access over
     thousands of shards ran out of file descriptors. Now at most max_open_files stay open (LRU), reads are
@@ -150,3 +173,49 @@ def test_float16_lengths_plan_without_an_overflow_warning():
         warnings.simplefilter("error")
         half = plan_batch(np.array([100, 200, 300], dtype=np.float16), num_ranks=2, cost_model=CM)
     assert half.to_dict()["micro_batches"] == plan_batch([100, 200, 300], num_ranks=2, cost_model=CM).to_dict()["micro_batches"]
+
+
+def test_collator_refuses_what_it_would_drop_or_misread():
+    """Found by fuzzing: input_ids None / a string / a ragged list gave torch's bare RuntimeError or TypeError;
+    a sample's own ``labels`` (an SFT prompt mask) and a Hugging Face processor's ``image_grid_thw`` /
+    ``video_grid_thw`` / ``pixel_values_videos`` were dropped in silence (the labels are derived from input_ids,
+    the vision tower never saw the videos). Reference for the accepted cases: the batch of the plain sample."""
+    col = FCPCollator(pad_token_id=0)
+    slot = next(s for lst in _sampler() for s in lst)
+    ids = torch.arange(slot.length)
+    ref = col([({"input_ids": ids}, slot)])
+    for bad in (None, "hello", [[1, 2], [3]]):
+        with pytest.raises(ValueError, match=r"input_ids must be a 1-D integer tensor or list, got"):
+            col([({"input_ids": bad}, slot)])
+    masked = ids.clone()
+    masked[:3] = -100
+    with pytest.raises(ValueError, match=r"labels differ from its input_ids \(a prompt mask, as in SFT\?\)"):
+        col([({"input_ids": ids, "labels": masked}, slot)])
+    same = col([({"input_ids": ids, "labels": ids.clone()}, slot)])  # the causal-LM convention: labels = input_ids
+    assert all(torch.equal(same[k], ref[k]) for k in ("input_ids", "labels", "position_ids"))
+    for key in ("image_grid_thw", "video_grid_thw", "pixel_values_videos"):
+        with pytest.raises(ValueError, match=rf"has {key} \(a Hugging Face processor's output\)"):
+            col([({"input_ids": ids, key: torch.ones(1, 3)}, slot)])
+    for grid, match in (("x", "grid_thw must be n rows of"), ([[1, -2, 2]], "grid_thw entries must be >= 1")):
+        with pytest.raises(ValueError, match=match):
+            col([({"input_ids": ids, "grid_thw": grid}, slot)])
+
+
+def test_collator_constructor_ids():
+    """visual_token_id: one id or any iterable of ids (numpy / torch included), never a float, bool or string;
+    spatial_merge_size: an int (the string '2' was accepted and used as 2 without a word)."""
+    for v, want in ((5, (5,)), (np.int64(5), (5,)), (torch.tensor(5), (5,)), ([5, 6], (5, 6)),
+                    (np.array([5, 6]), (5, 6)), (torch.tensor([5, 6]), (5, 6))):
+        assert FCPCollator(visual_token_id=v).visual_ids == want
+    for v in (1.5, ["a"], True, "ab"):
+        with pytest.raises(TypeError, match="visual_token_id must be an int token id or a list of them"):
+            FCPCollator(visual_token_id=v)
+    with pytest.raises(ValueError, match="spatial_merge_size must be an int >= 1"):
+        FCPCollator(spatial_merge_size="2")
+
+
+def test_cost_model_preset_names_must_be_strings():
+    """CostModel.preset(None, None) / (3, 4) gave AttributeError: 'NoneType' object has no attribute 'lower'."""
+    for model, hw in ((None, "h100"), (3, "h100"), ("qwen3-8b", None)):
+        with pytest.raises(ValueError, match=r"preset must be a name \(str\), got"):
+            CostModel.preset(model, hw)
