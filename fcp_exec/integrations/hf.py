@@ -152,7 +152,13 @@ def apply_fcp(model: nn.Module, *, kernel=None, timeout: float | None = None) ->
     """Make ``model`` (a transformers causal LM or Qwen-VL model, before DDP/FSDP2 wrapping) run its text
     attention as FCP ring attention; returns the same model. ``kernel``: an attention kernel or its name
     (default: by device); ``timeout``: seconds bounding every ring P2P wait (None: the process group's)."""
+    from fcp_exec.kernels import KERNEL_NAMES, AttentionKernel
+
     model_type = model_type_of(model)
+    if not (kernel is None or isinstance(kernel, AttentionKernel) or kernel in KERNEL_NAMES):
+        raise ValueError(f"kernel must be an AttentionKernel or one of {', '.join(KERNEL_NAMES)}, got {kernel!r}")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0):
+        raise ValueError(f"timeout must be a positive number of seconds (None: the process group's), got {timeout!r}")
     if model_type not in SUPPORTED_MODEL_TYPES:
         warnings.warn(f"model type {model_type!r} is not one fcp was tested with ({', '.join(SUPPORTED_MODEL_TYPES)}); "
                       "it works if its attention goes through transformers' AttentionInterface", stacklevel=2)
@@ -371,8 +377,8 @@ def load_config(path) -> Any:
     raw.pop("architectures", None)
     try:
         return AutoConfig.for_model(raw.pop("model_type"), **raw)
-    except (ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{p}: transformers cannot build this config: {e}") from None
+    except Exception as e:  # noqa: BLE001 -- also huggingface_hub's StrictDataclassError (a field of the wrong type)
+        raise ValueError(f"{p}: transformers cannot build this config: {' '.join(str(e).split())}") from None
 
 
 def build_model(config, *, dtype=torch.float32, seed: int = 0) -> nn.Module:
@@ -383,4 +389,7 @@ def build_model(config, *, dtype=torch.float32, seed: int = 0) -> nn.Module:
     cfg = load_config(config) if not hasattr(config, "model_type") else config
     torch.manual_seed(int(seed))
     auto = AutoModelForImageTextToText if cfg.model_type in VL_MODEL_TYPES else AutoModelForCausalLM
-    return auto.from_config(cfg, attn_implementation="sdpa", dtype=dtype)
+    try:
+        return auto.from_config(cfg, attn_implementation="sdpa", dtype=dtype)
+    except (RuntimeError, ValueError) as e:  # e.g. a negative hidden_size reaches torch as a tensor shape
+        raise ValueError(f"cannot build a {cfg.model_type} model from this config: {str(e).splitlines()[0]}") from None

@@ -100,3 +100,26 @@ def test_config_errors_are_one_line(tmp_path):
     bad.write_text('{"hidden_size": 8}')
     with pytest.raises(ValueError, match="model_type"):
         hf.load_config(bad)
+    # found by fuzzing: a field of the wrong type raised huggingface_hub's StrictDataclassFieldValidationError (no
+    # ValueError), a negative size reached torch as a tensor shape (RuntimeError)
+    bad.write_text('{"model_type": "qwen3", "hidden_size": "big"}')
+    with pytest.raises(ValueError, match="transformers cannot build this config: .*hidden_size"):
+        hf.load_config(bad)
+    bad.write_text('{"model_type": "qwen3", "hidden_size": -8, "num_attention_heads": 2}')
+    with pytest.raises(ValueError, match="cannot build a qwen3 model from this config: .*negative dimension"):
+        hf.build_model(bad)
+
+
+def test_apply_fcp_checks_kernel_and_timeout_at_once(qwen3):
+    """An unknown kernel name or a timeout <= 0 was stored and failed only at the first forward (or never, for the
+    timeout, until a peer hung); the model is left untouched by the refused call."""
+    model = copy.deepcopy(qwen3[0])  # the stock model, never given to apply_fcp
+    before = model.config._attn_implementation
+    for kw, match in (({"kernel": "bogus"}, "kernel must be an AttentionKernel or one of cpu"),
+                      ({"kernel": 3}, "kernel must be an AttentionKernel"),
+                      ({"timeout": -1}, "timeout must be a positive number of seconds"),
+                      ({"timeout": "10"}, "timeout must be a positive number of seconds")):
+        with pytest.raises(ValueError, match=match):
+            hf.apply_fcp(model, **kw)
+    assert model.config._attn_implementation == before and getattr(model, "_fcp_state", None) is None
+    assert hf.apply_fcp(model, kernel="reference", timeout=30) is model
