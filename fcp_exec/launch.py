@@ -17,7 +17,8 @@ with them, :mod:`fcp_exec.forkserver`); they rendezvous on a ``TCPStore`` the pa
 race). A worker's exception is re-raised here as :class:`WorkerFailure` with each failing rank's traceback (peers
 get 2 s to report theirs: the first error is often a peer's symptom); ``timeout`` bounds the start-up and every run:
 a hanging or dying worker makes the pool kill all workers and raise ``TimeoutError`` / :class:`WorkerFailure`, never
-hang. After a failure it restarts on the next ``run`` (a failed ring leaves stale messages); workers go with the parent.
+hang. Tasks and results are pickled before they are queued, so one that cannot cross processes is an error at once.
+After a failure it restarts on the next ``run`` (a failed ring leaves stale messages); workers go with the parent.
 
 Backend: NCCL with CUDA (one device per local rank), HCCL with ``torch_npu``, else gloo, where every worker gets
 ``max(1, cpu_count // nproc)`` torch threads; a CPU worker keeps freed memory (:mod:`fcp_exec.host_memory`: no page
@@ -34,9 +35,11 @@ import queue
 import time
 import traceback
 import weakref
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable, Sequence
 
 from fcp_data.sampler_inputs import dist_rank_and_world as dist_info  # the one rank/world helper
+from fcp_exec.devices import check_devices, collective_dtype, current_device, default_backend, init_distributed
 from fcp_exec import forkserver
 from fcp_exec.host_memory import keep_freed_memory
 
@@ -69,102 +72,6 @@ def resolve_nproc(nproc: int | None, default: int = 2) -> int:
     return nproc
 
 
-def default_backend() -> str:
-    import torch
-
-    if torch.cuda.is_available():
-        return "nccl"
-    try:  # pragma: no cover - needs an Ascend NPU
-        import torch_npu  # noqa: F401
-
-        if torch.npu.is_available():
-            return "hccl"
-    except ImportError:
-        pass
-    return "gloo"
-
-
-def _npu_available() -> bool:
-    import torch
-
-    return hasattr(torch, "npu") and torch.npu.is_available()
-
-
-def current_device():
-    """This rank's device: ``cuda:LOCAL_RANK`` / ``npu:LOCAL_RANK`` (modulo the device count) when present,
-    else CPU. The one place that maps a local rank to a device."""
-    import torch
-
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    if torch.cuda.is_available():
-        return torch.device("cuda", local % torch.cuda.device_count())
-    if _npu_available():  # pragma: no cover - needs an Ascend NPU
-        return torch.device("npu", local % torch.npu.device_count())
-    return torch.device("cpu")
-
-
-# dtypes each backend's collectives accept (HCCL all-reduce: int8/16/32/64, fp16, fp32, bf16 — no fp64)
-_COLLECTIVE_DTYPES = {"hccl": ("int8", "int16", "int32", "int64", "float16", "float32", "bfloat16")}
-
-
-def collective_dtype(dtype, backend: str | None = None):
-    """The dtype to run a collective on ``dtype`` data with on ``backend`` (default: the initialised one):
-    ``dtype`` itself where the backend takes it, else float32 (fp64 statistics on HCCL)."""
-    import torch
-    import torch.distributed as dist
-
-    if backend is None:
-        backend = dist.get_backend() if dist.is_available() and dist.is_initialized() else "gloo"
-    allowed = _COLLECTIVE_DTYPES.get(str(backend).lower())
-    if allowed is None or str(dtype).replace("torch.", "") in allowed:
-        return dtype
-    return torch.float32
-
-
-def check_devices(backend: str, nproc_local: int) -> None:
-    """Refuse, before any process starts, a launch that would put two ranks on one accelerator (NCCL ends in
-    "Duplicate GPU detected"; HCCL likewise)."""
-    import torch
-
-    if backend == "nccl" and torch.cuda.is_available() and nproc_local > torch.cuda.device_count():
-        raise ValueError(f"{nproc_local} processes on this node but only {torch.cuda.device_count()} CUDA device(s): "
-                         "NCCL needs one GPU per rank; use --nproc <= the GPU count, or --backend gloo")
-    if backend == "hccl" and _npu_available() and nproc_local > torch.npu.device_count():  # pragma: no cover
-        raise ValueError(f"{nproc_local} processes on this node but only {torch.npu.device_count()} NPU(s): "
-                         "HCCL needs one NPU per rank")
-
-
-def init_distributed(backend: str | None = None, timeout_s: float = 300.0, num_threads: int | None = None, *,
-                     store=None):
-    """Initialise this rank's process group the one way fcp does everywhere: pick the device
-    (:func:`current_device`) and make it current (``torch.cuda.set_device`` / ``torch.npu.set_device``) *before*
-    ``init_process_group``, pass ``device_id`` so NCCL/HCCL communicators are created eagerly, then run one
-    warm-up barrier on the world group — so the first communication of every rank is a world collective (a
-    first partial-group batched P2P is undefined on NCCL/HCCL and would stall micro-batch 0 until every rank
-    arrives). Rendezvous on ``store`` (rank and world size from ``RANK``/``WORLD_SIZE``) when given, else
-    ``env://`` (torchrun). Returns the device."""
-    import torch
-    import torch.distributed as dist
-
-    backend = backend or default_backend()
-    if num_threads:
-        torch.set_num_threads(num_threads)
-    device = current_device()
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    elif device.type == "npu":  # pragma: no cover - needs an Ascend NPU
-        torch.npu.set_device(device)
-    kwargs: dict[str, Any] = {"init_method": "env://"}
-    if store is not None:
-        kwargs = {"store": store, "rank": int(os.environ["RANK"]), "world_size": int(os.environ["WORLD_SIZE"])}
-    accelerator = device.type in ("cuda", "npu") and backend in ("nccl", "hccl")
-    if accelerator:
-        kwargs["device_id"] = device
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
-    dist.barrier(**({"device_ids": [device.index]} if accelerator else {}))
-    return device
-
-
 class WorkerFailure(RuntimeError):
     """One or more ranks failed. ``errors`` maps rank to ``(exception type name, message, traceback text)``;
     a rank that died without a Python exception has type name ``"exit"``. ``str()`` shows every traceback."""
@@ -177,6 +84,22 @@ class WorkerFailure(RuntimeError):
 
 def _failure(e: BaseException) -> tuple[str, str, str]:  # what WorkerFailure.errors holds per rank
     return type(e).__name__, str(e), traceback.format_exc()
+
+
+def max_local_ranks() -> int:
+    """The most ranks one :class:`WorkerPool` starts on this machine: 8 per usable CPU core, at least 64."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(64, 8 * cores)
+
+
+def _pickled(obj: Any, what: str) -> bytes:
+    """``obj`` pickled here, not in a queue's feeder thread: there a pickling error is only printed and the item
+    dropped, so the other side would wait for it until its timeout (a lambda as ``fn`` hung ``launch`` 30 min)."""
+    try:
+        return bytes(ForkingPickler.dumps(obj))
+    except Exception as e:  # noqa: BLE001 - pickle raises AttributeError, TypeError, PicklingError, ...
+        raise TypeError(f"{what} cannot be pickled to cross processes ({type(e).__name__}: {e}); use a module-level "
+                        "function (not a lambda or a nested function) and picklable arguments and results") from None
 
 
 def _next_task(tasks):
@@ -201,11 +124,14 @@ def _worker_main(rank: int, world: int, port: int, backend: str, pg_timeout: flo
         store = dist.TCPStore(_HOST, port, None, False, timeout=datetime.timedelta(seconds=pg_timeout))
         keep_freed_memory(current_device())  # CPU ranks only; before init_distributed starts gloo's threads
         init_distributed(backend, pg_timeout, threads, store=store)
-        results.put((rank, -1, "ok", None))
+        results.put((rank, -1, "ok", _pickled(None, "start-up")))
         while (task := _next_task(tasks)) is not None:
-            task_id, fn, args = task
+            task_id, blob = task
             try:
-                results.put((rank, task_id, "ok", fn(rank, *args)))
+                fn, args = ForkingPickler.loads(blob)
+                value = fn(rank, *args)
+                name = getattr(args[0] if fn is _without_rank else fn, "__qualname__", fn)
+                results.put((rank, task_id, "ok", _pickled(value, f"the value {name} returned")))
             except BaseException as e:  # noqa: BLE001 - every failure must reach the parent
                 results.put((rank, task_id, "err", _failure(e)))
     except BaseException as e:  # noqa: BLE001 - start-up failures (and a task that cannot be unpickled)
@@ -269,6 +195,9 @@ class WorkerPool:
                  start_timeout: float = 300.0, num_threads: int | None = None, preload: Sequence[str] = _PRELOAD):
         if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"nproc must be a positive int, got {world_size!r}")
+        if world_size > max_local_ranks():  # 10**9 started processes until "Too many open files"
+            raise ValueError(f"nproc={world_size} is more processes than this machine can run (at most "
+                             f"{max_local_ranks()}: 8 per CPU core this process may use, at least 64)")
         self.world_size = world_size
         self.backend = backend or default_backend()
         check_devices(self.backend, world_size)
@@ -331,10 +260,11 @@ class WorkerPool:
         """Call ``fn(rank, *args)`` on every rank; the results by rank (restarts the pool first if needed)."""
         self.start()
         task_id, self._next_id = self._next_id, self._next_id + 1
-        for q in self._tasks:
-            q.put((task_id, fn, args))
         target = args[0] if fn is _without_rank else fn
-        return self._collect(task_id, timeout, what=getattr(target, "__qualname__", repr(target)))
+        what = getattr(target, "__qualname__", repr(target))
+        for q in self._tasks:  # pickled once per queue, as the queue itself would (tensors' shared memory handles)
+            q.put((task_id, _pickled((fn, args), f"{what} with its arguments")))
+        return self._collect(task_id, timeout, what=what)
 
     def _collect(self, task_id: int, timeout: float, *, what: str) -> list:
         """Every rank's result of ``task_id``; on a failure, a hang past ``timeout`` or a dead worker the workers
@@ -354,7 +284,13 @@ class WorkerPool:
             else:
                 if tid != task_id and not (tid == -1 and status == "err"):
                     continue  # a stale reply from an earlier, failed task
-                (values if status == "ok" else errors)[rank] = payload
+                if status != "ok":
+                    errors[rank] = payload
+                else:
+                    try:
+                        values[rank] = ForkingPickler.loads(payload)
+                    except Exception as e:  # noqa: BLE001 - e.g. its class cannot be imported here
+                        errors[rank] = (type(e).__name__, str(e), f"rank {rank}'s result cannot be unpickled here: {e}")
             if errors:
                 grace = min(grace, time.monotonic() + _GRACE_S)
         if len(values) == self.world_size:
@@ -380,6 +316,7 @@ def launch(fn: Callable[..., Any], nproc: int, *args: Any, backend: str | None =
         raise ValueError(f"nproc must be a positive int, got {nproc!r}")
     if in_torchrun():
         return _in_torchrun(fn, nproc, args, backend, pg_timeout)
+    _pickled((fn, args), f"{getattr(fn, '__qualname__', fn)!s} with its arguments")  # before any process starts
     deadline = time.monotonic() + timeout
     with WorkerPool(nproc, backend=backend, pg_timeout=pg_timeout, start_timeout=timeout,
                     preload=_TRAIN_PRELOAD + tuple(preload)) as pool:

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from fcp_data.cost import CostModel
-from fcp_exec.launch import WorkerFailure, launch
+from fcp_exec.launch import WorkerFailure, WorkerPool, _without_rank, launch
 from fcp_exec.train import builtin_cost_model, format_degrees, parse_planner
 from fcp_exec.train_data import SyntheticText, SyntheticVideo, load_train_data
 
@@ -119,6 +119,32 @@ def test_launcher_results_and_errors():
         launch(_hangs_on_rank_0, 2, timeout=3)
     assert time.monotonic() - start < 15
     assert multiprocessing.active_children() == []
+
+
+def _returns_a_lambda():
+    return lambda: 0
+
+
+def test_launcher_refuses_what_cannot_cross_processes():
+    """Found by fuzzing: a lambda as ``fn`` was dropped by the task queue's feeder thread (it only printed the
+    pickling error), so ``launch`` waited its whole timeout (30 min by default); an unpicklable return value did the
+    same on the way back; ``nproc=10**9`` started processes until "Too many open files". Now: a TypeError before any
+    process starts, a WorkerFailure naming the result, a ValueError. Each within seconds, nothing left running;
+    the pool still runs the next task (reference: the collective's value)."""
+    start = time.monotonic()
+    with pytest.raises(TypeError, match="cannot be pickled to cross processes .*module-level function"):
+        launch(lambda: 0, 2, timeout=120)
+    assert multiprocessing.active_children() == []
+    with pytest.raises(ValueError, match="nproc=1000000000 is more processes than this machine can run"):
+        launch(_ok, 10**9, 1.0)
+    with pytest.raises(WorkerFailure, match="the value _returns_a_lambda returned cannot be pickled"):
+        launch(_returns_a_lambda, 2, timeout=120)
+    assert time.monotonic() - start < 60
+    assert multiprocessing.active_children() == []
+    with WorkerPool(2, pg_timeout=60) as pool:
+        with pytest.raises(TypeError, match="cannot be pickled"):
+            pool.run(lambda rank: rank, timeout=60)
+        assert pool.run(_without_rank, _ok, 2.0, timeout=60) == [6.0, 6.0]
 
 
 def _running(pid: int) -> bool:

@@ -80,6 +80,7 @@ def test_a_forkserver_started_by_someone_else_is_never_stopped():
     """A forkserver fcp did not start keeps running: fcp's record cleared (as if user code had started the server)
     or naming another server (as if multiprocessing had replaced fcp's); fcp's workers then import what they need
     themselves."""
+    _fork(())  # a running server, whichever test ran before this one in this process
     saved = forkserver._served, forkserver._pid
     try:
         for record in (None, -1):

@@ -1,0 +1,107 @@
+"""The device and process-group set-up every fcp rank shares (re-exported by :mod:`fcp_exec.launch`, the launcher):
+the default backend (NCCL / HCCL / gloo), this rank's device, the dtype a backend's collectives take, the refusal of
+two ranks on one accelerator, and :func:`init_distributed`."""
+
+from __future__ import annotations
+
+import datetime
+import os
+from typing import Any
+
+__all__ = ["default_backend", "current_device", "collective_dtype", "check_devices", "init_distributed"]
+
+
+def default_backend() -> str:
+    import torch
+
+    if torch.cuda.is_available():
+        return "nccl"
+    try:  # pragma: no cover - needs an Ascend NPU
+        import torch_npu  # noqa: F401
+
+        if torch.npu.is_available():
+            return "hccl"
+    except ImportError:
+        pass
+    return "gloo"
+
+
+def _npu_available() -> bool:
+    import torch
+
+    return hasattr(torch, "npu") and torch.npu.is_available()
+
+
+def current_device():
+    """This rank's device: ``cuda:LOCAL_RANK`` / ``npu:LOCAL_RANK`` (modulo the device count) when present,
+    else CPU. The one place that maps a local rank to a device."""
+    import torch
+
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        return torch.device("cuda", local % torch.cuda.device_count())
+    if _npu_available():  # pragma: no cover - needs an Ascend NPU
+        return torch.device("npu", local % torch.npu.device_count())
+    return torch.device("cpu")
+
+
+# dtypes each backend's collectives accept (HCCL all-reduce: int8/16/32/64, fp16, fp32, bf16 — no fp64)
+_COLLECTIVE_DTYPES = {"hccl": ("int8", "int16", "int32", "int64", "float16", "float32", "bfloat16")}
+
+
+def collective_dtype(dtype, backend: str | None = None):
+    """The dtype to run a collective on ``dtype`` data with on ``backend`` (default: the initialised one):
+    ``dtype`` itself where the backend takes it, else float32 (fp64 statistics on HCCL)."""
+    import torch
+    import torch.distributed as dist
+
+    if backend is None:
+        backend = dist.get_backend() if dist.is_available() and dist.is_initialized() else "gloo"
+    allowed = _COLLECTIVE_DTYPES.get(str(backend).lower())
+    if allowed is None or str(dtype).replace("torch.", "") in allowed:
+        return dtype
+    return torch.float32
+
+
+def check_devices(backend: str, nproc_local: int) -> None:
+    """Refuse, before any process starts, a launch that would put two ranks on one accelerator (NCCL ends in
+    "Duplicate GPU detected"; HCCL likewise)."""
+    import torch
+
+    if backend == "nccl" and torch.cuda.is_available() and nproc_local > torch.cuda.device_count():
+        raise ValueError(f"{nproc_local} processes on this node but only {torch.cuda.device_count()} CUDA device(s): "
+                         "NCCL needs one GPU per rank; use --nproc <= the GPU count, or --backend gloo")
+    if backend == "hccl" and _npu_available() and nproc_local > torch.npu.device_count():  # pragma: no cover
+        raise ValueError(f"{nproc_local} processes on this node but only {torch.npu.device_count()} NPU(s): "
+                         "HCCL needs one NPU per rank")
+
+
+def init_distributed(backend: str | None = None, timeout_s: float = 300.0, num_threads: int | None = None, *,
+                     store=None):
+    """Initialise this rank's process group the one way fcp does everywhere: pick the device
+    (:func:`current_device`) and make it current (``torch.cuda.set_device`` / ``torch.npu.set_device``) *before*
+    ``init_process_group``, pass ``device_id`` so NCCL/HCCL communicators are created eagerly, then run one
+    warm-up barrier on the world group — so the first communication of every rank is a world collective (a
+    first partial-group batched P2P is undefined on NCCL/HCCL and would stall micro-batch 0 until every rank
+    arrives). Rendezvous on ``store`` (rank and world size from ``RANK``/``WORLD_SIZE``) when given, else
+    ``env://`` (torchrun). Returns the device."""
+    import torch
+    import torch.distributed as dist
+
+    backend = backend or default_backend()
+    if num_threads:
+        torch.set_num_threads(num_threads)
+    device = current_device()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    elif device.type == "npu":  # pragma: no cover - needs an Ascend NPU
+        torch.npu.set_device(device)
+    kwargs: dict[str, Any] = {"init_method": "env://"}
+    if store is not None:
+        kwargs = {"store": store, "rank": int(os.environ["RANK"]), "world_size": int(os.environ["WORLD_SIZE"])}
+    accelerator = device.type in ("cuda", "npu") and backend in ("nccl", "hccl")
+    if accelerator:
+        kwargs["device_id"] = device
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+    dist.barrier(**({"device_ids": [device.index]} if accelerator else {}))
+    return device
