@@ -14,8 +14,7 @@ slot order (an idle rank's list is empty but still carries the micro-batch's met
    predict placeholders), and the batch's ``num_tokens_global`` is ``slot.num_text_labels_global``, the
    sampler's exact count of such label tokens (truncation included, see :mod:`fcp_data.visual_layout`); a batch
    with visual tokens whose sampler had no visual layout (plain lengths) is a ``ValueError``. A sample's own
-   ``labels`` must equal its ``input_ids`` (the causal-LM convention): per-token label masks (SFT prompts) are a
-   ``ValueError``, since the denominator is the sampler's count;
+   ``labels`` other than its ``input_ids`` are a ``ValueError`` unless ``sample_labels=True`` (below);
 4. positions are ``0 .. P−1`` over the padded document (real tokens ``0 .. n−1``, pads continue the count;
    pads sit after the document's real tokens, so under a causal mask no real token sees them);
 5. CP rank ``r`` keeps chunks ``r`` and ``2·degree−1−r`` of every padded document
@@ -30,7 +29,9 @@ Batch dict (all tensors on CPU, 1-D unless stated)::
     max_seqlen       int                  longest local padded document
     ranks            tuple[int, ...]      the CP group (global ranks, ring order); () on an idle rank
     cp_rank          int                  this rank's position in ``ranks``; -1 on an idle rank
-    num_tokens_global int                 non-ignored labels of the whole global batch (loss denominator)
+    num_tokens_global int                 non-ignored labels of the whole global batch (loss denominator;
+                                          None with ``sample_labels=True`` until train_step fills it in)
+    num_label_tokens_local int            non-ignored local labels (only with ``sample_labels=True``)
     sample_indices   tuple[int, ...]      dataset indices of the documents, in packing order
     epoch, global_batch, micro_batch, num_micro_batches   ints: where this micro-batch sits in the epoch
   multimodal (``visual_token_id`` set):
@@ -42,6 +43,15 @@ Batch dict (all tensors on CPU, 1-D unless stated)::
     pixel_values     Tensor               the group's pixel patches concatenated on dim 0 (only when
     grid_thw         LongTensor [n, 3]    samples carry them); grid_thw likewise
     mrope_position_ids LongTensor [3, L]  Qwen-VL 3-D rope positions (``mrope=True``), rule: fcp_data.mrope
+
+Samples' own labels (``sample_labels=True``; SFT: ``ignore_index`` on the prompt): a sample's ``labels`` are
+aligned with its ``input_ids`` (the Hugging Face convention, not shifted; without the key, ``input_ids``), and
+``labels[t]`` above becomes the sample's label of token ``t+1`` (still ``ignore_index`` at the document's end, on
+pads and, when masked, on visual targets). The sampler cannot count those, so the batch's ``num_tokens_global``
+is ``None`` and ``num_label_tokens_local`` is this rank's count (its zigzag share; 0 on an idle rank):
+:func:`fcp_exec.step.train_step` sums it over the global batch's micro-batches and all ranks (one all-reduce,
+after reading the step's micro-batches) and fills ``num_tokens_global`` in before the first forward; a loop of
+your own calls :func:`fcp_exec.step.fill_num_tokens_global` the same way.
 
 3-D positions (``mrope=True``): :func:`fcp_data.mrope.qwen_vl_mrope_positions` (the rule and which transformers
 versions agree with it, are in :mod:`fcp_data.mrope`); ``position_fn`` replaces it (below).
@@ -57,12 +67,12 @@ object, not a lambda.
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
 
+from fcp_data.collator_inputs import as_ids, check_pairs, check_sample_keys, sample_labels_of, token_ids
 from fcp_data.layout import zigzag_index
 from fcp_data.mrope import qwen_vl_mrope_positions
 
@@ -71,76 +81,6 @@ __all__ = ["FCPCollator", "qwen_vl_mrope_positions"]
 # the batch-dict entries taken from the micro-batch's MicroBatchMeta (num_text_labels_global: see _denominator)
 _META = ("epoch", "global_batch", "micro_batch", "num_micro_batches", "num_tokens_global", "ranks", "cp_rank",
          "num_text_labels_global")
-
-
-def _check_pairs(batch: Any) -> None:
-    """The batch must be a list of ``(sample, SampleSlot)`` pairs, as ``FCPDataset`` + ``FCPSampler`` produce."""
-    from fcp_data.slots import SampleSlot
-
-    how = ("build the DataLoader with dataset=FCPDataset(base), batch_sampler=FCPSampler(...), "
-           "collate_fn=FCPCollator(...)")
-    if not isinstance(batch, (list, tuple)):
-        raise TypeError(f"FCPCollator takes a list of (sample, SampleSlot) pairs, got {type(batch).__name__}; {how}")
-    for i, item in enumerate(batch):
-        if not (isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[1], SampleSlot)):
-            got = (f"a {len(item)}-tuple ending in {type(item[-1]).__name__}" if isinstance(item, (tuple, list)) and item
-                   else type(item).__name__)
-            raise TypeError(f"FCPCollator: batch item {i} must be a (sample, SampleSlot) pair, got {got}; {how}")
-
-
-def _as_ids(x: Any, index: int, key: str = "input_ids") -> torch.Tensor:
-    if isinstance(x, (list, tuple)) and len(x) == 0:
-        raise ValueError(f"sample {index}: {key} is empty; every sample needs at least one token")
-    try:
-        t = torch.as_tensor(x).cpu()  # DataLoader workers collate on the host; pinning and the copy come later
-    except (TypeError, ValueError, RuntimeError, NotImplementedError) as e:
-        raise ValueError(f"sample {index}: {key} must be a 1-D integer tensor or list, got {type(x).__name__} "
-                         f"({str(e).splitlines()[0][:120]})") from None
-    if t.dim() == 2 and t.shape[0] == 1:
-        t = t[0]
-    if t.dim() != 1 or t.dtype.is_floating_point or t.dtype == torch.bool:
-        raise ValueError(
-            f"sample {index}: {key} must be a 1-D integer tensor or list, got shape {tuple(t.shape)} "
-            f"dtype {t.dtype}")
-    return t.to(torch.long)
-
-
-def _token_ids(v: Any) -> tuple[int, ...]:
-    """``visual_token_id`` as a tuple of ints: None, one id, or an iterable of ids (list, tuple, array, tensor)."""
-    if v is None:
-        return ()
-    try:
-        items = [v] if hasattr(v, "__index__") and getattr(v, "ndim", 0) == 0 else list(v)
-        if any(isinstance(x, bool) for x in items):
-            raise TypeError
-        return tuple(operator.index(x) for x in items)
-    except TypeError:
-        raise TypeError(f"visual_token_id must be an int token id or a list of them, got {v!r}") from None
-
-
-# keys of a Hugging Face processor's output that this collator does not read: carrying the sample on would drop them
-_HF_VISUAL_KEYS = ("image_grid_thw", "video_grid_thw", "pixel_values_videos")
-
-
-def _check_sample_keys(sample: dict, full: torch.Tensor, index: int) -> None:
-    """Refuse what the collator would otherwise drop in silence: per-token ``labels`` other than the causal-LM copy
-    of ``input_ids`` (the collator derives the labels, and the loss denominator is the sampler's count), and a
-    processor's separate image / video grids and video pixels."""
-    labels = sample.get("labels")
-    if labels is not None:
-        lab = _as_ids(labels, index, "labels")
-        if lab.shape != full.shape or not torch.equal(lab, full):
-            raise ValueError(
-                f"sample {index}: its labels differ from its input_ids (a prompt mask, as in SFT?); FCPCollator derives "
-                "the labels from input_ids (shifted, ignore_index on document ends) and the loss denominator "
-                "num_tokens_global is the sampler's count of those, so per-token label masks are not supported; "
-                "drop 'labels' from the sample or set them equal to input_ids")
-    hf = [k for k in _HF_VISUAL_KEYS if sample.get(k) is not None]
-    if hf:
-        raise ValueError(
-            f"sample {index} has {', '.join(hf)} (a Hugging Face processor's output): FCPCollator reads one 'grid_thw' "
-            "[n, 3] per sample, rows in the order of the visual placeholders, and one 'pixel_values' with the patches "
-            "in that order; merge them so, or read the data with fcp_data.IndexedDataset")
 
 
 class FCPCollator:
@@ -154,19 +94,21 @@ class FCPCollator:
     with (``slot.length``) — a mismatch means the length index is stale; ``mask_visual_labels``: ignore
     labels whose target is a visual placeholder (module docstring; no effect without ``visual_token_id``);
     ``position_fn``: ``(sample, input_ids[n]) -> LongTensor [3, n]``, the 3-D positions of one whole
-    untruncated document, replacing the built-in Qwen-VL rule (implies ``mrope=True``; module docstring).
+    untruncated document, replacing the built-in Qwen-VL rule (implies ``mrope=True``; module docstring);
+    ``sample_labels``: train on each sample's own ``labels`` (SFT prompt masks; module docstring).
     """
 
     def __init__(self, *, pad_token_id: int = 0, ignore_index: int = -100,
                  visual_token_id: int | Sequence[int] | None = None, spatial_merge_size: int = 2,
                  mrope: bool = False, strict_lengths: bool = True, mask_visual_labels: bool = True,
-                 position_fn: Callable[[dict, torch.Tensor], torch.Tensor] | None = None) -> None:
+                 position_fn: Callable[[dict, torch.Tensor], torch.Tensor] | None = None,
+                 sample_labels: bool = False) -> None:
         for name, v in (("pad_token_id", pad_token_id), ("ignore_index", ignore_index)):
             if isinstance(v, bool) or not hasattr(v, "__index__"):
                 raise TypeError(f"{name} must be an int token id, got {v!r}")
         self.pad_token_id = int(pad_token_id)
         self.ignore_index = int(ignore_index)
-        self.visual_ids: tuple[int, ...] = _token_ids(visual_token_id)
+        self.visual_ids: tuple[int, ...] = token_ids(visual_token_id)
         if isinstance(spatial_merge_size, bool) or not hasattr(spatial_merge_size, "__index__") or spatial_merge_size < 1:
             raise ValueError(f"spatial_merge_size must be an int >= 1, got {spatial_merge_size!r}")
         self.spatial_merge_size = int(spatial_merge_size)
@@ -180,11 +122,14 @@ class FCPCollator:
         self.mrope = mrope
         self.strict_lengths = bool(strict_lengths)
         self.mask_visual_labels = bool(mask_visual_labels) and bool(self.visual_ids)
+        if not isinstance(sample_labels, bool):
+            raise TypeError(f"sample_labels must be True or False, got {sample_labels!r}")
+        self.sample_labels = sample_labels
 
     def __repr__(self) -> str:
         return (f"FCPCollator(pad_token_id={self.pad_token_id}, ignore_index={self.ignore_index}, "
                 f"visual_token_id={self.visual_ids or None}, mrope={self.mrope}, "
-                f"mask_visual_labels={self.mask_visual_labels}"
+                f"mask_visual_labels={self.mask_visual_labels}, sample_labels={self.sample_labels}"
                 + (f", position_fn={self.position_fn!r})" if self.position_fn is not None else ")"))
 
     # ------------------------------------------------------------------ helpers
@@ -212,7 +157,9 @@ class FCPCollator:
     def _denominator(self, meta: dict[str, Any], has_visual_target: bool) -> dict[str, Any]:
         """``meta`` with ``num_tokens_global`` = the non-ignored labels of the global batch."""
         text = meta.pop("num_text_labels_global")
-        if self.mask_visual_labels:
+        if self.sample_labels:  # counted from the labels themselves, over the global batch, by train_step
+            meta["num_tokens_global"] = None
+        elif self.mask_visual_labels:
             if text is not None:
                 meta["num_tokens_global"] = int(text)
             elif has_visual_target:
@@ -227,6 +174,8 @@ class FCPCollator:
         out = {"input_ids": z, "labels": z.clone(), "position_ids": z.clone(),
                "cu_seqlens": torch.zeros(1, dtype=torch.int32), "max_seqlen": 0, "sample_indices": ()}
         out.update(meta)
+        if self.sample_labels:
+            out["num_label_tokens_local"] = 0
         if self.visual_ids:
             out["visual_pos"], out["visual_index"] = z.clone(), z.clone()
         if self.mrope:
@@ -248,7 +197,7 @@ class FCPCollator:
 
     # ------------------------------------------------------------------ main
     def __call__(self, batch: Sequence) -> dict[str, Any]:
-        _check_pairs(batch)
+        check_pairs(batch)
         meta = self._meta(batch)
         if not batch:
             return self._empty(self._denominator(meta, False))
@@ -274,6 +223,8 @@ class FCPCollator:
             "sample_indices": tuple(int(s.index) for _, s in batch),
         }
         out.update(meta)
+        if self.sample_labels:
+            out["num_label_tokens_local"] = int((out["labels"] != self.ignore_index).sum())
         if self.visual_ids:
             out["visual_pos"], out["visual_index"] = _local_visual(acc, idx)
             if self.mrope:
@@ -289,8 +240,8 @@ class FCPCollator:
         if not isinstance(sample, dict) or "input_ids" not in sample:
             got = f"a dict with keys {sorted(sample)}" if isinstance(sample, dict) else type(sample).__name__
             raise ValueError(f"sample {slot.index}: expected a dict with 'input_ids', got {got}")
-        full = _as_ids(sample["input_ids"], slot.index)
-        _check_sample_keys(sample, full, slot.index)
+        full = as_ids(sample["input_ids"], slot.index)
+        check_sample_keys(sample, full, slot.index, self.sample_labels)
         if self.strict_lengths and full.numel() != slot.length:
             raise ValueError(
                 f"sample {slot.index} has {full.numel()} tokens but the sampler planned with {slot.length}; "
@@ -302,6 +253,9 @@ class FCPCollator:
         acc.ids_parts.append(full[:n])
         if pad:
             acc.ids_parts.append(full.new_full((pad,), self.pad_token_id))
+        if self.sample_labels:
+            acc.label_parts.append(sample_labels_of(sample, full, slot.index, self.ignore_index)[:n])
+            acc.label_parts.append(full.new_full((pad,), self.ignore_index))
         acc.kept_lens.append(n)
         grid = sample.get("grid_thw")
         if grid is not None:
@@ -350,12 +304,15 @@ class FCPCollator:
         last = torch.repeat_interleave(torch.tensor(acc.kept_lens, dtype=torch.long) - 1, plen)
         nxt = torch.roll(input_ids, -1)
         target = positions < last
+        if self.sample_labels:  # the next token's own label (ignore_index there masks this target)
+            nxt_label = torch.roll(torch.cat(acc.label_parts), -1)
         has_vis_target = False
         if self.mask_visual_labels:
             vis_target = target & torch.isin(nxt, visual_ids)
             target &= ~vis_target
             has_vis_target = bool(vis_target.any())
-        return positions, torch.where(target, nxt, self.ignore_index), has_vis_target
+        labels = torch.where(target, nxt_label if self.sample_labels else nxt, self.ignore_index)
+        return positions, labels, has_vis_target
 
 
 @dataclass
@@ -364,6 +321,7 @@ class _Packed:
 
     multiple: int
     ids_parts: list = field(default_factory=list)
+    label_parts: list = field(default_factory=list)  # the samples' own labels (sample_labels=True), padded
     mrope_parts: list = field(default_factory=list)
     padded_lens: list = field(default_factory=list)
     kept_lens: list = field(default_factory=list)

@@ -12,8 +12,9 @@ hold under DDP and FSDP2, whose collectives must run in lock-step on every rank:
   zeros, but FSDP2's all-gathers/reduce-scatters and DDP's buffer broadcasts and bucket all-reduces run
   exactly as often as on the busy ranks, so nothing hangs.
 * **SUM semantics.** ``loss_fn`` returns this rank's share of the global mean (local label-token loss sum /
-  ``num_tokens_global``); the reducer *sums* gradients over ranks (DDP: a SUM comm hook instead of DDP's
-  average; FSDP2: ``set_gradient_divide_factor(1.0)`` on *every* FSDP module; all-reduce: ``SUM``).
+  ``num_tokens_global``; with the samples' own labels, ``FCPCollator(sample_labels=True)``, train_step first
+  reads the step's micro-batches and counts it, :func:`fill_num_tokens_global`); the reducer *sums* gradients
+  over ranks (DDP: a SUM comm hook instead of DDP's average; FSDP2: ``set_gradient_divide_factor(1.0)`` on *every* FSDP module; all-reduce: ``SUM``).
 * **Sync once.** Gradients are synchronised only after the last micro-batch (DDP ``no_sync``, FSDP2
   ``set_requires_gradient_sync(False)`` before it; the all-reduce reducer reduces once at the end).
 
@@ -33,7 +34,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -41,8 +42,8 @@ from torch import nn
 
 from fcp_data.sampler_inputs import dist_rank_and_world
 
-__all__ = ["REDUCER_NAMES", "AllReduceReducer", "DDPReducer", "FSDP2Reducer", "StepResult", "idle_batch",
-           "is_idle", "make_reducer", "train_step"]
+__all__ = ["REDUCER_NAMES", "AllReduceReducer", "DDPReducer", "FSDP2Reducer", "StepResult", "denominator",
+           "fill_num_tokens_global", "idle_batch", "is_idle", "make_reducer", "train_step"]
 
 REDUCER_NAMES = ("allreduce", "ddp", "fsdp2")
 
@@ -215,6 +216,48 @@ class StepResult:
     num_idle: int = 0
 
 
+def fill_num_tokens_global(batches: Sequence[dict], device: torch.device | None = None) -> int:
+    """The loss denominator of a global batch whose labels came from the samples (``FCPCollator(sample_labels=True)``:
+    each batch's ``num_tokens_global`` is None and ``num_label_tokens_local`` is this rank's count): the sum over
+    ``batches`` — *all* of this rank's micro-batches of one global batch — and over every rank (one all-reduce
+    SUM on ``device``, so every rank must call it), written into each batch's ``num_tokens_global``. Returns it."""
+    local = 0
+    for b in batches:
+        if b.get("num_label_tokens_local") is None:
+            raise ValueError("a micro-batch without num_label_tokens_local: fill_num_tokens_global is for batches of "
+                             "FCPCollator(sample_labels=True); other batches carry num_tokens_global already")
+        local += int(b["num_label_tokens_local"])
+    total = torch.tensor([local], dtype=torch.int64, device=device)
+    if dist_rank_and_world()[1] > 1:
+        dist.all_reduce(total)
+    n = int(total[0])
+    for b in batches:
+        b["num_tokens_global"] = n
+    return n
+
+
+def denominator(batch: dict) -> int:
+    """``batch["num_tokens_global"]`` (at least 1), the loss denominator; a clear error where it is still None."""
+    n = batch.get("num_tokens_global")
+    if n is None:
+        raise ValueError("num_tokens_global is None: the batch comes from FCPCollator(sample_labels=True), whose label "
+                         "count spans the global batch; run the step with train_step, or call "
+                         "fcp_exec.step.fill_num_tokens_global(<all micro-batches of the step>) first")
+    return max(int(n), 1)
+
+
+def _next_micro_batch(it: Iterator[dict], m: int, num_mb: int) -> dict:
+    """Micro-batch ``m`` of the global batch from ``it``; a clear error when it ends early or is out of place."""
+    try:
+        batch = next(it)
+    except StopIteration:
+        raise RuntimeError(f"the micro-batches ended after {m} of {num_mb}; pass one whole global batch") from None
+    if int(batch["micro_batch"]) != m:
+        raise RuntimeError(f"expected micro-batch {m} of the global batch, got {batch['micro_batch']}; "
+                           "start train_step at a global-batch boundary")
+    return batch
+
+
 def train_step(model: nn.Module, micro_batches: Iterable[dict], loss_fn: Callable[[nn.Module, dict], torch.Tensor],
                reducer, *, pad_token_id: int = 0, to_device: Callable[[dict], dict] | None = None) -> StepResult:
     """Forward/backward every micro-batch of one global batch and synchronise gradients (module docstring).
@@ -223,21 +266,22 @@ def train_step(model: nn.Module, micro_batches: Iterable[dict], loss_fn: Callabl
     batches of an ``FCPSampler`` DataLoader; an iterator is consumed exactly that far). ``loss_fn(model,
     batch)``: this rank's loss for one micro-batch, already divided by ``batch["num_tokens_global"]``; it is
     called on :func:`idle_batch` for idle micro-batches and its result multiplied by 0. ``reducer``: from
-    :func:`make_reducer`. The caller zeroes gradients before and steps the optimizer after."""
+    :func:`make_reducer`. The caller zeroes gradients before and steps the optimizer after. Batches of
+    ``FCPCollator(sample_labels=True)`` (``num_tokens_global`` None) are all read first and their labels counted
+    over the global batch (:func:`fill_num_tokens_global`)."""
     it = iter(micro_batches)
-    rank, world = dist_rank_and_world()
+    _, world = dist_rank_and_world()
+    first = _next_micro_batch(it, 0, 1)
+    num_mb = int(first["num_micro_batches"])
+    if first.get("num_tokens_global") is None:  # the samples' own labels: count them over the global batch first
+        buffered = [first] + [_next_micro_batch(it, m, num_mb) for m in range(1, num_mb)]
+        fill_num_tokens_global(buffered, next(model.parameters()).device)
+        it = iter(buffered[1:])
     loss_local = torch.zeros((), dtype=torch.float64)
     groups: list[tuple[int, ...]] = []
-    num_idle, m, num_mb, num_tokens = 0, 0, 1, 0
-    while m < num_mb:
-        try:
-            batch = next(it)
-        except StopIteration:
-            raise RuntimeError(f"the micro-batches ended after {m} of {num_mb}; pass one whole global batch") from None
-        num_mb, num_tokens = int(batch["num_micro_batches"]), int(batch["num_tokens_global"])
-        if int(batch["micro_batch"]) != m:
-            raise RuntimeError(f"expected micro-batch {m} of the global batch, got {batch['micro_batch']}; "
-                               "start train_step at a global-batch boundary")
+    num_idle = 0
+    for m in range(num_mb):
+        batch = first if m == 0 else _next_micro_batch(it, m, num_mb)
         groups.append(tuple(batch["ranks"]))
         idle = is_idle(batch)
         run = idle_batch(batch, pad_token_id=pad_token_id) if idle else batch
@@ -250,7 +294,6 @@ def train_step(model: nn.Module, micro_batches: Iterable[dict], loss_fn: Callabl
                 num_idle += 1
             loss.backward()
         loss_local += loss.detach().to(device="cpu", dtype=torch.float64)
-        m += 1
     reducer.finish(model)
     total = loss_local.reshape(1)
     if world > 1:
@@ -259,4 +302,5 @@ def train_step(model: nn.Module, micro_batches: Iterable[dict], loss_fn: Callabl
         dev = next(model.parameters()).device
         total = total.to(device=dev, dtype=collective_dtype(torch.float64))  # fp64 where the backend has it
         dist.all_reduce(total)
-    return StepResult(loss=float(total[0]), num_tokens=num_tokens, groups=groups, num_idle=num_idle)
+    return StepResult(loss=float(total[0]), num_tokens=int(first["num_tokens_global"]), groups=groups,
+                      num_idle=num_idle)

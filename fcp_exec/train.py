@@ -84,6 +84,7 @@ def _to_device(batch: dict, device) -> dict:
 
 def _forward_loss(model, batch: dict, is_mllm: bool) -> torch.Tensor:
     from fcp_exec.models import token_loss_sum
+    from fcp_exec.step import denominator
 
     args = (batch["input_ids"], batch["position_ids"], batch["cu_seqlens"], batch["ranks"])
     if is_mllm:
@@ -92,7 +93,7 @@ def _forward_loss(model, batch: dict, is_mllm: bool) -> torch.Tensor:
     else:
         logits = model(*args)
     # a global batch of one-token documents has no label token: its loss is 0, not 0/0
-    return token_loss_sum(logits, batch["labels"]) / max(int(batch["num_tokens_global"]), 1)
+    return token_loss_sum(logits, batch["labels"]) / denominator(batch)
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
@@ -141,7 +142,8 @@ class Trainer:
             hf_config = hf.load_config(cfg.model[3:])
         self.data = data = load_train_data(cfg.model, cfg.data, max_tokens=cfg.max_tokens, seed=cfg.seed,
                                            cache_dir=cfg.cache_dir, num_synthetic=cfg.num_synthetic,
-                                           lengths=cfg.synthetic_lengths, hf_config=hf_config)
+                                           lengths=cfg.synthetic_lengths, hf_config=hf_config,
+                                           prompt_mask=cfg.sample_labels)
         self.is_mllm = cfg.model == "tiny-mllm" or bool(self.is_hf and data.visual_token_ids)
         if cfg.model == "tiny-mllm" and not data.visual_token_ids:
             raise ValueError("tiny-mllm needs a multimodal dataset (an index built with a vision spec, e.g. qwen2-vl)")
@@ -188,15 +190,16 @@ class Trainer:
             if self.is_mllm:
                 from fcp_exec.integrations.hf_positions import hf_collator
 
-                collator = hf_collator(model.config, pad_token_id=data.pad_token_id)
+                collator = hf_collator(model.config, pad_token_id=data.pad_token_id, sample_labels=cfg.sample_labels)
             else:
-                collator = FCPCollator(pad_token_id=data.pad_token_id)
+                collator = FCPCollator(pad_token_id=data.pad_token_id, sample_labels=cfg.sample_labels)
             self.loss_fn = hf.fcp_loss
         else:
             from fcp_exec.models import build_model
 
             model = build_model(cfg.model, seed=cfg.seed, dtype=_DTYPES[cfg.dtype]).to(self.device)
-            collator = FCPCollator(pad_token_id=data.pad_token_id, visual_token_id=data.visual_token_ids or None)
+            collator = FCPCollator(pad_token_id=data.pad_token_id, visual_token_id=data.visual_token_ids or None,
+                                   sample_labels=cfg.sample_labels)
             is_mllm = self.is_mllm
             self.loss_fn = lambda m, b: _forward_loss(m, b, is_mllm)
         return model, collator

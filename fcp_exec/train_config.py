@@ -81,6 +81,9 @@ class TrainConfig:
                         "DistributedDataParallel or FSDP2 (fully_shard per transformer block); all sum gradients "
                         "exactly once per step", choices=REDUCER_NAMES)
     grad_checkpointing: bool = _opt(False, "non-reentrant activation checkpointing of the hf: model's layers")
+    sample_labels: bool = _opt(False, "train on each sample's own labels (FCPCollator(sample_labels=True): SFT "
+                               "prompt masks; the loss denominator is counted over the global batch); with "
+                               "--data synthetic an hf: model's samples mask a random prompt")
 
     def __post_init__(self) -> None:
         from fcp_exec.train import parse_planner

@@ -143,6 +143,8 @@ class CappedDataset:
             if "pixel_values" in s:
                 raise ValueError(f"multimodal sample {int(self.keep[i])} is longer than max_tokens={self.max_tokens}")
             s["input_ids"] = ids[: self.max_tokens]
+            if s.get("labels") is not None:
+                s["labels"] = torch.as_tensor(s["labels"])[: self.max_tokens]
         return s
 
 
@@ -188,14 +190,15 @@ HF_SPECS = {"qwen2_vl": "qwen2-vl", "qwen2_5_vl": "qwen2.5-vl", "qwen3_vl": "qwe
 
 def load_train_data(model: str, data: str | None = None, *, max_tokens: int = 2304, seed: int = 0,
                     cache_dir: str | None = None, num_synthetic: int | None = None, lengths=None,
-                    hf_config=None) -> TrainData:
+                    hf_config=None, prompt_mask: bool = False) -> TrainData:
     """The dataset a training run uses (module docstring). ``hf_config``: the transformers config of an
-    ``hf:`` model (text model → text data, Qwen-VL → the bundled video/image samples in its family's spec)."""
+    ``hf:`` model (text model → text data, Qwen-VL → the bundled video/image samples in its family's spec);
+    ``prompt_mask``: its synthetic samples carry SFT labels with a masked prompt (:class:`SyntheticHFDocs`)."""
     if max_tokens < 4:
         raise ValueError(f"max_tokens must be >= 4, got {max_tokens}")
     if hf_config is not None:
         return _load_hf_data(hf_config, data, max_tokens=max_tokens, seed=seed, cache_dir=cache_dir,
-                             num_synthetic=num_synthetic)
+                             num_synthetic=num_synthetic, prompt_mask=prompt_mask)
     if data == "synthetic":
         if model == "tiny-llm":
             base = SyntheticText(num_synthetic or 24, seed=seed, max_len=max_tokens, lengths=lengths)
@@ -239,26 +242,28 @@ def load_train_data(model: str, data: str | None = None, *, max_tokens: int = 23
 
 
 def _load_hf_data(config, data: str | None, *, max_tokens: int, seed: int, cache_dir: str | None,
-                  num_synthetic: int | None) -> TrainData:
+                  num_synthetic: int | None, prompt_mask: bool = False) -> TrainData:
     """Data for a transformers model, checked against its config (vocabulary, special token ids, patch size)."""
     from fcp_data.visual_layout import IndexVisualLayout, SpanVisualLayout
     from fcp_exec.integrations.hf_data import SyntheticHFDocs, check_data_fits, special_ids
 
     is_vl = config.model_type in HF_SPECS
     if data == "synthetic":
-        base = SyntheticHFDocs(config, num_synthetic or 24, seed=seed, long_text=min(200, max_tokens // 2))
+        base = SyntheticHFDocs(config, num_synthetic or 24, seed=seed, long_text=min(200, max_tokens // 2),
+                               prompt_mask=prompt_mask)
         vis = np.array([bool(sp) for sp in base.placeholder_spans()])
         ds, lengths, dropped = _cap(base, base.lengths, vis, max_tokens)
         tc = getattr(config, "text_config", config)
         pad = int(getattr(tc, "pad_token_id", None) or 0)
+        sft = ", SFT labels with masked prompts" if prompt_mask else ""
         if not is_vl:
             return TrainData(dataset=ds, lengths=lengths, pad_token_id=pad, num_dropped=dropped,
-                             description=f"synthetic text for {config.model_type}: {len(ds)} documents")
+                             description=f"synthetic text for {config.model_type}: {len(ds)} documents{sft}")
         ids = special_ids(config)
         spans = base.placeholder_spans()
         return TrainData(dataset=ds, lengths=lengths, pad_token_id=pad, visual_token_ids=(ids["image"], ids["video"]),
                          visual_layout=SpanVisualLayout([spans[int(k)] for k in ds.keep]), num_dropped=dropped,
-                         description=f"synthetic images/videos for {config.model_type}: {len(ds)} documents")
+                         description=f"synthetic images/videos for {config.model_type}: {len(ds)} documents{sft}")
     from fcp_data.readers import IndexedDataset
 
     path = Path(data) if data else _bundled_index("hf", cache_dir, HF_SPECS.get(config.model_type, "text"))

@@ -49,6 +49,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from fcp_exec.step import denominator
+
 __all__ = ["ATTENTION_NAME", "SUPPORTED_MODEL_TYPES", "VL_MODEL_TYPES", "FCPAttentionContext", "apply_fcp",
            "batch_inputs", "fcp_attention_forward", "fcp_loss", "hf_loss_kwargs", "lm_loss", "model_type_of",
            "register_attention", "unwrap", "load_config", "build_model"]
@@ -330,12 +332,12 @@ def batch_inputs(batch: dict, model: nn.Module) -> dict[str, Any]:
 def lm_loss(logits: torch.Tensor, batch: dict) -> torch.Tensor:
     """``Σ CE(logits[t], labels[t]) / num_tokens_global`` over this rank's tokens, with the collator's pre-shifted
     labels (no further shift). Half-precision logits are upcast to float32."""
+    num = denominator(batch)
     logits = logits.reshape(-1, logits.shape[-1])
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()
     labels = batch["labels"].to(logits.device).reshape(-1)
-    total = F.cross_entropy(logits, labels, ignore_index=-100, reduction="sum")
-    return total / max(int(batch["num_tokens_global"]), 1)
+    return F.cross_entropy(logits, labels, ignore_index=-100, reduction="sum") / num
 
 
 def fcp_loss(model: nn.Module, batch: dict) -> torch.Tensor:
@@ -351,7 +353,7 @@ def hf_loss_kwargs(batch: dict) -> dict[str, Any]:
     collator's labels, already shifted — and ``num_items_in_batch`` = ``num_tokens_global`` (a sum, not a
     local mean)."""
     labels = batch["labels"][None]
-    return {"labels": labels, "shift_labels": labels, "num_items_in_batch": max(int(batch["num_tokens_global"]), 1)}
+    return {"labels": labels, "shift_labels": labels, "num_items_in_batch": denominator(batch)}
 
 
 def load_config(path) -> Any:

@@ -56,11 +56,13 @@ def _text_cfg(config):
 
 class SyntheticHFDocs:
     """Synthetic documents for a transformers ``config`` (module docstring). ``num`` samples; text lengths drawn
-    in ``[min_text, max_text]``; the text part of sample 0 is ``long_text`` tokens (the long tail)."""
+    in ``[min_text, max_text]``; the text part of sample 0 is ``long_text`` tokens (the long tail).
+    ``prompt_mask``: each sample also has SFT-style ``labels`` (HF convention): ``input_ids`` with a random prompt
+    — the first 0 to 60 % of the tokens, images included — set to -100."""
 
     def __init__(self, config, num: int = 24, *, seed: int = 0, min_text: int = 4, max_text: int = 60,
-                 long_text: int = 200) -> None:
-        self.config, self.seed = config, int(seed)
+                 long_text: int = 200, prompt_mask: bool = False) -> None:
+        self.config, self.seed, self.prompt_mask = config, int(seed), bool(prompt_mask)
         tc = _text_cfg(config)
         self.vocab = int(tc.vocab_size)
         self.is_vl = hasattr(config, "vision_config") and hasattr(config, "image_token_id")
@@ -122,6 +124,10 @@ class SyntheticHFDocs:
         rand = ids < 0
         ids[rand] = rng.integers(self.low, self.vocab, int(rand.sum()))
         out: dict[str, Any] = {"input_ids": torch.from_numpy(ids)}
+        if self.prompt_mask:
+            labels = ids.copy()
+            labels[: int(np.random.default_rng([self.seed, 9000 + i]).integers(0, int(0.6 * ids.size) + 1))] = -100
+            out["labels"] = torch.from_numpy(labels)
         if grids:
             npatch = sum(t * h * w for t, h, w in grids)
             out["pixel_values"] = torch.from_numpy(rng.standard_normal((npatch, patch_dim(self.config))))
@@ -187,15 +193,16 @@ def _doc_forward(model: nn.Module, sample: dict, is_vl: bool) -> torch.Tensor:
 
 def reference_step(model: nn.Module, samples: Sequence[dict], *, ignore_ids: Sequence[int] = ()) -> tuple[float, int]:
     """Forward/backward the stock ``model`` on every sample of one global batch (module docstring); gradients
-    accumulate in ``.grad``. Returns ``(loss, label tokens)``."""
+    accumulate in ``.grad``. A sample's own ``labels`` (HF convention: aligned with ``input_ids``, -100 where no loss
+    is wanted) replace ``input_ids`` as targets. Returns ``(loss, label tokens)``."""
     is_vl = hasattr(model.config, "vision_config")
     ignore = torch.tensor(list(ignore_ids), dtype=torch.long)
     labels_all = []
     for s in samples:
         ids = torch.as_tensor(s["input_ids"], dtype=torch.long)
-        lab = ids[1:].clone()
+        lab = torch.as_tensor(s.get("labels", ids), dtype=torch.long)[1:].clone()
         if ignore.numel():
-            lab[torch.isin(lab, ignore)] = -100
+            lab[torch.isin(ids[1:], ignore)] = -100
         labels_all.append(lab)
     num = int(sum(int((lab != -100).sum()) for lab in labels_all))
     total = 0.0

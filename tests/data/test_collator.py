@@ -241,3 +241,76 @@ def test_masked_visual_labels_need_a_visual_layout():
     text = _slots([2], [2], 1, 0)
     out = FCPCollator(pad_token_id=PAD, visual_token_id=V)([(samples[1], text[0])])
     assert out["num_tokens_global"] == 1 == int((out["labels"] != IGN).sum())
+
+
+def _sft_reference(docs, labels, keep, degree, visual=()):
+    """Shifted labels from the samples' own (HF-convention) labels: target of token t is labels[t+1] inside the kept
+    document, -100 at its end, on pads and where the next token is a visual placeholder."""
+    out = []
+    for doc, lab, n in zip(docs, labels, keep):
+        p = n + (-n) % (2 * degree)
+        src = doc if lab is None else lab
+        out += [IGN if src[t + 1] == IGN or doc[t + 1] in visual else src[t + 1] for t in range(n - 1)]
+        out += [IGN] * (p - n + 1)
+    return out
+
+
+@st.composite
+def _sft_docs(draw):
+    docs, keep = draw(_docs())
+    labels = []
+    for d in docs:
+        if draw(st.booleans()):  # a prompt of any length masked, then random masked tokens inside the answer
+            prompt = draw(st.integers(0, len(d)))
+            holes = draw(st.lists(st.integers(0, len(d) - 1), max_size=3))
+            labels.append([IGN if t < prompt or t in holes else tok for t, tok in enumerate(d)])
+        else:
+            labels.append(None)  # no labels key: the causal-LM copy of input_ids
+    return docs, labels, keep
+
+
+@pytest.mark.parametrize("degree", [1, 2, 3, 5])
+@settings(max_examples=25, deadline=None)
+@given(case=_sft_docs())
+def test_sample_labels_shift_mask_and_count_per_rank(degree, case):
+    """sample_labels=True (SFT prompt masks): reassembled over every cp_rank, the labels equal the plain-Python
+    shift of each sample's own labels (-100 kept, doc ends and pads ignored); num_tokens_global is None and the
+    cp_ranks' num_label_tokens_local sum to the reference's label count, each rank counting its own shard. A
+    failure means SFT losses train on prompt tokens or are normalised by the wrong count."""
+    docs, labels, keep = case
+    collate = FCPCollator(pad_token_id=PAD, ignore_index=IGN, sample_labels=True)
+    samples = [{"input_ids": torch.tensor(d), **({} if lab is None else {"labels": torch.tensor(lab)})}
+               for d, lab in zip(docs, labels)]
+    outs = [collate(list(zip(samples, _slots([len(d) for d in docs], keep, degree, r)))) for r in range(degree)]
+    ref = _sft_reference(docs, labels, keep, degree)
+    cu = _reference(docs, keep, degree)[3]
+    assert zigzag_unshard([o["labels"] for o in outs], cu, degree).tolist() == ref
+    assert all(o["num_tokens_global"] is None for o in outs)
+    assert [o["num_label_tokens_local"] for o in outs] == [int((o["labels"] != IGN).sum()) for o in outs]
+    assert sum(o["num_label_tokens_local"] for o in outs) == sum(lab != IGN for lab in ref)
+
+
+def test_sample_labels_with_visual_tokens_idle_ranks_and_errors():
+    """With visual placeholders the samples' masks and the visual-target mask combine (no sampler visual layout
+    needed: the count comes from the labels); an idle rank reports 0 local labels; labels of the wrong length or
+    below -100 are one ValueError naming the sample; without sample_labels a prompt mask is refused with the fix."""
+    doc = [1, 2, V, V, 3, 4, 5]
+    lab = [IGN, 2, V, V, 3, 4, 5]  # the sample leaves its placeholders unmasked: the visual rule masks them
+    collate = FCPCollator(pad_token_id=PAD, visual_token_id=V, sample_labels=True)
+    for degree in (1, 2):
+        outs = [collate([({"input_ids": doc, "labels": lab}, _slots([7], [7], degree, r)[0])]) for r in range(degree)]
+        got = zigzag_unshard([o["labels"] for o in outs], _reference([doc], [7], degree)[3], degree).tolist()
+        assert got == _sft_reference([doc], [lab], [7], degree, visual=(V,)) and got[:7] == [2, IGN, IGN, 3, 4, 5, IGN]
+        assert sum(o["num_label_tokens_local"] for o in outs) == 4
+    empty = SlotList(epoch=0, global_batch=0, micro_batch=0, num_micro_batches=1, num_tokens_global=50)
+    out = collate(empty)
+    assert out["num_tokens_global"] is None and out["num_label_tokens_local"] == 0
+    slot = _slots([3], [3], 1, 0)[0]
+    with pytest.raises(ValueError, match="sample 0: labels has 2 entries but input_ids has 3"):
+        collate([({"input_ids": [1, 2, 3], "labels": [1, 2]}, slot)])
+    with pytest.raises(ValueError, match=r"sample 0: labels must be token ids >= 0 or ignore_index \(-100\), got -5"):
+        collate([({"input_ids": [1, 2, 3], "labels": [1, -5, 3]}, slot)])
+    with pytest.raises(ValueError, match=r"pass FCPCollator\(sample_labels=True\)"):
+        FCPCollator()([({"input_ids": [1, 2, 3], "labels": [IGN, 2, 3]}, slot)])
+    with pytest.raises(TypeError, match="sample_labels must be True or False"):
+        FCPCollator(sample_labels="yes")

@@ -179,7 +179,8 @@ def test_collator_refuses_what_it_would_drop_or_misread():
     """Found by fuzzing: input_ids None / a string / a ragged list gave torch's bare RuntimeError or TypeError;
     a sample's own ``labels`` (an SFT prompt mask) and a Hugging Face processor's ``image_grid_thw`` /
     ``video_grid_thw`` / ``pixel_values_videos`` were dropped in silence (the labels are derived from input_ids,
-    the vision tower never saw the videos). Reference for the accepted cases: the batch of the plain sample."""
+    the vision tower never saw the videos); the labels now need ``sample_labels=True`` (named in the error).
+    Reference for the accepted cases: the batch of the plain sample."""
     col = FCPCollator(pad_token_id=0)
     slot = next(s for lst in _sampler() for s in lst)
     ids = torch.arange(slot.length)
@@ -189,7 +190,8 @@ def test_collator_refuses_what_it_would_drop_or_misread():
             col([({"input_ids": bad}, slot)])
     masked = ids.clone()
     masked[:3] = -100
-    with pytest.raises(ValueError, match=r"labels differ from its input_ids \(a prompt mask, as in SFT\?\)"):
+    with pytest.raises(ValueError, match=r"labels differ from its input_ids \(a prompt mask, as in SFT\?\).*"
+                                         r"FCPCollator\(sample_labels=True\)"):
         col([({"input_ids": ids, "labels": masked}, slot)])
     same = col([({"input_ids": ids, "labels": ids.clone()}, slot)])  # the causal-LM convention: labels = input_ids
     assert all(torch.equal(same[k], ref[k]) for k in ("input_ids", "labels", "position_ids"))

@@ -123,3 +123,45 @@ def test_apply_fcp_checks_kernel_and_timeout_at_once(qwen3):
             hf.apply_fcp(model, **kw)
     assert model.config._attn_implementation == before and getattr(model, "_fcp_state", None) is None
     assert hf.apply_fcp(model, kernel="reference", timeout=30) is model
+
+
+def test_sft_labels_in_one_process_match_the_stock_masked_loss(qwen3):
+    """``FCPCollator(sample_labels=True)`` on two micro-batches of one global batch, through ``train_step`` (one
+    process, so the count is this rank's): the loss equals the stock model's CE over each document's masked,
+    shifted labels divided by the masked count of the whole global batch (1e-12), and so does HF's own loss via
+    ``hf_loss_kwargs`` (1e-6: float32); a batch whose count was never filled in is a clear ValueError in ``lm_loss``,
+    ``hf_loss_kwargs`` and ``fill_num_tokens_global`` on a causal-LM batch. A failure means SFT prompts are trained on
+    or the loss is normalised per micro-batch."""
+    from fcp_exec.step import fill_num_tokens_global, make_reducer, train_step
+
+    ref, model, docs = qwen3
+    labels = [d.clone() for d in docs]
+    for lab, k in zip(labels, (12, 19, 0)):
+        lab[:k] = -100
+    want_num = sum(int((lab[1:] != -100).sum()) for lab in labels)
+    with torch.no_grad():
+        want = sum(float(torch.nn.functional.cross_entropy(ref(input_ids=d[None]).logits[0, :-1], lab[1:],
+                                                           ignore_index=-100, reduction="sum"))
+                   for d, lab in zip(docs, labels)) / want_num
+    collate = FCPCollator(pad_token_id=1, sample_labels=True)
+
+    def micro_batch(m, idx):
+        slots = [SampleSlot(index=i, ranks=(0,), cp_rank=0, length=len(docs[i]), num_tokens=len(docs[i]), epoch=0,
+                            global_batch=0, micro_batch=m, num_micro_batches=2, num_tokens_global=999) for i in idx]
+        return collate([({"input_ids": docs[i], "labels": labels[i]}, s) for i, s in zip(idx, slots)])
+
+    with pytest.raises(ValueError, match="num_tokens_global is None.*train_step"):
+        hf.lm_loss(torch.zeros(1, 1, 5), micro_batch(0, [2]))
+    with pytest.raises(ValueError, match="num_tokens_global is None"):
+        hf.hf_loss_kwargs(micro_batch(0, [2]))
+    with pytest.raises(ValueError, match="without num_label_tokens_local"):
+        fill_num_tokens_global([_text_batch(docs)])
+    batches = [micro_batch(0, [0, 2]), micro_batch(1, [1])]
+    net, reducer = make_reducer("allreduce", model)
+    res = train_step(net, iter([dict(b) for b in batches]), hf.fcp_loss, reducer, pad_token_id=1)
+    net.zero_grad(set_to_none=True)
+    assert res.num_tokens == want_num and abs(res.loss - want) <= 1e-12 * want, (res, want, want_num)
+    assert fill_num_tokens_global(batches) == want_num
+    with torch.no_grad():
+        theirs = sum(float(net(**hf.batch_inputs(b, net), **hf.hf_loss_kwargs(b)).loss) for b in batches)
+    assert abs(theirs - want) <= 1e-6 * want

@@ -11,7 +11,8 @@ global batches (:func:`fcp_exec.integrations.hf_data.reference_step`).
 
 Asserted, per step: the loss to 1e-12 relative, every gradient to 1e-12 relative to the largest reference
 gradient entry, the loss denominator exactly; and that the plans mixed degree-2 groups, degree-1 groups and idle
-ranks (Σd < nproc in some micro-batch). A failure means FCP training on that stack differs from the model the user
+ranks (Σd < nproc in some micro-batch). Three more runs per world size train on the samples' own SFT labels
+(``sample_labels``, prompts masked) against the stock model on the same labels. A failure means FCP training on that stack differs from the model the user
 would train without it.
 """
 
@@ -41,18 +42,20 @@ COMMON = dict(data="synthetic", dtype="float64", steps=STEPS, global_batch_size=
               tokens_per_rank=40, lr=1e-2, prefetch=0, verbose=False, return_grads=True)
 
 
-def _cfg(family: str, reducer: str, gc: bool, dtype: str = "float64") -> TrainConfig:
+def _cfg(family: str, reducer: str, gc: bool, dtype: str = "float64", sft: bool = False) -> TrainConfig:
     return TrainConfig(model=f"hf:{CONFIGS / f'{family}-tiny.json'}", reducer=reducer, grad_checkpointing=gc,
-                       **dict(COMMON, dtype=dtype))
+                       sample_labels=sft, **dict(COMMON, dtype=dtype))
 
 
 @functools.lru_cache(maxsize=None)
-def _reference(family: str, batches: tuple[tuple[int, ...], ...], dtype: str = "float64", init: str | None = None):
+def _reference(family: str, batches: tuple[tuple[int, ...], ...], dtype: str = "float64", init: str | None = None,
+               sft: bool = False):
     """Per step ``(loss, num_tokens, {name: grad})`` of the stock model over ``batches`` (global batches), in
-    ``dtype``; ``init`` initialises the weights in another dtype first (the fp32 model's weights, in fp64)."""
+    ``dtype``; ``init`` initialises the weights in another dtype first (the fp32 model's weights, in fp64); ``sft``:
+    the samples carry labels with a masked prompt, which the stock model's loss honours."""
     config = hf.load_config(CONFIGS / f"{family}-tiny.json")
     data = load_train_data(f"hf:{family}", "synthetic", max_tokens=COMMON["max_tokens"], seed=0,
-                           num_synthetic=COMMON["num_synthetic"], hf_config=config)
+                           num_synthetic=COMMON["num_synthetic"], hf_config=config, prompt_mask=sft)
     model = hf.build_model(config, dtype=getattr(torch, init or dtype), seed=0).to(getattr(torch, dtype))
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=COMMON["lr"], weight_decay=0.01, foreach=False)
@@ -81,8 +84,8 @@ def _check_run(family: str, nproc: int, cfg: TrainConfig, result: dict, tol: flo
     steps = result["steps"]
     assert len(steps) == STEPS
     batches = tuple(tuple(s["sample_indices"]) for s in steps)
-    ref = _reference(family, batches, cfg.dtype)
-    what = f"{family} nproc={nproc} reducer={cfg.reducer} gc={cfg.grad_checkpointing}"
+    ref = _reference(family, batches, cfg.dtype, sft=cfg.sample_labels)
+    what = f"{family} nproc={nproc} reducer={cfg.reducer} gc={cfg.grad_checkpointing} sft={cfg.sample_labels}"
     for s, (loss, num, grads) in zip(steps, ref):
         assert s["num_tokens"] == num, f"{what} step {s['step']}: denominator {s['num_tokens']} != reference {num}"
         assert abs(s["loss"] - loss) <= tol * abs(loss), f"{what} step {s['step']}: loss {s['loss']!r} vs {loss!r}"
@@ -95,10 +98,12 @@ def _check_run(family: str, nproc: int, cfg: TrainConfig, result: dict, tol: flo
 
 
 FP32_REDUCERS = [("qwen2_vl", r) for r in REDUCERS]  # fp32 takes other collective paths: run on 2 processes
+SFT_RUNS = [("qwen3", "fsdp2"), ("llama", "allreduce"), ("qwen2_5_vl", "ddp")]  # the samples' own labels
 
 
 def _matrix_cfgs(nproc: int) -> list[TrainConfig]:
     cfgs = [_cfg(f, r, gc) for f in FAMILIES for r in REDUCERS for gc in (False, True)]
+    cfgs += [_cfg(f, r, False, sft=True) for f, r in SFT_RUNS]
     if nproc == 2:
         cfgs += [_cfg(f, r, False, dtype="float32") for f, r in FP32_REDUCERS]
     return cfgs
@@ -118,11 +123,12 @@ def _matrix(nproc: int):
     return cfgs, results
 
 
-def _runs(nproc: int, family: str, dtype: str = "float64"):
+def _runs(nproc: int, family: str, dtype: str = "float64", sft: bool = False):
     cfgs, results = _matrix(nproc)
     if isinstance(results, Exception):
         raise results
-    return [(c, r) for c, r in zip(cfgs, results) if c.model.endswith(f"{family}-tiny.json") and c.dtype == dtype]
+    return [(c, r) for c, r in zip(cfgs, results)
+            if c.model.endswith(f"{family}-tiny.json") and c.dtype == dtype and c.sample_labels == sft]
 
 
 @pytest.mark.timeout(1000)
@@ -137,6 +143,22 @@ def test_hf_fcp_training_equals_single_process_stock_model(family, nproc):
     assert any(2 in mb for mb in plans), f"no degree-2 group in {plans}"
     assert any(1 in mb for mb in plans), f"no degree-1 group in {plans}"
     assert any(sum(mb) < nproc for mb in plans), f"no micro-batch with an idle rank in {plans}"
+
+
+@pytest.mark.timeout(1000)
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_hf_sft_labels_training_equals_single_process_stock_model(nproc):
+    """``sample_labels=True`` (SFT: every sample's labels mask a random prompt, images included): the loss over the
+    samples' own labels, divided by their count over the global batch (counted by train_step across micro-batches
+    and ranks), equals the stock model's on the same masked labels — loss and gradients to 1e-12, the denominator
+    exactly — and the masks did mask (the denominator is below the causal-LM one of the same batches)."""
+    for family, reducer in SFT_RUNS:
+        [(cfg, res)] = _runs(nproc, family, sft=True)
+        assert cfg.reducer == reducer
+        _check_run(family, nproc, cfg, res)
+        batches = tuple(tuple(s["sample_indices"]) for s in res["steps"])
+        plain = [num for _, num, _ in _reference(family, batches)]
+        assert all(s["num_tokens"] < n for s, n in zip(res["steps"], plain)), (family, plain)
 
 
 @pytest.mark.timeout(1000)
