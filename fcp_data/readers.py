@@ -5,6 +5,9 @@ Sample dicts (the contract with :class:`~fcp_data.collator.FCPCollator`, DESIGN 
 
 - text sample (jsonl line, or a text-only tar/folder sample):
   ``{"input_ids": LongTensor [L]}`` — the spec tokenizer's ids of the text, plus EOS when the spec says so.
+  An index built with a prompt field (``fcp index --prompt-field``, SFT) gives ``input_ids`` = the prompt's ids,
+  then the text's (the response) and EOS, and ``"labels"``: the same with -100 on the prompt (Hugging Face
+  convention; ``dataset.has_labels``): train it with ``FCPCollator(sample_labels=True)``.
 - image or video sample:
   ``{"input_ids": LongTensor [L], "pixel_values": FloatTensor, "grid_thw": LongTensor [1, 3]}`` where
   ``input_ids`` = the visual block (markers, timestamps text, and exactly ``index.num_visual_tokens[i]``
@@ -62,6 +65,8 @@ class IndexedDataset(torch.utils.data.Dataset):
                              f"was built with ({m['spec']['name']!r}, {m['spec']['fingerprint'][:12]}); pass the same spec and "
                              "tokenizer, or rebuild the index")
         self.text_field = m.get("text_field", "text")
+        self.prompt_field: str | None = m.get("prompt_field")
+        self.has_labels = bool(self.prompt_field)  # samples carry SFT labels: FCPCollator(sample_labels=True)
         self._roots = dict(roots or {})
         self._files: OrderedDict[int, object] = OrderedDict()
         self._pid = os.getpid()
@@ -140,6 +145,8 @@ class IndexedDataset(torch.utils.data.Dataset):
         kind = int(self.index.kind[i])
         members = self.index.members(i)
         if kind == KIND_TEXT:
+            if "jsonl" in members and self.prompt_field:
+                return self._sft_sample(json.loads(self.read_member(i, "jsonl").decode("utf-8")))
             if "jsonl" in members:
                 text = json.loads(self.read_member(i, "jsonl").decode("utf-8"))[self.text_field]
             else:
@@ -171,6 +178,15 @@ class IndexedDataset(torch.utils.data.Dataset):
                 [qwen_second_per_grid(len(plan.frame_indices), int(self.index.num_frames[i]), float(self.index.fps[i]),
                                       int(self.spec.vision["temporal_patch_size"]))], dtype=torch.float32)
         return out
+
+    def _sft_sample(self, obj: dict) -> dict:
+        """An SFT jsonl line: prompt then response tokens (tokenised apart, as the index counted them); labels
+        mask the prompt."""
+        prompt = obj[self.prompt_field]
+        p = self.spec.tokenizer().encode(prompt, add_special_tokens=False).ids if prompt else []
+        r = self._text_ids(obj[self.text_field])
+        return {"input_ids": torch.tensor(p + r, dtype=torch.long),
+                "labels": torch.tensor([-100] * len(p) + r, dtype=torch.long)}
 
     def num_visual_tokens(self, sample: dict) -> int:
         """Placeholder tokens in a sample's ``input_ids``."""

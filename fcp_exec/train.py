@@ -179,6 +179,7 @@ class Trainer:
         from fcp_data import FCPCollator
 
         cfg, data = self.cfg, self.data
+        sample_labels = cfg.sample_labels or data.has_labels  # an SFT index's samples carry their own labels
         if self.is_hf:
             from fcp_exec.integrations import hf
 
@@ -190,16 +191,16 @@ class Trainer:
             if self.is_mllm:
                 from fcp_exec.integrations.hf_positions import hf_collator
 
-                collator = hf_collator(model.config, pad_token_id=data.pad_token_id, sample_labels=cfg.sample_labels)
+                collator = hf_collator(model.config, pad_token_id=data.pad_token_id, sample_labels=sample_labels)
             else:
-                collator = FCPCollator(pad_token_id=data.pad_token_id, sample_labels=cfg.sample_labels)
+                collator = FCPCollator(pad_token_id=data.pad_token_id, sample_labels=sample_labels)
             self.loss_fn = hf.fcp_loss
         else:
             from fcp_exec.models import build_model
 
             model = build_model(cfg.model, seed=cfg.seed, dtype=_DTYPES[cfg.dtype]).to(self.device)
             collator = FCPCollator(pad_token_id=data.pad_token_id, visual_token_id=data.visual_token_ids or None,
-                                   sample_labels=cfg.sample_labels)
+                                   sample_labels=sample_labels)
             is_mllm = self.is_mllm
             self.loss_fn = lambda m, b: _forward_loss(m, b, is_mllm)
         return model, collator

@@ -41,7 +41,7 @@ class TrainData:
     """A map-style ``dataset``, its per-sample token counts ``lengths`` (what the sampler plans with),
     the collator's ``pad_token_id`` and ``visual_token_ids`` (empty for text), a one-line ``description``,
     ``num_dropped`` (multimodal samples over ``max_tokens``) and ``visual_layout`` (module docstring; None
-    for text)."""
+    for text); ``has_labels``: the samples carry their own (SFT) labels."""
 
     dataset: Any
     lengths: np.ndarray
@@ -51,6 +51,7 @@ class TrainData:
     num_dropped: int = 0
     patch_dim: int | None = field(default=None)
     visual_layout: Any = None
+    has_labels: bool = False
 
 
 class SyntheticText:
@@ -236,9 +237,11 @@ def load_train_data(model: str, data: str | None = None, *, max_tokens: int = 23
 
     layout = IndexVisualLayout(index, keep=ds.keep, spec=base.spec) if base.placeholder_ids else None
     return TrainData(dataset=ds, lengths=capped, pad_token_id=int(base.pad_token_id), visual_layout=layout,
+                     has_labels=base.has_labels,
                      visual_token_ids=tuple(base.placeholder_ids), num_dropped=dropped,
                      description=f"{what} (spec {base.spec.name}): {capped.size} samples, {int(capped.sum())} tokens, "
-                                 f"max {int(capped.max())} (cap {max_tokens})")
+                                 f"max {int(capped.max())} (cap {max_tokens})"
+                                 + (", SFT labels (prompt masked)" if base.has_labels else ""))
 
 
 def _load_hf_data(config, data: str | None, *, max_tokens: int, seed: int, cache_dir: str | None,
@@ -257,11 +260,12 @@ def _load_hf_data(config, data: str | None, *, max_tokens: int, seed: int, cache
         pad = int(getattr(tc, "pad_token_id", None) or 0)
         sft = ", SFT labels with masked prompts" if prompt_mask else ""
         if not is_vl:
-            return TrainData(dataset=ds, lengths=lengths, pad_token_id=pad, num_dropped=dropped,
+            return TrainData(has_labels=prompt_mask, dataset=ds, lengths=lengths, pad_token_id=pad, num_dropped=dropped,
                              description=f"synthetic text for {config.model_type}: {len(ds)} documents{sft}")
         ids = special_ids(config)
         spans = base.placeholder_spans()
         return TrainData(dataset=ds, lengths=lengths, pad_token_id=pad, visual_token_ids=(ids["image"], ids["video"]),
+                         has_labels=prompt_mask,
                          visual_layout=SpanVisualLayout([spans[int(k)] for k in ds.keep]), num_dropped=dropped,
                          description=f"synthetic images/videos for {config.model_type}: {len(ds)} documents{sft}")
     from fcp_data.readers import IndexedDataset
@@ -290,6 +294,8 @@ def _load_hf_data(config, data: str | None, *, max_tokens: int, seed: int, cache
         raise ValueError(f"no sample of {path} fits max_tokens={max_tokens}; raise --max-tokens")
     layout = IndexVisualLayout(index, keep=ds.keep, spec=base.spec) if base.placeholder_ids else None
     return TrainData(dataset=ds, lengths=capped, pad_token_id=int(base.pad_token_id), visual_layout=layout,
+                     has_labels=base.has_labels,
                      visual_token_ids=tuple(base.placeholder_ids) if is_vl else (), num_dropped=dropped,
                      description=f"{what} (spec {base.spec.name}): {capped.size} samples, {int(capped.sum())} tokens, "
-                                 f"max {int(capped.max())} (cap {max_tokens})")
+                                 f"max {int(capped.max())} (cap {max_tokens})"
+                                 + (", SFT labels (prompt masked)" if base.has_labels else ""))

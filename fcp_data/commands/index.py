@@ -39,6 +39,10 @@ def register(subparsers, summary: str) -> None:
     p.add_argument("--resume", action="store_true", help="keep finished shards of an earlier (killed) run")
     p.add_argument("--probe", choices=("av", "decord"), default="av", help="video header probe (default av: no decode)")
     p.add_argument("--text-field", default="text", help="jsonl field holding the text (default: text)")
+    p.add_argument("--prompt-field", default=None, metavar="FIELD",
+                   help="jsonl field holding an SFT prompt: a sample is the prompt's tokens then --text-field's (the "
+                        "response), and its labels mask the prompt (FCPCollator(sample_labels=True); fcp train "
+                        "turns it on for such an index)")
     p.add_argument("--key-field", default="id", help="jsonl field holding the sample key (default: id, else file:line)")
     p.add_argument("--max-error-rate", type=float, default=0.01, help="exit 1 above this error fraction (default 0.01)")
     lim = Limits()
@@ -87,7 +91,7 @@ def run(args) -> int:
     try:
         manifest, rc = build_index(args.inputs, args.spec, args.out, tokenizer=args.tokenizer, workers=args.workers,
                                    engine=args.engine, address=args.address, resume=args.resume, probe=args.probe,
-                                   text_field=args.text_field, key_field=args.key_field,
+                                   text_field=args.text_field, key_field=args.key_field, prompt_field=args.prompt_field,
                                    max_error_rate=args.max_error_rate, progress=not args.no_progress, limits=limits)
     except BrokenProcessPool:
         print(f"fcp index: error: a worker process died (killed, or out of memory); the finished shards are kept in "

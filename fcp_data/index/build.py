@@ -43,6 +43,8 @@ _INT_RANGE = {np.dtype(dt): np.iinfo(dt) for dt in COLUMNS.values() if np.issubd
 def task_fingerprint(task: dict, cfg: dict) -> str:
     """What a finished part must match to be reused by ``--resume`` (the task includes its input's stamp)."""
     keep = {k: cfg.get(k) for k in ("spec_fingerprint", "probe", "text_field", "key_field", "limits")}
+    if cfg.get("prompt_field"):  # only when set: parts of earlier indexes keep their fingerprints
+        keep["prompt_field"] = cfg["prompt_field"]
     return hashlib.sha256(json.dumps([task, keep], sort_keys=True).encode()).hexdigest()
 
 
@@ -175,8 +177,9 @@ def _index_jsonl(task: dict, cfg: dict, spec, rows: _Rows) -> int:
     return seen
 
 
-def _jsonl_text(obj, cfg: dict) -> str:
-    """The text of one parsed JSON line; a ``ProbeError`` says why the line is not a sample."""
+def _jsonl_text(obj, cfg: dict) -> str | tuple[str, str]:
+    """The text of one parsed JSON line, or ``(prompt, response)`` with a ``prompt_field``; a ``ProbeError`` says
+    why the line is not a sample."""
     if not isinstance(obj, dict):
         raise ProbeError("bad_json", f"line is a JSON {type(obj).__name__}, not an object")
     text = obj.get(cfg["text_field"])
@@ -185,7 +188,13 @@ def _jsonl_text(obj, cfg: dict) -> str:
     if not text.strip():
         raise ProbeError("empty_sample", "empty text")
     _check_text(text)
-    return text
+    if not cfg.get("prompt_field"):
+        return text
+    prompt = obj.get(cfg["prompt_field"])
+    if not isinstance(prompt, str):
+        raise ProbeError("missing_field", f"no string field {cfg['prompt_field']!r} (--prompt-field)")
+    _check_text(prompt)
+    return prompt, text
 
 
 def _read_text(read, ext: str, size: int, limits: Limits) -> bytes:

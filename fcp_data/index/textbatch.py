@@ -20,7 +20,8 @@ class TextBatch:
         self.pending: list[tuple[str, int, int, str]] = []
         self.bytes = 0
 
-    def add(self, key: str, start: int, size: int, text: str) -> None:
+    def add(self, key: str, start: int, size: int, text: str | tuple[str, ...]) -> None:
+        """One sample; ``text`` may be parts tokenised apart (an SFT prompt and its response): tokens are summed."""
         self.pending.append((key, start, size, text))
         self.bytes += size
         if len(self.pending) >= TOKENIZE_BATCH or self.bytes >= TOKENIZE_BATCH_BYTES:
@@ -38,9 +39,19 @@ class TextBatch:
                     counts.append(f"{type(e).__name__}: {e}")
             return counts
 
+    def _sample_counts(self) -> list:
+        """Per pending sample: its tokens over all its parts, or the first part's tokenizer error."""
+        parts = [(p[3],) if isinstance(p[3], str) else tuple(p[3]) for p in self.pending]
+        flat = iter(self._counts([t for ps in parts for t in ps]))
+        out: list = []
+        for ps in parts:
+            got = [next(flat) for _ in ps]
+            out.append(next((c for c in got if isinstance(c, str)), None) or sum(got))
+        return out
+
     def flush(self) -> None:
         rows, spec, shard = self.rows, self.spec, self.task["source"]
-        for (key, start, size, _), c in zip(self.pending, self._counts([p[3] for p in self.pending])):
+        for (key, start, size, _), c in zip(self.pending, self._sample_counts()):
             if isinstance(c, str):
                 rows.error(key, "tokenize_failed", c, self.path)
             else:

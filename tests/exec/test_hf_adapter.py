@@ -165,3 +165,25 @@ def test_sft_labels_in_one_process_match_the_stock_masked_loss(qwen3):
     with torch.no_grad():
         theirs = sum(float(net(**hf.batch_inputs(b, net), **hf.hf_loss_kwargs(b)).loss) for b in batches)
     assert abs(theirs - want) <= 1e-6 * want
+
+
+def test_train_data_of_an_sft_index_turns_sample_labels_on(tmp_path):
+    """``fcp train --data <index built with --prompt-field>`` needs no flag: the training data says it carries labels
+    (train.py then builds the collator with sample_labels); truncation to --max-tokens cuts the labels with the ids;
+    the labels mask the prompt (reference: the reader's own sample)."""
+    import json
+
+    from fcp_data import IndexedDataset
+    from fcp_data.index import build_index
+    from fcp_exec.train_data import load_train_data
+
+    rows = [{"id": f"s{i}", "prompt": "a question " * (i + 3), "response": "the answer " * (i + 5)} for i in range(4)]
+    (tmp_path / "sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    build_index([str(tmp_path / "sft.jsonl")], "text", tmp_path / "idx", text_field="response", prompt_field="prompt",
+                progress=False)
+    data = load_train_data("tiny-llm", str(tmp_path / "idx"), max_tokens=16)
+    assert data.has_labels and "SFT labels (prompt masked)" in data.description
+    full = IndexedDataset(tmp_path / "idx")[0]
+    s = data.dataset[0]
+    assert s["input_ids"].tolist() == full["input_ids"][:16].tolist() and s["labels"].tolist() == full["labels"][:16].tolist()
+    assert (full["labels"] == -100).sum() > 0 and not load_train_data("tiny-llm", "synthetic").has_labels

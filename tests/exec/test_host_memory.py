@@ -53,11 +53,14 @@ def _faults_per_round(stat=None) -> float:
 
 
 def _faults_in_a_thread() -> float:
-    """:func:`_faults_per_round` in a thread started now (glibc gives it its own arena unless told otherwise)."""
+    """:func:`_faults_per_round` in a thread started now (glibc gives it its own arena unless told otherwise), the
+    fewest of a round: with the setting, some rounds may still be served elsewhere under load (CI saw half the rounds
+    fault, 1 run in 3; the known limit of BENCHMARKS.md), without it every round faults (an arena of its own holds at
+    most 64 MiB per sub-heap, so the block is mmapped each time)."""
     import threading
 
     out = []
-    t = threading.Thread(target=lambda: out.append(_faults_per_round()))
+    t = threading.Thread(target=lambda: out.append(_faults_per_round(min)))
     t.start()
     t.join()
     return out[0]
