@@ -8,6 +8,9 @@ Sample dicts (the contract with :class:`~fcp_data.collator.FCPCollator`, DESIGN 
   An index built with a prompt field (``fcp index --prompt-field``, SFT) gives ``input_ids`` = the prompt's ids,
   then the text's (the response) and EOS, and ``"labels"``: the same with -100 on the prompt (Hugging Face
   convention; ``dataset.has_labels``): train it with ``FCPCollator(sample_labels=True)``.
+  ``IndexedDataset(..., caption_labels=True)`` does the same for image/video samples: ``labels`` = -100 on the
+  whole visual block (markers, timestamps and placeholders), the caption's ids and EOS trained (a captioning
+  recipe's caption-only loss).
 - image or video sample:
   ``{"input_ids": LongTensor [L], "pixel_values": FloatTensor, "grid_thw": LongTensor [1, 3]}`` where
   ``input_ids`` = the visual block (markers, timestamps text, and exactly ``index.num_visual_tokens[i]``
@@ -48,10 +51,12 @@ class IndexedDataset(torch.utils.data.Dataset):
     one the index was built with). roots: ``{old_prefix: new_prefix}`` to relocate sources moved after indexing.
     max_open_files: shard handles kept open per process (least recently used closed first), so random access
     over thousands of shards stays under the process's file-descriptor limit. ``close()`` closes them all.
+    caption_labels: image/video samples carry ``labels`` masking their visual block (module docstring).
     """
 
     def __init__(self, index: LengthIndex | str | Path, spec: Spec | str | None = None, *, tokenizer: str | None = None,
-                 roots: dict[str, str] | None = None, check_fingerprint: bool = True, max_open_files: int = 64):
+                 roots: dict[str, str] | None = None, check_fingerprint: bool = True, max_open_files: int = 64,
+                 caption_labels: bool = False):
         if isinstance(max_open_files, bool) or not isinstance(max_open_files, int) or max_open_files < 1:
             raise ValueError(f"max_open_files must be an int >= 1, got {max_open_files!r}")
         self.max_open_files = max_open_files
@@ -66,7 +71,11 @@ class IndexedDataset(torch.utils.data.Dataset):
                              "tokenizer, or rebuild the index")
         self.text_field = m.get("text_field", "text")
         self.prompt_field: str | None = m.get("prompt_field")
-        self.has_labels = bool(self.prompt_field)  # samples carry SFT labels: FCPCollator(sample_labels=True)
+        if not isinstance(caption_labels, bool):
+            raise ValueError(f"caption_labels must be True or False, got {caption_labels!r}")
+        self.caption_labels = caption_labels and self.spec.is_multimodal
+        # samples carry their own labels: train with FCPCollator(sample_labels=True)
+        self.has_labels = bool(self.prompt_field) or self.caption_labels
         self._roots = dict(roots or {})
         self._files: OrderedDict[int, object] = OrderedDict()
         self._pid = os.getpid()
@@ -169,8 +178,11 @@ class IndexedDataset(torch.utils.data.Dataset):
         src = self.read_member(i, ext) if self.index.sources[shard]["kind"] != "dir" else \
             self._source_path(shard) / f"{self.index.keys[i]}.{ext}"
         pixel_values, grid_thw = vision_inputs(self.spec, plan, src)
-        ids = segments_to_ids(self.spec, plan.segments) + self._text_ids(caption)
-        out = {"input_ids": torch.tensor(ids, dtype=torch.long), "pixel_values": pixel_values, "grid_thw": grid_thw}
+        visual, text = segments_to_ids(self.spec, plan.segments), self._text_ids(caption)
+        out = {"input_ids": torch.tensor(visual + text, dtype=torch.long), "pixel_values": pixel_values,
+               "grid_thw": grid_thw}
+        if self.caption_labels:
+            out["labels"] = torch.tensor([-100] * len(visual) + text, dtype=torch.long)
         if kind == KIND_VIDEO and self.spec.family == "qwen-vl":
             from fcp_data.video import qwen_second_per_grid
 

@@ -163,3 +163,30 @@ def test_masked_labels_match_num_tokens_global(tmp_path, data, spec, num_ranks):
     assert max(vis_degrees) == num_ranks or num_ranks == 3
     if spec == "llava-video":
         assert any(int(base[i]["input_ids"][0]) in reader.placeholder_ids for i in range(len(ix)))
+
+
+def test_caption_labels_mask_the_visual_block(data):
+    """``IndexedDataset(caption_labels=True)``: an image's and a video's labels are -100 over the whole visual block
+    (markers, timestamps, placeholders) and the caption's ids + EOS after it — reference: the .txt member tokenised
+    by hand; input_ids unchanged; a text sample gets no labels (the collator then trains on all of it). A failure
+    means a caption-only recipe trains on markers/timestamps or loses caption tokens."""
+    from fcp_data.index import KIND_IMAGE, KIND_TEXT, KIND_VIDEO
+
+    ix, reader, base = data
+    cap = IndexedDataset(ix, caption_labels=True)
+    assert cap.has_labels and not reader.has_labels
+    tok = reader.spec.tokenizer()
+    for kind in (KIND_IMAGE, KIND_VIDEO, KIND_TEXT):
+        i = next(k for k in range(len(ix)) if int(ix.kind[k]) == kind)
+        s, plain = cap[i], base[i]
+        assert torch.equal(s["input_ids"], plain["input_ids"])
+        if kind == KIND_TEXT:
+            assert "labels" not in s
+            continue
+        text = tok.encode(reader.read_member(i, "txt").decode("utf-8"), add_special_tokens=False).ids
+        text += [reader.eos_token_id]
+        n = len(text)
+        assert s["labels"][-n:].tolist() == text == s["input_ids"][-n:].tolist()
+        assert bool((s["labels"][:-n] == -100).all()) and int(ix.num_visual_tokens[i]) <= s["labels"].numel() - n
+    with pytest.raises(ValueError, match="caption_labels must be True or False"):
+        IndexedDataset(ix, caption_labels="yes")
