@@ -7,7 +7,9 @@ Sample dicts (the contract with :class:`~fcp_data.collator.FCPCollator`, DESIGN 
   ``{"input_ids": LongTensor [L]}`` — the spec tokenizer's ids of the text, plus EOS when the spec says so.
   An index built with a prompt field (``fcp index --prompt-field``, SFT) gives ``input_ids`` = the prompt's ids,
   then the text's (the response) and EOS, and ``"labels"``: the same with -100 on the prompt (Hugging Face
-  convention; ``dataset.has_labels``): train it with ``FCPCollator(sample_labels=True)``.
+  convention; ``dataset.has_labels``): train it with ``FCPCollator(sample_labels=True)``. With a chat field
+  (``fcp index --chat-field``) the conversation is rendered by its template and the labels keep the assistant
+  turns only (:mod:`fcp_data.chat`).
   ``IndexedDataset(..., caption_labels=True)`` does the same for image/video samples: ``labels`` = -100 on the
   whole visual block (markers, timestamps and placeholders), the caption's ids and EOS trained (a captioning
   recipe's caption-only loss).
@@ -71,11 +73,12 @@ class IndexedDataset(torch.utils.data.Dataset):
                              "tokenizer, or rebuild the index")
         self.text_field = m.get("text_field", "text")
         self.prompt_field: str | None = m.get("prompt_field")
+        self.chat_field, self.chat_template = m.get("chat_field"), m.get("chat_template") or "chatml"
         if not isinstance(caption_labels, bool):
             raise ValueError(f"caption_labels must be True or False, got {caption_labels!r}")
         self.caption_labels = caption_labels and self.spec.is_multimodal
         # samples carry their own labels: train with FCPCollator(sample_labels=True)
-        self.has_labels = bool(self.prompt_field) or self.caption_labels
+        self.has_labels = bool(self.prompt_field or self.chat_field) or self.caption_labels
         self._roots = dict(roots or {})
         self._files: OrderedDict[int, object] = OrderedDict()
         self._pid = os.getpid()
@@ -154,7 +157,7 @@ class IndexedDataset(torch.utils.data.Dataset):
         kind = int(self.index.kind[i])
         members = self.index.members(i)
         if kind == KIND_TEXT:
-            if "jsonl" in members and self.prompt_field:
+            if "jsonl" in members and (self.prompt_field or self.chat_field):
                 return self._sft_sample(json.loads(self.read_member(i, "jsonl").decode("utf-8")))
             if "jsonl" in members:
                 text = json.loads(self.read_member(i, "jsonl").decode("utf-8"))[self.text_field]
@@ -192,8 +195,16 @@ class IndexedDataset(torch.utils.data.Dataset):
         return out
 
     def _sft_sample(self, obj: dict) -> dict:
-        """An SFT jsonl line: prompt then response tokens (tokenised apart, as the index counted them); labels
-        mask the prompt."""
+        """An SFT jsonl line: prompt then response tokens (tokenised apart, as the index counted them), labels
+        masking the prompt; or a conversation (:mod:`fcp_data.chat`), labels on the assistant turns."""
+        if self.chat_field:
+            from fcp_data.chat import render_chat, trained_token_mask
+
+            text, spans = render_chat(obj[self.chat_field], self.chat_template)
+            enc = self.spec.tokenizer().encode(text, add_special_tokens=False)
+            mask = trained_token_mask(enc.offsets, spans)
+            return {"input_ids": torch.tensor(enc.ids, dtype=torch.long),
+                    "labels": torch.tensor([t if m else -100 for t, m in zip(enc.ids, mask)], dtype=torch.long)}
         prompt = obj[self.prompt_field]
         p = self.spec.tokenizer().encode(prompt, add_special_tokens=False).ids if prompt else []
         r = self._text_ids(obj[self.text_field])

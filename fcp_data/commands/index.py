@@ -43,6 +43,12 @@ def register(subparsers, summary: str) -> None:
                    help="jsonl field holding an SFT prompt: a sample is the prompt's tokens then --text-field's (the "
                         "response), and its labels mask the prompt (FCPCollator(sample_labels=True); fcp train "
                         "turns it on for such an index)")
+    p.add_argument("--chat-field", default=None, metavar="FIELD",
+                   help="jsonl field holding a conversation [{role, content}, ...]: rendered by --chat-template, "
+                        "labels train the assistant turns only (see fcp_data/chat.py)")
+    p.add_argument("--chat-template", default="chatml", choices=("chatml", "llama3"),
+                   help="template of --chat-field (default chatml: Qwen; llama3); index with the model's own "
+                        "--tokenizer so its special tokens are single tokens")
     p.add_argument("--key-field", default="id", help="jsonl field holding the sample key (default: id, else file:line)")
     p.add_argument("--max-error-rate", type=float, default=0.01, help="exit 1 above this error fraction (default 0.01)")
     lim = Limits()
@@ -92,6 +98,7 @@ def run(args) -> int:
         manifest, rc = build_index(args.inputs, args.spec, args.out, tokenizer=args.tokenizer, workers=args.workers,
                                    engine=args.engine, address=args.address, resume=args.resume, probe=args.probe,
                                    text_field=args.text_field, key_field=args.key_field, prompt_field=args.prompt_field,
+                                   chat_field=args.chat_field, chat_template=args.chat_template,
                                    max_error_rate=args.max_error_rate, progress=not args.no_progress, limits=limits)
     except BrokenProcessPool:
         print(f"fcp index: error: a worker process died (killed, or out of memory); the finished shards are kept in "

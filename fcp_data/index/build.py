@@ -43,8 +43,9 @@ _INT_RANGE = {np.dtype(dt): np.iinfo(dt) for dt in COLUMNS.values() if np.issubd
 def task_fingerprint(task: dict, cfg: dict) -> str:
     """What a finished part must match to be reused by ``--resume`` (the task includes its input's stamp)."""
     keep = {k: cfg.get(k) for k in ("spec_fingerprint", "probe", "text_field", "key_field", "limits")}
-    if cfg.get("prompt_field"):  # only when set: parts of earlier indexes keep their fingerprints
-        keep["prompt_field"] = cfg["prompt_field"]
+    for k in ("prompt_field", "chat_field", "chat_template"):  # only when set: earlier parts keep their fingerprints
+        if cfg.get(k):
+            keep[k] = cfg[k]
     return hashlib.sha256(json.dumps([task, keep], sort_keys=True).encode()).hexdigest()
 
 
@@ -151,7 +152,7 @@ def _index_jsonl(task: dict, cfg: dict, spec, rows: _Rows) -> int:
     except (OSError, ProbeError) as e:
         rows.error(str(path), "unreadable_shard", getattr(e, "detail", None) or f"{type(e).__name__}: {e.strerror}", str(path))
         return 1
-    batch = TextBatch(task, spec, rows)
+    batch = TextBatch(task, spec, rows, eos=not cfg.get("chat_field"))  # a chat template ends its turns itself
     with f:
         for lineno, (start, body, size) in enumerate(_iter_lines(f, limits.max_text_bytes), start=1):
             if body is not None and not body.strip():
@@ -182,6 +183,8 @@ def _jsonl_text(obj, cfg: dict) -> str | tuple[str, str]:
     why the line is not a sample."""
     if not isinstance(obj, dict):
         raise ProbeError("bad_json", f"line is a JSON {type(obj).__name__}, not an object")
+    if cfg.get("chat_field"):
+        return _chat_text(obj, cfg)
     text = obj.get(cfg["text_field"])
     if not isinstance(text, str):
         raise ProbeError("missing_field", f"no string field {cfg['text_field']!r}")
@@ -195,6 +198,20 @@ def _jsonl_text(obj, cfg: dict) -> str | tuple[str, str]:
         raise ProbeError("missing_field", f"no string field {cfg['prompt_field']!r} (--prompt-field)")
     _check_text(prompt)
     return prompt, text
+
+
+def _chat_text(obj: dict, cfg: dict) -> str:
+    """The rendered conversation of a chat-format line (:mod:`fcp_data.chat`)."""
+    from fcp_data.chat import ChatFormatError, render_chat
+
+    if cfg["chat_field"] not in obj:
+        raise ProbeError("missing_field", f"no field {cfg['chat_field']!r} (--chat-field)")
+    try:
+        text, _ = render_chat(obj[cfg["chat_field"]], cfg.get("chat_template") or "chatml")
+    except ChatFormatError as e:
+        raise ProbeError(e.reason, str(e)) from None
+    _check_text(text)
+    return text
 
 
 def _read_text(read, ext: str, size: int, limits: Limits) -> bytes:

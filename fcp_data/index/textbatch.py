@@ -14,9 +14,9 @@ class TextBatch:
     """Texts of one jsonl shard tokenized in batches (``TOKENIZE_BATCH`` lines or ``TOKENIZE_BATCH_BYTES``); a
     text the tokenizer rejects is recorded as ``tokenize_failed`` and the rest of its batch is kept."""
 
-    def __init__(self, task: dict, spec, rows) -> None:
+    def __init__(self, task: dict, spec, rows, *, eos: bool = True) -> None:
         self.task, self.spec, self.rows, self.path = task, spec, rows, str(task["path"])
-        self.tok, self.extra = spec.tokenizer(), (1 if spec.eos_id is not None else 0)
+        self.tok, self.extra = spec.tokenizer(), (1 if eos and spec.eos_id is not None else 0)
         self.pending: list[tuple[str, int, int, str]] = []
         self.bytes = 0
 

@@ -114,3 +114,86 @@ def test_collated_label_counts_over_all_ranks_equal_the_samples(tmp_path, num_ra
         assert got[g] == sum(want[i] for i in idx), g
     assert num_ranks == 1 or max(degrees) > 1, degrees
 
+
+
+CHATML = ("{%- for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' }}{%- if m['role'] == 'assistant' %}"
+          "{% generation %}{{ m['content'] + '<|im_end|>' }}{% endgeneration %}{{ '\\n' }}"
+          "{%- else %}{{ m['content'] + '<|im_end|>' + '\\n' }}{%- endif %}{%- endfor %}")
+LLAMA3 = ("{{ '<|begin_of_text|>' }}{%- for m in messages %}"
+          "{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>\\n\\n' }}{%- if m['role'] == 'assistant' %}"
+          "{% generation %}{{ m['content'] + '<|eot_id|>' }}{% endgeneration %}"
+          "{%- else %}{{ m['content'] + '<|eot_id|>' }}{%- endif %}{%- endfor %}")
+
+
+def _chat_tokenizer(tmp_path):
+    """The bundled tiny BPE plus the chat templates' special tokens (a real model's tokenizer.json has them)."""
+    from tokenizers import AddedToken, Tokenizer
+
+    from fcp_data._resources import data_path
+
+    tok = Tokenizer.from_file(str(data_path("tokenizers") / "tiny-bpe.json"))
+    tok.add_special_tokens([AddedToken(t, special=True) for t in ("<|im_start|>", "<|im_end|>", "<|begin_of_text|>",
+                                                                  "<|start_header_id|>", "<|end_header_id|>",
+                                                                  "<|eot_id|>")])
+    tok.save(str(tmp_path / "chat-tokenizer.json"))
+    return tmp_path / "chat-tokenizer.json"
+
+
+def _conversations(n: int, seed: int = 4) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    say = lambda k: " ".join(rng.choice(WORDS, k)) + rng.choice(["", ".", "?\n", " 東京"])  # noqa: E731
+    rows = []
+    for i in range(n):
+        turns = [{"role": "system", "content": say(int(rng.integers(0, 8)))}] if i % 3 == 0 else []
+        for _ in range(int(rng.integers(1, 4))):
+            turns += [{"role": "user", "content": say(int(rng.integers(1, 20)))},
+                      {"role": "assistant", "content": say(int(rng.integers(0, 30)))}]
+        rows.append({"id": f"c{i}", "messages": turns})
+    return rows
+
+
+@pytest.mark.parametrize("name, jinja", [("chatml", CHATML), ("llama3", LLAMA3)])
+def test_chat_samples_equal_hf_apply_chat_template(tmp_path, name, jinja):
+    """``fcp index --chat-field messages --chat-template NAME``: every conversation's ids equal transformers'
+    ``apply_chat_template`` with the same template written in Jinja, the labels equal its assistant-token mask
+    (``{% generation %}``: the assistant's content and end-of-turn marker), and the index counts exactly those ids;
+    lines that are no conversation (no assistant turn, a bad role, a string) are recorded, not indexed. A failure
+    means multi-turn SFT trains on user turns or headers, or plans with lengths that are not the samples'."""
+    transformers = pytest.importorskip("transformers")
+    tok_path = _chat_tokenizer(tmp_path)
+    rows = _conversations(20)
+    bad = [{"id": "noassist", "messages": [{"role": "user", "content": "hi"}]},
+           {"id": "badrole", "messages": [{"role": "robot", "content": "x"}, {"role": "assistant", "content": "y"}]},
+           {"id": "str", "messages": "hello"}, {"id": "nofield", "text": "x"}]
+    _write(tmp_path / "chat.jsonl", rows + bad)
+    manifest, rc = build_index([str(tmp_path / "chat.jsonl")], "text", tmp_path / "idx", tokenizer=str(tok_path),
+                               chat_field="messages", chat_template=name, progress=False, max_error_rate=0.5)
+    assert rc == 0 and manifest["num_samples"] == 20
+    assert manifest["errors_by_reason"] == {"bad_messages": 2, "missing_field": 1, "no_assistant_turn": 1}
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tok_path))
+    data = IndexedDataset(tmp_path / "idx", tokenizer=str(tok_path))
+    assert data.has_labels
+    by_key = {k: i for i, k in enumerate(data.index.keys)}
+    for r in rows:
+        ref = hf.apply_chat_template(r["messages"], chat_template=jinja, tokenize=True, return_dict=True,
+                                     return_assistant_tokens_mask=True)
+        ids, mask = list(ref["input_ids"]), list(ref["assistant_masks"])
+        i = by_key[r["id"]]
+        s = data[i]
+        assert s["input_ids"].tolist() == ids and int(data.index.num_tokens[i]) == len(ids), r["id"]
+        assert s["labels"].tolist() == [t if m else -100 for t, m in zip(ids, mask)], r["id"]
+        assert sum(mask) > 0
+
+
+def test_chat_field_errors_are_one_line(tmp_path, capsys):
+    _write(tmp_path / "chat.jsonl", _conversations(2))
+    with pytest.raises(ValueError, match="give one"):
+        build_index([str(tmp_path / "chat.jsonl")], "text", tmp_path / "x", chat_field="messages",
+                    prompt_field="prompt", progress=False)
+    with pytest.raises(ValueError, match="unknown chat template 'vicuna'; use one of chatml, llama3"):
+        build_index([str(tmp_path / "chat.jsonl")], "text", tmp_path / "x", chat_field="messages",
+                    chat_template="vicuna", progress=False)
+    rc = cli_main(["index", str(tmp_path / "chat.jsonl"), "--spec", "text", "--out", str(tmp_path / "y"),
+                   "--chat-field", "messages", "--prompt-field", "p", "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "give one" in err
