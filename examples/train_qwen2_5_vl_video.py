@@ -88,6 +88,7 @@ def main() -> None:
         if rank == 0:
             print(f"step {step} loss {res.loss:.4f} tokens {res.num_tokens} micro-batches {len(res.groups)} "
                   f"idle on rank 0: {res.num_idle}", flush=True)
+    batches.close()  # stops the DataLoader's workers now, not during interpreter shutdown
     dist.destroy_process_group()
 
 
