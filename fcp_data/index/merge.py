@@ -80,6 +80,12 @@ def summarize(manifest: dict) -> str:
     lines = [f"indexed {manifest['num_samples']} samples of {manifest['num_seen']} seen, {manifest['num_errors']} errors "
              f"({manifest['error_rate']:.2%}); spec {manifest['spec']['name']}",
              f"tokens: p50 {t['p50']}  p90 {t['p90']}  p99 {t['p99']}  max {t['max']}  total {t['sum']}"]
+    if manifest.get("chat_field"):
+        lines.append(f"SFT: conversations in {manifest['chat_field']!r} ({manifest['chat_template']} template), labels on "
+                     "the assistant turns: train with FCPCollator(sample_labels=True)")
+    elif manifest.get("prompt_field"):
+        lines.append(f"SFT: prompt {manifest['prompt_field']!r} + response {manifest['text_field']!r}, labels mask the "
+                     "prompt: train with FCPCollator(sample_labels=True)")
     if manifest["errors_by_reason"]:
         lines.append("errors by reason: " + ", ".join(f"{r} {n}" for r, n in sorted(manifest["errors_by_reason"].items())))
     return "\n".join(lines)

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 
 from fcp_cli.main import main as cli_main
 from fcp_data import CostModel, FCPCollator, FCPDataset, FCPSampler, IndexedDataset
-from fcp_data.index import LengthIndex, build_index
+from fcp_data.index import LengthIndex, build_index, summarize
 from fcp_data.specs import load_spec
 
 WORDS = "the quick brown fox jumps over a lazy dog while ring attention passes keys around".split()
@@ -45,6 +45,7 @@ def test_index_and_reader_match_the_tokenizer_and_mask_the_prompt(tmp_path):
     manifest, rc = build_index([str(tmp_path / "sft.jsonl")], "text", tmp_path / "idx", text_field="response",
                                prompt_field="prompt", progress=False, max_error_rate=0.5)
     assert rc == 0 and manifest["prompt_field"] == "prompt"
+    assert "SFT: prompt 'prompt' + response 'response'" in summarize(manifest)
     assert manifest["num_samples"] == 30 and manifest["errors_by_reason"] == {"missing_field": 3}
     tok, eos = load_spec("text").tokenizer(), load_spec("text").eos_id
     data = IndexedDataset(tmp_path / "idx")
@@ -169,6 +170,7 @@ def test_chat_samples_equal_hf_apply_chat_template(tmp_path, name, jinja):
     manifest, rc = build_index([str(tmp_path / "chat.jsonl")], "text", tmp_path / "idx", tokenizer=str(tok_path),
                                chat_field="messages", chat_template=name, progress=False, max_error_rate=0.5)
     assert rc == 0 and manifest["num_samples"] == 20
+    assert f"SFT: conversations in 'messages' ({name} template)" in summarize(manifest)
     assert manifest["errors_by_reason"] == {"bad_messages": 2, "missing_field": 1, "no_assistant_turn": 1}
     hf = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tok_path))
     data = IndexedDataset(tmp_path / "idx", tokenizer=str(tok_path))
