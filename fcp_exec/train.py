@@ -143,7 +143,7 @@ class Trainer:
         self.data = data = load_train_data(cfg.model, cfg.data, max_tokens=cfg.max_tokens, seed=cfg.seed,
                                            cache_dir=cfg.cache_dir, num_synthetic=cfg.num_synthetic,
                                            lengths=cfg.synthetic_lengths, hf_config=hf_config,
-                                           prompt_mask=cfg.sample_labels)
+                                           prompt_mask=cfg.sample_labels, caption_labels=cfg.caption_labels)
         self.is_mllm = cfg.model == "tiny-mllm" or bool(self.is_hf and data.visual_token_ids)
         if cfg.model == "tiny-mllm" and not data.visual_token_ids:
             raise ValueError("tiny-mllm needs a multimodal dataset (an index built with a vision spec, e.g. qwen2-vl)")

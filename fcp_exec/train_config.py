@@ -84,6 +84,8 @@ class TrainConfig:
     sample_labels: bool = _opt(False, "train on each sample's own labels (FCPCollator(sample_labels=True): SFT "
                                "prompt masks; the loss denominator is counted over the global batch); with "
                                "--data synthetic an hf: model's samples mask a random prompt")
+    caption_labels: bool = _opt(False, "an index's image/video samples train on their caption only (labels -100 over "
+                                "the visual block: IndexedDataset(caption_labels=True)); turns sample_labels on")
 
     def __post_init__(self) -> None:
         from fcp_exec.train import parse_planner

@@ -149,6 +149,13 @@ class CappedDataset:
         return s
 
 
+def _labels_note(base) -> str:
+    """What an index's own labels train on, for the run's one-line data description."""
+    if base.caption_labels:
+        return ", caption-only labels"
+    return ", SFT labels (prompt masked)" if base.has_labels else ""
+
+
 def _cap(base: Any, lengths: np.ndarray, visual: np.ndarray, max_tokens: int) -> tuple[CappedDataset, np.ndarray, int]:
     keep = np.flatnonzero(~(visual & (lengths > max_tokens)))
     return CappedDataset(base, keep, max_tokens), np.minimum(lengths[keep], max_tokens), int(lengths.size - keep.size)
@@ -191,15 +198,16 @@ HF_SPECS = {"qwen2_vl": "qwen2-vl", "qwen2_5_vl": "qwen2.5-vl", "qwen3_vl": "qwe
 
 def load_train_data(model: str, data: str | None = None, *, max_tokens: int = 2304, seed: int = 0,
                     cache_dir: str | None = None, num_synthetic: int | None = None, lengths=None,
-                    hf_config=None, prompt_mask: bool = False) -> TrainData:
+                    hf_config=None, prompt_mask: bool = False, caption_labels: bool = False) -> TrainData:
     """The dataset a training run uses (module docstring). ``hf_config``: the transformers config of an
     ``hf:`` model (text model → text data, Qwen-VL → the bundled video/image samples in its family's spec);
-    ``prompt_mask``: its synthetic samples carry SFT labels with a masked prompt (:class:`SyntheticHFDocs`)."""
+    ``prompt_mask``: its synthetic samples carry SFT labels with a masked prompt (:class:`SyntheticHFDocs`);
+    ``caption_labels``: an index's image/video samples train on their caption only (``IndexedDataset``)."""
     if max_tokens < 4:
         raise ValueError(f"max_tokens must be >= 4, got {max_tokens}")
     if hf_config is not None:
         return _load_hf_data(hf_config, data, max_tokens=max_tokens, seed=seed, cache_dir=cache_dir,
-                             num_synthetic=num_synthetic, prompt_mask=prompt_mask)
+                             num_synthetic=num_synthetic, prompt_mask=prompt_mask, caption_labels=caption_labels)
     if data == "synthetic":
         if model == "tiny-llm":
             base = SyntheticText(num_synthetic or 24, seed=seed, max_len=max_tokens, lengths=lengths)
@@ -220,7 +228,7 @@ def load_train_data(model: str, data: str | None = None, *, max_tokens: int = 23
     from fcp_data.readers import IndexedDataset
 
     path = Path(data) if data else _bundled_index(model, cache_dir)
-    base = IndexedDataset(path)
+    base = IndexedDataset(path, caption_labels=caption_labels)
     index = base.index
     lengths = np.asarray(index.num_tokens, dtype=np.int64)
     visual = np.asarray(index.num_visual_tokens, dtype=np.int64) > 0 if base.placeholder_ids else np.zeros(lengths.size, bool)
@@ -241,11 +249,11 @@ def load_train_data(model: str, data: str | None = None, *, max_tokens: int = 23
                      visual_token_ids=tuple(base.placeholder_ids), num_dropped=dropped,
                      description=f"{what} (spec {base.spec.name}): {capped.size} samples, {int(capped.sum())} tokens, "
                                  f"max {int(capped.max())} (cap {max_tokens})"
-                                 + (", SFT labels (prompt masked)" if base.has_labels else ""))
+                                 + _labels_note(base))
 
 
 def _load_hf_data(config, data: str | None, *, max_tokens: int, seed: int, cache_dir: str | None,
-                  num_synthetic: int | None, prompt_mask: bool = False) -> TrainData:
+                  num_synthetic: int | None, prompt_mask: bool = False, caption_labels: bool = False) -> TrainData:
     """Data for a transformers model, checked against its config (vocabulary, special token ids, patch size)."""
     from fcp_data.visual_layout import IndexVisualLayout, SpanVisualLayout
     from fcp_exec.integrations.hf_data import SyntheticHFDocs, check_data_fits, special_ids
@@ -271,7 +279,7 @@ def _load_hf_data(config, data: str | None, *, max_tokens: int, seed: int, cache
     from fcp_data.readers import IndexedDataset
 
     path = Path(data) if data else _bundled_index("hf", cache_dir, HF_SPECS.get(config.model_type, "text"))
-    base = IndexedDataset(path)
+    base = IndexedDataset(path, caption_labels=caption_labels)
     what = f"index {path}" if data else "the bundled samples"
     check_data_fits(config, vocab_size=base.spec.tokenizer().get_vocab_size(), what=what)
     index = base.index
@@ -298,4 +306,4 @@ def _load_hf_data(config, data: str | None, *, max_tokens: int, seed: int, cache
                      visual_token_ids=tuple(base.placeholder_ids) if is_vl else (), num_dropped=dropped,
                      description=f"{what} (spec {base.spec.name}): {capped.size} samples, {int(capped.sum())} tokens, "
                                  f"max {int(capped.max())} (cap {max_tokens})"
-                                 + (", SFT labels (prompt masked)" if base.has_labels else ""))
+                                 + _labels_note(base))

@@ -187,3 +187,22 @@ def test_train_data_of_an_sft_index_turns_sample_labels_on(tmp_path):
     s = data.dataset[0]
     assert s["input_ids"].tolist() == full["input_ids"][:16].tolist() and s["labels"].tolist() == full["labels"][:16].tolist()
     assert (full["labels"] == -100).sum() > 0 and not load_train_data("tiny-llm", "synthetic").has_labels
+
+
+def test_caption_labels_reach_the_training_data(tmp_path):
+    """``fcp train --caption-labels``: the bundled image/video index is read with caption-only labels and the run's
+    data says so (train.py then builds the collator with sample_labels); an image sample's labels are -100 up to
+    its caption, which is trained (reference: the reader without the option, same input_ids)."""
+    from fcp_data.index import KIND_IMAGE
+    from fcp_exec.train_data import load_train_data
+
+    data = load_train_data("tiny-mllm", None, caption_labels=True, cache_dir=str(tmp_path))
+    plain = load_train_data("tiny-mllm", None, cache_dir=str(tmp_path))
+    assert data.has_labels and "caption-only labels" in data.description and not plain.has_labels
+    index = data.dataset.base.index
+    i = next(k for k in range(len(data.dataset)) if int(index.kind[int(data.dataset.keep[k])]) == KIND_IMAGE)
+    s, p = data.dataset[i], plain.dataset[i]
+    assert torch.equal(s["input_ids"], p["input_ids"]) and "labels" not in p
+    trained = (s["labels"] != -100).nonzero().flatten()
+    assert trained.numel() > 0 and int(trained[0]) > int(index.num_visual_tokens[int(data.dataset.keep[i])])
+    assert torch.equal(s["labels"][trained], s["input_ids"][trained]) and int(trained[-1]) == s["labels"].numel() - 1
