@@ -74,7 +74,7 @@ def main() -> None:
     sampler = FCPSampler(data.index, cost_model=cost.replace(tokens_per_rank=args.tokens_per_rank),
                          global_batch_size=args.global_batch_size, seed=0, on_overlong="drop")
     loader = DataLoader(FCPDataset(data), batch_sampler=sampler, num_workers=2,
-                        collate_fn=hf_collator(config, pad_token_id=data.pad_token_id))
+                        collate_fn=hf_collator(config, pad_token_id=data.pad_token_id, sample_labels=data.has_labels))
 
     model = apply_fcp(build_model(config, seed=0).to(device))
     model, reducer = make_reducer(args.reducer, model)

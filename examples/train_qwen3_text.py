@@ -4,6 +4,8 @@
     torchrun --nproc-per-node 8 examples/train_qwen3_text.py --config llama/config.json --data my-index \
         --reducer fsdp2 --cost cost.json          # index: `fcp index corpus.jsonl --spec text --out my-index`
                                                   # cost:  `fcp profile --model hf:llama/config.json --out cost.json`
+    SFT: an index built with `--prompt-field` or `--chat-field` carries labels; the collator trains on them
+    (`sample_labels=data.has_labels`) and train_step counts them over the global batch.
 
 The model is randomly initialised from a config.json (use ``from_pretrained`` for real weights, then apply_fcp).
 Every rank computes the same plan; each micro-batch puts this rank in one CP group (ring attention inside it)
@@ -73,7 +75,7 @@ def main() -> None:
     sampler = FCPSampler(data.index, cost_model=cost.replace(tokens_per_rank=args.tokens_per_rank),
                          global_batch_size=args.global_batch_size, seed=0, on_overlong="truncate")
     loader = DataLoader(FCPDataset(data), batch_sampler=sampler, num_workers=2,
-                        collate_fn=FCPCollator(pad_token_id=data.pad_token_id))
+                        collate_fn=FCPCollator(pad_token_id=data.pad_token_id, sample_labels=data.has_labels))
 
     # model: ring attention through transformers' AttentionInterface, then the reducer's wrapper
     model = apply_fcp(build_model(config, seed=0).to(device))
