@@ -1,5 +1,6 @@
 """Chat-format SFT samples: a conversation (``[{"role": ..., "content": ...}, ...]``) rendered by a chat template
-into one text, and which of its characters the loss trains on (the assistant turns).
+into one text, and which of its characters the loss trains on (the assistant turns). Turns may also be
+ShareGPT's ``{"from": "human"|"gpt"|"system", "value": ...}``, and a content a list of OpenAI-style text parts.
 
 ``fcp index --chat-field messages --chat-template chatml`` counts the tokens of the rendered text (no EOS is
 appended: the template ends every turn itself); :class:`~fcp_data.readers.IndexedDataset` tokenises the same text
@@ -62,18 +63,50 @@ def template(name: str) -> ChatTemplate:
     return TEMPLATES[name]
 
 
+# ShareGPT / LLaVA ("from", "value") speaker names, as their loaders map them
+_SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system",
+                   "tool": "tool", "function": "tool", "observation": "tool"}
+
+
+def _content(content: Any, k: int) -> str:
+    """A turn's text: a string, None (an assistant turn that only calls tools), or OpenAI-style parts
+    ``[{"type": "text", "text": ...}, ...]`` joined; image/video parts are refused (text-only conversations)."""
+    if isinstance(content, str):
+        return content
+    if content is None:
+        return ""
+    if isinstance(content, list) and all(isinstance(p, dict) for p in content):
+        kinds = {p.get("type") for p in content}
+        if kinds - {"text"}:
+            raise ChatFormatError("bad_messages", f"turn {k} has {', '.join(sorted(map(str, kinds - {'text'})))} "
+                                                  "parts: only text conversations are indexed")
+        if all(isinstance(p.get("text"), str) for p in content):
+            return "".join(p["text"] for p in content)
+    raise ChatFormatError("bad_messages", f"turn {k}: content must be a string or a list of text parts, got "
+                                          f"{type(content).__name__}")
+
+
+def _turn(m: Any, k: int) -> tuple[str, str]:
+    """``(role, content)`` of one turn: ``{"role", "content"}`` (OpenAI / HF) or ``{"from", "value"}`` (ShareGPT)."""
+    if isinstance(m, dict) and "role" in m:
+        role, content = m["role"], m.get("content")
+    elif isinstance(m, dict) and "from" in m:
+        role = _SHAREGPT_ROLES.get(m["from"], m["from"]) if isinstance(m["from"], str) else m["from"]
+        content = m.get("value")
+    else:
+        raise ChatFormatError("bad_messages", f"turn {k} must be an object with 'role' and 'content' (or ShareGPT's "
+                                              "'from' and 'value')")
+    if role not in ROLES:
+        raise ChatFormatError("bad_messages", f"turn {k} has role {role!r}; use one of {', '.join(ROLES)}")
+    return role, _content(content, k)
+
+
 def _messages(messages: Any) -> list[tuple[str, str]]:
     """``(role, content)`` of each turn; a :class:`ChatFormatError` says what is wrong."""
     if not isinstance(messages, list) or not messages:
         raise ChatFormatError("bad_messages", f"messages must be a non-empty list of turns, got "
                                               f"{type(messages).__name__}")
-    turns = []
-    for k, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            raise ChatFormatError("bad_messages", f"turn {k} must be an object with string 'role' and 'content'")
-        if m["role"] not in ROLES:
-            raise ChatFormatError("bad_messages", f"turn {k} has role {m['role']!r}; use one of {', '.join(ROLES)}")
-        turns.append((m["role"], m["content"]))
+    turns = [_turn(m, k) for k, m in enumerate(messages)]
     if not any(role == "assistant" for role, _ in turns):
         raise ChatFormatError("no_assistant_turn", "no assistant turn: nothing to train on")
     return turns

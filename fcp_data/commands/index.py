@@ -44,8 +44,9 @@ def register(subparsers, summary: str) -> None:
                         "response), and its labels mask the prompt (FCPCollator(sample_labels=True); fcp train "
                         "turns it on for such an index)")
     p.add_argument("--chat-field", default=None, metavar="FIELD",
-                   help="jsonl field holding a conversation [{role, content}, ...]: rendered by --chat-template, "
-                        "labels train the assistant turns only (see fcp_data/chat.py)")
+                   help="jsonl field holding a conversation [{role, content}, ...] (or ShareGPT's [{from, value}, "
+                        "...]): rendered by --chat-template, labels train the assistant turns only "
+                        "(see fcp_data/chat.py)")
     p.add_argument("--chat-template", default="chatml", choices=("chatml", "llama3"),
                    help="template of --chat-field (default chatml: Qwen; llama3); index with the model's own "
                         "--tokenizer so its special tokens are single tokens")

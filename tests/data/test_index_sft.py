@@ -153,25 +153,41 @@ def _conversations(n: int, seed: int = 4) -> list[dict]:
     return rows
 
 
+def _other_format(row: dict, k: int) -> dict:
+    """The same conversation as a dataset may spell it: every third as ShareGPT turns (``from``/``value``), every
+    third with OpenAI-style text parts (split in two), the rest as is."""
+    if k % 3 == 1:
+        names = {"user": "human", "assistant": "gpt", "system": "system"}
+        return {**row, "messages": [{"from": names[m["role"]], "value": m["content"]} for m in row["messages"]]}
+    if k % 3 == 2:
+        parts = lambda c: [{"type": "text", "text": c[: len(c) // 2]}, {"type": "text", "text": c[len(c) // 2:]}]  # noqa: E731
+        return {**row, "messages": [{"role": m["role"], "content": parts(m["content"])} for m in row["messages"]]}
+    return row
+
+
 @pytest.mark.parametrize("name, jinja", [("chatml", CHATML), ("llama3", LLAMA3)])
 def test_chat_samples_equal_hf_apply_chat_template(tmp_path, name, jinja):
     """``fcp index --chat-field messages --chat-template NAME``: every conversation's ids equal transformers'
     ``apply_chat_template`` with the same template written in Jinja, the labels equal its assistant-token mask
     (``{% generation %}``: the assistant's content and end-of-turn marker), and the index counts exactly those ids;
-    lines that are no conversation (no assistant turn, a bad role, a string) are recorded, not indexed. A failure
+    the same holds for conversations spelled as ShareGPT turns or OpenAI text parts; lines that are no
+    conversation (no assistant turn, a bad role, a string, an image part) are recorded, not indexed. A failure
     means multi-turn SFT trains on user turns or headers, or plans with lengths that are not the samples'."""
     transformers = pytest.importorskip("transformers")
     tok_path = _chat_tokenizer(tmp_path)
     rows = _conversations(20)
     bad = [{"id": "noassist", "messages": [{"role": "user", "content": "hi"}]},
            {"id": "badrole", "messages": [{"role": "robot", "content": "x"}, {"role": "assistant", "content": "y"}]},
-           {"id": "str", "messages": "hello"}, {"id": "nofield", "text": "x"}]
-    _write(tmp_path / "chat.jsonl", rows + bad)
+           {"id": "str", "messages": "hello"}, {"id": "nofield", "text": "x"},
+           {"id": "image", "messages": [{"role": "user", "content": [{"type": "image", "image": "a.jpg"}]},
+                                        {"role": "assistant", "content": "a cat"}]},
+           {"id": "listfrom", "messages": [{"from": ["gpt"], "value": "x"}]}]
+    _write(tmp_path / "chat.jsonl", [_other_format(r, k) for k, r in enumerate(rows)] + bad)
     manifest, rc = build_index([str(tmp_path / "chat.jsonl")], "text", tmp_path / "idx", tokenizer=str(tok_path),
                                chat_field="messages", chat_template=name, progress=False, max_error_rate=0.5)
     assert rc == 0 and manifest["num_samples"] == 20
     assert f"SFT: conversations in 'messages' ({name} template)" in summarize(manifest)
-    assert manifest["errors_by_reason"] == {"bad_messages": 2, "missing_field": 1, "no_assistant_turn": 1}
+    assert manifest["errors_by_reason"] == {"bad_messages": 4, "missing_field": 1, "no_assistant_turn": 1}
     hf = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tok_path))
     data = IndexedDataset(tmp_path / "idx", tokenizer=str(tok_path))
     assert data.has_labels
