@@ -87,14 +87,16 @@ def _write_config() -> str:
     return str(path)
 
 
-def bench_worker(cfgs: list, warmup: int, rounds: int) -> dict:
+def bench_worker(cfgs: list, warmup: int, rounds: int, key: str = "reducer") -> dict:
+    """Each rank steps every Trainer of ``cfgs`` in turn; per ``getattr(cfg, key)`` the slowest rank's step time,
+    degrees and loss of every timed round."""
     import torch
     import torch.distributed as dist
 
     from fcp_exec.train import Trainer
 
     trainers = [Trainer(c) for c in cfgs]
-    out = {c.reducer: [] for c in cfgs}
+    out: dict = {getattr(c, key): [] for c in cfgs}
     for r in range(warmup + rounds):
         for c, tr in zip(cfgs, trainers):
             dist.barrier()
@@ -102,7 +104,8 @@ def bench_worker(cfgs: list, warmup: int, rounds: int) -> dict:
             t = torch.tensor([rec["step_time_s"]], dtype=torch.float64)
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
             if r >= warmup:
-                out[c.reducer].append({"t": float(t[0]), "degrees": rec["degrees"], "loss": rec["loss"]})
+                out[getattr(c, key)].append({"t": float(t[0]), "degrees": rec["degrees"], "loss": rec["loss"],
+                                             "tokens": rec["num_tokens"]})
     return out
 
 

@@ -22,27 +22,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
-def bench_worker(cfgs: list, warmup: int, rounds: int) -> dict:
-    import torch
-    import torch.distributed as dist
-
-    from fcp_exec.train import Trainer
-
-    trainers = [Trainer(c) for c in cfgs]
-    out: dict = {c.sample_labels: [] for c in cfgs}
-    for r in range(warmup + rounds):
-        for c, tr in zip(cfgs, trainers):
-            dist.barrier()
-            rec = tr.step()
-            t = torch.tensor([rec["step_time_s"]], dtype=torch.float64)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            if r >= warmup:
-                out[c.sample_labels].append({"t": float(t[0]), "degrees": rec["degrees"], "tokens": rec["num_tokens"]})
-    return out
-
-
 def main() -> int:
-    from bench_hf_step import _write_config  # the same tiny Qwen3 config
+    from bench_hf_step import _write_config, bench_worker  # the same tiny Qwen3 config and alternating loop
 
     from fcp_exec.launch import launch
     from fcp_exec.train import TrainConfig
@@ -57,7 +38,7 @@ def main() -> int:
                         num_synthetic=64, max_tokens=96, tokens_per_rank=48, dtype="float32", prefetch=2,
                         verbose=False, sample_labels=sft) for sft in (False, True)]
     load = os.getloadavg()[0]
-    res = launch(bench_worker, args.nproc, cfgs, args.warmup, args.steps, timeout=900.0)[0]
+    res = launch(bench_worker, args.nproc, cfgs, args.warmup, args.steps, "sample_labels", timeout=900.0)[0]
     base = statistics.median(x["t"] for x in res[False])
     print(f"## SFT labels on this machine (load {load:.1f} → {os.getloadavg()[0]:.1f}, {os.cpu_count()} cores, "
           f"{args.nproc} processes)\n")

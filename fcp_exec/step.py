@@ -14,7 +14,8 @@ hold under DDP and FSDP2, whose collectives must run in lock-step on every rank:
 * **SUM semantics.** ``loss_fn`` returns this rank's share of the global mean (local label-token loss sum /
   ``num_tokens_global``; with the samples' own labels, ``FCPCollator(sample_labels=True)``, train_step first
   reads the step's micro-batches and counts it, :func:`fill_num_tokens_global`); the reducer *sums* gradients
-  over ranks (DDP: a SUM comm hook instead of DDP's average; FSDP2: ``set_gradient_divide_factor(1.0)`` on *every* FSDP module; all-reduce: ``SUM``).
+  over ranks (DDP: a SUM comm hook instead of DDP's average; FSDP2: ``set_gradient_divide_factor(1.0)`` on
+  *every* FSDP module; all-reduce: ``SUM``).
 * **Sync once.** Gradients are synchronised only after the last micro-batch (DDP ``no_sync``, FSDP2
   ``set_requires_gradient_sync(False)`` before it; the all-reduce reducer reduces once at the end).
 
