@@ -17,6 +17,9 @@ Templates (``TEMPLATES``):
             per turn; trained: an assistant's ``{content}<|eot_id|>``
 =========  ==========================================================================================
 
+Or the model's own Jinja template (``--chat-template`` a model folder, its ``tokenizer_config.json`` or
+``chat_template.jinja``): :mod:`fcp_data.chat_jinja`.
+
 The special tokens must be in the tokenizer (``fcp index --tokenizer`` the model's own ``tokenizer.json``); with a
 tokenizer that lacks them they are split into ordinary tokens, and index and reader still agree.
 """
@@ -26,7 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ROLES", "TEMPLATES", "ChatFormatError", "ChatTemplate", "render_chat", "trained_token_mask"]
+__all__ = ["ROLES", "TEMPLATES", "ChatFormatError", "ChatTemplate", "render_chat", "resolve_template", "template_label",
+           "trained_token_mask"]
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -59,8 +63,35 @@ class ChatFormatError(ValueError):
 
 def template(name: str) -> ChatTemplate:
     if name not in TEMPLATES:
-        raise ValueError(f"unknown chat template {name!r}; use one of {', '.join(TEMPLATES)}")
+        raise ValueError(f"unknown chat template {name!r}; use one of {', '.join(TEMPLATES)}, or the path of a "
+                         "model's own (its folder, tokenizer_config.json or chat_template.jinja)")
     return TEMPLATES[name]
+
+
+def resolve_template(value: str | dict) -> str | dict:
+    """``--chat-template``: a built-in name stays a name; a path is read into the dict the index keeps
+    (:func:`fcp_data.chat_jinja.load_template`); anything else is a ValueError naming both kinds."""
+    if isinstance(value, dict):
+        return value
+    if isinstance(value, str) and value in TEMPLATES:
+        return value
+    from pathlib import Path
+
+    if isinstance(value, str) and value and Path(value).exists():
+        from fcp_data.chat_jinja import load_template
+
+        return load_template(value)
+    template(str(value))  # raises, naming the built-in templates and the path forms
+    raise AssertionError("unreachable")
+
+
+def template_label(value: str | dict) -> str:
+    """How a summary names the template an index was built with."""
+    if isinstance(value, dict):
+        from fcp_data.chat_jinja import label
+
+        return label(value)
+    return value
 
 
 # ShareGPT / LLaVA ("from", "value") speaker names, as their loaders map them
@@ -112,8 +143,13 @@ def _messages(messages: Any) -> list[tuple[str, str]]:
     return turns
 
 
-def render_chat(messages: Any, name: str = "chatml") -> tuple[str, list[tuple[int, int]]]:
-    """The conversation's text under template ``name`` and the ``[start, end)`` character spans trained on."""
+def render_chat(messages: Any, name: str | dict = "chatml") -> tuple[str, list[tuple[int, int]]]:
+    """The conversation's text under template ``name`` (a built-in name, or a model's own template as
+    :func:`resolve_template` read it) and the ``[start, end)`` character spans trained on."""
+    if isinstance(name, dict):
+        from fcp_data.chat_jinja import render
+
+        return render(messages, name)
     t = template(name)
     parts, spans, pos = [t.begin], [], len(t.begin)
     for role, content in _messages(messages):

@@ -47,9 +47,11 @@ def register(subparsers, summary: str) -> None:
                    help="jsonl field holding a conversation [{role, content}, ...] (or ShareGPT's [{from, value}, "
                         "...]): rendered by --chat-template, labels train the assistant turns only "
                         "(see fcp_data/chat.py)")
-    p.add_argument("--chat-template", default="chatml", choices=("chatml", "llama3"),
-                   help="template of --chat-field (default chatml: Qwen; llama3); index with the model's own "
-                        "--tokenizer so its special tokens are single tokens")
+    p.add_argument("--chat-template", default="chatml", metavar="NAME|PATH",
+                   help="template of --chat-field: chatml (default: Qwen), llama3, or the model's own Jinja template "
+                        "(its folder, tokenizer_config.json or chat_template.jinja; {%% generation %%} blocks say "
+                        "what to train, else each assistant content and its end-of-turn marker). Index with the "
+                        "model's own --tokenizer so its special tokens are single tokens")
     p.add_argument("--key-field", default="id", help="jsonl field holding the sample key (default: id, else file:line)")
     p.add_argument("--max-error-rate", type=float, default=0.01, help="exit 1 above this error fraction (default 0.01)")
     lim = Limits()

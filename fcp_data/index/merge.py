@@ -81,7 +81,10 @@ def summarize(manifest: dict) -> str:
              f"({manifest['error_rate']:.2%}); spec {manifest['spec']['name']}",
              f"tokens: p50 {t['p50']}  p90 {t['p90']}  p99 {t['p99']}  max {t['max']}  total {t['sum']}"]
     if manifest.get("chat_field"):
-        lines.append(f"SFT: conversations in {manifest['chat_field']!r} ({manifest['chat_template']} template), labels on "
+        from fcp_data.chat import template_label
+
+        lines.append(f"SFT: conversations in {manifest['chat_field']!r} ({template_label(manifest['chat_template'])} "
+                     "template), labels on "
                      "the assistant turns: train with FCPCollator(sample_labels=True)")
     elif manifest.get("prompt_field"):
         lines.append(f"SFT: prompt {manifest['prompt_field']!r} + response {manifest['text_field']!r}, labels mask the "
@@ -95,7 +98,7 @@ def build_index(inputs: list[str], spec: str, out: str | Path, *, tokenizer: str
                 engine: str = "local", address: str | None = None, resume: bool = False, probe: str = "av",
                 text_field: str = "text", key_field: str = "id", max_error_rate: float = 0.01,
                 progress: bool = True, dir_chunk: int | None = None, limits: Limits | dict | None = None,
-                prompt_field: str | None = None, chat_field: str | None = None, chat_template: str = "chatml"
+                prompt_field: str | None = None, chat_field: str | None = None, chat_template: str | dict = "chatml"
                 ) -> tuple[dict, int]:
     """Build (or resume) the index of ``inputs`` into ``out``; returns (manifest, exit code 0/1).
 
@@ -121,13 +124,13 @@ def build_index(inputs: list[str], spec: str, out: str | Path, *, tokenizer: str
         raise ValueError(f"--prompt-field must be a jsonl field name other than --text-field {text_field!r} and "
                          f"--key-field {key_field!r}, got {prompt_field!r}")
     if chat_field is not None:
-        from fcp_data.chat import template
+        from fcp_data.chat import resolve_template
 
         if prompt_field is not None:
             raise ValueError("--chat-field and --prompt-field are two formats of SFT lines; give one")
         if not isinstance(chat_field, str) or not chat_field or chat_field == key_field:
             raise ValueError(f"--chat-field must be a jsonl field name other than --key-field, got {chat_field!r}")
-        template(chat_template)  # an unknown template name: ValueError naming the known ones
+        chat_template = resolve_template(chat_template)  # a name, or a model's template read once, here
     limits = limits if isinstance(limits, Limits) else Limits.from_dict(limits)
     sp = load_spec(spec, tokenizer)
     sp.tokenizer()  # a broken tokenizer.json fails here, once, not in every worker

@@ -191,16 +191,21 @@ def test_chat_samples_equal_hf_apply_chat_template(tmp_path, name, jinja):
     hf = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tok_path))
     data = IndexedDataset(tmp_path / "idx", tokenizer=str(tok_path))
     assert data.has_labels
-    by_key = {k: i for i, k in enumerate(data.index.keys)}
     for r in rows:
-        ref = hf.apply_chat_template(r["messages"], chat_template=jinja, tokenize=True, return_dict=True,
-                                     return_assistant_tokens_mask=True)
-        ids, mask = list(ref["input_ids"]), list(ref["assistant_masks"])
-        i = by_key[r["id"]]
-        s = data[i]
-        assert s["input_ids"].tolist() == ids and int(data.index.num_tokens[i]) == len(ids), r["id"]
-        assert s["labels"].tolist() == [t if m else -100 for t, m in zip(ids, mask)], r["id"]
-        assert sum(mask) > 0
+        assert_sample_equals_hf(data, r, hf, jinja)
+
+
+def assert_sample_equals_hf(data: IndexedDataset, row: dict, hf, jinja: str) -> None:
+    """The indexed conversation ``row`` read back: ids and the index's count equal transformers' tokenisation with
+    template ``jinja`` (which has generation blocks), labels its assistant mask, something trained and not all."""
+    ref = hf.apply_chat_template(row["messages"], chat_template=jinja, tokenize=True, return_dict=True,
+                                 return_assistant_tokens_mask=True)
+    ids, mask = list(ref["input_ids"]), list(ref["assistant_masks"])
+    i = list(data.index.keys).index(row["id"])
+    s = data[i]
+    assert s["input_ids"].tolist() == ids and int(data.index.num_tokens[i]) == len(ids), row["id"]
+    assert s["labels"].tolist() == [t if m else -100 for t, m in zip(ids, mask)], row["id"]
+    assert 0 < sum(mask) < len(ids), row["id"]
 
 
 def test_chat_field_errors_are_one_line(tmp_path, capsys):
