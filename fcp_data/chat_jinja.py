@@ -8,18 +8,20 @@ reader renders exactly what the index counted without the file.
 The conversation is rendered as ``transformers``' ``apply_chat_template(messages, tokenize=False)`` renders it: the
 same Jinja options (``trim_blocks``, ``lstrip_blocks``, loop controls, a sandbox), ``raise_exception``, ``tojson``,
 ``strftime_now``, ``add_generation_prompt=False`` and the tokenizer's special tokens (``bos_token``, ``eos_token``,
-...) as variables. Two differences, both deliberate: each turn is passed as ``{"role", "content"}`` only (the
-conversation as :mod:`fcp_data.chat` reads it: ShareGPT turns and text parts normalised, other keys such as
-``tool_calls`` dropped), and ``strftime_now`` formats the date the index was built, not the time of reading, so a
-template that prints today's date gives the reader the tokens the index counted.
+...) as variables. Each turn's ``content`` is the text :mod:`fcp_data.chat` reads (text parts joined; ShareGPT
+``from``/``value`` turns become ``{"role", "content"}``); a role/content turn keeps its other keys (``tool_calls``,
+``reasoning_content`` ...) for the template to render. One deliberate difference: ``strftime_now`` formats the date
+the index was built, not the time of reading, so a template that prints today's date gives the reader the tokens
+the index counted.
 
 What is trained (the character spans :func:`render` returns; :func:`fcp_data.chat.trained_token_mask` turns them
 into token labels):
 
 * a template with ``{% generation %}`` blocks: the text they produce (transformers'
   ``return_assistant_tokens_mask``);
-* any other template: each assistant turn's content and the end-of-turn text the template writes right after it
-  (e.g. ``<|im_end|>``; trailing whitespace such as a newline is not trained), found by rendering the conversation
+* any other template: each assistant turn's content and the text the template writes after it up to the end of
+  the turn (e.g. ``<|im_end|>``, with any tool calls it renders there; trailing whitespace such as a newline is not
+  trained), found by rendering the conversation
   with marked contents: the marks must come back in order, once per assistant turn, and the text without them must
   equal the plain rendering. Trimming is fine (Llama 3 trims each content: the marks are placed inside the
   whitespace); a template that rewrites or drops an assistant's content (Qwen3 moves a ``<think>...</think>`` part of
@@ -190,8 +192,8 @@ def render(messages: Any, tpl: dict) -> tuple[str, list[tuple[int, int]]]:
     """The conversation's text under the model's template and the ``[start, end)`` character spans trained on."""
     from fcp_data.chat import ChatFormatError, _messages
 
-    turns = [{"role": r, "content": c} for r, c in _messages(messages)]
-    if any(_MARKS.search(t["content"]) for t in turns):
+    turns = [_extras(m) | {"role": r, "content": c} for m, (r, c) in zip(messages, _messages(messages))]
+    if any(_MARKS.search(json.dumps(t, ensure_ascii=False)) for t in turns):
         raise ChatFormatError("bad_messages", "the conversation holds characters U+FDD0..U+FDD3 (noncharacters)")
     if _GENERATION_TAG.search(tpl["jinja"]):
         text, spans = _unmark(_render(tpl, turns), _GEN_A, _GEN_B)
@@ -207,6 +209,12 @@ def render(messages: Any, tpl: dict) -> tuple[str, list[tuple[int, int]]]:
             return plain, _with_turn_ends(tpl, turns, wrap, plain, spans)
     raise ChatFormatError("template_changed_content", "the chat template rewrites or drops an assistant turn's "
                                                       "content; add {% generation %} blocks to it to say what to train")
+
+
+def _extras(m: dict) -> dict:
+    """A role/content turn's other keys (``tool_calls``, ``reasoning_content``, ``name`` ...), which the template may
+    render; a ShareGPT turn has none."""
+    return {k: v for k, v in m.items() if k not in ("role", "content")} if "role" in m else {}
 
 
 def _wrap_all(content: str) -> str:

@@ -28,7 +28,9 @@ GEN_A, GEN_B = "{% generation %}", "{% endgeneration %}"
 QWEN = ("{%- if messages[0].role != 'system' %}{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}"
         "{%- endif %}\n{%- for m in messages %}\n{%- if m.role == 'assistant' %}"
         "{{ '<|im_start|>assistant\\n' }}{%- if loop.last %}{{ '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
-        "{% generation %}{{ m.content + '<|im_end|>' }}{% endgeneration %}{{ '\\n' }}\n"
+        "{% generation %}{{ m.content }}{%- for c in m.tool_calls or [] %}"
+        "{{ '\\n<tool_call>\\n' + (c | tojson) + '\\n</tool_call>' }}{%- endfor %}{{ '<|im_end|>' }}{% endgeneration %}"
+        "{{ '\\n' }}\n"
         "{%- else %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}\n{%- endif %}\n{%- endfor %}")
 LLAMA3_TRIM = ("{{ bos_token }}{%- for m in messages %}"
                "{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>\\n\\n' }}{%- if m['role'] == 'assistant' %}"
@@ -75,6 +77,9 @@ def _rows(n: int) -> list[dict]:
     rng = np.random.default_rng(3)
     for r in rows[::4]:  # outer whitespace, which a trimming template drops
         r["messages"][-1]["content"] = "  " + " ".join(rng.choice(WORDS, 3)) + " \n"
+    for r in rows[::3]:  # tool calls, which a template may render (kept in role/content turns: rows 0, 3, ...)
+        call = {"type": "function", "function": {"name": "search", "arguments": {"q": "東京", "k": 3}}}
+        next(m for m in r["messages"] if m["role"] == "assistant")["tool_calls"] = [call]
     return rows
 
 
