@@ -10,6 +10,9 @@ Sample dicts (the contract with :class:`~fcp_data.collator.FCPCollator`, DESIGN 
   convention; ``dataset.has_labels``): train it with ``FCPCollator(sample_labels=True)``. With a chat field
   (``fcp index --chat-field``) the conversation is rendered by its template and the labels keep the assistant
   turns only (:mod:`fcp_data.chat`).
+  A chat line with an image or video (:mod:`fcp_data.chat_media`) is an image/video sample (below) whose
+  ``input_ids`` are the rendered conversation's tokens with the visual block at the media's position, and whose
+  ``labels`` keep the assistant turns only.
   ``IndexedDataset(..., caption_labels=True)`` does the same for image/video samples: ``labels`` = -100 on the
   whole visual block (markers, timestamps and placeholders), the caption's ids and EOS trained (a captioning
   recipe's caption-only loss).
@@ -112,12 +115,14 @@ class IndexedDataset(torch.utils.data.Dataset):
 
     # ------------------------------------------------------------------ raw bytes by recorded offset
 
-    def _source_path(self, shard: int) -> Path:
-        p = self.index.sources[shard]["path"]
+    def _relocate(self, p: str) -> str:
         for old, new in self._roots.items():
             if p.startswith(old):
-                p = new + p[len(old):]
-        return Path(p)
+                return new + p[len(old):]
+        return p
+
+    def _source_path(self, shard: int) -> Path:
+        return Path(self._relocate(self.index.sources[shard]["path"]))
 
     def _handle(self, shard: int):
         if os.getpid() != self._pid:  # forked DataLoader worker: reopen (the parent's handles share offsets)
@@ -164,34 +169,57 @@ class IndexedDataset(torch.utils.data.Dataset):
             else:
                 text = self.read_member(i, next(e for e in TEXT_EXTS if e in members)).decode("utf-8")
             return {"input_ids": torch.tensor(self._text_ids(text), dtype=torch.long)}
-        from fcp_data.video import vision_inputs
-
+        if kind not in (KIND_VIDEO, KIND_IMAGE):
+            raise ValueError(f"sample {i}: unknown kind {kind} in the index")
+        if "jsonl" in members:
+            return self._media_chat_sample(i, kind, json.loads(self.read_member(i, "jsonl").decode("utf-8")))
         txt = next((e for e in TEXT_EXTS if e in members), None)
         caption = self.read_member(i, txt).decode("utf-8") if txt else ""
-        if kind == KIND_VIDEO:
-            ext = next(e for e in VIDEO_EXTS if e in members)
-            plan = plan_visual(self.spec, "video", height=int(self.index.height[i]), width=int(self.index.width[i]),
-                               num_frames=int(self.index.num_frames[i]), fps=float(self.index.fps[i]))
-        elif kind == KIND_IMAGE:
-            ext = next(e for e in IMAGE_EXTS if e in members)
-            plan = plan_visual(self.spec, "image", height=int(self.index.height[i]), width=int(self.index.width[i]))
-        else:
-            raise ValueError(f"sample {i}: unknown kind {kind} in the index")
+        ext = next(e for e in (VIDEO_EXTS if kind == KIND_VIDEO else IMAGE_EXTS) if e in members)
         shard = int(self.index.shard[i])
         src = self.read_member(i, ext) if self.index.sources[shard]["kind"] != "dir" else \
             self._source_path(shard) / f"{self.index.keys[i]}.{ext}"
-        pixel_values, grid_thw = vision_inputs(self.spec, plan, src)
-        visual, text = segments_to_ids(self.spec, plan.segments), self._text_ids(caption)
-        out = {"input_ids": torch.tensor(visual + text, dtype=torch.long), "pixel_values": pixel_values,
-               "grid_thw": grid_thw}
+        visual, out = self._vision(i, kind, src)
+        text = self._text_ids(caption)
+        out["input_ids"] = torch.tensor(visual + text, dtype=torch.long)
         if self.caption_labels:
             out["labels"] = torch.tensor([-100] * len(visual) + text, dtype=torch.long)
+        return out
+
+    def _vision(self, i: int, kind: int, src) -> tuple[list[int], dict]:
+        """Sample ``i``'s visual block ids and its vision inputs (pixel values, grid, Qwen-VL's seconds per grid)
+        from the image/video ``src`` (bytes or a path), planned from the index's columns."""
+        from fcp_data.video import vision_inputs
+
+        h, w = int(self.index.height[i]), int(self.index.width[i])
+        if kind == KIND_VIDEO:
+            plan = plan_visual(self.spec, "video", height=h, width=w, num_frames=int(self.index.num_frames[i]),
+                               fps=float(self.index.fps[i]))
+        else:
+            plan = plan_visual(self.spec, "image", height=h, width=w)
+        pixel_values, grid_thw = vision_inputs(self.spec, plan, src)
+        out = {"pixel_values": pixel_values, "grid_thw": grid_thw}
         if kind == KIND_VIDEO and self.spec.family == "qwen-vl":
             from fcp_data.video import qwen_second_per_grid
 
             out["second_per_grid_ts"] = torch.tensor(
                 [qwen_second_per_grid(len(plan.frame_indices), int(self.index.num_frames[i]), float(self.index.fps[i]),
                                       int(self.spec.vision["temporal_patch_size"]))], dtype=torch.float32)
+        return segments_to_ids(self.spec, plan.segments), out
+
+    def _media_chat_sample(self, i: int, kind: int, obj: dict) -> dict:
+        """A chat line with an image or video (:mod:`fcp_data.chat_media`): the text before it, its visual block,
+        the text after; labels on the assistant turns."""
+        from fcp_data.chat_media import find_media, media_path, split_render, token_labels
+
+        media, messages = find_media(obj, self.chat_field)
+        jsonl = self.index.sources[int(self.index.shard[i])]["path"]  # as indexed; relocated once, below
+        path = self._relocate(str(media_path(media, jsonl, self.index.manifest.get("media_root"))))
+        before, after, sb, sa = split_render(messages, self.chat_template)
+        visual, out = self._vision(i, kind, Path(path))
+        ids, labels = token_labels(self.spec, before, after, sb, sa, visual)
+        out["input_ids"] = torch.tensor(ids, dtype=torch.long)
+        out["labels"] = torch.tensor(labels, dtype=torch.long)
         return out
 
     def _sft_sample(self, obj: dict) -> dict:

@@ -153,7 +153,9 @@ def _labels_note(base) -> str:
     """What an index's own labels train on, for the run's one-line data description."""
     if base.caption_labels:
         return ", caption-only labels"
-    return ", SFT labels (prompt masked)" if base.has_labels else ""
+    if not base.has_labels:
+        return ""
+    return ", SFT labels (assistant turns)" if getattr(base, "chat_field", None) else ", SFT labels (prompt masked)"
 
 
 def _cap(base: Any, lengths: np.ndarray, visual: np.ndarray, max_tokens: int) -> tuple[CappedDataset, np.ndarray, int]:

@@ -52,6 +52,9 @@ def register(subparsers, summary: str) -> None:
                         "(its folder, tokenizer_config.json or chat_template.jinja; {%% generation %%} blocks say "
                         "what to train, else each assistant content and its end-of-turn marker). Index with the "
                         "model's own --tokenizer so its special tokens are single tokens")
+    p.add_argument("--media-root", default=None, metavar="DIR",
+                   help="folder that the relative image/video paths of --chat-field lines are under (LLaVA's "
+                        "'video': 'a.mp4' or a {'type': 'video', 'video': ...} part; default: the jsonl's folder)")
     p.add_argument("--key-field", default="id", help="jsonl field holding the sample key (default: id, else file:line)")
     p.add_argument("--max-error-rate", type=float, default=0.01, help="exit 1 above this error fraction (default 0.01)")
     lim = Limits()
@@ -101,7 +104,7 @@ def run(args) -> int:
         manifest, rc = build_index(args.inputs, args.spec, args.out, tokenizer=args.tokenizer, workers=args.workers,
                                    engine=args.engine, address=args.address, resume=args.resume, probe=args.probe,
                                    text_field=args.text_field, key_field=args.key_field, prompt_field=args.prompt_field,
-                                   chat_field=args.chat_field, chat_template=args.chat_template,
+                                   chat_field=args.chat_field, chat_template=args.chat_template, media_root=args.media_root,
                                    max_error_rate=args.max_error_rate, progress=not args.no_progress, limits=limits)
     except BrokenProcessPool:
         print(f"fcp index: error: a worker process died (killed, or out of memory); the finished shards are kept in "

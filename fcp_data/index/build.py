@@ -24,11 +24,13 @@ from pathlib import Path
 
 import numpy as np
 
-from fcp_data.index.format import COLUMNS, KIND_IMAGE, KIND_TEXT, KIND_VIDEO, atomic_write_bytes
+from fcp_data.chat_media import has_media
+from fcp_data.index.format import COLUMNS, KIND_TEXT, atomic_write_bytes
 from fcp_data.index.inputs import DIR_CHUNK, expand_inputs, make_tasks
 from fcp_data.index.limits import Limits, clean_detail, json_depth_exceeds, safe_key
+from fcp_data.index.media_chat import index_media_chat, probe_plan
 from fcp_data.index.probe import (IMAGE_EXTS, TEXT_EXTS, VIDEO_EXTS, MemberFile, ProbeError, iter_dir_samples,
-                                  iter_tar_samples, probe_image, probe_video)
+                                  iter_tar_samples)
 from fcp_data.index.textbatch import TextBatch
 
 __all__ = ["expand_inputs", "make_tasks", "index_task", "task_fingerprint", "part_path", "EXIT_AFTER_ENV",
@@ -43,7 +45,7 @@ _INT_RANGE = {np.dtype(dt): np.iinfo(dt) for dt in COLUMNS.values() if np.issubd
 def task_fingerprint(task: dict, cfg: dict) -> str:
     """What a finished part must match to be reused by ``--resume`` (the task includes its input's stamp)."""
     keep = {k: cfg.get(k) for k in ("spec_fingerprint", "probe", "text_field", "key_field", "limits")}
-    for k in ("prompt_field", "chat_field", "chat_template"):  # only when set: earlier parts keep their fingerprints
+    for k in ("prompt_field", "chat_field", "chat_template", "media_root"):  # only when set: earlier parts keep their fingerprints
         if cfg.get(k):
             keep[k] = cfg[k]
     return hashlib.sha256(json.dumps([task, keep], sort_keys=True).encode()).hexdigest()
@@ -169,6 +171,9 @@ def _index_jsonl(task: dict, cfg: dict, spec, rows: _Rows) -> int:
                 obj = _parse_json(body, limits)
                 if isinstance(obj, dict) and isinstance(obj.get(cfg["key_field"]), (str, int)):
                     key = str(obj[cfg["key_field"]])  # before the checks: an error is recorded under this key
+                if cfg.get("chat_field") and isinstance(obj, dict) and has_media(obj, cfg["chat_field"]):
+                    index_media_chat(key, start, size, obj, cfg, task, spec, rows)  # probed and added here
+                    continue
                 text = _jsonl_text(obj, cfg)
             except Exception as e:
                 rows.record(key, str(path), e)
@@ -224,18 +229,8 @@ def _read_text(read, ext: str, size: int, limits: Limits) -> bytes:
     return data
 
 
-def _check_video(h, limits: Limits) -> None:
-    if h.num_frames > limits.max_frames:
-        raise ProbeError("too_many_frames", f"{h.num_frames} frames > --max-frames {limits.max_frames}")
-    if h.num_frames / h.fps > limits.max_duration:
-        raise ProbeError("video_too_long", f"{h.num_frames / h.fps:.1f} s > --max-duration {limits.max_duration:g}")
-    if h.width * h.height > limits.max_image_pixels:
-        raise ProbeError("frame_too_large", f"{h.width}x{h.height} = {h.width * h.height} pixels > "
-                                            f"--max-image-pixels {limits.max_image_pixels}")
-
-
 def _index_media(key: str, members: dict, read, open_member, spec, cfg: dict, task: dict, rows: _Rows) -> None:
-    from fcp_data.specs import count_segments, plan_visual
+    from fcp_data.specs import count_segments
 
     limits = Limits.from_dict(cfg.get("limits"))
     vid = next((e for e in VIDEO_EXTS if e in members), None)
@@ -259,23 +254,9 @@ def _index_media(key: str, members: dict, read, open_member, spec, cfg: dict, ta
     if not media and not caption.strip():
         raise ProbeError("empty_sample", "empty text")
     vals = dict(kind=KIND_TEXT, num_visual_tokens=0)
-    if vid:
-        with open_member(vid) as src:
-            h = probe_video(src, cfg["probe"], max_frames=limits.max_frames)
-        _check_video(h, limits)
-        try:
-            plan = plan_visual(spec, "video", height=h.height, width=h.width, num_frames=h.num_frames, fps=h.fps)
-        except ValueError as e:
-            raise ProbeError("unsupported_video", str(e)) from None
-        vals = dict(kind=KIND_VIDEO, num_frames=h.num_frames, fps=h.fps, height=h.height, width=h.width)
-    elif img:
-        with open_member(img) as src:
-            ih, iw = probe_image(src, limits.max_image_pixels)
-        try:
-            plan = plan_visual(spec, "image", height=ih, width=iw)
-        except ValueError as e:
-            raise ProbeError("unsupported_image", str(e)) from None
-        vals = dict(kind=KIND_IMAGE, num_frames=1, height=ih, width=iw)
+    if media:
+        with open_member(media) as src:
+            plan, vals = probe_plan("video" if vid else "image", src, spec, cfg["probe"], limits)
     n_vis = count_segments(spec, plan.segments) if media else 0
     vals["num_visual_tokens"] = plan.num_visual_tokens if media else 0
     total = n_vis + n_text + (1 if spec.eos_id is not None else 0)

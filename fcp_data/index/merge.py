@@ -94,19 +94,45 @@ def summarize(manifest: dict) -> str:
     return "\n".join(lines)
 
 
+def _check_sft(prompt_field, chat_field, chat_template, media_root, text_field: str, key_field: str):
+    """The SFT options checked (one ValueError each); returns the chat template (a model's read once, here) and
+    the media root as an absolute path."""
+    if prompt_field is not None and (not isinstance(prompt_field, str) or not prompt_field or prompt_field in
+                                     (text_field, key_field)):
+        raise ValueError(f"--prompt-field must be a jsonl field name other than --text-field {text_field!r} and "
+                         f"--key-field {key_field!r}, got {prompt_field!r}")
+    if chat_field is not None:
+        from fcp_data.chat import resolve_template
+
+        if prompt_field is not None:
+            raise ValueError("--chat-field and --prompt-field are two formats of SFT lines; give one")
+        if not isinstance(chat_field, str) or not chat_field or chat_field == key_field:
+            raise ValueError(f"--chat-field must be a jsonl field name other than --key-field, got {chat_field!r}")
+        chat_template = resolve_template(chat_template)
+    if media_root is not None:
+        if not chat_field:
+            raise ValueError("--media-root is for the images and videos of --chat-field conversations; give both")
+        if not Path(media_root).is_dir():
+            raise ValueError(f"--media-root {media_root} is not a folder")
+        media_root = str(Path(media_root).resolve())
+    return chat_template, media_root
+
+
 def build_index(inputs: list[str], spec: str, out: str | Path, *, tokenizer: str | None = None, workers: int = 1,
                 engine: str = "local", address: str | None = None, resume: bool = False, probe: str = "av",
                 text_field: str = "text", key_field: str = "id", max_error_rate: float = 0.01,
                 progress: bool = True, dir_chunk: int | None = None, limits: Limits | dict | None = None,
-                prompt_field: str | None = None, chat_field: str | None = None, chat_template: str | dict = "chatml"
-                ) -> tuple[dict, int]:
+                prompt_field: str | None = None, chat_field: str | None = None, chat_template: str | dict = "chatml",
+                media_root: str | None = None) -> tuple[dict, int]:
     """Build (or resume) the index of ``inputs`` into ``out``; returns (manifest, exit code 0/1).
 
     ``limits``: per-sample ingestion limits (:class:`~fcp_data.index.limits.Limits`, or a dict of its fields);
     a sample past one is an error record. The index in ``out`` is replaced all-or-nothing. ``prompt_field``: jsonl
     SFT samples — a sample is the tokens of its prompt then of its ``text_field`` (the response), and
     :class:`~fcp_data.readers.IndexedDataset` gives it ``labels`` that mask the prompt. ``chat_field``: jsonl
-    conversations rendered by ``chat_template`` (:mod:`fcp_data.chat`), trained on the assistant turns.
+    conversations rendered by ``chat_template`` (:mod:`fcp_data.chat`), trained on the assistant turns; a
+    conversation may name one image or video (:mod:`fcp_data.chat_media`), a relative path found under
+    ``media_root`` (default: the jsonl file's folder).
     """
     from fcp_data import __version__
     from fcp_data.index.build import DIR_CHUNK
@@ -119,18 +145,7 @@ def build_index(inputs: list[str], spec: str, out: str | Path, *, tokenizer: str
         raise ValueError(f"--max-error-rate must be in [0, 1], got {max_error_rate}")
     if workers < 1:
         raise ValueError(f"--workers must be >= 1, got {workers}")
-    if prompt_field is not None and (not isinstance(prompt_field, str) or not prompt_field or prompt_field in
-                                     (text_field, key_field)):
-        raise ValueError(f"--prompt-field must be a jsonl field name other than --text-field {text_field!r} and "
-                         f"--key-field {key_field!r}, got {prompt_field!r}")
-    if chat_field is not None:
-        from fcp_data.chat import resolve_template
-
-        if prompt_field is not None:
-            raise ValueError("--chat-field and --prompt-field are two formats of SFT lines; give one")
-        if not isinstance(chat_field, str) or not chat_field or chat_field == key_field:
-            raise ValueError(f"--chat-field must be a jsonl field name other than --key-field, got {chat_field!r}")
-        chat_template = resolve_template(chat_template)  # a name, or a model's template read once, here
+    chat_template, media_root = _check_sft(prompt_field, chat_field, chat_template, media_root, text_field, key_field)
     limits = limits if isinstance(limits, Limits) else Limits.from_dict(limits)
     sp = load_spec(spec, tokenizer)
     sp.tokenizer()  # a broken tokenizer.json fails here, once, not in every worker
@@ -144,7 +159,7 @@ def build_index(inputs: list[str], spec: str, out: str | Path, *, tokenizer: str
     out.mkdir(parents=True, exist_ok=True)
     with build_lock(out):
         return _build_locked(inputs, sources, sp, out, probe=probe, text_field=text_field, key_field=key_field,
-                             prompt_field=prompt_field, chat=(chat_field, chat_template if chat_field else None),
+                             prompt_field=prompt_field, chat=(chat_field, chat_template if chat_field else None, media_root),
                              limits=limits, resume=resume, engine=engine, address=address, workers=workers,
                              progress=progress, dir_chunk=dir_chunk or DIR_CHUNK, max_error_rate=max_error_rate,
                              version=__version__)
@@ -159,7 +174,7 @@ def _build_locked(inputs, sources, sp, out: Path, *, probe, text_field, key_fiel
         raise ValueError(f"no samples found in {', '.join(s['path'] for s in sources[:3])}: the folders are empty")
     cfg = {"spec_path": sp.path, "tokenizer": sp.tokenizer_path, "spec_fingerprint": sp.fingerprint, "probe": probe,
            "text_field": text_field, "key_field": key_field, "prompt_field": prompt_field, "chat_field": chat[0],
-           "chat_template": chat[1], "out": str(out.resolve()), "limits": limits.to_dict()}
+           "chat_template": chat[1], "media_root": chat[2], "out": str(out.resolve()), "limits": limits.to_dict()}
     if not resume and (out / "parts").exists():
         shutil.rmtree(out / "parts")
     (out / "parts").mkdir(parents=True, exist_ok=True)
@@ -195,7 +210,7 @@ def _build_locked(inputs, sources, sp, out: Path, *, probe, text_field, key_fiel
         "spec": {"name": sp.name, "family": sp.family, "fingerprint": sp.fingerprint, "eta": sp.eta,
                  "tokenizer": Path(sp.tokenizer_path).name},
         "probe": probe, "text_field": text_field, "key_field": key_field, "prompt_field": prompt_field,
-        "chat_field": chat[0], "chat_template": chat[1], "limits": limits.to_dict(),
+        "chat_field": chat[0], "chat_template": chat[1], "media_root": chat[2], "limits": limits.to_dict(),
         "inputs": list(inputs), "sources": sources,
         "num_tasks": len(tasks), "exts": info["exts"], "num_samples": n, "num_errors": len(errors), "num_seen": seen,
         "error_rate": len(errors) / seen if seen else 0.0, "errors_by_reason": dict(sorted(by_reason.items())),

@@ -1,0 +1,246 @@
+"""Chat SFT lines with one image or video (``fcp index --chat-field`` on LLaVA / Qwen-VL fine-tuning data).
+
+References, built without fcp's splice code: transformers' ``apply_chat_template`` on a ChatML template with
+generation blocks that writes a media part as ONE placeholder token (ids and assistant mask), that token then
+replaced by the media's visual block taken from the same file indexed as a plain video/image sample (whose blocks
+other tests hold to the processors) — and for images, the block, the pixel values and the grid of transformers'
+``Qwen2VLImageProcessorPil`` itself. A failure means a video SFT run trains on other tokens than the model's
+processor would give it, or plans with lengths that are not the samples'.
+"""
+
+from __future__ import annotations
+
+import json
+import tarfile
+
+import numpy as np
+import pytest
+import torch
+from test_index_sft import WORDS, _write
+
+from fcp_cli.main import main as cli_main
+from fcp_data import CostModel, FCPCollator, FCPDataset, FCPSampler, IndexedDataset
+from fcp_data._resources import data_path
+from fcp_data.index import build_index
+
+# ChatML with generation blocks; a media part is one placeholder token, text parts their text
+TEMPLATE = ("{%- for m in messages %}{{ '<|im_start|>' + m.role + '\\n' }}"
+            "{%- if m.content is string %}{%- set body = m.content %}{%- else %}{%- set ns = namespace(s='') %}"
+            "{%- for p in m.content %}{%- if p.type == 'video' %}{%- set ns.s = ns.s + '<|video_pad|>' %}"
+            "{%- elif p.type == 'image' %}{%- set ns.s = ns.s + '<|image_pad|>' %}"
+            "{%- else %}{%- set ns.s = ns.s + p.text %}{%- endif %}{%- endfor %}{%- set body = ns.s %}{%- endif %}"
+            "{%- if m.role == 'assistant' %}{% generation %}{{ body + '<|im_end|>' }}{% endgeneration %}{{ '\\n' }}"
+            "{%- else %}{{ body + '<|im_end|>\\n' }}{%- endif %}{%- endfor %}")
+PAD = {"video": "<|video_pad|>", "image": "<|image_pad|>"}
+
+
+def _clips(tmp_path, n: int = 4) -> list[str]:
+    with tarfile.open(data_path("samples") / "wds" / "shard-000000.tar") as t:
+        names = [m for m in t.getnames() if m.endswith(".mp4")][:n]
+        for m in names:
+            (tmp_path / "media").mkdir(exist_ok=True)
+            (tmp_path / "media" / m).write_bytes(t.extractfile(m).read())
+    return names
+
+
+def _images(tmp_path, sizes) -> list[str]:
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    (tmp_path / "media").mkdir(exist_ok=True)
+    for k, (h, w) in enumerate(sizes):
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(tmp_path / "media" / f"img{k}.png")
+    return [f"img{k}.png" for k in range(len(sizes))]
+
+
+def _lines(names: list[str], kind: str, seed: int = 0) -> list[tuple[dict, list]]:
+    """Per file: (the jsonl line as a dataset spells it, the same conversation as transformers parts). Spellings
+    rotate: LLaVA top-level path + tag mid-text in ShareGPT turns; parts with the media between text parts; LLaVA
+    without a tag (the media goes before the first user turn's text); a system turn and several rounds."""
+    rng = np.random.default_rng(seed)
+    say = lambda k: " ".join(rng.choice(WORDS, k))  # noqa: E731
+    out = []
+    for k, name in enumerate(names):
+        pre, post = (say(int(rng.integers(1, 5))) + " ", " " + say(int(rng.integers(1, 8)))) if k % 3 != 2 else \
+            ("", say(int(rng.integers(1, 8))))
+        answer = say(int(rng.integers(1, 12))) + "."
+        system = [{"role": "system", "content": say(4)}] if k % 2 else []
+        more = [{"role": "user", "content": say(3) + "?"}, {"role": "assistant", "content": say(5)}] if k % 4 == 3 else []
+        parts = [p for p in ({"type": "text", "text": pre}, {"type": kind, kind: f"media/{name}"},
+                             {"type": "text", "text": post}) if p.get("text", True)]
+        hf = system + [{"role": "user", "content": parts}, {"role": "assistant", "content": answer}] + more
+        if k % 3 == 0:  # LLaVA / ShareGPT
+            names_ = {"system": "system", "user": "human", "assistant": "gpt"}
+            turns = [{"from": names_[m["role"]], "value": m["content"] if isinstance(m["content"], str)
+                      else pre + f"<{kind}>" + post} for m in hf]
+            line = {"id": f"l{k}", kind: f"media/{name}", "messages": turns}
+        elif k % 3 == 1:  # parts
+            line = {"id": f"l{k}", "messages": hf}
+        else:  # LLaVA without a tag
+            line = {"id": f"l{k}", kind: f"media/{name}",
+                    "messages": [m if isinstance(m["content"], str) else {"role": "user", "content": post}
+                                 for m in hf]}
+        out.append((line, hf))
+    return out
+
+
+def _reference(hf_tok, hf_messages: list, kind: str, block: list[int]) -> tuple[list[int], list[int]]:
+    ref = hf_tok.apply_chat_template(hf_messages, chat_template=TEMPLATE, tokenize=True, return_dict=True,
+                                     return_assistant_tokens_mask=True)
+    ids, mask = list(ref["input_ids"]), list(ref["assistant_masks"])
+    pad = hf_tok.convert_tokens_to_ids(PAD[kind])
+    assert ids.count(pad) == 1
+    k = ids.index(pad)
+    labels = [t if m else -100 for t, m in zip(ids, mask)]
+    return ids[:k] + block + ids[k + 1:], labels[:k] + [-100] * len(block) + labels[k + 1:]
+
+
+@pytest.mark.parametrize("spec", ["qwen2.5-vl", "qwen3-vl", "internvl3", "llava-video"])
+def test_video_chat_samples_equal_the_reference(tmp_path, spec):
+    """Each spelling of a video conversation, with the built-in chatml template and with the model's template
+    (generation blocks) from a file: ids and labels equal the reference; pixel values, grid and Qwen's seconds per
+    grid equal the same file read as a plain video sample; the index counts the ids and placeholders exactly."""
+    transformers = pytest.importorskip("transformers")
+    names = _clips(tmp_path)
+    plain, _ = build_index([str(tmp_path / "media")], spec, tmp_path / "plain", progress=False)
+    plain = IndexedDataset(tmp_path / "plain")
+    lines = _lines(names, "video")
+    _write(tmp_path / "chat.jsonl", [line for line, _ in lines])
+    (tmp_path / "tpl.jinja").write_text(TEMPLATE)
+    hf_tok = transformers.PreTrainedTokenizerFast(tokenizer_file=plain.spec.tokenizer_path)
+    eos = [] if plain.eos_token_id is None else [plain.eos_token_id]
+    for template in ("chatml", str(tmp_path / "tpl.jinja")):
+        out = tmp_path / f"idx{len(template)}"
+        manifest, rc = build_index([str(tmp_path / "chat.jsonl")], spec, out, chat_field="messages",
+                                   chat_template=template, progress=False)
+        assert rc == 0 and manifest["num_samples"] == len(lines), manifest["errors_by_reason"]
+        data = IndexedDataset(out)
+        assert data.has_labels
+        for (line, hf_messages), name in zip(lines, names):
+            i, j = list(data.index.keys).index(line["id"]), list(plain.index.keys).index(name[:-4])
+            s, p = data[i], plain[j]
+            block = p["input_ids"].tolist()[: len(p["input_ids"]) - len(eos)]
+            ids, labels = _reference(hf_tok, hf_messages, "video", block)
+            assert s["input_ids"].tolist() == ids and s["labels"].tolist() == labels, (template, line["id"])
+            assert int(data.index.num_tokens[i]) == len(ids)
+            assert data.num_visual_tokens(s) == int(data.index.num_visual_tokens[i]) == int(plain.index.num_visual_tokens[j])
+            assert set(s) == set(p) | {"labels"}
+            for key in set(p) - {"input_ids"}:
+                assert torch.equal(s[key], p[key]), (key, line["id"])
+
+
+def test_image_chat_equals_transformers_processor(tmp_path):
+    """Qwen2-VL image conversations: the visual block is <|vision_start|>, grid/4 <|image_pad|>, <|vision_end|>
+    with the grid of transformers' Qwen2VLImageProcessorPil, ids and labels the reference around that block; the
+    pixel values those of the same file read as a plain image sample, and the processor's own (1e-5) where no
+    resize is needed (the reader resizes like torchvision's bicubic, the PIL processor like PIL)."""
+    transformers = pytest.importorskip("transformers")
+    from PIL import Image
+
+    sizes = [(60, 90), (224, 224), (33, 517), (400, 300), (56, 112), (90, 60)]
+    names = _images(tmp_path, sizes)
+    lines = _lines(names, "image", seed=1)
+    _write(tmp_path / "chat.jsonl", [line for line, _ in lines])
+    manifest, rc = build_index([str(tmp_path / "chat.jsonl")], "qwen2-vl", tmp_path / "idx", chat_field="messages",
+                               progress=False)
+    assert rc == 0 and manifest["num_samples"] == len(lines), manifest["errors_by_reason"]
+    data = IndexedDataset(tmp_path / "idx")
+    build_index([str(tmp_path / "media")], "qwen2-vl", tmp_path / "plain", progress=False)
+    plain = IndexedDataset(tmp_path / "plain")
+    img = data.spec.vision["image"]
+    proc = transformers.Qwen2VLImageProcessorPil(min_pixels=img["min_pixels"], max_pixels=img["max_pixels"])
+    hf_tok = transformers.PreTrainedTokenizerFast(tokenizer_file=data.spec.tokenizer_path)
+    tid = hf_tok.convert_tokens_to_ids
+    exact = 0
+    for (line, hf_messages), name in zip(lines, names):
+        ref = proc(images=Image.open(tmp_path / "media" / name).convert("RGB"), return_tensors="np")
+        grid = ref["image_grid_thw"][0]
+        block = [tid("<|vision_start|>")] + [tid("<|image_pad|>")] * (int(np.prod(grid)) // 4) + [tid("<|vision_end|>")]
+        ids, labels = _reference(hf_tok, hf_messages, "image", block)
+        i = list(data.index.keys).index(line["id"])
+        s = data[i]
+        assert s["input_ids"].tolist() == ids and s["labels"].tolist() == labels, line["id"]
+        assert int(data.index.num_tokens[i]) == len(ids)
+        assert s["grid_thw"].tolist() == [grid.tolist()]
+        assert torch.equal(s["pixel_values"], plain[list(plain.index.keys).index(name[:-4])]["pixel_values"])
+        if (int(grid[1]) * 14, int(grid[2]) * 14) == Image.open(tmp_path / "media" / name).size[::-1]:
+            np.testing.assert_allclose(s["pixel_values"].numpy(), ref["pixel_values"], rtol=0, atol=1e-5)
+            exact += 1
+    assert exact == 2  # 224x224 and 56x112
+
+
+def test_media_chat_lines_that_are_no_sample_are_recorded(tmp_path):
+    """One reason per bad line, the rest indexed: a missing file, a URL, two media (both keys, two tags, a part
+    and a key), a file that is not a video, the mark character in the text; a relative path under --media-root,
+    found again by the reader after the data moved (``roots``)."""
+    names = _clips(tmp_path, 2)
+    (tmp_path / "media" / "junk.mp4").write_bytes(b"\x00not a video" * 50)
+    ok = {"id": "ok", "video": f"media/{names[0]}", "messages": [{"role": "user", "content": "<video> what?"},
+                                                                 {"role": "assistant", "content": "a clip"}]}
+    turns = ok["messages"]
+    bad = [{"id": "missing", "video": "media/nope.mp4", "messages": turns},
+           {"id": "url", "video": "https://x.org/a.mp4", "messages": turns},
+           {"id": "both", "video": f"media/{names[0]}", "image": "a.png", "messages": turns},
+           {"id": "twotags", "video": f"media/{names[0]}", "messages": [{"role": "user", "content": "<video><video>"},
+                                                                        turns[1]]},
+           {"id": "partandkey", "video": f"media/{names[0]}",
+            "messages": [{"role": "user", "content": [{"type": "video", "video": f"media/{names[1]}"}]}, turns[1]]},
+           {"id": "junk", "video": "media/junk.mp4", "messages": turns},
+           {"id": "mark", "video": f"media/{names[0]}", "messages": [{"role": "user", "content": "a\ufdd4"}, turns[1]]},
+           {"id": "nopath", "messages": [{"role": "user", "content": [{"type": "video"}]}, turns[1]]}]
+    _write(tmp_path / "chat.jsonl", [ok] + bad)
+    manifest, rc = build_index([str(tmp_path / "chat.jsonl")], "qwen2.5-vl", tmp_path / "idx", chat_field="messages",
+                               progress=False, max_error_rate=1.0)
+    assert rc == 0 and manifest["num_samples"] == 1
+    assert manifest["errors_by_reason"] == {"bad_messages": 2, "corrupt_video": 1, "missing_media": 1,
+                                            "multiple_media": 3, "unsupported_media": 1}
+    manifest, _ = build_index([str(tmp_path / "chat.jsonl")], "text", tmp_path / "idxt", chat_field="messages",
+                              progress=False, max_error_rate=1.0)
+    assert manifest["num_samples"] == 0 and manifest["errors_by_reason"] == {"bad_messages": 9}  # a text spec
+    # --media-root: paths relative to another folder, and the reader finds them there too
+    (tmp_path / "lines").mkdir()
+    _write(tmp_path / "lines" / "chat.jsonl", [ok])
+    rc = cli_main(["index", str(tmp_path / "lines" / "chat.jsonl"), "--spec", "qwen2.5-vl", "--chat-field",
+                   "messages", "--media-root", str(tmp_path), "--out", str(tmp_path / "idxr"), "--no-progress"])
+    first = IndexedDataset(tmp_path / "idxr")[0]
+    assert rc == 0 and len(first["input_ids"]) > 100
+    # moved with the jsonl: ``roots`` relocates both (once: the new prefix starts with the old one)
+    (tmp_path / "moved").mkdir()
+    for d in ("lines", "media"):
+        (tmp_path / d).rename(tmp_path / "moved" / d)
+    moved = IndexedDataset(tmp_path / "idxr", roots={str(tmp_path.resolve()): str((tmp_path / "moved").resolve())})[0]
+    assert all(torch.equal(first[k], moved[k]) for k in first)
+    with pytest.raises(ValueError, match="is not a folder"):
+        build_index([str(tmp_path / "chat.jsonl")], "qwen2.5-vl", tmp_path / "x", chat_field="messages",
+                    media_root=str(tmp_path / "nope"), progress=False)
+    with pytest.raises(ValueError, match="give both"):
+        build_index([str(tmp_path / "chat.jsonl")], "qwen2.5-vl", tmp_path / "x", media_root=str(tmp_path),
+                    progress=False)
+
+
+def test_media_chat_labels_through_sampler_and_collator(tmp_path):
+    """An epoch of video conversations on 2 ranks (CP groups cut through visual blocks): FCPCollator(sample_labels=
+    True) counts per global batch exactly the samples' trained labels after the shift, never a placeholder."""
+    names = _clips(tmp_path, 4)
+    lines = [line for line, _ in _lines(names * 3, "video", seed=5)]
+    for k, line in enumerate(lines):
+        line["id"] = f"x{k}"
+    _write(tmp_path / "chat.jsonl", lines)
+    build_index([str(tmp_path / "chat.jsonl")], "qwen2.5-vl", tmp_path / "idx", chat_field="messages", progress=False)
+    data = IndexedDataset(tmp_path / "idx")
+    vis = torch.tensor(data.placeholder_ids)
+    want = [int((data[i]["labels"][1:] != -100).sum()) for i in range(len(data))]
+    cost = CostModel.preset("qwen3-1.7b", "h100").replace(tokens_per_rank=1500)
+    got: dict[int, int] = {}
+    members: dict[int, set[int]] = {}
+    for rank in range(2):
+        sampler = FCPSampler(data.index, num_ranks=2, rank=rank, cost_model=cost, global_batch_size=4, seed=0,
+                             prefetch=0)
+        collate = FCPCollator(sample_labels=True, pad_token_id=data.pad_token_id, visual_token_id=data.placeholder_ids)
+        for lst in sampler:
+            b = collate(FCPDataset(data).__getitems__(lst))
+            assert not bool(torch.isin(b["labels"], vis).any())
+            got[b["global_batch"]] = got.get(b["global_batch"], 0) + b["num_label_tokens_local"]
+            members.setdefault(b["global_batch"], set()).update(b["sample_indices"])
+    assert sorted(i for s in members.values() for i in s) == list(range(len(data)))
+    assert got == {g: sum(want[i] for i in idx) for g, idx in members.items()}
