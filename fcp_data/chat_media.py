@@ -126,8 +126,8 @@ def find_media(obj: dict, chat_field: str) -> tuple[ChatMedia, list]:
             raise _err("bad_messages", f"no user turn to put the {media.kind} in")
         key = _turn_text_key(out[first])
         c = out[first].get(key)
-        c = MEDIA_MARK + c if isinstance(c, str) else [{"type": "text", "text": MEDIA_MARK}, *c] \
-            if isinstance(c, list) else c
+        c = MEDIA_MARK + (c or "") if c is None or isinstance(c, str) else \
+            [{"type": "text", "text": MEDIA_MARK}, *c] if isinstance(c, list) else c
         out[first] = {**out[first], key: c}
     return media, out
 

@@ -188,15 +188,16 @@ def test_media_chat_lines_that_are_no_sample_are_recorded(tmp_path):
            {"id": "junk", "video": "media/junk.mp4", "messages": turns},
            {"id": "mark", "video": f"media/{names[0]}", "messages": [{"role": "user", "content": "a\ufdd4"}, turns[1]]},
            {"id": "nopath", "messages": [{"role": "user", "content": [{"type": "video"}]}, turns[1]]}]
-    _write(tmp_path / "chat.jsonl", [ok] + bad)
+    alone = {"id": "alone", "video": f"media/{names[1]}", "messages": [{"role": "user", "content": None}, turns[1]]}
+    _write(tmp_path / "chat.jsonl", [ok, alone] + bad)
     manifest, rc = build_index([str(tmp_path / "chat.jsonl")], "qwen2.5-vl", tmp_path / "idx", chat_field="messages",
                                progress=False, max_error_rate=1.0)
-    assert rc == 0 and manifest["num_samples"] == 1
+    assert rc == 0 and manifest["num_samples"] == 2
     assert manifest["errors_by_reason"] == {"bad_messages": 2, "corrupt_video": 1, "missing_media": 1,
                                             "multiple_media": 3, "unsupported_media": 1}
     manifest, _ = build_index([str(tmp_path / "chat.jsonl")], "text", tmp_path / "idxt", chat_field="messages",
                               progress=False, max_error_rate=1.0)
-    assert manifest["num_samples"] == 0 and manifest["errors_by_reason"] == {"bad_messages": 9}  # a text spec
+    assert manifest["num_samples"] == 0 and manifest["errors_by_reason"] == {"bad_messages": 10}  # a text spec
     # --media-root: paths relative to another folder, and the reader finds them there too
     (tmp_path / "lines").mkdir()
     _write(tmp_path / "lines" / "chat.jsonl", [ok])
