@@ -3,6 +3,8 @@
     torchrun --standalone --nproc-per-node 2 examples/train_qwen2_5_vl_video.py --steps 5
     torchrun --nproc-per-node 8 examples/train_qwen2_5_vl_video.py --config qwen2.5-vl/config.json \
         --data my-index --reducer fsdp2     # index: `fcp index shards/*.tar --spec qwen2.5-vl --out my-index`
+    # video SFT (LLaVA lines {"video": "a.mp4", "conversations": [...]}): labels on the assistant turns
+    fcp index llava.jsonl --spec qwen2.5-vl --chat-field conversations --media-root videos/ --out sft-index
 
 The model is randomly initialised from a config.json (use ``from_pretrained`` for real weights, then apply_fcp).
 A CP group's frames are encoded once, split over its ranks by whole frames, and every visual row is sent to the
