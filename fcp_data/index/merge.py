@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from fcp_data.index.build import expand_inputs, make_tasks, part_path, task_fingerprint
-from fcp_data.index.format import COLUMNS, FORMAT_NAME, FORMAT_VERSION
+from fcp_data.index.format import COLUMNS, FORMAT_NAME, FORMAT_VERSION, KIND_IMAGE, KIND_TEXT, KIND_VIDEO
 from fcp_data.index.limits import Limits
 from fcp_data.index.store import build_lock, commit_index
 
@@ -72,13 +72,19 @@ def merge_parts(out: Path, tasks: list[dict]) -> tuple[dict, dict[str, np.ndarra
     cols.update(key_ptr=cat(key_ptr, np.int64), key_bytes=cat(key_bytes, np.uint8), member_ptr=cat(mem_ptr, np.int64),
                 member_ext=cat(mem_ext, np.int16), member_offset=cat(mem_off, np.int64), member_size=cat(mem_size, np.int64))
     errors = [e for m in metas for e in m["errors"]]
-    return {"exts": exts, "num_tokens": cols["num_tokens"]}, cols, errors, sum(m["seen"] for m in metas)
+    kinds = np.bincount(np.asarray(cols["kind"], dtype=np.int64), minlength=3) if len(cols["kind"]) else np.zeros(3, int)
+    by_kind = {name: int(kinds[k]) for k, name in ((KIND_VIDEO, "video"), (KIND_IMAGE, "image"), (KIND_TEXT, "text"))
+               if kinds[k]}
+    return ({"exts": exts, "num_tokens": cols["num_tokens"], "kinds": by_kind}, cols, errors,
+            sum(m["seen"] for m in metas))
 
 
 def summarize(manifest: dict) -> str:
     t = manifest["tokens"]
-    lines = [f"indexed {manifest['num_samples']} samples of {manifest['num_seen']} seen, {manifest['num_errors']} errors "
-             f"({manifest['error_rate']:.2%}); spec {manifest['spec']['name']}",
+    kinds = manifest.get("kinds") or {}
+    mix = f" ({', '.join(f'{n} {k}' for k, n in kinds.items())})" if len(kinds) > 1 or set(kinds) - {"text"} else ""
+    lines = [f"indexed {manifest['num_samples']} samples{mix} of {manifest['num_seen']} seen, {manifest['num_errors']} "
+             f"errors ({manifest['error_rate']:.2%}); spec {manifest['spec']['name']}",
              f"tokens: p50 {t['p50']}  p90 {t['p90']}  p99 {t['p99']}  max {t['max']}  total {t['sum']}"]
     if manifest.get("chat_field"):
         from fcp_data.chat import template_label
@@ -214,7 +220,7 @@ def _build_locked(inputs, sources, sp, out: Path, *, probe, text_field, key_fiel
         "inputs": list(inputs), "sources": sources,
         "num_tasks": len(tasks), "exts": info["exts"], "num_samples": n, "num_errors": len(errors), "num_seen": seen,
         "error_rate": len(errors) / seen if seen else 0.0, "errors_by_reason": dict(sorted(by_reason.items())),
-        "tokens": token_percentiles(np.asarray(info["num_tokens"])),
+        "tokens": token_percentiles(np.asarray(info["num_tokens"])), "kinds": info["kinds"],
         "columns": {k: np.dtype(v).name for k, v in COLUMNS.items()},
     }
     if n + len(errors) != seen:

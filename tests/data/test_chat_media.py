@@ -21,7 +21,7 @@ from test_index_sft import WORDS, _write
 from fcp_cli.main import main as cli_main
 from fcp_data import CostModel, FCPCollator, FCPDataset, FCPSampler, IndexedDataset
 from fcp_data._resources import data_path
-from fcp_data.index import build_index
+from fcp_data.index import build_index, summarize
 
 # ChatML with generation blocks; a media part is one placeholder token, text parts their text
 TEMPLATE = ("{%- for m in messages %}{{ '<|im_start|>' + m.role + '\\n' }}"
@@ -192,7 +192,8 @@ def test_media_chat_lines_that_are_no_sample_are_recorded(tmp_path):
     _write(tmp_path / "chat.jsonl", [ok, alone] + bad)
     manifest, rc = build_index([str(tmp_path / "chat.jsonl")], "qwen2.5-vl", tmp_path / "idx", chat_field="messages",
                                progress=False, max_error_rate=1.0)
-    assert rc == 0 and manifest["num_samples"] == 2
+    assert rc == 0 and manifest["num_samples"] == 2 and manifest["kinds"] == {"video": 2}
+    assert summarize(manifest).startswith("indexed 2 samples (2 video) of 10 seen, 8 errors")
     assert manifest["errors_by_reason"] == {"bad_messages": 2, "corrupt_video": 1, "missing_media": 1,
                                             "multiple_media": 3, "unsupported_media": 1}
     manifest, _ = build_index([str(tmp_path / "chat.jsonl")], "text", tmp_path / "idxt", chat_field="messages",
