@@ -48,6 +48,25 @@ from fcp_data.specs import Spec, load_spec, plan_visual, segments_to_ids
 __all__ = ["IndexedDataset"]
 
 
+def _index_spec(recorded: dict, spec: str | None, tokenizer: str | None) -> Spec:
+    """The spec to read an index with: the one given, else the one it was built with — by name, else by the spec
+    file it recorded — with the tokenizer given, else the bundled one, else the tokenizer.json it recorded (an
+    index built with ``--tokenizer``, e.g. the model's own, reads back without passing it again; the fingerprint
+    check that follows still catches a changed file)."""
+    if spec is not None:
+        return load_spec(spec, tokenizer)
+    try:
+        sp = load_spec(recorded["name"], tokenizer)
+    except (ValueError, FileNotFoundError):
+        if not recorded.get("path") or not Path(recorded["path"]).is_file():
+            raise
+        sp = load_spec(recorded["path"], tokenizer)
+    own = recorded.get("tokenizer_path")
+    if tokenizer is None and sp.fingerprint != recorded["fingerprint"] and own and Path(own).is_file():
+        sp = load_spec(sp.path, own)
+    return sp
+
+
 class IndexedDataset(torch.utils.data.Dataset):
     """Sample ``i`` of a length index as a dict of tensors (see the module docstring).
 
@@ -67,9 +86,7 @@ class IndexedDataset(torch.utils.data.Dataset):
         self.max_open_files = max_open_files
         self.index = index if isinstance(index, LengthIndex) else LengthIndex.load(index)
         m = self.index.manifest
-        if spec is None:
-            spec = m["spec"]["name"]
-        self.spec = spec if isinstance(spec, Spec) else load_spec(spec, tokenizer)
+        self.spec = spec if isinstance(spec, Spec) else _index_spec(m["spec"], spec, tokenizer)
         if check_fingerprint and self.spec.fingerprint != m["spec"]["fingerprint"]:
             raise ValueError(f"spec {self.spec.name!r} (fingerprint {self.spec.fingerprint[:12]}) differs from the one the index "
                              f"was built with ({m['spec']['name']!r}, {m['spec']['fingerprint'][:12]}); pass the same spec and "

@@ -79,12 +79,22 @@ def merge_parts(out: Path, tasks: list[dict]) -> tuple[dict, dict[str, np.ndarra
             sum(m["seen"] for m in metas))
 
 
+def _tokenizer_note(spec: dict) -> str:
+    """``, tokenizer PATH`` when the index was counted with a tokenizer other than its spec's bundled one."""
+    tok, path = spec.get("tokenizer_path"), spec.get("path")
+    from fcp_data._resources import data_path
+
+    if not tok or Path(tok).parent in (Path(path).parent if path else None, data_path("tokenizers")):
+        return ""
+    return f", tokenizer {tok}"
+
+
 def summarize(manifest: dict) -> str:
     t = manifest["tokens"]
     kinds = manifest.get("kinds") or {}
     mix = f" ({', '.join(f'{n} {k}' for k, n in kinds.items())})" if len(kinds) > 1 or set(kinds) - {"text"} else ""
     lines = [f"indexed {manifest['num_samples']} samples{mix} of {manifest['num_seen']} seen, {manifest['num_errors']} "
-             f"errors ({manifest['error_rate']:.2%}); spec {manifest['spec']['name']}",
+             f"errors ({manifest['error_rate']:.2%}); spec {manifest['spec']['name']}{_tokenizer_note(manifest['spec'])}",
              f"tokens: p50 {t['p50']}  p90 {t['p90']}  p99 {t['p99']}  max {t['max']}  total {t['sum']}"]
     if manifest.get("chat_field"):
         from fcp_data.chat import template_label
@@ -98,6 +108,15 @@ def summarize(manifest: dict) -> str:
     if manifest["errors_by_reason"]:
         lines.append("errors by reason: " + ", ".join(f"{r} {n}" for r, n in sorted(manifest["errors_by_reason"].items())))
     return "\n".join(lines)
+
+
+def _template_tokenizer(chat_template) -> str | None:
+    """A model folder's tokenizer.json when ``--chat-template`` names that folder (or a file in it): the template's
+    special tokens are in it, so its counts are the model's (the spec's bundled tokenizer would split them)."""
+    if not isinstance(chat_template, str) or not Path(chat_template).exists():
+        return None
+    folder = Path(chat_template) if Path(chat_template).is_dir() else Path(chat_template).parent
+    return str(folder / "tokenizer.json") if (folder / "tokenizer.json").is_file() else None
 
 
 def _check_sft(prompt_field, chat_field, chat_template, media_root, text_field: str, key_field: str):
@@ -151,6 +170,8 @@ def build_index(inputs: list[str], spec: str, out: str | Path, *, tokenizer: str
         raise ValueError(f"--max-error-rate must be in [0, 1], got {max_error_rate}")
     if workers < 1:
         raise ValueError(f"--workers must be >= 1, got {workers}")
+    if tokenizer is None and chat_field is not None:
+        tokenizer = _template_tokenizer(chat_template)
     chat_template, media_root = _check_sft(prompt_field, chat_field, chat_template, media_root, text_field, key_field)
     limits = limits if isinstance(limits, Limits) else Limits.from_dict(limits)
     sp = load_spec(spec, tokenizer)
@@ -214,7 +235,7 @@ def _build_locked(inputs, sources, sp, out: Path, *, probe, text_field, key_fiel
     manifest = {
         "format": FORMAT_NAME, "version": FORMAT_VERSION, "tool": f"fcp {version}",
         "spec": {"name": sp.name, "family": sp.family, "fingerprint": sp.fingerprint, "eta": sp.eta,
-                 "tokenizer": Path(sp.tokenizer_path).name},
+                 "tokenizer": Path(sp.tokenizer_path).name, "path": sp.path, "tokenizer_path": sp.tokenizer_path},
         "probe": probe, "text_field": text_field, "key_field": key_field, "prompt_field": prompt_field,
         "chat_field": chat[0], "chat_template": chat[1], "media_root": chat[2], "limits": limits.to_dict(),
         "inputs": list(inputs), "sources": sources,

@@ -94,17 +94,46 @@ def test_model_template_equals_hf_apply_chat_template(tmp_path, name, blocks):
     model = _model_dir(tmp_path, gen if blocks else _plain(gen))
     rows = _rows(16)
     _write(tmp_path / "chat.jsonl", [_other_format(r, k) for k, r in enumerate(rows)])
-    manifest, rc = build_index([str(tmp_path / "chat.jsonl")], "text", tmp_path / "idx",
-                               tokenizer=str(model / "tokenizer.json"), chat_field="messages",
+    # no --tokenizer: the model folder's own tokenizer.json counts, and the reader finds it again by itself
+    manifest, rc = build_index([str(tmp_path / "chat.jsonl")], "text", tmp_path / "idx", chat_field="messages",
                                chat_template=str(model), progress=False)
     assert rc == 0 and manifest["num_samples"] == len(rows), manifest["errors_by_reason"]
     assert "(tokenizer_config.json " in summarize(manifest)
+    assert f"tokenizer {model / 'tokenizer.json'}" in summarize(manifest)
     hf = transformers.PreTrainedTokenizerFast.from_pretrained(str(model))
-    data = IndexedDataset(tmp_path / "idx", tokenizer=str(model / "tokenizer.json"))
+    data = IndexedDataset(tmp_path / "idx")
     for r in rows:
         text = hf.apply_chat_template(r["messages"], tokenize=False)
         assert render_chat(r["messages"], manifest["chat_template"])[0] == text, r["id"]
         assert_sample_equals_hf(data, r, hf, gen)
+
+
+def test_an_index_reads_back_with_the_tokenizer_it_recorded_unless_it_changed(tmp_path):
+    """An index built with --tokenizer (the model's) opens without it (fcp train --data has no --tokenizer); a
+    tokenizer.json changed since is refused by the fingerprint check, and passing the right one still works."""
+    model = _model_dir(tmp_path, QWEN)
+    _write(tmp_path / "chat.jsonl", _conversations(4))
+    build_index([str(tmp_path / "chat.jsonl")], "text", tmp_path / "idx", chat_field="messages",
+                tokenizer=str(model / "tokenizer.json"), progress=False)
+    first = IndexedDataset(tmp_path / "idx")[0]["input_ids"]
+    assert first.tolist() == IndexedDataset(tmp_path / "idx", tokenizer=str(model / "tokenizer.json"))[0][
+        "input_ids"].tolist()
+    (tmp_path / "keep.json").write_bytes((model / "tokenizer.json").read_bytes())
+    tok = json.loads((model / "tokenizer.json").read_text())
+    tok["added_tokens"] = tok["added_tokens"][:-1]
+    (model / "tokenizer.json").write_text(json.dumps(tok))
+    with pytest.raises(ValueError, match="differs from the one the index was built with"):
+        IndexedDataset(tmp_path / "idx")
+    assert IndexedDataset(tmp_path / "idx", tokenizer=str(tmp_path / "keep.json"))[0]["input_ids"].tolist() == \
+        first.tolist()
+    # a spec given as a file (not a bundled name) is found again by its recorded path
+    from fcp_data.specs import load_spec
+
+    raw = dict(load_spec("text").raw, name="my-spec")
+    (tmp_path / "my-spec.json").write_text(json.dumps(raw))
+    build_index([str(tmp_path / "chat.jsonl")], str(tmp_path / "my-spec.json"), tmp_path / "idx2",
+                chat_field="messages", progress=False)
+    assert IndexedDataset(tmp_path / "idx2").spec.name == "my-spec"
 
 
 def test_builtin_templates_equal_the_same_template_read_from_a_file(tmp_path):
