@@ -119,9 +119,10 @@ def _content(content: Any, k: int) -> str:
 
 def _turn(m: Any, k: int) -> tuple[str, str]:
     """``(role, content)`` of one turn: ``{"role", "content"}`` (OpenAI / HF) or ``{"from", "value"}`` (ShareGPT)."""
-    if isinstance(m, dict) and "role" in m:
+    # a key holding None is absent (a Parquet/Arrow struct gives every turn every field of the column)
+    if isinstance(m, dict) and m.get("role") is not None:
         role, content = m["role"], m.get("content")
-    elif isinstance(m, dict) and "from" in m:
+    elif isinstance(m, dict) and m.get("from") is not None:
         role = _SHAREGPT_ROLES.get(m["from"], m["from"]) if isinstance(m["from"], str) else m["from"]
         content = m.get("value")
     else:

@@ -214,7 +214,7 @@ def render(messages: Any, tpl: dict) -> tuple[str, list[tuple[int, int]]]:
 def _extras(m: dict) -> dict:
     """A role/content turn's other keys (``tool_calls``, ``reasoning_content``, ``name`` ...), which the template may
     render; a ShareGPT turn has none."""
-    return {k: v for k, v in m.items() if k not in ("role", "content")} if "role" in m else {}
+    return {k: v for k, v in m.items() if k not in ("role", "content")} if m.get("role") is not None else {}
 
 
 def _wrap_all(content: str) -> str:

@@ -7,6 +7,9 @@ A line names its media in one of two ways:
 * parts (transformers / OpenAI style): a content part ``{"type": "video", "video": "clips/a.mp4"}`` (or
   ``"image"``; the path also as ``"path"`` or ``"url"``) among the text parts.
 
+The media may also be embedded: a value ``{"bytes": ..., "path": ...}`` (how Hugging Face datasets store an Image
+or Video cell in Parquet) is read from its bytes.
+
 A relative path is resolved against ``fcp index --media-root`` (default: the folder of the jsonl file). The
 conversation is rendered by its chat template with one mark character at the media's position; the sample is the
 tokens of the text before it, the media's visual block (the spec's markers, timestamps and exactly
@@ -36,6 +39,18 @@ _PART_KEYS = ("path", "url")
 class ChatMedia:
     kind: str  # "video" or "image"
     path: str  # as the line spells it
+    data: bytes | None = None  # the file's bytes, when the record embeds them (a Parquet row's {"bytes", "path"})
+
+
+def _embedded(kind: str, v: dict) -> ChatMedia:
+    """Hugging Face datasets' Image/Video cell ``{"bytes": ..., "path": ...}``: the bytes when present, else the
+    path."""
+    data = v.get("bytes")
+    if isinstance(data, (bytes, bytearray)) and data:
+        return ChatMedia(kind, v.get("path") if isinstance(v.get("path"), str) else "", bytes(data))
+    if isinstance(v.get("path"), str) and v["path"]:
+        return ChatMedia(kind, v["path"])
+    raise _err("bad_messages", f"{kind!r} holds neither bytes nor a path")
 
 
 def _err(reason: str, detail: str):
@@ -45,13 +60,18 @@ def _err(reason: str, detail: str):
 
 
 def _turn_text_key(m: Any) -> str | None:
-    return "content" if isinstance(m, dict) and "role" in m else "value" if isinstance(m, dict) and "from" in m else None
+    """Where a turn keeps its text (a key holding None is absent, as in a Parquet struct)."""
+    if not isinstance(m, dict):
+        return None
+    return "content" if m.get("role") is not None else "value" if m.get("from") is not None else None
 
 
 def _media_part(p: Any) -> ChatMedia | None:
     if not isinstance(p, dict) or p.get("type") not in _KINDS:
         return None
     kind = p["type"]
+    if isinstance(p.get(kind), dict):
+        return _embedded(kind, p[kind])
     path = next((p[k] for k in (kind, *_PART_KEYS) if isinstance(p.get(k), str)), None)
     if path is None:
         raise _err("bad_messages", f"a {kind} part without a path (give it as {kind!r}, 'path' or 'url')")
@@ -60,7 +80,7 @@ def _media_part(p: Any) -> ChatMedia | None:
 
 def has_media(obj: dict, chat_field: str) -> bool:
     """Whether a chat line names an image or a video (either spelling)."""
-    if any(k in obj for k in _KINDS):
+    if any(obj.get(k) is not None for k in _KINDS):
         return True
     turns = obj.get(chat_field)
     return isinstance(turns, list) and any(
@@ -69,7 +89,7 @@ def has_media(obj: dict, chat_field: str) -> bool:
 
 
 def _top_level(obj: dict) -> ChatMedia | None:
-    named = [k for k in _KINDS if k in obj]
+    named = [k for k in _KINDS if obj.get(k) is not None]
     if len(named) > 1:
         raise _err("multiple_media", "the line has both 'video' and 'image': one image or video per conversation")
     if not named:
@@ -79,6 +99,8 @@ def _top_level(obj: dict) -> ChatMedia | None:
         v = v[0]
     if isinstance(v, list):
         raise _err("multiple_media", f"{len(v)} entries in {named[0]!r}: one image or video per conversation")
+    if isinstance(v, dict):
+        return _embedded(named[0], v)
     if not isinstance(v, str) or not v:
         raise _err("bad_messages", f"{named[0]!r} must be a file path, got {type(v).__name__}")
     return ChatMedia(named[0], v)
@@ -133,14 +155,18 @@ def find_media(obj: dict, chat_field: str) -> tuple[ChatMedia, list]:
 
 
 def _role(m: Any) -> str | None:
-    if isinstance(m, dict) and "role" in m:
+    key = _turn_text_key(m)
+    if key == "content":
         return m["role"]
-    return {"human": "user", "user": "user"}.get(m.get("from")) if isinstance(m, dict) and "from" in m else None
+    return {"human": "user", "user": "user"}.get(m["from"]) if key == "value" else None
 
 
-def media_path(media: ChatMedia, jsonl_path: str | Path, media_root: str | None) -> Path:
-    """The media file of a line: an absolute path as is, a relative one under ``media_root`` (else the jsonl's
-    folder). A URL is refused (``unsupported_media``): fcp reads local files."""
+def media_path(media: ChatMedia, jsonl_path: str | Path, media_root: str | None) -> Path | bytes:
+    """The media of a line: its embedded bytes, else its file — an absolute path as is, a relative one under
+    ``media_root`` (else the folder of the jsonl/Parquet file). A URL is refused (``unsupported_media``): fcp reads
+    local files."""
+    if media.data is not None:
+        return media.data
     if "://" in media.path:
         raise _err("unsupported_media", f"{media.path!r} is a URL: download the {media.kind}s and give paths")
     p = Path(os.path.expanduser(media.path))

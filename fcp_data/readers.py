@@ -141,17 +141,32 @@ class IndexedDataset(torch.utils.data.Dataset):
     def _source_path(self, shard: int) -> Path:
         return Path(self._relocate(self.index.sources[shard]["path"]))
 
-    def _handle(self, shard: int):
+    def _handle(self, shard: int, parquet: bool = False):
+        """The open file of a tar/jsonl shard, or the row reader of a Parquet one (LRU, per process)."""
         if os.getpid() != self._pid:  # forked DataLoader worker: reopen (the parent's handles share offsets)
             self._files, self._pid = OrderedDict(), os.getpid()
-        f = self._files.get(shard)
+        key = ("parquet", shard) if parquet else shard
+        f = self._files.get(key)
         if f is None:
             while len(self._files) >= self.max_open_files:
                 self._files.popitem(last=False)[1].close()
-            f = self._files[shard] = open(self._source_path(shard), "rb")
+            if parquet:
+                from fcp_data.index.parquet import ParquetRows
+
+                f = self._files[key] = ParquetRows(self._source_path(shard))
+            else:
+                f = self._files[key] = open(self._source_path(shard), "rb")
         else:
-            self._files.move_to_end(shard)
+            self._files.move_to_end(key)
         return f
+
+    def _record(self, i: int, members: dict) -> dict | None:
+        """Sample ``i``'s record — its jsonl line or Parquet row as a dict — or None for a tar/folder sample."""
+        if "jsonl" in members:
+            return json.loads(self.read_member(i, "jsonl").decode("utf-8"))
+        if "parquet" in members:
+            return self._handle(int(self.index.shard[i]), parquet=True).row(members["parquet"][0])
+        return None
 
     def read_member(self, i: int, ext: str) -> bytes:
         """Bytes of member ``ext`` of sample ``i`` (a seek + read in a tar/jsonl; a file read in a folder)."""
@@ -178,18 +193,19 @@ class IndexedDataset(torch.utils.data.Dataset):
             raise IndexError(f"sample {i} out of range for an index of {len(self)} samples")
         kind = int(self.index.kind[i])
         members = self.index.members(i)
+        record = self._record(i, members)
         if kind == KIND_TEXT:
-            if "jsonl" in members and (self.prompt_field or self.chat_field):
-                return self._sft_sample(json.loads(self.read_member(i, "jsonl").decode("utf-8")))
-            if "jsonl" in members:
-                text = json.loads(self.read_member(i, "jsonl").decode("utf-8"))[self.text_field]
+            if record is not None and (self.prompt_field or self.chat_field):
+                return self._sft_sample(record)
+            if record is not None:
+                text = record[self.text_field]
             else:
                 text = self.read_member(i, next(e for e in TEXT_EXTS if e in members)).decode("utf-8")
             return {"input_ids": torch.tensor(self._text_ids(text), dtype=torch.long)}
         if kind not in (KIND_VIDEO, KIND_IMAGE):
             raise ValueError(f"sample {i}: unknown kind {kind} in the index")
-        if "jsonl" in members:
-            return self._media_chat_sample(i, kind, json.loads(self.read_member(i, "jsonl").decode("utf-8")))
+        if record is not None:
+            return self._media_chat_sample(i, kind, record)
         txt = next((e for e in TEXT_EXTS if e in members), None)
         caption = self.read_member(i, txt).decode("utf-8") if txt else ""
         ext = next(e for e in (VIDEO_EXTS if kind == KIND_VIDEO else IMAGE_EXTS) if e in members)
@@ -230,10 +246,10 @@ class IndexedDataset(torch.utils.data.Dataset):
         from fcp_data.chat_media import find_media, media_path, split_render, token_labels
 
         media, messages = find_media(obj, self.chat_field)
-        jsonl = self.index.sources[int(self.index.shard[i])]["path"]  # as indexed; relocated once, below
-        path = self._relocate(str(media_path(media, jsonl, self.index.manifest.get("media_root"))))
+        src = self.index.sources[int(self.index.shard[i])]["path"]  # as indexed; relocated once, below
+        path = media_path(media, src, self.index.manifest.get("media_root"))
         before, after, sb, sa = split_render(messages, self.chat_template)
-        visual, out = self._vision(i, kind, Path(path))
+        visual, out = self._vision(i, kind, path if isinstance(path, bytes) else Path(self._relocate(str(path))))
         ids, labels = token_labels(self.spec, before, after, sb, sa, visual)
         out["input_ids"] = torch.tensor(ids, dtype=torch.long)
         out["labels"] = torch.tensor(labels, dtype=torch.long)

@@ -169,18 +169,29 @@ def _index_jsonl(task: dict, cfg: dict, spec, rows: _Rows) -> int:
                 continue
             try:
                 obj = _parse_json(body, limits)
-                if isinstance(obj, dict) and isinstance(obj.get(cfg["key_field"]), (str, int)):
-                    key = str(obj[cfg["key_field"]])  # before the checks: an error is recorded under this key
-                if cfg.get("chat_field") and isinstance(obj, dict) and has_media(obj, cfg["chat_field"]):
-                    index_media_chat(key, start, size, obj, cfg, task, spec, rows)  # probed and added here
-                    continue
-                text = _jsonl_text(obj, cfg)
             except Exception as e:
                 rows.record(key, str(path), e)
                 continue
-            batch.add(key, start, size, text)
+            index_record(obj, key, start, size, cfg, task, spec, rows, batch)
     batch.flush()
     return seen
+
+
+def index_record(obj, key: str, start: int, size: int, cfg: dict, task: dict, spec, rows: _Rows, batch: TextBatch,
+                 ext: str = "jsonl") -> None:
+    """One parsed record (a jsonl line, a Parquet row): its key field names it; a chat with an image or video is
+    probed and added at once, text goes to ``batch``; a failure is one error record."""
+    try:
+        if isinstance(obj, dict) and isinstance(obj.get(cfg["key_field"]), (str, int)):
+            key = str(obj[cfg["key_field"]])  # before the checks: an error is recorded under this key
+        if cfg.get("chat_field") and isinstance(obj, dict) and has_media(obj, cfg["chat_field"]):
+            index_media_chat(key, start, size, obj, cfg, task, spec, rows, ext)  # probed and added here
+            return
+        text = _jsonl_text(obj, cfg)
+    except Exception as e:
+        rows.record(key, str(task["path"]), e)
+        return
+    batch.add(key, start, size, text)
 
 
 def _jsonl_text(obj, cfg: dict) -> str | tuple[str, str]:
@@ -323,7 +334,13 @@ def part_path(out: Path, task_id: int) -> Path:
 def _index_rows(task: dict, cfg: dict, spec) -> tuple[_Rows, int]:
     rows = _Rows()
     try:
-        seen = _index_jsonl(task, cfg, spec, rows) if task["kind"] == "jsonl" else _index_container(task, cfg, spec, rows)
+        if task["kind"] == "parquet":
+            from fcp_data.index.parquet import index_parquet
+
+            seen = index_parquet(task, cfg, spec, rows)
+        else:
+            seen = _index_jsonl(task, cfg, spec, rows) if task["kind"] == "jsonl" else \
+                _index_container(task, cfg, spec, rows)
     except Exception as e:  # safety net outside the per-sample guards: the shard is one error, the run goes on
         rows = _Rows()
         rows.error(task["path"], "shard_failed", f"{type(e).__name__}: {e}", task["path"])

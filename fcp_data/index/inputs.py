@@ -72,7 +72,7 @@ def _brace_paths(item: str) -> list[str]:
 
 
 def expand_inputs(inputs: list[str]) -> list[dict]:
-    """Sources ``[{"path", "kind"}]`` (kind ``jsonl``/``tar``/``dir``) from paths, globs and brace ranges.
+    """Sources ``[{"path", "kind"}]`` (kind ``jsonl``/``parquet``/``tar``/``dir``) from paths, globs and brace ranges.
 
     A brace-expanded or explicit path that does not exist is kept (it becomes an ``unreadable_shard``
     error, counted); a glob that matches nothing is a ValueError, and so is a brace range of more than
@@ -92,10 +92,12 @@ def expand_inputs(inputs: list[str]) -> list[dict]:
                     kind = "jsonl"
                 elif pp.name.endswith(".tar"):
                     kind = "tar"
+                elif pp.name.endswith(".parquet"):
+                    kind = "parquet"
                 elif not pp.exists():
-                    kind = "tar" if ".tar" in pp.name else "jsonl"
+                    kind = "tar" if ".tar" in pp.name else "parquet" if ".parquet" in pp.name else "jsonl"
                 else:
-                    raise ValueError(f"input {p!r}: not a .jsonl file, a .tar shard or a folder")
+                    raise ValueError(f"input {p!r}: not a .jsonl file, a .parquet file, a .tar shard or a folder")
                 sources.append({"path": str(pp.resolve()), "kind": kind})
             if len(sources) > MAX_INPUT_PATHS:
                 raise ValueError(f"the inputs name more than {MAX_INPUT_PATHS:,} shards; index them in several runs")

@@ -43,7 +43,8 @@ def probe_plan(kind: str, src, spec, probe: str, limits: Limits):
     return plan, dict(kind=KIND_IMAGE, num_frames=1, height=ih, width=iw)
 
 
-def index_media_chat(key: str, start: int, size: int, obj: dict, cfg: dict, task: dict, spec, rows) -> None:
+def index_media_chat(key: str, start: int, size: int, obj: dict, cfg: dict, task: dict, spec, rows,
+                     ext: str = "jsonl") -> None:
     """One chat line naming an image or a video: probe the file, count the rendered text around the visual block
     and the block itself, add the row (its member is the jsonl line; the file is found again from the line)."""
     from fcp_data.chat import ChatFormatError
@@ -59,10 +60,10 @@ def index_media_chat(key: str, start: int, size: int, obj: dict, cfg: dict, task
         before, after, _, _ = split_render(messages, cfg.get("chat_template") or "chatml")
     except ChatFormatError as e:
         raise ProbeError(e.reason, str(e)) from None
-    if not Path(path).is_file():
+    if not isinstance(path, bytes) and not Path(path).is_file():
         raise ProbeError("missing_media", f"no {media.kind} file {str(path)!r}")
     plan, vals = probe_plan(media.kind, path, spec, cfg["probe"], Limits.from_dict(cfg.get("limits")))
     tok = spec.tokenizer()
     n_text = sum(len(tok.encode(t, add_special_tokens=False).ids) for t in (before, after) if t)
-    rows.add(key, [("jsonl", start, size)], num_tokens=n_text + count_segments(spec, plan.segments), eta=spec.eta,
+    rows.add(key, [(ext, start, size)], num_tokens=n_text + count_segments(spec, plan.segments), eta=spec.eta,
              shard=task["source"], offset=start, size=size, num_visual_tokens=plan.num_visual_tokens, **vals)

@@ -5,6 +5,7 @@ manifest and errors all-or-nothing (``store.commit_index``), holding the folder'
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import sys
@@ -180,6 +181,8 @@ def build_index(inputs: list[str], spec: str, out: str | Path, *, tokenizer: str
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file; give a folder for the index")
     sources = expand_inputs(list(inputs))
+    if any(s["kind"] == "parquet" for s in sources) and importlib.util.find_spec("pyarrow") is None:
+        raise ValueError("reading .parquet needs pyarrow: pip install 'fcp[parquet]' (or pyarrow)")
     if not any(Path(s["path"]).exists() for s in sources):
         raise ValueError(f"none of the inputs exist: {', '.join(s['path'] for s in sources[:3])}"
                          f"{' ...' if len(sources) > 3 else ''}")

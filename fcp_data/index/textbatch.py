@@ -14,8 +14,8 @@ class TextBatch:
     """Texts of one jsonl shard tokenized in batches (``TOKENIZE_BATCH`` lines or ``TOKENIZE_BATCH_BYTES``); a
     text the tokenizer rejects is recorded as ``tokenize_failed`` and the rest of its batch is kept."""
 
-    def __init__(self, task: dict, spec, rows, *, eos: bool = True) -> None:
-        self.task, self.spec, self.rows, self.path = task, spec, rows, str(task["path"])
+    def __init__(self, task: dict, spec, rows, *, eos: bool = True, ext: str = "jsonl") -> None:
+        self.task, self.spec, self.rows, self.path, self.ext = task, spec, rows, str(task["path"]), ext
         self.tok, self.extra = spec.tokenizer(), (1 if eos and spec.eos_id is not None else 0)
         self.pending: list[tuple[str, int, int, str]] = []
         self.bytes = 0
@@ -55,7 +55,7 @@ class TextBatch:
             if isinstance(c, str):
                 rows.error(key, "tokenize_failed", c, self.path)
             else:
-                rows.guard(key, self.path, lambda: rows.add(key, [("jsonl", start, size)], offset=start, size=size,
+                rows.guard(key, self.path, lambda: rows.add(key, [(self.ext, start, size)], offset=start, size=size,
                                                              shard=shard, kind=KIND_TEXT, eta=spec.eta,
                                                              num_tokens=c + self.extra))  # noqa: B023 - runs now
         self.pending, self.bytes = [], 0

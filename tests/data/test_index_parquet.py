@@ -1,0 +1,125 @@
+"""Parquet inputs (``fcp index data.parquet``): a row is read as the same record in a jsonl line would be.
+
+Reference: the same records written as jsonl (media as files) and indexed the same way — every sample's key,
+counted tokens, visual tokens, ids, labels and pixel values must be equal, in any read order, with several row
+groups per file, from DataLoader worker processes too. A failure means a Hugging Face dataset in Parquet would
+train on other tokens than its jsonl export, or plan with lengths that are not the samples'.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+
+import numpy as np
+import pytest
+import torch
+from test_index_sft import WORDS, _conversations, _rows, _write
+
+from fcp_data import IndexedDataset
+from fcp_data._resources import data_path
+from fcp_data.index import build_index, summarize
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+
+def _both(tmp_path, name: str, rows: list[dict], jsonl_rows: list[dict] | None = None, spec: str = "text", **kw):
+    """Index ``rows`` as Parquet (row groups of 5) and as jsonl; return both datasets."""
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / f"{name}.parquet", row_group_size=5)
+    _write(tmp_path / f"{name}.jsonl", jsonl_rows or rows)
+    out = []
+    for ext in ("parquet", "jsonl"):
+        manifest, rc = build_index([str(tmp_path / f"{name}.{ext}")], spec, tmp_path / f"{name}-{ext}",
+                                   progress=False, **kw)
+        assert rc == 0 and not manifest["errors_by_reason"], manifest["errors_by_reason"]
+        out.append(IndexedDataset(tmp_path / f"{name}-{ext}"))
+    return out
+
+
+def _assert_same(a: IndexedDataset, b: IndexedDataset) -> None:
+    assert len(a) == len(b) > 0
+    assert list(a.index.keys) == list(b.index.keys)
+    for col in ("num_tokens", "num_visual_tokens", "kind"):
+        np.testing.assert_array_equal(getattr(a.index, col), getattr(b.index, col))
+    order = np.random.default_rng(0).permutation(len(a))  # random access across row groups
+    for i in order:
+        x, y = a[int(i)], b[int(i)]
+        assert set(x) == set(y), a.index.keys[i]
+        for k in x:
+            assert torch.equal(x[k], y[k]), (a.index.keys[i], k)
+        assert len(x["input_ids"]) == int(a.index.num_tokens[i])
+
+
+def test_text_prompt_and_chat_rows_equal_their_jsonl(tmp_path):
+    """Plain text, prompt/response SFT and chat conversations — role/content and ShareGPT turns mixed in one file,
+    so Arrow gives every turn every field (None where absent)."""
+    rng = np.random.default_rng(1)
+    text = [{"id": f"t{i}", "text": " ".join(rng.choice(WORDS, int(rng.integers(1, 80))))} for i in range(17)]
+    _assert_same(*_both(tmp_path, "text", text))
+    _assert_same(*_both(tmp_path, "sft", _rows(13, seed=3), text_field="response", prompt_field="prompt"))
+    chats = _conversations(14, seed=9)
+    for r in chats[::2]:
+        r["messages"] = [{"from": {"user": "human", "assistant": "gpt"}.get(m["role"], m["role"]), "value": m["content"]}
+                         for m in r["messages"]]
+    a, b = _both(tmp_path, "chat", chats, chat_field="messages")
+    _assert_same(a, b)
+    assert a.has_labels
+
+
+def test_media_rows_with_embedded_bytes_equal_jsonl_with_files(tmp_path):
+    """LLaVA rows as a Hugging Face dataset stores them: the image/video cell ``{"bytes", "path"}`` (and a few rows
+    naming a file instead; a text-only row with null cells), against jsonl lines naming the same files."""
+    from PIL import Image
+
+    (tmp_path / "media").mkdir()
+    with tarfile.open(data_path("samples") / "wds" / "shard-000000.tar") as t:
+        clips = [m for m in t.getnames() if m.endswith(".mp4")][:3]
+        for m in clips:
+            (tmp_path / "media" / m).write_bytes(t.extractfile(m).read())
+    rng = np.random.default_rng(2)
+    imgs = []
+    for k, (h, w) in enumerate([(60, 90), (224, 224), (33, 300), (120, 80)]):
+        buf = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(buf, format="PNG")
+        (tmp_path / "media" / f"i{k}.png").write_bytes(buf.getvalue())
+        imgs.append(f"i{k}.png")
+    files = [("video", c) for c in clips] + [("image", i) for i in imgs]
+    pq_rows, js_rows = [], []
+    for k, (kind, name) in enumerate(files):
+        turns = [{"from": "human", "value": f"<{kind}>\n" + " ".join(rng.choice(WORDS, 4))},
+                 {"from": "gpt", "value": " ".join(rng.choice(WORDS, int(rng.integers(2, 9))))}]
+        cell = {"bytes": (tmp_path / "media" / name).read_bytes(), "path": name} if k % 3 else \
+            {"bytes": None, "path": f"media/{name}"}
+        other = "image" if kind == "video" else "video"
+        pq_rows.append({"id": f"m{k}", kind: cell, other: None, "conversations": turns})
+        js_rows.append({"id": f"m{k}", kind: f"media/{name}", "conversations": turns})
+    talk = [{"from": "human", "value": "hello"}, {"from": "gpt", "value": "hi there"}]  # no media: null cells
+    pq_rows.append({"id": "talk", "video": None, "image": None, "conversations": talk})
+    js_rows.append({"id": "talk", "conversations": talk})
+    a, b = _both(tmp_path, "media", pq_rows, js_rows, spec="qwen2.5-vl", chat_field="conversations")
+    _assert_same(a, b)
+    assert a.index.manifest["kinds"] == {"video": 3, "image": 4, "text": 1}
+    # DataLoader workers (forked) read the Parquet rows themselves
+    loader = torch.utils.data.DataLoader(a, batch_size=None, num_workers=2)
+    assert [x["input_ids"].tolist() for x in loader] == [a[i]["input_ids"].tolist() for i in range(len(a))]
+
+
+def test_bad_parquet_inputs_are_recorded(tmp_path, monkeypatch):
+    """A file that is not Parquet is one unreadable_shard error and the other inputs are indexed; a row past
+    --max-text-bytes and a row without the text field are one error each; without pyarrow, one clear error."""
+    (tmp_path / "junk.parquet").write_bytes(b"PAR1 this is not parquet")
+    rows = [{"id": "a", "text": "hello there"}, {"id": "big", "text": "x " * 5000}, {"id": "none", "text": None}]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "ok.parquet")
+    manifest, rc = build_index([str(tmp_path / "junk.parquet"), str(tmp_path / "ok.parquet")], "text",
+                               tmp_path / "idx", progress=False, max_error_rate=1.0, limits={"max_text_bytes": 4096})
+    assert manifest["num_samples"] == 1 and manifest["num_seen"] == 4
+    assert manifest["errors_by_reason"] == {"missing_field": 1, "text_too_large": 1, "unreadable_shard": 1}
+    assert "indexed 1 samples of 4 seen" in summarize(manifest)
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "pyarrow" else real(n, *a))
+    with pytest.raises(ValueError, match=r"reading \.parquet needs pyarrow"):
+        build_index([str(tmp_path / "ok.parquet")], "text", tmp_path / "x", progress=False)
