@@ -205,11 +205,12 @@ def _build_locked(inputs, sources, sp, out: Path, *, probe, text_field, key_fiel
     cfg = {"spec_path": sp.path, "tokenizer": sp.tokenizer_path, "spec_fingerprint": sp.fingerprint, "probe": probe,
            "text_field": text_field, "key_field": key_field, "prompt_field": prompt_field, "chat_field": chat[0],
            "chat_template": chat[1], "media_root": chat[2], "out": str(out.resolve()), "limits": limits.to_dict()}
-    if not resume and (out / "parts").exists():
-        shutil.rmtree(out / "parts")
+    for d in ("parts", "records"):  # records: Arrow copies of Parquet rows, made by their tasks (index/parquet.py)
+        if not resume and (out / d).exists():
+            shutil.rmtree(out / d)
+        for stale in (out / d).glob(".*.tmp*"):  # a killed run's half-written temp files (we hold the lock)
+            stale.unlink(missing_ok=True)
     (out / "parts").mkdir(parents=True, exist_ok=True)
-    for stale in (out / "parts").glob(".*.tmp*"):  # a killed run's half-written temp files (we hold the lock)
-        stale.unlink(missing_ok=True)
     todo = [t for t in tasks if not (resume and _part_done(part_path(out, t["id"]), task_fingerprint(t, cfg)))]
 
     from tqdm import tqdm

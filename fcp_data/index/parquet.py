@@ -2,10 +2,16 @@
 would be (``--text-field``, ``--prompt-field``, ``--chat-field``; an image/video cell ``{"bytes", "path"}`` is
 read from its bytes).
 
-The index addresses a row by its position in the file (the member ``parquet`` holds ``(row, 1)``); the reader
-finds its row group from the file's metadata and keeps the last row groups it decoded. A row without a
+Random access: a Parquet row group is compressed and decoded whole, so reading one shuffled row at a time would
+decode thousands of rows per sample. While indexing, the rows are therefore also written, uncompressed, to an
+Arrow IPC file in the index (``OUT/records/<source>.arrow``, batches of ``BATCH_ROWS`` rows) that the reader
+memory-maps: a row is a zero-copy slice (as Hugging Face datasets' Arrow cache does). The disk cost is the rows'
+uncompressed size; the Parquet file is not read after indexing (the index holds the snapshot it counted). An index
+without the records file (deleted) falls back to the Parquet file, keeping its last decoded row groups.
+
+The index addresses a row by its position in the file (the member ``parquet`` holds ``(row, 1)``). A row without a
 ``--key-field`` is keyed ``<file stem>:<row>`` (0-based). A file pyarrow cannot open is one ``unreadable_shard``
-error; a row group it cannot decode is one error per row of it.
+error; a row group it cannot decode is one error per row of it (null rows hold its place in the records file).
 """
 
 from __future__ import annotations
@@ -15,7 +21,9 @@ import os
 from collections import OrderedDict
 from pathlib import Path
 
-__all__ = ["index_parquet", "ParquetRows"]
+__all__ = ["index_parquet", "ParquetRows", "records_path", "BATCH_ROWS"]
+
+BATCH_ROWS = 256  # rows per record batch of the records file (a read slices one batch)
 
 
 def _open(path):
@@ -38,11 +46,15 @@ def _too_large(obj: dict, limits) -> str | None:
     return None
 
 
+def records_path(out: str | Path, source: int) -> Path:
+    """The Arrow copy of source ``source``'s rows inside index ``out``."""
+    return Path(out) / "records" / f"{source:06d}.arrow"
+
+
 def index_parquet(task: dict, cfg: dict, spec, rows) -> int:
     """Index every row of one Parquet file into ``rows``; returns the rows seen."""
-    from fcp_data.index.build import _regular_file, index_record
+    from fcp_data.index.build import _regular_file
     from fcp_data.index.limits import Limits
-    from fcp_data.index.probe import ProbeError
     from fcp_data.index.textbatch import TextBatch
 
     path, limits = Path(task["path"]), Limits.from_dict(cfg.get("limits"))
@@ -53,47 +65,96 @@ def index_parquet(task: dict, cfg: dict, spec, rows) -> int:
         rows.error(str(path), "unreadable_shard", getattr(e, "detail", None) or f"{type(e).__name__}: {e}", str(path))
         return 1
     batch = TextBatch(task, spec, rows, eos=not cfg.get("chat_field"), ext="parquet")
-    seen = 0
-    for rg in range(pf.metadata.num_row_groups):
-        n = pf.metadata.row_group(rg).num_rows
-        try:
-            records = pf.read_row_group(rg).to_pylist()
-        except Exception as e:  # a damaged row group: each of its rows is one error, the file goes on
-            for r in range(seen, seen + n):
-                rows.error(f"{path.stem}:{r}", "unreadable_member", f"row group {rg}: {type(e).__name__}: {e}",
-                           str(path))
-            seen += n
-            continue
-        for obj in records:
-            key = f"{path.stem}:{seen}"
-            problem = _too_large(obj, limits) if isinstance(obj, dict) else None
-            if problem:
-                rows.record(key, str(path), ProbeError("text_too_large", problem))
-            else:
-                index_record(obj, key, seen, 1, cfg, task, spec, rows, batch, ext="parquet")
-            seen += 1
+    with _RecordsWriter(records_path(cfg["out"], task["source"]), pf.schema_arrow) as copy:
+        seen = 0
+        for rg in range(pf.metadata.num_row_groups):
+            seen = _index_row_group(pf, rg, seen, path, limits, cfg, task, spec, rows, batch, copy)
     batch.flush()
     return seen
 
 
-class ParquetRows:
-    """Row ``r`` of a Parquet file as a dict, for the reader: the file's row-group boundaries are read once, the
-    last ``keep`` decoded row groups are kept (random access within a row group decodes it once)."""
+def _index_row_group(pf, rg: int, seen: int, path: Path, limits, cfg, task, spec, rows, batch, copy) -> int:
+    from fcp_data.index.build import index_record
+    from fcp_data.index.probe import ProbeError
 
-    def __init__(self, path: str | Path, keep: int = 2) -> None:
-        self.pf, self.keep, self._pid = _open(path), keep, os.getpid()
-        md = self.pf.metadata
+    n = pf.metadata.row_group(rg).num_rows
+    try:
+        table = pf.read_row_group(rg)
+        records = table.to_pylist()
+    except Exception as e:  # a damaged row group: each of its rows is one error, the file goes on
+        for r in range(seen, seen + n):
+            rows.error(f"{path.stem}:{r}", "unreadable_member", f"row group {rg}: {type(e).__name__}: {e}", str(path))
+        copy.nulls(n)
+        return seen + n
+    copy.write(table)
+    for obj in records:
+        key = f"{path.stem}:{seen}"
+        problem = _too_large(obj, limits) if isinstance(obj, dict) else None
+        if problem:
+            rows.record(key, str(path), ProbeError("text_too_large", problem))
+        else:
+            index_record(obj, key, seen, 1, cfg, task, spec, rows, batch, ext="parquet")
+        seen += 1
+    return seen
+
+
+class _RecordsWriter:
+    """The records file, written to a temporary name and renamed when every row group is in (before the task's
+    part file, so a resumed build never trusts a half-written copy)."""
+
+    def __init__(self, path: Path, schema) -> None:
+        import pyarrow as pa
+
+        self.path, self.schema, self.pa = path, schema, pa
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = path.parent / f".{path.name}.tmp{os.getpid()}"
+        self.writer = pa.ipc.new_file(str(self.tmp), schema)
+
+    def write(self, table) -> None:
+        for b in table.cast(self.schema).to_batches(max_chunksize=BATCH_ROWS):
+            self.writer.write_batch(b)
+
+    def nulls(self, n: int) -> None:
+        pa = self.pa
+        self.write(pa.Table.from_arrays([pa.nulls(n, type=f.type) for f in self.schema], schema=self.schema))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb) -> None:
+        self.writer.close()
+        if kind is None:
+            os.replace(self.tmp, self.path)
+        else:
+            self.tmp.unlink(missing_ok=True)
+
+
+class ParquetRows:
+    """Row ``r`` of an indexed Parquet file as a dict, for the reader: from the index's records file when there is
+    one (memory-mapped Arrow IPC: a zero-copy slice of one batch), else from the Parquet file (the last ``keep``
+    decoded row groups kept)."""
+
+    def __init__(self, path: str | Path, records: str | Path | None = None, keep: int = 2) -> None:
+        self.keep, self._groups = keep, OrderedDict()
+        if records is not None and Path(records).is_file():
+            import pyarrow as pa
+
+            self.pf, self._ipc = None, pa.ipc.open_file(pa.memory_map(str(records)))
+            sizes = [self._ipc.get_batch(b).num_rows for b in range(self._ipc.num_record_batches)]
+        else:
+            self.pf, self._ipc = _open(path), None
+            sizes = [self.pf.metadata.row_group(rg).num_rows for rg in range(self.pf.metadata.num_row_groups)]
         self.ends, total = [], 0
-        for rg in range(md.num_row_groups):
-            total += md.row_group(rg).num_rows
+        for n in sizes:
+            total += n
             self.ends.append(total)
-        self._groups: OrderedDict[int, object] = OrderedDict()
 
     def close(self) -> None:
         self._groups.clear()
         close = getattr(self.pf, "close", None)
         if close is not None:
             close()
+        self._ipc = None
 
     def row(self, r: int) -> dict:
         import bisect
@@ -102,6 +163,9 @@ class ParquetRows:
             raise OSError(f"row {r} is past the end of the file ({self.ends[-1] if self.ends else 0} rows): the "
                           "file changed since indexing")
         rg = bisect.bisect_right(self.ends, r)
+        start = self.ends[rg - 1] if rg else 0
+        if self._ipc is not None:
+            return self._ipc.get_batch(rg).slice(r - start, 1).to_pylist()[0]
         table = self._groups.get(rg)
         if table is None:
             while len(self._groups) >= self.keep:
@@ -109,4 +173,4 @@ class ParquetRows:
             table = self._groups[rg] = self.pf.read_row_group(rg)
         else:
             self._groups.move_to_end(rg)
-        return table.slice(r - (self.ends[rg - 1] if rg else 0), 1).to_pylist()[0]
+        return table.slice(r - start, 1).to_pylist()[0]

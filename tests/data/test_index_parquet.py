@@ -123,3 +123,37 @@ def test_bad_parquet_inputs_are_recorded(tmp_path, monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "pyarrow" else real(n, *a))
     with pytest.raises(ValueError, match=r"reading \.parquet needs pyarrow"):
         build_index([str(tmp_path / "ok.parquet")], "text", tmp_path / "x", progress=False)
+
+
+def _corrupt_row_group(path, rg: int) -> None:
+    """Flip the bytes of row group ``rg``'s text column (snappy then fails to decode it)."""
+    c = pq.ParquetFile(path).metadata.row_group(rg).column(1)
+    off = c.dictionary_page_offset or c.data_page_offset
+    b = bytearray(path.read_bytes())
+    for k in range(off + 20, off + c.total_compressed_size - 4):
+        b[k] ^= 0x5A
+    path.write_bytes(bytes(b))
+
+
+def test_rows_are_read_from_the_index_records_file(tmp_path):
+    """The index keeps an Arrow copy of the rows (random access without decoding a row group per sample): reads
+    equal the jsonl reference with the Parquet file gone; without the copy, they come from the Parquet file again.
+    A row group that cannot be decoded is one error per row, and the rows after it still read as theirs."""
+    rng = np.random.default_rng(4)
+    rows = [{"id": f"r{i}", "text": " ".join(rng.choice(WORDS, int(rng.integers(3, 40))))} for i in range(40)]
+    a, b = _both(tmp_path, "t", rows)
+    rec = tmp_path / "t-parquet" / "records" / "000000.arrow"
+    assert rec.is_file()
+    (tmp_path / "t.parquet").rename(tmp_path / "t.parquet.bak")
+    _assert_same(IndexedDataset(tmp_path / "t-parquet"), b)
+    (tmp_path / "t.parquet.bak").rename(tmp_path / "t.parquet")
+    rec.unlink()
+    _assert_same(IndexedDataset(tmp_path / "t-parquet"), b)
+    _corrupt_row_group(tmp_path / "t.parquet", 1)  # rows 5..9
+    manifest, rc = build_index([str(tmp_path / "t.parquet")], "text", tmp_path / "bad", progress=False,
+                               max_error_rate=1.0)
+    assert manifest["errors_by_reason"] == {"unreadable_member": 5} and manifest["num_samples"] == 35
+    bad = IndexedDataset(tmp_path / "bad")
+    assert [k for k in bad.index.keys] == [f"r{i}" for i in range(40) if not 5 <= i < 10]
+    for i, k in enumerate(bad.index.keys):
+        assert torch.equal(bad[i]["input_ids"], b[list(b.index.keys).index(k)]["input_ids"]), k
