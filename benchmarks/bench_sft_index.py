@@ -5,8 +5,10 @@ Text chat: N synthetic conversations (1-4 rounds, the tiny BPE with ChatML's spe
 back with ``--chat-template chatml`` (built in), a model template with ``{% generation %}`` blocks (one Jinja render),
 and the same template without blocks (fcp finds the turns: two renders plus one per assistant turn). Video: the
 bundled clips as LLaVA lines ``{"video": ..., "conversations": [...]}`` (``--chat-field``) and as a folder of
-mp4 + txt samples. Every configuration runs ``--repeats`` times, alternating, one worker; medians reported, and
-ratios against the first of each group.
+mp4 + txt samples. Parquet: the text conversations as jsonl and as Parquet (row groups of 200 rows: more row
+groups than the reader's fallback keeps decoded, as in any real dataset), read in shuffled order (as FCPSampler
+reads), with the index's Arrow copy of the rows and without it. Every configuration runs ``--repeats`` times,
+alternating, one worker; medians reported, and ratios against the first of each group.
 
 Run: ``python benchmarks/bench_sft_index.py [--conversations 2000] [--repeats 5]``.
 """
@@ -54,14 +56,38 @@ def _timed(fn) -> float:
     return time.perf_counter() - t
 
 
-def _index_and_read(src: Path, spec: str, out: Path, n: int, **kw) -> tuple[float, float]:
+def _index_and_read(src: Path, spec: str, out: Path, n: int, shuffle: bool = False, drop_records: bool = False,
+                    **kw) -> tuple[float, float]:
     if out.exists():
         shutil.rmtree(out)
     t_index = _timed(lambda: build_index([str(src)], spec, out, progress=False, **kw))
+    if drop_records:
+        shutil.rmtree(out / "records")
     data = IndexedDataset(out, tokenizer=kw.get("tokenizer"))
     assert len(data) == n, (len(data), n)
-    t_read = _timed(lambda: [data[i] for i in range(len(data))])
+    order = np.random.default_rng(0).permutation(n) if shuffle else range(n)
+    t_read = _timed(lambda: [data[int(i)] for i in order])
     return n / t_index, n / t_read
+
+
+def bench_parquet(root: Path, n: int, repeats: int) -> dict:
+    """The text conversations as jsonl and as Parquet (row groups of 200 rows), read in shuffled order."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = _conversations(n, seed=1)
+    (root / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    pq.write_table(pa.Table.from_pylist(rows), root / "chat.parquet", row_group_size=200)
+    configs = {"jsonl": ("chat.jsonl", False), "Parquet (index's Arrow copy)": ("chat.parquet", False),
+               "Parquet (no copy: row groups decoded)": ("chat.parquet", True)}
+    res = {k: ([], []) for k in configs}
+    for _ in range(repeats):
+        for name, (src, drop) in configs.items():
+            ix, rd = _index_and_read(root / src, "text", root / "pidx", n, shuffle=True, drop_records=drop,
+                                     chat_field="messages")
+            res[name][0].append(ix)
+            res[name][1].append(rd)
+    return res
 
 
 def bench_text(root: Path, n: int, repeats: int) -> dict:
@@ -132,8 +158,11 @@ def main(argv: list[str] | None = None) -> int:
         text = bench_text(root / "text", args.conversations, args.repeats)
         (root / "video").mkdir()
         video = bench_video(root / "video", args.repeats)
+        (root / "parquet").mkdir()
+        parquet = bench_parquet(root / "parquet", args.conversations, args.repeats)
     print(_table(f"Text chat, {args.conversations} conversations, 1 worker", text))
     print(_table("Video chat, the bundled clips (qwen2.5-vl spec), 1 worker", video))
+    print(_table(f"Chat as jsonl and Parquet, {args.conversations} conversations, shuffled reads, 1 worker", parquet))
     return 0
 
 
