@@ -39,13 +39,13 @@ def register(subparsers, summary: str) -> None:
     p.add_argument("--address", default=None, help="Ray cluster address (e.g. 'auto'); default: start a local Ray")
     p.add_argument("--resume", action="store_true", help="keep finished shards of an earlier (killed) run")
     p.add_argument("--probe", choices=("av", "decord"), default="av", help="video header probe (default av: no decode)")
-    p.add_argument("--text-field", default="text", help="jsonl field holding the text (default: text)")
+    p.add_argument("--text-field", default="text", help="jsonl/Parquet field holding the text (default: text)")
     p.add_argument("--prompt-field", default=None, metavar="FIELD",
-                   help="jsonl field holding an SFT prompt: a sample is the prompt's tokens then --text-field's (the "
+                   help="jsonl/Parquet field holding an SFT prompt: a sample is the prompt's tokens then --text-field's (the "
                         "response), and its labels mask the prompt (FCPCollator(sample_labels=True); fcp train "
                         "turns it on for such an index)")
     p.add_argument("--chat-field", default=None, metavar="FIELD",
-                   help="jsonl field holding a conversation [{role, content}, ...] (or ShareGPT's [{from, value}, "
+                   help="jsonl/Parquet field holding a conversation [{role, content}, ...] (or ShareGPT's [{from, value}, "
                         "...]): rendered by --chat-template, labels train the assistant turns only "
                         "(see fcp_data/chat.py)")
     p.add_argument("--chat-template", default="chatml", metavar="NAME|PATH",
@@ -56,7 +56,7 @@ def register(subparsers, summary: str) -> None:
     p.add_argument("--media-root", default=None, metavar="DIR",
                    help="folder that the relative image/video paths of --chat-field lines are under (LLaVA's "
                         "'video': 'a.mp4' or a {'type': 'video', 'video': ...} part; default: the jsonl's folder)")
-    p.add_argument("--key-field", default="id", help="jsonl field holding the sample key (default: id, else file:line)")
+    p.add_argument("--key-field", default="id", help="jsonl/Parquet field holding the sample key (default: id, else file:line)")
     p.add_argument("--max-error-rate", type=float, default=0.01, help="exit 1 above this error fraction (default 0.01)")
     lim = Limits()
     g = p.add_argument_group("per-sample limits (a sample past one is an error record with the reason in brackets)")

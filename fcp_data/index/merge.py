@@ -125,7 +125,7 @@ def _check_sft(prompt_field, chat_field, chat_template, media_root, text_field: 
     the media root as an absolute path."""
     if prompt_field is not None and (not isinstance(prompt_field, str) or not prompt_field or prompt_field in
                                      (text_field, key_field)):
-        raise ValueError(f"--prompt-field must be a jsonl field name other than --text-field {text_field!r} and "
+        raise ValueError(f"--prompt-field must be a jsonl/Parquet field name other than --text-field {text_field!r} and "
                          f"--key-field {key_field!r}, got {prompt_field!r}")
     if chat_field is not None:
         from fcp_data.chat import resolve_template
@@ -133,7 +133,7 @@ def _check_sft(prompt_field, chat_field, chat_template, media_root, text_field: 
         if prompt_field is not None:
             raise ValueError("--chat-field and --prompt-field are two formats of SFT lines; give one")
         if not isinstance(chat_field, str) or not chat_field or chat_field == key_field:
-            raise ValueError(f"--chat-field must be a jsonl field name other than --key-field, got {chat_field!r}")
+            raise ValueError(f"--chat-field must be a jsonl/Parquet field name other than --key-field, got {chat_field!r}")
         chat_template = resolve_template(chat_template)
     if media_root is not None:
         if not chat_field:

@@ -77,7 +77,7 @@ def test_resume_does_not_reuse_parts_built_without_the_prompt(tmp_path):
 def test_prompt_field_errors_are_one_line(tmp_path, capsys):
     _write(tmp_path / "sft.jsonl", _rows(3))
     for field in ("response", "id", ""):
-        with pytest.raises(ValueError, match="--prompt-field must be a jsonl field name other than"):
+        with pytest.raises(ValueError, match="--prompt-field must be a jsonl/Parquet field name other than"):
             build_index([str(tmp_path / "sft.jsonl")], "text", tmp_path / "x", text_field="response",
                         prompt_field=field, progress=False)
     rc = cli_main(["index", str(tmp_path / "sft.jsonl"), "--spec", "text", "--out", str(tmp_path / "y"),
