@@ -6,8 +6,8 @@ import sys
 
 __all__ = ["register"]
 
-EPILOG = """inputs: jsonl text files, .parquet files (Hugging Face datasets; a row is read like a jsonl line,
-image/video cells {bytes, path} from their bytes), webdataset .tar shards (paths, globs, brace ranges like
+EPILOG = """inputs: jsonl text files, .parquet and .arrow files (Hugging Face datasets; a row is read like a jsonl
+line, image/video cells {bytes, path} from their bytes), webdataset .tar shards (paths, globs, brace ranges like
 'shard-{000000..000099}.tar' — quote them; at most 1,000,000 paths), and folders of video/image files
 (+ .txt captions; symlinks followed, loops and dangling links recorded as errors).
 exit codes: 0 ok, 1 error rate above --max-error-rate, 2 bad usage or a crashed worker (rerun with --resume).
@@ -29,7 +29,7 @@ def register(subparsers, summary: str) -> None:
 
     p = subparsers.add_parser("index", help=summary, description=summary, epilog=EPILOG,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("inputs", nargs="+", metavar="INPUT", help="jsonl or parquet files, tar shards (globs/brace ranges), folders")
+    p.add_argument("inputs", nargs="+", metavar="INPUT", help="jsonl, parquet or arrow files, tar shards (globs/brace ranges), folders")
     p.add_argument("--spec", required=True, help="bundled spec name (qwen2-vl, qwen2.5-vl, qwen3-vl, internvl3, "
                                                  "llava-video, text, text-bidirectional) or a spec .json path")
     p.add_argument("--out", required=True, help="output folder of the index")

@@ -92,12 +92,12 @@ def expand_inputs(inputs: list[str]) -> list[dict]:
                     kind = "jsonl"
                 elif pp.name.endswith(".tar"):
                     kind = "tar"
-                elif pp.name.endswith(".parquet"):
-                    kind = "parquet"
+                elif pp.name.endswith((".parquet", ".arrow")):
+                    kind = "parquet"  # a table of records (fcp_data.index.parquet reads both)
                 elif not pp.exists():
                     kind = "tar" if ".tar" in pp.name else "parquet" if ".parquet" in pp.name else "jsonl"
                 else:
-                    raise ValueError(f"input {p!r}: not a .jsonl file, a .parquet file, a .tar shard or a folder")
+                    raise ValueError(f"input {p!r}: not a .jsonl, .parquet or .arrow file, a .tar shard or a folder")
                 sources.append({"path": str(pp.resolve()), "kind": kind})
             if len(sources) > MAX_INPUT_PATHS:
                 raise ValueError(f"the inputs name more than {MAX_INPUT_PATHS:,} shards; index them in several runs")

@@ -182,7 +182,7 @@ def build_index(inputs: list[str], spec: str, out: str | Path, *, tokenizer: str
         raise ValueError(f"--out {out} is a file; give a folder for the index")
     sources = expand_inputs(list(inputs))
     if any(s["kind"] == "parquet" for s in sources) and importlib.util.find_spec("pyarrow") is None:
-        raise ValueError("reading .parquet needs pyarrow: pip install 'fcp[parquet]' (or pyarrow)")
+        raise ValueError("reading .parquet/.arrow needs pyarrow: pip install 'fcp[parquet]' (or pyarrow)")
     if not any(Path(s["path"]).exists() for s in sources):
         raise ValueError(f"none of the inputs exist: {', '.join(s['path'] for s in sources[:3])}"
                          f"{' ...' if len(sources) > 3 else ''}")

@@ -1,5 +1,5 @@
-"""Parquet inputs of ``fcp index`` (how Hugging Face datasets ship): one row is one record, read as a jsonl line
-would be (``--text-field``, ``--prompt-field``, ``--chat-field``; an image/video cell ``{"bytes", "path"}`` is
+"""Parquet inputs of ``fcp index`` (how Hugging Face datasets ship; also the ``.arrow`` files of ``save_to_disk``
+and the datasets cache): one row is one record, read as a jsonl line would be (``--text-field``, ``--prompt-field``, ``--chat-field``; an image/video cell ``{"bytes", "path"}`` is
 read from its bytes).
 
 Random access: a Parquet row group is compressed and decoded whole, so reading one shuffled row at a time would
@@ -27,11 +27,42 @@ BATCH_ROWS = 256  # rows per record batch of the records file (a read slices one
 
 
 def _open(path):
+    """A Parquet file, or an Arrow file seen through the same slice of ``ParquetFile``'s API."""
     try:
         import pyarrow.parquet as pq
     except ImportError:  # an optional dependency: one clear line, not a traceback
-        raise ValueError("reading .parquet needs pyarrow: pip install 'fcp[parquet]' (or pyarrow)") from None
-    return pq.ParquetFile(path)
+        raise ValueError("reading .parquet/.arrow needs pyarrow: pip install 'fcp[parquet]' (or pyarrow)") from None
+    return _ArrowFile(path) if str(path).endswith(".arrow") else pq.ParquetFile(path)
+
+
+class _ArrowFile:
+    """A Hugging Face datasets Arrow file (the IPC stream ``save_to_disk`` and the datasets cache write, or an IPC
+    file), memory-mapped, its record batches standing for row groups: ``schema_arrow``, ``metadata.num_row_groups``,
+    ``metadata.row_group(g).num_rows``, ``read_row_group(g)``."""
+
+    def __init__(self, path) -> None:
+        import pyarrow as pa
+
+        try:
+            reader = pa.ipc.open_file(pa.memory_map(str(path)))
+        except pa.ArrowInvalid:  # not the file format: the stream format
+            reader = pa.ipc.open_stream(pa.memory_map(str(path)))
+        table = reader.read_all()  # zero-copy over the map
+        self._pa, self.schema_arrow, self._batches = pa, table.schema, table.to_batches()
+        self.metadata = self
+
+    @property
+    def num_row_groups(self) -> int:
+        return len(self._batches)
+
+    def row_group(self, g: int):
+        return self._batches[g]
+
+    def read_row_group(self, g: int):
+        return self._pa.Table.from_batches([self._batches[g]], schema=self.schema_arrow)
+
+    def close(self) -> None:
+        self._batches = []
 
 
 def _too_large(obj: dict, limits) -> str | None:
@@ -52,7 +83,7 @@ def records_path(out: str | Path, source: int) -> Path:
 
 
 def index_parquet(task: dict, cfg: dict, spec, rows) -> int:
-    """Index every row of one Parquet file into ``rows``; returns the rows seen."""
+    """Index every row of one Parquet (or Arrow) file into ``rows``; returns the rows seen."""
     from fcp_data.index.build import _regular_file
     from fcp_data.index.limits import Limits
     from fcp_data.index.textbatch import TextBatch

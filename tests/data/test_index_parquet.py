@@ -121,7 +121,7 @@ def test_bad_parquet_inputs_are_recorded(tmp_path, monkeypatch):
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "pyarrow" else real(n, *a))
-    with pytest.raises(ValueError, match=r"reading \.parquet needs pyarrow"):
+    with pytest.raises(ValueError, match=r"reading \.parquet/\.arrow needs pyarrow"):
         build_index([str(tmp_path / "ok.parquet")], "text", tmp_path / "x", progress=False)
 
 
@@ -157,3 +157,24 @@ def test_rows_are_read_from_the_index_records_file(tmp_path):
     assert [k for k in bad.index.keys] == [f"r{i}" for i in range(40) if not 5 <= i < 10]
     for i, k in enumerate(bad.index.keys):
         assert torch.equal(bad[i]["input_ids"], b[list(b.index.keys).index(k)]["input_ids"]), k
+
+
+@pytest.mark.parametrize("fmt", ["stream", "file"])
+def test_hugging_face_arrow_files_equal_their_jsonl(tmp_path, fmt):
+    """``.arrow`` files as Hugging Face datasets write them (``save_to_disk``: the IPC stream format; also the IPC
+    file format), several record batches: the same samples as the records in jsonl, from the index's copy and, with
+    the copy gone, from the Arrow file itself."""
+    rows = _conversations(23, seed=6)
+    table = pa.Table.from_pylist(rows)
+    new = pa.ipc.new_stream if fmt == "stream" else pa.ipc.new_file
+    with new(str(tmp_path / "data-00000-of-00001.arrow"), table.schema) as w:
+        for b in table.to_batches(max_chunksize=4):
+            w.write_batch(b)
+    _write(tmp_path / "c.jsonl", rows)
+    kw = dict(chat_field="messages", progress=False)
+    build_index([str(tmp_path / "data-00000-of-00001.arrow")], "text", tmp_path / "a", **kw)
+    build_index([str(tmp_path / "c.jsonl")], "text", tmp_path / "j", **kw)
+    ref = IndexedDataset(tmp_path / "j")
+    _assert_same(IndexedDataset(tmp_path / "a"), ref)
+    (tmp_path / "a" / "records" / "000000.arrow").unlink()
+    _assert_same(IndexedDataset(tmp_path / "a"), ref)
