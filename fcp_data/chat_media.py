@@ -135,10 +135,8 @@ def find_media(obj: dict, chat_field: str) -> tuple[ChatMedia, list]:
                 media, placed = found, True
                 parts.append({"type": "text", "text": MEDIA_MARK})
             c = parts
-        if tag and isinstance(c, str) and tag in c:
-            if placed or c.count(tag) > 1:
-                raise _err("multiple_media", f"more than one {tag} tag: one {media.kind} per conversation")
-            c, placed = c.replace(tag, MEDIA_MARK), True
+        if tag:
+            c, placed = _place_tag(c, tag, placed, media.kind)
         out.append({**m, key: c})
     if media is None:
         raise _err("bad_messages", "no image or video in the line")
@@ -152,6 +150,21 @@ def find_media(obj: dict, chat_field: str) -> tuple[ChatMedia, list]:
             [{"type": "text", "text": MEDIA_MARK}, *c] if isinstance(c, list) else c
         out[first] = {**out[first], key: c}
     return media, out
+
+
+def _place_tag(c: Any, tag: str, placed: bool, kind: str) -> tuple[Any, bool]:
+    """A turn's content with its ``<video>``/``<image>`` tag (in a string or a text part) turned into the mark."""
+    texts = [c] if isinstance(c, str) else [p.get("text") for p in c if isinstance(p, dict)] if isinstance(c, list) \
+        else []
+    n = sum(t.count(tag) for t in texts if isinstance(t, str))
+    if n == 0:
+        return c, placed
+    if placed or n > 1:
+        raise _err("multiple_media", f"more than one {tag} tag: one {kind} per conversation")
+    if isinstance(c, str):
+        return c.replace(tag, MEDIA_MARK), True
+    return [dict(p, text=p["text"].replace(tag, MEDIA_MARK)) if isinstance(p, dict) and isinstance(p.get("text"), str)
+            else p for p in c], True
 
 
 def _role(m: Any) -> str | None:

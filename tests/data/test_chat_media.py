@@ -189,16 +189,21 @@ def test_media_chat_lines_that_are_no_sample_are_recorded(tmp_path):
            {"id": "mark", "video": f"media/{names[0]}", "messages": [{"role": "user", "content": "a\ufdd4"}, turns[1]]},
            {"id": "nopath", "messages": [{"role": "user", "content": [{"type": "video"}]}, turns[1]]}]
     alone = {"id": "alone", "video": f"media/{names[1]}", "messages": [{"role": "user", "content": None}, turns[1]]}
-    _write(tmp_path / "chat.jsonl", [ok, alone] + bad)
+    in_part = {"id": "inpart", "video": f"media/{names[0]}", "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "<video> what?"}]}, turns[1]]}  # the tag in a text part
+    _write(tmp_path / "chat.jsonl", [ok, alone, in_part] + bad)
     manifest, rc = build_index([str(tmp_path / "chat.jsonl")], "qwen2.5-vl", tmp_path / "idx", chat_field="messages",
                                progress=False, max_error_rate=1.0)
-    assert rc == 0 and manifest["num_samples"] == 2 and manifest["kinds"] == {"video": 2}
-    assert summarize(manifest).startswith("indexed 2 samples (2 video) of 10 seen, 8 errors")
+    assert rc == 0 and manifest["num_samples"] == 3 and manifest["kinds"] == {"video": 3}
+    assert summarize(manifest).startswith("indexed 3 samples (3 video) of 11 seen, 8 errors")
+    data = IndexedDataset(tmp_path / "idx")
+    same = [data[list(data.index.keys).index(k)] for k in ("ok", "inpart")]
+    assert torch.equal(same[0]["input_ids"], same[1]["input_ids"])  # the same conversation, spelled two ways
     assert manifest["errors_by_reason"] == {"bad_messages": 2, "corrupt_video": 1, "missing_media": 1,
                                             "multiple_media": 3, "unsupported_media": 1}
     manifest, _ = build_index([str(tmp_path / "chat.jsonl")], "text", tmp_path / "idxt", chat_field="messages",
                               progress=False, max_error_rate=1.0)
-    assert manifest["num_samples"] == 0 and manifest["errors_by_reason"] == {"bad_messages": 10}  # a text spec
+    assert manifest["num_samples"] == 0 and manifest["errors_by_reason"] == {"bad_messages": 11}  # a text spec
     # --media-root: paths relative to another folder, and the reader finds them there too
     (tmp_path / "lines").mkdir()
     _write(tmp_path / "lines" / "chat.jsonl", [ok])
