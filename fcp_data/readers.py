@@ -151,9 +151,9 @@ class IndexedDataset(torch.utils.data.Dataset):
             while len(self._files) >= self.max_open_files:
                 self._files.popitem(last=False)[1].close()
             if parquet:
-                from fcp_data.index.parquet import ParquetRows, records_path
+                from fcp_data.index.parquet import ParquetRows, records_of
 
-                f = self._files[key] = ParquetRows(self._source_path(shard), records_path(self.index.path, shard))
+                f = self._files[key] = ParquetRows(self._source_path(shard), records_of(self.index.path, shard))
             else:
                 f = self._files[key] = open(self._source_path(shard), "rb")
         else:

@@ -170,9 +170,18 @@ def walk_folder(root: str | Path) -> list[list]:
 
 
 def make_tasks(sources: list[dict], dir_chunk: int = DIR_CHUNK) -> list[dict]:
-    """One task per jsonl file and tar shard; folders are split into chunks of ``dir_chunk`` samples."""
+    """One task per jsonl file and tar shard; folders are split into chunks of ``dir_chunk`` samples, Parquet/Arrow
+    files into runs of whole row groups (:func:`fcp_data.index.parquet.parquet_pieces`)."""
     tasks: list[dict] = []
     for si, src in enumerate(sources):
+        if src["kind"] == "parquet":  # whole row groups, about TASK_ROWS rows per task
+            from fcp_data.index.parquet import parquet_pieces
+
+            stamp = source_stamp(src["path"])
+            for g0, g1, first in parquet_pieces(src["path"]):
+                tasks.append({"id": len(tasks), "source": si, "kind": "parquet", "path": src["path"], "stamp": stamp,
+                              "row_groups": [g0, g1], "first_row": first})
+            continue
         if src["kind"] != "dir":
             tasks.append({"id": len(tasks), "source": si, "kind": src["kind"], "path": src["path"],
                           "stamp": source_stamp(src["path"])})

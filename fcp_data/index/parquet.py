@@ -4,10 +4,12 @@ read from its bytes).
 
 Random access: a Parquet row group is compressed and decoded whole, so reading one shuffled row at a time would
 decode thousands of rows per sample. While indexing, the rows are therefore also written, uncompressed, to an
-Arrow IPC file in the index (``OUT/records/<source>.arrow``, batches of ``BATCH_ROWS`` rows) that the reader
+Arrow IPC file in the index (``OUT/records/``, batches of ``BATCH_ROWS`` rows) that the reader
 memory-maps: a row is a zero-copy slice (as Hugging Face datasets' Arrow cache does). The disk cost is the rows'
-uncompressed size; the Parquet file is not read after indexing (the index holds the snapshot it counted). An index
-without the records file (deleted) falls back to the Parquet file, keeping its last decoded row groups.
+uncompressed size; the Parquet file is not read after indexing (the index holds the snapshot it counted). Rows
+whose copy was deleted are read from the Parquet file again, keeping its last decoded row groups. A big file is
+indexed by several tasks (whole row groups, about ``TASK_ROWS`` rows each), each writing the copy of its rows
+(``OUT/records/<source>-<first row>.arrow``).
 
 The index addresses a row by its position in the file (the member ``parquet`` holds ``(row, 1)``). A row without a
 ``--key-field`` is keyed ``<file stem>:<row>`` (0-based). A file pyarrow cannot open is one ``unreadable_shard``
@@ -21,9 +23,11 @@ import os
 from collections import OrderedDict
 from pathlib import Path
 
-__all__ = ["index_parquet", "ParquetRows", "records_path", "BATCH_ROWS"]
+__all__ = ["index_parquet", "parquet_pieces", "ParquetRows", "records_path", "records_of", "BATCH_ROWS",
+           "TASK_ROWS"]
 
 BATCH_ROWS = 256  # rows per record batch of the records file (a read slices one batch)
+TASK_ROWS = 50_000  # rows per indexing task of a Parquet/Arrow file (whole row groups; a big file is shared)
 
 
 def _open(path):
@@ -77,9 +81,38 @@ def _too_large(obj: dict, limits) -> str | None:
     return None
 
 
-def records_path(out: str | Path, source: int) -> Path:
-    """The Arrow copy of source ``source``'s rows inside index ``out``."""
-    return Path(out) / "records" / f"{source:06d}.arrow"
+def records_path(out: str | Path, source: int, first_row: int = 0) -> Path:
+    """The Arrow copy, inside index ``out``, of source ``source``'s rows from ``first_row`` (one file per task)."""
+    return Path(out) / "records" / f"{source:06d}-{first_row:012d}.arrow"
+
+
+def records_of(out: str | Path, source: int) -> list[tuple[int, Path]]:
+    """``[(first row, file)]`` of the copies an index holds of source ``source``, in row order."""
+    found = []
+    for p in (Path(out) / "records").glob(f"{source:06d}-*.arrow"):
+        try:
+            found.append((int(p.stem.split("-")[1]), p))
+        except (IndexError, ValueError):
+            continue
+    return sorted(found)
+
+
+def parquet_pieces(path: str | Path) -> list[tuple[int, int, int]]:
+    """``[(first row group, end row group, first row)]`` covering a file in tasks of at least ``TASK_ROWS`` rows (so
+    several workers share one big file); ``[(0, -1, 0)]`` when its metadata cannot be read (the task says why)."""
+    try:
+        md = _open(path).metadata
+    except Exception:  # noqa: BLE001 - recorded by the task that opens it
+        return [(0, -1, 0)]
+    out, g0, first, acc = [], 0, 0, 0
+    for g in range(md.num_row_groups):
+        acc += md.row_group(g).num_rows
+        if acc >= TASK_ROWS:
+            out.append((g0, g + 1, first))
+            g0, first, acc = g + 1, first + acc, 0
+    if g0 < md.num_row_groups or not out:
+        out.append((g0, md.num_row_groups, first))
+    return out
 
 
 def index_parquet(task: dict, cfg: dict, spec, rows) -> int:
@@ -96,12 +129,13 @@ def index_parquet(task: dict, cfg: dict, spec, rows) -> int:
         rows.error(str(path), "unreadable_shard", getattr(e, "detail", None) or f"{type(e).__name__}: {e}", str(path))
         return 1
     batch = TextBatch(task, spec, rows, eos=not cfg.get("chat_field"), ext="parquet")
-    with _RecordsWriter(records_path(cfg["out"], task["source"]), pf.schema_arrow) as copy:
-        seen = 0
-        for rg in range(pf.metadata.num_row_groups):
-            seen = _index_row_group(pf, rg, seen, path, limits, cfg, task, spec, rows, batch, copy)
+    g0, g1 = task.get("row_groups", (0, -1))
+    first = row = task.get("first_row", 0)
+    with _RecordsWriter(records_path(cfg["out"], task["source"], first), pf.schema_arrow) as copy:
+        for rg in range(g0, pf.metadata.num_row_groups if g1 < 0 else g1):
+            row = _index_row_group(pf, rg, row, path, limits, cfg, task, spec, rows, batch, copy)
     batch.flush()
-    return seen
+    return row - first
 
 
 def _index_row_group(pf, rg: int, seen: int, path: Path, limits, cfg, task, spec, rows, batch, copy) -> int:
@@ -161,42 +195,63 @@ class _RecordsWriter:
 
 
 class ParquetRows:
-    """Row ``r`` of an indexed Parquet file as a dict, for the reader: from the index's records file when there is
-    one (memory-mapped Arrow IPC: a zero-copy slice of one batch), else from the Parquet file (the last ``keep``
-    decoded row groups kept)."""
+    """Row ``r`` of an indexed Parquet/Arrow file as a dict, for the reader: from the index's copies of its rows
+    (memory-mapped Arrow IPC: a zero-copy slice of one batch), else — a copy deleted — from the file itself (the last
+    ``keep`` decoded row groups kept)."""
 
-    def __init__(self, path: str | Path, records: str | Path | None = None, keep: int = 2) -> None:
-        self.keep, self._groups = keep, OrderedDict()
-        if records is not None and Path(records).is_file():
-            import pyarrow as pa
+    def __init__(self, path: str | Path, copies: list[tuple[int, Path]] = (), keep: int = 2) -> None:
+        self.path, self.keep, self._groups = path, keep, OrderedDict()
+        self._firsts = [f for f, _ in copies]
+        self._copies = [p for _, p in copies]
+        self._open: dict[int, tuple[object, list[int]]] = {}
+        self.pf, self._ends = None, []
 
-            self.pf, self._ipc = None, pa.ipc.open_file(pa.memory_map(str(records)))
-            sizes = [self._ipc.get_batch(b).num_rows for b in range(self._ipc.num_record_batches)]
-        else:
-            self.pf, self._ipc = _open(path), None
-            sizes = [self.pf.metadata.row_group(rg).num_rows for rg in range(self.pf.metadata.num_row_groups)]
-        self.ends, total = [], 0
+    @staticmethod
+    def _ends_of(sizes) -> list[int]:
+        ends, total = [], 0
         for n in sizes:
             total += n
-            self.ends.append(total)
+            ends.append(total)
+        return ends
+
+    def _copy(self, k: int):
+        if k not in self._open:
+            import pyarrow as pa
+
+            ipc = pa.ipc.open_file(pa.memory_map(str(self._copies[k])))
+            self._open[k] = ipc, self._ends_of(ipc.get_batch(b).num_rows for b in range(ipc.num_record_batches))
+        return self._open[k]
 
     def close(self) -> None:
         self._groups.clear()
+        self._open.clear()
         close = getattr(self.pf, "close", None)
         if close is not None:
             close()
-        self._ipc = None
 
     def row(self, r: int) -> dict:
         import bisect
 
-        if not 0 <= r < (self.ends[-1] if self.ends else 0):
-            raise OSError(f"row {r} is past the end of the file ({self.ends[-1] if self.ends else 0} rows): the "
+        k = bisect.bisect_right(self._firsts, r) - 1
+        if k >= 0:
+            ipc, ends = self._copy(k)
+            local = r - self._firsts[k]
+            if local < (ends[-1] if ends else 0):
+                b = bisect.bisect_right(ends, local)
+                return ipc.get_batch(b).slice(local - (ends[b - 1] if b else 0), 1).to_pylist()[0]
+        return self._from_file(r)
+
+    def _from_file(self, r: int) -> dict:
+        import bisect
+
+        if self.pf is None:
+            self.pf = _open(self.path)
+            md = self.pf.metadata
+            self._ends = self._ends_of(md.row_group(g).num_rows for g in range(md.num_row_groups))
+        if not 0 <= r < (self._ends[-1] if self._ends else 0):
+            raise OSError(f"row {r} is past the end of {self.path} ({self._ends[-1] if self._ends else 0} rows): the "
                           "file changed since indexing")
-        rg = bisect.bisect_right(self.ends, r)
-        start = self.ends[rg - 1] if rg else 0
-        if self._ipc is not None:
-            return self._ipc.get_batch(rg).slice(r - start, 1).to_pylist()[0]
+        rg = bisect.bisect_right(self._ends, r)
         table = self._groups.get(rg)
         if table is None:
             while len(self._groups) >= self.keep:
@@ -204,4 +259,4 @@ class ParquetRows:
             table = self._groups[rg] = self.pf.read_row_group(rg)
         else:
             self._groups.move_to_end(rg)
-        return table.slice(r - start, 1).to_pylist()[0]
+        return table.slice(r - (self._ends[rg - 1] if rg else 0), 1).to_pylist()[0]

@@ -142,7 +142,7 @@ def test_rows_are_read_from_the_index_records_file(tmp_path):
     rng = np.random.default_rng(4)
     rows = [{"id": f"r{i}", "text": " ".join(rng.choice(WORDS, int(rng.integers(3, 40))))} for i in range(40)]
     a, b = _both(tmp_path, "t", rows)
-    rec = tmp_path / "t-parquet" / "records" / "000000.arrow"
+    rec = tmp_path / "t-parquet" / "records" / "000000-000000000000.arrow"
     assert rec.is_file()
     (tmp_path / "t.parquet").rename(tmp_path / "t.parquet.bak")
     _assert_same(IndexedDataset(tmp_path / "t-parquet"), b)
@@ -176,5 +176,27 @@ def test_hugging_face_arrow_files_equal_their_jsonl(tmp_path, fmt):
     build_index([str(tmp_path / "c.jsonl")], "text", tmp_path / "j", **kw)
     ref = IndexedDataset(tmp_path / "j")
     _assert_same(IndexedDataset(tmp_path / "a"), ref)
-    (tmp_path / "a" / "records" / "000000.arrow").unlink()
+    (tmp_path / "a" / "records" / "000000-000000000000.arrow").unlink()
     _assert_same(IndexedDataset(tmp_path / "a"), ref)
+
+
+def test_a_big_file_is_indexed_by_several_tasks(tmp_path, monkeypatch):
+    """Tasks of whole row groups (TASK_ROWS lowered to 10: 4 tasks over 10 row groups of 4 rows), run by 2 worker
+    processes: the same samples as the jsonl, one copy per task; a deleted copy's rows come from the file again."""
+    import fcp_data.index.parquet as pqmod
+
+    monkeypatch.setattr(pqmod, "TASK_ROWS", 10)
+    rng = np.random.default_rng(8)
+    rows = [{"id": f"r{i}", "text": " ".join(rng.choice(WORDS, int(rng.integers(2, 30))))} for i in range(40)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "big.parquet", row_group_size=4)
+    assert pqmod.parquet_pieces(tmp_path / "big.parquet") == [(0, 3, 0), (3, 6, 12), (6, 9, 24), (9, 10, 36)]
+    _write(tmp_path / "big.jsonl", rows)
+    manifest, _ = build_index([str(tmp_path / "big.parquet")], "text", tmp_path / "p", progress=False, workers=2)
+    build_index([str(tmp_path / "big.jsonl")], "text", tmp_path / "j", progress=False)
+    assert manifest["num_tasks"] == 4
+    copies = pqmod.records_of(tmp_path / "p", 0)
+    assert [f for f, _ in copies] == [0, 12, 24, 36]
+    ref = IndexedDataset(tmp_path / "j")
+    _assert_same(IndexedDataset(tmp_path / "p"), ref)
+    copies[1][1].unlink()
+    _assert_same(IndexedDataset(tmp_path / "p"), ref)
