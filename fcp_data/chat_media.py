@@ -1,35 +1,41 @@
-"""Chat SFT lines with one image or video (LLaVA / Qwen-VL fine-tuning data) for ``fcp index --chat-field``.
+"""Chat SFT lines with images and videos (LLaVA / Qwen-VL fine-tuning data) for ``fcp index --chat-field``.
 
 A line names its media in one of two ways:
 
-* LLaVA: a top-level ``"video": "clips/a.mp4"`` or ``"image": "imgs/b.jpg"`` and a ``<video>`` / ``<image>`` tag in
-  a turn's text where it goes (no tag: before the first user turn's text, as LLaVA's loaders put it);
-* parts (transformers / OpenAI style): a content part ``{"type": "video", "video": "clips/a.mp4"}`` (or
-  ``"image"``; the path also as ``"path"`` or ``"url"``) among the text parts.
+* LLaVA: a top-level ``"video": "clips/a.mp4"`` or ``"image": "imgs/b.jpg"`` (or a list of paths: multi-image
+  data) and one ``<video>`` / ``<image>`` tag per entry in the turns' text where each goes, in order (no tag at
+  all: the entries go before the first user turn's text, as LLaVA's loaders put them);
+* parts (transformers / OpenAI style): content parts ``{"type": "video", "video": "clips/a.mp4"}`` (or
+  ``"image"``; the path also as ``"path"`` or ``"url"``) among the text parts, as many as the turn has.
 
 The media may also be embedded: a value ``{"bytes": ..., "path": ...}`` (how Hugging Face datasets store an Image
 or Video cell in Parquet) is read from its bytes.
 
 A relative path is resolved against ``fcp index --media-root`` (default: the folder of the jsonl file). The
-conversation is rendered by its chat template with one mark character at the media's position; the sample is the
-tokens of the text before it, the media's visual block (the spec's markers, timestamps and exactly
-``num_visual_tokens`` placeholders, as for a video/image sample) and the tokens of the text after it. Labels: the
-assistant turns as for a text conversation (:mod:`fcp_data.chat`); the visual block is never trained.
+conversation is rendered by its chat template with one mark character (a private-use code point of plane 15, one
+per media) at each media's position; the sample is the tokens of the text between the marks and, at each mark,
+that media's visual block (the spec's markers, timestamps and exactly its visual-token count of placeholders, as
+for a video/image sample). Labels: the assistant turns as for a text conversation (:mod:`fcp_data.chat`); a visual
+block is never trained. The sample's ``grid_thw`` has one row per media in order of position, ``pixel_values``
+are theirs concatenated.
 
-One image or video per conversation (the index keeps one per sample): a second one is ``multiple_media``; a URL
-``unsupported_media``; a file that is missing ``missing_media``.
+Recorded per line: a tag count that differs from the entries (``media_tag_mismatch``), more than ``MAX_MEDIA``
+media (``too_many_media``), a URL (``unsupported_media``), a file that is missing (``missing_media``).
 """
 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MEDIA_MARK", "ChatMedia", "find_media", "has_media", "media_path", "split_render", "token_labels"]
+__all__ = ["MAX_MEDIA", "ChatMedia", "find_media", "has_media", "mark", "media_path", "split_render", "token_labels"]
 
-MEDIA_MARK = "\ufdd4"  # a noncharacter: where the visual block goes in the rendered conversation
+MAX_MEDIA = 256  # images/videos in one conversation
+_MARK0 = 0xF0000  # media k is marked by chr(_MARK0 + k) (Supplementary Private Use Area-A)
+_MARKS = re.compile("[\U000F0000-\U000FFFFD]")
 _KINDS = ("video", "image")
 _TAGS = {"video": "<video>", "image": "<image>"}
 _PART_KEYS = ("path", "url")
@@ -88,83 +94,147 @@ def has_media(obj: dict, chat_field: str) -> bool:
         and any(isinstance(p, dict) and p.get("type") in _KINDS for p in m[_turn_text_key(m)]) for m in turns)
 
 
-def _top_level(obj: dict) -> ChatMedia | None:
-    named = [k for k in _KINDS if obj.get(k) is not None]
-    if len(named) > 1:
-        raise _err("multiple_media", "the line has both 'video' and 'image': one image or video per conversation")
-    if not named:
-        return None
-    v = obj[named[0]]
-    if isinstance(v, list) and len(v) == 1:
-        v = v[0]
-    if isinstance(v, list):
-        raise _err("multiple_media", f"{len(v)} entries in {named[0]!r}: one image or video per conversation")
-    if isinstance(v, dict):
-        return _embedded(named[0], v)
-    if not isinstance(v, str) or not v:
-        raise _err("bad_messages", f"{named[0]!r} must be a file path, got {type(v).__name__}")
-    return ChatMedia(named[0], v)
+def mark(k: int) -> str:
+    """The character that stands for media ``k`` in a rendered conversation."""
+    return chr(_MARK0 + k)
 
 
-def find_media(obj: dict, chat_field: str) -> tuple[ChatMedia, list]:
-    """The line's image or video and its conversation with :data:`MEDIA_MARK` at the media's position."""
+def _top_level(obj: dict) -> dict[str, list[ChatMedia]]:
+    """LLaVA's top-level entries per kind (a path, an embedded cell, or a list of them)."""
+    out = {}
+    for kind in _KINDS:
+        v = obj.get(kind)
+        if v is None:
+            continue
+        items = v if isinstance(v, list) else [v]
+        if not items:
+            continue
+        media = []
+        for item in items:
+            if isinstance(item, dict):
+                media.append(_embedded(kind, item))
+            elif isinstance(item, str) and item:
+                media.append(ChatMedia(kind, item))
+            else:
+                raise _err("bad_messages", f"{kind!r} must hold file paths, got {type(item).__name__}")
+        out[kind] = media
+    return out
+
+
+class _Placer:
+    """Turns media into marks while walking the turns: parts where they stand, top-level entries at their tags."""
+
+    def __init__(self, top: dict[str, list[ChatMedia]]) -> None:
+        self.top, self.used = top, {k: 0 for k in top}
+        self.media: list[ChatMedia] = []
+
+    def _new(self, m: ChatMedia) -> str:
+        self.media.append(m)
+        if len(self.media) > MAX_MEDIA:
+            raise _err("too_many_media", f"more than {MAX_MEDIA} images/videos in one conversation")
+        return mark(len(self.media) - 1)
+
+    def text(self, t: str) -> str:
+        """``t`` with each top-level kind's tags replaced by the marks of its next entries."""
+        tags = [k for k in self.top if _TAGS[k] in t]
+        if not tags:
+            return t
+        pattern = re.compile("|".join(re.escape(_TAGS[k]) for k in tags))
+
+        def sub(m: re.Match) -> str:
+            kind = next(k for k in tags if _TAGS[k] == m.group(0))
+            n = self.used[kind]
+            if n >= len(self.top[kind]):
+                raise _err("media_tag_mismatch", f"more {_TAGS[kind]} tags than {kind!r} entries "
+                                                 f"({len(self.top[kind])})")
+            self.used[kind] = n + 1
+            return self._new(self.top[kind][n])
+        return pattern.sub(sub, t)
+
+    def content(self, c: Any) -> Any:
+        if isinstance(c, str):
+            return self.text(c)
+        if not isinstance(c, list):
+            return c
+        out = []
+        for p in c:
+            found = _media_part(p)
+            if found is not None:
+                out.append({"type": "text", "text": self._new(found)})
+            elif isinstance(p, dict) and isinstance(p.get("text"), str):
+                out.append(dict(p, text=self.text(p["text"])))
+            else:
+                out.append(p)
+        return out
+
+
+def find_media(obj: dict, chat_field: str) -> tuple[list[ChatMedia], list]:
+    """The line's images/videos in order of position, and its conversation with their marks (:func:`mark`)."""
     turns = obj.get(chat_field)
     if not isinstance(turns, list):
         raise _err("bad_messages", f"messages must be a non-empty list of turns, got {type(turns).__name__}")
-    media, out = _top_level(obj), []
-    tag = _TAGS[media.kind] if media else None
-    placed = False
-    for k, m in enumerate(turns):
+    if _MARKS.search(_all_text(turns)):
+        raise _err("bad_messages", "the conversation holds characters of the Supplementary Private Use Area-A, "
+                                   "which fcp uses as marks")
+    placer, out = _Placer(_top_level(obj)), []
+    for m in turns:
         key = _turn_text_key(m)
-        if key is None:
-            out.append(m)
-            continue
-        c = m.get(key)
-        if isinstance(c, str) and MEDIA_MARK in c or isinstance(c, list) and any(
-                isinstance(p, dict) and MEDIA_MARK in str(p.get("text", "")) for p in c):
-            raise _err("bad_messages", f"turn {k} holds the character U+FDD4 (a noncharacter)")
-        if isinstance(c, list):
-            parts = []
-            for p in c:
-                found = _media_part(p)
-                if found is None:
-                    parts.append(p)
-                    continue
-                if media is not None:
-                    raise _err("multiple_media", "more than one image or video: one per conversation")
-                media, placed = found, True
-                parts.append({"type": "text", "text": MEDIA_MARK})
-            c = parts
-        if tag:
-            c, placed = _place_tag(c, tag, placed, media.kind)
-        out.append({**m, key: c})
-    if media is None:
+        out.append(m if key is None else {**m, key: placer.content(m.get(key))})
+    untagged = [k for k in placer.top if placer.used[k] == 0]
+    for k in placer.top:
+        if 0 < placer.used[k] < len(placer.top[k]):
+            raise _err("media_tag_mismatch", f"{placer.used[k]} {_TAGS[k]} tags for {len(placer.top[k])} "
+                                             f"{k!r} entries")
+    if untagged:
+        out = _prepend(out, placer, untagged)
+    if not placer.media:
         raise _err("bad_messages", "no image or video in the line")
-    if not placed:
-        first = next((j for j, m in enumerate(out) if _role(m) == "user"), None)
-        if first is None:
-            raise _err("bad_messages", f"no user turn to put the {media.kind} in")
-        key = _turn_text_key(out[first])
-        c = out[first].get(key)
-        c = MEDIA_MARK + (c or "") if c is None or isinstance(c, str) else \
-            [{"type": "text", "text": MEDIA_MARK}, *c] if isinstance(c, list) else c
-        out[first] = {**out[first], key: c}
-    return media, out
+    return _in_order(placer.media, out)
 
 
-def _place_tag(c: Any, tag: str, placed: bool, kind: str) -> tuple[Any, bool]:
-    """A turn's content with its ``<video>``/``<image>`` tag (in a string or a text part) turned into the mark."""
-    texts = [c] if isinstance(c, str) else [p.get("text") for p in c if isinstance(p, dict)] if isinstance(c, list) \
-        else []
-    n = sum(t.count(tag) for t in texts if isinstance(t, str))
-    if n == 0:
-        return c, placed
-    if placed or n > 1:
-        raise _err("multiple_media", f"more than one {tag} tag: one {kind} per conversation")
-    if isinstance(c, str):
-        return c.replace(tag, MEDIA_MARK), True
-    return [dict(p, text=p["text"].replace(tag, MEDIA_MARK)) if isinstance(p, dict) and isinstance(p.get("text"), str)
-            else p for p in c], True
+def _prepend(out: list, placer: _Placer, kinds: list[str]) -> list:
+    """Untagged top-level entries before the first user turn's text (videos, then images, each in list order)."""
+    first = next((j for j, m in enumerate(out) if _role(m) == "user"), None)
+    if first is None:
+        raise _err("bad_messages", "no user turn to put the images/videos in")
+    marks = "".join(placer._new(m) for k in kinds for m in placer.top[k])
+    key = _turn_text_key(out[first])
+    c = out[first].get(key)
+    c = marks + (c or "") if c is None or isinstance(c, str) else \
+        [{"type": "text", "text": marks}, *c] if isinstance(c, list) else c
+    out[first] = {**out[first], key: c}
+    return out
+
+
+def _all_text(x: Any) -> str:
+    """Every string inside ``x`` (dict values and list items, in order), joined."""
+    if isinstance(x, str):
+        return x
+    if isinstance(x, dict):
+        return "".join(_all_text(v) for v in x.values())
+    if isinstance(x, list):
+        return "".join(_all_text(v) for v in x)
+    return ""
+
+
+def _in_order(media: list[ChatMedia], turns: list) -> tuple[list[ChatMedia], list]:
+    """The media sorted by where their marks stand in the turns, and the turns with the marks renumbered to match
+    (mark ``k`` = the ``k``-th position: the order the template writes them)."""
+    seen = [ord(ch) - _MARK0 for ch in _MARKS.findall(_all_text(turns))]
+    if sorted(seen) != list(range(len(media))):
+        raise _err("bad_messages", "an image/video position could not be placed in the turns")
+    new = {mark(old): mark(k) for k, old in enumerate(seen)}
+    return [media[k] for k in seen], _renumber(turns, new)
+
+
+def _renumber(x: Any, new: dict[str, str]) -> Any:
+    if isinstance(x, str):
+        return _MARKS.sub(lambda m: new[m.group(0)], x) if _MARKS.search(x) else x
+    if isinstance(x, dict):
+        return {k: _renumber(v, new) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_renumber(v, new) for v in x]
+    return x
 
 
 def _role(m: Any) -> str | None:
@@ -186,34 +256,40 @@ def media_path(media: ChatMedia, jsonl_path: str | Path, media_root: str | None)
     return p if p.is_absolute() else Path(media_root or Path(jsonl_path).parent) / p
 
 
-def split_render(messages: list, template) -> tuple[str, str, list[tuple[int, int]], list[tuple[int, int]]]:
-    """The conversation rendered, cut at the media mark: ``(before, after, trained spans of before, of after)``."""
+def split_render(messages: list, template, n: int) -> tuple[list[str], list[list[tuple[int, int]]]]:
+    """The conversation rendered and cut at its ``n`` media marks: the ``n + 1`` texts around them and the trained
+    spans of each. The marks must come back once each, in the order :func:`find_media` gave the media."""
     from fcp_data.chat import render_chat
 
     text, spans = render_chat(messages, template)
-    if text.count(MEDIA_MARK) != 1:
-        raise _err("template_changed_content", f"the chat template wrote the image/video position "
-                                               f"{text.count(MEDIA_MARK)} times, not once")
-    k = text.index(MEDIA_MARK)
-    before = [(a, min(b, k)) for a, b in spans if a < k]
-    after = [(max(a, k + 1) - k - 1, b - k - 1) for a, b in spans if b > k + 1]
-    return text[:k], text[k + 1:], before, after
+    found = [(m.start(), ord(m.group(0)) - _MARK0) for m in _MARKS.finditer(text)]
+    order = [k for _, k in found]
+    if sorted(order) != list(range(n)):
+        raise _err("template_changed_content", f"the chat template wrote {len(found)} image/video positions for {n}")
+    if order != list(range(n)):
+        raise _err("template_changed_content", "the chat template wrote the images/videos in another order")
+    cuts = [-1] + [p for p, _ in found] + [len(text)]
+    pieces, piece_spans = [], []
+    for a, b in zip(cuts, cuts[1:]):
+        lo = a + 1
+        pieces.append(text[lo:b])
+        piece_spans.append([(max(s0, lo) - lo, min(s1, b) - lo) for s0, s1 in spans if s0 < b and s1 > lo])
+    return pieces, piece_spans
 
 
-def token_labels(spec, before: str, after: str, spans_before, spans_after,
-                 visual: list[int]) -> tuple[list[int], list[int]]:
-    """``(input_ids, labels)``: the text before the media, the visual block, the text after (each text tokenised
-    on its own, so the placeholder count is exact); labels keep the trained spans' tokens, -100 elsewhere."""
+def token_labels(spec, pieces: list[str], spans: list, blocks: list[list[int]]) -> tuple[list[int], list[int]]:
+    """``(input_ids, labels)``: each text piece tokenised on its own (so every placeholder count is exact) and the
+    visual blocks between them; labels keep the trained spans' tokens, -100 elsewhere (never a visual block)."""
     from fcp_data.chat import trained_token_mask
 
     tok = spec.tokenizer()
     ids, labels = [], []
-    for text, spans, block in ((before, spans_before, visual), (after, spans_after, None)):
-        enc = tok.encode(text, add_special_tokens=False) if text else None
-        if enc is not None:
+    for k, (text, sp) in enumerate(zip(pieces, spans)):
+        if text:
+            enc = tok.encode(text, add_special_tokens=False)
             ids += enc.ids
-            labels += [t if m else -100 for t, m in zip(enc.ids, trained_token_mask(enc.offsets, spans))]
-        if block is not None:
-            ids += block
-            labels += [-100] * len(block)
+            labels += [t if m else -100 for t, m in zip(enc.ids, trained_token_mask(enc.offsets, sp))]
+        if k < len(blocks):
+            ids += blocks[k]
+            labels += [-100] * len(blocks[k])
     return ids, labels

@@ -10,9 +10,9 @@ Sample dicts (the contract with :class:`~fcp_data.collator.FCPCollator`, DESIGN 
   convention; ``dataset.has_labels``): train it with ``FCPCollator(sample_labels=True)``. With a chat field
   (``fcp index --chat-field``) the conversation is rendered by its template and the labels keep the assistant
   turns only (:mod:`fcp_data.chat`).
-  A chat line with an image or video (:mod:`fcp_data.chat_media`) is an image/video sample (below) whose
-  ``input_ids`` are the rendered conversation's tokens with the visual block at the media's position, and whose
-  ``labels`` keep the assistant turns only.
+  A chat line with images/videos (:mod:`fcp_data.chat_media`) is an image/video sample (below) whose
+  ``input_ids`` are the rendered conversation's tokens with each media's visual block at its position (``grid_thw``
+  one row per media, ``pixel_values`` concatenated), and whose ``labels`` keep the assistant turns only.
   ``IndexedDataset(..., caption_labels=True)`` does the same for image/video samples: ``labels`` = -100 on the
   whole visual block (markers, timestamps and placeholders), the caption's ids and EOS trained (a captioning
   recipe's caption-only loss).
@@ -222,38 +222,63 @@ class IndexedDataset(torch.utils.data.Dataset):
     def _vision(self, i: int, kind: int, src) -> tuple[list[int], dict]:
         """Sample ``i``'s visual block ids and its vision inputs (pixel values, grid, Qwen-VL's seconds per grid)
         from the image/video ``src`` (bytes or a path), planned from the index's columns."""
+        geom = dict(kind=kind, height=int(self.index.height[i]), width=int(self.index.width[i]),
+                    num_frames=int(self.index.num_frames[i]), fps=float(self.index.fps[i]))
+        if kind == KIND_VIDEO:
+            plan = plan_visual(self.spec, "video", height=geom["height"], width=geom["width"],
+                               num_frames=geom["num_frames"], fps=geom["fps"])
+        else:
+            plan = plan_visual(self.spec, "image", height=geom["height"], width=geom["width"])
+        return self._vision_of(plan, geom, src)
+
+    def _vision_of(self, plan, geom: dict, src) -> tuple[list[int], dict]:
+        """The visual block ids and vision inputs of one image/video under its ``plan``."""
         from fcp_data.video import vision_inputs
 
-        h, w = int(self.index.height[i]), int(self.index.width[i])
-        if kind == KIND_VIDEO:
-            plan = plan_visual(self.spec, "video", height=h, width=w, num_frames=int(self.index.num_frames[i]),
-                               fps=float(self.index.fps[i]))
-        else:
-            plan = plan_visual(self.spec, "image", height=h, width=w)
         pixel_values, grid_thw = vision_inputs(self.spec, plan, src)
         out = {"pixel_values": pixel_values, "grid_thw": grid_thw}
-        if kind == KIND_VIDEO and self.spec.family == "qwen-vl":
+        if geom["kind"] == KIND_VIDEO and self.spec.family == "qwen-vl":
             from fcp_data.video import qwen_second_per_grid
 
             out["second_per_grid_ts"] = torch.tensor(
-                [qwen_second_per_grid(len(plan.frame_indices), int(self.index.num_frames[i]), float(self.index.fps[i]),
+                [qwen_second_per_grid(len(plan.frame_indices), geom["num_frames"], geom["fps"],
                                       int(self.spec.vision["temporal_patch_size"]))], dtype=torch.float32)
         return segments_to_ids(self.spec, plan.segments), out
 
     def _media_chat_sample(self, i: int, kind: int, obj: dict) -> dict:
-        """A chat line with an image or video (:mod:`fcp_data.chat_media`): the text before it, its visual block,
-        the text after; labels on the assistant turns."""
+        """A chat line with images/videos (:mod:`fcp_data.chat_media`): the texts between them and their visual
+        blocks; labels on the assistant turns. One media is planned from the index's columns, several are probed
+        again (their total visual tokens must still be the index's)."""
         from fcp_data.chat_media import find_media, media_path, split_render, token_labels
 
         media, messages = find_media(obj, self.chat_field)
         src = self.index.sources[int(self.index.shard[i])]["path"]  # as indexed; relocated once, below
-        path = media_path(media, src, self.index.manifest.get("media_root"))
-        before, after, sb, sa = split_render(messages, self.chat_template)
-        visual, out = self._vision(i, kind, path if isinstance(path, bytes) else Path(self._relocate(str(path))))
-        ids, labels = token_labels(self.spec, before, after, sb, sa, visual)
+        root = self.index.manifest.get("media_root")
+        paths = [media_path(m, src, root) for m in media]
+        paths = [p if isinstance(p, bytes) else Path(self._relocate(str(p))) for p in paths]
+        pieces, spans = split_render(messages, self.chat_template, len(media))
+        if len(media) == 1:
+            blocks, outs = zip(self._vision(i, kind, paths[0]))
+        else:
+            blocks, outs = zip(*self._probed_vision(i, media, paths))
+        ids, labels = token_labels(self.spec, pieces, spans, list(blocks))
+        out = {k: torch.cat([o[k] for o in outs if k in o]) for k in ("pixel_values", "grid_thw", "second_per_grid_ts")
+               if any(k in o for o in outs)}
         out["input_ids"] = torch.tensor(ids, dtype=torch.long)
         out["labels"] = torch.tensor(labels, dtype=torch.long)
         return out
+
+    def _probed_vision(self, i: int, media: list, paths: list) -> list[tuple[list[int], dict]]:
+        from fcp_data.index.limits import Limits
+        from fcp_data.index.media_chat import probe_plan
+
+        m = self.index.manifest
+        plans = [probe_plan(x.kind, p, self.spec, m.get("probe") or "av", Limits.from_dict(m.get("limits")))
+                 for x, p in zip(media, paths)]
+        if sum(p.num_visual_tokens for p, _ in plans) != int(self.index.num_visual_tokens[i]):
+            raise ValueError(f"sample {self.index.keys[i]!r}: its images/videos changed since indexing (visual tokens "
+                             f"{sum(p.num_visual_tokens for p, _ in plans)} != {int(self.index.num_visual_tokens[i])})")
+        return [self._vision_of(plan, geom, p) for (plan, geom), p in zip(plans, paths)]
 
     def _sft_sample(self, obj: dict) -> dict:
         """An SFT jsonl line: prompt then response tokens (tokenised apart, as the index counted them), labels

@@ -1,4 +1,4 @@
-"""Index side of chat lines with an image or a video (:mod:`fcp_data.chat_media`), and the probe → visual plan
+"""Index side of chat lines with images and videos (:mod:`fcp_data.chat_media`), and the probe → visual plan
 step that folder/tar video and image samples share with them."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 from fcp_data.index.format import KIND_IMAGE, KIND_VIDEO
 from fcp_data.index.limits import Limits
-from fcp_data.index.probe import ProbeError, probe_image, probe_video
+from fcp_data.index.probe import ProbeError, check_image_data, probe_image, probe_video
 
 __all__ = ["probe_plan", "index_media_chat"]
 
@@ -40,15 +40,34 @@ def probe_plan(kind: str, src, spec, probe: str, limits: Limits):
         plan = plan_visual(spec, "image", height=ih, width=iw)
     except ValueError as e:
         raise ProbeError("unsupported_image", str(e)) from None
+    check_image_data(src)  # the reader decodes it at every epoch: a damaged file is an error now, not then
     return plan, dict(kind=KIND_IMAGE, num_frames=1, height=ih, width=iw)
+
+
+def media_plans(media: list, jsonl_path, cfg: dict, spec) -> list[tuple[object, dict]]:
+    """``(visual plan, columns)`` of each image/video of a conversation, probed from its file or bytes."""
+    from fcp_data.chat_media import media_path
+
+    from fcp_data.index.probe import IMAGE_EXTS
+
+    limits, out = Limits.from_dict(cfg.get("limits")), []
+    for m in media:
+        if m.kind == "video" and Path(m.path).suffix.lower().lstrip(".") in IMAGE_EXTS:
+            raise ProbeError("corrupt_video", f"{m.path!r} is an image file: give it as an image")
+        path = media_path(m, jsonl_path, cfg.get("media_root"))
+        if not isinstance(path, bytes) and not Path(path).is_file():
+            raise ProbeError("missing_media", f"no {m.kind} file {str(path)!r}")
+        out.append(probe_plan(m.kind, path, spec, cfg["probe"], limits))
+    return out
 
 
 def index_media_chat(key: str, start: int, size: int, obj: dict, cfg: dict, task: dict, spec, rows,
                      ext: str = "jsonl") -> None:
-    """One chat line naming an image or a video: probe the file, count the rendered text around the visual block
-    and the block itself, add the row (its member is the jsonl line; the file is found again from the line)."""
+    """One chat line naming images or videos: probe each, count the rendered text around their visual blocks and
+    the blocks, add the row (its member is the record; the files are found again from it). The index's kind and
+    geometry columns are the first media's (video if the line has one); ``num_visual_tokens`` is the total."""
     from fcp_data.chat import ChatFormatError
-    from fcp_data.chat_media import find_media, media_path, split_render
+    from fcp_data.chat_media import find_media, split_render
     from fcp_data.specs import count_segments
 
     if not spec.is_multimodal:
@@ -56,14 +75,13 @@ def index_media_chat(key: str, start: int, size: int, obj: dict, cfg: dict, task
                                          f"(this one, {spec.name!r}, is text only)")
     try:
         media, messages = find_media(obj, cfg["chat_field"])
-        path = media_path(media, task["path"], cfg.get("media_root"))
-        before, after, _, _ = split_render(messages, cfg.get("chat_template") or "chatml")
+        plans = media_plans(media, task["path"], cfg, spec)
+        pieces, _ = split_render(messages, cfg.get("chat_template") or "chatml", len(media))
     except ChatFormatError as e:
         raise ProbeError(e.reason, str(e)) from None
-    if not isinstance(path, bytes) and not Path(path).is_file():
-        raise ProbeError("missing_media", f"no {media.kind} file {str(path)!r}")
-    plan, vals = probe_plan(media.kind, path, spec, cfg["probe"], Limits.from_dict(cfg.get("limits")))
     tok = spec.tokenizer()
-    n_text = sum(len(tok.encode(t, add_special_tokens=False).ids) for t in (before, after) if t)
-    rows.add(key, [(ext, start, size)], num_tokens=n_text + count_segments(spec, plan.segments), eta=spec.eta,
-             shard=task["source"], offset=start, size=size, num_visual_tokens=plan.num_visual_tokens, **vals)
+    n_text = sum(len(tok.encode(t, add_special_tokens=False).ids) for t in pieces if t)
+    n_blocks = sum(count_segments(spec, plan.segments) for plan, _ in plans)
+    first = next((v for _, v in plans if v["kind"] == KIND_VIDEO), plans[0][1])
+    rows.add(key, [(ext, start, size)], num_tokens=n_text + n_blocks, eta=spec.eta, shard=task["source"],
+             offset=start, size=size, num_visual_tokens=sum(p.num_visual_tokens for p, _ in plans), **first)

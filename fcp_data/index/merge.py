@@ -157,7 +157,7 @@ def build_index(inputs: list[str], spec: str, out: str | Path, *, tokenizer: str
     SFT samples — a sample is the tokens of its prompt then of its ``text_field`` (the response), and
     :class:`~fcp_data.readers.IndexedDataset` gives it ``labels`` that mask the prompt. ``chat_field``: jsonl
     conversations rendered by ``chat_template`` (:mod:`fcp_data.chat`), trained on the assistant turns; a
-    conversation may name one image or video (:mod:`fcp_data.chat_media`), a relative path found under
+    conversation may name images and videos (:mod:`fcp_data.chat_media`), a relative path found under
     ``media_root`` (default: the jsonl file's folder).
     """
     from fcp_data import __version__

@@ -165,7 +165,7 @@ def probe_video(src, backend: str = "av", max_frames: int | None = None) -> Vide
 
 
 def probe_image(src, max_pixels: int | None = None) -> tuple[int, int]:
-    """(height, width) of an image from its header (pillow, lazy: no pixel decode).
+    """(height, width) of an image from its header (pillow, lazy: no pixel decode; :func:`check_image_data` decodes).
 
     An image of more than ``max_pixels`` pixels, or one pillow calls a decompression bomb, is
     ``image_too_large``.
@@ -186,6 +186,23 @@ def probe_image(src, max_pixels: int | None = None) -> tuple[int, int]:
     if max_pixels is not None and w * h > max_pixels:
         raise ProbeError("image_too_large", f"{w}x{h} = {w * h} pixels > --max-image-pixels {max_pixels}")
     return int(h), int(w)
+
+
+def check_image_data(src) -> None:
+    """Decode the image once (a JPEG at 1/8 scale: its whole entropy-coded stream is still read) so that a file cut
+    or damaged after a valid header is ``corrupt_image`` at index time, not a reader error that ends a training run.
+    Call it after the size and plan checks (a bomb is refused before any decoding)."""
+    from PIL import Image
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(_source(src)) as im:
+                if im.format == "JPEG":
+                    im.draft("RGB", (max(1, im.width // 8), max(1, im.height // 8)))
+                im.load()
+    except (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError) as e:
+        raise ProbeError("corrupt_image", f"the image data is damaged: {type(e).__name__}: {e}") from None
 
 
 def full_decode_frames(src: bytes | str | Path) -> int:

@@ -85,14 +85,26 @@ def _lines(names: list[str], kind: str, seed: int = 0) -> list[tuple[dict, list]
 
 
 def _reference(hf_tok, hf_messages: list, kind: str, block: list[int]) -> tuple[list[int], list[int]]:
+    return _reference_many(hf_tok, hf_messages, [block])
+
+
+def _reference_many(hf_tok, hf_messages: list, blocks: list[list[int]]) -> tuple[list[int], list[int]]:
+    """transformers' ids and assistant mask with every media part as one placeholder token, the k-th placeholder
+    then replaced by ``blocks[k]`` (labels -100 over it)."""
     ref = hf_tok.apply_chat_template(hf_messages, chat_template=TEMPLATE, tokenize=True, return_dict=True,
                                      return_assistant_tokens_mask=True)
-    ids, mask = list(ref["input_ids"]), list(ref["assistant_masks"])
-    pad = hf_tok.convert_tokens_to_ids(PAD[kind])
-    assert ids.count(pad) == 1
-    k = ids.index(pad)
-    labels = [t if m else -100 for t, m in zip(ids, mask)]
-    return ids[:k] + block + ids[k + 1:], labels[:k] + [-100] * len(block) + labels[k + 1:]
+    pads = {hf_tok.convert_tokens_to_ids(t) for t in PAD.values()}
+    ids, labels, k = [], [], 0
+    for t, m in zip(ref["input_ids"], ref["assistant_masks"]):
+        if t in pads:
+            ids += blocks[k]
+            labels += [-100] * len(blocks[k])
+            k += 1
+        else:
+            ids.append(t)
+            labels.append(t if m else -100)
+    assert k == len(blocks)
+    return ids, labels
 
 
 @pytest.mark.parametrize("spec", ["qwen2.5-vl", "qwen3-vl", "internvl3", "llava-video"])
@@ -170,9 +182,9 @@ def test_image_chat_equals_transformers_processor(tmp_path):
 
 
 def test_media_chat_lines_that_are_no_sample_are_recorded(tmp_path):
-    """One reason per bad line, the rest indexed: a missing file, a URL, two media (both keys, two tags, a part
-    and a key), a file that is not a video, the mark character in the text; a relative path under --media-root,
-    found again by the reader after the data moved (``roots``)."""
+    """One reason per bad line, the rest indexed: a missing file (alone, or one of two), a URL, more tags than
+    entries, more than MAX_MEDIA media, a file that is not a video, a mark character in the text, a part without a
+    path; a relative path under --media-root, found again by the reader after the data moved (``roots``)."""
     names = _clips(tmp_path, 2)
     (tmp_path / "media" / "junk.mp4").write_bytes(b"\x00not a video" * 50)
     ok = {"id": "ok", "video": f"media/{names[0]}", "messages": [{"role": "user", "content": "<video> what?"},
@@ -180,30 +192,34 @@ def test_media_chat_lines_that_are_no_sample_are_recorded(tmp_path):
     turns = ok["messages"]
     bad = [{"id": "missing", "video": "media/nope.mp4", "messages": turns},
            {"id": "url", "video": "https://x.org/a.mp4", "messages": turns},
-           {"id": "both", "video": f"media/{names[0]}", "image": "a.png", "messages": turns},
+           {"id": "both", "video": f"media/{names[0]}", "image": "a.png", "messages": turns},  # a.png is missing
+           {"id": "many", "messages": [{"role": "user", "content": [{"type": "video", "video": f"media/{names[0]}"}]
+                                        * 257}, turns[1]]},
            {"id": "twotags", "video": f"media/{names[0]}", "messages": [{"role": "user", "content": "<video><video>"},
                                                                         turns[1]]},
-           {"id": "partandkey", "video": f"media/{names[0]}",
-            "messages": [{"role": "user", "content": [{"type": "video", "video": f"media/{names[1]}"}]}, turns[1]]},
            {"id": "junk", "video": "media/junk.mp4", "messages": turns},
-           {"id": "mark", "video": f"media/{names[0]}", "messages": [{"role": "user", "content": "a\ufdd4"}, turns[1]]},
+           {"id": "mark", "video": f"media/{names[0]}", "messages": [{"role": "user", "content": "a\U000f0001"},
+                                                                     turns[1]]},
            {"id": "nopath", "messages": [{"role": "user", "content": [{"type": "video"}]}, turns[1]]}]
     alone = {"id": "alone", "video": f"media/{names[1]}", "messages": [{"role": "user", "content": None}, turns[1]]}
     in_part = {"id": "inpart", "video": f"media/{names[0]}", "messages": [
         {"role": "user", "content": [{"type": "text", "text": "<video> what?"}]}, turns[1]]}  # the tag in a text part
-    _write(tmp_path / "chat.jsonl", [ok, alone, in_part] + bad)
+    part_and_key = {"id": "partandkey", "video": f"media/{names[0]}",  # two videos: the untagged entry goes first
+                    "messages": [{"role": "user", "content": [{"type": "video", "video": f"media/{names[1]}"}]},
+                                 turns[1]]}
+    _write(tmp_path / "chat.jsonl", [ok, alone, in_part, part_and_key] + bad)
     manifest, rc = build_index([str(tmp_path / "chat.jsonl")], "qwen2.5-vl", tmp_path / "idx", chat_field="messages",
                                progress=False, max_error_rate=1.0)
-    assert rc == 0 and manifest["num_samples"] == 3 and manifest["kinds"] == {"video": 3}
-    assert summarize(manifest).startswith("indexed 3 samples (3 video) of 11 seen, 8 errors")
+    assert rc == 0 and manifest["num_samples"] == 4 and manifest["kinds"] == {"video": 4}
+    assert summarize(manifest).startswith("indexed 4 samples (4 video) of 12 seen, 8 errors")
     data = IndexedDataset(tmp_path / "idx")
     same = [data[list(data.index.keys).index(k)] for k in ("ok", "inpart")]
     assert torch.equal(same[0]["input_ids"], same[1]["input_ids"])  # the same conversation, spelled two ways
-    assert manifest["errors_by_reason"] == {"bad_messages": 2, "corrupt_video": 1, "missing_media": 1,
-                                            "multiple_media": 3, "unsupported_media": 1}
+    assert manifest["errors_by_reason"] == {"bad_messages": 2, "corrupt_video": 1, "media_tag_mismatch": 1,
+                                            "missing_media": 2, "too_many_media": 1, "unsupported_media": 1}
     manifest, _ = build_index([str(tmp_path / "chat.jsonl")], "text", tmp_path / "idxt", chat_field="messages",
                               progress=False, max_error_rate=1.0)
-    assert manifest["num_samples"] == 0 and manifest["errors_by_reason"] == {"bad_messages": 11}  # a text spec
+    assert manifest["num_samples"] == 0 and manifest["errors_by_reason"] == {"bad_messages": 12}  # a text spec
     # --media-root: paths relative to another folder, and the reader finds them there too
     (tmp_path / "lines").mkdir()
     _write(tmp_path / "lines" / "chat.jsonl", [ok])
@@ -251,3 +267,91 @@ def test_media_chat_labels_through_sampler_and_collator(tmp_path):
             members.setdefault(b["global_batch"], set()).update(b["sample_indices"])
     assert sorted(i for s in members.values() for i in s) == list(range(len(data)))
     assert got == {g: sum(want[i] for i in idx) for g, idx in members.items()}
+
+
+@pytest.mark.parametrize("spec", ["qwen2.5-vl", "qwen3-vl", "internvl3"])
+def test_several_media_in_one_conversation_equal_the_reference(tmp_path, spec):
+    """Images and videos together: parts in several turns, a LLaVA list with one tag per entry, an untagged list
+    (before the first user turn's text), tagged videos and images whose tags set the order. ids and labels equal
+    the reference with each placeholder replaced by the plain sample's block; pixel values, grid rows and Qwen's
+    seconds per grid are the plain samples' concatenated in order; the index counts every token."""
+    transformers = pytest.importorskip("transformers")
+    clips = _clips(tmp_path, 2)
+    imgs = _images(tmp_path, [(60, 90), (112, 84)])
+    build_index([str(tmp_path / "media")], spec, tmp_path / "plain", progress=False)
+    plain = IndexedDataset(tmp_path / "plain")
+    p = {n: plain[list(plain.index.keys).index(n.rsplit(".", 1)[0])] for n in clips + imgs}
+    eos = 0 if plain.eos_token_id is None else 1
+    v0, v1, i0, i1 = (f"media/{n}" for n in clips + imgs)
+    part = lambda kind, path: {"type": kind, kind: path}  # noqa: E731
+    text = lambda t: {"type": "text", "text": t}  # noqa: E731
+    answer = {"role": "assistant", "content": "they differ."}
+    cases = [  # (jsonl line, transformers messages, media in order)
+        ({"messages": [{"role": "user", "content": [part("image", i0), text(" compare "), part("video", v0),
+                                                    text(" and "), part("image", i1)]}, answer,
+                       {"role": "user", "content": [part("video", v1), text("now?")]}, answer]},
+         None, [imgs[0], clips[0], imgs[1], clips[1]]),
+        ({"image": [i0, i1], "messages": [{"role": "user", "content": "first <image> then"}, answer,
+                                          {"role": "user", "content": "<image>\nsecond"}, answer]},
+         [{"role": "user", "content": [text("first "), part("image", i0), text(" then")]}, answer,
+          {"role": "user", "content": [part("image", i1), text("\nsecond")]}, answer], [imgs[0], imgs[1]]),
+        ({"image": [i0, i1], "messages": [{"role": "user", "content": "what differs?"}, answer]},
+         [{"role": "user", "content": [part("image", i0), part("image", i1), text("what differs?")]}, answer],
+         [imgs[0], imgs[1]]),
+        ({"video": [v1], "image": [i1], "messages": [{"role": "user", "content": "<image> vs <video>?"}, answer]},
+         [{"role": "user", "content": [part("image", i1), text(" vs "), part("video", v1), text("?")]}, answer],
+         [imgs[1], clips[1]]),
+    ]
+    lines = [dict(line, id=f"m{k}") for k, (line, _, _) in enumerate(cases)]
+    _write(tmp_path / "chat.jsonl", lines)
+    manifest, rc = build_index([str(tmp_path / "chat.jsonl")], spec, tmp_path / "idx", chat_field="messages",
+                               progress=False)
+    assert rc == 0 and manifest["num_samples"] == len(cases), manifest["errors_by_reason"]
+    data = IndexedDataset(tmp_path / "idx")
+    hf_tok = transformers.PreTrainedTokenizerFast(tokenizer_file=plain.spec.tokenizer_path)
+    for k, (line, hf_messages, order) in enumerate(cases):
+        i = list(data.index.keys).index(f"m{k}")
+        s = data[i]
+        blocks = [p[n]["input_ids"].tolist()[: len(p[n]["input_ids"]) - eos] for n in order]
+        ids, labels = _reference_many(hf_tok, hf_messages or line["messages"], blocks)
+        assert s["input_ids"].tolist() == ids and s["labels"].tolist() == labels, k
+        assert int(data.index.num_tokens[i]) == len(ids) and data.num_visual_tokens(s) == int(data.index.num_visual_tokens[i])
+        assert int(data.index.num_visual_tokens[i]) == sum(int(plain.index.num_visual_tokens[
+            list(plain.index.keys).index(n.rsplit(".", 1)[0])]) for n in order)
+        for key in ("pixel_values", "grid_thw", "second_per_grid_ts"):
+            parts = [p[n][key] for n in order if key in p[n]]
+            assert (key in s) == bool(parts), (k, key)
+            if parts:
+                assert torch.equal(s[key], torch.cat(parts)), (k, key)
+
+
+def test_damaged_images_are_errors_at_index_time(tmp_path):
+    """A PNG/JPEG cut after a valid header passed the header probe and then failed in the reader, ending a training
+    run: it is now ``corrupt_image`` when indexing (as a folder sample and in a conversation); an image given as a
+    line's video is ``corrupt_video``. Every indexed sample reads back."""
+    import io
+
+    from PIL import Image
+
+    names = _images(tmp_path, [(64, 96)])
+    good = (tmp_path / "media" / names[0]).read_bytes()
+    jpg = io.BytesIO()
+    Image.open(io.BytesIO(good)).save(jpg, format="JPEG")
+    (tmp_path / "media" / "cutp.png").write_bytes(good[: len(good) // 2])
+    (tmp_path / "media" / "cutj.jpg").write_bytes(jpg.getvalue()[: len(jpg.getvalue()) // 2])
+    manifest, _ = build_index([str(tmp_path / "media")], "qwen2-vl", tmp_path / "plain", progress=False,
+                              max_error_rate=1.0)
+    assert manifest["num_samples"] == 1 and manifest["errors_by_reason"] == {"corrupt_image": 2}
+    turns = [{"role": "user", "content": "<image> what?"}, {"role": "assistant", "content": "noise"}]
+    lines = [{"id": "ok", "image": f"media/{names[0]}", "messages": turns},
+             {"id": "cutpng", "image": "media/cutp.png", "messages": turns},
+             {"id": "cutjpg", "image": "media/cutj.jpg", "messages": turns},
+             {"id": "asvideo", "video": f"media/{names[0]}", "messages": [dict(turns[0], content="<video>"), turns[1]]}]
+    _write(tmp_path / "chat.jsonl", lines)
+    manifest, _ = build_index([str(tmp_path / "chat.jsonl")], "qwen2-vl", tmp_path / "idx", chat_field="messages",
+                              progress=False, max_error_rate=1.0)
+    assert manifest["num_samples"] == 1
+    assert manifest["errors_by_reason"] == {"corrupt_image": 2, "corrupt_video": 1}
+    for d in ("plain", "idx"):
+        data = IndexedDataset(tmp_path / d)
+        assert all(len(data[i]["input_ids"]) == int(data.index.num_tokens[i]) for i in range(len(data)))
