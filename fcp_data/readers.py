@@ -48,7 +48,7 @@ from fcp_data.specs import Spec, load_spec, plan_visual, segments_to_ids
 __all__ = ["IndexedDataset"]
 
 
-def _index_spec(recorded: dict, spec: str | None, tokenizer: str | None) -> Spec:
+def index_spec(recorded: dict, spec: str | None = None, tokenizer: str | None = None) -> Spec:
     """The spec to read an index with: the one given, else the one it was built with — by name, else by the spec
     file it recorded — with the tokenizer given, else the bundled one, else the tokenizer.json it recorded (an
     index built with ``--tokenizer``, e.g. the model's own, reads back without passing it again; the fingerprint
@@ -86,7 +86,7 @@ class IndexedDataset(torch.utils.data.Dataset):
         self.max_open_files = max_open_files
         self.index = index if isinstance(index, LengthIndex) else LengthIndex.load(index)
         m = self.index.manifest
-        self.spec = spec if isinstance(spec, Spec) else _index_spec(m["spec"], spec, tokenizer)
+        self.spec = spec if isinstance(spec, Spec) else index_spec(m["spec"], spec, tokenizer)
         if check_fingerprint and self.spec.fingerprint != m["spec"]["fingerprint"]:
             raise ValueError(f"spec {self.spec.name!r} (fingerprint {self.spec.fingerprint[:12]}) differs from the one the index "
                              f"was built with ({m['spec']['name']!r}, {m['spec']['fingerprint'][:12]}); pass the same spec and "
@@ -267,6 +267,49 @@ class IndexedDataset(torch.utils.data.Dataset):
         out["input_ids"] = torch.tensor(ids, dtype=torch.long)
         out["labels"] = torch.tensor(labels, dtype=torch.long)
         return out
+
+    def placeholder_runs(self, i: int) -> list[tuple[int, int]]:
+        """``(position, count)`` of each placeholder run in sample ``i``'s ``input_ids``, computed without decoding
+        a pixel: a conversation's text pieces are tokenised, its media planned (one: from the index's columns;
+        several: from their headers). Used by :class:`~fcp_data.visual_layout.IndexVisualLayout`."""
+        from fcp_data.chat_media import find_media, media_path, split_render
+        from fcp_data.visual_layout import segment_runs
+
+        record = self._record(i, self.index.members(i))
+        if record is None or not self.chat_field or int(self.index.kind[i]) == KIND_TEXT:
+            raise ValueError(f"sample {i} is not a conversation with images/videos")
+        media, messages = find_media(record, self.chat_field)
+        pieces, _ = split_render(messages, self.chat_template, len(media))
+        if len(media) == 1:
+            plans = [self._index_plan(i)]
+        else:
+            src = self.index.sources[int(self.index.shard[i])]["path"]
+            plans = [self._header_plan(m, media_path(m, src, self.index.manifest.get("media_root"))) for m in media]
+        tok, pos, runs = self.spec.tokenizer(), 0, []
+        for k, text in enumerate(pieces):
+            pos += len(tok.encode(text, add_special_tokens=False).ids) if text else 0
+            if k < len(plans):
+                block, length = segment_runs(self.spec, plans[k].segments, pos)
+                runs += block
+                pos += length
+        return runs
+
+    def _index_plan(self, i: int):
+        h, w = int(self.index.height[i]), int(self.index.width[i])
+        if int(self.index.kind[i]) == KIND_VIDEO:
+            return plan_visual(self.spec, "video", height=h, width=w, num_frames=int(self.index.num_frames[i]),
+                               fps=float(self.index.fps[i]))
+        return plan_visual(self.spec, "image", height=h, width=w)
+
+    def _header_plan(self, m, path):
+        from fcp_data.index.probe import probe_image, probe_video
+
+        src = path if isinstance(path, bytes) else Path(self._relocate(str(path)))
+        if m.kind == "video":
+            h = probe_video(src, self.index.manifest.get("probe") or "av")
+            return plan_visual(self.spec, "video", height=h.height, width=h.width, num_frames=h.num_frames, fps=h.fps)
+        ih, iw = probe_image(src)
+        return plan_visual(self.spec, "image", height=ih, width=iw)
 
     def _probed_vision(self, i: int, media: list, paths: list) -> list[tuple[list[int], dict]]:
         from fcp_data.index.limits import Limits

@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["SpanVisualLayout", "IndexVisualLayout"]
+__all__ = ["SpanVisualLayout", "IndexVisualLayout", "segment_runs"]
 
 
 class SpanVisualLayout:
@@ -57,14 +57,15 @@ class IndexVisualLayout:
     def __getstate__(self) -> dict[str, Any]:
         d = dict(self.__dict__)
         d["_spec"] = None  # reloaded on demand (a tokenizer does not always pickle)
+        d["_reader"] = None
         return d
 
     def spec(self) -> Any:
         if self._spec is None:
-            from fcp_data.specs import load_spec
+            from fcp_data.readers import index_spec  # the spec and tokenizer the index recorded
 
             m = self.index.manifest
-            self._spec = load_spec(m["spec"]["name"])
+            self._spec = index_spec(m["spec"])
             if self._spec.fingerprint != m["spec"]["fingerprint"]:
                 raise ValueError(f"spec {self._spec.name!r} differs from the one the index was built with; the visual "
                                  "layout (and the masked loss denominator) cannot be derived — rebuild the index")
@@ -75,6 +76,8 @@ class IndexVisualLayout:
         total = int(self._vis[row])
         if total == 0:
             return 0
+        if self.index.manifest.get("chat_field"):  # a conversation: its blocks sit between rendered text
+            return SpanVisualLayout([self._chat_runs(row)])(0, n)
         from fcp_data.index.format import KIND_IMAGE, KIND_VIDEO
         from fcp_data.specs import plan_visual
 
@@ -87,18 +90,39 @@ class IndexVisualLayout:
             plan = plan_visual(spec, "image", height=int(ix.height[row]), width=int(ix.width[row]))
         else:
             raise ValueError(f"index row {row} has {total} visual tokens but kind {kind} is neither image nor video")
-        place = set(spec.placeholder_ids)
-        pos = m = seen = 0
-        for seg in plan.segments:
-            if seg[0] == "text":
-                pos += len(spec.encode(seg[1]))
-                continue
-            c = int(seg[2])
-            if spec.token_id(seg[1]) in place:
-                m += max(0, min(pos + c, n) - max(pos, 1))
-                seen += c
-            pos += c
+        runs, _ = segment_runs(spec, plan.segments, 0)
+        seen = sum(c for _, c in runs)
         if seen != total:
             raise ValueError(f"index row {row}: the spec's layout has {seen} placeholder tokens, the index {total}; "
                              "the index is stale — rebuild it")
-        return m
+        return SpanVisualLayout([runs])(0, n)
+
+    def _chat_runs(self, row: int) -> tuple[tuple[int, int], ...]:
+        """Placeholder runs of a conversation row, from its record (the reader's layout; no pixel is decoded),
+        kept per row."""
+        runs = self._runs.get(row) if hasattr(self, "_runs") else None
+        if runs is None:
+            if getattr(self, "_reader", None) is None:
+                from fcp_data.readers import IndexedDataset
+
+                self._reader, self._runs = IndexedDataset(self.index, self.spec()), {}
+            runs = self._runs[row] = tuple(self._reader.placeholder_runs(row))
+            if sum(c for _, c in runs) != int(self._vis[row]):
+                raise ValueError(f"index row {row}: its conversation has {sum(c for _, c in runs)} placeholder tokens, "
+                                 f"the index {int(self._vis[row])}; the index is stale — rebuild it")
+        return runs
+
+
+def segment_runs(spec: Any, segments: Any, start: int) -> tuple[list[tuple[int, int]], int]:
+    """``(placeholder runs (position, count), length)`` of a visual block's segments placed at ``start``."""
+    place = set(spec.placeholder_ids)
+    pos, runs = start, []
+    for seg in segments:
+        if seg[0] == "text":
+            pos += len(spec.encode(seg[1]))
+            continue
+        c = int(seg[2])
+        if spec.token_id(seg[1]) in place:
+            runs.append((pos, c))
+        pos += c
+    return runs, pos - start

@@ -355,3 +355,36 @@ def test_damaged_images_are_errors_at_index_time(tmp_path):
     for d in ("plain", "idx"):
         data = IndexedDataset(tmp_path / d)
         assert all(len(data[i]["input_ids"]) == int(data.index.num_tokens[i]) for i in range(len(data)))
+
+
+@pytest.mark.parametrize("spec", ["qwen3-vl", "llava-video"])
+def test_visual_layout_of_conversations_matches_the_reader(tmp_path, spec):
+    """The sampler's visual layout (placeholders among positions 1..n-1 of a sample cut at n: its masked loss
+    denominator) equals the count in the reader's own ids, for every cut, on one- and several-media
+    conversations — media first (llava-video's block starts with placeholders) or after text."""
+    from fcp_data.visual_layout import IndexVisualLayout
+
+    clips = _clips(tmp_path, 2)
+    imgs = _images(tmp_path, [(60, 90), (112, 84)])
+    answer = {"role": "assistant", "content": "yes."}
+    lines = [{"id": "one", "video": f"media/{clips[0]}", "messages": [{"role": "user", "content": "see <video>"},
+                                                                       answer]},
+             {"id": "first", "messages": [{"role": "user", "content": [{"type": "video", "video": f"media/{clips[1]}"},
+                                                                       {"type": "image", "image": f"media/{imgs[0]}"}]},
+                                          answer]},
+             {"id": "many", "image": [f"media/{imgs[0]}", f"media/{imgs[1]}"],
+              "messages": [{"role": "user", "content": "a <image> b <image> c"}, answer]}]
+    _write(tmp_path / "chat.jsonl", lines)
+    for template in ("chatml", str(tmp_path / "bare.jinja")):
+        (tmp_path / "bare.jinja").write_text("{% for m in messages %}{{ m.content }}{% endfor %}")  # no header
+        out = tmp_path / f"idx{len(template)}"
+        build_index([str(tmp_path / "chat.jsonl")], spec, out, chat_field="messages", chat_template=template,
+                    progress=False)
+        data = IndexedDataset(out)
+        layout = IndexVisualLayout(data.index)
+        vis = torch.tensor(data.placeholder_ids)
+        for i in range(len(data)):
+            ids = data[i]["input_ids"]
+            for n in sorted({1, 2, 3, 5, 17, 40, 100, 300, len(ids) // 2, len(ids) - 1, len(ids)}):
+                if n <= len(ids):
+                    assert layout(i, n) == int(torch.isin(ids[1:n], vis).sum()), (template, data.index.keys[i], n)
