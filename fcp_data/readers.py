@@ -254,8 +254,7 @@ class IndexedDataset(torch.utils.data.Dataset):
         media, messages = find_media(obj, self.chat_field)
         src = self.index.sources[int(self.index.shard[i])]["path"]  # as indexed; relocated once, below
         root = self.index.manifest.get("media_root")
-        paths = [media_path(m, src, root) for m in media]
-        paths = [p if isinstance(p, bytes) else Path(self._relocate(str(p))) for p in paths]
+        paths = [self._resolve(media_path(m, src, root)) for m in media]
         pieces, spans = split_render(messages, self.chat_template, len(media))
         if len(media) == 1:
             blocks, outs = zip(self._vision(i, kind, paths[0]))
@@ -284,7 +283,8 @@ class IndexedDataset(torch.utils.data.Dataset):
             plans = [self._index_plan(i)]
         else:
             src = self.index.sources[int(self.index.shard[i])]["path"]
-            plans = [self._header_plan(m, media_path(m, src, self.index.manifest.get("media_root"))) for m in media]
+            plans = [self._header_plan(m, self._resolve(media_path(m, src, self.index.manifest.get("media_root"))))[0]
+                     for m in media]
         tok, pos, runs = self.spec.tokenizer(), 0, []
         for k, text in enumerate(pieces):
             pos += len(tok.encode(text, add_special_tokens=False).ids) if text else 0
@@ -301,23 +301,26 @@ class IndexedDataset(torch.utils.data.Dataset):
                                fps=float(self.index.fps[i]))
         return plan_visual(self.spec, "image", height=h, width=w)
 
-    def _header_plan(self, m, path):
+    def _resolve(self, path: Path | bytes) -> Path | bytes:
+        """A media's bytes, or its file after ``roots`` relocation (applied once, to the path as indexed)."""
+        return path if isinstance(path, bytes) else Path(self._relocate(str(path)))
+
+    def _header_plan(self, m, path) -> tuple[object, dict]:
+        """``(plan, geometry)`` of one media from its header (``path``: its bytes or its relocated file)."""
         from fcp_data.index.probe import probe_image, probe_video
 
-        src = path if isinstance(path, bytes) else Path(self._relocate(str(path)))
+        src = path
         if m.kind == "video":
             h = probe_video(src, self.index.manifest.get("probe") or "av")
-            return plan_visual(self.spec, "video", height=h.height, width=h.width, num_frames=h.num_frames, fps=h.fps)
+            geom = dict(kind=KIND_VIDEO, height=h.height, width=h.width, num_frames=h.num_frames, fps=h.fps)
+            return plan_visual(self.spec, "video", height=h.height, width=h.width, num_frames=h.num_frames,
+                               fps=h.fps), geom
         ih, iw = probe_image(src)
-        return plan_visual(self.spec, "image", height=ih, width=iw)
+        return plan_visual(self.spec, "image", height=ih, width=iw), dict(kind=KIND_IMAGE, height=ih, width=iw,
+                                                                           num_frames=1, fps=0.0)
 
     def _probed_vision(self, i: int, media: list, paths: list) -> list[tuple[list[int], dict]]:
-        from fcp_data.index.limits import Limits
-        from fcp_data.index.media_chat import probe_plan
-
-        m = self.index.manifest
-        plans = [probe_plan(x.kind, p, self.spec, m.get("probe") or "av", Limits.from_dict(m.get("limits")))
-                 for x, p in zip(media, paths)]
+        plans = [self._header_plan(x, p) for x, p in zip(media, paths)]
         if sum(p.num_visual_tokens for p, _ in plans) != int(self.index.num_visual_tokens[i]):
             raise ValueError(f"sample {self.index.keys[i]!r}: its images/videos changed since indexing (visual tokens "
                              f"{sum(p.num_visual_tokens for p, _ in plans)} != {int(self.index.num_visual_tokens[i])})")
