@@ -122,6 +122,9 @@ class FCPSampler:
 
     def _init_data(self, lengths_or_index: Any, etas: Any, visual: Any, visual_layout: Any) -> None:
         """Lengths, η, visual tokens and layout of the data; the over-long policy; the data digest."""
+        reader = None
+        if hasattr(lengths_or_index, "placeholder_runs") and hasattr(lengths_or_index, "index"):
+            reader, lengths_or_index = lengths_or_index, lengths_or_index.index  # an IndexedDataset: its index
         lengths, self.etas = check_lengths(lengths_or_index, etas)
         self.visual = check_visual(lengths_or_index, visual, lengths)  # §4.1 cost; a LengthIndex gives its own
         if visual_layout is not None and not callable(visual_layout):
@@ -129,7 +132,7 @@ class FCPSampler:
                              "of sample i's first n tokens, e.g. SpanVisualLayout")
         if visual_layout is None and hasattr(lengths_or_index, "manifest") and \
                 hasattr(lengths_or_index, "num_visual_tokens"):  # a LengthIndex
-            visual_layout = IndexVisualLayout(lengths_or_index)
+            visual_layout = IndexVisualLayout(lengths_or_index, reader=reader)
         self.visual_layout = visual_layout
         self.lengths = lengths
         kept = self._apply_overlong(lengths)

@@ -46,18 +46,20 @@ class SpanVisualLayout:
 class IndexVisualLayout:
     """Visual layout of a ``LengthIndex`` sample, re-derived from its columns and the index's spec exactly
     as :class:`fcp_data.readers.IndexedDataset` builds ``input_ids`` (module docstring). ``keep``: optional
-    map from the sampler's sample numbers to index rows (a filtered view of the index)."""
+    map from the sampler's sample numbers to index rows (a filtered view of the index). A conversation's blocks are
+    placed from its record, read by ``reader`` (an ``IndexedDataset``: pass ``FCPSampler`` the dataset itself to
+    share its ``roots``), else by a reader of the index made on first use."""
 
-    def __init__(self, index: Any, keep: Any = None, spec: Any = None) -> None:
+    def __init__(self, index: Any, keep: Any = None, spec: Any = None, reader: Any = None) -> None:
         self.index = index
         self.keep = None if keep is None else np.asarray(keep, dtype=np.int64)
         self._spec = spec
         self._vis = np.asarray(index.num_visual_tokens, dtype=np.int64)
+        self._reader, self._runs = reader, {}  # reader: the IndexedDataset whose records (and roots) to use
 
     def __getstate__(self) -> dict[str, Any]:
         d = dict(self.__dict__)
         d["_spec"] = None  # reloaded on demand (a tokenizer does not always pickle)
-        d["_reader"] = None
         return d
 
     def spec(self) -> Any:
@@ -100,12 +102,12 @@ class IndexVisualLayout:
     def _chat_runs(self, row: int) -> tuple[tuple[int, int], ...]:
         """Placeholder runs of a conversation row, from its record (the reader's layout; no pixel is decoded),
         kept per row."""
-        runs = self._runs.get(row) if hasattr(self, "_runs") else None
+        runs = self._runs.get(row)
         if runs is None:
-            if getattr(self, "_reader", None) is None:
+            if self._reader is None:
                 from fcp_data.readers import IndexedDataset
 
-                self._reader, self._runs = IndexedDataset(self.index, self.spec()), {}
+                self._reader = IndexedDataset(self.index, self.spec())
             runs = self._runs[row] = tuple(self._reader.placeholder_runs(row))
             if sum(c for _, c in runs) != int(self._vis[row]):
                 raise ValueError(f"index row {row}: its conversation has {sum(c for _, c in runs)} placeholder tokens, "

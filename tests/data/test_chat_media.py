@@ -231,8 +231,15 @@ def test_media_chat_lines_that_are_no_sample_are_recorded(tmp_path):
     (tmp_path / "moved").mkdir()
     for d in ("lines", "media"):
         (tmp_path / d).rename(tmp_path / "moved" / d)
-    moved = IndexedDataset(tmp_path / "idxr", roots={str(tmp_path.resolve()): str((tmp_path / "moved").resolve())})[0]
+    moved_data = IndexedDataset(tmp_path / "idxr", roots={str(tmp_path.resolve()): str((tmp_path / "moved").resolve())})
+    moved = moved_data[0]
     assert all(torch.equal(first[k], moved[k]) for k in first)
+    # the sampler given the dataset itself places the conversation's visual block through the same roots
+    sampler = FCPSampler(moved_data, num_ranks=1, rank=0, global_batch_size=1, prefetch=0,
+                         cost_model=CostModel.preset("qwen3-1.7b", "h100"))
+    assert len(list(sampler)) == 1
+    vis = torch.tensor(moved_data.placeholder_ids)
+    assert sampler.visual_layout(0, len(moved["input_ids"])) == int(torch.isin(moved["input_ids"][1:], vis).sum()) > 0
     with pytest.raises(ValueError, match="is not a folder"):
         build_index([str(tmp_path / "chat.jsonl")], "qwen2.5-vl", tmp_path / "x", chat_field="messages",
                     media_root=str(tmp_path / "nope"), progress=False)
