@@ -19,7 +19,11 @@ never a mix; worker processes die with the run (docs/ROBUSTNESS.md).
 examples:
   fcp index samples/text.jsonl --spec text --out /tmp/idx-text
   fcp index 'samples/wds/shard-{000000..000003}.tar' --spec qwen2-vl --out /tmp/idx-vid --workers 2
-  fcp index 'data/shard-*.tar' --spec qwen3-vl --out idx --engine ray --address auto --resume"""
+  fcp index 'data/shard-*.tar' --spec qwen3-vl --out idx --engine ray --address auto --resume
+SFT (docs/SFT.md; train with FCPCollator(sample_labels=True), fcp train --data turns it on):
+  fcp index sft.jsonl --spec text --prompt-field prompt --text-field response --out idx-sft
+  fcp index 'chat/*.parquet' --spec text --chat-field messages --chat-template ~/models/Qwen3-8B --out idx-chat
+  fcp index llava.jsonl --spec qwen2.5-vl --chat-field conversations --media-root videos/ --out idx-video-sft"""
 
 
 def register(subparsers, summary: str) -> None:
