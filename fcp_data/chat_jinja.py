@@ -52,13 +52,18 @@ class TemplateError(ValueError):
     """A template that cannot be read or compiled (one line for the user)."""
 
 
-def _from_config(path: Path) -> tuple[str, dict]:
+def _read_config(path: Path) -> dict:
     try:
         cfg = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise TemplateError(f"chat template {path}: not a readable JSON file ({e})") from None
     if not isinstance(cfg, dict):
         raise TemplateError(f"chat template {path}: expected a JSON object (a tokenizer_config.json)")
+    return cfg
+
+
+def _from_config(path: Path) -> tuple[str, dict]:
+    cfg = _read_config(path)
     tpl = cfg.get("chat_template")
     if isinstance(tpl, list):  # named templates: [{"name": "default", "template": ...}, {"name": "tool_use", ...}]
         named = {t.get("name"): t.get("template") for t in tpl if isinstance(t, dict)}
@@ -100,7 +105,10 @@ def load_template(path: str | Path) -> dict:
             source = p.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
             raise TemplateError(f"chat template {p}: not a readable text file ({e})") from None
-        cfg = _from_config(cfg_file)[1] if cfg_file.is_file() and _has_config(cfg_file) else {}
+        try:  # the special tokens of the tokenizer_config.json beside it (transformers 5 keeps the template apart)
+            cfg = _read_config(cfg_file) if cfg_file.is_file() else {}
+        except TemplateError:
+            cfg = {}
     if _MARKS.search(source):
         raise TemplateError(f"chat template {p}: holds characters U+FDD0..U+FDD3, which fcp uses as marks")
     _compile(source)
@@ -108,13 +116,6 @@ def load_template(path: str | Path) -> dict:
     date = datetime.date.today().isoformat() if "strftime_now" in source else None
     return {"jinja": source, "special_tokens": _special_tokens(cfg), "date": date,
             "source": p.name, "sha256": hashlib.sha256(source.encode()).hexdigest()}
-
-
-def _has_config(path: Path) -> bool:
-    try:
-        return isinstance(json.loads(path.read_text(encoding="utf-8")), dict)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return False
 
 
 def label(tpl: dict) -> str:

@@ -181,8 +181,13 @@ def test_template_sources_and_their_errors(tmp_path, capsys):
     path, a folder without a template, a config without one and a Jinja syntax error are one line and exit 2."""
     d = _model_dir(tmp_path, "config {{ messages[0].content }}")
     assert load_template(d)["source"] == "tokenizer_config.json"
-    (d / "chat_template.jinja").write_text("jinja {{ messages[0].content }}")
+    (d / "chat_template.jinja").write_text("jinja {{ messages[0].content }} {{ eos_token }}")
     assert load_template(d)["source"] == "chat_template.jinja"
+    # transformers 5's layout: the template apart, tokenizer_config.json without one — its special tokens still used
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    del cfg["chat_template"]
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    assert load_template(d)["special_tokens"]["eos_token"] == "</s>"
     (tmp_path / "named.json").write_text(json.dumps({"chat_template": [{"name": "tool_use", "template": "t"},
                                                                        {"name": "default", "template": "d"}]}))
     assert load_template(tmp_path / "named.json")["jinja"] == "d"
