@@ -222,14 +222,10 @@ class IndexedDataset(torch.utils.data.Dataset):
     def _vision(self, i: int, kind: int, src) -> tuple[list[int], dict]:
         """Sample ``i``'s visual block ids and its vision inputs (pixel values, grid, Qwen-VL's seconds per grid)
         from the image/video ``src`` (bytes or a path), planned from the index's columns."""
-        geom = dict(kind=kind, height=int(self.index.height[i]), width=int(self.index.width[i]),
-                    num_frames=int(self.index.num_frames[i]), fps=float(self.index.fps[i]))
-        if kind == KIND_VIDEO:
-            plan = plan_visual(self.spec, "video", height=geom["height"], width=geom["width"],
-                               num_frames=geom["num_frames"], fps=geom["fps"])
-        else:
-            plan = plan_visual(self.spec, "image", height=geom["height"], width=geom["width"])
-        return self._vision_of(plan, geom, src)
+        from fcp_data.visual_layout import row_plan
+
+        geom = dict(kind=kind, num_frames=int(self.index.num_frames[i]), fps=float(self.index.fps[i]))
+        return self._vision_of(row_plan(self.spec, self.index, i), geom, src)
 
     def _vision_of(self, plan, geom: dict, src) -> tuple[list[int], dict]:
         """The visual block ids and vision inputs of one image/video under its ``plan``."""
@@ -272,7 +268,7 @@ class IndexedDataset(torch.utils.data.Dataset):
         a pixel: a conversation's text pieces are tokenised, its media planned (one: from the index's columns;
         several: from their headers). Used by :class:`~fcp_data.visual_layout.IndexVisualLayout`."""
         from fcp_data.chat_media import find_media, media_path, split_render
-        from fcp_data.visual_layout import segment_runs
+        from fcp_data.visual_layout import row_plan, segment_runs
 
         record = self._record(i, self.index.members(i))
         if record is None or not self.chat_field or int(self.index.kind[i]) == KIND_TEXT:
@@ -280,7 +276,7 @@ class IndexedDataset(torch.utils.data.Dataset):
         media, messages = find_media(record, self.chat_field)
         pieces, _ = split_render(messages, self.chat_template, len(media))
         if len(media) == 1:
-            plans = [self._index_plan(i)]
+            plans = [row_plan(self.spec, self.index, i)]
         else:
             src = self.index.sources[int(self.index.shard[i])]["path"]
             plans = [self._header_plan(m, self._resolve(media_path(m, src, self.index.manifest.get("media_root"))))[0]
@@ -293,13 +289,6 @@ class IndexedDataset(torch.utils.data.Dataset):
                 runs += block
                 pos += length
         return runs
-
-    def _index_plan(self, i: int):
-        h, w = int(self.index.height[i]), int(self.index.width[i])
-        if int(self.index.kind[i]) == KIND_VIDEO:
-            return plan_visual(self.spec, "video", height=h, width=w, num_frames=int(self.index.num_frames[i]),
-                               fps=float(self.index.fps[i]))
-        return plan_visual(self.spec, "image", height=h, width=w)
 
     def _resolve(self, path: Path | bytes) -> Path | bytes:
         """A media's bytes, or its file after ``roots`` relocation (applied once, to the path as indexed)."""

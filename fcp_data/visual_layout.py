@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["SpanVisualLayout", "IndexVisualLayout", "segment_runs"]
+__all__ = ["SpanVisualLayout", "IndexVisualLayout", "row_plan", "segment_runs"]
 
 
 class SpanVisualLayout:
@@ -80,19 +80,8 @@ class IndexVisualLayout:
             return 0
         if self.index.manifest.get("chat_field"):  # a conversation: its blocks sit between rendered text
             return SpanVisualLayout([self._chat_runs(row)])(0, n)
-        from fcp_data.index.format import KIND_IMAGE, KIND_VIDEO
-        from fcp_data.specs import plan_visual
-
-        spec, ix = self.spec(), self.index
-        kind = int(ix.kind[row])
-        if kind == KIND_VIDEO:
-            plan = plan_visual(spec, "video", height=int(ix.height[row]), width=int(ix.width[row]),
-                               num_frames=int(ix.num_frames[row]), fps=float(ix.fps[row]))
-        elif kind == KIND_IMAGE:
-            plan = plan_visual(spec, "image", height=int(ix.height[row]), width=int(ix.width[row]))
-        else:
-            raise ValueError(f"index row {row} has {total} visual tokens but kind {kind} is neither image nor video")
-        runs, _ = segment_runs(spec, plan.segments, 0)
+        spec = self.spec()
+        runs, _ = segment_runs(spec, row_plan(spec, self.index, row).segments, 0)
         seen = sum(c for _, c in runs)
         if seen != total:
             raise ValueError(f"index row {row}: the spec's layout has {seen} placeholder tokens, the index {total}; "
@@ -113,6 +102,21 @@ class IndexVisualLayout:
                 raise ValueError(f"index row {row}: its conversation has {sum(c for _, c in runs)} placeholder tokens, "
                                  f"the index {int(self._vis[row])}; the index is stale — rebuild it")
         return runs
+
+
+def row_plan(spec: Any, index: Any, row: int) -> Any:
+    """The visual plan of index row ``row`` from its kind and geometry columns (the reader's and the layout's)."""
+    from fcp_data.index.format import KIND_IMAGE, KIND_VIDEO
+    from fcp_data.specs import plan_visual
+
+    kind, h, w = int(index.kind[row]), int(index.height[row]), int(index.width[row])
+    if kind == KIND_VIDEO:
+        return plan_visual(spec, "video", height=h, width=w, num_frames=int(index.num_frames[row]),
+                           fps=float(index.fps[row]))
+    if kind == KIND_IMAGE:
+        return plan_visual(spec, "image", height=h, width=w)
+    raise ValueError(f"index row {row} has {int(index.num_visual_tokens[row])} visual tokens but kind {kind} is "
+                     "neither image nor video")
 
 
 def segment_runs(spec: Any, segments: Any, start: int) -> tuple[list[tuple[int, int]], int]:
