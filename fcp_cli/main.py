@@ -7,7 +7,8 @@ ray) belong inside ``func``. This package is the only one that sees both sides (
 
 One error boundary for every command (:func:`main`): a user error — a bad option value or combination
 (argparse errors, :class:`UsageError`, ``ValueError``), a bad path (``OSError`` such as
-``FileNotFoundError``), an unavailable backend, or a ``ValueError`` raised inside a worker process — prints
+``FileNotFoundError``), an unavailable backend, a dataset too broken to read (``SampleReadError``), or a
+``ValueError`` raised inside a worker process — prints
 one line ``fcp <cmd>: error: ...`` on stderr and exits with code 2, never a traceback. Anything else is a
 bug and keeps its traceback. ``fcp --debug ...`` (or ``FCP_DEBUG=1``) prints the traceback of user errors
 too. Commands validate cheap things (values, paths, backend, process count) before expensive ones (model,
@@ -42,7 +43,8 @@ _NAMES = frozenset(name for name, _, _ in COMMANDS)
 
 # exception names a worker may raise for bad user input (fcp_exec.launch.WorkerFailure carries each rank's
 # exception type, message and traceback)
-_WORKER_USER_ERRORS = ("ValueError", "UsageError", "fcp_data.commands.UsageError", "FileNotFoundError")
+_WORKER_USER_ERRORS = ("ValueError", "UsageError", "fcp_data.commands.UsageError", "FileNotFoundError",
+                       "SampleReadError")  # the last: the data itself is broken (fcp_data.read_errors)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -152,6 +154,10 @@ def main(argv: list[str] | None = None) -> int:
             return user_error(f"{e} (install the matching extra, e.g. pip install 'fcp[all]')")
         raise
     except RuntimeError as e:
+        from fcp_data.read_errors import SampleReadError
+
+        if isinstance(e, SampleReadError):
+            return user_error(str(e))
         msg = _worker_user_error(e)
         if msg is None:
             raise

@@ -33,6 +33,13 @@ Batch dict (all tensors on CPU, 1-D unless stated)::
                                           None with ``sample_labels=True`` until train_step fills it in)
     num_label_tokens_local int            non-ignored local labels (only with ``sample_labels=True``)
     sample_indices   tuple[int, ...]      dataset indices of the documents, in packing order
+    skipped_samples  tuple[dict, ...]     the documents that failed to read (``FCPDataset(on_error="skip")``:
+                                          ``{"index", "key", "reason", "detail", "epoch", "global_batch"}``),
+                                          packed as label-free pads of their planned length
+    num_skipped_labels int                label tokens of the skipped documents that ``num_tokens_global``
+                                          counted (on the group's cp_rank 0 only, so a SUM over ranks counts each
+                                          once; 0 with ``sample_labels=True``, whose count is exact):
+                                          :func:`fcp_exec.step.train_step` takes them out of the denominator
     epoch, global_batch, micro_batch, num_micro_batches   ints: where this micro-batch sits in the epoch
   multimodal (``visual_token_id`` set):
     visual_pos       LongTensor [V]       local positions of visual placeholder tokens
@@ -75,6 +82,7 @@ import torch
 from fcp_data.collator_inputs import as_ids, check_pairs, check_sample_keys, sample_labels_of, token_ids
 from fcp_data.layout import zigzag_index
 from fcp_data.mrope import qwen_vl_mrope_positions
+from fcp_data.read_errors import SkippedSample
 
 __all__ = ["FCPCollator", "qwen_vl_mrope_positions"]
 
@@ -172,7 +180,8 @@ class FCPCollator:
     def _empty(self, meta: dict[str, Any]) -> dict[str, Any]:
         z = torch.zeros(0, dtype=torch.long)
         out = {"input_ids": z, "labels": z.clone(), "position_ids": z.clone(),
-               "cu_seqlens": torch.zeros(1, dtype=torch.int32), "max_seqlen": 0, "sample_indices": ()}
+               "cu_seqlens": torch.zeros(1, dtype=torch.int32), "max_seqlen": 0, "sample_indices": (),
+               "skipped_samples": (), "num_skipped_labels": 0}
         out.update(meta)
         if self.sample_labels:
             out["num_label_tokens_local"] = 0
@@ -221,6 +230,8 @@ class FCPCollator:
             "cu_seqlens": torch.div(torch.tensor(cu, dtype=torch.int64), degree, rounding_mode="floor").to(torch.int32),
             "max_seqlen": max(acc.padded_lens) // degree,
             "sample_indices": tuple(int(s.index) for _, s in batch),
+            "skipped_samples": tuple(acc.skipped),
+            "num_skipped_labels": acc.skipped_labels if cp_rank == 0 and not self.sample_labels else 0,
         }
         out.update(meta)
         if self.sample_labels:
@@ -237,6 +248,8 @@ class FCPCollator:
 
     def _pack(self, acc: "_Packed", sample, slot, visual_ids: torch.Tensor) -> None:
         """Append one sample, cut to its slot's ``num_tokens`` and padded to a multiple of ``2·degree``."""
+        if isinstance(sample, SkippedSample):
+            return self._pack_skipped(acc, sample, slot, visual_ids)
         if not isinstance(sample, dict) or "input_ids" not in sample:
             got = f"a dict with keys {sorted(sample)}" if isinstance(sample, dict) else type(sample).__name__
             raise ValueError(f"sample {slot.index}: expected a dict with 'input_ids', got {got}")
@@ -257,6 +270,7 @@ class FCPCollator:
             acc.label_parts.append(sample_labels_of(sample, full, slot.index, self.ignore_index)[:n])
             acc.label_parts.append(full.new_full((pad,), self.ignore_index))
         acc.kept_lens.append(n)
+        acc.live.append(True)
         grid = sample.get("grid_thw")
         if grid is not None:
             try:
@@ -271,6 +285,26 @@ class FCPCollator:
             acc.pixel_values.append(torch.as_tensor(sample["pixel_values"]))
         if self.visual_ids:
             self._pack_visual(acc, sample, slot, full, grid, visual_ids, n, pad)
+        acc.padded_lens.append(n + pad)
+        acc.start += n + pad
+
+    def _pack_skipped(self, acc: "_Packed", skipped: SkippedSample, slot, visual_ids: torch.Tensor) -> None:
+        """A sample that failed to read: ``slot.num_tokens`` pad tokens (the planned shape) with no label, text
+        positions and no pixels; recorded in the batch with the label tokens the sampler counted for it."""
+        n = int(slot.num_tokens)
+        pad = (-n) % acc.multiple
+        acc.ids_parts.append(torch.full((n + pad,), self.pad_token_id, dtype=torch.long))
+        if self.sample_labels:
+            acc.label_parts.append(torch.full((n + pad,), self.ignore_index, dtype=torch.long))
+        acc.kept_lens.append(n)
+        acc.live.append(False)
+        acc.skipped.append(skipped.record(slot))
+        acc.skipped_labels += n - 1 - (int(slot.visual_targets) if self.mask_visual_labels else 0)
+        if self.visual_ids:
+            acc.vis_global.append(torch.zeros(0, dtype=torch.long))
+            acc.vis_rows.append(torch.zeros(0, dtype=torch.long))
+            if self.mrope:
+                acc.mrope_parts.append(torch.arange(n + pad, dtype=torch.long).expand(3, n + pad))
         acc.padded_lens.append(n + pad)
         acc.start += n + pad
 
@@ -303,7 +337,7 @@ class FCPCollator:
             torch.tensor(cu[:-1], dtype=torch.long), plen)
         last = torch.repeat_interleave(torch.tensor(acc.kept_lens, dtype=torch.long) - 1, plen)
         nxt = torch.roll(input_ids, -1)
-        target = positions < last
+        target = (positions < last) & torch.repeat_interleave(torch.tensor(acc.live, dtype=torch.bool), plen)
         if self.sample_labels:  # the next token's own label (ignore_index there masks this target)
             nxt_label = torch.roll(torch.cat(acc.label_parts), -1)
         has_vis_target = False
@@ -325,6 +359,9 @@ class _Packed:
     mrope_parts: list = field(default_factory=list)
     padded_lens: list = field(default_factory=list)
     kept_lens: list = field(default_factory=list)
+    live: list = field(default_factory=list)  # per document: False where it failed to read (label-free pads)
+    skipped: list = field(default_factory=list)  # their records
+    skipped_labels: int = 0  # label tokens the sampler counted for them
     vis_global: list = field(default_factory=list)  # packed (padded, global) positions of kept visual tokens
     vis_rows: list = field(default_factory=list)
     pixel_values: list = field(default_factory=list)

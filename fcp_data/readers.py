@@ -183,6 +183,10 @@ class IndexedDataset(torch.utils.data.Dataset):
 
     # ------------------------------------------------------------------ samples
 
+    def sample_key(self, i: int) -> str:
+        """Sample ``i``'s key in the index (a tar member's stem, a jsonl id, a file's path)."""
+        return str(self.index.keys[i])
+
     def _text_ids(self, text: str) -> list[int]:
         ids = self.spec.tokenizer().encode(text, add_special_tokens=False).ids if text else []
         return ids + ([self.eos_token_id] if self.eos_token_id is not None else [])

@@ -267,9 +267,10 @@ class FCPSampler:
             plan = self.plan_global_batch(g, epoch)
         toks = self.num_tokens[ids]
         total = int(np.maximum(toks - 1, 0).sum())
-        text_total = None
+        text_total, vis = None, np.zeros(ids.size, dtype=np.int64)
         if self.visual_layout is not None:
-            text_total = total - sum(int(self.visual_layout(int(i), int(n))) for i, n in zip(ids, toks))
+            vis = np.array([int(self.visual_layout(int(i), int(n))) for i, n in zip(ids, toks)], dtype=np.int64)
+            text_total = total - int(vis.sum())
         num_mb = len(plan.micro_batches)
         out = []
         for m, mb in enumerate(plan.micro_batches):
@@ -279,8 +280,8 @@ class FCPSampler:
                                   num_tokens_global=total, num_text_labels_global=text_total, ranks=ranks,
                                   cp_rank=ranks.index(self.rank) if ranks else -1)  # shared by the list and slots
             seqs = () if group is None else group.seq_ids
-            slots = [SampleSlot(index=int(ids[s]), num_tokens=int(toks[s]), length=int(self.lengths[ids[s]]), meta=meta)
-                     for s in seqs]
+            slots = [SampleSlot(index=int(ids[s]), num_tokens=int(toks[s]), length=int(self.lengths[ids[s]]), meta=meta,
+                                visual_targets=int(vis[s])) for s in seqs]
             out.append(SlotList(slots, meta=meta))
         return out
 

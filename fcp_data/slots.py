@@ -101,21 +101,24 @@ class SampleSlot:
     """One sample's place in a planned micro-batch, as seen by one rank of its CP group (immutable).
 
     ``index``: dataset index; ``num_tokens``: tokens to keep (< ``length`` when truncated); ``length``: the
-    sample's length in the index; ``meta``: the micro-batch's :class:`MicroBatchMeta` (shared with the other
+    sample's length in the index; ``visual_targets``: label positions of the kept tokens whose target is a visual
+    placeholder, as the sampler counted them (0 without a visual layout; the collator needs it only to take a
+    skipped sample out of the loss denominator); ``meta``: the micro-batch's :class:`MicroBatchMeta` (shared with the other
     slots and the list), whose fields read as attributes here too (``ranks``, ``cp_rank``,
     ``num_tokens_global``, …). ``SampleSlot(index=, num_tokens=, length=, ranks=, cp_rank=, epoch=, …)``
     builds the meta from the flat fields; with ``meta=`` too they replace those fields of it (so
     ``dataclasses.replace(slot, cp_rank=1)`` works as before).
     """
 
-    __slots__ = ("index", "num_tokens", "length", "meta")  # by hand: dataclass(slots=True) breaks frozen setattr
+    __slots__ = ("index", "num_tokens", "length", "meta", "visual_targets")  # by hand: see dataclass(slots=True)
     index: int
     num_tokens: int
     length: int
     meta: MicroBatchMeta
+    visual_targets: int
 
     def __init__(self, *, index: int, num_tokens: int, length: int, meta: MicroBatchMeta | None = None,
-                 **micro_batch: Any) -> None:
+                 visual_targets: int = 0, **micro_batch: Any) -> None:
         meta = _meta_of(meta, micro_batch, "SampleSlot")
         if not meta.ranks:
             raise ValueError("a SampleSlot belongs to a CP group: its meta needs ranks (an idle rank has no slots)")
@@ -123,21 +126,23 @@ class SampleSlot:
             raise ValueError(f"index must be >= 0, got {index}")
         if not 1 <= num_tokens <= length:
             raise ValueError(f"num_tokens must be in [1, length={length}], got {num_tokens}")
+        if not 0 <= visual_targets < num_tokens:
+            raise ValueError(f"visual_targets must be in [0, num_tokens={num_tokens}), got {visual_targets}")
         for name, value in (("index", int(index)), ("num_tokens", int(num_tokens)), ("length", int(length)),
-                            ("meta", meta)):
+                            ("meta", meta), ("visual_targets", int(visual_targets))):
             object.__setattr__(self, name, value)
 
     def __reduce__(self) -> tuple:
-        """Pickled by its four values; the meta object stays shared with the list (pickle's memo)."""
-        return _rebuild_slot, (self.index, self.num_tokens, self.length, self.meta)
+        """Pickled by its values; the meta object stays shared with the list (pickle's memo)."""
+        return _rebuild_slot, (self.index, self.num_tokens, self.length, self.meta, self.visual_targets)
 
     @property
     def truncated(self) -> bool:
         return self.num_tokens < self.length
 
 
-def _rebuild_slot(index: int, num_tokens: int, length: int, meta: MicroBatchMeta) -> SampleSlot:
-    return SampleSlot(index=index, num_tokens=num_tokens, length=length, meta=meta)
+def _rebuild_slot(index: int, num_tokens: int, length: int, meta: MicroBatchMeta, visual_targets: int = 0) -> SampleSlot:
+    return SampleSlot(index=index, num_tokens=num_tokens, length=length, meta=meta, visual_targets=visual_targets)
 
 
 _delegate(SampleSlot, META_FIELDS + ("degree", "rank"))
@@ -170,10 +175,28 @@ class FCPDataset:
     ``__getitems__`` (used by the DataLoader's fetcher for a whole batch) returns a :class:`SlotList` of the
     pairs with the same meta object, so an idle rank's empty batch reaches the collator with its
     ``num_tokens_global``.
+
+    A sample whose ``base[i]`` raises is tried ``retries`` more times, then (``on_error="skip"``, the default)
+    recorded and replaced by a :class:`fcp_data.read_errors.SkippedSample`, which the collator packs as
+    label-free padding of the planned length and :func:`fcp_exec.step.train_step` takes out of the loss
+    denominator; ``max_consecutive_errors``/``max_error_rate`` end the run when the dataset itself is broken;
+    ``errors_path`` appends one JSON line per skipped sample (:mod:`fcp_data.read_errors`). ``on_error="raise"``
+    ends the run at the first sample that still fails with a ``SampleReadError`` naming it (the exception chained).
     """
 
-    def __init__(self, base: Any) -> None:
+    def __init__(self, base: Any, *, on_error: str = "skip", retries: int = 1, max_consecutive_errors: int = 8,
+                 max_error_rate: float = 0.01, errors_path: Any = None) -> None:
+        from fcp_data.read_errors import ON_ERROR, ReadErrorBudget
+
+        if on_error not in ON_ERROR:
+            raise ValueError(f"on_error must be one of {', '.join(ON_ERROR)}, got {on_error!r}")
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise ValueError(f"retries must be an int >= 0, got {retries!r}")
         self.base = base
+        self.on_error = on_error
+        self.retries = retries
+        self.budget = ReadErrorBudget(max_consecutive_errors=max_consecutive_errors, max_error_rate=max_error_rate,
+                                      errors_path=errors_path)
 
     def __len__(self) -> int:
         return len(self.base)
@@ -181,7 +204,22 @@ class FCPDataset:
     def __getitem__(self, slot: SampleSlot) -> tuple[Any, SampleSlot]:
         if not isinstance(slot, SampleSlot):
             raise TypeError(f"FCPDataset is indexed by SampleSlot (from FCPSampler), got {type(slot).__name__}")
-        return self.base[slot.index], slot
+        error: Exception | None = None
+        for _ in range(self.retries + 1):
+            try:
+                sample = self.base[slot.index]
+            except Exception as e:  # noqa: BLE001 - any failure of one sample is that sample's, within the budget
+                error = e
+                continue
+            self.budget.ok()
+            return sample, slot
+        from fcp_data.read_errors import SampleReadError, SkippedSample, sample_key
+
+        skipped = SkippedSample.of(slot.index, sample_key(self.base, slot.index), error)
+        if self.on_error == "raise":
+            raise SampleReadError(f"{skipped.describe()} failed to read (FCPDataset(on_error='raise'))") from error
+        self.budget.failed(skipped, slot)
+        return skipped, slot
 
     def __getitems__(self, slots: Sequence[SampleSlot]) -> list:
         items = [self[s] for s in slots]

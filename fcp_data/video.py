@@ -28,10 +28,17 @@ from fcp_data.specs import Spec, VisualPlan
 __all__ = ["decode_frames", "decode_image", "qwen_patchify", "qwen_second_per_grid", "vision_inputs"]
 
 
+_QUIET = []
+
+
 def decode_frames(src: bytes | str | Path, indices) -> np.ndarray:
-    """Frames ``indices`` of a video as uint8 ``[T, H, W, 3]`` (decord; nothing else is decoded)."""
+    """Frames ``indices`` of a video as uint8 ``[T, H, W, 3]`` (decord; nothing else is decoded). libav's own
+    per-packet error lines are silenced (a damaged video raises here instead, and ``FCPDataset`` records it once)."""
     import decord
 
+    if not _QUIET:
+        decord.logging.set_level(decord.logging.FATAL)
+        _QUIET.append(True)
     vr = decord.VideoReader(io.BytesIO(src) if isinstance(src, (bytes, bytearray)) else str(src), num_threads=1)
     idx = [min(int(i), len(vr) - 1) for i in indices]
     return vr.get_batch(idx).asnumpy()

@@ -44,7 +44,7 @@ from torch import nn
 from fcp_data.sampler_inputs import dist_rank_and_world
 
 __all__ = ["REDUCER_NAMES", "AllReduceReducer", "DDPReducer", "FSDP2Reducer", "StepResult", "denominator",
-           "fill_num_tokens_global", "idle_batch", "is_idle", "make_reducer", "train_step"]
+           "fill_num_tokens_global", "idle_batch", "is_idle", "make_reducer", "rescale_skipped", "train_step"]
 
 REDUCER_NAMES = ("allreduce", "ddp", "fsdp2")
 
@@ -209,12 +209,15 @@ def make_reducer(name: str, model: nn.Module, *, find_unused_parameters: bool = 
 @dataclass(slots=True)
 class StepResult:
     """``loss``: the global-batch mean loss (identical on every rank); ``num_tokens``: its denominator;
-    ``groups``: this rank's CP group per micro-batch (``()`` where idle); ``num_idle``: idle micro-batches."""
+    ``groups``: this rank's CP group per micro-batch (``()`` where idle); ``num_idle``: idle micro-batches;
+    ``skipped``: the records of the samples this rank's batches skipped (failed reads, ``FCPDataset``), whose label
+    tokens ``num_tokens`` no longer counts."""
 
     loss: float
     num_tokens: int
     groups: list[tuple[int, ...]] = field(default_factory=list)
     num_idle: int = 0
+    skipped: list[dict] = field(default_factory=list)
 
 
 def fill_num_tokens_global(batches: Sequence[dict], device: torch.device | None = None) -> int:
@@ -278,12 +281,15 @@ def train_step(model: nn.Module, micro_batches: Iterable[dict], loss_fn: Callabl
         buffered = [first] + [_next_micro_batch(it, m, num_mb) for m in range(1, num_mb)]
         fill_num_tokens_global(buffered, next(model.parameters()).device)
         it = iter(buffered[1:])
-    loss_local = torch.zeros((), dtype=torch.float64)
+    loss_local = torch.zeros(2, dtype=torch.float64)  # [loss, label tokens of skipped samples]
     groups: list[tuple[int, ...]] = []
+    skipped: list[dict] = []
     num_idle = 0
     for m in range(num_mb):
         batch = first if m == 0 else _next_micro_batch(it, m, num_mb)
         groups.append(tuple(batch["ranks"]))
+        skipped.extend(batch.get("skipped_samples", ()))
+        loss_local[1] += int(batch.get("num_skipped_labels", 0))
         idle = is_idle(batch)
         run = idle_batch(batch, pad_token_id=pad_token_id) if idle else batch
         if to_device is not None:
@@ -294,14 +300,35 @@ def train_step(model: nn.Module, micro_batches: Iterable[dict], loss_fn: Callabl
                 loss = loss * 0.0
                 num_idle += 1
             loss.backward()
-        loss_local += loss.detach().to(device="cpu", dtype=torch.float64)
+        loss_local[0] += loss.detach().to(device="cpu", dtype=torch.float64)
     reducer.finish(model)
-    total = loss_local.reshape(1)
+    total = loss_local
     if world > 1:
         from fcp_exec.launch import collective_dtype
 
         dev = next(model.parameters()).device
         total = total.to(device=dev, dtype=collective_dtype(torch.float64))  # fp64 where the backend has it
         dist.all_reduce(total)
-    return StepResult(loss=float(total[0]), num_tokens=int(first["num_tokens_global"]), groups=groups,
-                      num_idle=num_idle)
+    loss, num_tokens = float(total[0]), int(first["num_tokens_global"])
+    gone = int(round(float(total[1])))
+    if gone:
+        scale = rescale_skipped(model, num_tokens, gone)
+        loss, num_tokens = loss * scale, num_tokens - gone
+    return StepResult(loss=loss, num_tokens=num_tokens, groups=groups, num_idle=num_idle, skipped=skipped)
+
+
+def rescale_skipped(model: nn.Module, num_tokens_global: int, skipped_labels: int) -> float:
+    """Gradients divided by ``num_tokens_global`` become those of the mean over the labels that were read: every
+    ``.grad`` times ``num_tokens_global / (num_tokens_global - skipped_labels)`` (FSDP2's sharded gradients
+    scale shard by shard). ``skipped_labels``: the SUM over all ranks of the batches' ``num_skipped_labels`` (the
+    label tokens of samples that failed to read, :mod:`fcp_data.read_errors`). :func:`train_step` calls it; a loop
+    of your own all-reduces that sum and calls it after the last backward, before clipping and the optimizer.
+    Returns the factor (1 when nothing was skipped or nothing is left)."""
+    if skipped_labels <= 0 or num_tokens_global - skipped_labels <= 0:
+        return 1.0
+    scale = num_tokens_global / (num_tokens_global - skipped_labels)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.grad is not None:
+                p.grad.mul_(scale)
+    return scale

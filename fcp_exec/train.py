@@ -101,20 +101,23 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
-def _gather_groups(groups: list[tuple[int, ...]], world: int) -> list[list[int]]:
-    """Every micro-batch's CP-group degrees, from the groups all ranks ran (idle ranks excluded)."""
+def _gather_groups(groups: list[tuple[int, ...]], world: int,
+                   skipped: list[dict] = ()) -> tuple[list[list[int]], list[dict]]:
+    """Every micro-batch's CP-group degrees, from the groups all ranks ran (idle ranks excluded), and the
+    samples any rank skipped (once each, by index)."""
     if world > 1:
         import torch.distributed as dist
 
         allg: list = [None] * world
-        dist.all_gather_object(allg, groups)
+        dist.all_gather_object(allg, (groups, list(skipped)))
     else:
-        allg = [groups]
+        allg = [(groups, list(skipped))]
     out = []
     for m in range(len(groups)):
-        uniq = {tuple(r[m]) for r in allg if r[m]}
+        uniq = {tuple(r[m]) for r, _ in allg if r[m]}
         out.append(sorted((len(g) for g in uniq), reverse=True))
-    return out
+    by_index = {rec["index"]: rec for _, recs in allg for rec in recs}
+    return out, [by_index[i] for i in sorted(by_index)]
 
 
 class Trainer:
@@ -168,7 +171,8 @@ class Trainer:
                                   global_batch_size=cfg.global_batch_size, seed=cfg.seed, solver=solver,
                                   prefetch=cfg.prefetch, solver_options=None if degree is None else {"degree": degree},
                                   visual_layout=data.visual_layout)
-        self.loader = DataLoader(FCPDataset(data.dataset), batch_sampler=self.sampler, collate_fn=collator,
+        dataset = FCPDataset(data.dataset, on_error=cfg.on_read_error, errors_path=cfg.read_errors_out)
+        self.loader = DataLoader(dataset, batch_sampler=self.sampler, collate_fn=collator,
                                  num_workers=cfg.num_workers, persistent_workers=cfg.num_workers > 0)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
         self.epoch, self._it, self.num_steps = 0, None, 0
@@ -252,11 +256,12 @@ class Trainer:
                 g = _full(p.grad if p.grad is not None else torch.zeros_like(p))
                 grads[n] = g.detach().cpu().double().numpy().copy() if p.grad is not None else None
         self.opt.step()
-        degrees = _gather_groups(res.groups, self.world)
+        degrees, skipped = _gather_groups(res.groups, self.world, res.skipped)
         waits = self.sampler.planner_waits[waits_before:]
         rec = {"step": self.num_steps, "loss": res.loss, "num_tokens": res.num_tokens, "degrees": degrees,
                "step_time_s": time.perf_counter() - t0, "planner_wait_s": float(sum(waits)),
-               "num_idle": res.num_idle, "sample_indices": sorted({i for s in seen for i in s})}
+               "num_idle": res.num_idle, "sample_indices": sorted({i for s in seen for i in s}),
+               "skipped_samples": skipped}
         if grads is not None:
             rec["grads"] = grads
         self.num_steps += 1
@@ -287,12 +292,13 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             rec.pop("sample_indices", None)
         records.append(rec)
         if cfg.json_lines and rank == 0:
-            print(json.dumps({k: rec[k] for k in ("step", "loss", "num_tokens", "degrees", "step_time_s")}),
-                  flush=True)
+            print(json.dumps({k: rec[k] for k in ("step", "loss", "num_tokens", "degrees", "step_time_s",
+                                                  "skipped_samples")}), flush=True)
         elif rank == 0 and cfg.verbose:
+            gone = f"  skipped {len(rec['skipped_samples'])}" if rec["skipped_samples"] else ""
             print(f"step {rec['step']:>3}  loss {rec['loss']:.6f}  tokens {rec['num_tokens']:>6}  plan "
                   f"{format_degrees(rec['degrees'])}  step {rec['step_time_s'] * 1e3:7.1f} ms  planner wait "
-                  f"{rec['planner_wait_s'] * 1e3:.2f} ms", file=sys.stdout, flush=True)
+                  f"{rec['planner_wait_s'] * 1e3:.2f} ms{gone}", file=sys.stdout, flush=True)
     result: dict[str, Any] = {"steps": records, "param_checksum": tr.checksum(), "rank": rank, "world": tr.world,
                               "tokens_per_rank": tr.cost.tokens_per_rank, "data": tr.data.description}
     if cfg.return_params:  # gathered on every rank (a collective under FSDP2), kept on rank 0

@@ -86,6 +86,12 @@ class TrainConfig:
                                "--data synthetic an hf: model's samples mask a random prompt")
     caption_labels: bool = _opt(False, "an index's image/video samples train on their caption only (labels -100 over "
                                 "the visual block: IndexedDataset(caption_labels=True)); turns sample_labels on")
+    on_read_error: str = _opt("skip", "a sample that fails to read (a video damaged after its header, a file gone since "
+                              "indexing): skip it — recorded, padded to its planned length with no label, left out "
+                              "of the loss — or raise and end the run (FCPDataset(on_error=...))",
+                              choices=("skip", "raise"))
+    read_errors_out: str | None = _opt(None, "append one JSON line per skipped sample to this file (key, reason, "
+                                       "detail, epoch, global batch)", metavar="FILE")
 
     def __post_init__(self) -> None:
         from fcp_exec.train import parse_planner

@@ -137,6 +137,10 @@ class CappedDataset:
     def __len__(self) -> int:
         return int(self.keep.size)
 
+    def sample_key(self, i: int) -> str | None:
+        key = getattr(self.base, "sample_key", None)
+        return None if key is None else key(int(self.keep[i]))
+
     def __getitem__(self, i: int) -> dict:
         s = dict(self.base[int(self.keep[i])])
         ids = torch.as_tensor(s["input_ids"])

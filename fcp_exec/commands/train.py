@@ -15,8 +15,14 @@ formed (ring attention inside each group), gradients are summed over all ranks b
 A rank the plan leaves idle in a micro-batch runs a zero-weighted dummy forward/backward, so DDP/FSDP2
 collectives stay in lock-step. Printed per step: loss (global-batch mean), label tokens, the plan
 (⟨degree⟩×count per micro-batch), step time and the time the loop waited for the planner. --json prints one
-object per step on stdout ({"step", "loss", "num_tokens", "degrees", "step_time_s"}; "degrees" lists each
-micro-batch's CP-group degrees, idle ranks = nproc − Σ degrees) and nothing else there.
+object per step on stdout ({"step", "loss", "num_tokens", "degrees", "step_time_s", "skipped_samples"}; "degrees"
+lists each micro-batch's CP-group degrees, idle ranks = nproc − Σ degrees) and nothing else there.
+
+A sample that fails to read (a video damaged behind a readable header, a file gone or edited since `fcp index`)
+is retried once, then skipped: its slot runs as padding without labels and the step's loss is the mean over the
+rest of the global batch; it is listed in the step's "skipped_samples", one warning line on stderr and, with
+--read-errors-out FILE, one JSON line there. 8 failures in a row (or > 1 % of reads once 8 failed) end the run
+with one line, exit 2; --on-read-error raise stops at the first.
 
 --model hf:PATH takes a local transformers config.json (random weights, nothing downloaded) of a qwen3,
 llama, qwen2_vl, qwen2_5_vl or qwen3_vl model; text models train on the bundled text samples, Qwen-VL models
@@ -168,6 +174,11 @@ def run(args) -> int:
         print(f"done: {len(steps)} steps, median step {times[len(times) // 2] * 1e3:.1f} ms, "
               f"planner wait total {sum(waits) * 1e3:.1f} ms, rank 0 idle in {idle} micro-batch(es); parameters "
               f"identical on all {len(res['checksums'])} ranks: {'yes' if agree else 'NO'}")
+        skipped = [rec for s in steps for rec in s.get("skipped_samples", ())]
+        if skipped:
+            where = "; ".join(f"{r['key'] or r['index']}: {r['reason']}: {r['detail'][:80]}" for r in skipped[:3])
+            print(f"skipped {len(skipped)} sample(s) that failed to read (left out of the loss; --read-errors-out FILE lists them): "
+                  f"{where}{' …' if len(skipped) > 3 else ''}")
         if not agree:
             print(json.dumps(res["checksums"]))
             return 1

@@ -1,0 +1,133 @@
+"""A sample that cannot be read is recorded and skipped, never the end of a run (``FCPDataset(on_error="skip")``).
+
+``fcp index`` catches what it can see (headers, damaged images, bad text) before training, but some failures show
+only when a sample is read: a video whose data is damaged after a readable header, a file removed or replaced
+since indexing, a shard on a flaky network mount. :class:`fcp_data.slots.FCPDataset` catches the exception of
+``base[i]``, tries again ``retries`` times (a transient I/O error then costs nothing), and otherwise returns a
+:class:`SkippedSample` in the sample's place:
+
+* the plan stays valid: :class:`fcp_data.collator.FCPCollator` packs ``slot.num_tokens`` pad tokens for it, with
+  no label, text positions and no pixels, so every tensor has the planned shape (the sample is skipped the same
+  way on every rank of its CP group, which all read the same file);
+* the step equals training on the rest of the global batch: the batch lists the sample in ``skipped_samples``
+  with its share of label tokens, and :func:`fcp_exec.step.train_step` takes them out of ``num_tokens_global``
+  (riding on the step's loss all-reduce; gradients rescaled once) — a loop of your own all-reduces
+  the batches' ``num_skipped_labels`` and calls :func:`fcp_exec.step.rescale_skipped`;
+* it is recorded: one ``WARNING`` line on the ``fcp_data`` logger (stderr by default, from the DataLoader worker),
+  one JSON line ``{"index", "key", "reason", "detail", "epoch", "global_batch"}`` appended to ``errors_path`` when
+  given (the same fields as ``fcp index``'s ``errors.jsonl``), and ``fcp train`` counts them per step.
+
+A dataset that fails everywhere is not bad data but a bug or a missing mount: :class:`ReadErrorBudget` ends the run
+with :class:`SampleReadError` (naming the last failure) after ``max_consecutive_errors`` failures in a row, or, once
+that many have failed in all, when more than ``max_error_rate`` of the samples read failed. The counts are per
+process (each DataLoader worker keeps its own). ``on_error="raise"`` ends the run at the first sample that still fails
+after its retries, with a :class:`SampleReadError` that names it (the original exception chained as its cause).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = ["ReadErrorBudget", "SampleReadError", "SkippedSample", "ON_ERROR"]
+
+logger = logging.getLogger("fcp_data")
+
+ON_ERROR = ("skip", "raise")
+_DETAIL_CHARS = 300
+
+
+class SampleReadError(RuntimeError):
+    """Too many samples failed to read: the dataset itself is broken (``FCPDataset``'s error budget)."""
+
+
+@dataclass(frozen=True)
+class SkippedSample:
+    """What ``FCPDataset`` returns for a sample that failed to read: its dataset ``index``, its ``key`` (an
+    ``IndexedDataset``'s sample key, else None), the exception's type name (``reason``) and first line
+    (``detail``)."""
+
+    index: int
+    key: str | None
+    reason: str
+    detail: str
+
+    @classmethod
+    def of(cls, index: int, key: str | None, exc: BaseException) -> "SkippedSample":
+        text = str(exc).strip().splitlines()
+        return cls(int(index), key, type(exc).__name__, (text[0] if text else "")[:_DETAIL_CHARS])
+
+    def describe(self) -> str:
+        return f"sample {self.index}{f' ({self.key})' if self.key is not None else ''}: {self.reason}: {self.detail}"
+
+    def record(self, slot: Any = None) -> dict[str, Any]:
+        out = asdict(self)
+        if slot is not None:
+            out.update(epoch=int(slot.epoch), global_batch=int(slot.global_batch))
+        return out
+
+
+def sample_key(base: Any, index: int) -> str | None:
+    """The sample's key when ``base`` names its samples (``base.sample_key(i)``: ``IndexedDataset`` gives its
+    index's key, e.g. the tar member or jsonl id), else None."""
+    try:
+        return str(base.sample_key(index)) if hasattr(base, "sample_key") else None
+    except Exception:  # noqa: BLE001 - a key is a courtesy: never fail the skip over it
+        return None
+
+
+class ReadErrorBudget:
+    """Counts reads and failures of one process and decides when failures stop being "one bad sample"."""
+
+    def __init__(self, *, max_consecutive_errors: int = 8, max_error_rate: float = 0.01,
+                 errors_path: str | os.PathLike | None = None) -> None:
+        if isinstance(max_consecutive_errors, bool) or not isinstance(max_consecutive_errors, int) or \
+                max_consecutive_errors < 1:
+            raise ValueError(f"max_consecutive_errors must be an int >= 1, got {max_consecutive_errors!r}")
+        if isinstance(max_error_rate, bool) or not isinstance(max_error_rate, (int, float)) or \
+                not 0.0 <= float(max_error_rate) <= 1.0:
+            raise ValueError(f"max_error_rate must be a number in [0, 1], got {max_error_rate!r}")
+        if errors_path is not None and not isinstance(errors_path, (str, os.PathLike)):
+            raise TypeError(f"errors_path must be a path or None, got {type(errors_path).__name__}")
+        self.max_consecutive_errors = max_consecutive_errors
+        self.max_error_rate = float(max_error_rate)
+        self.errors_path = None if errors_path is None else os.fspath(errors_path)
+        self.reads = self.errors = self.consecutive = 0
+
+    def __getstate__(self) -> dict:  # a DataLoader worker starts its own counts
+        state = dict(self.__dict__)
+        state.update(reads=0, errors=0, consecutive=0)
+        return state
+
+    def ok(self) -> None:
+        self.reads += 1
+        self.consecutive = 0
+
+    def failed(self, skipped: SkippedSample, slot: Any = None) -> None:
+        """Record one failed sample; raise :class:`SampleReadError` when the budget is spent."""
+        self.reads += 1
+        self.errors += 1
+        self.consecutive += 1
+        rec = skipped.record(slot)
+        logger.warning("fcp: skipped %s (%d of %d read by this process failed)", skipped.describe(), self.errors,
+                       self.reads)
+        if self.errors_path is not None:
+            line = (json.dumps(rec, ensure_ascii=False) + "\n").encode()
+            fd = os.open(self.errors_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, line)  # one write per record: O_APPEND keeps workers' lines whole
+            finally:
+                os.close(fd)
+        why = None
+        if self.consecutive >= self.max_consecutive_errors:
+            why = f"{self.consecutive} samples in a row failed to read"
+        elif self.errors >= self.max_consecutive_errors and self.errors > self.max_error_rate * self.reads:
+            why = (f"{self.errors} of {self.reads} samples read failed (more than max_error_rate="
+                   f"{self.max_error_rate:g})")
+        if why:
+            raise SampleReadError(
+                f"{why}; the last: {skipped.describe()}. The dataset looks broken (a missing mount, a stale index, a bug "
+                "in __getitem__?), not one bad sample; FCPDataset(on_error='raise') stops at the first one")

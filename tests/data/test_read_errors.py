@@ -1,0 +1,172 @@
+"""A sample that fails to read is recorded and skipped (``FCPDataset(on_error="skip")``), never the end of a run.
+
+References: the collator's packing of a skipped sample equals, tensor for tensor, the packing of a real sample of
+the same planned length made of pad tokens with every label masked (the ``sample_labels=True`` path, tested against
+transformers elsewhere), for degrees 1–3, truncated or not, text and visual batches; ``num_skipped_labels`` equals
+the label tokens the sampler counted for the sample (its ``num_tokens − 1``, minus its visual targets when those are
+masked), on the group's first rank only. The error budget against a hand-computed sequence of outcomes. Real
+multi-process training with a skipped sample against the stock model trained on the rest of each global batch:
+``tests/exec/test_hf_train.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import pickle
+
+import pytest
+import torch
+
+from fcp_data import FCPCollator
+from fcp_data.read_errors import ReadErrorBudget, SampleReadError, SkippedSample
+from fcp_data.slots import FCPDataset, MicroBatchMeta, SampleSlot, SlotList
+
+PAD, IGNORE, VIS = 0, -100, 7
+
+
+def _meta(degree: int, cp_rank: int, total: int = 100, text: int | None = None) -> MicroBatchMeta:
+    return MicroBatchMeta(epoch=0, global_batch=3, micro_batch=0, num_micro_batches=1, num_tokens_global=total,
+                          num_text_labels_global=text, ranks=tuple(range(degree)), cp_rank=cp_rank)
+
+
+class Flaky:
+    """A map-style dataset whose samples in ``bad`` raise; ``transient`` ones fail only on their first read."""
+
+    def __init__(self, n: int, bad=(), transient=()):
+        self.n, self.bad, self.transient, self.calls = n, set(bad), set(transient), {}
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        self.calls[i] = self.calls.get(i, 0) + 1
+        if i in self.bad:
+            raise OSError(f"sample {i}: decoder says no\nsecond line")
+        if i in self.transient and self.calls[i] == 1:
+            raise TimeoutError("mount hiccup")
+        return {"input_ids": torch.arange(1, 11) + i}
+
+
+def _slot(i: int, meta: MicroBatchMeta, n: int = 10, length: int = 10, vt: int = 0) -> SampleSlot:
+    return SampleSlot(index=i, num_tokens=n, length=length, meta=meta, visual_targets=vt)
+
+
+def test_skip_records_and_replaces_only_the_failing_sample(tmp_path, caplog):
+    out = tmp_path / "read_errors.jsonl"
+    ds = FCPDataset(Flaky(6, bad={2}, transient={4}), errors_path=out)
+    meta = _meta(1, 0)
+    with caplog.at_level(logging.WARNING, logger="fcp_data"):
+        items = ds.__getitems__(SlotList([_slot(i, meta) for i in range(6)], meta=meta))
+    assert isinstance(items, SlotList) and items.meta is meta
+    kinds = [type(s).__name__ for s, _ in items]
+    assert kinds == ["dict", "dict", "SkippedSample", "dict", "dict", "dict"]  # 4: retried once, read
+    assert ds.base.calls == {0: 1, 1: 1, 2: 2, 3: 1, 4: 2, 5: 1}
+    sk = items[2][0]
+    assert (sk.index, sk.key, sk.reason, sk.detail) == (2, None, "OSError", "sample 2: decoder says no")
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert lines == [{"index": 2, "key": None, "reason": "OSError", "detail": "sample 2: decoder says no",
+                      "epoch": 0, "global_batch": 3}]
+    assert len(caplog.records) == 1 and "skipped sample 2" in caplog.records[0].getMessage()
+
+
+def test_raise_names_the_sample_and_retries_zero_skips_a_transient_failure():
+    with pytest.raises(SampleReadError, match="sample 1: OSError: sample 1: decoder says no") as info:
+        FCPDataset(Flaky(3, bad={1}), on_error="raise")[_slot(1, _meta(1, 0))]
+    assert isinstance(info.value.__cause__, OSError)
+    ds = FCPDataset(Flaky(3, transient={1}), on_error="raise")  # a retry that succeeds is no error in either mode
+    assert ds[_slot(1, _meta(1, 0))][0]["input_ids"][0] == 2
+    ds = FCPDataset(Flaky(3, transient={1}), retries=0)
+    assert isinstance(ds[_slot(1, _meta(1, 0))][0], SkippedSample)
+
+
+def test_budget_ends_the_run_when_the_dataset_is_broken():
+    # consecutive: the 3rd failure in a row raises, naming the last failure
+    b = ReadErrorBudget(max_consecutive_errors=3, max_error_rate=1.0)
+    sk = SkippedSample(5, "clip-5", "DECORDError", "cannot decode")
+    b.failed(sk)
+    b.failed(sk)
+    with pytest.raises(SampleReadError, match=r"3 samples in a row .* sample 5 \(clip-5\): DECORDError"):
+        b.failed(sk)
+    # rate: failures spread out (never 2 in a row) end it once >= 2 failed in all and > 25 % of reads failed
+    b = ReadErrorBudget(max_consecutive_errors=2, max_error_rate=0.25)
+    outcomes = [True, True, False, True, True, True, True, False, True, False]  # reads 3, 8 (2/8 ok), 10 (3/10 > .25)
+    raised_at = None
+    for k, ok in enumerate(outcomes, 1):
+        try:
+            b.ok() if ok else b.failed(sk)
+        except SampleReadError:
+            raised_at = k
+            break
+    assert raised_at == 10
+    # a DataLoader worker starts its own counts
+    b2 = pickle.loads(pickle.dumps(b))
+    assert (b2.reads, b2.errors, b2.consecutive, b2.max_error_rate) == (0, 0, 0, 0.25)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"on_error": "ignore"}, "on_error must be one of skip, raise"),
+    ({"retries": -1}, "retries must be an int >= 0"),
+    ({"max_consecutive_errors": 0}, "max_consecutive_errors must be an int >= 1"),
+    ({"max_error_rate": 1.5}, r"max_error_rate must be a number in \[0, 1\]"),
+])
+def test_bad_arguments_are_one_clear_error(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        FCPDataset([], **kwargs)
+
+
+def _reference_batch(collator_kwargs: dict, items: list, bad: int) -> list:
+    """The same batch with the failed sample replaced by pads of its planned length whose labels are all masked."""
+    out = []
+    for sample, slot in items:
+        if slot.index == bad:
+            sample = {"input_ids": torch.full((slot.length,), PAD), "labels": torch.full((slot.length,), IGNORE)}
+        elif "labels" not in sample:
+            sample = dict(sample, labels=sample["input_ids"])
+        out.append((sample, slot))
+    return out
+
+
+@pytest.mark.parametrize("degree", [1, 2, 3])
+@pytest.mark.parametrize("truncate", [False, True])
+def test_collated_skip_equals_masked_padding_of_the_planned_length(degree, truncate):
+    lengths = [9, 14, 5]
+    cut = 11 if truncate else 14
+    for cp_rank in range(degree):
+        meta = _meta(degree, cp_rank)
+        slots = [_slot(i, meta, n=(cut if i == 1 else n), length=n) for i, n in enumerate(lengths)]
+        samples = [{"input_ids": torch.arange(1, n + 1) * (i + 1)} for i, n in enumerate(lengths)]
+        items = [(s, sl) for s, sl in zip(samples, slots)]
+        items[1] = (SkippedSample(1, "k1", "OSError", "gone"), slots[1])
+        got = FCPCollator(pad_token_id=PAD)(items)
+        ref = FCPCollator(pad_token_id=PAD, sample_labels=True)(_reference_batch({}, items, bad=1))
+        for key in ("input_ids", "labels", "position_ids", "cu_seqlens"):
+            assert torch.equal(got[key], ref[key]), (key, degree, cp_rank)
+        assert got["num_tokens_global"] == 100
+        assert got["skipped_samples"] == ({"index": 1, "key": "k1", "reason": "OSError", "detail": "gone",
+                                           "epoch": 0, "global_batch": 3},)
+        assert got["num_skipped_labels"] == (cut - 1 if cp_rank == 0 else 0)
+        # sample_labels batches count their own labels exactly: nothing to take out
+        assert FCPCollator(pad_token_id=PAD, sample_labels=True)(items)["num_skipped_labels"] == 0
+
+
+def test_visual_batch_skip_keeps_the_planned_shape_and_counts_text_labels_only():
+    """Qwen-VL style batch (3-D positions, placeholder id VIS): a skipped video sample packs as text pads (no
+    visual rows, no grid), the other sample's pixels and grid stay, and the skipped label count leaves out the
+    sample's visual targets exactly as the sampler's text-label denominator did."""
+    meta = _meta(2, 0, total=40, text=30)
+    good = {"input_ids": torch.tensor([1, VIS, VIS, VIS, VIS, 2, 3, 4]), "grid_thw": torch.tensor([[1, 4, 4]]),
+            "pixel_values": torch.randn(16, 6)}
+    slots = [_slot(0, meta, n=8, length=8, vt=4), _slot(1, meta, n=12, length=12, vt=5)]
+    items = [(good, slots[0]), (SkippedSample(1, None, "DECORDError", "bad frame"), slots[1])]
+    coll = FCPCollator(pad_token_id=PAD, visual_token_id=VIS, mrope=True)
+    got = coll(items)
+    ref = FCPCollator(pad_token_id=PAD, visual_token_id=VIS, mrope=True, sample_labels=True)(
+        _reference_batch({}, items, bad=1))
+    for key in ("input_ids", "labels", "position_ids", "cu_seqlens", "mrope_position_ids", "visual_pos",
+                "visual_index", "pixel_values", "grid_thw"):
+        assert torch.equal(got[key], ref[key]), key
+    assert got["num_tokens_global"] == 30 and got["num_skipped_labels"] == 12 - 1 - 5
+    got1 = coll([(s, _slot(sl.index, _meta(2, 1, 40, 30), sl.num_tokens, sl.length, sl.visual_targets))
+                 for s, sl in items])
+    assert got1["num_skipped_labels"] == 0 and len(got1["skipped_samples"]) == 1

@@ -1,0 +1,47 @@
+"""`fcp train` on data with samples that pass `fcp index` but fail when read (videos whose frame data is zeroed
+behind an intact header): the run completes, says what it skipped and writes it to --read-errors-out; with
+--on-read-error raise it stops with one line naming the sample (exit 2), never a traceback. The training maths of a
+skip (the step equals training on the rest of the batch) is tests/exec/test_hf_train.py's.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from _damaged_data import damaged_video_index
+
+pytest.importorskip("decord")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _fcp(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fcp_cli", *argv], capture_output=True, text=True, timeout=300,
+                          cwd=ROOT)
+
+
+def test_train_skips_damaged_videos_and_reports_them(tmp_path):
+    index, damaged = damaged_video_index(tmp_path / "data", "qwen2-vl")
+    out = tmp_path / "skipped.jsonl"
+    common = ("train", "--model", "tiny-mllm", "--data", str(index), "--nproc", "1", "--global-batch-size", "4")
+    r = _fcp(*common, "--steps", "3", "--read-errors-out", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    # 3 steps x 4 of the 11 samples: the epoch wraps, so every damaged video is read at least once
+    assert sorted({rec["key"] for rec in lines}) == sorted(damaged)
+    assert all(rec["reason"] == "DECORDError" and set(rec) == {"index", "key", "reason", "detail", "epoch",
+                                                                "global_batch"} for rec in lines)
+    assert f"skipped {len(lines)} sample(s) that failed to read" in r.stdout
+    assert "Traceback" not in r.stderr and "NAL unit" not in r.stderr  # one warning line per skip, no libav noise
+    assert r.stderr.count("fcp: skipped sample") == len(lines)
+
+    r = _fcp(*common, "--steps", "3", "--on-read-error", "raise")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    [line] = r.stderr.strip().splitlines()
+    assert line.startswith("fcp train: error: sample ") and "DECORDError" in line
+    assert any(f"({k})" in line for k in damaged), line
