@@ -246,8 +246,9 @@ class FCPCollator:
             out["grid_thw"] = torch.cat(acc.grids, dim=0)
         return out
 
-    def _pack(self, acc: "_Packed", sample, slot, visual_ids: torch.Tensor) -> None:
-        """Append one sample, cut to its slot's ``num_tokens`` and padded to a multiple of ``2·degree``."""
+    def _pack(self, acc: "_Packed", sample, slot, visual_ids: torch.Tensor, live: bool = True) -> None:
+        """Append one sample, cut to its slot's ``num_tokens`` and padded to a multiple of ``2·degree``; ``live``
+        False: none of its tokens is a target (a skipped sample's skeleton)."""
         if isinstance(sample, SkippedSample):
             return self._pack_skipped(acc, sample, slot, visual_ids)
         if not isinstance(sample, dict) or "input_ids" not in sample:
@@ -270,7 +271,7 @@ class FCPCollator:
             acc.label_parts.append(sample_labels_of(sample, full, slot.index, self.ignore_index)[:n])
             acc.label_parts.append(full.new_full((pad,), self.ignore_index))
         acc.kept_lens.append(n)
-        acc.live.append(True)
+        acc.live.append(live)
         grid = sample.get("grid_thw")
         if grid is not None:
             try:
@@ -289,8 +290,13 @@ class FCPCollator:
         acc.start += n + pad
 
     def _pack_skipped(self, acc: "_Packed", skipped: SkippedSample, slot, visual_ids: torch.Tensor) -> None:
-        """A sample that failed to read: ``slot.num_tokens`` pad tokens (the planned shape) with no label, text
-        positions and no pixels; recorded in the batch with the label tokens the sampler counted for it."""
+        """A sample that failed to read: its skeleton (``IndexedDataset.skeleton``) with no label, else
+        ``slot.num_tokens`` pad tokens (the planned shape) with no label, text positions and no pixels; recorded in
+        the batch with the label tokens the sampler counted for it."""
+        acc.skipped.append(skipped.record(slot))
+        acc.skipped_labels += int(slot.num_tokens) - 1 - (int(slot.visual_targets) if self.mask_visual_labels else 0)
+        if skipped.skeleton is not None:
+            return self._pack(acc, skipped.skeleton, slot, visual_ids, live=False)
         n = int(slot.num_tokens)
         pad = (-n) % acc.multiple
         acc.ids_parts.append(torch.full((n + pad,), self.pad_token_id, dtype=torch.long))
@@ -298,8 +304,6 @@ class FCPCollator:
             acc.label_parts.append(torch.full((n + pad,), self.ignore_index, dtype=torch.long))
         acc.kept_lens.append(n)
         acc.live.append(False)
-        acc.skipped.append(skipped.record(slot))
-        acc.skipped_labels += n - 1 - (int(slot.visual_targets) if self.mask_visual_labels else 0)
         if self.visual_ids:
             acc.vis_global.append(torch.zeros(0, dtype=torch.long))
             acc.vis_rows.append(torch.zeros(0, dtype=torch.long))

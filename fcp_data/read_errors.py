@@ -6,9 +6,11 @@ since indexing, a shard on a flaky network mount. :class:`fcp_data.slots.FCPData
 ``base[i]``, tries again ``retries`` times (a transient I/O error then costs nothing), and otherwise returns a
 :class:`SkippedSample` in the sample's place:
 
-* the plan stays valid: :class:`fcp_data.collator.FCPCollator` packs ``slot.num_tokens`` pad tokens for it, with
-  no label, text positions and no pixels, so every tensor has the planned shape (the sample is skipped the same
-  way on every rank of its CP group, which all read the same file);
+* the plan stays valid: :class:`fcp_data.collator.FCPCollator` packs ``slot.num_tokens`` tokens for it with no
+  label — its skeleton from the index where the dataset has one (``IndexedDataset.skeleton``: a Qwen-VL image or
+  video keeps its visual block and grid, zero pixels, pads for its text), else pad tokens with text positions and
+  no pixels — so every tensor has the planned shape and every rank of its CP group packs the same layout (they
+  all read the same file; with a skeleton even a rank whose read succeeded agrees on the visual layout);
 * the step equals training on the rest of the global batch: the batch lists the sample in ``skipped_samples``
   with its share of label tokens, and :func:`fcp_exec.step.train_step` takes them out of ``num_tokens_global``
   (riding on the step's loss all-reduce; gradients rescaled once) — a loop of your own all-reduces
@@ -29,7 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["ReadErrorBudget", "SampleReadError", "SkippedSample", "ON_ERROR"]
@@ -48,26 +50,37 @@ class SampleReadError(RuntimeError):
 class SkippedSample:
     """What ``FCPDataset`` returns for a sample that failed to read: its dataset ``index``, its ``key`` (an
     ``IndexedDataset``'s sample key, else None), the exception's type name (``reason``) and first line
-    (``detail``)."""
+    (``detail``); ``skeleton``: the sample's structure from the index when the dataset knows it
+    (``IndexedDataset.skeleton``: visual block, pads for text, zero pixels), packed instead of plain pads so that
+    the ranks of its CP group agree on the visual layout even if only some of them failed to read it."""
 
     index: int
     key: str | None
     reason: str
     detail: str
+    skeleton: dict | None = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def of(cls, index: int, key: str | None, exc: BaseException) -> "SkippedSample":
+    def of(cls, index: int, key: str | None, exc: BaseException, skeleton: dict | None = None) -> "SkippedSample":
         text = str(exc).strip().splitlines()
-        return cls(int(index), key, type(exc).__name__, (text[0] if text else "")[:_DETAIL_CHARS])
+        return cls(int(index), key, type(exc).__name__, (text[0] if text else "")[:_DETAIL_CHARS], skeleton)
 
     def describe(self) -> str:
         return f"sample {self.index}{f' ({self.key})' if self.key is not None else ''}: {self.reason}: {self.detail}"
 
     def record(self, slot: Any = None) -> dict[str, Any]:
-        out = asdict(self)
+        out = {"index": self.index, "key": self.key, "reason": self.reason, "detail": self.detail}
         if slot is not None:
             out.update(epoch=int(slot.epoch), global_batch=int(slot.global_batch))
         return out
+
+
+def sample_skeleton(base: Any, index: int) -> dict | None:
+    """``base.skeleton(i)`` when the dataset can give a failed sample's structure without reading it, else None."""
+    try:
+        return base.skeleton(index) if hasattr(base, "skeleton") else None
+    except Exception:  # noqa: BLE001 - then plain pads: the skip itself must not fail
+        return None
 
 
 def sample_key(base: Any, index: int) -> str | None:

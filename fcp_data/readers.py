@@ -187,6 +187,34 @@ class IndexedDataset(torch.utils.data.Dataset):
         """Sample ``i``'s key in the index (a tar member's stem, a jsonl id, a file's path)."""
         return str(self.index.keys[i])
 
+    def skeleton(self, i: int) -> dict | None:
+        """Sample ``i``'s structure from the index alone, for a read that failed: its visual block exactly (markers,
+        placeholders; Qwen-VL only), pad tokens in place of its text up to its indexed length, zero pixels of its
+        grid, its ``second_per_grid_ts``. Every rank of a CP group then packs the same visual layout whether its own
+        read failed or not, so the group's frame exchange still matches. None where the structure needs the
+        data itself (text, a conversation, other vision families)."""
+        kind = int(self.index.kind[i])
+        if kind not in (KIND_VIDEO, KIND_IMAGE) or self.chat_field or self.spec.family != "qwen-vl":
+            return None
+        from fcp_data.visual_layout import row_plan
+
+        plan = row_plan(self.spec, self.index, i)
+        visual = segments_to_ids(self.spec, plan.segments)
+        n = int(self.index.num_tokens[i])
+        v = self.spec.vision
+        t, h, w = plan.grid_thw
+        dim = 3 * int(v["temporal_patch_size"]) * int(v["patch_size"]) ** 2
+        out = {"input_ids": torch.tensor(visual + [self.pad_token_id] * (n - len(visual)), dtype=torch.long),
+               "grid_thw": torch.tensor([plan.grid_thw], dtype=torch.long),
+               "pixel_values": torch.zeros((t * h * w, dim), dtype=torch.float32)}
+        if kind == KIND_VIDEO:
+            from fcp_data.video import qwen_second_per_grid
+
+            out["second_per_grid_ts"] = torch.tensor([qwen_second_per_grid(
+                len(plan.frame_indices), int(self.index.num_frames[i]), float(self.index.fps[i]),
+                int(v["temporal_patch_size"]))], dtype=torch.float32)
+        return out
+
     def _text_ids(self, text: str) -> list[int]:
         ids = self.spec.tokenizer().encode(text, add_special_tokens=False).ids if text else []
         return ids + ([self.eos_token_id] if self.eos_token_id is not None else [])

@@ -213,11 +213,13 @@ class FCPDataset:
                 continue
             self.budget.ok()
             return sample, slot
-        from fcp_data.read_errors import SampleReadError, SkippedSample, sample_key
+        from fcp_data.read_errors import SampleReadError, SkippedSample, sample_key, sample_skeleton
 
-        skipped = SkippedSample.of(slot.index, sample_key(self.base, slot.index), error)
         if self.on_error == "raise":
+            skipped = SkippedSample.of(slot.index, sample_key(self.base, slot.index), error)
             raise SampleReadError(f"{skipped.describe()} failed to read (FCPDataset(on_error='raise'))") from error
+        skipped = SkippedSample.of(slot.index, sample_key(self.base, slot.index), error,
+                                   sample_skeleton(self.base, slot.index))
         self.budget.failed(skipped, slot)
         return skipped, slot
 

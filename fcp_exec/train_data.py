@@ -141,6 +141,10 @@ class CappedDataset:
         key = getattr(self.base, "sample_key", None)
         return None if key is None else key(int(self.keep[i]))
 
+    def skeleton(self, i: int) -> dict | None:
+        skeleton = getattr(self.base, "skeleton", None)
+        return None if skeleton is None else skeleton(int(self.keep[i]))
+
     def __getitem__(self, i: int) -> dict:
         s = dict(self.base[int(self.keep[i])])
         ids = torch.as_tensor(s["input_ids"])

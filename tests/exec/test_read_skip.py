@@ -1,0 +1,120 @@
+"""A sample that fails to read on only some ranks of its CP group (a flaky mount, a file replaced mid-run) must
+not hang the group: ``IndexedDataset.skeleton`` gives the failed rank the sample's visual layout from the index,
+so the group's frame exchange still matches.
+
+References: the sample read normally — the skeleton has its visual block token for token, its grid, its
+``second_per_grid_ts`` and pixel values of its shape, and collated into a degree-2 group it gives every rank the
+same visual positions, rows, grid and 3-D positions as the real sample (the inputs of the frame exchange). Then
+tiny-mllm trains 3 steps on 2 real gloo processes with one video failing on rank 0 only: the run ends (a hang would
+hit the launch timeout), rank 0 records the skip and rank 1 does not.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("decord")
+
+from fcp_data import FCPCollator  # noqa: E402
+from fcp_data.index.format import KIND_TEXT  # noqa: E402
+from fcp_data.read_errors import SkippedSample  # noqa: E402
+from fcp_data.slots import MicroBatchMeta, SampleSlot  # noqa: E402
+from fcp_exec.launch import launch  # noqa: E402
+from fcp_exec.train import TrainConfig, Trainer  # noqa: E402
+from fcp_exec.train_data import _bundled_index  # noqa: E402
+
+
+@pytest.fixture(scope="module", params=["qwen2-vl", "qwen2.5-vl", "qwen3-vl"])
+def reader(request, tmp_path_factory):
+    from fcp_data import IndexedDataset
+
+    return IndexedDataset(_bundled_index("hf", str(tmp_path_factory.mktemp("cache")), request.param))
+
+
+def test_skeleton_has_the_samples_visual_layout(reader):
+    from fcp_data import IndexedDataset
+
+    kinds = np.asarray(reader.index.kind)
+    assert (kinds != KIND_TEXT).sum() >= 10
+    captions = IndexedDataset(reader.index, caption_labels=True)
+    for i in range(len(reader)):
+        sk = reader.skeleton(i)
+        if kinds[i] == KIND_TEXT:
+            assert sk is None
+            continue
+        real = reader[i]
+        ids, sids = real["input_ids"], sk["input_ids"]
+        assert sids.shape == ids.shape
+        # the visual block (markers and timestamps included: what caption_labels masks) token for token, then pads
+        block = int((captions[i]["labels"] == -100).long().cumprod(0).sum())
+        assert 0 < block and torch.equal(sids[:block], ids[:block]), i
+        assert bool((sids[block:] == reader.pad_token_id).all()), i
+        assert torch.equal(sk["grid_thw"], real["grid_thw"]) and sk["pixel_values"].shape == real["pixel_values"].shape
+        assert not sk["pixel_values"].any()
+        assert ("second_per_grid_ts" in sk) == ("second_per_grid_ts" in real)
+        if "second_per_grid_ts" in sk:
+            assert torch.equal(sk["second_per_grid_ts"], real["second_per_grid_ts"])
+
+
+def test_a_group_agrees_on_the_layout_when_one_rank_failed(reader):
+    """Every rank of a degree-2 group collates the same visual positions, rows, grid, pixel shape and 3-D positions
+    whether it read a video or only has its skeleton."""
+    kinds = np.asarray(reader.index.kind)
+    vids = [i for i in range(len(reader)) if kinds[i] != KIND_TEXT][:3]
+    coll = FCPCollator(pad_token_id=reader.pad_token_id, visual_token_id=reader.placeholder_ids, mrope=True,
+                       mask_visual_labels=False)
+    for cp_rank in (0, 1):
+        meta = MicroBatchMeta(epoch=0, global_batch=0, micro_batch=0, num_micro_batches=1, num_tokens_global=10_000,
+                              ranks=(0, 1), cp_rank=cp_rank)
+        slots = [SampleSlot(index=i, num_tokens=int(reader.index.num_tokens[i]),
+                            length=int(reader.index.num_tokens[i]), meta=meta) for i in vids]
+        real = coll([(reader[i], s) for i, s in zip(vids, slots)])
+        items = [(reader[i], s) for i, s in zip(vids, slots)]
+        items[1] = (SkippedSample(vids[1], None, "OSError", "gone", reader.skeleton(vids[1])), slots[1])
+        failed = coll(items)
+        for key in ("visual_pos", "visual_index", "grid_thw", "mrope_position_ids", "cu_seqlens"):
+            assert torch.equal(failed[key], real[key]), (key, cp_rank)
+        assert failed["pixel_values"].shape == real["pixel_values"].shape
+
+
+class _FailsOnRankZero:
+    """``base`` whose sample ``bad`` raises on global rank 0 only (a read that fails on one rank of the group)."""
+
+    def __init__(self, base, bad: int):
+        self.base, self.bad = base, bad
+
+    def __len__(self):
+        return len(self.base)
+
+    def __getitem__(self, i):
+        import torch.distributed as dist
+
+        if i == self.bad and dist.get_rank() == 0:
+            raise OSError("flaky mount")
+        return self.base[i]
+
+    def skeleton(self, i):
+        return self.base.skeleton(i)
+
+
+def _train_with_a_rank_zero_failure(cfg: TrainConfig) -> dict:
+    tr = Trainer(cfg)
+    first = tr.sampler.global_batch_indices(0)
+    bad = next(int(i) for i in first if tr.data.dataset[int(i)].get("grid_thw") is not None)
+    tr.loader.dataset.base = _FailsOnRankZero(tr.loader.dataset.base, bad)
+    steps = [tr.step() for _ in range(cfg.steps)]
+    return {"bad": bad, "skipped": [r["skipped_samples"] for r in steps], "losses": [r["loss"] for r in steps]}
+
+
+@pytest.mark.timeout(300)
+def test_training_survives_a_video_that_fails_on_one_rank_only(tmp_path):
+    cfg = TrainConfig(model="tiny-mllm", steps=3, global_batch_size=4, prefetch=0, verbose=False,
+                      cache_dir=str(tmp_path), max_tokens=400, tokens_per_rank=200)  # videos need degree 2
+    res = launch(_train_with_a_rank_zero_failure, 2, cfg, timeout=240.0, pg_timeout=60.0)
+    bad = res[0]["bad"]
+    assert res[1]["bad"] == bad
+    # the step's records gather every rank's skips: rank 0's failure is reported once, on every rank
+    assert [r["index"] for r in res[0]["skipped"][0]] == [bad] and res[0]["skipped"] == res[1]["skipped"]
+    assert all(np.isfinite(v) for v in res[0]["losses"]) and res[0]["losses"] == res[1]["losses"]
