@@ -42,7 +42,11 @@ def register(subparsers, summary: str) -> None:
     p.add_argument("--engine", choices=("local", "ray"), default="local", help="local process pool or Ray tasks")
     p.add_argument("--address", default=None, help="Ray cluster address (e.g. 'auto'); default: start a local Ray")
     p.add_argument("--resume", action="store_true", help="keep finished shards of an earlier (killed) run")
-    p.add_argument("--probe", choices=("av", "decord"), default="av", help="video header probe (default av: no decode)")
+    p.add_argument("--probe", choices=("av", "decord", "decode"), default="av",
+                   help="how videos are checked: av reads the header only (default, fastest); decord opens the video and "
+                        "decodes its first frame; decode reads the header, then decodes every frame the reader will "
+                        "sample, so a video damaged behind a readable header is an error record now instead of a "
+                        "sample skipped in training (BENCHMARKS.md 'Length index': its cost)")
     p.add_argument("--text-field", default="text", help="jsonl/Parquet field holding the text (default: text)")
     p.add_argument("--prompt-field", default=None, metavar="FIELD",
                    help="jsonl/Parquet field holding an SFT prompt: a sample is the prompt's tokens then --text-field's (the "

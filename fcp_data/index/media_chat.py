@@ -7,7 +7,7 @@ from pathlib import Path
 
 from fcp_data.index.format import KIND_IMAGE, KIND_VIDEO
 from fcp_data.index.limits import Limits
-from fcp_data.index.probe import ProbeError, check_image_data, probe_image, probe_video
+from fcp_data.index.probe import ProbeError, check_image_data, check_video_frames, probe_image, probe_video
 
 __all__ = ["probe_plan", "index_media_chat"]
 
@@ -34,6 +34,8 @@ def probe_plan(kind: str, src, spec, probe: str, limits: Limits):
             plan = plan_visual(spec, "video", height=h.height, width=h.width, num_frames=h.num_frames, fps=h.fps)
         except ValueError as e:
             raise ProbeError("unsupported_video", str(e)) from None
+        if probe == "decode":
+            check_video_frames(src, plan.frame_indices)
         return plan, dict(kind=KIND_VIDEO, num_frames=h.num_frames, fps=h.fps, height=h.height, width=h.width)
     ih, iw = probe_image(src, limits.max_image_pixels)
     try:

@@ -26,12 +26,13 @@ from pathlib import Path
 from typing import Iterator
 
 __all__ = ["VideoHeader", "ProbeError", "MemberFile", "probe_video", "probe_image", "full_decode_frames",
+           "check_video_frames",
            "iter_tar_samples", "iter_dir_samples", "split_key", "VIDEO_EXTS", "IMAGE_EXTS", "TEXT_EXTS", "PROBES"]
 
 VIDEO_EXTS = ("mp4", "avi", "mkv", "webm", "mov", "m4v")
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp")
 TEXT_EXTS = ("txt", "caption", "text")
-PROBES = ("av", "decord")
+PROBES = ("av", "decord", "decode")  # decode: av's header, then the frames a reader samples are decoded (probe_plan)
 
 
 class ProbeError(Exception):
@@ -157,7 +158,7 @@ def probe_video(src, backend: str = "av", max_frames: int | None = None) -> Vide
 
     ``max_frames`` bounds the packet count of a container without a frame count (``too_many_frames``).
     """
-    if backend == "av":
+    if backend in ("av", "decode"):
         return _probe_av(src, max_frames)
     if backend == "decord":
         return _probe_decord(src)
@@ -203,6 +204,21 @@ def check_image_data(src) -> None:
                 im.load()
     except (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError) as e:
         raise ProbeError("corrupt_image", f"the image data is damaged: {type(e).__name__}: {e}") from None
+
+
+def check_video_frames(src, frame_indices) -> None:
+    """Decode the frames ``frame_indices`` of a video exactly as the reader will (``--probe decode``): a video whose
+    header is fine but whose frame data is damaged is ``corrupt_video`` now, not a failed read in training."""
+    from fcp_data.video import decode_frames
+
+    if hasattr(src, "read"):  # decord takes bytes or a path, not a file object
+        src.seek(0)
+        src = src.read()
+    try:
+        decode_frames(src, frame_indices)
+    except Exception as e:  # decord raises DECORDError / RuntimeError on bad data
+        first = str(e).strip().splitlines()
+        raise ProbeError("corrupt_video", f"frame data: {type(e).__name__}: {first[0][:200] if first else ''}") from None
 
 
 def full_decode_frames(src: bytes | str | Path) -> int:

@@ -332,3 +332,23 @@ def test_errors_jsonl_is_byte_identical_across_runs(tmp_path, media):
     ex, ey = ((tmp_path / n / "errors.jsonl").read_bytes() for n in ("x", "y"))
     assert ex == ey and ex.count(b"\n") == 10
     assert b" at 0x" not in ex and b"object at" not in ex
+
+
+def test_probe_decode_records_videos_damaged_behind_their_header(tmp_path):
+    """Three mp4s of a shard keep their header but have their frame data zeroed. The header probe (default) indexes
+    them (training then skips them when they fail to read); ``--probe decode`` decodes the frames a reader samples
+    and records them as ``corrupt_video``, and indexes every other sample exactly as the header probe does."""
+    from _damaged_data import damaged_video_index
+
+    av_index, damaged = damaged_video_index(tmp_path / "av", "qwen2.5-vl", probe="av")
+    dec_index, again = damaged_video_index(tmp_path / "dec", "qwen2.5-vl", probe="decode")
+    assert again == damaged and len(damaged) == 3
+    a, d = LengthIndex.load(av_index), LengthIndex.load(dec_index)
+    assert len(a) == 11 and not (av_index / "errors.jsonl").read_text().strip()
+    errors = [json.loads(x) for x in (dec_index / "errors.jsonl").read_text().splitlines()]
+    assert sorted(e["key"] for e in errors) == sorted(damaged)
+    assert all(e["reason"] == "corrupt_video" and e["detail"].startswith("frame data: DECORDError") for e in errors)
+    assert list(d.keys) == [k for k in a.keys if k not in damaged]
+    keep = np.array([k not in damaged for k in a.keys])
+    for col in ("num_tokens", "num_visual_tokens", "num_frames", "height", "width"):
+        assert np.array_equal(np.asarray(getattr(d, col)), np.asarray(getattr(a, col))[keep]), col
