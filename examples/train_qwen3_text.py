@@ -27,7 +27,7 @@ from fcp_data import CostModel, FCPCollator, FCPDataset, FCPSampler, IndexedData
 from fcp_exec.integrations.hf import apply_fcp, build_model, fcp_loss, load_config
 from fcp_exec.integrations.hf_data import check_data_fits
 from fcp_exec.launch import init_distributed
-from fcp_exec.step import make_reducer, train_step
+from fcp_exec.step import eval_step, make_reducer, train_step
 
 
 def bundled_text_index(rank: int) -> Path:
@@ -62,6 +62,8 @@ def main() -> None:
     p.add_argument("--global-batch-size", type=int, default=8)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--eval-data", default=None, help="a text length index to validate on (default: the training data)")
+    p.add_argument("--eval-batches", type=int, default=1, help="global batches of validation after training")
     args = p.parse_args()
 
     device = init_distributed()  # set_device, NCCL/HCCL/gloo by device, eager init + a warm-up barrier
@@ -92,6 +94,19 @@ def main() -> None:
             print(f"step {step} loss {res.loss:.4f} tokens {res.num_tokens} micro-batches {len(res.groups)} "
                   f"idle on rank 0: {res.num_idle}", flush=True)
     batches.close()  # stops the DataLoader's workers now, not during interpreter shutdown
+
+    # validation: its own sampler and loader the same way; eval_step = the forwards only, the global-batch mean loss
+    val_data = IndexedDataset(args.eval_data) if args.eval_data else data
+    val_sampler = FCPSampler(val_data.index, cost_model=cost.replace(tokens_per_rank=args.tokens_per_rank),
+                             global_batch_size=args.global_batch_size, seed=1, on_overlong="truncate")
+    val_loader = DataLoader(FCPDataset(val_data), batch_sampler=val_sampler,
+                            collate_fn=FCPCollator(pad_token_id=val_data.pad_token_id, sample_labels=val_data.has_labels))
+    val_batches = iter(val_loader)
+    model.eval()
+    for k in range(min(args.eval_batches, val_sampler.num_global_batches())):
+        res = eval_step(model, val_batches, fcp_loss, pad_token_id=val_data.pad_token_id)
+        if rank == 0:
+            print(f"eval {k} loss {res.loss:.4f} tokens {res.num_tokens}", flush=True)
     dist.destroy_process_group()
 
 

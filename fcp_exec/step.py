@@ -44,7 +44,8 @@ from torch import nn
 from fcp_data.sampler_inputs import dist_rank_and_world
 
 __all__ = ["REDUCER_NAMES", "AllReduceReducer", "DDPReducer", "FSDP2Reducer", "StepResult", "denominator",
-           "fill_num_tokens_global", "idle_batch", "is_idle", "make_reducer", "rescale_skipped", "train_step"]
+           "eval_step", "fill_num_tokens_global", "idle_batch", "is_idle", "make_reducer", "rescale_skipped",
+           "train_step"]
 
 REDUCER_NAMES = ("allreduce", "ddp", "fsdp2")
 
@@ -273,48 +274,81 @@ def train_step(model: nn.Module, micro_batches: Iterable[dict], loss_fn: Callabl
     :func:`make_reducer`. The caller zeroes gradients before and steps the optimizer after. Batches of
     ``FCPCollator(sample_labels=True)`` (``num_tokens_global`` None) are all read first and their labels counted
     over the global batch (:func:`fill_num_tokens_global`)."""
+    first, it, num_mb = _open_step(micro_batches, model)
+    res, totals = StepResult(loss=0.0, num_tokens=0), torch.zeros(2, dtype=torch.float64)
+    for m, run, idle in _runs(first, it, num_mb, res, totals, pad_token_id, to_device):
+        with reducer.sync_context(model, last=m == num_mb - 1):
+            loss = loss_fn(model, run)
+            if idle:
+                loss = loss * 0.0
+            loss.backward()
+        totals[0] += loss.detach().to(device="cpu", dtype=torch.float64)
+    reducer.finish(model)
+    return _close_step(model, totals, first, res, grads=True)
+
+
+def eval_step(model: nn.Module, micro_batches: Iterable[dict], loss_fn: Callable[[nn.Module, dict], torch.Tensor], *,
+              pad_token_id: int = 0, to_device: Callable[[dict], dict] | None = None) -> StepResult:
+    """The global-batch mean loss of one global batch, without gradients (validation): :func:`train_step`'s
+    forwards under ``torch.no_grad()`` — every micro-batch on every rank, idle ranks on :func:`idle_batch`, so
+    FSDP2's all-gathers stay in lock-step — no backward, no gradient synchronisation, one all-reduce of the loss
+    (samples' own labels counted first; skipped samples taken out of the denominator). The same arguments as
+    :func:`train_step` without the reducer; the model keeps its mode (call ``model.eval()`` first as usual).
+    Build the validation loader with its own ``FCPSampler`` (every rank computes its plans, like training's)."""
+    first, it, num_mb = _open_step(micro_batches, model)
+    res, totals = StepResult(loss=0.0, num_tokens=0), torch.zeros(2, dtype=torch.float64)
+    with torch.no_grad():
+        for _, run, idle in _runs(first, it, num_mb, res, totals, pad_token_id, to_device):
+            loss = loss_fn(model, run)
+            if not idle:
+                totals[0] += loss.detach().to(device="cpu", dtype=torch.float64)
+    return _close_step(model, totals, first, res, grads=False)
+
+
+def _open_step(micro_batches: Iterable[dict], model: nn.Module) -> tuple[dict, Iterator[dict], int]:
+    """The step's first micro-batch, an iterator over the rest and their count; batches of
+    ``FCPCollator(sample_labels=True)`` are read at once and their labels counted (:func:`fill_num_tokens_global`)."""
     it = iter(micro_batches)
-    _, world = dist_rank_and_world()
     first = _next_micro_batch(it, 0, 1)
     num_mb = int(first["num_micro_batches"])
     if first.get("num_tokens_global") is None:  # the samples' own labels: count them over the global batch first
         buffered = [first] + [_next_micro_batch(it, m, num_mb) for m in range(1, num_mb)]
         fill_num_tokens_global(buffered, next(model.parameters()).device)
         it = iter(buffered[1:])
-    loss_local = torch.zeros(2, dtype=torch.float64)  # [loss, label tokens of skipped samples]
-    groups: list[tuple[int, ...]] = []
-    skipped: list[dict] = []
-    num_idle = 0
+    return first, it, num_mb
+
+
+def _runs(first: dict, it: Iterator[dict], num_mb: int, res: StepResult, totals: torch.Tensor, pad_token_id: int,
+          to_device) -> Iterator[tuple[int, dict, bool]]:
+    """``(m, batch to run, idle)`` for every micro-batch (an idle rank's dummy in its place), recording the groups,
+    idle micro-batches and skipped samples in ``res`` and the skipped label tokens in ``totals[1]``."""
     for m in range(num_mb):
         batch = first if m == 0 else _next_micro_batch(it, m, num_mb)
-        groups.append(tuple(batch["ranks"]))
-        skipped.extend(batch.get("skipped_samples", ()))
-        loss_local[1] += int(batch.get("num_skipped_labels", 0))
+        res.groups.append(tuple(batch["ranks"]))
+        res.skipped.extend(batch.get("skipped_samples", ()))
+        totals[1] += int(batch.get("num_skipped_labels", 0))
         idle = is_idle(batch)
+        res.num_idle += idle
         run = idle_batch(batch, pad_token_id=pad_token_id) if idle else batch
-        if to_device is not None:
-            run = to_device(run)
-        with reducer.sync_context(model, last=m == num_mb - 1):
-            loss = loss_fn(model, run)
-            if idle:
-                loss = loss * 0.0
-                num_idle += 1
-            loss.backward()
-        loss_local[0] += loss.detach().to(device="cpu", dtype=torch.float64)
-    reducer.finish(model)
-    total = loss_local
-    if world > 1:
+        yield m, (to_device(run) if to_device is not None else run), idle
+
+
+def _close_step(model: nn.Module, totals: torch.Tensor, first: dict, res: StepResult, grads: bool) -> StepResult:
+    """Sum ``totals`` = [loss, skipped label tokens] over ranks (one all-reduce) and take the skipped labels out of
+    the denominator: the loss (and, with ``grads``, the gradients) times D / (D − skipped)."""
+    if dist_rank_and_world()[1] > 1:
         from fcp_exec.launch import collective_dtype
 
         dev = next(model.parameters()).device
-        total = total.to(device=dev, dtype=collective_dtype(torch.float64))  # fp64 where the backend has it
-        dist.all_reduce(total)
-    loss, num_tokens = float(total[0]), int(first["num_tokens_global"])
-    gone = int(round(float(total[1])))
+        totals = totals.to(device=dev, dtype=collective_dtype(torch.float64))  # fp64 where the backend has it
+        dist.all_reduce(totals)
+    res.loss, res.num_tokens = float(totals[0]), int(first["num_tokens_global"])
+    gone = int(round(float(totals[1])))
     if gone:
-        scale = rescale_skipped(model, num_tokens, gone)
-        loss, num_tokens = loss * scale, num_tokens - gone
-    return StepResult(loss=loss, num_tokens=num_tokens, groups=groups, num_idle=num_idle, skipped=skipped)
+        d = res.num_tokens
+        scale = rescale_skipped(model, d, gone) if grads else (d / (d - gone) if 0 < gone < d else 1.0)
+        res.loss, res.num_tokens = res.loss * scale, d - gone
+    return res
 
 
 def rescale_skipped(model: nn.Module, num_tokens_global: int, skipped_labels: int) -> float:

@@ -101,23 +101,31 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
-def _gather_groups(groups: list[tuple[int, ...]], world: int,
-                   skipped: list[dict] = ()) -> tuple[list[list[int]], list[dict]]:
-    """Every micro-batch's CP-group degrees, from the groups all ranks ran (idle ranks excluded), and the
-    samples any rank skipped (once each, by index)."""
+def _gather_step(res, seen: list[tuple[int, ...]], world: int) -> dict[str, Any]:
+    """One all-gather of a step's facts from every rank: each micro-batch's CP-group degrees (idle ranks excluded),
+    the samples any rank skipped (once each, by index) and the sample indices of the whole global batch."""
+    mine = (res.groups, list(res.skipped), seen)
     if world > 1:
         import torch.distributed as dist
 
         allg: list = [None] * world
-        dist.all_gather_object(allg, (groups, list(skipped)))
+        dist.all_gather_object(allg, mine)
     else:
-        allg = [(groups, list(skipped))]
-    out = []
-    for m in range(len(groups)):
-        uniq = {tuple(r[m]) for r, _ in allg if r[m]}
-        out.append(sorted((len(g) for g in uniq), reverse=True))
-    by_index = {rec["index"]: rec for _, recs in allg for rec in recs}
-    return out, [by_index[i] for i in sorted(by_index)]
+        allg = [mine]
+    degrees = []
+    for m in range(len(res.groups)):
+        uniq = {tuple(r[m]) for r, _, _ in allg if r[m]}
+        degrees.append(sorted((len(g) for g in uniq), reverse=True))
+    by_index = {rec["index"]: rec for _, recs, _ in allg for rec in recs}
+    return {"degrees": degrees, "skipped_samples": [by_index[i] for i in sorted(by_index)],
+            "sample_indices": sorted({i for _, _, s in allg for b in s for i in b})}
+
+
+def _recording(batches, seen: list):
+    """``batches`` passed through, each one's ``sample_indices`` appended to ``seen``."""
+    for b in batches:
+        seen.append(tuple(b.get("sample_indices", ())))
+        yield b
 
 
 class Trainer:
@@ -128,9 +136,6 @@ class Trainer:
     process (the e2e benchmark alternates planners step by step; the HF tests run a matrix of reducers)."""
 
     def __init__(self, cfg: TrainConfig) -> None:
-        from torch.utils.data import DataLoader
-
-        from fcp_data import FCPDataset, FCPSampler
         from fcp_exec.step import make_reducer
         from fcp_exec.train_data import load_train_data
 
@@ -166,16 +171,48 @@ class Trainer:
         # tiny-mllm skips its vision encoder on text-only micro-batches: DDP must be told
         self.model, self.reducer = make_reducer(cfg.reducer, model,
                                                 find_unused_parameters=cfg.model == "tiny-mllm")
-        solver, degree = parse_planner(cfg.planner)
-        self.sampler = FCPSampler(data.lengths, num_ranks=self.world, rank=self.rank, cost_model=cost,
-                                  global_batch_size=cfg.global_batch_size, seed=cfg.seed, solver=solver,
-                                  prefetch=cfg.prefetch, solver_options=None if degree is None else {"degree": degree},
-                                  visual_layout=data.visual_layout)
-        dataset = FCPDataset(data.dataset, on_error=cfg.on_read_error, errors_path=cfg.read_errors_out)
-        self.loader = DataLoader(dataset, batch_sampler=self.sampler, collate_fn=collator,
-                                 num_workers=cfg.num_workers, persistent_workers=cfg.num_workers > 0)
+        self._collator = collator
+        self.sampler, self.loader = self._loader(cfg.seed)
+        self._eval_batches = None
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
         self.epoch, self._it, self.num_steps = 0, None, 0
+
+    def _loader(self, seed: int):
+        """An FCPSampler over the run's data (this seed) and the DataLoader that reads it."""
+        from torch.utils.data import DataLoader
+
+        from fcp_data import FCPDataset, FCPSampler
+
+        cfg, data = self.cfg, self.data
+        solver, degree = parse_planner(cfg.planner)
+        sampler = FCPSampler(data.lengths, num_ranks=self.world, rank=self.rank, cost_model=self.cost,
+                             global_batch_size=cfg.global_batch_size, seed=seed, solver=solver, prefetch=cfg.prefetch,
+                             solver_options=None if degree is None else {"degree": degree},
+                             visual_layout=data.visual_layout)
+        dataset = FCPDataset(data.dataset, on_error=cfg.on_read_error, errors_path=cfg.read_errors_out)
+        return sampler, DataLoader(dataset, batch_sampler=sampler, collate_fn=self._collator,
+                                   num_workers=cfg.num_workers, persistent_workers=cfg.num_workers > 0)
+
+    def evaluate(self) -> dict[str, Any]:
+        """The mean loss of the next global batch of a second sampler over the same data (seed + 1), without
+        gradients or updates (:func:`fcp_exec.step.eval_step`); its record: loss, num_tokens, sample_indices (every
+        rank's), skipped_samples."""
+        from fcp_exec.step import eval_step
+
+        if self._eval_batches is None:
+            sampler, loader = self._loader(self.cfg.seed + 1)
+            self._eval_batches = _epochs(sampler, loader)
+        seen: list[tuple[int, ...]] = []
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            res = eval_step(self.model, _recording(self._eval_batches, seen), self.loss_fn,
+                            pad_token_id=self.data.pad_token_id, to_device=lambda b: _to_device(b, self.device))
+        finally:
+            self.model.train(was_training)
+        facts = _gather_step(res, seen, self.world)
+        return {"loss": res.loss, "num_tokens": res.num_tokens, "skipped_samples": facts["skipped_samples"],
+                "sample_indices": facts["sample_indices"]}
 
     def _model_and_collator(self, hf_config):
         """The model (HF: stock transformers model with ``fcp_ring`` attention; else a built-in tiny model) on this
@@ -235,33 +272,20 @@ class Trainer:
         waits_before = len(self.sampler.planner_waits)
         self.opt.zero_grad(set_to_none=True)
         seen: list[tuple[int, ...]] = []
-
-        def batches():
-            for b in self._batches():
-                seen.append(tuple(b.get("sample_indices", ())))
-                yield b
-
-        res = train_step(self.model, batches(), self.loss_fn, self.reducer, pad_token_id=self.data.pad_token_id,
-                         to_device=lambda b: _to_device(b, self.device))
+        res = train_step(self.model, _recording(self._batches(), seen), self.loss_fn, self.reducer,
+                         pad_token_id=self.data.pad_token_id, to_device=lambda b: _to_device(b, self.device))
         grads = None
         if self.cfg.return_grads:
-            if self.world > 1:  # the whole global batch (for the single-process reference), from every rank
-                import torch.distributed as dist
-
-                every: list = [None] * self.world
-                dist.all_gather_object(every, seen)
-                seen = [s for r in every for s in r]
             grads = {}
             for n, p in _named(self.model):  # every rank gathers every parameter: the same collectives in order
                 g = _full(p.grad if p.grad is not None else torch.zeros_like(p))
                 grads[n] = g.detach().cpu().double().numpy().copy() if p.grad is not None else None
         self.opt.step()
-        degrees, skipped = _gather_groups(res.groups, self.world, res.skipped)
+        facts = _gather_step(res, seen, self.world)  # sample_indices: the whole global batch, from every rank
         waits = self.sampler.planner_waits[waits_before:]
-        rec = {"step": self.num_steps, "loss": res.loss, "num_tokens": res.num_tokens, "degrees": degrees,
+        rec = {"step": self.num_steps, "loss": res.loss, "num_tokens": res.num_tokens,
                "step_time_s": time.perf_counter() - t0, "planner_wait_s": float(sum(waits)),
-               "num_idle": res.num_idle, "sample_indices": sorted({i for s in seen for i in s}),
-               "skipped_samples": skipped}
+               "num_idle": res.num_idle, **facts}
         if grads is not None:
             rec["grads"] = grads
         self.num_steps += 1
@@ -270,6 +294,15 @@ class Trainer:
     def checksum(self) -> float:
         with torch.no_grad():
             return float(sum(_full(p).double().sum().item() * (i + 1) for i, p in enumerate(self.model.parameters())))
+
+
+def _epochs(sampler, loader):
+    """``loader``'s batches over epoch after epoch (the evaluation stream)."""
+    epoch = 0
+    while True:
+        yield from loader
+        epoch += 1
+        sampler.set_epoch(epoch)
 
 
 def _named(model) -> list:
@@ -299,8 +332,14 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             print(f"step {rec['step']:>3}  loss {rec['loss']:.6f}  tokens {rec['num_tokens']:>6}  plan "
                   f"{format_degrees(rec['degrees'])}  step {rec['step_time_s'] * 1e3:7.1f} ms  planner wait "
                   f"{rec['planner_wait_s'] * 1e3:.2f} ms{gone}", file=sys.stdout, flush=True)
-    result: dict[str, Any] = {"steps": records, "param_checksum": tr.checksum(), "rank": rank, "world": tr.world,
-                              "tokens_per_rank": tr.cost.tokens_per_rank, "data": tr.data.description}
+    evals = [tr.evaluate() for _ in range(cfg.eval_steps)]
+    for k, ev in enumerate(evals):
+        if cfg.json_lines and rank == 0:
+            print(json.dumps({"eval": k, "loss": ev["loss"], "num_tokens": ev["num_tokens"]}), flush=True)
+        elif rank == 0 and cfg.verbose:
+            print(f"eval {k:>3}  loss {ev['loss']:.6f}  tokens {ev['num_tokens']:>6}  (no update)", flush=True)
+    result: dict[str, Any] = {"steps": records, "eval": evals, "param_checksum": tr.checksum(), "rank": rank,
+                              "world": tr.world, "tokens_per_rank": tr.cost.tokens_per_rank, "data": tr.data.description}
     if cfg.return_params:  # gathered on every rank (a collective under FSDP2), kept on rank 0
         params = {n: _full(p).detach().cpu().double().numpy().copy() for n, p in _named(tr.model)}
         if rank == 0:

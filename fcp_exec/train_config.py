@@ -90,6 +90,8 @@ class TrainConfig:
                               "indexing): skip it — recorded, padded to its planned length with no label, left out "
                               "of the loss — or raise and end the run (FCPDataset(on_error=...))",
                               choices=("skip", "raise"))
+    eval_steps: int = _opt(0, "after training, evaluate the mean loss of this many global batches drawn by a second "
+                           "sampler (seed + 1) over the same data: forward only, no update (fcp_exec.step.eval_step)")
     read_errors_out: str | None = _opt(None, "append one JSON line per skipped sample to this file (key, reason, "
                                        "detail, epoch, global batch)", metavar="FILE")
 
@@ -111,7 +113,10 @@ class TrainConfig:
                              f"can run (at most {max_workers()}: 4 per CPU core, at least 8)")
         if self.dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPE_NAMES)}, got {self.dtype!r}")
-        for name in ("steps", "global_batch_size", "max_tokens", "prefetch", "num_synthetic", "tokens_per_rank"):
+        if self.eval_steps < 0:
+            raise ValueError(f"eval_steps must be >= 0, got {self.eval_steps}")
+        for name in ("steps", "global_batch_size", "max_tokens", "prefetch", "num_synthetic", "tokens_per_rank",
+                     "eval_steps"):
             v = getattr(self, name)
             if v is not None and v > MAX_COUNT:  # numpy's int64 would overflow deep inside; no real run is this big
                 raise ValueError(f"{name}={v} is beyond any real run (at most {MAX_COUNT}); check the value")

@@ -16,7 +16,8 @@ A rank the plan leaves idle in a micro-batch runs a zero-weighted dummy forward/
 collectives stay in lock-step. Printed per step: loss (global-batch mean), label tokens, the plan
 (⟨degree⟩×count per micro-batch), step time and the time the loop waited for the planner. --json prints one
 object per step on stdout ({"step", "loss", "num_tokens", "degrees", "step_time_s", "skipped_samples"}; "degrees"
-lists each micro-batch's CP-group degrees, idle ranks = nproc − Σ degrees) and nothing else there.
+lists each micro-batch's CP-group degrees, idle ranks = nproc − Σ degrees), then, with --eval-steps N, one
+{"eval", "loss", "num_tokens"} object per evaluated global batch, and nothing else there.
 
 A sample that fails to read (a video damaged behind a readable header, a file gone or edited since `fcp index`)
 is retried once, then skipped: its slot runs as padding without labels and the step's loss is the mean over the

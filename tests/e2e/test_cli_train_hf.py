@@ -74,7 +74,7 @@ EXAMPLES = [
 @pytest.mark.parametrize("script, extra", EXAMPLES)
 def test_example_runs_under_torchrun(tmp_path, script, extra):
     """Each example, copied as is, trains 2 steps under `torchrun --nproc-per-node 2` on CPU and prints
-    finite losses (its bundled-sample index goes to TMPDIR)."""
+    finite losses (its bundled-sample index goes to TMPDIR); the text example then validates one global batch."""
     torchrun = Path(sys.executable).with_name("torchrun")
     cmd = [str(torchrun) if torchrun.exists() else sys.executable, *([] if torchrun.exists() else
            ["-m", "torch.distributed.run"]), "--standalone", "--nproc-per-node", "2",
@@ -85,3 +85,6 @@ def test_example_runs_under_torchrun(tmp_path, script, extra):
     steps = [ln for ln in r.stdout.splitlines() if ln.startswith("step ")]
     assert len(steps) == 2, r.stdout
     _check_losses([float(ln.split(" loss ")[1].split()[0]) for ln in steps])
+    evals = [ln for ln in r.stdout.splitlines() if ln.startswith("eval ")]
+    assert len(evals) == (1 if script == "train_qwen3_text.py" else 0), r.stdout  # the text example validates
+    _check_losses([float(ln.split(" loss ")[1].split()[0]) for ln in evals] or [LN_VOCAB])

@@ -9,6 +9,9 @@ attention → :func:`fcp_exec.step.train_step`. The reference is the stock model
 positions from ``mm_token_type_ids`` and the grids, one document per forward, float64) stepping over the same
 global batches (:func:`fcp_exec.integrations.hf_data.reference_step`).
 
+After training, one more global batch (a second sampler, seed + 1) is evaluated with ``eval_step`` (forward only,
+no update): its loss to 1e-12 and its denominator exactly against the stock model with the trained weights.
+
 Asserted, per step: the loss to 1e-12 relative, every gradient to 1e-12 relative to the largest reference
 gradient entry, the loss denominator exactly; and that the plans mixed degree-2 groups, degree-1 groups and idle
 ranks (Σd < nproc in some micro-batch). Three more runs per world size train on the samples' own SFT labels
@@ -39,7 +42,7 @@ REDUCERS = ("allreduce", "ddp", "fsdp2")
 STEPS = 3
 TOL = 1e-12
 COMMON = dict(data="synthetic", dtype="float64", steps=STEPS, global_batch_size=3, num_synthetic=12, max_tokens=80,
-              tokens_per_rank=40, lr=1e-2, prefetch=0, verbose=False, return_grads=True)
+              tokens_per_rank=40, lr=1e-2, prefetch=0, verbose=False, return_grads=True, eval_steps=1)
 
 
 def _cfg(family: str, reducer: str, gc: bool, dtype: str = "float64", sft: bool = False) -> TrainConfig:
@@ -49,11 +52,14 @@ def _cfg(family: str, reducer: str, gc: bool, dtype: str = "float64", sft: bool 
 
 @functools.lru_cache(maxsize=None)
 def _reference(family: str, batches: tuple[tuple[int, ...], ...], dtype: str = "float64", init: str | None = None,
-               sft: bool = False, data: str = "synthetic", max_tokens: int = COMMON["max_tokens"]):
+               sft: bool = False, data: str = "synthetic", max_tokens: int = COMMON["max_tokens"],
+               evals: tuple[tuple[int, ...], ...] = ()):
     """Per step ``(loss, num_tokens, {name: grad}, failed)`` of the stock model over ``batches`` (global batches), in
     ``dtype``; ``init`` initialises the weights in another dtype first (the fp32 model's weights, in fp64); ``sft``:
     the samples carry labels with a masked prompt, which the stock model's loss honours; ``data``: an index instead
-    of the synthetic documents. A sample whose read raises here is left out of its batch (``failed``: those)."""
+    of the synthetic documents. A sample whose read raises here is left out of its batch (``failed``: those).
+    ``evals``: more global batches whose ``(loss, num_tokens, None, failed)`` follow, with the trained weights
+    and no update (FCP's ``eval_step``)."""
     config = hf.load_config(CONFIGS / f"{family}-tiny.json")
     data = load_train_data(f"hf:{family}", data, max_tokens=max_tokens, seed=0,
                            num_synthetic=COMMON["num_synthetic"], hf_config=config, prompt_mask=sft)
@@ -65,7 +71,7 @@ def _reference(family: str, batches: tuple[tuple[int, ...], ...], dtype: str = "
         ids = special_ids(config)
         ignore = (ids["image"], ids["video"])
     out = []
-    for batch in batches:
+    for k, batch in enumerate(batches + evals):
         opt.zero_grad(set_to_none=True)
         samples, failed = [], []
         for i in batch:
@@ -74,6 +80,9 @@ def _reference(family: str, batches: tuple[tuple[int, ...], ...], dtype: str = "
             except Exception:  # noqa: BLE001 - a damaged sample (test_hf_training_skips_unreadable_samples)
                 failed.append(i)
         loss, num = reference_step(model, samples, ignore_ids=ignore)
+        if k >= len(batches):  # evaluation: the loss only, no step
+            out.append((loss, num, None, failed))
+            continue
         grads = {n: p.grad.detach().double().numpy().copy() for n, p in model.named_parameters() if p.grad is not None}
         out.append((loss, num, grads, failed))
         opt.step()
@@ -91,8 +100,15 @@ def _check_run(family: str, nproc: int, cfg: TrainConfig, result: dict, tol: flo
     steps = result["steps"]
     assert len(steps) == STEPS
     batches = tuple(tuple(s["sample_indices"]) for s in steps)
-    ref = _reference(family, batches, cfg.dtype, sft=cfg.sample_labels, data=cfg.data, max_tokens=cfg.max_tokens)
+    evals = tuple(tuple(e["sample_indices"]) for e in result["eval"])
+    ref = _reference(family, batches, cfg.dtype, sft=cfg.sample_labels, data=cfg.data, max_tokens=cfg.max_tokens,
+                     evals=evals)
     what = f"{family} nproc={nproc} reducer={cfg.reducer} gc={cfg.grad_checkpointing} sft={cfg.sample_labels}"
+    assert len(evals) == cfg.eval_steps
+    for e, (loss, num, _, failed) in zip(result["eval"], ref[len(steps):]):  # eval_step: forward only, trained weights
+        assert sorted(r["index"] for r in e["skipped_samples"]) == sorted(failed), f"{what} eval"
+        assert e["num_tokens"] == num, f"{what} eval: denominator {e['num_tokens']} != reference {num}"
+        assert abs(e["loss"] - loss) <= tol * abs(loss), f"{what} eval: loss {e['loss']!r} vs {loss!r}"
     for s, (loss, num, grads, failed) in zip(steps, ref):
         skipped = sorted(rec["index"] for rec in s["skipped_samples"])
         assert skipped == sorted(failed), f"{what} step {s['step']}: skipped {skipped}, unreadable {failed}"
