@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 
-__all__ = ["MicroBatchMeta", "SampleSlot", "SlotList", "FCPDataset"]
+__all__ = ["MicroBatchMeta", "SampleSlot", "SlotList", "FCPDataset", "StaleSampleError"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -182,18 +182,24 @@ class FCPDataset:
     denominator; ``max_consecutive_errors``/``max_error_rate`` end the run when the dataset itself is broken;
     ``errors_path`` appends one JSON line per skipped sample (:mod:`fcp_data.read_errors`). ``on_error="raise"``
     ends the run at the first sample that still fails with a ``SampleReadError`` naming it (the exception chained).
+    ``strict_lengths`` (as :class:`fcp_data.collator.FCPCollator`'s): a sample whose ``input_ids`` do not have the
+    length the sampler planned with (a file edited since indexing) is a failed read too (``StaleSampleError``), not
+    the collator's error that would end the run; pass False together with the collator's ``strict_lengths=False``.
     """
 
     def __init__(self, base: Any, *, on_error: str = "skip", retries: int = 1, max_consecutive_errors: int = 8,
-                 max_error_rate: float = 0.01, errors_path: Any = None) -> None:
+                 max_error_rate: float = 0.01, errors_path: Any = None, strict_lengths: bool = True) -> None:
         from fcp_data.read_errors import ON_ERROR, ReadErrorBudget
 
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error must be one of {', '.join(ON_ERROR)}, got {on_error!r}")
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
             raise ValueError(f"retries must be an int >= 0, got {retries!r}")
+        if not isinstance(strict_lengths, bool):
+            raise TypeError(f"strict_lengths must be True or False, got {strict_lengths!r}")
         self.base = base
         self.on_error = on_error
+        self.strict_lengths = strict_lengths
         self.retries = retries
         self.budget = ReadErrorBudget(max_consecutive_errors=max_consecutive_errors, max_error_rate=max_error_rate,
                                       errors_path=errors_path)
@@ -208,6 +214,8 @@ class FCPDataset:
         for _ in range(self.retries + 1):
             try:
                 sample = self.base[slot.index]
+                if self.strict_lengths:
+                    _check_planned_length(sample, slot)
             except Exception as e:  # noqa: BLE001 - any failure of one sample is that sample's, within the budget
                 error = e
                 continue
@@ -226,3 +234,17 @@ class FCPDataset:
     def __getitems__(self, slots: Sequence[SampleSlot]) -> list:
         items = [self[s] for s in slots]
         return SlotList(items, meta=slots.meta) if isinstance(slots, SlotList) else items
+
+
+class StaleSampleError(ValueError):
+    """A sample read fine but its length is not the one the sampler planned with (its file changed since indexing)."""
+
+
+def _check_planned_length(sample: Any, slot: SampleSlot) -> None:
+    ids = sample.get("input_ids") if isinstance(sample, dict) else None
+    n = len(ids) if hasattr(ids, "__len__") else None
+    if hasattr(ids, "dim") and ids.dim() == 2 and ids.shape[0] == 1:  # [1, n] as the collator accepts it
+        n = int(ids.shape[1])
+    if n is not None and n != slot.length:
+        raise StaleSampleError(f"has {n} tokens but the sampler planned it with {slot.length}: its data changed since "
+                               "the length index was built (rebuild the index if many samples say so)")

@@ -2,11 +2,13 @@
 
 ``damaged_video_index``: one bundled webdataset shard in which some mp4s keep their header (the ``moov`` atom, so
 the header probe indexes them) but have their frame data (``mdat`` payload) zeroed, so decoding them fails.
-``edited_text_index``: bundled jsonl lines, some of them overwritten in place after indexing (same size, not JSON).
+``edited_text_index``: bundled jsonl lines, some of them overwritten in place after indexing (same size: not JSON, or
+JSON with another text, whose token count no longer matches the index).
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import struct
 import tarfile
@@ -51,8 +53,16 @@ def damaged_video_index(root: Path, spec: str, every: int = 3, probe: str = "av"
     return out, [m.name.rsplit(".", 1)[0] for m in damaged]
 
 
-def edited_text_index(root: Path, lines: int = 16, edit=(2, 7, 12)) -> tuple[Path, list[int]]:
-    """Index the first ``lines`` bundled jsonl lines, then overwrite lines ``edit`` in place (not JSON any more)."""
+def _same_size_json(line: bytes) -> bytes:
+    """A valid jsonl line of the same byte length as ``line`` whose text is one repeated letter (other tokens)."""
+    obj = json.loads(line)
+    body = json.dumps({"id": obj["id"], "text": ""}).encode()
+    return body[:-2] + b"z" * (len(line) - 1 - len(body)) + b'"}\n'
+
+
+def edited_text_index(root: Path, lines: int = 16, edit=(2, 7, 12), rewrite=()) -> tuple[Path, list[int]]:
+    """Index the first ``lines`` bundled jsonl lines, then overwrite lines ``edit`` in place (not JSON any more) and
+    lines ``rewrite`` with valid JSON of the same size but another text (another token count)."""
     root.mkdir(parents=True, exist_ok=True)
     src = (data_path("samples") / "text.jsonl").read_bytes().splitlines(keepends=True)[:lines]
     path = root / "text.jsonl"
@@ -60,5 +70,6 @@ def edited_text_index(root: Path, lines: int = 16, edit=(2, 7, 12)) -> tuple[Pat
     out = root / "index"
     _, rc = build_index([str(path)], "text", str(out), progress=False)
     assert rc == 0
-    path.write_bytes(b"".join(b"#" * (len(x) - 1) + b"\n" if k in edit else x for k, x in enumerate(src)))
-    return out, list(edit)
+    path.write_bytes(b"".join(b"#" * (len(x) - 1) + b"\n" if k in edit else _same_size_json(x) if k in rewrite else x
+                              for k, x in enumerate(src)))
+    return out, sorted(set(edit) | set(rewrite))

@@ -170,3 +170,21 @@ def test_visual_batch_skip_keeps_the_planned_shape_and_counts_text_labels_only()
     got1 = coll([(s, _slot(sl.index, _meta(2, 1, 40, 30), sl.num_tokens, sl.length, sl.visual_targets))
                  for s, sl in items])
     assert got1["num_skipped_labels"] == 0 and len(got1["skipped_samples"]) == 1
+
+
+def test_a_sample_whose_length_changed_since_indexing_is_a_failed_read():
+    """A read that succeeds with another length than the planned one (a file edited since indexing) would end the
+    run in the collator; FCPDataset records and skips it like a failed read (``strict_lengths``, the default), and
+    leaves it to the collator with ``strict_lengths=False`` (both must then be told)."""
+    meta = _meta(1, 0)
+    base = Flaky(3)  # every sample has 10 tokens
+    sk, _ = FCPDataset(base)[_slot(1, meta, n=9, length=9)]
+    assert isinstance(sk, SkippedSample) and sk.reason == "StaleSampleError"
+    assert sk.detail.startswith("has 10 tokens but the sampler planned it with 9")
+    assert base.calls[1] == 2  # retried once, like any failed read
+    ok, _ = FCPDataset(base)[_slot(1, meta)]
+    assert isinstance(ok, dict)
+    loose, _ = FCPDataset(base, strict_lengths=False)[_slot(1, meta, n=9, length=9)]
+    assert isinstance(loose, dict)
+    batch = FCPCollator(pad_token_id=PAD, strict_lengths=False)([(loose, _slot(1, meta, n=9, length=9))])
+    assert batch["input_ids"].numel() == 10 and batch["skipped_samples"] == ()  # cut to 9, padded to 2·degree

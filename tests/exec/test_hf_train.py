@@ -76,9 +76,14 @@ def _reference(family: str, batches: tuple[tuple[int, ...], ...], dtype: str = "
         samples, failed = [], []
         for i in batch:
             try:
-                samples.append(data.dataset[i])
+                sample = data.dataset[i]
             except Exception:  # noqa: BLE001 - a damaged sample (test_hf_training_skips_unreadable_samples)
                 failed.append(i)
+                continue
+            if len(sample["input_ids"]) != data.lengths[i]:  # read fine, but not the sample the index counted
+                failed.append(i)
+                continue
+            samples.append(sample)
         loss, num = reference_step(model, samples, ignore_ids=ignore)
         if k >= len(batches):  # evaluation: the loss only, no step
             out.append((loss, num, None, failed))
@@ -148,7 +153,7 @@ def _damaged(family: str) -> tuple[str, list[str], int, int]:
     root = Path(tempfile.mkdtemp(prefix="fcp-damaged-"))
     atexit.register(shutil.rmtree, root, True)
     if family == "qwen3":
-        path, lines = edited_text_index(root)
+        path, lines = edited_text_index(root, edit=(2, 7), rewrite=(11,))  # 11: valid JSON, another token count
         return str(path), [f"doc-{k:05d}" for k in lines], 80, 40
     path, keys = damaged_video_index(root, "qwen2.5-vl")
     return str(path), keys, 400, 200  # the 300-token videos need a degree-2 group; longer ones are left out
@@ -274,7 +279,8 @@ def _check_fp32_run(family: str, cfg: TrainConfig, result: dict) -> None:
 @pytest.mark.timeout(1000)
 def test_hf_training_skips_unreadable_samples_like_training_on_the_rest():
     """Samples that ``fcp index`` accepted but that fail when read — videos whose header is intact but whose frame
-    data is zeroed (Qwen2.5-VL, DDP), jsonl lines edited after indexing (Qwen3, FSDP2) — are skipped, not the end of
+    data is zeroed (Qwen2.5-VL, DDP), jsonl lines edited after indexing, into garbage or into valid JSON whose
+    token count is no longer the index's (Qwen3, FSDP2) — are skipped, not the end of
     the run: every step equals the stock model trained on the rest of its global batch (the first loss to 1e-12,
     later losses and every gradient within SKIP_TOL / SKIP_GTOL, whose origin is stated above; the denominator
     exactly: the skipped samples' labels taken out; a sample is skipped where the reference's
@@ -292,5 +298,7 @@ def test_hf_training_skips_unreadable_samples_like_training_on_the_rest():
         assert abs(res["steps"][0]["loss"] - loss0) <= TOL * abs(loss0), (family, res["steps"][0]["loss"], loss0)
         keys = [rec["key"] for s in res["steps"] for rec in s["skipped_samples"]]
         assert keys and set(keys) <= set(damaged), (family, keys, damaged)
-        assert all(rec["reason"] in ("DECORDError", "JSONDecodeError") for s in res["steps"]
-                   for rec in s["skipped_samples"])
+        reasons = {rec["key"]: rec["reason"] for s in res["steps"] for rec in s["skipped_samples"]}
+        assert set(reasons.values()) <= {"DECORDError", "JSONDecodeError", "StaleSampleError"}, reasons
+        if family == "qwen3":  # the line rewritten as valid JSON of another length: read fine, caught by its length
+            assert reasons.get("doc-00011") == "StaleSampleError", reasons
