@@ -21,61 +21,18 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections import Counter
 from typing import Any
 
 import torch
 
 from fcp_data.cost import CostModel
 from fcp_exec.launch import current_device, dist_info, launch
-from fcp_exec.train_config import DTYPE_NAMES, TrainConfig
+from fcp_exec.train_config import DTYPE_NAMES, TrainConfig, builtin_cost_model, format_degrees, parse_planner
 
 __all__ = ["TrainConfig", "Trainer", "train", "train_matrix", "run_training", "builtin_cost_model", "format_degrees", "parse_planner",
            "hf_preload"]
 
 _DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
-
-
-def builtin_cost_model(max_tokens: int, num_ranks: int, dtype: str = "float32") -> CostModel:
-    """A CPU §4 model for the tiny models: tiny-llm fitted by ``fcp profile --nproc 2 --seq-lens
-    256,512,1024,2048,4096`` on a 2-core machine (float32, gloo; mean error 5 %), rounded; ``alpha3``
-    absorbs gloo's per-message overheads. Run ``fcp profile`` and pass ``--cost`` for your machine.
-
-    ``tokens_per_rank`` is ``max_tokens`` on one rank and ``ceil(max_tokens / 2)`` (rounded up to 8)
-    otherwise, so the longest samples need a CP group of degree ≥ 2 while short ones run at degree 1:
-    plans are non-trivial even on the small bundled samples."""
-    scale = 2.0 if dtype == "float64" else 1.0
-    e = max_tokens if num_ranks == 1 else -(-max_tokens // 2)
-    e = -(-e // 8) * 8
-    return CostModel(alpha1=5e-8 * scale, alpha2=7e-5 * scale, beta1=1e-2, alpha3=3.6e5 * scale, beta2=8e-3,
-                     bandwidth_intra=2.9e9, bandwidth_inter=2.9e9, ranks_per_node=max(num_ranks, 1),
-                     tokens_per_rank=e)
-
-
-def format_degrees(degrees: list[list[int]]) -> str:
-    """``[[2, 1, 1], [1, 1, 1, 1]]`` → ``⟨2⟩×1 ⟨1⟩×2 | ⟨1⟩×4`` (one block per micro-batch)."""
-    blocks = []
-    for mb in degrees:
-        c = Counter(mb)
-        blocks.append(" ".join(f"⟨{d}⟩×{c[d]}" for d in sorted(c, reverse=True)) or "idle")
-    return " | ".join(blocks)
-
-
-def parse_planner(planner: str) -> tuple[str, int | None]:
-    """``"fcp"`` → ``("fcp", None)``; ``"static-cp:2"`` → ``("static-cp", 2)``: a fixed degree for the
-    fixed-degree solvers of the registry (static-cp, ulysses); ``static-cp:1`` is data parallelism only."""
-    from fcp_data.plan.registry import SOLVER_NAMES, solver_names
-
-    name, _, deg = planner.partition(":")
-    if name not in SOLVER_NAMES:
-        raise ValueError(f"unknown planner {name!r}; choose one of {', '.join(SOLVER_NAMES)}")
-    if not deg:
-        return name, None
-    fixed = solver_names(fixed_degree=True)
-    if name not in fixed or not deg.isdigit() or int(deg) < 1:
-        raise ValueError(f"planner {planner!r}: a fixed degree ('NAME:D', D >= 1) only applies to "
-                         f"{' and '.join(fixed)}")
-    return name, int(deg)
 
 
 def _to_device(batch: dict, device) -> dict:
@@ -137,7 +94,6 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig) -> None:
         from fcp_exec.step import make_reducer
-        from fcp_exec.train_data import load_train_data
 
         self.cfg = cfg
         self.rank, self.world = dist_info()
@@ -148,10 +104,8 @@ class Trainer:
             from fcp_exec.integrations import hf
 
             hf_config = hf.load_config(cfg.model[3:])
-        self.data = data = load_train_data(cfg.model, cfg.data, max_tokens=cfg.max_tokens, seed=cfg.seed,
-                                           cache_dir=cfg.cache_dir, num_synthetic=cfg.num_synthetic,
-                                           lengths=cfg.synthetic_lengths, hf_config=hf_config,
-                                           prompt_mask=cfg.sample_labels, caption_labels=cfg.caption_labels)
+        self._hf_config = hf_config
+        self.data = data = self._load(cfg.data)
         self.is_mllm = cfg.model == "tiny-mllm" or bool(self.is_hf and data.visual_token_ids)
         if cfg.model == "tiny-mllm" and not data.visual_token_ids:
             raise ValueError("tiny-mllm needs a multimodal dataset (an index built with a vision spec, e.g. qwen2-vl)")
@@ -159,7 +113,8 @@ class Trainer:
         if cfg.tokens_per_rank:
             cost = cost.replace(tokens_per_rank=cfg.tokens_per_rank)
         self.cost = cost
-        model, collator = self._model_and_collator(hf_config)
+        model = self._model(hf_config)
+        collator = self._collator_for(data, model)
         self.num_params = sum(p.numel() for p in model.parameters())
         if cfg.reducer == "fsdp2":
             import warnings
@@ -177,31 +132,42 @@ class Trainer:
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
         self.epoch, self._it, self.num_steps = 0, None, 0
 
-    def _loader(self, seed: int):
-        """An FCPSampler over the run's data (this seed) and the DataLoader that reads it."""
+    def _load(self, data: str | None):
+        from fcp_exec.train_data import load_train_data
+
+        cfg = self.cfg
+        return load_train_data(cfg.model, data, max_tokens=cfg.max_tokens, seed=cfg.seed, cache_dir=cfg.cache_dir,
+                               num_synthetic=cfg.num_synthetic, lengths=cfg.synthetic_lengths,
+                               hf_config=self._hf_config, prompt_mask=cfg.sample_labels,
+                               caption_labels=cfg.caption_labels)
+
+    def _loader(self, seed: int, data=None, collator=None):
+        """An FCPSampler over ``data`` (default: the run's) with this seed and the DataLoader that reads it."""
         from torch.utils.data import DataLoader
 
         from fcp_data import FCPDataset, FCPSampler
 
-        cfg, data = self.cfg, self.data
+        cfg, data = self.cfg, data or self.data
         solver, degree = parse_planner(cfg.planner)
         sampler = FCPSampler(data.lengths, num_ranks=self.world, rank=self.rank, cost_model=self.cost,
                              global_batch_size=cfg.global_batch_size, seed=seed, solver=solver, prefetch=cfg.prefetch,
                              solver_options=None if degree is None else {"degree": degree},
                              visual_layout=data.visual_layout)
         dataset = FCPDataset(data.dataset, on_error=cfg.on_read_error, errors_path=cfg.read_errors_out)
-        return sampler, DataLoader(dataset, batch_sampler=sampler, collate_fn=self._collator,
+        return sampler, DataLoader(dataset, batch_sampler=sampler, collate_fn=collator or self._collator,
                                    num_workers=cfg.num_workers, persistent_workers=cfg.num_workers > 0)
 
     def evaluate(self) -> dict[str, Any]:
-        """The mean loss of the next global batch of a second sampler over the same data (seed + 1), without
-        gradients or updates (:func:`fcp_exec.step.eval_step`); its record: loss, num_tokens, sample_indices (every
-        rank's), skipped_samples."""
+        """The mean loss of the next global batch of a second sampler (seed + 1) over ``cfg.eval_data`` (default: the
+        training data), without gradients or updates (:func:`fcp_exec.step.eval_step`); its record: loss,
+        num_tokens, sample_indices (every rank's, into the evaluated data), skipped_samples."""
         from fcp_exec.step import eval_step
 
         if self._eval_batches is None:
-            sampler, loader = self._loader(self.cfg.seed + 1)
-            self._eval_batches = _epochs(sampler, loader)
+            data = self._load(self.cfg.eval_data) if self.cfg.eval_data else self.data
+            collator = None if data is self.data else self._collator_for(data, self.model)
+            self.eval_data = data
+            self._eval_batches = _epochs(*self._loader(self.cfg.seed + 1, data, collator))
         seen: list[tuple[int, ...]] = []
         was_training = self.model.training
         self.model.eval()
@@ -214,13 +180,10 @@ class Trainer:
         return {"loss": res.loss, "num_tokens": res.num_tokens, "skipped_samples": facts["skipped_samples"],
                 "sample_indices": facts["sample_indices"]}
 
-    def _model_and_collator(self, hf_config):
+    def _model(self, hf_config):
         """The model (HF: stock transformers model with ``fcp_ring`` attention; else a built-in tiny model) on this
-        rank's device, its collator, and ``self.loss_fn``."""
-        from fcp_data import FCPCollator
-
-        cfg, data = self.cfg, self.data
-        sample_labels = cfg.sample_labels or data.has_labels  # an SFT index's samples carry their own labels
+        rank's device, and ``self.loss_fn``."""
+        cfg = self.cfg
         if self.is_hf:
             from fcp_exec.integrations import hf
 
@@ -229,22 +192,28 @@ class Trainer:
             if cfg.grad_checkpointing:
                 _checkpointing_on(model)
             model.train()
-            if self.is_mllm:
-                from fcp_exec.integrations.hf_positions import hf_collator
-
-                collator = hf_collator(model.config, pad_token_id=data.pad_token_id, sample_labels=sample_labels)
-            else:
-                collator = FCPCollator(pad_token_id=data.pad_token_id, sample_labels=sample_labels)
             self.loss_fn = hf.fcp_loss
-        else:
-            from fcp_exec.models import build_model
+            return model
+        from fcp_exec.models import build_model
 
-            model = build_model(cfg.model, seed=cfg.seed, dtype=_DTYPES[cfg.dtype]).to(self.device)
-            collator = FCPCollator(pad_token_id=data.pad_token_id, visual_token_id=data.visual_token_ids or None,
-                                   sample_labels=sample_labels)
-            is_mllm = self.is_mllm
-            self.loss_fn = lambda m, b: _forward_loss(m, b, is_mllm)
-        return model, collator
+        is_mllm = self.is_mllm
+        self.loss_fn = lambda m, b: _forward_loss(m, b, is_mllm)
+        return build_model(cfg.model, seed=cfg.seed, dtype=_DTYPES[cfg.dtype]).to(self.device)
+
+    def _collator_for(self, data, model):
+        """The collator of ``data`` (its pad id, visual ids, own labels) for this run's model."""
+        from fcp_data import FCPCollator
+
+        sample_labels = self.cfg.sample_labels or data.has_labels  # an SFT index's samples carry their own labels
+        if self.is_hf and self.is_mllm:
+            from fcp_exec.integrations.hf_positions import hf_collator
+
+            return hf_collator(getattr(model, "module", model).config, pad_token_id=data.pad_token_id,
+                               sample_labels=sample_labels)
+        if self.is_hf:
+            return FCPCollator(pad_token_id=data.pad_token_id, sample_labels=sample_labels)
+        return FCPCollator(pad_token_id=data.pad_token_id, visual_token_id=data.visual_token_ids or None,
+                           sample_labels=sample_labels)
 
     def describe(self) -> str:
         c = self.cfg

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from collections import Counter
 from typing import Any
 
 from fcp_data.cost import CostModel
 from fcp_data.sampler_config import MAX_COUNT
 from fcp_exec.step import REDUCER_NAMES
 
-__all__ = ["TrainConfig", "DTYPE_NAMES"]
+__all__ = ["TrainConfig", "DTYPE_NAMES", "builtin_cost_model", "format_degrees", "parse_planner"]
 
 DTYPE_NAMES = ("float32", "float64", "bfloat16")
 
@@ -91,13 +92,12 @@ class TrainConfig:
                               "of the loss — or raise and end the run (FCPDataset(on_error=...))",
                               choices=("skip", "raise"))
     eval_steps: int = _opt(0, "after training, evaluate the mean loss of this many global batches drawn by a second "
-                           "sampler (seed + 1) over the same data: forward only, no update (fcp_exec.step.eval_step)")
+                           "sampler (seed + 1) over --eval-data: forward only, no update (fcp_exec.step.eval_step)")
+    eval_data: str | None = _opt(None, "a length index to evaluate on (default: the training data)", metavar="INDEX")
     read_errors_out: str | None = _opt(None, "append one JSON line per skipped sample to this file (key, reason, "
                                        "detail, epoch, global batch)", metavar="FILE")
 
     def __post_init__(self) -> None:
-        from fcp_exec.train import parse_planner
-
         if self.model not in ("tiny-llm", "tiny-mllm") and not (self.model.startswith("hf:") and len(self.model) > 3):
             raise ValueError(f"model must be tiny-llm, tiny-mllm or hf:PATH/config.json, got {self.model!r}")
         if self.reducer not in REDUCER_NAMES:
@@ -115,6 +115,8 @@ class TrainConfig:
             raise ValueError(f"dtype must be one of {', '.join(DTYPE_NAMES)}, got {self.dtype!r}")
         if self.eval_steps < 0:
             raise ValueError(f"eval_steps must be >= 0, got {self.eval_steps}")
+        if self.eval_data is not None and self.eval_steps == 0:
+            raise ValueError("eval_data is evaluated after training: give eval_steps >= 1 (--eval-steps N) too")
         for name in ("steps", "global_batch_size", "max_tokens", "prefetch", "num_synthetic", "tokens_per_rank",
                      "eval_steps"):
             v = getattr(self, name)
@@ -130,3 +132,45 @@ class TrainConfig:
         parse_planner(self.planner)
         if self.tokens_per_rank is not None and self.tokens_per_rank < 1:
             raise ValueError(f"tokens_per_rank must be >= 1, got {self.tokens_per_rank}")
+
+
+def builtin_cost_model(max_tokens: int, num_ranks: int, dtype: str = "float32") -> CostModel:
+    """A CPU §4 model for the tiny models: tiny-llm fitted by ``fcp profile --nproc 2 --seq-lens
+    256,512,1024,2048,4096`` on a 2-core machine (float32, gloo; mean error 5 %), rounded; ``alpha3``
+    absorbs gloo's per-message overheads. Run ``fcp profile`` and pass ``--cost`` for your machine.
+
+    ``tokens_per_rank`` is ``max_tokens`` on one rank and ``ceil(max_tokens / 2)`` (rounded up to 8)
+    otherwise, so the longest samples need a CP group of degree ≥ 2 while short ones run at degree 1:
+    plans are non-trivial even on the small bundled samples."""
+    scale = 2.0 if dtype == "float64" else 1.0
+    e = max_tokens if num_ranks == 1 else -(-max_tokens // 2)
+    e = -(-e // 8) * 8
+    return CostModel(alpha1=5e-8 * scale, alpha2=7e-5 * scale, beta1=1e-2, alpha3=3.6e5 * scale, beta2=8e-3,
+                     bandwidth_intra=2.9e9, bandwidth_inter=2.9e9, ranks_per_node=max(num_ranks, 1),
+                     tokens_per_rank=e)
+
+
+def format_degrees(degrees: list[list[int]]) -> str:
+    """``[[2, 1, 1], [1, 1, 1, 1]]`` → ``⟨2⟩×1 ⟨1⟩×2 | ⟨1⟩×4`` (one block per micro-batch)."""
+    blocks = []
+    for mb in degrees:
+        c = Counter(mb)
+        blocks.append(" ".join(f"⟨{d}⟩×{c[d]}" for d in sorted(c, reverse=True)) or "idle")
+    return " | ".join(blocks)
+
+
+def parse_planner(planner: str) -> tuple[str, int | None]:
+    """``"fcp"`` → ``("fcp", None)``; ``"static-cp:2"`` → ``("static-cp", 2)``: a fixed degree for the
+    fixed-degree solvers of the registry (static-cp, ulysses); ``static-cp:1`` is data parallelism only."""
+    from fcp_data.plan.registry import SOLVER_NAMES, solver_names
+
+    name, _, deg = planner.partition(":")
+    if name not in SOLVER_NAMES:
+        raise ValueError(f"unknown planner {name!r}; choose one of {', '.join(SOLVER_NAMES)}")
+    if not deg:
+        return name, None
+    fixed = solver_names(fixed_degree=True)
+    if name not in fixed or not deg.isdigit() or int(deg) < 1:
+        raise ValueError(f"planner {planner!r}: a fixed degree ('NAME:D', D >= 1) only applies to "
+                         f"{' and '.join(fixed)}")
+    return name, int(deg)

@@ -97,8 +97,9 @@ def load_hf_config(path: str):
     return config
 
 
-def check_index_path(data: str | None) -> None:
-    """``--data``: 'synthetic', nothing, or a folder holding a finished length index (cheap, before loading)."""
+def check_index_path(data: str | None, flag: str = "--data") -> None:
+    """``--data`` (or ``flag``): 'synthetic', nothing, or a folder holding a finished length index (cheap, before
+    loading)."""
     from pathlib import Path
 
     from fcp_data.commands import UsageError
@@ -106,13 +107,13 @@ def check_index_path(data: str | None) -> None:
     if data in (None, "synthetic"):
         return
     p = Path(data)
-    hint = f"build one with `fcp index INPUT... --spec SPEC --out {data}`, or pass --data synthetic"
+    hint = f"build one with `fcp index INPUT... --spec SPEC --out {data}`, or pass {flag} synthetic"
     if not p.exists():
-        raise UsageError(f"--data {data}: no such length index; {hint}")
+        raise UsageError(f"{flag} {data}: no such length index; {hint}")
     if not p.is_dir():
-        raise UsageError(f"--data {data} is a file, not a length index folder; {hint}")
+        raise UsageError(f"{flag} {data} is a file, not a length index folder; {hint}")
     if not (p / "manifest.json").is_file():
-        raise UsageError(f"--data {data} is not a finished length index (no manifest.json): {hint}, or finish an "
+        raise UsageError(f"{flag} {data} is not a finished length index (no manifest.json): {hint}, or finish an "
                          "interrupted build with `fcp index ... --resume`")
 
 
@@ -124,18 +125,21 @@ def preflight(cfg, nproc: int, hf_config=None):
     from fcp_exec.train import builtin_cost_model, parse_planner
     from fcp_exec.train_data import load_train_data
 
-    data = load_train_data(cfg.model, cfg.data, max_tokens=cfg.max_tokens, seed=cfg.seed, cache_dir=cfg.cache_dir,
-                           num_synthetic=cfg.num_synthetic, lengths=cfg.synthetic_lengths, hf_config=hf_config)
-    if cfg.model == "tiny-mllm" and not data.visual_token_ids:
-        raise ValueError("tiny-mllm needs a multimodal dataset (an index built with a vision spec, e.g. qwen2-vl)")
     cost = CostModel.from_dict(cfg.cost) if cfg.cost else builtin_cost_model(cfg.max_tokens, nproc, cfg.dtype)
     if cfg.tokens_per_rank:
         cost = cost.replace(tokens_per_rank=cfg.tokens_per_rank)
     solver, degree = parse_planner(cfg.planner)
-    FCPSampler(data.lengths, num_ranks=nproc, rank=0, cost_model=cost, global_batch_size=cfg.global_batch_size,
-               seed=cfg.seed, solver=solver, prefetch=0, visual_layout=data.visual_layout,
-               solver_options=None if degree is None else {"degree": degree})
-    return data
+    out = None
+    for which in [cfg.data] + ([cfg.eval_data] if cfg.eval_data else []):  # the evaluation data passes the same checks
+        data = load_train_data(cfg.model, which, max_tokens=cfg.max_tokens, seed=cfg.seed, cache_dir=cfg.cache_dir,
+                               num_synthetic=cfg.num_synthetic, lengths=cfg.synthetic_lengths, hf_config=hf_config)
+        if cfg.model == "tiny-mllm" and not data.visual_token_ids:
+            raise ValueError("tiny-mllm needs a multimodal dataset (an index built with a vision spec, e.g. qwen2-vl)")
+        FCPSampler(data.lengths, num_ranks=nproc, rank=0, cost_model=cost, global_batch_size=cfg.global_batch_size,
+                   seed=cfg.seed, solver=solver, prefetch=0, visual_layout=data.visual_layout,
+                   solver_options=None if degree is None else {"degree": degree})
+        out = out or data
+    return out
 
 
 def config_from_args(args, model: str | None = None):
@@ -156,6 +160,7 @@ def run(args) -> int:
 
     model, hf_path = resolve_model(args.model)
     check_index_path(args.data)
+    check_index_path(args.eval_data, "--eval-data")
     from fcp_exec.commands import check_launch
     from fcp_exec.launch import default_backend, in_torchrun
     from fcp_exec.train import run_training

@@ -222,3 +222,27 @@ def test_train_cli_bundled_text_human_output(tmp_path):
     assert len(lines) == 2 and all("plan ⟨" in ln and "planner wait" in ln for ln in lines)
     assert "parameters identical on all 2 ranks: yes" in r.stdout
     assert np.isfinite(float(lines[0].split("loss")[1].split()[0]))
+
+
+def test_eval_data_is_what_eval_steps_evaluate(tmp_path):
+    """``eval_data`` (``--eval-data``): the evaluated global batches come from that index (a second sampler), and
+    each one's denominator is exactly its samples' label tokens there (capped lengths − 1); training data stays the
+    bundled text. The loss of eval_step itself is checked against the stock models in tests/exec/test_hf_train.py."""
+    import math
+
+    from _damaged_data import edited_text_index
+
+    from fcp_data import LengthIndex
+    from fcp_exec.train import TrainConfig, train
+
+    index, _ = edited_text_index(tmp_path / "val", lines=16, edit=())
+    cfg = TrainConfig(model="tiny-llm", steps=1, global_batch_size=4, max_tokens=96, prefetch=0, verbose=False,
+                      cache_dir=str(tmp_path / "cache"), eval_steps=3, eval_data=str(index))
+    res = train(cfg)
+    lengths = np.minimum(np.asarray(LengthIndex.load(index).num_tokens), 96)
+    assert len(res["eval"]) == 3
+    seen = [i for ev in res["eval"] for i in ev["sample_indices"]]
+    assert len(seen) == 12 and len(set(seen)) == 12 and max(seen) < 16  # 3 disjoint batches of 4 of the 16
+    for ev in res["eval"]:
+        assert ev["num_tokens"] == int(sum(lengths[i] - 1 for i in ev["sample_indices"]))
+        assert math.isfinite(ev["loss"]) and ev["skipped_samples"] == []
