@@ -188,31 +188,22 @@ class IndexedDataset(torch.utils.data.Dataset):
         return str(self.index.keys[i])
 
     def skeleton(self, i: int) -> dict | None:
-        """Sample ``i``'s structure from the index alone, for a read that failed: its visual block exactly (markers,
-        placeholders; Qwen-VL only), pad tokens in place of its text up to its indexed length, zero pixels of its
-        grid, its ``second_per_grid_ts``. Every rank of a CP group then packs the same visual layout whether its own
-        read failed or not, so the group's frame exchange still matches. None where the structure needs the
-        data itself (text, a conversation, other vision families)."""
+        """Sample ``i`` as the reader builds it but without decoding a pixel, for a read that failed: a Qwen-VL
+        image/video's visual block exactly (planned from the index), zero pixels of its grid, its
+        ``second_per_grid_ts``; pads in place of a caption up to the indexed length, or a conversation's own text
+        (its record read again; several media: their headers probed again). Every rank of a CP group then packs the
+        same visual layout whether its own read failed or not, so the group's frame exchange still matches. None
+        for text and other vision families (a failure here too gives plain pads)."""
         kind = int(self.index.kind[i])
-        if kind not in (KIND_VIDEO, KIND_IMAGE) or self.chat_field or self.spec.family != "qwen-vl":
+        if kind not in (KIND_VIDEO, KIND_IMAGE) or self.spec.family != "qwen-vl":
             return None
-        from fcp_data.visual_layout import row_plan
-
-        plan = row_plan(self.spec, self.index, i)
-        visual = segments_to_ids(self.spec, plan.segments)
+        if self.chat_field:
+            out = self._media_chat_sample(i, kind, self._record(i, self.index.members(i)), decode=False)
+            out.pop("labels")  # no label of a skipped sample is trained: the collator masks them all
+            return out
+        visual, out = self._vision(i, kind, None, decode=False)
         n = int(self.index.num_tokens[i])
-        v = self.spec.vision
-        t, h, w = plan.grid_thw
-        dim = 3 * int(v["temporal_patch_size"]) * int(v["patch_size"]) ** 2
-        out = {"input_ids": torch.tensor(visual + [self.pad_token_id] * (n - len(visual)), dtype=torch.long),
-               "grid_thw": torch.tensor([plan.grid_thw], dtype=torch.long),
-               "pixel_values": torch.zeros((t * h * w, dim), dtype=torch.float32)}
-        if kind == KIND_VIDEO:
-            from fcp_data.video import qwen_second_per_grid
-
-            out["second_per_grid_ts"] = torch.tensor([qwen_second_per_grid(
-                len(plan.frame_indices), int(self.index.num_frames[i]), float(self.index.fps[i]),
-                int(v["temporal_patch_size"]))], dtype=torch.float32)
+        out["input_ids"] = torch.tensor(visual + [self.pad_token_id] * (n - len(visual)), dtype=torch.long)
         return out
 
     def _text_ids(self, text: str) -> list[int]:
@@ -251,19 +242,25 @@ class IndexedDataset(torch.utils.data.Dataset):
             out["labels"] = torch.tensor([-100] * len(visual) + text, dtype=torch.long)
         return out
 
-    def _vision(self, i: int, kind: int, src) -> tuple[list[int], dict]:
+    def _vision(self, i: int, kind: int, src, decode: bool = True) -> tuple[list[int], dict]:
         """Sample ``i``'s visual block ids and its vision inputs (pixel values, grid, Qwen-VL's seconds per grid)
         from the image/video ``src`` (bytes or a path), planned from the index's columns."""
         from fcp_data.visual_layout import row_plan
 
         geom = dict(kind=kind, num_frames=int(self.index.num_frames[i]), fps=float(self.index.fps[i]))
-        return self._vision_of(row_plan(self.spec, self.index, i), geom, src)
+        return self._vision_of(row_plan(self.spec, self.index, i), geom, src, decode)
 
-    def _vision_of(self, plan, geom: dict, src) -> tuple[list[int], dict]:
-        """The visual block ids and vision inputs of one image/video under its ``plan``."""
+    def _vision_of(self, plan, geom: dict, src, decode: bool = True) -> tuple[list[int], dict]:
+        """The visual block ids and vision inputs of one image/video under its ``plan`` (``decode`` False: zero
+        pixels of the plan's Qwen-VL grid, nothing read)."""
         from fcp_data.video import vision_inputs
 
-        pixel_values, grid_thw = vision_inputs(self.spec, plan, src)
+        if decode:
+            pixel_values, grid_thw = vision_inputs(self.spec, plan, src)
+        else:
+            v, (t, h, w) = self.spec.vision, plan.grid_thw
+            pixel_values = torch.zeros((t * h * w, 3 * int(v["temporal_patch_size"]) * int(v["patch_size"]) ** 2))
+            grid_thw = torch.tensor([plan.grid_thw], dtype=torch.long)
         out = {"pixel_values": pixel_values, "grid_thw": grid_thw}
         if geom["kind"] == KIND_VIDEO and self.spec.family == "qwen-vl":
             from fcp_data.video import qwen_second_per_grid
@@ -273,7 +270,7 @@ class IndexedDataset(torch.utils.data.Dataset):
                                       int(self.spec.vision["temporal_patch_size"]))], dtype=torch.float32)
         return segments_to_ids(self.spec, plan.segments), out
 
-    def _media_chat_sample(self, i: int, kind: int, obj: dict) -> dict:
+    def _media_chat_sample(self, i: int, kind: int, obj: dict, decode: bool = True) -> dict:
         """A chat line with images/videos (:mod:`fcp_data.chat_media`): the texts between them and their visual
         blocks; labels on the assistant turns. One media is planned from the index's columns, several are probed
         again (their total visual tokens must still be the index's)."""
@@ -285,9 +282,9 @@ class IndexedDataset(torch.utils.data.Dataset):
         paths = [self._resolve(media_path(m, src, root)) for m in media]
         pieces, spans = split_render(messages, self.chat_template, len(media))
         if len(media) == 1:
-            blocks, outs = zip(self._vision(i, kind, paths[0]))
+            blocks, outs = zip(self._vision(i, kind, paths[0], decode))
         else:
-            blocks, outs = zip(*self._probed_vision(i, media, paths))
+            blocks, outs = zip(*self._probed_vision(i, media, paths, decode))
         ids, labels = token_labels(self.spec, pieces, spans, list(blocks))
         out = {k: torch.cat([o[k] for o in outs if k in o]) for k in ("pixel_values", "grid_thw", "second_per_grid_ts")
                if any(k in o for o in outs)}
@@ -340,12 +337,12 @@ class IndexedDataset(torch.utils.data.Dataset):
         return plan_visual(self.spec, "image", height=ih, width=iw), dict(kind=KIND_IMAGE, height=ih, width=iw,
                                                                            num_frames=1, fps=0.0)
 
-    def _probed_vision(self, i: int, media: list, paths: list) -> list[tuple[list[int], dict]]:
+    def _probed_vision(self, i: int, media: list, paths: list, decode: bool = True) -> list[tuple[list[int], dict]]:
         plans = [self._header_plan(x, p) for x, p in zip(media, paths)]
         if sum(p.num_visual_tokens for p, _ in plans) != int(self.index.num_visual_tokens[i]):
             raise ValueError(f"sample {self.index.keys[i]!r}: its images/videos changed since indexing (visual tokens "
                              f"{sum(p.num_visual_tokens for p, _ in plans)} != {int(self.index.num_visual_tokens[i])})")
-        return [self._vision_of(plan, geom, p) for (plan, geom), p in zip(plans, paths)]
+        return [self._vision_of(plan, geom, p, decode) for (plan, geom), p in zip(plans, paths)]
 
     def _sft_sample(self, obj: dict) -> dict:
         """An SFT jsonl line: prompt then response tokens (tokenised apart, as the index counted them), labels

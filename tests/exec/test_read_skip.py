@@ -58,6 +58,37 @@ def test_skeleton_has_the_samples_visual_layout(reader):
             assert torch.equal(sk["second_per_grid_ts"], real["second_per_grid_ts"])
 
 
+def test_skeleton_of_video_conversations_is_the_sample_without_pixels(tmp_path):
+    """LLaVA-style conversations (one video; two videos) indexed with qwen2.5-vl: the skeleton is the sample as read
+    — the same ids (its text comes from the record), grid and seconds per grid — with zero pixels of the same shape
+    and no labels (a skipped sample trains nothing)."""
+    import json
+    import tarfile
+
+    from fcp_data import IndexedDataset, bundled_path
+    from fcp_data.index import build_index
+
+    with tarfile.open(sorted((bundled_path("samples") / "wds").glob("*.tar"))[0]) as t:
+        names = [m for m in t.getnames() if m.endswith(".mp4")][:3]
+        for m in names:
+            (tmp_path / m).write_bytes(t.extractfile(m).read())
+    turns = lambda q: [{"from": "human", "value": q}, {"from": "gpt", "value": "a cat on a mat."}]  # noqa: E731
+    lines = [{"id": "one", "video": names[0], "conversations": turns("what is in <video> here?")},
+             {"id": "two", "video": names[1:], "conversations": turns("<video> then <video>: what changed?")}]
+    (tmp_path / "chat.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    _, rc = build_index([str(tmp_path / "chat.jsonl")], "qwen2.5-vl", tmp_path / "idx", chat_field="conversations",
+                        progress=False)
+    assert rc == 0
+    ds = IndexedDataset(tmp_path / "idx")
+    assert len(ds) == 2
+    for i in range(2):
+        real, sk = ds[i], ds.skeleton(i)
+        assert torch.equal(sk["input_ids"], real["input_ids"]) and "labels" not in sk
+        assert torch.equal(sk["grid_thw"], real["grid_thw"]) and len(sk["grid_thw"]) == i + 1
+        assert torch.equal(sk["second_per_grid_ts"], real["second_per_grid_ts"])
+        assert sk["pixel_values"].shape == real["pixel_values"].shape and not sk["pixel_values"].any()
+
+
 def test_a_group_agrees_on_the_layout_when_one_rank_failed(reader):
     """Every rank of a degree-2 group collates the same visual positions, rows, grid, pixel shape and 3-D positions
     whether it read a video or only has its skeleton."""
