@@ -18,6 +18,7 @@ plan the length index counted, so the produced patches always match the index's 
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 
 import numpy as np
@@ -25,23 +26,33 @@ import torch
 
 from fcp_data.specs import Spec, VisualPlan
 
-__all__ = ["decode_frames", "decode_image", "qwen_patchify", "qwen_second_per_grid", "vision_inputs"]
+__all__ = ["VideoDecodeError", "decode_frames", "decode_image", "qwen_patchify", "qwen_second_per_grid", "vision_inputs"]
 
 
 _QUIET = []
 
 
+class VideoDecodeError(RuntimeError):
+    """A video whose frames cannot be decoded (damaged data, often behind a readable header)."""
+
+
 def decode_frames(src: bytes | str | Path, indices) -> np.ndarray:
-    """Frames ``indices`` of a video as uint8 ``[T, H, W, 3]`` (decord; nothing else is decoded). libav's own
-    per-packet error lines are silenced (a damaged video raises here instead, and ``FCPDataset`` records it once)."""
+    """Frames ``indices`` of a video as uint8 ``[T, H, W, 3]`` (decord; nothing else is decoded). A video that
+    cannot be decoded raises :class:`VideoDecodeError` with decord's message, less its time stamp and source line;
+    libav's own per-packet error lines are silenced (``FCPDataset`` records the failure once)."""
     import decord
 
     if not _QUIET:
         decord.logging.set_level(decord.logging.FATAL)
         _QUIET.append(True)
-    vr = decord.VideoReader(io.BytesIO(src) if isinstance(src, (bytes, bytearray)) else str(src), num_threads=1)
-    idx = [min(int(i), len(vr) - 1) for i in indices]
-    return vr.get_batch(idx).asnumpy()
+    try:
+        vr = decord.VideoReader(io.BytesIO(src) if isinstance(src, (bytes, bytearray)) else str(src), num_threads=1)
+        idx = [min(int(i), len(vr) - 1) for i in indices]
+        return vr.get_batch(idx).asnumpy()
+    except decord.DECORDError as e:
+        lines = str(e).strip().splitlines()
+        msg = re.sub(r"^\[\d{2}:\d{2}:\d{2}\] \S+:\d+: ", "", lines[0] if lines else "")
+        raise VideoDecodeError(f"cannot decode the video's frames ({msg})") from None
 
 
 def decode_image(src: bytes | str | Path):

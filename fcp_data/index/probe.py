@@ -216,9 +216,9 @@ def check_video_frames(src, frame_indices) -> None:
         src = src.read()
     try:
         decode_frames(src, frame_indices)
-    except Exception as e:  # decord raises DECORDError / RuntimeError on bad data
+    except Exception as e:  # VideoDecodeError, or anything else decord raises on bad data
         first = str(e).strip().splitlines()
-        raise ProbeError("corrupt_video", f"frame data: {type(e).__name__}: {first[0][:200] if first else ''}") from None
+        raise ProbeError("corrupt_video", f"frame data: {first[0][:200] if first else type(e).__name__}") from None
 
 
 def full_decode_frames(src: bytes | str | Path) -> int:

@@ -83,10 +83,10 @@ def test_raise_names_the_sample_and_retries_zero_skips_a_transient_failure():
 def test_budget_ends_the_run_when_the_dataset_is_broken():
     # consecutive: the 3rd failure in a row raises, naming the last failure
     b = ReadErrorBudget(max_consecutive_errors=3, max_error_rate=1.0)
-    sk = SkippedSample(5, "clip-5", "DECORDError", "cannot decode")
+    sk = SkippedSample(5, "clip-5", "VideoDecodeError", "cannot decode")
     b.failed(sk)
     b.failed(sk)
-    with pytest.raises(SampleReadError, match=r"3 samples in a row .* sample 5 \(clip-5\): DECORDError"):
+    with pytest.raises(SampleReadError, match=r"3 samples in a row .* sample 5 \(clip-5\): VideoDecodeError"):
         b.failed(sk)
     # rate: failures spread out (never 2 in a row) end it once >= 2 failed in all and > 25 % of reads failed
     b = ReadErrorBudget(max_consecutive_errors=2, max_error_rate=0.25)
@@ -158,7 +158,7 @@ def test_visual_batch_skip_keeps_the_planned_shape_and_counts_text_labels_only()
     good = {"input_ids": torch.tensor([1, VIS, VIS, VIS, VIS, 2, 3, 4]), "grid_thw": torch.tensor([[1, 4, 4]]),
             "pixel_values": torch.randn(16, 6)}
     slots = [_slot(0, meta, n=8, length=8, vt=4), _slot(1, meta, n=12, length=12, vt=5)]
-    items = [(good, slots[0]), (SkippedSample(1, None, "DECORDError", "bad frame"), slots[1])]
+    items = [(good, slots[0]), (SkippedSample(1, None, "VideoDecodeError", "bad frame"), slots[1])]
     coll = FCPCollator(pad_token_id=PAD, visual_token_id=VIS, mrope=True)
     got = coll(items)
     ref = FCPCollator(pad_token_id=PAD, visual_token_id=VIS, mrope=True, sample_labels=True)(

@@ -34,7 +34,7 @@ def test_train_skips_damaged_videos_and_reports_them(tmp_path):
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     # 3 steps x 4 of the 11 samples: the epoch wraps, so every damaged video is read at least once
     assert sorted({rec["key"] for rec in lines}) == sorted(damaged)
-    assert all(rec["reason"] == "DECORDError" and set(rec) == {"index", "key", "reason", "detail", "epoch",
+    assert all(rec["reason"] == "VideoDecodeError" and set(rec) == {"index", "key", "reason", "detail", "epoch",
                                                                 "global_batch"} for rec in lines)
     assert f"skipped {len(lines)} sample(s) that failed to read" in r.stdout
     assert "Traceback" not in r.stderr and "NAL unit" not in r.stderr  # one warning line per skip, no libav noise
@@ -43,5 +43,5 @@ def test_train_skips_damaged_videos_and_reports_them(tmp_path):
     r = _fcp(*common, "--steps", "3", "--on-read-error", "raise")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
     [line] = r.stderr.strip().splitlines()
-    assert line.startswith("fcp train: error: sample ") and "DECORDError" in line
+    assert line.startswith("fcp train: error: sample ") and "VideoDecodeError: cannot decode the video's frames" in line
     assert any(f"({k})" in line for k in damaged), line
