@@ -17,7 +17,9 @@ since indexing, a shard on a flaky network mount. :class:`fcp_data.slots.FCPData
   the batches' ``num_skipped_labels`` and calls :func:`fcp_exec.step.rescale_skipped`;
 * it is recorded: one ``WARNING`` line on the ``fcp_data`` logger (stderr by default, from the DataLoader worker),
   one JSON line ``{"index", "key", "reason", "detail", "epoch", "global_batch"}`` appended to ``errors_path`` when
-  given (the same fields as ``fcp index``'s ``errors.jsonl``), and ``fcp train`` counts them per step.
+  given (the same fields as ``fcp index``'s ``errors.jsonl``), and ``fcp train`` counts them per step (once each).
+  Every rank of the sample's CP group reads it, so each one that fails writes its line: a degree-d group writes
+  up to d identical records (dedupe by ``index``, ``epoch``); none is lost when only some ranks fail.
 
 A dataset that fails everywhere is not bad data but a bug or a missing mount: :class:`ReadErrorBudget` ends the run
 with :class:`SampleReadError` (naming the last failure) after ``max_consecutive_errors`` failures in a row, or, once

@@ -247,4 +247,6 @@ def _check_planned_length(sample: Any, slot: SampleSlot) -> None:
         n = int(ids.shape[1])
     if n is not None and n != slot.length:
         raise StaleSampleError(f"has {n} tokens but the sampler planned it with {slot.length}: its data changed since "
-                               "the length index was built (rebuild the index if many samples say so)")
+                               "the length index was built (rebuild the index if many samples say so; lengths that "
+                               "are estimates on purpose need FCPDataset(strict_lengths=False) and "
+                               "FCPCollator(strict_lengths=False))")
