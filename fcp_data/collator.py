@@ -34,7 +34,7 @@ Batch dict (all tensors on CPU, 1-D unless stated)::
     num_label_tokens_local int            non-ignored local labels (only with ``sample_labels=True``)
     sample_indices   tuple[int, ...]      dataset indices of the documents, in packing order
     skipped_samples  tuple[dict, ...]     the documents that failed to read (``FCPDataset(on_error="skip")``:
-                                          ``{"index", "key", "reason", "detail", "epoch", "global_batch"}``),
+                                          ``{"index", "key", "reason", "detail", "epoch", "global_batch", "rank"}``),
                                           packed as label-free pads of their planned length
     num_skipped_labels int                label tokens of the skipped documents that ``num_tokens_global``
                                           counted (on the group's cp_rank 0 only, so a SUM over ranks counts each

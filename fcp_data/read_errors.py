@@ -16,10 +16,12 @@ since indexing, a shard on a flaky network mount. :class:`fcp_data.slots.FCPData
   (riding on the step's loss all-reduce; gradients rescaled once) — a loop of your own all-reduces
   the batches' ``num_skipped_labels`` and calls :func:`fcp_exec.step.rescale_skipped`;
 * it is recorded: one ``WARNING`` line on the ``fcp_data`` logger (stderr by default, from the DataLoader worker),
-  one JSON line ``{"index", "key", "reason", "detail", "epoch", "global_batch"}`` appended to ``errors_path`` when
-  given (the same fields as ``fcp index``'s ``errors.jsonl``), and ``fcp train`` counts them per step (once each).
+  one JSON line ``{"index", "key", "reason", "detail", "epoch", "global_batch", "rank"}`` appended to
+  ``errors_path`` when given (the fields of ``fcp index``'s ``errors.jsonl`` and where it failed), and
+  ``fcp train`` counts them per step (once each).
   Every rank of the sample's CP group reads it, so each one that fails writes its line: a degree-d group writes
-  up to d identical records (dedupe by ``index``, ``epoch``); none is lost when only some ranks fail.
+  up to d records of the sample, one per ``rank`` (dedupe by ``index``, ``epoch``); none is lost when only some
+  ranks fail, and ``rank`` says which did.
 
 A dataset that fails everywhere is not bad data but a bug or a missing mount: :class:`ReadErrorBudget` ends the run
 with :class:`SampleReadError` (naming the last failure) after ``max_consecutive_errors`` failures in a row, or, once
@@ -72,8 +74,8 @@ class SkippedSample:
 
     def record(self, slot: Any = None) -> dict[str, Any]:
         out = {"index": self.index, "key": self.key, "reason": self.reason, "detail": self.detail}
-        if slot is not None:
-            out.update(epoch=int(slot.epoch), global_batch=int(slot.global_batch))
+        if slot is not None:  # rank: the global rank that failed to read it (a flaky mount is one node's)
+            out.update(epoch=int(slot.epoch), global_batch=int(slot.global_batch), rank=int(slot.rank))
         return out
 
 
@@ -127,8 +129,8 @@ class ReadErrorBudget:
         self.errors += 1
         self.consecutive += 1
         rec = skipped.record(slot)
-        logger.warning("fcp: skipped %s (%d of %d read by this process failed)", skipped.describe(), self.errors,
-                       self.reads)
+        logger.warning("fcp: skipped %s (%d of %d read by this process%s failed)", skipped.describe(), self.errors,
+                       self.reads, f", rank {rec['rank']}" if "rank" in rec else "")
         if self.errors_path is not None:
             line = (json.dumps(rec, ensure_ascii=False) + "\n").encode()
             fd = os.open(self.errors_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

@@ -66,7 +66,7 @@ def test_skip_records_and_replaces_only_the_failing_sample(tmp_path, caplog):
     assert (sk.index, sk.key, sk.reason, sk.detail) == (2, None, "OSError", "sample 2: decoder says no")
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert lines == [{"index": 2, "key": None, "reason": "OSError", "detail": "sample 2: decoder says no",
-                      "epoch": 0, "global_batch": 3}]
+                      "epoch": 0, "global_batch": 3, "rank": 0}]
     assert len(caplog.records) == 1 and "skipped sample 2" in caplog.records[0].getMessage()
 
 
@@ -144,7 +144,7 @@ def test_collated_skip_equals_masked_padding_of_the_planned_length(degree, trunc
             assert torch.equal(got[key], ref[key]), (key, degree, cp_rank)
         assert got["num_tokens_global"] == 100
         assert got["skipped_samples"] == ({"index": 1, "key": "k1", "reason": "OSError", "detail": "gone",
-                                           "epoch": 0, "global_batch": 3},)
+                                           "epoch": 0, "global_batch": 3, "rank": cp_rank},)
         assert got["num_skipped_labels"] == (cut - 1 if cp_rank == 0 else 0)
         # sample_labels batches count their own labels exactly: nothing to take out
         assert FCPCollator(pad_token_id=PAD, sample_labels=True)(items)["num_skipped_labels"] == 0

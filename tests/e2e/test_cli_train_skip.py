@@ -35,7 +35,7 @@ def test_train_skips_damaged_videos_and_reports_them(tmp_path):
     # 3 steps x 4 of the 11 samples: the epoch wraps, so every damaged video is read at least once
     assert sorted({rec["key"] for rec in lines}) == sorted(damaged)
     assert all(rec["reason"] == "VideoDecodeError" and set(rec) == {"index", "key", "reason", "detail", "epoch",
-                                                                "global_batch"} for rec in lines)
+                                                                     "global_batch", "rank"} for rec in lines)
     assert f"skipped {len(lines)} sample(s) that failed to read" in r.stdout
     assert "Traceback" not in r.stderr and "NAL unit" not in r.stderr  # one warning line per skip, no libav noise
     assert r.stderr.count("fcp: skipped sample") == len(lines)
