@@ -290,27 +290,15 @@ class FCPCollator:
         acc.start += n + pad
 
     def _pack_skipped(self, acc: "_Packed", skipped: SkippedSample, slot, visual_ids: torch.Tensor) -> None:
-        """A sample that failed to read: its skeleton (``IndexedDataset.skeleton``) with no label, else
-        ``slot.num_tokens`` pad tokens (the planned shape) with no label, text positions and no pixels; recorded in
-        the batch with the label tokens the sampler counted for it."""
+        """A sample that failed to read, packed with no label: its skeleton (``IndexedDataset.skeleton``), else pad
+        tokens of its planned length (text positions, no pixels); recorded in the batch with the label tokens the
+        sampler counted for it."""
         acc.skipped.append(skipped.record(slot))
         acc.skipped_labels += int(slot.num_tokens) - 1 - (int(slot.visual_targets) if self.mask_visual_labels else 0)
-        if skipped.skeleton is not None:
-            return self._pack(acc, skipped.skeleton, slot, visual_ids, live=False)
-        n = int(slot.num_tokens)
-        pad = (-n) % acc.multiple
-        acc.ids_parts.append(torch.full((n + pad,), self.pad_token_id, dtype=torch.long))
-        if self.sample_labels:
-            acc.label_parts.append(torch.full((n + pad,), self.ignore_index, dtype=torch.long))
-        acc.kept_lens.append(n)
-        acc.live.append(False)
-        if self.visual_ids:
-            acc.vis_global.append(torch.zeros(0, dtype=torch.long))
-            acc.vis_rows.append(torch.zeros(0, dtype=torch.long))
-            if self.mrope:
-                acc.mrope_parts.append(torch.arange(n + pad, dtype=torch.long).expand(3, n + pad))
-        acc.padded_lens.append(n + pad)
-        acc.start += n + pad
+        sample = skipped.skeleton
+        if sample is None:
+            sample = {"input_ids": torch.full((int(slot.length),), self.pad_token_id, dtype=torch.long)}
+        self._pack(acc, sample, slot, visual_ids, live=False)
 
     def _pack_visual(self, acc: "_Packed", sample, slot, full: torch.Tensor, grid: torch.Tensor | None,
                      visual_ids: torch.Tensor, n: int, pad: int) -> None:

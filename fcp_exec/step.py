@@ -346,7 +346,7 @@ def _close_step(model: nn.Module, totals: torch.Tensor, first: dict, res: StepRe
     gone = int(round(float(totals[1])))
     if gone:
         d = res.num_tokens
-        scale = rescale_skipped(model, d, gone) if grads else (d / (d - gone) if 0 < gone < d else 1.0)
+        scale = rescale_skipped(model, d, gone) if grads else _skip_factor(d, gone)
         res.loss, res.num_tokens = res.loss * scale, d - gone
     return res
 
@@ -358,11 +358,16 @@ def rescale_skipped(model: nn.Module, num_tokens_global: int, skipped_labels: in
     label tokens of samples that failed to read, :mod:`fcp_data.read_errors`). :func:`train_step` calls it; a loop
     of your own all-reduces that sum and calls it after the last backward, before clipping and the optimizer.
     Returns the factor (1 when nothing was skipped or nothing is left)."""
-    if skipped_labels <= 0 or num_tokens_global - skipped_labels <= 0:
-        return 1.0
-    scale = num_tokens_global / (num_tokens_global - skipped_labels)
+    scale = _skip_factor(num_tokens_global, skipped_labels)
+    if scale == 1.0:
+        return scale
     with torch.no_grad():
         for p in model.parameters():
             if p.grad is not None:
                 p.grad.mul_(scale)
     return scale
+
+
+def _skip_factor(num_tokens_global: int, skipped_labels: int) -> float:
+    """D / (D − S): from the planned denominator to the labels that were read (1 when none or all were skipped)."""
+    return num_tokens_global / (num_tokens_global - skipped_labels) if 0 < skipped_labels < num_tokens_global else 1.0
