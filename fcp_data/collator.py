@@ -40,6 +40,12 @@ Batch dict (all tensors on CPU, 1-D unless stated)::
                                           counted (on the group's cp_rank 0 only, so a SUM over ranks counts each
                                           once; 0 with ``sample_labels=True``, whose count is exact):
                                           :func:`fcp_exec.step.train_step` takes them out of the denominator
+    read_status      tuple[int, ...]      per document: bits of :mod:`fcp_data.read_errors` (``SKIPPED`` here,
+                                          ``LAYOUT_UNKNOWN``: skipped without a skeleton, ``VISUAL``: read with
+                                          images/videos); the group's ranks agree on them before the forward
+                                          (:func:`fcp_exec.skips.agree_skips`: a document that failed on *some*
+                                          rank is then label-free on all of them)
+    planned_labels   tuple[int, ...]      per document: the label tokens ``num_tokens_global`` counts for it
     epoch, global_batch, micro_batch, num_micro_batches   ints: where this micro-batch sits in the epoch
   multimodal (``visual_token_id`` set):
     visual_pos       LongTensor [V]       local positions of visual placeholder tokens
@@ -82,7 +88,7 @@ import torch
 from fcp_data.collator_inputs import as_ids, check_pairs, check_sample_keys, sample_labels_of, token_ids
 from fcp_data.layout import zigzag_index
 from fcp_data.mrope import qwen_vl_mrope_positions
-from fcp_data.read_errors import SkippedSample
+from fcp_data.read_errors import LAYOUT_UNKNOWN, SKIPPED, VISUAL, SkippedSample
 
 __all__ = ["FCPCollator", "qwen_vl_mrope_positions"]
 
@@ -181,7 +187,7 @@ class FCPCollator:
         z = torch.zeros(0, dtype=torch.long)
         out = {"input_ids": z, "labels": z.clone(), "position_ids": z.clone(),
                "cu_seqlens": torch.zeros(1, dtype=torch.int32), "max_seqlen": 0, "sample_indices": (),
-               "skipped_samples": (), "num_skipped_labels": 0}
+               "skipped_samples": (), "num_skipped_labels": 0, "read_status": (), "planned_labels": ()}
         out.update(meta)
         if self.sample_labels:
             out["num_label_tokens_local"] = 0
@@ -232,6 +238,8 @@ class FCPCollator:
             "sample_indices": tuple(int(s.index) for _, s in batch),
             "skipped_samples": tuple(acc.skipped),
             "num_skipped_labels": acc.skipped_labels if cp_rank == 0 and not self.sample_labels else 0,
+            "read_status": tuple(acc.status),
+            "planned_labels": tuple(acc.planned),
         }
         out.update(meta)
         if self.sample_labels:
@@ -246,9 +254,13 @@ class FCPCollator:
             out["grid_thw"] = torch.cat(acc.grids, dim=0)
         return out
 
-    def _pack(self, acc: "_Packed", sample, slot, visual_ids: torch.Tensor, live: bool = True) -> None:
-        """Append one sample, cut to its slot's ``num_tokens`` and padded to a multiple of ``2·degree``; ``live``
-        False: none of its tokens is a target (a skipped sample's skeleton)."""
+    def _planned_labels(self, slot) -> int:
+        """The label tokens the sampler's ``num_tokens_global`` counts for the document of ``slot``."""
+        return int(slot.num_tokens) - 1 - (int(slot.visual_targets) if self.mask_visual_labels else 0)
+
+    def _pack(self, acc: "_Packed", sample, slot, visual_ids: torch.Tensor, status: int = 0) -> None:
+        """Append one sample, cut to its slot's ``num_tokens`` and padded to a multiple of ``2·degree``; ``status``
+        with ``SKIPPED``: none of its tokens is a target (a skipped sample's skeleton or pads)."""
         if isinstance(sample, SkippedSample):
             return self._pack_skipped(acc, sample, slot, visual_ids)
         if not isinstance(sample, dict) or "input_ids" not in sample:
@@ -271,7 +283,8 @@ class FCPCollator:
             acc.label_parts.append(sample_labels_of(sample, full, slot.index, self.ignore_index)[:n])
             acc.label_parts.append(full.new_full((pad,), self.ignore_index))
         acc.kept_lens.append(n)
-        acc.live.append(live)
+        acc.live.append(not status & SKIPPED)
+        acc.planned.append(self._planned_labels(slot))
         grid = sample.get("grid_thw")
         if grid is not None:
             try:
@@ -284,6 +297,9 @@ class FCPCollator:
             acc.grids.append(grid)
         if sample.get("pixel_values") is not None:
             acc.pixel_values.append(torch.as_tensor(sample["pixel_values"]))
+        if not status & SKIPPED and (grid is not None or sample.get("pixel_values") is not None):
+            status |= VISUAL
+        acc.status.append(status)
         if self.visual_ids:
             self._pack_visual(acc, sample, slot, full, grid, visual_ids, n, pad)
         acc.padded_lens.append(n + pad)
@@ -294,11 +310,12 @@ class FCPCollator:
         tokens of its planned length (text positions, no pixels); recorded in the batch with the label tokens the
         sampler counted for it."""
         acc.skipped.append(skipped.record(slot))
-        acc.skipped_labels += int(slot.num_tokens) - 1 - (int(slot.visual_targets) if self.mask_visual_labels else 0)
-        sample = skipped.skeleton
+        acc.skipped_labels += self._planned_labels(slot)
+        sample, status = skipped.skeleton, SKIPPED
         if sample is None:
             sample = {"input_ids": torch.full((int(slot.length),), self.pad_token_id, dtype=torch.long)}
-        self._pack(acc, sample, slot, visual_ids, live=False)
+            status |= LAYOUT_UNKNOWN if self.visual_ids else 0
+        self._pack(acc, sample, slot, visual_ids, status)
 
     def _pack_visual(self, acc: "_Packed", sample, slot, full: torch.Tensor, grid: torch.Tensor | None,
                      visual_ids: torch.Tensor, n: int, pad: int) -> None:
@@ -354,6 +371,8 @@ class _Packed:
     live: list = field(default_factory=list)  # per document: False where it failed to read (label-free pads)
     skipped: list = field(default_factory=list)  # their records
     skipped_labels: int = 0  # label tokens the sampler counted for them
+    status: list = field(default_factory=list)  # per document: read_status bits (fcp_data.read_errors)
+    planned: list = field(default_factory=list)  # per document: label tokens num_tokens_global counts for it
     vis_global: list = field(default_factory=list)  # packed (padded, global) positions of kept visual tokens
     vis_rows: list = field(default_factory=list)
     pixel_values: list = field(default_factory=list)

@@ -21,7 +21,11 @@ since indexing, a shard on a flaky network mount. :class:`fcp_data.slots.FCPData
   ``fcp train`` counts them per step (once each).
   Every rank of the sample's CP group reads it, so each one that fails writes its line: a degree-d group writes
   up to d records of the sample, one per ``rank`` (dedupe by ``index``, ``epoch``); none is lost when only some
-  ranks fail, and ``rank`` says which did.
+  ranks fail, and ``rank`` says which did;
+* when only some ranks of the group failed, the group agrees before the forward (each batch's ``read_status``,
+  :func:`fcp_exec.skips.agree_skips`, run by ``train_step``): the sample loses its labels on every rank, so the step
+  equals the failure on all of them; a visual sample that a rank could pack only as plain pads (no skeleton) while a
+  peer read its pixels is a :class:`SampleReadError` on every rank of the group, not a hang in the frame exchange.
 
 A dataset that fails everywhere is not bad data but a bug or a missing mount: :class:`ReadErrorBudget` ends the run
 with :class:`SampleReadError` (naming the last failure) after ``max_consecutive_errors`` failures in a row, or, once
@@ -38,11 +42,17 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ReadErrorBudget", "SampleReadError", "SkippedSample", "ON_ERROR"]
+__all__ = ["ReadErrorBudget", "SampleReadError", "SkippedSample", "ON_ERROR", "SKIPPED", "LAYOUT_UNKNOWN", "VISUAL"]
 
 logger = logging.getLogger("fcp_data")
 
 ON_ERROR = ("skip", "raise")
+
+# bits of a document's ``read_status`` in a collated batch (the ranks of a CP group agree on them before the forward:
+# fcp_exec.skips.agree_skips): SKIPPED: it failed to read on this rank; LAYOUT_UNKNOWN: ... and was packed as plain
+# pads by a multimodal collator (no skeleton), so its images/videos are unknown here; VISUAL: read here, with
+# images/videos (pixel values or a grid)
+SKIPPED, LAYOUT_UNKNOWN, VISUAL = 1, 2, 4
 _DETAIL_CHARS = 300
 
 

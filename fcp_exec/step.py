@@ -42,6 +42,7 @@ import torch.distributed as dist
 from torch import nn
 
 from fcp_data.sampler_inputs import dist_rank_and_world
+from fcp_exec.skips import agree_skips
 
 __all__ = ["REDUCER_NAMES", "AllReduceReducer", "DDPReducer", "FSDP2Reducer", "StepResult", "denominator",
            "eval_step", "fill_num_tokens_global", "idle_batch", "is_idle", "make_reducer", "rescale_skipped",
@@ -264,7 +265,8 @@ def _next_micro_batch(it: Iterator[dict], m: int, num_mb: int) -> dict:
 
 
 def train_step(model: nn.Module, micro_batches: Iterable[dict], loss_fn: Callable[[nn.Module, dict], torch.Tensor],
-               reducer, *, pad_token_id: int = 0, to_device: Callable[[dict], dict] | None = None) -> StepResult:
+               reducer, *, pad_token_id: int = 0, ignore_index: int = -100,
+               to_device: Callable[[dict], dict] | None = None) -> StepResult:
     """Forward/backward every micro-batch of one global batch and synchronise gradients (module docstring).
 
     ``micro_batches``: this rank's batches of one global batch, in order (the next ``num_micro_batches``
@@ -273,10 +275,12 @@ def train_step(model: nn.Module, micro_batches: Iterable[dict], loss_fn: Callabl
     called on :func:`idle_batch` for idle micro-batches and its result multiplied by 0. ``reducer``: from
     :func:`make_reducer`. The caller zeroes gradients before and steps the optimizer after. Batches of
     ``FCPCollator(sample_labels=True)`` (``num_tokens_global`` None) are all read first and their labels counted
-    over the global batch (:func:`fill_num_tokens_global`)."""
-    first, it, num_mb = _open_step(micro_batches, model)
+    over the global batch (:func:`fill_num_tokens_global`). A document that failed to read on some ranks of its CP
+    group loses its labels on all of them before its forward (:func:`fcp_exec.skips.agree_skips`; ``ignore_index``:
+    the collator's)."""
+    first, it, num_mb = _open_step(micro_batches, model, ignore_index)
     res, totals = StepResult(loss=0.0, num_tokens=0), torch.zeros(2, dtype=torch.float64)
-    for m, run, idle in _runs(first, it, num_mb, res, totals, pad_token_id, to_device):
+    for m, run, idle in _runs(model, first, it, num_mb, res, totals, pad_token_id, ignore_index, to_device):
         with reducer.sync_context(model, last=m == num_mb - 1):
             loss = loss_fn(model, run)
             if idle:
@@ -288,42 +292,48 @@ def train_step(model: nn.Module, micro_batches: Iterable[dict], loss_fn: Callabl
 
 
 def eval_step(model: nn.Module, micro_batches: Iterable[dict], loss_fn: Callable[[nn.Module, dict], torch.Tensor], *,
-              pad_token_id: int = 0, to_device: Callable[[dict], dict] | None = None) -> StepResult:
+              pad_token_id: int = 0, ignore_index: int = -100,
+              to_device: Callable[[dict], dict] | None = None) -> StepResult:
     """The global-batch mean loss of one global batch, without gradients (validation): :func:`train_step`'s
     forwards under ``torch.no_grad()`` — every micro-batch on every rank, idle ranks on :func:`idle_batch`, so
     FSDP2's all-gathers stay in lock-step — no backward, no gradient synchronisation, one all-reduce of the loss
     (samples' own labels counted first; skipped samples taken out of the denominator). The same arguments as
     :func:`train_step` without the reducer; the model keeps its mode (call ``model.eval()`` first as usual).
     Build the validation loader with its own ``FCPSampler`` (every rank computes its plans, like training's)."""
-    first, it, num_mb = _open_step(micro_batches, model)
+    first, it, num_mb = _open_step(micro_batches, model, ignore_index)
     res, totals = StepResult(loss=0.0, num_tokens=0), torch.zeros(2, dtype=torch.float64)
     with torch.no_grad():
-        for _, run, idle in _runs(first, it, num_mb, res, totals, pad_token_id, to_device):
+        for _, run, idle in _runs(model, first, it, num_mb, res, totals, pad_token_id, ignore_index, to_device):
             loss = loss_fn(model, run)
             if not idle:
                 totals[0] += loss.detach().to(device="cpu", dtype=torch.float64)
     return _close_step(model, totals, first, res, grads=False)
 
 
-def _open_step(micro_batches: Iterable[dict], model: nn.Module) -> tuple[dict, Iterator[dict], int]:
+def _open_step(micro_batches: Iterable[dict], model: nn.Module, ignore_index: int) -> tuple[dict, Iterator[dict], int]:
     """The step's first micro-batch, an iterator over the rest and their count; batches of
     ``FCPCollator(sample_labels=True)`` are read at once and their labels counted (:func:`fill_num_tokens_global`)."""
     it = iter(micro_batches)
     first = _next_micro_batch(it, 0, 1)
     num_mb = int(first["num_micro_batches"])
     if first.get("num_tokens_global") is None:  # the samples' own labels: count them over the global batch first
+        dev = next(model.parameters()).device
         buffered = [first] + [_next_micro_batch(it, m, num_mb) for m in range(1, num_mb)]
-        fill_num_tokens_global(buffered, next(model.parameters()).device)
-        it = iter(buffered[1:])
+        # a document that failed to read on some rank of its group loses its labels everywhere before the count
+        buffered = [agree_skips(b, dev, ignore_index=ignore_index) for b in buffered]
+        fill_num_tokens_global(buffered, dev)
+        first, it = buffered[0], iter(buffered[1:])
     return first, it, num_mb
 
 
-def _runs(first: dict, it: Iterator[dict], num_mb: int, res: StepResult, totals: torch.Tensor, pad_token_id: int,
-          to_device) -> Iterator[tuple[int, dict, bool]]:
+def _runs(model: nn.Module, first: dict, it: Iterator[dict], num_mb: int, res: StepResult, totals: torch.Tensor,
+          pad_token_id: int, ignore_index: int, to_device) -> Iterator[tuple[int, dict, bool]]:
     """``(m, batch to run, idle)`` for every micro-batch (an idle rank's dummy in its place), recording the groups,
     idle micro-batches and skipped samples in ``res`` and the skipped label tokens in ``totals[1]``."""
+    dev = next(model.parameters()).device
     for m in range(num_mb):
         batch = first if m == 0 else _next_micro_batch(it, m, num_mb)
+        batch = agree_skips(batch, dev, ignore_index=ignore_index)  # the group agrees on its failed reads
         res.groups.append(tuple(batch["ranks"]))
         res.skipped.extend(batch.get("skipped_samples", ()))
         totals[1] += int(batch.get("num_skipped_labels", 0))

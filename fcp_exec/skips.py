@@ -1,0 +1,111 @@
+"""A document that failed to read on *some* ranks of its CP group is skipped on all of them, before the forward.
+
+Every rank of a CP group reads every document of the group (:mod:`fcp_data.slots`), so a read that fails on one
+rank only — a flaky mount, one node's corrupted cache, a file replaced between two reads — leaves the group with
+the document packed as label-free filler on that rank and as the real document, with labels, on its peers. Left
+so, the peers would train their zigzag halves of it on a context that is partly filler, and the denominator would
+lose the document's labels on one rank while its peers still count theirs.
+
+:func:`agree_skips` (called by :func:`fcp_exec.step.train_step` and ``eval_step`` on every micro-batch, before its
+forward) makes the group agree: each rank sends its batch's ``read_status`` (one small int64 tensor, P2P to each
+peer of the group; nothing at degree 1 or on an idle rank) and takes the union. A document skipped anywhere in the
+group then has no label on any rank (its tokens still run, so every shape and collective stays as planned; a
+document without labels contributes exact zeros to the gradients, whatever its tokens or pixels), and the
+denominator loses its labels exactly once: with the sampler's count (``FCPCollator(sample_labels=False)``) the
+group's CP rank 0 adds the document's ``planned_labels`` to ``num_skipped_labels`` unless it had skipped it itself;
+with the samples' own labels the ranks' ``num_label_tokens_local`` drop by the labels masked, before they are summed.
+
+The images/videos of such a document must still line up across the group (the frame exchange of
+:mod:`fcp_exec.vision_exchange` sends rows by the group's frame table): a rank whose read failed packs the sample's
+skeleton (``IndexedDataset.skeleton``; a dataset of your own can have a ``skeleton(i)`` method) or, without one,
+plain pads. Plain pads against a peer's real images/videos would leave the group with two different frame tables;
+the statuses say so (``LAYOUT_UNKNOWN`` on one rank, ``VISUAL`` on another) and every rank of the group raises
+the same :class:`~fcp_data.read_errors.SampleReadError` naming the sample and the ranks, instead of hanging in the
+exchange.
+
+A training loop of your own calls ``batch = agree_skips(batch, device)`` on every rank for every micro-batch before
+its forward (after reading, for ``sample_labels=True``, before :func:`fcp_exec.step.fill_num_tokens_global`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from fcp_data.read_errors import LAYOUT_UNKNOWN, SKIPPED, VISUAL, SampleReadError
+
+__all__ = ["agree_skips"]
+
+_TAG = 7300
+
+
+def agree_skips(batch: dict, device: torch.device | str | None = None, *, ignore_index: int = -100) -> dict:
+    """``batch`` with the group's skips agreed (module docstring): a new dict where anything changed (``labels``
+    cloned), ``batch`` itself at degree 1, on an idle rank or when it was agreed already. ``device``: where the
+    process group's backend takes tensors (the model's device; CPU for gloo). Every rank of the group must call it
+    for the same micro-batch."""
+    ranks = tuple(batch.get("ranks") or ())
+    if len(ranks) < 2 or batch.get("skips_agreed") or "read_status" not in batch:
+        return batch
+    own = torch.tensor(batch["read_status"], dtype=torch.int64)
+    statuses = _exchange(own, ranks, int(batch["cp_rank"]), device)
+    out = dict(batch, skips_agreed=True)
+    union = torch.zeros_like(own)
+    for s in statuses.values():
+        union |= s
+    if not bool((union & SKIPPED).any()):
+        return out
+    _check_layouts(batch, statuses, union)
+    newly = torch.nonzero((union & SKIPPED).bool() & ~(own & SKIPPED).bool()).flatten().tolist()
+    if newly:
+        _mask_documents(out, newly, ignore_index)
+    return out
+
+
+def _exchange(own: torch.Tensor, ranks: tuple[int, ...], cp_rank: int, device) -> dict[int, torch.Tensor]:
+    """Every group rank's ``read_status`` (CPU), by global rank: one send to and one receive from each peer."""
+    me = ranks[cp_rank]
+    wire = own.to(device) if device is not None else own
+    recvs = {p: torch.empty_like(wire) for p in ranks if p != me}
+    if own.numel():
+        ops = [dist.P2POp(dist.isend, wire, p, tag=_TAG) for p in recvs]
+        ops += [dist.P2POp(dist.irecv, t, p, tag=_TAG) for p, t in recvs.items()]
+        for req in dist.batch_isend_irecv(ops):
+            req.wait()
+    out = {p: t.cpu() for p, t in recvs.items()}
+    out[me] = own
+    return out
+
+
+def _check_layouts(batch: dict, statuses: dict[int, torch.Tensor], union: torch.Tensor) -> None:
+    """Raise on every rank of the group alike when a document with images/videos was read by some ranks and packed as
+    plain pads (no skeleton) by others: their frame tables would differ and the frame exchange could not match."""
+    bad = torch.nonzero((union & LAYOUT_UNKNOWN).bool() & (union & VISUAL).bool()).flatten().tolist()
+    if not bad:
+        return
+    j = bad[0]
+    failed = sorted(r for r, s in statuses.items() if int(s[j]) & SKIPPED)
+    read = sorted(r for r, s in statuses.items() if not int(s[j]) & SKIPPED)
+    raise SampleReadError(
+        f"sample {batch['sample_indices'][j]} failed to read on rank(s) {failed} but was read, with images/videos, on "
+        f"rank(s) {read} of CP group {tuple(batch['ranks'])} (global batch {batch.get('global_batch')}, micro-batch "
+        f"{batch.get('micro_batch')}), and the dataset gives no skeleton for it, so the group's visual inputs would "
+        "differ: give the dataset a skeleton(i) method (the sample without pixels: fcp_data.read_errors), or build "
+        "it with fcp_data.readers.IndexedDataset, which has one")
+
+
+def _mask_documents(out: dict, docs: list[int], ignore_index: int) -> None:
+    """No label on documents ``docs`` of this rank's batch ``out`` (read here, skipped by a peer) and the denominator
+    without them: this rank's ``num_label_tokens_local`` (samples' own labels), else ``num_skipped_labels`` on the
+    group's CP rank 0 (the sampler's planned count, once per group)."""
+    labels, cu = out["labels"].clone(), out["cu_seqlens"].tolist()
+    masked = 0
+    for j in docs:
+        lo, hi = int(cu[j]), int(cu[j + 1])
+        masked += int((labels[lo:hi] != ignore_index).sum())
+        labels[lo:hi] = ignore_index
+    out["labels"] = labels
+    if "num_label_tokens_local" in out:
+        out["num_label_tokens_local"] = int(out["num_label_tokens_local"]) - masked
+    elif int(out["cp_rank"]) == 0:
+        out["num_skipped_labels"] = int(out.get("num_skipped_labels", 0)) + sum(int(out["planned_labels"][j]) for j in docs)
