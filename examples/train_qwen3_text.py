@@ -6,6 +6,9 @@
                                                   # cost:  `fcp profile --model hf:llama/config.json --out cost.json`
     SFT: an index built with `--prompt-field` or `--chat-field` carries labels; the collator trains on them
     (`sample_labels=data.has_labels`) and train_step counts them over the global batch.
+    Checkpoints: `--checkpoint DIR --checkpoint-every N` writes DIR/step-K (model and optimizer through
+    torch.distributed.checkpoint, and each rank's FCPSampler state), `--resume DIR/step-K` continues at step K
+    exactly (same data, same losses as the run that never stopped).
 
 The model is randomly initialised from a config.json (use ``from_pretrained`` for real weights, then apply_fcp).
 Every rank computes the same plan; each micro-batch puts this rank in one CP group (ring attention inside it)
@@ -15,6 +18,7 @@ or leaves it idle (train_step then runs a zero-weighted dummy so DDP/FSDP2 colle
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -42,13 +46,40 @@ def bundled_text_index(rank: int) -> Path:
     return out
 
 
-def forever(loader: DataLoader, sampler: FCPSampler):
-    """The loader's micro-batches across epochs (a global batch never straddles two)."""
-    epoch = 0
+def forever(loader: DataLoader):
+    """The loader's micro-batches across epochs (a global batch never straddles two), from the sampler's position:
+    each iter() continues where the sampler stands (a loaded checkpoint's position too) and, once an epoch is done,
+    starts the next one."""
     while True:
-        sampler.set_epoch(epoch)
         yield from loader
-        epoch += 1
+
+
+def save_checkpoint(path: Path, step: int, model, opt, sampler: FCPSampler, res) -> None:
+    """Model and optimizer (sharded or not: torch.distributed.checkpoint) and this rank's sampler state *after the
+    global batch train_step consumed* (`state_after(res)`; `state_dict()` would point past the batches the
+    DataLoader's workers already took)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, opt)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))
+    state = {"step": step, "sampler": sampler.state_after(res)}
+    (path / f"sampler-rank{dist.get_rank()}.json").write_text(json.dumps(state))  # the state names its rank
+    dist.barrier()
+
+
+def load_checkpoint(path: Path, model, opt, sampler: FCPSampler) -> int:
+    """Restore what save_checkpoint wrote; returns the step to continue at."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, opt)
+    state = {"model": model_sd, "optim": optim_sd}
+    dcp.load(state, checkpoint_id=str(path))
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    saved = json.loads((path / f"sampler-rank{dist.get_rank()}.json").read_text())
+    sampler.load_state_dict(saved["sampler"])
+    return int(saved["step"])
 
 
 def main() -> None:
@@ -64,6 +95,9 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--eval-data", default=None, help="a text length index to validate on (default: the training data)")
     p.add_argument("--eval-batches", type=int, default=1, help="global batches of validation after training")
+    p.add_argument("--checkpoint", default=None, help="folder for checkpoints (DIR/step-K), with --checkpoint-every")
+    p.add_argument("--checkpoint-every", type=int, default=0, help="save a checkpoint every N steps (0: never)")
+    p.add_argument("--resume", default=None, help="a checkpoint folder (DIR/step-K) to continue from, at step K")
     args = p.parse_args()
 
     device = init_distributed()  # set_device, NCCL/HCCL/gloo by device, eager init + a warm-up barrier
@@ -84,15 +118,18 @@ def main() -> None:
     model, reducer = make_reducer(args.reducer, model)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
 
-    batches = forever(loader, sampler)
-    for step in range(args.steps):
+    start = load_checkpoint(Path(args.resume), model, opt, sampler) if args.resume else 0
+    batches = forever(loader)
+    for step in range(start, args.steps):
         # one global batch: every micro-batch forward/backward, loss = Σ token losses / num_tokens_global
         res = train_step(model, batches, fcp_loss, reducer, pad_token_id=data.pad_token_id)
         opt.step()
         opt.zero_grad(set_to_none=True)
         if rank == 0:
-            print(f"step {step} loss {res.loss:.4f} tokens {res.num_tokens} micro-batches {len(res.groups)} "
+            print(f"step {step} loss {res.loss:.6f} tokens {res.num_tokens} micro-batches {len(res.groups)} "
                   f"idle on rank 0: {res.num_idle}", flush=True)
+        if args.checkpoint and args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
+            save_checkpoint(Path(args.checkpoint) / f"step-{step + 1}", step + 1, model, opt, sampler, res)
     batches.close()  # stops the DataLoader's workers now, not during interpreter shutdown
 
     # validation: its own sampler and loader the same way; eval_step = the forwards only, the global-batch mean loss

@@ -80,7 +80,7 @@ from fcp_data.cost import CostModel
 from fcp_data.plan.types import Plan
 from fcp_data.sampler_config import SamplerConfig
 from fcp_data.prefetch import PlanWindow, SamplerIterator
-from fcp_data.sampler_state import check_int, check_state, make_state
+from fcp_data.sampler_state import check_int, check_state, make_state, state_after
 from fcp_data.sampler_inputs import check_lengths, check_visual, dist_rank_and_world
 from fcp_data.slots import FCPDataset, MicroBatchMeta, SampleSlot, SlotList
 from fcp_data.visual_layout import IndexVisualLayout, SpanVisualLayout
@@ -370,8 +370,13 @@ class FCPSampler:
         return make_state(self, epoch, g, m)
 
     def state_dict(self) -> dict[str, Any]:
-        """The position (of the next list) and the config fingerprint, as plain JSON types."""
+        """The position (of the next list) and the config fingerprint, as plain JSON types. Behind a DataLoader
+        with workers, checkpoint :meth:`state_after` instead (they take lists ahead of the loop)."""
         return self._state(*self._position)
+
+    def state_after(self, last: Any) -> dict[str, Any]:
+        """The state right after ``last``: the last batch the loop consumed, or train_step's result (sampler_state)."""
+        return state_after(self, last)
 
     def check_state(self, state: dict[str, Any]) -> tuple[int, int, int]:
         """Validate a state (strict keys, same config) and return ``(epoch, global_batch, micro_batch)``."""

@@ -213,13 +213,16 @@ class StepResult:
     """``loss``: the global-batch mean loss (identical on every rank); ``num_tokens``: its denominator;
     ``groups``: this rank's CP group per micro-batch (``()`` where idle); ``num_idle``: idle micro-batches;
     ``skipped``: the records of the samples this rank's batches skipped (failed reads, ``FCPDataset``), whose label
-    tokens ``num_tokens`` no longer counts."""
+    tokens ``num_tokens`` no longer counts; ``epoch``, ``global_batch``: the global batch the step consumed
+    (``FCPSampler.state_after(result)`` is the checkpoint's resume state)."""
 
     loss: float
     num_tokens: int
     groups: list[tuple[int, ...]] = field(default_factory=list)
     num_idle: int = 0
     skipped: list[dict] = field(default_factory=list)
+    epoch: int = -1
+    global_batch: int = -1
 
 
 def fill_num_tokens_global(batches: Sequence[dict], device: torch.device | None = None) -> int:
@@ -353,6 +356,7 @@ def _close_step(model: nn.Module, totals: torch.Tensor, first: dict, res: StepRe
         totals = totals.to(device=dev, dtype=collective_dtype(torch.float64))  # fp64 where the backend has it
         dist.all_reduce(totals)
     res.loss, res.num_tokens = float(totals[0]), int(first["num_tokens_global"])
+    res.epoch, res.global_batch = int(first["epoch"]), int(first["global_batch"])
     gone = int(round(float(totals[1])))
     if gone:
         d = res.num_tokens

@@ -228,7 +228,7 @@ def test_plain_dataloader_after_load_state_dict_yields_exactly_the_rest(num_work
 
 def test_single_process_dataloader_break_keeps_the_exact_position():
     """DataLoader(num_workers=0) fetches no list ahead, so after a break at batch k the sampler's state resumes
-    at list k+1 exactly (with workers it runs prefetch_factor·num_workers ahead: use StatefulDataLoader)."""
+    at list k+1 exactly (with workers it runs prefetch_factor·num_workers ahead: use state_after, or StatefulDataLoader)."""
     full = list(_reference("fixed", EPOCH))
     s = _make()
     s.set_epoch(EPOCH)
@@ -390,3 +390,51 @@ def test_stateful_dataloader_resume_at_any_point_and_at_the_end_of_an_epoch(num_
             s.set_epoch(EPOCH + 1)
         assert list(fresh) == nxt, call_set_epoch
         del fresh
+
+
+def _collate_meta(batch):
+    """Runs in the worker: a batch dict with the position keys FCPCollator's batches carry, and the list's key."""
+    return {"epoch": batch.epoch, "global_batch": batch.global_batch, "micro_batch": batch.micro_batch,
+            "num_micro_batches": batch.num_micro_batches, "key": _collate_key(batch)}
+
+
+def test_state_after_the_consumed_batch_resumes_exactly_behind_a_dataloader_with_workers():
+    """A plain DataLoader with 2 workers takes lists ahead of the loop, so state_dict() after batch k points past
+    lists the loop never trained on (the trap); state_after(batch k) — or after a whole global batch,
+    train_step's result — resumes with exactly full[k+1:], and after the epoch's last batch with the next epoch."""
+    from types import SimpleNamespace
+
+    full = list(_reference("fixed", EPOCH))
+    nxt = list(_reference("fixed", EPOCH + 1))
+
+    def loader_of(s):
+        return DataLoader(FCPDataset(_Identity()), batch_sampler=s, collate_fn=_collate_meta, num_workers=2)
+
+    boundary = next(i for i in range(1, len(full)) if full[i][2] == 0) - 1  # last list of global batch 0
+    for k in (0, 4, boundary, len(full) - 1):
+        src = _make()
+        src.set_epoch(EPOCH)
+        it = iter(loader_of(src))
+        head = [next(it) for _ in range(k + 1)]
+        last = head[-1]
+        state = src.state_after(last)
+        if k < len(full) - 1:
+            assert _pos_of(src.state_dict()) > _pos_of(state), k  # the workers hold lists the loop has not seen
+        if last["micro_batch"] == last["num_micro_batches"] - 1:  # a whole global batch: train_step's result
+            assert src.state_after(SimpleNamespace(epoch=last["epoch"], global_batch=last["global_batch"])) == state
+        del it
+        dst = _make()
+        dst.load_state_dict(json.loads(json.dumps(state)))  # a checkpoint is plain JSON
+        dst.set_epoch(EPOCH)
+        rest = [b["key"] for b in loader_of(dst)]
+        if k < len(full) - 1:
+            assert [b["key"] for b in head] + rest == full, k
+        else:  # the epoch is finished: the resumed loader goes on with the next one, no replay
+            assert [b["key"] for b in head] == full and rest == nxt
+    s = _make()
+    with pytest.raises(ValueError, match="lacks"):
+        s.state_after({"epoch": EPOCH, "global_batch": 1})
+    with pytest.raises(TypeError, match="train_step's result"):
+        s.state_after(3)
+    with pytest.raises(ValueError, match="out of range"):
+        s.state_after({"epoch": EPOCH, "global_batch": 99, "micro_batch": 0, "num_micro_batches": 3})
