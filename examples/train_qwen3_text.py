@@ -18,7 +18,6 @@ or leaves it idle (train_step then runs a zero-weighted dummy so DDP/FSDP2 colle
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 from pathlib import Path
@@ -28,6 +27,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from fcp_data import CostModel, FCPCollator, FCPDataset, FCPSampler, IndexedDataset
+from fcp_exec.checkpoint import load_checkpoint, save_checkpoint
 from fcp_exec.integrations.hf import apply_fcp, build_model, fcp_loss, load_config
 from fcp_exec.integrations.hf_data import check_data_fits
 from fcp_exec.launch import init_distributed
@@ -52,34 +52,6 @@ def forever(loader: DataLoader):
     starts the next one."""
     while True:
         yield from loader
-
-
-def save_checkpoint(path: Path, step: int, model, opt, sampler: FCPSampler, res) -> None:
-    """Model and optimizer (sharded or not: torch.distributed.checkpoint) and this rank's sampler state *after the
-    global batch train_step consumed* (`state_after(res)`; `state_dict()` would point past the batches the
-    DataLoader's workers already took)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
-    model_sd, optim_sd = get_state_dict(model, opt)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))
-    state = {"step": step, "sampler": sampler.state_after(res)}
-    (path / f"sampler-rank{dist.get_rank()}.json").write_text(json.dumps(state))  # the state names its rank
-    dist.barrier()
-
-
-def load_checkpoint(path: Path, model, opt, sampler: FCPSampler) -> int:
-    """Restore what save_checkpoint wrote; returns the step to continue at."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-    model_sd, optim_sd = get_state_dict(model, opt)
-    state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=str(path))
-    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    saved = json.loads((path / f"sampler-rank{dist.get_rank()}.json").read_text())
-    sampler.load_state_dict(saved["sampler"])
-    return int(saved["step"])
 
 
 def main() -> None:
@@ -129,6 +101,8 @@ def main() -> None:
             print(f"step {step} loss {res.loss:.6f} tokens {res.num_tokens} micro-batches {len(res.groups)} "
                   f"idle on rank 0: {res.num_idle}", flush=True)
         if args.checkpoint and args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
+            # the sampler's state after this step's global batch (sampler.state_after(res)), not state_dict():
+            # the DataLoader's workers already hold later batches
             save_checkpoint(Path(args.checkpoint) / f"step-{step + 1}", step + 1, model, opt, sampler, res)
     batches.close()  # stops the DataLoader's workers now, not during interpreter shutdown
 

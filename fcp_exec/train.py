@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -130,7 +131,12 @@ class Trainer:
         self.sampler, self.loader = self._loader(cfg.seed)
         self._eval_batches = None
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
-        self.epoch, self._it, self.num_steps = 0, None, 0
+        self.epoch, self._it, self.num_steps, self.last_result = 0, None, 0, None
+        if cfg.resume:  # model, optimizer and the sampler's position after the saved step (fcp_exec.checkpoint)
+            from fcp_exec.checkpoint import load_checkpoint
+
+            self.num_steps = load_checkpoint(cfg.resume, self.model, self.opt, self.sampler)
+            self.epoch = self.sampler.epoch
 
     def _load(self, data: str | None):
         from fcp_exec.train_data import load_train_data
@@ -241,8 +247,9 @@ class Trainer:
         waits_before = len(self.sampler.planner_waits)
         self.opt.zero_grad(set_to_none=True)
         seen: list[tuple[int, ...]] = []
-        res = train_step(self.model, _recording(self._batches(), seen), self.loss_fn, self.reducer,
-                         pad_token_id=self.data.pad_token_id, to_device=lambda b: _to_device(b, self.device))
+        res = self.last_result = train_step(self.model, _recording(self._batches(), seen), self.loss_fn, self.reducer,
+                                            pad_token_id=self.data.pad_token_id,
+                                            to_device=lambda b: _to_device(b, self.device))
         grads = None
         if self.cfg.return_grads:
             grads = {}
@@ -288,7 +295,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     if rank == 0 and cfg.verbose and not cfg.json_lines:
         print(f"[fcp train] {tr.describe()}", flush=True)
     records = []
-    for _ in range(cfg.steps):
+    while tr.num_steps < cfg.steps:  # from 0, or from a checkpoint's step (--resume)
         rec = tr.step()
         if not cfg.return_grads:
             rec.pop("sample_indices", None)
@@ -301,6 +308,13 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             print(f"step {rec['step']:>3}  loss {rec['loss']:.6f}  tokens {rec['num_tokens']:>6}  plan "
                   f"{format_degrees(rec['degrees'])}  step {rec['step_time_s'] * 1e3:7.1f} ms  planner wait "
                   f"{rec['planner_wait_s'] * 1e3:.2f} ms{gone}", file=sys.stdout, flush=True)
+        if cfg.checkpoint and tr.num_steps % cfg.checkpoint_every == 0:
+            from fcp_exec.checkpoint import save_checkpoint
+
+            path = save_checkpoint(Path(cfg.checkpoint) / f"step-{tr.num_steps}", tr.num_steps, tr.model, tr.opt,
+                                   tr.sampler, tr.last_result)
+            if rank == 0 and cfg.verbose and not cfg.json_lines:
+                print(f"checkpoint {path}", flush=True)
     evals = [tr.evaluate() for _ in range(cfg.eval_steps)]
     for k, ev in enumerate(evals):
         if cfg.json_lines and rank == 0:

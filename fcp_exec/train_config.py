@@ -96,6 +96,12 @@ class TrainConfig:
     eval_data: str | None = _opt(None, "a length index to evaluate on (default: the training data)", metavar="INDEX")
     read_errors_out: str | None = _opt(None, "append one JSON line per skipped sample to this file (key, reason, "
                                        "detail, epoch, global batch)", metavar="FILE")
+    checkpoint: str | None = _opt(None, "write checkpoints to DIR/step-K every --checkpoint-every steps: model and "
+                                  "optimizer (torch.distributed.checkpoint) and each rank's sampler position after "
+                                  "the step (fcp_exec.checkpoint)", metavar="DIR")
+    checkpoint_every: int = _opt(0, "save a checkpoint every N steps (with --checkpoint; 0: never)", metavar="N")
+    resume: str | None = _opt(None, "continue from a checkpoint folder DIR/step-K at step K, on as many ranks as it "
+                              "was saved on (--steps counts from 0: the run trains steps K .. steps-1)", metavar="DIR")
 
     def __post_init__(self) -> None:
         if self.model not in ("tiny-llm", "tiny-mllm") and not (self.model.startswith("hf:") and len(self.model) > 3):
@@ -115,10 +121,13 @@ class TrainConfig:
             raise ValueError(f"dtype must be one of {', '.join(DTYPE_NAMES)}, got {self.dtype!r}")
         if self.eval_steps < 0:
             raise ValueError(f"eval_steps must be >= 0, got {self.eval_steps}")
+        if self.checkpoint_every < 0 or bool(self.checkpoint) != bool(self.checkpoint_every):
+            raise ValueError("checkpoints need both --checkpoint DIR and --checkpoint-every N >= 1, got "
+                             f"checkpoint={self.checkpoint!r}, checkpoint_every={self.checkpoint_every}")
         if self.eval_data is not None and self.eval_steps == 0:
             raise ValueError("eval_data is evaluated after training: give eval_steps >= 1 (--eval-steps N) too")
         for name in ("steps", "global_batch_size", "max_tokens", "prefetch", "num_synthetic", "tokens_per_rank",
-                     "eval_steps"):
+                     "eval_steps", "checkpoint_every"):
             v = getattr(self, name)
             if v is not None and v > MAX_COUNT:  # numpy's int64 would overflow deep inside; no real run is this big
                 raise ValueError(f"{name}={v} is beyond any real run (at most {MAX_COUNT}); check the value")

@@ -8,7 +8,8 @@ sampler built on it) — so a bad input is one line and exit code 2, not a worke
 
 from __future__ import annotations
 
-__all__ = ["register", "config_from_args", "resolve_model", "load_hf_config", "check_index_path", "preflight"]
+__all__ = ["register", "config_from_args", "resolve_model", "load_hf_config", "check_index_path", "check_resume",
+           "preflight"]
 
 EPILOG = """Each step is one global batch: its plan-annotated micro-batches run on the CP groups the planner
 formed (ring attention inside each group), gradients are summed over all ranks by the --reducer, then AdamW.
@@ -117,6 +118,29 @@ def check_index_path(data: str | None, flag: str = "--data") -> None:
                          "interrupted build with `fcp index ... --resume`")
 
 
+def check_resume(path: str | None, nproc: int, steps: int) -> None:
+    """``--resume DIR``: a complete checkpoint of ``nproc`` ranks, saved before step ``steps`` (cheap, before
+    loading)."""
+    from fcp_data.commands import UsageError
+    from fcp_exec.checkpoint import checkpoint_step
+
+    if path is None:
+        return
+    try:
+        step = checkpoint_step(path)
+        for r in range(1, nproc):
+            checkpoint_step(path, r)
+    except (FileNotFoundError, ValueError) as e:
+        raise UsageError(f"--resume {e}") from None
+    from pathlib import Path
+
+    if (Path(path) / f"sampler-rank{nproc}.json").exists():
+        raise UsageError(f"--resume {path} was saved on more than {nproc} ranks: resume on as many as it was saved on")
+    if step >= steps:
+        raise UsageError(f"--resume {path} is at step {step}; --steps {steps} leaves nothing to train (--steps counts "
+                         "from 0: give more than the checkpoint's step)")
+
+
 def preflight(cfg, nproc: int, hf_config=None):
     """Load ``cfg``'s data once and build rank 0's sampler on it, exactly as every rank will, so that data/config
     mismatches (vocabulary, special tokens, a text index for a vision model, samples that no plan can hold, a
@@ -167,6 +191,7 @@ def run(args) -> int:
 
     cfg = config_from_args(args, model)
     nproc, backend = check_launch(args.nproc, args.backend)
+    check_resume(cfg.resume, nproc, cfg.steps)
     preflight(cfg, nproc, load_hf_config(hf_path) if hf_path else None)
     if cfg.reducer != "allreduce" and nproc == 1 and backend is None and not in_torchrun():
         backend = default_backend()  # DDP/FSDP2 need a process group even for one rank: start one worker

@@ -245,6 +245,28 @@ def test_train_bad_options(capsys):
     _one_line_error(capsys, [*base, "--planner", "static-cp:5", "--nproc", "2"], "degree 5 is not allowed")
 
 
+def test_train_bad_checkpoint_options(capsys, tmp_path):
+    """--checkpoint/--checkpoint-every without each other, --resume of something that is not a complete checkpoint of
+    this many ranks, or at a step --steps does not pass: one line before any process starts."""
+    import json
+
+    base = ["train", "--steps", "2", "--nproc", "2"]
+    _one_line_error(capsys, [*base, "--checkpoint", str(tmp_path / "c")], "need both --checkpoint DIR and --checkpoint-every")
+    _one_line_error(capsys, [*base, "--checkpoint-every", "2"], "need both --checkpoint DIR and --checkpoint-every")
+    _one_line_error(capsys, [*base, "--resume", str(tmp_path / "missing")], "is not a folder")
+    ck = tmp_path / "step-3"
+    ck.mkdir()
+    _one_line_error(capsys, [*base, "--resume", str(ck)], "has no sampler-rank0.json")
+    (ck / "sampler-rank0.json").write_text(json.dumps({"step": 3, "sampler": {}}))
+    _one_line_error(capsys, [*base, "--resume", str(ck)], "has no sampler-rank1.json: not a complete checkpoint of rank 1")
+    (ck / "sampler-rank1.json").write_text("{not json")
+    _one_line_error(capsys, [*base, "--resume", str(ck)], "is not a sampler state written by save_checkpoint")
+    (ck / "sampler-rank1.json").write_text(json.dumps({"step": 3, "sampler": {}}))
+    _one_line_error(capsys, [*base, "--resume", str(ck)], r"is at step 3; --steps 2 leaves nothing to train")
+    (ck / "sampler-rank2.json").write_text(json.dumps({"step": 3, "sampler": {}}))
+    _one_line_error(capsys, [*base, "--steps", "5", "--resume", str(ck)], "saved on more than 2 ranks")
+
+
 def test_train_nccl_without_gpus(capsys):
     """--backend nccl on a CPU-only machine: 'Distributed package doesn't have NCCL built in' from a worker before."""
     import torch

@@ -1,0 +1,84 @@
+"""Checkpoints that resume exactly: model and optimizer through ``torch.distributed.checkpoint`` (sharded FSDP2
+parameters, DDP or a plain module alike), and each rank's :class:`~fcp_data.FCPSampler` state *after the global
+batch the loop consumed* (:meth:`~fcp_data.FCPSampler.state_after`).
+
+Why not ``sampler.state_dict()``: a DataLoader with workers takes lists from the sampler ahead of the loop
+(``prefetch_factor`` per worker), so the sampler's own position is past batches that were never trained on, and a
+run resumed from it skips them silently. ``state_after(res)`` is the position right after the step's global batch
+whatever the workers hold.
+
+Layout of one checkpoint folder (``save_checkpoint(path, ...)``): the ``torch.distributed.checkpoint`` files of
+``{"model", "optim"}`` and one ``sampler-rank{r}.json`` per rank (``{"step", "sampler"}``; the sampler's state names
+its rank and world size, so a checkpoint resumes on the same number of ranks). A trainer of your own can call
+these two functions, or copy the three lines each of them is.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+__all__ = ["save_checkpoint", "load_checkpoint", "checkpoint_step"]
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _sampler_file(path: Path, rank: int) -> Path:
+    return path / f"sampler-rank{rank}.json"
+
+
+def save_checkpoint(path: str | Path, step: int, model, optimizer, sampler, last: Any) -> Path:
+    """Write a checkpoint of ``step`` steps to folder ``path`` (created) on every rank (a collective): model and
+    optimizer state, and this rank's ``sampler.state_after(last)`` (``last``: ``train_step``'s result, or the last
+    batch the loop consumed). Returns ``path``."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    path = Path(path)
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))
+    state = {"step": int(step), "sampler": sampler.state_after(last)}
+    tmp = _sampler_file(path, _rank()).with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(state))
+    tmp.replace(_sampler_file(path, _rank()))  # whole or absent
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()  # every rank's files are written before any rank goes on (and may be killed)
+    return path
+
+
+def checkpoint_step(path: str | Path, rank: int = 0) -> int:
+    """The step a checkpoint folder was saved at; a clear error when ``path`` is not one (a one-line message for
+    ``fcp train --resume``)."""
+    path = Path(path)
+    f = _sampler_file(path, rank)
+    if not path.is_dir():
+        raise FileNotFoundError(f"checkpoint {path} is not a folder (give DIR/step-K as written by --checkpoint)")
+    if not f.is_file():
+        raise FileNotFoundError(f"checkpoint {path} has no {f.name}: not a complete checkpoint of rank {rank} "
+                                "(saved on fewer ranks, or interrupted while saving)")
+    try:
+        saved = json.loads(f.read_text())
+        return int(saved["step"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"checkpoint {f} is not a sampler state written by save_checkpoint ({e})") from None
+
+
+def load_checkpoint(path: str | Path, model, optimizer, sampler) -> int:
+    """Restore what :func:`save_checkpoint` wrote into ``model``, ``optimizer`` and this rank's ``sampler`` (on
+    every rank, before iterating the DataLoader); returns the step to continue at."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    path = Path(path)
+    step = checkpoint_step(path, _rank())
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd}
+    dcp.load(state, checkpoint_id=str(path))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    sampler.load_state_dict(json.loads(_sampler_file(path, _rank()).read_text())["sampler"])
+    return step
