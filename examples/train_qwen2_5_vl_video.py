@@ -5,6 +5,7 @@
         --data my-index --reducer fsdp2     # index: `fcp index shards/*.tar --spec qwen2.5-vl --out my-index`
     # video SFT (LLaVA lines {"video": "a.mp4", "conversations": [...]}): labels on the assistant turns
     fcp index llava.jsonl --spec qwen2.5-vl --chat-field conversations --media-root videos/ --out sft-index
+    Checkpoints: `--checkpoint DIR --checkpoint-every N`, then `--resume DIR/step-K` (fcp_exec.checkpoint).
 
 The model is randomly initialised from a config.json (use ``from_pretrained`` for real weights, then apply_fcp).
 A CP group's frames are encoded once, split over its ranks by whole frames, and every visual row is sent to the
@@ -24,6 +25,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from fcp_data import CostModel, FCPDataset, FCPSampler, IndexedDataset
+from fcp_exec.checkpoint import load_checkpoint, save_checkpoint
 from fcp_exec.integrations.hf import apply_fcp, build_model, fcp_loss, load_config
 from fcp_exec.integrations.hf_positions import hf_collator
 from fcp_exec.launch import init_distributed
@@ -43,13 +45,11 @@ def bundled_video_index(rank: int) -> Path:
     return out
 
 
-def forever(loader: DataLoader, sampler: FCPSampler):
-    """The loader's micro-batches across epochs (a global batch never straddles two)."""
-    epoch = 0
+def forever(loader: DataLoader):
+    """The loader's micro-batches across epochs (a global batch never straddles two), from the sampler's position
+    (a loaded checkpoint's too); once an epoch is done, the next iter() starts the next one."""
     while True:
-        sampler.set_epoch(epoch)
         yield from loader
-        epoch += 1
 
 
 def main() -> None:
@@ -64,6 +64,9 @@ def main() -> None:
     p.add_argument("--global-batch-size", type=int, default=8)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--checkpoint", default=None, help="folder for checkpoints (DIR/step-K), with --checkpoint-every")
+    p.add_argument("--checkpoint-every", type=int, default=0, help="save a checkpoint every N steps (0: never)")
+    p.add_argument("--resume", default=None, help="a checkpoint folder (DIR/step-K) to continue from, at step K")
     args = p.parse_args()
 
     device = init_distributed()  # set_device, NCCL/HCCL/gloo by device, eager init + a warm-up barrier
@@ -82,14 +85,18 @@ def main() -> None:
     model, reducer = make_reducer(args.reducer, model)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
 
-    batches = forever(loader, sampler)
-    for step in range(args.steps):
+    start = load_checkpoint(Path(args.resume), model, opt, sampler) if args.resume else 0
+    batches = forever(loader)
+    for step in range(start, args.steps):
         res = train_step(model, batches, fcp_loss, reducer, pad_token_id=data.pad_token_id)
         opt.step()
         opt.zero_grad(set_to_none=True)
         if rank == 0:
-            print(f"step {step} loss {res.loss:.4f} tokens {res.num_tokens} micro-batches {len(res.groups)} "
+            print(f"step {step} loss {res.loss:.6f} tokens {res.num_tokens} micro-batches {len(res.groups)} "
                   f"idle on rank 0: {res.num_idle}", flush=True)
+        if args.checkpoint and args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
+            # the sampler's state after this global batch (state_after), not state_dict(): the workers are ahead
+            save_checkpoint(Path(args.checkpoint) / f"step-{step + 1}", step + 1, model, opt, sampler, res)
     batches.close()  # stops the DataLoader's workers now, not during interpreter shutdown
     dist.destroy_process_group()
 
