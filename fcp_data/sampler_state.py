@@ -32,12 +32,21 @@ plus the data digest), loaded strictly (ints only: :func:`check_int`).
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import numbers
 from typing import Any
 
+import numpy as np
+
+logger = logging.getLogger("fcp_data")
+
 __all__ = ["STATE_VERSION", "make_state", "check_state", "check_int", "state_after"]
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: + "batches" (version-1 states still load, with an exact config match)
+_KEYS = {1: {"version", "epoch", "global_batch", "micro_batch", "config"},
+         2: {"version", "epoch", "global_batch", "micro_batch", "config", "batches"}}
+_DATA_KEYS = ("num_samples", "data_digest")  # must match even when the planning config may differ
 
 
 def _config(sampler: Any) -> dict[str, Any]:
@@ -46,10 +55,24 @@ def _config(sampler: Any) -> dict[str, Any]:
             "data_digest": sampler._data_digest}
 
 
+def batches_digest(sampler: Any, epoch: int) -> str:
+    """Which samples make up each global batch of ``epoch``, in order (a digest of the epoch's order and global
+    batch bounds): what a position ``(epoch, g, 0)`` means whatever the world size, cost model or solver."""
+    cache = sampler.__dict__.setdefault("_batch_digests", {})  # a StatefulDataLoader asks for a state every batch
+    if epoch not in cache:
+        order, bounds = sampler._epoch_layout(epoch)
+        h = hashlib.blake2b(np.asarray(order, dtype=np.int64).tobytes(), digest_size=16)
+        h.update(b"|" + np.asarray(bounds, dtype=np.int64).tobytes())
+        while len(cache) >= 4:
+            cache.pop(next(iter(cache)))
+        cache[epoch] = h.hexdigest()
+    return cache[epoch]
+
+
 def make_state(sampler: Any, epoch: int, g: int, m: int) -> dict[str, Any]:
-    """A sampler state: plain JSON types (position of the next list + config fingerprint)."""
+    """A sampler state: plain JSON types (position of the next list, config fingerprint, the epoch's batches)."""
     return {"version": STATE_VERSION, "epoch": int(epoch), "global_batch": int(g), "micro_batch": int(m),
-            "config": _config(sampler)}
+            "config": _config(sampler), "batches": batches_digest(sampler, int(epoch))}
 
 
 def check_int(name: str, value: Any, where: str) -> int:
@@ -73,35 +96,52 @@ def check_state(sampler: Any, state: dict[str, Any]) -> tuple[int, int, int]:
     """Strictly validate ``state`` against ``sampler``; return ``(epoch, global_batch, micro_batch)``.
 
     A non-int ``version``/``epoch``/``global_batch``/``micro_batch`` (``bool``, ``"1"``, ``1.7``) is a
-    ``TypeError``; unknown or missing keys, another version, a position out of range or any config
-    difference (world size, rank, seed, batch size, solver, cost model, data digest, ...) is a
-    ``ValueError`` listing every difference.
+    ``TypeError``; unknown or missing keys, another version, a position out of range or a config difference is a
+    ``ValueError`` listing every difference — except that a state at a global-batch boundary (``micro_batch`` 0,
+    what :func:`state_after` gives after a step) resumes under another world size, rank, cost model or solver when
+    the data is the same and its epoch's global batches are (:func:`batches_digest`): the plans of the remaining
+    batches are this sampler's, the samples in them the saved run's.
     """
     if not isinstance(state, dict):
         raise TypeError(f"an FCPSampler state must be a dict (from FCPSampler.state_dict()), got "
                         f"{type(state).__name__}")
-    keys = {"version", "epoch", "global_batch", "micro_batch", "config"}
-    if set(state) != keys:
-        raise ValueError(f"an FCPSampler state has keys {sorted(keys)}; got {sorted(state)}")
     where = "FCPSampler.load_state_dict"
-    version = check_int("version", state["version"], where)
-    if version != STATE_VERSION:
-        raise ValueError(f"FCPSampler state version {version} is not {STATE_VERSION}")
+    version = check_int("version", state.get("version"), where) if "version" in state else None
+    if version not in _KEYS:
+        raise ValueError(f"FCPSampler state version {version} is not one of {sorted(_KEYS)}")
+    if set(state) != _KEYS[version]:
+        raise ValueError(f"an FCPSampler state (version {version}) has keys {sorted(_KEYS[version])}; got {sorted(state)}")
     e, g, m = (check_int(k, state[k], where) for k in ("epoch", "global_batch", "micro_batch"))
     mine, theirs = _config(sampler), state["config"]
     if not isinstance(theirs, dict) or set(theirs) != set(mine):
         got = sorted(theirs) if isinstance(theirs, dict) else theirs
         raise ValueError(f"FCPSampler state config has keys {got}, expected {sorted(mine)}")
-    diffs = [f"{k}: saved {theirs[k]!r}, this sampler {mine[k]!r}" for k in mine if not _same(theirs[k], mine[k])]
-    if diffs:
-        raise ValueError("the FCPSampler state was saved with a different configuration — " + "; ".join(diffs)
-                         + ". Resume with the same world size, rank, seed, data and config.")
     num_g = sampler.num_global_batches(e) if e >= 0 else -1
     if e < 0 or not 0 <= g <= num_g or m < 0 or (g == num_g and m):
         raise ValueError(f"FCPSampler state position (epoch {e}, global batch {g}, micro-batch {m}) is out of range "
                          f"(epoch {e} has {num_g} global batches; a finished epoch is global batch {num_g}, "
                          "micro-batch 0): load a state saved by FCPSampler.state_dict() with this config")
+    diffs = [k for k in mine if not _same(theirs[k], mine[k])]
+    if version >= 2 and state["batches"] != batches_digest(sampler, e) and not diffs:
+        raise ValueError(f"the FCPSampler state's epoch {e} had other global batches than this sampler's with the "
+                         "same configuration (a state edited by hand, or saved by an fcp version that ordered "
+                         "epochs differently): resuming would skip or repeat samples")
+    if diffs and not _portable(sampler, state, version, e, m, diffs):
+        listed = "; ".join(f"{k}: saved {theirs[k]!r}, this sampler {mine[k]!r}" for k in diffs)
+        raise ValueError("the FCPSampler state was saved with a different configuration — " + listed + ". Resume with "
+                         "the same seed, data and batch size; a state at a global-batch boundary (state_after) also "
+                         "resumes on another world size or cost model when the epoch's global batches are the same.")
+    if diffs:
+        logger.info("fcp: resuming at epoch %d, global batch %d under a new %s (the epoch's global batches are the "
+                    "same)", e, g, ", ".join(diffs))
     return e, g, m
+
+
+def _portable(sampler: Any, state: dict[str, Any], version: int, e: int, m: int, diffs: list[str]) -> bool:
+    """A state saved under another planning config resumes here: at a global-batch boundary, same data, same
+    global batches in its epoch."""
+    return (version >= 2 and m == 0 and not any(k in _DATA_KEYS for k in diffs)
+            and isinstance(state["batches"], str) and state["batches"] == batches_digest(sampler, e))
 
 
 def state_after(sampler: Any, last: Any) -> dict[str, Any]:

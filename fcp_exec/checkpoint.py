@@ -8,9 +8,11 @@ run resumed from it skips them silently. ``state_after(res)`` is the position ri
 whatever the workers hold.
 
 Layout of one checkpoint folder (``save_checkpoint(path, ...)``): the ``torch.distributed.checkpoint`` files of
-``{"model", "optim"}`` and one ``sampler-rank{r}.json`` per rank (``{"step", "sampler"}``; the sampler's state names
-its rank and world size, so a checkpoint resumes on the same number of ranks). A trainer of your own can call
-these two functions, or copy the three lines each of them is.
+``{"model", "optim"}`` and one ``sampler-rank{r}.json`` per rank (``{"step", "sampler"}``). It resumes on another
+number of ranks too: ``torch.distributed.checkpoint`` reshards the model and optimizer, and a sampler state taken
+at a global-batch boundary loads into a sampler of another world size or cost model when the epoch's global batches
+are the same (:func:`fcp_data.sampler_state.check_state`); a rank the saving run did not have reads rank 0's state.
+A trainer of your own can call these two functions, or copy the few lines each of them is.
 """
 
 from __future__ import annotations
@@ -58,6 +60,9 @@ def checkpoint_step(path: str | Path, rank: int = 0) -> int:
     f = _sampler_file(path, rank)
     if not path.is_dir():
         raise FileNotFoundError(f"checkpoint {path} is not a folder (give DIR/step-K as written by --checkpoint)")
+    if not (path / ".metadata").is_file():
+        raise FileNotFoundError(f"checkpoint {path} has no .metadata: its model and optimizer were not saved completely "
+                                "(interrupted while saving?)")
     if not f.is_file():
         raise FileNotFoundError(f"checkpoint {path} has no {f.name}: not a complete checkpoint of rank {rank} "
                                 "(saved on fewer ranks, or interrupted while saving)")
@@ -75,10 +80,11 @@ def load_checkpoint(path: str | Path, model, optimizer, sampler) -> int:
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     path = Path(path)
-    step = checkpoint_step(path, _rank())
+    step = checkpoint_step(path)  # rank 0's file: every checkpoint has it
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=str(path))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    sampler.load_state_dict(json.loads(_sampler_file(path, _rank()).read_text())["sampler"])
+    own = _sampler_file(path, _rank())  # a rank the saving run did not have takes rank 0's (same position)
+    sampler.load_state_dict(json.loads((own if own.is_file() else _sampler_file(path, 0)).read_text())["sampler"])
     return step

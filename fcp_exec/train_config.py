@@ -100,8 +100,9 @@ class TrainConfig:
                                   "optimizer (torch.distributed.checkpoint) and each rank's sampler position after "
                                   "the step (fcp_exec.checkpoint)", metavar="DIR")
     checkpoint_every: int = _opt(0, "save a checkpoint every N steps (with --checkpoint; 0: never)", metavar="N")
-    resume: str | None = _opt(None, "continue from a checkpoint folder DIR/step-K at step K, on as many ranks as it "
-                              "was saved on (--steps counts from 0: the run trains steps K .. steps-1)", metavar="DIR")
+    resume: str | None = _opt(None, "continue from a checkpoint folder DIR/step-K at step K, on any number of ranks "
+                              "(the same global batches, planned for this run; --steps counts from 0: the run trains "
+                              "steps K .. steps-1)", metavar="DIR")
 
     def __post_init__(self) -> None:
         if self.model not in ("tiny-llm", "tiny-mllm") and not (self.model.startswith("hf:") and len(self.model) > 3):

@@ -118,9 +118,9 @@ def check_index_path(data: str | None, flag: str = "--data") -> None:
                          "interrupted build with `fcp index ... --resume`")
 
 
-def check_resume(path: str | None, nproc: int, steps: int) -> None:
-    """``--resume DIR``: a complete checkpoint of ``nproc`` ranks, saved before step ``steps`` (cheap, before
-    loading)."""
+def check_resume(path: str | None, steps: int) -> None:
+    """``--resume DIR``: a complete checkpoint saved before step ``steps`` (cheap, before loading; any number of
+    ranks: the sampler state says in the workers whether it can resume there)."""
     from fcp_data.commands import UsageError
     from fcp_exec.checkpoint import checkpoint_step
 
@@ -128,14 +128,8 @@ def check_resume(path: str | None, nproc: int, steps: int) -> None:
         return
     try:
         step = checkpoint_step(path)
-        for r in range(1, nproc):
-            checkpoint_step(path, r)
     except (FileNotFoundError, ValueError) as e:
         raise UsageError(f"--resume {e}") from None
-    from pathlib import Path
-
-    if (Path(path) / f"sampler-rank{nproc}.json").exists():
-        raise UsageError(f"--resume {path} was saved on more than {nproc} ranks: resume on as many as it was saved on")
     if step >= steps:
         raise UsageError(f"--resume {path} is at step {step}; --steps {steps} leaves nothing to train (--steps counts "
                          "from 0: give more than the checkpoint's step)")
@@ -191,7 +185,7 @@ def run(args) -> int:
 
     cfg = config_from_args(args, model)
     nproc, backend = check_launch(args.nproc, args.backend)
-    check_resume(cfg.resume, nproc, cfg.steps)
+    check_resume(cfg.resume, cfg.steps)
     preflight(cfg, nproc, load_hf_config(hf_path) if hf_path else None)
     if cfg.reducer != "allreduce" and nproc == 1 and backend is None and not in_torchrun():
         backend = default_backend()  # DDP/FSDP2 need a process group even for one rank: start one worker

@@ -178,13 +178,15 @@ def test_resume_mid_global_batch_equals_uninterrupted(stop_after):
 
 
 def test_state_from_other_config_is_refused():
-    """A state saved with another world size, seed, batch size or data is a ValueError naming the field."""
+    """A state saved with another seed, batch size or data is a ValueError naming the field; one with another world
+    size or rank too when it is mid-global-batch (at a boundary it resumes: tests/data/test_sampler_resume.py)."""
     lengths = _lengths(120)
     state = _sampler(lengths).state_dict()
-    for kw, field in (({"num_ranks": 4}, "num_ranks"), ({"seed": 3}, "seed"),
-                      ({"global_batch_size": 32}, "global_batch_size"), ({"rank": 2}, "rank")):
+    mid = {**state, "micro_batch": 1}
+    for kw, field, st in (({"num_ranks": 4}, "num_ranks", mid), ({"seed": 3}, "seed", state),
+                          ({"global_batch_size": 32}, "global_batch_size", state), ({"rank": 2}, "rank", mid)):
         with pytest.raises(ValueError, match=field):
-            _sampler(lengths, **kw).load_state_dict(state)
+            _sampler(lengths, **kw).load_state_dict(st)
     other = lengths.copy()
     other[0] += 1
     with pytest.raises(ValueError, match="data_digest"):
@@ -278,9 +280,10 @@ def test_solver_options_reach_the_planner_and_the_fingerprint():
     assert any(len(lst.ranks) not in (0, 2) for lst in default)  # without the option the degree differs
     state = json.loads(json.dumps(s.state_dict()))
     _sampler(lengths, solver="static-cp", solver_options={"degree": 2}).load_state_dict(state)
+    mid = {**state, "global_batch": 0, "micro_batch": 1}  # at a boundary another planning config may resume
     for other in (None, {"degree": 4}):
         with pytest.raises(ValueError, match="solver_options"):
-            _sampler(lengths, solver="static-cp", solver_options=other).load_state_dict(state)
+            _sampler(lengths, solver="static-cp", solver_options=other).load_state_dict(mid)
     with pytest.raises(ValueError, match="does not accept"):
         _sampler(lengths, solver="fcp", solver_options={"degree": 2})
     with pytest.raises(ValueError, match="degree 3"):

@@ -1,6 +1,7 @@
 """The sampler's configuration is one frozen dataclass and the resume fingerprint is derived from its fields:
-every field but ``prefetch`` is in ``state_dict()["config"]``, and a state saved under any other value of any
-of them is refused by ``load_state_dict`` naming that field."""
+every field but ``prefetch`` is in ``state_dict()["config"]``, and a mid-global-batch state saved under any other
+value of any of them is refused by ``load_state_dict`` naming that field (at a global-batch boundary, exactly those
+that change the epoch's global batches are)."""
 
 from __future__ import annotations
 
@@ -33,17 +34,46 @@ def test_every_field_has_a_changed_value_and_fingerprint_excludes_only_prefetch(
 
 @pytest.mark.parametrize("name", sorted(OTHER))
 def test_a_state_saved_with_another_value_of_a_field_is_refused(name):
+    """Mid-global-batch, any other value is refused naming the field. At a global-batch boundary a state resumes under
+    another value exactly when the two samplers' epochs hold the same global batches (reference: their
+    ``global_batch_indices``, compared directly) — world size, rank, cost model, solver — and is refused, naming
+    the field, when they differ (seed, batch size)."""
     kw = dict(BASE)
     kw[name] = OTHER[name]
     if name == "global_batch_tokens":  # exactly one of the two batch sizes
         kw.update(global_batch_size=None, global_batch_tokens=20000)
-    saved = FCPSampler(LENGTHS, **kw).state_dict()
+    src = FCPSampler(LENGTHS, **kw)
+    saved = src.state_dict()
     fresh = FCPSampler(LENGTHS, **BASE)
     if name == "prefetch":  # planning ahead does not change the lists: the state loads
         fresh.load_state_dict(saved)
         return
     with pytest.raises(ValueError, match=name):
+        fresh.load_state_dict({**saved, "micro_batch": 1})
+    same = src.num_global_batches(0) == fresh.num_global_batches(0) and all(
+        np.array_equal(src.global_batch_indices(g, 0), fresh.global_batch_indices(g, 0))
+        for g in range(src.num_global_batches(0)))
+    if same:
         fresh.load_state_dict(saved)
+        assert fresh.state_dict()["global_batch"] == 0
+    else:
+        with pytest.raises(ValueError, match=name):
+            fresh.load_state_dict(saved)
+
+
+def test_the_batch_digest_separates_the_fields_that_change_an_epoch():
+    """Which fields of OTHER change epoch 0's global batches here (the reference above decides per field): the seed
+    and the batch sizes must; the planning fields must not."""
+    changed = set()
+    for name in sorted(OTHER):
+        kw = {**BASE, name: OTHER[name]}
+        if name == "global_batch_tokens":
+            kw.update(global_batch_size=None, global_batch_tokens=20000)
+        a, b = FCPSampler(LENGTHS, **kw), FCPSampler(LENGTHS, **BASE)
+        if a.state_dict()["batches"] != b.state_dict()["batches"]:
+            changed.add(name)
+    assert {"seed", "global_batch_size", "global_batch_tokens"} <= changed
+    assert not changed & {"num_ranks", "rank", "cost_model", "solver", "micro_batches", "solver_options", "prefetch"}
 
 
 def test_config_is_frozen_and_read_through_the_sampler():

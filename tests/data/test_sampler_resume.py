@@ -297,7 +297,7 @@ def test_load_then_state_dict_round_trips_before_iterating():
     ("epoch", -1, ValueError, "out of range"),
     ("global_batch", 99, ValueError, "out of range"),
     ("micro_batch", -1, ValueError, "out of range"),
-    ("version", 2, ValueError, "version 2"),
+    ("version", 3, ValueError, "version 3"),
 ])
 def test_state_is_validated_by_type(field, value, error, match):
     """Position fields and the version must be ints (numpy ints are fine, bool is not): a str, float or bool
@@ -320,8 +320,9 @@ def test_state_config_and_container_types():
     """The config fingerprint compares bools as bools (drop_last 0 is not False); a non-dict state is a
     TypeError; numpy integers are accepted as positions."""
     s = _make()
+    s.set_epoch(EPOCH)
     state = s.state_dict()
-    bad = {**state, "config": {**state["config"], "drop_last": 0}}
+    bad = {**state, "micro_batch": 1, "config": {**state["config"], "drop_last": 0}}  # mid-batch: the config must match
     with pytest.raises(ValueError, match="drop_last"):
         s.load_state_dict(bad)
     with pytest.raises(TypeError, match="must be a dict"):
@@ -438,3 +439,55 @@ def test_state_after_the_consumed_batch_resumes_exactly_behind_a_dataloader_with
         s.state_after(3)
     with pytest.raises(ValueError, match="out of range"):
         s.state_after({"epoch": EPOCH, "global_batch": 99, "micro_batch": 0, "num_micro_batches": 3})
+
+
+def _global_batches(samplers, epoch):
+    """Every global batch of ``epoch`` as the sorted sample indices all ranks' lists hold (what a world trains)."""
+    out = {}
+    for s in samplers:
+        s.set_epoch(epoch)
+        for lst in s:
+            out.setdefault((lst.epoch, lst.global_batch), set()).update(slot.index for slot in lst)
+    return {k: sorted(v) for k, v in sorted(out.items())}
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_a_state_at_a_global_batch_boundary_resumes_on_another_world_size(world):
+    """A state saved on 4 ranks after global batch 3 (micro-batch 0) loads into the samplers of 1, 2 or 3 ranks (with
+    another tokens_per_rank too): the world then trains exactly the saved run's global batches 4, 5, … (the same
+    samples in each), planned for its own size. Refused with the reason: a mid-global-batch state, another
+    global_batch_size or seed (other batches), other data; a version-1 state (no batch digest) unless the config is
+    the same."""
+    lengths = _lengths(120)
+    old = [FCPSampler(lengths, num_ranks=4, rank=r, cost_model=CM, global_batch_size=12, prefetch=0) for r in range(4)]
+    ref = _global_batches(old, EPOCH)
+    state = old[0].state_after({"epoch": EPOCH, "global_batch": 3, "micro_batch": 0, "num_micro_batches": 1})
+    cm = CM.replace(tokens_per_rank=2048)  # another memory budget (lengths are at most 2,000: one rank holds any)
+
+    def new(r, **kw):
+        return FCPSampler(lengths, num_ranks=world, rank=r, cost_model=cm, prefetch=0,
+                          **{"global_batch_size": 12, **kw})
+
+    samplers = [new(r) for r in range(world)]
+    for s in samplers:
+        s.load_state_dict(json.loads(json.dumps(state)))
+    got = {}
+    for s in samplers:
+        for lst in s:  # no set_epoch: the loaded position
+            got.setdefault((lst.epoch, lst.global_batch), set()).update(slot.index for slot in lst)
+    assert {k: sorted(v) for k, v in got.items()} == {k: v for k, v in ref.items() if k[1] >= 4}
+    with pytest.raises(ValueError, match="num_ranks: saved 4"):
+        new(0).load_state_dict({**state, "global_batch": 2, "micro_batch": 1})
+    with pytest.raises(ValueError, match="global_batch_size: saved 12"):
+        new(0, global_batch_size=10).load_state_dict(state)
+    with pytest.raises(ValueError, match="seed: saved 0"):
+        new(0, seed=5).load_state_dict(state)
+    with pytest.raises(ValueError, match="had other global batches"):  # same config, another epoch's batches
+        old[0].load_state_dict({**state, "epoch": EPOCH + 1})
+    other = FCPSampler(lengths + 1, num_ranks=world, rank=0, cost_model=cm, global_batch_size=12, prefetch=0)
+    with pytest.raises(ValueError, match="data_digest"):
+        other.load_state_dict(state)
+    v1 = {k: v for k, v in state.items() if k != "batches"} | {"version": 1}
+    old[0].load_state_dict(v1)  # the saving config itself: fine
+    with pytest.raises(ValueError, match="num_ranks: saved 4"):
+        new(0).load_state_dict(v1)

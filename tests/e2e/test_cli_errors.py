@@ -246,8 +246,8 @@ def test_train_bad_options(capsys):
 
 
 def test_train_bad_checkpoint_options(capsys, tmp_path):
-    """--checkpoint/--checkpoint-every without each other, --resume of something that is not a complete checkpoint of
-    this many ranks, or at a step --steps does not pass: one line before any process starts."""
+    """--checkpoint/--checkpoint-every without each other, --resume of something that is not a complete checkpoint,
+    or at a step --steps does not pass: one line before any process starts."""
     import json
 
     base = ["train", "--steps", "2", "--nproc", "2"]
@@ -256,15 +256,13 @@ def test_train_bad_checkpoint_options(capsys, tmp_path):
     _one_line_error(capsys, [*base, "--resume", str(tmp_path / "missing")], "is not a folder")
     ck = tmp_path / "step-3"
     ck.mkdir()
+    _one_line_error(capsys, [*base, "--resume", str(ck)], "has no .metadata: its model and optimizer were not saved")
+    (ck / ".metadata").write_bytes(b"x")
     _one_line_error(capsys, [*base, "--resume", str(ck)], "has no sampler-rank0.json")
-    (ck / "sampler-rank0.json").write_text(json.dumps({"step": 3, "sampler": {}}))
-    _one_line_error(capsys, [*base, "--resume", str(ck)], "has no sampler-rank1.json: not a complete checkpoint of rank 1")
-    (ck / "sampler-rank1.json").write_text("{not json")
+    (ck / "sampler-rank0.json").write_text("{not json")
     _one_line_error(capsys, [*base, "--resume", str(ck)], "is not a sampler state written by save_checkpoint")
-    (ck / "sampler-rank1.json").write_text(json.dumps({"step": 3, "sampler": {}}))
+    (ck / "sampler-rank0.json").write_text(json.dumps({"step": 3, "sampler": {}}))
     _one_line_error(capsys, [*base, "--resume", str(ck)], r"is at step 3; --steps 2 leaves nothing to train")
-    (ck / "sampler-rank2.json").write_text(json.dumps({"step": 3, "sampler": {}}))
-    _one_line_error(capsys, [*base, "--steps", "5", "--resume", str(ck)], "saved on more than 2 ranks")
 
 
 def test_train_nccl_without_gpus(capsys):
