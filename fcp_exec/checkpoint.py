@@ -30,6 +30,13 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
+def _first_line(e: BaseException) -> str:
+    """The first informative line of ``e`` (DCP's CheckpointException lists each rank's traceback after a header)."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    useful = [ln for ln in lines if ("Error" in ln or "size" in ln or "key" in ln.lower()) and not ln.startswith("File ")]
+    return (useful[-1] if useful else lines[0] if lines else type(e).__name__)[:300]
+
+
 def _sampler_file(path: Path, rank: int) -> Path:
     return path / f"sampler-rank{rank}.json"
 
@@ -77,14 +84,19 @@ def load_checkpoint(path: str | Path, model, optimizer, sampler) -> int:
     """Restore what :func:`save_checkpoint` wrote into ``model``, ``optimizer`` and this rank's ``sampler`` (on
     every rank, before iterating the DataLoader); returns the step to continue at."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     path = Path(path)
     step = checkpoint_step(path)  # rank 0's file: every checkpoint has it
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=str(path))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    try:
+        dcp.load(state, checkpoint_id=str(path))
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP wraps every rank's error (a BaseException)
+        raise ValueError(f"checkpoint {path} does not fit this model and optimizer (another model or config?): "
+                         f"{_first_line(e)}") from e
     own = _sampler_file(path, _rank())  # a rank the saving run did not have takes rank 0's (same position)
     sampler.load_state_dict(json.loads((own if own.is_file() else _sampler_file(path, 0)).read_text())["sampler"])
     return step

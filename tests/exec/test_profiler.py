@@ -406,7 +406,9 @@ def test_sweep_times_interleaves_shuffled_sweeps():
     assert len(sweeps) == 6 and all(sorted(s) == list(range(8)) for s in sweeps)
     assert any(s != list(range(8)) for s in sweeps) and len({tuple(s) for s in sweeps}) > 1
     assert [len(t) for t in times] == [4] * 8 and [len(c) for c in cpu] == [4] * 8
-    assert min(times[6]) >= 0.02 and max(cpu[6]) < 0.01 and min(cpu[7]) >= 0.015
+    # the sleep's CPU time under 10 ms in at least 2 of the 4 repetitions: the process's other threads may take a few
+    # ms in one (measured once: 10.2 ms, in a CI run); a wall-clock measurement gives >= 20 ms in every repetition
+    assert min(times[6]) >= 0.02 and sorted(cpu[6])[1] < 0.01 and min(cpu[7]) >= 0.015
     assert run(3)[0] == calls
 
 
