@@ -313,7 +313,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
 
             path = save_checkpoint(Path(cfg.checkpoint) / f"step-{tr.num_steps}", tr.num_steps, tr.model, tr.opt,
                                    tr.sampler, tr.last_result)
-            if rank == 0 and cfg.verbose and not cfg.json_lines:
+            if rank == 0 and cfg.json_lines:
+                print(json.dumps({"checkpoint": str(path), "resumes_at_step": tr.num_steps}), flush=True)
+            elif rank == 0 and cfg.verbose:
                 print(f"checkpoint {path}", flush=True)
     evals = [tr.evaluate() for _ in range(cfg.eval_steps)]
     for k, ev in enumerate(evals):
