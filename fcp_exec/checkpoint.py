@@ -12,6 +12,8 @@ Layout of one checkpoint folder (``save_checkpoint(path, ...)``): the ``torch.di
 number of ranks too: ``torch.distributed.checkpoint`` reshards the model and optimizer, and a sampler state taken
 at a global-batch boundary loads into a sampler of another world size or cost model when the epoch's global batches
 are the same (:func:`fcp_data.sampler_state.check_state`); a rank the saving run did not have reads rank 0's state.
+Saving over a folder written by more ranks removes their sampler states (rank 0); loading checks that a rank's
+state and rank 0's are of the same save (files of two saves would let the ranks plan different global batches).
 A trainer of your own can call these two functions, or copy the few lines each of them is.
 """
 
@@ -52,6 +54,11 @@ def save_checkpoint(path: str | Path, step: int, model, optimizer, sampler, last
     model_sd, optim_sd = get_state_dict(model, optimizer)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))
     state = {"step": int(step), "sampler": sampler.state_after(last)}
+    if _rank() == 0:  # a folder saved before by more ranks: their states are not this checkpoint's
+        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        for old in path.glob("sampler-rank*.json"):
+            if old.stem[len("sampler-rank"):].isdigit() and int(old.stem[len("sampler-rank"):]) >= world:
+                old.unlink()
     tmp = _sampler_file(path, _rank()).with_suffix(".json.tmp")
     tmp.write_text(json.dumps(state))
     tmp.replace(_sampler_file(path, _rank()))  # whole or absent
@@ -98,5 +105,11 @@ def load_checkpoint(path: str | Path, model, optimizer, sampler) -> int:
         raise ValueError(f"checkpoint {path} does not fit this model and optimizer (another model or config?): "
                          f"{_first_line(e)}") from e
     own = _sampler_file(path, _rank())  # a rank the saving run did not have takes rank 0's (same position)
-    sampler.load_state_dict(json.loads((own if own.is_file() else _sampler_file(path, 0)).read_text())["sampler"])
+    saved = json.loads((own if own.is_file() else _sampler_file(path, 0)).read_text())
+    first = json.loads(_sampler_file(path, 0).read_text())
+    where = ("epoch", "global_batch", "micro_batch")
+    if saved.get("step") != step or [saved["sampler"].get(k) for k in where] != [first["sampler"].get(k) for k in where]:
+        raise ValueError(f"checkpoint {path}: {own.name} is at step {saved.get('step')} and another position than "
+                         f"sampler-rank0.json (step {step}): files of two different saves")
+    sampler.load_state_dict(saved["sampler"])
     return step

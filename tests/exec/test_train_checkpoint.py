@@ -9,7 +9,8 @@ with the same denominators and losses, and end with the same parameters (every r
 - on 1 and on 3 ranks (torch.distributed.checkpoint reshards the FSDP2 parameters and optimizer state; the sampler
   plans the same global batches for the new world), within 1e-9 relative in float64 (summation order only;
   measured: within 2.5e-16).
-A checkpoint of another model is one line from ``fcp train --resume``, not a traceback.
+A checkpoint of another model, or a folder mixing two saves' sampler states, is one line from ``fcp train --resume``,
+not a traceback or a hang.
 """
 
 from __future__ import annotations
@@ -79,3 +80,21 @@ def test_a_checkpoint_of_another_model_is_one_line(fsdp2_run, capsys):
     out, err = capsys.readouterr()
     assert rc == 2 and err.count("\n") == 1, err
     assert "does not fit this model and optimizer" in err and "Missing key in checkpoint state_dict" in err, err
+
+
+def test_sampler_files_of_two_saves_are_one_line(fsdp2_run, capsys, tmp_path):
+    """A checkpoint folder whose rank-1 sampler state comes from another save (files copied together by hand) would
+    let the ranks plan different global batches: one line naming the file, exit 2, instead of a hang."""
+    import shutil
+
+    from fcp_cli.main import main
+
+    _, ckpt, _ = fsdp2_run
+    mixed = tmp_path / "mixed"
+    shutil.copytree(ckpt / "step-2", mixed)
+    shutil.copy(ckpt / "step-4" / "sampler-rank1.json", mixed / "sampler-rank1.json")
+    rc = main(["train", "--reducer", "fsdp2", "--dtype", "float64", "--nproc", "2", "--steps", "5", "--num-workers", "2",
+               "--resume", str(mixed)])
+    out, err = capsys.readouterr()
+    assert rc == 2 and err.count("\n") == 1, err
+    assert "sampler-rank1.json is at step 4" in err and "files of two different saves" in err, err
