@@ -38,7 +38,7 @@ Every rank builds the same plan from ``(seed, epoch, lengths, config)`` with no 
   thread; cached per epoch, and batches already planned by an iterator are not planned again). Iteration
   itself never needs ``len()``.
 * **Position and resume**: :mod:`fcp_data.sampler_state` (the sampler is a cursor; ``state_dict()`` resumes
-  at the exact next list, strictly checked).
+  at the exact next list, strictly checked; at a global-batch boundary also under another world size).
 * **Prefetch.** The sampler plans ``prefetch`` global batches ahead of its current iterator, in the order
   they are yielded, on one daemon thread (``fcp-planner``) started at the iterator's first ``next()`` (after
   DataLoader workers have forked): :class:`fcp_data.prefetch.PlanWindow`, futures keyed by
@@ -56,8 +56,9 @@ Every rank builds the same plan from ``(seed, epoch, lengths, config)`` with no 
   The plans are the same either way: a plan depends only on ``(epoch, global batch)`` and the config.
 * **DataLoader.** ``batch_sampler`` is iterated in the main process, also with workers. A plain
   DataLoader with workers pulls ``prefetch_factor · num_workers`` lists ahead of the training loop, so
-  ``sampler.state_dict()`` is that far ahead of what was trained on (without workers it is exact): use
-  torchdata's ``StatefulDataLoader`` (it snapshots the sampler iterator per batch) for exact resume. A
+  ``sampler.state_dict()`` is that far ahead of what was trained on (without workers it is exact): checkpoint
+  ``sampler.state_after(last batch or train_step's result)`` (:mod:`fcp_exec.checkpoint` does), or use torchdata's
+  ``StatefulDataLoader`` (it snapshots the sampler iterator per batch). A
   DataLoader started after ``load_state_dict`` yields exactly the remaining lists, with or without workers.
   A DataLoader with ``persistent_workers`` (and any ``StatefulDataLoader``) keeps its last iterator — and
   so an idle planning thread — until its next ``iter()`` or its deletion.
@@ -370,8 +371,7 @@ class FCPSampler:
         return make_state(self, epoch, g, m)
 
     def state_dict(self) -> dict[str, Any]:
-        """The position (of the next list) and the config fingerprint, as plain JSON types. Behind a DataLoader
-        with workers, checkpoint :meth:`state_after` instead (they take lists ahead of the loop)."""
+        """The position of the next list and the config fingerprint (JSON types); checkpoints: :meth:`state_after`."""
         return self._state(*self._position)
 
     def state_after(self, last: Any) -> dict[str, Any]:
