@@ -80,12 +80,18 @@ def _lines(r: subprocess.CompletedProcess, head: str) -> list[str]:
     return [ln for ln in r.stdout.splitlines() if ln.startswith(head)]
 
 
-def test_video_example_runs_under_torchrun(tmp_path):
+def test_video_example_runs_and_resumes_under_torchrun(tmp_path):
     """The video example, copied as is, trains 2 steps under `torchrun --nproc-per-node 2` on CPU and prints finite
-    losses (its bundled-sample index goes to TMPDIR)."""
-    steps = _lines(_torchrun(tmp_path, "train_qwen2_5_vl_video.py", "--steps", "2"), "step ")
+    losses (its bundled-sample index goes to TMPDIR), with a checkpoint after each; resumed from the first, it prints
+    step 1 exactly as the run that never stopped (Qwen2.5-VL's vision tower and the sampler's visual layout
+    included)."""
+    ckpt = tmp_path / "ckpt"
+    steps = _lines(_torchrun(tmp_path, "train_qwen2_5_vl_video.py", "--steps", "2", "--checkpoint", str(ckpt),
+                             "--checkpoint-every", "1"), "step ")
     assert len(steps) == 2, steps
     _check_losses([float(ln.split(" loss ")[1].split()[0]) for ln in steps])
+    resumed = _torchrun(tmp_path, "train_qwen2_5_vl_video.py", "--steps", "2", "--resume", str(ckpt / "step-1"))
+    assert _lines(resumed, "step ") == steps[1:], (resumed.stdout, steps)
 
 
 def test_text_example_trains_validates_and_resumes_exactly(tmp_path):
