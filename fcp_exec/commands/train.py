@@ -37,7 +37,9 @@ examples:
   fcp train --model hf:examples/configs/qwen2_5_vl-tiny.json --nproc 2 --reducer fsdp2 --grad-checkpointing
   fcp train --model tiny-llm --nproc 3 --data synthetic --dtype float64 --max-tokens 160
   fcp index samples/text.jsonl --spec text --out idx && fcp train --data idx --nproc 2
-  torchrun --nproc-per-node 4 -m fcp_cli train --model hf:config.json --reducer fsdp2 --steps 10"""
+  torchrun --nproc-per-node 4 -m fcp_cli train --model hf:config.json --reducer fsdp2 --steps 10
+  fcp train --nproc 2 --steps 6 --checkpoint ckpt --checkpoint-every 2   # then, on any number of ranks:
+  fcp train --nproc 3 --steps 10 --resume ckpt/step-6"""
 
 _TINY = ("tiny-llm", "tiny-mllm")
 
