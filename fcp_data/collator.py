@@ -237,7 +237,8 @@ class FCPCollator:
             "max_seqlen": max(acc.padded_lens) // degree,
             "sample_indices": tuple(int(s.index) for _, s in batch),
             "skipped_samples": tuple(acc.skipped),
-            "num_skipped_labels": acc.skipped_labels if cp_rank == 0 and not self.sample_labels else 0,
+            "num_skipped_labels": sum(p for p, st in zip(acc.planned, acc.status) if st & SKIPPED)
+            if cp_rank == 0 and not self.sample_labels else 0,
             "read_status": tuple(acc.status),
             "planned_labels": tuple(acc.planned),
         }
@@ -310,7 +311,6 @@ class FCPCollator:
         tokens of its planned length (text positions, no pixels); recorded in the batch with the label tokens the
         sampler counted for it."""
         acc.skipped.append(skipped.record(slot))
-        acc.skipped_labels += self._planned_labels(slot)
         sample, status = skipped.skeleton, SKIPPED
         if sample is None:
             sample = {"input_ids": torch.full((int(slot.length),), self.pad_token_id, dtype=torch.long)}
@@ -370,7 +370,6 @@ class _Packed:
     kept_lens: list = field(default_factory=list)
     live: list = field(default_factory=list)  # per document: False where it failed to read (label-free pads)
     skipped: list = field(default_factory=list)  # their records
-    skipped_labels: int = 0  # label tokens the sampler counted for them
     status: list = field(default_factory=list)  # per document: read_status bits (fcp_data.read_errors)
     planned: list = field(default_factory=list)  # per document: label tokens num_tokens_global counts for it
     vis_global: list = field(default_factory=list)  # packed (padded, global) positions of kept visual tokens

@@ -106,7 +106,7 @@ def check_state(sampler: Any, state: dict[str, Any]) -> tuple[int, int, int]:
         raise TypeError(f"an FCPSampler state must be a dict (from FCPSampler.state_dict()), got "
                         f"{type(state).__name__}")
     where = "FCPSampler.load_state_dict"
-    version = check_int("version", state.get("version"), where) if "version" in state else None
+    version = check_int("version", state["version"], where) if "version" in state else None
     if version not in _KEYS:
         raise ValueError(f"FCPSampler state version {version} is not one of {sorted(_KEYS)}")
     if set(state) != _KEYS[version]:
@@ -122,11 +122,14 @@ def check_state(sampler: Any, state: dict[str, Any]) -> tuple[int, int, int]:
                          f"(epoch {e} has {num_g} global batches; a finished epoch is global batch {num_g}, "
                          "micro-batch 0): load a state saved by FCPSampler.state_dict() with this config")
     diffs = [k for k in mine if not _same(theirs[k], mine[k])]
-    if version >= 2 and state["batches"] != batches_digest(sampler, e) and not diffs:
+    same_batches = version >= 2 and state["batches"] == batches_digest(sampler, e)
+    if version >= 2 and not same_batches and not diffs:
         raise ValueError(f"the FCPSampler state's epoch {e} had other global batches than this sampler's with the "
                          "same configuration (a state edited by hand, or saved by an fcp version that ordered "
                          "epochs differently): resuming would skip or repeat samples")
-    if diffs and not _portable(sampler, state, version, e, m, diffs):
+    # another planning config (world size, rank, cost model, solver) resumes at a global-batch boundary when the
+    # data and the epoch's global batches are the same
+    if diffs and not (same_batches and m == 0 and not any(k in _DATA_KEYS for k in diffs)):
         listed = "; ".join(f"{k}: saved {theirs[k]!r}, this sampler {mine[k]!r}" for k in diffs)
         raise ValueError("the FCPSampler state was saved with a different configuration — " + listed + ". Resume with "
                          "the same seed, data and batch size; a state at a global-batch boundary (state_after) also "
@@ -135,13 +138,6 @@ def check_state(sampler: Any, state: dict[str, Any]) -> tuple[int, int, int]:
         logger.info("fcp: resuming at epoch %d, global batch %d under a new %s (the epoch's global batches are the "
                     "same)", e, g, ", ".join(diffs))
     return e, g, m
-
-
-def _portable(sampler: Any, state: dict[str, Any], version: int, e: int, m: int, diffs: list[str]) -> bool:
-    """A state saved under another planning config resumes here: at a global-batch boundary, same data, same
-    global batches in its epoch."""
-    return (version >= 2 and m == 0 and not any(k in _DATA_KEYS for k in diffs)
-            and isinstance(state["batches"], str) and state["batches"] == batches_digest(sampler, e))
 
 
 def state_after(sampler: Any, last: Any) -> dict[str, Any]:

@@ -57,7 +57,8 @@ def save_checkpoint(path: str | Path, step: int, model, optimizer, sampler, last
     if _rank() == 0:  # a folder saved before by more ranks: their states are not this checkpoint's
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         for old in path.glob("sampler-rank*.json"):
-            if old.stem[len("sampler-rank"):].isdigit() and int(old.stem[len("sampler-rank"):]) >= world:
+            r = old.stem.removeprefix("sampler-rank")
+            if r.isdigit() and int(r) >= world:
                 old.unlink()
     tmp = _sampler_file(path, _rank()).with_suffix(".json.tmp")
     tmp.write_text(json.dumps(state))
@@ -67,10 +68,9 @@ def save_checkpoint(path: str | Path, step: int, model, optimizer, sampler, last
     return path
 
 
-def checkpoint_step(path: str | Path, rank: int = 0) -> int:
-    """The step a checkpoint folder was saved at; a clear error when ``path`` is not one (a one-line message for
-    ``fcp train --resume``)."""
-    path = Path(path)
+def _saved(path: Path, rank: int = 0) -> dict:
+    """``sampler-rank{rank}.json`` of checkpoint ``path`` (``{"step", "sampler"}``); a clear error when ``path`` is
+    not a complete checkpoint (a one-line message for ``fcp train --resume``)."""
     f = _sampler_file(path, rank)
     if not path.is_dir():
         raise FileNotFoundError(f"checkpoint {path} is not a folder (give DIR/step-K as written by --checkpoint)")
@@ -82,9 +82,16 @@ def checkpoint_step(path: str | Path, rank: int = 0) -> int:
                                 "(saved on fewer ranks, or interrupted while saving)")
     try:
         saved = json.loads(f.read_text())
-        return int(saved["step"])
+        saved["step"] = int(saved["step"])
+        return saved
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"checkpoint {f} is not a sampler state written by save_checkpoint ({e})") from None
+
+
+def checkpoint_step(path: str | Path, rank: int = 0) -> int:
+    """The step a checkpoint folder was saved at (from rank ``rank``'s sampler state); a clear error when ``path``
+    is not a complete checkpoint."""
+    return _saved(Path(path), rank)["step"]
 
 
 def load_checkpoint(path: str | Path, model, optimizer, sampler) -> int:
@@ -95,7 +102,7 @@ def load_checkpoint(path: str | Path, model, optimizer, sampler) -> int:
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     path = Path(path)
-    step = checkpoint_step(path)  # rank 0's file: every checkpoint has it
+    first = _saved(path)  # rank 0's sampler state: every checkpoint has it
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd}
     try:
@@ -105,11 +112,10 @@ def load_checkpoint(path: str | Path, model, optimizer, sampler) -> int:
         raise ValueError(f"checkpoint {path} does not fit this model and optimizer (another model or config?): "
                          f"{_first_line(e)}") from e
     own = _sampler_file(path, _rank())  # a rank the saving run did not have takes rank 0's (same position)
-    saved = json.loads((own if own.is_file() else _sampler_file(path, 0)).read_text())
-    first = json.loads(_sampler_file(path, 0).read_text())
+    saved = _saved(path, _rank()) if own.is_file() else first
     where = ("epoch", "global_batch", "micro_batch")
-    if saved.get("step") != step or [saved["sampler"].get(k) for k in where] != [first["sampler"].get(k) for k in where]:
-        raise ValueError(f"checkpoint {path}: {own.name} is at step {saved.get('step')} and another position than "
-                         f"sampler-rank0.json (step {step}): files of two different saves")
+    if saved["step"] != first["step"] or [saved["sampler"].get(k) for k in where] != [first["sampler"].get(k) for k in where]:
+        raise ValueError(f"checkpoint {path}: {own.name} is at step {saved['step']} and another position than "
+                         f"sampler-rank0.json (step {first['step']}): files of two different saves")
     sampler.load_state_dict(saved["sampler"])
-    return step
+    return first["step"]
