@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-__all__ = ["SyntheticHFDocs", "check_data_fits", "patch_dim", "reference_step", "special_ids"]
+__all__ = ["SyntheticHFDocs", "check_data_fits", "patch_dim", "reference_loss", "reference_step", "special_ids"]
 
 _LAYOUTS = (
     (),
@@ -191,11 +191,9 @@ def _doc_forward(model: nn.Module, sample: dict, is_vl: bool) -> torch.Tensor:
     return model(input_ids=ids[None], use_cache=False, **kw).logits[0]
 
 
-def reference_step(model: nn.Module, samples: Sequence[dict], *, ignore_ids: Sequence[int] = ()) -> tuple[float, int]:
-    """Forward/backward the stock ``model`` on every sample of one global batch (module docstring); gradients
-    accumulate in ``.grad``. A sample's own ``labels`` (HF convention: aligned with ``input_ids``, -100 where no loss
-    is wanted) replace ``input_ids`` as targets. Returns ``(loss, label tokens)``."""
-    is_vl = hasattr(model.config, "vision_config")
+def _reference_labels(samples: Sequence[dict], ignore_ids: Sequence[int]) -> tuple[list[torch.Tensor], int]:
+    """Each sample's shifted targets (its own ``labels`` if it has them, else ``input_ids``; ``ignore_ids`` -100)
+    and their label-token count over all samples."""
     ignore = torch.tensor(list(ignore_ids), dtype=torch.long)
     labels_all = []
     for s in samples:
@@ -204,7 +202,15 @@ def reference_step(model: nn.Module, samples: Sequence[dict], *, ignore_ids: Seq
         if ignore.numel():
             lab[torch.isin(ids[1:], ignore)] = -100
         labels_all.append(lab)
-    num = int(sum(int((lab != -100).sum()) for lab in labels_all))
+    return labels_all, int(sum(int((lab != -100).sum()) for lab in labels_all))
+
+
+def reference_step(model: nn.Module, samples: Sequence[dict], *, ignore_ids: Sequence[int] = ()) -> tuple[float, int]:
+    """Forward/backward the stock ``model`` on every sample of one global batch (module docstring); gradients
+    accumulate in ``.grad``. A sample's own ``labels`` (HF convention: aligned with ``input_ids``, -100 where no loss
+    is wanted) replace ``input_ids`` as targets. Returns ``(loss, label tokens)``."""
+    is_vl = hasattr(model.config, "vision_config")
+    labels_all, num = _reference_labels(samples, ignore_ids)
     total = 0.0
     for s, lab in zip(samples, labels_all):
         logits = _doc_forward(model, s, is_vl)
@@ -212,3 +218,14 @@ def reference_step(model: nn.Module, samples: Sequence[dict], *, ignore_ids: Seq
         loss.backward()
         total += float(loss.detach())
     return total, num
+
+
+def reference_loss(model: nn.Module, samples: Sequence[dict], *, ignore_ids: Sequence[int] = ()) -> tuple[torch.Tensor, int]:
+    """:func:`reference_step`'s loss as one differentiable tensor (no backward; every document's graph is kept until
+    the caller's backward): what a stock ``transformers.Trainer``'s ``compute_loss`` returns for one global batch in
+    the single-process reference of ``FCPTrainer``. Returns ``(loss, label tokens)``."""
+    is_vl = hasattr(model.config, "vision_config")
+    labels_all, num = _reference_labels(samples, ignore_ids)
+    loss = sum(F.cross_entropy(_doc_forward(model, s, is_vl)[:-1], lab, ignore_index=-100, reduction="sum")
+               for s, lab in zip(samples, labels_all))
+    return loss / max(num, 1), num

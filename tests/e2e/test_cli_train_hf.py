@@ -112,3 +112,19 @@ def test_text_example_trains_validates_and_resumes_exactly(tmp_path):
     assert sorted(p.name for p in ckpt.iterdir()) == ["step-2", "step-4"]
     resumed = _torchrun(tmp_path, "train_qwen3_text.py", *common, "--resume", str(ckpt / "step-2"), "--eval-batches", "0")
     assert _lines(resumed, "step ") == steps[2:], (resumed.stdout, steps)
+
+
+def test_trainer_example_trains_and_resumes_under_torchrun(tmp_path):
+    """The Hugging Face Trainer example (FCPTrainer) under torchrun: 4 steps with the Trainer's own checkpoints every
+    2, finite losses, one validation batch; resumed from checkpoint-2 it prints steps 2 and 3 exactly as the run that
+    never stopped (the Trainer restores model, optimizer and schedule; FCPTrainer moves the sampler to global batch 2)."""
+    out = tmp_path / "out"
+    first = _torchrun(tmp_path, "train_hf_trainer.py", "--max-steps", "4", "--save-steps", "2", "--output-dir", str(out))
+    steps = _lines(first, "step ")
+    assert [ln.split()[1] for ln in steps] == ["0", "1", "2", "3"], first.stdout
+    _check_losses([float(ln.split(" loss ")[1].split()[0]) for ln in steps])
+    assert len(_lines(first, "eval loss ")) == 1, first.stdout
+    assert (out / "checkpoint-2").is_dir() and (out / "checkpoint-4").is_dir()
+    resumed = _torchrun(tmp_path, "train_hf_trainer.py", "--max-steps", "4", "--resume", str(out / "checkpoint-2"),
+                        "--output-dir", str(tmp_path / "out2"), "--eval-batches", "0")
+    assert _lines(resumed, "step ") == steps[2:], (resumed.stdout, steps)

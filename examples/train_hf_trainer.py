@@ -1,0 +1,92 @@
+"""Train with the Hugging Face Trainer and FCP: your Trainer script with ``Trainer`` replaced by ``FCPTrainer``.
+
+    torchrun --standalone --nproc-per-node 2 examples/train_hf_trainer.py --max-steps 4
+    torchrun --nproc-per-node 8 examples/train_hf_trainer.py --config qwen3/config.json --data my-index \
+        --cost cost.json --bf16            # index: `fcp index corpus.jsonl --spec text --out my-index`
+    Resume: `--save-steps N` writes OUTPUT/checkpoint-K (the Trainer's own checkpoints), `--resume OUTPUT/checkpoint-K`
+    continues at global batch K (the sampler moves there; the same data and losses as the run that never stopped).
+
+One optimizer step is one FCP global batch (``--global-batch-size`` sequences): the sampler plans each of its
+micro-batches into CP groups, ring attention runs inside each group, idle ranks run a zero-weighted dummy, and the
+gradients are summed once per step by the DDP model Accelerate builds. The optimizer, schedule, clipping, logging
+and checkpoints are the Trainer's. The model is randomly initialised from a config.json (use ``from_pretrained``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from pathlib import Path
+
+import torch.distributed as dist
+from transformers import TrainingArguments
+
+from fcp_data import CostModel, IndexedDataset
+from fcp_exec.integrations.hf import build_model, load_config
+from fcp_exec.integrations.hf_data import check_data_fits
+from fcp_exec.integrations.hf_trainer import FCPTrainer
+from fcp_exec.launch import init_distributed
+
+
+def bundled_index(rank: int) -> Path:
+    """The package's sample text, indexed once by rank 0 (what `fcp index samples/text.jsonl --spec text` does)."""
+    from fcp_data import bundled_path
+    from fcp_data.index import build_index
+
+    out = Path(tempfile.gettempdir()) / f"fcp-example-{os.getuid()}" / "text"
+    if rank == 0 and not (out / "manifest.json").exists():
+        build_index([str(bundled_path("samples") / "text.jsonl")], "text", out, progress=False)
+    dist.barrier()
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--config", default=str(Path(__file__).parent / "configs" / "qwen3-tiny.json"),
+                   help="a transformers config.json of a qwen3 or llama model (default: a tiny Qwen3)")
+    p.add_argument("--data", default=None, help="a text length index (default: the bundled text samples)")
+    p.add_argument("--cost", default=None, help="cost-model JSON from `fcp profile` (default: the qwen3-1.7b/h100 preset)")
+    p.add_argument("--tokens-per-rank", type=int, default=1024, help="memory budget per rank; longer documents are cut")
+    p.add_argument("--global-batch-size", type=int, default=8, help="sequences per optimizer step")
+    p.add_argument("--max-steps", type=int, default=4)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast (on a GPU or NPU)")
+    p.add_argument("--output-dir", default=None, help="the Trainer's output_dir (default: a temporary folder)")
+    p.add_argument("--save-steps", type=int, default=0, help="save a checkpoint every N steps (0: never)")
+    p.add_argument("--resume", default=None, help="a checkpoint folder (OUTPUT/checkpoint-K) to continue from")
+    p.add_argument("--eval-batches", type=int, default=1, help="global batches of validation after training")
+    args = p.parse_args()
+
+    device = init_distributed()  # the process group first (NCCL/HCCL/gloo by device): Accelerate joins it
+    rank = dist.get_rank()
+    data = IndexedDataset(args.data or bundled_index(rank))
+    config = load_config(args.config)
+    check_data_fits(config, vocab_size=data.spec.tokenizer().get_vocab_size(), what="the index")
+    cost = CostModel.load(args.cost) if args.cost else CostModel.preset("qwen3-1.7b", "h100")
+
+    targs = TrainingArguments(
+        output_dir=args.output_dir or tempfile.mkdtemp(prefix="fcp-trainer-"), max_steps=args.max_steps,
+        learning_rate=args.lr, logging_steps=1, report_to=[], seed=0, bf16=args.bf16,
+        use_cpu=device.type == "cpu", save_strategy="steps" if args.save_steps else "no",
+        save_steps=args.save_steps or 500, disable_tqdm=True)
+    trainer = FCPTrainer(model=build_model(config, seed=0), args=targs, train_dataset=data, eval_dataset=data,
+                         cost_model=cost.replace(tokens_per_rank=args.tokens_per_rank),
+                         global_batch_size=args.global_batch_size, sampler_kwargs={"on_overlong": "truncate"},
+                         eval_batches=args.eval_batches)
+    trainer.train(resume_from_checkpoint=args.resume)
+
+    first = trainer.state.global_step - len(trainer.fcp_steps)
+    for k, res in enumerate(trainer.fcp_steps, start=first):  # trainer.fcp_steps: this run's StepResults
+        if rank == 0:
+            print(f"step {k} loss {res.loss:.6f} tokens {res.num_tokens} micro-batches {len(res.groups)} "
+                  f"idle on rank 0: {res.num_idle}", flush=True)
+    if args.eval_batches:
+        metrics = trainer.evaluate()
+        if rank == 0:
+            print(f"eval loss {metrics['eval_loss']:.4f} tokens {metrics['eval_num_tokens']}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

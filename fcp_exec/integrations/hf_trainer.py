@@ -1,0 +1,286 @@
+"""``FCPTrainer``: a ``transformers.Trainer`` whose optimizer step trains one FCP global batch.
+
+For users whose trainer *is* the Hugging Face ``Trainer`` (TRL's ``SFTTrainer`` and most fine-tuning recipes derive
+from it): replace ``Trainer`` by ``FCPTrainer``, give it an fcp length index as ``train_dataset`` and a cost model,
+and launch with ``torchrun`` as before::
+
+    from fcp_data import CostModel, IndexedDataset
+    from fcp_exec.integrations.hf_trainer import FCPTrainer
+
+    trainer = FCPTrainer(model=model, args=TrainingArguments(..., per_device_train_batch_size=4),
+                         train_dataset=IndexedDataset("my-index"), cost_model=CostModel.load("cost.json"))
+    trainer.train()
+
+What changes inside the stock loop (everything else — optimizer and its weight-decay groups, learning-rate
+schedule, gradient clipping, logging, callbacks, ``save_steps`` checkpoints, ``resume_from_checkpoint`` — is the
+Trainer's own):
+
+* **Data.** :meth:`FCPTrainer.get_train_dataloader` builds ``FCPSampler`` → ``FCPDataset`` → the model's collator
+  (``hf_collator`` for Qwen-VL) in a ``DataLoader`` (``dataloader_num_workers``), and groups its micro-batches
+  per global batch (:class:`GlobalBatchLoader`): one Trainer step is one global batch of ``global_batch_size``
+  sequences (default ``per_device_train_batch_size`` × world size, the number the stock Trainer would put in one
+  step), split into as many micro-batches as the planner needs. The sampler's seed is ``args.seed``.
+* **Step.** :meth:`FCPTrainer.training_step` runs :func:`fcp_exec.step.train_step` over the global batch: ring
+  attention inside each micro-batch's CP group, idle ranks on a zero-weighted dummy, gradients synchronised once,
+  in the last micro-batch's backward, as a SUM (the loss is Σ CE / the global batch's label tokens, so the sum is
+  the single-process mean). The model Accelerate wrapped decides how: ``DistributedDataParallel`` (a SUM comm hook
+  replaces its mean), FSDP2 (``fsdp_config={"fsdp_version": 2}``: divide factor 1 on every sharded module), or
+  none (one process). It returns the global batch's mean loss, the same on every rank, which the Trainer logs.
+  ``trainer.fcp_steps`` keeps every step's :class:`~fcp_exec.step.StepResult` (loss, denominator, CP groups, idle
+  micro-batches, skipped samples).
+* **Resume.** ``trainer.train(resume_from_checkpoint=...)`` continues at the checkpoint's global batch by moving the
+  sampler there (no batch is read to skip it).
+* **Evaluation.** :meth:`FCPTrainer.evaluate` runs :func:`fcp_exec.step.eval_step` over the evaluation index
+  (its own sampler, seed ``args.seed + 1``) and reports ``eval_loss``: the mean over all evaluated label tokens.
+
+``ddp_find_unused_parameters`` left at None becomes False (the Trainer would pick True): every rank runs every
+micro-batch through the whole model, the vision tower included, so no parameter goes unused.
+
+Refused with one clear error (not silently changed): ``gradient_accumulation_steps`` > 1 (the global batch is the
+accumulation; set ``global_batch_size``), ``fp16`` (no loss scaler on this path; use ``bf16``), DeepSpeed and FSDP1,
+``model_init``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from fcp_exec.integrations.hf import VL_MODEL_TYPES, apply_fcp, fcp_loss, model_type_of, unwrap
+from fcp_exec.step import AllReduceReducer, DDPReducer, FSDP2Reducer, StepResult, eval_step, train_step
+
+try:
+    from transformers import Trainer
+except ImportError as e:  # pragma: no cover - the hf extra is not installed
+    raise ImportError("fcp_exec.integrations.hf_trainer needs transformers and accelerate: "
+                      "pip install 'fcp[hf]'") from e
+
+__all__ = ["FCPTrainer", "GlobalBatch", "GlobalBatchLoader"]
+
+
+class GlobalBatch(list):
+    """This rank's micro-batches (collator dicts, in order) of one global batch: one Trainer step."""
+
+    @property
+    def epoch(self) -> int:
+        return int(self[0]["epoch"])
+
+    @property
+    def global_batch(self) -> int:
+        return int(self[0]["global_batch"])
+
+
+class GlobalBatchLoader:
+    """A ``DataLoader`` over an ``FCPSampler`` whose items are whole global batches (:class:`GlobalBatch`).
+
+    ``len()`` is the number of global batches per epoch (the Trainer's steps per epoch); ``set_epoch`` selects the
+    sampler's epoch (a position moved by :meth:`skip_to` in that epoch survives it); each ``iter()`` yields the
+    rest of the sampler's epoch from where it stands."""
+
+    def __init__(self, loader: DataLoader, sampler: Any) -> None:
+        self.loader, self.sampler = loader, sampler
+        self.dataset = loader.dataset
+
+    def __len__(self) -> int:
+        return self.sampler.num_global_batches()
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def skip_to(self, epoch: int, global_batch: int) -> "GlobalBatchLoader":
+        """Start the next iteration at ``global_batch`` of ``epoch`` (global batches before it are not read)."""
+        if global_batch > 0:
+            last = SimpleNamespace(epoch=epoch, global_batch=global_batch - 1)
+            self.sampler.load_state_dict(self.sampler.state_after(last))
+        else:
+            self.sampler.set_epoch(epoch)
+        return self
+
+    def __iter__(self):
+        current = GlobalBatch()
+        for mb in self.loader:
+            current.append(mb)
+            if int(mb["micro_batch"]) == int(mb["num_micro_batches"]) - 1:
+                yield current
+                current = GlobalBatch()
+        if current:  # the sampler never ends an epoch inside a global batch
+            raise RuntimeError(f"the loader ended inside global batch {current.global_batch} "
+                               f"({len(current)} of {current[0]['num_micro_batches']} micro-batches)")
+
+
+class FCPTrainer(Trainer):
+    """``transformers.Trainer`` training on FCP global batches (module docstring).
+
+    ``train_dataset`` / ``eval_dataset``: an ``fcp_data.IndexedDataset`` (its index gives the sampler the lengths
+    and, for Qwen-VL, the visual layout), or any map-style dataset of tokenized samples together with
+    ``train_lengths`` / ``eval_lengths`` (token count per sample). ``cost_model``: an ``fcp_data.CostModel``
+    (``fcp profile``; required). ``global_batch_size``: sequences per optimizer step (default
+    ``per_device_train_batch_size`` × world size). ``sampler_kwargs``: more ``FCPSampler`` options
+    (``on_overlong``, ``solver``, ``micro_batches``, ``visual_layout`` ...); ``collator_kwargs``: more collator
+    options (``sample_labels`` defaults to the dataset's ``has_labels``); ``dataset_kwargs``: ``FCPDataset`` options
+    (``on_error``, ``errors_path``); ``pad_token_id``: default the dataset's, else the model config's (else 0).
+    ``eval_batches``: evaluate this many global batches (default: the whole evaluation set). Other arguments are
+    the Trainer's."""
+
+    def __init__(self, model: nn.Module | None = None, args: Any = None, *, cost_model: Any = None,
+                 global_batch_size: int | None = None, train_lengths: Any = None, eval_lengths: Any = None,
+                 sampler_kwargs: dict | None = None, collator_kwargs: dict | None = None,
+                 dataset_kwargs: dict | None = None, pad_token_id: int | None = None, eval_batches: int | None = None,
+                 **kwargs: Any) -> None:
+        if model is None or kwargs.get("model_init") is not None:
+            raise ValueError("FCPTrainer needs model= (model_init is not supported: apply_fcp must see the model "
+                             "before Accelerate wraps it)")
+        if cost_model is None:
+            raise ValueError("FCPTrainer needs cost_model= (fcp_data.CostModel.load('cost.json') from `fcp profile`, "
+                             "or CostModel.preset(model, hardware))")
+        if getattr(model, "_fcp_state", None) is None:
+            apply_fcp(model)
+        if args is not None and getattr(args, "ddp_find_unused_parameters", False) is None:
+            args.ddp_find_unused_parameters = False  # every parameter gets a gradient: idle ranks run the dummy
+        super().__init__(model=model, args=args, **kwargs)
+        self._check_fcp_args()
+        world = max(int(self.args.world_size), 1)
+        self.fcp_global_batch_size = int(global_batch_size or self.args.per_device_train_batch_size * world)
+        self.fcp_cost_model, self.fcp_eval_batches = cost_model, eval_batches
+        self._lengths = {"train": train_lengths, "eval": eval_lengths}
+        self._sampler_kwargs, self._collator_kwargs = dict(sampler_kwargs or {}), dict(collator_kwargs or {})
+        self._dataset_kwargs, self._pad = dict(dataset_kwargs or {}), pad_token_id
+        self._reducers: dict[int, Any] = {}
+        self._pads = {"train": 0, "eval": 0}
+        self.fcp_steps: list[StepResult] = []
+
+    def _check_fcp_args(self) -> None:
+        a = self.args
+        if a.gradient_accumulation_steps != 1:
+            raise ValueError(f"FCPTrainer: gradient_accumulation_steps must be 1, got {a.gradient_accumulation_steps}: "
+                             "one optimizer step trains one FCP global batch, split into as many micro-batches as "
+                             "memory needs; set FCPTrainer(global_batch_size=...) instead")
+        if a.fp16:
+            raise ValueError("FCPTrainer: fp16 is not supported (train_step has no loss scaler); use bf16=True")
+        if self.is_deepspeed_enabled:
+            raise ValueError("FCPTrainer: DeepSpeed is not supported; use DDP (the default) or FSDP2 "
+                             "(fsdp='full_shard', fsdp_config={'fsdp_version': 2})")
+        if self.is_fsdp_enabled and getattr(self.accelerator.state.fsdp_plugin, "fsdp_version", 1) != 2:
+            raise ValueError("FCPTrainer: FSDP1 is not supported; set fsdp_config={'fsdp_version': 2}")
+        if a.fsdp and not self.is_fsdp_enabled:  # Accelerate enables FSDP on GPU/NPU/XPU/... processes only
+            warnings.warn(f"FCPTrainer: fsdp was requested but Accelerate did not enable it for "
+                          f"{self.accelerator.state.distributed_type} (it does on accelerators, not on CPU): the model "
+                          "trains with DistributedDataParallel, unsharded", stacklevel=3)
+
+    # ------------------------------------------------------------------------------------------------- data
+    def _pad_id(self, data: Any) -> int:
+        if self._pad is not None:
+            return int(self._pad)
+        pad = getattr(data, "pad_token_id", None)
+        if pad is None:
+            cfg = unwrap(self.model).config
+            cfg = getattr(cfg, "text_config", cfg)
+            pad = cfg.pad_token_id if cfg.pad_token_id is not None else 0
+        return int(pad)
+
+    def _fcp_loader(self, data: Any, which: str, seed: int) -> GlobalBatchLoader:
+        from fcp_data import FCPCollator, FCPDataset, FCPSampler
+
+        lengths = self._lengths[which]
+        if lengths is None and not hasattr(data, "index"):
+            raise ValueError(f"FCPTrainer: the {which} dataset ({type(data).__name__}) has no fcp length index; pass an "
+                             f"fcp_data.IndexedDataset (`fcp index ... --out DIR`) or {which}_lengths=[tokens per sample]")
+        sampler = FCPSampler(data if lengths is None else lengths, cost_model=self.fcp_cost_model,
+                             global_batch_size=self.fcp_global_batch_size, seed=seed,
+                             **self._sampler_kwargs)
+        ckw = dict(self._collator_kwargs)
+        ckw.setdefault("sample_labels", bool(getattr(data, "has_labels", False)))
+        ckw.setdefault("pad_token_id", self._pad_id(data))
+        self._pads[which] = int(ckw["pad_token_id"])  # the idle ranks' dummy documents
+        inner = unwrap(self.model)
+        if model_type_of(inner) in VL_MODEL_TYPES:
+            from fcp_exec.integrations.hf_positions import hf_collator
+
+            collate = hf_collator(inner.config, **ckw)
+        else:
+            collate = FCPCollator(**ckw)
+        workers = int(self.args.dataloader_num_workers)
+        loader = DataLoader(FCPDataset(data, **self._dataset_kwargs), batch_sampler=sampler, collate_fn=collate,
+                            num_workers=workers, persistent_workers=workers > 0 and self.args.dataloader_persistent_workers,
+                            pin_memory=bool(self.args.dataloader_pin_memory) and torch.cuda.is_available())
+        return GlobalBatchLoader(loader, sampler)
+
+    def get_train_dataloader(self) -> GlobalBatchLoader:
+        if self.train_dataset is None:
+            raise ValueError("FCPTrainer: training requires a train_dataset")
+        return self._fcp_loader(self.train_dataset, "train", int(self.args.seed))
+
+    def get_resumed_dataloader(self, dataloader: GlobalBatchLoader, num_batches: int) -> GlobalBatchLoader:
+        """Resume at the checkpoint's global batch: the sampler moves there (nothing is read to skip batches)."""
+        per_epoch = max(len(dataloader), 1)
+        return dataloader.skip_to(int(self.state.global_step) // per_epoch, num_batches)
+
+    # ------------------------------------------------------------------------------------------------- step
+    def _reducer(self, model: nn.Module):
+        """The fcp reducer for the model Accelerate prepared (one per wrapped model: DDP's comm hook is set once)."""
+        key = id(model)
+        if key not in self._reducers:
+            from torch.nn.parallel import DistributedDataParallel
+
+            from fcp_exec.step import _fsdp_modules
+
+            if isinstance(model, DistributedDataParallel):
+                self._reducers[key] = DDPReducer(model)
+            elif _fsdp_modules(model):
+                self._reducers[key] = FSDP2Reducer(model)
+            else:
+                self._reducers[key] = AllReduceReducer()
+        return self._reducers[key]
+
+    def training_step(self, model: nn.Module, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:
+        """Every micro-batch of one global batch (:func:`fcp_exec.step.train_step`); the global mean loss."""
+        if not isinstance(inputs, GlobalBatch):
+            raise TypeError(f"FCPTrainer.training_step takes a GlobalBatch from its own loader, got "
+                            f"{type(inputs).__name__}; do not override get_train_dataloader with a plain loader")
+        model.train()
+        with self.compute_loss_context_manager():
+            res = train_step(model, inputs, fcp_loss, self._reducer(model), pad_token_id=self._pads["train"])
+        self.fcp_steps.append(res)
+        return torch.tensor(res.loss, device=self.args.device)
+
+    def floating_point_ops(self, inputs: Any) -> int:
+        if isinstance(inputs, GlobalBatch):
+            return sum(super(FCPTrainer, self).floating_point_ops(mb) for mb in inputs if mb.get("ranks"))
+        return super().floating_point_ops(inputs)
+
+    def _track_num_input_tokens(self, inputs: Any) -> None:
+        if self.args.include_num_input_tokens_seen == "no" or not isinstance(inputs, GlobalBatch):
+            return
+        local = sum(int(mb["input_ids"].numel()) for mb in inputs if mb.get("ranks"))
+        tokens = torch.as_tensor(local, device=self.args.device, dtype=torch.int64)
+        self.state.num_input_tokens_seen += self.accelerator.gather(tokens).sum().item()
+
+    # ------------------------------------------------------------------------------------------- evaluation
+    def evaluate(self, eval_dataset: Any = None, ignore_keys: Any = None, metric_key_prefix: str = "eval") -> dict:
+        """``{prefix}_loss``: the mean loss over every label token of the evaluated global batches (each one
+        :func:`fcp_exec.step.eval_step`: forwards only, every rank in lock-step), and ``{prefix}_num_tokens``."""
+        data = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if data is None:
+            raise ValueError("FCPTrainer: evaluation requires an eval_dataset")
+        loader = self._fcp_loader(data, "eval", int(self.args.seed) + 1)
+        count = len(loader) if self.fcp_eval_batches is None else min(self.fcp_eval_batches, len(loader))
+        model = self.model_wrapped if self.model_wrapped is not None else self.model
+        was_training = model.training
+        model.eval()
+        total, tokens = 0.0, 0
+        try:
+            for k, batch in zip(range(count), loader):
+                with self.compute_loss_context_manager():
+                    res = eval_step(model, batch, fcp_loss, pad_token_id=self._pads["eval"])
+                total, tokens = total + res.loss * res.num_tokens, tokens + res.num_tokens
+        finally:
+            model.train(was_training)
+        metrics = {f"{metric_key_prefix}_loss": total / max(tokens, 1), f"{metric_key_prefix}_num_tokens": tokens}
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        return metrics

@@ -1,0 +1,274 @@
+"""``FCPTrainer`` (a ``transformers.Trainer``) on 2 real gloo processes equals the stock ``Trainer`` in one process.
+
+Reference: a stock ``transformers.Trainer``, one process, on the stock model (``sdpa``, one document per forward,
+float64), stepping over the same global batches in the same order (its dataset yields whole global batches; its
+``compute_loss`` is :func:`fcp_exec.integrations.hf_data.reference_loss`: Σ token losses / the batch's label tokens)
+— the optimizer with the Trainer's weight-decay groups, the linear schedule with warm-up, gradient clipping (set
+low enough that it clips) and the loop are the Trainer's own on both sides. FCPTrainer runs the same arguments on 2
+processes: Accelerate's DDP (FSDP2 through Accelerate cannot run here: Accelerate enables FSDP only for accelerator
+processes, and on CPU it falls back to DDP, which FCPTrainer reports with a warning), its own loader (FCPSampler →
+collator, global batches of 3 sequences over 12 documents: 4 steps per epoch, 6 steps cross into epoch 1; Qwen3,
+Qwen3 on the samples' own SFT labels, and Qwen2.5-VL with images and videos).
+
+Asserted: every step's loss and every logged gradient norm within 1e-12 relative, the final parameters within 1e-12
+of the largest parameter entry (float64: summation order only; measured: losses within 2.5e-16, parameters within
+2.2e-16 for Qwen3 and 1.7e-14 for Qwen2.5-VL), identical on both ranks; the
+evaluation loss over the token-weighted global batches of a second sampler (seed + 1) within 1e-12; a run resumed
+from the step-2 checkpoint (Trainer's own ``save_steps``) trains steps 2–5 exactly as the run that never stopped.
+A failure means a user's Trainer script with FCPTrainer trains another model than the same script without it.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+from fcp_exec.launch import launch  # noqa: E402
+
+CONFIGS = Path(__file__).resolve().parents[2] / "examples" / "configs"
+GBS, NUM_DOCS, STEPS, TOKENS_PER_RANK, MAX_TOKENS = 3, 12, 6, 40, 80
+TOL = 1e-12
+ARGS = dict(max_steps=STEPS, learning_rate=1e-2, weight_decay=0.01, warmup_steps=2, max_grad_norm=0.5, seed=0,
+            logging_steps=1, report_to=[], use_cpu=True, save_strategy="no", disable_tqdm=True,
+            dataloader_num_workers=0, remove_unused_columns=False)
+
+
+@functools.lru_cache(maxsize=None)
+def _data(family: str, sft: bool = False):
+    """``(config, TrainData)``: the synthetic documents; ``sft``: each carries labels that mask a random prompt."""
+    from fcp_exec.integrations.hf import load_config
+    from fcp_exec.train_data import load_train_data
+
+    config = load_config(CONFIGS / f"{family}-tiny.json")
+    return config, load_train_data(f"hf:{family}", "synthetic", max_tokens=MAX_TOKENS, seed=0,
+                                   num_synthetic=NUM_DOCS, hf_config=config, prompt_mask=sft)
+
+
+def _cost(tokens_per_rank: int = TOKENS_PER_RANK):
+    from fcp_data import CostModel
+
+    return CostModel.preset("qwen3-1.7b", "h100").replace(tokens_per_rank=tokens_per_rank)
+
+
+def _ignore_ids(config) -> tuple[int, ...]:
+    from fcp_exec.integrations.hf_data import special_ids
+
+    if not hasattr(config, "vision_config"):
+        return ()
+    ids = special_ids(config)
+    return ids["image"], ids["video"]
+
+
+def _norms(trainer) -> list[float]:
+    """The gradient norm (before clipping, float64) of every logged training step (logging_steps=1). The logged
+    losses are not used: the Trainer sums them in a float32 tensor."""
+    return [float(h["grad_norm"]) for h in trainer.state.log_history if "grad_norm" in h]
+
+
+def _params(model) -> dict[str, np.ndarray]:
+    from torch.distributed.tensor import DTensor
+
+    out = {}
+    for n, p in model.named_parameters():
+        t = p.detach()
+        if isinstance(t, DTensor):
+            t = t.full_tensor()
+        out[n.removeprefix("module.")] = t.double().numpy().copy()
+    return out
+
+
+def _fcp_run(family: str, out: str, resume: str | None = None, save_steps: int = 0, evaluate: bool = False,
+             tokens_per_rank: int = TOKENS_PER_RANK, sft: bool = False, **args) -> dict:
+    """One FCPTrainer run on this rank (inside a launched process group)."""
+    from accelerate.state import AcceleratorState
+    from transformers import TrainingArguments
+
+    from fcp_exec.integrations.hf import build_model
+    from fcp_exec.integrations.hf_trainer import FCPTrainer
+
+    AcceleratorState._reset_state(reset_partial_state=False)  # each run's TrainingArguments pick its own plugins
+    config, data = _data(family, sft)
+    model = build_model(config, dtype=torch.float64, seed=0)
+    kw = dict(ARGS, output_dir=out, **args)
+    if save_steps:
+        kw.update(save_strategy="steps", save_steps=save_steps)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer = FCPTrainer(model=model, args=TrainingArguments(**kw), train_dataset=data.dataset,
+                             train_lengths=data.lengths, eval_dataset=data.dataset if evaluate else None,
+                             eval_lengths=data.lengths, cost_model=_cost(tokens_per_rank), global_batch_size=GBS,
+                             sampler_kwargs={"visual_layout": data.visual_layout}, pad_token_id=data.pad_token_id,
+                             collator_kwargs={"sample_labels": sft})
+        trainer.train(resume_from_checkpoint=resume)
+    res = {"warnings": [str(w.message) for w in caught if "FCPTrainer" in str(w.message)],
+           "losses": [r.loss for r in trainer.fcp_steps], "norms": _norms(trainer),
+           "params": _params(trainer.model_wrapped), "groups": [g for s in trainer.fcp_steps for g in s.groups]}
+    if evaluate:
+        res["eval"] = trainer.evaluate()
+    return res
+
+
+def _fcp_runs(out: str) -> dict:
+    """Every FCPTrainer configuration on this rank, one after the other (one launch)."""
+    return {
+        "ddp": _fcp_run("qwen3", f"{out}/ddp", save_steps=2, evaluate=True),
+        "ddp-resumed": _fcp_run("qwen3", f"{out}/ddp-r", resume=f"{out}/ddp/checkpoint-2"),
+        "vl": _fcp_run("qwen2_5_vl", f"{out}/vl"),
+        "sft": _fcp_run("qwen3", f"{out}/sft", sft=True),
+        "fsdp-on-cpu": _fcp_run("qwen3", f"{out}/fsdp", fsdp=True, fsdp_config={"fsdp_version": 2}),
+    }
+
+
+@functools.lru_cache(maxsize=None)
+def _reference(family: str, batches: tuple[tuple[int, ...], ...], evals: tuple[tuple[int, ...], ...], out: str,
+               sft: bool = False) -> dict:
+    """The stock Trainer, one process, over ``batches`` (then ``evals``, token-weighted, without an update)."""
+    from transformers import Trainer, TrainingArguments
+
+    from fcp_exec.integrations.hf import build_model
+    from fcp_exec.integrations.hf_data import reference_loss
+
+    config, data = _data(family, sft)
+    ignore = _ignore_ids(config)
+
+    class Stock(Trainer):
+        def _get_train_sampler(self, train_dataset=None):
+            return torch.utils.data.SequentialSampler(self.train_dataset)
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            loss = reference_loss(model, inputs, ignore_ids=ignore)[0]
+            losses.append(float(loss.detach()))
+            return loss
+
+    losses: list[float] = []
+    global_batches = [[data.dataset[i] for i in b] for b in batches]
+    model = build_model(config, dtype=torch.float64, seed=0)
+    trainer = Stock(model=model, args=TrainingArguments(output_dir=out, per_device_train_batch_size=1, **ARGS),
+                    train_dataset=global_batches, data_collator=lambda items: items[0])
+    trainer.train()
+    norms = _norms(trainer)
+    total, tokens = 0.0, 0
+    with torch.no_grad():
+        for b in evals:
+            loss, num = reference_loss(model, [data.dataset[i] for i in b], ignore_ids=ignore)
+            total, tokens = total + float(loss) * num, tokens + num
+    return {"losses": losses, "norms": norms, "params": _params(model), "eval": total / max(tokens, 1)}
+
+
+def _order(family: str, seed: int, steps: int, num_ranks: int = 2,
+           tokens_per_rank: int = TOKENS_PER_RANK) -> tuple[tuple[int, ...], ...]:
+    """The global batches FCPTrainer's sampler trains on ``num_ranks`` ranks, epoch by epoch."""
+    from fcp_data import FCPSampler
+
+    _, data = _data(family)
+    s = FCPSampler(data.lengths, num_ranks=num_ranks, rank=0, cost_model=_cost(tokens_per_rank), global_batch_size=GBS, seed=seed,
+                   visual_layout=data.visual_layout)
+    per_epoch = s.num_global_batches()
+    return tuple(tuple(int(i) for i in s.global_batch_indices(k % per_epoch, epoch=k // per_epoch))
+                 for k in range(steps))
+
+
+@pytest.fixture(scope="module")
+def fcp_runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fcp-trainer")
+    per_rank = launch(_fcp_runs, 2, str(out), backend="gloo", timeout=900.0, preload=("transformers.modeling_utils",))
+    return per_rank, out
+
+
+def _close(got: list[float], want: list[float], what: str, tol: float = TOL) -> None:
+    assert len(got) == len(want), (what, got, want)
+    for k, (g, w) in enumerate(zip(got, want)):
+        assert abs(g - w) <= tol * abs(w), f"{what} step {k}: {g!r} vs stock {w!r}"
+
+
+def _same_params(got: dict, want: dict, what: str, tol: float = TOL) -> None:
+    assert set(got) == set(want), (what, sorted(set(got) ^ set(want))[:4])
+    scale = max(float(np.abs(v).max()) for v in want.values())
+    worst = max(float(np.abs(got[n] - w).max()) for n, w in want.items()) / scale
+    assert worst <= tol, f"{what}: parameters differ by {worst:.2e} of the largest entry"
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("run, family", [("ddp", "qwen3"), ("vl", "qwen2_5_vl"), ("sft", "qwen3")])
+def test_fcp_trainer_equals_stock_trainer(fcp_runs, run, family, tmp_path):
+    """``sft``: the samples' own labels (a masked prompt), counted over the global batch by train_step."""
+    per_rank, _ = fcp_runs
+    res = per_rank[0][run]
+    evals = _order(family, 1, 1 + (NUM_DOCS - 1) // GBS) if run == "ddp" else ()
+    ref = _reference(family, _order(family, 0, STEPS), evals, str(tmp_path), sft=run == "sft")
+    _close(res["losses"], ref["losses"], f"{run} loss")
+    _close(res["norms"], ref["norms"], f"{run} grad norm")
+    assert max(ref["norms"]) > ARGS["max_grad_norm"], ("clipping never acted", ref["norms"])
+    _same_params(res["params"], ref["params"], run)
+    _same_params(per_rank[1][run]["params"], res["params"], f"{run} rank 1 vs rank 0", tol=0.0)
+    groups = res["groups"]
+    assert any(len(g) == 2 for g in groups) and any(len(g) == 1 for g in groups), groups  # CP rings and singles
+    if run == "ddp":
+        assert abs(res["eval"]["eval_loss"] - ref["eval"]) <= 1e-12 * ref["eval"], (res["eval"], ref["eval"])
+
+
+@pytest.mark.timeout(900)
+def test_fcp_trainer_resumes_at_the_checkpoint_global_batch(fcp_runs):
+    per_rank, out = fcp_runs
+    full, resumed = per_rank[0]["ddp"], per_rank[0]["ddp-resumed"]
+    assert (out / "ddp" / "checkpoint-2").is_dir()
+    assert resumed["losses"] == full["losses"][2:], (resumed["losses"], full["losses"])  # steps 2-5, trained here
+    assert resumed["norms"] == full["norms"], (resumed["norms"], full["norms"])  # steps 0-1 from the checkpoint
+    _same_params(resumed["params"], full["params"], "resumed", tol=0.0)
+
+
+def test_fsdp_requested_on_cpu_is_reported_not_silent(fcp_runs):
+    """Accelerate turns FSDP on only for accelerator processes; on CPU it would quietly train with DDP. FCPTrainer
+    says so in one warning (and trains what DDP trains)."""
+    per_rank, _ = fcp_runs
+    run = per_rank[0]["fsdp-on-cpu"]
+    assert len(run["warnings"]) == 1 and "did not enable it" in run["warnings"][0], run["warnings"]
+    assert run["losses"] == per_rank[0]["ddp"]["losses"]
+    assert not per_rank[0]["ddp"]["warnings"]
+
+
+def test_fcp_trainer_in_one_process_equals_stock_trainer(tmp_path):
+    """Without a process group (plain ``python train.py``): no wrapper, every micro-batch on this one rank."""
+    from accelerate.state import AcceleratorState
+
+    res = _fcp_run("qwen3", str(tmp_path / "one"), tokens_per_rank=MAX_TOKENS)
+    AcceleratorState._reset_state(reset_partial_state=False)
+    ref = _reference("qwen3", _order("qwen3", 0, STEPS, 1, MAX_TOKENS), (), str(tmp_path / "ref"))
+    _close(res["losses"], ref["losses"], "1 process loss")
+    _close(res["norms"], ref["norms"], "1 process grad norm")
+    _same_params(res["params"], ref["params"], "1 process")
+
+
+def _trainer(tmp_path, **kw):
+    from transformers import TrainingArguments
+
+    from fcp_exec.integrations.hf import build_model
+    from fcp_exec.integrations.hf_trainer import FCPTrainer
+
+    config, data = _data("qwen3")
+    args = TrainingArguments(**dict(ARGS, output_dir=str(tmp_path), **kw.pop("args", {})))
+    kw = {"cost_model": _cost(), "train_dataset": data.dataset, "train_lengths": data.lengths, **kw}
+    return FCPTrainer(model=build_model(config, dtype=torch.float64, seed=0), args=args, **kw)
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"args": {"gradient_accumulation_steps": 2}}, "gradient_accumulation_steps must be 1"),
+    ({"cost_model": None}, "FCPTrainer needs cost_model="),
+])
+def test_fcp_trainer_refuses_what_it_cannot_train(tmp_path, kw, message):
+    with pytest.raises(ValueError, match=message):
+        _trainer(tmp_path, **kw)
+
+
+def test_fcp_trainer_needs_lengths_for_a_plain_dataset(tmp_path):
+    trainer = _trainer(tmp_path, train_lengths=None)
+    with pytest.raises(ValueError, match="has no fcp length index; pass an fcp_data.IndexedDataset"):
+        trainer.train()
