@@ -13,7 +13,8 @@ Qwen3 on the samples' own SFT labels, and Qwen2.5-VL with images and videos).
 Asserted: every step's loss and every logged gradient norm within 1e-12 relative, the final parameters within 1e-12
 of the largest parameter entry (float64: summation order only; measured: losses within 2.5e-16, parameters within
 2.2e-16 for Qwen3 and 1.7e-14 for Qwen2.5-VL), identical on both ranks; the
-evaluation loss over the token-weighted global batches of a second sampler (seed + 1) within 1e-12; a run resumed
+evaluation loss over the token-weighted global batches of a second sampler (seed + 1) within 1e-12 (also run during
+training by ``eval_strategy="steps"``: the last one equals the final ``evaluate()``); a run resumed
 from the step-2 checkpoint (Trainer's own ``save_steps``) trains steps 2–5 exactly as the run that never stopped.
 A failure means a user's Trainer script with FCPTrainer trains another model than the same script without it.
 """
@@ -110,7 +111,8 @@ def _fcp_run(family: str, out: str, resume: str | None = None, save_steps: int =
         trainer.train(resume_from_checkpoint=resume)
     res = {"warnings": [str(w.message) for w in caught if "FCPTrainer" in str(w.message)],
            "losses": [r.loss for r in trainer.fcp_steps], "norms": _norms(trainer),
-           "params": _params(trainer.model_wrapped), "groups": [g for s in trainer.fcp_steps for g in s.groups]}
+           "params": _params(trainer.model_wrapped), "groups": [g for s in trainer.fcp_steps for g in s.groups],
+           "evals": [(h["step"], h["eval_loss"]) for h in trainer.state.log_history if "eval_loss" in h]}
     if evaluate:
         res["eval"] = trainer.evaluate()
     return res
@@ -119,7 +121,7 @@ def _fcp_run(family: str, out: str, resume: str | None = None, save_steps: int =
 def _fcp_runs(out: str) -> dict:
     """Every FCPTrainer configuration on this rank, one after the other (one launch)."""
     return {
-        "ddp": _fcp_run("qwen3", f"{out}/ddp", save_steps=2, evaluate=True),
+        "ddp": _fcp_run("qwen3", f"{out}/ddp", save_steps=2, evaluate=True, eval_strategy="steps", eval_steps=3),
         "ddp-resumed": _fcp_run("qwen3", f"{out}/ddp-r", resume=f"{out}/ddp/checkpoint-2"),
         "vl": _fcp_run("qwen2_5_vl", f"{out}/vl"),
         "sft": _fcp_run("qwen3", f"{out}/sft", sft=True),
@@ -211,8 +213,10 @@ def test_fcp_trainer_equals_stock_trainer(fcp_runs, run, family, tmp_path):
     _same_params(per_rank[1][run]["params"], res["params"], f"{run} rank 1 vs rank 0", tol=0.0)
     groups = res["groups"]
     assert any(len(g) == 2 for g in groups) and any(len(g) == 1 for g in groups), groups  # CP rings and singles
-    if run == "ddp":
+    if run == "ddp":  # evaluate() after training, and eval_strategy="steps" (eval_steps=3) during it
         assert abs(res["eval"]["eval_loss"] - ref["eval"]) <= 1e-12 * ref["eval"], (res["eval"], ref["eval"])
+        (s3, at3), (s6, at6) = res["evals"]
+        assert (s3, s6) == (3, STEPS) and at6 == res["eval"]["eval_loss"] and at3 != at6, res["evals"]
 
 
 @pytest.mark.timeout(900)
