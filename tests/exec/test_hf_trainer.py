@@ -112,10 +112,26 @@ def _fcp_run(family: str, out: str, resume: str | None = None, save_steps: int =
     res = {"warnings": [str(w.message) for w in caught if "FCPTrainer" in str(w.message)],
            "losses": [r.loss for r in trainer.fcp_steps], "norms": _norms(trainer),
            "params": _params(trainer.model_wrapped), "groups": [g for s in trainer.fcp_steps for g in s.groups],
-           "evals": [(h["step"], h["eval_loss"]) for h in trainer.state.log_history if "eval_loss" in h]}
+           "evals": [(h["step"], h["eval_loss"]) for h in trainer.state.log_history if "eval_loss" in h],
+           "checkpointing": _checkpointing_on(trainer.model)}
     if evaluate:
         res["eval"] = trainer.evaluate()
     return res
+
+
+def _checkpointing_on(model) -> bool:
+    name = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else \
+        "is_gradient_checkpointing"
+    return bool(getattr(model, name, False))
+
+
+def _checkpointing_field() -> str:
+    """The TrainingArguments field that turns activation checkpointing on (renamed in transformers 5.x)."""
+    from transformers import TrainingArguments
+
+    fields = TrainingArguments.__dataclass_fields__
+    return "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
+
 
 
 def _fcp_runs(out: str) -> dict:
@@ -125,6 +141,7 @@ def _fcp_runs(out: str) -> dict:
         "ddp-resumed": _fcp_run("qwen3", f"{out}/ddp-r", resume=f"{out}/ddp/checkpoint-2"),
         "vl": _fcp_run("qwen2_5_vl", f"{out}/vl"),
         "sft": _fcp_run("qwen3", f"{out}/sft", sft=True),
+        "gc": _fcp_run("qwen2_5_vl", f"{out}/gc", **{_checkpointing_field(): True}),
         "fsdp-on-cpu": _fcp_run("qwen3", f"{out}/fsdp", fsdp=True, fsdp_config={"fsdp_version": 2}),
     }
 
@@ -199,9 +216,11 @@ def _same_params(got: dict, want: dict, what: str, tol: float = TOL) -> None:
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("run, family", [("ddp", "qwen3"), ("vl", "qwen2_5_vl"), ("sft", "qwen3")])
+@pytest.mark.parametrize("run, family", [("ddp", "qwen3"), ("vl", "qwen2_5_vl"), ("sft", "qwen3"),
+                                         ("gc", "qwen2_5_vl")])
 def test_fcp_trainer_equals_stock_trainer(fcp_runs, run, family, tmp_path):
-    """``sft``: the samples' own labels (a masked prompt), counted over the global batch by train_step."""
+    """``sft``: the samples' own labels (a masked prompt), counted over the global batch by train_step; ``gc``: the
+    Trainer's ``gradient_checkpointing=True`` (against the reference without it: the same gradients)."""
     per_rank, _ = fcp_runs
     res = per_rank[0][run]
     evals = _order(family, 1, 1 + (NUM_DOCS - 1) // GBS) if run == "ddp" else ()
@@ -211,6 +230,7 @@ def test_fcp_trainer_equals_stock_trainer(fcp_runs, run, family, tmp_path):
     assert max(ref["norms"]) > ARGS["max_grad_norm"], ("clipping never acted", ref["norms"])
     _same_params(res["params"], ref["params"], run)
     _same_params(per_rank[1][run]["params"], res["params"], f"{run} rank 1 vs rank 0", tol=0.0)
+    assert res["checkpointing"] == (run == "gc"), (run, res["checkpointing"])
     groups = res["groups"]
     assert any(len(g) == 2 for g in groups) and any(len(g) == 1 for g in groups), groups  # CP rings and singles
     if run == "ddp":  # evaluate() after training, and eval_strategy="steps" (eval_steps=3) during it
