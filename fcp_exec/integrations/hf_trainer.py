@@ -113,6 +113,17 @@ class GlobalBatchLoader:
                                f"({len(current)} of {current[0]['num_micro_batches']} micro-batches)")
 
 
+def _has_labels(data: Any) -> bool:
+    """Whether the samples carry their own ``labels`` (SFT): an fcp index says so; another dataset's first sample."""
+    if hasattr(data, "has_labels"):
+        return bool(data.has_labels)
+    try:
+        first = data[0]
+    except Exception:  # noqa: BLE001 - an unreadable first sample: the collator's own labels, as by default
+        return False
+    return isinstance(first, dict) and first.get("labels") is not None
+
+
 class FCPTrainer(Trainer):
     """``transformers.Trainer`` training on FCP global batches (module docstring).
 
@@ -122,7 +133,8 @@ class FCPTrainer(Trainer):
     (``fcp profile``; required). ``global_batch_size``: sequences per optimizer step (default
     ``per_device_train_batch_size`` × world size). ``sampler_kwargs``: more ``FCPSampler`` options
     (``on_overlong``, ``solver``, ``micro_batches``, ``visual_layout`` ...); ``collator_kwargs``: more collator
-    options (``sample_labels`` defaults to the dataset's ``has_labels``); ``dataset_kwargs``: ``FCPDataset`` options
+    options (``sample_labels``, training on the samples' own ``labels``, defaults to the index's ``has_labels``, or
+    for another dataset to whether its first sample has ``labels``); ``dataset_kwargs``: ``FCPDataset`` options
     (``on_error``, ``errors_path``); ``pad_token_id``: default the dataset's, else the model config's (else 0).
     ``eval_batches``: evaluate this many global batches (default: the whole evaluation set). Other arguments are
     the Trainer's."""
@@ -194,7 +206,7 @@ class FCPTrainer(Trainer):
                              global_batch_size=self.fcp_global_batch_size, seed=seed,
                              **self._sampler_kwargs)
         ckw = dict(self._collator_kwargs)
-        ckw.setdefault("sample_labels", bool(getattr(data, "has_labels", False)))
+        ckw.setdefault("sample_labels", _has_labels(data))
         ckw.setdefault("pad_token_id", self._pad_id(data))
         self._pads[which] = int(ckw["pad_token_id"])  # the idle ranks' dummy documents
         inner = unwrap(self.model)

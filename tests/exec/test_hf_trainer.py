@@ -296,3 +296,28 @@ def test_fcp_trainer_needs_lengths_for_a_plain_dataset(tmp_path):
     trainer = _trainer(tmp_path, train_lengths=None)
     with pytest.raises(ValueError, match="has no fcp length index; pass an fcp_data.IndexedDataset"):
         trainer.train()
+
+
+def test_a_plain_list_of_tokenized_samples_with_labels_trains_on_its_labels(tmp_path):
+    """A dataset as HF preprocessing leaves it — a list of dicts of Python lists, ``labels`` with a masked prompt —
+    and nothing else said: FCPTrainer sees the labels on the first sample and trains on them (the stock Trainer on
+    the same labels is the reference), instead of refusing or replacing them."""
+    from accelerate.state import AcceleratorState
+    from transformers import TrainingArguments
+
+    from fcp_exec.integrations.hf import build_model
+    from fcp_exec.integrations.hf_trainer import FCPTrainer
+
+    AcceleratorState._reset_state(reset_partial_state=False)
+    config, data = _data("qwen3", True)
+    listed = [{"input_ids": data.dataset[i]["input_ids"].tolist(), "labels": data.dataset[i]["labels"].tolist()}
+              for i in range(len(data.lengths))]
+    assert any(-100 in s["labels"] for s in listed)
+    trainer = FCPTrainer(model=build_model(config, dtype=torch.float64, seed=0),
+                         args=TrainingArguments(**dict(ARGS, output_dir=str(tmp_path / "list"))), train_dataset=listed,
+                         train_lengths=data.lengths, cost_model=_cost(MAX_TOKENS), global_batch_size=GBS,
+                         pad_token_id=data.pad_token_id)
+    trainer.train()
+    AcceleratorState._reset_state(reset_partial_state=False)
+    ref = _reference("qwen3", _order("qwen3", 0, STEPS, 1, MAX_TOKENS), (), str(tmp_path / "ref"), sft=True)
+    _close([r.loss for r in trainer.fcp_steps], ref["losses"], "listed samples loss")
