@@ -28,7 +28,7 @@ from fcp_data import CostModel, FCPDataset, FCPSampler, IndexedDataset
 from fcp_exec.checkpoint import load_checkpoint, save_checkpoint
 from fcp_exec.integrations.hf import apply_fcp, build_model, fcp_loss, load_config
 from fcp_exec.integrations.hf_positions import hf_collator
-from fcp_exec.launch import init_distributed
+from fcp_exec.launch import init_distributed, settle_collectives
 from fcp_exec.step import make_reducer, train_step
 
 
@@ -98,6 +98,7 @@ def main() -> None:
             # the sampler's state after this global batch (state_after), not state_dict(): the workers are ahead
             save_checkpoint(Path(args.checkpoint) / f"step-{step + 1}", step + 1, model, opt, sampler, res)
     batches.close()  # stops the DataLoader's workers now, not during interpreter shutdown
+    settle_collectives()  # gloo: no collective's cleanup pending when the DDP model's reference to the group goes
     dist.destroy_process_group()
 
 

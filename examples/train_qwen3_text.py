@@ -30,7 +30,7 @@ from fcp_data import CostModel, FCPCollator, FCPDataset, FCPSampler, IndexedData
 from fcp_exec.checkpoint import load_checkpoint, save_checkpoint
 from fcp_exec.integrations.hf import apply_fcp, build_model, fcp_loss, load_config
 from fcp_exec.integrations.hf_data import check_data_fits
-from fcp_exec.launch import init_distributed
+from fcp_exec.launch import init_distributed, settle_collectives
 from fcp_exec.step import eval_step, make_reducer, train_step
 
 
@@ -118,6 +118,7 @@ def main() -> None:
         res = eval_step(model, val_batches, fcp_loss, pad_token_id=val_data.pad_token_id)
         if rank == 0:
             print(f"eval {k} loss {res.loss:.4f} tokens {res.num_tokens}", flush=True)
+    settle_collectives()  # gloo: no collective's cleanup pending when the DDP model's reference to the group goes
     dist.destroy_process_group()
 
 

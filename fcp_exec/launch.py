@@ -39,12 +39,13 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable, Sequence
 
 from fcp_data.sampler_inputs import dist_rank_and_world as dist_info  # the one rank/world helper
-from fcp_exec.devices import check_devices, collective_dtype, current_device, default_backend, init_distributed
+from fcp_exec.devices import (check_devices, collective_dtype, current_device, default_backend, init_distributed,
+                               settle_collectives)
 from fcp_exec import forkserver
 from fcp_exec.host_memory import keep_freed_memory
 
 __all__ = ["launch", "WorkerPool", "WorkerFailure", "resolve_nproc", "default_backend", "current_device",
-           "in_torchrun", "dist_info", "init_distributed", "collective_dtype", "check_devices"]
+           "in_torchrun", "dist_info", "init_distributed", "collective_dtype", "check_devices", "settle_collectives"]
 
 _HOST = "127.0.0.1"
 # torch._dynamo: torch imports it on a process's first dynamo-disabled call (optimizer step, FSDP): ~1 s per worker

@@ -47,10 +47,12 @@ import warnings
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
+from fcp_exec.devices import settle_collectives
 from fcp_exec.integrations.hf import VL_MODEL_TYPES, apply_fcp, fcp_loss, model_type_of, unwrap
 from fcp_exec.step import AllReduceReducer, DDPReducer, FSDP2Reducer, StepResult, eval_step, train_step
 
@@ -60,7 +62,7 @@ except ImportError as e:  # pragma: no cover - the hf extra is not installed
     raise ImportError("fcp_exec.integrations.hf_trainer needs transformers and accelerate: "
                       "pip install 'fcp[hf]'") from e
 
-__all__ = ["FCPTrainer", "GlobalBatch", "GlobalBatchLoader"]
+__all__ = ["FCPTrainer", "GlobalBatch", "GlobalBatchLoader", "count_lengths"]
 
 
 class GlobalBatch(list):
@@ -113,6 +115,33 @@ class GlobalBatchLoader:
                                f"({len(current)} of {current[0]['num_micro_batches']} micro-batches)")
 
 
+def _is_indexed(data: Any) -> bool:
+    """An ``fcp_data.IndexedDataset`` (its ``index`` is a LengthIndex; a list's ``index`` is a method)."""
+    return hasattr(data, "placeholder_runs") and not callable(getattr(data, "index", None))
+
+
+def count_lengths(data: Any, which: str = "train") -> np.ndarray:
+    """Every sample's token count, ``len(sample["input_ids"])``, read sample by sample (a progress bar from 10,000
+    samples on): what the sampler plans with when the dataset is not an fcp index and no lengths were given. An fcp
+    index (``fcp index``) or ``{which}_lengths=`` avoids reading the data; each rank counts for itself."""
+    from tqdm.auto import tqdm
+
+    if not hasattr(data, "__len__") or not hasattr(data, "__getitem__"):
+        raise ValueError(f"FCPTrainer: the {which} dataset ({type(data).__name__}) is not map-style (len() and [i]); "
+                         f"pass an fcp_data.IndexedDataset (`fcp index ... --out DIR`) or {which}_lengths=")
+    out = np.empty(len(data), dtype=np.int64)
+    for i in tqdm(range(len(data)), desc=f"FCPTrainer: token lengths of the {which} dataset", unit="sample",
+                  disable=len(data) < 10_000):
+        sample = data[i]
+        ids = sample.get("input_ids") if isinstance(sample, dict) else None
+        if ids is None:
+            raise ValueError(f"FCPTrainer: {which} sample {i} has no input_ids ({type(sample).__name__}); the sampler "
+                             f"needs token counts: tokenize the dataset first, or pass an fcp_data.IndexedDataset "
+                             f"(`fcp index ... --out DIR`) or {which}_lengths=")
+        out[i] = len(ids)
+    return out
+
+
 def _has_labels(data: Any) -> bool:
     """Whether the samples carry their own ``labels`` (SFT): an fcp index says so; another dataset's first sample."""
     if hasattr(data, "has_labels"):
@@ -128,8 +157,9 @@ class FCPTrainer(Trainer):
     """``transformers.Trainer`` training on FCP global batches (module docstring).
 
     ``train_dataset`` / ``eval_dataset``: an ``fcp_data.IndexedDataset`` (its index gives the sampler the lengths
-    and, for Qwen-VL, the visual layout), or any map-style dataset of tokenized samples together with
-    ``train_lengths`` / ``eval_lengths`` (token count per sample). ``cost_model``: an ``fcp_data.CostModel``
+    and, for Qwen-VL, the visual layout), or any map-style dataset of tokenized samples (dicts with ``input_ids``)
+    with its ``train_lengths`` / ``eval_lengths`` (token count per sample; without them :func:`count_lengths` reads
+    every sample once). ``cost_model``: an ``fcp_data.CostModel``
     (``fcp profile``; required). ``global_batch_size``: sequences per optimizer step (default
     ``per_device_train_batch_size`` × world size). ``sampler_kwargs``: more ``FCPSampler`` options
     (``on_overlong``, ``solver``, ``micro_batches``, ``visual_layout`` ...); ``collator_kwargs``: more collator
@@ -199,9 +229,8 @@ class FCPTrainer(Trainer):
         from fcp_data import FCPCollator, FCPDataset, FCPSampler
 
         lengths = self._lengths[which]
-        if lengths is None and not hasattr(data, "index"):
-            raise ValueError(f"FCPTrainer: the {which} dataset ({type(data).__name__}) has no fcp length index; pass an "
-                             f"fcp_data.IndexedDataset (`fcp index ... --out DIR`) or {which}_lengths=[tokens per sample]")
+        if lengths is None and not _is_indexed(data):
+            lengths = self._lengths[which] = count_lengths(data, which)
         sampler = FCPSampler(data if lengths is None else lengths, cost_model=self.fcp_cost_model,
                              global_batch_size=self.fcp_global_batch_size, seed=seed,
                              **self._sampler_kwargs)
@@ -226,6 +255,13 @@ class FCPTrainer(Trainer):
         if self.train_dataset is None:
             raise ValueError("FCPTrainer: training requires a train_dataset")
         return self._fcp_loader(self.train_dataset, "train", int(self.args.seed))
+
+    def train(self, *args: Any, **kwargs: Any):
+        """The Trainer's ``train``; then, on gloo, :func:`fcp_exec.devices.settle_collectives` (so that dropping the
+        trainer — its DDP model holds the process group — cannot deadlock the rank at exit)."""
+        out = super().train(*args, **kwargs)
+        settle_collectives()
+        return out
 
     def get_resumed_dataloader(self, dataloader: GlobalBatchLoader, num_batches: int) -> GlobalBatchLoader:
         """Resume at the checkpoint's global batch: the sampler moves there (nothing is read to skip batches)."""
@@ -295,4 +331,5 @@ class FCPTrainer(Trainer):
         metrics = {f"{metric_key_prefix}_loss": total / max(tokens, 1), f"{metric_key_prefix}_num_tokens": tokens}
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        settle_collectives()
         return metrics

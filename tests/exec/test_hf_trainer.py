@@ -292,16 +292,21 @@ def test_fcp_trainer_refuses_what_it_cannot_train(tmp_path, kw, message):
         _trainer(tmp_path, **kw)
 
 
-def test_fcp_trainer_needs_lengths_for_a_plain_dataset(tmp_path):
-    trainer = _trainer(tmp_path, train_lengths=None)
-    with pytest.raises(ValueError, match="has no fcp length index; pass an fcp_data.IndexedDataset"):
+@pytest.mark.parametrize("dataset, message", [
+    ([[1, 2, 3]] * 4, "train sample 0 has no input_ids"),
+    (iter([{"input_ids": [1, 2]}]), "is not map-style"),
+])
+def test_fcp_trainer_needs_token_counts(tmp_path, dataset, message):
+    """Neither an fcp index nor lengths, and samples that do not say their tokens: one clear error at train()."""
+    trainer = _trainer(tmp_path, train_dataset=dataset, train_lengths=None)
+    with pytest.raises(ValueError, match=message):
         trainer.train()
 
 
 def test_a_plain_list_of_tokenized_samples_with_labels_trains_on_its_labels(tmp_path):
     """A dataset as HF preprocessing leaves it — a list of dicts of Python lists, ``labels`` with a masked prompt —
-    and nothing else said: FCPTrainer sees the labels on the first sample and trains on them (the stock Trainer on
-    the same labels is the reference), instead of refusing or replacing them."""
+    and nothing else said: FCPTrainer counts the tokens, sees the labels on the first sample and trains on them (the
+    stock Trainer on the same labels is the reference), instead of refusing or replacing them."""
     from accelerate.state import AcceleratorState
     from transformers import TrainingArguments
 
@@ -315,9 +320,9 @@ def test_a_plain_list_of_tokenized_samples_with_labels_trains_on_its_labels(tmp_
     assert any(-100 in s["labels"] for s in listed)
     trainer = FCPTrainer(model=build_model(config, dtype=torch.float64, seed=0),
                          args=TrainingArguments(**dict(ARGS, output_dir=str(tmp_path / "list"))), train_dataset=listed,
-                         train_lengths=data.lengths, cost_model=_cost(MAX_TOKENS), global_batch_size=GBS,
-                         pad_token_id=data.pad_token_id)
+                         cost_model=_cost(MAX_TOKENS), global_batch_size=GBS, pad_token_id=data.pad_token_id)
     trainer.train()
+    assert list(trainer._lengths["train"]) == list(data.lengths)  # counted from the samples (no lengths given)
     AcceleratorState._reset_state(reset_partial_state=False)
     ref = _reference("qwen3", _order("qwen3", 0, STEPS, 1, MAX_TOKENS), (), str(tmp_path / "ref"), sft=True)
     _close([r.loss for r in trainer.fcp_steps], ref["losses"], "listed samples loss")
