@@ -32,6 +32,7 @@ import datetime
 import multiprocessing.util  # registers its exit hook before ours, so atexit runs _close_all first
 import os
 import queue
+import signal
 import time
 import traceback
 import weakref
@@ -119,6 +120,7 @@ def _worker_main(rank: int, world: int, port: int, backend: str, pg_timeout: flo
     """One rank: join the process group on the parent's store, then run tasks until told to stop."""
     import torch.distributed as dist
 
+    _lead_group()
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
                       MASTER_ADDR=_HOST, MASTER_PORT=str(port))
     try:
@@ -170,12 +172,43 @@ def _spawn(world: int, worker_args: tuple, preload: Sequence[str]):
 
 
 def _stop(procs) -> None:
+    """Kill the ranks still alive, each with everything it started (its process group, :func:`_lead_group`), and
+    whatever a rank that already ended left in its group."""
     for p in procs:
         if p.pid is not None and p.is_alive():
             p.kill()
+        _kill_group(p.pid)
     for p in procs:
         if p.pid is not None:
             p.join(5.0)
+
+
+def _lead_group() -> None:
+    """Make this rank the leader of a process group of its own, which its children join: the launcher kills the
+    group, not only the rank. A DataLoader's workers of a rank started by the forkserver are forked by a forkserver of
+    the rank's own and keep it alive (they hold its alive-pipe), so a killed rank's workers — 300 MB each — would
+    otherwise wait forever (torch's watchdog checks their parent: that forkserver, still alive)."""
+    try:
+        os.setpgid(0, 0)
+    except OSError:  # not permitted (e.g. a session leader): the rank alone is killed, as before
+        pass
+
+
+def _kill_group(pid: int | None) -> None:
+    """SIGKILL the process group a rank leads (nothing when it leads none or the group is empty)."""
+    if pid is None or not hasattr(os, "killpg"):
+        return
+    try:
+        if os.getpgid(pid) != pid:
+            return
+    except ProcessLookupError:  # the rank is gone: its group, if any member is left, still has its id
+        pass
+    except OSError:
+        return
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 _LIVE: weakref.WeakSet = weakref.WeakSet()

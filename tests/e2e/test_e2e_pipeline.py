@@ -121,6 +121,37 @@ def test_launcher_results_and_errors():
     assert multiprocessing.active_children() == []
 
 
+_HELD: list = []  # what a failed rank still holds when the pool kills it (a trainer whose loader has workers)
+
+
+def _loader_workers_then_fail(folder: str):
+    """Start a persistent 2-worker DataLoader, write its worker pids, raise (the pool is then killed)."""
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader
+
+    it = iter(DataLoader(list(range(16)), batch_size=2, num_workers=2, persistent_workers=True))
+    next(it)
+    _HELD.append(it)
+    with open(f"{folder}/rank-{dist.get_rank()}.txt", "w") as f:
+        f.write(" ".join(str(w.pid) for w in it._workers))
+    raise RuntimeError("failed with DataLoader workers running")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_failed_launch_leaves_no_dataloader_worker_behind(tmp_path):
+    """Found in this suite: a rank that failed while its DataLoader had workers was killed with them running; its
+    workers (forked by the rank's own forkserver, which they keep alive) waited forever, 300 MB each, and every
+    later launch added more. Each rank now leads a process group that the launcher kills whole."""
+    with pytest.raises(WorkerFailure, match="failed with DataLoader workers running"):
+        launch(_loader_workers_then_fail, 2, str(tmp_path), timeout=120)
+    pids = [int(x) for r in (0, 1) for x in (tmp_path / f"rank-{r}.txt").read_text().split()]
+    assert len(pids) == 4
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_running(p) for p in pids):
+        time.sleep(0.2)
+    assert not [p for p in pids if _running(p)], "DataLoader workers outlived their killed rank"
+
+
 def _returns_a_lambda():
     return lambda: 0
 
