@@ -33,7 +33,7 @@ Typical use (see ``examples/``)::
   FSDP2's root unshard. Every rank calls the vision tower exactly once per micro-batch (on a one-frame dummy,
   weighted 0, when it has nothing to encode) so FSDP2-sharded vision blocks stay in lock-step.
 
-Tested with transformers 5.24 (model types :data:`SUPPORTED_MODEL_TYPES`; other causal LMs whose attention
+Tested with transformers 5.24 and 5.25 (model types :data:`SUPPORTED_MODEL_TYPES`; other causal LMs whose attention
 goes through ``AttentionInterface`` are accepted with a warning). Sliding-window attention, attention dropout
 and KV caches are refused with a clear error: this path is for training.
 """
