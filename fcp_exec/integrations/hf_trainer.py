@@ -29,7 +29,8 @@ Trainer's own):
   ``trainer.fcp_steps`` keeps every step's :class:`~fcp_exec.step.StepResult` (loss, denominator, CP groups, idle
   micro-batches, skipped samples).
 * **Resume.** ``trainer.train(resume_from_checkpoint=...)`` continues at the checkpoint's global batch by moving the
-  sampler there (no batch is read to skip it).
+  sampler there (no batch is read to skip it); with the same ``global_batch_size`` the sampler of another world size
+  plans the same global batches, so a checkpoint resumes on another number of ranks.
 * **Evaluation.** :meth:`FCPTrainer.evaluate` runs :func:`fcp_exec.step.eval_step` over the evaluation index
   (its own sampler, seed ``args.seed + 1``) and reports ``eval_loss``: the mean over all evaluated label tokens.
 

@@ -249,6 +249,24 @@ def test_fcp_trainer_resumes_at_the_checkpoint_global_batch(fcp_runs):
     _same_params(resumed["params"], full["params"], "resumed", tol=0.0)
 
 
+def _resume_elsewhere(out: str) -> dict:
+    return _fcp_run("qwen3", f"{out}/ddp-r3", resume=f"{out}/ddp/checkpoint-2")
+
+
+@pytest.mark.timeout(900)
+def test_fcp_trainer_resumes_on_another_number_of_ranks(fcp_runs):
+    """The 2-rank run's checkpoint-2 resumed on 3 ranks (same global_batch_size): the Trainer restores model,
+    optimizer and schedule, FCPTrainer's sampler plans the same global batches for the new world, so steps 2–5 have
+    the uninterrupted run's losses and final parameters within 1e-12 (summation order only)."""
+    per_rank, out = fcp_runs
+    full = per_rank[0]["ddp"]
+    resumed = launch(_resume_elsewhere, 3, str(out), backend="gloo", timeout=900.0,
+                     preload=("transformers.modeling_utils",))
+    _close(resumed[0]["losses"], full["losses"][2:], "resumed on 3 ranks loss")
+    _same_params(resumed[0]["params"], full["params"], "resumed on 3 ranks")
+    assert any(2 in g for r in resumed for g in r["groups"]), "the third rank never trained"
+
+
 def test_fsdp_requested_on_cpu_is_reported_not_silent(fcp_runs):
     """Accelerate turns FSDP on only for accelerator processes; on CPU it would quietly train with DDP. FCPTrainer
     says so in one warning (and trains what DDP trains)."""
