@@ -178,6 +178,9 @@ class FCPTrainer(Trainer):
         if model is None or kwargs.get("model_init") is not None:
             raise ValueError("FCPTrainer needs model= (model_init is not supported: apply_fcp must see the model "
                              "before Accelerate wraps it)")
+        if kwargs.get("compute_metrics") is not None:
+            raise ValueError("FCPTrainer: compute_metrics is not supported (evaluate() reports the token-weighted "
+                             "eval_loss of eval_step; it has no per-sample predictions to pass to it)")
         if cost_model is None:
             raise ValueError("FCPTrainer needs cost_model= (fcp_data.CostModel.load('cost.json') from `fcp profile`, "
                              "or CostModel.preset(model, hardware))")
@@ -194,6 +197,7 @@ class FCPTrainer(Trainer):
         self._sampler_kwargs, self._collator_kwargs = dict(sampler_kwargs or {}), dict(collator_kwargs or {})
         self._dataset_kwargs, self._pad = dict(dataset_kwargs or {}), pad_token_id
         self._reducers: dict[int, Any] = {}
+        self._counted: dict[int, tuple[Any, np.ndarray]] = {}  # id(dataset) -> (dataset, its counted token lengths)
         self._pads = {"train": 0, "eval": 0}
         self.fcp_steps: list[StepResult] = []
 
@@ -229,9 +233,7 @@ class FCPTrainer(Trainer):
     def _fcp_loader(self, data: Any, which: str, seed: int) -> GlobalBatchLoader:
         from fcp_data import FCPCollator, FCPDataset, FCPSampler
 
-        lengths = self._lengths[which]
-        if lengths is None and not _is_indexed(data):
-            lengths = self._lengths[which] = count_lengths(data, which)
+        lengths = self._lengths_of(data, which)
         sampler = FCPSampler(data if lengths is None else lengths, cost_model=self.fcp_cost_model,
                              global_batch_size=self.fcp_global_batch_size, seed=seed,
                              **self._sampler_kwargs)
@@ -251,6 +253,19 @@ class FCPTrainer(Trainer):
                             num_workers=workers, persistent_workers=workers > 0 and self.args.dataloader_persistent_workers,
                             pin_memory=bool(self.args.dataloader_pin_memory) and torch.cuda.is_available())
         return GlobalBatchLoader(loader, sampler)
+
+    def _lengths_of(self, data: Any, which: str) -> np.ndarray | None:
+        """The token counts the sampler plans ``data`` with: ``{which}_lengths`` for the dataset given with them, None
+        for an fcp index (the sampler reads it), else counted once per dataset (:func:`count_lengths`)."""
+        owner = self.train_dataset if which == "train" else self.eval_dataset
+        if self._lengths[which] is not None and data is owner:
+            return self._lengths[which]
+        if _is_indexed(data):
+            return None
+        held = self._counted.get(id(data))
+        if held is None or held[0] is not data:
+            held = self._counted[id(data)] = (data, count_lengths(data, which))
+        return held[1]
 
     def get_train_dataloader(self) -> GlobalBatchLoader:
         if self.train_dataset is None:
@@ -312,10 +327,16 @@ class FCPTrainer(Trainer):
     # ------------------------------------------------------------------------------------------- evaluation
     def evaluate(self, eval_dataset: Any = None, ignore_keys: Any = None, metric_key_prefix: str = "eval") -> dict:
         """``{prefix}_loss``: the mean loss over every label token of the evaluated global batches (each one
-        :func:`fcp_exec.step.eval_step`: forwards only, every rank in lock-step), and ``{prefix}_num_tokens``."""
+        :func:`fcp_exec.step.eval_step`: forwards only, every rank in lock-step), and ``{prefix}_num_tokens``. A dict
+        of datasets (the Trainer's convention) is evaluated one by one, prefixed ``{prefix}_{name}``."""
         data = eval_dataset if eval_dataset is not None else self.eval_dataset
         if data is None:
             raise ValueError("FCPTrainer: evaluation requires an eval_dataset")
+        if isinstance(data, dict):
+            metrics: dict = {}
+            for name, one in data.items():
+                metrics.update(self.evaluate(one, ignore_keys, f"{metric_key_prefix}_{name}"))
+            return metrics
         loader = self._fcp_loader(data, "eval", int(self.args.seed) + 1)
         count = len(loader) if self.fcp_eval_batches is None else min(self.fcp_eval_batches, len(loader))
         model = self.model_wrapped if self.model_wrapped is not None else self.model
@@ -334,3 +355,9 @@ class FCPTrainer(Trainer):
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         settle_collectives()
         return metrics
+
+    def predict(self, *args: Any, **kwargs: Any):
+        raise NotImplementedError("FCPTrainer.predict: FCP shards each sequence over a CP group for training and "
+                                  "evaluation loss; for predictions or generation use the model outside FCPTrainer "
+                                  "(a stock Trainer, or model.generate with another attention implementation)")
+

@@ -304,6 +304,7 @@ def _trainer(tmp_path, **kw):
 @pytest.mark.parametrize("kw, message", [
     ({"args": {"gradient_accumulation_steps": 2}}, "gradient_accumulation_steps must be 1"),
     ({"cost_model": None}, "FCPTrainer needs cost_model="),
+    ({"compute_metrics": lambda p: {}}, "compute_metrics is not supported"),
 ])
 def test_fcp_trainer_refuses_what_it_cannot_train(tmp_path, kw, message):
     with pytest.raises(ValueError, match=message):
@@ -329,7 +330,7 @@ def test_a_plain_list_of_tokenized_samples_with_labels_trains_on_its_labels(tmp_
     from transformers import TrainingArguments
 
     from fcp_exec.integrations.hf import build_model
-    from fcp_exec.integrations.hf_trainer import FCPTrainer
+    from fcp_exec.integrations.hf_trainer import FCPTrainer, count_lengths
 
     AcceleratorState._reset_state(reset_partial_state=False)
     config, data = _data("qwen3", True)
@@ -340,7 +341,16 @@ def test_a_plain_list_of_tokenized_samples_with_labels_trains_on_its_labels(tmp_
                          args=TrainingArguments(**dict(ARGS, output_dir=str(tmp_path / "list"))), train_dataset=listed,
                          cost_model=_cost(MAX_TOKENS), global_batch_size=GBS, pad_token_id=data.pad_token_id)
     trainer.train()
-    assert list(trainer._lengths["train"]) == list(data.lengths)  # counted from the samples (no lengths given)
+    assert list(count_lengths(listed)) == list(data.lengths)  # what it planned with: no lengths were given
     AcceleratorState._reset_state(reset_partial_state=False)
     ref = _reference("qwen3", _order("qwen3", 0, STEPS, 1, MAX_TOKENS), (), str(tmp_path / "ref"), sft=True)
     _close([r.loss for r in trainer.fcp_steps], ref["losses"], "listed samples loss")
+    # evaluation of a dict of datasets (the Trainer's convention): each counted and evaluated on its own
+    one = trainer.evaluate(listed)["eval_loss"]
+    both = trainer.evaluate({"all": listed, "tail": listed[6:]})
+    assert both["eval_all_loss"] == one and both["eval_tail_loss"] != one, both
+    labels = [sum(1 for t in s["labels"][1:] if t != -100) for s in listed]
+    assert (both["eval_all_num_tokens"], both["eval_tail_num_tokens"]) == (sum(labels), sum(labels[6:])), both
+    with pytest.raises(NotImplementedError, match="FCPTrainer.predict"):
+        trainer.predict(listed)
+
