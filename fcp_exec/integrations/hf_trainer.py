@@ -211,7 +211,7 @@ class FCPTrainer(Trainer):
             raise ValueError("FCPTrainer: fp16 is not supported (train_step has no loss scaler); use bf16=True")
         if self.is_deepspeed_enabled:
             raise ValueError("FCPTrainer: DeepSpeed is not supported; use DDP (the default) or FSDP2 "
-                             "(fsdp='full_shard', fsdp_config={'fsdp_version': 2})")
+                             "(fsdp=True, fsdp_config={'fsdp_version': 2})")
         if self.is_fsdp_enabled and getattr(self.accelerator.state.fsdp_plugin, "fsdp_version", 1) != 2:
             raise ValueError("FCPTrainer: FSDP1 is not supported; set fsdp_config={'fsdp_version': 2}")
         if a.fsdp and not self.is_fsdp_enabled:  # Accelerate enables FSDP on GPU/NPU/XPU/... processes only
