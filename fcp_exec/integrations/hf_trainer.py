@@ -26,8 +26,8 @@ Trainer's own):
   the single-process mean). The model Accelerate wrapped decides how: ``DistributedDataParallel`` (a SUM comm hook
   replaces its mean), FSDP2 (``fsdp_config={"fsdp_version": 2}``: divide factor 1 on every sharded module), or
   none (one process). It returns the global batch's mean loss, the same on every rank, which the Trainer logs.
-  ``trainer.fcp_steps`` keeps every step's :class:`~fcp_exec.step.StepResult` (loss, denominator, CP groups, idle
-  micro-batches, skipped samples).
+  ``trainer.fcp_steps`` keeps the latest steps' :class:`~fcp_exec.step.StepResult` (loss, denominator, CP groups,
+  idle micro-batches, skipped samples).
 * **Resume.** ``trainer.train(resume_from_checkpoint=...)`` continues at the checkpoint's global batch by moving the
   sampler there (no batch is read to skip it); with the same ``global_batch_size`` the sampler of another world size
   plans the same global batches, so a checkpoint resumes on another number of ranks.
@@ -44,6 +44,7 @@ accumulation; set ``global_batch_size``), ``fp16`` (no loss scaler on this path;
 
 from __future__ import annotations
 
+import collections
 import warnings
 from types import SimpleNamespace
 from typing import Any
@@ -167,14 +168,15 @@ class FCPTrainer(Trainer):
     options (``sample_labels``, training on the samples' own ``labels``, defaults to the index's ``has_labels``, or
     for another dataset to whether its first sample has ``labels``); ``dataset_kwargs``: ``FCPDataset`` options
     (``on_error``, ``errors_path``); ``pad_token_id``: default the dataset's, else the model config's (else 0).
-    ``eval_batches``: evaluate this many global batches (default: the whole evaluation set). Other arguments are
-    the Trainer's."""
+    ``eval_batches``: evaluate this many global batches (default: the whole evaluation set). ``history``: how many
+    of the latest steps' results ``fcp_steps`` keeps (default 10,000; a long run does not grow without bound). Other
+    arguments are the Trainer's."""
 
     def __init__(self, model: nn.Module | None = None, args: Any = None, *, cost_model: Any = None,
                  global_batch_size: int | None = None, train_lengths: Any = None, eval_lengths: Any = None,
                  sampler_kwargs: dict | None = None, collator_kwargs: dict | None = None,
                  dataset_kwargs: dict | None = None, pad_token_id: int | None = None, eval_batches: int | None = None,
-                 **kwargs: Any) -> None:
+                 history: int = 10_000, **kwargs: Any) -> None:
         if model is None or kwargs.get("model_init") is not None:
             raise ValueError("FCPTrainer needs model= (model_init is not supported: apply_fcp must see the model "
                              "before Accelerate wraps it)")
@@ -199,7 +201,7 @@ class FCPTrainer(Trainer):
         self._reducers: dict[int, Any] = {}
         self._counted: dict[int, tuple[Any, np.ndarray]] = {}  # id(dataset) -> (dataset, its counted token lengths)
         self._pads = {"train": 0, "eval": 0}
-        self.fcp_steps: list[StepResult] = []
+        self.fcp_steps: collections.deque[StepResult] = collections.deque(maxlen=history)
 
     def _check_fcp_args(self) -> None:
         a = self.args
