@@ -206,6 +206,32 @@ def _bundled_index(model: str, cache_dir: str | None, spec: str | None = None) -
 HF_SPECS = {"qwen2_vl": "qwen2-vl", "qwen2_5_vl": "qwen2.5-vl", "qwen3_vl": "qwen3-vl"}
 
 
+def check_index_fits(config, base: Any, what: str) -> np.ndarray:
+    """``ValueError`` (one line, with the fix) when the fcp index ``base`` (an ``IndexedDataset``) cannot feed a
+    transformers model of ``config``: a tokenizer vocabulary larger than the model's, a non-Qwen-VL spec for a Qwen-VL
+    model, special token ids or pixel patches that differ, images/videos for a text model. Returns which samples are
+    visual."""
+    from fcp_exec.integrations.hf_data import check_data_fits
+
+    check_data_fits(config, vocab_size=base.spec.tokenizer().get_vocab_size(), what=what)
+    index = base.index
+    n = len(index.num_tokens)
+    visual = np.asarray(index.num_visual_tokens, dtype=np.int64) > 0 if base.placeholder_ids else np.zeros(n, bool)
+    if config.model_type in HF_SPECS:
+        if base.spec.family != "qwen-vl":
+            raise ValueError(f"{what} was built with spec {base.spec.name!r}; a {config.model_type} model needs a Qwen-VL "
+                             f"spec (fcp index ... --spec {HF_SPECS[config.model_type]})")
+        t = base.spec.vision["tokens"]
+        check_data_fits(config, ids={"image": base.image_token_id, "video": base.video_token_id,
+                                     "vision_start": base.spec.token_id(t["vision_start"]),
+                                     "vision_end": base.spec.token_id(t["vision_end"])}, what=what)
+        v = base.spec.vision
+        check_data_fits(config, patch=3 * int(v["temporal_patch_size"]) * int(v["patch_size"]) ** 2, what=what)
+    elif visual.any():
+        raise ValueError(f"{what} holds images/videos but {config.model_type} is a text model")
+    return visual
+
+
 def load_train_data(model: str, data: str | None = None, *, max_tokens: int = 2304, seed: int = 0,
                     cache_dir: str | None = None, num_synthetic: int | None = None, lengths=None,
                     hf_config=None, prompt_mask: bool = False, caption_labels: bool = False) -> TrainData:
@@ -266,7 +292,7 @@ def _load_hf_data(config, data: str | None, *, max_tokens: int, seed: int, cache
                   num_synthetic: int | None, prompt_mask: bool = False, caption_labels: bool = False) -> TrainData:
     """Data for a transformers model, checked against its config (vocabulary, special token ids, patch size)."""
     from fcp_data.visual_layout import IndexVisualLayout, SpanVisualLayout
-    from fcp_exec.integrations.hf_data import SyntheticHFDocs, check_data_fits, special_ids
+    from fcp_exec.integrations.hf_data import SyntheticHFDocs, special_ids
 
     is_vl = config.model_type in HF_SPECS
     if data == "synthetic":
@@ -291,22 +317,9 @@ def _load_hf_data(config, data: str | None, *, max_tokens: int, seed: int, cache
     path = Path(data) if data else _bundled_index("hf", cache_dir, HF_SPECS.get(config.model_type, "text"))
     base = IndexedDataset(path, caption_labels=caption_labels)
     what = f"index {path}" if data else "the bundled samples"
-    check_data_fits(config, vocab_size=base.spec.tokenizer().get_vocab_size(), what=what)
     index = base.index
     lengths = np.asarray(index.num_tokens, dtype=np.int64)
-    visual = np.asarray(index.num_visual_tokens, dtype=np.int64) > 0 if base.placeholder_ids else np.zeros(lengths.size, bool)
-    if is_vl:
-        if base.spec.family != "qwen-vl":
-            raise ValueError(f"{what} was built with spec {base.spec.name!r}; a {config.model_type} model needs a Qwen-VL "
-                             f"spec (fcp index ... --spec {HF_SPECS[config.model_type]})")
-        t = base.spec.vision["tokens"]
-        check_data_fits(config, ids={"image": base.image_token_id, "video": base.video_token_id,
-                                     "vision_start": base.spec.token_id(t["vision_start"]),
-                                     "vision_end": base.spec.token_id(t["vision_end"])}, what=what)
-        v = base.spec.vision
-        check_data_fits(config, patch=3 * int(v["temporal_patch_size"]) * int(v["patch_size"]) ** 2, what=what)
-    elif visual.any():
-        raise ValueError(f"{what} holds images/videos but {config.model_type} is a text model")
+    visual = check_index_fits(config, base, what)
     ds, capped, dropped = _cap(base, lengths, visual, max_tokens)
     if capped.size == 0:
         raise ValueError(f"no sample of {path} fits max_tokens={max_tokens}; raise --max-tokens")

@@ -199,7 +199,8 @@ class FCPTrainer(Trainer):
         self._sampler_kwargs, self._collator_kwargs = dict(sampler_kwargs or {}), dict(collator_kwargs or {})
         self._dataset_kwargs, self._pad = dict(dataset_kwargs or {}), pad_token_id
         self._reducers: dict[int, Any] = {}
-        self._counted: dict[int, tuple[Any, np.ndarray]] = {}  # id(dataset) -> (dataset, its counted token lengths)
+        # id(dataset) -> (dataset, its counted token lengths; None for a checked fcp index)
+        self._counted: dict[int, tuple[Any, np.ndarray | None]] = {}
         self._pads = {"train": 0, "eval": 0}
         self.fcp_steps: collections.deque[StepResult] = collections.deque(maxlen=history)
 
@@ -258,11 +259,17 @@ class FCPTrainer(Trainer):
 
     def _lengths_of(self, data: Any, which: str) -> np.ndarray | None:
         """The token counts the sampler plans ``data`` with: ``{which}_lengths`` for the dataset given with them, None
-        for an fcp index (the sampler reads it), else counted once per dataset (:func:`count_lengths`)."""
+        for an fcp index (the sampler reads it; checked once against the model: vocabulary, spec, special ids,
+        patches), else counted once per dataset (:func:`count_lengths`)."""
         owner = self.train_dataset if which == "train" else self.eval_dataset
         if self._lengths[which] is not None and data is owner:
             return self._lengths[which]
         if _is_indexed(data):
+            if self._counted.get(id(data), (None,))[0] is not data:  # once per index: the model can read it
+                from fcp_exec.train_data import check_index_fits
+
+                check_index_fits(unwrap(self.model).config, data, f"the {which} index {data.index.path}")
+                self._counted[id(data)] = (data, None)
             return None
         held = self._counted.get(id(data))
         if held is None or held[0] is not data:

@@ -354,3 +354,17 @@ def test_a_plain_list_of_tokenized_samples_with_labels_trains_on_its_labels(tmp_
     with pytest.raises(NotImplementedError, match="FCPTrainer.predict"):
         trainer.predict(listed)
 
+
+
+def test_an_index_the_model_cannot_read_is_one_error(tmp_path):
+    """An fcp index whose tokenizer has more ids than the model's vocabulary (here the bundled text, 2,000-token
+    tiny Qwen3 cut to 500): one ValueError naming the index and the fix at train(), not an embedding IndexError from
+    inside the forward."""
+    from fcp_data import IndexedDataset, bundled_path
+    from fcp_data.index import build_index
+
+    build_index([str(bundled_path("samples") / "text.jsonl")], "text", tmp_path / "idx", progress=False)
+    trainer = _trainer(tmp_path, train_dataset=IndexedDataset(tmp_path / "idx"), train_lengths=None)
+    trainer.model.config.vocab_size = 500
+    with pytest.raises(ValueError, match=r"the train index .*idx uses token ids up to \d+ but the model's vocab_size is 500"):
+        trainer.train()
