@@ -24,7 +24,6 @@ from transformers import TrainingArguments
 
 from fcp_data import CostModel, IndexedDataset
 from fcp_exec.integrations.hf import build_model, load_config
-from fcp_exec.integrations.hf_data import check_data_fits
 from fcp_exec.integrations.hf_trainer import FCPTrainer
 from fcp_exec.launch import init_distributed
 
@@ -61,8 +60,7 @@ def main() -> None:
     device = init_distributed()  # the process group first (NCCL/HCCL/gloo by device): Accelerate joins it
     rank = dist.get_rank()
     data = IndexedDataset(args.data or bundled_index(rank))
-    config = load_config(args.config)
-    check_data_fits(config, vocab_size=data.spec.tokenizer().get_vocab_size(), what="the index")
+    config = load_config(args.config)  # FCPTrainer checks that the index fits it (vocabulary, ids, patches)
     cost = CostModel.load(args.cost) if args.cost else CostModel.preset("qwen3-1.7b", "h100")
 
     targs = TrainingArguments(
