@@ -39,7 +39,8 @@ micro-batch through the whole model, the vision tower included, so no parameter 
 
 Refused with one clear error (not silently changed): ``gradient_accumulation_steps`` > 1 (the global batch is the
 accumulation; set ``global_batch_size``), ``fp16`` (no loss scaler on this path; use ``bf16``), DeepSpeed and FSDP1,
-``model_init``.
+``model_init``, ``compute_metrics`` and ``predict()``. Tested on CPU/gloo with DDP and one process; the FSDP2 branch
+is written against Accelerate's FSDP2 wrapping but has not run (Accelerate enables FSDP only on accelerators).
 """
 
 from __future__ import annotations
