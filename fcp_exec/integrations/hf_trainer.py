@@ -252,10 +252,13 @@ class FCPTrainer(Trainer):
             collate = hf_collator(inner.config, **ckw)
         else:
             collate = FCPCollator(**ckw)
+        from fcp_exec.launch import dataloader_context
+
         workers = int(self.args.dataloader_num_workers)
         loader = DataLoader(FCPDataset(data, **self._dataset_kwargs), batch_sampler=sampler, collate_fn=collate,
                             num_workers=workers, persistent_workers=workers > 0 and self.args.dataloader_persistent_workers,
-                            pin_memory=bool(self.args.dataloader_pin_memory) and torch.cuda.is_available())
+                            pin_memory=bool(self.args.dataloader_pin_memory) and torch.cuda.is_available(),
+                            multiprocessing_context=dataloader_context(workers))
         return GlobalBatchLoader(loader, sampler)
 
     def _lengths_of(self, data: Any, which: str) -> np.ndarray | None:

@@ -124,12 +124,18 @@ def test_launcher_results_and_errors():
 _HELD: list = []  # what a failed rank still holds when the pool kills it (a trainer whose loader has workers)
 
 
-def _loader_workers_then_fail(folder: str):
-    """Start a persistent 2-worker DataLoader, write its worker pids, raise (the pool is then killed)."""
+def _loader_workers_then_fail(folder: str, fork: bool):
+    """Start a persistent 2-worker DataLoader, write its worker pids, raise (the pool is then killed). ``fork``: the
+    context fcp's own loaders use in a launched rank (:func:`fcp_exec.launch.dataloader_context`)."""
     import torch.distributed as dist
     from torch.utils.data import DataLoader
 
-    it = iter(DataLoader(list(range(16)), batch_size=2, num_workers=2, persistent_workers=True))
+    from fcp_exec.launch import dataloader_context
+
+    ctx = dataloader_context(2) if fork else None
+    assert ctx == ("fork" if fork else None) and dataloader_context(0) is None
+    it = iter(DataLoader(list(range(16)), batch_size=2, num_workers=2, persistent_workers=True,
+                         multiprocessing_context=ctx))
     next(it)
     _HELD.append(it)
     with open(f"{folder}/rank-{dist.get_rank()}.txt", "w") as f:
@@ -138,12 +144,17 @@ def _loader_workers_then_fail(folder: str):
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_a_failed_launch_leaves_no_dataloader_worker_behind(tmp_path):
+@pytest.mark.parametrize("fork", [False, True])
+def test_a_failed_launch_leaves_no_dataloader_worker_behind(tmp_path, fork):
     """Found in this suite: a rank that failed while its DataLoader had workers was killed with them running; its
     workers (forked by the rank's own forkserver, which they keep alive) waited forever, 300 MB each, and every
-    later launch added more. Each rank now leads a process group that the launcher kills whole."""
+    later launch added more. Each rank now leads a process group that the launcher kills whole — with the default
+    context and with the fork context fcp's own loaders use in a launched rank (None outside one)."""
+    from fcp_exec.launch import dataloader_context
+
+    assert dataloader_context(2) is None  # this process is no launched rank
     with pytest.raises(WorkerFailure, match="failed with DataLoader workers running"):
-        launch(_loader_workers_then_fail, 2, str(tmp_path), timeout=120)
+        launch(_loader_workers_then_fail, 2, str(tmp_path), fork, timeout=120)
     pids = [int(x) for r in (0, 1) for x in (tmp_path / f"rank-{r}.txt").read_text().split()]
     assert len(pids) == 4
     deadline = time.monotonic() + 10
