@@ -203,6 +203,7 @@ class FCPTrainer(Trainer):
         # id(dataset) -> (dataset, its counted token lengths; None for a checked fcp index)
         self._counted: dict[int, tuple[Any, np.ndarray | None]] = {}
         self._pads = {"train": 0, "eval": 0}
+        self._in_train = False
         self.fcp_steps: collections.deque[StepResult] = collections.deque(maxlen=history)
 
     def _check_fcp_args(self) -> None:
@@ -288,7 +289,11 @@ class FCPTrainer(Trainer):
     def train(self, *args: Any, **kwargs: Any):
         """The Trainer's ``train``; then, on gloo, :func:`fcp_exec.devices.settle_collectives` (so that dropping the
         trainer — its DDP model holds the process group — cannot deadlock the rank at exit)."""
-        out = super().train(*args, **kwargs)
+        self._in_train = True
+        try:
+            out = super().train(*args, **kwargs)
+        finally:
+            self._in_train = False
         settle_collectives()
         return out
 
@@ -366,7 +371,8 @@ class FCPTrainer(Trainer):
         metrics = {f"{metric_key_prefix}_loss": total / max(tokens, 1), f"{metric_key_prefix}_num_tokens": tokens}
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
-        settle_collectives()
+        if not self._in_train:  # during train() (eval_strategy) the group lives on: train() settles at its end
+            settle_collectives()
         return metrics
 
     def predict(self, *args: Any, **kwargs: Any):
