@@ -233,6 +233,8 @@ def test_fcp_trainer_equals_stock_trainer(fcp_runs, run, family, tmp_path):
     assert res["checkpointing"] == (run == "gc"), (run, res["checkpointing"])
     groups = res["groups"]
     assert any(len(g) == 2 for g in groups) and any(len(g) == 1 for g in groups), groups  # CP rings and singles
+    # and an idle rank (a micro-batch whose plan leaves one rank out: it runs the zero-weighted dummy)
+    assert any(g == () for r in per_rank for g in r[run]["groups"]), "no micro-batch with an idle rank"
     if run == "ddp":  # evaluate() after training, and eval_strategy="steps" (eval_steps=3) during it
         assert abs(res["eval"]["eval_loss"] - ref["eval"]) <= 1e-12 * ref["eval"], (res["eval"], ref["eval"])
         (s3, at3), (s6, at6) = res["evals"]
