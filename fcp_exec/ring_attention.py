@@ -29,6 +29,7 @@ they differ. Without it a shard-size mismatch is a receive of the wrong size: gl
 """
 from __future__ import annotations
 
+import contextlib
 import struct
 import zlib
 
@@ -169,6 +170,11 @@ class _RingAttentionFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout):
+        with _autocast_off(dout.device):
+            return _RingAttentionFn._backward(ctx, dout)
+
+    @staticmethod
+    def _backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
         plan, comm, scale, kernel = ctx.plan, ctx.comm, ctx.scale, ctx.kernel
         dout = dout.contiguous()
@@ -276,6 +282,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
     first layer already checked the same shards; it must then be False on every rank of the group in
     that call (a one-sided header would wait for its timeout).
     """
+    q, k, v = _autocast_inputs(q, k, v)
     scale, kernel = _checked_args(q, k, v, causal, softmax_scale, kernel)
     if isinstance(cu_seqlens, RingBatch):
         rb = cu_seqlens
@@ -288,7 +295,27 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
                          "they must describe the same packed sequence")
     if check_shapes:
         rb.check(q, k, bool(causal), scale)
-    return _RingAttentionFn.apply(q, k, v, rb.plan(bool(causal), q.device), rb.comm, scale, kernel)
+    with _autocast_off(q.device):
+        return _RingAttentionFn.apply(q, k, v, rb.plan(bool(causal), q.device), rb.comm, scale, kernel)
+
+
+def _autocast_inputs(q, k, v):
+    """Inside ``torch.autocast`` attention runs in the autocast dtype, as torch's SDPA does there: the floating-point
+    q, k, v other than float64 are cast to it (a Hugging Face layer under bf16 autocast hands over fp32 q/k — the
+    rotary embedding promotes them — and a bf16 v). Outside autocast the tensors are taken as given."""
+    if not isinstance(q, torch.Tensor) or not torch.is_autocast_enabled(q.device.type):
+        return q, k, v
+    dtype = torch.get_autocast_dtype(q.device.type)
+    return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
+                 else t for t in (q, k, v))
+
+
+def _autocast_off(device: torch.device):
+    """The ring's forward and backward run in the dtypes it chose (fp32 accumulators for half inputs), not in an
+    enclosing autocast's: autocast is switched off for them (a ``backward()`` called inside autocast included)."""
+    if torch.is_autocast_enabled(device.type):
+        return torch.autocast(device.type, enabled=False)
+    return contextlib.nullcontext()
 
 
 def _checked_args(q, k, v, causal, softmax_scale, kernel) -> tuple[float, AttentionKernel]:

@@ -87,7 +87,7 @@ def _params(model) -> dict[str, np.ndarray]:
 
 
 def _fcp_run(family: str, out: str, resume: str | None = None, save_steps: int = 0, evaluate: bool = False,
-             tokens_per_rank: int = TOKENS_PER_RANK, sft: bool = False, **args) -> dict:
+             tokens_per_rank: int = TOKENS_PER_RANK, sft: bool = False, dtype=torch.float64, **args) -> dict:
     """One FCPTrainer run on this rank (inside a launched process group)."""
     from accelerate.state import AcceleratorState
     from transformers import TrainingArguments
@@ -97,7 +97,7 @@ def _fcp_run(family: str, out: str, resume: str | None = None, save_steps: int =
 
     AcceleratorState._reset_state(reset_partial_state=False)  # each run's TrainingArguments pick its own plugins
     config, data = _data(family, sft)
-    model = build_model(config, dtype=torch.float64, seed=0)
+    model = build_model(config, dtype=dtype, seed=0)
     kw = dict(ARGS, output_dir=out, **args)
     if save_steps:
         kw.update(save_strategy="steps", save_steps=save_steps)
@@ -143,13 +143,15 @@ def _fcp_runs(out: str) -> dict:
         "sft": _fcp_run("qwen3", f"{out}/sft", sft=True),
         "gc": _fcp_run("qwen2_5_vl", f"{out}/gc", **{_checkpointing_field(): True}),
         "fsdp-on-cpu": _fcp_run("qwen3", f"{out}/fsdp", fsdp=True, fsdp_config={"fsdp_version": 2}),
+        "bf16": _fcp_run("qwen2_5_vl", f"{out}/bf16", dtype=torch.float32, bf16=True),
     }
 
 
 @functools.lru_cache(maxsize=None)
 def _reference(family: str, batches: tuple[tuple[int, ...], ...], evals: tuple[tuple[int, ...], ...], out: str,
-               sft: bool = False) -> dict:
-    """The stock Trainer, one process, over ``batches`` (then ``evals``, token-weighted, without an update)."""
+               sft: bool = False, dtype: str = "float64", bf16: bool = False) -> dict:
+    """The stock Trainer, one process, over ``batches`` (then ``evals``, token-weighted, without an update); the
+    model in ``dtype``, ``bf16``: the Trainer's bf16 autocast."""
     from transformers import Trainer, TrainingArguments
 
     from fcp_exec.integrations.hf import build_model
@@ -169,8 +171,9 @@ def _reference(family: str, batches: tuple[tuple[int, ...], ...], evals: tuple[t
 
     losses: list[float] = []
     global_batches = [[data.dataset[i] for i in b] for b in batches]
-    model = build_model(config, dtype=torch.float64, seed=0)
-    trainer = Stock(model=model, args=TrainingArguments(output_dir=out, per_device_train_batch_size=1, **ARGS),
+    model = build_model(config, dtype=getattr(torch, dtype), seed=0)
+    trainer = Stock(model=model, args=TrainingArguments(output_dir=out, per_device_train_batch_size=1, bf16=bf16,
+                                                        **ARGS),
                     train_dataset=global_batches, data_collator=lambda items: items[0])
     trainer.train()
     norms = _norms(trainer)
@@ -239,6 +242,44 @@ def test_fcp_trainer_equals_stock_trainer(fcp_runs, run, family, tmp_path):
         assert abs(res["eval"]["eval_loss"] - ref["eval"]) <= 1e-12 * ref["eval"], (res["eval"], ref["eval"])
         (s3, at3), (s6, at6) = res["evals"]
         assert (s3, s6) == (3, STEPS) and at6 == res["eval"]["eval_loss"] and at3 != at6, res["evals"]
+
+
+@pytest.mark.timeout(900)
+def test_fcp_trainer_bf16_autocast_is_as_close_to_fp32_training_as_the_stock_trainer(fcp_runs, tmp_path):
+    """``bf16=True`` (fp32 weights, bf16 autocast: how the Trainer trains on GPUs) on Qwen2.5-VL with images and
+    videos. Under autocast a layer hands ring attention fp32 q/k (the rotary embedding promotes them) and a bf16 v;
+    ring attention runs them in bf16, as SDPA does there. Reference: the stock Trainer on the same batches, fp32
+    without autocast (the truth) and with bf16 autocast (the error bf16 itself makes). Each step's loss and gradient
+    norm: FCP's distance from the truth at most BF16_DRIFT times the stock bf16 Trainer's plus BF16_FLOOR (relative);
+    and autocast acted (FCP's losses are not the fp32 ones); the first step's loss (same weights) at most 3 times the
+    stock's distance plus 1e-5."""
+    per_rank, _ = fcp_runs
+    res = per_rank[0]["bf16"]
+    batches = _order("qwen2_5_vl", 0, STEPS)
+    truth = _reference("qwen2_5_vl", batches, (), str(tmp_path / "fp32"), dtype="float32")
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=False)
+    stock = _reference("qwen2_5_vl", batches, (), str(tmp_path / "bf16"), dtype="float32", bf16=True)
+    for key in ("losses", "norms"):
+        drift = [abs(b - t) / abs(t) for b, t in zip(stock[key], truth[key])]
+        gap = [abs(f - t) / abs(t) for f, t in zip(res[key], truth[key])]
+        assert len(gap) == STEPS, (key, res[key])
+        assert max(drift) > 1e-5, f"the stock Trainer's bf16 did not act: {key} {stock[key]} vs {truth[key]}"
+        assert max(gap) > 1e-5, f"FCPTrainer's bf16 autocast did not act: {key} {res[key]} vs {truth[key]}"
+        for k, (g, d) in enumerate(zip(gap, drift)):
+            assert g <= BF16_DRIFT * d + BF16_FLOOR, f"bf16 {key} step {k}: {g:.2e} from fp32, stock bf16 {d:.2e}"
+        if key == "losses":  # step 0: the same weights on both sides
+            assert gap[0] <= 3 * drift[0] + 1e-5, f"bf16 loss step 0: {gap[0]:.2e} from fp32, stock {drift[0]:.2e}"
+    _same_params(per_rank[1]["bf16"]["params"], res["params"], "bf16 rank 1 vs rank 0", tol=0.0)
+    assert any(len(g) == 2 for g in res["groups"]), ("no CP ring under bf16", res["groups"])
+
+
+# bf16 rounding compounds through the AdamW steps (its first update is about lr * sign(grad)), so later steps get a
+# factor and a floor: measured (relative to fp32) stock bf16 1e-7 … 7e-5 on the losses, 3e-4 … 2e-3 on the norms; FCP
+# 1e-6 … 2e-4 and 6e-5 … 5e-3 (at most 3.1x / 8.3x the stock's). Ring attention that drops a ring step's block
+# under bf16: 3.2e-5 at step 0 (the step-0 bound: 1e-5), 9.8e-3 at step 4.
+BF16_DRIFT, BF16_FLOOR = 20.0, 1e-3
 
 
 @pytest.mark.timeout(900)

@@ -129,6 +129,49 @@ def test_low_precision_matches_dense(pool4, dtype_name):
     _assert_close(reports, dtype_name)
 
 
+def autocast_case(rank, groups, lengths, seed, kernel=None):
+    """Worker: ``ring_attention`` inside ``torch.autocast("cpu", bfloat16)`` with fp32 q/k and a bf16 v (what a
+    Hugging Face layer hands over under bf16 autocast), backward inside autocast too. Returns whether out and the
+    input gradients are bit-identical to the same call on bf16 inputs without autocast, their dtypes, and the error
+    against dense fp64 attention."""
+    group = next(grp for grp in groups if rank in grp)
+    degree, cp_rank = len(group), group.index(rank)
+    cu = _cumsum(lengths[groups.index(group)])
+    q, k, v, dout = _inputs(torch.Generator().manual_seed(seed + 31 * groups.index(group)), cu[-1], 4, 2, 16,
+                            torch.float32)
+    shard = (lambda x: zigzag_shard(x, torch.tensor(cu, dtype=torch.int32), degree, cp_rank))
+    (ql, cul), kl, vl, dl = shard(q), shard(k)[0], shard(v)[0].bfloat16(), shard(dout)[0]
+    leaves = [x.detach().clone().requires_grad_() for x in (ql, kl, vl)]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = ring_attention(*leaves, cul, ranks=group, timeout=30, kernel=kernel)
+        out.backward(dl.bfloat16())
+    plain = [x.detach().bfloat16().requires_grad_() for x in (ql, kl, vl)]
+    want = ring_attention(*plain, cul, ranks=group, timeout=30, kernel=kernel)
+    want.backward(dl.bfloat16())
+    qr, kr, vr = (x.detach().double().requires_grad_() for x in (q, k, v.bfloat16()))
+    ref = dense_attention(qr, kr, vr, cu, causal=True)
+    err = (out.double() - shard(ref.detach())[0]).abs().max().item() / ref.abs().max().item()
+    same = torch.equal(out, want) and all(torch.equal(a.grad, b.grad.to(a.dtype)) for a, b in zip(leaves, plain))
+    return {"same": same, "dtypes": [str(t.dtype) for t in (out, *(x.grad for x in leaves))], "err": err}
+
+
+@pytest.mark.parametrize("kernel", [None, "sdpa"])
+def test_inside_autocast_attention_runs_in_the_autocast_dtype(pool4, kernel):
+    """Under bf16 autocast ring attention takes q, k, v of mixed dtypes (fp32 q/k, bf16 v) and runs them in bf16,
+    as torch's SDPA does there — before, it refused them ("dtypes differ"), which stopped every Hugging Face model
+    under the Trainer's ``bf16=True``. Degrees 3 and 1 at once, backward called inside autocast: out is bf16, each
+    gradient comes back in its input's dtype, all bit-identical to the same call on bf16 inputs outside autocast
+    (the enclosing autocast does not reach the ring's fp32 accumulators: the ``sdpa`` kernel, the GPU fallback, computes
+    its lse and backward with fp32 matmuls that autocast would run in bf16), and within bf16's tolerance of dense fp64
+    attention. Default CPU kernel and ``sdpa``."""
+    groups = GROUPINGS[3]
+    reports = pool4.run(autocast_case, groups, _lengths_for(groups, 17, max_chunks=6), 19, kernel)
+    for rank, r in enumerate(reports):
+        assert r["same"], f"rank {rank}: autocast result differs from the explicit bf16 call"
+        assert r["dtypes"] == ["torch.bfloat16", "torch.float32", "torch.float32", "torch.bfloat16"], (rank, r)
+        assert r["err"] <= TOL["bfloat16"], (rank, r)
+
+
 def test_concurrent_groups_change_every_call(pool4):
     """Groups (0,2,3)+(1,), then (3,1)+(0,)+(2,), then (2,1,0,3) run back to back in one world
     with no process group per call; every call is exact (fp64, causal)."""
