@@ -8,7 +8,8 @@ low enough that it clips) and the loop are the Trainer's own on both sides. FCPT
 processes: Accelerate's DDP (FSDP2 through Accelerate cannot run here: Accelerate enables FSDP only for accelerator
 processes, and on CPU it falls back to DDP, which FCPTrainer reports with a warning), its own loader (FCPSampler →
 collator, global batches of 3 sequences over 12 documents: 4 steps per epoch, 6 steps cross into epoch 1; Qwen3,
-Qwen3 on the samples' own SFT labels, and Qwen2.5-VL with images and videos).
+Llama on the samples' own SFT labels, Qwen2.5-VL with images and videos, Qwen3-VL (deepstack) with activation
+checkpointing).
 
 Asserted: every step's loss and every logged gradient norm within 1e-12 relative, the final parameters within 1e-12
 of the largest parameter entry (float64: summation order only; measured: losses within 2.5e-16, parameters within
@@ -140,8 +141,8 @@ def _fcp_runs(out: str) -> dict:
         "ddp": _fcp_run("qwen3", f"{out}/ddp", save_steps=2, evaluate=True, eval_strategy="steps", eval_steps=3),
         "ddp-resumed": _fcp_run("qwen3", f"{out}/ddp-r", resume=f"{out}/ddp/checkpoint-2"),
         "vl": _fcp_run("qwen2_5_vl", f"{out}/vl"),
-        "sft": _fcp_run("qwen3", f"{out}/sft", sft=True),
-        "gc": _fcp_run("qwen2_5_vl", f"{out}/gc", **{_checkpointing_field(): True}),
+        "sft": _fcp_run("llama", f"{out}/sft", sft=True),
+        "gc": _fcp_run("qwen3_vl", f"{out}/gc", **{_checkpointing_field(): True}),
         "fsdp-on-cpu": _fcp_run("qwen3", f"{out}/fsdp", fsdp=True, fsdp_config={"fsdp_version": 2}),
         "bf16": _fcp_run("qwen2_5_vl", f"{out}/bf16", dtype=torch.float32, bf16=True),
     }
@@ -219,8 +220,8 @@ def _same_params(got: dict, want: dict, what: str, tol: float = TOL) -> None:
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("run, family", [("ddp", "qwen3"), ("vl", "qwen2_5_vl"), ("sft", "qwen3"),
-                                         ("gc", "qwen2_5_vl")])
+@pytest.mark.parametrize("run, family", [("ddp", "qwen3"), ("vl", "qwen2_5_vl"), ("sft", "llama"),
+                                         ("gc", "qwen3_vl")])
 def test_fcp_trainer_equals_stock_trainer(fcp_runs, run, family, tmp_path):
     """``sft``: the samples' own labels (a masked prompt), counted over the global batch by train_step; ``gc``: the
     Trainer's ``gradient_checkpointing=True`` (against the reference without it: the same gradients)."""
