@@ -444,6 +444,42 @@ def test_a_plain_list_of_tokenized_samples_with_labels_trains_on_its_labels(tmp_
         trainer.predict(listed)
 
 
+@pytest.mark.skipif(importlib.util.find_spec("datasets") is None, reason="Hugging Face datasets is not installed")
+def test_a_hugging_face_dataset_trains_like_the_same_samples_in_a_list(tmp_path):
+    """A tokenized ``datasets.Dataset`` as ``.map(tokenize)`` leaves it — ``input_ids``, ``labels`` and the columns the
+    model does not take (``attention_mask``, the raw ``text``) — trains exactly as the same samples in a list (the
+    previous test's reference), plain and with ``set_format("torch")``; its token counts come from the Arrow column in
+    the dataset's own order (after ``shuffle().select()`` too) and equal a read of every sample."""
+    import datasets
+    from accelerate.state import AcceleratorState
+    from transformers import TrainingArguments
+
+    from fcp_exec.integrations.hf import build_model
+    from fcp_exec.integrations.hf_trainer import FCPTrainer, _arrow_lengths, count_lengths
+
+    config, data = _data("qwen3", True)
+    rows = [{"input_ids": data.dataset[i]["input_ids"].tolist(), "labels": data.dataset[i]["labels"].tolist()}
+            for i in range(len(data.lengths))]
+    ds = datasets.Dataset.from_list([dict(r, attention_mask=[1] * len(r["input_ids"]), text="raw") for r in rows])
+    picked = ds.shuffle(seed=3).select(range(2, 10))
+    assert list(_arrow_lengths(picked)) == [len(picked[i]["input_ids"]) for i in range(len(picked))]
+    assert list(count_lengths(ds)) == list(data.lengths)
+    losses = []
+    for fmt in (None, "torch"):
+        AcceleratorState._reset_state(reset_partial_state=False)
+        ds.set_format(fmt)
+        trainer = FCPTrainer(model=build_model(config, dtype=torch.float64, seed=0), train_dataset=ds,
+                             args=TrainingArguments(**dict(ARGS, output_dir=str(tmp_path / str(fmt)),
+                                                           remove_unused_columns=True)),
+                             cost_model=_cost(MAX_TOKENS), global_batch_size=GBS, pad_token_id=data.pad_token_id)
+        trainer.train()
+        losses.append([r.loss for r in trainer.fcp_steps])
+    AcceleratorState._reset_state(reset_partial_state=False)
+    ref = _reference("qwen3", _order("qwen3", 0, STEPS, 1, MAX_TOKENS), (), str(tmp_path / "ref"), sft=True)
+    _close(losses[0], ref["losses"], "datasets.Dataset loss")
+    assert losses[1] == losses[0], losses
+
+
 
 def test_an_index_the_model_cannot_read_is_one_error(tmp_path):
     """An fcp index whose tokenizer has more ids than the model's vocabulary (here the bundled text, 2,000-token
