@@ -34,13 +34,13 @@ Trainer's own):
 * **Evaluation.** :meth:`FCPTrainer.evaluate` runs :func:`fcp_exec.step.eval_step` over the evaluation index
   (its own sampler, seed ``args.seed + 1``) and reports ``eval_loss``: the mean over all evaluated label tokens.
 
-``ddp_find_unused_parameters`` left at None becomes False (the Trainer would pick True): every rank runs every
-micro-batch through the whole model, the vision tower included, so no parameter goes unused.
+``ddp_find_unused_parameters`` None becomes False: every rank runs every micro-batch through the whole model.
 
 Refused with one clear error (not silently changed): ``gradient_accumulation_steps`` > 1 (the global batch is the
 accumulation; set ``global_batch_size``), ``fp16`` (no loss scaler on this path; use ``bf16``), DeepSpeed and FSDP1,
-``model_init``, ``compute_metrics`` and ``predict()``. Tested on CPU/gloo with DDP and one process; the FSDP2 branch
-is written against Accelerate's FSDP2 wrapping but has not run (Accelerate enables FSDP only on accelerators).
+``model_init``, ``compute_metrics`` and ``predict()``. Tested on CPU/gloo: DDP, one process, bf16 autocast, LoRA, and
+Accelerate's FSDP2 (its accelerator-only gate lifted by the test; on CPU Accelerate itself keeps DDP, and FCPTrainer
+warns) with sharded checkpoints and its bf16 policy (``tests/exec/test_hf_trainer.py``).
 """
 
 from __future__ import annotations
