@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 
-__all__ = ["MicroBatchMeta", "SampleSlot", "SlotList", "FCPDataset", "StaleSampleError"]
+__all__ = ["MicroBatchMeta", "SampleSlot", "SlotList", "FCPDataset", "MalformedSampleError", "StaleSampleError"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -185,10 +185,15 @@ class FCPDataset:
     ``strict_lengths`` (as :class:`fcp_data.collator.FCPCollator`'s): a sample whose ``input_ids`` do not have the
     length the sampler planned with (a file edited since indexing) is a failed read too (``StaleSampleError``), not
     the collator's error that would end the run; pass False together with the collator's ``strict_lengths=False``.
+    So is a tokenized sample (a dict with ``input_ids``) that the model cannot take (``MalformedSampleError``): ids
+    that are not 1-D integers, ``labels`` of another length, or — with ``vocab_size`` (the model's) — a token id or label
+    outside ``[0, vocab_size)``, which would otherwise end the run inside the embedding (on a GPU, as a device-side
+    assert). Its ``input_ids``/``labels`` reach the collator as int64 tensors.
     """
 
     def __init__(self, base: Any, *, on_error: str = "skip", retries: int = 1, max_consecutive_errors: int = 8,
-                 max_error_rate: float = 0.01, errors_path: Any = None, strict_lengths: bool = True) -> None:
+                 max_error_rate: float = 0.01, errors_path: Any = None, strict_lengths: bool = True,
+                 vocab_size: int | None = None) -> None:
         from fcp_data.read_errors import ON_ERROR, ReadErrorBudget
 
         if on_error not in ON_ERROR:
@@ -197,6 +202,9 @@ class FCPDataset:
             raise ValueError(f"retries must be an int >= 0, got {retries!r}")
         if not isinstance(strict_lengths, bool):
             raise TypeError(f"strict_lengths must be True or False, got {strict_lengths!r}")
+        if vocab_size is not None and (isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1):
+            raise ValueError(f"vocab_size must be an int >= 1 or None, got {vocab_size!r}")
+        self.vocab_size = vocab_size
         self.base = base
         self.on_error = on_error
         self.strict_lengths = strict_lengths
@@ -213,9 +221,7 @@ class FCPDataset:
         error: Exception | None = None
         for _ in range(self.retries + 1):
             try:
-                sample = self.base[slot.index]
-                if self.strict_lengths:
-                    _check_planned_length(sample, slot)
+                sample = _checked(self.base[slot.index], slot, self.strict_lengths, self.vocab_size)
             except Exception as e:  # noqa: BLE001 - any failure of one sample is that sample's, within the budget
                 error = e
                 continue
@@ -240,13 +246,35 @@ class StaleSampleError(ValueError):
     """A sample read fine but its length is not the one the sampler planned with (its file changed since indexing)."""
 
 
-def _check_planned_length(sample: Any, slot: SampleSlot) -> None:
-    ids = sample.get("input_ids") if isinstance(sample, dict) else None
-    n = len(ids) if hasattr(ids, "__len__") else None
-    if hasattr(ids, "dim") and ids.dim() == 2 and ids.shape[0] == 1:  # [1, n] as the collator accepts it
-        n = int(ids.shape[1])
-    if n is not None and n != slot.length:
-        raise StaleSampleError(f"has {n} tokens but the sampler planned it with {slot.length}: its data changed since "
-                               "the length index was built (rebuild the index if many samples say so; lengths that "
-                               "are estimates on purpose need FCPDataset(strict_lengths=False) and "
+class MalformedSampleError(ValueError):
+    """A sample read fine but is not a tokenized sample the model can take (:class:`FCPDataset`)."""
+
+
+def _checked(sample: Any, slot: SampleSlot, strict_lengths: bool, vocab_size: int | None) -> Any:
+    """``sample`` with its ``input_ids`` (and ``labels``) as int64 tensors, or the exception that makes it a failed
+    read: :class:`MalformedSampleError`, :class:`StaleSampleError` (FCPDataset's docstring)."""
+    from fcp_data.collator_inputs import as_ids
+
+    if not isinstance(sample, dict) or sample.get("input_ids") is None:
+        return sample  # not a tokenized sample: the collator's to read (FCPDataset serves any base)
+    try:
+        out = dict(sample, input_ids=as_ids(sample["input_ids"], slot.index))
+        if sample.get("labels") is not None:
+            out["labels"] = as_ids(sample["labels"], slot.index, "labels")
+    except ValueError as e:
+        raise MalformedSampleError(str(e).removeprefix(f"sample {slot.index}: ")) from None
+    ids, labels = out["input_ids"], out.get("labels")
+    if labels is not None and labels.shape != ids.shape:
+        raise MalformedSampleError(f"has {len(labels)} labels for {len(ids)} input_ids (they must align)")
+    if vocab_size is not None:
+        for key, t, low in (("input_ids", ids, 0), ("labels", labels, -100)):
+            bad = None if t is None else t[(t >= vocab_size) | ((t < 0) & (t != low))]
+            if bad is not None and len(bad):
+                raise MalformedSampleError(f"has {key} {int(bad[0])} outside the model's vocabulary [0, {vocab_size})"
+                                           + (" (or the ignore index -100)" if key == "labels" else ""))
+    if strict_lengths and len(ids) != slot.length:
+        raise StaleSampleError(f"has {len(ids)} tokens but the sampler planned it with {slot.length}: its data "
+                               "changed since the length index was built (rebuild the index if many samples say so; "
+                               "lengths that are estimates on purpose need FCPDataset(strict_lengths=False) and "
                                "FCPCollator(strict_lengths=False))")
+    return out

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import collections
 import warnings
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -56,6 +55,8 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from fcp_exec.devices import settle_collectives
+from fcp_exec.integrations.hf_trainer_data import (GlobalBatch, GlobalBatchLoader, _has_labels, _is_indexed,
+                                                   count_lengths)
 from fcp_exec.integrations.hf import VL_MODEL_TYPES, apply_fcp, fcp_loss, model_type_of, unwrap
 from fcp_exec.step import AllReduceReducer, DDPReducer, FSDP2Reducer, StepResult, eval_step, train_step
 
@@ -66,112 +67,6 @@ except ImportError as e:  # pragma: no cover - the hf extra is not installed
                       "pip install 'fcp[hf]'") from e
 
 __all__ = ["FCPTrainer", "GlobalBatch", "GlobalBatchLoader", "count_lengths"]
-
-
-class GlobalBatch(list):
-    """This rank's micro-batches (collator dicts, in order) of one global batch: one Trainer step."""
-
-    @property
-    def epoch(self) -> int:
-        return int(self[0]["epoch"])
-
-    @property
-    def global_batch(self) -> int:
-        return int(self[0]["global_batch"])
-
-
-class GlobalBatchLoader:
-    """A ``DataLoader`` over an ``FCPSampler`` whose items are whole global batches (:class:`GlobalBatch`).
-
-    ``len()`` is the number of global batches per epoch (the Trainer's steps per epoch); ``set_epoch`` selects the
-    sampler's epoch (a position moved by :meth:`skip_to` in that epoch survives it); each ``iter()`` yields the
-    rest of the sampler's epoch from where it stands."""
-
-    def __init__(self, loader: DataLoader, sampler: Any) -> None:
-        self.loader, self.sampler = loader, sampler
-        self.dataset = loader.dataset
-
-    def __len__(self) -> int:
-        return self.sampler.num_global_batches()
-
-    def set_epoch(self, epoch: int) -> None:
-        self.sampler.set_epoch(epoch)
-
-    def skip_to(self, epoch: int, global_batch: int) -> "GlobalBatchLoader":
-        """Start the next iteration at ``global_batch`` of ``epoch`` (global batches before it are not read)."""
-        if global_batch > 0:
-            last = SimpleNamespace(epoch=epoch, global_batch=global_batch - 1)
-            self.sampler.load_state_dict(self.sampler.state_after(last))
-        else:
-            self.sampler.set_epoch(epoch)
-        return self
-
-    def __iter__(self):
-        current = GlobalBatch()
-        for mb in self.loader:
-            current.append(mb)
-            if int(mb["micro_batch"]) == int(mb["num_micro_batches"]) - 1:
-                yield current
-                current = GlobalBatch()
-        if current:  # the sampler never ends an epoch inside a global batch
-            raise RuntimeError(f"the loader ended inside global batch {current.global_batch} "
-                               f"({len(current)} of {current[0]['num_micro_batches']} micro-batches)")
-
-
-def _is_indexed(data: Any) -> bool:
-    """An ``fcp_data.IndexedDataset`` (its ``index`` is a LengthIndex; a list's ``index`` is a method)."""
-    return hasattr(data, "placeholder_runs") and not callable(getattr(data, "index", None))
-
-
-def count_lengths(data: Any, which: str = "train") -> np.ndarray:
-    """Every sample's token count, ``len(sample["input_ids"])``, read sample by sample (a progress bar from 10,000
-    samples on): what the sampler plans with when the dataset is not an fcp index and no lengths were given. An fcp
-    index (``fcp index``) or ``{which}_lengths=`` avoids reading the data; each rank counts for itself."""
-    from tqdm.auto import tqdm
-
-    if not hasattr(data, "__len__") or not hasattr(data, "__getitem__"):
-        raise ValueError(f"FCPTrainer: the {which} dataset ({type(data).__name__}) is not map-style (len() and [i]); "
-                         f"pass an fcp_data.IndexedDataset (`fcp index ... --out DIR`) or {which}_lengths=")
-    arrow = _arrow_lengths(data)
-    if arrow is not None:
-        return arrow
-    out = np.empty(len(data), dtype=np.int64)
-    for i in tqdm(range(len(data)), desc=f"FCPTrainer: token lengths of the {which} dataset", unit="sample",
-                  disable=len(data) < 10_000):
-        sample = data[i]
-        ids = sample.get("input_ids") if isinstance(sample, dict) else None
-        if ids is None:
-            raise ValueError(f"FCPTrainer: {which} sample {i} has no input_ids ({type(sample).__name__}); the sampler "
-                             f"needs token counts: tokenize the dataset first, or pass an fcp_data.IndexedDataset "
-                             f"(`fcp index ... --out DIR`) or {which}_lengths=")
-        out[i] = len(ids)
-    return out
-
-
-def _arrow_lengths(data: Any) -> np.ndarray | None:
-    """A Hugging Face ``datasets.Dataset`` with an ``input_ids`` list column: its lengths from the Arrow column in one
-    call (after ``shuffle``/``select``/``filter``, in the dataset's own order) instead of a read per sample (measured:
-    149,000 rows in 0.23 s, against 0.38 s per 20,000 rows read one by one). None for anything else."""
-    if not type(data).__module__.startswith("datasets.") or "input_ids" not in (getattr(data, "column_names", ()) or ()):
-        return None
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    column = data.with_format("arrow")["input_ids"]
-    if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)) or column.null_count:
-        return None  # read sample by sample: a missing input_ids is then named by its index
-    return pc.list_value_length(column).to_numpy(zero_copy_only=False).astype(np.int64)
-
-
-def _has_labels(data: Any) -> bool:
-    """Whether the samples carry their own ``labels`` (SFT): an fcp index says so; another dataset's first sample."""
-    if hasattr(data, "has_labels"):
-        return bool(data.has_labels)
-    try:
-        first = data[0]
-    except Exception:  # noqa: BLE001 - an unreadable first sample: the collator's own labels, as by default
-        return False
-    return isinstance(first, dict) and first.get("labels") is not None
 
 
 class FCPTrainer(Trainer):
@@ -257,9 +152,13 @@ class FCPTrainer(Trainer):
         from fcp_data import FCPCollator, FCPDataset, FCPSampler
 
         lengths = self._lengths_of(data, which)
-        sampler = FCPSampler(data if lengths is None else lengths, cost_model=self.fcp_cost_model,
-                             global_batch_size=self.fcp_global_batch_size, seed=seed,
-                             **self._sampler_kwargs)
+        try:
+            sampler = FCPSampler(data if lengths is None else lengths, cost_model=self.fcp_cost_model,
+                                 global_batch_size=self.fcp_global_batch_size, seed=seed, **self._sampler_kwargs)
+        except ValueError as e:  # the sampler names its own options: say where they go here
+            if "on_overlong" not in str(e):
+                raise
+            raise ValueError(f"FCPTrainer: {e} (FCPTrainer(sampler_kwargs={{'on_overlong': 'truncate'}}))") from None
         ckw = dict(self._collator_kwargs)
         ckw.setdefault("sample_labels", _has_labels(data))
         ckw.setdefault("pad_token_id", self._pad_id(data))
@@ -273,8 +172,9 @@ class FCPTrainer(Trainer):
             collate = FCPCollator(**ckw)
         from fcp_exec.launch import dataloader_context
 
-        workers = int(self.args.dataloader_num_workers)
-        loader = DataLoader(FCPDataset(data, **self._dataset_kwargs), batch_sampler=sampler, collate_fn=collate,
+        workers, vocab = int(self.args.dataloader_num_workers), getattr(inner.config, "text_config", inner.config).vocab_size
+        dataset = FCPDataset(data, **{"vocab_size": vocab, **self._dataset_kwargs})  # ids past it: a skipped sample
+        loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collate,
                             num_workers=workers, persistent_workers=workers > 0 and self.args.dataloader_persistent_workers,
                             pin_memory=bool(self.args.dataloader_pin_memory) and torch.cuda.is_available(),
                             multiprocessing_context=dataloader_context(workers))

@@ -109,6 +109,7 @@ def test_budget_ends_the_run_when_the_dataset_is_broken():
     ({"retries": -1}, "retries must be an int >= 0"),
     ({"max_consecutive_errors": 0}, "max_consecutive_errors must be an int >= 1"),
     ({"max_error_rate": 1.5}, r"max_error_rate must be a number in \[0, 1\]"),
+    ({"vocab_size": 0}, "vocab_size must be an int >= 1 or None"),
 ])
 def test_bad_arguments_are_one_clear_error(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -188,3 +189,33 @@ def test_a_sample_whose_length_changed_since_indexing_is_a_failed_read():
     assert isinstance(loose, dict)
     batch = FCPCollator(pad_token_id=PAD, strict_lengths=False)([(loose, _slot(1, meta, n=9, length=9))])
     assert batch["input_ids"].numel() == 10 and batch["skipped_samples"] == ()  # cut to 9, padded to 2·degree
+
+
+@pytest.mark.parametrize("sample, detail", [
+    ({"input_ids": [1, 2, 99, 4]}, "has input_ids 99 outside the model's vocabulary [0, 50)"),
+    ({"input_ids": [1, -2, 3, 4]}, "has input_ids -2 outside the model's vocabulary [0, 50)"),
+    ({"input_ids": [1, 2, 3, 4], "labels": [-100, 2, 3, 77]}, "has labels 77 outside the model's vocabulary [0, 50)"),
+    ({"input_ids": [1, 2, 3, 4], "labels": [-100, 2, 3]}, "has 3 labels for 4 input_ids (they must align)"),
+    ({"input_ids": "abcd"}, "input_ids must be a 1-D integer tensor or list, got str"),
+    ({"input_ids": [1.5, 2.0, 3.0, 4.0]}, "input_ids must be a 1-D integer tensor or list, got shape (4,) dtype torch.float32"),
+    ({"input_ids": [[1, 2], [3, 4]]}, "input_ids must be a 1-D integer tensor or list, got shape (2, 2)"),
+])
+def test_a_sample_the_model_cannot_take_is_a_failed_read(sample, detail):
+    """A tokenized sample that reads but cannot be trained on — token ids or labels outside the model's vocabulary
+    (the embedding would raise deep in the forward; on a GPU a device-side assert ends the process), labels that do
+    not align, ids that are not 1-D integers — is recorded and skipped (``MalformedSampleError``) like a sample that
+    fails to read, instead of ending the run in the collator or the model; what the model can take passes as int64
+    tensors, the caller's sample untouched."""
+    meta = _meta(1, 0)
+    sk, _ = FCPDataset([sample], vocab_size=50)[_slot(0, meta, n=4, length=4)]
+    assert isinstance(sk, SkippedSample) and sk.reason == "MalformedSampleError", sk
+    assert sk.detail.startswith(detail), sk.detail
+    good = {"input_ids": [1, 2, 3, 49], "labels": [-100, 2, 3, 49], "text": "kept"}
+    ok, _ = FCPDataset([good], vocab_size=50)[_slot(0, meta, n=4, length=4)]
+    assert ok["input_ids"].dtype == torch.long and ok["input_ids"].tolist() == good["input_ids"]
+    assert ok["labels"].tolist() == good["labels"] and ok["text"] == "kept" and isinstance(good["input_ids"], list)
+    row, _ = FCPDataset([{"input_ids": torch.tensor([[1, 2, 3, 4]])}])[_slot(0, meta, n=4, length=4)]
+    assert row["input_ids"].shape == (4,)  # [1, n], as the collator takes it
+    if "outside" in detail:  # no vocabulary given: the ids are not judged
+        assert isinstance(FCPDataset([sample])[_slot(0, meta, n=4, length=4)][0], dict)
+    assert FCPDataset([5])[_slot(0, meta, n=4, length=4)][0] == 5  # not a tokenized sample: the collator's to read

@@ -245,13 +245,15 @@ def _reference(family: str, batches: tuple[tuple[int, ...], ...], evals: tuple[t
     return {"losses": losses, "norms": norms, "params": _params(model), "eval": total / max(tokens, 1)}
 
 
-def _order(family: str, seed: int, steps: int, num_ranks: int = 2,
-           tokens_per_rank: int = TOKENS_PER_RANK) -> tuple[tuple[int, ...], ...]:
-    """The global batches FCPTrainer's sampler trains on ``num_ranks`` ranks, epoch by epoch."""
+def _order(family: str, seed: int, steps: int, num_ranks: int = 2, tokens_per_rank: int = TOKENS_PER_RANK,
+           lengths: tuple[int, ...] | None = None) -> tuple[tuple[int, ...], ...]:
+    """The global batches FCPTrainer's sampler trains on ``num_ranks`` ranks, epoch by epoch (planned with the
+    family's synthetic lengths, or ``lengths``)."""
     from fcp_data import FCPSampler
 
     _, data = _data(family)
-    s = FCPSampler(data.lengths, num_ranks=num_ranks, rank=0, cost_model=_cost(tokens_per_rank), global_batch_size=GBS, seed=seed,
+    s = FCPSampler(data.lengths if lengths is None else list(lengths), num_ranks=num_ranks, rank=0,
+                   cost_model=_cost(tokens_per_rank), global_batch_size=GBS, seed=seed,
                    visual_layout=data.visual_layout)
     per_epoch = s.num_global_batches()
     return tuple(tuple(int(i) for i in s.global_batch_indices(k % per_epoch, epoch=k // per_epoch))
@@ -453,9 +455,13 @@ def test_fcp_trainer_refuses_what_it_cannot_train(tmp_path, kw, message):
 @pytest.mark.parametrize("dataset, message", [
     ([[1, 2, 3]] * 4, "train sample 0 has no input_ids"),
     (iter([{"input_ids": [1, 2]}]), "is not map-style"),
+    ([{"input_ids": [1, 2]}, {"input_ids": []}] * 3, r"3 train sample\(s\) have no tokens \(first: sample 1\)"),
+    ([{"input_ids": [1, 2]}, {"input_ids": [3] * 999}] * 3,
+     r"longer than num_ranks·tokens_per_rank .* \(FCPTrainer\(sampler_kwargs=\{'on_overlong': 'truncate'\}\)\)"),
 ])
 def test_fcp_trainer_needs_token_counts(tmp_path, dataset, message):
-    """Neither an fcp index nor lengths, and samples that do not say their tokens: one clear error at train()."""
+    """Neither an fcp index nor lengths, and samples that do not say their tokens, samples without a token, or
+    longer than a micro-batch holds: one clear error at train(), before any step, naming the fix."""
     trainer = _trainer(tmp_path, train_dataset=dataset, train_lengths=None)
     with pytest.raises(ValueError, match=message):
         trainer.train()
@@ -494,6 +500,50 @@ def test_a_plain_list_of_tokenized_samples_with_labels_trains_on_its_labels(tmp_
         trainer.predict(listed)
 
 
+def test_samples_the_model_cannot_take_are_skipped_like_unreadable_ones(tmp_path):
+    """A plain list with four samples that are not trainable (the first of each of the first four global batches) — a
+    token id past the vocabulary, ids given as a string, labels one shorter than the ids, a negative id — trains, records each (``MalformedSampleError``, in
+    ``fcp_steps`` and the errors file) and equals the stock Trainer on the rest of every global batch (the first
+    loss to 1e-12; later losses and gradient norms within 1e-7 / 1e-5: the skipped labels leave the denominator
+    after the backward, a rescale that rounds apart at float32's level in the stock RMSNorm, as in
+    tests/exec/test_hf_train.py). Before, the out-of-vocabulary id ended the run in the embedding (IndexError)."""
+    from accelerate.state import AcceleratorState
+    from transformers import TrainingArguments
+
+    from fcp_exec.integrations.hf import build_model
+    from fcp_exec.integrations.hf_trainer import FCPTrainer, count_lengths
+
+    AcceleratorState._reset_state(reset_partial_state=False)
+    config, data = _data("qwen3", True)
+    rows = [{"input_ids": data.dataset[i]["input_ids"].tolist(), "labels": data.dataset[i]["labels"].tolist()}
+            for i in range(len(data.lengths))]
+    order = _order("qwen3", 0, STEPS, 1, MAX_TOKENS)  # the damage keeps every length: the same order
+    kinds = (lambda r: dict(r, input_ids=r["input_ids"][:-1] + [config.vocab_size]),
+             lambda r: dict(r, input_ids="x" * len(r["input_ids"])),
+             lambda r: dict(r, labels=r["labels"][:-1]),
+             lambda r: dict(r, input_ids=[-1] + r["input_ids"][1:]))
+    bad = {b[0]: kind(rows[b[0]]) for b, kind in zip(order, kinds)}  # one per global batch: none left empty
+    hostile = [bad.get(i, r) for i, r in enumerate(rows)]
+    errors = tmp_path / "errors.jsonl"
+    trainer = FCPTrainer(model=build_model(config, dtype=torch.float64, seed=0),
+                         args=TrainingArguments(**dict(ARGS, output_dir=str(tmp_path / "run"))), train_dataset=hostile,
+                         cost_model=_cost(MAX_TOKENS), global_batch_size=GBS, pad_token_id=data.pad_token_id,
+                         dataset_kwargs={"errors_path": str(errors)})
+    trainer.train()
+    skipped = [(r["index"], r["reason"]) for s in trainer.fcp_steps for r in s.skipped]
+    assert order == _order("qwen3", 0, STEPS, 1, MAX_TOKENS, tuple(count_lengths(hostile)))
+    hit = sorted(i for b in order for i in b if i in bad)
+    assert sorted(skipped) == [(i, "MalformedSampleError") for i in hit] and len(bad) == 4, (skipped, order)
+    assert len(errors.read_text().splitlines()) == len(hit)
+    AcceleratorState._reset_state(reset_partial_state=False)
+    rest = tuple(tuple(i for i in b if i not in bad) for b in order)
+    ref = _reference("qwen3", rest, (), str(tmp_path / "ref"), sft=True)
+    losses = [r.loss for r in trainer.fcp_steps]
+    _close(losses[:1], ref["losses"][:1], "first loss")
+    _close(losses, ref["losses"], "loss with samples skipped", tol=1e-7)
+    _close(_norms(trainer), ref["norms"], "grad norm with samples skipped", tol=1e-5)
+
+
 @pytest.mark.skipif(importlib.util.find_spec("datasets") is None, reason="Hugging Face datasets is not installed")
 def test_a_hugging_face_dataset_trains_like_the_same_samples_in_a_list(tmp_path):
     """A tokenized ``datasets.Dataset`` as ``.map(tokenize)`` leaves it — ``input_ids``, ``labels`` and the columns the
@@ -505,7 +555,8 @@ def test_a_hugging_face_dataset_trains_like_the_same_samples_in_a_list(tmp_path)
     from transformers import TrainingArguments
 
     from fcp_exec.integrations.hf import build_model
-    from fcp_exec.integrations.hf_trainer import FCPTrainer, _arrow_lengths, count_lengths
+    from fcp_exec.integrations.hf_trainer import FCPTrainer, count_lengths
+    from fcp_exec.integrations.hf_trainer_data import _arrow_lengths
 
     config, data = _data("qwen3", True)
     rows = [{"input_ids": data.dataset[i]["input_ids"].tolist(), "labels": data.dataset[i]["labels"].tolist()}
