@@ -38,9 +38,11 @@ Trainer's own):
 
 Refused with one clear error (not silently changed): ``gradient_accumulation_steps`` > 1 (the global batch is the
 accumulation; set ``global_batch_size``), ``fp16`` (no loss scaler on this path; use ``bf16``), DeepSpeed and FSDP1,
-``model_init``, ``compute_metrics`` and ``predict()``. Tested on CPU/gloo: DDP, one process, bf16 autocast, LoRA, and
-Accelerate's FSDP2 (its accelerator-only gate lifted by the test; on CPU Accelerate itself keeps DDP, and FCPTrainer
-warns) with sharded checkpoints and its bf16 policy (``tests/exec/test_hf_trainer.py``).
+``model_init``, ``compute_metrics``, ``predict()``, ``label_smoothing_factor`` and any ``compute_loss`` override but TRL
+``SFTTrainer``'s plain NLL (``class FCPSFTTrainer(FCPTrainer, SFTTrainer)``: TRL prepares the data, FCP trains).
+Tested on CPU/gloo: DDP, one process, bf16 autocast, LoRA, TRL SFT, datasets.Dataset, and Accelerate's FSDP2 (its
+accelerator-only gate lifted by the test; on CPU Accelerate itself keeps DDP, and FCPTrainer warns) with sharded
+checkpoints and its bf16 policy (``tests/exec/test_hf_trainer.py``).
 """
 
 from __future__ import annotations
@@ -67,6 +69,28 @@ except ImportError as e:  # pragma: no cover - the hf extra is not installed
                       "pip install 'fcp[hf]'") from e
 
 __all__ = ["FCPTrainer", "GlobalBatch", "GlobalBatchLoader", "count_lengths"]
+
+
+def _check_loss(cls: type, args: Any) -> None:
+    """FCPTrainer computes the loss itself (Σ cross-entropy over the global batch's label tokens, ``fcp_loss``): a
+    loss the Trainer class or its arguments would compute otherwise is refused, not silently replaced. TRL's
+    ``SFTTrainer`` (mixed in: ``class FCPSFTTrainer(FCPTrainer, SFTTrainer)``) computes that same loss with
+    ``loss_type="nll"`` (its labels, prompt or non-assistant tokens at -100, come from its dataset preparation)."""
+    if float(getattr(args, "label_smoothing_factor", 0.0) or 0.0):
+        raise ValueError("FCPTrainer: label_smoothing_factor is not supported (its loss is plain cross-entropy)")
+    owner = next(c for c in cls.__mro__ if "compute_loss" in c.__dict__)
+    if owner is Trainer:
+        return
+    if owner.__name__ == "SFTTrainer" and owner.__module__.startswith("trl."):
+        if getattr(args, "packing", False):
+            raise ValueError("FCPTrainer: TRL packing=True is not supported: FCP packs each micro-batch itself, "
+                             "document by document; set packing=False")
+        if getattr(args, "loss_type", "nll") != "nll":
+            raise ValueError(f"FCPTrainer: TRL loss_type={args.loss_type!r} is not supported; use loss_type='nll'")
+        return
+    raise ValueError(f"FCPTrainer: {owner.__qualname__}.compute_loss would never be called: FCPTrainer computes the "
+                     "loss itself (cross-entropy over the global batch's label tokens); put per-token masking into "
+                     "the samples' labels (-100) instead")
 
 
 class FCPTrainer(Trainer):
@@ -100,6 +124,7 @@ class FCPTrainer(Trainer):
         if cost_model is None:
             raise ValueError("FCPTrainer needs cost_model= (fcp_data.CostModel.load('cost.json') from `fcp profile`, "
                              "or CostModel.preset(model, hardware))")
+        _check_loss(type(self), args)
         if getattr(model, "_fcp_state", None) is None:
             apply_fcp(model)
         if args is not None and getattr(args, "ddp_find_unused_parameters", False) is None:

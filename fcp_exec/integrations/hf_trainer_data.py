@@ -125,4 +125,14 @@ def _has_labels(data: Any) -> bool:
         first = data[0]
     except Exception:  # noqa: BLE001 - an unreadable first sample: the collator's own labels, as by default
         return False
-    return isinstance(first, dict) and first.get("labels") is not None
+    if not isinstance(first, dict):
+        return False
+    masks = [k for k in _LOSS_MASKS if first.get(k) is not None]
+    if masks and first.get("labels") is None:  # a trainer's collator would have masked the loss with them
+        raise ValueError(f"FCPTrainer: the samples carry {', '.join(masks)} but no labels; FCPTrainer trains on the "
+                         "samples' labels (-100: no loss) and would train on every token: build labels from the "
+                         "mask (TRL's SFTTrainer does from version 1.x on)")
+    return first.get("labels") is not None
+
+
+_LOSS_MASKS = ("completion_mask", "assistant_masks")

@@ -187,7 +187,60 @@ def _fcp_runs(out: str) -> dict:
         "fsdp2-resumed": _fcp_run("qwen3", f"{out}/fsdp2-r", fsdp2=True, resume=f"{out}/fsdp2/checkpoint-2"),
         "fsdp2-bf16": _fcp_run("qwen3", f"{out}/fsdp2-bf16", fsdp2=True, dtype=torch.float32, bf16=True),
         **({"lora": _fcp_run("qwen3", f"{out}/lora", lora=True)} if _HAS_PEFT else {}),
+        **({"trl": _trl_run(f"{out}/trl")} if _HAS_TRL else {}),
     }
+
+
+_HAS_TRL = importlib.util.find_spec("trl") is not None
+TOKENIZER = Path(__file__).resolve().parents[2] / "tokenizers" / "tiny-bpe.json"  # the tiny configs' 2,000 ids
+
+
+def _sft_rows() -> list[dict]:
+    """12 prompt/completion pairs (TRL's standard SFT format) of random words, 4–45 tokens."""
+    import random
+
+    rng = random.Random(0)
+    words = "the cat sat on a mat while video frames arrive at two per second and the model learns".split()
+    return [{"prompt": " ".join(rng.choices(words, k=rng.randint(3, 15))) + " ",
+             "completion": " ".join(rng.choices(words, k=rng.randint(2, 30)))} for _ in range(12)]
+
+
+def _sft_trainer(base: type, out: str, **kw):
+    """A TRL trainer of class ``base`` on :func:`_sft_rows` (completion-only loss, TRL's default for this format),
+    the tiny Qwen3 in float64 (bf16 off: SFTConfig would turn it on)."""
+    import datasets
+    from transformers import PreTrainedTokenizerFast
+    from trl import SFTConfig
+
+    from fcp_exec.integrations.hf import build_model
+
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(TOKENIZER), eos_token="<|endoftext|>", pad_token="<|pad|>")
+    config, _ = _data("qwen3")
+    with warnings.catch_warnings():  # TRL: its default gradient_checkpointing=True is transformers' deprecated name;
+        warnings.simplefilter("ignore")  # the tokenised prompt is not always a prefix of prompt + completion
+        args = SFTConfig(**dict(ARGS, output_dir=out, bf16=False, max_length=MAX_TOKENS, **kw.pop("args", {})))
+        return base(model=build_model(config, dtype=torch.float64, seed=0), args=args, processing_class=tok,
+                    train_dataset=datasets.Dataset.from_list(_sft_rows()), **kw)
+
+
+def _trl_run(out: str) -> dict:
+    """``class FCPSFTTrainer(FCPTrainer, SFTTrainer)`` on this rank: TRL prepares the data, FCP trains."""
+    from accelerate.state import AcceleratorState
+    from trl import SFTTrainer
+
+    from fcp_exec.integrations.hf_trainer import FCPTrainer
+
+    class FCPSFTTrainer(FCPTrainer, SFTTrainer):
+        pass
+
+    AcceleratorState._reset_state(reset_partial_state=False)
+    trainer = _sft_trainer(FCPSFTTrainer, out, cost_model=_cost(), global_batch_size=GBS)
+    trainer.train()
+    prepared = trainer.train_dataset
+    return {"losses": [r.loss for r in trainer.fcp_steps], "norms": _norms(trainer),
+            "params": _params(trainer.model_wrapped), "groups": [g for st in trainer.fcp_steps for g in st.groups],
+            "lengths": [len(x) for x in prepared["input_ids"]],
+            "masked": sum(sum(1 for t in x if t == -100) for x in prepared["labels"])}
 
 
 _HAS_PEFT = importlib.util.find_spec("peft") is not None
@@ -305,6 +358,85 @@ def test_fcp_trainer_equals_stock_trainer(fcp_runs, run, family, tmp_path):
         assert abs(res["eval"]["eval_loss"] - ref["eval"]) <= 1e-12 * ref["eval"], (res["eval"], ref["eval"])
         (s3, at3), (s6, at6) = res["evals"]
         assert (s3, s6) == (3, STEPS) and at6 == res["eval"]["eval_loss"] and at3 != at6, res["evals"]
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(not _HAS_TRL, reason="trl is not installed (pip install trl; the dev extra has it)")
+def test_trl_sft_trainer_with_fcp_trains_like_the_stock_sft_trainer(fcp_runs, tmp_path):
+    """TRL's ``SFTTrainer`` with FCP mixed in (``class FCPSFTTrainer(FCPTrainer, SFTTrainer)``, nothing else): TRL
+    tokenises prompt/completion pairs and masks the prompts in its labels, FCPTrainer plans and trains the global
+    batches on 2 ranks. Reference: the stock ``SFTTrainer``, one process, on the same prepared rows in FCP's global
+    batches (padded batches of 3, its own collator and loss). Every step's loss, gradient norm and the final
+    parameters within 1e-6 (relative; of the largest entry): the stock loss is computed on float32 logits even in a
+    float64 model (transformers' ForCausalLMLoss upcasts with ``.float()``), measured 6.6e-8 / 1.2e-7 / 1.5e-7 — a
+    prompt trained on, or a label lost, moves the loss by more than 1e-2."""
+    from accelerate.state import AcceleratorState
+    from trl import SFTTrainer
+
+    res = fcp_runs[0][0]["trl"]
+    assert res["masked"] > 100, res["masked"]  # the prompts are masked: completion-only loss
+    order = _order("qwen3", 0, STEPS, 2, TOKENS_PER_RANK, tuple(res["lengths"]))
+    losses: list[float] = []
+
+    class Stock(SFTTrainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            losses.append(float(loss.detach()))
+            return loss
+
+        def _get_train_sampler(self, train_dataset=None):
+            return torch.utils.data.SequentialSampler(self.train_dataset)
+
+    AcceleratorState._reset_state(reset_partial_state=False)
+    stock = _sft_trainer(Stock, str(tmp_path), args={"per_device_train_batch_size": GBS})
+    assert [len(x) for x in stock.train_dataset["input_ids"]] == res["lengths"]
+    stock.train_dataset = stock.train_dataset.select([i for b in order for i in b])  # FCP's global batches, in order
+    stock.train()
+    _close(res["losses"], losses, "TRL SFT loss", tol=1e-6)
+    _close(res["norms"], _norms(stock), "TRL SFT grad norm", tol=1e-6)
+    _same_params(res["params"], _params(stock.model), "TRL SFT", tol=1e-6)
+    assert any(len(g) == 2 for g in res["groups"]), res["groups"]
+
+
+@pytest.mark.skipif(not _HAS_TRL, reason="trl is not installed")
+@pytest.mark.parametrize("args, message", [
+    ({"packing": True}, "TRL packing=True is not supported"),
+    ({"loss_type": "dft"}, "TRL loss_type='dft' is not supported"),
+    ({"label_smoothing_factor": 0.1}, "label_smoothing_factor is not supported"),
+])
+def test_a_loss_fcp_trainer_would_not_compute_is_refused(tmp_path, args, message):
+    """FCPTrainer computes the loss itself: a TRL option, a Trainer argument or a ``compute_loss`` override that
+    asks for another loss is one error at construction (before TRL prepares the data), never silently replaced."""
+    from trl import SFTTrainer
+
+    from fcp_exec.integrations.hf_trainer import FCPTrainer
+
+    class FCPSFTTrainer(FCPTrainer, SFTTrainer):
+        pass
+
+    with pytest.raises(ValueError, match=message):
+        _sft_trainer(FCPSFTTrainer, str(tmp_path), args=args, cost_model=_cost())
+
+
+def test_a_compute_loss_override_is_refused_not_ignored(tmp_path):
+    from fcp_exec.integrations.hf_trainer import FCPTrainer
+
+    class Weighted(FCPTrainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            raise AssertionError("never called")
+
+    config, data = _data("qwen3")
+    with pytest.raises(ValueError, match=r"Weighted.compute_loss would never be called"):
+        from transformers import TrainingArguments
+
+        from fcp_exec.integrations.hf import build_model
+
+        Weighted(model=build_model(config, dtype=torch.float64, seed=0), cost_model=_cost(),
+                 args=TrainingArguments(**dict(ARGS, output_dir=str(tmp_path))), train_dataset=data.dataset)
+    masked = [{"input_ids": [1, 2, 3], "completion_mask": [0, 1, 1]}] * 4  # a trainer's collator would have used it
+    trainer = _trainer(tmp_path, train_dataset=masked, train_lengths=None)
+    with pytest.raises(ValueError, match="carry completion_mask but no labels"):
+        trainer.train()
 
 
 @pytest.mark.timeout(900)
