@@ -9,7 +9,8 @@ processes: Accelerate's DDP (FSDP2 through Accelerate cannot run here: Accelerat
 processes, and on CPU it falls back to DDP, which FCPTrainer reports with a warning), its own loader (FCPSampler →
 collator, global batches of 3 sequences over 12 documents: 4 steps per epoch, 6 steps cross into epoch 1; Qwen3,
 Llama on the samples' own SFT labels, Qwen2.5-VL with images and videos, Qwen3-VL (deepstack) with activation
-checkpointing).
+checkpointing; and Qwen2.5-VL on the bundled real videos' fcp index). The same launch also runs bf16, LoRA, TRL's
+SFTTrainer and Accelerate's FSDP2, each against its own reference (their tests say which).
 
 Asserted: every step's loss and every logged gradient norm within 1e-12 relative, the final parameters within 1e-12
 of the largest parameter entry (float64: summation order only; measured: losses within 2.5e-16, parameters within
@@ -188,7 +189,43 @@ def _fcp_runs(out: str) -> dict:
         "fsdp2-bf16": _fcp_run("qwen3", f"{out}/fsdp2-bf16", fsdp2=True, dtype=torch.float32, bf16=True),
         **({"lora": _fcp_run("qwen3", f"{out}/lora", lora=True)} if _HAS_PEFT else {}),
         **({"trl": _trl_run(f"{out}/trl")} if _HAS_TRL else {}),
+        "video": _video_run(f"{out}/video"),
     }
+
+
+VIDEO_STEPS, VIDEO_GBS, VIDEO_TOKENS_PER_RANK = 3, 6, 1152  # the bundled samples: 42, up to 2,271 tokens; step 2 has
+# a 1,282-token video, which needs a ring of 2
+
+
+def _video_data():
+    """``(config, TrainData)``: the bundled videos and images indexed for Qwen2.5-VL (``fcp train``'s default data;
+    indexed once into the fcp cache folder). ``.dataset.base`` is the ``IndexedDataset`` a user hands FCPTrainer."""
+    from fcp_exec.integrations.hf import load_config
+    from fcp_exec.train_data import load_train_data
+
+    config = load_config(CONFIGS / "qwen2_5_vl-tiny.json")
+    data = load_train_data("hf:qwen2_5_vl", None, hf_config=config, max_tokens=2 * VIDEO_TOKENS_PER_RANK)
+    assert np.array_equal(data.dataset.keep, np.arange(len(data.dataset.base))), "a bundled sample was left out"
+    return config, data
+
+
+def _video_run(out: str) -> dict:
+    """FCPTrainer on the bundled video index, as a user would call it: the IndexedDataset, nothing else."""
+    from accelerate.state import AcceleratorState
+    from transformers import TrainingArguments
+
+    from fcp_exec.integrations.hf import build_model
+    from fcp_exec.integrations.hf_trainer import FCPTrainer
+
+    AcceleratorState._reset_state(reset_partial_state=False)
+    config, data = _video_data()
+    trainer = FCPTrainer(model=build_model(config, dtype=torch.float64, seed=0), train_dataset=data.dataset.base,
+                         args=TrainingArguments(**dict(ARGS, output_dir=out, max_steps=VIDEO_STEPS)),
+                         cost_model=_cost(VIDEO_TOKENS_PER_RANK), global_batch_size=VIDEO_GBS)
+    trainer.train()
+    return {"losses": [r.loss for r in trainer.fcp_steps], "norms": _norms(trainer),
+            "params": _params(trainer.model_wrapped), "groups": [g for st in trainer.fcp_steps for g in st.groups],
+            "num_tokens": [r.num_tokens for r in trainer.fcp_steps]}
 
 
 _HAS_TRL = importlib.util.find_spec("trl") is not None
@@ -260,15 +297,17 @@ def _lora(model):
 
 @functools.lru_cache(maxsize=None)
 def _reference(family: str, batches: tuple[tuple[int, ...], ...], evals: tuple[tuple[int, ...], ...], out: str,
-               sft: bool = False, dtype: str = "float64", bf16: bool = False, lora: bool = False) -> dict:
+               sft: bool = False, dtype: str = "float64", bf16: bool = False, lora: bool = False,
+               video: bool = False) -> dict:
     """The stock Trainer, one process, over ``batches`` (then ``evals``, token-weighted, without an update); the
-    model in ``dtype``, ``bf16``: the Trainer's bf16 autocast, ``lora``: the model wrapped by :func:`_lora`."""
+    model in ``dtype``, ``bf16``: the Trainer's bf16 autocast, ``lora``: the model wrapped by :func:`_lora`,
+    ``video``: the samples of the bundled video/image index (:func:`_video_data`)."""
     from transformers import Trainer, TrainingArguments
 
     from fcp_exec.integrations.hf import build_model
     from fcp_exec.integrations.hf_data import reference_loss
 
-    config, data = _data(family, sft)
+    config, data = _video_data() if video else _data(family, sft)
     ignore = _ignore_ids(config)
 
     class Stock(Trainer):
@@ -286,7 +325,7 @@ def _reference(family: str, batches: tuple[tuple[int, ...], ...], evals: tuple[t
     if lora:
         model = _lora(model)
     trainer = Stock(model=model, args=TrainingArguments(output_dir=out, per_device_train_batch_size=1, bf16=bf16,
-                                                        **ARGS),
+                                                        **dict(ARGS, max_steps=len(batches))),
                     train_dataset=global_batches, data_collator=lambda items: items[0])
     trainer.train()
     norms = _norms(trainer)
@@ -396,6 +435,27 @@ def test_trl_sft_trainer_with_fcp_trains_like_the_stock_sft_trainer(fcp_runs, tm
     _close(res["norms"], _norms(stock), "TRL SFT grad norm", tol=1e-6)
     _same_params(res["params"], _params(stock.model), "TRL SFT", tol=1e-6)
     assert any(len(g) == 2 for g in res["groups"]), res["groups"]
+
+
+@pytest.mark.timeout(900)
+def test_fcp_trainer_on_the_bundled_video_index_equals_the_stock_trainer(fcp_runs, tmp_path):
+    """FCPTrainer handed an ``IndexedDataset`` of real videos and images (the bundled samples, decoded frames, the
+    index's visual layout and Qwen2.5-VL's token rule) on 2 ranks: every step's loss and gradient norm and the final
+    parameters within 1e-12 of the stock Trainer over the same global batches (one document per forward, the
+    stock model's own positions), with a CP ring over a video."""
+    from fcp_data import FCPSampler
+
+    res = fcp_runs[0][0]["video"]
+    _, data = _video_data()
+    sampler = FCPSampler(data.dataset.base, num_ranks=2, rank=0, cost_model=_cost(VIDEO_TOKENS_PER_RANK),
+                         global_batch_size=VIDEO_GBS, seed=0)
+    batches = tuple(tuple(int(i) for i in sampler.global_batch_indices(k, epoch=0)) for k in range(VIDEO_STEPS))
+    ref = _reference("qwen2_5_vl", batches, (), str(tmp_path), video=True)
+    _close(res["losses"], ref["losses"], "video loss")
+    _close(res["norms"], ref["norms"], "video grad norm")
+    _same_params(res["params"], ref["params"], "video")
+    assert any(len(g) == 2 for g in res["groups"]), res["groups"]
+    assert any(data.dataset.base.index.num_visual_tokens[i] > 0 for b in batches for i in b)
 
 
 @pytest.mark.skipif(not _HAS_TRL, reason="trl is not installed")
