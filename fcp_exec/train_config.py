@@ -50,7 +50,9 @@ class TrainConfig:
     """One training run of :func:`fcp_exec.train.train` (each field's ``metadata["help"]`` says what it is)."""
 
     model: str = _opt("tiny-llm", "tiny-llm, tiny-mllm, or hf:PATH — a local transformers config.json (or its "
-                      "folder) of a qwen3, llama, qwen2_vl, qwen2_5_vl or qwen3_vl model, randomly initialised",
+                      "folder), randomly initialised, of a model type fcp is tested with: qwen3, llama, qwen2, "
+                      "mistral, phi3, olmo2, granite, glm4, smollm3, gemma, gemma3_text, cohere, qwen2_vl, "
+                      "qwen2_5_vl, qwen3_vl",
                       metavar="tiny-llm|tiny-mllm|hf:CONFIG.json")
     steps: int = _opt(3, "optimizer steps, one global batch each")
     seed: int = _opt(0, "seed of the weights, the data order and the synthetic data")

@@ -14,7 +14,7 @@ the high-degree short-document points). With --model tiny-mllm or a Hugging Face
 tower is timed apart (forward + backward per visual token) and gives alpha_vis; other models get alpha_vis = 0.
 --fit v1 writes the §4 fit.
 
---model hf:CONFIG.json times a Hugging Face model (qwen3, llama, qwen2_vl, qwen2_5_vl, qwen3_vl; random weights
+--model hf:CONFIG.json times a Hugging Face model (a model type `fcp train --help` lists; random weights
 from a local config.json) the way `fcp train --model hf:...` runs it: apply_fcp + fcp_loss, whole model, on
 packed text documents; the written model then plans for that architecture on this machine.
 
@@ -45,7 +45,7 @@ def register(subparsers, summary: str) -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--model", default="tiny-llm", metavar="tiny-llm|tiny-mllm|hf:CONFIG.json",
                    help="time this model's language backbone (default tiny-llm), or a Hugging Face model from a local "
-                        "config.json (hf:PATH; qwen3, llama, qwen2_vl, qwen2_5_vl, qwen3_vl)")
+                        "config.json (hf:PATH; a model type `fcp train --help` lists)")
     g.add_argument("--layer-like", metavar="PRESET", default=None,
                    help="time one transformer layer shaped like a preset model (see `fcp presets`); the fit is "
                         "scaled to the preset's layer count")

@@ -34,8 +34,9 @@ Typical use (see ``examples/``)::
   weighted 0, when it has nothing to encode) so FSDP2-sharded vision blocks stay in lock-step.
 
 Tested with transformers 5.24 and 5.25 (model types :data:`SUPPORTED_MODEL_TYPES`; other causal LMs whose attention
-goes through ``AttentionInterface`` are accepted with a warning). Sliding-window attention, attention dropout
-and KV caches are refused with a clear error: this path is for training.
+goes through ``AttentionInterface`` are accepted with a warning). A sliding window shorter than a document, logit
+soft-capping, attention sinks, attention dropout and KV caches are refused with a clear error
+(:func:`fcp_exec.integrations.hf_models.attention_limits`): this path is for training.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from fcp_exec.integrations.hf_models import (SUPPORTED_MODEL_TYPES, VL_MODEL_TYPES, attention_limits,  # noqa: F401
+                                             build_model, load_config)
 from fcp_exec.step import denominator
 
 __all__ = ["ATTENTION_NAME", "SUPPORTED_MODEL_TYPES", "VL_MODEL_TYPES", "FCPAttentionContext", "apply_fcp",
@@ -56,8 +59,6 @@ __all__ = ["ATTENTION_NAME", "SUPPORTED_MODEL_TYPES", "VL_MODEL_TYPES", "FCPAtte
            "register_attention", "unwrap", "load_config", "build_model"]
 
 ATTENTION_NAME = "fcp_ring"
-SUPPORTED_MODEL_TYPES = ("qwen3", "llama", "qwen2_vl", "qwen2_5_vl", "qwen3_vl")
-VL_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,14 +88,7 @@ def fcp_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Ten
                          "**fcp_exec.integrations.hf.batch_inputs(batch, model)")
     if query.shape[0] != 1:
         raise ValueError(f"fcp_ring attention takes one packed sequence (batch size 1), got batch size {query.shape[0]}")
-    if dropout:
-        raise ValueError(f"fcp_ring attention does not implement attention dropout (got {dropout}); set the config's "
-                         "attention_dropout to 0")
-    if getattr(module, "sliding_window", None):
-        raise ValueError("fcp_ring attention does not implement sliding-window attention; disable it in the config "
-                         "(use_sliding_window=False)")
-    if kwargs.get("cache") is not None or kwargs.get("past_key_values") is not None:
-        raise ValueError("fcp_ring attention is for training: call the model with use_cache=False")
+    attention_limits(module, dropout, kwargs, fcp_context.ring)
     q = query[0].transpose(0, 1)
     k = key[0].transpose(0, 1)
     v = value[0].transpose(0, 1)
@@ -354,44 +348,3 @@ def hf_loss_kwargs(batch: dict) -> dict[str, Any]:
     local mean)."""
     labels = batch["labels"][None]
     return {"labels": labels, "shift_labels": labels, "num_items_in_batch": denominator(batch)}
-
-
-def load_config(path) -> Any:
-    """A transformers config from a local ``config.json`` (or its folder); no download. ``ValueError`` with the
-    reason for anything else."""
-    import json
-    from pathlib import Path
-
-    from transformers import AutoConfig
-
-    p = Path(path)
-    if p.is_dir():
-        p = p / "config.json"
-    if not p.is_file():
-        raise ValueError(f"no model config at {str(path)!r}: pass a local config.json (random weights, no download)")
-    try:
-        raw = json.loads(p.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{p}: not a JSON model config ({e})") from None
-    if not isinstance(raw, dict) or "model_type" not in raw:
-        raise ValueError(f"{p}: a transformers config.json needs a 'model_type' (one of {', '.join(SUPPORTED_MODEL_TYPES)})")
-    raw = dict(raw)
-    raw.pop("architectures", None)
-    try:
-        return AutoConfig.for_model(raw.pop("model_type"), **raw)
-    except Exception as e:  # noqa: BLE001 -- also huggingface_hub's StrictDataclassError (a field of the wrong type)
-        raise ValueError(f"{p}: transformers cannot build this config: {' '.join(str(e).split())}") from None
-
-
-def build_model(config, *, dtype=torch.float32, seed: int = 0) -> nn.Module:
-    """A randomly initialised transformers model (``sdpa`` attention; call :func:`apply_fcp` for FCP) from a
-    config or a config path, with weights drawn from ``torch.manual_seed(seed)`` — identical on every rank."""
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
-
-    cfg = load_config(config) if not hasattr(config, "model_type") else config
-    torch.manual_seed(int(seed))
-    auto = AutoModelForImageTextToText if cfg.model_type in VL_MODEL_TYPES else AutoModelForCausalLM
-    try:
-        return auto.from_config(cfg, attn_implementation="sdpa", dtype=dtype)
-    except (RuntimeError, ValueError) as e:  # e.g. a negative hidden_size reaches torch as a tensor shape
-        raise ValueError(f"cannot build a {cfg.model_type} model from this config: {str(e).splitlines()[0]}") from None

@@ -1,0 +1,85 @@
+"""The transformers models fcp runs: which model types it was tested with, building one from a local config, and the
+attention features ring attention does not implement (refused per call, never silently dropped)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["SUPPORTED_MODEL_TYPES", "VL_MODEL_TYPES", "attention_limits", "build_model", "load_config"]
+
+# tested against the stock model (tests/exec/test_hf_train.py, tests/exec/test_hf_families.py)
+SUPPORTED_MODEL_TYPES = ("qwen3", "llama", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen2", "mistral", "phi3", "olmo2",
+                         "granite", "glm4", "smollm3", "gemma", "gemma3_text", "cohere")
+VL_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+
+
+def attention_limits(module: nn.Module, dropout: float, kwargs: dict, ring: Any) -> None:
+    """Refuse, in one ``ValueError``, what a layer asks of its attention that ring attention does not compute:
+    attention dropout, logit soft-capping (Gemma 2), attention sinks (``s_aux``), a KV cache, and a sliding window
+    that a document of this micro-batch is longer than. A window at least as long as every document is plain causal
+    attention (no token has more predecessors than the window), so it runs: the check uses each document's padded
+    length in the ring (``ring.cu`` × degree), which can only over-estimate. The window comes from the call
+    (Mistral, Phi-3 pass the config's) or the layer (Qwen2/3, Gemma 2/3)."""
+    if dropout:
+        raise ValueError(f"fcp_ring attention does not implement attention dropout (got {dropout}); set the config's "
+                         "attention_dropout to 0")
+    if kwargs.get("softcap"):
+        raise ValueError(f"fcp_ring attention does not implement attention logit soft-capping (softcap="
+                         f"{kwargs['softcap']}); set the config's attn_logit_softcapping to None")
+    if kwargs.get("s_aux") is not None:
+        raise ValueError("fcp_ring attention does not implement attention sinks (s_aux)")
+    if kwargs.get("cache") is not None or kwargs.get("past_key_values") is not None:
+        raise ValueError("fcp_ring attention is for training: call the model with use_cache=False")
+    window = kwargs.get("sliding_window") or getattr(module, "sliding_window", None)
+    if window:
+        cu, degree = ring.cu, ring.degree
+        longest = max((b - a for a, b in zip(cu[:-1], cu[1:])), default=0) * degree
+        if longest > int(window):
+            raise ValueError(f"a document of {longest} tokens in this micro-batch is longer than the layer's sliding "
+                             f"window ({window}): fcp_ring attention computes full causal attention, which differs "
+                             "there; disable the window in the config (sliding_window=None / use_sliding_window=False) "
+                             "or keep documents within it")
+
+
+def load_config(path) -> Any:
+    """A transformers config from a local ``config.json`` (or its folder); no download. ``ValueError`` with the
+    reason for anything else."""
+    import json
+    from pathlib import Path
+
+    from transformers import AutoConfig
+
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    if not p.is_file():
+        raise ValueError(f"no model config at {str(path)!r}: pass a local config.json (random weights, no download)")
+    try:
+        raw = json.loads(p.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{p}: not a JSON model config ({e})") from None
+    if not isinstance(raw, dict) or "model_type" not in raw:
+        raise ValueError(f"{p}: a transformers config.json needs a 'model_type' (one of {', '.join(SUPPORTED_MODEL_TYPES)})")
+    raw = dict(raw)
+    raw.pop("architectures", None)
+    try:
+        return AutoConfig.for_model(raw.pop("model_type"), **raw)
+    except Exception as e:  # noqa: BLE001 -- also huggingface_hub's StrictDataclassError (a field of the wrong type)
+        raise ValueError(f"{p}: transformers cannot build this config: {' '.join(str(e).split())}") from None
+
+
+def build_model(config, *, dtype=torch.float32, seed: int = 0) -> nn.Module:
+    """A randomly initialised transformers model (``sdpa`` attention; call :func:`apply_fcp` for FCP) from a
+    config or a config path, with weights drawn from ``torch.manual_seed(seed)`` — identical on every rank."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    cfg = load_config(config) if not hasattr(config, "model_type") else config
+    torch.manual_seed(int(seed))
+    auto = AutoModelForImageTextToText if cfg.model_type in VL_MODEL_TYPES else AutoModelForCausalLM
+    try:
+        return auto.from_config(cfg, attn_implementation="sdpa", dtype=dtype)
+    except (RuntimeError, ValueError) as e:  # e.g. a negative hidden_size reaches torch as a tensor shape
+        raise ValueError(f"cannot build a {cfg.model_type} model from this config: {str(e).splitlines()[0]}") from None

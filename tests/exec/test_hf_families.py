@@ -1,0 +1,114 @@
+"""More Hugging Face text model families trained with FCP on 2 gloo processes against single-process stock training.
+
+Qwen2/2.5 (``qwen2``), Mistral (its 4,096-token sliding window, which every test document is shorter than), Phi-3,
+OLMo 2, Granite (its attention, residual, embedding and logit multipliers), GLM-4, SmolLM3 (layers without rope),
+Gemma, Gemma 3 (text; sliding-window layers) and Cohere (parallel attention + MLP, interleaved rope, logit scale):
+tiny random configs from ``examples/configs``, float64, 3 AdamW steps and one evaluation batch each, all in ONE
+launch, through the real pipeline (FCPSampler → FCPCollator → ``apply_fcp`` ring attention → ``train_step``, the
+allreduce reducer: DDP and FSDP2 do not depend on the model family and are ``test_hf_train.py``'s). Reference: the
+stock model (``sdpa``, one document per forward) over the same global batches (``test_hf_train._reference``).
+
+Asserted per family: step 0 — the same weights on both sides — loss to 1e-12 relative and every gradient to 1e-12
+of the largest entry; every step's denominator exactly; plans that mix degree-2 groups, degree-1 groups and idle
+ranks; parameters identical on both ranks. Later steps and the evaluation: to 1e-12 as well, except for the
+families in ``ADAM_NOISE``, held to ADAM_LOSS / ADAM_GRAD: their step-0 gradients agree to 1e-16 of the largest
+entry (measured 1.4e-17 … 9.7e-17), but AdamW divides each gradient by its running RMS + 1e-8, so entries whose
+exact gradient is ~0 (these models have some) turn rounding noise into O(lr) differences in the update; measured
+at step 2: losses 1e-12 … 5.8e-12 apart, gradients 4.3e-8 … 1.4e-7 of the largest entry.
+
+A sliding window shorter than a document, attention logit soft-capping (Gemma 2) are refused per call with one
+clear error (``fcp_exec.integrations.hf_models.attention_limits``), never computed as plain causal attention.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+import test_hf_train as H  # noqa: E402 - the stock reference and the per-run checks (same folder)
+from fcp_exec.launch import launch  # noqa: E402
+from fcp_exec.train import TrainConfig, hf_preload, train, train_matrix  # noqa: E402
+
+FAMILIES = ("qwen2", "mistral", "phi3", "olmo2", "granite", "glm4", "smollm3", "gemma", "gemma3_text", "cohere")
+ADAM_NOISE = ("gemma", "gemma3_text", "cohere")
+ADAM_LOSS, ADAM_GRAD = 1e-9, 1e-5
+
+
+@functools.lru_cache(maxsize=None)
+def _matrix():
+    cfgs = [H._cfg(f, "allreduce", False) for f in FAMILIES]
+    try:
+        per_rank = launch(train_matrix, 2, cfgs, timeout=900.0, pg_timeout=120.0, preload=hf_preload(cfgs))
+    except Exception as exc:  # noqa: BLE001 - re-raised by every test that needs this launch
+        return cfgs, exc
+    return cfgs, [dict(per_rank[0][k], checksums=[r[k]["param_checksum"] for r in per_rank]) for k in range(len(cfgs))]
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_family_trains_like_the_stock_model(family):
+    cfgs, results = _matrix()
+    if isinstance(results, Exception):
+        raise results
+    [(cfg, res)] = [(c, r) for c, r in zip(cfgs, results) if c.model.endswith(f"/{family}-tiny.json")]
+    steps = res["steps"]
+    batches = tuple(tuple(s["sample_indices"]) for s in steps)
+    ref = H._reference(family, batches)
+    loss0, _, grads0, _ = ref[0]
+    assert abs(steps[0]["loss"] - loss0) <= 1e-12 * abs(loss0), (family, steps[0]["loss"], loss0)
+    assert H._gap(steps[0]["grads"], grads0) <= 1e-12, (family, H._gap(steps[0]["grads"], grads0))
+    noisy = family in ADAM_NOISE
+    degrees = H._check_run(family, 2, cfg, res, tol=ADAM_LOSS if noisy else H.TOL,
+                           gtol=ADAM_GRAD if noisy else H.TOL)
+    assert any(2 in mb for mb in degrees) and any(1 in mb for mb in degrees), degrees
+    assert any(sum(mb) < 2 for mb in degrees), f"no micro-batch with an idle rank in {degrees}"
+
+
+def test_sliding_windows_of_the_configs_are_really_there():
+    """The windows the launch runs with (so the equal results above include a layer with a window): Mistral's comes
+    with every call from its config, Gemma 3's sits on its sliding layers."""
+    from fcp_exec.integrations.hf import build_model
+
+    assert json.loads((H.CONFIGS / "mistral-tiny.json").read_text())["sliding_window"] == 4096
+    model = build_model(H.CONFIGS / "gemma3_text-tiny.json", dtype=torch.float64)
+    windows = {getattr(layer.self_attn, "sliding_window", None) for layer in model.model.layers}
+    assert 4096 in windows, windows
+
+
+def _config_with(tmp_path, family: str, **changes) -> str:
+    raw = json.loads((H.CONFIGS / f"{family}-tiny.json").read_text())
+    raw.update(changes)
+    path = tmp_path / f"{family}.json"
+    path.write_text(json.dumps(raw))
+    return f"hf:{path}"
+
+
+@pytest.mark.parametrize("family, changes, message", [
+    ("mistral", {"sliding_window": 16}, r"a document of \d+ tokens in this micro-batch is longer than the layer's "
+                                        r"sliding window \(16\)"),
+    ("qwen2", {"use_sliding_window": True, "sliding_window": 16, "max_window_layers": 0},
+     r"longer than the layer's sliding window \(16\)"),
+])
+def test_a_window_shorter_than_a_document_is_refused(tmp_path, family, changes, message):
+    """Full causal attention is not what a layer with a short window computes: one ValueError naming the document
+    length and the window (one process, the same code path as every rank)."""
+    cfg = TrainConfig(model=_config_with(tmp_path, family, **changes),
+                      **dict(H.COMMON, steps=1, eval_steps=0, tokens_per_rank=H.COMMON["max_tokens"]))
+    with pytest.raises(ValueError, match=message):
+        train(cfg)
+
+
+def test_attention_logit_softcapping_is_refused():
+    """Gemma 2 soft-caps its attention logits (its sdpa path does not exist in transformers; eager does it): the ring
+    would silently drop the cap, so the call is refused."""
+    from fcp_exec.integrations.hf_models import attention_limits
+
+    with pytest.raises(ValueError, match=r"does not implement attention logit soft-capping \(softcap=50.0\)"):
+        attention_limits(torch.nn.Module(), 0.0, {"softcap": 50.0}, None)
+    with pytest.raises(ValueError, match="attention sinks"):
+        attention_limits(torch.nn.Module(), 0.0, {"s_aux": torch.zeros(2)}, None)
