@@ -51,8 +51,8 @@ class TrainConfig:
 
     model: str = _opt("tiny-llm", "tiny-llm, tiny-mllm, or hf:PATH — a local transformers config.json (or its "
                       "folder), randomly initialised, of a model type fcp is tested with: qwen3, llama, qwen2, "
-                      "mistral, phi3, olmo2, granite, glm4, smollm3, gemma, gemma3_text, cohere, qwen2_vl, "
-                      "qwen2_5_vl, qwen3_vl",
+                      "mistral, phi3, olmo2, granite, glm4, smollm3, gemma, gemma3_text, cohere, qwen3_moe, "
+                      "qwen2_vl, qwen2_5_vl, qwen3_vl",
                       metavar="tiny-llm|tiny-mllm|hf:CONFIG.json")
     steps: int = _opt(3, "optimizer steps, one global batch each")
     seed: int = _opt(0, "seed of the weights, the data order and the synthetic data")

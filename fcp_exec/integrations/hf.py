@@ -151,6 +151,9 @@ def apply_fcp(model: nn.Module, *, kernel=None, timeout: float | None = None) ->
     from fcp_exec.kernels import KERNEL_NAMES, AttentionKernel
 
     model_type = model_type_of(model)
+    if getattr(getattr(model.config, "text_config", model.config), "output_router_logits", False):
+        raise ValueError(f"{type(model).__name__} adds its MoE router's load-balancing loss (output_router_logits=True)"
+                         ", which fcp_loss (cross-entropy over the global batch) does not compute; set it to False")
     if not (kernel is None or isinstance(kernel, AttentionKernel) or kernel in KERNEL_NAMES):
         raise ValueError(f"kernel must be an AttentionKernel or one of {', '.join(KERNEL_NAMES)}, got {kernel!r}")
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0):

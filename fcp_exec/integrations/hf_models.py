@@ -12,7 +12,7 @@ __all__ = ["SUPPORTED_MODEL_TYPES", "VL_MODEL_TYPES", "attention_limits", "build
 
 # tested against the stock model (tests/exec/test_hf_train.py, tests/exec/test_hf_families.py)
 SUPPORTED_MODEL_TYPES = ("qwen3", "llama", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen2", "mistral", "phi3", "olmo2",
-                         "granite", "glm4", "smollm3", "gemma", "gemma3_text", "cohere")
+                         "granite", "glm4", "smollm3", "gemma", "gemma3_text", "cohere", "qwen3_moe")
 VL_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 
 

@@ -2,7 +2,9 @@
 
 Qwen2/2.5 (``qwen2``), Mistral (its 4,096-token sliding window, which every test document is shorter than), Phi-3,
 OLMo 2, Granite (its attention, residual, embedding and logit multipliers), GLM-4, SmolLM3 (layers without rope),
-Gemma, Gemma 3 (text; sliding-window layers) and Cohere (parallel attention + MLP, interleaved rope, logit scale):
+Gemma, Gemma 3 (text; sliding-window layers), Cohere (parallel attention + MLP, interleaved rope, logit scale) and
+Qwen3-MoE (4 experts, top-2; ``experts_implementation: "eager"`` in its config: the grouped-GEMM experts take no
+float64):
 tiny random configs from ``examples/configs``, float64, 3 AdamW steps and one evaluation batch each, all in ONE
 launch, through the real pipeline (FCPSampler → FCPCollator → ``apply_fcp`` ring attention → ``train_step``, the
 allreduce reducer: DDP and FSDP2 do not depend on the model family and are ``test_hf_train.py``'s). Reference: the
@@ -34,7 +36,8 @@ import test_hf_train as H  # noqa: E402 - the stock reference and the per-run ch
 from fcp_exec.launch import launch  # noqa: E402
 from fcp_exec.train import TrainConfig, hf_preload, train, train_matrix  # noqa: E402
 
-FAMILIES = ("qwen2", "mistral", "phi3", "olmo2", "granite", "glm4", "smollm3", "gemma", "gemma3_text", "cohere")
+FAMILIES = ("qwen2", "mistral", "phi3", "olmo2", "granite", "glm4", "smollm3", "gemma", "gemma3_text", "cohere",
+            "qwen3_moe")
 ADAM_NOISE = ("gemma", "gemma3_text", "cohere")
 ADAM_LOSS, ADAM_GRAD = 1e-9, 1e-5
 
@@ -101,6 +104,16 @@ def test_a_window_shorter_than_a_document_is_refused(tmp_path, family, changes, 
                       **dict(H.COMMON, steps=1, eval_steps=0, tokens_per_rank=H.COMMON["max_tokens"]))
     with pytest.raises(ValueError, match=message):
         train(cfg)
+
+
+def test_an_moe_router_loss_is_refused_not_dropped(tmp_path):
+    """A Qwen3-MoE with ``output_router_logits=True`` adds the router's load-balancing loss to its own loss; fcp_loss
+    computes the cross-entropy only, so apply_fcp refuses the model instead of training without that term."""
+    from fcp_exec.integrations.hf import apply_fcp, build_model
+
+    model = build_model(_config_with(tmp_path, "qwen3_moe", output_router_logits=True)[3:], dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"load-balancing loss \(output_router_logits=True\)"):
+        apply_fcp(model)
 
 
 def test_attention_logit_softcapping_is_refused():
