@@ -16,7 +16,9 @@ still leaves its results), and printed as one line:
    case packs documents of 1, 0, 2, an odd number and ``--long-doc`` tokens (> 4096 on a GPU).
    Forward and backward are compared with a per-document fp64 autograd reference on the same
    rounded inputs (itself checked against ``fcp_exec.testing.dense_attention``); rows without keys
-   must have ``lse = -inf``, ``out = 0`` and ``dq = 0`` exactly.
+   must have ``lse = -inf``, ``out = 0`` and ``dq = 0`` exactly. ``autocast[...]``: per backend, degree-1
+   ``ring_attention`` inside bf16 autocast with fp32 q/k and a bf16 v (a Hugging Face layer under ``bf16=True``)
+   must equal the explicit bf16 call bit for bit (autocast must not reach the kernel's fp32 math).
 2. ``ring``: the real schedule of ``fcp_exec.ring_attention`` for degrees 2, 4, 8 with one thread
    per virtual rank and an in-process communicator (see ``_gpu_check_ring.py`` for why and how):
    zigzag shard → forward/backward → unshard, against the fp64 reference; an fp64 run per
@@ -357,6 +359,37 @@ def kernel_section(res: Results, cfg, backends, deadline) -> None:
                     for label, kernel, impl in backends:
                         res.run(f"kernel[{label}] {tag}", "kernel", check_kernel, kernel, case, ref,
                                 head_dim ** -0.5, dtype_name, implementation=impl)
+    for label, kernel, impl in backends:
+        name = f"autocast[{label}] bf16 autocast, fp32 q/k + bf16 v"
+        if isinstance(kernel, PerturbedKernel):  # not an AttentionKernel: ring_attention refuses it
+            res.add(name, "kernel", skipped=True, reason="perturbed run: the check compares a kernel with itself")
+        else:
+            res.run(name, "kernel", check_autocast, kernel, cfg.device, implementation=impl)
+
+
+def check_autocast(kernel, device) -> dict:
+    """``ring_attention`` (degree 1) inside ``torch.autocast(device, bfloat16)`` with fp32 q/k and a bf16 v — what
+    a Hugging Face layer hands over under the Trainer's ``bf16=True`` — backward inside autocast too: out and the
+    input gradients must be bit-identical to the same call on bf16 inputs outside autocast (autocast must not reach
+    the kernel's fp32 math), out bf16, each gradient in its input's dtype."""
+    from fcp_exec import ring_attention
+
+    gen = torch.Generator(device="cpu").manual_seed(7)
+    cu = torch.tensor([0, 5, 64, 65, 193], dtype=torch.int32)
+    q, k, v, dout = (torch.randn(193, h, 64, generator=gen).to(device) for h in (8, 2, 2, 8))
+    leaves = [q.clone().requires_grad_(), k.clone().requires_grad_(), v.bfloat16().requires_grad_()]
+    with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+        out = ring_attention(*leaves, cu, ranks=(0,), kernel=kernel)
+        out.backward(dout.bfloat16())
+    plain = [x.detach().bfloat16().requires_grad_() for x in leaves]
+    want = ring_attention(*plain, cu, ranks=(0,), kernel=kernel)
+    want.backward(dout.bfloat16())
+    pairs = [(out, want)] + [(a.grad, b.grad.to(a.dtype)) for a, b in zip(leaves, plain)]
+    diff = max(float((x.double() - y.double()).abs().max()) for x, y in pairs)
+    dtypes = [str(t.dtype) for t in (out, *(x.grad for x in leaves))]
+    ok = diff == 0.0 and dtypes == ["torch.bfloat16", "torch.float32", "torch.float32", "torch.bfloat16"]
+    return {"passed": ok, "max_error": diff, "tolerance": 0.0, "dtypes": dtypes,
+            "reason": None if ok else f"largest difference {diff:.3e} (out, dq, dk, dv must be identical); {dtypes}"}
 
 
 # ---------------------------------------------------------------------------- 3. timing
