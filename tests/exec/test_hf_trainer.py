@@ -8,7 +8,7 @@ low enough that it clips) and the loop are the Trainer's own on both sides. FCPT
 processes: Accelerate's DDP (FSDP2 through Accelerate cannot run here: Accelerate enables FSDP only for accelerator
 processes, and on CPU it falls back to DDP, which FCPTrainer reports with a warning), its own loader (FCPSampler →
 collator, global batches of 3 sequences over 12 documents: 4 steps per epoch, 6 steps cross into epoch 1; Qwen3,
-Llama on the samples' own SFT labels, Qwen2.5-VL with images and videos, Qwen3-VL (deepstack) with activation
+Llama on the samples' own SFT labels, Qwen2-VL and Qwen2.5-VL with images and videos, Qwen3-VL (deepstack) with activation
 checkpointing; and Qwen2.5-VL on the bundled real videos' fcp index). The same launch also runs bf16, LoRA, TRL's
 SFTTrainer and Accelerate's FSDP2, each against its own reference (their tests say which).
 
@@ -180,6 +180,7 @@ def _fcp_runs(out: str) -> dict:
         "ddp": _fcp_run("qwen3", f"{out}/ddp", save_steps=2, evaluate=True, eval_strategy="steps", eval_steps=3),
         "ddp-resumed": _fcp_run("qwen3", f"{out}/ddp-r", resume=f"{out}/ddp/checkpoint-2"),
         "vl": _fcp_run("qwen2_5_vl", f"{out}/vl"),
+        "vl2": _fcp_run("qwen2_vl", f"{out}/vl2"),
         "sft": _fcp_run("llama", f"{out}/sft", sft=True),
         "gc": _fcp_run("qwen3_vl", f"{out}/gc", **{_checkpointing_field(): True}),
         "fsdp-on-cpu": _fcp_run("qwen3", f"{out}/fsdp", fsdp=True, fsdp_config={"fsdp_version": 2}),
@@ -373,8 +374,8 @@ def _same_params(got: dict, want: dict, what: str, tol: float = TOL) -> None:
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("run, family", [("ddp", "qwen3"), ("vl", "qwen2_5_vl"), ("sft", "llama"),
-                                         ("gc", "qwen3_vl"), ("fsdp2", "qwen3")])
+@pytest.mark.parametrize("run, family", [("ddp", "qwen3"), ("vl", "qwen2_5_vl"), ("vl2", "qwen2_vl"),
+                                         ("sft", "llama"), ("gc", "qwen3_vl"), ("fsdp2", "qwen3")])
 def test_fcp_trainer_equals_stock_trainer(fcp_runs, run, family, tmp_path):
     """``sft``: the samples' own labels (a masked prompt), counted over the global batch by train_step; ``gc``: the
     Trainer's ``gradient_checkpointing=True`` (against the reference without it: the same gradients)."""
