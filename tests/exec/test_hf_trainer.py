@@ -5,8 +5,9 @@ float64), stepping over the same global batches in the same order (its dataset y
 ``compute_loss`` is :func:`fcp_exec.integrations.hf_data.reference_loss`: Σ token losses / the batch's label tokens)
 — the optimizer with the Trainer's weight-decay groups, the linear schedule with warm-up, gradient clipping (set
 low enough that it clips) and the loop are the Trainer's own on both sides. FCPTrainer runs the same arguments on 2
-processes: Accelerate's DDP (FSDP2 through Accelerate cannot run here: Accelerate enables FSDP only for accelerator
-processes, and on CPU it falls back to DDP, which FCPTrainer reports with a warning), its own loader (FCPSampler →
+processes: Accelerate's DDP (and its FSDP2, which Accelerate enables only for accelerator processes: on CPU it falls
+back to DDP, which FCPTrainer reports with a warning, so the FSDP2 runs lift that gate, `_accelerate_fsdp_on_cpu`),
+its own loader (FCPSampler →
 collator, global batches of 3 sequences over 12 documents: 4 steps per epoch, 6 steps cross into epoch 1; Qwen3,
 Llama on the samples' own SFT labels, Qwen2-VL and Qwen2.5-VL with images and videos, Qwen3-VL (deepstack) with activation
 checkpointing; and Qwen2.5-VL on the bundled real videos' fcp index). The same launch also runs bf16, LoRA, TRL's
