@@ -73,8 +73,9 @@ def count_lengths(data: Any, which: str = "train") -> np.ndarray:
     index (``fcp index``) or ``{which}_lengths=`` avoids reading the data; each rank counts for itself. A sample
     without tokens is one error naming it (nothing to train on; the planner takes no empty sequence)."""
     if not hasattr(data, "__len__") or not hasattr(data, "__getitem__"):
-        raise ValueError(f"FCPTrainer: the {which} dataset ({type(data).__name__}) is not map-style (len() and [i]); "
-                         f"pass an fcp_data.IndexedDataset (`fcp index ... --out DIR`) or {which}_lengths=")
+        raise ValueError(f"FCPTrainer: the {which} dataset ({type(data).__name__}) is not map-style (len() and [i]): "
+                         "the sampler picks each sample by its index; pass a map-style dataset (a datasets.Dataset, "
+                         "not streaming) or an fcp_data.IndexedDataset (`fcp index ... --out DIR`)")
     out = _arrow_lengths(data)
     if out is None:
         out = _read_lengths(data, which)
