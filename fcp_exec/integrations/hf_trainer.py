@@ -143,6 +143,7 @@ class FCPTrainer(Trainer):
         self._pads = {"train": 0, "eval": 0}
         self._in_train = False
         self.fcp_steps: collections.deque[StepResult] = collections.deque(maxlen=history)
+        self._unlogged: list[StepResult] = []  # training steps since the last log line
 
     def _check_fcp_args(self) -> None:
         a = self.args
@@ -271,7 +272,17 @@ class FCPTrainer(Trainer):
         with self.compute_loss_context_manager():
             res = train_step(model, inputs, fcp_loss, self._reducer(model), pad_token_id=self._pads["train"])
         self.fcp_steps.append(res)
+        self._unlogged.append(res)
         return torch.tensor(res.loss, device=self.args.device)
+
+    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+        """The Trainer's log line, with what FCP did in the training steps since the previous one (the same on every
+        rank): ``fcp_label_tokens`` (the loss denominators, summed) and ``fcp_micro_batches``."""
+        if "loss" in logs and self._unlogged:
+            logs = {**logs, "fcp_label_tokens": sum(r.num_tokens for r in self._unlogged),
+                    "fcp_micro_batches": sum(len(r.groups) for r in self._unlogged)}
+            self._unlogged.clear()
+        super().log(logs, *args, **kwargs)
 
     def floating_point_ops(self, inputs: Any) -> int:
         if isinstance(inputs, GlobalBatch):

@@ -123,6 +123,9 @@ def _fcp_run(family: str, out: str, resume: str | None = None, save_steps: int =
            "losses": [r.loss for r in trainer.fcp_steps], "norms": _norms(trainer),
            "params": _params(trainer.model_wrapped), "groups": [g for s in trainer.fcp_steps for g in s.groups],
            "evals": [(h["step"], h["eval_loss"]) for h in trainer.state.log_history if "eval_loss" in h],
+           "fcp_logs": [(h["fcp_label_tokens"], h["fcp_micro_batches"]) for h in trainer.state.log_history
+                        if "fcp_micro_batches" in h],
+           "fcp_facts": [(r.num_tokens, len(r.groups)) for r in trainer.fcp_steps],
            "checkpointing": _checkpointing_on(trainer.model),
            "reducers": sorted(type(r).__name__ for r in trainer._reducers.values())}
     if evaluate:
@@ -395,6 +398,8 @@ def test_fcp_trainer_equals_stock_trainer(fcp_runs, run, family, tmp_path):
     assert any(len(g) == 2 for g in groups) and any(len(g) == 1 for g in groups), groups  # CP rings and singles
     # and an idle rank (a micro-batch whose plan leaves one rank out: it runs the zero-weighted dummy)
     assert any(g == () for r in per_rank for g in r[run]["groups"]), "no micro-batch with an idle rank"
+    # every log line (logging_steps=1) carries the step's loss denominator and micro-batch count, as on every rank
+    assert res["fcp_logs"] == res["fcp_facts"] == per_rank[1][run]["fcp_facts"], (res["fcp_logs"], res["fcp_facts"])
     if run == "ddp":  # evaluate() after training, and eval_strategy="steps" (eval_steps=3) during it
         assert abs(res["eval"]["eval_loss"] - ref["eval"]) <= 1e-12 * ref["eval"], (res["eval"], ref["eval"])
         (s3, at3), (s6, at6) = res["evals"]
