@@ -19,7 +19,8 @@ Trainer's own):
   (``hf_collator`` for Qwen-VL) in a ``DataLoader`` (``dataloader_num_workers``), and groups its micro-batches
   per global batch (:class:`GlobalBatchLoader`): one Trainer step is one global batch of ``global_batch_size``
   sequences (default ``per_device_train_batch_size`` × world size, the number the stock Trainer would put in one
-  step), split into as many micro-batches as the planner needs. The sampler's seed is ``args.seed``.
+  step), split into as many micro-batches as the planner needs. The sampler's seed is ``args.data_seed`` (the
+  Trainer's seed for data samplers), else ``args.seed``.
 * **Step.** :meth:`FCPTrainer.training_step` runs :func:`fcp_exec.step.train_step` over the global batch: ring
   attention inside each micro-batch's CP group, idle ranks on a zero-weighted dummy, gradients synchronised once,
   in the last micro-batch's backward, as a SUM (the loss is Σ CE / the global batch's label tokens, so the sum is
@@ -32,7 +33,7 @@ Trainer's own):
   sampler there (no batch is read to skip it); with the same ``global_batch_size`` the sampler of another world size
   plans the same global batches, so a checkpoint resumes on another number of ranks.
 * **Evaluation.** :meth:`FCPTrainer.evaluate` runs :func:`fcp_exec.step.eval_step` over the evaluation index
-  (its own sampler, seed ``args.seed + 1``) and reports ``eval_loss``: the mean over all evaluated label tokens.
+  (its own sampler, that seed + 1) and reports ``eval_loss``: the mean over all evaluated label tokens.
 
 ``ddp_find_unused_parameters`` None becomes False: every rank runs every micro-batch through the whole model.
 
@@ -228,7 +229,12 @@ class FCPTrainer(Trainer):
     def get_train_dataloader(self) -> GlobalBatchLoader:
         if self.train_dataset is None:
             raise ValueError("FCPTrainer: training requires a train_dataset")
-        return self._fcp_loader(self.train_dataset, "train", int(self.args.seed))
+        return self._fcp_loader(self.train_dataset, "train", self._data_seed())
+
+    def _data_seed(self) -> int:
+        """The Trainer's seed for data samplers: ``data_seed`` when set, else ``seed``."""
+        seed = getattr(self.args, "data_seed", None)
+        return int(self.args.seed if seed is None else seed)
 
     def train(self, *args: Any, **kwargs: Any):
         """The Trainer's ``train``; then, on gloo, :func:`fcp_exec.devices.settle_collectives` (so that dropping the
@@ -309,7 +315,7 @@ class FCPTrainer(Trainer):
             for name, one in data.items():
                 metrics.update(self.evaluate(one, ignore_keys, f"{metric_key_prefix}_{name}"))
             return metrics
-        loader = self._fcp_loader(data, "eval", int(self.args.seed) + 1)
+        loader = self._fcp_loader(data, "eval", self._data_seed() + 1)
         count = len(loader) if self.fcp_eval_batches is None else min(self.fcp_eval_batches, len(loader))
         model = self.model_wrapped if self.model_wrapped is not None else self.model
         was_training = model.training

@@ -641,6 +641,14 @@ def _trainer(tmp_path, **kw):
     return FCPTrainer(model=build_model(config, dtype=torch.float64, seed=0), args=args, **kw)
 
 
+def test_data_seed_orders_the_data_and_seed_does_otherwise(tmp_path):
+    """The Trainer's ``data_seed`` (its seed for data samplers) sets the sampler's seed; without it, ``seed`` does."""
+    order = [list(_trainer(tmp_path, args=a, cost_model=_cost(MAX_TOKENS)).get_train_dataloader().sampler
+                  .global_batch_indices(0))
+             for a in ({"seed": 0}, {"seed": 5}, {"seed": 0, "data_seed": 5})]
+    assert order[0] != order[1] and order[2] == order[1], order
+
+
 @pytest.mark.parametrize("kw, message", [
     ({"args": {"gradient_accumulation_steps": 2}}, "gradient_accumulation_steps must be 1"),
     ({"cost_model": None}, "FCPTrainer needs cost_model="),
