@@ -188,7 +188,7 @@ class FCPDataset:
     So is a tokenized sample (a dict with ``input_ids``) that the model cannot take (``MalformedSampleError``): ids
     that are not 1-D integers, ``labels`` of another length, or — with ``vocab_size`` (the model's) — a token id or label
     outside ``[0, vocab_size)``, which would otherwise end the run inside the embedding (on a GPU, as a device-side
-    assert). Its ``input_ids``/``labels`` reach the collator as int64 tensors.
+    assert). A sample that passes reaches the collator as it was read.
     """
 
     def __init__(self, base: Any, *, on_error: str = "skip", retries: int = 1, max_consecutive_errors: int = 8,
@@ -251,19 +251,17 @@ class MalformedSampleError(ValueError):
 
 
 def _checked(sample: Any, slot: SampleSlot, strict_lengths: bool, vocab_size: int | None) -> Any:
-    """``sample`` with its ``input_ids`` (and ``labels``) as int64 tensors, or the exception that makes it a failed
-    read: :class:`MalformedSampleError`, :class:`StaleSampleError` (FCPDataset's docstring)."""
+    """``sample`` unchanged, or the exception that makes it a failed read: :class:`MalformedSampleError`,
+    :class:`StaleSampleError` (FCPDataset's docstring). A custom collator still gets the types it was read with."""
     from fcp_data.collator_inputs import as_ids
 
     if not isinstance(sample, dict) or sample.get("input_ids") is None:
         return sample  # not a tokenized sample: the collator's to read (FCPDataset serves any base)
     try:
-        out = dict(sample, input_ids=as_ids(sample["input_ids"], slot.index))
-        if sample.get("labels") is not None:
-            out["labels"] = as_ids(sample["labels"], slot.index, "labels")
+        ids = as_ids(sample["input_ids"], slot.index)
+        labels = None if sample.get("labels") is None else as_ids(sample["labels"], slot.index, "labels")
     except ValueError as e:
         raise MalformedSampleError(str(e).removeprefix(f"sample {slot.index}: ")) from None
-    ids, labels = out["input_ids"], out.get("labels")
     if labels is not None and labels.shape != ids.shape:
         raise MalformedSampleError(f"has {len(labels)} labels for {len(ids)} input_ids (they must align)")
     if vocab_size is not None:
@@ -277,4 +275,4 @@ def _checked(sample: Any, slot: SampleSlot, strict_lengths: bool, vocab_size: in
                                "changed since the length index was built (rebuild the index if many samples say so; "
                                "lengths that are estimates on purpose need FCPDataset(strict_lengths=False) and "
                                "FCPCollator(strict_lengths=False))")
-    return out
+    return sample
