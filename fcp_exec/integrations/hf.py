@@ -151,7 +151,8 @@ def apply_fcp(model: nn.Module, *, kernel=None, timeout: float | None = None) ->
     from fcp_exec.kernels import KERNEL_NAMES, AttentionKernel
 
     model_type = model_type_of(model)
-    if getattr(getattr(model.config, "text_config", model.config), "output_router_logits", False):
+    text_cfg = getattr(model.config, "text_config", model.config)  # a VL model's language model, else the model's
+    if getattr(text_cfg, "output_router_logits", False):
         raise ValueError(f"{type(model).__name__} adds its MoE router's load-balancing loss (output_router_logits=True)"
                          ", which fcp_loss (cross-entropy over the global batch) does not compute; set it to False")
     if not (kernel is None or isinstance(kernel, AttentionKernel) or kernel in KERNEL_NAMES):
@@ -163,12 +164,7 @@ def apply_fcp(model: nn.Module, *, kernel=None, timeout: float | None = None) ->
                       "it works if its attention goes through transformers' AttentionInterface", stacklevel=2)
     register_attention()
     is_vl = model_type in VL_MODEL_TYPES
-    if is_vl:
-        model.set_attn_implementation({"text_config": ATTENTION_NAME})
-        text_cfg = model.config.text_config
-    else:
-        model.set_attn_implementation(ATTENTION_NAME)
-        text_cfg = model.config
+    model.set_attn_implementation({"text_config": ATTENTION_NAME} if is_vl else ATTENTION_NAME)
     if getattr(text_cfg, "_attn_implementation", None) != ATTENTION_NAME:
         raise RuntimeError(f"could not set the attention implementation of {type(model).__name__} to {ATTENTION_NAME!r}")
     state = _State(model_type=model_type, kernel=kernel, timeout=timeout, is_vl=is_vl)

@@ -170,10 +170,13 @@ class FCPTrainer(Trainer):
             return int(self._pad)
         pad = getattr(data, "pad_token_id", None)
         if pad is None:
-            cfg = unwrap(self.model).config
-            cfg = getattr(cfg, "text_config", cfg)
-            pad = cfg.pad_token_id if cfg.pad_token_id is not None else 0
-        return int(pad)
+            pad = self._text_config().pad_token_id
+        return int(pad or 0)
+
+    def _text_config(self) -> Any:
+        """The language model's config (a VL model's ``text_config``): its vocabulary and pad id."""
+        cfg = unwrap(self.model).config
+        return getattr(cfg, "text_config", cfg)
 
     def _fcp_loader(self, data: Any, which: str, seed: int) -> GlobalBatchLoader:
         from fcp_data import FCPCollator, FCPDataset, FCPSampler
@@ -199,7 +202,7 @@ class FCPTrainer(Trainer):
             collate = FCPCollator(**ckw)
         from fcp_exec.launch import dataloader_context
 
-        workers, vocab = int(self.args.dataloader_num_workers), getattr(inner.config, "text_config", inner.config).vocab_size
+        workers, vocab = int(self.args.dataloader_num_workers), int(self._text_config().vocab_size)
         dataset = FCPDataset(data, **{"vocab_size": vocab, **self._dataset_kwargs})  # ids past it: a skipped sample
         loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collate,
                             num_workers=workers, persistent_workers=workers > 0 and self.args.dataloader_persistent_workers,
