@@ -18,8 +18,8 @@ Trainer's own):
 * **Data.** :meth:`FCPTrainer.get_train_dataloader` builds ``FCPSampler`` → ``FCPDataset`` → the model's collator
   (``hf_collator`` for Qwen-VL) in a ``DataLoader`` (``dataloader_num_workers``), and groups its micro-batches
   per global batch (:class:`GlobalBatchLoader`): one Trainer step is one global batch of ``global_batch_size``
-  sequences (default ``per_device_train_batch_size`` × world size, the number the stock Trainer would put in one
-  step), split into as many micro-batches as the planner needs. The sampler's seed is ``args.data_seed`` (the
+  sequences (default ``per_device_train_batch_size`` × world size × ``gradient_accumulation_steps``, the number the
+  stock Trainer would put in one optimizer step), split into as many micro-batches as the planner needs. The sampler's seed is ``args.data_seed`` (the
   Trainer's seed for data samplers), else ``args.seed``.
 * **Step.** :meth:`FCPTrainer.training_step` runs :func:`fcp_exec.step.train_step` over the global batch: ring
   attention inside each micro-batch's CP group, idle ranks on a zero-weighted dummy, gradients synchronised once,
@@ -35,10 +35,17 @@ Trainer's own):
 * **Evaluation.** :meth:`FCPTrainer.evaluate` runs :func:`fcp_exec.step.eval_step` over the evaluation index
   (its own sampler, that seed + 1) and reports ``eval_loss``: the mean over all evaluated label tokens.
 
+* **Gradient accumulation.** ``gradient_accumulation_steps`` = G folds into the global batch: one optimizer step
+  trains ``per_device_train_batch_size`` × world size × G sequences (what the stock Trainer accumulates into one
+  step), planned as one FCP global batch and split into as many micro-batches as memory needs, the loss the mean
+  over all its label tokens (the stock Trainer's with ``num_items_in_batch``). The Trainer itself runs with
+  G = 1 on a copy of the arguments (``trainer.args``; the caller's object is not changed), so its step counts,
+  schedule, logging and checkpoints are per optimizer step as before; ``fcp_gradient_accumulation_steps`` keeps G.
+
 ``ddp_find_unused_parameters`` None becomes False: every rank runs every micro-batch through the whole model.
 
-Refused with one clear error (not silently changed): ``gradient_accumulation_steps`` > 1 (the global batch is the
-accumulation; set ``global_batch_size``), ``fp16`` (no loss scaler on this path; use ``bf16``), DeepSpeed and FSDP1,
+Refused with one clear error (not silently changed): ``gradient_accumulation_steps`` > 1 together with an explicit
+``global_batch_size`` (they say the same thing twice), ``fp16`` (no loss scaler on this path; use ``bf16``), DeepSpeed and FSDP1,
 ``model_init``, ``compute_metrics``, ``predict()``, ``label_smoothing_factor`` and any ``compute_loss`` override but TRL
 ``SFTTrainer``'s plain NLL (``class FCPSFTTrainer(FCPTrainer, SFTTrainer)``: TRL prepares the data, FCP trains).
 Tested on CPU/gloo: DDP, one process, bf16 autocast, LoRA, TRL SFT, datasets.Dataset, and Accelerate's FSDP2 (its
@@ -49,6 +56,7 @@ checkpoints and its bf16 policy (``tests/exec/test_hf_trainer.py``).
 from __future__ import annotations
 
 import collections
+import copy
 import warnings
 from typing import Any
 
@@ -94,6 +102,26 @@ def _check_loss(cls: type, args: Any) -> None:
                      "the samples' labels (-100) instead")
 
 
+def _run_args(args: Any, global_batch_size: int | None) -> tuple[Any, int]:
+    """``(the arguments the Trainer runs with, G)``: a copy of ``args`` with gradient accumulation folded into the
+    global batch (G = 1 inside: one Trainer step is one global batch) and ``ddp_find_unused_parameters`` None set to
+    False (every rank runs every micro-batch through the whole model: idle ranks run the dummy)."""
+    if args is None:
+        return None, 1
+    accumulate = int(args.gradient_accumulation_steps)
+    if accumulate < 1:
+        raise ValueError(f"FCPTrainer: gradient_accumulation_steps must be >= 1, got {accumulate}")
+    if accumulate > 1 and global_batch_size is not None:
+        raise ValueError(f"FCPTrainer: gradient_accumulation_steps={accumulate} and global_batch_size="
+                         f"{global_batch_size} both set the sequences per optimizer step; give one of them "
+                         "(G folds into the global batch: per_device_train_batch_size × world size × G)")
+    args = copy.copy(args)
+    args.gradient_accumulation_steps = 1
+    if getattr(args, "ddp_find_unused_parameters", False) is None:
+        args.ddp_find_unused_parameters = False
+    return args, accumulate
+
+
 class FCPTrainer(Trainer):
     """``transformers.Trainer`` training on FCP global batches (module docstring).
 
@@ -102,7 +130,7 @@ class FCPTrainer(Trainer):
     with its ``train_lengths`` / ``eval_lengths`` (token count per sample; without them :func:`count_lengths` reads
     every sample once). ``cost_model``: an ``fcp_data.CostModel``
     (``fcp profile``; required). ``global_batch_size``: sequences per optimizer step (default
-    ``per_device_train_batch_size`` × world size). ``sampler_kwargs``: more ``FCPSampler`` options
+    ``per_device_train_batch_size`` × world size × ``gradient_accumulation_steps``). ``sampler_kwargs``: more ``FCPSampler`` options
     (``on_overlong``, ``solver``, ``micro_batches``, ``visual_layout`` ...); ``collator_kwargs``: more collator
     options (``sample_labels``, training on the samples' own ``labels``, defaults to the index's ``has_labels``, or
     for another dataset to whether its first sample has ``labels``); ``dataset_kwargs``: ``FCPDataset`` options
@@ -128,12 +156,11 @@ class FCPTrainer(Trainer):
         _check_loss(type(self), args)
         if getattr(model, "_fcp_state", None) is None:
             apply_fcp(model)
-        if args is not None and getattr(args, "ddp_find_unused_parameters", False) is None:
-            args.ddp_find_unused_parameters = False  # every parameter gets a gradient: idle ranks run the dummy
+        args, self.fcp_gradient_accumulation_steps = _run_args(args, global_batch_size)
         super().__init__(model=model, args=args, **kwargs)
         self._check_fcp_args()
-        world = max(int(self.args.world_size), 1)
-        self.fcp_global_batch_size = int(global_batch_size or self.args.per_device_train_batch_size * world)
+        world, per_device = max(int(self.args.world_size), 1), int(self.args.per_device_train_batch_size)
+        self.fcp_global_batch_size = int(global_batch_size or per_device * world * self.fcp_gradient_accumulation_steps)
         self.fcp_cost_model, self.fcp_eval_batches = cost_model, eval_batches
         self._lengths = {"train": train_lengths, "eval": eval_lengths}
         self._sampler_kwargs, self._collator_kwargs = dict(sampler_kwargs or {}), dict(collator_kwargs or {})
@@ -148,10 +175,6 @@ class FCPTrainer(Trainer):
 
     def _check_fcp_args(self) -> None:
         a = self.args
-        if a.gradient_accumulation_steps != 1:
-            raise ValueError(f"FCPTrainer: gradient_accumulation_steps must be 1, got {a.gradient_accumulation_steps}: "
-                             "one optimizer step trains one FCP global batch, split into as many micro-batches as "
-                             "memory needs; set FCPTrainer(global_batch_size=...) instead")
         if a.fp16:
             raise ValueError("FCPTrainer: fp16 is not supported (train_step has no loss scaler); use bf16=True")
         if self.is_deepspeed_enabled:

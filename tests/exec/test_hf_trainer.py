@@ -41,6 +41,7 @@ from fcp_exec.launch import launch  # noqa: E402
 
 CONFIGS = Path(__file__).resolve().parents[2] / "examples" / "configs"
 GBS, NUM_DOCS, STEPS, TOKENS_PER_RANK, MAX_TOKENS = 3, 12, 6, 40, 80
+GA = 2  # the gradient-accumulation run: 1 sequence per device × 2 ranks × 2 accumulation steps = global batches of 4
 TOL = 1e-12
 ARGS = dict(max_steps=STEPS, learning_rate=1e-2, weight_decay=0.01, warmup_steps=2, max_grad_norm=0.5, seed=0,
             logging_steps=1, report_to=[], use_cpu=True, save_strategy="no", disable_tqdm=True,
@@ -93,7 +94,7 @@ def _params(model) -> dict[str, np.ndarray]:
 
 def _fcp_run(family: str, out: str, resume: str | None = None, save_steps: int = 0, evaluate: bool = False,
              tokens_per_rank: int = TOKENS_PER_RANK, sft: bool = False, dtype=torch.float64, lora: bool = False,
-             fsdp2: bool = False, **args) -> dict:
+             fsdp2: bool = False, global_batch_size: int | None = GBS, **args) -> dict:
     """One FCPTrainer run on this rank (inside a launched process group)."""
     from accelerate.state import AcceleratorState
     from transformers import TrainingArguments
@@ -115,7 +116,8 @@ def _fcp_run(family: str, out: str, resume: str | None = None, save_steps: int =
         warnings.simplefilter("always")
         trainer = FCPTrainer(model=model, args=TrainingArguments(**kw), train_dataset=data.dataset,
                              train_lengths=data.lengths, eval_dataset=data.dataset if evaluate else None,
-                             eval_lengths=data.lengths, cost_model=_cost(tokens_per_rank), global_batch_size=GBS,
+                             eval_lengths=data.lengths, cost_model=_cost(tokens_per_rank),
+                             global_batch_size=global_batch_size,
                              sampler_kwargs={"visual_layout": data.visual_layout}, pad_token_id=data.pad_token_id,
                              collator_kwargs={"sample_labels": sft})
         trainer.train(resume_from_checkpoint=resume)
@@ -126,7 +128,8 @@ def _fcp_run(family: str, out: str, resume: str | None = None, save_steps: int =
            "fcp_logs": [(h["fcp_label_tokens"], h["fcp_micro_batches"]) for h in trainer.state.log_history
                         if "fcp_micro_batches" in h],
            "fcp_facts": [(r.num_tokens, len(r.groups)) for r in trainer.fcp_steps],
-           "checkpointing": _checkpointing_on(trainer.model),
+           "checkpointing": _checkpointing_on(trainer.model), "accumulate": trainer.args.gradient_accumulation_steps,
+           "gbs": trainer.fcp_global_batch_size,
            "reducers": sorted(type(r).__name__ for r in trainer._reducers.values())}
     if evaluate:
         res["eval"] = trainer.evaluate()
@@ -189,6 +192,8 @@ def _fcp_runs(out: str) -> dict:
         "gc": _fcp_run("qwen3_vl", f"{out}/gc", **{_checkpointing_field(): True}),
         "fsdp-on-cpu": _fcp_run("qwen3", f"{out}/fsdp", fsdp=True, fsdp_config={"fsdp_version": 2}),
         "bf16": _fcp_run("qwen2_5_vl", f"{out}/bf16", dtype=torch.float32, bf16=True),
+        "ga": _fcp_run("qwen3", f"{out}/ga", global_batch_size=None, per_device_train_batch_size=1,
+                       gradient_accumulation_steps=GA),
         "fsdp2": _fcp_run("qwen3", f"{out}/fsdp2", fsdp2=True, save_steps=2),
         "fsdp2-resumed": _fcp_run("qwen3", f"{out}/fsdp2-r", fsdp2=True, resume=f"{out}/fsdp2/checkpoint-2"),
         "fsdp2-bf16": _fcp_run("qwen3", f"{out}/fsdp2-bf16", fsdp2=True, dtype=torch.float32, bf16=True),
@@ -303,14 +308,16 @@ def _lora(model):
 @functools.lru_cache(maxsize=None)
 def _reference(family: str, batches: tuple[tuple[int, ...], ...], evals: tuple[tuple[int, ...], ...], out: str,
                sft: bool = False, dtype: str = "float64", bf16: bool = False, lora: bool = False,
-               video: bool = False) -> dict:
+               video: bool = False, accumulate: int = 1) -> dict:
     """The stock Trainer, one process, over ``batches`` (then ``evals``, token-weighted, without an update); the
     model in ``dtype``, ``bf16``: the Trainer's bf16 autocast, ``lora``: the model wrapped by :func:`_lora`,
-    ``video``: the samples of the bundled video/image index (:func:`_video_data`)."""
+    ``video``: the samples of the bundled video/image index (:func:`_video_data`). ``accumulate`` > 1: the Trainer's
+    own gradient accumulation over that many parts of each global batch, each part's loss divided by the label
+    tokens of its whole global batch (``num_items_in_batch``, so the Trainer does not divide by the steps again)."""
     from transformers import Trainer, TrainingArguments
 
     from fcp_exec.integrations.hf import build_model
-    from fcp_exec.integrations.hf_data import reference_loss
+    from fcp_exec.integrations.hf_data import _reference_labels, reference_loss
 
     config, data = _video_data() if video else _data(family, sft)
     ignore = _ignore_ids(config)
@@ -319,20 +326,32 @@ def _reference(family: str, batches: tuple[tuple[int, ...], ...], evals: tuple[t
         def _get_train_sampler(self, train_dataset=None):
             return torch.utils.data.SequentialSampler(self.train_dataset)
 
+        loss_is_scaled_for_ga = True  # each part's loss is already over its global batch's label tokens
+
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            loss = reference_loss(model, inputs, ignore_ids=ignore)[0]
+            part, denominator = inputs
+            loss, num = reference_loss(model, part, ignore_ids=ignore)
+            loss = loss * (num / denominator)
             losses.append(float(loss.detach()))
             return loss
 
     losses: list[float] = []
     global_batches = [[data.dataset[i] for i in b] for b in batches]
+    parts = []
+    for samples in global_batches:
+        denominator = _reference_labels(samples, ignore)[1]
+        size = -(-len(samples) // accumulate)
+        parts += [(samples[k:k + size], denominator) for k in range(0, len(samples), size)]
+    assert len(parts) == accumulate * len(batches), "every global batch splits into `accumulate` parts"
     model = build_model(config, dtype=getattr(torch, dtype), seed=0)
     if lora:
         model = _lora(model)
     trainer = Stock(model=model, args=TrainingArguments(output_dir=out, per_device_train_batch_size=1, bf16=bf16,
+                                                        gradient_accumulation_steps=accumulate,
                                                         **dict(ARGS, max_steps=len(batches))),
-                    train_dataset=global_batches, data_collator=lambda items: items[0])
+                    train_dataset=parts, data_collator=lambda items: items[0])
     trainer.train()
+    losses = [sum(losses[k:k + accumulate]) for k in range(0, len(losses), accumulate)]
     norms = _norms(trainer)
     total, tokens = 0.0, 0
     with torch.no_grad():
@@ -343,14 +362,14 @@ def _reference(family: str, batches: tuple[tuple[int, ...], ...], evals: tuple[t
 
 
 def _order(family: str, seed: int, steps: int, num_ranks: int = 2, tokens_per_rank: int = TOKENS_PER_RANK,
-           lengths: tuple[int, ...] | None = None) -> tuple[tuple[int, ...], ...]:
+           lengths: tuple[int, ...] | None = None, gbs: int = GBS) -> tuple[tuple[int, ...], ...]:
     """The global batches FCPTrainer's sampler trains on ``num_ranks`` ranks, epoch by epoch (planned with the
     family's synthetic lengths, or ``lengths``)."""
     from fcp_data import FCPSampler
 
     _, data = _data(family)
     s = FCPSampler(data.lengths if lengths is None else list(lengths), num_ranks=num_ranks, rank=0,
-                   cost_model=_cost(tokens_per_rank), global_batch_size=GBS, seed=seed,
+                   cost_model=_cost(tokens_per_rank), global_batch_size=gbs, seed=seed,
                    visual_layout=data.visual_layout)
     per_epoch = s.num_global_batches()
     return tuple(tuple(int(i) for i in s.global_batch_indices(k % per_epoch, epoch=k // per_epoch))
@@ -404,6 +423,38 @@ def test_fcp_trainer_equals_stock_trainer(fcp_runs, run, family, tmp_path):
         assert abs(res["eval"]["eval_loss"] - ref["eval"]) <= 1e-12 * ref["eval"], (res["eval"], ref["eval"])
         (s3, at3), (s6, at6) = res["evals"]
         assert (s3, s6) == (3, STEPS) and at6 == res["eval"]["eval_loss"] and at3 != at6, res["evals"]
+
+
+@pytest.mark.timeout(900)
+def test_gradient_accumulation_trains_like_the_stock_trainers_accumulation(fcp_runs, tmp_path):
+    """``gradient_accumulation_steps=2`` with 1 sequence per device on 2 ranks: every optimizer step trains one FCP
+    global batch of 4 sequences (what the stock Trainer accumulates into one step), the Trainer itself stepping once
+    per global batch. Reference: the stock Trainer's own accumulation over 2 parts of the same global batches, each
+    part's loss over its global batch's label tokens — losses, gradient norms, parameters to 1e-12, 6 optimizer
+    steps (2 epochs of 3)."""
+    per_rank, _ = fcp_runs
+    res = per_rank[0]["ga"]
+    assert (res["gbs"], res["accumulate"]) == (2 * GA, 1), (res["gbs"], res["accumulate"])
+    ref = _reference("qwen3", _order("qwen3", 0, STEPS, gbs=2 * GA), (), str(tmp_path), accumulate=GA)
+    _close(res["losses"], ref["losses"], "ga loss")
+    _close(res["norms"], ref["norms"], "ga grad norm")
+    assert max(ref["norms"]) > ARGS["max_grad_norm"], ("clipping never acted", ref["norms"])
+    _same_params(res["params"], ref["params"], "ga")
+    _same_params(per_rank[1]["ga"]["params"], res["params"], "ga rank 1 vs rank 0", tol=0.0)
+    assert any(len(g) == 2 for g in res["groups"]), res["groups"]
+
+
+def test_gradient_accumulation_leaves_the_callers_arguments_alone(tmp_path):
+    """The Trainer runs on a copy with 1 accumulation step (Accelerate too); the caller's object still says 4, so a
+    second trainer built from it sees what the user wrote."""
+    from transformers import TrainingArguments
+
+    args = TrainingArguments(**dict(ARGS, output_dir=str(tmp_path), gradient_accumulation_steps=4,
+                                    per_device_train_batch_size=2))
+    trainer = _trainer(tmp_path, args=args)
+    assert (trainer.fcp_global_batch_size, trainer.fcp_gradient_accumulation_steps) == (8, 4)
+    assert trainer.args.gradient_accumulation_steps == 1 and args.gradient_accumulation_steps == 4
+    assert trainer.accelerator.gradient_accumulation_steps == 1
 
 
 @pytest.mark.timeout(900)
@@ -636,7 +687,9 @@ def _trainer(tmp_path, **kw):
     from fcp_exec.integrations.hf_trainer import FCPTrainer
 
     config, data = _data("qwen3")
-    args = TrainingArguments(**dict(ARGS, output_dir=str(tmp_path), **kw.pop("args", {})))
+    args = kw.pop("args", {})
+    if isinstance(args, dict):
+        args = TrainingArguments(**dict(ARGS, output_dir=str(tmp_path), **args))
     kw = {"cost_model": _cost(), "train_dataset": data.dataset, "train_lengths": data.lengths, **kw}
     return FCPTrainer(model=build_model(config, dtype=torch.float64, seed=0), args=args, **kw)
 
@@ -650,7 +703,8 @@ def test_data_seed_orders_the_data_and_seed_does_otherwise(tmp_path):
 
 
 @pytest.mark.parametrize("kw, message", [
-    ({"args": {"gradient_accumulation_steps": 2}}, "gradient_accumulation_steps must be 1"),
+    ({"args": {"gradient_accumulation_steps": 2}, "global_batch_size": 8},
+     r"gradient_accumulation_steps=2 and global_batch_size=8 both set the sequences per optimizer step"),
     ({"cost_model": None}, "FCPTrainer needs cost_model="),
     ({"compute_metrics": lambda p: {}}, "compute_metrics is not supported"),
 ])
