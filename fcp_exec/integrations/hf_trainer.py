@@ -19,8 +19,11 @@ Trainer's own):
   (``hf_collator`` for Qwen-VL) in a ``DataLoader`` (``dataloader_num_workers``), and groups its micro-batches
   per global batch (:class:`GlobalBatchLoader`): one Trainer step is one global batch of ``global_batch_size``
   sequences (default ``per_device_train_batch_size`` × world size × ``gradient_accumulation_steps``, the number the
-  stock Trainer would put in one optimizer step), split into as many micro-batches as the planner needs. The sampler's seed is ``args.data_seed`` (the
-  Trainer's seed for data samplers), else ``args.seed``.
+  stock Trainer would put in one optimizer step), split into as many micro-batches as the planner needs. The
+  sampler's seed is ``args.data_seed`` (the Trainer's seed for data samplers), else ``args.seed``. A Qwen-VL dataset
+  that is not an fcp index may hold its samples as the Hugging Face processor returns them (images and videos apart:
+  :mod:`~fcp_exec.integrations.hf_samples`, converted when read; its placeholder runs are read once, for the exact
+  loss denominator).
 * **Step.** :meth:`FCPTrainer.training_step` runs :func:`fcp_exec.step.train_step` over the global batch: ring
   attention inside each micro-batch's CP group, idle ranks on a zero-weighted dummy, gradients synchronised once,
   in the last micro-batch's backward, as a SUM (the loss is Σ CE / the global batch's label tokens, so the sum is
@@ -168,6 +171,7 @@ class FCPTrainer(Trainer):
         self._reducers: dict[int, Any] = {}
         # id(dataset) -> (dataset, its counted token lengths; None for a checked fcp index)
         self._counted: dict[int, tuple[Any, np.ndarray | None]] = {}
+        self._layouts: dict[int, tuple[Any, Any]] = {}  # id(dataset) -> (dataset, its placeholder runs)
         self._pads = {"train": 0, "eval": 0}
         self._in_train = False
         self.fcp_steps: collections.deque[StepResult] = collections.deque(maxlen=history)
@@ -202,17 +206,10 @@ class FCPTrainer(Trainer):
         return getattr(cfg, "text_config", cfg)
 
     def _fcp_loader(self, data: Any, which: str, seed: int) -> GlobalBatchLoader:
-        from fcp_data import FCPCollator, FCPDataset, FCPSampler
+        from fcp_data import FCPCollator, FCPDataset
 
         lengths = self._lengths_of(data, which)
-        try:
-            sampler = FCPSampler(data if lengths is None else lengths, cost_model=self.fcp_cost_model,
-                                 global_batch_size=self.fcp_global_batch_size, seed=seed, **self._sampler_kwargs)
-        except ValueError as e:  # the sampler names its own options: say where they go here
-            if "on_overlong" not in str(e):
-                raise
-            raise ValueError(f"FCPTrainer: {e} (FCPTrainer(sampler_kwargs={{'on_overlong': 'truncate'}}))") from None
-        ckw = dict(self._collator_kwargs)
+        ckw, skw = dict(self._collator_kwargs), dict(self._sampler_kwargs)
         ckw.setdefault("sample_labels", _has_labels(data))
         ckw.setdefault("pad_token_id", self._pad_id(data))
         self._pads[which] = int(ckw["pad_token_id"])  # the idle ranks' dummy documents
@@ -221,8 +218,15 @@ class FCPTrainer(Trainer):
             from fcp_exec.integrations.hf_positions import hf_collator
 
             collate = hf_collator(inner.config, **ckw)
+            if not _is_indexed(data):  # a processor's samples (or FCP's format already): converted when read
+                from fcp_exec.integrations.hf_samples import ProcessorSamples
+
+                if "visual_layout" not in skw and not ckw["sample_labels"]:
+                    skw["visual_layout"] = self._layout_of(data)
+                data = ProcessorSamples(data, inner.config)
         else:
             collate = FCPCollator(**ckw)
+        sampler = self._sampler(data if lengths is None else lengths, seed, skw)
         from fcp_exec.launch import dataloader_context
 
         workers, vocab = int(self.args.dataloader_num_workers), int(self._text_config().vocab_size)
@@ -232,6 +236,30 @@ class FCPTrainer(Trainer):
                             pin_memory=bool(self.args.dataloader_pin_memory) and torch.cuda.is_available(),
                             multiprocessing_context=dataloader_context(workers))
         return GlobalBatchLoader(loader, sampler)
+
+    def _sampler(self, source: Any, seed: int, sampler_kwargs: dict) -> Any:
+        from fcp_data import FCPSampler
+
+        try:
+            return FCPSampler(source, cost_model=self.fcp_cost_model, global_batch_size=self.fcp_global_batch_size,
+                              seed=seed, **sampler_kwargs)
+        except ValueError as e:  # the sampler names its own options: say where they go here
+            if "on_overlong" not in str(e):
+                raise
+            raise ValueError(f"FCPTrainer: {e} (FCPTrainer(sampler_kwargs={{'on_overlong': 'truncate'}}))") from None
+
+    def _layout_of(self, data: Any) -> Any:
+        """The placeholder runs of a Qwen-VL dataset that is not an fcp index (its samples' ``input_ids``, read once
+        per dataset), for the sampler's exact loss denominator with visual labels masked."""
+        from fcp_data.visual_layout import SpanVisualLayout
+        from fcp_exec.integrations.hf_samples import placeholder_spans
+
+        held = self._layouts.get(id(data))
+        if held is None or held[0] is not data:
+            cfg = unwrap(self.model).config
+            spans = placeholder_spans(data, (int(cfg.image_token_id), int(cfg.video_token_id)))
+            held = self._layouts[id(data)] = (data, SpanVisualLayout(spans))
+        return held[1]
 
     def _lengths_of(self, data: Any, which: str) -> np.ndarray | None:
         """The token counts the sampler plans ``data`` with: ``{which}_lengths`` for the dataset given with them, None

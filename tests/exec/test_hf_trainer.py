@@ -94,8 +94,11 @@ def _params(model) -> dict[str, np.ndarray]:
 
 def _fcp_run(family: str, out: str, resume: str | None = None, save_steps: int = 0, evaluate: bool = False,
              tokens_per_rank: int = TOKENS_PER_RANK, sft: bool = False, dtype=torch.float64, lora: bool = False,
-             fsdp2: bool = False, global_batch_size: int | None = GBS, **args) -> dict:
-    """One FCPTrainer run on this rank (inside a launched process group)."""
+             fsdp2: bool = False, global_batch_size: int | None = GBS, processor: str | None = None,
+             **args) -> dict:
+    """One FCPTrainer run on this rank (inside a launched process group). ``processor``: the samples as a Qwen-VL
+    processor returns them (:func:`_processor_samples`), as a ``"list"`` or an ``"arrow"`` ``datasets.Dataset``,
+    given without lengths or a visual layout (FCPTrainer finds both)."""
     from accelerate.state import AcceleratorState
     from transformers import TrainingArguments
 
@@ -114,11 +117,13 @@ def _fcp_run(family: str, out: str, resume: str | None = None, save_steps: int =
         kw.update(fsdp=True, fsdp_config={"fsdp_version": 2, "state_dict_type": "SHARDED_STATE_DICT"})
     with warnings.catch_warnings(record=True) as caught, _accelerate_fsdp_on_cpu(fsdp2):
         warnings.simplefilter("always")
-        trainer = FCPTrainer(model=model, args=TrainingArguments(**kw), train_dataset=data.dataset,
-                             train_lengths=data.lengths, eval_dataset=data.dataset if evaluate else None,
-                             eval_lengths=data.lengths, cost_model=_cost(tokens_per_rank),
-                             global_batch_size=global_batch_size,
-                             sampler_kwargs={"visual_layout": data.visual_layout}, pad_token_id=data.pad_token_id,
+        given = dict(train_dataset=data.dataset, train_lengths=data.lengths, eval_lengths=data.lengths,
+                     sampler_kwargs={"visual_layout": data.visual_layout})
+        if processor:
+            given = dict(train_dataset=_processor_samples(family, processor == "arrow"))
+        trainer = FCPTrainer(model=model, args=TrainingArguments(**kw), **given,
+                             eval_dataset=data.dataset if evaluate else None, cost_model=_cost(tokens_per_rank),
+                             global_batch_size=global_batch_size, pad_token_id=data.pad_token_id,
                              collator_kwargs={"sample_labels": sft})
         trainer.train(resume_from_checkpoint=resume)
     res = {"warnings": [str(w.message) for w in caught if "FCPTrainer" in str(w.message)],
@@ -134,6 +139,69 @@ def _fcp_run(family: str, out: str, resume: str | None = None, save_steps: int =
     if evaluate:
         res["eval"] = trainer.evaluate()
     return res
+
+
+def _processor_format(sample: dict, config) -> dict:
+    """``sample`` (FCP's format: grid rows in order of appearance) as a Qwen-VL processor returns one sample, written
+    out here independently of fcp: images (``pixel_values``, ``image_grid_thw``) and videos (``pixel_values_videos``,
+    ``video_grid_thw``, ``second_per_grid_ts``) apart, ``mm_token_type_ids``, ``attention_mask``, Python lists."""
+    ids = [int(t) for t in sample["input_ids"]]
+    types = [1 if t == config.image_token_id else 2 if t == config.video_token_id else 0 for t in ids]
+    out = {"input_ids": ids, "attention_mask": [1] * len(ids), "mm_token_type_ids": types}
+    if sample.get("grid_thw") is None:
+        return out
+    visual, merge = [k for k in types if k], config.vision_config.spatial_merge_size
+    pixels = sample["pixel_values"].tolist()
+    kinds = {1: ("pixel_values", "image_grid_thw"), 2: ("pixel_values_videos", "video_grid_thw")}
+    seen, row0 = 0, 0
+    for t, h, w in sample["grid_thw"].tolist():
+        pix, grid = kinds[visual[seen]]
+        out.setdefault(pix, []).extend(pixels[row0:row0 + t * h * w])
+        out.setdefault(grid, []).append([t, h, w])
+        seen, row0 = seen + t * h * w // merge ** 2, row0 + t * h * w
+    if "video_grid_thw" in out and sample.get("second_per_grid_ts") is not None:
+        out["second_per_grid_ts"] = [float(v) for v in sample["second_per_grid_ts"]]
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _processor_samples(family: str, arrow: bool):
+    """The family's synthetic samples in a processor's format: a list, or a ``datasets.Dataset`` (Arrow)."""
+    config, data = _data(family)
+    rows = [_processor_format(data.dataset[i], config) for i in range(len(data.dataset))]
+    if not arrow:
+        return rows
+    import datasets
+
+    keys = sorted({k for r in rows for k in r})  # from_list would keep the first row's keys only (a text sample's)
+    return datasets.Dataset.from_dict({k: [r.get(k) for r in rows] for k in keys})
+
+
+def _processor_labels(sample: dict, config) -> torch.Tensor:
+    labels = torch.tensor(sample["input_ids"])[1:].clone()
+    labels[(labels == config.image_token_id) | (labels == config.video_token_id)] = -100
+    return labels
+
+
+def _stock_processor_loss(model, samples: list[dict]) -> tuple[torch.Tensor, int]:
+    """The stock model called on each processor-format sample as a stock VL recipe calls it (``model(**sample)``;
+    one sample per forward), cross-entropy over the targets that are not an image or video placeholder (FCP's
+    ``mask_visual_labels``): ``(mean loss, label tokens)``."""
+    cfg = model.config
+    total, num = 0.0, 0
+    for s in samples:
+        ids = torch.tensor(s["input_ids"])
+        kw = {k: torch.tensor(s[k], dtype=torch.float64 if k.startswith(("pixel", "second")) else torch.long)
+              for k in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
+              if s.get(k) is not None}
+        if cfg.model_type != "qwen2_5_vl":
+            kw.pop("second_per_grid_ts", None)
+        logits = model(input_ids=ids[None], mm_token_type_ids=torch.tensor(s["mm_token_type_ids"])[None],
+                       attention_mask=torch.tensor(s["attention_mask"])[None], use_cache=False, **kw).logits[0]
+        labels = _processor_labels(s, cfg)
+        total = total + torch.nn.functional.cross_entropy(logits[:-1], labels, ignore_index=-100, reduction="sum")
+        num += int((labels != -100).sum())
+    return total / num, num
 
 
 @contextlib.contextmanager
@@ -194,6 +262,8 @@ def _fcp_runs(out: str) -> dict:
         "bf16": _fcp_run("qwen2_5_vl", f"{out}/bf16", dtype=torch.float32, bf16=True),
         "ga": _fcp_run("qwen3", f"{out}/ga", global_batch_size=None, per_device_train_batch_size=1,
                        gradient_accumulation_steps=GA),
+        "proc": _fcp_run("qwen2_5_vl", f"{out}/proc", processor="arrow"),
+        "proc3": _fcp_run("qwen3_vl", f"{out}/proc3", processor="list"),
         "fsdp2": _fcp_run("qwen3", f"{out}/fsdp2", fsdp2=True, save_steps=2),
         "fsdp2-resumed": _fcp_run("qwen3", f"{out}/fsdp2-r", fsdp2=True, resume=f"{out}/fsdp2/checkpoint-2"),
         "fsdp2-bf16": _fcp_run("qwen3", f"{out}/fsdp2-bf16", fsdp2=True, dtype=torch.float32, bf16=True),
@@ -308,12 +378,14 @@ def _lora(model):
 @functools.lru_cache(maxsize=None)
 def _reference(family: str, batches: tuple[tuple[int, ...], ...], evals: tuple[tuple[int, ...], ...], out: str,
                sft: bool = False, dtype: str = "float64", bf16: bool = False, lora: bool = False,
-               video: bool = False, accumulate: int = 1) -> dict:
+               video: bool = False, accumulate: int = 1, processor: bool = False) -> dict:
     """The stock Trainer, one process, over ``batches`` (then ``evals``, token-weighted, without an update); the
     model in ``dtype``, ``bf16``: the Trainer's bf16 autocast, ``lora``: the model wrapped by :func:`_lora`,
     ``video``: the samples of the bundled video/image index (:func:`_video_data`). ``accumulate`` > 1: the Trainer's
     own gradient accumulation over that many parts of each global batch, each part's loss divided by the label
-    tokens of its whole global batch (``num_items_in_batch``, so the Trainer does not divide by the steps again)."""
+    tokens of its whole global batch (``num_items_in_batch``, so the Trainer does not divide by the steps again).
+    ``processor``: the samples in a processor's format, each fed to the stock model as is
+    (:func:`_stock_processor_loss`)."""
     from transformers import Trainer, TrainingArguments
 
     from fcp_exec.integrations.hf import build_model
@@ -330,16 +402,19 @@ def _reference(family: str, batches: tuple[tuple[int, ...], ...], evals: tuple[t
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             part, denominator = inputs
-            loss, num = reference_loss(model, part, ignore_ids=ignore)
+            loss, num = _stock_processor_loss(model, part) if processor else reference_loss(model, part,
+                                                                                            ignore_ids=ignore)
             loss = loss * (num / denominator)
             losses.append(float(loss.detach()))
             return loss
 
     losses: list[float] = []
-    global_batches = [[data.dataset[i] for i in b] for b in batches]
+    source = _processor_samples(family, False) if processor else data.dataset
+    global_batches = [[source[i] for i in b] for b in batches]
     parts = []
     for samples in global_batches:
-        denominator = _reference_labels(samples, ignore)[1]
+        denominator = sum(int((_processor_labels(x, config) != -100).sum()) for x in samples) if processor else \
+            _reference_labels(samples, ignore)[1]
         size = -(-len(samples) // accumulate)
         parts += [(samples[k:k + size], denominator) for k in range(0, len(samples), size)]
     assert len(parts) == accumulate * len(batches), "every global batch splits into `accumulate` parts"
@@ -441,6 +516,24 @@ def test_gradient_accumulation_trains_like_the_stock_trainers_accumulation(fcp_r
     assert max(ref["norms"]) > ARGS["max_grad_norm"], ("clipping never acted", ref["norms"])
     _same_params(res["params"], ref["params"], "ga")
     _same_params(per_rank[1]["ga"]["params"], res["params"], "ga rank 1 vs rank 0", tol=0.0)
+    assert any(len(g) == 2 for g in res["groups"]), res["groups"]
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("run, family", [("proc", "qwen2_5_vl"), ("proc3", "qwen3_vl")])
+def test_processor_format_samples_train_like_the_stock_model_on_them(fcp_runs, run, family, tmp_path):
+    """Samples as a Qwen-VL processor returns them (images and videos apart, ``image_grid_thw``/``video_grid_thw``,
+    ``pixel_values_videos``, ``mm_token_type_ids``, ``attention_mask``; Qwen2.5-VL's ``second_per_grid_ts``) given to
+    FCPTrainer as they are — a ``datasets.Dataset`` (Qwen2.5-VL) or a list (Qwen3-VL: a video is one placeholder run
+    per frame group), no lengths, no visual layout — train like the stock Trainer whose loss calls the stock model
+    on each sample as it is (``model(**sample)``): losses, gradient norms, parameters to 1e-12."""
+    per_rank, _ = fcp_runs
+    res = per_rank[0][run]
+    ref = _reference(family, _order(family, 0, STEPS), (), str(tmp_path), processor=True)
+    _close(res["losses"], ref["losses"], f"{run} loss")
+    _close(res["norms"], ref["norms"], f"{run} grad norm")
+    _same_params(res["params"], ref["params"], run)
+    _same_params(per_rank[1][run]["params"], res["params"], f"{run} rank 1 vs rank 0", tol=0.0)
     assert any(len(g) == 2 for g in res["groups"]), res["groups"]
 
 

@@ -1,0 +1,177 @@
+"""Qwen-VL samples as the Hugging Face processors return them, made into FCP's collator format.
+
+A processor (``Qwen2_5_VLProcessor(text=..., images=..., videos=...)``, what a Hugging Face VL fine-tuning recipe
+maps over its dataset) returns one sample's images and videos apart: ``pixel_values`` + ``image_grid_thw`` for the
+images, ``pixel_values_videos`` + ``video_grid_thw`` for the videos, and ``second_per_grid_ts``, ``attention_mask``,
+``mm_token_type_ids``. FCP's collator takes one ``grid_thw`` row per image or video *in order of appearance* and
+their patches in ``pixel_values`` in that order: the vision tower of a CP group encodes the frames of all its
+documents at once, and the embeddings fill the placeholder tokens in order. So:
+
+* :func:`fcp_sample` converts one sample (a sample already in FCP's format, or text, passes unchanged). The k-th
+  image or video in order of appearance is the one whose placeholders come k-th among the sample's visual tokens;
+  an image holds t·h·w / merge² of them in one run, a video as many (Qwen3-VL puts one run per temporal frame
+  group, with its timestamp text between: the visual tokens stay consecutive in that count). A sample whose grids,
+  patches and placeholders disagree is a ``fcp_data.slots.MalformedSampleError`` (a ``ValueError``) naming what
+  disagrees.
+* :class:`ProcessorSamples` wraps a map-style dataset so that each sample is converted when read (inside
+  ``FCPDataset``: a sample that fails to convert is recorded and skipped like an unreadable one).
+* :func:`placeholder_spans` gives every sample's placeholder runs, what the sampler's visual layout needs to count
+  the loss denominator exactly (labels whose target is a placeholder are not trained): from the ``input_ids`` Arrow
+  column for a ``datasets.Dataset`` (no pixel is read), else sample by sample.
+
+``FCPTrainer`` applies both to a Qwen-VL model's training and evaluation data that is not an fcp index.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from fcp_data.slots import MalformedSampleError
+
+__all__ = ["ProcessorSamples", "fcp_sample", "placeholder_spans"]
+
+PROCESSOR_KEYS = ("image_grid_thw", "video_grid_thw", "pixel_values_videos")
+_CONSUMED = ("image_grid_thw", "video_grid_thw", "pixel_values_videos", "pixel_values", "mm_token_type_ids",
+             "attention_mask")
+
+
+class _Media:
+    """The images (or the videos) of one sample: grid rows and their patch rows, handed out in order."""
+
+    def __init__(self, grid: Any, pixels: Any, name: str) -> None:
+        self.name, self.next_row = name, 0
+        self.grid = torch.zeros((0, 3), dtype=torch.long) if grid is None else \
+            torch.as_tensor(grid, dtype=torch.long).reshape(-1, 3)
+        sizes = (self.grid[:, 0] * self.grid[:, 1] * self.grid[:, 2]).tolist()
+        if len(sizes) and pixels is None:
+            raise MalformedSampleError(f"has {len(sizes)} {name} grid row(s) but no {name} pixel values")
+        if pixels is None:
+            self.chunks = []
+            return
+        # nested lists (a datasets.Dataset row) through numpy: their floats keep float64 (torch would make float32)
+        pixels = pixels if isinstance(pixels, torch.Tensor) else torch.from_numpy(np.asarray(pixels))
+        if pixels.dim() != 2 or pixels.shape[0] != sum(sizes):
+            raise MalformedSampleError(f"{name} pixel values of shape {tuple(pixels.shape)} do not hold the {sum(sizes)} "
+                             f"patch rows of its grid(s) {self.grid.tolist()}")
+        self.chunks = list(torch.split(pixels, sizes))
+
+    def take(self) -> tuple[list[int], torch.Tensor]:
+        if self.next_row >= len(self.grid):
+            raise MalformedSampleError(f"has more {self.name} placeholder tokens than its {len(self.grid)} {self.name} grid "
+                             "row(s) hold")
+        k, self.next_row = self.next_row, self.next_row + 1
+        return self.grid[k].tolist(), self.chunks[k]
+
+    def check_used(self) -> None:
+        if self.next_row != len(self.grid):
+            raise MalformedSampleError(f"has {len(self.grid)} {self.name} grid row(s) but placeholder tokens for "
+                             f"{self.next_row}")
+
+
+def fcp_sample(sample: Any, *, image_token_id: int, video_token_id: int, merge: int) -> Any:
+    """``sample`` in FCP's format: ``grid_thw`` (one row per image/video in order of appearance), ``pixel_values``
+    (their patches in that order), ``second_per_grid_ts`` (one per video) — from a processor's output (module
+    docstring). Other keys are kept but ``attention_mask`` and ``mm_token_type_ids`` (rebuilt by the collator);
+    anything else than a processor's sample is returned as it is."""
+    if not isinstance(sample, dict) or not any(sample.get(k) is not None for k in PROCESSOR_KEYS):
+        return sample
+    if sample.get("grid_thw") is not None:
+        raise MalformedSampleError("has both grid_thw (FCP's format) and image_grid_thw/video_grid_thw (a processor's): give one")
+    ids = torch.as_tensor(sample["input_ids"])
+    if ids.dim() != 1:
+        raise MalformedSampleError(f"has input_ids of shape {tuple(ids.shape)}; a sample's ids are 1-D (a processor called on "
+                         "one sample returns a batch of 1: keep [0] of each output)")
+    kinds = (ids == image_token_id).to(torch.int8) + 2 * (ids == video_token_id).to(torch.int8)
+    kinds = kinds[kinds > 0]
+    media = {1: _Media(sample.get("image_grid_thw"), sample.get("pixel_values"), "image"),
+             2: _Media(sample.get("video_grid_thw"), sample.get("pixel_values_videos"), "video")}
+    rows, chunks, cursor = [], [], 0
+    while cursor < len(kinds):
+        kind = int(kinds[cursor])
+        row, chunk = media[kind].take()
+        tokens = row[0] * row[1] * row[2] // (merge * merge)
+        run = kinds[cursor:cursor + tokens]
+        if tokens < 1 or row[1] % merge or row[2] % merge or len(run) < tokens or bool((run != kind).any()):
+            raise MalformedSampleError(f"has a {media[kind].name} grid row {row} (t·h·w / {merge}² = {tokens} placeholder "
+                             f"tokens) that does not match its placeholders from visual token {cursor} on")
+        rows.append(row)
+        chunks.append(chunk)
+        cursor += tokens
+    for m in media.values():
+        m.check_used()
+    out = {k: v for k, v in sample.items() if k not in _CONSUMED}
+    out["grid_thw"] = torch.tensor(rows, dtype=torch.long).reshape(-1, 3)
+    if chunks:
+        out["pixel_values"] = torch.cat(chunks)
+    if sample.get("second_per_grid_ts") is not None:
+        out["second_per_grid_ts"] = torch.as_tensor(sample["second_per_grid_ts"], dtype=torch.float64).reshape(-1)
+    return out
+
+
+class ProcessorSamples:
+    """``ProcessorSamples(base, config)[i]`` = :func:`fcp_sample` of ``base[i]`` for a Qwen-VL ``config`` (its
+    ``image_token_id``, ``video_token_id`` and vision ``spatial_merge_size``); ``len`` and other attributes are the
+    base dataset's."""
+
+    def __init__(self, base: Any, config: Any) -> None:
+        self.base = base
+        self.image_token_id, self.video_token_id = int(config.image_token_id), int(config.video_token_id)
+        self.merge = int(config.vision_config.spatial_merge_size)
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, i: int) -> Any:
+        return fcp_sample(self.base[i], image_token_id=self.image_token_id, video_token_id=self.video_token_id,
+                          merge=self.merge)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "base":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.base, name)
+
+
+def _runs(values: np.ndarray, starts: np.ndarray, ids: Sequence[int]) -> list[tuple[tuple[int, int], ...]]:
+    """Per row (``starts``: offsets of the rows in ``values``, plus the end): its runs of ``ids`` as
+    ``(start within the row, count)``."""
+    mask = np.isin(values, np.asarray(list(ids), dtype=values.dtype if values.size else np.int64))
+    begin = mask.copy()
+    begin[1:] &= ~mask[:-1]
+    row_starts = starts[:-1][starts[:-1] < len(values)]
+    begin[row_starts] = mask[row_starts]  # a run never continues across two samples
+    end = mask.copy()
+    end[:-1] &= ~mask[1:]
+    row_ends = starts[1:][starts[1:] > 0] - 1
+    end[row_ends] = mask[row_ends]
+    b, e = np.flatnonzero(begin), np.flatnonzero(end)
+    rows = np.searchsorted(starts, b, side="right") - 1
+    out: list[list[tuple[int, int]]] = [[] for _ in range(len(starts) - 1)]
+    for r, s, t in zip(rows.tolist(), b.tolist(), e.tolist()):
+        out[r].append((s - int(starts[r]), t - s + 1))
+    return [tuple(r) for r in out]
+
+
+def placeholder_spans(data: Any, ids: Sequence[int]) -> list[tuple[tuple[int, int], ...]]:
+    """Every sample's runs of the token ids ``ids`` (placeholders) as ``(start, count)``, for
+    ``fcp_data.SpanVisualLayout``: a ``datasets.Dataset`` from its ``input_ids`` Arrow column, else read sample by
+    sample (a progress bar from 10,000 samples on)."""
+    if type(data).__module__.startswith("datasets.") and "input_ids" in (getattr(data, "column_names", ()) or ()):
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        column = data.with_format("arrow")["input_ids"]
+        column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+        if (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)) and not column.null_count:
+            lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False).astype(np.int64)
+            values = pc.list_flatten(column).to_numpy(zero_copy_only=False)
+            return _runs(values, np.concatenate([[0], np.cumsum(lengths)]), ids)
+    from tqdm.auto import tqdm
+
+    out = []
+    for i in tqdm(range(len(data)), desc="FCPTrainer: placeholder runs", unit="sample", disable=len(data) < 10_000):
+        values = np.asarray(torch.as_tensor(data[i]["input_ids"]).reshape(-1).numpy())
+        out += _runs(values, np.array([0, len(values)]), ids)
+    return out
