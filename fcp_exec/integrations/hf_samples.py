@@ -38,6 +38,15 @@ _CONSUMED = ("image_grid_thw", "video_grid_thw", "pixel_values_videos", "pixel_v
              "attention_mask")
 
 
+def _num_rows(pixels: Any) -> int:
+    if pixels is None or isinstance(pixels, float):
+        return 0
+    shape = getattr(pixels, "shape", None)  # a tensor or array; 0-d: a datasets row's missing Array2D (NaN)
+    if shape is not None:
+        return int(shape[0]) if len(shape) else 0
+    return len(pixels)
+
+
 class _Media:
     """The images (or the videos) of one sample: grid rows and their patch rows, handed out in order."""
 
@@ -46,11 +55,13 @@ class _Media:
         self.grid = torch.zeros((0, 3), dtype=torch.long) if grid is None else \
             torch.as_tensor(grid, dtype=torch.long).reshape(-1, 3)
         sizes = (self.grid[:, 0] * self.grid[:, 1] * self.grid[:, 2]).tolist()
-        if len(sizes) and pixels is None:
-            raise MalformedSampleError(f"has {len(sizes)} {name} grid row(s) but no {name} pixel values")
-        if pixels is None:
+        if not sizes:  # no image (video): its pixels are None, or a datasets Array2D column's NaN, or no rows
+            if _num_rows(pixels):
+                raise MalformedSampleError(f"has {name} pixel values ({_num_rows(pixels)} rows) but no {name} grid rows")
             self.chunks = []
             return
+        if pixels is None or _num_rows(pixels) == 0:
+            raise MalformedSampleError(f"has {len(sizes)} {name} grid row(s) but no {name} pixel values")
         # nested lists (a datasets.Dataset row) through numpy: their floats keep float64 (torch would make float32)
         pixels = pixels if isinstance(pixels, torch.Tensor) else torch.from_numpy(np.asarray(pixels))
         if pixels.dim() != 2 or pixels.shape[0] != sum(sizes):
@@ -74,9 +85,10 @@ class _Media:
 def fcp_sample(sample: Any, *, image_token_id: int, video_token_id: int, merge: int) -> Any:
     """``sample`` in FCP's format: ``grid_thw`` (one row per image/video in order of appearance), ``pixel_values``
     (their patches in that order), ``second_per_grid_ts`` (one per video) — from a processor's output (module
-    docstring). Other keys are kept but ``attention_mask`` and ``mm_token_type_ids`` (rebuilt by the collator);
-    anything else than a processor's sample is returned as it is."""
-    if not isinstance(sample, dict) or not any(sample.get(k) is not None for k in PROCESSOR_KEYS):
+    docstring). Other keys are kept but ``attention_mask`` and ``mm_token_type_ids`` (rebuilt by the collator). A
+    sample with a processor's keys (``image_grid_thw``, ``video_grid_thw``, ``pixel_values_videos``; None or NaN in
+    a ``datasets`` row without images or videos) is converted; anything else is returned as it is."""
+    if not isinstance(sample, dict) or not any(k in sample for k in PROCESSOR_KEYS):
         return sample
     if sample.get("grid_thw") is not None:
         raise MalformedSampleError("has both grid_thw (FCP's format) and image_grid_thw/video_grid_thw (a processor's): give one")
@@ -103,10 +115,12 @@ def fcp_sample(sample: Any, *, image_token_id: int, video_token_id: int, merge: 
     for m in media.values():
         m.check_used()
     out = {k: v for k, v in sample.items() if k not in _CONSUMED}
-    out["grid_thw"] = torch.tensor(rows, dtype=torch.long).reshape(-1, 3)
-    if chunks:
-        out["pixel_values"] = torch.cat(chunks)
-    if sample.get("second_per_grid_ts") is not None:
+    out.pop("second_per_grid_ts", None)
+    if not rows:  # a text sample of a processor's dataset
+        return out
+    out["grid_thw"] = torch.tensor(rows, dtype=torch.long)
+    out["pixel_values"] = torch.cat(chunks)
+    if sample.get("second_per_grid_ts") is not None and media[2].next_row:
         out["second_per_grid_ts"] = torch.as_tensor(sample["second_per_grid_ts"], dtype=torch.float64).reshape(-1)
     return out
 

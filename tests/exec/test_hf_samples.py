@@ -113,6 +113,7 @@ def _broken(change):
     (lambda p: p.update(input_ids=[p["input_ids"]]), r"has input_ids of shape \(1, \d+\); a sample's ids are 1-D"),
     (lambda p: p.update(grid_thw=[[1, 2, 2]]), "has both grid_thw"),
     (lambda p: p.pop("pixel_values"), r"has 2 image grid row\(s\) but no image pixel values"),
+    (lambda p: p.update(image_grid_thw=None), r"has image pixel values \(20 rows\) but no image grid rows"),
 ])
 def test_a_sample_whose_grids_and_placeholders_disagree_is_malformed(change, message):
     with pytest.raises(MalformedSampleError, match=message):
@@ -157,3 +158,36 @@ def test_placeholder_runs_of_lists_and_arrow_datasets_equal_a_plain_scan():
     arrow = datasets.Dataset.from_dict({"input_ids": rows, "other": list(range(len(rows)))})
     assert placeholder_spans(arrow, (IMG, VID)) == want
     assert placeholder_spans(arrow.select(range(len(rows) - 1, -1, -1)), (IMG, VID)) == want[::-1]
+
+
+@pytest.mark.parametrize("fmt", [None, "numpy", "torch"])
+def test_a_datasets_row_without_images_or_videos_converts_in_every_format(fmt, tmp_path):
+    """A ``datasets.Dataset`` with ``Array2D`` pixel columns (how a processor's output is usually stored) reads a
+    missing image or video as NaN (a float, a 0-d array or tensor, by format), not None: text rows, image-only and
+    video-only rows convert to the reference all the same, in the default, ``numpy`` and ``torch`` formats."""
+    datasets = pytest.importorskip("datasets")
+    docs = [[("text", 6)], ORDERS[2], ORDERS[3], ORDERS[1]]
+    built = [_build(d) if len(d) > 1 else ({"input_ids": torch.tensor(_text_ids(6))}, {"input_ids": _text_ids(6)})
+             for d in docs]
+    features = datasets.Features({
+        "input_ids": datasets.Sequence(datasets.Value("int64")),
+        "pixel_values": datasets.Array2D(shape=(None, DIM), dtype="float64"),
+        "image_grid_thw": datasets.Sequence(datasets.Sequence(datasets.Value("int64"), length=3)),
+        "pixel_values_videos": datasets.Array2D(shape=(None, DIM), dtype="float64"),
+        "video_grid_thw": datasets.Sequence(datasets.Sequence(datasets.Value("int64"), length=3)),
+        "second_per_grid_ts": datasets.Sequence(datasets.Value("float64"))})
+    columns = {k: [None if p.get(k) is None else np.asarray(p[k]).tolist() if k != "input_ids" else list(p[k])
+                   for _, p in built] for k in features}
+    ds = datasets.Dataset.from_dict(columns, features=features)
+    ds = ds if fmt is None else ds.with_format(fmt)
+    for (want, _), row in zip(built, ProcessorSamples(ds, CONFIG)):
+        assert [int(t) for t in row["input_ids"]] == want["input_ids"].tolist()
+        if "grid_thw" not in want:
+            assert not {"grid_thw", "pixel_values", "pixel_values_videos"} & set(row), sorted(row)
+            continue
+        assert row["grid_thw"].tolist() == want["grid_thw"].tolist()
+        assert torch.equal(torch.as_tensor(row["pixel_values"]), want["pixel_values"])
+
+
+def _text_ids(n: int) -> list[int]:
+    return [10 + i for i in range(n)]
