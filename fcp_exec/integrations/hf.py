@@ -80,21 +80,34 @@ def fcp_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Ten
                           attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
                           fcp_context: FCPAttentionContext | None = None, **kwargs):
     """transformers attention function: ``query`` ``[1, H_q, L, D]``, ``key``/``value`` ``[1, H_kv, L, D]`` of
-    this rank's zigzag shard → ``(out [1, L, H_q, D], None)`` by ring attention over ``fcp_context.ranks``."""
-    from fcp_exec.ring_attention import ring_attention
+    this rank's zigzag shard → ``(out [1, L, H_q, D], None)`` by ring attention over ``fcp_context.ranks``.
 
+    Under ``torch.compile`` (``TrainingArguments(torch_compile=True)``) the ring runs eagerly, outside the graph
+    (:func:`_ring_outside_compile`): its plan and peer exchange depend on each micro-batch's documents and CP group
+    (Python ints and lists), which would recompile it for every new micro-batch until Dynamo's recompile limit, and
+    its kernels and point-to-point transfers gain nothing from tracing; the rest of the model compiles once, with a
+    dynamic sequence length."""
     if fcp_context is None:
         raise ValueError("attention implementation 'fcp_ring' needs fcp_context=...: call the model with "
                          "**fcp_exec.integrations.hf.batch_inputs(batch, model)")
     if query.shape[0] != 1:
         raise ValueError(f"fcp_ring attention takes one packed sequence (batch size 1), got batch size {query.shape[0]}")
-    attention_limits(module, dropout, kwargs, fcp_context.ring)
     q = query[0].transpose(0, 1)
     k = key[0].transpose(0, 1)
     v = value[0].transpose(0, 1)
-    out = ring_attention(q, k, v, fcp_context.ring, causal=bool(getattr(module, "is_causal", True)),
-                         softmax_scale=scaling, kernel=fcp_context.kernel)
+    out = _ring_outside_compile(module, q, k, v, fcp_context, scaling, dropout, kwargs)
     return out.unsqueeze(0), None
+
+
+@torch.compiler.disable
+def _ring_outside_compile(module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          fcp_context: FCPAttentionContext, scaling: float | None, dropout: float,
+                          kwargs: dict) -> torch.Tensor:
+    from fcp_exec.ring_attention import ring_attention
+
+    attention_limits(module, dropout, kwargs, fcp_context.ring)
+    return ring_attention(q, k, v, fcp_context.ring, causal=bool(getattr(module, "is_causal", True)),
+                          softmax_scale=scaling, kernel=fcp_context.kernel)
 
 
 def register_attention() -> None:
