@@ -47,6 +47,8 @@ Batch dict (all tensors on CPU, 1-D unless stated)::
                                           rank is then label-free on all of them)
     planned_labels   tuple[int, ...]      per document: the label tokens ``num_tokens_global`` counts for it
     epoch, global_batch, micro_batch, num_micro_batches   ints: where this micro-batch sits in the epoch
+    plan_digest      int                  the global batch plan's digest (:func:`fcp_data.slots.plan_digest`),
+                                          compared across ranks before a step (``fcp_exec.lockstep``)
   multimodal (``visual_token_id`` set):
     visual_pos       LongTensor [V]       local positions of visual placeholder tokens
     visual_index     LongTensor [V]       row of each in the group's visual embeddings, i.e. the order of
@@ -94,7 +96,7 @@ __all__ = ["FCPCollator", "qwen_vl_mrope_positions"]
 
 # the batch-dict entries taken from the micro-batch's MicroBatchMeta (num_text_labels_global: see _denominator)
 _META = ("epoch", "global_batch", "micro_batch", "num_micro_batches", "num_tokens_global", "ranks", "cp_rank",
-         "num_text_labels_global")
+         "num_text_labels_global", "plan_digest")
 
 
 class FCPCollator:

@@ -83,7 +83,7 @@ from fcp_data.sampler_config import SamplerConfig
 from fcp_data.prefetch import PlanWindow, SamplerIterator
 from fcp_data.sampler_state import check_int, check_state, make_state, state_after
 from fcp_data.sampler_inputs import check_lengths, check_visual, dist_rank_and_world
-from fcp_data.slots import FCPDataset, MicroBatchMeta, SampleSlot, SlotList
+from fcp_data.slots import FCPDataset, MicroBatchMeta, SampleSlot, SlotList, plan_digest
 from fcp_data.visual_layout import IndexVisualLayout, SpanVisualLayout
 
 __all__ = ["FCPSampler", "SampleSlot", "SlotList", "MicroBatchMeta", "FCPDataset", "dist_rank_and_world",
@@ -272,14 +272,13 @@ class FCPSampler:
         if self.visual_layout is not None:
             vis = np.array([int(self.visual_layout(int(i), int(n))) for i, n in zip(ids, toks)], dtype=np.int64)
             text_total = total - int(vis.sum())
-        num_mb = len(plan.micro_batches)
-        out = []
+        num_mb, digest, out = len(plan.micro_batches), plan_digest(epoch, g, ids, toks, plan), []
         for m, mb in enumerate(plan.micro_batches):
             group = mb.group_of_rank(self.rank)
             ranks = () if group is None else tuple(group.ranks)
             meta = MicroBatchMeta(epoch=epoch, global_batch=g, micro_batch=m, num_micro_batches=num_mb,
                                   num_tokens_global=total, num_text_labels_global=text_total, ranks=ranks,
-                                  cp_rank=ranks.index(self.rank) if ranks else -1)  # shared by the list and slots
+                                  cp_rank=ranks.index(self.rank) if ranks else -1, plan_digest=digest)  # shared
             seqs = () if group is None else group.seq_ids
             slots = [SampleSlot(index=int(ids[s]), num_tokens=int(toks[s]), length=int(self.lengths[ids[s]]), meta=meta,
                                 visual_targets=int(vis[s])) for s in seqs]

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 
-__all__ = ["MicroBatchMeta", "SampleSlot", "SlotList", "FCPDataset", "MalformedSampleError", "StaleSampleError"]
+__all__ = ["MicroBatchMeta", "SampleSlot", "SlotList", "FCPDataset", "MalformedSampleError", "StaleSampleError",
+           "plan_digest"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -34,7 +35,8 @@ class MicroBatchMeta:
     global batch, Σ (num_tokens − 1) over all its sequences (the loss denominator); ``num_text_labels_global``:
     the same without labels whose target is a visual placeholder (:mod:`fcp_data.visual_layout`; ``None`` when
     the sampler has no visual layout); ``ranks``: this rank's CP group (global ranks in ring order, ``()`` when
-    the rank is idle); ``cp_rank``: this rank's position in ``ranks`` (``-1`` when idle).
+    the rank is idle); ``cp_rank``: this rank's position in ``ranks`` (``-1`` when idle); ``plan_digest``: the
+    global batch's :func:`plan_digest`, the same on every rank that planned it alike (0: not known).
     """
 
     epoch: int
@@ -45,10 +47,12 @@ class MicroBatchMeta:
     num_text_labels_global: int | None = None
     ranks: tuple[int, ...] = ()
     cp_rank: int = -1
+    plan_digest: int = 0
 
     def __post_init__(self) -> None:
         put = object.__setattr__  # frozen: normalise once (numpy integers become ints), here
-        for name in ("epoch", "global_batch", "micro_batch", "num_micro_batches", "num_tokens_global", "cp_rank"):
+        for name in ("epoch", "global_batch", "micro_batch", "num_micro_batches", "num_tokens_global", "cp_rank",
+                     "plan_digest"):
             put(self, name, int(getattr(self, name)))
         if self.num_text_labels_global is not None:
             put(self, "num_text_labels_global", int(self.num_text_labels_global))
@@ -244,6 +248,25 @@ class FCPDataset:
 
 class StaleSampleError(ValueError):
     """A sample read fine but its length is not the one the sampler planned with (its file changed since indexing)."""
+
+
+def plan_digest(epoch: int, global_batch: int, ids: Any, num_tokens: Any, plan: Any) -> int:
+    """A 63-bit digest of one global batch's plan as every rank must hold it: where it sits (epoch, index), its
+    samples (dataset indices, tokens kept) and each micro-batch's CP groups (ranks, sequences). Ranks that planned
+    differently — other data or lengths, batch size, seed, cost model, planner — hold different digests, which
+    ``fcp_exec.lockstep.check_plan_agreement`` compares before a step's first collective."""
+    import hashlib
+
+    import numpy as np
+
+    h = hashlib.blake2b(np.asarray([epoch, global_batch, len(ids)], dtype=np.int64).tobytes(), digest_size=8)
+    h.update(np.asarray(ids, dtype=np.int64).tobytes())
+    h.update(np.asarray(num_tokens, dtype=np.int64).tobytes())
+    for mb in plan.micro_batches:
+        for g in mb.groups:
+            h.update(np.asarray([-1, len(g.ranks), *g.ranks, len(g.seq_ids), *g.seq_ids], dtype=np.int64).tobytes())
+        h.update(b"|")
+    return int.from_bytes(h.digest(), "little") >> 1
 
 
 class MalformedSampleError(ValueError):

@@ -42,6 +42,7 @@ import torch.distributed as dist
 from torch import nn
 
 from fcp_data.sampler_inputs import dist_rank_and_world
+from fcp_exec.lockstep import check_plan_agreement
 from fcp_exec.skips import agree_skips
 
 __all__ = ["REDUCER_NAMES", "AllReduceReducer", "DDPReducer", "FSDP2Reducer", "StepResult", "denominator",
@@ -319,8 +320,9 @@ def _open_step(micro_batches: Iterable[dict], model: nn.Module, ignore_index: in
     it = iter(micro_batches)
     first = _next_micro_batch(it, 0, 1)
     num_mb = int(first["num_micro_batches"])
+    dev = next(model.parameters()).device
+    check_plan_agreement(first, dev)  # before any collective of the step: ranks that planned apart would hang
     if first.get("num_tokens_global") is None:  # the samples' own labels: count them over the global batch first
-        dev = next(model.parameters()).device
         buffered = [first] + [_next_micro_batch(it, m, num_mb) for m in range(1, num_mb)]
         # a document that failed to read on some rank of its group loses its labels everywhere before the count
         buffered = [agree_skips(b, dev, ignore_index=ignore_index) for b in buffered]
