@@ -72,7 +72,7 @@ from fcp_exec.devices import settle_collectives
 from fcp_exec.integrations.hf_trainer_data import (GlobalBatch, GlobalBatchLoader, _has_labels, _is_indexed,
                                                    count_lengths)
 from fcp_exec.integrations.hf import VL_MODEL_TYPES, apply_fcp, fcp_loss, model_type_of, unwrap
-from fcp_exec.step import AllReduceReducer, DDPReducer, FSDP2Reducer, StepResult, eval_step, train_step
+from fcp_exec.step import StepResult, eval_step, reducer_for, train_step
 
 try:
     from transformers import Trainer
@@ -308,19 +308,11 @@ class FCPTrainer(Trainer):
 
     # ------------------------------------------------------------------------------------------------- step
     def _reducer(self, model: nn.Module):
-        """The fcp reducer for the model Accelerate prepared (one per wrapped model: DDP's comm hook is set once)."""
+        """The fcp reducer for the model Accelerate prepared (:func:`fcp_exec.step.reducer_for`; one per wrapped
+        model: DDP's comm hook is set once)."""
         key = id(model)
         if key not in self._reducers:
-            from torch.nn.parallel import DistributedDataParallel
-
-            from fcp_exec.step import _fsdp_modules
-
-            if isinstance(model, DistributedDataParallel):
-                self._reducers[key] = DDPReducer(model)
-            elif _fsdp_modules(model):
-                self._reducers[key] = FSDP2Reducer(model)
-            else:
-                self._reducers[key] = AllReduceReducer()
+            self._reducers[key] = reducer_for(model)
         return self._reducers[key]
 
     def training_step(self, model: nn.Module, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:

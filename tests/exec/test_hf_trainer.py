@@ -271,6 +271,7 @@ def _fcp_runs(out: str) -> dict:
         **({"lora": _fcp_run("qwen3", f"{out}/lora", lora=True)} if _HAS_PEFT else {}),
         **({"trl": _trl_run(f"{out}/trl")} if _HAS_TRL else {}),
         "video": _video_run(f"{out}/video"),
+        "accelerate": _accelerate_loop(),
         "compile": _compile_run(f"{out}/compile"),  # last: Dynamo's caches stay in the process
     }
 
@@ -290,6 +291,40 @@ def _ring_calls_watched():
         yield seen
     finally:
         ra.ring_attention = original
+
+
+def _accelerate_loop() -> dict:
+    """A training loop of one's own on Accelerate (``Accelerator().prepare`` wraps the model in DDP) with fcp's
+    pieces: ``reducer_for`` on the prepared model, ``train_step``, the optimizer Accelerate prepared."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+    from torch.utils.data import DataLoader
+
+    from fcp_data import FCPCollator, FCPDataset, FCPSampler
+    from fcp_exec.integrations.hf import apply_fcp, build_model, fcp_loss
+    from fcp_exec.step import reducer_for, train_step
+
+    AcceleratorState._reset_state(reset_partial_state=False)
+    config, data = _data("qwen3")
+    accelerator = Accelerator(cpu=True)
+    model = apply_fcp(build_model(config, dtype=torch.float64, seed=0))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01, foreach=False)
+    model, opt = accelerator.prepare(model, opt)
+    reducer = reducer_for(model)
+    sampler = FCPSampler(data.lengths, cost_model=_cost(), global_batch_size=GBS, seed=0)
+    loader = DataLoader(FCPDataset(data.dataset), batch_sampler=sampler,
+                        collate_fn=FCPCollator(pad_token_id=data.pad_token_id))
+    losses, batches = [], iter(loader)
+    for step in range(STEPS):
+        if step and step % sampler.num_global_batches() == 0:  # the next epoch
+            sampler.set_epoch(step // sampler.num_global_batches())
+            batches = iter(loader)
+        res = train_step(model, batches, fcp_loss, reducer, pad_token_id=data.pad_token_id)
+        opt.step()
+        opt.zero_grad()
+        losses.append(res.loss)
+    return {"losses": losses, "reducer": type(reducer).__name__, "model": type(model).__name__,
+            "params": _params(model)}
 
 
 def _compile_run(out: str) -> dict:
@@ -573,11 +608,28 @@ def test_torch_compile_trains_like_the_stock_trainer_with_the_ring_outside_the_g
     for rank in per_rank:
         res = rank["compile"]
         assert res["ring_calls"] > 0 and res["ring_traced"] == 0, (res["ring_calls"], res["ring_traced"])
+        # the compiled module wraps Accelerate's DDP: its reducer is still DDP's (sync once, in the last backward)
+        assert res["reducers"] == ["DDPReducer"], res["reducers"]
     res = per_rank[0]["compile"]
     ref = _reference("qwen3", _order("qwen3", 0, STEPS), (), str(tmp_path))
     _close(res["losses"], ref["losses"], "compile loss", tol=COMPILE_TOL)
     _close(res["norms"], ref["norms"], "compile grad norm", tol=COMPILE_TOL)
     _same_params(res["params"], ref["params"], "compile", tol=COMPILE_TOL)
+
+
+def test_a_training_loop_on_accelerate_trains_like_the_stock_model(fcp_runs):
+    """A loop of one's own on Accelerate: ``accelerator.prepare`` wraps the model (DDP on 2 ranks), ``reducer_for``
+    gives its reducer (DDP with the SUM hook, synchronised once per step), ``train_step`` trains. Reference: the
+    stock model in one process, plain AdamW, over the same global batches (``test_hf_train._reference``): every
+    step's loss to 1e-12, parameters identical on both ranks."""
+    import test_hf_train as H  # the single-process stock reference with plain AdamW (same folder)
+
+    per_rank, _ = fcp_runs
+    res = per_rank[0]["accelerate"]
+    assert (res["model"], res["reducer"]) == ("DistributedDataParallel", "DDPReducer"), res
+    ref = H._reference("qwen3", _order("qwen3", 0, STEPS))
+    _close(res["losses"], [r[0] for r in ref], "accelerate loop loss")
+    _same_params(per_rank[1]["accelerate"]["params"], res["params"], "accelerate rank 1 vs rank 0", tol=0.0)
 
 
 def test_gradient_accumulation_leaves_the_callers_arguments_alone(tmp_path):

@@ -1,0 +1,175 @@
+"""Gradient synchronisation for :func:`fcp_exec.step.train_step`: the reducers and how to get one.
+
+A reducer has ``sync_context(model, last)`` (entered around each micro-batch's backward; gradients synchronise only
+when ``last``) and ``finish(model)`` (after the last micro-batch). All three SUM over ranks (each rank's loss is
+already its share of the global-batch mean):
+
+* :class:`AllReduceReducer` — a plain module; one flat all-reduce after the last micro-batch.
+* :class:`DDPReducer` — ``DistributedDataParallel``; a SUM comm hook instead of its average.
+* :class:`FSDP2Reducer` — ``fully_shard``; divide factor 1 on every FSDP module.
+
+:func:`make_reducer` wraps a model by name; :func:`reducer_for` picks the reducer for a model already wrapped by
+someone else (Accelerate's ``prepare``, a trainer's own wrapping).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from fcp_data.sampler_inputs import dist_rank_and_world
+
+__all__ = ["REDUCER_NAMES", "AllReduceReducer", "DDPReducer", "FSDP2Reducer", "make_reducer", "reducer_for"]
+
+REDUCER_NAMES = ("allreduce", "ddp", "fsdp2")
+
+
+class AllReduceReducer:
+    """No wrapper: after the last micro-batch, one flat all-reduce SUM of every parameter's gradient (zeros
+    where a parameter got none), copied back into ``.grad``."""
+
+    name = "allreduce"
+
+    def sync_context(self, model: nn.Module, last: bool):
+        return contextlib.nullcontext()
+
+    def finish(self, model: nn.Module) -> None:
+        rank, world = dist_rank_and_world()
+        params = [p for p in model.parameters() if p.requires_grad]
+        if world == 1 or not params:
+            return
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+        from fcp_exec.launch import collective_dtype
+
+        wire = collective_dtype(flat.dtype)
+        if wire != flat.dtype:
+            flat = flat.to(wire)
+        dist.all_reduce(flat)
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.grad = flat[offset:offset + n].view_as(p).to(p.dtype).clone()
+            offset += n
+
+
+def _sum_allreduce_hook(state, bucket):
+    """DDP comm hook: all-reduce SUM (DDP's default divides by the world size)."""
+    work = dist.all_reduce(bucket.buffer(), group=state, async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0])
+
+
+class DDPReducer:
+    """``DistributedDataParallel`` with SUM gradients, synchronised in the last micro-batch's backward only."""
+
+    name = "ddp"
+
+    def __init__(self, ddp_model: nn.Module) -> None:
+        from torch.nn.parallel import DistributedDataParallel
+
+        if not isinstance(ddp_model, DistributedDataParallel):
+            raise TypeError(f"DDPReducer needs a DistributedDataParallel module, got {type(ddp_model).__name__}; "
+                            "use make_reducer('ddp', model)")
+        ddp_model.register_comm_hook(None, _sum_allreduce_hook)
+
+    def sync_context(self, model: nn.Module, last: bool):
+        return contextlib.nullcontext() if last else model.no_sync()
+
+    def finish(self, model: nn.Module) -> None:
+        return None
+
+
+def _fsdp_modules(model: nn.Module) -> list:
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+class FSDP2Reducer:
+    """FSDP2 (``fully_shard``): SUM reduce-scatter on every FSDP module (``set_gradient_divide_factor(1.0)`` and
+    ``set_force_sum_reduction_for_comms(True)`` are per module, not recursive, so they are set on each), gradient
+    sync only in the last micro-batch."""
+
+    name = "fsdp2"
+
+    def __init__(self, model: nn.Module) -> None:
+        mods = _fsdp_modules(model)
+        if not mods:
+            raise TypeError("FSDP2Reducer needs a model with fully_shard applied; use make_reducer('fsdp2', model)")
+        for m in mods:
+            if hasattr(m, "set_gradient_divide_factor"):
+                m.set_gradient_divide_factor(1.0)
+            else:  # torch < 2.6
+                m.set_reduce_scatter_divide_factor(1.0)
+            # a plain SUM reduce-scatter: fp32/bf16 would otherwise use PREMUL_SUM(1/factor), which gloo lacks
+            if hasattr(m, "set_force_sum_reduction_for_comms"):
+                m.set_force_sum_reduction_for_comms(True)
+
+    def sync_context(self, model: nn.Module, last: bool):
+        @contextlib.contextmanager
+        def ctx():
+            model.set_requires_gradient_sync(last, recurse=True)
+            yield
+
+        return ctx()
+
+    def finish(self, model: nn.Module) -> None:
+        return None
+
+
+def _shard_units(model: nn.Module) -> list[nn.Module]:
+    """The modules ``fully_shard`` wraps before the root: HF's ``_no_split_modules`` classes (decoder layers,
+    vision blocks) when the model declares them, else every child of an ``nn.ModuleList``."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    if names:
+        units = [m for m in model.modules() if type(m).__name__ in names and m is not model]
+        if units:
+            return units
+    return [m for ml in model.modules() if isinstance(ml, nn.ModuleList) for m in ml]
+
+
+def make_reducer(name: str, model: nn.Module, *, find_unused_parameters: bool = False, shard_units=None):
+    """``(model, reducer)`` for reducer ``name``: the model as ``train_step`` should call it (DDP-wrapped or
+    ``fully_shard``-ed in place) and the reducer. ``shard_units``: modules to ``fully_shard`` before the root
+    (default :func:`_shard_units`). Needs an initialised process group for ddp and fsdp2."""
+    if name not in REDUCER_NAMES:
+        raise ValueError(f"unknown reducer {name!r}; choose one of {', '.join(REDUCER_NAMES)}")
+    if name == "allreduce":
+        return model, AllReduceReducer()
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError(f"reducer {name!r} needs an initialised process group (torchrun or fcp_exec.launch)")
+    if name == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        dev = next(model.parameters()).device
+        ddp = DistributedDataParallel(model, device_ids=[dev] if dev.type == "cuda" else None,
+                                      find_unused_parameters=find_unused_parameters)
+        return ddp, DDPReducer(ddp)
+    from torch.distributed.fsdp import fully_shard
+
+    for unit in (shard_units if shard_units is not None else _shard_units(model)):
+        fully_shard(unit)
+    fully_shard(model)
+    return model, FSDP2Reducer(model)
+
+
+def reducer_for(model: nn.Module):
+    """The reducer for a model that is already wrapped: ``DistributedDataParallel`` → :class:`DDPReducer` (its comm
+    hook becomes a SUM: call once per wrapped model), ``fully_shard``-ed → :class:`FSDP2Reducer`, else
+    :class:`AllReduceReducer`. For a loop whose model Accelerate (or another trainer) prepared::
+
+        model, opt = accelerator.prepare(apply_fcp(model), opt)
+        reducer = reducer_for(model)
+        res = train_step(model, batches, fcp_loss, reducer)   # not accelerator.backward / accumulate
+
+    A ``torch.compile``-d model is looked through (``_orig_mod``)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    inner = getattr(model, "_orig_mod", model)
+    if isinstance(inner, DistributedDataParallel):
+        return DDPReducer(inner)
+    if _fsdp_modules(inner):
+        return FSDP2Reducer(inner)
+    return AllReduceReducer()
