@@ -1,5 +1,14 @@
-"""Qwen-VL samples as the Hugging Face processors return them, made into FCP's collator format.
+"""Samples as Hugging Face preprocessing leaves them, made into what FCP's collator takes: padding stripped, and
+Qwen-VL samples in a processor's format put into FCP's.
 
+**Padding.** A dataset tokenized with ``padding="max_length"`` (or left padding) carries pad tokens that its
+``attention_mask`` marks 0; the stock Trainer's collators keep them out of the loss. FCP packs documents itself, so
+:func:`strip_padding` cuts ``input_ids`` (and ``labels``, ``attention_mask``, ``token_type_ids``,
+``mm_token_type_ids``) to the run of ones — padded or not, a sample trains as its attended tokens — and the token
+counts the sampler plans with are those of the mask (``hf_trainer_data.count_lengths``). A mask whose ones are not
+one run, or of another length than the ids, is a ``MalformedSampleError``.
+
+**Qwen-VL processor format.**
 A processor (``Qwen2_5_VLProcessor(text=..., images=..., videos=...)``, what a Hugging Face VL fine-tuning recipe
 maps over its dataset) returns one sample's images and videos apart: ``pixel_values`` + ``image_grid_thw`` for the
 images, ``pixel_values_videos`` + ``video_grid_thw`` for the videos, and ``second_per_grid_ts``, ``attention_mask``,
@@ -13,13 +22,13 @@ documents at once, and the embeddings fill the placeholder tokens in order. So:
   group, with its timestamp text between: the visual tokens stay consecutive in that count). A sample whose grids,
   patches and placeholders disagree is a ``fcp_data.slots.MalformedSampleError`` (a ``ValueError``) naming what
   disagrees.
-* :class:`ProcessorSamples` wraps a map-style dataset so that each sample is converted when read (inside
-  ``FCPDataset``: a sample that fails to convert is recorded and skipped like an unreadable one).
+* :class:`HFSamples` wraps a map-style dataset so that each sample is unpadded (and, for a Qwen-VL model,
+  converted) when read (inside ``FCPDataset``: a sample that fails is recorded and skipped like an unreadable one).
 * :func:`placeholder_spans` gives every sample's placeholder runs, what the sampler's visual layout needs to count
   the loss denominator exactly (labels whose target is a placeholder are not trained): from the ``input_ids`` Arrow
   column for a ``datasets.Dataset`` (no pixel is read), else sample by sample.
 
-``FCPTrainer`` applies both to a Qwen-VL model's training and evaluation data that is not an fcp index.
+``FCPTrainer`` applies them to training and evaluation data that is not an fcp index.
 """
 
 from __future__ import annotations
@@ -31,9 +40,10 @@ import torch
 
 from fcp_data.slots import MalformedSampleError
 
-__all__ = ["ProcessorSamples", "fcp_sample", "placeholder_spans"]
+__all__ = ["HFSamples", "fcp_sample", "placeholder_spans", "strip_padding"]
 
 PROCESSOR_KEYS = ("image_grid_thw", "video_grid_thw", "pixel_values_videos")
+_PER_TOKEN = ("input_ids", "labels", "attention_mask", "token_type_ids", "mm_token_type_ids")
 _CONSUMED = ("image_grid_thw", "video_grid_thw", "pixel_values_videos", "pixel_values", "mm_token_type_ids",
              "attention_mask")
 
@@ -125,21 +135,82 @@ def fcp_sample(sample: Any, *, image_token_id: int, video_token_id: int, merge: 
     return out
 
 
-class ProcessorSamples:
-    """``ProcessorSamples(base, config)[i]`` = :func:`fcp_sample` of ``base[i]`` for a Qwen-VL ``config`` (its
-    ``image_token_id``, ``video_token_id`` and vision ``spatial_merge_size``); ``len`` and other attributes are the
-    base dataset's."""
+def _attended(mask: Any, n: int) -> tuple[int, int] | None:
+    """``(start, end)`` of the one run of ones of ``mask`` (None: no zero, nothing to cut)."""
+    m = np.asarray(mask).reshape(-1)
+    if m.size != n:
+        raise MalformedSampleError(f"has an attention_mask of {m.size} for {n} input_ids (they must align)")
+    if bool(m.all()):
+        return None
+    ones = np.flatnonzero(m)
+    if not len(ones):
+        return 0, 0
+    start, end = int(ones[0]), int(ones[-1]) + 1
+    if end - start != len(ones):
+        raise MalformedSampleError(f"has an attention_mask whose ones are not one run (zeros between tokens {start} "
+                                   f"and {end}): one sample is one document here")
+    return start, end
 
-    def __init__(self, base: Any, config: Any) -> None:
+
+def strip_padding(sample: Any) -> Any:
+    """``sample`` cut to the tokens its ``attention_mask`` attends (module docstring); a sample without a mask, or
+    whose mask has no zero, is returned as it is."""
+    if not isinstance(sample, dict) or sample.get("attention_mask") is None or sample.get("input_ids") is None:
+        return sample
+    ids = sample["input_ids"]
+    run = _attended(sample["attention_mask"], len(ids))
+    if run is None:
+        return sample
+    start, end = run
+    return {k: (v[start:end] if k in _PER_TOKEN and v is not None else v) for k, v in sample.items()}
+
+
+def _attended_counts(data: Any) -> np.ndarray | None:
+    """Every row's attended tokens from a ``datasets.Dataset``'s ``attention_mask`` Arrow column (None: no such
+    column, or not a list column without nulls)."""
+    if not type(data).__module__.startswith("datasets.") or "attention_mask" not in (getattr(data, "column_names", ())
+                                                                                       or ()):
+        return None
+    values, starts = _arrow_column(data, "attention_mask")
+    if values is None:
+        return None
+    total = np.concatenate([[0], np.cumsum(values.astype(np.int64))])
+    return total[starts[1:]] - total[starts[:-1]]
+
+
+def _arrow_column(data: Any, name: str) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """``(values, row starts + end)`` of a list column of a ``datasets.Dataset`` (``(None, None)`` if it is not one)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    column = data.with_format("arrow")[name]
+    column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)) or column.null_count:
+        return None, None
+    lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False).astype(np.int64)
+    return pc.list_flatten(column).to_numpy(zero_copy_only=False), np.concatenate([[0], np.cumsum(lengths)])
+
+
+class HFSamples:
+    """``HFSamples(base, config)[i]``: ``base[i]`` with its padding stripped (:func:`strip_padding`) and, for a
+    Qwen-VL ``config`` (its ``image_token_id``, ``video_token_id`` and vision ``spatial_merge_size``), in FCP's
+    format (:func:`fcp_sample`); ``config=None``: padding only. ``len`` and other attributes are the base's."""
+
+    def __init__(self, base: Any, config: Any = None) -> None:
         self.base = base
-        self.image_token_id, self.video_token_id = int(config.image_token_id), int(config.video_token_id)
-        self.merge = int(config.vision_config.spatial_merge_size)
+        self.vl = config is not None and getattr(config, "vision_config", None) is not None
+        if self.vl:
+            self.image_token_id, self.video_token_id = int(config.image_token_id), int(config.video_token_id)
+            self.merge = int(config.vision_config.spatial_merge_size)
 
     def __len__(self) -> int:
         return len(self.base)
 
     def __getitem__(self, i: int) -> Any:
-        return fcp_sample(self.base[i], image_token_id=self.image_token_id, video_token_id=self.video_token_id,
+        sample = strip_padding(self.base[i])
+        if not self.vl:
+            return sample
+        return fcp_sample(sample, image_token_id=self.image_token_id, video_token_id=self.video_token_id,
                           merge=self.merge)
 
     def __getattr__(self, name: str) -> Any:
@@ -169,23 +240,18 @@ def _runs(values: np.ndarray, starts: np.ndarray, ids: Sequence[int]) -> list[tu
 
 
 def placeholder_spans(data: Any, ids: Sequence[int]) -> list[tuple[tuple[int, int], ...]]:
-    """Every sample's runs of the token ids ``ids`` (placeholders) as ``(start, count)``, for
-    ``fcp_data.SpanVisualLayout``: a ``datasets.Dataset`` from its ``input_ids`` Arrow column, else read sample by
-    sample (a progress bar from 10,000 samples on)."""
+    """Every sample's runs of the token ids ``ids`` (placeholders) as ``(start, count)`` in its unpadded tokens
+    (:func:`strip_padding`), for ``fcp_data.SpanVisualLayout``: a ``datasets.Dataset`` from its ``input_ids`` Arrow
+    column when no row is padded, else read sample by sample (a progress bar from 10,000 samples on)."""
     if type(data).__module__.startswith("datasets.") and "input_ids" in (getattr(data, "column_names", ()) or ()):
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
-        column = data.with_format("arrow")["input_ids"]
-        column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-        if (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)) and not column.null_count:
-            lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False).astype(np.int64)
-            values = pc.list_flatten(column).to_numpy(zero_copy_only=False)
-            return _runs(values, np.concatenate([[0], np.cumsum(lengths)]), ids)
+        values, starts = _arrow_column(data, "input_ids")
+        counts = _attended_counts(data)
+        if values is not None and (counts is None or np.array_equal(counts, np.diff(starts))):
+            return _runs(values, starts, ids)
     from tqdm.auto import tqdm
 
     out = []
     for i in tqdm(range(len(data)), desc="FCPTrainer: placeholder runs", unit="sample", disable=len(data) < 10_000):
-        values = np.asarray(torch.as_tensor(data[i]["input_ids"]).reshape(-1).numpy())
+        values = np.asarray(torch.as_tensor(strip_padding(data[i])["input_ids"]).reshape(-1).numpy())
         out += _runs(values, np.array([0, len(values)]), ids)
     return out

@@ -20,10 +20,10 @@ Trainer's own):
   per global batch (:class:`GlobalBatchLoader`): one Trainer step is one global batch of ``global_batch_size``
   sequences (default ``per_device_train_batch_size`` × world size × ``gradient_accumulation_steps``, the number the
   stock Trainer would put in one optimizer step), split into as many micro-batches as the planner needs. The
-  sampler's seed is ``args.data_seed`` (the Trainer's seed for data samplers), else ``args.seed``. A Qwen-VL dataset
-  that is not an fcp index may hold its samples as the Hugging Face processor returns them (images and videos apart:
-  :mod:`~fcp_exec.integrations.hf_samples`, converted when read; its placeholder runs are read once, for the exact
-  loss denominator).
+  sampler's seed is ``args.data_seed`` (the Trainer's seed for data samplers), else ``args.seed``. A dataset that
+  is not an fcp index may be padded (``attention_mask`` zeros: stripped when read, counted without them) and, for
+  Qwen-VL, hold its samples as the Hugging Face processor returns them (images and videos apart, converted when
+  read; placeholder runs read once, for the exact loss denominator): :mod:`~fcp_exec.integrations.hf_samples`.
 * **Step.** :meth:`FCPTrainer.training_step` runs :func:`fcp_exec.step.train_step` over the global batch: ring
   attention inside each micro-batch's CP group, idle ranks on a zero-weighted dummy, gradients synchronised once,
   in the last micro-batch's backward, as a SUM (the loss is Σ CE / the global batch's label tokens, so the sum is
@@ -213,19 +213,20 @@ class FCPTrainer(Trainer):
         ckw.setdefault("sample_labels", _has_labels(data))
         ckw.setdefault("pad_token_id", self._pad_id(data))
         self._pads[which] = int(ckw["pad_token_id"])  # the idle ranks' dummy documents
-        inner = unwrap(self.model)
-        if model_type_of(inner) in VL_MODEL_TYPES:
+        inner, indexed = unwrap(self.model), _is_indexed(data)
+        vl = model_type_of(inner) in VL_MODEL_TYPES
+        if vl and not indexed and "visual_layout" not in skw and not ckw["sample_labels"]:
+            skw["visual_layout"] = self._layout_of(data)
+        if vl:
             from fcp_exec.integrations.hf_positions import hf_collator
 
             collate = hf_collator(inner.config, **ckw)
-            if not _is_indexed(data):  # a processor's samples (or FCP's format already): converted when read
-                from fcp_exec.integrations.hf_samples import ProcessorSamples
-
-                if "visual_layout" not in skw and not ckw["sample_labels"]:
-                    skw["visual_layout"] = self._layout_of(data)
-                data = ProcessorSamples(data, inner.config)
         else:
             collate = FCPCollator(**ckw)
+        if not indexed:  # padding stripped; a Qwen-VL processor's samples put into FCP's format (when read)
+            from fcp_exec.integrations.hf_samples import HFSamples
+
+            data = HFSamples(data, inner.config if vl else None)
         sampler = self._sampler(data if lengths is None else lengths, seed, skw)
         from fcp_exec.launch import dataloader_context
 

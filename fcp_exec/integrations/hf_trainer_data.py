@@ -68,15 +68,21 @@ def _is_indexed(data: Any) -> bool:
 
 
 def count_lengths(data: Any, which: str = "train") -> np.ndarray:
-    """Every sample's token count, ``len(sample["input_ids"])``, read sample by sample (a progress bar from 10,000
-    samples on): what the sampler plans with when the dataset is not an fcp index and no lengths were given. An fcp
+    """Every sample's token count, ``len(sample["input_ids"])`` — or the ones of its ``attention_mask``: padding is
+    stripped when read (:func:`fcp_exec.integrations.hf_samples.strip_padding`) — read sample by sample (a progress
+    bar from 10,000 samples on): what the sampler plans with when the dataset is not an fcp index and no lengths
+    were given. An fcp
     index (``fcp index``) or ``{which}_lengths=`` avoids reading the data; each rank counts for itself. A sample
     without tokens is one error naming it (nothing to train on; the planner takes no empty sequence)."""
     if not hasattr(data, "__len__") or not hasattr(data, "__getitem__"):
         raise ValueError(f"FCPTrainer: the {which} dataset ({type(data).__name__}) is not map-style (len() and [i]): "
                          "the sampler picks each sample by its index; pass a map-style dataset (a datasets.Dataset, "
                          "not streaming) or an fcp_data.IndexedDataset (`fcp index ... --out DIR`)")
-    out = _arrow_lengths(data)
+    from fcp_exec.integrations.hf_samples import _attended_counts
+
+    out = _attended_counts(data)  # a padded datasets.Dataset: its attended tokens (padding is stripped when read)
+    if out is None:
+        out = _arrow_lengths(data)
     if out is None:
         out = _read_lengths(data, which)
     empty = np.flatnonzero(out == 0)
@@ -99,7 +105,8 @@ def _read_lengths(data: Any, which: str) -> np.ndarray:
             raise ValueError(f"FCPTrainer: {which} sample {i} has no input_ids ({type(sample).__name__}); the sampler "
                              f"needs token counts: tokenize the dataset first, or pass an fcp_data.IndexedDataset "
                              f"(`fcp index ... --out DIR`) or {which}_lengths=")
-        out[i] = len(ids)
+        mask = sample.get("attention_mask")  # padded: its attended tokens (hf_samples.strip_padding)
+        out[i] = len(ids) if mask is None else int(np.asarray(mask).sum())
     return out
 
 

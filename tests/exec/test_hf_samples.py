@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from fcp_data.slots import FCPDataset, MalformedSampleError, MicroBatchMeta, SampleSlot
-from fcp_exec.integrations.hf_samples import ProcessorSamples, fcp_sample, placeholder_spans
+from fcp_exec.integrations.hf_samples import HFSamples, fcp_sample, placeholder_spans, strip_padding
 
 IMG, VID, VS, VE, MERGE, DIM = 4, 5, 2, 3, 2, 6
 CONFIG = SimpleNamespace(image_token_id=IMG, video_token_id=VID, vision_config=SimpleNamespace(spatial_merge_size=MERGE))
@@ -122,7 +122,7 @@ def test_a_sample_whose_grids_and_placeholders_disagree_is_malformed(change, mes
 
 def test_inside_fcp_dataset_a_malformed_processor_sample_is_skipped_not_fatal():
     good, bad = _build(ORDERS[0])[1], _broken(lambda p: p.pop("pixel_values"))
-    ds = FCPDataset(ProcessorSamples([good, bad], CONFIG), vocab_size=100)
+    ds = FCPDataset(HFSamples([good, bad], CONFIG), vocab_size=100)
     meta = MicroBatchMeta(ranks=(0,), cp_rank=0, epoch=0, global_batch=0, micro_batch=0, num_micro_batches=1,
                           num_tokens_global=1)
     ok, _ = ds[SampleSlot(index=0, num_tokens=len(good["input_ids"]), length=len(good["input_ids"]), meta=meta)]
@@ -180,7 +180,7 @@ def test_a_datasets_row_without_images_or_videos_converts_in_every_format(fmt, t
                    for _, p in built] for k in features}
     ds = datasets.Dataset.from_dict(columns, features=features)
     ds = ds if fmt is None else ds.with_format(fmt)
-    for (want, _), row in zip(built, ProcessorSamples(ds, CONFIG)):
+    for (want, _), row in zip(built, HFSamples(ds, CONFIG)):
         assert [int(t) for t in row["input_ids"]] == want["input_ids"].tolist()
         if "grid_thw" not in want:
             assert not {"grid_thw", "pixel_values", "pixel_values_videos"} & set(row), sorted(row)
@@ -191,3 +191,48 @@ def test_a_datasets_row_without_images_or_videos_converts_in_every_format(fmt, t
 
 def _text_ids(n: int) -> list[int]:
     return [10 + i for i in range(n)]
+
+
+@pytest.mark.parametrize("sample, want", [
+    ({"input_ids": [5, 6, 7, 0, 0], "attention_mask": [1, 1, 1, 0, 0], "labels": [5, 6, 7, 0, 0]},
+     {"input_ids": [5, 6, 7], "attention_mask": [1, 1, 1], "labels": [5, 6, 7]}),  # right padding, pads in labels
+    ({"input_ids": [0, 0, 5, 6], "attention_mask": [0, 0, 1, 1], "text": "kept"},
+     {"input_ids": [5, 6], "attention_mask": [1, 1], "text": "kept"}),  # left padding; other keys untouched
+    ({"input_ids": torch.tensor([5, 6, 0]), "attention_mask": torch.tensor([1, 1, 0]),
+      "token_type_ids": torch.tensor([0, 1, 0])},
+     {"input_ids": [5, 6], "attention_mask": [1, 1], "token_type_ids": [0, 1]}),  # tensors
+])
+def test_padding_is_stripped_to_the_attended_tokens(sample, want):
+    got = strip_padding(sample)
+    assert {k: (v.tolist() if isinstance(v, torch.Tensor) else v) for k, v in got.items()} == want
+    unpadded = {"input_ids": [5, 6], "attention_mask": [1, 1]}
+    assert strip_padding(unpadded) is unpadded and strip_padding({"input_ids": [5]}) == {"input_ids": [5]}
+
+
+@pytest.mark.parametrize("sample, message", [
+    ({"input_ids": [5, 6, 7, 8], "attention_mask": [1, 0, 1, 1]}, "whose ones are not one run"),
+    ({"input_ids": [5, 6, 7], "attention_mask": [1, 1]}, r"has an attention_mask of 2 for 3 input_ids"),
+])
+def test_a_mask_that_is_not_padding_is_malformed(sample, message):
+    with pytest.raises(MalformedSampleError, match=message):
+        strip_padding(sample)
+
+
+def test_counts_and_placeholder_runs_of_a_padded_dataset_are_those_of_its_attended_tokens():
+    """Token counts (what the sampler plans with) and placeholder runs of padded rows — Arrow and list, left and right
+    padding, a visual sample among them — equal those of the same rows unpadded."""
+    datasets = pytest.importorskip("datasets")
+    from fcp_exec.integrations.hf_trainer_data import count_lengths
+
+    plain = [[7, 8, IMG, IMG, 9], [10, 11], [VID, VID, VID, 12, 13, 14]]
+    rows, width = [], 8
+    for k, ids in enumerate(plain):
+        pad = [0] * (width - len(ids))
+        ids_p, mask = (ids + pad, [1] * len(ids) + [0] * len(pad)) if k % 2 == 0 else \
+            (pad + ids, [0] * len(pad) + [1] * len(ids))
+        rows.append({"input_ids": ids_p, "attention_mask": mask})
+    want_counts, want_runs = [len(r) for r in plain], [_scan(r) for r in plain]
+    arrow = datasets.Dataset.from_list(rows)
+    for data in (rows, arrow):
+        assert list(count_lengths(data)) == want_counts
+        assert placeholder_spans(data, (IMG, VID)) == want_runs

@@ -998,7 +998,9 @@ def test_a_hugging_face_dataset_trains_like_the_same_samples_in_a_list(tmp_path)
     """A tokenized ``datasets.Dataset`` as ``.map(tokenize)`` leaves it — ``input_ids``, ``labels`` and the columns the
     model does not take (``attention_mask``, the raw ``text``) — trains exactly as the same samples in a list (the
     previous test's reference), plain and with ``set_format("torch")``; its token counts come from the Arrow column in
-    the dataset's own order (after ``shuffle().select()`` too) and equal a read of every sample."""
+    the dataset's own order (after ``shuffle().select()`` too) and equal a read of every sample. Padded to the longest
+    (``padding="max_length"``, right and left, pads in the labels too) it trains bit for bit as unpadded: the pads
+    are stripped, not trained on."""
     import datasets
     from accelerate.state import AcceleratorState
     from transformers import TrainingArguments
@@ -1014,11 +1016,14 @@ def test_a_hugging_face_dataset_trains_like_the_same_samples_in_a_list(tmp_path)
     picked = ds.shuffle(seed=3).select(range(2, 10))
     assert list(_arrow_lengths(picked)) == [len(picked[i]["input_ids"]) for i in range(len(picked))]
     assert list(count_lengths(ds)) == list(data.lengths)
+    padded = datasets.Dataset.from_list([_padded(r, MAX_TOKENS, data.pad_token_id, left=k % 2 == 1, text="raw")
+                                         for k, r in enumerate(rows)])
+    assert list(count_lengths(padded)) == list(data.lengths)
     losses = []
-    for fmt in (None, "torch"):
+    for fmt, train in ((None, ds), ("torch", ds), (None, padded)):
         AcceleratorState._reset_state(reset_partial_state=False)
-        ds.set_format(fmt)
-        trainer = FCPTrainer(model=build_model(config, dtype=torch.float64, seed=0), train_dataset=ds,
+        train.set_format(fmt)
+        trainer = FCPTrainer(model=build_model(config, dtype=torch.float64, seed=0), train_dataset=train,
                              args=TrainingArguments(**dict(ARGS, output_dir=str(tmp_path / str(fmt)),
                                                            remove_unused_columns=True)),
                              cost_model=_cost(MAX_TOKENS), global_batch_size=GBS, pad_token_id=data.pad_token_id)
@@ -1028,6 +1033,19 @@ def test_a_hugging_face_dataset_trains_like_the_same_samples_in_a_list(tmp_path)
     ref = _reference("qwen3", _order("qwen3", 0, STEPS, 1, MAX_TOKENS), (), str(tmp_path / "ref"), sft=True)
     _close(losses[0], ref["losses"], "datasets.Dataset loss")
     assert losses[1] == losses[0], losses
+    assert losses[2] == losses[0], ("padded rows train as their attended tokens", losses)
+
+
+def _padded(row: dict, width: int, pad: int, left: bool, **extra) -> dict:
+    """``row`` as ``padding="max_length"`` leaves it (``left``: left padding): pads in ``input_ids`` and in
+    ``labels`` (a copy of the ids, as many recipes make it), ``attention_mask`` 0 on them."""
+    n = len(row["input_ids"])
+    fill, ones = [pad] * (width - n), [1] * n
+    if left:
+        return {"input_ids": fill + row["input_ids"], "labels": fill + row["labels"],
+                "attention_mask": [0] * len(fill) + ones, **extra}
+    return {"input_ids": row["input_ids"] + fill, "labels": row["labels"] + fill,
+            "attention_mask": ones + [0] * len(fill), **extra}
 
 
 
