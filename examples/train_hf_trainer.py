@@ -51,6 +51,8 @@ def main() -> None:
     p.add_argument("--max-steps", type=int, default=4)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--bf16", action="store_true", help="bf16 autocast (on a GPU or NPU)")
+    p.add_argument("--torch-compile", action="store_true",
+                   help="torch.compile the model (the ring attention runs eagerly outside the graph)")
     p.add_argument("--output-dir", default=None, help="the Trainer's output_dir (default: a temporary folder)")
     p.add_argument("--save-steps", type=int, default=0, help="save a checkpoint every N steps (0: never)")
     p.add_argument("--resume", default=None, help="a checkpoint folder (OUTPUT/checkpoint-K) to continue from")
@@ -65,7 +67,7 @@ def main() -> None:
 
     targs = TrainingArguments(
         output_dir=args.output_dir or tempfile.mkdtemp(prefix="fcp-trainer-"), max_steps=args.max_steps,
-        learning_rate=args.lr, logging_steps=1, report_to=[], seed=0, bf16=args.bf16,
+        learning_rate=args.lr, logging_steps=1, report_to=[], seed=0, bf16=args.bf16, torch_compile=args.torch_compile,
         use_cpu=device.type == "cpu", save_strategy="steps" if args.save_steps else "no",
         save_steps=args.save_steps or 500, disable_tqdm=True)
     trainer = FCPTrainer(model=build_model(config, seed=0), args=targs, train_dataset=data, eval_dataset=data,
