@@ -57,6 +57,16 @@ def _num_rows(pixels: Any) -> int:
     return len(pixels)
 
 
+def _patch_rows(pixels: Any) -> torch.Tensor:
+    """Patch rows as one tensor: a tensor, an array, nested lists (a ``datasets`` row: through numpy, so their floats
+    keep float64 — torch would make float32), or a list of per-image/per-video 2-D arrays or tensors (concatenated)."""
+    if isinstance(pixels, torch.Tensor):
+        return pixels
+    if isinstance(pixels, (list, tuple)) and pixels and all(getattr(p, "ndim", 0) == 2 for p in pixels):
+        return torch.cat([p if isinstance(p, torch.Tensor) else torch.from_numpy(np.asarray(p)) for p in pixels])
+    return torch.from_numpy(np.asarray(pixels))
+
+
 class _Media:
     """The images (or the videos) of one sample: grid rows and their patch rows, handed out in order."""
 
@@ -72,8 +82,7 @@ class _Media:
             return
         if pixels is None or _num_rows(pixels) == 0:
             raise MalformedSampleError(f"has {len(sizes)} {name} grid row(s) but no {name} pixel values")
-        # nested lists (a datasets.Dataset row) through numpy: their floats keep float64 (torch would make float32)
-        pixels = pixels if isinstance(pixels, torch.Tensor) else torch.from_numpy(np.asarray(pixels))
+        pixels = _patch_rows(pixels)
         if pixels.dim() != 2 or pixels.shape[0] != sum(sizes):
             raise MalformedSampleError(f"{name} pixel values of shape {tuple(pixels.shape)} do not hold the {sum(sizes)} "
                              f"patch rows of its grid(s) {self.grid.tolist()}")

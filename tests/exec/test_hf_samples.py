@@ -82,6 +82,17 @@ def test_a_processor_sample_becomes_the_fcp_sample_in_order_of_appearance(order,
     assert not {"attention_mask", "image_grid_thw", "video_grid_thw", "pixel_values_videos"} & set(got)
 
 
+def test_pixel_values_as_a_list_of_per_image_arrays_are_concatenated():
+    """Some pipelines keep one patch array per image or video: the same sample as with one concatenated array."""
+    want, proc = _build(ORDERS[1])
+    sizes = [t * h * w for t, h, w in proc["image_grid_thw"].tolist()]
+    split = dict(proc, pixel_values=[c.numpy() for c in torch.split(proc["pixel_values"], sizes)],
+                 pixel_values_videos=list(torch.split(proc["pixel_values_videos"], [32, 8])))
+    got = fcp_sample(split, image_token_id=IMG, video_token_id=VID, merge=MERGE)
+    assert got["grid_thw"].tolist() == want["grid_thw"].tolist()
+    assert torch.equal(got["pixel_values"], want["pixel_values"])
+
+
 def test_text_and_fcp_samples_pass_unchanged():
     fcp, _ = _build(ORDERS[0])
     text = {"input_ids": [1, 2, 3], "attention_mask": [1, 1, 1]}
