@@ -13,6 +13,7 @@ called on them) is ``test_hf_trainer.py::test_processor_format_samples_train_lik
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -23,6 +24,7 @@ from fcp_data.slots import FCPDataset, MalformedSampleError, MicroBatchMeta, Sam
 from fcp_exec.integrations.hf_samples import HFSamples, fcp_sample, placeholder_spans, strip_padding
 
 IMG, VID, VS, VE, MERGE, DIM = 4, 5, 2, 3, 2, 6
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG = SimpleNamespace(image_token_id=IMG, video_token_id=VID, vision_config=SimpleNamespace(spatial_merge_size=MERGE))
 
 
@@ -247,3 +249,32 @@ def test_counts_and_placeholder_runs_of_a_padded_dataset_are_those_of_its_attend
     for data in (rows, arrow):
         assert list(count_lengths(data)) == want_counts
         assert placeholder_spans(data, (IMG, VID)) == want_runs
+
+
+def test_the_real_image_processors_output_gives_the_stock_models_logits():
+    """Two images through transformers' own Qwen2-VL image processor (``Qwen2VLImageProcessorPil``), the text
+    expanded as ``Qwen2_5_VLProcessor`` expands it (its video processor needs torchvision, absent here): the stock
+    Qwen2.5-VL called on those keys and the model fed FCP's converted sample (``hf_data._doc_forward``, the
+    one-document path of the training references) give the same logits exactly."""
+    tr = pytest.importorskip("transformers")
+    from fcp_exec.integrations.hf import build_model, load_config
+    from fcp_exec.integrations.hf_data import _doc_forward
+
+    config = load_config(ROOT / "examples" / "configs" / "qwen2_5_vl-tiny.json")
+    proc = tr.Qwen2VLImageProcessorPil(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16)
+    rng = np.random.default_rng(0)
+    images = proc(images=[(rng.random((56, 84, 3)) * 255).astype(np.uint8),
+                          (rng.random((84, 56, 3)) * 255).astype(np.uint8)], return_tensors="pt")
+    ids = [12, 13, VS]
+    for k, g in enumerate(images["image_grid_thw"].tolist()):
+        ids += [config.image_token_id] * (g[0] * g[1] * g[2] // MERGE ** 2) + [VE] + ([14, VS] if k == 0 else [15])
+    ids = torch.tensor(ids)
+    sample = {"input_ids": ids, "attention_mask": torch.ones_like(ids), **images,
+              "mm_token_type_ids": (ids == config.image_token_id).long()}
+    model = build_model(config, dtype=torch.float64, seed=0)
+    with torch.no_grad():
+        want = model(input_ids=ids[None], pixel_values=sample["pixel_values"], use_cache=False,
+                     image_grid_thw=sample["image_grid_thw"], mm_token_type_ids=sample["mm_token_type_ids"][None]).logits[0]
+        got = _doc_forward(model, HFSamples([sample], config)[0], True)
+    assert images["image_grid_thw"].tolist() == [[1, 4, 6], [1, 6, 4]]
+    assert torch.equal(got, want)
