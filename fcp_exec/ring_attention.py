@@ -38,6 +38,7 @@ import torch
 from fcp_exec.comm import RingComm
 from fcp_exec.kernels import AttentionKernel, default_kernel, get_kernel
 from fcp_exec.kernels.base import lse_dtype_for
+from fcp_exec.kernels.window import windowed_backward, windowed_forward
 from fcp_data.layout import check_cu_seqlens
 
 __all__ = ["RingBatch", "ring_attention"]
@@ -52,17 +53,18 @@ def _crc(values) -> int:
     return zlib.crc32(struct.pack(f"<{len(values)}q", *values))
 
 
-def _header(q, k, cu: list[int], causal: bool, scale: float, ranks) -> list[int]:
+def _header(q, k, cu: list[int], causal: bool, scale: float, ranks, window: int | None = None) -> list[int]:
     code = _DTYPES.index(q.dtype) + 1 if q.dtype in _DTYPES else 99
     scale_bits = struct.unpack("<q", struct.pack("<d", scale))[0]
-    return [_HEADER_MAGIC, q.shape[0], q.shape[1], k.shape[1], q.shape[2], code, int(causal), scale_bits,
-            len(ranks), _crc(list(ranks)), len(cu) - 1, _crc(cu)]
+    return [_HEADER_MAGIC, q.shape[0], q.shape[1], k.shape[1], q.shape[2], code, int(causal) + 2 * (window or 0),
+            scale_bits, len(ranks), _crc(list(ranks)), len(cu) - 1, _crc(cu)]
 
 
 def _describe(h: list[int]) -> str:
     dtype = str(_DTYPES[h[5] - 1]).replace("torch.", "") if 1 <= h[5] <= len(_DTYPES) else f"dtype#{h[5]}"
     scale = struct.unpack("<d", struct.pack("<q", h[7]))[0]
-    return (f"q [{h[1]}, {h[2]}, {h[4]}] k/v [{h[1]}, {h[3]}, {h[4]}] {dtype}, {'causal' if h[6] else 'full'} mask, "
+    mask = ("causal" if h[6] & 1 else "full") + (f" sliding-window {h[6] >> 1}" if h[6] >> 1 else "")
+    return (f"q [{h[1]}, {h[2]}, {h[4]}] k/v [{h[1]}, {h[3]}, {h[4]}] {dtype}, {mask} mask, "
             f"scale {scale:.6g}, degree {h[8]}, {h[10]} local documents (cu_seqlens crc {h[11]:08x})")
 
 
@@ -94,7 +96,7 @@ class _Plan:
     """Per-call block plan: which query/key rows each ring step uses (pure, per cp_rank)."""
 
     def __init__(self, cu: list[int], degree: int, cp_rank: int, causal: bool, device):
-        self.cu, self.degree, self.cp_rank, self.causal = cu, degree, cp_rank, causal
+        self.cu, self.degree, self.cp_rank, self.causal, self.device = cu, degree, cp_rank, causal, device
         lengths = [b - a for a, b in zip(cu[:-1], cu[1:])]
         self.max_full = max(lengths, default=0)
         self.cu_half = [c // 2 for c in cu]
@@ -108,6 +110,28 @@ class _Plan:
             cat = (lambda xs: torch.cat(xs) if xs else torch.zeros(0, dtype=torch.long))
             self.first = cat(first).to(device)
             self.second = cat(second).to(device)
+
+    def positions(self, step: int):
+        """``(pos_q, pos_k)``: the position in its document of every query and key row of ``block(step)`` (the
+        zigzag layout: this rank's chunks ``cp_rank`` and ``2·degree−1−cp_rank`` of each padded document, the key
+        rows from rank ``cp_rank − step``), for a sliding window."""
+        q_rows, k_rows = self.block(step)[:2]
+        src = (self.cp_rank - step) % self.degree
+        return _rows(self._pos(self.cp_rank), q_rows), _rows(self._pos(src), k_rows)
+
+    def _pos(self, rank: int) -> torch.Tensor:
+        cache = self.__dict__.setdefault("_pos_cache", {})
+        if rank not in cache:
+            parts = []
+            for a, b in zip(self.cu[:-1], self.cu[1:]):
+                n = b - a
+                if self.degree == 1:
+                    parts.append(torch.arange(n))
+                else:
+                    h = n // 2
+                    parts += [rank * h + torch.arange(h), (2 * self.degree - 1 - rank) * h + torch.arange(h)]
+            cache[rank] = (torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)).to(self.device)
+        return cache[rank]
 
     def block(self, step: int):
         """``(q_rows, k_rows, cu_q, cu_k, causal, max_q, max_k)``; rows ``None`` mean all rows."""
@@ -147,7 +171,7 @@ def _merge(out_acc, lse_acc, out_b, lse_b, idx) -> None:
 
 class _RingAttentionFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, plan: _Plan, comm, scale: float, kernel: AttentionKernel):
+    def forward(ctx, q, k, v, plan: _Plan, comm, scale: float, kernel: AttentionKernel, window: int | None = None):
         acc = lse_dtype_for(q.dtype)
         out_acc = torch.zeros(q.shape, dtype=acc, device=q.device)
         lse_acc = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=acc, device=q.device)
@@ -158,14 +182,17 @@ class _RingAttentionFn(torch.autograd.Function):
                 pending = comm.send_recv([k_cur, v_cur], tag=0, what="k/v")
             q_rows, k_rows, cu_q, cu_k, causal, max_q, max_k = plan.block(step)
             if q.shape[0]:
-                out_b, lse_b = kernel.forward(_rows(q, q_rows), _rows(k_cur, k_rows), _rows(v_cur, k_rows),
-                                              cu_q, cu_k, causal, scale, max_q=max_q, max_k=max_k)
+                args = (_rows(q, q_rows), _rows(k_cur, k_rows), _rows(v_cur, k_rows), cu_q, cu_k)
+                if window is None:
+                    out_b, lse_b = kernel.forward(*args, causal, scale, max_q=max_q, max_k=max_k)
+                else:  # the shared masked math path (fcp_exec.kernels.window), whatever the kernel
+                    out_b, lse_b = windowed_forward(*args, scale, window, *plan.positions(step))
                 _merge(out_acc, lse_acc, out_b, lse_b, q_rows)
             if pending is not None:
                 k_cur, v_cur = pending.wait()
         out = out_acc.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse_acc)
-        ctx.plan, ctx.comm, ctx.scale, ctx.kernel = plan, comm, scale, kernel
+        ctx.plan, ctx.comm, ctx.scale, ctx.kernel, ctx.window = plan, comm, scale, kernel, window
         return out
 
     @staticmethod
@@ -176,7 +203,7 @@ class _RingAttentionFn(torch.autograd.Function):
     @staticmethod
     def _backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
-        plan, comm, scale, kernel = ctx.plan, ctx.comm, ctx.scale, ctx.kernel
+        plan, comm, scale, kernel, window = ctx.plan, ctx.comm, ctx.scale, ctx.kernel, ctx.window
         dout = dout.contiguous()
         acc = lse.dtype
         dq = torch.zeros(q.shape, dtype=acc, device=q.device)
@@ -192,9 +219,12 @@ class _RingAttentionFn(torch.autograd.Function):
             dv_blk = torch.zeros(v.shape, dtype=acc, device=v.device)
             if q.shape[0]:
                 lse_rows = lse if q_rows is None else lse.index_select(1, q_rows)
-                dq_b, dk_b, dv_b = kernel.backward(
-                    _rows(dout, q_rows), _rows(q, q_rows), _rows(k_cur, k_rows), _rows(v_cur, k_rows),
-                    _rows(out, q_rows), lse_rows, cu_q, cu_k, causal, scale, max_q=max_q, max_k=max_k)
+                args = (_rows(dout, q_rows), _rows(q, q_rows), _rows(k_cur, k_rows), _rows(v_cur, k_rows),
+                        _rows(out, q_rows), lse_rows, cu_q, cu_k)
+                if window is None:
+                    dq_b, dk_b, dv_b = kernel.backward(*args, causal, scale, max_q=max_q, max_k=max_k)
+                else:
+                    dq_b, dk_b, dv_b = windowed_backward(*args, scale, window, *plan.positions(step))
                 if q_rows is None:
                     dq += dq_b.to(acc)
                 else:
@@ -215,7 +245,7 @@ class _RingAttentionFn(torch.autograd.Function):
                 k_cur, v_cur = kv_pending.wait()
         if dkv_pending is not None:
             dk_blk, dv_blk = dkv_pending.wait()
-        return dq.to(q.dtype), dk_blk.to(k.dtype), dv_blk.to(v.dtype), None, None, None, None
+        return dq.to(q.dtype), dk_blk.to(k.dtype), dv_blk.to(v.dtype), None, None, None, None, None
 
 
 class RingBatch:
@@ -247,20 +277,20 @@ class RingBatch:
             plan = self._plans[key] = _Plan(self.cu, self.comm.degree, self.comm.cp_rank, bool(causal), device)
         return plan
 
-    def check(self, q, k, causal: bool, scale: float) -> None:
+    def check(self, q, k, causal: bool, scale: float, window: int | None = None) -> None:
         if self.comm.degree == 1:
             return
-        key = (tuple(q.shape), tuple(k.shape), q.dtype, bool(causal), scale, str(q.device))
+        key = (tuple(q.shape), tuple(k.shape), q.dtype, bool(causal), scale, str(q.device), window)
         if key in self._checked:
             return
-        _check_peers(self.comm, _header(q, k, self.cu, bool(causal), scale, self.comm.ranks), q.device)
+        _check_peers(self.comm, _header(q, k, self.cu, bool(causal), scale, self.comm.ranks, window), q.device)
         self._checked.add(key)
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens, *, ranks=None,
                    causal: bool = True, softmax_scale: float | None = None,
                    kernel: AttentionKernel | str | None = None, timeout=None, group=None,
-                   check_shapes: bool = True) -> torch.Tensor:
+                   check_shapes: bool = True, window: int | None = None) -> torch.Tensor:
     """Attention of zigzag-sharded packed documents across the logical CP group ``ranks``.
 
     ``q`` ``[T_local, H_q, D]``, ``k``/``v`` ``[T_local, H_kv, D]`` (GQA when ``H_kv < H_q``),
@@ -280,10 +310,15 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
     The check costs one small P2P round trip per call (0.3-0.6 ms on gloo over loopback; on NCCL/HCCL
     also one device-to-host copy). ``check_shapes=False`` skips it — for the later layers of a model whose
     first layer already checked the same shards; it must then be False on every rank of the group in
-    that call (a one-sided header would wait for its timeout).
+    that call (a one-sided header would wait for its timeout). ``window``: a sliding window (query position
+    ``i`` of a document sees key positions ``j`` with ``0 <= i - j < window``; causal only), computed by the shared
+    masked math path of :mod:`fcp_exec.kernels.window` whatever the kernel; ``None``: no window.
     """
     q, k, v = _autocast_inputs(q, k, v)
     scale, kernel = _checked_args(q, k, v, causal, softmax_scale, kernel)
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1 or not causal):
+        raise ValueError(f"window must be an int >= 1 with causal=True (a sliding window), got {window!r}"
+                         f"{'' if causal else ' with causal=False'}")
     if isinstance(cu_seqlens, RingBatch):
         rb = cu_seqlens
         if ranks is not None and tuple(int(r) for r in ranks) != rb.comm.ranks:
@@ -294,9 +329,9 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
         raise ValueError(f"cu_seqlens ends at {rb.cu[-1]} but the tensor has {q.shape[0]} tokens; "
                          "they must describe the same packed sequence")
     if check_shapes:
-        rb.check(q, k, bool(causal), scale)
+        rb.check(q, k, bool(causal), scale, window)
     with _autocast_off(q.device):
-        return _RingAttentionFn.apply(q, k, v, rb.plan(bool(causal), q.device), rb.comm, scale, kernel)
+        return _RingAttentionFn.apply(q, k, v, rb.plan(bool(causal), q.device), rb.comm, scale, kernel, window)
 
 
 def _autocast_inputs(q, k, v):

@@ -10,10 +10,11 @@ __all__ = ["dense_attention"]
 
 
 def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens, *, causal: bool = True,
-                    softmax_scale: float | None = None) -> torch.Tensor:
+                    softmax_scale: float | None = None, window: int | None = None) -> torch.Tensor:
     """Plain dense attention of packed documents (``[T, H, D]``, GQA), differentiable, in float64.
 
-    Builds the full ``[T, T]`` block-diagonal (and causal) mask, so it is for small tests only.
+    Builds the full ``[T, T]`` block-diagonal (and causal) mask, so it is for small tests only. ``window``: query
+    ``i`` sees keys ``j`` with ``i - j < window`` too (a sliding window, the Hugging Face rule).
     """
     cu = [int(c) for c in (cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor) else cu_seqlens)]
     t, h_q, d = q.shape
@@ -27,6 +28,8 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlen
     allowed = doc[:, None] == doc[None, :]
     if causal:
         allowed &= pos[:, None] >= pos[None, :]
+    if window is not None:
+        allowed &= (pos[:, None] - pos[None, :]) < window
     s = torch.einsum("qhd,khd->hqk", q64, k64) * scale
     s = s.masked_fill(~allowed, float("-inf"))
     p = torch.softmax(s, dim=-1).nan_to_num(0.0)

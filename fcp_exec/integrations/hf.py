@@ -34,9 +34,10 @@ Typical use (see ``examples/``)::
   weighted 0, when it has nothing to encode) so FSDP2-sharded vision blocks stay in lock-step.
 
 Tested with transformers 5.24 and 5.25 (model types :data:`SUPPORTED_MODEL_TYPES`; other causal LMs whose attention
-goes through ``AttentionInterface`` are accepted with a warning). A sliding window shorter than a document, logit
-soft-capping, attention sinks, attention dropout and KV caches are refused with a clear error
-(:func:`fcp_exec.integrations.hf_models.attention_limits`): this path is for training.
+goes through ``AttentionInterface`` are accepted with a warning). A layer's sliding window shorter than a document
+is computed exactly (:mod:`fcp_exec.kernels.window`); logit soft-capping, attention sinks, attention dropout and KV
+caches are refused with a clear error (:func:`fcp_exec.integrations.hf_models.attention_limits`): this path is for
+training.
 """
 
 from __future__ import annotations
@@ -105,9 +106,9 @@ def _ring_outside_compile(module: nn.Module, q: torch.Tensor, k: torch.Tensor, v
                           kwargs: dict) -> torch.Tensor:
     from fcp_exec.ring_attention import ring_attention
 
-    attention_limits(module, dropout, kwargs, fcp_context.ring)
+    window = attention_limits(module, dropout, kwargs, fcp_context.ring)
     return ring_attention(q, k, v, fcp_context.ring, causal=bool(getattr(module, "is_causal", True)),
-                          softmax_scale=scaling, kernel=fcp_context.kernel)
+                          softmax_scale=scaling, kernel=fcp_context.kernel, window=window)
 
 
 def register_attention() -> None:

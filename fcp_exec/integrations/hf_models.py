@@ -16,13 +16,14 @@ SUPPORTED_MODEL_TYPES = ("qwen3", "llama", "qwen2_vl", "qwen2_5_vl", "qwen3_vl",
 VL_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 
 
-def attention_limits(module: nn.Module, dropout: float, kwargs: dict, ring: Any) -> None:
-    """Refuse, in one ``ValueError``, what a layer asks of its attention that ring attention does not compute:
-    attention dropout, logit soft-capping (Gemma 2), attention sinks (``s_aux``), a KV cache, and a sliding window
-    that a document of this micro-batch is longer than. A window at least as long as every document is plain causal
-    attention (no token has more predecessors than the window), so it runs: the check uses each document's padded
-    length in the ring (``ring.cu`` × degree), which can only over-estimate. The window comes from the call
-    (Mistral, Phi-3 pass the config's) or the layer (Qwen2/3, Gemma 2/3)."""
+def attention_limits(module: nn.Module, dropout: float, kwargs: dict, ring: Any) -> int | None:
+    """The sliding window ring attention must apply in this call, or None; one ``ValueError`` for what a layer asks
+    of its attention that ring attention does not compute: attention dropout, logit soft-capping (Gemma 2),
+    attention sinks (``s_aux``), a KV cache. The window comes from the call (Mistral, Phi-3 pass the config's) or
+    the layer (Qwen2/3, Gemma 2/3). A window at least as long as every document of the micro-batch is plain causal
+    attention (no token has more predecessors than the window): None then, so the fused kernels run (the check uses
+    each document's padded length in the ring, ``ring.cu`` × degree, which can only over-estimate); a shorter one is
+    returned and computed exactly (:mod:`fcp_exec.kernels.window`)."""
     if dropout:
         raise ValueError(f"fcp_ring attention does not implement attention dropout (got {dropout}); set the config's "
                          "attention_dropout to 0")
@@ -34,14 +35,11 @@ def attention_limits(module: nn.Module, dropout: float, kwargs: dict, ring: Any)
     if kwargs.get("cache") is not None or kwargs.get("past_key_values") is not None:
         raise ValueError("fcp_ring attention is for training: call the model with use_cache=False")
     window = kwargs.get("sliding_window") or getattr(module, "sliding_window", None)
-    if window:
-        cu, degree = ring.cu, ring.degree
-        longest = max((b - a for a, b in zip(cu[:-1], cu[1:])), default=0) * degree
-        if longest > int(window):
-            raise ValueError(f"a document of {longest} tokens in this micro-batch is longer than the layer's sliding "
-                             f"window ({window}): fcp_ring attention computes full causal attention, which differs "
-                             "there; disable the window in the config (sliding_window=None / use_sliding_window=False) "
-                             "or keep documents within it")
+    if not window:
+        return None
+    cu, degree = ring.cu, ring.degree
+    longest = max((b - a for a, b in zip(cu[:-1], cu[1:])), default=0) * degree
+    return int(window) if longest > int(window) else None
 
 
 def load_config(path) -> Any:

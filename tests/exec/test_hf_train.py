@@ -61,7 +61,7 @@ def _reference(family: str, batches: tuple[tuple[int, ...], ...], dtype: str = "
     of the synthetic documents. A sample whose read raises here is left out of its batch (``failed``: those).
     ``evals``: more global batches whose ``(loss, num_tokens, None, failed)`` follow, with the trained weights
     and no update (FCP's ``eval_step``)."""
-    config = hf.load_config(CONFIGS / f"{family}-tiny.json")
+    config = hf.load_config(family if family.endswith(".json") else CONFIGS / f"{family}-tiny.json")  # or a path
     data = load_train_data(f"hf:{family}", data, max_tokens=max_tokens, seed=0,
                            num_synthetic=COMMON["num_synthetic"], hf_config=config, prompt_mask=sft)
     model = hf.build_model(config, dtype=getattr(torch, init or dtype), seed=0).to(getattr(torch, dtype))

@@ -1,0 +1,61 @@
+"""Sliding-window ring attention (``ring_attention(..., window=W)``) against full causal attention, one process.
+
+One document of ``--tokens`` tokens (8 query heads, 2 key/value heads, head dim 64, float32), forward + backward,
+degree 1 (the kernels, no communication), medians of ``--repeats`` alternating runs: the CPU flash kernel with the
+causal mask (what a window at least as long as the document runs: ``attention_limits`` then passes no window) and
+the shared masked math path of ``fcp_exec.kernels.window`` for each ``--windows`` value (about ``L·2W`` scores, in
+unfused matmuls). Run: ``python benchmarks/bench_window.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def _time(tokens: int, window: int | None, gen: torch.Generator) -> float:
+    from fcp_exec import ring_attention
+
+    q = torch.randn(tokens, 8, 64, generator=gen).requires_grad_()
+    k = torch.randn(tokens, 2, 64, generator=gen).requires_grad_()
+    v = torch.randn(tokens, 2, 64, generator=gen).requires_grad_()
+    dout = torch.randn(tokens, 8, 64, generator=gen)
+    t0 = time.perf_counter()
+    out = ring_attention(q, k, v, [0, tokens], ranks=(0,), window=window)
+    out.backward(dout)
+    return time.perf_counter() - t0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tokens", type=int, default=4096)
+    p.add_argument("--windows", default="512,4096", help="comma-separated sliding windows")
+    p.add_argument("--repeats", type=int, default=5)
+    opts = p.parse_args(argv)
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    windows = [int(w) for w in opts.windows.split(",")]
+    gen = torch.Generator().manual_seed(0)
+    runs: dict = {None: [], **{w: [] for w in windows}}
+    _time(256, None, gen), _time(256, 64, gen)  # warm-up
+    for _ in range(opts.repeats):
+        for w in runs:
+            runs[w].append(_time(opts.tokens, w, gen))
+    print(f"load average {os.getloadavg()[0]:.2f}; {opts.tokens} tokens, fwd+bwd, float32, degree 1")
+    full = statistics.median(runs[None])
+    print(f"full causal (cpu flash kernel): {1e3 * full:8.1f} ms")
+    for w in windows:
+        m = statistics.median(runs[w])
+        print(f"window {w:6d} (masked math path): {1e3 * m:8.1f} ms  ({m / full:.2f}x the full causal kernel)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
