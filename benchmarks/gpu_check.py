@@ -19,6 +19,9 @@ still leaves its results), and printed as one line:
    must have ``lse = -inf``, ``out = 0`` and ``dq = 0`` exactly. ``autocast[...]``: per backend, degree-1
    ``ring_attention`` inside bf16 autocast with fp32 q/k and a bf16 v (a Hugging Face layer under ``bf16=True``)
    must equal the explicit bf16 call bit for bit (autocast must not reach the kernel's fp32 math).
+   ``window``: degree-1 ``ring_attention(..., window=W)`` (the sliding-window path every kernel shares) in
+   float32 on the device against dense fp64 windowed attention, forward and backward, windows shorter and longer
+   than the documents.
 2. ``ring``: the real schedule of ``fcp_exec.ring_attention`` for degrees 2, 4, 8 with one thread
    per virtual rank and an in-process communicator (see ``_gpu_check_ring.py`` for why and how):
    zigzag shard → forward/backward → unshard, against the fp64 reference; an fp64 run per
@@ -365,6 +368,35 @@ def kernel_section(res: Results, cfg, backends, deadline) -> None:
             res.add(name, "kernel", skipped=True, reason="perturbed run: the check compares a kernel with itself")
         else:
             res.run(name, "kernel", check_autocast, kernel, cfg.device, implementation=impl)
+    res.run("window sliding-window path fp32 vs dense fp64", "kernel", check_window, cfg.device)
+
+
+def check_window(device) -> dict:
+    """Degree-1 ``ring_attention(..., window=W)`` in float32 on ``device``, forward and backward, against
+    ``fcp_exec.testing.dense_attention(window=W)`` in float64: out and the input gradients within 1e-5 of the largest
+    reference entry (absolute when that is below 1), for windows 1, 7, 64 and 300 over documents of 1, 0, 40 and 257
+    tokens."""
+    from fcp_exec import ring_attention
+    from fcp_exec.testing import dense_attention
+
+    gen = torch.Generator(device="cpu").manual_seed(11)
+    cu = [0, 1, 1, 41, 298]
+    q, k, v, dout = (torch.randn(298, h, 32, generator=gen, dtype=torch.float64) for h in (4, 2, 2, 4))
+    worst = 0.0
+    for window in (1, 7, 64, 300):
+        leaves = [x.to(device, torch.float32).requires_grad_() for x in (q, k, v)]
+        out = ring_attention(*leaves, cu, ranks=(0,), window=window)
+        out.backward(dout.to(device, torch.float32))
+        ref_leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+        ref = dense_attention(*ref_leaves, cu, window=window)
+        ref.backward(dout)
+        for got, want in [(out, ref)] + [(a.grad, b.grad) for a, b in zip(leaves, ref_leaves)]:
+            # relative to the largest reference entry, absolute below 1 (window 1: dq is exactly 0)
+            err = float((got.detach().double().cpu() - want.detach()).abs().max()) / max(float(want.abs().max()), 1.0)
+            worst = max(worst, err)
+    ok = worst <= 1e-5
+    return {"passed": ok, "max_error": worst, "tolerance": 1e-5,
+            "reason": None if ok else f"largest relative difference {worst:.3e} > 1e-5"}
 
 
 def check_autocast(kernel, device) -> dict:

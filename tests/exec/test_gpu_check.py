@@ -47,6 +47,7 @@ def test_cpu_run_passes_and_records_every_check(tmp_path):
             assert 0 <= c["max_error"] <= c["tolerance"], c
     ring_degrees = {int(c["name"].split("d=")[1].split()[0]) for c in checks if c["section"] == "ring"}
     assert ring_degrees == {2, 4, 8}
+    assert [c["passed"] for c in checks if c["name"].startswith("window ")] == [True], "the sliding-window check ran"
     empty_rows = [c for c in checks if c["section"] == "kernel" and c.get("num_empty_rows")]
     assert empty_rows, "some kernel case must have rows without keys (lse = -inf)"
     # versions: never claim a backend that did not run
