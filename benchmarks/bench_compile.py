@@ -15,7 +15,6 @@ Run: ``python benchmarks/bench_compile.py`` (about a minute on 2 cores).
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import statistics
 import sys
@@ -51,26 +50,16 @@ def _run(steps: int, compile_backend: str | None) -> dict:
         def on_train_end(self, *a, **k):
             marks.append(time.perf_counter())
 
-    ra = importlib.import_module("fcp_exec.ring_attention")
-    original, traced = ra.ring_attention, []
-
-    def watched(*args, **kwargs):
-        traced.append(torch.compiler.is_compiling())
-        return original(*args, **kwargs)
-
     kw = dict(T.ARGS, output_dir=tempfile.mkdtemp(prefix="fcp-bench-compile-"), max_steps=steps, logging_steps=steps)
     if compile_backend:
         kw.update(torch_compile=True, torch_compile_backend=compile_backend)
     trainer = FCPTrainer(model=build_model(config, dtype=torch.float32, seed=0), args=TrainingArguments(**kw),
                          train_dataset=data.dataset, train_lengths=data.lengths, cost_model=T._cost(),
                          global_batch_size=T.GBS, pad_token_id=data.pad_token_id, callbacks=[Mark()])
-    ra.ring_attention = watched
-    try:
+    with T._ring_calls_watched() as traced:  # per ring_attention call: was Dynamo tracing it
         t0 = time.perf_counter()
         trainer.train()
         total = time.perf_counter() - t0
-    finally:
-        ra.ring_attention = original
     step_times = [b - a for a, b in zip(marks, marks[1:])]
     return {"total": total, "steady": statistics.median(step_times[len(step_times) // 2:]),
             "graphs": int(counters["stats"]["unique_graphs"]), "traced": sum(traced), "calls": len(traced),

@@ -97,6 +97,7 @@ class _Plan:
 
     def __init__(self, cu: list[int], degree: int, cp_rank: int, causal: bool, device):
         self.cu, self.degree, self.cp_rank, self.causal, self.device = cu, degree, cp_rank, causal, device
+        self._pos_cache: dict[int, torch.Tensor] = {}  # rank -> its rows' positions (sliding windows only)
         lengths = [b - a for a, b in zip(cu[:-1], cu[1:])]
         self.max_full = max(lengths, default=0)
         self.cu_half = [c // 2 for c in cu]
@@ -120,7 +121,7 @@ class _Plan:
         return _rows(self._pos(self.cp_rank), q_rows), _rows(self._pos(src), k_rows)
 
     def _pos(self, rank: int) -> torch.Tensor:
-        cache = self.__dict__.setdefault("_pos_cache", {})
+        cache = self._pos_cache
         if rank not in cache:
             parts = []
             for a, b in zip(self.cu[:-1], self.cu[1:]):

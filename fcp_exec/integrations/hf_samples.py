@@ -176,10 +176,7 @@ def strip_padding(sample: Any) -> Any:
 
 def _attended_counts(data: Any) -> np.ndarray | None:
     """Every row's attended tokens from a ``datasets.Dataset``'s ``attention_mask`` Arrow column (None: no such
-    column, or not a list column without nulls)."""
-    if not type(data).__module__.startswith("datasets.") or "attention_mask" not in (getattr(data, "column_names", ())
-                                                                                       or ()):
-        return None
+    list column without nulls)."""
     values, starts = _arrow_column(data, "attention_mask")
     if values is None:
         return None
@@ -187,15 +184,29 @@ def _attended_counts(data: Any) -> np.ndarray | None:
     return total[starts[1:]] - total[starts[:-1]]
 
 
+def arrow_list_column(data: Any, name: str) -> Any:
+    """The list column ``name`` of a Hugging Face ``datasets.Dataset`` as Arrow (in the dataset's own order, after
+    ``shuffle``/``select``/``filter``); None for anything else: another dataset, no such column, not a list column,
+    or one with nulls (then read sample by sample, where a missing value is named by its index)."""
+    if not type(data).__module__.startswith("datasets.") or name not in (getattr(data, "column_names", ()) or ()):
+        return None
+    import pyarrow as pa
+
+    column = data.with_format("arrow")[name]
+    if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)) or column.null_count:
+        return None
+    return column
+
+
 def _arrow_column(data: Any, name: str) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """``(values, row starts + end)`` of a list column of a ``datasets.Dataset`` (``(None, None)`` if it is not one)."""
+    """``(values, row starts + end)`` of :func:`arrow_list_column` (``(None, None)`` when there is none)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    column = data.with_format("arrow")[name]
-    column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)) or column.null_count:
+    column = arrow_list_column(data, name)
+    if column is None:
         return None, None
+    column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False).astype(np.int64)
     return pc.list_flatten(column).to_numpy(zero_copy_only=False), np.concatenate([[0], np.cumsum(lengths)])
 
@@ -252,10 +263,10 @@ def placeholder_spans(data: Any, ids: Sequence[int]) -> list[tuple[tuple[int, in
     """Every sample's runs of the token ids ``ids`` (placeholders) as ``(start, count)`` in its unpadded tokens
     (:func:`strip_padding`), for ``fcp_data.SpanVisualLayout``: a ``datasets.Dataset`` from its ``input_ids`` Arrow
     column when no row is padded, else read sample by sample (a progress bar from 10,000 samples on)."""
-    if type(data).__module__.startswith("datasets.") and "input_ids" in (getattr(data, "column_names", ()) or ()):
-        values, starts = _arrow_column(data, "input_ids")
+    values, starts = _arrow_column(data, "input_ids")
+    if values is not None:
         counts = _attended_counts(data)
-        if values is not None and (counts is None or np.array_equal(counts, np.diff(starts))):
+        if counts is None or np.array_equal(counts, np.diff(starts)):
             return _runs(values, starts, ids)
     from tqdm.auto import tqdm
 

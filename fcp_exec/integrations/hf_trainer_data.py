@@ -114,13 +114,12 @@ def _arrow_lengths(data: Any) -> np.ndarray | None:
     """A Hugging Face ``datasets.Dataset`` with an ``input_ids`` list column: its lengths from the Arrow column in one
     call (after ``shuffle``/``select``/``filter``, in the dataset's own order) instead of a read per sample (measured:
     149,000 rows in 0.23 s, against 0.38 s per 20,000 rows read one by one). None for anything else."""
-    if not type(data).__module__.startswith("datasets.") or "input_ids" not in (getattr(data, "column_names", ()) or ()):
-        return None
-    import pyarrow as pa
     import pyarrow.compute as pc
 
-    column = data.with_format("arrow")["input_ids"]
-    if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)) or column.null_count:
+    from fcp_exec.integrations.hf_samples import arrow_list_column
+
+    column = arrow_list_column(data, "input_ids")
+    if column is None:
         return None  # read sample by sample: a missing input_ids is then named by its index
     return pc.list_value_length(column).to_numpy(zero_copy_only=False).astype(np.int64)
 
