@@ -8,6 +8,7 @@ training stack (model type, reducer, gradient checkpointing, VL data), or the ex
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -127,4 +128,22 @@ def test_trainer_example_trains_and_resumes_under_torchrun(tmp_path):
     assert (out / "checkpoint-2").is_dir() and (out / "checkpoint-4").is_dir()
     resumed = _torchrun(tmp_path, "train_hf_trainer.py", "--max-steps", "4", "--resume", str(out / "checkpoint-2"),
                         "--output-dir", str(tmp_path / "out2"), "--eval-batches", "0")
+    assert _lines(resumed, "step ") == steps[2:], (resumed.stdout, steps)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="needs megatron-core")
+def test_megatron_example_trains_validates_and_resumes_exactly(tmp_path):
+    """The Megatron-core example (GPTModel with FCP's core attention, Megatron's DDP, schedule, finalize and
+    optimizer; on CPU through fcp_exec.integrations.megatron_cpu) under torchrun: 4 steps with a checkpoint every 2,
+    finite losses near ln(vocab), one validation batch; resumed from step-2.pt it prints steps 2 and 3 exactly as
+    the run that never stopped (model, Megatron's optimizer state and the sampler's state after the step)."""
+    ckpt = tmp_path / "ckpt"
+    first = _torchrun(tmp_path, "train_megatron_gpt.py", "--steps", "4", "--checkpoint", str(ckpt),
+                      "--checkpoint-every", "2")
+    steps = _lines(first, "step ")
+    assert [ln.split()[1] for ln in steps] == ["0", "1", "2", "3"], first.stdout
+    _check_losses([float(ln.split(" loss ")[1].split()[0]) for ln in steps])
+    assert len(_lines(first, "eval ")) == 1, first.stdout
+    resumed = _torchrun(tmp_path, "train_megatron_gpt.py", "--steps", "4", "--resume", str(ckpt / "step-2.pt"),
+                        "--eval-batches", "0")
     assert _lines(resumed, "step ") == steps[2:], (resumed.stdout, steps)

@@ -1,0 +1,178 @@
+"""Train a Megatron-core GPT model (Llama-style) with FCP: the pattern to copy into a Megatron-core training loop.
+
+    torchrun --standalone --nproc-per-node 2 examples/train_megatron_gpt.py --steps 5     # CPU, gloo
+    torchrun --nproc-per-node 8 examples/train_megatron_gpt.py --data my-index --layers 32 --hidden 4096 \
+        --heads 32 --groups 8 --ffn 14336 --tokens-per-rank 32768 --cost cost.json       # GPUs (never run by us)
+
+Megatron sees every rank as data-parallel (tensor/pipeline/context-parallel size 1); FCP forms the context-parallel
+groups per micro-batch. What changes in a Megatron-core loop: the layer spec (``fcp_layer_spec``), ``apply_fcp`` on
+the model before DDP, ``calculate_per_token_loss=True``, the data (FCPSampler → FCPDataset → FCPCollator), and per
+step ``next_global_batch`` + ``forward_step`` in Megatron's own schedule with ``num_microbatches=len(mbs)`` (it can
+change from one global batch to the next). Megatron's DDP, ``finalize_model_grads`` and optimizer are used as they
+are. On a machine without CUDA, Megatron runs through :mod:`fcp_exec.integrations.megatron_cpu` (float32/float64).
+
+The model is randomly initialised (load a Megatron checkpoint as usual for real weights). The data is a text length
+index (default: the bundled text samples, indexed into TMPDIR); the vocabulary is the index's tokenizer's.
+Checkpoints: `--checkpoint DIR --checkpoint-every N` writes DIR/step-K.pt (model, optimizer and the sampler's state
+after the global batch the step consumed; rank 0, as every rank holds the same replicas), `--resume DIR/step-K.pt`
+continues at step K exactly. With Megatron's distributed optimizer or sharded models use Megatron's own
+``dist_checkpointing`` for model and optimizer and store ``sampler.state_after(mbs[-1])`` next to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+
+from fcp_data import CostModel, FCPCollator, FCPDataset, FCPSampler, IndexedDataset
+from fcp_exec.integrations.megatron import apply_fcp, fcp_layer_spec, forward_step, global_loss, next_global_batch
+from fcp_exec.launch import init_distributed, settle_collectives
+
+
+def bundled_text_index(rank: int) -> Path:
+    """The package's sample text, indexed once by rank 0 (what `fcp index samples/text.jsonl --spec text` does)."""
+    from fcp_data import bundled_path
+    from fcp_data.index import build_index
+
+    out = Path(tempfile.gettempdir()) / f"fcp-example-{os.getuid()}" / "text"
+    if rank == 0 and not (out / "manifest.json").exists():
+        build_index([str(bundled_path("samples") / "text.jsonl")], "text", out, progress=False)
+    dist.barrier()
+    return out
+
+
+def build_model(args, vocab_size: int, on_cpu: bool):
+    """A Llama-style GPTModel (RoPE, GQA, RMSNorm, SwiGLU) whose core attention is FCP's ring attention."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    config = TransformerConfig(
+        num_layers=args.layers, hidden_size=args.hidden, num_attention_heads=args.heads,
+        num_query_groups=args.groups, ffn_hidden_size=args.ffn, normalization="RMSNorm", gated_linear_unit=True,
+        add_bias_linear=False, attention_dropout=0.0, hidden_dropout=0.0,
+        calculate_per_token_loss=True,  # the global-batch mean over tokens, whatever each rank holds
+        use_cpu_initialization=on_cpu, params_dtype=torch.float32,
+        # the fused kernels are CUDA-only; on GPUs leave Megatron's defaults (or use the Transformer-Engine spec)
+        **({"masked_softmax_fusion": False, "bias_dropout_fusion": False, "apply_rope_fusion": False,
+            "bias_activation_fusion": False} if on_cpu else {}))
+    torch.manual_seed(0)
+    model = GPTModel(config, fcp_layer_spec(get_gpt_layer_local_spec()), vocab_size=vocab_size,
+                     max_sequence_length=args.tokens_per_rank * dist.get_world_size(), position_embedding_type="rope")
+    return apply_fcp(model.float()), config  # .float(): Megatron's torch-norm fallback keeps its weights in fp32
+
+
+def forever(loader: DataLoader):
+    """The loader's micro-batches across epochs, from the sampler's position (a loaded checkpoint's too)."""
+    while True:
+        yield from loader
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--data", default=None, help="a text length index (default: the bundled text samples)")
+    p.add_argument("--cost", default=None, help="cost-model JSON from `fcp profile` (default: the qwen3-1.7b/h100 preset)")
+    p.add_argument("--tokens-per-rank", type=int, default=1024, help="memory budget per rank; longer documents are cut")
+    p.add_argument("--global-batch-size", type=int, default=8)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--groups", type=int, default=2, help="key/value heads (GQA)")
+    p.add_argument("--ffn", type=int, default=128)
+    p.add_argument("--eval-batches", type=int, default=1, help="global batches of validation after training")
+    p.add_argument("--checkpoint", default=None, help="folder for checkpoints (DIR/step-K.pt), with --checkpoint-every")
+    p.add_argument("--checkpoint-every", type=int, default=0, help="save a checkpoint every N steps (0: never)")
+    p.add_argument("--resume", default=None, help="a checkpoint file (DIR/step-K.pt) to continue from, at step K")
+    args = p.parse_args()
+
+    device = init_distributed()  # set_device, NCCL/HCCL/gloo by device, eager init + a warm-up barrier
+    rank, on_cpu = dist.get_rank(), device.type == "cpu"
+    if on_cpu:
+        from fcp_exec.integrations.megatron_cpu import megatron_on_cpu
+
+        megatron_on_cpu()
+    from megatron.core import parallel_state
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    parallel_state.initialize_model_parallel(1, 1)  # every rank data-parallel: FCP forms the CP groups
+    if not on_cpu:
+        from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+        model_parallel_cuda_manual_seed(0)
+
+    # data: a length index → FCPSampler (plans CP groups per micro-batch) → FCPCollator (this rank's zigzag shard)
+    data = IndexedDataset(args.data or bundled_text_index(rank))
+    cost = CostModel.load(args.cost) if args.cost else CostModel.preset("qwen3-1.7b", "h100")
+    cost = cost.replace(tokens_per_rank=args.tokens_per_rank)
+    sampler = FCPSampler(data.index, cost_model=cost, global_batch_size=args.global_batch_size, seed=0,
+                         on_overlong="truncate")
+    loader = DataLoader(FCPDataset(data), batch_sampler=sampler, num_workers=2,
+                        collate_fn=FCPCollator(pad_token_id=data.pad_token_id, sample_labels=data.has_labels))
+
+    # model: FCP's core attention in the layer spec, then Megatron's own DDP, finalize and optimizer
+    model, config = build_model(args, data.spec.tokenizer().get_vocab_size(), on_cpu)
+    model = DistributedDataParallel(config, DistributedDataParallelConfig(), model)
+    config.no_sync_func, config.finalize_model_grads_func = model.no_sync, finalize_model_grads
+    optimizer = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=args.lr, weight_decay=0.01,
+                                                       clip_grad=0.0 if on_cpu else 1.0, bf16=False, fp16=False,
+                                                       params_dtype=torch.float32), [model])
+    schedule = get_forward_backward_func()
+
+    start = 0
+    if args.resume:
+        state = torch.load(args.resume, map_location=device, weights_only=False)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        sampler.load_state_dict(state["sampler"])
+        start = int(state["step"])
+    batches = forever(loader)
+    for step in range(start, args.steps):
+        mbs = next_global_batch(batches, model, pad_token_id=data.pad_token_id)  # this rank's micro-batches
+        model.zero_grad_buffer()
+        optimizer.zero_grad()
+        reports = schedule(forward_step_func=forward_step, data_iterator=iter(mbs), model=[model],
+                           num_microbatches=len(mbs), seq_length=args.tokens_per_rank, micro_batch_size=1)
+        _, grad_norm, _ = optimizer.step()
+        loss, tokens = global_loss(reports)
+        if rank == 0:
+            print(f"step {step} loss {loss:.6f} tokens {tokens} micro-batches {len(mbs)} grad-norm {grad_norm:.4f}",
+                  flush=True)
+        if args.checkpoint and args.checkpoint_every and (step + 1) % args.checkpoint_every == 0 and rank == 0:
+            # the sampler's state after this step's last micro-batch, not state_dict(): the DataLoader's workers
+            # already hold later batches
+            Path(args.checkpoint).mkdir(parents=True, exist_ok=True)
+            torch.save({"step": step + 1, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                        "sampler": sampler.state_after(mbs[-1])}, Path(args.checkpoint) / f"step-{step + 1}.pt")
+    batches.close()  # stops the DataLoader's workers now
+
+    # validation: its own sampler; the same schedule with forward_only=True
+    val_sampler = FCPSampler(data.index, cost_model=cost, global_batch_size=args.global_batch_size, seed=1,
+                             on_overlong="truncate")
+    val_batches = iter(DataLoader(FCPDataset(data), batch_sampler=val_sampler,
+                                  collate_fn=FCPCollator(pad_token_id=data.pad_token_id, sample_labels=data.has_labels)))
+    model.eval()
+    for k in range(min(args.eval_batches, val_sampler.num_global_batches())):
+        mbs = next_global_batch(val_batches, model, pad_token_id=data.pad_token_id)
+        with torch.no_grad():
+            reports = schedule(forward_step_func=forward_step, data_iterator=iter(mbs), model=[model],
+                               num_microbatches=len(mbs), seq_length=args.tokens_per_rank, micro_batch_size=1,
+                               forward_only=True)
+        loss, tokens = global_loss(reports)
+        if rank == 0:
+            print(f"eval {k} loss {loss:.4f} tokens {tokens}", flush=True)
+    settle_collectives()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,251 @@
+"""Megatron-core GPT models trained with FCP on 3 real gloo processes equal the stock model trained in one process.
+
+The whole Megatron training stack runs: ``GPTModel`` (local layer spec) built with
+:func:`fcp_exec.integrations.megatron.fcp_layer_spec` + ``apply_fcp``, Megatron's ``DistributedDataParallel``, its
+``get_forward_backward_func()`` schedule with :func:`~fcp_exec.integrations.megatron.forward_step` over FCPSampler →
+FCPDataset → FCPCollator micro-batches (``next_global_batch``), ``finalize_model_grads`` with the per-token loss, and
+Megatron's own optimizer (Adam). The reference is the same stock model (Megatron's ``DotProductAttention``, its own
+causal / sliding-window mask, positions ``0..n-1``) in one process, one document per micro-batch, over the same
+global batches, with the same DDP, schedule, finalize and optimizer. Megatron-core runs on the CPU through
+``tests/exec/_megatron_cpu.py`` (it redirects Megatron's hard-coded CUDA device placement; the computation is
+Megatron's).
+
+Models (float64, 2 layers): Llama-style (RoPE, GQA, RMSNorm, SwiGLU), Qwen3-style (+ QK layer norm), a sliding
+window on every other layer (``window_size=(6, 0)``, ``window_attn_skip_freq=2``) and GPT-2-style (learned absolute
+positions, LayerNorm, biases). Asserted per step: the global loss and token count, Megatron's gradient norm; after
+the steps, every parameter; and that the plans mixed groups of degree 1, 2 and 3 with idle ranks, and 1 or 2
+micro-batches per global batch.
+Tolerances: Megatron's cross-entropy computes in float32 (it casts the float64 logits), so losses and gradients
+carry float32 rounding, and the loss reports are float32 sums taken in another order: losses to 1e-6 relative
+(measured ≤ 1e-7); gradient norms to 1e-9 relative and parameters to 1e-10 absolute (measured: equal norms,
+parameters within 7e-13; they are O(0.1) and moved 0.04 by the steps). A wrong position, mask or group moves them by
+1e-3 or more.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import pytest
+import torch
+
+from fcp_data import CostModel
+from fcp_exec.launch import launch
+
+# megatron-core is imported only in the launched processes (not in the pytest worker)
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="needs megatron-core")
+
+NAMES = ("llama", "qwen3", "window", "gpt2")
+LENGTHS = [37, 12, 64, 9, 50, 23, 71, 18, 40, 33, 15, 58, 27, 44, 6, 61]
+NPROC = 3
+GBS = 4
+STEPS = 4
+LR = 1e-2
+
+
+def _docs() -> list[torch.Tensor]:
+    from _megatron_cpu import VOCAB
+
+    g = torch.Generator().manual_seed(0)
+    return [torch.randint(1, VOCAB, (n,), generator=g) for n in LENGTHS]
+
+
+def _optimizer(model):
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    # clip_grad=0: Megatron's clipping asserts CUDA tensors (the gradient norm is still computed and returned)
+    cfg = OptimizerConfig(optimizer="adam", lr=LR, weight_decay=0.01, clip_grad=0.0, bf16=False, fp16=False,
+                          params_dtype=torch.float64, use_distributed_optimizer=False)
+    return get_megatron_optimizer(cfg, [model])
+
+
+def _wrap(model, config):
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+
+    model = DistributedDataParallel(config, DistributedDataParallelConfig(), model)
+    config.no_sync_func, config.finalize_model_grads_func = model.no_sync, finalize_model_grads
+    return model
+
+
+def _params(model) -> dict[str, torch.Tensor]:
+    return {k.removeprefix("module."): v.detach().clone() for k, v in model.named_parameters()}
+
+
+def _train_fcp() -> dict:
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader
+
+    import _megatron_cpu as mc
+    from fcp_data import FCPCollator, FCPDataset, FCPSampler
+    from fcp_exec.integrations.megatron import apply_fcp, forward_step, global_loss, next_global_batch
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    mc.init_megatron()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    data = [{"input_ids": d} for d in _docs()]
+    out = {}
+    for name in NAMES:
+        model, config = mc.build_gpt(name, fcp=True)
+        model = _wrap(apply_fcp(model), config)
+        opt = _optimizer(model)
+        cost = CostModel.preset("qwen3-1.7b", "h100").replace(tokens_per_rank=48)
+        sampler = FCPSampler([len(d) for d in _docs()], num_ranks=world, rank=rank, global_batch_size=GBS, seed=0,
+                             cost_model=cost)
+        batches = iter(DataLoader(FCPDataset(data), batch_sampler=sampler, collate_fn=FCPCollator(pad_token_id=0)))
+        schedule = get_forward_backward_func()
+        run = {"loss": [], "norm": [], "indices": [], "degrees": []}
+        for _ in range(STEPS):
+            mbs = next_global_batch(batches, model)
+            model.zero_grad_buffer()
+            opt.zero_grad()
+            reports = schedule(forward_step_func=forward_step, data_iterator=iter(mbs), model=[model],
+                               num_microbatches=len(mbs), seq_length=128, micro_batch_size=1)
+            _, norm, _ = opt.step()
+            run["loss"].append(global_loss(reports))
+            run["norm"].append(float(norm))
+            run["indices"].append(sorted(i for b in mbs for i in b.get("sample_indices", ())))
+            run["degrees"].append([0 if b.get("idle") else len(b["ranks"]) for b in mbs])
+        run["params"] = _params(model) if rank == 0 else None
+        out[name] = run
+    return out
+
+
+def _reference_step(data_iterator, model):
+    from fcp_exec.integrations.megatron import loss_func
+
+    doc = next(data_iterator)
+    n = len(doc)
+    labels = torch.cat([doc[1:], doc.new_zeros(1)])
+    mask = torch.arange(n) < n - 1  # the last token has no next token
+    out = model(doc[None], torch.arange(n)[None], None, labels=labels[None])
+    return out, lambda t: loss_func(mask, t)
+
+
+def _train_reference(batches: dict) -> dict:
+    import _megatron_cpu as mc
+    from fcp_exec.integrations.megatron import global_loss
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    mc.init_megatron()
+    docs = _docs()
+    out = {}
+    for name in NAMES:
+        model, config = mc.build_gpt(name, fcp=False)
+        model = _wrap(model, config)
+        opt = _optimizer(model)
+        schedule = get_forward_backward_func()
+        run = {"loss": [], "norm": [], "initial": _params(model)}
+        for batch in batches[name]:
+            model.zero_grad_buffer()
+            opt.zero_grad()
+            reports = schedule(forward_step_func=_reference_step, data_iterator=iter([docs[i] for i in batch]),
+                               model=[model], num_microbatches=len(batch), seq_length=128, micro_batch_size=1)
+            _, norm, _ = opt.step()
+            run["loss"].append(global_loss(reports))
+            run["norm"].append(float(norm))
+        run["params"] = _params(model)
+        out[name] = run
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs():
+    fcp = launch(_train_fcp, NPROC, timeout=600.0, pg_timeout=120.0)
+    batches = {}
+    for name in NAMES:
+        per_rank = [r[name]["indices"] for r in fcp]
+        batches[name] = [sorted(set().union(*step)) for step in zip(*per_rank)]  # a CP group's sample: on each rank
+    ref = launch(_train_reference, 1, batches, timeout=600.0)[0]
+    return fcp, ref, batches
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_megatron_fcp_training_equals_the_stock_model_in_one_process(runs, name):
+    fcp, ref, batches = runs
+    r0, want = fcp[0][name], ref[name]
+    assert all(len(b) == GBS for b in batches[name]) and len({i for b in batches[name] for i in b}) == GBS * STEPS
+    for step in range(STEPS):
+        (l0, n0), (lr, nr) = r0["loss"][step], want["loss"][step]
+        assert all(r[name]["loss"][step] == (l0, n0) for r in fcp), "every rank reports the same global loss"
+        assert n0 == nr and math.isclose(l0, lr, rel_tol=1e-6), (step, l0, n0, lr, nr)
+        assert math.isclose(r0["norm"][step], want["norm"][step], rel_tol=1e-9), (step, r0["norm"][step],
+                                                                                 want["norm"][step])
+    got, exp = r0["params"], want["params"]
+    assert got.keys() == exp.keys()
+    worst = max(float((got[k] - exp[k]).abs().max()) for k in exp)
+    moved = max(float((exp[k] - v).abs().max()) for k, v in want["initial"].items())
+    assert worst <= 1e-10 < moved, (worst, moved)
+    degrees = {d for r in fcp for step in r[name]["degrees"] for d in step}
+    assert degrees == {0, 1, 2, 3}, degrees  # idle ranks, degree-1, -2 and -3 groups
+    assert len({len(step) for step in r0["degrees"]}) > 1, "the number of micro-batches changes between steps"
+
+
+def _error(fn) -> tuple[str, str]:
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - the test compares the type and the message
+        return type(e).__name__, str(e)
+    return "no error", ""
+
+
+def _misuse() -> dict:
+    import _megatron_cpu as mc
+    from fcp_exec.integrations.megatron import apply_fcp, batch_inputs, fcp_layer_spec
+
+    mc.init_megatron()
+    batch = {"input_ids": torch.arange(4), "labels": torch.arange(4), "position_ids": torch.arange(4),
+             "cu_seqlens": torch.tensor([0, 4], dtype=torch.int32), "ranks": (0,)}
+
+    def stock_spec():
+        apply_fcp(mc.build_gpt("llama", fcp=False)[0])
+
+    def per_micro_batch_loss():
+        model, config = mc.build_gpt("llama", fcp=True)
+        config.calculate_per_token_loss = False
+        apply_fcp(model)
+
+    def tensor_parallel():
+        model, config = mc.build_gpt("llama", fcp=True)
+        config.tensor_model_parallel_size = 2
+        apply_fcp(model)
+
+    def dropout():
+        mc.MODELS["dropout"] = ({"attention_dropout": 0.1}, {}, {})
+        mc.build_gpt("dropout", fcp=True)
+
+    def window_ahead():
+        mc.MODELS["ahead"] = ({"window_size": (4, 2)}, {}, {})
+        mc.build_gpt("ahead", fcp=True)
+
+    def plain_forward():
+        model = apply_fcp(mc.build_gpt("llama", fcp=True)[0])
+        model(torch.arange(4)[None], torch.arange(4)[None], None)
+
+    return {"stock spec": _error(stock_spec), "per micro-batch loss": _error(per_micro_batch_loss),
+            "tensor parallel": _error(tensor_parallel), "dropout": _error(dropout),
+            "window ahead": _error(window_ahead), "plain forward": _error(plain_forward),
+            "not applied": _error(lambda: batch_inputs(batch, mc.build_gpt("llama", fcp=True)[0])),
+            "not a spec": _error(lambda: fcp_layer_spec(object()))}
+
+
+MISUSE = {"stock spec": ("ValueError", "fcp_layer_spec"),
+          "per micro-batch loss": ("ValueError", "calculate_per_token_loss=True"),
+          "tensor parallel": ("ValueError", "tensor_model_parallel_size=2 must be 1"),
+          "dropout": ("ValueError", "attention_dropout=0.1"),
+          "window ahead": ("ValueError", "window_size=(left, 0)"),
+          "plain forward": ("ValueError", "batch_inputs(batch, model)"),
+          "not applied": ("ValueError", "apply_fcp(model) before batch_inputs"),
+          "not a spec": ("TypeError", "not a Megatron transformer layer spec")}
+
+
+@pytest.fixture(scope="module")
+def misuse():
+    return launch(_misuse, 1, timeout=300.0)[0]
+
+
+@pytest.mark.parametrize("case", MISUSE)
+def test_misuse_is_one_clear_error(misuse, case):
+    kind, phrase = MISUSE[case]
+    got_kind, msg = misuse[case]
+    assert got_kind == kind and phrase in msg, (case, got_kind, msg)
