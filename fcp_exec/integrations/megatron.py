@@ -38,6 +38,9 @@ Typical loop (``examples/train_megatron_gpt.py``; ``megatron.core`` names)::
 labels on all of them, :func:`fcp_exec.skips.agree_skips`) and puts a two-token label-free dummy in the place of a
 micro-batch where the plan left this rank idle, so every rank runs the same number of forwards. The number of
 micro-batches can change from one global batch to the next (``micro_batches="auto"``): pass ``len(mbs)``.
+Megatron-LM's ``pretrain()`` pulls a fixed ``num_microbatches`` from its data iterator itself: give it the
+DataLoader's iterator (``dataloader_type="external"``) with ``FCPSampler(micro_batches=num_microbatches)`` and
+:func:`forward_step` prepares each batch as it comes (and says so if the counts differ).
 
 Refused with one clear error: tensor/pipeline/context/expert parallelism > 1 (FCP is the context parallelism
 here), a config without ``calculate_per_token_loss``, attention dropout, non-vanilla softmax (sinks), attention
@@ -68,7 +71,7 @@ except ImportError:  # pragma: no cover - exercised where megatron-core is absen
     _PackedSeqParams, _MegatronModule = object, nn.Module
 
 __all__ = ["FCPCoreAttention", "FCPPackedSeqParams", "apply_fcp", "batch_inputs", "fcp_layer_spec", "forward_step",
-           "global_loss", "loss_func", "next_global_batch"]
+           "global_loss", "loss_func", "next_global_batch", "prepare_micro_batch"]
 
 _NEEDS = "pip install megatron-core (tested with 0.16)"
 
@@ -305,29 +308,58 @@ def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
 
 
 def forward_step(data_iterator: Iterator[dict], model: nn.Module):
-    """``forward_step_func`` for Megatron's ``get_forward_backward_func()`` over :func:`next_global_batch`'s
-    micro-batches: the model's per-token losses and :func:`loss_func` for them."""
-    kwargs, loss_mask = batch_inputs(next(data_iterator), model)
+    """``forward_step_func`` for Megatron's ``get_forward_backward_func()``: the model's per-token losses and
+    :func:`loss_func` for them. ``data_iterator``: :func:`next_global_batch`'s micro-batches, or the FCPSampler
+    DataLoader's iterator itself (Megatron-LM's ``pretrain()`` with an external data loader), whose batches are
+    prepared here one by one (:func:`prepare_micro_batch`); then ``FCPSampler(micro_batches=M)`` must match
+    Megatron's ``num_microbatches``."""
+    batch = next(data_iterator)
+    if not batch.get("fcp_prepared"):
+        batch = prepare_micro_batch(batch, model, expected_micro_batches=_megatron_num_microbatches())
+    kwargs, loss_mask = batch_inputs(batch, model)
     return model(**kwargs), partial(loss_func, loss_mask)
+
+
+def _megatron_num_microbatches() -> int | None:
+    """Megatron's global number of micro-batches where Megatron-LM set its calculator up, else None."""
+    try:
+        from megatron.core import num_microbatches_calculator as calc
+    except ImportError:  # pragma: no cover
+        return None
+    return calc.get_num_microbatches() if calc._GLOBAL_NUM_MICROBATCHES_CALCULATOR is not None else None
+
+
+def prepare_micro_batch(batch: dict, model: nn.Module, *, pad_token_id: int = 0, ignore_index: int = -100,
+                        expected_micro_batches: int | None = None) -> dict:
+    """One collator batch made ready for :func:`forward_step`: on a global batch's first micro-batch the ranks'
+    plans are compared (:func:`fcp_exec.lockstep.check_plan_agreement`; with ``expected_micro_batches``, the plan's
+    micro-batch count too), a failed read is agreed within the CP group (:func:`fcp_exec.skips.agree_skips`) and an
+    idle micro-batch becomes a label-free two-token dummy. Every rank calls it for the same micro-batch."""
+    device = next(_unwrap(model).parameters()).device
+    num_mb = int(batch["num_micro_batches"])
+    if int(batch["micro_batch"]) == 0:
+        if expected_micro_batches is not None and num_mb != int(expected_micro_batches):
+            raise ValueError(f"the FCP plan has {num_mb} micro-batches per global batch but Megatron runs "
+                             f"{expected_micro_batches}: build the sampler with FCPSampler(micro_batches="
+                             f"{expected_micro_batches}) or pass num_microbatches=len(next_global_batch(...))")
+        check_plan_agreement(batch, device)
+    batch = agree_skips(batch, device, ignore_index=ignore_index)
+    if is_idle(batch):
+        batch = idle_batch(batch, pad_token_id=pad_token_id, ignore_index=ignore_index)
+    return dict(batch, fcp_prepared=True)
 
 
 def next_global_batch(batches: Iterator[dict], model: nn.Module, *, pad_token_id: int = 0,
                       ignore_index: int = -100) -> list[dict]:
-    """This rank's micro-batches of the next global batch from an ``FCPSampler`` DataLoader iterator, ready for
-    :func:`forward_step`: plans checked across ranks, failed reads agreed within each CP group, an idle micro-batch
-    replaced by a label-free two-token dummy (module docstring). Every rank must call it for the same global batch."""
+    """This rank's micro-batches of the next global batch from an ``FCPSampler`` DataLoader iterator, each made
+    ready for :func:`forward_step` by :func:`prepare_micro_batch` (module docstring). Every rank must call it for
+    the same global batch."""
     from fcp_exec.step import _next_micro_batch
 
-    device = next(_unwrap(model).parameters()).device
     first = _next_micro_batch(batches, 0, 1)
     num_mb = int(first["num_micro_batches"])
-    check_plan_agreement(first, device)
-    out = []
-    for m in range(num_mb):
-        batch = first if m == 0 else _next_micro_batch(batches, m, num_mb)
-        batch = agree_skips(batch, device, ignore_index=ignore_index)
-        out.append(idle_batch(batch, pad_token_id=pad_token_id, ignore_index=ignore_index) if is_idle(batch) else batch)
-    return out
+    return [prepare_micro_batch(first if m == 0 else _next_micro_batch(batches, m, num_mb), model,
+                                pad_token_id=pad_token_id, ignore_index=ignore_index) for m in range(num_mb)]
 
 
 def global_loss(losses: list[dict], *, key: str = "lm loss", group=None) -> tuple[float, int]:
