@@ -25,6 +25,7 @@ MODELS = {
     "llama": ({}, {}, {}),  # RoPE, GQA (4 heads, 2 groups), RMSNorm, SwiGLU
     "qwen3": ({}, {"qk_layernorm": True}, {}),
     "window": ({"window_size": (6, 0), "window_attn_skip_freq": 2}, {}, {}),  # layer 1 local (7 tokens), layer 2 global
+    "recompute": ({"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}, {}, {}),
     "gpt2": ({"normalization": "LayerNorm", "gated_linear_unit": False, "add_bias_linear": True}, {},
              {"position_embedding_type": "learned_absolute"}),
 }

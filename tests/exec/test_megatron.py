@@ -11,8 +11,10 @@ global batches, with the same DDP, schedule, finalize and optimizer. Megatron-co
 Megatron's).
 
 Models (float64, 2 layers): Llama-style (RoPE, GQA, RMSNorm, SwiGLU), Qwen3-style (+ QK layer norm), a sliding
-window on every other layer (``window_size=(6, 0)``, ``window_attn_skip_freq=2``) and GPT-2-style (learned absolute
-positions, LayerNorm, biases). Asserted per step: the global loss and token count, Megatron's gradient norm; after
+window on every other layer (``window_size=(6, 0)``, ``window_attn_skip_freq=2``), Llama with full activation
+recomputation (the ring attention runs again inside the backward) and GPT-2-style (learned absolute positions,
+LayerNorm, biases); and Llama fed the DataLoader's iterator itself with a fixed 2 micro-batches per step (Megatron-LM's
+``pretrain()``), ``forward_step`` preparing each batch. Asserted per step: the global loss and token count, Megatron's gradient norm; after
 the steps, every parameter; and that the plans mixed groups of degree 1, 2 and 3 with idle ranks, and 1 or 2
 micro-batches per global batch.
 Tolerances: Megatron's cross-entropy computes in float32 (it casts the float64 logits), so losses and gradients
@@ -36,7 +38,7 @@ from fcp_exec.launch import launch
 # megatron-core is imported only in the launched processes (not in the pytest worker)
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="needs megatron-core")
 
-NAMES = ("llama", "qwen3", "window", "gpt2")
+NAMES = ("llama", "qwen3", "window", "recompute", "gpt2")
 RAW = "-loader"  # the same model fed the DataLoader's iterator directly (Megatron-LM's pretrain() with its own loop)
 RUNS = NAMES + ("llama" + RAW,)
 RAW_MICRO_BATCHES = 2
