@@ -12,7 +12,9 @@ change from one global batch to the next). Megatron's DDP, ``finalize_model_grad
 are. On a machine without CUDA, Megatron runs through :mod:`fcp_exec.integrations.megatron_cpu` (float32/float64).
 
 The model is randomly initialised (load a Megatron checkpoint as usual for real weights). The data is a text length
-index (default: the bundled text samples, indexed into TMPDIR); the vocabulary is the index's tokenizer's.
+index (default: the bundled text samples, indexed into TMPDIR; the vocabulary is the index's tokenizer's) or, with
+`--data-prefix PREFIX --vocab-size V`, a Megatron indexed dataset as `tools/preprocess_data.py` wrote it (token counts
+read from PREFIX.idx, nothing re-tokenized; `fcp simulate --lengths PREFIX.idx` plans on the same counts).
 Checkpoints: `--checkpoint DIR --checkpoint-every N` writes DIR/step-K.pt (model, optimizer and the sampler's state
 after the global batch the step consumed; rank 0, as every rank holds the same replicas), `--resume DIR/step-K.pt`
 continues at step K exactly. With Megatron's distributed optimizer or sharded models use Megatron's own
@@ -31,6 +33,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from fcp_data import CostModel, FCPCollator, FCPDataset, FCPSampler, IndexedDataset
+from fcp_data.megatron_indexed import MegatronIndexedDocuments
 from fcp_exec.integrations.megatron import apply_fcp, fcp_layer_spec, forward_step, global_loss, next_global_batch
 from fcp_exec.launch import init_distributed, settle_collectives
 
@@ -45,6 +48,16 @@ def bundled_text_index(rank: int) -> Path:
         build_index([str(bundled_path("samples") / "text.jsonl")], "text", out, progress=False)
     dist.barrier()
     return out
+
+
+def load_data(args, rank: int):
+    """``(dataset, lengths for the sampler, vocabulary size, pad id, samples carry labels)``: a Megatron indexed
+    dataset (``--data-prefix``: token counts from its .idx, documents from its .bin) or an fcp length index."""
+    if args.data_prefix:
+        docs = MegatronIndexedDocuments(args.data_prefix)
+        return docs, docs, args.vocab_size, 0, False
+    data = IndexedDataset(args.data or bundled_text_index(rank))
+    return data, data.index, data.spec.tokenizer().get_vocab_size(), data.pad_token_id, data.has_labels
 
 
 def build_model(args, vocab_size: int, on_cpu: bool):
@@ -77,6 +90,10 @@ def forever(loader: DataLoader):
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data", default=None, help="a text length index (default: the bundled text samples)")
+    p.add_argument("--data-prefix", default=None,
+                   help="a Megatron indexed dataset instead (PREFIX.bin/.idx of tools/preprocess_data.py); needs "
+                        "--vocab-size")
+    p.add_argument("--vocab-size", type=int, default=None, help="the model's vocabulary with --data-prefix")
     p.add_argument("--cost", default=None, help="cost-model JSON from `fcp profile` (default: the qwen3-1.7b/h100 preset)")
     p.add_argument("--tokens-per-rank", type=int, default=1024, help="memory budget per rank; longer documents are cut")
     p.add_argument("--global-batch-size", type=int, default=8)
@@ -92,6 +109,8 @@ def main() -> None:
     p.add_argument("--checkpoint-every", type=int, default=0, help="save a checkpoint every N steps (0: never)")
     p.add_argument("--resume", default=None, help="a checkpoint file (DIR/step-K.pt) to continue from, at step K")
     args = p.parse_args()
+    if args.data_prefix and (args.data or not args.vocab_size):
+        p.error("--data-prefix takes --vocab-size (the token ids' range) and excludes --data")
 
     device = init_distributed()  # set_device, NCCL/HCCL/gloo by device, eager init + a warm-up barrier
     rank, on_cpu = dist.get_rank(), device.type == "cpu"
@@ -111,16 +130,16 @@ def main() -> None:
         model_parallel_cuda_manual_seed(0)
 
     # data: a length index → FCPSampler (plans CP groups per micro-batch) → FCPCollator (this rank's zigzag shard)
-    data = IndexedDataset(args.data or bundled_text_index(rank))
+    data, lengths, vocab_size, pad, labels = load_data(args, rank)
     cost = CostModel.load(args.cost) if args.cost else CostModel.preset("qwen3-1.7b", "h100")
     cost = cost.replace(tokens_per_rank=args.tokens_per_rank)
-    sampler = FCPSampler(data.index, cost_model=cost, global_batch_size=args.global_batch_size, seed=0,
+    sampler = FCPSampler(lengths, cost_model=cost, global_batch_size=args.global_batch_size, seed=0,
                          on_overlong="truncate")
     loader = DataLoader(FCPDataset(data), batch_sampler=sampler, num_workers=2,
-                        collate_fn=FCPCollator(pad_token_id=data.pad_token_id, sample_labels=data.has_labels))
+                        collate_fn=FCPCollator(pad_token_id=pad, sample_labels=labels))
 
     # model: FCP's core attention in the layer spec, then Megatron's own DDP, finalize and optimizer
-    model, config = build_model(args, data.spec.tokenizer().get_vocab_size(), on_cpu)
+    model, config = build_model(args, vocab_size, on_cpu)
     model = DistributedDataParallel(config, DistributedDataParallelConfig(), model)
     config.no_sync_func, config.finalize_model_grads_func = model.no_sync, finalize_model_grads
     optimizer = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=args.lr, weight_decay=0.01,
@@ -137,7 +156,7 @@ def main() -> None:
         start = int(state["step"])
     batches = forever(loader)
     for step in range(start, args.steps):
-        mbs = next_global_batch(batches, model, pad_token_id=data.pad_token_id)  # this rank's micro-batches
+        mbs = next_global_batch(batches, model, pad_token_id=pad)  # this rank's micro-batches
         model.zero_grad_buffer()
         optimizer.zero_grad()
         reports = schedule(forward_step_func=forward_step, data_iterator=iter(mbs), model=[model],
@@ -156,13 +175,13 @@ def main() -> None:
     batches.close()  # stops the DataLoader's workers now
 
     # validation: its own sampler; the same schedule with forward_only=True
-    val_sampler = FCPSampler(data.index, cost_model=cost, global_batch_size=args.global_batch_size, seed=1,
+    val_sampler = FCPSampler(lengths, cost_model=cost, global_batch_size=args.global_batch_size, seed=1,
                              on_overlong="truncate")
     val_batches = iter(DataLoader(FCPDataset(data), batch_sampler=val_sampler,
-                                  collate_fn=FCPCollator(pad_token_id=data.pad_token_id, sample_labels=data.has_labels)))
+                                  collate_fn=FCPCollator(pad_token_id=pad, sample_labels=labels)))
     model.eval()
     for k in range(min(args.eval_batches, val_sampler.num_global_batches())):
-        mbs = next_global_batch(val_batches, model, pad_token_id=data.pad_token_id)
+        mbs = next_global_batch(val_batches, model, pad_token_id=pad)
         with torch.no_grad():
             reports = schedule(forward_step_func=forward_step, data_iterator=iter(mbs), model=[model],
                                num_microbatches=len(mbs), seq_length=args.tokens_per_rank, micro_batch_size=1,

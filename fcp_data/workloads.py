@@ -1,8 +1,9 @@
 """Sequence-length workloads for the planning commands: load, cap, draw global batches.
 
 * :func:`load_lengths` reads token counts from ``.txt`` (one integer per line; blank lines and ``#``
-  comments skipped), ``.npy`` (1-D integer array) or ``.csv`` (a header row and a ``column`` chosen by
-  name or 0-based index; a single-column file needs no ``column``).
+  comments skipped), ``.npy`` (1-D integer array), ``.csv`` (a header row and a ``column`` chosen by
+  name or 0-based index; a single-column file needs no ``column``) or a Megatron indexed dataset's ``.idx``
+  (its documents' token counts, :mod:`fcp_data.megatron_indexed`).
 * :func:`apply_cap` handles sequences longer than a cap: ``error`` (the default: name the first one and
   say how to fix it), ``truncate`` (cut to the cap) or ``drop`` (remove; the report lists which).
 * :func:`draw_batches` draws global batches (indices, without replacement inside a batch) from a seed.
@@ -45,7 +46,7 @@ def _parse_int(text: str, where: str) -> int:
 
 
 def load_lengths(path: str | Path, column: str | int | None = None) -> np.ndarray:
-    """Token counts from ``path`` (``.txt``, ``.npy`` or ``.csv``) as an int64 array; ``ValueError`` for
+    """Token counts from ``path`` (``.txt``, ``.npy``, ``.csv`` or a Megatron ``.idx``) as an int64 array; ``ValueError`` for
     empty, non-numeric or non-positive data, ``FileNotFoundError`` when the file is missing."""
     p = Path(path)
     if p.is_dir():
@@ -74,6 +75,18 @@ def load_npy_vector(p: Path) -> np.ndarray:
 
 def _load(p: Path, column: str | int | None) -> np.ndarray:
     suffix = p.suffix.lower()
+    if suffix == ".idx":  # a Megatron indexed dataset: its documents' token counts
+        from fcp_data.megatron_indexed import megatron_document_lengths
+
+        if column is not None:
+            raise ValueError(f"--column applies to .csv files only, got {p}")
+        lengths = megatron_document_lengths(p)
+        if np.any(lengths == 0):
+            import warnings
+
+            warnings.warn(f"{p}: {int(np.sum(lengths == 0))} empty document(s) of {lengths.size} left out", stacklevel=3)
+            lengths = lengths[lengths > 0]
+        return _check(lengths, str(p))
     if suffix == ".npy":
         arr = load_npy_vector(p)
         if np.issubdtype(arr.dtype, np.floating):

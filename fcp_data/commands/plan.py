@@ -49,7 +49,8 @@ def add_source_args(p: argparse.ArgumentParser) -> None:
     """``--lengths FILE [--column C]`` or ``--index DIR`` (exactly one; checked by :func:`check_source`)."""
     g = p.add_argument_group("workload (exactly one of)")
     g.add_argument("--lengths", metavar="FILE", default=None,
-                   help="token counts: .txt (one per line), .npy, or .csv (with --column)")
+                   help="token counts: .txt (one per line), .npy, .csv (with --column), or a Megatron indexed "
+                        "dataset's .idx (its documents' counts, from tools/preprocess_data.py)")
     g.add_argument("--index", metavar="DIR", default=None,
                    help="a length index built by `fcp index`: lengths from num_tokens, visual tokens from "
                         "num_visual_tokens, η from the spec's attention kind (eta column)")

@@ -1,0 +1,162 @@
+"""Megatron's indexed datasets (``PREFIX.bin`` + ``PREFIX.idx``, written by Megatron-LM's
+``tools/preprocess_data.py``) as FCP input: per-document token counts read straight from the ``.idx``, documents read
+from the ``.bin`` by memory map. No tokenizing, no copy, no megatron-core needed.
+
+    docs = MegatronIndexedDocuments("my-corpus_text_document")
+    sampler = FCPSampler(docs, cost_model=cost, global_batch_size=512)   # docs.num_tokens: the lengths
+    loader = DataLoader(FCPDataset(docs), batch_sampler=sampler, collate_fn=FCPCollator())
+
+``fcp plan/compare/simulate --lengths my-corpus_text_document.idx`` plans on the same counts
+(:func:`fcp_data.workloads.load_lengths`).
+
+Format (megatron-core's ``_IndexWriter``, version 1): the header ``MMIDIDX\\0\\0``, a little-endian u64 version (1),
+a u8 dtype code (1 uint8, 2 int8, 3 int16, 4 int32, 5 int64, 6 float64, 7 float32, 8 uint16), u64 sequence count
+S, u64 document count D, then ``int32[S]`` sequence lengths, ``int64[S]`` sequence byte offsets into the ``.bin``,
+``int64[D]`` document boundaries (document ``d`` = sequences ``[b[d], b[d+1])``; ``b[0] = 0``, ``b[-1] = S``).
+A sample here is a **document** (its sequences concatenated — one sequence per document unless the data was
+preprocessed with ``--split-sentences``), tokens as stored (the EOD token too, where ``--append-eod`` added it).
+Multimodal datasets (a ``sequence_modes`` array) are not read.
+
+Hostile files: a wrong header, version or dtype code, an ``.idx`` shorter than its counts, boundaries that are not a
+non-decreasing run from 0 to S, negative lengths: one ``ValueError`` naming the file when opened. Documents whose
+bytes lie past the end of the ``.bin`` (a truncated copy) are counted and named in one warning when opened, and
+reading one raises ``OSError``, which ``FCPDataset`` records as a failed read and skips. Empty documents (0 tokens)
+are left out of the samples (``document_ids`` maps a sample to its document) and counted in a warning.
+"""
+
+from __future__ import annotations
+
+import struct
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["MegatronIndexedDocuments", "is_megatron_index", "megatron_document_lengths"]
+
+_HEADER = b"MMIDIDX\x00\x00"
+_DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64, 7: np.float32,
+           8: np.uint16}
+_FIXED = len(_HEADER) + 8 + 1 + 8 + 8
+
+
+def _paths(path_prefix: str | Path) -> tuple[Path, Path]:
+    p = Path(path_prefix)
+    if p.suffix in (".idx", ".bin"):
+        p = p.with_suffix("")
+    return p.with_name(p.name + ".idx"), p.with_name(p.name + ".bin")
+
+
+def is_megatron_index(path: str | Path) -> bool:
+    """True for a ``.idx`` file (or a prefix with one) that starts with Megatron's index header."""
+    idx, _ = _paths(path)
+    try:
+        with idx.open("rb") as f:
+            return f.read(len(_HEADER)) == _HEADER
+    except OSError:
+        return False
+
+
+class _Index:
+    """The parsed, validated ``.idx`` (module docstring)."""
+
+    def __init__(self, idx: Path) -> None:
+        if not idx.is_file():
+            raise FileNotFoundError(f"Megatron index not found: {idx} (pass the prefix of PREFIX.bin / PREFIX.idx)")
+        raw = np.memmap(idx, mode="r", dtype=np.uint8)
+        where = f"{idx}: not a readable Megatron indexed dataset"
+        if raw.size < _FIXED or bytes(raw[:len(_HEADER)]) != _HEADER:
+            raise ValueError(f"{where} (no MMIDIDX header)")
+        version, code, seqs, docs = struct.unpack("<QBQQ", bytes(raw[len(_HEADER):_FIXED]))
+        if version != 1:
+            raise ValueError(f"{where} (index version {version}; version 1 is read)")
+        if code not in _DTYPES:
+            raise ValueError(f"{where} (token dtype code {code} is none of {sorted(_DTYPES)})")
+        need = _FIXED + seqs * 4 + seqs * 8 + docs * 8
+        if seqs > raw.size or docs > raw.size or raw.size < need:
+            raise ValueError(f"{where} (truncated: {raw.size} bytes, its counts need {need})")
+        self.dtype = np.dtype(_DTYPES[code])
+        off = _FIXED
+        self.seq_lengths = np.frombuffer(raw, dtype=np.int32, count=seqs, offset=off)
+        self.seq_pointers = np.frombuffer(raw, dtype=np.int64, count=seqs, offset=off + seqs * 4)
+        self.doc_bounds = np.frombuffer(raw, dtype=np.int64, count=docs, offset=off + seqs * 12)
+        b = self.doc_bounds
+        if docs == 0 or b[0] != 0 or b[-1] != seqs or np.any(np.diff(b) < 0):
+            raise ValueError(f"{where} (document boundaries are not a non-decreasing run from 0 to {seqs})")
+        if np.any(self.seq_lengths < 0) or np.any(self.seq_pointers < 0):
+            raise ValueError(f"{where} (negative sequence lengths or offsets)")
+        inner = np.ones(max(int(seqs) - 1, 0), dtype=bool)  # pairs (k, k+1) inside one document
+        starts = b[1:-1][(b[1:-1] > 0) & (b[1:-1] < seqs)]
+        inner[starts - 1] = False
+        step = self.seq_pointers[1:] - self.seq_pointers[:-1]
+        if np.any(step[inner] != self.seq_lengths[:-1][inner].astype(np.int64) * self.dtype.itemsize):
+            raise ValueError(f"{where} (the sequences of a document are not contiguous in the .bin)")
+
+    def document_lengths(self) -> np.ndarray:
+        """Tokens per document (its sequences summed), int64."""
+        csum = np.concatenate([[0], np.cumsum(self.seq_lengths, dtype=np.int64)])
+        return csum[self.doc_bounds[1:]] - csum[self.doc_bounds[:-1]]
+
+
+def megatron_document_lengths(path_prefix: str | Path) -> np.ndarray:
+    """Tokens per document of a Megatron indexed dataset (from the ``.idx`` alone), empty documents included."""
+    idx, _ = _paths(path_prefix)
+    return _Index(idx).document_lengths()
+
+
+class MegatronIndexedDocuments:
+    """A map-style dataset of the non-empty documents of ``PREFIX.bin``/``PREFIX.idx`` (module docstring):
+    ``docs[i]`` is ``{"input_ids": LongTensor}``, ``docs.num_tokens`` their token counts (what ``FCPSampler``
+    plans with), ``docs.document_ids`` the Megatron document of each sample."""
+
+    def __init__(self, path_prefix: str | Path) -> None:
+        idx, bin_path = _paths(path_prefix)
+        self.path_prefix = str(idx.with_suffix(""))
+        index = _Index(idx)
+        if not bin_path.is_file():
+            raise FileNotFoundError(f"Megatron data file not found: {bin_path} (next to {idx})")
+        self._bin = np.memmap(bin_path, mode="r", dtype=np.uint8)
+        lengths = index.document_lengths()
+        self.document_ids = np.flatnonzero(lengths > 0)
+        self.num_tokens = lengths[self.document_ids]
+        self.dtype = index.dtype
+        # each sample's first byte in the .bin (its sequences follow contiguously; checked when parsed)
+        self._starts = np.array(index.seq_pointers[index.doc_bounds[:-1][self.document_ids]], dtype=np.int64)
+        ends = self._starts + self.num_tokens * self.dtype.itemsize
+        self._beyond = set(np.flatnonzero(ends > self._bin.size).tolist())
+        empty = lengths.size - self.document_ids.size
+        if empty:
+            warnings.warn(f"{idx}: {empty} empty document(s) of {lengths.size} left out of the samples", stacklevel=2)
+        if self._beyond:
+            first = min(self._beyond)
+            warnings.warn(f"{bin_path}: {len(self._beyond)} document(s) lie past the end of the file ({self._bin.size} "
+                          f"bytes; a truncated copy?), first: sample {first} (document {self.document_ids[first]}); "
+                          "reading them fails (FCPDataset skips them)", stacklevel=2)
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state.pop("_bin")  # a DataLoader worker started by spawn maps the file itself, not a pickled copy of it
+        # (the rest is O(documents): counts, ids, offsets; the .idx is not kept)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._bin = np.memmap(Path(self.path_prefix + ".bin"), mode="r", dtype=np.uint8)
+
+    def __len__(self) -> int:
+        return int(self.num_tokens.size)
+
+    def __getitem__(self, i: int) -> dict:
+        import torch
+
+        n = len(self)
+        if not -n <= int(i) < n:
+            raise IndexError(f"sample {i} out of range for {n} documents")
+        i = int(i) % n
+        if i in self._beyond:
+            raise OSError(f"{self.path_prefix}.bin: document {self.document_ids[i]} lies past the end of the file")
+        tokens = np.frombuffer(self._bin, dtype=self.dtype, count=int(self.num_tokens[i]), offset=int(self._starts[i]))
+        return {"input_ids": torch.from_numpy(tokens.astype(np.int64))}
+
+    def __repr__(self) -> str:
+        return f"MegatronIndexedDocuments({self.path_prefix!r}, {len(self)} documents, {int(self.num_tokens.sum())} tokens)"
