@@ -46,6 +46,7 @@ Batch dict (all tensors on CPU, 1-D unless stated)::
                                           (:func:`fcp_exec.skips.agree_skips`: a document that failed on *some*
                                           rank is then label-free on all of them)
     planned_labels   tuple[int, ...]      per document: the label tokens ``num_tokens_global`` counts for it
+    sample_tokens    tuple[int, ...]      per document: its tokens kept (before the padding to 2·degree)
     epoch, global_batch, micro_batch, num_micro_batches   ints: where this micro-batch sits in the epoch
     plan_digest      int                  the global batch plan's digest (:func:`fcp_data.slots.plan_digest`),
                                           compared across ranks before a step (``fcp_exec.lockstep``)
@@ -189,7 +190,8 @@ class FCPCollator:
         z = torch.zeros(0, dtype=torch.long)
         out = {"input_ids": z, "labels": z.clone(), "position_ids": z.clone(),
                "cu_seqlens": torch.zeros(1, dtype=torch.int32), "max_seqlen": 0, "sample_indices": (),
-               "skipped_samples": (), "num_skipped_labels": 0, "read_status": (), "planned_labels": ()}
+               "skipped_samples": (), "num_skipped_labels": 0, "read_status": (), "planned_labels": (),
+               "sample_tokens": ()}
         out.update(meta)
         if self.sample_labels:
             out["num_label_tokens_local"] = 0
@@ -243,6 +245,7 @@ class FCPCollator:
             if cp_rank == 0 and not self.sample_labels else 0,
             "read_status": tuple(acc.status),
             "planned_labels": tuple(acc.planned),
+            "sample_tokens": tuple(acc.kept_lens),
         }
         out.update(meta)
         if self.sample_labels:

@@ -343,9 +343,18 @@ class FCPTrainer(Trainer):
         return super().floating_point_ops(inputs)
 
     def _track_num_input_tokens(self, inputs: Any) -> None:
-        if self.args.include_num_input_tokens_seen == "no" or not isinstance(inputs, GlobalBatch):
+        """``"non_padding"``: the samples' tokens (what the stock Trainer's ``attention_mask`` sums), each counted once
+        (on its CP group's first rank); otherwise (``"all"``) every token the model ran on, FCP's padding included."""
+        mode = self.args.include_num_input_tokens_seen
+        if mode in ("no", False) or not isinstance(inputs, GlobalBatch):
             return
-        local = sum(int(mb["input_ids"].numel()) for mb in inputs if mb.get("ranks"))
+        if mode == "non_padding":
+            from fcp_data.read_errors import SKIPPED
+
+            local = sum(int(n) for mb in inputs if mb.get("ranks") and int(mb.get("cp_rank", 0)) == 0
+                        for n, st in zip(mb["sample_tokens"], mb["read_status"]) if not int(st) & SKIPPED)
+        else:
+            local = sum(int(mb["input_ids"].numel()) for mb in inputs if mb.get("ranks"))
         tokens = torch.as_tensor(local, device=self.args.device, dtype=torch.int64)
         self.state.num_input_tokens_seen += self.accelerator.gather(tokens).sum().item()
 

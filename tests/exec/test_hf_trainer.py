@@ -135,7 +135,7 @@ def _fcp_run(family: str, out: str, resume: str | None = None, save_steps: int =
                         if "fcp_micro_batches" in h],
            "fcp_facts": [(r.num_tokens, len(r.groups)) for r in trainer.fcp_steps],
            "checkpointing": _checkpointing_on(trainer.model), "accumulate": trainer.args.gradient_accumulation_steps,
-           "gbs": trainer.fcp_global_batch_size,
+           "gbs": trainer.fcp_global_batch_size, "tokens_seen": trainer.state.num_input_tokens_seen,
            "reducers": sorted(type(r).__name__ for r in trainer._reducers.values())}
     if evaluate:
         res["eval"] = trainer.evaluate()
@@ -255,7 +255,7 @@ def _fcp_runs(out: str) -> dict:
     return {
         "ddp": _fcp_run("qwen3", f"{out}/ddp", save_steps=2, evaluate=True, eval_strategy="steps", eval_steps=3),
         "ddp-resumed": _fcp_run("qwen3", f"{out}/ddp-r", resume=f"{out}/ddp/checkpoint-2"),
-        "vl": _fcp_run("qwen2_5_vl", f"{out}/vl"),
+        "vl": _fcp_run("qwen2_5_vl", f"{out}/vl", include_num_input_tokens_seen="non_padding"),
         "vl2": _fcp_run("qwen2_vl", f"{out}/vl2"),
         "sft": _fcp_run("llama", f"{out}/sft", sft=True),
         "gc": _fcp_run("qwen3_vl", f"{out}/gc", **{_checkpointing_field(): True}),
@@ -555,6 +555,10 @@ def test_fcp_trainer_equals_stock_trainer(fcp_runs, run, family, tmp_path):
     assert any(g == () for r in per_rank for g in r[run]["groups"]), "no micro-batch with an idle rank"
     # every log line (logging_steps=1) carries the step's loss denominator and micro-batch count, as on every rank
     assert res["fcp_logs"] == res["fcp_facts"] == per_rank[1][run]["fcp_facts"], (res["fcp_logs"], res["fcp_facts"])
+    if run == "vl":  # include_num_input_tokens_seen="non_padding": the stock Trainer sums its attention masks, i.e.
+        # every token (visual placeholders too) of every sample of the global batches it trained on, once
+        _, data = _data(family)
+        assert res["tokens_seen"] == sum(int(data.lengths[i]) for b in _order(family, 0, STEPS) for i in b), res
     if run == "ddp":  # evaluate() after training, and eval_strategy="steps" (eval_steps=3) during it
         assert abs(res["eval"]["eval_loss"] - ref["eval"]) <= 1e-12 * ref["eval"], (res["eval"], ref["eval"])
         (s3, at3), (s6, at6) = res["evals"]
