@@ -7,6 +7,12 @@ already its share of the global-batch mean):
 * :class:`AllReduceReducer` — a plain module; one flat all-reduce after the last micro-batch.
 * :class:`DDPReducer` — ``DistributedDataParallel``; a SUM comm hook instead of its average.
 * :class:`FSDP2Reducer` — ``fully_shard``; divide factor 1 on every FSDP module.
+* :class:`DeepSpeedReducer` — a DeepSpeed engine (ZeRO 0–3): each micro-batch's backward through the engine, the last
+  one at its gradient-accumulation boundary, the loss times the data-parallel size (DeepSpeed averages).
+
+A reducer may also have ``backward(model, loss)`` (the backward goes through it instead of ``loss.backward()``) and
+``exact_denominator = True`` (gradients cannot be rescaled after the backward, so ``train_step`` takes failed reads
+out of the loss denominator before the first forward).
 
 :func:`make_reducer` wraps a model by name; :func:`reducer_for` picks the reducer for a model already wrapped by
 someone else (Accelerate's ``prepare``, a trainer's own wrapping).
@@ -22,7 +28,8 @@ from torch import nn
 
 from fcp_data.sampler_inputs import dist_rank_and_world
 
-__all__ = ["REDUCER_NAMES", "AllReduceReducer", "DDPReducer", "FSDP2Reducer", "make_reducer", "reducer_for"]
+__all__ = ["REDUCER_NAMES", "AllReduceReducer", "DDPReducer", "DeepSpeedReducer", "FSDP2Reducer", "make_reducer",
+           "reducer_for"]
 
 REDUCER_NAMES = ("allreduce", "ddp", "fsdp2")
 
@@ -119,6 +126,46 @@ class FSDP2Reducer:
         return None
 
 
+def _is_deepspeed_engine(model: nn.Module) -> bool:
+    return any(c.__name__ == "DeepSpeedEngine" and c.__module__.startswith("deepspeed.") for c in type(model).__mro__)
+
+
+class DeepSpeedReducer:
+    """A DeepSpeed engine (``deepspeed.initialize``, or the Trainer's through Accelerate), ZeRO stage 0–3: every
+    micro-batch's backward runs through ``engine.backward`` (its ZeRO gradient hooks and partitions), the last one
+    at the engine's gradient-accumulation boundary (where it reduces), with ``scale_wrt_gas=False`` and the loss
+    multiplied by the data-parallel size: DeepSpeed *averages* gradients over it, the loss is already each rank's
+    share of the global mean, so the product makes the average a SUM. The caller steps the engine
+    (``engine.step()``: clipping, optimizer, its scheduler) after :func:`~fcp_exec.step.train_step`. Gradients live in
+    the engine's partitions, not ``.grad``: ``exact_denominator`` makes ``train_step`` count failed reads first."""
+
+    name = "deepspeed"
+    exact_denominator = True
+
+    def __init__(self, engine: nn.Module) -> None:
+        if not _is_deepspeed_engine(engine):
+            raise TypeError(f"DeepSpeedReducer needs a DeepSpeed engine, got {type(engine).__name__}")
+        sp = int(getattr(engine, "sequence_parallel_size", 1) or 1)
+        if sp != 1:
+            raise ValueError(f"DeepSpeed sequence parallelism (sequence_parallel_size={sp}, Ulysses) is not supported "
+                             "with FCP, which forms the context-parallel groups itself; set it to 1")
+        self.scale = float(engine.dp_world_size)
+
+    def sync_context(self, model: nn.Module, last: bool):
+        @contextlib.contextmanager
+        def ctx():
+            model.set_gradient_accumulation_boundary(last)
+            yield
+
+        return ctx()
+
+    def backward(self, model: nn.Module, loss: torch.Tensor) -> None:
+        model.backward(loss * self.scale, scale_wrt_gas=False)
+
+    def finish(self, model: nn.Module) -> None:
+        return None
+
+
 def _shard_units(model: nn.Module) -> list[nn.Module]:
     """The modules ``fully_shard`` wraps before the root: HF's ``_no_split_modules`` classes (decoder layers,
     vision blocks) when the model declares them, else every child of an ``nn.ModuleList``."""
@@ -157,8 +204,8 @@ def make_reducer(name: str, model: nn.Module, *, find_unused_parameters: bool = 
 
 def reducer_for(model: nn.Module):
     """The reducer for a model that is already wrapped: ``DistributedDataParallel`` → :class:`DDPReducer` (its comm
-    hook becomes a SUM: call once per wrapped model), ``fully_shard``-ed → :class:`FSDP2Reducer`, else
-    :class:`AllReduceReducer`. For a loop whose model Accelerate (or another trainer) prepared::
+    hook becomes a SUM: call once per wrapped model), ``fully_shard``-ed → :class:`FSDP2Reducer`, a DeepSpeed
+    engine → :class:`DeepSpeedReducer` (step the engine after ``train_step``), else :class:`AllReduceReducer`. For a loop whose model Accelerate (or another trainer) prepared::
 
         model, opt = accelerator.prepare(apply_fcp(model), opt)
         reducer = reducer_for(model)
@@ -168,6 +215,8 @@ def reducer_for(model: nn.Module):
     from torch.nn.parallel import DistributedDataParallel
 
     inner = getattr(model, "_orig_mod", model)
+    if _is_deepspeed_engine(inner):
+        return DeepSpeedReducer(inner)
     if isinstance(inner, DistributedDataParallel):
         return DDPReducer(inner)
     if _fsdp_modules(inner):

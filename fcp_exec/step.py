@@ -153,14 +153,16 @@ def train_step(model: nn.Module, micro_batches: Iterable[dict], loss_fn: Callabl
     over the global batch (:func:`fill_num_tokens_global`). A document that failed to read on some ranks of its CP
     group loses its labels on all of them before its forward (:func:`fcp_exec.skips.agree_skips`; ``ignore_index``:
     the collator's)."""
-    first, it, num_mb = _open_step(micro_batches, model, ignore_index)
+    first, it, num_mb = _open_step(micro_batches, model, ignore_index,
+                                   exact=bool(getattr(reducer, "exact_denominator", False)))
     res, totals = StepResult(loss=0.0, num_tokens=0), torch.zeros(2, dtype=torch.float64)
+    backward = getattr(reducer, "backward", None)  # DeepSpeed: through the engine
     for m, run, idle in _runs(model, first, it, num_mb, res, totals, pad_token_id, ignore_index, to_device):
         with reducer.sync_context(model, last=m == num_mb - 1):
             loss = loss_fn(model, run)
             if idle:
                 loss = loss * 0.0
-            loss.backward()
+            loss.backward() if backward is None else backward(model, loss)
         totals[0] += loss.detach().to(device="cpu", dtype=torch.float64)
     reducer.finish(model)
     return _close_step(model, totals, first, res, grads=True)
@@ -185,21 +187,40 @@ def eval_step(model: nn.Module, micro_batches: Iterable[dict], loss_fn: Callable
     return _close_step(model, totals, first, res, grads=False)
 
 
-def _open_step(micro_batches: Iterable[dict], model: nn.Module, ignore_index: int) -> tuple[dict, Iterator[dict], int]:
+def _open_step(micro_batches: Iterable[dict], model: nn.Module, ignore_index: int,
+               exact: bool = False) -> tuple[dict, Iterator[dict], int]:
     """The step's first micro-batch, an iterator over the rest and their count; batches of
-    ``FCPCollator(sample_labels=True)`` are read at once and their labels counted (:func:`fill_num_tokens_global`)."""
+    ``FCPCollator(sample_labels=True)`` are read at once and their labels counted (:func:`fill_num_tokens_global`);
+    so are all batches with ``exact`` (a reducer whose gradients cannot be rescaled afterwards), whose failed reads
+    then leave the denominator before the first forward (:func:`_take_out_skipped`)."""
     it = iter(micro_batches)
     first = _next_micro_batch(it, 0, 1)
     num_mb = int(first["num_micro_batches"])
     dev = next(model.parameters()).device
     check_plan_agreement(first, dev)  # before any collective of the step: ranks that planned apart would hang
-    if first.get("num_tokens_global") is None:  # the samples' own labels: count them over the global batch first
+    labelled = first.get("num_tokens_global") is None
+    if labelled or exact:  # count over the global batch first
         buffered = [first] + [_next_micro_batch(it, m, num_mb) for m in range(1, num_mb)]
         # a document that failed to read on some rank of its group loses its labels everywhere before the count
         buffered = [agree_skips(b, dev, ignore_index=ignore_index) for b in buffered]
-        fill_num_tokens_global(buffered, dev)
+        if labelled:
+            fill_num_tokens_global(buffered, dev)
+        else:
+            buffered = _take_out_skipped(buffered, dev)
         first, it = buffered[0], iter(buffered[1:])
     return first, it, num_mb
+
+
+def _take_out_skipped(batches: list[dict], device) -> list[dict]:
+    """The batches with the step's skipped label tokens (summed over ranks: one all-reduce) taken out of
+    ``num_tokens_global`` and ``num_skipped_labels`` zeroed: the denominator of the labels that were read."""
+    gone = torch.tensor([sum(int(b.get("num_skipped_labels", 0)) for b in batches)], dtype=torch.int64, device=device)
+    if dist_rank_and_world()[1] > 1:
+        dist.all_reduce(gone)
+    n = int(gone[0])
+    if not n:
+        return batches
+    return [dict(b, num_tokens_global=int(b["num_tokens_global"]) - n, num_skipped_labels=0) for b in batches]
 
 
 def _runs(model: nn.Module, first: dict, it: Iterator[dict], num_mb: int, res: StepResult, totals: torch.Tensor,

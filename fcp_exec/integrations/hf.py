@@ -214,7 +214,8 @@ def _encode(visual: nn.Module, pixel_values: torch.Tensor, grids: list[tuple[int
 
 def _dummy_frame(visual: nn.Module, merge: int, dtype, device) -> torch.Tensor:
     w = visual.patch_embed.proj.weight
-    return torch.zeros((merge * merge, math.prod(w.shape[1:])), dtype=dtype, device=device)
+    shape = getattr(w, "ds_shape", w.shape)  # DeepSpeed ZeRO-3 partitions the weight; ds_shape is its full shape
+    return torch.zeros((merge * merge, math.prod(shape[1:])), dtype=dtype, device=device)
 
 
 def _vision_pre_hook(module: nn.Module, args, kwargs):

@@ -28,8 +28,9 @@ Trainer's own):
   attention inside each micro-batch's CP group, idle ranks on a zero-weighted dummy, gradients synchronised once,
   in the last micro-batch's backward, as a SUM (the loss is Σ CE / the global batch's label tokens, so the sum is
   the single-process mean). The model Accelerate wrapped decides how: ``DistributedDataParallel`` (a SUM comm hook
-  replaces its mean), FSDP2 (``fsdp_config={"fsdp_version": 2}``: divide factor 1 on every sharded module), or
-  none (one process). It returns the global batch's mean loss, the same on every rank, which the Trainer logs.
+  replaces its mean), FSDP2 (``fsdp_config={"fsdp_version": 2}``: divide factor 1 on every sharded module), a
+  DeepSpeed engine (``deepspeed=`` a ZeRO 0–3 config: the backward through the engine, which then steps), or none
+  (one process). It returns the global batch's mean loss, the same on every rank, which the Trainer logs.
   ``trainer.fcp_steps`` keeps the latest steps' :class:`~fcp_exec.step.StepResult` (loss, denominator, CP groups,
   idle micro-batches, skipped samples).
 * **Resume.** ``trainer.train(resume_from_checkpoint=...)`` continues at the checkpoint's global batch by moving the
@@ -48,12 +49,12 @@ Trainer's own):
 ``ddp_find_unused_parameters`` None becomes False: every rank runs every micro-batch through the whole model.
 
 Refused with one clear error (not silently changed): ``gradient_accumulation_steps`` > 1 together with an explicit
-``global_batch_size`` (they say the same thing twice), ``fp16`` (no loss scaler on this path; use ``bf16``), DeepSpeed and FSDP1,
+``global_batch_size`` (they say the same thing twice), ``fp16`` (no loss scaler on this path; use ``bf16``), FSDP1,
 ``model_init``, ``compute_metrics``, ``predict()``, ``label_smoothing_factor`` and any ``compute_loss`` override but TRL
 ``SFTTrainer``'s plain NLL (``class FCPSFTTrainer(FCPTrainer, SFTTrainer)``: TRL prepares the data, FCP trains).
-Tested on CPU/gloo: DDP, one process, bf16 autocast, LoRA, TRL SFT, datasets.Dataset, and Accelerate's FSDP2 (its
-accelerator-only gate lifted by the test; on CPU Accelerate itself keeps DDP, and FCPTrainer warns) with sharded
-checkpoints and its bf16 policy (``tests/exec/test_hf_trainer.py``).
+Tested on CPU/gloo: DDP, one process, bf16 autocast, LoRA, TRL SFT, datasets.Dataset, DeepSpeed ZeRO-2 and -3, and
+Accelerate's FSDP2 (its accelerator-only gate lifted by the test; on CPU Accelerate itself keeps DDP, and FCPTrainer
+warns) with sharded checkpoints and its bf16 policy (``tests/exec/test_hf_trainer.py``).
 """
 
 from __future__ import annotations
@@ -181,9 +182,6 @@ class FCPTrainer(Trainer):
         a = self.args
         if a.fp16:
             raise ValueError("FCPTrainer: fp16 is not supported (train_step has no loss scaler); use bf16=True")
-        if self.is_deepspeed_enabled:
-            raise ValueError("FCPTrainer: DeepSpeed is not supported; use DDP (the default) or FSDP2 "
-                             "(fsdp=True, fsdp_config={'fsdp_version': 2})")
         if self.is_fsdp_enabled and getattr(self.accelerator.state.fsdp_plugin, "fsdp_version", 1) != 2:
             raise ValueError("FCPTrainer: FSDP1 is not supported; set fsdp_config={'fsdp_version': 2}")
         if a.fsdp and not self.is_fsdp_enabled:  # Accelerate enables FSDP on GPU/NPU/XPU/... processes only
@@ -324,6 +322,8 @@ class FCPTrainer(Trainer):
         model.train()
         with self.compute_loss_context_manager():
             res = train_step(model, inputs, fcp_loss, self._reducer(model), pad_token_id=self._pads["train"])
+        if self.is_deepspeed_enabled:  # the engine steps itself (clipping, optimizer, scheduler), as in its backward
+            model.step()  # under Accelerate; the Trainer's optimizer.step() is then a no-op
         self.fcp_steps.append(res)
         self._unlogged.append(res)
         return torch.tensor(res.loss, device=self.args.device)
