@@ -277,7 +277,9 @@ def _fcp_runs(out: str) -> dict:
         **({"lora": _fcp_run("qwen3", f"{out}/lora", lora=True)} if _HAS_PEFT else {}),
         **({"trl": _trl_run(f"{out}/trl")} if _HAS_TRL else {}),
         # DeepSpeed ZeRO-2 in float64; ZeRO-3 partitions float32/bf16 parameters only
-        **({"zero2": _deepspeed_run("qwen3", f"{out}/zero2", stage=2, optim="sgd"),
+        **({"zero2": _deepspeed_run("qwen3", f"{out}/zero2", stage=2, optim="sgd", save_steps=2),
+            "zero2-resumed": _deepspeed_run("qwen3", f"{out}/zero2-r", stage=2, optim="sgd",
+                                            resume=f"{out}/zero2/checkpoint-2"),
             "zero3": _deepspeed_run("qwen2_5_vl", f"{out}/zero3", stage=3, dtype=torch.float32, optim="sgd")}
            if _HAS_DEEPSPEED else {}),
         "video": _video_run(f"{out}/video"),
@@ -850,10 +852,11 @@ def test_fcp_trainer_trains_a_lora_adapter_like_the_stock_trainer(fcp_runs, tmp_
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("run", ["ddp", "fsdp2"])
+@pytest.mark.parametrize("run", ["ddp", "fsdp2"] + (["zero2"] if _HAS_DEEPSPEED else []))
 def test_fcp_trainer_resumes_at_the_checkpoint_global_batch(fcp_runs, run):
-    """DDP, and FSDP2 with Accelerate's sharded checkpoints (``state_dict_type`` SHARDED_STATE_DICT: the default
-    FULL_STATE_DICT save fails on CPU inside safetensors for the stock Trainer too — "invalid python storage")."""
+    """DDP, FSDP2 with Accelerate's sharded checkpoints (``state_dict_type`` SHARDED_STATE_DICT: the default
+    FULL_STATE_DICT save fails on CPU inside safetensors for the stock Trainer too — "invalid python storage"), and
+    DeepSpeed ZeRO-2 (the engine's own checkpoint: partitioned optimizer states)."""
     per_rank, out = fcp_runs
     full, resumed = per_rank[0][run], per_rank[0][f"{run}-resumed"]
     assert (out / run / "checkpoint-2").is_dir()
