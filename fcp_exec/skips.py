@@ -59,6 +59,7 @@ def agree_skips(batch: dict, device: torch.device | str | None = None, *, ignore
     newly = torch.nonzero((union & SKIPPED).bool() & ~(own & SKIPPED).bool()).flatten().tolist()
     if newly:
         _mask_documents(out, newly, ignore_index)
+    out["read_status"] = tuple(int(x) for x in union.tolist())  # the group's statuses: skipped anywhere = skipped
     return out
 
 

@@ -37,7 +37,9 @@ Trainer's own):
   sampler there (no batch is read to skip it); with the same ``global_batch_size`` the sampler of another world size
   plans the same global batches, so a checkpoint resumes on another number of ranks.
 * **Evaluation.** :meth:`FCPTrainer.evaluate` runs :func:`fcp_exec.step.eval_step` over the evaluation index
-  (its own sampler, that seed + 1) and reports ``eval_loss``: the mean over all evaluated label tokens.
+  (its own sampler, that seed + 1) and reports ``eval_loss``: the mean over all evaluated label tokens, and
+  ``compute_metrics`` of the whole-document predictions; :meth:`FCPTrainer.predict` returns them
+  (:mod:`~fcp_exec.integrations.hf_predict`).
 
 * **Gradient accumulation.** ``gradient_accumulation_steps`` = G folds into the global batch: one optimizer step
   trains ``per_device_train_batch_size`` × world size × G sequences (what the stock Trainer accumulates into one
@@ -50,7 +52,7 @@ Trainer's own):
 
 Refused with one clear error (not silently changed): ``gradient_accumulation_steps`` > 1 together with an explicit
 ``global_batch_size`` (they say the same thing twice), ``fp16`` (no loss scaler on this path; use ``bf16``), FSDP1,
-``model_init``, ``compute_metrics``, ``predict()``, ``label_smoothing_factor`` and any ``compute_loss`` override but TRL
+``model_init``, ``batch_eval_metrics``, ``label_smoothing_factor`` and any ``compute_loss`` override but TRL
 ``SFTTrainer``'s plain NLL (``class FCPSFTTrainer(FCPTrainer, SFTTrainer)``: TRL prepares the data, FCP trains).
 Tested on CPU/gloo: DDP, one process, bf16 autocast, LoRA, TRL SFT, datasets.Dataset, DeepSpeed ZeRO-2 and -3, and
 Accelerate's FSDP2 (its accelerator-only gate lifted by the test; on CPU Accelerate itself keeps DDP, and FCPTrainer
@@ -71,9 +73,9 @@ from torch.utils.data import DataLoader
 
 from fcp_exec.devices import settle_collectives
 from fcp_exec.integrations.hf_trainer_data import (GlobalBatch, GlobalBatchLoader, _has_labels, _is_indexed,
-                                                   count_lengths)
+                                                   count_lengths, input_tokens)
 from fcp_exec.integrations.hf import VL_MODEL_TYPES, apply_fcp, fcp_loss, model_type_of, unwrap
-from fcp_exec.step import StepResult, eval_step, reducer_for, train_step
+from fcp_exec.step import StepResult, reducer_for, train_step
 
 try:
     from transformers import Trainer
@@ -151,9 +153,9 @@ class FCPTrainer(Trainer):
         if model is None or kwargs.get("model_init") is not None:
             raise ValueError("FCPTrainer needs model= (model_init is not supported: apply_fcp must see the model "
                              "before Accelerate wraps it)")
-        if kwargs.get("compute_metrics") is not None:
-            raise ValueError("FCPTrainer: compute_metrics is not supported (evaluate() reports the token-weighted "
-                             "eval_loss of eval_step; it has no per-sample predictions to pass to it)")
+        if kwargs.get("compute_metrics") is not None and getattr(args, "batch_eval_metrics", False):
+            raise ValueError("FCPTrainer: batch_eval_metrics=True is not supported; compute_metrics gets the whole "
+                             "evaluation set's predictions at once")
         if cost_model is None:
             raise ValueError("FCPTrainer needs cost_model= (fcp_data.CostModel.load('cost.json') from `fcp profile`, "
                              "or CostModel.preset(model, hardware))")
@@ -343,26 +345,19 @@ class FCPTrainer(Trainer):
         return super().floating_point_ops(inputs)
 
     def _track_num_input_tokens(self, inputs: Any) -> None:
-        """``"non_padding"``: the samples' tokens (what the stock Trainer's ``attention_mask`` sums), each counted once
-        (on its CP group's first rank); otherwise (``"all"``) every token the model ran on, FCP's padding included."""
         mode = self.args.include_num_input_tokens_seen
         if mode in ("no", False) or not isinstance(inputs, GlobalBatch):
             return
-        if mode == "non_padding":
-            from fcp_data.read_errors import SKIPPED
-
-            local = sum(int(n) for mb in inputs if mb.get("ranks") and int(mb.get("cp_rank", 0)) == 0
-                        for n, st in zip(mb["sample_tokens"], mb["read_status"]) if not int(st) & SKIPPED)
-        else:
-            local = sum(int(mb["input_ids"].numel()) for mb in inputs if mb.get("ranks"))
+        local = input_tokens(inputs, mode)
         tokens = torch.as_tensor(local, device=self.args.device, dtype=torch.int64)
         self.state.num_input_tokens_seen += self.accelerator.gather(tokens).sum().item()
 
     # ------------------------------------------------------------------------------------------- evaluation
     def evaluate(self, eval_dataset: Any = None, ignore_keys: Any = None, metric_key_prefix: str = "eval") -> dict:
         """``{prefix}_loss``: the mean loss over every label token of the evaluated global batches (each one
-        :func:`fcp_exec.step.eval_step`: forwards only, every rank in lock-step), and ``{prefix}_num_tokens``. A dict
-        of datasets (the Trainer's convention) is evaluated one by one, prefixed ``{prefix}_{name}``."""
+        :func:`fcp_exec.step.eval_step`: forwards only, every rank in lock-step), ``{prefix}_num_tokens``, and the
+        ``compute_metrics`` of the whole-document predictions (:mod:`~fcp_exec.integrations.hf_predict`) when given. A
+        dict of datasets (the Trainer's convention) is evaluated one by one, prefixed ``{prefix}_{name}``."""
         data = eval_dataset if eval_dataset is not None else self.eval_dataset
         if data is None:
             raise ValueError("FCPTrainer: evaluation requires an eval_dataset")
@@ -371,28 +366,30 @@ class FCPTrainer(Trainer):
             for name, one in data.items():
                 metrics.update(self.evaluate(one, ignore_keys, f"{metric_key_prefix}_{name}"))
             return metrics
-        loader = self._fcp_loader(data, "eval", self._data_seed() + 1)
-        count = len(loader) if self.fcp_eval_batches is None else min(self.fcp_eval_batches, len(loader))
-        model = self.model_wrapped if self.model_wrapped is not None else self.model
-        was_training = model.training
-        model.eval()
-        total, tokens = 0.0, 0
-        try:
-            for k, batch in zip(range(count), loader):
-                with self.compute_loss_context_manager():
-                    res = eval_step(model, batch, fcp_loss, pad_token_id=self._pads["eval"])
-                total, tokens = total + res.loss * res.num_tokens, tokens + res.num_tokens
-        finally:
-            model.train(was_training)
-        metrics = {f"{metric_key_prefix}_loss": total / max(tokens, 1), f"{metric_key_prefix}_num_tokens": tokens}
+        metrics = self._fcp_evaluate(data, metric_key_prefix, self.compute_metrics is not None)[0]
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
-        if not self._in_train:  # during train() (eval_strategy) the group lives on: train() settles at its end
-            settle_collectives()
         return metrics
 
-    def predict(self, *args: Any, **kwargs: Any):
-        raise NotImplementedError("FCPTrainer.predict: FCP shards each sequence over a CP group for training and "
-                                  "evaluation loss; for predictions or generation use the model outside FCPTrainer "
-                                  "(a stock Trainer, or model.generate with another attention implementation)")
+    def predict(self, test_dataset: Any, ignore_keys: Any = None, metric_key_prefix: str = "test"):
+        """The stock ``PredictionOutput``: every sample's logits (or ``preprocess_logits_for_metrics`` of them) and
+        labels, in dataset order, padded with -100 (:mod:`~fcp_exec.integrations.hf_predict`), the loss and the
+        ``compute_metrics`` in ``metrics``."""
+        from transformers.trainer_utils import PredictionOutput
 
+        metrics, preds, labels = self._fcp_evaluate(test_dataset, metric_key_prefix, True)
+        return PredictionOutput(predictions=preds, label_ids=labels, metrics=metrics)
+
+    def _fcp_evaluate(self, data: Any, prefix: str, collect: bool) -> tuple[dict, Any, Any]:
+        from fcp_exec.integrations.hf_predict import PredictionCollector, evaluate_dataset, metrics_of
+
+        collector = PredictionCollector(self.preprocess_logits_for_metrics) if collect else None
+        metrics = evaluate_dataset(self, data, prefix, collector)
+        preds = labels = None
+        if collector is not None:
+            preds, labels, _ = collector.gather()
+            if self.compute_metrics is not None:
+                metrics.update(metrics_of(self.compute_metrics, preds, labels, prefix))
+        if not self._in_train:  # during train() (eval_strategy) the group lives on: train() settles at its end
+            settle_collectives()
+        return metrics, preds, labels

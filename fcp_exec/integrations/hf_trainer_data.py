@@ -143,3 +143,15 @@ def _has_labels(data: Any) -> bool:
 
 
 _LOSS_MASKS = ("completion_mask", "assistant_masks")
+
+
+def input_tokens(batches: Any, mode: Any) -> int:
+    """This rank's share of ``num_input_tokens_seen`` for one global batch: ``"non_padding"``, the samples' tokens
+    (what the stock Trainer's ``attention_mask`` sums), each counted once (on its CP group's first rank; a sample that
+    failed to read not at all); otherwise (``"all"``) every token the model ran on, FCP's padding included."""
+    if mode == "non_padding":
+        from fcp_data.read_errors import SKIPPED
+
+        return sum(int(n) for mb in batches if mb.get("ranks") and int(mb.get("cp_rank", 0)) == 0
+                   for n, st in zip(mb["sample_tokens"], mb["read_status"]) if not int(st) & SKIPPED)
+    return sum(int(mb["input_ids"].numel()) for mb in batches if mb.get("ranks"))

@@ -25,6 +25,7 @@ A failure means a user's Trainer script with FCPTrainer trains another model tha
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import os
 import importlib.util
@@ -102,7 +103,7 @@ def _params(model) -> dict[str, np.ndarray]:
 def _fcp_run(family: str, out: str, resume: str | None = None, save_steps: int = 0, evaluate: bool = False,
              tokens_per_rank: int = TOKENS_PER_RANK, sft: bool = False, dtype=torch.float64, lora: bool = False,
              fsdp2: bool = False, global_batch_size: int | None = GBS, processor: str | None = None,
-             **args) -> dict:
+             metrics: bool = False, **args) -> dict:
     """One FCPTrainer run on this rank (inside a launched process group). ``processor``: the samples as a Qwen-VL
     processor returns them (:func:`_processor_samples`), as a ``"list"`` or an ``"arrow"`` ``datasets.Dataset``,
     given without lengths or a visual layout (FCPTrainer finds both)."""
@@ -128,6 +129,8 @@ def _fcp_run(family: str, out: str, resume: str | None = None, save_steps: int =
                      sampler_kwargs={"visual_layout": data.visual_layout})
         if processor:
             given = dict(train_dataset=_processor_samples(family, processor == "arrow"))
+        if metrics:
+            given.update(compute_metrics=_token_accuracy, preprocess_logits_for_metrics=_best_tokens)
         trainer = FCPTrainer(model=model, args=TrainingArguments(**kw), **given,
                              eval_dataset=data.dataset if evaluate else None, cost_model=_cost(tokens_per_rank),
                              global_batch_size=global_batch_size, pad_token_id=data.pad_token_id,
@@ -145,7 +148,30 @@ def _fcp_run(family: str, out: str, resume: str | None = None, save_steps: int =
            "reducers": sorted(type(r).__name__ for r in trainer._reducers.values())}
     if evaluate:
         res["eval"] = trainer.evaluate()
+    if metrics:
+        out = trainer.predict(data.dataset)
+        res["predict"] = (out.predictions, out.label_ids, out.metrics)
     return res
+
+
+def _best_tokens(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """``preprocess_logits_for_metrics``: per position the most likely next token and its log-probability
+    ``[b, n, 2]``, and the log-probability of the labelled next token (shifted here, inside the document)."""
+    logp = logits.double().log_softmax(-1)
+    best = logp.max(-1)
+    target = labels[:, 1:].clamp(min=0)
+    nxt = torch.cat([logp[:, :-1].gather(-1, target[..., None])[..., 0], logp.new_zeros(logp.shape[0], 1)], dim=1)
+    return torch.stack([best.indices.double(), best.values, nxt], dim=-1)
+
+
+def _token_accuracy(pred) -> dict:
+    """``compute_metrics``: next-token accuracy and mean log-likelihood over the labelled positions (the stock
+    causal-LM recipe: predictions at t against labels at t + 1)."""
+    p, labels = pred.predictions, pred.label_ids
+    mask = labels[:, 1:] != -100
+    hits = (p[:, :-1, 0] == labels[:, 1:]) & mask
+    return {"accuracy": float(hits.sum() / mask.sum()), "loglik": float(p[:, :-1, 2][mask].mean()),
+            "positions": int(mask.sum())}
 
 
 def _processor_format(sample: dict, config) -> dict:
@@ -259,9 +285,10 @@ def _checkpointing_field() -> str:
 def _fcp_runs(out: str) -> dict:
     """Every FCPTrainer configuration on this rank, one after the other (one launch)."""
     return {
-        "ddp": _fcp_run("qwen3", f"{out}/ddp", save_steps=2, evaluate=True, eval_strategy="steps", eval_steps=3),
+        "ddp": _fcp_run("qwen3", f"{out}/ddp", save_steps=2, evaluate=True, eval_strategy="steps", eval_steps=3,
+                        metrics=True),
         "ddp-resumed": _fcp_run("qwen3", f"{out}/ddp-r", resume=f"{out}/ddp/checkpoint-2"),
-        "vl": _fcp_run("qwen2_5_vl", f"{out}/vl", include_num_input_tokens_seen="non_padding"),
+        "vl": _fcp_run("qwen2_5_vl", f"{out}/vl", include_num_input_tokens_seen="non_padding", metrics=True),
         "vl2": _fcp_run("qwen2_vl", f"{out}/vl2"),
         "sft": _fcp_run("llama", f"{out}/sft", sft=True),
         "gc": _fcp_run("qwen3_vl", f"{out}/gc", **{_checkpointing_field(): True}),
@@ -916,7 +943,8 @@ def _trainer(tmp_path, **kw):
     if isinstance(args, dict):
         args = TrainingArguments(**dict(ARGS, output_dir=str(tmp_path), **args))
     kw = {"cost_model": _cost(), "train_dataset": data.dataset, "train_lengths": data.lengths, **kw}
-    return FCPTrainer(model=build_model(config, dtype=torch.float64, seed=0), args=args, **kw)
+    # a copy: the model holds its config, which a test may change (_data's is shared by the module)
+    return FCPTrainer(model=build_model(copy.deepcopy(config), dtype=torch.float64, seed=0), args=args, **kw)
 
 
 def test_data_seed_orders_the_data_and_seed_does_otherwise(tmp_path):
@@ -931,7 +959,7 @@ def test_data_seed_orders_the_data_and_seed_does_otherwise(tmp_path):
     ({"args": {"gradient_accumulation_steps": 2}, "global_batch_size": 8},
      r"gradient_accumulation_steps=2 and global_batch_size=8 both set the sequences per optimizer step"),
     ({"cost_model": None}, "FCPTrainer needs cost_model="),
-    ({"compute_metrics": lambda p: {}}, "compute_metrics is not supported"),
+    ({"compute_metrics": lambda p: {}, "args": {"batch_eval_metrics": True}}, "batch_eval_metrics=True is not supported"),
 ])
 def test_fcp_trainer_refuses_what_it_cannot_train(tmp_path, kw, message):
     with pytest.raises(ValueError, match=message):
@@ -982,8 +1010,6 @@ def test_a_plain_list_of_tokenized_samples_with_labels_trains_on_its_labels(tmp_
     assert both["eval_all_loss"] == one and both["eval_tail_loss"] != one, both
     labels = [sum(1 for t in s["labels"][1:] if t != -100) for s in listed]
     assert (both["eval_all_num_tokens"], both["eval_tail_num_tokens"]) == (sum(labels), sum(labels[6:])), both
-    with pytest.raises(NotImplementedError, match="FCPTrainer.predict"):
-        trainer.predict(listed)
 
 
 def test_samples_the_model_cannot_take_are_skipped_like_unreadable_ones(tmp_path):
@@ -1128,3 +1154,59 @@ def test_deepspeed_zero_trains_like_the_stock_trainer(fcp_runs, tmp_path, run, f
 
 
 ZERO_TOL = {"loss": 1e-6, "norm": 3e-5, "params": 1e-6}
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("run, family", [("ddp", "qwen3"), ("vl", "qwen2_5_vl")])
+def test_predict_and_compute_metrics_see_whole_documents_like_the_stock_model(fcp_runs, run, family):
+    """``predict()`` and ``compute_metrics`` (with ``preprocess_logits_for_metrics``) after training: every sample's
+    predictions, put back together from its CP group's zigzag shards, equal the stock model's on that sample (the same
+    trained weights loaded into it, one forward per sample) — argmax token, its log-probability and the labelled next
+    token's log-probability (which shifts inside the document) to 1e-9 — in dataset order, padded with -100; the label
+    ids are the stock Trainer's unshifted ones (-100 at position 0); ``test_*`` and ``eval_*`` metrics equal the metric
+    on the stock predictions; both ranks return the same. Qwen3 (DDP) and Qwen2.5-VL with images and videos."""
+    from fcp_exec.integrations.hf import build_model
+
+    per_rank, _ = fcp_runs
+    preds, labels, metrics = per_rank[0][run]["predict"]
+    other = per_rank[1][run]["predict"]
+    assert np.array_equal(preds, other[0]) and np.array_equal(labels, other[1]) and metrics == other[2]
+    config, data = _data(family)
+    model = build_model(copy.deepcopy(config), dtype=torch.float64, seed=0)
+    trained = per_rank[0][run]["params"]
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(torch.from_numpy(trained[name]))
+    assert preds.shape[0] == len(data.dataset) == NUM_DOCS
+    want_p, want_l = [], []
+    ignore = _ignore_ids(config)
+    from fcp_exec.integrations.hf_data import _doc_forward, _reference_labels
+
+    with torch.no_grad():
+        for i in range(NUM_DOCS):
+            sample = data.dataset[i]
+            shifted = _reference_labels([sample], ignore)[0][0]
+            lab = torch.cat([torch.tensor([-100]), shifted])  # the stock Trainer's labels: not shifted
+            logits = _doc_forward(model, sample, hasattr(config, "vision_config"))
+            want_p.append(_best_tokens(logits[None], lab[None])[0].numpy())
+            want_l.append(lab.numpy())
+    for i, (wp, wl) in enumerate(zip(want_p, want_l)):
+        n = len(wl)
+        assert np.array_equal(labels[i, :n], wl) and (labels[i, n:] == -100).all(), i
+        assert np.array_equal(preds[i, :n, 0], wp[:, 0]), i
+        assert np.abs(preds[i, :n, 1:] - wp[:, 1:]).max() <= 1e-9, i
+        assert (preds[i, n:] == -100).all(), i
+    from types import SimpleNamespace
+
+    stock = _token_accuracy(SimpleNamespace(predictions=_pad([w for w in want_p]), label_ids=_pad(want_l)))
+    assert metrics["test_positions"] == stock["positions"] and metrics["test_accuracy"] == stock["accuracy"], metrics
+    assert abs(metrics["test_loglik"] - stock["loglik"]) <= 1e-9 * abs(stock["loglik"]), (metrics, stock)
+    if run == "ddp":  # evaluate() with compute_metrics after training: the same metric over the same data
+        ev = per_rank[0][run]["eval"]
+        assert ev["eval_accuracy"] == stock["accuracy"] and ev["eval_positions"] == stock["positions"], ev
+
+
+def _pad(arrays: list) -> np.ndarray:
+    from fcp_exec.integrations.hf_predict import pad_stack
+
+    return pad_stack(arrays)
