@@ -377,7 +377,7 @@ class FCPTrainer(Trainer):
         ``compute_metrics`` in ``metrics``."""
         from transformers.trainer_utils import PredictionOutput
 
-        metrics, preds, labels = self._fcp_evaluate(test_dataset, metric_key_prefix, True)
+        metrics, preds, labels = self._fcp_evaluate(test_dataset, metric_key_prefix, not self.args.prediction_loss_only)
         return PredictionOutput(predictions=preds, label_ids=labels, metrics=metrics)
 
     def _fcp_evaluate(self, data: Any, prefix: str, collect: bool) -> tuple[dict, Any, Any]:

@@ -1010,6 +1010,13 @@ def test_a_plain_list_of_tokenized_samples_with_labels_trains_on_its_labels(tmp_
     assert both["eval_all_loss"] == one and both["eval_tail_loss"] != one, both
     labels = [sum(1 for t in s["labels"][1:] if t != -100) for s in listed]
     assert (both["eval_all_num_tokens"], both["eval_tail_num_tokens"]) == (sum(labels), sum(labels[6:])), both
+    # predict() in one process: every sample, its own labels (not shifted), the same loss; prediction_loss_only: none
+    out = trainer.predict(listed)
+    assert out.predictions.shape[:2] == out.label_ids.shape == (len(listed), max(len(s["input_ids"]) for s in listed))
+    assert [int((row != -100).sum()) for row in out.label_ids] == labels, out.label_ids
+    assert out.metrics["test_loss"] == one and out.metrics["test_num_tokens"] == sum(labels), out.metrics
+    trainer.args.prediction_loss_only = True
+    assert trainer.predict(listed).predictions is None
 
 
 def test_samples_the_model_cannot_take_are_skipped_like_unreadable_ones(tmp_path):

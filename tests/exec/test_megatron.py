@@ -16,7 +16,8 @@ recomputation (the ring attention runs again inside the backward) and GPT-2-styl
 LayerNorm, biases); Llama fed the DataLoader's iterator itself with a fixed 2 micro-batches per step (Megatron-LM's
 ``pretrain()``), ``forward_step`` preparing each batch; and Llama on a dataset whose sample 9 fails to read on every
 rank and sample 6 on one rank of its CP group only (agreed in the group: label-free on all of its ranks), against the
-stock model trained on the samples that were read. Asserted per step: the global loss and token count, Megatron's gradient norm; after
+stock model trained on the samples that were read; and Qwen3 on the samples' own labels (SFT: each document's first
+third, its prompt, masked; ``FCPCollator(sample_labels=True)``) against the stock model with that loss mask. Asserted per step: the global loss and token count, Megatron's gradient norm; after
 the steps, every parameter; and that the plans mixed groups of degree 1, 2 and 3 with idle ranks, and 1 or 2
 micro-batches per global batch.
 Tolerances: Megatron's cross-entropy computes in float32 (it casts the float64 logits), so losses and gradients
@@ -43,7 +44,8 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("megatron") is None, re
 NAMES = ("llama", "qwen3", "window", "recompute", "gpt2")
 RAW = "-loader"  # the same model fed the DataLoader's iterator directly (Megatron-LM's pretrain() with its own loop)
 SKIP = "-damaged"  # sample 9 fails to read on every rank, sample 6 (71 tokens: a group of 2+) on rank 1 only
-RUNS = NAMES + ("llama" + RAW, "llama" + SKIP)
+SFT = "-sft"  # the samples' own labels, the first third of each document (its prompt) masked
+RUNS = NAMES + ("llama" + RAW, "llama" + SKIP, "qwen3" + SFT)
 RAW_MICRO_BATCHES = 2
 LENGTHS = [37, 12, 64, 9, 50, 23, 71, 18, 40, 33, 15, 58, 27, 44, 6, 61]
 NPROC = 3
@@ -101,8 +103,11 @@ def _train_fcp() -> dict:
         cost = CostModel.preset("qwen3-1.7b", "h100").replace(tokens_per_rank=48)
         sampler = FCPSampler([len(d) for d in _docs()], num_ranks=world, rank=rank, global_batch_size=GBS, seed=0,
                              cost_model=cost, micro_batches=RAW_MICRO_BATCHES if raw else "auto")
-        dataset = FCPDataset(_Damaged(data, rank) if name.endswith(SKIP) else data)
-        batches = iter(DataLoader(dataset, batch_sampler=sampler, collate_fn=FCPCollator(pad_token_id=0)))
+        sft = name.endswith(SFT)
+        items = [dict(d, labels=_prompt_masked(d["input_ids"])) for d in data] if sft else data
+        dataset = FCPDataset(_Damaged(items, rank) if name.endswith(SKIP) else items)
+        collate = FCPCollator(pad_token_id=0, sample_labels=sft)
+        batches = iter(DataLoader(dataset, batch_sampler=sampler, collate_fn=collate))
         schedule = get_forward_backward_func()
         run = {"loss": [], "norm": [], "indices": [], "degrees": [], "skipped": []}
         for _ in range(STEPS):
@@ -128,7 +133,12 @@ def _train_fcp() -> dict:
 
 
 def _model(run: str) -> str:
-    return run.removesuffix(RAW).removesuffix(SKIP)
+    return run.removesuffix(RAW).removesuffix(SKIP).removesuffix(SFT)
+
+
+def _prompt_masked(doc: torch.Tensor) -> torch.Tensor:
+    """Labels as a dataset carries them (aligned with the tokens, not shifted): the first third masked."""
+    return torch.where(torch.arange(len(doc)) < len(doc) // 3, torch.full_like(doc, -100), doc)
 
 
 class _Damaged:
@@ -155,11 +165,12 @@ def _recording(batches, seen: list):
 def _reference_step(data_iterator, model):
     from fcp_exec.integrations.megatron import loss_func
 
-    doc = next(data_iterator)
+    doc, sft = next(data_iterator)
     n = len(doc)
-    labels = torch.cat([doc[1:], doc.new_zeros(1)])
-    mask = torch.arange(n) < n - 1  # the last token has no next token
-    out = model(doc[None], torch.arange(n)[None], None, labels=labels[None])
+    own = _prompt_masked(doc) if sft else doc
+    targets = torch.cat([own[1:], own.new_full((1,), -100)])  # token t predicts t + 1; the last predicts nothing
+    mask = targets != -100
+    out = model(doc[None], torch.arange(n)[None], None, labels=targets.clamp(min=0)[None])
     return out, lambda t: loss_func(mask, t)
 
 
@@ -180,7 +191,8 @@ def _train_reference(batches: dict) -> dict:
         for batch in batches[name]:
             model.zero_grad_buffer()
             opt.zero_grad()
-            reports = schedule(forward_step_func=_reference_step, data_iterator=iter([docs[i] for i in batch]),
+            feed = iter([(docs[i], name.endswith(SFT)) for i in batch])
+            reports = schedule(forward_step_func=_reference_step, data_iterator=feed,
                                model=[model], num_microbatches=len(batch), seq_length=128, micro_batch_size=1)
             _, norm, _ = opt.step()
             run["loss"].append(global_loss(reports))
