@@ -17,7 +17,10 @@ LayerNorm, biases); Llama fed the DataLoader's iterator itself with a fixed 2 mi
 ``pretrain()``), ``forward_step`` preparing each batch; and Llama on a dataset whose sample 9 fails to read on every
 rank and sample 6 on one rank of its CP group only (agreed in the group: label-free on all of its ranks), against the
 stock model trained on the samples that were read; and Qwen3 on the samples' own labels (SFT: each document's first
-third, its prompt, masked; ``FCPCollator(sample_labels=True)``) against the stock model with that loss mask. Asserted per step: the global loss and token count, Megatron's gradient norm; after
+third, its prompt, masked; ``FCPCollator(sample_labels=True)``) against the stock model with that loss mask; and
+Llama with Megatron's DDP overlapping its bucketed gradient all-reduces with the last micro-batch's backward (while
+that backward's ring attention exchanges blocks). Megatron's distributed optimizer and its mixed-precision optimizer
+assert CUDA tensor types, so they are not run here. Asserted per step: the global loss and token count, Megatron's gradient norm; after
 the steps, every parameter; and that the plans mixed groups of degree 1, 2 and 3 with idle ranks, and 1 or 2
 micro-batches per global batch.
 Tolerances: Megatron's cross-entropy computes in float32 (it casts the float64 logits), so losses and gradients
@@ -45,7 +48,8 @@ NAMES = ("llama", "qwen3", "window", "recompute", "gpt2")
 RAW = "-loader"  # the same model fed the DataLoader's iterator directly (Megatron-LM's pretrain() with its own loop)
 SKIP = "-damaged"  # sample 9 fails to read on every rank, sample 6 (71 tokens: a group of 2+) on rank 1 only
 SFT = "-sft"  # the samples' own labels, the first third of each document (its prompt) masked
-RUNS = NAMES + ("llama" + RAW, "llama" + SKIP, "qwen3" + SFT)
+OVERLAP = "-overlap"  # Megatron's DDP overlapping its gradient reduction with the last micro-batch's backward
+RUNS = NAMES + ("llama" + RAW, "llama" + SKIP, "qwen3" + SFT, "llama" + OVERLAP)
 RAW_MICRO_BATCHES = 2
 LENGTHS = [37, 12, 64, 9, 50, 23, 71, 18, 40, 33, 15, 58, 27, 44, 6, 61]
 NPROC = 3
@@ -70,10 +74,11 @@ def _optimizer(model):
     return get_megatron_optimizer(cfg, [model])
 
 
-def _wrap(model, config):
+def _wrap(model, config, overlap: bool = False):
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
 
-    model = DistributedDataParallel(config, DistributedDataParallelConfig(), model)
+    ddp = DistributedDataParallelConfig(overlap_grad_reduce=overlap)
+    model = DistributedDataParallel(config, ddp, model)
     config.no_sync_func, config.finalize_model_grads_func = model.no_sync, finalize_model_grads
     return model
 
@@ -98,7 +103,7 @@ def _train_fcp() -> dict:
     for name in RUNS:
         raw = name.endswith(RAW)
         model, config = mc.build_gpt(_model(name), fcp=True)
-        model = _wrap(apply_fcp(model), config)
+        model = _wrap(apply_fcp(model), config, name.endswith(OVERLAP))
         opt = _optimizer(model)
         cost = CostModel.preset("qwen3-1.7b", "h100").replace(tokens_per_rank=48)
         sampler = FCPSampler([len(d) for d in _docs()], num_ranks=world, rank=rank, global_batch_size=GBS, seed=0,
@@ -133,7 +138,7 @@ def _train_fcp() -> dict:
 
 
 def _model(run: str) -> str:
-    return run.removesuffix(RAW).removesuffix(SKIP).removesuffix(SFT)
+    return run.removesuffix(RAW).removesuffix(SKIP).removesuffix(SFT).removesuffix(OVERLAP)
 
 
 def _prompt_masked(doc: torch.Tensor) -> torch.Tensor:
