@@ -135,7 +135,8 @@ def main() -> None:
     cost = cost.replace(tokens_per_rank=args.tokens_per_rank)
     sampler = FCPSampler(lengths, cost_model=cost, global_batch_size=args.global_batch_size, seed=0,
                          on_overlong="truncate")
-    loader = DataLoader(FCPDataset(data), batch_sampler=sampler, num_workers=2,
+    # vocab_size: a sample with an id the model has no row for is recorded and skipped, not an embedding error
+    loader = DataLoader(FCPDataset(data, vocab_size=vocab_size), batch_sampler=sampler, num_workers=2,
                         collate_fn=FCPCollator(pad_token_id=pad, sample_labels=labels))
 
     # model: FCP's core attention in the layer spec, then Megatron's own DDP, finalize and optimizer
@@ -177,7 +178,7 @@ def main() -> None:
     # validation: its own sampler; the same schedule with forward_only=True
     val_sampler = FCPSampler(lengths, cost_model=cost, global_batch_size=args.global_batch_size, seed=1,
                              on_overlong="truncate")
-    val_batches = iter(DataLoader(FCPDataset(data), batch_sampler=val_sampler,
+    val_batches = iter(DataLoader(FCPDataset(data, vocab_size=vocab_size), batch_sampler=val_sampler,
                                   collate_fn=FCPCollator(pad_token_id=pad, sample_labels=labels)))
     model.eval()
     for k in range(min(args.eval_batches, val_sampler.num_global_batches())):

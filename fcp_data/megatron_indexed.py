@@ -4,7 +4,8 @@ from the ``.bin`` by memory map. No tokenizing, no copy, no megatron-core needed
 
     docs = MegatronIndexedDocuments("my-corpus_text_document")
     sampler = FCPSampler(docs, cost_model=cost, global_batch_size=512)   # docs.num_tokens: the lengths
-    loader = DataLoader(FCPDataset(docs), batch_sampler=sampler, collate_fn=FCPCollator())
+    loader = DataLoader(FCPDataset(docs, vocab_size=V), batch_sampler=sampler, collate_fn=FCPCollator())
+    # vocab_size: a document with an id the model has no embedding row for is recorded and skipped
 
 ``fcp plan/compare/simulate --lengths my-corpus_text_document.idx`` plans on the same counts
 (:func:`fcp_data.workloads.load_lengths`).

@@ -152,8 +152,9 @@ def test_megatron_example_trains_validates_and_resumes_exactly(tmp_path):
 @pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="needs megatron-core")
 def test_megatron_example_trains_on_a_megatron_indexed_dataset(tmp_path):
     """`--data-prefix`: the Megatron example on a .bin/.idx written by megatron-core's own IndexedDatasetBuilder
-    (what tools/preprocess_data.py writes; 40 documents of 20–1,500 tokens, one of 3 sequences), 2 steps, finite
-    losses near ln(vocab); and `fcp simulate --lengths PREFIX.idx` plans on the same documents."""
+    (what tools/preprocess_data.py writes; 40 documents of 20–1,500 tokens, one of 3 sequences, one holding a token id
+    past the model's vocabulary), 2 steps, finite losses near ln(vocab), the bad document skipped with its reason, not
+    an embedding error inside Megatron; and `fcp simulate --lengths PREFIX.idx` plans on the same documents."""
     import numpy as np
     import torch
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
@@ -164,13 +165,16 @@ def test_megatron_example_trains_on_a_megatron_indexed_dataset(tmp_path):
     for d in range(40):
         n = int(rng.integers(20, 1500))
         lengths = [n] if d else [n // 3, n // 3, n - 2 * (n // 3)]
-        builder.add_document(torch.tensor(rng.integers(1, 2000, n)), lengths)
+        ids = rng.integers(1, 2000, n)
+        ids[n // 2] = 2500 if d in range(0, 40, 4) else ids[n // 2]  # past the vocabulary: every 4th document
+        builder.add_document(torch.tensor(ids), lengths)
     builder.finalize(f"{prefix}.idx")
     run = _torchrun(tmp_path, "train_megatron_gpt.py", "--data-prefix", str(prefix), "--vocab-size", "2000",
                     "--steps", "2", "--eval-batches", "0", "--tokens-per-rank", "512")
     steps = _lines(run, "step ")
     assert [ln.split()[1] for ln in steps] == ["0", "1"], run.stdout
     _check_losses([float(ln.split(" loss ")[1].split()[0]) for ln in steps])
+    assert "fcp: skipped sample" in run.stderr and "vocab" in run.stderr, run.stderr[-2000:]
     sim = _fcp("simulate", "--lengths", f"{prefix}.idx", "--ranks", "8", "--global-batch-size", "8", "--steps", "3",
                "--preset", "qwen3-1.7b", "--hardware", "h100", "--json", "--no-progress")
     assert sim.returncode == 0, sim.stderr[-2000:]
