@@ -17,6 +17,7 @@ logits do in the stock loop; pass ``preprocess_logits_for_metrics`` (e.g. an arg
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable
 
 import numpy as np
@@ -125,6 +126,8 @@ def evaluate_dataset(trainer: Any, data: Any, prefix: str, collector: Prediction
     """``FCPTrainer``'s evaluation of ``data``: every global batch through :func:`fcp_exec.step.eval_step` (forwards
     only, every rank in lock-step), the token-weighted ``{prefix}_loss`` and ``{prefix}_num_tokens``; with a
     ``collector``, each micro-batch's logits go to it from the same forward."""
+    from transformers.trainer_utils import speed_metrics
+
     from fcp_exec.integrations.hf import batch_inputs, lm_loss
     from fcp_exec.step import eval_step
 
@@ -139,7 +142,7 @@ def evaluate_dataset(trainer: Any, data: Any, prefix: str, collector: Prediction
     model = trainer.model_wrapped if trainer.model_wrapped is not None else trainer.model
     was_training = model.training
     model.eval()
-    total, tokens = 0.0, 0
+    total, tokens, start = 0.0, 0, time.time()
     try:
         for _, batch in zip(range(count), loader):
             with trainer.compute_loss_context_manager():
@@ -147,7 +150,10 @@ def evaluate_dataset(trainer: Any, data: Any, prefix: str, collector: Prediction
             total, tokens = total + res.loss * res.num_tokens, tokens + res.num_tokens
     finally:
         model.train(was_training)
-    return {f"{prefix}_loss": total / max(tokens, 1), f"{prefix}_num_tokens": tokens}
+    samples = sum(len(loader.sampler.global_batch_indices(k)) for k in range(count))
+    # the stock loop's speed metrics ({prefix}_runtime, _samples_per_second, _steps_per_second: one step a global batch)
+    return {f"{prefix}_loss": total / max(tokens, 1), f"{prefix}_num_tokens": tokens,
+            **speed_metrics(prefix, start, num_samples=samples, num_steps=count)}
 
 
 def metrics_of(compute_metrics: Callable, predictions, label_ids, prefix: str) -> dict:

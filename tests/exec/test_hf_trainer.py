@@ -1089,6 +1089,9 @@ def test_a_plain_list_of_tokenized_samples_with_labels_trains_on_its_labels(tmp_
     # predict() in one process: every sample, its own labels (not shifted), the same loss; prediction_loss_only: none
     out = trainer.predict(listed)
     assert out.predictions.shape[:2] == out.label_ids.shape == (len(listed), max(len(s["input_ids"]) for s in listed))
+    speed = {k: out.metrics[f"test_{k}"] for k in ("runtime", "samples_per_second", "steps_per_second")}
+    assert speed["runtime"] > 0 and speed["samples_per_second"] > 0, out.metrics  # the stock loop's speed metrics
+    assert abs(speed["samples_per_second"] / speed["steps_per_second"] - len(listed) / -(-len(listed) // GBS)) < 0.1
     assert [int((row != -100).sum()) for row in out.label_ids] == labels, out.label_ids
     assert out.metrics["test_loss"] == one and out.metrics["test_num_tokens"] == sum(labels), out.metrics
     trainer.args.prediction_loss_only = True
