@@ -304,10 +304,11 @@ def _fcp_runs(out: str) -> dict:
         **({"lora": _fcp_run("qwen3", f"{out}/lora", lora=True)} if _HAS_PEFT else {}),
         **({"trl": _trl_run(f"{out}/trl")} if _HAS_TRL else {}),
         # DeepSpeed ZeRO-2 in float64; ZeRO-3 partitions float32/bf16 parameters only
-        **({"zero2": _deepspeed_run("qwen3", f"{out}/zero2", stage=2, optim="sgd", save_steps=2),
+        **({"zero2": _deepspeed_run("qwen3", f"{out}/zero2", stage=2, optim="sgd", save_steps=2, evaluate=True),
             "zero2-resumed": _deepspeed_run("qwen3", f"{out}/zero2-r", stage=2, optim="sgd",
                                             resume=f"{out}/zero2/checkpoint-2"),
-            "zero3": _deepspeed_run("qwen2_5_vl", f"{out}/zero3", stage=3, dtype=torch.float32, optim="sgd"),
+            "zero3": _deepspeed_run("qwen2_5_vl", f"{out}/zero3", stage=3, dtype=torch.float32, optim="sgd",
+                                    evaluate=True),
             "zero2-bf16": _deepspeed_run("qwen3", f"{out}/zero2-bf16", stage=2, dtype=torch.float32, bf16=True)}
            if _HAS_DEEPSPEED else {}),
         "video": _video_run(f"{out}/video"),
@@ -1221,7 +1222,9 @@ def test_deepspeed_zero_trains_like_the_stock_trainer(fcp_runs, tmp_path, run, f
     reduces; the loss times the data-parallel size, as DeepSpeed averages) and steps the engine (its clipping, the
     Trainer's optimizer and schedule). ZeRO-2 on Qwen3 in float64; ZeRO-3 (parameters partitioned, gathered per layer;
     float32/bf16 only) on Qwen2.5-VL with images and videos (its vision tower's frame shares and idle dummies too).
-    Reference: the stock Trainer without DeepSpeed in one process, same batches, same dtype. The optimizer is SGD
+    Reference: the stock Trainer without DeepSpeed in one process, same batches, same dtype; ``evaluate()`` after
+    training (every rank's forwards in lock-step, ZeRO-3 gathering each layer) against the stock model's loss over the
+    evaluation set with the trained weights. The optimizer is SGD
     (``optim="sgd"``): Adam divides by √v and amplifies rounding in near-zero gradients (measured with AdamW: ZeRO-2
     parameters 3.9e-5 apart) and hides a wrong gradient scale, SGD shows both as they are. DeepSpeed keeps float32
     master weights and reduces float32 gradients even for a float64 model, so ZeRO-2 is float32-exact, not float64:
@@ -1229,8 +1232,10 @@ def test_deepspeed_zero_trains_like_the_stock_trainer(fcp_runs, tmp_path, run, f
     of the largest; bounds ZERO_TOL. A gradient off by the data-parallel factor doubles the norms."""
     per_rank, _ = fcp_runs
     res = per_rank[0][run]
-    ref = _reference(family, _order(family, 0, STEPS), (), str(tmp_path), dtype=dtype, optim="sgd")
+    evals = _order(family, 1, 1 + (NUM_DOCS - 1) // GBS)  # evaluate() after training: the whole set, seed + 1
+    ref = _reference(family, _order(family, 0, STEPS), evals, str(tmp_path), dtype=dtype, optim="sgd")
     _close(res["losses"], ref["losses"], f"{run} loss", tol=ZERO_TOL["loss"])
+    _close([res["eval"]["eval_loss"]], [ref["eval"]], f"{run} evaluate() loss", tol=ZERO_TOL["loss"])
     _close(res["norms"], ref["norms"], f"{run} grad norm", tol=ZERO_TOL["norm"])
     assert max(ref["norms"]) > ARGS["max_grad_norm"], ("clipping never acted", ref["norms"])
     _same_params(res["params"], ref["params"], run, tol=ZERO_TOL["params"])
