@@ -335,71 +335,69 @@ def _ring_calls_watched():
         ra.ring_attention = original
 
 
-def _accelerate_loop() -> dict:
-    """A training loop of one's own on Accelerate (``Accelerator().prepare`` wraps the model in DDP) with fcp's
-    pieces: ``reducer_for`` on the prepared model, ``train_step``, the optimizer Accelerate prepared."""
-    from accelerate import Accelerator
-    from accelerate.state import AcceleratorState
+def _own_loop(model, step) -> dict:
+    """``STEPS`` global batches of qwen3's data through ``train_step`` on a model someone else wrapped (its reducer
+    from ``reducer_for``), then ``step()`` — the optimizer's or the engine's; epochs as a loop of one's own runs them."""
     from torch.utils.data import DataLoader
 
     from fcp_data import FCPCollator, FCPDataset, FCPSampler
-    from fcp_exec.integrations.hf import apply_fcp, build_model, fcp_loss
+    from fcp_exec.integrations.hf import fcp_loss
     from fcp_exec.step import reducer_for, train_step
 
-    AcceleratorState._reset_state(reset_partial_state=False)
-    config, data = _data("qwen3")
-    accelerator = Accelerator(cpu=True)
-    model = apply_fcp(build_model(config, dtype=torch.float64, seed=0))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01, foreach=False)
-    model, opt = accelerator.prepare(model, opt)
+    _, data = _data("qwen3")
     reducer = reducer_for(model)
     sampler = FCPSampler(data.lengths, cost_model=_cost(), global_batch_size=GBS, seed=0)
     loader = DataLoader(FCPDataset(data.dataset), batch_sampler=sampler,
                         collate_fn=FCPCollator(pad_token_id=data.pad_token_id))
     losses, batches = [], iter(loader)
-    for step in range(STEPS):
-        if step and step % sampler.num_global_batches() == 0:  # the next epoch
-            sampler.set_epoch(step // sampler.num_global_batches())
+    for k in range(STEPS):
+        if k and k % sampler.num_global_batches() == 0:  # the next epoch
+            sampler.set_epoch(k // sampler.num_global_batches())
             batches = iter(loader)
         res = train_step(model, batches, fcp_loss, reducer, pad_token_id=data.pad_token_id)
-        opt.step()
-        opt.zero_grad()
+        step()
         losses.append(res.loss)
     return {"losses": losses, "reducer": type(reducer).__name__, "model": type(model).__name__,
             "params": _params(model)}
+
+
+def _accelerate_loop() -> dict:
+    """A training loop of one's own on Accelerate (``Accelerator().prepare`` wraps the model in DDP) with fcp's
+    pieces: ``reducer_for`` on the prepared model, ``train_step``, the optimizer Accelerate prepared."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    from fcp_exec.integrations.hf import apply_fcp, build_model
+
+    AcceleratorState._reset_state(reset_partial_state=False)
+    config, _ = _data("qwen3")
+    accelerator = Accelerator(cpu=True)
+    model = apply_fcp(build_model(config, dtype=torch.float64, seed=0))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01, foreach=False)
+    model, opt = accelerator.prepare(model, opt)
+
+    def step():
+        opt.step()
+        opt.zero_grad()
+
+    return _own_loop(model, step)
 
 
 def _deepspeed_loop() -> dict:
     """A loop of one's own on DeepSpeed: ``deepspeed.initialize`` (ZeRO-2, the caller's SGD), ``reducer_for`` on
     the engine, ``train_step``, then ``engine.step()`` — the usage the README gives."""
     import deepspeed
-    from torch.utils.data import DataLoader
 
-    from fcp_data import FCPCollator, FCPDataset, FCPSampler
-    from fcp_exec.integrations.hf import apply_fcp, build_model, fcp_loss
-    from fcp_exec.step import reducer_for, train_step
+    from fcp_exec.integrations.hf import apply_fcp, build_model
 
-    config, data = _data("qwen3")
+    config, _ = _data("qwen3")
     model = apply_fcp(build_model(copy.deepcopy(config), dtype=torch.float64, seed=0))
     opt = torch.optim.SGD(model.parameters(), lr=DS_LOOP_LR)
     engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config={
         "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "zero_optimization": {"stage": 2},
         "zero_allow_untested_optimizer": True, "steps_per_print": 10**9,
         "gradient_clipping": 0.0})  # DeepSpeed clips at 1.0 unless told (the reference does not clip)
-    reducer = reducer_for(engine)
-    sampler = FCPSampler(data.lengths, cost_model=_cost(), global_batch_size=GBS, seed=0)
-    loader = DataLoader(FCPDataset(data.dataset), batch_sampler=sampler,
-                        collate_fn=FCPCollator(pad_token_id=data.pad_token_id))
-    losses, batches = [], iter(loader)
-    for step in range(STEPS):
-        if step and step % sampler.num_global_batches() == 0:  # the next epoch
-            sampler.set_epoch(step // sampler.num_global_batches())
-            batches = iter(loader)
-        res = train_step(engine, batches, fcp_loss, reducer, pad_token_id=data.pad_token_id)
-        engine.step()
-        losses.append(res.loss)
-    return {"losses": losses, "reducer": type(reducer).__name__, "model": type(engine).__name__,
-            "params": _params(engine)}
+    return _own_loop(engine, engine.step)
 
 
 def _compile_run(out: str) -> dict:
