@@ -62,6 +62,7 @@ import torch
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [_HERE, os.path.dirname(_HERE)]  # the helper module, and fcp_exec of this checkout
+from fcp_exec.kernels.base import AttentionKernel  # noqa: E402
 from _gpu_check_ring import (  # noqa: E402  (benchmarks/ is not a package)
     multiprocess_checks,
     reference_attention,
@@ -85,8 +86,8 @@ class Results:
     """Entries of one run; ``DIR/results.json`` is rewritten at most once a second while checks run
     (after every failure at once) and at the end, so a run cut short still leaves its results."""
 
-    def __init__(self, out_dir: str, meta: dict):
-        self.out_dir, self.meta, self.checks = out_dir, meta, []
+    def __init__(self, out_dir: str, meta: dict, file_name: str = "results.json"):
+        self.out_dir, self.meta, self.checks, self.file_name = out_dir, meta, [], file_name
         self.late_reason = "time limit reached"  # reason of checks skipped for --time-limit
         self._written = 0.0
         os.makedirs(out_dir, exist_ok=True)
@@ -145,7 +146,7 @@ class Results:
         doc = {**self.meta, "checks": self.checks,
                "summary": {"total": len(self.checks), "failed": len(self.failed()),
                            "skipped": sum(c["skipped"] for c in self.checks)}}
-        _dump(doc, os.path.join(self.out_dir, "results.json"))
+        _dump(doc, os.path.join(self.out_dir, self.file_name))
 
 
 def _json_safe(x):
@@ -165,8 +166,10 @@ def _dump(doc, path: str) -> None:
     os.replace(tmp, path)
 
 
-class PerturbedKernel:
+class PerturbedKernel(AttentionKernel):
     """A deliberately broken kernel: the wrapped kernel's ``out`` times 1.05 (``--perturb``)."""
+
+    name = "perturbed"
 
     def __init__(self, inner):
         self.inner = inner
@@ -392,7 +395,7 @@ def check_window(device) -> dict:
         ref.backward(dout)
         for got, want in [(out, ref)] + [(a.grad, b.grad) for a, b in zip(leaves, ref_leaves)]:
             # relative to the largest reference entry, absolute below 1 (window 1: dq is exactly 0)
-            err = float((got.detach().double().cpu() - want.detach()).abs().max()) / max(float(want.abs().max()), 1.0)
+            err = float((got.detach().double().cpu() - want.detach()).abs().max()) / max(float(want.detach().abs().max()), 1.0)
             worst = max(worst, err)
     ok = worst <= 1e-5
     return {"passed": ok, "max_error": worst, "tolerance": 1e-5,
@@ -417,7 +420,7 @@ def check_autocast(kernel, device) -> dict:
     want = ring_attention(*plain, cu, ranks=(0,), kernel=kernel)
     want.backward(dout.bfloat16())
     pairs = [(out, want)] + [(a.grad, b.grad.to(a.dtype)) for a, b in zip(leaves, plain)]
-    diff = max(float((x.double() - y.double()).abs().max()) for x, y in pairs)
+    diff = max(float((x.detach().double() - y.detach().double()).abs().max()) for x, y in pairs)
     dtypes = [str(t.dtype) for t in (out, *(x.grad for x in leaves))]
     ok = diff == 0.0 and dtypes == ["torch.bfloat16", "torch.float32", "torch.float32", "torch.bfloat16"]
     return {"passed": ok, "max_error": diff, "tolerance": 0.0, "dtypes": dtypes,

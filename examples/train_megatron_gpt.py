@@ -71,14 +71,19 @@ def build_model(args, vocab_size: int, on_cpu: bool):
         num_query_groups=args.groups, ffn_hidden_size=args.ffn, normalization="RMSNorm", gated_linear_unit=True,
         add_bias_linear=False, attention_dropout=0.0, hidden_dropout=0.0,
         calculate_per_token_loss=True,  # the global-batch mean over tokens, whatever each rank holds
-        use_cpu_initialization=on_cpu, params_dtype=torch.float32,
+        use_cpu_initialization=on_cpu, params_dtype=torch.bfloat16 if args.bf16 else torch.float32, bf16=args.bf16,
         # the fused kernels are CUDA-only; on GPUs leave Megatron's defaults (or use the Transformer-Engine spec)
         **({"masked_softmax_fusion": False, "bias_dropout_fusion": False, "apply_rope_fusion": False,
             "bias_activation_fusion": False} if on_cpu else {}))
     torch.manual_seed(0)
     model = GPTModel(config, fcp_layer_spec(get_gpt_layer_local_spec()), vocab_size=vocab_size,
                      max_sequence_length=args.tokens_per_rank * dist.get_world_size(), position_embedding_type="rope")
-    return apply_fcp(model.float()), config  # .float(): Megatron's torch-norm fallback keeps its weights in fp32
+    model = apply_fcp(model.float())  # .float(): Megatron's torch-norm fallback keeps its weights in fp32
+    if args.bf16:  # bf16 weights and activations; the optimizer keeps fp32 main weights (Megatron-LM's --bf16)
+        from megatron.core.transformer.module import Float16Module
+
+        model = Float16Module(config, model)
+    return model, config
 
 
 def forever(loader: DataLoader):
@@ -104,6 +109,8 @@ def main() -> None:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--groups", type=int, default=2, help="key/value heads (GQA)")
     p.add_argument("--ffn", type=int, default=128)
+    p.add_argument("--bf16", action="store_true", help="bf16 weights and activations, fp32 main weights in the optimizer "
+                   "(Megatron's Float16Module and mixed-precision optimizer; needs CUDA)")
     p.add_argument("--eval-batches", type=int, default=1, help="global batches of validation after training")
     p.add_argument("--checkpoint", default=None, help="folder for checkpoints (DIR/step-K.pt), with --checkpoint-every")
     p.add_argument("--checkpoint-every", type=int, default=0, help="save a checkpoint every N steps (0: never)")
@@ -114,6 +121,8 @@ def main() -> None:
 
     device = init_distributed()  # set_device, NCCL/HCCL/gloo by device, eager init + a warm-up barrier
     rank, on_cpu = dist.get_rank(), device.type == "cpu"
+    if on_cpu and args.bf16:
+        p.error("--bf16 needs CUDA: Megatron's Float16Module and mixed-precision optimizer assert CUDA tensors")
     if on_cpu:
         from fcp_exec.integrations.megatron_cpu import megatron_on_cpu
 
@@ -144,8 +153,8 @@ def main() -> None:
     model = DistributedDataParallel(config, DistributedDataParallelConfig(), model)
     config.no_sync_func, config.finalize_model_grads_func = model.no_sync, finalize_model_grads
     optimizer = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=args.lr, weight_decay=0.01,
-                                                       clip_grad=0.0 if on_cpu else 1.0, bf16=False, fp16=False,
-                                                       params_dtype=torch.float32), [model])
+                                                       clip_grad=0.0 if on_cpu else 1.0, bf16=args.bf16, fp16=False,
+                                                       params_dtype=config.params_dtype), [model])
     schedule = get_forward_backward_func()
 
     start = 0

@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py"
 
 
@@ -65,3 +67,38 @@ def test_perturbed_kernel_fails_the_run(tmp_path):
     assert {"kernel", "ring"} <= {c["section"] for c in failed}
     assert all(c["max_error"] > c["tolerance"] for c in failed)
     assert doc["perturbed"] is True and doc["summary"]["failed"] == len(failed)
+
+
+HF_SCRIPT = SCRIPT.with_name("gpu_check_hf.py")
+
+
+def _run_hf(out: Path, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
+    proc = subprocess.run([sys.executable, str(HF_SCRIPT), "--device", "cpu", "--out", str(out), *extra],
+                          capture_output=True, text=True, timeout=150)
+    results = out / "results_hf.json"
+    assert results.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc, json.loads(results.read_text())
+
+
+def test_hf_check_passes_on_cpu(tmp_path):
+    """The HF half (transformers Qwen3/Llama with fcp's attention vs the stock model vs a float64 reference) on CPU:
+    every entry within its stated tolerance, float32 tight (fcp within 1e-5 of the float64 reference)."""
+    pytest.importorskip("transformers")
+    proc, doc = _run_hf(tmp_path)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    checks = doc["checks"]
+    families = {c["name"].split("]")[0] for c in checks if c["section"] == "hf"}
+    assert families == {"hf[qwen3,float32", "hf[qwen3,bfloat16", "hf[llama,float32", "hf[llama,bfloat16"}
+    for c in checks:
+        assert c["passed"] is True and 0 <= c["max_error"] <= c["tolerance"], c
+        if "float32" in c["name"]:
+            assert c["tolerance"] <= 1e-4 and c["stock_errors"]["grad"] < 1e-4, c
+    assert [c["section"] for c in checks].count("hf_timing") == 1
+
+
+def test_hf_check_fails_on_a_perturbed_kernel(tmp_path):
+    pytest.importorskip("transformers")
+    proc, doc = _run_hf(tmp_path, "--quick", "--perturb")
+    assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-4000:]
+    (c,) = doc["checks"]
+    assert c["passed"] is False and c["max_error"] > 100 * c["tolerance"], c

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The one prepared command for a lent GPU machine (one CUDA GPU; run from the repository root):
+#
+#     OUT=/some/folder bash benchmarks/gpu_session.sh [PART ...]
+#
+# Parts, in order (default: all), each under its own hard time limit so that one hang cannot eat the lease:
+#   check      benchmarks/gpu_check.py     kernels, ring schedule, timings, NCCL (results.json, versions.json)
+#   hf         benchmarks/gpu_check_hf.py  transformers Qwen3/Llama with fcp's attention vs stock vs fp64 (results_hf.json)
+#   pytest     tests/exec/test_kernels.py's CUDA test
+#   train      `fcp train` (1 process, NCCL): Qwen3 bf16 FSDP2 on the bundled text; Qwen2.5-VL bf16 on synthetic video
+#   trainer    examples/train_hf_trainer.py --bf16 under torchrun (FCPTrainer, transformers' Trainer)
+#   profile    `fcp profile` of one Qwen3-1.7B-shaped layer in bf16, degree 1: the device's measured compute
+#              coefficients (check/cost_gpu.json, check/profile_report.json)
+#   megatron   examples/train_megatron_gpt.py under torchrun, fp32 then --bf16 (needs megatron-core: carry its
+#              wheel in .whl/, see BENCHMARKS.md)
+# Everything is printed and also written to $OUT/session.log; the JSON results go to $OUT/check/.
+set -u
+OUT=${OUT:-/tmp/fcp-gpu-session}
+mkdir -p "$OUT/check"
+LOG="$OUT/session.log"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+PY=${PY:-python3}
+if ls .whl/*.whl >/dev/null 2>&1; then  # wheels carried for packages the machine lacks (megatron-core)
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/fcp-site .whl/*.whl \
+        && export PYTHONPATH="$PYTHONPATH:/tmp/fcp-site"
+fi
+PARTS=${*:-check hf pytest train trainer megatron profile}
+FAILED=()
+
+part() {  # part NAME LIMIT_S COMMAND...: run with a hard limit, log, remember failures
+    local name=$1 limit=$2 t0 rc
+    shift 2
+    echo "=== $name: $*" | tee -a "$LOG"
+    t0=$(date +%s)
+    timeout -k 5 "$limit" "$@" 2>&1 | grep -v -E "^\s*$|UserWarning|warnings.warn" | tee -a "$LOG"
+    rc=${PIPESTATUS[0]}
+    echo "=== $name: rc=$rc in $(( $(date +%s) - t0 )) s" | tee -a "$LOG"
+    [ "$rc" = 0 ] || FAILED+=("$name(rc=$rc)")
+}
+
+want() { [[ " $PARTS " == *" $1 "* ]]; }
+
+{
+    date -u
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    $PY -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
+'transformers', transformers.__version__)"
+} 2>&1 | tee -a "$LOG"
+want check && part check 200 $PY benchmarks/gpu_check.py --out "$OUT/check" --time-limit 150 --mp-timeout 40
+want hf && part hf 100 $PY benchmarks/gpu_check_hf.py --out "$OUT/check"
+want pytest && part pytest 60 $PY -m pytest -q -p no:cacheprovider tests/exec/test_kernels.py -k cuda_kernel_on_gpu
+if want train; then
+    part train-qwen3 60 $PY -m fcp_cli train --model hf:examples/configs/qwen3-tiny.json --nproc 1 --dtype bfloat16 \
+        --steps 3 --reducer fsdp2
+    part train-qwen2.5-vl 60 $PY -m fcp_cli train --model hf:examples/configs/qwen2_5_vl-tiny.json --data synthetic \
+        --nproc 1 --dtype bfloat16 --steps 3
+fi
+want trainer && part trainer 75 $PY -m torch.distributed.run --standalone --nproc-per-node 1 \
+    examples/train_hf_trainer.py --bf16 --max-steps 3
+if want megatron; then
+    part megatron-fp32 60 $PY -m torch.distributed.run --standalone --nproc-per-node 1 examples/train_megatron_gpt.py \
+        --steps 3
+    part megatron-bf16 60 $PY -m torch.distributed.run --standalone --nproc-per-node 1 examples/train_megatron_gpt.py \
+        --steps 3 --bf16
+fi
+want profile && part profile 90 $PY -m fcp_cli profile --nproc 1 --layer-like qwen3-1.7b --dtype bfloat16 \
+    --seq-lens 2048,4096,8192,16384,32768 --packed-docs 1,4,16 --packed-lens 256,512,1024 --reps 5 --warmup 2 \
+    --out "$OUT/check/cost_gpu.json" --report "$OUT/check/profile_report.json"
+echo "gpu_session: parts [$PARTS]; failed: ${FAILED[*]:-none}" | tee -a "$LOG"
+[ ${#FAILED[@]} = 0 ]
