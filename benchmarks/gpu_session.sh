@@ -46,8 +46,8 @@ want() { [[ " $PARTS " == *" $1 "* ]]; }
     $PY -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
 'transformers', transformers.__version__)"
 } 2>&1 | tee -a "$LOG"
-want check && part check 200 $PY benchmarks/gpu_check.py --out "$OUT/check" --time-limit 150 --mp-timeout 40
-want hf && part hf 100 $PY benchmarks/gpu_check_hf.py --out "$OUT/check"
+want check && part check 170 $PY benchmarks/gpu_check.py --out "$OUT/check" --time-limit 130 --mp-timeout 30
+want hf && part hf 80 $PY benchmarks/gpu_check_hf.py --out "$OUT/check"
 want pytest && part pytest 60 $PY -m pytest -q -p no:cacheprovider tests/exec/test_kernels.py -k cuda_kernel_on_gpu
 if want train; then
     part train-qwen3 60 $PY -m fcp_cli train --model hf:examples/configs/qwen3-tiny.json --nproc 1 --dtype bfloat16 \
