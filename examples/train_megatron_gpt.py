@@ -79,6 +79,8 @@ def build_model(args, vocab_size: int, on_cpu: bool):
     model = GPTModel(config, fcp_layer_spec(get_gpt_layer_local_spec()), vocab_size=vocab_size,
                      max_sequence_length=args.tokens_per_rank * dist.get_world_size(), position_embedding_type="rope")
     model = apply_fcp(model.float())  # .float(): Megatron's torch-norm fallback keeps its weights in fp32
+    if not on_cpu:  # as Megatron-LM's get_model: the torch-norm fallback's weights are created on the CPU
+        model.cuda(torch.cuda.current_device())
     if args.bf16:  # bf16 weights and activations; the optimizer keeps fp32 main weights (Megatron-LM's --bf16)
         from megatron.core.transformer.module import Float16Module
 
