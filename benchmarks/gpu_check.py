@@ -181,6 +181,9 @@ class PerturbedKernel(AttentionKernel):
     def backward(self, *args, **kwargs):
         return self.inner.backward(*args, **kwargs)
 
+    def fused_window(self, q) -> bool:
+        return self.inner.fused_window(q)
+
     def __repr__(self) -> str:
         return f"PerturbedKernel({self.inner!r})"
 

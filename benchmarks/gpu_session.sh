@@ -6,7 +6,8 @@
 # Parts, in order (default: all), each under its own hard time limit so that one hang cannot eat the lease:
 #   check      benchmarks/gpu_check.py     kernels, ring schedule, timings, NCCL (results.json, versions.json)
 #   hf         benchmarks/gpu_check_hf.py  transformers Qwen3/Llama with fcp's attention vs stock vs fp64 (results_hf.json)
-#   pytest     tests/exec/test_kernels.py's CUDA test
+#   window     benchmarks/gpu_check_window.py  sliding windows: fused banded kernel vs dense fp64, and its speed
+#   pytest     tests/exec/test_kernels.py (its CUDA test, and the rest on this machine)
 #   train      `fcp train` (1 process, NCCL): Qwen3 bf16 FSDP2 on the bundled text; Qwen2.5-VL bf16 on synthetic video
 #   trainer    examples/train_hf_trainer.py --bf16 under torchrun (FCPTrainer, transformers' Trainer)
 #   profile    `fcp profile` of one Qwen3-1.7B-shaped layer in bf16, degree 1: the device's measured compute
@@ -24,7 +25,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then  # wheels carried for packages the machin
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/fcp-site .whl/*.whl \
         && export PYTHONPATH="$PYTHONPATH:/tmp/fcp-site"
 fi
-PARTS=${*:-check hf pytest train trainer megatron profile}
+PARTS=${*:-check hf window pytest train trainer megatron profile}
 FAILED=()
 
 part() {  # part NAME LIMIT_S COMMAND...: run with a hard limit, log, remember failures
@@ -48,7 +49,8 @@ want() { [[ " $PARTS " == *" $1 "* ]]; }
 } 2>&1 | tee -a "$LOG"
 want check && part check 170 $PY benchmarks/gpu_check.py --out "$OUT/check" --time-limit 130 --mp-timeout 30
 want hf && part hf 80 $PY benchmarks/gpu_check_hf.py --out "$OUT/check"
-want pytest && part pytest 60 $PY -m pytest -q -p no:cacheprovider tests/exec/test_kernels.py -k cuda_kernel_on_gpu
+want window && part window 90 $PY benchmarks/gpu_check_window.py --out "$OUT/check"
+want pytest && part pytest 60 $PY -m pytest -q -p no:cacheprovider tests/exec/test_kernels.py
 if want train; then
     part train-qwen3 60 $PY -m fcp_cli train --model hf:examples/configs/qwen3-tiny.json --nproc 1 --dtype bfloat16 \
         --steps 3 --reducer fsdp2

@@ -186,6 +186,8 @@ class _RingAttentionFn(torch.autograd.Function):
                 args = (_rows(q, q_rows), _rows(k_cur, k_rows), _rows(v_cur, k_rows), cu_q, cu_k)
                 if window is None:
                     out_b, lse_b = kernel.forward(*args, causal, scale, max_q=max_q, max_k=max_k)
+                elif plan.degree == 1 and kernel.fused_window(q):  # whole documents: a fused banded kernel
+                    out_b, lse_b = kernel.forward(*args, causal, scale, max_q=max_q, max_k=max_k, window=window)
                 else:  # the shared masked math path (fcp_exec.kernels.window), whatever the kernel
                     out_b, lse_b = windowed_forward(*args, scale, window, *plan.positions(step))
                 _merge(out_acc, lse_acc, out_b, lse_b, q_rows)
@@ -224,6 +226,8 @@ class _RingAttentionFn(torch.autograd.Function):
                         _rows(out, q_rows), lse_rows, cu_q, cu_k)
                 if window is None:
                     dq_b, dk_b, dv_b = kernel.backward(*args, causal, scale, max_q=max_q, max_k=max_k)
+                elif plan.degree == 1 and kernel.fused_window(q):
+                    dq_b, dk_b, dv_b = kernel.backward(*args, causal, scale, max_q=max_q, max_k=max_k, window=window)
                 else:
                     dq_b, dk_b, dv_b = windowed_backward(*args, scale, window, *plan.positions(step))
                 if q_rows is None:
@@ -312,8 +316,10 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
     also one device-to-host copy). ``check_shapes=False`` skips it — for the later layers of a model whose
     first layer already checked the same shards; it must then be False on every rank of the group in
     that call (a one-sided header would wait for its timeout). ``window``: a sliding window (query position
-    ``i`` of a document sees key positions ``j`` with ``0 <= i - j < window``; causal only), computed by the shared
-    masked math path of :mod:`fcp_exec.kernels.window` whatever the kernel; ``None``: no window.
+    ``i`` of a document sees key positions ``j`` with ``0 <= i - j < window``; causal only): at degree 1 by the
+    kernel itself where it has a fused banded kernel (``kernel.fused_window``: flash-attn / torch's flash varlen on
+    fp16/bf16 CUDA tensors), else — and always at degree > 1, whose blocks pair document chunks at different
+    positions — by the shared masked math path of :mod:`fcp_exec.kernels.window`; ``None``: no window.
     """
     q, k, v = _autocast_inputs(q, k, v)
     scale, kernel = _checked_args(q, k, v, causal, softmax_scale, kernel)

@@ -52,6 +52,12 @@ class AttentionKernel(abc.ABC):
                  max_q: int | None = None, max_k: int | None = None):
         """Return ``(dq, dk, dv)`` for one block, against the final ``out``/``lse``."""
 
+    def fused_window(self, q) -> bool:
+        """Whether ``forward``/``backward`` take ``window=W`` themselves (a fused banded kernel) for blocks like
+        ``q``: only for a block whose query and key rows are the same documents at the same positions (ring
+        attention's degree 1). Default: no — the shared masked path of :mod:`fcp_exec.kernels.window` runs."""
+        return False
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 

@@ -112,12 +112,22 @@ def _param_names(fn, fallback) -> tuple:
     return fallback
 
 
-def _window_kwargs(params) -> dict:
+def _window_kwargs(params, window: int | None = None) -> dict:
+    """flash-attn's sliding window: query ``i`` sees keys ``i - left … i + right``; ``window`` W (causal) is
+    ``(W - 1, 0)``; none is ``(-1, -1)``."""
+    left, right = (-1, -1) if window is None else (window - 1, 0)
     if "window_size_left" in params:
-        return {"window_size_left": -1, "window_size_right": -1}
+        return {"window_size_left": left, "window_size_right": right}
     if "window_size" in params:
-        return {"window_size": (-1, -1)}
+        return {"window_size": (left, right)}
+    if window is not None:
+        raise RuntimeError("this flash-attn has no sliding-window argument; use flash-attn >= 2.6")
     return {}
+
+
+def _tf_window(window: int | None) -> dict:
+    """torch's flash varlen ops take the window as keyword arguments (left ``W - 1``, right 0); none: omitted."""
+    return {} if window is None else {"window_size_left": window - 1, "window_size_right": 0}
 
 
 _BOUNDS_CACHE = 32
@@ -134,6 +144,7 @@ class CudaKernel(AttentionKernel):
     def __init__(self, backend: str = "auto", *, flash_attn_module=None):
         if backend not in ("auto", "flash_attn", "torch_flash", "sdpa"):
             raise ValueError(f"backend must be 'auto', 'flash_attn', 'torch_flash' or 'sdpa', got {backend!r}")
+        self._injected = flash_attn_module is not None
         if flash_attn_module is not None:
             backend = "flash_attn"
             self._fa, reason = flash_attn_module, ""
@@ -172,10 +183,10 @@ class CudaKernel(AttentionKernel):
         return f"CudaKernel(backend={self.backend!r})"
 
     # ------------------------------------------------------------------ flash-attn
-    def _fa_forward(self, q, k, v, cu_q, cu_k, cq, ck, causal, scale, max_q, max_k):
+    def _fa_forward(self, q, k, v, cu_q, cu_k, cq, ck, causal, scale, max_q, max_k, window=None):
         fn = self._fa._flash_attn_varlen_forward
         params = _param_names(fn, _FA27_FWD)
-        kwargs = {"dropout_p": 0.0, "softmax_scale": scale, "causal": causal, **_window_kwargs(params)}
+        kwargs = {"dropout_p": 0.0, "softmax_scale": scale, "causal": causal, **_window_kwargs(params, window)}
         for name, value in (("softcap", 0.0), ("alibi_slopes", None), ("return_softmax", False)):
             if name in params:
                 kwargs[name] = value
@@ -190,13 +201,13 @@ class CudaKernel(AttentionKernel):
         empty_rows_fixup(out, lse, cq, ck)
         return out, lse
 
-    def _fa_backward(self, dout, q, k, v, out, lse, cu_q, cu_k, cq, ck, causal, scale, max_q, max_k):
+    def _fa_backward(self, dout, q, k, v, out, lse, cu_q, cu_k, cq, ck, causal, scale, max_q, max_k, window=None):
         fn = self._fa._flash_attn_varlen_backward
         params = _param_names(fn, _FA27_BWD)
         d = q.shape[-1]
         qp, kp, vp = _pad8(q), _pad8(k), _pad8(v)
         dq, dk, dv = torch.empty_like(qp), torch.empty_like(kp), torch.empty_like(vp)
-        kwargs = {**_window_kwargs(params)}
+        kwargs = {**_window_kwargs(params, window)}
         for name, value in (("softcap", 0.0), ("alibi_slopes", None), ("deterministic", False),
                             ("rng_state", None)):
             if name in params:
@@ -206,9 +217,10 @@ class CudaKernel(AttentionKernel):
         return dq[..., :d], dk[..., :d], dv[..., :d]
 
     # ------------------------------------------------------------------ torch's own flash varlen
-    def _tf_forward(self, q, k, v, cu_q, cu_k, cq, ck, causal, scale, max_q, max_k):
+    def _tf_forward(self, q, k, v, cu_q, cu_k, cq, ck, causal, scale, max_q, max_k, window=None):
         out, lse, _, _, _ = torch.ops.aten._flash_attention_forward(
-            q, k, v, cu_q, cu_k, max_q, max_k, 0.0, causal, return_debug_mask=False, scale=scale)
+            q, k, v, cu_q, cu_k, max_q, max_k, 0.0, causal, return_debug_mask=False, scale=scale,
+            **_tf_window(window))
         if tuple(lse.shape) != (q.shape[1], q.shape[0]):
             raise RuntimeError(f"aten._flash_attention_forward returned an LSE of shape {tuple(lse.shape)}, expected "
                                f"[H, T] = {(q.shape[1], q.shape[0])}; use CudaKernel('sdpa')")
@@ -216,12 +228,12 @@ class CudaKernel(AttentionKernel):
         empty_rows_fixup(out, lse, cq, ck)
         return out, lse
 
-    def _tf_backward(self, dout, q, k, v, out, lse, cu_q, cu_k, causal, scale, max_q, max_k):
+    def _tf_backward(self, dout, q, k, v, out, lse, cu_q, cu_k, causal, scale, max_q, max_k, window=None):
         rng = torch.zeros((2,), dtype=torch.uint64, device=q.device)  # dropout is 0: never read
         unused = torch.empty(0, device=q.device)
         return torch.ops.aten._flash_attention_backward(
             dout.contiguous(), q, k, v, out, lse.float().contiguous(), cu_q, cu_k, max_q, max_k, 0.0, causal, rng,
-            unused, scale=scale)
+            unused, scale=scale, **_tf_window(window))
 
     # ------------------------------------------------------------------ SDPA + math
     @staticmethod
@@ -284,31 +296,43 @@ class CudaKernel(AttentionKernel):
     # ------------------------------------------------------------------ interface
     def _fused(self, q, k) -> str | None:
         """The fused backend for these tensors: flash kernels take fp16/bf16 CUDA tensors only; anything else
-        (and empty blocks) goes the SDPA/math way."""
-        if (self.backend in ("flash_attn", "torch_flash") and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
-                and q.shape[0] > 0 and k.shape[0] > 0):
-            return self.backend
+        (and empty blocks) goes the SDPA/math way. An injected ``flash_attn_module`` takes every non-empty block
+        (a stand-in on CPU tensors decides for itself)."""
+        if q.shape[0] == 0 or k.shape[0] == 0:
+            return None
+        if self._injected or (self.backend in ("flash_attn", "torch_flash") and q.is_cuda
+                              and q.dtype in (torch.float16, torch.bfloat16)):
+            return self.backend if self.backend != "sdpa" else None
         return None
 
-    def forward(self, q, k, v, cu_q, cu_k, causal, scale, *, max_q=None, max_k=None):
+    def fused_window(self, q) -> bool:
+        """flash-attn and torch's flash varlen kernels take a sliding window (``window_size_left = W - 1``,
+        right 0) for the blocks they run (fp16/bf16 CUDA tensors)."""
+        return self._fused(q, q) is not None
+
+    def forward(self, q, k, v, cu_q, cu_k, causal, scale, *, max_q=None, max_k=None, window=None):
         cq, ck = doc_bounds(cu_q), doc_bounds(cu_k)
         h_q, _ = check_block_inputs(q, k, v, cq, ck, causal)
         fused = self._fused(q, k)
         if fused:
             cu_q_t, cu_k_t, max_q, max_k = self._fa_bounds(cq, ck, max_q, max_k, q.device)
             fwd = self._fa_forward if fused == "flash_attn" else self._tf_forward
-            return fwd(q, k, v, cu_q_t, cu_k_t, cq, ck, causal, scale, max_q, max_k)
+            return fwd(q, k, v, cu_q_t, cu_k_t, cq, ck, causal, scale, max_q, max_k, window)
+        if window is not None:
+            raise ValueError("CudaKernel: window= needs a fused block (fp16/bf16 CUDA tensors; see fused_window)")
         return self._sdpa_forward(q, k, v, cq, ck, causal, scale, h_q)
 
-    def backward(self, dout, q, k, v, out, lse, cu_q, cu_k, causal, scale, *, max_q=None, max_k=None):
+    def backward(self, dout, q, k, v, out, lse, cu_q, cu_k, causal, scale, *, max_q=None, max_k=None, window=None):
         cq, ck = doc_bounds(cu_q), doc_bounds(cu_k)
         h_q, h_kv = check_block_inputs(q, k, v, cq, ck, causal)
         fused = self._fused(q, k)
         if fused == "flash_attn":
             cu_q_t, cu_k_t, max_q, max_k = self._fa_bounds(cq, ck, max_q, max_k, q.device)
             return self._fa_backward(dout, q, k, v, out, lse, cu_q_t, cu_k_t, cq, ck, causal, scale,
-                                     max_q, max_k)
+                                     max_q, max_k, window)
         if fused == "torch_flash":
             cu_q_t, cu_k_t, max_q, max_k = self._fa_bounds(cq, ck, max_q, max_k, q.device)
-            return self._tf_backward(dout, q, k, v, out, lse, cu_q_t, cu_k_t, causal, scale, max_q, max_k)
+            return self._tf_backward(dout, q, k, v, out, lse, cu_q_t, cu_k_t, causal, scale, max_q, max_k, window)
+        if window is not None:
+            raise ValueError("CudaKernel: window= needs a fused block (fp16/bf16 CUDA tensors; see fused_window)")
         return self._math_backward(dout, q, k, v, out, lse, cq, ck, causal, scale, h_q, h_kv)

@@ -102,3 +102,19 @@ def test_hf_check_fails_on_a_perturbed_kernel(tmp_path):
     assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-4000:]
     (c,) = doc["checks"]
     assert c["passed"] is False and c["max_error"] > 100 * c["tolerance"], c
+
+
+def test_window_check_passes_on_cpu(tmp_path):
+    """``gpu_check_window.py`` on CPU (the masked path; on a GPU the fused banded kernel): every windowed case within
+    its tolerance of dense fp64, windows 1 … 5000 over documents 0 … 257 tokens, and the timing entry written."""
+    script = SCRIPT.with_name("gpu_check_window.py")
+    proc = subprocess.run([sys.executable, str(script), "--device", "cpu", "--out", str(tmp_path), "--tokens", "256"],
+                          capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    doc = json.loads((tmp_path / "results_window.json").read_text())
+    cases = [c for c in doc["checks"] if c["section"] == "window"]
+    assert len(cases) == 10 and all(c["passed"] and c["max_error"] <= c["tolerance"] for c in cases)
+    assert not any(c["fused"] for c in cases), "CPU kernels have no fused banded kernel"
+    (timing,) = [c for c in doc["checks"] if c["section"] == "window_timing"]
+    assert set(timing["median_ms_by_case"]) == {"full causal", "window 4096 fused", "window 512 fused",
+                                                 "window 4096 masked path"}

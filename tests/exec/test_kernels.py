@@ -168,15 +168,25 @@ def _fa27_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, cu
         buf.copy_(g)
 
 
+def _counting(fn, calls: list):
+    def wrapped(*args, **kwargs):
+        calls.append(kwargs)
+        return fn(*args, **kwargs)
+
+    return wrapped
+
+
 def test_flash_attn_call_plumbing_with_a_stand_in():
     """Only our side of the flash-attn call (keyword names found behind a custom_op wrapper,
     head dim padded to a multiple of 8 and sliced back, int32 cu_seqlens, max lengths, lse shape,
     dq/dk/dv buffers): flash-attn itself is replaced by the math reference with the 2.7 signature,
-    so this says nothing about flash-attn's numerics (``benchmarks/gpu_check.py`` does, on a GPU)."""
+    so this says nothing about flash-attn's numerics (``benchmarks/gpu_check.py`` does, on a GPU).
+    The stand-in must actually be called (an injected module takes CPU tensors too)."""
     import types
 
-    stand_in = types.SimpleNamespace(_flash_attn_varlen_forward=_CustomOpLike(_fa27_forward),
-                                     _flash_attn_varlen_backward=_CustomOpLike(_fa27_backward))
+    calls: list = []
+    stand_in = types.SimpleNamespace(_flash_attn_varlen_forward=_CustomOpLike(_counting(_fa27_forward, calls)),
+                                     _flash_attn_varlen_backward=_CustomOpLike(_counting(_fa27_backward, calls)))
     kernel = CudaKernel(flash_attn_module=stand_in)
     assert kernel.backend == "flash_attn"
     cu = [0, 5, 12]
@@ -189,3 +199,71 @@ def test_flash_attn_call_plumbing_with_a_stand_in():
     ref_grads = ReferenceKernel().backward(dout, q, k, v, ref_out, ref_lse, cu, cu, True, 0.3)
     for got, want in zip(grads, ref_grads):
         assert got.shape == want.shape and (got - want).abs().max() <= 1e-5
+    assert len(calls) == 2 and all(c["window_size_left"] == c["window_size_right"] == -1 for c in calls)
+
+
+def _doc_positions(cu) -> torch.Tensor:
+    cu = [int(x) for x in cu]
+    return torch.cat([torch.arange(b - a) for a, b in zip(cu[:-1], cu[1:])])
+
+
+def _fa27_window_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
+                         causal, window_size_left=-1, window_size_right=-1, **unused):
+    """flash-attn's documented sliding window (query i sees keys i - left … i + right; causal: right 0), computed by
+    the masked math path on whole documents — a stand-in for flash-attn's numerics, not flash-attn."""
+    from fcp_exec.kernels.window import windowed_forward
+
+    if window_size_left < 0:
+        return _fa27_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                             softmax_scale, causal)
+    assert causal and window_size_right == 0 and cu_seqlens_q.dtype == torch.int32
+    pos = _doc_positions(cu_seqlens_q)
+    out, lse = windowed_forward(q, k, v, cu_seqlens_q.tolist(), cu_seqlens_k.tolist(), softmax_scale,
+                                window_size_left + 1, pos, pos)
+    return out, lse.float(), None, None
+
+
+def _fa27_window_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                          max_seqlen_k, dropout_p, softmax_scale, causal, window_size_left, window_size_right, softcap,
+                          alibi_slopes, deterministic, rng_state=None):
+    from fcp_exec.kernels.window import windowed_backward
+
+    if window_size_left < 0:
+        return _fa27_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                              max_seqlen_k, dropout_p, softmax_scale, causal, window_size_left, window_size_right,
+                              softcap, alibi_slopes, deterministic, rng_state)
+    pos = _doc_positions(cu_seqlens_q)
+    grads = windowed_backward(dout, q, k, v, out, softmax_lse.double(), cu_seqlens_q.tolist(), cu_seqlens_k.tolist(),
+                              softmax_scale, window_size_left + 1, pos, pos)
+    for buf, g in zip((dq, dk, dv), grads):
+        buf.copy_(g)
+
+
+@pytest.mark.parametrize("window", [1, 3, 16, 40])
+def test_degree1_window_reaches_a_fused_kernel(window):
+    """At degree 1 ring attention hands ``window=W`` to a kernel with a fused banded kernel (``fused_window``), which
+    passes flash-attn ``window_size_left = W - 1, window_size_right = 0``. flash-attn is a stand-in implementing that
+    documented rule on whole documents: a wrong conversion (W instead of W - 1, or a right window) changes the
+    result. Reference: dense fp64 windowed attention; the stand-in must have received every windowed call."""
+    import types
+
+    from fcp_exec import ring_attention
+
+    calls: list = []
+    stand_in = types.SimpleNamespace(
+        _flash_attn_varlen_forward=_CustomOpLike(_counting(_fa27_window_forward, calls)),
+        _flash_attn_varlen_backward=_CustomOpLike(_counting(_fa27_window_backward, calls)))
+    kernel = CudaKernel(flash_attn_module=stand_in)
+    assert kernel.fused_window(torch.zeros(3, 1, 8)) and not ReferenceKernel().fused_window(torch.zeros(3, 1, 8))
+    cu = [0, 1, 1, 12, 45]
+    q, k, v, dout = _data(cu, 4, 2, 6, torch.float64, seed=9)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    out = ring_attention(*leaves, cu, ranks=(0,), kernel=kernel, window=window)
+    out.backward(dout)
+    ref_leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    ref = dense_attention(*ref_leaves, cu, window=window)
+    ref.backward(dout)
+    for got, want in [(out, ref)] + [(a.grad, b.grad) for a, b in zip(leaves, ref_leaves)]:
+        # 2e-6: flash-attn's log-sum-exp is float32, so the stand-in's is rounded to float32 too
+        assert (got.detach() - want.detach()).abs().max() <= 2e-6 * max(1.0, float(want.detach().abs().max()))
+    assert [(c["window_size_left"], c["window_size_right"]) for c in calls] == [(window - 1, 0)] * 2
