@@ -189,11 +189,11 @@ class _Ctx:
 
 
 def run_ring_threads(q, k, v, dout, cu, degree: int, causal: bool, scale: float, kernel,
-                     timeout: float = 120.0):
+                     timeout: float = 120.0, window: int | None = None):
     """Zigzag-shard the global ``q, k, v, dout`` over ``degree`` virtual ranks, run the ring
     schedule of ``fcp_exec.ring_attention`` forward and backward in ``degree`` threads, unshard.
 
-    Returns ``(out, dq, dk, dv)`` in global token order. Raises ``RuntimeError`` naming the
+    ``window``: a sliding window (``ring_attention``'s). Returns ``(out, dq, dk, dv)`` in global token order. Raises ``RuntimeError`` naming the
     failing virtual rank(s) with their exception text.
     """
     from fcp_data.layout import check_cu_seqlens, zigzag_shard, zigzag_unshard
@@ -215,7 +215,7 @@ def run_ring_threads(q, k, v, dout, cu, degree: int, causal: bool, scale: float,
             plan = _Plan(cu_l, degree, r, causal, q.device)
             ctx = _Ctx()
             with torch.no_grad():
-                out = _RingAttentionFn.forward(ctx, ql, kl, vl, plan, hub.comm(r), scale, kernel)
+                out = _RingAttentionFn.forward(ctx, ql, kl, vl, plan, hub.comm(r), scale, kernel, window)
                 grads = _RingAttentionFn.backward(ctx, dl)
             results[r] = (out, *grads[:3])
         except BaseException as exc:  # noqa: BLE001 - reported to the caller with the rank

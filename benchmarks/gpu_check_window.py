@@ -8,7 +8,10 @@
    reference entry, absolute where that is below 1). Each entry records whether the kernel's fused banded path ran (``fused``: ``kernel.fused_window``
    — flash-attn / torch's flash varlen on fp16/bf16 CUDA tensors) or the shared masked math path. Backends: the
    device's ``auto`` kernel and, on a GPU, ``CudaKernel("sdpa")`` (which has no fused window: the masked path).
-2. ``window_timing``: one causal document of ``--tokens`` (GPU 32,768; heads 32/8, head dim 128, bf16), forward +
+2. ``ring_window[...] d=… W=…``: the ring schedule at degree 2 and 4 (one thread per virtual rank, in one process)
+   with windows 7, 300 and 5,000 against dense fp64: on a GPU every block goes through the fused banded kernel, one
+   call per pair of zigzag chunks (``fcp_exec.kernels.window_band``).
+3. ``window_timing``: one causal document of ``--tokens`` (GPU 32,768; heads 32/8, head dim 128, bf16), forward +
    backward, CUDA events, median of ``--iters``: full causal, window 4,096 and 512 fused, and window 4,096 on the
    masked path — the cost before the fused path existed.
 
@@ -55,6 +58,35 @@ def check(kernel, dtype_name: str, window: int, lens, device) -> dict:
     t_out, t_grad, _ = TOL[dtype_name]
     return {"errors": errors, "tolerances": {"out": t_out, "dq": t_grad, "dk": t_grad, "dv": t_grad},
             "fused": fused, "kernel": repr(kernel), "documents": list(lens)}
+
+
+def check_ring(kernel, dtype_name: str, window: int, degree: int, device) -> dict:
+    """The ring schedule at ``degree`` (one thread per virtual rank, ``_gpu_check_ring.run_ring_threads``) with
+    ``window``: a fused banded kernel runs one call per pair of zigzag chunks (``fcp_exec.kernels.window_band``)."""
+    from _gpu_check_ring import run_ring_threads
+
+    from fcp_exec.testing import dense_attention
+
+    dtype = getattr(torch, dtype_name)
+    lens = [2 * degree * n for n in (3, 0, 20, 260 if device.type == "cuda" else 40)]
+    cu = [0]
+    for n in lens:
+        cu.append(cu[-1] + n)
+    gen = torch.Generator().manual_seed(100 * degree + window)
+    q, k, v, dout = (torch.randn(cu[-1], h, 64, generator=gen).to(dtype) for h in (8, 2, 2, 8))
+    fused = bool(kernel.fused_window(q.to(device)))
+    got = run_ring_threads(*(x.to(device) for x in (q, k, v, dout)), cu, degree, True, 64 ** -0.5, kernel,
+                           window=window)
+    ref_leaves = [x.to(torch.float64, copy=True).requires_grad_() for x in (q, k, v)]
+    ref = dense_attention(*ref_leaves, cu, window=window)
+    ref.backward(dout.double())
+    errors = {}
+    for name, g, w in zip(("out", "dq", "dk", "dv"), got, (ref, *(x.grad for x in ref_leaves))):
+        w = w.detach()
+        errors[name] = float((g.double().cpu() - w).abs().max()) / max(float(w.abs().max()), 1.0)
+    t_out, t_grad, _ = TOL[dtype_name]
+    return {"errors": errors, "tolerances": {"out": t_out, "dq": t_grad, "dk": t_grad, "dv": t_grad},
+            "fused": fused, "kernel": repr(kernel), "documents": lens, "degree": degree}
 
 
 def _ms(fn, device) -> float:
@@ -123,6 +155,10 @@ def main(argv=None) -> int:
             for window in (1, 7, 64, 300, 5000):
                 res.run(f"window[{label},{dtype_name}] W={window} vs dense fp64", "window", check, kernel,
                         dtype_name, window, lens, device)
+    for degree in (2, 4):
+        for window in (7, 300, 5000):
+            res.run(f"ring_window[auto,{'bfloat16' if cuda else 'float32'}] d={degree} W={window} vs dense fp64",
+                    "ring_window", check_ring, auto, "bfloat16" if cuda else "float32", window, degree, device)
     tokens = args.tokens or (32768 if cuda else 1024)
     heads = (32, 8, 128) if cuda else (4, 1, 64)
     res.run(f"window_timing degree 1 fwd+bwd {tokens} tokens heads {heads[0]}/{heads[1]} d{heads[2]}", "window_timing",
@@ -133,7 +169,7 @@ def main(argv=None) -> int:
     res.meta["wall_s"] = round(time.monotonic() - t0, 1)
     res.write()
     failed = res.failed()
-    n_fused = sum(bool(c.get("fused")) for c in res.checks if c["section"] == "window")
+    n_fused = sum(bool(c.get("fused")) for c in res.checks if c["section"] in ("window", "ring_window"))
     print(f"gpu_check_window: {len(res.checks)} checks, {len(failed)} failed, {n_fused} on a fused banded kernel; "
           f"{res.meta['wall_s']} s")
     for c in failed:

@@ -14,12 +14,11 @@ diagonal if ``b == a`` and not at all if ``b > a``; per document pair this gives
 * ``s > r``: chunk ``r`` sees nothing; chunk ``2d−1−r`` sees chunks ``s`` and ``2d−1−s`` fully →
   the *second halves* of the queries against all keys, no mask.
 
-The same holds for every document at once (only chunk sizes differ), so each step is one varlen
-kernel call. With a full (bidirectional) mask every step is all queries against all keys.
-Partial results are merged in fp32 (fp64 for fp64 inputs) with the log-sum-exp update. Backward
-re-runs each block against the final ``out``/``lse``; dQ stays local while dK/dV travel round the
-ring with the key/value blocks and arrive back at their owner after ``d`` hops. The next block's
-send/recv is posted before the current block is computed.
+The same holds for every document at once (only chunk sizes differ), so each step is one varlen kernel call (with
+a sliding window: see ``ring_attention``). With a full mask every step is all queries against all keys. Partial
+results are merged in fp32 (fp64 for fp64 inputs) by log-sum-exp. Backward re-runs each block against the final
+``out``/``lse``; dQ stays local while dK/dV travel round the ring with the key/value blocks and arrive back at
+their owner after ``d`` hops. The next block's send/recv is posted before the current block is computed.
 
 Before the first block travels, every rank swaps a 12-integer header (local tokens, heads, head dim, dtype,
 mask, softmax scale, degree, checksums of ``ranks`` and of the local ``cu_seqlens``) with both ring
@@ -39,6 +38,7 @@ from fcp_exec.comm import RingComm
 from fcp_exec.kernels import AttentionKernel, default_kernel, get_kernel
 from fcp_exec.kernels.base import lse_dtype_for
 from fcp_exec.kernels.window import windowed_backward, windowed_forward
+from fcp_exec.kernels.window_band import band_backward, band_forward, plan_band
 from fcp_data.layout import check_cu_seqlens
 
 __all__ = ["RingBatch", "ring_attention"]
@@ -186,8 +186,10 @@ class _RingAttentionFn(torch.autograd.Function):
                 args = (_rows(q, q_rows), _rows(k_cur, k_rows), _rows(v_cur, k_rows), cu_q, cu_k)
                 if window is None:
                     out_b, lse_b = kernel.forward(*args, causal, scale, max_q=max_q, max_k=max_k)
-                elif plan.degree == 1 and kernel.fused_window(q):  # whole documents: a fused banded kernel
+                elif kernel.fused_window(q) and plan.degree == 1:  # a fused banded kernel: whole documents
                     out_b, lse_b = kernel.forward(*args, causal, scale, max_q=max_q, max_k=max_k, window=window)
+                elif kernel.fused_window(q):  # ... one call per pair of zigzag chunks
+                    out_b, lse_b = band_forward(kernel, *args[:3], plan_band(plan, step, window), scale)
                 else:  # the shared masked math path (fcp_exec.kernels.window), whatever the kernel
                     out_b, lse_b = windowed_forward(*args, scale, window, *plan.positions(step))
                 _merge(out_acc, lse_acc, out_b, lse_b, q_rows)
@@ -226,8 +228,10 @@ class _RingAttentionFn(torch.autograd.Function):
                         _rows(out, q_rows), lse_rows, cu_q, cu_k)
                 if window is None:
                     dq_b, dk_b, dv_b = kernel.backward(*args, causal, scale, max_q=max_q, max_k=max_k)
-                elif plan.degree == 1 and kernel.fused_window(q):
+                elif kernel.fused_window(q) and plan.degree == 1:
                     dq_b, dk_b, dv_b = kernel.backward(*args, causal, scale, max_q=max_q, max_k=max_k, window=window)
+                elif kernel.fused_window(q):
+                    dq_b, dk_b, dv_b = band_backward(kernel, *args[:6], plan_band(plan, step, window), scale)
                 else:
                     dq_b, dk_b, dv_b = windowed_backward(*args, scale, window, *plan.positions(step))
                 if q_rows is None:
@@ -316,10 +320,11 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
     also one device-to-host copy). ``check_shapes=False`` skips it — for the later layers of a model whose
     first layer already checked the same shards; it must then be False on every rank of the group in
     that call (a one-sided header would wait for its timeout). ``window``: a sliding window (query position
-    ``i`` of a document sees key positions ``j`` with ``0 <= i - j < window``; causal only): at degree 1 by the
-    kernel itself where it has a fused banded kernel (``kernel.fused_window``: flash-attn / torch's flash varlen on
-    fp16/bf16 CUDA tensors), else — and always at degree > 1, whose blocks pair document chunks at different
-    positions — by the shared masked math path of :mod:`fcp_exec.kernels.window`; ``None``: no window.
+    ``i`` of a document sees key positions ``j`` with ``0 <= i - j < window``; causal only): by the kernel itself
+    where it has a fused banded kernel (``kernel.fused_window``: flash-attn / torch's flash varlen on fp16/bf16
+    CUDA tensors) — one varlen call at degree 1, one call per pair of zigzag chunks at degree > 1
+    (:mod:`fcp_exec.kernels.window_band`) — else by the shared masked math path of :mod:`fcp_exec.kernels.window`;
+    ``None``: no window.
     """
     q, k, v = _autocast_inputs(q, k, v)
     scale, kernel = _checked_args(q, k, v, causal, softmax_scale, kernel)

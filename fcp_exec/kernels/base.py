@@ -53,9 +53,10 @@ class AttentionKernel(abc.ABC):
         """Return ``(dq, dk, dv)`` for one block, against the final ``out``/``lse``."""
 
     def fused_window(self, q) -> bool:
-        """Whether ``forward``/``backward`` take ``window=W`` themselves (a fused banded kernel) for blocks like
-        ``q``: only for a block whose query and key rows are the same documents at the same positions (ring
-        attention's degree 1). Default: no — the shared masked path of :mod:`fcp_exec.kernels.window` runs."""
+        """Whether ``forward``/``backward`` take a window themselves (a fused banded kernel) for blocks like ``q``:
+        ``window=W`` (causal; whole documents, ring attention's degree 1) or ``window=(left, right)`` (flash-attn's
+        band convention, non-causal; one run pair of a ring block, :mod:`fcp_exec.kernels.window_band`).
+        Default: no — the shared masked path of :mod:`fcp_exec.kernels.window` runs."""
         return False
 
     def __repr__(self) -> str:

@@ -112,10 +112,20 @@ def _param_names(fn, fallback) -> tuple:
     return fallback
 
 
-def _window_kwargs(params, window: int | None = None) -> dict:
-    """flash-attn's sliding window: query ``i`` sees keys ``i - left … i + right``; ``window`` W (causal) is
-    ``(W - 1, 0)``; none is ``(-1, -1)``."""
-    left, right = (-1, -1) if window is None else (window - 1, 0)
+def _band(window) -> tuple[int, int]:
+    """``(left, right)`` of flash's window convention (query ``i`` of ``Sq`` sees keys ``[i + Sk − Sq − left,
+    i + Sk − Sq + right]``, -1 unbounded): an int W is the causal sliding window ``(W − 1, 0)``, a pair is taken as
+    it is (``fcp_exec.kernels.window_band``), None is no window."""
+    if window is None:
+        return -1, -1
+    if isinstance(window, tuple):
+        return int(window[0]), int(window[1])
+    return int(window) - 1, 0
+
+
+def _window_kwargs(params, window=None) -> dict:
+    """flash-attn's keyword arguments for :func:`_band` of ``window``."""
+    left, right = _band(window)
     if "window_size_left" in params:
         return {"window_size_left": left, "window_size_right": right}
     if "window_size" in params:
@@ -125,9 +135,12 @@ def _window_kwargs(params, window: int | None = None) -> dict:
     return {}
 
 
-def _tf_window(window: int | None) -> dict:
-    """torch's flash varlen ops take the window as keyword arguments (left ``W - 1``, right 0); none: omitted."""
-    return {} if window is None else {"window_size_left": window - 1, "window_size_right": 0}
+def _tf_window(window) -> dict:
+    """torch's flash varlen ops take the window as keyword arguments (:func:`_band`); none: omitted."""
+    if window is None:
+        return {}
+    left, right = _band(window)
+    return {"window_size_left": left, "window_size_right": right}
 
 
 _BOUNDS_CACHE = 32
@@ -307,7 +320,7 @@ class CudaKernel(AttentionKernel):
 
     def fused_window(self, q) -> bool:
         """flash-attn and torch's flash varlen kernels take a sliding window (``window_size_left = W - 1``,
-        right 0) for the blocks they run (fp16/bf16 CUDA tensors)."""
+        right 0) or a band ``window=(left, right)`` for the blocks they run (fp16/bf16 CUDA tensors)."""
         return self._fused(q, q) is not None
 
     def forward(self, q, k, v, cu_q, cu_k, causal, scale, *, max_q=None, max_k=None, window=None):

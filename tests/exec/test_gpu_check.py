@@ -115,6 +115,8 @@ def test_window_check_passes_on_cpu(tmp_path):
     cases = [c for c in doc["checks"] if c["section"] == "window"]
     assert len(cases) == 10 and all(c["passed"] and c["max_error"] <= c["tolerance"] for c in cases)
     assert not any(c["fused"] for c in cases), "CPU kernels have no fused banded kernel"
+    ring = [c for c in doc["checks"] if c["section"] == "ring_window"]
+    assert len(ring) == 6 and all(c["passed"] and c["max_error"] <= c["tolerance"] for c in ring)
     (timing,) = [c for c in doc["checks"] if c["section"] == "window_timing"]
     assert set(timing["median_ms_by_case"]) == {"full causal", "window 4096 fused", "window 512 fused",
                                                  "window 4096 masked path"}

@@ -202,58 +202,18 @@ def test_flash_attn_call_plumbing_with_a_stand_in():
     assert len(calls) == 2 and all(c["window_size_left"] == c["window_size_right"] == -1 for c in calls)
 
 
-def _doc_positions(cu) -> torch.Tensor:
-    cu = [int(x) for x in cu]
-    return torch.cat([torch.arange(b - a) for a, b in zip(cu[:-1], cu[1:])])
-
-
-def _fa27_window_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
-                         causal, window_size_left=-1, window_size_right=-1, **unused):
-    """flash-attn's documented sliding window (query i sees keys i - left … i + right; causal: right 0), computed by
-    the masked math path on whole documents — a stand-in for flash-attn's numerics, not flash-attn."""
-    from fcp_exec.kernels.window import windowed_forward
-
-    if window_size_left < 0:
-        return _fa27_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
-                             softmax_scale, causal)
-    assert causal and window_size_right == 0 and cu_seqlens_q.dtype == torch.int32
-    pos = _doc_positions(cu_seqlens_q)
-    out, lse = windowed_forward(q, k, v, cu_seqlens_q.tolist(), cu_seqlens_k.tolist(), softmax_scale,
-                                window_size_left + 1, pos, pos)
-    return out, lse.float(), None, None
-
-
-def _fa27_window_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                          max_seqlen_k, dropout_p, softmax_scale, causal, window_size_left, window_size_right, softcap,
-                          alibi_slopes, deterministic, rng_state=None):
-    from fcp_exec.kernels.window import windowed_backward
-
-    if window_size_left < 0:
-        return _fa27_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                              max_seqlen_k, dropout_p, softmax_scale, causal, window_size_left, window_size_right,
-                              softcap, alibi_slopes, deterministic, rng_state)
-    pos = _doc_positions(cu_seqlens_q)
-    grads = windowed_backward(dout, q, k, v, out, softmax_lse.double(), cu_seqlens_q.tolist(), cu_seqlens_k.tolist(),
-                              softmax_scale, window_size_left + 1, pos, pos)
-    for buf, g in zip((dq, dk, dv), grads):
-        buf.copy_(g)
-
-
 @pytest.mark.parametrize("window", [1, 3, 16, 40])
 def test_degree1_window_reaches_a_fused_kernel(window):
     """At degree 1 ring attention hands ``window=W`` to a kernel with a fused banded kernel (``fused_window``), which
-    passes flash-attn ``window_size_left = W - 1, window_size_right = 0``. flash-attn is a stand-in implementing that
-    documented rule on whole documents: a wrong conversion (W instead of W - 1, or a right window) changes the
-    result. Reference: dense fp64 windowed attention; the stand-in must have received every windowed call."""
-    import types
+    passes flash-attn ``window_size_left = W - 1, window_size_right = 0``. flash-attn is a stand-in implementing its
+    documented rule (``tests/exec/_flash_reference.py``): a wrong conversion (W instead of W - 1, or a right window)
+    changes the result. Reference: dense fp64 windowed attention; the stand-in must have received every windowed call."""
+    import _flash_reference
 
     from fcp_exec import ring_attention
 
     calls: list = []
-    stand_in = types.SimpleNamespace(
-        _flash_attn_varlen_forward=_CustomOpLike(_counting(_fa27_window_forward, calls)),
-        _flash_attn_varlen_backward=_CustomOpLike(_counting(_fa27_window_backward, calls)))
-    kernel = CudaKernel(flash_attn_module=stand_in)
+    kernel = CudaKernel(flash_attn_module=_flash_reference.module(calls))
     assert kernel.fused_window(torch.zeros(3, 1, 8)) and not ReferenceKernel().fused_window(torch.zeros(3, 1, 8))
     cu = [0, 1, 1, 12, 45]
     q, k, v, dout = _data(cu, 4, 2, 6, torch.float64, seed=9)

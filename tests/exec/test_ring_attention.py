@@ -58,7 +58,8 @@ def ring_case(rank, groupings, lengths, heads, dtype_name, causal, seed, kernel_
         ql, cul = zigzag_shard(q, torch.tensor(cu, dtype=torch.int32), degree, cp_rank)
         kl, vl = zigzag_shard(k, cu, degree, cp_rank)[0], zigzag_shard(v, cu, degree, cp_rank)[0]
         ql, kl, vl = (x.detach().clone().requires_grad_() for x in (ql, kl, vl))
-        kernel = kernel_name  # a kernel name (or None: the default for the device)
+        # a kernel name (None: the default for the device), or a function returning a kernel object
+        kernel = kernel_name() if callable(kernel_name) else kernel_name
         out = ring_attention(ql, kl, vl, cul, ranks=group, causal=causal, kernel=kernel, timeout=30, window=window)
         assert out.dtype == dtype and out.shape == ql.shape
         out.backward(zigzag_shard(dout, cu, degree, cp_rank)[0])
