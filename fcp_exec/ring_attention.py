@@ -36,7 +36,7 @@ import torch
 
 from fcp_exec.comm import RingComm
 from fcp_exec.kernels import AttentionKernel, default_kernel, get_kernel
-from fcp_exec.kernels.base import lse_dtype_for
+from fcp_exec.kernels.base import lse_dtype_for, merge_block
 from fcp_exec.kernels.window import windowed_backward, windowed_forward
 from fcp_exec.kernels.window_band import band_backward, band_forward, plan_band
 from fcp_data.layout import check_cu_seqlens
@@ -151,31 +151,37 @@ def _rows(x: torch.Tensor, idx):
     return x if idx is None else x.index_select(0, idx)
 
 
-def _merge(out_acc, lse_acc, out_b, lse_b, idx) -> None:
-    """In place: fold block result (``out_b`` ``[n, H, D]``, ``lse_b`` ``[H, n]``) into rows ``idx``."""
-    lse_old = lse_acc if idx is None else lse_acc.index_select(1, idx)
-    out_old = out_acc if idx is None else out_acc.index_select(0, idx)
-    lse_b = lse_b.to(lse_acc.dtype)
-    new = torch.logaddexp(lse_old, lse_b)
-    finite = torch.isfinite(new)
-    base = torch.where(finite, new, torch.zeros_like(new))
-    w_old = torch.where(finite, torch.exp(lse_old - base), torch.zeros_like(new))
-    w_b = torch.where(finite, torch.exp(lse_b - base), torch.zeros_like(new))
-    merged = out_old * w_old.t().unsqueeze(-1) + out_b.to(out_acc.dtype) * w_b.t().unsqueeze(-1)
-    if idx is None:
-        out_acc.copy_(merged)
-        lse_acc.copy_(new)
-    else:
-        out_acc.index_copy_(0, idx, merged)
-        lse_acc.index_copy_(1, idx, new)
+def _block_forward(plan: _Plan, kernel, step: int, args, causal: bool, scale: float, max_q, max_k, window):
+    """``(out, lse)`` of ``plan.block(step)`` (``args``: its q, k, v rows and bounds), by the kernel or, with a
+    sliding window, by its fused banded kernel (whole documents at degree 1, per chunk pair above) or the masked
+    math path of :mod:`fcp_exec.kernels.window`."""
+    if window is None:
+        return kernel.forward(*args, causal, scale, max_q=max_q, max_k=max_k)
+    if kernel.fused_window(args[0]) and plan.degree == 1:
+        return kernel.forward(*args, causal, scale, max_q=max_q, max_k=max_k, window=window)
+    if kernel.fused_window(args[0]):
+        return band_forward(kernel, *args[:3], plan_band(plan, step, window), scale)
+    return windowed_forward(*args, scale, window, *plan.positions(step))
+
+
+def _block_backward(plan: _Plan, kernel, step: int, args, causal: bool, scale: float, max_q, max_k, window):
+    """``(dq, dk, dv)`` of ``plan.block(step)`` against the final ``out``/``lse`` (as :func:`_block_forward`)."""
+    if window is None:
+        return kernel.backward(*args, causal, scale, max_q=max_q, max_k=max_k)
+    if kernel.fused_window(args[1]) and plan.degree == 1:
+        return kernel.backward(*args, causal, scale, max_q=max_q, max_k=max_k, window=window)
+    if kernel.fused_window(args[1]):
+        return band_backward(kernel, *args[:6], plan_band(plan, step, window), scale)
+    return windowed_backward(*args, scale, window, *plan.positions(step))
 
 
 class _RingAttentionFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, plan: _Plan, comm, scale: float, kernel: AttentionKernel, window: int | None = None):
         acc = lse_dtype_for(q.dtype)
-        out_acc = torch.zeros(q.shape, dtype=acc, device=q.device)
-        lse_acc = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=acc, device=q.device)
+        # step 0's block has every query row: its result starts the running result (no zero-fill, no merge)
+        out_acc = torch.zeros(q.shape, dtype=acc, device=q.device) if not q.shape[0] else None
+        lse_acc = torch.full((q.shape[1], 0), float("-inf"), dtype=acc, device=q.device) if not q.shape[0] else None
         k_cur, v_cur = k, v
         for step in range(plan.degree):
             pending = None
@@ -184,15 +190,11 @@ class _RingAttentionFn(torch.autograd.Function):
             q_rows, k_rows, cu_q, cu_k, causal, max_q, max_k = plan.block(step)
             if q.shape[0]:
                 args = (_rows(q, q_rows), _rows(k_cur, k_rows), _rows(v_cur, k_rows), cu_q, cu_k)
-                if window is None:
-                    out_b, lse_b = kernel.forward(*args, causal, scale, max_q=max_q, max_k=max_k)
-                elif kernel.fused_window(q) and plan.degree == 1:  # a fused banded kernel: whole documents
-                    out_b, lse_b = kernel.forward(*args, causal, scale, max_q=max_q, max_k=max_k, window=window)
-                elif kernel.fused_window(q):  # ... one call per pair of zigzag chunks
-                    out_b, lse_b = band_forward(kernel, *args[:3], plan_band(plan, step, window), scale)
-                else:  # the shared masked math path (fcp_exec.kernels.window), whatever the kernel
-                    out_b, lse_b = windowed_forward(*args, scale, window, *plan.positions(step))
-                _merge(out_acc, lse_acc, out_b, lse_b, q_rows)
+                out_b, lse_b = _block_forward(plan, kernel, step, args, causal, scale, max_q, max_k, window)
+                if out_acc is None:  # step 0: all rows
+                    out_acc, lse_acc = out_b.to(acc), lse_b.to(acc)
+                else:
+                    merge_block(out_acc, lse_acc, out_b, lse_b, q_rows)
             if pending is not None:
                 k_cur, v_cur = pending.wait()
         out = out_acc.to(q.dtype)
@@ -211,7 +213,7 @@ class _RingAttentionFn(torch.autograd.Function):
         plan, comm, scale, kernel, window = ctx.plan, ctx.comm, ctx.scale, ctx.kernel, ctx.window
         dout = dout.contiguous()
         acc = lse.dtype
-        dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+        dq = torch.zeros(q.shape, dtype=acc, device=q.device) if plan.degree > 1 or not q.shape[0] else None
         k_cur, v_cur = k, v
         dkv_pending = None
         dk_blk = dv_blk = None
@@ -220,27 +222,22 @@ class _RingAttentionFn(torch.autograd.Function):
             if step + 1 < plan.degree:
                 kv_pending = comm.send_recv([k_cur, v_cur], tag=0, what="k/v")
             q_rows, k_rows, cu_q, cu_k, causal, max_q, max_k = plan.block(step)
-            dk_blk = torch.zeros(k.shape, dtype=acc, device=k.device)
-            dv_blk = torch.zeros(v.shape, dtype=acc, device=v.device)
+            full_keys = k_rows is None and q.shape[0]  # this block's dK/dV are the kernel's, whole
+            dk_blk = None if full_keys else torch.zeros(k.shape, dtype=acc, device=k.device)
+            dv_blk = None if full_keys else torch.zeros(v.shape, dtype=acc, device=v.device)
             if q.shape[0]:
                 lse_rows = lse if q_rows is None else lse.index_select(1, q_rows)
                 args = (_rows(dout, q_rows), _rows(q, q_rows), _rows(k_cur, k_rows), _rows(v_cur, k_rows),
                         _rows(out, q_rows), lse_rows, cu_q, cu_k)
-                if window is None:
-                    dq_b, dk_b, dv_b = kernel.backward(*args, causal, scale, max_q=max_q, max_k=max_k)
-                elif kernel.fused_window(q) and plan.degree == 1:
-                    dq_b, dk_b, dv_b = kernel.backward(*args, causal, scale, max_q=max_q, max_k=max_k, window=window)
-                elif kernel.fused_window(q):
-                    dq_b, dk_b, dv_b = band_backward(kernel, *args[:6], plan_band(plan, step, window), scale)
-                else:
-                    dq_b, dk_b, dv_b = windowed_backward(*args, scale, window, *plan.positions(step))
-                if q_rows is None:
+                dq_b, dk_b, dv_b = _block_backward(plan, kernel, step, args, causal, scale, max_q, max_k, window)
+                if dq is None:  # degree 1: the one block's dQ
+                    dq = dq_b.to(acc)
+                elif q_rows is None:
                     dq += dq_b.to(acc)
                 else:
                     dq.index_add_(0, q_rows, dq_b.to(acc))
-                if k_rows is None:
-                    dk_blk += dk_b.to(acc)
-                    dv_blk += dv_b.to(acc)
+                if full_keys:
+                    dk_blk, dv_blk = dk_b.to(acc), dv_b.to(acc)
                 else:
                     dk_blk.index_copy_(0, k_rows, dk_b.to(acc))
                     dv_blk.index_copy_(0, k_rows, dv_b.to(acc))

@@ -122,3 +122,27 @@ def empty_rows_fixup(out: torch.Tensor, lse: torch.Tensor, cu_q: list[int], cu_k
         if cu_q[i + 1] > cu_q[i] and cu_k[i + 1] == cu_k[i]:
             out[cu_q[i]:cu_q[i + 1]] = 0
             lse[:, cu_q[i]:cu_q[i + 1]] = float("-inf")
+
+
+def merge_block(out_acc: torch.Tensor, lse_acc: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor,
+                rows=None) -> None:
+    """In place: fold one block's result (``out_b`` ``[n, H, D]``, ``lse_b`` ``[H, n]``) into the running
+    ``out_acc``/``lse_acc`` at ``rows`` (None: all rows; a slice; or an index tensor) by the log-sum-exp update.
+    Rows where both are ``-inf`` stay ``out = 0``, ``lse = -inf``."""
+    index = isinstance(rows, torch.Tensor)
+    sel = slice(None) if rows is None else rows
+    lse_old = lse_acc.index_select(1, rows) if index else lse_acc[:, sel]
+    out_old = out_acc.index_select(0, rows) if index else out_acc[sel]
+    lse_b = lse_b.to(lse_acc.dtype)
+    new = torch.logaddexp(lse_old, lse_b)
+    finite = torch.isfinite(new)
+    base = torch.where(finite, new, torch.zeros_like(new))
+    w_old = torch.where(finite, torch.exp(lse_old - base), torch.zeros_like(new))
+    w_b = torch.where(finite, torch.exp(lse_b - base), torch.zeros_like(new))
+    merged = out_old * w_old.t().unsqueeze(-1) + out_b.to(out_acc.dtype) * w_b.t().unsqueeze(-1)
+    if index:
+        out_acc.index_copy_(0, rows, merged)
+        lse_acc.index_copy_(1, rows, new)
+    else:
+        out_acc[sel] = merged
+        lse_acc[:, sel] = new

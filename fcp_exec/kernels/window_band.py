@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from fcp_exec.kernels.base import lse_dtype_for
+from fcp_exec.kernels.base import lse_dtype_for, merge_block
 
 __all__ = ["band_calls", "band_forward", "band_backward", "block_runs", "plan_band"]
 
@@ -74,19 +74,6 @@ def plan_band(plan, step: int, window: int) -> list:
     return cache[(step, window)]
 
 
-def _merge(out, lse, a: int, n: int, o, lo) -> None:
-    """In place: fold one call's ``(o [n, H, D], lo [H, n])`` into rows ``a … a + n − 1``."""
-    old_l, old_o = lse[:, a:a + n], out[a:a + n]
-    lo = lo.to(lse.dtype)
-    new = torch.logaddexp(old_l, lo)
-    finite = torch.isfinite(new)
-    base = torch.where(finite, new, torch.zeros_like(new))
-    w_old = torch.where(finite, torch.exp(old_l - base), torch.zeros_like(new))
-    w_new = torch.where(finite, torch.exp(lo - base), torch.zeros_like(new))
-    out[a:a + n] = old_o * w_old.t().unsqueeze(-1) + o.to(out.dtype) * w_new.t().unsqueeze(-1)
-    lse[:, a:a + n] = new
-
-
 def band_forward(kernel, q, k, v, calls, scale: float):
     """``(out, lse)`` of one block from its band calls (rows no call covers: ``out = 0``, ``lse = -inf``)."""
     acc = lse_dtype_for(q.dtype)
@@ -95,7 +82,7 @@ def band_forward(kernel, q, k, v, calls, scale: float):
     for qa, nq, ka, nk, left, right in calls:
         o, lo = kernel.forward(q[qa:qa + nq], k[ka:ka + nk], v[ka:ka + nk], [0, nq], [0, nk], False, scale,
                                window=(left, right))
-        _merge(out, lse, qa, nq, o, lo)
+        merge_block(out, lse, o, lo, slice(qa, qa + nq))
     return out, lse
 
 
