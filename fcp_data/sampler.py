@@ -20,6 +20,8 @@ Every rank builds the same plan from ``(seed, epoch, lengths, config)`` with no 
   first ``num_ranks · tokens_per_rank`` tokens (the slot's ``num_tokens``; the collator cuts the sample);
   ``"drop"`` removes them from every epoch. ``num_truncated``/``num_dropped`` count them and one warning
   is logged.
+* **Excluded samples** (``exclude=``: indices, or a file of them, e.g. the read errors an earlier run recorded:
+  :func:`fcp_data.sampler_inputs.load_exclusions`) are left out of every epoch (``excluded``; one warning logged).
 * **Label counts.** ``num_tokens_global`` = Σ (num_tokens − 1) over the global batch;
   ``num_text_labels_global`` = the same without labels whose target is a visual placeholder (what
   ``FCPCollator(mask_visual_labels=True)`` reports as the loss denominator), computed exactly — truncation
@@ -69,7 +71,6 @@ Every rank builds the same plan from ``(seed, epoch, lengths, config)`` with no 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 import threading
 import weakref
@@ -82,7 +83,7 @@ from fcp_data.plan.types import Plan
 from fcp_data.sampler_config import SamplerConfig
 from fcp_data.prefetch import PlanWindow, SamplerIterator
 from fcp_data.sampler_state import check_int, check_state, make_state, state_after
-from fcp_data.sampler_inputs import check_lengths, check_visual, dist_rank_and_world
+from fcp_data.sampler_inputs import check_lengths, check_visual, data_digest, dist_rank_and_world, load_exclusions
 from fcp_data.slots import FCPDataset, MicroBatchMeta, SampleSlot, SlotList, plan_digest
 from fcp_data.visual_layout import IndexVisualLayout, SpanVisualLayout
 
@@ -102,14 +103,15 @@ class FCPSampler:
                  global_batch_tokens: int | None = None, seed: int = 0, drop_last: bool = False,
                  on_overlong: str = "error", prefetch: int = 2, solver: str = "fcp",
                  micro_batches: str | int = "auto", etas: Any = None,
-                 solver_options: dict[str, Any] | None = None, visual_layout: Any = None, visual: Any = None) -> None:
+                 solver_options: dict[str, Any] | None = None, visual_layout: Any = None, visual: Any = None,
+                 exclude: Any = None) -> None:
         d_rank, d_world = dist_rank_and_world()
         self.config = SamplerConfig(
             num_ranks=d_world if num_ranks is None else num_ranks, rank=d_rank if rank is None else rank,
             cost_model=cost_model, global_batch_size=global_batch_size, global_batch_tokens=global_batch_tokens,
             seed=seed, drop_last=drop_last, on_overlong=on_overlong, prefetch=prefetch, solver=solver,
             micro_batches=micro_batches, solver_options=solver_options)
-        self._init_data(lengths_or_index, etas, visual, visual_layout)
+        self._init_data(lengths_or_index, etas, visual, visual_layout, exclude)
         self._position = (0, 0, 0)  # (epoch, global_batch, micro_batch) of the next list (module doc)
         self._owner = 0  # generation of the iterator that moves the position; bumped to retire it
         self._live: weakref.ref | None = None  # that iterator, to release the plan window when retired
@@ -121,8 +123,8 @@ class FCPSampler:
         self.num_speculative_hits = 0
         self._window: PlanWindow | None = None  # plans ahead of the owner iterator, across epochs (prefetch.py)
 
-    def _init_data(self, lengths_or_index: Any, etas: Any, visual: Any, visual_layout: Any) -> None:
-        """Lengths, η, visual tokens and layout of the data; the over-long policy; the data digest."""
+    def _init_data(self, lengths_or_index: Any, etas: Any, visual: Any, visual_layout: Any, exclude: Any) -> None:
+        """Lengths, η, visual tokens and layout of the data; the over-long policy, exclusions; the data digest."""
         reader = None
         if hasattr(lengths_or_index, "placeholder_runs") and hasattr(lengths_or_index, "index"):
             reader, lengths_or_index = lengths_or_index, lengths_or_index.index  # an IndexedDataset: its index
@@ -136,9 +138,13 @@ class FCPSampler:
             visual_layout = IndexVisualLayout(lengths_or_index, reader=reader)
         self.visual_layout = visual_layout
         self.lengths = lengths
-        kept = self._apply_overlong(lengths)
+        self.excluded = load_exclusions(exclude, lengths.size)
+        kept = np.setdiff1d(self._apply_overlong(lengths), self.excluded, assume_unique=True)
         if kept.size == 0:
-            raise ValueError("no sample is left after dropping over-long ones")
+            raise ValueError("no sample is left after dropping over-long and excluded ones")
+        if self.excluded.size:
+            logger.warning("FCPSampler leaves out %d excluded sample(s) (exclude=), first: sample %d",
+                           self.excluded.size, int(self.excluded[0]))
         if self.drop_last and self.global_batch_size is not None and kept.size < self.global_batch_size:
             raise ValueError(f"drop_last=True with global_batch_size={self.global_batch_size} but only {kept.size} "
                              "samples: every epoch would be empty; lower global_batch_size or pass drop_last=False")
@@ -147,12 +153,7 @@ class FCPSampler:
             raise ValueError(f"drop_last=True with global_batch_tokens={self.global_batch_tokens} but the data holds "
                              f"only {total} tokens: every epoch would be empty; lower it or pass drop_last=False")
         self._kept = kept
-        h = hashlib.blake2b(lengths.tobytes(), digest_size=16)
-        if self.etas is not None:
-            h.update(self.etas.tobytes())
-        if self.visual is not None:
-            h.update(b"visual" + self.visual.tobytes())
-        self._data_digest = h.hexdigest()
+        self._data_digest = data_digest(lengths, self.etas, self.visual, self.excluded)
 
     def _apply_overlong(self, lengths: np.ndarray) -> np.ndarray:
         """The kept sample ids after the ``on_overlong`` policy (over ``num_ranks·tokens_per_rank`` tokens)."""

@@ -2,18 +2,22 @@
 :class:`fcp_data.sampler_config.SamplerConfig`): the lengths / η / visual tokens of the data (from arrays or a
 ``LengthIndex``, with the planner's one length check), the solver options (JSON scalars a solver accepts), and
 the default rank and world size (from ``torch.distributed``; the one rank/world helper, also used by the
-executor).
+executor), the samples to leave out (``exclude=``) and the data digest a sampler state is checked against.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 from typing import Any
 
 import numpy as np
 
 from fcp_data.cost import CostModel
 
-__all__ = ["dist_rank_and_world", "check_lengths", "check_visual", "check_solver_options"]
+__all__ = ["dist_rank_and_world", "check_lengths", "check_visual", "check_solver_options", "load_exclusions",
+           "data_digest"]
 
 
 def dist_rank_and_world() -> tuple[int, int]:
@@ -89,3 +93,62 @@ def check_solver_options(options: Any, solver: str, num_ranks: int, cost_model: 
             raise ValueError(f"solver_options {out} are invalid for solver {solver!r} on {num_ranks} ranks: "
                              f"{exc}") from None
     return out
+
+
+def _read_exclusions(path: str) -> list[int]:
+    """Sample indices from a file: JSON lines with an ``"index"`` (the read-error records of
+    ``FCPDataset(errors_path=...)`` / ``fcp train --read-errors-out``), or one integer per line; ``#`` comments and
+    blank lines are ignored."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            text = line.split("#", 1)[0].strip() if not line.lstrip().startswith("{") else line.strip()
+            if not text:
+                continue
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError:
+                raise ValueError(f"exclude file {path}, line {n}: neither an integer nor a JSON record: "
+                                 f"{text[:80]!r}") from None
+            if isinstance(value, dict):
+                if "index" not in value:
+                    raise ValueError(f"exclude file {path}, line {n}: a JSON record without \"index\"")
+                value = value["index"]
+            out.append(value)
+    return out
+
+
+def load_exclusions(exclude: Any, num_samples: int) -> np.ndarray:
+    """The sorted, distinct sample indices of ``exclude`` (None, an iterable of ints, or a file path: see
+    :func:`_read_exclusions`), each in ``[0, num_samples)``; a bad entry is one ``ValueError`` naming it. The
+    exclusions are part of the data digest: a sampler state saved with other exclusions is refused."""
+    if exclude is None:
+        return np.zeros(0, dtype=np.int64)
+    source = "exclude"
+    if isinstance(exclude, (str, os.PathLike)):
+        source = f"exclude file {os.fspath(exclude)}"
+        if not os.path.isfile(exclude):
+            raise ValueError(f"{source}: no such file")
+        exclude = _read_exclusions(os.fspath(exclude))
+    try:
+        values = list(exclude)
+    except TypeError:
+        raise ValueError(f"exclude must be sample indices or a file of them, got {type(exclude).__name__}") from None
+    for v in values:
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or not 0 <= int(v) < num_samples:
+            raise ValueError(f"{source}: {v!r} is not a sample index in [0, {num_samples})")
+    return np.unique(np.asarray([int(v) for v in values], dtype=np.int64))
+
+
+def data_digest(lengths: np.ndarray, etas: np.ndarray | None, visual: np.ndarray | None,
+                excluded: np.ndarray) -> str:
+    """The fingerprint of the data a sampler plans (a state from other data is refused): lengths, η, visual
+    tokens and the excluded samples (left out of the hash when there are none, so older states stay valid)."""
+    h = hashlib.blake2b(lengths.tobytes(), digest_size=16)
+    if etas is not None:
+        h.update(etas.tobytes())
+    if visual is not None:
+        h.update(b"visual" + visual.tobytes())
+    if excluded.size:
+        h.update(b"exclude" + excluded.tobytes())
+    return h.hexdigest()

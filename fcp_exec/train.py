@@ -154,11 +154,12 @@ class Trainer:
         from fcp_data import FCPDataset, FCPSampler
 
         cfg, data = self.cfg, data or self.data
+        exclude = cfg.exclude if data is self.data else None  # indices into the training data
         solver, degree = parse_planner(cfg.planner)
         sampler = FCPSampler(data.lengths, num_ranks=self.world, rank=self.rank, cost_model=self.cost,
                              global_batch_size=cfg.global_batch_size, seed=seed, solver=solver, prefetch=cfg.prefetch,
                              solver_options=None if degree is None else {"degree": degree},
-                             visual_layout=data.visual_layout)
+                             visual_layout=data.visual_layout, exclude=exclude)
         dataset = FCPDataset(data.dataset, on_error=cfg.on_read_error, errors_path=cfg.read_errors_out)
         from fcp_exec.launch import dataloader_context
 

@@ -98,6 +98,9 @@ class TrainConfig:
     eval_data: str | None = _opt(None, "a length index to evaluate on (default: the training data)", metavar="INDEX")
     read_errors_out: str | None = _opt(None, "append one JSON line per skipped sample to this file (key, reason, "
                                        "detail, epoch, global batch)", metavar="FILE")
+    exclude: str | None = _opt(None, "leave these training samples out of every epoch: a --read-errors-out file of an "
+                               "earlier run (JSON lines with \"index\") or one sample index per line "
+                               "(FCPSampler(exclude=...))", metavar="FILE")
     checkpoint: str | None = _opt(None, "write checkpoints to DIR/step-K every --checkpoint-every steps: model and "
                                   "optimizer (torch.distributed.checkpoint) and each rank's sampler position after "
                                   "the step (fcp_exec.checkpoint)", metavar="DIR")

@@ -157,7 +157,8 @@ def preflight(cfg, nproc: int, hf_config=None):
             raise ValueError("tiny-mllm needs a multimodal dataset (an index built with a vision spec, e.g. qwen2-vl)")
         FCPSampler(data.lengths, num_ranks=nproc, rank=0, cost_model=cost, global_batch_size=cfg.global_batch_size,
                    seed=cfg.seed, solver=solver, prefetch=0, visual_layout=data.visual_layout,
-                   solver_options=None if degree is None else {"degree": degree})
+                   solver_options=None if degree is None else {"degree": degree},
+                   exclude=cfg.exclude if which is cfg.data else None)
         out = out or data
     return out
 

@@ -1,6 +1,7 @@
 """`fcp train` on data with samples that pass `fcp index` but fail when read (videos whose frame data is zeroed
 behind an intact header): the run completes, says what it skipped and writes it to --read-errors-out; with
---on-read-error raise it stops with one line naming the sample (exit 2), never a traceback. The training maths of a
+--on-read-error raise it stops with one line naming the sample (exit 2), never a traceback; the next run given that
+file as --exclude leaves those samples out (nothing left to skip). The training maths of a
 skip (the step equals training on the rest of the batch) is tests/exec/test_hf_train.py's.
 """
 
@@ -39,6 +40,16 @@ def test_train_skips_damaged_videos_and_reports_them(tmp_path):
     assert f"skipped {len(lines)} sample(s) that failed to read" in r.stdout
     assert "Traceback" not in r.stderr and "NAL unit" not in r.stderr  # one warning line per skip, no libav noise
     assert r.stderr.count("fcp: skipped sample") == len(lines)
+
+    # the next run leaves them out (--exclude the errors file): nothing to skip, even with raise on read errors
+    r = _fcp(*common, "--steps", "3", "--exclude", str(out), "--on-read-error", "raise")
+    assert r.returncode == 0 and "skipped" not in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
+    assert f"leaves out {len(damaged)} excluded sample(s)" in r.stderr
+    bad = tmp_path / "bad.txt"
+    bad.write_text("3\n99\n")
+    r = _fcp(*common, "--steps", "1", "--exclude", str(bad))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert r.stderr.strip().splitlines()[-1].startswith("fcp train: error:") and "99 is not a sample index" in r.stderr
 
     r = _fcp(*common, "--steps", "3", "--on-read-error", "raise")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
