@@ -210,6 +210,8 @@ class FCPTrainer(Trainer):
 
         lengths = self._lengths_of(data, which)
         ckw, skw = dict(self._collator_kwargs), dict(self._sampler_kwargs)
+        if which != "train":  # sampler_kwargs["exclude"]: indices into the training data
+            skw.pop("exclude", None)
         ckw.setdefault("sample_labels", _has_labels(data))
         ckw.setdefault("pad_token_id", self._pad_id(data))
         self._pads[which] = int(ckw["pad_token_id"])  # the idle ranks' dummy documents

@@ -1030,6 +1030,19 @@ def test_data_seed_orders_the_data_and_seed_does_otherwise(tmp_path):
     assert order[0] != order[1] and order[2] == order[1], order
 
 
+def test_sampler_kwargs_exclude_leaves_samples_out_of_training_not_evaluation(tmp_path):
+    """``sampler_kwargs={"exclude": ...}`` (e.g. an earlier run's read errors) reaches the training sampler, whose
+    epoch holds every other sample; the evaluation sampler (other data, other indices) gets no exclusions."""
+    _, data = _data("qwen3")
+    tr = _trainer(tmp_path, sampler_kwargs={"exclude": [1, 3]}, eval_dataset=data.dataset, eval_lengths=data.lengths,
+                  cost_model=_cost(MAX_TOKENS))
+    train = tr.get_train_dataloader().sampler
+    assert train.excluded.tolist() == [1, 3]
+    seen = sorted(int(i) for g in range(train.num_global_batches()) for i in train.global_batch_indices(g))
+    assert seen == [i for i in range(len(data.lengths)) if i not in (1, 3)]
+    assert tr._fcp_loader(data.dataset, "eval", 1).sampler.excluded.size == 0  # what evaluate() plans with
+
+
 @pytest.mark.parametrize("kw, message", [
     ({"args": {"gradient_accumulation_steps": 2}, "global_batch_size": 8},
      r"gradient_accumulation_steps=2 and global_batch_size=8 both set the sequences per optimizer step"),
