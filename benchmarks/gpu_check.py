@@ -184,6 +184,9 @@ class PerturbedKernel(AttentionKernel):
     def fused_window(self, q) -> bool:
         return self.inner.fused_window(q)
 
+    def fused_band(self, q) -> bool:
+        return self.inner.fused_band(q)
+
     def __repr__(self) -> str:
         return f"PerturbedKernel({self.inner!r})"
 

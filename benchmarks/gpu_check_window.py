@@ -74,7 +74,7 @@ def check_ring(kernel, dtype_name: str, window: int, degree: int, device) -> dic
         cu.append(cu[-1] + n)
     gen = torch.Generator().manual_seed(100 * degree + window)
     q, k, v, dout = (torch.randn(cu[-1], h, 64, generator=gen).to(dtype) for h in (8, 2, 2, 8))
-    fused = bool(kernel.fused_window(q.to(device)))
+    fused = bool(kernel.fused_band(q.to(device)))
     got = run_ring_threads(*(x.to(device) for x in (q, k, v, dout)), cu, degree, True, 64 ** -0.5, kernel,
                            window=window)
     ref_leaves = [x.to(torch.float64, copy=True).requires_grad_() for x in (q, k, v)]

@@ -157,9 +157,9 @@ def _block_forward(plan: _Plan, kernel, step: int, args, causal: bool, scale: fl
     math path of :mod:`fcp_exec.kernels.window`."""
     if window is None:
         return kernel.forward(*args, causal, scale, max_q=max_q, max_k=max_k)
-    if kernel.fused_window(args[0]) and plan.degree == 1:
+    if plan.degree == 1 and kernel.fused_window(args[0]):
         return kernel.forward(*args, causal, scale, max_q=max_q, max_k=max_k, window=window)
-    if kernel.fused_window(args[0]):
+    if plan.degree > 1 and kernel.fused_band(args[0]):
         return band_forward(kernel, *args[:3], plan_band(plan, step, window), scale)
     return windowed_forward(*args, scale, window, *plan.positions(step))
 
@@ -168,9 +168,9 @@ def _block_backward(plan: _Plan, kernel, step: int, args, causal: bool, scale: f
     """``(dq, dk, dv)`` of ``plan.block(step)`` against the final ``out``/``lse`` (as :func:`_block_forward`)."""
     if window is None:
         return kernel.backward(*args, causal, scale, max_q=max_q, max_k=max_k)
-    if kernel.fused_window(args[1]) and plan.degree == 1:
+    if plan.degree == 1 and kernel.fused_window(args[1]):
         return kernel.backward(*args, causal, scale, max_q=max_q, max_k=max_k, window=window)
-    if kernel.fused_window(args[1]):
+    if plan.degree > 1 and kernel.fused_band(args[1]):
         return band_backward(kernel, *args[:6], plan_band(plan, step, window), scale)
     return windowed_backward(*args, scale, window, *plan.positions(step))
 

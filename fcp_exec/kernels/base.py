@@ -53,10 +53,15 @@ class AttentionKernel(abc.ABC):
         """Return ``(dq, dk, dv)`` for one block, against the final ``out``/``lse``."""
 
     def fused_window(self, q) -> bool:
-        """Whether ``forward``/``backward`` take a window themselves (a fused banded kernel) for blocks like ``q``:
-        ``window=W`` (causal; whole documents, ring attention's degree 1) or ``window=(left, right)`` (flash-attn's
-        band convention, non-causal; one run pair of a ring block, :mod:`fcp_exec.kernels.window_band`).
-        Default: no — the shared masked path of :mod:`fcp_exec.kernels.window` runs."""
+        """Whether ``forward``/``backward`` take ``window=W`` themselves (a fused banded kernel, causal) for blocks
+        like ``q`` whose query and key rows are whole documents (ring attention's degree 1). Default: no — the shared
+        masked path of :mod:`fcp_exec.kernels.window` runs."""
+        return False
+
+    def fused_band(self, q) -> bool:
+        """Whether ``forward``/``backward`` take ``window=(left, right)`` (flash-attn's band convention: query ``i``
+        of ``Sq`` sees keys ``[i + Sk − Sq − left, i + Sk − Sq + right]``, -1 unbounded; non-causal): one pair of
+        zigzag chunks of a ring block of degree > 1 (:mod:`fcp_exec.kernels.window_band`). Default: no."""
         return False
 
     def __repr__(self) -> str:

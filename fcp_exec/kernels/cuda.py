@@ -320,7 +320,11 @@ class CudaKernel(AttentionKernel):
 
     def fused_window(self, q) -> bool:
         """flash-attn and torch's flash varlen kernels take a sliding window (``window_size_left = W - 1``,
-        right 0) or a band ``window=(left, right)`` for the blocks they run (fp16/bf16 CUDA tensors)."""
+        right 0) for the blocks they run (fp16/bf16 CUDA tensors)."""
+        return self._fused(q, q) is not None
+
+    def fused_band(self, q) -> bool:
+        """... and a band ``window=(left, right)`` in their own convention."""
         return self._fused(q, q) is not None
 
     def forward(self, q, k, v, cu_q, cu_k, causal, scale, *, max_q=None, max_k=None, window=None):

@@ -10,7 +10,9 @@ Translation between our contract (:mod:`fcp_exec.kernels.base`) and the document
 * causal: ``sparse_mode=3`` (rightDownCausal; equal to leftUpCausal=2 here because our contract
   requires equal query/key lengths per causal document) with the optimised
   ``atten_mask = triu(ones(2048, 2048), 1).bool()`` (True = masked); full mask: ``sparse_mode=0``
-  and no ``atten_mask``.
+  and no ``atten_mask``; a causal sliding window ``W`` (``window=W``, ring attention's degree 1):
+  ``sparse_mode=4`` (band: query ``i`` sees keys ``i − pre_tockens … i + next_tockens``) with
+  ``pre_tockens = W − 1``, ``next_tockens = 0`` and the same optimised mask.
 * ``scale`` (forward) / ``scale_value`` (grad), ``keep_prob=1.0`` (no dropout).
 * outputs ``(attention_out, softmax_max, softmax_sum, softmax_out, seed, offset, numels)`` with
   ``softmax_max``/``softmax_sum`` float32 ``[T, N1, 8]`` (8 equal copies):
@@ -34,9 +36,10 @@ import torch
 
 from fcp_exec.kernels.base import AttentionKernel, check_block_inputs, doc_bounds
 
-__all__ = ["NpuKernel", "NPU_CAUSAL_SPARSE_MODE", "NPU_MASK_SIZE", "NPU_MAX_SEQ_TOKENS"]
+__all__ = ["NpuKernel", "NPU_BAND_SPARSE_MODE", "NPU_CAUSAL_SPARSE_MODE", "NPU_MASK_SIZE", "NPU_MAX_SEQ_TOKENS"]
 
 NPU_CAUSAL_SPARSE_MODE = 3
+NPU_BAND_SPARSE_MODE = 4
 NPU_MASK_SIZE = 2048
 _MAX_TOKENS = 2147483647
 NPU_MAX_SEQ_TOKENS = 1 << 20  # cumulative actual_seq_qlen / kvlen of one TND call
@@ -64,7 +67,18 @@ class NpuKernel(AttentionKernel):
             self._masks[key] = torch.triu(ones, diagonal=1)
         return self._masks[key]
 
-    def _sparse_args(self, causal: bool, device) -> dict:
+    def fused_window(self, q) -> bool:
+        """The band mode (``sparse_mode=4``) takes a causal sliding window over whole documents (degree 1); blocks
+        of degree > 1 keep the masked path (the band's alignment for unequal query/key lengths in TND is not
+        stated in the text of the docs)."""
+        return True
+
+    def _sparse_args(self, causal: bool, device, window: int | None = None) -> dict:
+        if window is not None:  # band: query i sees keys i - pre_tockens … i + next_tockens
+            if not causal or isinstance(window, tuple):
+                raise ValueError("NpuKernel takes window=W (a causal sliding window over whole documents) only")
+            return {"atten_mask": self._mask(device), "sparse_mode": NPU_BAND_SPARSE_MODE,
+                    "pre_tockens": int(window) - 1, "next_tockens": 0}
         if causal:
             return {"atten_mask": self._mask(device), "sparse_mode": NPU_CAUSAL_SPARSE_MODE,
                     "pre_tockens": _MAX_TOKENS, "next_tockens": 0}
@@ -114,7 +128,7 @@ class NpuKernel(AttentionKernel):
                                  "torch_npu/CANN — train in bfloat16/float16 or upgrade") from e
             raise
 
-    def forward(self, q, k, v, cu_q, cu_k, causal, scale, *, max_q=None, max_k=None):
+    def forward(self, q, k, v, cu_q, cu_k, causal, scale, *, max_q=None, max_k=None, window=None):
         cq, ck = doc_bounds(cu_q), doc_bounds(cu_k)
         h_q, _ = check_block_inputs(q, k, v, cq, ck, causal)
         if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
@@ -128,7 +142,8 @@ class NpuKernel(AttentionKernel):
             res = self._run(self._npu.npu_fusion_attention,
                             sel(q, qi), sel(k, ki), sel(v, ki), h_q, "TND", pse=None, padding_mask=None,
                             scale=scale, keep_prob=1.0, inner_precise=0, prefix=None,
-                            actual_seq_qlen=ends_q, actual_seq_kvlen=ends_k, **self._sparse_args(causal, q.device))
+                            actual_seq_qlen=ends_q, actual_seq_kvlen=ends_k,
+                            **self._sparse_args(causal, q.device, window))
             o, smax, ssum = res[0], res[1], res[2]
             l_live = (smax[..., 0].float() + torch.log(ssum[..., 0].float())).transpose(0, 1)
             if qi is None:
@@ -137,7 +152,7 @@ class NpuKernel(AttentionKernel):
             lse.index_copy_(1, qi, l_live)
         return out, lse
 
-    def backward(self, dout, q, k, v, out, lse, cu_q, cu_k, causal, scale, *, max_q=None, max_k=None):
+    def backward(self, dout, q, k, v, out, lse, cu_q, cu_k, causal, scale, *, max_q=None, max_k=None, window=None):
         cq, ck = doc_bounds(cu_q), doc_bounds(cu_k)
         h_q, _ = check_block_inputs(q, k, v, cq, ck, causal)
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
@@ -153,7 +168,7 @@ class NpuKernel(AttentionKernel):
                             padding_mask=None, softmax_max=smax, softmax_sum=ssum, softmax_in=None,
                             attention_in=sel(out, qi), scale_value=scale, keep_prob=1.0, inner_precise=0, seed=0,
                             offset=0, numels=0, prefix=None, actual_seq_qlen=ends_q, actual_seq_kvlen=ends_k,
-                            **self._sparse_args(causal, q.device))
+                            **self._sparse_args(causal, q.device, window))
             g_q, g_k, g_v = res[0], res[1], res[2]
             if qi is None and ki is None:
                 return g_q.to(q.dtype), g_k.to(k.dtype), g_v.to(v.dtype)

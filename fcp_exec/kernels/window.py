@@ -13,9 +13,10 @@ are all out of each other's window is skipped (``lse = -inf``, ``out = 0``, no g
 (float64 for float64 inputs).
 
 Cost: about ``L·2W`` scores per document instead of ``L²/2``, but in unfused matmuls (``benchmarks/bench_window.py``
-measures it against the fused causal kernel). Where a kernel has a fused banded kernel (``fused_window``: the CUDA
-kernel's flash backends on fp16/bf16) ring attention uses it instead at degree 1; blocks of degree > 1 and every
-other kernel come here.
+measures it against the fused causal kernel). Where a kernel has a fused banded kernel ring attention uses it
+instead: ``fused_window`` at degree 1 (the CUDA kernel's flash backends on fp16/bf16, the NPU's band mode),
+``fused_band`` per pair of zigzag chunks at degree > 1 (the CUDA flash backends: :mod:`fcp_exec.kernels.window_band`);
+every other block comes here.
 """
 from __future__ import annotations
 

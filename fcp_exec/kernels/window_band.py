@@ -1,4 +1,4 @@
-"""Sliding windows on a fused banded kernel at any ring degree (kernels with ``fused_window``: flash-attn, torch's
+"""Sliding windows on a fused banded kernel at ring degree > 1 (kernels with ``fused_band``: flash-attn, torch's
 flash varlen).
 
 Under ring attention a block pairs this rank's query rows with one rank's key rows. Per document both are *runs* of

@@ -10,8 +10,11 @@ what the documentation forbids or what this reference does not model:
   is ``T``; every sequence length is at least 1 (documented range 1..512k).
 * ``head_num`` = N1 = ``query.shape[1]``; key/value heads N2 must divide N1 (GQA).
 * ``sparse_mode``: 0 = defaultMask (with no ``atten_mask``: no mask), 2 = leftUpCausal,
-  3 = rightDownCausal; for 2/3 ``atten_mask`` must be the optimised compressed 2048×2048 bool
-  upper triangle (True = masked), and ``pre_tockens``/``next_tockens`` are ignored.
+  3 = rightDownCausal, 4 = band; for 2/3/4 ``atten_mask`` must be the optimised compressed 2048×2048 bool
+  upper triangle (True = masked). 2/3 ignore ``pre_tockens``/``next_tockens``; band keeps query ``i``'s keys
+  ``i − pre_tockens … i + next_tockens`` of its sequence (the mask ``triu(k=next+1) + tril(k=−pre−1)`` that the
+  op's documentation draws and Ascend's own golden reference of the op builds); sequences with unequal query and
+  key lengths in band mode are not modelled (their alignment is not stated in the docs' text).
 * ``scale`` multiplies ``Q·Kᵀ`` (``scale_value`` in the grad); ``keep_prob`` must be 1 here.
 * returns ``(attention_out, softmax_max, softmax_sum, softmax_out, seed, offset, numels)``;
   ``softmax_max``/``softmax_sum`` are float32 ``[T, N1, 8]`` (8 equal copies, the layout stated
@@ -76,23 +79,27 @@ class DocumentedNPUFusionAttention:
         if sparse_mode == 0:
             if atten_mask is not None:
                 raise NotImplementedError("sparse_mode=0 with an explicit atten_mask is not modelled")
-        elif sparse_mode in (2, 3):
+        elif sparse_mode in (2, 3, 4):
             expected = torch.triu(torch.ones(MASK_SIZE, MASK_SIZE, dtype=torch.bool), diagonal=1)
             if (atten_mask is None or atten_mask.dtype != torch.bool or tuple(atten_mask.shape) != (MASK_SIZE, MASK_SIZE)
                     or not torch.equal(atten_mask.cpu(), expected)):
-                raise ValueError("sparse_mode 2/3 needs the compressed 2048x2048 bool upper-triangle atten_mask")
+                raise ValueError("sparse_mode 2/3/4 needs the compressed 2048x2048 bool upper-triangle atten_mask")
+            if sparse_mode == 4 and lq != lk:
+                raise NotImplementedError("band mode with unequal query/key sequence lengths is not modelled")
         else:
             raise NotImplementedError(f"sparse_mode={sparse_mode} is not modelled")
         return lq, lk
 
     @staticmethod
-    def _scores(q, k, lq_i, lk_i, sparse_mode, scale):
+    def _scores(q, k, lq_i, lk_i, sparse_mode, scale, pre=2147483647, nxt=2147483647):
         s = torch.einsum("qnd,knd->nqk", q.double(), k.double()) * scale
+        rows = torch.arange(lq_i)[:, None]
+        cols = torch.arange(lk_i)[None, :]
         if sparse_mode in (2, 3):
             offset = 0 if sparse_mode == 2 else lk_i - lq_i
-            rows = torch.arange(lq_i)[:, None]
-            cols = torch.arange(lk_i)[None, :]
             s = s.masked_fill(cols > rows + offset, float("-inf"))
+        elif sparse_mode == 4:
+            s = s.masked_fill((cols > rows + nxt) | (cols < rows - pre), float("-inf"))
         if torch.isneginf(s).all(dim=-1).any():
             raise NotImplementedError("rows with no visible key (invalid rows) are not modelled")
         return s
@@ -107,6 +114,7 @@ class DocumentedNPUFusionAttention:
         self.calls.append({"op": "forward", "head_num": head_num, "input_layout": input_layout,
                            "actual_seq_qlen": actual_seq_qlen, "actual_seq_kvlen": actual_seq_kvlen,
                            "sparse_mode": sparse_mode, "scale": scale, "keep_prob": keep_prob,
+                           "pre_tockens": pre_tockens, "next_tockens": next_tockens,
                            "atten_mask": None if atten_mask is None else tuple(atten_mask.shape)})
         groups = query.shape[1] // key.shape[1]
         out = torch.zeros(query.shape, dtype=torch.float64)
@@ -116,7 +124,7 @@ class DocumentedNPUFusionAttention:
         for lq_i, lk_i in zip(lq, lk):
             k_i = key[ks:ks + lk_i].repeat_interleave(groups, 1)
             v_i = value[ks:ks + lk_i].repeat_interleave(groups, 1).double()
-            s = self._scores(query[qs:qs + lq_i], k_i, lq_i, lk_i, sparse_mode, scale)
+            s = self._scores(query[qs:qs + lq_i], k_i, lq_i, lk_i, sparse_mode, scale, pre_tockens, next_tockens)
             m = s.max(dim=-1).values
             e = torch.exp(s - m.unsqueeze(-1))
             total = e.sum(-1)
@@ -145,6 +153,7 @@ class DocumentedNPUFusionAttention:
         self.calls.append({"op": "grad", "head_num": head_num, "input_layout": input_layout,
                            "actual_seq_qlen": actual_seq_qlen, "actual_seq_kvlen": actual_seq_kvlen,
                            "sparse_mode": sparse_mode, "scale_value": scale_value,
+                           "pre_tockens": pre_tockens, "next_tockens": next_tockens,
                            "softmax_max": tuple(softmax_max.shape),
                            "atten_mask": None if atten_mask is None else tuple(atten_mask.shape)})
         groups = n1 // key.shape[1]
@@ -157,7 +166,7 @@ class DocumentedNPUFusionAttention:
             k_i = key[ks:ks + lk_i].repeat_interleave(groups, 1).double()
             v_i = value[ks:ks + lk_i].repeat_interleave(groups, 1).double()
             do = dy[qs:qs + lq_i].double()
-            s = self._scores(q_i, k_i, lq_i, lk_i, sparse_mode, scale_value)
+            s = self._scores(q_i, k_i, lq_i, lk_i, sparse_mode, scale_value, pre_tockens, next_tockens)
             m = softmax_max[qs:qs + lq_i, :, 0].double().t().unsqueeze(-1)
             z = softmax_sum[qs:qs + lq_i, :, 0].double().t().unsqueeze(-1)
             p = torch.exp(s - m) / z

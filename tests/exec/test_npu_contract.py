@@ -16,7 +16,7 @@ from _npu_reference import DocumentedNPUFusionAttention
 
 from fcp_exec import ring_attention, zigzag_shard
 from fcp_exec.kernels import NpuKernel, ReferenceKernel
-from fcp_exec.kernels.npu import NPU_CAUSAL_SPARSE_MODE
+from fcp_exec.kernels.npu import NPU_BAND_SPARSE_MODE, NPU_CAUSAL_SPARSE_MODE
 from fcp_exec.launch import WorkerPool
 from fcp_exec.testing import dense_attention
 
@@ -142,3 +142,26 @@ def test_blocks_over_the_tnd_token_limit_are_split_into_calls(causal):
     kernel.max_tokens_per_call = 8
     with pytest.raises(ValueError, match="exceeds"):
         kernel.forward(q, k, v, cu, cu, causal, 0.3)
+
+
+@pytest.mark.parametrize("window", [1, 4, 11, 50])
+def test_degree1_sliding_window_takes_the_band_mode(window):
+    """``ring_attention(..., window=W)`` at degree 1 through ``NpuKernel`` hands the window to the op as its band
+    mode (``sparse_mode=4``, ``pre_tockens=W−1``, ``next_tockens=0``, the compressed mask) instead of the masked
+    path: out and gradients equal dense fp64 windowed attention (fp32 inputs, 1e-5) through the documented-semantics
+    fake. A window passed as W (not W−1) or a right window would change the result."""
+    fake = DocumentedNPUFusionAttention()
+    cu = [0, 1, 1, 23, 60]
+    q, k, v, dout = _data(cu, cu, 4, 2, 8, seed=window)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    out = ring_attention(*leaves, cu, ranks=(0,), kernel=NpuKernel(module=fake), window=window)
+    out.backward(dout)
+    ref_leaves = [x.double().requires_grad_() for x in (q, k, v)]
+    ref = dense_attention(*ref_leaves, cu, window=window)
+    ref.backward(dout.double())
+    for got, want in [(out, ref)] + [(a.grad, b.grad) for a, b in zip(leaves, ref_leaves)]:
+        assert (got.detach().double() - want.detach()).abs().max() <= 1e-5
+    assert [(c["op"], c["sparse_mode"], c["pre_tockens"], c["next_tockens"], c["atten_mask"]) for c in fake.calls] == \
+        [(op, NPU_BAND_SPARSE_MODE, window - 1, 0, (2048, 2048)) for op in ("forward", "grad")]
+    with pytest.raises(ValueError, match="window=W"):
+        NpuKernel(module=fake).forward(q, k, v, cu, cu, False, 0.3, window=3)
