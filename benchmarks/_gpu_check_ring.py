@@ -330,21 +330,34 @@ def _mp_attempt(backend: str, device: str, world: int, timeout: float, tol) -> d
     if stuck and backend == "nccl" and all(rp and rp["stage"] in ("init_process_group", "first collective")
                                            for rp in stuck):
         tail = why or next((lg.strip().splitlines()[-1] for lg in logs if lg.strip()), "no output")
-        return {"skipped": True, **info, "reason": f"the platform did not start {world} {backend} processes on one "
-                f"device{' (timed out after ' + format(timeout, 'g') + ' s)' if timed_out else ''}: {tail}"[:1500]}
+        return {"skipped": True, **info, "reason": f"the platform did not start {world} {backend} processes on "
+                f"{_where(device, world)}{' (timed out after ' + format(timeout, 'g') + ' s)' if timed_out else ''}: "
+                f"{tail}"[:1500]}
     if stuck or timed_out or not all(rp.get("ok") for rp in reports):
         tail = next((lg.strip().splitlines()[-1] for lg in logs if lg.strip()), "no output")
         return {"passed": False, **info, "reason": (why or f"timed out after {timeout:g} s" if timed_out
                                                      else why or tail)[:1500]}
-    errors = {n: max(rp["errors"][n] for rp in reports) for n in ("out", "dq", "dk", "dv")}
+    errors = {f"{n}{w}": max(rp[f"errors{w}"][n] for rp in reports) for w in ("", "_window")
+              for n in ("out", "dq", "dk", "dv")}
     t = tol[reports[0]["dtype"]]
-    return {"errors": errors, "tolerances": {"out": t[0], "dq": t[1], "dk": t[1], "dv": t[1]}, **info}
+    return {"errors": errors, "tolerances": {n: t[0] if n.startswith("out") else t[1] for n in errors}, **info}
+
+
+def _gpus() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _where(device: str, world: int) -> str:
+    """Where the workers run: one device each when there are enough GPUs, else all on one device."""
+    return f"{world} cuda devices" if device == "cuda" and _gpus() >= world else f"one {device} device"
 
 
 def multiprocess_checks(res, cfg, deadline, tol) -> None:
-    """Section 4: real process groups with ``ring_attention``; NCCL on one GPU, else gloo on CPU."""
+    """Section 4: real process groups with ``ring_attention`` (causal, then with a sliding window); NCCL on the
+    GPUs (one per rank when there are enough, else all on GPU 0, which NCCL may refuse), else gloo on CPU."""
     if cfg.device.type == "cuda":
-        attempts = [("nccl", "cuda", w) for w in cfg.mp_worlds]
+        worlds = list(cfg.mp_worlds) + ([min(_gpus(), 8)] if cfg.mp_worlds and _gpus() > max(cfg.mp_worlds) else [])
+        attempts = [("nccl", "cuda", w) for w in worlds]
     else:
         res.add("multiprocess[nccl] processes sharing one GPU", "multiprocess", skipped=True,
                 reason="no CUDA device (--device cpu); the gloo run below tests the same worker on CPU")
@@ -353,7 +366,8 @@ def multiprocess_checks(res, cfg, deadline, tol) -> None:
         res.add("multiprocess", "multiprocess", skipped=True, reason="--quick runs no processes")
     refused = None
     for backend, device, world in attempts:
-        name = f"multiprocess[{backend}] {world} processes on one {device} device, ring_attention causal"
+        name = (f"multiprocess[{backend}] {world} processes on {_where(device, world)}, ring_attention causal and "
+                "with window 37")
         left = deadline - time.monotonic()
         if refused or left < 30:
             res.add(name, "multiprocess", skipped=True,
@@ -391,9 +405,10 @@ def _worker(argv=None) -> int:
 
     try:
         enter("init_process_group")
+        gpu = args.rank if args.device == "cuda" and torch.cuda.device_count() >= args.world else 0
         if args.device == "cuda":
-            torch.cuda.set_device(0)
-        dev = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
+            torch.cuda.set_device(gpu)  # one GPU per rank when there are enough (NCCL refuses two on one GPU)
+        dev = torch.device("cuda", gpu) if args.device == "cuda" else torch.device("cpu")
         dist.init_process_group(args.backend, init_method=args.init, rank=args.rank, world_size=args.world,
                                 timeout=datetime.timedelta(seconds=args.pg_timeout))
         enter("first collective")
@@ -420,6 +435,8 @@ def _worker(argv=None) -> int:
         want = [zigzag_shard(t, cu, d, args.rank)[0] for t in (ref[0], ref[2], ref[3], ref[4])]
         got = [out.detach(), ql.grad, kl.grad, vl.grad]
         report["errors"] = {n: rel_error(g, w) for n, g, w in zip(("out", "dq", "dk", "dv"), got, want)}
+        enter("ring_attention window")  # a sliding window: on a GPU the fused band per chunk pair
+        report["errors_window"] = _window_errors(q, k, v, dout, cu, d, args.rank)
         enter("destroy_process_group")
         dist.destroy_process_group()
         report["ok"] = True
@@ -427,6 +444,25 @@ def _worker(argv=None) -> int:
         report.update(ok=False, error=f"{type(exc).__name__}: {exc}"[-2000:])
     _write_json(report, args.result)
     return 0 if report.get("ok") else 1
+
+
+def _window_errors(q, k, v, dout, cu, d: int, rank: int, window: int = 37) -> dict:
+    """This rank's errors of ``ring_attention(..., window=)`` against dense float64 windowed attention."""
+    from fcp_data.layout import zigzag_shard
+    from fcp_exec import ring_attention
+    from fcp_exec.testing import dense_attention
+
+    leaves = [x.detach().cpu().double().requires_grad_() for x in (q, k, v)]
+    ref = dense_attention(*leaves, cu, window=window, softmax_scale=64 ** -0.5)
+    ref.backward(dout.detach().cpu().double())
+    shard = (lambda t: zigzag_shard(t, cu, d, rank)[0])
+    ql, kl, vl = (shard(t).detach().clone().requires_grad_() for t in (q, k, v))
+    out = ring_attention(ql, kl, vl, zigzag_shard(q, torch.tensor(cu, dtype=torch.int32), d, rank)[1],
+                         ranks=list(range(d)), causal=True, softmax_scale=64 ** -0.5, window=window)
+    out.backward(shard(dout))
+    want = [shard(t.detach()) for t in (ref, leaves[0].grad, leaves[1].grad, leaves[2].grad)]
+    got = [out.detach(), ql.grad, kl.grad, vl.grad]
+    return {n: rel_error(g.cpu(), w) for n, g, w in zip(("out", "dq", "dk", "dv"), got, want)}
 
 
 def _write_json(doc, path: str) -> None:

@@ -30,10 +30,12 @@ still leaves its results), and printed as one line:
    of 32K and 128K tokens, heads 32/8, dim 128, bf16 (smaller on CPU); CUDA events, median ms,
    TFLOP/s (forward 4·H·D·pairs, backward 2.5× forward) next to the device's dense bf16 peak,
    and the host syncs of one step counted with ``torch.cuda.set_sync_debug_mode("warn")``.
-4. ``multiprocess``: 2 then 3 NCCL processes sharing GPU 0 running ``ring_attention`` (optional,
-   hard time limit). A platform that refuses (NCCL: "Duplicate GPU detected") is recorded as
-   skipped with its message; wrong numbers after a successful start are a failure. On CPU the
-   same worker runs once with gloo (2 processes) so the code path is tested without a GPU.
+4. ``multiprocess``: 2 then 3 NCCL processes (and as many as there are GPUs, up to 8, when more) running
+   ``ring_attention`` causal and with a 37-token sliding window (on GPUs the fused band per chunk pair), against
+   fp64 (optional, hard time limit). Each rank gets its own GPU when there are enough, else all share GPU 0, which
+   NCCL refuses ("Duplicate GPU detected"): recorded as skipped with its message; wrong numbers after a
+   successful start are a failure. On CPU the same worker runs once with gloo (2 processes) so the code path is
+   tested without a GPU.
 
 Tolerances (``TOL``): ``out`` and ``lse`` against the reference, relative to max |reference|
 (``lse``: absolute, finite rows), and the gradients ``dq``/``dk``/``dv`` likewise. An entry's
