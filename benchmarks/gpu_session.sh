@@ -10,6 +10,8 @@
 #   pytest     tests/exec/test_kernels.py (its CUDA test, and the rest on this machine)
 #   train      `fcp train` (1 process, NCCL): Qwen3 bf16 FSDP2 on the bundled text; Qwen2.5-VL bf16 on synthetic video
 #   trainer    examples/train_hf_trainer.py --bf16 under torchrun (FCPTrainer, transformers' Trainer)
+#   multigpu   benchmarks/ring_vs_dp_check.py on every GPU (2+): training with rings across GPUs (NCCL) has the
+#              losses of training without rings (skipped on one GPU)
 #   profile    `fcp profile` of one Qwen3-1.7B-shaped layer in bf16, degree 1: the device's measured compute
 #              coefficients (check/cost_gpu.json, check/profile_report.json)
 #   megatron   examples/train_megatron_gpt.py under torchrun, fp32 then --bf16 (needs megatron-core: carry its
@@ -25,7 +27,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then  # wheels carried for packages the machin
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/fcp-site .whl/*.whl \
         && export PYTHONPATH="$PYTHONPATH:/tmp/fcp-site"
 fi
-PARTS=${*:-check hf window pytest train trainer megatron profile}
+PARTS=${*:-check hf window pytest train trainer megatron multigpu profile}
 FAILED=()
 
 part() {  # part NAME LIMIT_S COMMAND...: run with a hard limit, log, remember failures
@@ -64,6 +66,14 @@ if want megatron; then
         --steps 3
     part megatron-bf16 60 $PY -m torch.distributed.run --standalone --nproc-per-node 1 examples/train_megatron_gpt.py \
         --steps 3 --bf16
+fi
+if want multigpu; then
+    NGPU=$($PY -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
+    if [ "${NGPU:-0}" -ge 2 ]; then
+        part multigpu 300 $PY benchmarks/ring_vs_dp_check.py --nproc "$NGPU"
+    else
+        echo "=== multigpu: skipped ($NGPU GPU: a ring across GPUs needs two)" | tee -a "$LOG"
+    fi
 fi
 want profile && part profile 90 $PY -m fcp_cli profile --nproc 1 --layer-like qwen3-1.7b --dtype bfloat16 \
     --seq-lens 2048,4096,8192,16384,32768 --packed-docs 1,4,16 --packed-lens 256,512,1024 --reps 5 --warmup 2 \

@@ -120,3 +120,13 @@ def test_window_check_passes_on_cpu(tmp_path):
     (timing,) = [c for c in doc["checks"] if c["section"] == "window_timing"]
     assert set(timing["median_ms_by_case"]) == {"full causal", "window 4096 fused", "window 512 fused",
                                                  "window 4096 masked path"}
+
+
+def test_ring_vs_dp_check_on_gloo():
+    """``ring_vs_dp_check.py`` (the GPU session's multi-GPU part) on 2 gloo processes: training with rings of degree 2
+    has the losses of training without rings, within its 1e-6 (3 steps: the third global batch forms the ring)."""
+    script = SCRIPT.with_name("ring_vs_dp_check.py")
+    proc = subprocess.run([sys.executable, str(script), "--nproc", "2", "--backend", "gloo"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "PASS" in proc.stdout and "largest ring degree 2" in proc.stdout
