@@ -84,6 +84,20 @@ MASKS = ("causal", "full", "q_all_k_first_half", "q_second_half_k_all")
 _SHORT = {"float64": "fp64", "float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
+def positive(kind=int):
+    """An argparse ``type``: a number of ``kind`` above 0 (else argparse's one-line error and exit 2)."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not value > 0 or value != value or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text}")
+        return value
+    parse.__name__ = f"positive {kind.__name__}"
+    return parse
+
+
 class Results:
     """Entries of one run; ``DIR/results.json`` is rewritten at most once a second while checks run
     (after every failure at once) and at the end, so a run cut short still leaves its results."""
@@ -568,14 +582,14 @@ def main(argv=None) -> int:
     ap.add_argument("--perturb", action="store_true", help="break every kernel on purpose (must fail)")
     ap.add_argument("--sections", default="kernel,ring,timing,multiprocess",
                     help="comma list of kernel, ring, timing, multiprocess (versions always run)")
-    ap.add_argument("--long-doc", type=int, help="the long document of the kernel cases (GPU 4099, CPU 600)")
-    ap.add_argument("--timing-tokens", type=int, nargs="+", help="GPU: 32768 131072; CPU: 512 1024")
-    ap.add_argument("--timing-heads", type=int, nargs=3, metavar=("HQ", "HKV", "D"))
-    ap.add_argument("--iters", type=int, help="timed iterations per size (GPU 5, CPU 2)")
-    ap.add_argument("--peak-tflops", type=float, help="dense bf16 peak if the device is not in the table")
-    ap.add_argument("--mp-timeout", type=float, default=90.0, help="hard limit per multi-process attempt (s)")
-    ap.add_argument("--time-limit", type=float, help="soft limit: later checks are skipped (GPU 400 s, CPU 110 s)")
-    ap.add_argument("--threads", type=int, help="torch CPU threads (default 1 with --device cpu: the small "
+    ap.add_argument("--long-doc", type=positive(), help="the long document of the kernel cases (GPU 4099, CPU 600)")
+    ap.add_argument("--timing-tokens", type=positive(), nargs="+", help="GPU: 32768 131072; CPU: 512 1024")
+    ap.add_argument("--timing-heads", type=positive(), nargs=3, metavar=("HQ", "HKV", "D"))
+    ap.add_argument("--iters", type=positive(), help="timed iterations per size (GPU 5, CPU 2)")
+    ap.add_argument("--peak-tflops", type=positive(float), help="dense bf16 peak if the device is not in the table")
+    ap.add_argument("--mp-timeout", type=positive(float), default=90.0, help="hard limit per multi-process attempt (s)")
+    ap.add_argument("--time-limit", type=positive(float), help="soft limit: later checks are skipped (GPU 400 s, CPU 110 s)")
+    ap.add_argument("--threads", type=positive(), help="torch CPU threads (default 1 with --device cpu: the small "
                     "cases gain nothing from more, and the ring's threads would oversubscribe the cores)")
     args = ap.parse_args(argv)
     t0 = time.monotonic()

@@ -39,7 +39,7 @@ import torch
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [_HERE, os.path.dirname(_HERE)]
-from gpu_check import Results  # noqa: E402  (benchmarks/ is not a package)
+from gpu_check import Results, positive  # noqa: E402  (benchmarks/ is not a package)
 
 FAMILIES = ("qwen3", "llama")
 
@@ -185,7 +185,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, help="folder for results_hf.json")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--quick", action="store_true", help="float32 and one family only, no timing")
-    ap.add_argument("--iters", type=int, help="timed iterations (GPU 5, CPU 1)")
+    ap.add_argument("--iters", type=positive(), help="timed iterations (GPU 5, CPU 1)")
     ap.add_argument("--perturb", action="store_true", help="scale fcp's attention output by 1.05 (must fail)")
     args = ap.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():

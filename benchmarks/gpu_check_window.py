@@ -29,7 +29,7 @@ import torch
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [_HERE, os.path.dirname(_HERE)]
-from gpu_check import TOL, Results  # noqa: E402  (benchmarks/ is not a package)
+from gpu_check import TOL, Results, positive  # noqa: E402  (benchmarks/ is not a package)
 
 
 def check(kernel, dtype_name: str, window: int, lens, device) -> dict:
@@ -134,8 +134,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="folder for results_window.json")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--tokens", type=int, help="timing document (GPU 32768, CPU 1024)")
-    ap.add_argument("--iters", type=int, help="timed iterations (GPU 5, CPU 1)")
+    ap.add_argument("--tokens", type=positive(), help="timing document (GPU 32768, CPU 1024)")
+    ap.add_argument("--iters", type=positive(), help="timed iterations (GPU 5, CPU 1)")
     args = ap.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu_check_window: --device cuda but torch.cuda.is_available() is False", file=sys.stderr)

@@ -27,7 +27,9 @@ import warnings
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [_HERE, os.path.dirname(_HERE)]
+from gpu_check import positive  # noqa: E402  (benchmarks/ is not a package)
 
 
 def _cells(device, preset: str, dtype, cells):
@@ -81,7 +83,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--preset", default="Qwen3-1.7B", help="layer shape (a preset of `fcp presets`)")
-    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--iters", type=positive(), default=10)
     ap.add_argument("--out", help="also write the report as JSON")
     args = ap.parse_args(argv)
     device = torch.device(args.device)

@@ -20,6 +20,8 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+from gpu_check import positive  # noqa: E402  (benchmarks/ is not a package)
 
 
 def _train(args, tokens_per_rank: int) -> list[dict]:
@@ -45,15 +47,15 @@ def _train(args, tokens_per_rank: int) -> list[dict]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--nproc", type=int, default=2, help="processes (one per GPU under NCCL)")
+    ap.add_argument("--nproc", type=positive(), default=2, help="processes (one per GPU under NCCL)")
     ap.add_argument("--backend", default=None, help="nccl, gloo, ... (default: the device's)")
     ap.add_argument("--model", default="hf:" + os.path.join(ROOT, "examples", "configs", "qwen3-tiny.json"))
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--global-batch-size", type=int, default=8)
-    ap.add_argument("--max-tokens", type=int, default=1024, help="cap on a sample's tokens (both runs)")
-    ap.add_argument("--tol", type=float, default=1e-6, help="relative loss difference allowed per step (float32 "
+    ap.add_argument("--steps", type=positive(), default=3)
+    ap.add_argument("--global-batch-size", type=positive(), default=8)
+    ap.add_argument("--max-tokens", type=positive(), default=1024, help="cap on a sample's tokens (both runs)")
+    ap.add_argument("--tol", type=positive(float), default=1e-6, help="relative loss difference allowed per step (float32 "
                     "rounding measured 3e-8 on CPU; a ring that reads the wrong key chunk differed by 6e-5)")
-    ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--timeout", type=positive(float), default=600.0)
     args = ap.parse_args(argv)
     if args.nproc < 2:
         ap.error("--nproc must be at least 2 (a ring needs two processes)")
