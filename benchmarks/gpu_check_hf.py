@@ -13,7 +13,9 @@ Sections, each entry printed as one line and written to ``DIR/results_hf.json`` 
    largest reference entry; the worst parameter is reported). ``float32``: fcp must be within
    ``max(3 x stock's error, 1e-5)``; ``bfloat16`` (autocast over float32 weights, what the Trainer's ``bf16=True``
    does): within ``2 x stock's error + 1e-3`` (loss) / ``+ 1e-2`` (gradients), i.e. no less accurate than the stock
-   model, up to a factor. Families: Qwen3 (QK norm) and Llama, GQA 8/2, head dim 64.
+   model, up to a factor. Families: Qwen3 (QK norm), Llama and Mistral with a 64-token sliding window (the stock
+   model's own window mask against fcp's windowed ring attention: on a GPU the fused banded kernel), GQA 8/2, head
+   dim 64.
 2. ``hf_timing``: a Qwen3-shaped model in bfloat16 (4 layers, hidden 2048, heads 16/8, head dim 128) on a packed
    micro-batch of 8 long-tailed documents (16,512 tokens): forward+backward of the stock model (``sdpa``, which on a
    packed batch attends through a dense block-diagonal mask) and of the fcp model (per-document varlen kernel),
@@ -41,13 +43,14 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [_HERE, os.path.dirname(_HERE)]
 from gpu_check import Results, positive  # noqa: E402  (benchmarks/ is not a package)
 
-FAMILIES = ("qwen3", "llama")
+FAMILIES = ("qwen3", "llama", "mistral")
+WINDOW = 64  # Mistral's sliding window here: shorter than most test documents (fused band on a GPU at degree 1)
 
 
 def _config(family: str, *, hidden: int, layers: int, heads: tuple, head_dim: int, ffn: int, vocab: int):
     from transformers import AutoConfig
 
-    extra = {"attention_bias": False} if family == "llama" else {}
+    extra = {"llama": {"attention_bias": False}, "mistral": {"sliding_window": WINDOW}}.get(family, {})
     return AutoConfig.for_model(family, vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn,
                                 num_hidden_layers=layers, num_attention_heads=heads[0], num_key_value_heads=heads[1],
                                 head_dim=head_dim, max_position_embeddings=65536, eos_token_id=0, pad_token_id=1,
