@@ -7,9 +7,10 @@ a query run starting at position ``pq`` and a key run starting at ``pk`` the win
 < W`` is a band of constant offset ``Δ = pq − pk``: row ``i`` sees keys ``j`` in ``[i + Δ − W + 1, i + Δ]``.
 :func:`band_calls` trims each pair of runs to the rows that see some key and the keys some of them see, and states
 the band in flash-attn's documented convention — query ``i`` of ``Sq`` rows sees keys ``[i + Sk − Sq − left,
-i + Sk − Sq + right]``, ``-1`` unbounded — so that every row of a call sees at least one key. One non-causal kernel
-call per pair (``kernel.forward(..., window=(left, right))``); :func:`band_forward` merges the calls of a block by
-log-sum-exp, :func:`band_backward` gives each call the final ``out``/``lse`` of its rows (the kernel contract of
+i + Sk − Sq + right]``, ``-1`` unbounded — so that every row of a call sees at least one key. Pairs with the same
+band and disjoint query rows share one non-causal varlen call (:func:`band_groups`; each pair one sequence of it,
+``kernel.forward(..., window=(left, right))``); :func:`band_forward` merges the calls of a block by log-sum-exp,
+:func:`band_backward` gives each call the final ``out``/``lse`` of its rows (the kernel contract of
 :mod:`fcp_exec.kernels.base`), so the gradients of the calls add up. Degree 1 needs none of this: whole documents,
 one varlen call with ``window=W`` (``ring_attention``).
 """
@@ -19,7 +20,7 @@ import torch
 
 from fcp_exec.kernels.base import lse_dtype_for, merge_block
 
-__all__ = ["band_calls", "band_forward", "band_backward", "block_runs", "plan_band"]
+__all__ = ["BandGroup", "band_calls", "band_groups", "band_forward", "band_backward", "block_runs", "plan_band"]
 
 
 def block_runs(cu: list[int], degree: int, cp_rank: int, step: int) -> list[tuple[list, list]]:
@@ -65,38 +66,83 @@ def band_calls(runs: list[tuple[list, list]], window: int) -> list[tuple[int, in
     return calls
 
 
-def plan_band(plan, step: int, window: int) -> list:
-    """:func:`band_calls` of ``plan.block(step)`` (a ``ring_attention._Plan``), cached on the plan per step and
-    window (a plan lives for one call: its layers reuse it)."""
+class BandGroup:
+    """Pairs of runs with one band ``(left, right)`` and disjoint query rows: one varlen kernel call (each pair a
+    sequence of it; flash aligns every sequence's band to its own bottom-right corner)."""
+
+    __slots__ = ("band", "q_rows", "k_rows", "cu_q", "cu_k", "max_q", "max_k", "_index")
+
+    def __init__(self, band: tuple[int, int], pairs: list) -> None:
+        self.band = band
+        self.q_rows = [r for qa, sq, *_ in pairs for r in range(qa, qa + sq)]
+        self.k_rows = [r for _, _, ka, sk, *_ in pairs for r in range(ka, ka + sk)]
+        self.cu_q, self.cu_k = [0], [0]
+        for _, sq, _, sk, *_ in pairs:
+            self.cu_q.append(self.cu_q[-1] + sq)
+            self.cu_k.append(self.cu_k[-1] + sk)
+        self.max_q, self.max_k = max(p[1] for p in pairs), max(p[3] for p in pairs)
+        self._index: dict = {}
+
+    def index(self, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The group's query and key row indices on ``device`` (built once per device)."""
+        key = str(device)
+        if key not in self._index:
+            self._index[key] = (torch.tensor(self.q_rows, dtype=torch.long, device=device),
+                                torch.tensor(self.k_rows, dtype=torch.long, device=device))
+        return self._index[key]
+
+
+def band_groups(calls) -> list[BandGroup]:
+    """The calls of :func:`band_calls` gathered into as few varlen calls as possible: a pair joins the first group
+    of its band whose query rows it does not overlap (a query row's results from two pairs are merged by
+    log-sum-exp, so they must come from different calls)."""
+    groups: list[tuple[tuple[int, int], list, list]] = []  # (band, pairs, query spans)
+    for call in calls:
+        qa, sq, band = call[0], call[1], (call[4], call[5])
+        for g_band, pairs, spans in groups:
+            if g_band == band and all(qa + sq <= a or b <= qa for a, b in spans):
+                pairs.append(call)
+                spans.append((qa, qa + sq))
+                break
+        else:
+            groups.append((band, [call], [(qa, qa + sq)]))
+    return [BandGroup(band, pairs) for band, pairs, _ in groups]
+
+
+def plan_band(plan, step: int, window: int) -> list[BandGroup]:
+    """:func:`band_groups` of ``plan.block(step)`` (a ``ring_attention._Plan``), cached on the plan per step and
+    window (a plan lives for one micro-batch: its layers reuse it)."""
     cache = plan.__dict__.setdefault("_band_cache", {})
     if (step, window) not in cache:
-        cache[(step, window)] = band_calls(block_runs(plan.cu, plan.degree, plan.cp_rank, step), window)
+        cache[(step, window)] = band_groups(band_calls(block_runs(plan.cu, plan.degree, plan.cp_rank, step), window))
     return cache[(step, window)]
 
 
-def band_forward(kernel, q, k, v, calls, scale: float):
-    """``(out, lse)`` of one block from its band calls (rows no call covers: ``out = 0``, ``lse = -inf``)."""
+def band_forward(kernel, q, k, v, groups, scale: float):
+    """``(out, lse)`` of one block from its band groups (rows no group covers: ``out = 0``, ``lse = -inf``)."""
     acc = lse_dtype_for(q.dtype)
     out = torch.zeros(q.shape, dtype=acc, device=q.device)
     lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=acc, device=q.device)
-    for qa, nq, ka, nk, left, right in calls:
-        o, lo = kernel.forward(q[qa:qa + nq], k[ka:ka + nk], v[ka:ka + nk], [0, nq], [0, nk], False, scale,
-                               window=(left, right))
-        merge_block(out, lse, o, lo, slice(qa, qa + nq))
+    for g in groups:
+        qi, ki = g.index(q.device)
+        o, lo = kernel.forward(q.index_select(0, qi), k.index_select(0, ki), v.index_select(0, ki), g.cu_q, g.cu_k,
+                               False, scale, max_q=g.max_q, max_k=g.max_k, window=g.band)
+        merge_block(out, lse, o, lo, qi)
     return out, lse
 
 
-def band_backward(kernel, dout, q, k, v, out, lse, calls, scale: float):
-    """``(dq, dk, dv)`` of one block from its band calls, against the final ``out``/``lse`` rows."""
+def band_backward(kernel, dout, q, k, v, out, lse, groups, scale: float):
+    """``(dq, dk, dv)`` of one block from its band groups, against the final ``out``/``lse`` rows."""
     acc = lse_dtype_for(q.dtype)
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     dk = torch.zeros(k.shape, dtype=acc, device=k.device)
     dv = torch.zeros(v.shape, dtype=acc, device=v.device)
-    for qa, nq, ka, nk, left, right in calls:
-        rows, keys = slice(qa, qa + nq), slice(ka, ka + nk)
-        g = kernel.backward(dout[rows].contiguous(), q[rows], k[keys], v[keys], out[rows].contiguous(),
-                            lse[:, rows].contiguous(), [0, nq], [0, nk], False, scale, window=(left, right))
-        dq[rows] += g[0].to(acc)
-        dk[keys] += g[1].to(acc)
-        dv[keys] += g[2].to(acc)
+    for g in groups:
+        qi, ki = g.index(q.device)
+        grads = kernel.backward(dout.index_select(0, qi), q.index_select(0, qi), k.index_select(0, ki),
+                                v.index_select(0, ki), out.index_select(0, qi), lse.index_select(1, qi).contiguous(),
+                                g.cu_q, g.cu_k, False, scale, max_q=g.max_q, max_k=g.max_k, window=g.band)
+        dq.index_add_(0, qi, grads[0].to(acc))
+        dk.index_add_(0, ki, grads[1].to(acc))  # a key row of several pairs: their gradients add up
+        dv.index_add_(0, ki, grads[2].to(acc))
     return dq, dk, dv

@@ -1,6 +1,6 @@
 """Sliding windows on a fused banded kernel at ring degree > 1 (``fcp_exec.kernels.window_band``).
 
-1. ``band_calls`` exactly: for every degree 2–4, CP rank, ring step, chunk size and window (exhaustive over small
+1. ``band_calls`` exactly (and ``band_groups``: each varlen call one band, disjoint query rows, every pair once): for every degree 2–4, CP rank, ring step, chunk size and window (exhaustive over small
    ones), the calls' bands — expanded with flash-attn's documented rule (``_flash_attn_reference.visible``) — cover
    every (query row, key row) pair of the block that the window rule ``0 <= pos_q − pos_k < W`` allows exactly once,
    and no other pair; every row of a call sees at least one key (a flash call never has an empty row). Reference:
@@ -20,7 +20,7 @@ import torch
 
 import _flash_reference as FR
 from fcp_exec.kernels import CudaKernel
-from fcp_exec.kernels.window_band import band_calls, block_runs
+from fcp_exec.kernels.window_band import band_calls, band_groups, block_runs
 from fcp_exec.launch import WorkerPool
 from fcp_exec.ring_attention import _Plan
 
@@ -56,6 +56,28 @@ def test_band_calls_cover_the_window_exactly(degree):
                 assert torch.equal(got, want.long()), (chunk_lens, cp_rank, step, window)
                 checked += 1
     assert checked == 4 * degree * degree * 7
+
+
+def test_band_groups_gather_pairs_into_few_calls():
+    """Pairs with one band and disjoint query rows share a varlen call: the groups hold every pair exactly once, one
+    band each, no query row twice; a block of 12 equal documents needs a handful of calls, not one per pair."""
+    for degree, cp_rank, step in itertools.product((2, 3), range(3), range(3)):
+        if cp_rank >= degree or step >= degree:
+            continue
+        cu = [0]
+        for h in [40] * 12 + [3, 9]:
+            cu.append(cu[-1] + 2 * h)
+        calls = band_calls(block_runs(cu, degree, cp_rank, step), 16)
+        groups = band_groups(calls)
+        pairs = sorted((g.q_rows[a], ga - a, g.k_rows[k], gk - k, *g.band) for g in groups
+                       for a, ga, k, gk in zip(g.cu_q[:-1], g.cu_q[1:], g.cu_k[:-1], g.cu_k[1:]))
+        assert pairs == sorted(calls)  # every pair once, in a group of its own band
+        for g in groups:
+            assert len(set(g.q_rows)) == len(g.q_rows), "a query row twice in one call"
+        bands = {(c[4], c[5]) for c in calls}
+        assert len(groups) <= 2 * len(bands)
+        if len(calls) >= 12:
+            assert 3 * len(groups) <= len(calls), (len(groups), len(calls))
 
 
 def _stand_in_kernel():
