@@ -236,8 +236,9 @@ class _RingAttentionFn(torch.autograd.Function):
                     dq += dq_b.to(acc)
                 else:
                     dq.index_add_(0, q_rows, dq_b.to(acc))
-                if full_keys:
+                if full_keys:  # (in place below: never two names for one buffer a kernel might return twice)
                     dk_blk, dv_blk = dk_b.to(acc), dv_b.to(acc)
+                    dv_blk = dv_blk.clone() if dv_blk.data_ptr() == dk_blk.data_ptr() else dv_blk
                 else:
                     dk_blk.index_copy_(0, k_rows, dk_b.to(acc))
                     dv_blk.index_copy_(0, k_rows, dv_b.to(acc))
