@@ -113,6 +113,8 @@ def main() -> None:
     p.add_argument("--ffn", type=int, default=128)
     p.add_argument("--bf16", action="store_true", help="bf16 weights and activations, fp32 main weights in the optimizer "
                    "(Megatron's Float16Module and mixed-precision optimizer; needs CUDA)")
+    p.add_argument("--distributed-optimizer", action="store_true",
+                   help="Megatron's distributed optimizer (optimizer state sharded over the ranks; needs CUDA)")
     p.add_argument("--eval-batches", type=int, default=1, help="global batches of validation after training")
     p.add_argument("--checkpoint", default=None, help="folder for checkpoints (DIR/step-K.pt), with --checkpoint-every")
     p.add_argument("--checkpoint-every", type=int, default=0, help="save a checkpoint every N steps (0: never)")
@@ -121,10 +123,15 @@ def main() -> None:
     if args.data_prefix and (args.data or not args.vocab_size):
         p.error("--data-prefix takes --vocab-size (the token ids' range) and excludes --data")
 
+    if args.distributed_optimizer and (args.checkpoint or args.resume):
+        p.error("--distributed-optimizer with --checkpoint/--resume: this example saves optimizer.state_dict(), which "
+                "for Megatron's distributed optimizer leaves out the Adam moments (save_parameter_state); use "
+                "Megatron-LM's checkpointing for that optimizer")
     device = init_distributed()  # set_device, NCCL/HCCL/gloo by device, eager init + a warm-up barrier
     rank, on_cpu = dist.get_rank(), device.type == "cpu"
-    if on_cpu and args.bf16:
-        p.error("--bf16 needs CUDA: Megatron's Float16Module and mixed-precision optimizer assert CUDA tensors")
+    if on_cpu and (args.bf16 or args.distributed_optimizer):
+        p.error("--bf16 and --distributed-optimizer need CUDA: Megatron's Float16Module and its mixed-precision and "
+                "distributed optimizers assert CUDA tensors")
     if on_cpu:
         from fcp_exec.integrations.megatron_cpu import megatron_on_cpu
 
@@ -152,10 +159,12 @@ def main() -> None:
 
     # model: FCP's core attention in the layer spec, then Megatron's own DDP, finalize and optimizer
     model, config = build_model(args, vocab_size, on_cpu)
-    model = DistributedDataParallel(config, DistributedDataParallelConfig(), model)
+    dist_opt = args.distributed_optimizer  # Megatron's ZeRO-1: optimizer state sharded over the data-parallel ranks
+    model = DistributedDataParallel(config, DistributedDataParallelConfig(use_distributed_optimizer=dist_opt), model)
     config.no_sync_func, config.finalize_model_grads_func = model.no_sync, finalize_model_grads
     optimizer = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=args.lr, weight_decay=0.01,
                                                        clip_grad=0.0 if on_cpu else 1.0, bf16=args.bf16, fp16=False,
+                                                       use_distributed_optimizer=dist_opt,
                                                        params_dtype=config.params_dtype), [model])
     schedule = get_forward_backward_func()
 
