@@ -6,6 +6,8 @@
     # video SFT (LLaVA lines {"video": "a.mp4", "conversations": [...]}): labels on the assistant turns
     fcp index llava.jsonl --spec qwen2.5-vl --chat-field conversations --media-root videos/ --out sft-index
     Checkpoints: `--checkpoint DIR --checkpoint-every N`, then `--resume DIR/step-K` (fcp_exec.checkpoint).
+    Damaged videos: `--read-errors-out bad.jsonl` records each one that fails to read (skipped, the run goes on);
+    the next run with `--exclude bad.jsonl` leaves them out of its plans.
 
 The model is randomly initialised from a config.json (use ``from_pretrained`` for real weights, then apply_fcp).
 A CP group's frames are encoded once, split over its ranks by whole frames, and every visual row is sent to the
@@ -67,6 +69,9 @@ def main() -> None:
     p.add_argument("--checkpoint", default=None, help="folder for checkpoints (DIR/step-K), with --checkpoint-every")
     p.add_argument("--checkpoint-every", type=int, default=0, help="save a checkpoint every N steps (0: never)")
     p.add_argument("--resume", default=None, help="a checkpoint folder (DIR/step-K) to continue from, at step K")
+    p.add_argument("--read-errors-out", default=None,
+                   help="append a JSON line per video that fails to read (recorded and skipped, never the end of the run)")
+    p.add_argument("--exclude", default=None, help="leave out the videos listed in FILE (an earlier --read-errors-out)")
     args = p.parse_args()
 
     device = init_distributed()  # set_device, NCCL/HCCL/gloo by device, eager init + a warm-up barrier
@@ -77,8 +82,8 @@ def main() -> None:
     cost = CostModel.load(args.cost) if args.cost else CostModel.preset("qwen3-vl-2b", "h100")
     # the sampler counts label tokens exactly, visual placeholders excluded, from the index (no data is read)
     sampler = FCPSampler(data.index, cost_model=cost.replace(tokens_per_rank=args.tokens_per_rank),
-                         global_batch_size=args.global_batch_size, seed=0, on_overlong="drop")
-    loader = DataLoader(FCPDataset(data), batch_sampler=sampler, num_workers=2,
+                         global_batch_size=args.global_batch_size, seed=0, on_overlong="drop", exclude=args.exclude)
+    loader = DataLoader(FCPDataset(data, errors_path=args.read_errors_out), batch_sampler=sampler, num_workers=2,
                         collate_fn=hf_collator(config, pad_token_id=data.pad_token_id, sample_labels=data.has_labels))
 
     model = apply_fcp(build_model(config, seed=0).to(device))
