@@ -45,7 +45,12 @@ want() { [[ " $PARTS " == *" $1 "* ]]; }
 
 {
     date -u
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    if command -v nvidia-smi >/dev/null; then
+        nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+        [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && nvidia-smi topo -m  # how the GPUs are linked (NVLink, PCIe)
+    else
+        echo "no nvidia-smi on this machine"
+    fi
     $PY -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
 'transformers', transformers.__version__)"
 } 2>&1 | tee -a "$LOG"
