@@ -131,6 +131,8 @@ def check_state(sampler: Any, state: dict[str, Any]) -> tuple[int, int, int]:
     # data and the epoch's global batches are the same
     if diffs and not (same_batches and m == 0 and not any(k in _DATA_KEYS for k in diffs)):
         listed = "; ".join(f"{k}: saved {theirs[k]!r}, this sampler {mine[k]!r}" for k in diffs)
+        if "data_digest" in diffs:  # the digest covers lengths, η, visual tokens and excluded samples
+            listed += " (other lengths, visual tokens or excluded samples: exclude= must be the same to resume)"
         raise ValueError("the FCPSampler state was saved with a different configuration — " + listed + ". Resume with "
                          "the same seed, data and batch size; a state at a global-batch boundary (state_after) also "
                          "resumes on another world size or cost model when the epoch's global batches are the same.")

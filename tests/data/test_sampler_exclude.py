@@ -107,7 +107,7 @@ def test_a_state_is_tied_to_its_exclusions():
     b = sampler([4, 3])
     b.load_state_dict(state)  # the same exclusions, in any order
     assert list(b) == list(it)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="exclude= must be the same to resume"):
         sampler([3]).load_state_dict(state)
     plain = sampler(None).state_dict()
     sampler([]).load_state_dict(plain)  # no exclusions: the same data digest as before exclude= existed
