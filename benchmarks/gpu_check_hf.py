@@ -19,8 +19,9 @@ Sections, each entry printed as one line and written to ``DIR/results_hf.json`` 
 2. ``hf_timing``: a Qwen3-shaped model in bfloat16 (4 layers, hidden 2048, heads 16/8, head dim 128) on a packed
    micro-batch of 8 long-tailed documents (16,512 tokens): forward+backward of the stock model (``sdpa``, which on a
    packed batch attends through a dense block-diagonal mask) and of the fcp model (per-document varlen kernel),
-   alternating, CUDA events, median of ``--iters``; also their loss difference. On CPU a small model stands in
-   (the code path only; CPU numbers are no benchmark).
+   alternating, CUDA events, median of ``--iters``; also their loss difference. Then the same with a Mistral-shaped
+   model and a 1,024-token sliding window (the stock model's window mask against fcp's fused banded kernel). On CPU
+   a small model stands in (the code path only; CPU numbers are no benchmark).
 
 ``--perturb`` scales fcp's attention output by 1.05 (``gpu_check.PerturbedKernel``): the run must then fail, which
 ``tests/exec/test_gpu_check.py`` checks.
@@ -160,10 +161,12 @@ def _cuda_ms(fn, device) -> float:
     return start.elapsed_time(end)
 
 
-def timing(device, lens, dims, iters: int) -> dict:
+def timing(device, lens, dims, iters: int, family: str = "qwen3", window: int | None = None) -> dict:
     from fcp_exec.integrations import hf
 
-    cfg = _config("qwen3", **dims)
+    cfg = _config(family, **dims)
+    if window is not None:
+        cfg.sliding_window = window
     stock = hf.build_model(cfg, dtype=torch.bfloat16, seed=0).to(device)
     fcp = hf.apply_fcp(copy.deepcopy(stock))
     batch, _, _ = _batch(lens, dims["vocab"], seed=2)
@@ -220,10 +223,12 @@ def main(argv=None) -> int:
         else:
             dims = dict(hidden=64, layers=2, heads=(4, 2), head_dim=16, ffn=128, vocab=500)
             tlens = (256, 128, 64, 32)
-        res.run(f"hf_timing qwen3 bf16 fwd+bwd {sum(tlens)} tokens in {len(tlens)} documents", "hf_timing", timing,
-                device, tlens, dims, args.iters or (5 if cuda else 1))
-        print(f"  hf_timing: median ms {res.checks[-1].get('median_ms_by_model')}, fcp/stock "
-              f"{res.checks[-1].get('fcp_over_stock')}", flush=True)
+        for family, window in (("qwen3", None), ("mistral", 1024 if cuda else 64)):
+            what = f"{family}{'' if window is None else f' window {window}'}"
+            res.run(f"hf_timing {what} bf16 fwd+bwd {sum(tlens)} tokens in {len(tlens)} documents", "hf_timing",
+                    timing, device, tlens, dims, args.iters or (5 if cuda else 1), family, window)
+            print(f"  hf_timing {what}: median ms {res.checks[-1].get('median_ms_by_model')}, fcp/stock "
+                  f"{res.checks[-1].get('fcp_over_stock')}", flush=True)
     res.meta["wall_s"] = round(time.monotonic() - t0, 1)
     res.write()
     failed = res.failed()
