@@ -468,6 +468,20 @@ def _peak(cfg, versions) -> tuple:
     return None, f"{name!r} is not in PEAK_BF16_TFLOPS; pass --peak-tflops"
 
 
+def elapsed_ms(fn, device) -> float:
+    """Milliseconds of one ``fn()``: CUDA events on a GPU, the wall clock elsewhere."""
+    if device.type != "cuda":
+        t = time.perf_counter()
+        fn()
+        return 1e3 * (time.perf_counter() - t)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end)
+
+
 def _count_host_syncs(step) -> tuple:
     """Host syncs of one ``step()`` as warnings of ``torch.cuda.set_sync_debug_mode("warn")``
     (warnings of autograd's device thread reach the caller), with the code lines that caused them."""

@@ -42,7 +42,7 @@ import torch
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [_HERE, os.path.dirname(_HERE)]
-from gpu_check import Results, positive  # noqa: E402  (benchmarks/ is not a package)
+from gpu_check import Results, elapsed_ms, positive  # noqa: E402  (benchmarks/ is not a package)
 
 FAMILIES = ("qwen3", "llama", "mistral")
 WINDOW = 64  # Mistral's sliding window here: shorter than most test documents (fused band on a GPU at degree 1)
@@ -148,19 +148,6 @@ def check_family(family: str, dtype_name: str, device, lens, perturb: bool = Fal
             "stock_errors": {"loss": s_l, "grad": s_g}, "tokens": sum(lens), "kernel": repr(fcp._fcp_state.kernel)}
 
 
-def _cuda_ms(fn, device) -> float:
-    if device.type != "cuda":
-        t = time.perf_counter()
-        fn()
-        return 1e3 * (time.perf_counter() - t)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end)
-
-
 def timing(device, lens, dims, iters: int, family: str = "qwen3", window: int | None = None) -> dict:
     from fcp_exec.integrations import hf
 
@@ -173,7 +160,7 @@ def timing(device, lens, dims, iters: int, family: str = "qwen3", window: int | 
     times, losses = {"stock_sdpa_packed": [], "fcp_ring_degree1": []}, {}
     for r in range(iters + 1):
         for name, model, is_fcp in (("stock_sdpa_packed", stock, False), ("fcp_ring_degree1", fcp, True)):
-            ms = _cuda_ms(lambda: losses.__setitem__(name, _run_model(model, batch, device, torch.float32, is_fcp)),
+            ms = elapsed_ms(lambda: losses.__setitem__(name, _run_model(model, batch, device, torch.float32, is_fcp)),
                           device)
             if r:
                 times[name].append(ms)

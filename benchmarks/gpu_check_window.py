@@ -29,7 +29,7 @@ import torch
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [_HERE, os.path.dirname(_HERE)]
-from gpu_check import TOL, Results, positive  # noqa: E402  (benchmarks/ is not a package)
+from gpu_check import TOL, Results, elapsed_ms, positive  # noqa: E402  (benchmarks/ is not a package)
 
 
 def check(kernel, dtype_name: str, window: int, lens, device) -> dict:
@@ -89,19 +89,6 @@ def check_ring(kernel, dtype_name: str, window: int, degree: int, device) -> dic
             "fused": fused, "kernel": repr(kernel), "documents": lens, "degree": degree}
 
 
-def _ms(fn, device) -> float:
-    if device.type != "cuda":
-        t = time.perf_counter()
-        fn()
-        return 1e3 * (time.perf_counter() - t)
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    fn()
-    b.record()
-    torch.cuda.synchronize()
-    return a.elapsed_time(b)
-
-
 def timing(kernels: dict, tokens: int, heads, device, iters: int, dtype) -> dict:
     from fcp_exec import ring_attention
 
@@ -122,7 +109,7 @@ def timing(kernels: dict, tokens: int, heads, device, iters: int, dtype) -> dict
                     x.grad = None
                 ring_attention(q, k, v, cu, ranks=(0,), kernel=kernel, window=window).backward(dout)
 
-            ms = _ms(step, device)
+            ms = elapsed_ms(step, device)
             if r:
                 times[name].append(ms)
     med = {name: statistics.median(t) for name, t in times.items()}

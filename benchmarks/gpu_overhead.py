@@ -23,13 +23,12 @@ import os
 import statistics
 import sys
 import time
-import warnings
 
 import torch
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [_HERE, os.path.dirname(_HERE)]
-from gpu_check import positive  # noqa: E402  (benchmarks/ is not a package)
+from gpu_check import _count_host_syncs, positive  # noqa: E402  (benchmarks/ is not a package)
 
 
 def _cells(device, preset: str, dtype, cells):
@@ -52,18 +51,7 @@ def _sync(device):
 
 
 def _syncs(fn, device) -> int:
-    if device.type != "cuda":
-        return 0
-    _sync(device)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            fn()
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-    _sync(device)
-    return sum("synchroniz" in str(w.message).lower() for w in caught)
+    return _count_host_syncs(fn)[0] if device.type == "cuda" else 0
 
 
 def _kernel_time(fn, device) -> tuple[float, int, list]:

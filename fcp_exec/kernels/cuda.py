@@ -313,9 +313,10 @@ class CudaKernel(AttentionKernel):
         (a stand-in on CPU tensors decides for itself)."""
         if q.shape[0] == 0 or k.shape[0] == 0:
             return None
-        if self._injected or (self.backend in ("flash_attn", "torch_flash") and q.is_cuda
-                              and q.dtype in (torch.float16, torch.bfloat16)):
-            return self.backend if self.backend != "sdpa" else None
+        if self._injected:
+            return "flash_attn"
+        if self.backend in ("flash_attn", "torch_flash") and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
+            return self.backend
         return None
 
     def fused_window(self, q) -> bool:
