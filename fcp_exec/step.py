@@ -30,6 +30,13 @@ picks the one for a model something else wrapped, e.g. ``accelerate``'s ``prepar
 
 Gradient checkpointing works with all three (use non-reentrant checkpointing, e.g. HF
 ``gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})``).
+
+fp16 mixed precision: pass ``grad_scaler=`` (a ``torch.amp.GradScaler``; Accelerate's ``accelerator.scaler``) and
+every micro-batch's backward runs on the scaled loss; the caller then steps through the scaler as usual
+(``scaler.step(opt); scaler.update()``, or Accelerate's optimizer). The gradients the reducers sum are the scaled
+ones (a sum commutes with the scale); an overflow on any rank reaches every rank — the all-reduce and DDP sums
+carry an ``inf`` to all ranks, FSDP2's sharded gradients are DTensors whose ``inf`` check torch all-reduces — so
+every rank skips the same steps.
 """
 
 from __future__ import annotations
@@ -141,7 +148,7 @@ def _next_micro_batch(it: Iterator[dict], m: int, num_mb: int) -> dict:
 
 def train_step(model: nn.Module, micro_batches: Iterable[dict], loss_fn: Callable[[nn.Module, dict], torch.Tensor],
                reducer, *, pad_token_id: int = 0, ignore_index: int = -100,
-               to_device: Callable[[dict], dict] | None = None) -> StepResult:
+               to_device: Callable[[dict], dict] | None = None, grad_scaler=None) -> StepResult:
     """Forward/backward every micro-batch of one global batch and synchronise gradients (module docstring).
 
     ``micro_batches``: this rank's batches of one global batch, in order (the next ``num_micro_batches``
@@ -152,17 +159,23 @@ def train_step(model: nn.Module, micro_batches: Iterable[dict], loss_fn: Callabl
     ``FCPCollator(sample_labels=True)`` (``num_tokens_global`` None) are all read first and their labels counted
     over the global batch (:func:`fill_num_tokens_global`). A document that failed to read on some ranks of its CP
     group loses its labels on all of them before its forward (:func:`fcp_exec.skips.agree_skips`; ``ignore_index``:
-    the collator's)."""
+    the collator's). ``grad_scaler``: fp16's loss scaler (module docstring); the result's loss is unscaled."""
+    backward = getattr(reducer, "backward", None)  # DeepSpeed: through the engine
+    if grad_scaler is not None and backward is not None:
+        raise ValueError("train_step: grad_scaler with a DeepSpeed engine; DeepSpeed scales fp16 losses itself "
+                         "(its config's \"fp16\" section)")
     first, it, num_mb = _open_step(micro_batches, model, ignore_index,
                                    exact=bool(getattr(reducer, "exact_denominator", False)))
     res, totals = StepResult(loss=0.0, num_tokens=0), torch.zeros(2, dtype=torch.float64)
-    backward = getattr(reducer, "backward", None)  # DeepSpeed: through the engine
     for m, run, idle in _runs(model, first, it, num_mb, res, totals, pad_token_id, ignore_index, to_device):
         with reducer.sync_context(model, last=m == num_mb - 1):
             loss = loss_fn(model, run)
             if idle:
                 loss = loss * 0.0
-            loss.backward() if backward is None else backward(model, loss)
+            if backward is not None:
+                backward(model, loss)
+            else:
+                (loss if grad_scaler is None else grad_scaler.scale(loss)).backward()
         totals[0] += loss.detach().to(device="cpu", dtype=torch.float64)
     reducer.finish(model)
     return _close_step(model, totals, first, res, grads=True)

@@ -51,10 +51,13 @@ Trainer's own):
 ``ddp_find_unused_parameters`` None becomes False: every rank runs every micro-batch through the whole model.
 
 Refused with one clear error (not silently changed): ``gradient_accumulation_steps`` > 1 together with an explicit
-``global_batch_size`` (they say the same thing twice), ``fp16`` (no loss scaler on this path; use ``bf16``), FSDP1,
-``model_init``, ``batch_eval_metrics``, ``label_smoothing_factor`` and any ``compute_loss`` override but TRL
+``global_batch_size`` (they say the same thing twice), FSDP1, ``model_init``, ``batch_eval_metrics``, ``label_smoothing_factor`` and any ``compute_loss`` override but TRL
 ``SFTTrainer``'s plain NLL (``class FCPSFTTrainer(FCPTrainer, SFTTrainer)``: TRL prepares the data, FCP trains).
-Tested on CPU/gloo: DDP, one process, bf16 autocast, LoRA, TRL SFT, datasets.Dataset, DeepSpeed ZeRO-2 and -3, and
+``fp16=True`` trains through Accelerate's loss scaler (``accelerator.scaler``: every micro-batch's backward scaled,
+overflowing steps skipped on every rank alike); on a CPU Accelerate has no fp16 and trains in fp32, as the stock
+Trainer does there.
+Tested on CPU/gloo: DDP, one process, bf16 autocast, fp16 with a loss scaler (Accelerate's GPU setting given to
+the CPU by the test), LoRA, TRL SFT, datasets.Dataset, DeepSpeed ZeRO-2 and -3, and
 Accelerate's FSDP2 (its accelerator-only gate lifted by the test; on CPU Accelerate itself keeps DDP, and FCPTrainer
 warns) with sharded checkpoints and its bf16 policy (``tests/exec/test_hf_trainer.py``).
 """
@@ -182,8 +185,6 @@ class FCPTrainer(Trainer):
 
     def _check_fcp_args(self) -> None:
         a = self.args
-        if a.fp16:
-            raise ValueError("FCPTrainer: fp16 is not supported (train_step has no loss scaler); use bf16=True")
         if self.is_fsdp_enabled and getattr(self.accelerator.state.fsdp_plugin, "fsdp_version", 1) != 2:
             raise ValueError("FCPTrainer: FSDP1 is not supported; set fsdp_config={'fsdp_version': 2}")
         if a.fsdp and not self.is_fsdp_enabled:  # Accelerate enables FSDP on GPU/NPU/XPU/... processes only
@@ -325,7 +326,8 @@ class FCPTrainer(Trainer):
                             f"{type(inputs).__name__}; do not override get_train_dataloader with a plain loader")
         model.train()
         with self.compute_loss_context_manager():
-            res = train_step(model, inputs, fcp_loss, self._reducer(model), pad_token_id=self._pads["train"])
+            res = train_step(model, inputs, fcp_loss, self._reducer(model), pad_token_id=self._pads["train"],
+                             grad_scaler=self.accelerator.scaler)  # fp16: Accelerate's optimizer steps through it
         if self.is_deepspeed_enabled:  # the engine steps itself (clipping, optimizer, scheduler), as in its backward
             model.step()  # under Accelerate; the Trainer's optimizer.step() is then a no-op
         self.fcp_steps.append(res)

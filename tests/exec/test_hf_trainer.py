@@ -123,7 +123,8 @@ def _fcp_run(family: str, out: str, resume: str | None = None, save_steps: int =
         kw.update(save_strategy="steps", save_steps=save_steps)
     if fsdp2:
         kw.update(fsdp=True, fsdp_config={"fsdp_version": 2, "state_dict_type": "SHARDED_STATE_DICT"})
-    with warnings.catch_warnings(record=True) as caught, _accelerate_fsdp_on_cpu(fsdp2):
+    with warnings.catch_warnings(record=True) as caught, _accelerate_fsdp_on_cpu(fsdp2), \
+            _accelerate_fp16_on_cpu(bool(args.get("fp16"))):
         warnings.simplefilter("always")
         given = dict(train_dataset=data.dataset, train_lengths=data.lengths, eval_lengths=data.lengths,
                      sampler_kwargs={"visual_layout": data.visual_layout})
@@ -145,7 +146,8 @@ def _fcp_run(family: str, out: str, resume: str | None = None, save_steps: int =
            "fcp_facts": [(r.num_tokens, len(r.groups)) for r in trainer.fcp_steps],
            "checkpointing": _checkpointing_on(trainer.model), "accumulate": trainer.args.gradient_accumulation_steps,
            "gbs": trainer.fcp_global_batch_size, "tokens_seen": trainer.state.num_input_tokens_seen,
-           "reducers": sorted(type(r).__name__ for r in trainer._reducers.values())}
+           "reducers": sorted(type(r).__name__ for r in trainer._reducers.values()),
+           "scales": list(_SCALES.get(id(trainer), ()))}
     if evaluate:
         res["eval"] = trainer.evaluate()
     if metrics:
@@ -267,6 +269,45 @@ def _accelerate_fsdp_on_cpu(on: bool = True):
         Trainer.create_accelerator_and_postprocess = original
 
 
+FP16_INIT_SCALE = 2.0 ** 18  # large enough that the first steps overflow in fp16 and are skipped
+_SCALES: dict[int, list[float]] = {}  # id(trainer) -> the loss scale before each optimizer step
+
+
+@contextlib.contextmanager
+def _accelerate_fp16_on_cpu(on: bool = True):
+    """Accelerate gives fp16 its loss scaler and autocast on accelerators only: on CPU ``fp16=True`` trains in fp32.
+    While ``on``, this lifts that gate for the Trainers built inside: once a Trainer has built its Accelerator, it
+    gets what Accelerate's fp16 branch sets on a GPU — ``native_amp`` (the model's forward under
+    ``torch.autocast(float16)``, by Accelerate's ``prepare``) and a ``torch.amp.GradScaler`` (initial scale
+    FP16_INIT_SCALE, growth every 2 steps), which Accelerate's optimizer steps through and its gradient clipping
+    unscales first. The scale before each step is recorded in ``_SCALES``. Nothing of FCPTrainer is replaced."""
+    from transformers import Trainer
+
+    original = Trainer.create_accelerator_and_postprocess
+
+    def lifted(self):
+        original(self)
+        acc = self.accelerator
+        if acc.state.mixed_precision == "fp16" and acc.device.type == "cpu" and acc.scaler is None:
+            acc.native_amp = True
+            acc.scaler = scaler = torch.amp.GradScaler("cpu", init_scale=FP16_INIT_SCALE, growth_interval=2)
+            _SCALES[id(self)] = scales = []
+            step = scaler.step
+
+            def recording_step(optimizer, *a, **kw):
+                scales.append(float(scaler.get_scale()))
+                return step(optimizer, *a, **kw)
+
+            scaler.step = recording_step
+
+    if on:
+        Trainer.create_accelerator_and_postprocess = lifted
+    try:
+        yield
+    finally:
+        Trainer.create_accelerator_and_postprocess = original
+
+
 def _checkpointing_on(model) -> bool:
     name = "is_activation_checkpointing" if hasattr(model, "is_activation_checkpointing") else \
         "is_gradient_checkpointing"  # an instance check: a PEFT model forwards the attribute to its base model
@@ -301,6 +342,8 @@ def _fcp_runs(out: str) -> dict:
         "fsdp2": _fcp_run("qwen3", f"{out}/fsdp2", fsdp2=True, save_steps=2),
         "fsdp2-resumed": _fcp_run("qwen3", f"{out}/fsdp2-r", fsdp2=True, resume=f"{out}/fsdp2/checkpoint-2"),
         "fsdp2-bf16": _fcp_run("qwen3", f"{out}/fsdp2-bf16", fsdp2=True, dtype=torch.float32, bf16=True),
+        "fp16": _fcp_run("qwen2_5_vl", f"{out}/fp16", dtype=torch.float32, fp16=True),
+        "fsdp2-fp16": _fcp_run("qwen3", f"{out}/fsdp2-fp16", fsdp2=True, dtype=torch.float32, fp16=True),
         **({"lora": _fcp_run("qwen3", f"{out}/lora", lora=True)} if _HAS_PEFT else {}),
         **({"trl": _trl_run(f"{out}/trl")} if _HAS_TRL else {}),
         # DeepSpeed ZeRO-2 in float64; ZeRO-3 partitions float32/bf16 parameters only
@@ -530,7 +573,7 @@ def _lora(model):
 
 @functools.lru_cache(maxsize=None)
 def _reference(family: str, batches: tuple[tuple[int, ...], ...], evals: tuple[tuple[int, ...], ...], out: str,
-               sft: bool = False, dtype: str = "float64", bf16: bool = False, lora: bool = False,
+               sft: bool = False, dtype: str = "float64", bf16: bool = False, fp16: bool = False, lora: bool = False,
                video: bool = False, accumulate: int = 1, processor: bool = False, optim: str | None = None) -> dict:
     """The stock Trainer, one process, over ``batches`` (then ``evals``, token-weighted, without an update); the
     model in ``dtype``, ``bf16``: the Trainer's bf16 autocast, ``lora``: the model wrapped by :func:`_lora`,
@@ -574,11 +617,12 @@ def _reference(family: str, batches: tuple[tuple[int, ...], ...], evals: tuple[t
     model = build_model(config, dtype=getattr(torch, dtype), seed=0)
     if lora:
         model = _lora(model)
-    trainer = Stock(model=model, args=TrainingArguments(output_dir=out, per_device_train_batch_size=1, bf16=bf16,
-                                                        gradient_accumulation_steps=accumulate,
-                                                        **dict(ARGS, max_steps=len(batches)),
-                                                        **({"optim": optim} if optim else {})),
-                    train_dataset=parts, data_collator=lambda items: items[0])
+    with _accelerate_fp16_on_cpu(fp16):
+        trainer = Stock(model=model, args=TrainingArguments(output_dir=out, per_device_train_batch_size=1, bf16=bf16,
+                                                            fp16=fp16, gradient_accumulation_steps=accumulate,
+                                                            **dict(ARGS, max_steps=len(batches)),
+                                                            **({"optim": optim} if optim else {})),
+                        train_dataset=parts, data_collator=lambda items: items[0])
     trainer.train()
     losses = [sum(losses[k:k + accumulate]) for k in range(0, len(losses), accumulate)]
     norms = _norms(trainer)
@@ -587,7 +631,8 @@ def _reference(family: str, batches: tuple[tuple[int, ...], ...], evals: tuple[t
         for b in evals:
             loss, num = reference_loss(model, [data.dataset[i] for i in b], ignore_ids=ignore)
             total, tokens = total + float(loss) * num, tokens + num
-    return {"losses": losses, "norms": norms, "params": _params(model), "eval": total / max(tokens, 1)}
+    return {"losses": losses, "norms": norms, "params": _params(model), "eval": total / max(tokens, 1),
+            "scales": list(_SCALES.get(id(trainer), ()))}
 
 
 def _order(family: str, seed: int, steps: int, num_ranks: int = 2, tokens_per_rank: int = TOKENS_PER_RANK,
@@ -928,6 +973,51 @@ def test_fcp_trainer_bf16_is_as_close_to_fp32_training_as_the_stock_trainer(fcp_
 # 1e-3 … 4.6e-3 (up to 30x the stock autocast's: another mechanism, its own floor). Ring attention that drops a ring step's block
 # under bf16: 3.2e-5 at step 0 (the step-0 bound: 1e-5), 9.8e-3 at step 4.
 BF16_DRIFT, BF16_FLOOR, FSDP2_BF16_FLOOR = 20.0, 1e-3, 1e-2
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("run, family", [("fp16", "qwen2_5_vl"), ("fsdp2-fp16", "qwen3")])
+def test_fcp_trainer_fp16_scales_and_skips_like_the_stock_trainer(fcp_runs, tmp_path, run, family):
+    """``fp16=True`` (fp32 weights, fp16 autocast, Accelerate's loss scaler — given to the CPU by
+    :func:`_accelerate_fp16_on_cpu`, initial scale 2**18, doubled every 2 clean steps). ``fp16``: DDP on Qwen2.5-VL
+    with images and videos; ``fsdp2-fp16``: Accelerate's FSDP2 with its fp16 policy on Qwen3. Reference: the stock
+    Trainer on the same batches with the same scaler, and in fp32 without one (the truth). Asserted: the scale before
+    every step equals the stock's (so FCP skipped exactly the steps the stock Trainer skipped — the scale doubles,
+    then overflows and halves — and at least one step overflowed: a non-finite gradient norm at the same steps on
+    both sides); before the first overflow FCP's loss and gradient norm are no further from fp32 than FP16_DRIFT
+    times the stock fp16 Trainer's plus FP16_FLOOR, and fp16 acted; after it (the fp32 run, which never skips, has
+    left the trajectory) FCP stays within FP16_FLOOR of the stock fp16 Trainer. Measured: losses within 1e-6 … 7e-6
+    and norms within 2e-4 … 1.8e-3 of the stock fp16 Trainer; a gradient summed twice or once too few changes the
+    norm by O(1), a backward without the scale leaves the gradients 2**-18 small and the scaler never overflows."""
+    per_rank, _ = fcp_runs
+    res = per_rank[0][run]
+    batches = _order(family, 0, STEPS)
+    truth = _reference(family, batches, (), str(tmp_path / "fp32"), dtype="float32")
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=False)
+    stock = _reference(family, batches, (), str(tmp_path / "fp16"), dtype="float32", fp16=True)
+    assert len(res["scales"]) == STEPS and res["scales"] == stock["scales"], (run, res["scales"], stock["scales"])
+    skipped = [not np.isfinite(n) for n in stock["norms"]]
+    assert [not np.isfinite(n) for n in res["norms"]] == skipped, (run, res["norms"], stock["norms"])
+    assert any(skipped), f"no step overflowed: {stock['scales']}"
+    first = skipped.index(True)
+    for key in ("losses", "norms"):
+        drift = [abs(b - t) / abs(t) for b, t in zip(stock[key][:first], truth[key][:first])]
+        gap = [abs(f - t) / abs(t) for f, t in zip(res[key][:first], truth[key][:first])]
+        assert max(gap) > 1e-7, f"FCPTrainer's fp16 did not act: {key} {res[key]} vs {truth[key]}"
+        for k, (g, d) in enumerate(zip(gap, drift)):
+            assert g <= FP16_DRIFT * d + FP16_FLOOR[key], f"{run} {key} step {k}: {g:.2e} from fp32, stock fp16 {d:.2e}"
+        for k in range(first, STEPS):
+            f, b = res[key][k], stock[key][k]
+            if np.isfinite(b):
+                assert abs(f - b) <= FP16_FLOOR[key] * abs(b), f"{run} {key} step {k}: {f!r} vs stock fp16 {b!r}"
+    _same_params(per_rank[1][run]["params"], res["params"], f"{run} rank 1 vs rank 0", tol=0.0)
+    assert any(len(g) == 2 for g in res["groups"]), (f"no CP ring in {run}", res["groups"])
+    assert res["reducers"] == ["FSDP2Reducer" if run.startswith("fsdp2") else "DDPReducer"], res["reducers"]
+
+
+FP16_DRIFT, FP16_FLOOR = 20.0, {"losses": 1e-4, "norms": 1e-2}  # relative
 
 
 @pytest.mark.timeout(900)
