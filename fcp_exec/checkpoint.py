@@ -43,10 +43,10 @@ def _sampler_file(path: Path, rank: int) -> Path:
     return path / f"sampler-rank{rank}.json"
 
 
-def save_checkpoint(path: str | Path, step: int, model, optimizer, sampler, last: Any) -> Path:
+def save_checkpoint(path: str | Path, step: int, model, optimizer, sampler, last: Any, *, grad_scaler=None) -> Path:
     """Write a checkpoint of ``step`` steps to folder ``path`` (created) on every rank (a collective): model and
     optimizer state, and this rank's ``sampler.state_after(last)`` (``last``: ``train_step``'s result, or the last
-    batch the loop consumed). Returns ``path``."""
+    batch the loop consumed), and fp16's ``grad_scaler`` state (its scale and growth tracker). Returns ``path``."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
@@ -54,6 +54,8 @@ def save_checkpoint(path: str | Path, step: int, model, optimizer, sampler, last
     model_sd, optim_sd = get_state_dict(model, optimizer)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))
     state = {"step": int(step), "sampler": sampler.state_after(last)}
+    if grad_scaler is not None:
+        state["grad_scaler"] = dict(grad_scaler.state_dict())  # floats and ints
     if _rank() == 0:  # a folder saved before by more ranks: their states are not this checkpoint's
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         for old in path.glob("sampler-rank*.json"):
@@ -94,9 +96,10 @@ def checkpoint_step(path: str | Path, rank: int = 0) -> int:
     return _saved(Path(path), rank)["step"]
 
 
-def load_checkpoint(path: str | Path, model, optimizer, sampler) -> int:
+def load_checkpoint(path: str | Path, model, optimizer, sampler, *, grad_scaler=None) -> int:
     """Restore what :func:`save_checkpoint` wrote into ``model``, ``optimizer`` and this rank's ``sampler`` (on
-    every rank, before iterating the DataLoader); returns the step to continue at."""
+    every rank, before iterating the DataLoader), and into ``grad_scaler`` the saved scale (a checkpoint of a run
+    without one leaves it at its initial scale); returns the step to continue at."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
@@ -118,4 +121,6 @@ def load_checkpoint(path: str | Path, model, optimizer, sampler) -> int:
         raise ValueError(f"checkpoint {path}: {own.name} is at step {saved['step']} and another position than "
                          f"sampler-rank0.json (step {first['step']}): files of two different saves")
     sampler.load_state_dict(saved["sampler"])
+    if grad_scaler is not None and saved.get("grad_scaler"):
+        grad_scaler.load_state_dict(saved["grad_scaler"])
     return first["step"]

@@ -54,7 +54,7 @@ from fcp_exec.reducers import (REDUCER_NAMES, AllReduceReducer, DDPReducer, FSDP
                                make_reducer, reducer_for)
 from fcp_exec.skips import agree_skips
 
-__all__ = ["REDUCER_NAMES", "AllReduceReducer", "DDPReducer", "FSDP2Reducer", "StepResult", "denominator",
+__all__ = ["REDUCER_NAMES", "AllReduceReducer", "DDPReducer", "FSDP2Reducer", "StepResult", "autocast_loss", "denominator",
            "eval_step", "fill_num_tokens_global", "idle_batch", "is_idle", "make_reducer", "reducer_for",
            "rescale_skipped", "train_step"]
 
@@ -144,6 +144,17 @@ def _next_micro_batch(it: Iterator[dict], m: int, num_mb: int) -> dict:
         raise RuntimeError(f"expected micro-batch {m} of the global batch, got {batch['micro_batch']}; "
                            "start train_step at a global-batch boundary")
     return batch
+
+
+def autocast_loss(loss_fn: Callable[[nn.Module, dict], torch.Tensor], device_type: str,
+                  dtype: torch.dtype) -> Callable[[nn.Module, dict], torch.Tensor]:
+    """``loss_fn`` with its forward and loss under ``torch.autocast(device_type, dtype)`` (mixed precision over
+    float32 parameters); :func:`train_step` runs the backward afterwards, outside autocast, as torch recommends."""
+    def run(model: nn.Module, batch: dict) -> torch.Tensor:
+        with torch.autocast(device_type, dtype=dtype):
+            return loss_fn(model, batch)
+
+    return run
 
 
 def train_step(model: nn.Module, micro_batches: Iterable[dict], loss_fn: Callable[[nn.Module, dict], torch.Tensor],

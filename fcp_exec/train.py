@@ -131,11 +131,17 @@ class Trainer:
         self.sampler, self.loader = self._loader(cfg.seed)
         self._eval_batches = None
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
+        self.scaler = torch.amp.GradScaler(self.device.type, init_scale=cfg.initial_loss_scale,
+                                           growth_interval=cfg.loss_scale_window) if cfg.amp == "float16" else None
+        if cfg.amp != "none":
+            from fcp_exec.step import autocast_loss
+
+            self.loss_fn = autocast_loss(self.loss_fn, self.device.type, getattr(torch, cfg.amp))
         self.epoch, self._it, self.num_steps, self.last_result = 0, None, 0, None
         if cfg.resume:  # model, optimizer and the sampler's position after the saved step (fcp_exec.checkpoint)
             from fcp_exec.checkpoint import load_checkpoint
 
-            self.num_steps = load_checkpoint(cfg.resume, self.model, self.opt, self.sampler)
+            self.num_steps = load_checkpoint(cfg.resume, self.model, self.opt, self.sampler, grad_scaler=self.scaler)
             self.epoch = self.sampler.epoch
 
     def _load(self, data: str | None):
@@ -228,7 +234,8 @@ class Trainer:
     def describe(self) -> str:
         c = self.cfg
         return (f"{c.model} ({self.num_params:,} params, {c.dtype}) on {self.world} rank(s), device {self.device}, "
-                f"reducer {c.reducer}{', gradient checkpointing' if c.grad_checkpointing else ''}; data: "
+                f"reducer {c.reducer}{', gradient checkpointing' if c.grad_checkpointing else ''}"
+                f"{f', {c.amp} autocast' if c.amp != 'none' else ''}; data: "
                 f"{self.data.description}; planner {c.planner}, tokens_per_rank {self.cost.tokens_per_rank}")
 
     def _batches(self):
@@ -252,20 +259,30 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)
         seen: list[tuple[int, ...]] = []
         res = self.last_result = train_step(self.model, _recording(self._batches(), seen), self.loss_fn, self.reducer,
-                                            pad_token_id=self.data.pad_token_id,
+                                            pad_token_id=self.data.pad_token_id, grad_scaler=self.scaler,
                                             to_device=lambda b: _to_device(b, self.device))
+        scale = None
+        if self.scaler is not None:  # the gradients below and the optimizer see the unscaled ones
+            scale = float(self.scaler.get_scale())
+            self.scaler.unscale_(self.opt)
         grads = None
         if self.cfg.return_grads:
             grads = {}
             for n, p in _named(self.model):  # every rank gathers every parameter: the same collectives in order
                 g = _full(p.grad if p.grad is not None else torch.zeros_like(p))
                 grads[n] = g.detach().cpu().double().numpy().copy() if p.grad is not None else None
-        self.opt.step()
+        if self.scaler is None:
+            self.opt.step()
+        else:  # skipped (on every rank alike) when a gradient overflowed; the scale then halves
+            self.scaler.step(self.opt)
+            self.scaler.update()
         facts = _gather_step(res, seen, self.world)  # sample_indices: the whole global batch, from every rank
         waits = self.sampler.planner_waits[waits_before:]
         rec = {"step": self.num_steps, "loss": res.loss, "num_tokens": res.num_tokens,
                "step_time_s": time.perf_counter() - t0, "planner_wait_s": float(sum(waits)),
                "num_idle": res.num_idle, **facts}
+        if scale is not None:
+            rec["loss_scale"], rec["skipped_step"] = scale, float(self.scaler.get_scale()) < scale
         if grads is not None:
             rec["grads"] = grads
         self.num_steps += 1
@@ -306,9 +323,12 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         records.append(rec)
         if cfg.json_lines and rank == 0:
             print(json.dumps({k: rec[k] for k in ("step", "loss", "num_tokens", "degrees", "step_time_s",
-                                                  "skipped_samples")}), flush=True)
+                                                  "skipped_samples", "loss_scale", "skipped_step") if k in rec}),
+                  flush=True)
         elif rank == 0 and cfg.verbose:
             gone = f"  skipped {len(rec['skipped_samples'])}" if rec["skipped_samples"] else ""
+            if "loss_scale" in rec:
+                gone += f"  loss scale {rec['loss_scale']:g}{' (overflow: step skipped)' if rec['skipped_step'] else ''}"
             print(f"step {rec['step']:>3}  loss {rec['loss']:.6f}  tokens {rec['num_tokens']:>6}  plan "
                   f"{format_degrees(rec['degrees'])}  step {rec['step_time_s'] * 1e3:7.1f} ms  planner wait "
                   f"{rec['planner_wait_s'] * 1e3:.2f} ms{gone}", file=sys.stdout, flush=True)
@@ -316,7 +336,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             from fcp_exec.checkpoint import save_checkpoint
 
             path = save_checkpoint(Path(cfg.checkpoint) / f"step-{tr.num_steps}", tr.num_steps, tr.model, tr.opt,
-                                   tr.sampler, tr.last_result)
+                                   tr.sampler, tr.last_result, grad_scaler=tr.scaler)
             if rank == 0 and cfg.json_lines:
                 print(json.dumps({"checkpoint": str(path), "resumes_at_step": tr.num_steps}), flush=True)
             elif rank == 0 and cfg.verbose:

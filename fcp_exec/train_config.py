@@ -17,9 +17,10 @@ from fcp_data.cost import CostModel
 from fcp_data.sampler_config import MAX_COUNT
 from fcp_exec.step import REDUCER_NAMES
 
-__all__ = ["TrainConfig", "DTYPE_NAMES", "builtin_cost_model", "format_degrees", "parse_planner"]
+__all__ = ["TrainConfig", "AMP_NAMES", "DTYPE_NAMES", "builtin_cost_model", "format_degrees", "parse_planner"]
 
 DTYPE_NAMES = ("float32", "float64", "bfloat16")
+AMP_NAMES = ("none", "bfloat16", "float16")
 
 
 def max_workers() -> int:
@@ -57,6 +58,13 @@ class TrainConfig:
     steps: int = _opt(3, "optimizer steps, one global batch each")
     seed: int = _opt(0, "seed of the weights, the data order and the synthetic data")
     dtype: str = _opt("float32", "dtype of the parameters and activations", choices=DTYPE_NAMES)
+    amp: str = _opt("none", "mixed precision over float32 parameters (--dtype float32): the forward under "
+                    "torch.autocast in this dtype; float16 also scales the loss (torch.amp.GradScaler: every "
+                    "micro-batch's backward scaled, a step whose gradients overflow on any rank skipped on every "
+                    "rank and the scale halved)", choices=AMP_NAMES)
+    initial_loss_scale: float = _opt(2.0 ** 16, "--amp float16: the loss scale to start from", metavar="S")
+    loss_scale_window: int = _opt(2000, "--amp float16: steps without overflow before the loss scale doubles",
+                                  metavar="N")
     planner: str = _opt("fcp", _planner_help)
     global_batch_size: int = _opt(8, "sequences per step")
     lr: float = _opt(1e-3, "AdamW learning rate")
@@ -125,6 +133,7 @@ class TrainConfig:
                              f"can run (at most {max_workers()}: 4 per CPU core, at least 8)")
         if self.dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPE_NAMES)}, got {self.dtype!r}")
+        self._check_amp()
         if self.eval_steps < 0:
             raise ValueError(f"eval_steps must be >= 0, got {self.eval_steps}")
         if self.checkpoint_every < 0 or bool(self.checkpoint) != bool(self.checkpoint_every):
@@ -147,6 +156,17 @@ class TrainConfig:
         parse_planner(self.planner)
         if self.tokens_per_rank is not None and self.tokens_per_rank < 1:
             raise ValueError(f"tokens_per_rank must be >= 1, got {self.tokens_per_rank}")
+
+    def _check_amp(self) -> None:
+        if self.amp not in AMP_NAMES:
+            raise ValueError(f"amp must be one of {', '.join(AMP_NAMES)}, got {self.amp!r}")
+        if self.amp != "none" and self.dtype != "float32":
+            raise ValueError(f"--amp {self.amp} computes in {self.amp} over float32 parameters: give --dtype float32 "
+                             f"(got {self.dtype})")
+        if not (math.isfinite(self.initial_loss_scale) and self.initial_loss_scale > 0):
+            raise ValueError(f"initial_loss_scale must be finite and > 0, got {self.initial_loss_scale}")
+        if not 1 <= self.loss_scale_window <= MAX_COUNT:
+            raise ValueError(f"loss_scale_window must be >= 1 (and at most {MAX_COUNT}), got {self.loss_scale_window}")
 
 
 def builtin_cost_model(max_tokens: int, num_ranks: int, dtype: str = "float32") -> CostModel:

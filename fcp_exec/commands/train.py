@@ -16,7 +16,8 @@ formed (ring attention inside each group), gradients are summed over all ranks b
 A rank the plan leaves idle in a micro-batch runs a zero-weighted dummy forward/backward, so DDP/FSDP2
 collectives stay in lock-step. Printed per step: loss (global-batch mean), label tokens, the plan
 (⟨degree⟩×count per micro-batch), step time and the time the loop waited for the planner. --json prints one
-object per step on stdout ({"step", "loss", "num_tokens", "degrees", "step_time_s", "skipped_samples"}; "degrees"
+object per step on stdout ({"step", "loss", "num_tokens", "degrees", "step_time_s", "skipped_samples"}, with
+--amp float16 also "loss_scale" and "skipped_step"; "degrees"
 lists each micro-batch's CP-group degrees, idle ranks = nproc − Σ degrees), then, with --eval-steps N, one
 {"eval", "loss", "num_tokens"} object per evaluated global batch, and nothing else there.
 
@@ -36,6 +37,7 @@ examples:
   fcp train --model hf:examples/configs/qwen3-tiny.json --nproc 2 --reducer ddp --steps 3
   fcp train --model hf:examples/configs/qwen2_5_vl-tiny.json --nproc 2 --reducer fsdp2 --grad-checkpointing
   fcp train --model tiny-llm --nproc 3 --data synthetic --dtype float64 --max-tokens 160
+  fcp train --model hf:examples/configs/qwen3-tiny.json --nproc 2 --amp float16   # fp16 with a loss scaler
   fcp index samples/text.jsonl --spec text --out idx && fcp train --data idx --nproc 2
   torchrun --nproc-per-node 4 -m fcp_cli train --model hf:config.json --reducer fsdp2 --steps 10
   fcp train --nproc 2 --steps 6 --checkpoint ckpt --checkpoint-every 2   # then, on any number of ranks:

@@ -266,9 +266,11 @@ def _vision_pre_hook(module: nn.Module, args, kwargs):
         if call.visual_pos.numel():
             raise ValueError("the batch has visual placeholder tokens but no pixel_values/grid_thw")
         dummy()
-    anchor = rows.sum() * 0.0 if rows is not None else None
+    # float32: the anchor's gradient is the sum of every embedding gradient (the broadcast add in the embedding
+    # hook), which in fp16 overflows under a loss scaler long before any real gradient does (inf * 0 = NaN)
+    anchor = rows.float().sum() * 0.0 if rows is not None else None
     for r in dummy_rows:
-        anchor = r.sum() * 0.0 if anchor is None else anchor + r.sum() * 0.0
+        anchor = r.float().sum() * 0.0 if anchor is None else anchor + r.float().sum() * 0.0
     call.anchor = anchor
     state.active = call
     return args, kwargs

@@ -243,6 +243,10 @@ def test_train_bad_options(capsys):
     _one_line_error(capsys, [*base, "--model", "gpt-7"], "--model must be tiny-llm, tiny-mllm or hf:PATH")
     _one_line_error(capsys, [*base, "--grad-checkpointing"], "gradient checkpointing is available for hf: models")
     _one_line_error(capsys, [*base, "--planner", "static-cp:5", "--nproc", "2"], "degree 5 is not allowed")
+    _one_line_error(capsys, [*base, "--amp", "float16", "--dtype", "float64"], "over float32 parameters: give --dtype")
+    _one_line_error(capsys, [*base, "--amp", "float16", "--initial-loss-scale", "0"], "initial_loss_scale must be finite")
+    _one_line_error(capsys, [*base, "--amp", "float16", "--initial-loss-scale", "inf"], "initial_loss_scale must be")
+    _one_line_error(capsys, [*base, "--amp", "float16", "--loss-scale-window", "0"], "loss_scale_window must be >= 1")
 
 
 def test_train_bad_checkpoint_options(capsys, tmp_path):

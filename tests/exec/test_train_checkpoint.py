@@ -60,13 +60,22 @@ def test_fsdp2_resumed_training_equals_the_run_that_never_stopped(fsdp2_run, npr
     assert abs(resumed["checksums"][0] - full["checksums"][0]) <= 1e-9 * abs(full["checksums"][0]), nproc
 
 
-def test_ddp_resumed_training_equals_the_run_that_never_stopped(tmp_path):
+@pytest.mark.parametrize("amp", ["none", "float16"])
+def test_ddp_resumed_training_equals_the_run_that_never_stopped(tmp_path, amp):
+    """``float16``: ``--amp float16`` with a scale that doubles after every clean step (``--loss-scale-window 1``, from
+    2**14), so the resumed run must take the saved scale (2**16 after two steps), not its initial one: every step's
+    scale and skip equal the run's that never stopped, and the scale did move."""
     ckpt = tmp_path / "ckpt"
-    full = run_training(_cfg(tmp_path, "ddp", checkpoint=str(ckpt), checkpoint_every=2), 2)
-    resumed = run_training(_cfg(tmp_path, "ddp", resume=str(ckpt / "step-2")), 2)
+    kw = dict(amp="float16", initial_loss_scale=2.0 ** 14, loss_scale_window=1) if amp == "float16" else {}
+    full = run_training(_cfg(tmp_path, "ddp", checkpoint=str(ckpt), checkpoint_every=2, **kw), 2)
+    resumed = run_training(_cfg(tmp_path, "ddp", resume=str(ckpt / "step-2"), **kw), 2)
     assert [f[0] for f in _facts(resumed)] == [2, 3, 4]
     assert _facts(resumed) == _facts(full)[2:]
     assert resumed["checksums"] == full["checksums"] and len(set(full["checksums"])) == 1
+    if amp == "float16":
+        scales = [(s.get("loss_scale"), s.get("skipped_step")) for s in full["steps"]]
+        assert [(s["loss_scale"], s["skipped_step"]) for s in resumed["steps"]] == scales[2:], scales
+        assert scales[2][0] == 2.0 ** 16, scales
 
 
 def test_a_checkpoint_of_another_model_is_one_line(fsdp2_run, capsys):
