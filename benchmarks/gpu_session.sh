@@ -8,8 +8,9 @@
 #   hf         benchmarks/gpu_check_hf.py  transformers Qwen3/Llama with fcp's attention vs stock vs fp64 (results_hf.json)
 #   window     benchmarks/gpu_check_window.py  sliding windows: fused banded kernel vs dense fp64, and its speed
 #   pytest     tests/exec/test_kernels.py (its CUDA test, and the rest on this machine)
-#   train      `fcp train` (1 process, NCCL): Qwen3 bf16 FSDP2 on the bundled text; Qwen2.5-VL bf16 on synthetic video
-#   trainer    examples/train_hf_trainer.py --bf16 under torchrun (FCPTrainer, transformers' Trainer)
+#   train      `fcp train` (1 process, NCCL): Qwen3 bf16 FSDP2 on the bundled text; Qwen2.5-VL bf16 on synthetic video;
+#              Qwen2.5-VL with --amp float16 (fp32 parameters, fp16 autocast, the loss scaler)
+#   trainer    examples/train_hf_trainer.py --bf16 and --fp16 under torchrun (FCPTrainer, transformers' Trainer)
 #   multigpu   benchmarks/ring_vs_dp_check.py on every GPU (2+): training with rings across GPUs (NCCL) has the
 #              losses of training without rings (skipped on one GPU)
 #   profile    `fcp profile` of one Qwen3-1.7B-shaped layer in bf16, degree 1: the device's measured compute
@@ -63,9 +64,15 @@ if want train; then
         --steps 3 --reducer fsdp2
     part train-qwen2.5-vl 60 $PY -m fcp_cli train --model hf:examples/configs/qwen2_5_vl-tiny.json --data synthetic \
         --nproc 1 --dtype bfloat16 --steps 3
+    part train-amp-fp16 60 $PY -m fcp_cli train --model hf:examples/configs/qwen2_5_vl-tiny.json --data synthetic \
+        --nproc 1 --amp float16 --steps 3
 fi
-want trainer && part trainer 75 $PY -m torch.distributed.run --standalone --nproc-per-node 1 \
-    examples/train_hf_trainer.py --bf16 --max-steps 3
+if want trainer; then
+    part trainer 75 $PY -m torch.distributed.run --standalone --nproc-per-node 1 \
+        examples/train_hf_trainer.py --bf16 --max-steps 3
+    part trainer-fp16 75 $PY -m torch.distributed.run --standalone --nproc-per-node 1 \
+        examples/train_hf_trainer.py --fp16 --max-steps 3
+fi
 if want megatron; then
     part megatron-fp32 60 $PY -m torch.distributed.run --standalone --nproc-per-node 1 examples/train_megatron_gpt.py \
         --steps 3

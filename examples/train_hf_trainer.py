@@ -50,7 +50,10 @@ def main() -> None:
     p.add_argument("--global-batch-size", type=int, default=8, help="sequences per optimizer step")
     p.add_argument("--max-steps", type=int, default=4)
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--bf16", action="store_true", help="bf16 autocast (on a GPU or NPU)")
+    half = p.add_mutually_exclusive_group()
+    half.add_argument("--bf16", action="store_true", help="bf16 autocast (on a GPU or NPU)")
+    half.add_argument("--fp16", action="store_true",
+                      help="fp16 autocast with Accelerate's loss scaler (on a GPU without bf16; CPU: fp32)")
     p.add_argument("--torch-compile", action="store_true",
                    help="torch.compile the model (the ring attention runs eagerly outside the graph)")
     p.add_argument("--output-dir", default=None, help="the Trainer's output_dir (default: a temporary folder)")
@@ -67,7 +70,7 @@ def main() -> None:
 
     targs = TrainingArguments(
         output_dir=args.output_dir or tempfile.mkdtemp(prefix="fcp-trainer-"), max_steps=args.max_steps,
-        learning_rate=args.lr, logging_steps=1, report_to=[], seed=0, bf16=args.bf16, torch_compile=args.torch_compile,
+        learning_rate=args.lr, logging_steps=1, report_to=[], seed=0, bf16=args.bf16, fp16=args.fp16, torch_compile=args.torch_compile,
         use_cpu=device.type == "cpu", save_strategy="steps" if args.save_steps else "no",
         save_steps=args.save_steps or 500, disable_tqdm=True)
     trainer = FCPTrainer(model=build_model(config, seed=0), args=targs, train_dataset=data, eval_dataset=data,
