@@ -15,7 +15,7 @@
 #              losses of training without rings (skipped on one GPU)
 #   profile    `fcp profile` of one Qwen3-1.7B-shaped layer in bf16, degree 1: the device's measured compute
 #              coefficients (check/cost_gpu.json, check/profile_report.json)
-#   megatron   examples/train_megatron_gpt.py under torchrun, fp32, --bf16, --bf16 --distributed-optimizer (needs megatron-core: carry its
+#   megatron   examples/train_megatron_gpt.py under torchrun, fp32, --bf16, --bf16 --distributed-optimizer, --fp16 (needs megatron-core: carry its
 #              wheel in .whl/, see BENCHMARKS.md)
 # Everything is printed and also written to $OUT/session.log; the JSON results go to $OUT/check/.
 set -u
@@ -80,6 +80,8 @@ if want megatron; then
         --steps 3 --bf16
     part megatron-bf16-distopt 60 $PY -m torch.distributed.run --standalone --nproc-per-node 1 \
         examples/train_megatron_gpt.py --steps 3 --bf16 --distributed-optimizer
+    part megatron-fp16 60 $PY -m torch.distributed.run --standalone --nproc-per-node 1 examples/train_megatron_gpt.py \
+        --steps 3 --fp16
 fi
 if want multigpu; then
     NGPU=$($PY -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)

@@ -71,7 +71,8 @@ def build_model(args, vocab_size: int, on_cpu: bool):
         num_query_groups=args.groups, ffn_hidden_size=args.ffn, normalization="RMSNorm", gated_linear_unit=True,
         add_bias_linear=False, attention_dropout=0.0, hidden_dropout=0.0,
         calculate_per_token_loss=True,  # the global-batch mean over tokens, whatever each rank holds
-        use_cpu_initialization=on_cpu, params_dtype=torch.bfloat16 if args.bf16 else torch.float32, bf16=args.bf16,
+        use_cpu_initialization=on_cpu, bf16=args.bf16, fp16=args.fp16,
+        params_dtype=torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32,
         # the fused kernels are CUDA-only; on GPUs leave Megatron's defaults (or use the Transformer-Engine spec)
         **({"masked_softmax_fusion": False, "bias_dropout_fusion": False, "apply_rope_fusion": False,
             "bias_activation_fusion": False} if on_cpu else {}))
@@ -81,7 +82,7 @@ def build_model(args, vocab_size: int, on_cpu: bool):
     model = apply_fcp(model.float())  # .float(): Megatron's torch-norm fallback keeps its weights in fp32
     if not on_cpu:  # as Megatron-LM's get_model: the torch-norm fallback's weights are created on the CPU
         model.cuda(torch.cuda.current_device())
-    if args.bf16:  # bf16 weights and activations; the optimizer keeps fp32 main weights (Megatron-LM's --bf16)
+    if args.bf16 or args.fp16:  # half weights and activations; fp32 main weights in the optimizer (Megatron-LM's --bf16/--fp16)
         from megatron.core.transformer.module import Float16Module
 
         model = Float16Module(config, model)
@@ -111,8 +112,12 @@ def main() -> None:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--groups", type=int, default=2, help="key/value heads (GQA)")
     p.add_argument("--ffn", type=int, default=128)
-    p.add_argument("--bf16", action="store_true", help="bf16 weights and activations, fp32 main weights in the optimizer "
-                   "(Megatron's Float16Module and mixed-precision optimizer; needs CUDA)")
+    half = p.add_mutually_exclusive_group()
+    half.add_argument("--bf16", action="store_true", help="bf16 weights and activations, fp32 main weights in the "
+                      "optimizer (Megatron's Float16Module and mixed-precision optimizer; needs CUDA)")
+    half.add_argument("--fp16", action="store_true", help="fp16 weights and activations with Megatron's dynamic loss "
+                      "scaler (its schedule scales every micro-batch's loss, its optimizer skips steps that overflow; "
+                      "needs CUDA)")
     p.add_argument("--distributed-optimizer", action="store_true",
                    help="Megatron's distributed optimizer (optimizer state sharded over the ranks; needs CUDA)")
     p.add_argument("--eval-batches", type=int, default=1, help="global batches of validation after training")
@@ -129,8 +134,8 @@ def main() -> None:
                 "Megatron-LM's checkpointing for that optimizer")
     device = init_distributed()  # set_device, NCCL/HCCL/gloo by device, eager init + a warm-up barrier
     rank, on_cpu = dist.get_rank(), device.type == "cpu"
-    if on_cpu and (args.bf16 or args.distributed_optimizer):
-        p.error("--bf16 and --distributed-optimizer need CUDA: Megatron's Float16Module and its mixed-precision and "
+    if on_cpu and (args.bf16 or args.fp16 or args.distributed_optimizer):
+        p.error("--bf16, --fp16 and --distributed-optimizer need CUDA: Megatron's Float16Module and its mixed-precision and "
                 "distributed optimizers assert CUDA tensors")
     if on_cpu:
         from fcp_exec.integrations.megatron_cpu import megatron_on_cpu
@@ -163,9 +168,11 @@ def main() -> None:
     model = DistributedDataParallel(config, DistributedDataParallelConfig(use_distributed_optimizer=dist_opt), model)
     config.no_sync_func, config.finalize_model_grads_func = model.no_sync, finalize_model_grads
     optimizer = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=args.lr, weight_decay=0.01,
-                                                       clip_grad=0.0 if on_cpu else 1.0, bf16=args.bf16, fp16=False,
+                                                       clip_grad=0.0 if on_cpu else 1.0, bf16=args.bf16, fp16=args.fp16,
                                                        use_distributed_optimizer=dist_opt,
                                                        params_dtype=config.params_dtype), [model])
+    if args.fp16:  # as Megatron-LM's setup: the schedule multiplies each micro-batch's loss by the current scale
+        config.grad_scale_func = optimizer.scale_loss
     schedule = get_forward_backward_func()
 
     start = 0
@@ -182,11 +189,12 @@ def main() -> None:
         optimizer.zero_grad()
         reports = schedule(forward_step_func=forward_step, data_iterator=iter(mbs), model=[model],
                            num_microbatches=len(mbs), seq_length=args.tokens_per_rank, micro_batch_size=1)
-        _, grad_norm, _ = optimizer.step()
+        updated, grad_norm, _ = optimizer.step()  # fp16: not updated (skipped on every rank) when gradients overflow
         loss, tokens = global_loss(reports)
         if rank == 0:
-            print(f"step {step} loss {loss:.6f} tokens {tokens} micro-batches {len(mbs)} grad-norm {grad_norm:.4f}",
-                  flush=True)
+            scale = f" loss-scale {optimizer.get_loss_scale().item():g}" if args.fp16 else ""
+            print(f"step {step} loss {loss:.6f} tokens {tokens} micro-batches {len(mbs)} "
+                  + (f"grad-norm {grad_norm:.4f}" if updated else "overflow: step skipped") + scale, flush=True)
         if args.checkpoint and args.checkpoint_every and (step + 1) % args.checkpoint_every == 0 and rank == 0:
             # the sampler's state after this step's last micro-batch, not state_dict(): the DataLoader's workers
             # already hold later batches
