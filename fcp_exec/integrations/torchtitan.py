@@ -1,0 +1,111 @@
+"""torchtitan decoder models (``torchtitan.models.qwen3`` / ``llama3``) trained with FCP.
+
+torchtitan's own context parallelism splits every sequence over a fixed CP mesh and refuses varlen attention
+("Context Parallel only supports SDPA and FlexAttention"): packed variable-length documents and CP do not mix there.
+With FCP every rank is data-parallel to torchtitan, and FCP forms the CP groups per micro-batch:
+
+    from fcp_exec.integrations.torchtitan import apply_fcp, fcp_loss
+    from fcp_exec.step import make_reducer, train_step
+
+    model = apply_fcp(model_config.build())             # each GQAttention's inner attention -> ring attention
+    model, reducer = make_reducer("fsdp2", model)       # or FSDP2 applied by your parallelize_fn + reducer_for
+    res = train_step(model, micro_batches, fcp_loss, reducer)   # FCPSampler -> FCPDataset -> FCPCollator
+
+* **Attention.** :func:`apply_fcp` replaces the ``inner_attention`` of every attention module (torchtitan's
+  ``GQAttention``: QKV projection, q/k norm and RoPE stay torchtitan's) by :class:`FCPInnerAttention`, which runs
+  :func:`fcp_exec.ring_attention.ring_attention` on the micro-batch's :class:`~fcp_exec.ring_attention.RingBatch`.
+  The ring batch travels in torchtitan's own ``attention_masks`` argument, which the decoder hands to every layer
+  unchanged.
+* **Positions.** :func:`batch_inputs` passes the collator's per-document ``position_ids`` as torchtitan's
+  ``positions`` (RoPE of each token's position in its own document, on every shard).
+* **Loss.** :func:`fcp_loss` is the token-sum cross-entropy of this rank's shards over the global batch's label
+  tokens (``num_tokens_global``), the share :func:`fcp_exec.step.train_step` sums over ranks.
+
+Tested on CPU (``tests/exec/test_torchtitan.py``): torchtitan's Qwen3 and Llama 3 models with FCP on 2 gloo
+processes (all-reduce, DDP, FSDP2) equal torchtitan's stock model trained in one process, one document per forward
+with its SDPA causal attention. Not tested: torchtitan's ``Trainer`` (it needs CUDA: its device, memory monitor and
+CUDA graphs), its tensor/pipeline/expert parallelism (FCP is the CP; tensor parallelism would split the heads
+inside the ring), MoE models' load-balancing loss, sliding-window or sink attention (refused).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fcp_exec.ring_attention import RingBatch, ring_attention
+from fcp_exec.step import denominator
+
+__all__ = ["FCPInnerAttention", "apply_fcp", "batch_inputs", "fcp_loss"]
+
+
+class FCPInnerAttention(nn.Module):
+    """torchtitan's inner-attention contract (``q``, ``k``, ``v`` ``[B, L, N, H]``, ``attention_masks``, ``scale``,
+    ``enable_gqa``) computed by FCP's ring attention over the :class:`RingBatch` given as ``attention_masks``."""
+
+    def __init__(self, timeout: float | None = None) -> None:
+        super().__init__()
+        self.timeout = timeout
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, attention_masks: Any = None,
+                scale: float | None = None, enable_gqa: bool = False, is_causal: bool = True,
+                **kwargs: Any) -> torch.Tensor:
+        if kwargs:
+            raise ValueError(f"FCP's ring attention does not take {sorted(kwargs)}")
+        if not isinstance(attention_masks, RingBatch):
+            raise ValueError("a model after fcp_exec.integrations.torchtitan.apply_fcp takes an FCP micro-batch: call "
+                             "it with batch_inputs(batch, model), whose attention_masks is the batch's RingBatch")
+        if q.shape[0] != 1:
+            raise ValueError(f"FCP micro-batches are one packed row per rank, got batch size {q.shape[0]}")
+        return ring_attention(q[0], k[0], v[0], attention_masks, causal=is_causal, softmax_scale=scale)[None]
+
+
+def _attentions(model: nn.Module) -> list[nn.Module]:
+    return [m for m in model.modules() if isinstance(getattr(m, "inner_attention", None), nn.Module)]
+
+
+def apply_fcp(model: nn.Module, *, timeout: float | None = None) -> nn.Module:
+    """Replace the inner attention of every attention module of a torchtitan decoder by :class:`FCPInnerAttention`
+    (in place, before FSDP2/DDP wrap the model); returns ``model``. Refuses attention FCP does not compute."""
+    found = _attentions(model)
+    if not found:
+        raise ValueError(f"{type(model).__name__} has no module with an inner_attention (torchtitan's GQAttention): "
+                         "not a torchtitan decoder model")
+    for m in found:
+        inner = m.inner_attention
+        for attr in ("sliding_window", "window_size", "sinks"):
+            if getattr(inner, attr, None) is not None or getattr(m, attr, None) is not None:
+                raise ValueError(f"{type(m).__name__} uses {attr}: FCP's torchtitan adapter computes full causal "
+                                 "attention per document only")
+        if not isinstance(inner, FCPInnerAttention):
+            m.inner_attention = FCPInnerAttention(timeout)
+    model._fcp_torchtitan = True
+    return model
+
+
+def batch_inputs(batch: dict, model: nn.Module) -> dict[str, Any]:
+    """``model(**...)`` keyword arguments for one ``FCPCollator`` batch: ``tokens`` and ``positions`` ``[1, T_local]``
+    and the micro-batch's :class:`RingBatch` as ``attention_masks``."""
+    inner = getattr(model, "module", model)
+    if not getattr(inner, "_fcp_torchtitan", False):
+        raise ValueError("call fcp_exec.integrations.torchtitan.apply_fcp(model) before batch_inputs (and before DDP/FSDP2)")
+    if not batch.get("ranks"):
+        raise ValueError("this rank is idle in this micro-batch (ranks == ()); train_step runs fcp_exec.step.idle_batch "
+                         "instead")
+    device = next(inner.parameters()).device
+    timeout = next(m.inner_attention.timeout for m in _attentions(inner))
+    ring = RingBatch(batch["cu_seqlens"], tuple(int(r) for r in batch["ranks"]), timeout=timeout)
+    return {"tokens": batch["input_ids"].to(device)[None], "positions": batch["position_ids"].to(device)[None],
+            "attention_masks": ring}
+
+
+def fcp_loss(model: nn.Module, batch: dict) -> torch.Tensor:
+    """This rank's share of the global-batch mean loss: Σ cross-entropy over its labelled tokens (the collator's
+    labels are already shifted) / the global batch's label tokens."""
+    logits = model(**batch_inputs(batch, model))[0]
+    labels = batch["labels"].to(logits.device)
+    logits = logits if logits.dtype == torch.float64 else logits.float()  # bf16/fp16 logits: the loss in float32
+    return F.cross_entropy(logits, labels, ignore_index=-100, reduction="sum") / denominator(batch)

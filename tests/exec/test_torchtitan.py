@@ -1,0 +1,169 @@
+"""torchtitan's decoder models trained with FCP on 2 real gloo processes equal torchtitan's stock model in one process.
+
+Models: torchtitan's own ``debugmodel`` configs of Qwen3 (q/k norm, fused QKV, cos/sin RoPE) and Llama 3 (complex
+RoPE, GQA), cut to 2 layers, float64, built with the same seed on every side. FCP side: :func:`apply_fcp` (ring
+attention as each ``GQAttention``'s inner attention), ``FCPSampler`` → ``FCPDataset`` → ``FCPCollator`` over 12
+synthetic documents of 9–71 tokens with 48 tokens per rank (documents longer than that need a degree-2 ring; global
+batches of 4), :func:`fcp_exec.step.train_step` with the all-reduce, DDP and FSDP2 reducers, SGD, 3 steps.
+Reference: the stock torchtitan model (its SDPA inner attention, causal) in one process, one document per forward
+(positions from 0), the same global batches, Σ cross-entropy / label tokens, the same SGD. (SGD, not AdamW: AdamW's
+first update, about lr · sign(g) / (1 + eps/|g|), turns rounding-level differences of small gradient entries into a
+1e-9 difference at the next step — measured with AdamW: step-0 gradients within 1.5e-15 of the reference, step 1
+within 1.1e-9, on the tied embedding first. SGD keeps every step at rounding level, so 1e-12 holds at every step.)
+
+Asserted per step: the loss within 1e-12 relative, every gradient within 1e-12 of the largest reference entry
+(float64: summation order only), the denominator exactly; some micro-batch ran a degree-2 ring; every rank's
+parameters equal after training. A failure means torchtitan's model trains differently under FCP than without it.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+
+import numpy as np
+import pytest
+import torch
+
+from fcp_data import CostModel
+from fcp_exec.launch import launch
+
+# checked without importing it (torchtitan's model code takes ~5 s to import: only the ranks and references do)
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("torchtitan") is None,
+                                reason="torchtitan is not installed (make test installs it: see the Makefile)")
+
+LENGTHS = [37, 12, 64, 9, 50, 23, 71, 18, 40, 33, 15, 58]
+FAMILIES = ("qwen3", "llama3")
+REDUCERS = ("allreduce", "ddp", "fsdp2")
+STEPS, GBS, TOKENS_PER_RANK, LR, TOL = 3, 4, 48, 0.5, 1e-12
+
+
+def _model(family: str, fcp: bool):
+    """torchtitan's debugmodel of ``family`` with 2 layers and its SDPA inner attention, float64, seed 0."""
+    import importlib
+
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+
+    cfg = importlib.import_module(f"torchtitan.models.{family}").model_registry("debugmodel").model
+    cfg.layers = cfg.layers[:2]
+    for layer in cfg.layers:  # the registry offers flex/varlen only (compiled / CUDA); SDPA causal is the reference
+        layer.attention.inner_attention = ScaledDotProductAttention.Config()
+    torch.manual_seed(0)
+    model = cfg.build().double()
+    if fcp:
+        from fcp_exec.integrations.torchtitan import apply_fcp
+
+        apply_fcp(model)
+    return model
+
+
+def _documents(vocab: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return [torch.randint(0, vocab, (n,), generator=g) for n in LENGTHS]
+
+
+def _grads(model) -> dict[str, np.ndarray]:
+    from torch.distributed.tensor import DTensor
+
+    inner = getattr(model, "module", model)
+    out = {}
+    for n, p in inner.named_parameters():
+        if p.grad is not None:
+            g = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+            out[n] = g.detach().double().numpy().copy()
+    return out
+
+
+def _fcp_run(family: str, reducer: str) -> dict:
+    """One FCP training run on this rank (inside the launch)."""
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader
+
+    from fcp_data import FCPCollator, FCPDataset, FCPSampler
+    from fcp_exec.integrations.torchtitan import fcp_loss
+    from fcp_exec.step import make_reducer, train_step
+
+    model = _model(family, fcp=True)
+    docs = _documents(model.tok_embeddings.num_embeddings)
+    cost = CostModel.preset("qwen3-1.7b", "h100").replace(tokens_per_rank=TOKENS_PER_RANK)
+    sampler = FCPSampler(LENGTHS, num_ranks=2, rank=dist.get_rank(), cost_model=cost, global_batch_size=GBS, seed=0)
+    loader = DataLoader(FCPDataset([{"input_ids": d} for d in docs]), batch_sampler=sampler,
+                        collate_fn=FCPCollator(pad_token_id=0))
+    model, red = make_reducer(reducer, model)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    batches, steps = iter(loader), []
+    for step in range(STEPS):
+        opt.zero_grad(set_to_none=True)
+        res = train_step(model, batches, fcp_loss, red)
+        steps.append({"loss": res.loss, "num_tokens": res.num_tokens, "grads": _grads(model),
+                      "indices": [int(i) for i in sampler.global_batch_indices(step)], "groups": res.groups})
+        opt.step()
+    with torch.no_grad():
+        checksum = float(sum(_grads_free(p) * (i + 1) for i, p in enumerate(model.parameters())))
+    return {"steps": steps, "checksum": checksum}
+
+
+def _grads_free(p) -> float:
+    from torch.distributed.tensor import DTensor
+
+    return (p.full_tensor() if isinstance(p, DTensor) else p).double().sum().item()
+
+
+def _all_runs() -> dict:
+    return {(f, r): _fcp_run(f, r) for f in FAMILIES for r in REDUCERS}
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return launch(_all_runs, 2, timeout=600.0, pg_timeout=120.0, preload=("torchtitan.models.qwen3",))
+
+
+@functools.lru_cache(maxsize=None)
+def _reference(family: str, batches: tuple[tuple[int, ...], ...]) -> list[tuple[float, int, dict]]:
+    """The stock model over ``batches``: per step (loss, label tokens, gradients)."""
+    import torch.nn.functional as F
+
+    model = _model(family, fcp=False)
+    docs = _documents(model.tok_embeddings.num_embeddings)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    out = []
+    for batch in batches:
+        opt.zero_grad(set_to_none=True)
+        num = sum(len(docs[i]) - 1 for i in batch)
+        loss = sum(F.cross_entropy(model(docs[i][None])[0, :-1], docs[i][1:], reduction="sum") for i in batch) / num
+        loss.backward()
+        out.append((float(loss.detach()), num, _grads(model)))
+        opt.step()
+    return out
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("reducer", REDUCERS)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_torchtitan_model_with_fcp_equals_the_stock_model(runs, family, reducer):
+    res = runs[0][(family, reducer)]
+    batches = tuple(tuple(s["indices"]) for s in res["steps"])
+    ref = _reference(family, batches)
+    for k, (s, (loss, num, grads)) in enumerate(zip(res["steps"], ref)):
+        what = f"{family} {reducer} step {k}"
+        assert s["num_tokens"] == num, f"{what}: denominator {s['num_tokens']} != {num}"
+        assert abs(s["loss"] - loss) <= TOL * abs(loss), f"{what}: loss {s['loss']!r} vs {loss!r}"
+        assert set(s["grads"]) == set(grads), (what, sorted(set(s["grads"]) ^ set(grads))[:4])
+        scale = max(float(np.abs(g).max()) for g in grads.values())
+        worst = max(float(np.abs(s["grads"][n] - g).max()) for n, g in grads.items()) / scale
+        assert worst <= TOL, f"{what}: gradients differ by {worst:.2e} of the largest entry"
+    assert any(len(g) == 2 for s in res["steps"] for g in s["groups"]), "no degree-2 ring ran"
+    assert res["checksum"] == runs[1][(family, reducer)]["checksum"], f"{family} {reducer}: ranks differ"
+
+
+def test_misuse_is_one_clear_error():
+    from fcp_exec.integrations.torchtitan import apply_fcp, batch_inputs
+
+    with pytest.raises(ValueError, match="not a torchtitan decoder"):
+        apply_fcp(torch.nn.Linear(2, 2))
+    model = _model("qwen3", fcp=False)
+    with pytest.raises(ValueError, match="call fcp_exec.integrations.torchtitan.apply_fcp"):
+        batch_inputs({"ranks": (0,)}, model)
+    apply_fcp(model)
+    with pytest.raises(ValueError, match="takes an FCP micro-batch"):
+        model(torch.zeros(1, 4, dtype=torch.long))
