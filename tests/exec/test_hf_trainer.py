@@ -240,6 +240,25 @@ def _stock_processor_loss(model, samples: list[dict]) -> tuple[torch.Tensor, int
 
 
 @contextlib.contextmanager
+def _after_accelerator(fix):
+    """While active, ``fix(trainer)`` (unless None) runs in every Trainer built inside right after it has created
+    its Accelerator (``create_accelerator_and_postprocess``)."""
+    from transformers import Trainer
+
+    original = Trainer.create_accelerator_and_postprocess
+
+    def patched(self):
+        original(self)
+        fix(self)
+
+    if fix is not None:
+        Trainer.create_accelerator_and_postprocess = patched
+    try:
+        yield
+    finally:
+        Trainer.create_accelerator_and_postprocess = original
+
+
 def _accelerate_fsdp_on_cpu(on: bool = True):
     """Accelerate turns FSDP on only in accelerator processes (MULTI_GPU, MULTI_NPU, ...): on CPU it keeps DDP. While
     ``on``, this lifts that one gate for the Trainers built inside: once a Trainer has built its Accelerator, the
@@ -247,26 +266,17 @@ def _accelerate_fsdp_on_cpu(on: bool = True):
     ``fsdp_config``, its mixed precision), so Accelerate's real FSDP2 wrapping (``fully_shard``), its sharded
     checkpoints and FSDP2's mixed-precision policy run here, on gloo. Nothing of FCPTrainer is replaced."""
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
-    from transformers import Trainer
 
-    original = Trainer.create_accelerator_and_postprocess
-
-    def lifted(self):
-        original(self)
-        state = self.accelerator.state
-        if state.distributed_type == DistributedType.MULTI_CPU and self.args.fsdp_plugin_args is not None:
-            state.fsdp_plugin = FullyShardedDataParallelPlugin(**self.args.fsdp_plugin_args)
+    def lift(trainer):
+        state = trainer.accelerator.state
+        if state.distributed_type == DistributedType.MULTI_CPU and trainer.args.fsdp_plugin_args is not None:
+            state.fsdp_plugin = FullyShardedDataParallelPlugin(**trainer.args.fsdp_plugin_args)
             state.distributed_type = DistributedType.FSDP
             if state.mixed_precision != "no":
                 state.fsdp_plugin.set_mixed_precision(state.mixed_precision)
-            self.is_fsdp_enabled = True
+            trainer.is_fsdp_enabled = True
 
-    if on:
-        Trainer.create_accelerator_and_postprocess = lifted
-    try:
-        yield
-    finally:
-        Trainer.create_accelerator_and_postprocess = original
+    return _after_accelerator(lift if on else None)
 
 
 # The scaler's schedule keeps every step far from the overflow edge (where a step overflows there depends on how its
@@ -278,24 +288,20 @@ FP16_SCALES = [2.0 ** 16] * 4 + [2.0 ** 28, 2.0 ** 16]
 _SCALES: dict[int, list[float]] = {}  # id(trainer) -> the loss scale before each optimizer step
 
 
-@contextlib.contextmanager
 def _accelerate_fp16_on_cpu(on: bool = True):
     """Accelerate gives fp16 its loss scaler and autocast on accelerators only: on CPU ``fp16=True`` trains in fp32.
     While ``on``, this lifts that gate for the Trainers built inside: once a Trainer has built its Accelerator, it
     gets what Accelerate's fp16 branch sets on a GPU — ``native_amp`` (the model's forward under
     ``torch.autocast(float16)``, by Accelerate's ``prepare``) and a ``torch.amp.GradScaler`` (FP16_SCALER), which
-    Accelerate's optimizer steps through and its gradient clipping unscales first. The scale before each step is recorded in ``_SCALES``. Nothing of FCPTrainer is replaced."""
-    from transformers import Trainer
+    Accelerate's optimizer steps through and its gradient clipping unscales first. The scale before each step is
+    recorded in ``_SCALES``. Nothing of FCPTrainer is replaced."""
 
-    original = Trainer.create_accelerator_and_postprocess
-
-    def lifted(self):
-        original(self)
-        acc = self.accelerator
+    def lift(trainer):
+        acc = trainer.accelerator
         if acc.state.mixed_precision == "fp16" and acc.device.type == "cpu" and acc.scaler is None:
             acc.native_amp = True
             acc.scaler = scaler = torch.amp.GradScaler("cpu", **FP16_SCALER)
-            _SCALES[id(self)] = scales = []
+            _SCALES[id(trainer)] = scales = []
             step = scaler.step
 
             def recording_step(optimizer, *a, **kw):
@@ -304,12 +310,7 @@ def _accelerate_fp16_on_cpu(on: bool = True):
 
             scaler.step = recording_step
 
-    if on:
-        Trainer.create_accelerator_and_postprocess = lifted
-    try:
-        yield
-    finally:
-        Trainer.create_accelerator_and_postprocess = original
+    return _after_accelerator(lift if on else None)
 
 
 def _checkpointing_on(model) -> bool:
@@ -928,6 +929,19 @@ def test_a_compute_loss_override_is_refused_not_ignored(tmp_path):
         trainer.train()
 
 
+def _half_precision_runs(fcp_runs, run: str, family: str, tmp_path, **half) -> tuple:
+    """``(per_rank, rank 0's result of run, the stock fp32 Trainer's, the stock Trainer's with ``half``: bf16=True or
+    fp16=True)`` on the run's global batches."""
+    from accelerate.state import AcceleratorState
+
+    per_rank, _ = fcp_runs
+    batches = _order(family, 0, STEPS)
+    truth = _reference(family, batches, (), str(tmp_path / "fp32"), dtype="float32")
+    AcceleratorState._reset_state(reset_partial_state=False)
+    stock = _reference(family, batches, (), str(tmp_path / "half"), dtype="float32", **half)
+    return per_rank, per_rank[0][run], truth, stock
+
+
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("run, family", [("bf16", "qwen2_5_vl"), ("fsdp2-bf16", "qwen3")]
                          + ([("zero2-bf16", "qwen3")] if _HAS_DEEPSPEED else []))
@@ -946,14 +960,7 @@ def test_fcp_trainer_bf16_is_as_close_to_fp32_training_as_the_stock_trainer(fcp_
     the logged norm by O(1)). ``zero2-bf16``: DeepSpeed ZeRO-2 with ``bf16`` (the model cast to bf16, float32 master
     weights in the engine) on Qwen3, held to the same floor (measured: losses 1e-6 … 7e-5, norms 3e-4 … 6.3e-3 from
     fp32; the stock bf16 Trainer 4e-6 … 1.5e-4 and 1.5e-4 … 4.5e-3)."""
-    per_rank, _ = fcp_runs
-    res = per_rank[0][run]
-    batches = _order(family, 0, STEPS)
-    truth = _reference(family, batches, (), str(tmp_path / "fp32"), dtype="float32")
-    from accelerate.state import AcceleratorState
-
-    AcceleratorState._reset_state(reset_partial_state=False)
-    stock = _reference(family, batches, (), str(tmp_path / "bf16"), dtype="float32", bf16=True)
+    per_rank, res, truth, stock = _half_precision_runs(fcp_runs, run, family, tmp_path, bf16=True)
     for key in ("losses", "norms"):
         drift = [abs(b - t) / abs(t) for b, t in zip(stock[key], truth[key])]
         gap = [abs(f - t) / abs(t) for f, t in zip(res[key], truth[key])]
@@ -992,14 +999,7 @@ def test_fcp_trainer_fp16_scales_and_skips_like_the_stock_trainer(fcp_runs, tmp_
     stays within FP16_FLOOR of the stock fp16 Trainer. Measured: losses within 3e-6 and norms within 2e-3 of the stock
     fp16 Trainer; a gradient summed twice or once too few changes the norm by O(1), and a backward without the scale
     fails Accelerate's unscale (the scaler was never used)."""
-    per_rank, _ = fcp_runs
-    res = per_rank[0][run]
-    batches = _order(family, 0, STEPS)
-    truth = _reference(family, batches, (), str(tmp_path / "fp32"), dtype="float32")
-    from accelerate.state import AcceleratorState
-
-    AcceleratorState._reset_state(reset_partial_state=False)
-    stock = _reference(family, batches, (), str(tmp_path / "fp16"), dtype="float32", fp16=True)
+    per_rank, res, truth, stock = _half_precision_runs(fcp_runs, run, family, tmp_path, fp16=True)
     assert res["scales"] == stock["scales"] == FP16_SCALES, (run, res["scales"], stock["scales"])
     skipped = [not np.isfinite(n) for n in stock["norms"]]
     assert [not np.isfinite(n) for n in res["norms"]] == skipped, (run, res["norms"], stock["norms"])
