@@ -14,7 +14,8 @@ at a global-batch boundary loads into a sampler of another world size or cost mo
 are the same (:func:`fcp_data.sampler_state.check_state`); a rank the saving run did not have reads rank 0's state.
 Saving over a folder written by more ranks removes their sampler states (rank 0); loading checks that a rank's
 state and rank 0's are of the same save (files of two saves would let the ranks plan different global batches).
-A trainer of your own can call these two functions, or copy the few lines each of them is.
+A trainer of your own can call these two functions, or copy the few lines each of them is. A model whose state-dict
+hooks rename its parameters (torchtitan's fused QKV) is marked by its adapter and saved through its own keys.
 """
 
 from __future__ import annotations
@@ -43,15 +44,42 @@ def _sampler_file(path: Path, rank: int) -> Path:
     return path / f"sampler-rank{rank}.json"
 
 
+def _own_keys(model) -> Any:
+    """The module whose ``state_dict()`` keys are its own (a DDP wrapper unwrapped), or None. A model marked
+    ``_fcp_own_state_dict`` (torchtitan's: its fused QKV saves ``wq``/``wk``/``wv`` through state-dict hooks that
+    torch's canonical-name mapping cannot follow) is saved and loaded through its own ``state_dict()`` /
+    ``load_state_dict()``; every other model through torch's ``get_state_dict`` / ``set_state_dict``."""
+    inner = getattr(model, "module", model)
+    return inner if getattr(inner, "_fcp_own_state_dict", False) else None
+
+
+def _states(model, optimizer) -> tuple[dict, dict]:
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, get_state_dict
+
+    own = _own_keys(model)
+    return (own.state_dict(), get_optimizer_state_dict(model, optimizer)) if own is not None else \
+        get_state_dict(model, optimizer)
+
+
+def _restore(model, optimizer, state: dict) -> None:
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict, set_state_dict
+
+    own = _own_keys(model)
+    if own is None:
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    else:
+        own.load_state_dict(state["model"])
+        set_optimizer_state_dict(model, optimizer, state["optim"])
+
+
 def save_checkpoint(path: str | Path, step: int, model, optimizer, sampler, last: Any, *, grad_scaler=None) -> Path:
     """Write a checkpoint of ``step`` steps to folder ``path`` (created) on every rank (a collective): model and
     optimizer state, and this rank's ``sampler.state_after(last)`` (``last``: ``train_step``'s result, or the last
     batch the loop consumed), and fp16's ``grad_scaler`` state (its scale and growth tracker). Returns ``path``."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
 
     path = Path(path)
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    model_sd, optim_sd = _states(model, optimizer)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))
     state = {"step": int(step), "sampler": sampler.state_after(last)}
     if grad_scaler is not None:
@@ -102,15 +130,14 @@ def load_checkpoint(path: str | Path, model, optimizer, sampler, *, grad_scaler=
     without one leaves it at its initial scale); returns the step to continue at."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     path = Path(path)
     first = _saved(path)  # rank 0's sampler state: every checkpoint has it
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    model_sd, optim_sd = _states(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd}
     try:
         dcp.load(state, checkpoint_id=str(path))
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        _restore(model, optimizer, state)
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP wraps every rank's error (a BaseException)
         raise ValueError(f"checkpoint {path} does not fit this model and optimizer (another model or config?): "
                          f"{_first_line(e)}") from e

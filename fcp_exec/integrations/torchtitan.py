@@ -83,6 +83,7 @@ def apply_fcp(model: nn.Module, *, timeout: float | None = None) -> nn.Module:
         if not isinstance(inner, FCPInnerAttention):
             m.inner_attention = FCPInnerAttention(timeout)
     model._fcp_torchtitan = True
+    model._fcp_own_state_dict = True  # fcp_exec.checkpoint: its fused QKV renames keys on save (wq/wk/wv)
     return model
 
 

@@ -1,0 +1,130 @@
+"""Train a torchtitan decoder (Qwen3 or Llama 3) with FCP on a text length index: the loop to copy.
+
+    torchrun --standalone --nproc-per-node 2 examples/train_torchtitan.py --steps 5          # CPU, gloo
+    torchrun --nproc-per-node 8 examples/train_torchtitan.py --model llama3 --flavor 8B --data my-index \
+        --reducer fsdp2 --tokens-per-rank 32768 --cost cost.json                       # GPUs (never run by us)
+
+torchtitan builds the model from its own registry (``torchtitan.models.<model>.model_registry(flavor)``);
+``apply_fcp`` puts FCP's ring attention in place of every attention module's inner attention. Everything else is
+FCP's: FCPSampler → FCPDataset → FCPCollator for the data, ``train_step`` with a reducer (all-reduce, DDP or FSDP2)
+for the step, ``fcp_exec.checkpoint`` for checkpoints (model and optimizer through torch.distributed.checkpoint,
+each rank's sampler state): ``--resume DIR/step-K`` continues exactly. torchtitan's ``Trainer`` is not used (it
+needs CUDA); with it, replace its dataloader by this one and its forward/backward by ``train_step``.
+The model is randomly initialised (load a checkpoint through torchtitan's state-dict adapter for real weights).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+
+from fcp_data import CostModel, FCPCollator, FCPDataset, FCPSampler, IndexedDataset
+from fcp_exec.checkpoint import load_checkpoint, save_checkpoint
+from fcp_exec.integrations.torchtitan import apply_fcp, fcp_loss
+from fcp_exec.launch import init_distributed, settle_collectives
+from fcp_exec.step import eval_step, make_reducer, train_step
+
+
+def bundled_text_index(rank: int) -> Path:
+    """The package's sample text, indexed once by rank 0 (what `fcp index samples/text.jsonl --spec text` does)."""
+    from fcp_data import bundled_path
+    from fcp_data.index import build_index
+
+    out = Path(tempfile.gettempdir()) / f"fcp-example-{os.getuid()}" / "text"
+    if rank == 0 and not (out / "manifest.json").exists():
+        build_index([str(bundled_path("samples") / "text.jsonl")], "text", out, progress=False)
+    dist.barrier()
+    return out
+
+
+def build_model(model: str, flavor: str, layers: int | None, vocab: int, device: torch.device) -> torch.nn.Module:
+    """torchtitan's ``model`` / ``flavor`` (its first ``layers`` blocks when given), with FCP's attention."""
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+
+    cfg = importlib.import_module(f"torchtitan.models.{model}").model_registry(flavor).model
+    if vocab > cfg.vocab_size:
+        raise SystemExit(f"the index's token ids go up to {vocab - 1} but {model} {flavor} has vocab_size "
+                         f"{cfg.vocab_size}: index the data with the model's tokenizer")
+    if layers:
+        cfg.layers = cfg.layers[:layers]
+    for layer in cfg.layers:  # the inner attention FCP replaces: SDPA's config builds nothing (flex would compile)
+        layer.attention.inner_attention = ScaledDotProductAttention.Config()
+    torch.manual_seed(0)
+    with torch.device(device):
+        return apply_fcp(cfg.build())
+
+
+def forever(loader: DataLoader):
+    """The loader's micro-batches across epochs, from the sampler's position (a loaded checkpoint's too)."""
+    while True:
+        yield from loader
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", choices=("qwen3", "llama3"), default="qwen3", help="a torchtitan model family")
+    p.add_argument("--flavor", default="debugmodel", help="its registry flavor (debugmodel, 0.6B, 8B, ...)")
+    p.add_argument("--layers", type=int, default=2, help="keep the first N blocks (0: all; the CPU default is 2)")
+    p.add_argument("--data", default=None, help="a text length index (default: the bundled text samples)")
+    p.add_argument("--reducer", choices=("allreduce", "ddp", "fsdp2"), default="fsdp2")
+    p.add_argument("--cost", default=None, help="cost-model JSON from `fcp profile` (default: the qwen3-1.7b/h100 preset)")
+    p.add_argument("--tokens-per-rank", type=int, default=1024, help="memory budget per rank; longer documents are cut")
+    p.add_argument("--global-batch-size", type=int, default=8)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--eval-batches", type=int, default=1, help="global batches of validation after training")
+    p.add_argument("--checkpoint", default=None, help="folder for checkpoints (DIR/step-K), with --checkpoint-every")
+    p.add_argument("--checkpoint-every", type=int, default=0, help="save a checkpoint every N steps (0: never)")
+    p.add_argument("--resume", default=None, help="a checkpoint folder (DIR/step-K) to continue from, at step K")
+    args = p.parse_args(argv)
+
+    device = init_distributed()  # set_device, NCCL/HCCL/gloo by device, eager init + a warm-up barrier
+    rank = dist.get_rank()
+    data = IndexedDataset(args.data or bundled_text_index(rank))
+    cost = (CostModel.load(args.cost) if args.cost else CostModel.preset("qwen3-1.7b", "h100")).replace(
+        tokens_per_rank=args.tokens_per_rank)
+
+    def loader_of(seed: int, workers: int) -> tuple[FCPSampler, DataLoader]:
+        sampler = FCPSampler(data.index, cost_model=cost, global_batch_size=args.global_batch_size, seed=seed,
+                             on_overlong="truncate")
+        return sampler, DataLoader(FCPDataset(data), batch_sampler=sampler, num_workers=workers,
+                                   collate_fn=FCPCollator(pad_token_id=data.pad_token_id, sample_labels=data.has_labels))
+
+    sampler, loader = loader_of(0, 2)
+    model = build_model(args.model, args.flavor, args.layers, data.spec.tokenizer().get_vocab_size(), device)
+    model, reducer = make_reducer(args.reducer, model)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+
+    start = load_checkpoint(Path(args.resume), model, opt, sampler) if args.resume else 0
+    batches = forever(loader)
+    for step in range(start, args.steps):
+        res = train_step(model, batches, fcp_loss, reducer, pad_token_id=data.pad_token_id)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if rank == 0:
+            print(f"step {step} loss {res.loss:.6f} tokens {res.num_tokens} micro-batches {len(res.groups)} "
+                  f"idle on rank 0: {res.num_idle}", flush=True)
+        if args.checkpoint and args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
+            save_checkpoint(Path(args.checkpoint) / f"step-{step + 1}", step + 1, model, opt, sampler, res)
+    batches.close()  # stops the DataLoader's workers now
+
+    val_sampler, val_loader = loader_of(1, 0)  # validation: its own sampler (seed 1), forwards only
+    val_batches = iter(val_loader)
+    model.eval()
+    for k in range(min(args.eval_batches, val_sampler.num_global_batches())):
+        res = eval_step(model, val_batches, fcp_loss, pad_token_id=data.pad_token_id)
+        if rank == 0:
+            print(f"eval {k} loss {res.loss:.4f} tokens {res.num_tokens}", flush=True)
+    settle_collectives()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
