@@ -25,7 +25,8 @@ Tested on CPU (``tests/exec/test_torchtitan.py``): torchtitan's Qwen3 and Llama 
 processes (all-reduce, DDP, FSDP2) equal torchtitan's stock model trained in one process, one document per forward
 with its SDPA causal attention. Not tested: torchtitan's ``Trainer`` (it needs CUDA: its device, memory monitor and
 CUDA graphs), its tensor/pipeline/expert parallelism (FCP is the CP; tensor parallelism would split the heads
-inside the ring), MoE models' load-balancing loss, sliding-window or sink attention (refused).
+inside the ring); refused with one error: other decoders (gpt-oss, DeepSeek-V3, Qwen3.5, ...), attention sinks,
+sliding or bidirectional windows.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from torch import nn
 from fcp_exec.ring_attention import RingBatch, ring_attention
 from fcp_exec.step import denominator
 
-__all__ = ["FCPInnerAttention", "apply_fcp", "batch_inputs", "fcp_loss"]
+__all__ = ["FCPInnerAttention", "TESTED_MODELS", "apply_fcp", "batch_inputs", "fcp_loss"]
 
 
 class FCPInnerAttention(nn.Module):
@@ -67,19 +68,30 @@ def _attentions(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if isinstance(getattr(m, "inner_attention", None), nn.Module)]
 
 
+TESTED_MODELS = ("Qwen3Model", "Llama3Model")  # decoders whose only token mixing is their GQAttention
+
+
 def apply_fcp(model: nn.Module, *, timeout: float | None = None) -> nn.Module:
     """Replace the inner attention of every attention module of a torchtitan decoder by :class:`FCPInnerAttention`
-    (in place, before FSDP2/DDP wrap the model); returns ``model``. Refuses attention FCP does not compute."""
+    (in place, before FSDP2/DDP wrap the model); returns ``model``. Refuses models and attention FCP does not
+    compute: a decoder other than TESTED_MODELS (another one may mix tokens outside its attention modules — linear
+    attention, MLA — which would then see only this rank's shard), attention sinks, a sliding or bidirectional
+    window."""
     found = _attentions(model)
     if not found:
         raise ValueError(f"{type(model).__name__} has no module with an inner_attention (torchtitan's GQAttention): "
                          "not a torchtitan decoder model")
+    if type(model).__name__ not in TESTED_MODELS:
+        raise ValueError(f"FCP's torchtitan adapter takes {' and '.join(TESTED_MODELS)}, not {type(model).__name__}: "
+                         "another decoder may mix tokens outside its attention modules, which would see one shard")
     for m in found:
         inner = m.inner_attention
-        for attr in ("sliding_window", "window_size", "sinks"):
-            if getattr(inner, attr, None) is not None or getattr(m, attr, None) is not None:
-                raise ValueError(f"{type(m).__name__} uses {attr}: FCP's torchtitan adapter computes full causal "
-                                 "attention per document only")
+        if getattr(m, "sinks", None) is not None:
+            raise ValueError(f"{type(m).__name__} has attention sinks, which FCP's ring attention does not compute")
+        window = getattr(inner, "window_size", (-1, 0))  # VarlenAttention's (left, right); (-1, 0) is causal
+        if tuple(window) != (-1, 0):
+            raise ValueError(f"{type(inner).__name__} has window_size={tuple(window)}: FCP's torchtitan adapter "
+                             "computes causal attention over whole documents only, (-1, 0)")
         if not isinstance(inner, FCPInnerAttention):
             m.inner_attention = FCPInnerAttention(timeout)
     model._fcp_torchtitan = True
