@@ -996,8 +996,8 @@ def test_fcp_trainer_fp16_scales_and_skips_like_the_stock_trainer(fcp_runs, tmp_
     both sides (so FCP skipped exactly the step the stock Trainer skipped: step 4, a non-finite gradient norm on both
     sides); before it FCP's loss and gradient norm are no further from fp32 than FP16_DRIFT times the stock fp16
     Trainer's plus FP16_FLOOR, and fp16 acted; after it (the fp32 run, which never skips, has left the trajectory) FCP
-    stays within FP16_FLOOR of the stock fp16 Trainer. Measured: losses within 3e-6 and norms within 2e-3 of the stock
-    fp16 Trainer; a gradient summed twice or once too few changes the norm by O(1), and a backward without the scale
+    stays within FP16_FLOOR of the stock fp16 Trainer. Measured: losses within 8e-6 and norms within 1.8e-3 of the
+    stock fp16 Trainer; a gradient summed twice or once too few changes the norm by O(1), and a backward without the scale
     fails Accelerate's unscale (the scaler was never used)."""
     per_rank, res, truth, stock = _half_precision_runs(fcp_runs, run, family, tmp_path, fp16=True)
     assert res["scales"] == stock["scales"] == FP16_SCALES, (run, res["scales"], stock["scales"])

@@ -30,8 +30,9 @@ from fcp_data import CostModel
 from fcp_exec.launch import launch
 
 # checked without importing it (torchtitan's model code takes ~5 s to import: only the ranks and references do)
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("torchtitan") is None,
-                                reason="torchtitan is not installed (make test installs it: see the Makefile)")
+pytestmark = pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("torchtitan", "triton")),
+                                reason="torchtitan (and the triton its model code imports) is not installed; make "
+                                       "test installs both on x86-64 Linux: see the Makefile")
 
 LENGTHS = [37, 12, 64, 9, 50, 23, 71, 18, 40, 33, 15, 58]
 # every family and every reducer at least once (the reducers themselves are tested on every model elsewhere)
