@@ -54,8 +54,8 @@ from fcp_exec.reducers import (REDUCER_NAMES, AllReduceReducer, DDPReducer, FSDP
                                make_reducer, reducer_for)
 from fcp_exec.skips import agree_skips
 
-__all__ = ["REDUCER_NAMES", "AllReduceReducer", "DDPReducer", "FSDP2Reducer", "StepResult", "autocast_loss", "denominator",
-           "eval_step", "fill_num_tokens_global", "idle_batch", "is_idle", "make_reducer", "reducer_for",
+__all__ = ["REDUCER_NAMES", "AllReduceReducer", "DDPReducer", "FSDP2Reducer", "StepResult", "autocast_loss",
+           "denominator", "eval_step", "fill_num_tokens_global", "idle_batch", "is_idle", "make_reducer", "reducer_for",
            "rescale_skipped", "train_step"]
 
 def is_idle(batch: dict) -> bool:
