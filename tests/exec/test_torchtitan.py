@@ -4,8 +4,9 @@ Models: torchtitan's own ``debugmodel`` configs of Qwen3 (q/k norm, fused QKV, c
 RoPE, GQA), cut to 2 layers, float64, built with the same seed on every side. FCP side: :func:`apply_fcp` (ring
 attention as each ``GQAttention``'s inner attention), ``FCPSampler`` → ``FCPDataset`` → ``FCPCollator`` over 12
 synthetic documents of 9–71 tokens with 48 tokens per rank (documents longer than that need a degree-2 ring; global
-batches of 4), :func:`fcp_exec.step.train_step` (Qwen3 with the all-reduce and FSDP2 reducers, Llama 3 with DDP),
-SGD, 3 steps.
+batches of 4), :func:`fcp_exec.step.train_step` (Qwen3 with the all-reduce and FSDP2 reducers, Llama 3 with DDP,
+and Qwen3 sharded by torchtitan's own ``apply_fsdp_to_decoder`` — what its ``parallelize_fn`` calls — then
+:func:`fcp_exec.step.reducer_for`), SGD, 3 steps.
 Reference: the stock torchtitan model (its SDPA inner attention, causal) in one process, one document per forward
 (positions from 0), the same global batches, Σ cross-entropy / label tokens, the same SGD. (SGD, not AdamW: AdamW's
 first update, about lr · sign(g) / (1 + eps/|g|), turns rounding-level differences of small gradient entries into a
@@ -35,8 +36,9 @@ pytestmark = pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in
                                        "test installs both on x86-64 Linux: see the Makefile")
 
 LENGTHS = [37, 12, 64, 9, 50, 23, 71, 18, 40, 33, 15, 58]
-# every family and every reducer at least once (the reducers themselves are tested on every model elsewhere)
-RUNS = (("qwen3", "allreduce"), ("qwen3", "fsdp2"), ("llama3", "ddp"))
+# every family and every reducer at least once (the reducers themselves are tested on every model elsewhere);
+# "titan-fsdp2": torchtitan's own FSDP2 (apply_fsdp_to_decoder, what its parallelize_fn calls), then reducer_for
+RUNS = (("qwen3", "allreduce"), ("qwen3", "fsdp2"), ("llama3", "ddp"), ("qwen3", "titan-fsdp2"))
 STEPS, GBS, TOKENS_PER_RANK, LR, TOL = 3, 4, 48, 0.5, 1e-12
 
 
@@ -91,7 +93,18 @@ def _fcp_run(family: str, reducer: str) -> dict:
     sampler = FCPSampler(LENGTHS, num_ranks=2, rank=dist.get_rank(), cost_model=cost, global_batch_size=GBS, seed=0)
     loader = DataLoader(FCPDataset([{"input_ids": d} for d in docs]), batch_sampler=sampler,
                         collate_fn=FCPCollator(pad_token_id=0))
-    model, red = make_reducer(reducer, model)
+    if reducer == "titan-fsdp2":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torchtitan.distributed.fsdp import apply_fsdp_to_decoder
+
+        from fcp_exec.step import reducer_for
+
+        apply_fsdp_to_decoder(model, init_device_mesh("cpu", (dist.get_world_size(),)), param_dtype=torch.float64,
+                              reduce_dtype=torch.float64, pp_enabled=False)
+        red = reducer_for(model)
+        assert type(red).__name__ == "FSDP2Reducer", red
+    else:
+        model, red = make_reducer(reducer, model)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     batches, steps = iter(loader), []
     for step in range(STEPS):
