@@ -11,9 +11,10 @@ Sections, each entry printed as one line and written to ``DIR/results_hf.json`` 
    the device's ``auto`` kernel), each compared with the **reference**: the stock model in float64 on the CPU, one
    document per forward. Errors: the loss (relative) and every parameter gradient (relative to that gradient's
    largest reference entry; the worst parameter is reported). ``float32``: fcp must be within
-   ``max(3 x stock's error, 1e-5)``; ``bfloat16`` (autocast over float32 weights, what the Trainer's ``bf16=True``
-   does): within ``2 x stock's error + 1e-3`` (loss) / ``+ 1e-2`` (gradients), i.e. no less accurate than the stock
-   model, up to a factor. Families: Qwen3 (QK norm), Llama and Mistral with a 64-token sliding window (the stock
+   ``max(3 x stock's error, 1e-5)``; ``bfloat16`` and ``float16`` (autocast over float32 weights, what the Trainer's
+   ``bf16=True`` / ``fp16=True`` do; float16's backward on the loss times 1,024, as under a loss scaler): within
+   ``2 x stock's error + 1e-3`` (loss) / ``+ 1e-2`` (gradients), i.e. no less accurate than the stock model, up to
+   a factor. Families: Qwen3 (QK norm), Llama and Mistral with a 64-token sliding window (the stock
    model's own window mask against fcp's windowed ring attention: on a GPU the fused banded kernel), GQA 8/2, head
    dim 64.
 2. ``hf_timing``: a Qwen3-shaped model in bfloat16 (4 layers, hidden 2048, heads 16/8, head dim 128) on a packed
@@ -100,18 +101,26 @@ def _errors(loss, grads, ref_loss, ref_grads) -> tuple[float, float, str]:
     return abs(loss - ref_loss) / abs(ref_loss), worst, where
 
 
+FP16_SCALE = 1024.0  # float16's backward runs on a scaled loss (as under a GradScaler), unscaled after
+
+
 def _run_model(model, batch, device, dtype, fcp: bool):
     from fcp_exec.integrations import hf
 
     model.zero_grad(set_to_none=True)
-    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+    with torch.autocast(device.type, dtype=dtype, enabled=dtype in (torch.bfloat16, torch.float16)):
         if fcp:
             loss = hf.fcp_loss(model, batch)
         else:
             out = model(input_ids=batch["input_ids"].to(device)[None],
                         position_ids=batch["position_ids"].to(device)[None], use_cache=False)
             loss = hf.lm_loss(out.logits, batch)
-    loss.backward()
+    scale = FP16_SCALE if dtype == torch.float16 else 1.0
+    (loss * scale).backward()
+    if scale != 1.0:
+        for p in model.parameters():
+            if p.grad is not None:
+                p.grad.div_(scale)
     return float(loss.detach())
 
 
@@ -200,7 +209,7 @@ def main(argv=None) -> int:
           f"{res.meta['device_name']}", flush=True)
     lens = (1, 2, 333, 4100, 700) if cuda else (1, 2, 33, 150, 70)
     for family in FAMILIES[:1] if args.quick else FAMILIES:
-        for dtype_name in ("float32",) if args.quick else ("float32", "bfloat16"):
+        for dtype_name in ("float32",) if args.quick else ("float32", "bfloat16", "float16"):
             res.run(f"hf[{family},{dtype_name}] fcp vs stock vs fp64 reference, documents {list(lens)}", "hf",
                     check_family, family, dtype_name, device, lens, args.perturb)
     if not args.quick:

@@ -88,7 +88,7 @@ def test_hf_check_passes_on_cpu(tmp_path):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     checks = doc["checks"]
     families = {c["name"].split("]")[0] for c in checks if c["section"] == "hf"}
-    assert families == {f"hf[{f},{d}" for f in ("qwen3", "llama", "mistral") for d in ("float32", "bfloat16")}
+    assert families == {f"hf[{f},{d}" for f in ("qwen3", "llama", "mistral") for d in ("float32", "bfloat16", "float16")}
     for c in checks:
         assert c["passed"] is True and 0 <= c["max_error"] <= c["tolerance"], c
         if "float32" in c["name"]:
