@@ -15,29 +15,16 @@ and checkpoints are the Trainer's. The model is randomly initialised from a conf
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 from pathlib import Path
 
 import torch.distributed as dist
 from transformers import TrainingArguments
 
-from fcp_data import CostModel, IndexedDataset
+from fcp_data import CostModel, IndexedDataset, bundled_index
 from fcp_exec.integrations.hf import build_model, load_config
 from fcp_exec.integrations.hf_trainer import FCPTrainer
 from fcp_exec.launch import init_distributed
-
-
-def bundled_index(rank: int) -> Path:
-    """The package's sample text, indexed once by rank 0 (what `fcp index samples/text.jsonl --spec text` does)."""
-    from fcp_data import bundled_path
-    from fcp_data.index import build_index
-
-    out = Path(tempfile.gettempdir()) / f"fcp-example-{os.getuid()}" / "text"
-    if rank == 0 and not (out / "manifest.json").exists():
-        build_index([str(bundled_path("samples") / "text.jsonl")], "text", out, progress=False)
-    dist.barrier()
-    return out
 
 
 def main() -> None:
@@ -64,7 +51,7 @@ def main() -> None:
 
     device = init_distributed()  # the process group first (NCCL/HCCL/gloo by device): Accelerate joins it
     rank = dist.get_rank()
-    data = IndexedDataset(args.data or bundled_index(rank))
+    data = IndexedDataset(args.data or bundled_index("text"))
     config = load_config(args.config)  # FCPTrainer checks that the index fits it (vocabulary, ids, patches)
     cost = CostModel.load(args.cost) if args.cost else CostModel.preset("qwen3-1.7b", "h100")
 

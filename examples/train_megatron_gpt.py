@@ -12,7 +12,8 @@ change from one global batch to the next). Megatron's DDP, ``finalize_model_grad
 are. On a machine without CUDA, Megatron runs through :mod:`fcp_exec.integrations.megatron_cpu` (float32/float64).
 
 The model is randomly initialised (load a Megatron checkpoint as usual for real weights). The data is a text length
-index (default: the bundled text samples, indexed into TMPDIR; the vocabulary is the index's tokenizer's) or, with
+index (default: the bundled text samples, indexed once per node into `$FCP_CACHE` or TMPDIR; the vocabulary is the
+index's tokenizer's) or, with
 `--data-prefix PREFIX --vocab-size V`, a Megatron indexed dataset as `tools/preprocess_data.py` wrote it (token counts
 read from PREFIX.idx, nothing re-tokenized; `fcp simulate --lengths PREFIX.idx` plans on the same counts).
 Checkpoints: `--checkpoint DIR --checkpoint-every N` writes DIR/step-K.pt (model, optimizer and the sampler's state
@@ -24,30 +25,16 @@ continues at step K exactly. With Megatron's distributed optimizer or sharded mo
 from __future__ import annotations
 
 import argparse
-import os
-import tempfile
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from fcp_data import CostModel, FCPCollator, FCPDataset, FCPSampler, IndexedDataset
+from fcp_data import CostModel, FCPCollator, FCPDataset, FCPSampler, IndexedDataset, bundled_index
 from fcp_data.megatron_indexed import MegatronIndexedDocuments
 from fcp_exec.integrations.megatron import apply_fcp, fcp_layer_spec, forward_step, global_loss, next_global_batch
 from fcp_exec.launch import init_distributed, settle_collectives
-
-
-def bundled_text_index(rank: int) -> Path:
-    """The package's sample text, indexed once by rank 0 (what `fcp index samples/text.jsonl --spec text` does)."""
-    from fcp_data import bundled_path
-    from fcp_data.index import build_index
-
-    out = Path(tempfile.gettempdir()) / f"fcp-example-{os.getuid()}" / "text"
-    if rank == 0 and not (out / "manifest.json").exists():
-        build_index([str(bundled_path("samples") / "text.jsonl")], "text", out, progress=False)
-    dist.barrier()
-    return out
 
 
 def load_data(args, rank: int):
@@ -56,7 +43,7 @@ def load_data(args, rank: int):
     if args.data_prefix:
         docs = MegatronIndexedDocuments(args.data_prefix)
         return docs, docs, args.vocab_size, 0, False
-    data = IndexedDataset(args.data or bundled_text_index(rank))
+    data = IndexedDataset(args.data or bundled_index("text"))
     return data, data.index, data.spec.tokenizer().get_vocab_size(), data.pad_token_id, data.has_labels
 
 

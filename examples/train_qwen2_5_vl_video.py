@@ -18,33 +18,18 @@ rank that holds its placeholder token; 3-D rope positions come from the installe
 from __future__ import annotations
 
 import argparse
-import os
-import tempfile
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from fcp_data import CostModel, FCPDataset, FCPSampler, IndexedDataset
+from fcp_data import CostModel, FCPDataset, FCPSampler, IndexedDataset, bundled_index
 from fcp_exec.checkpoint import load_checkpoint, save_checkpoint
 from fcp_exec.integrations.hf import apply_fcp, build_model, fcp_loss, load_config
 from fcp_exec.integrations.hf_positions import hf_collator
 from fcp_exec.launch import init_distributed, settle_collectives
 from fcp_exec.step import make_reducer, train_step
-
-
-def bundled_video_index(rank: int) -> Path:
-    """The package's sample video/image shards, indexed once by rank 0 (`fcp index ... --spec qwen2.5-vl`)."""
-    from fcp_data import bundled_path
-    from fcp_data.index import build_index
-
-    out = Path(tempfile.gettempdir()) / f"fcp-example-{os.getuid()}" / "qwen2.5-vl"
-    if rank == 0 and not (out / "manifest.json").exists():
-        shards = sorted(str(p) for p in (bundled_path("samples") / "wds").glob("*.tar"))
-        build_index(shards, "qwen2.5-vl", out, progress=False)
-    dist.barrier()
-    return out
 
 
 def forever(loader: DataLoader):
@@ -77,7 +62,7 @@ def main() -> None:
     device = init_distributed()  # set_device, NCCL/HCCL/gloo by device, eager init + a warm-up barrier
     rank = dist.get_rank()
 
-    data = IndexedDataset(args.data or bundled_video_index(rank))  # input_ids with placeholders, pixel patches, grids
+    data = IndexedDataset(args.data or bundled_index("qwen2.5-vl"))  # input_ids with placeholders, pixel patches, grids
     config = load_config(args.config)
     cost = CostModel.load(args.cost) if args.cost else CostModel.preset("qwen3-vl-2b", "h100")
     # the sampler counts label tokens exactly, visual placeholders excluded, from the index (no data is read)

@@ -18,32 +18,18 @@ or leaves it idle (train_step then runs a zero-weighted dummy so DDP/FSDP2 colle
 from __future__ import annotations
 
 import argparse
-import os
-import tempfile
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from fcp_data import CostModel, FCPCollator, FCPDataset, FCPSampler, IndexedDataset
+from fcp_data import CostModel, FCPCollator, FCPDataset, FCPSampler, IndexedDataset, bundled_index
 from fcp_exec.checkpoint import load_checkpoint, save_checkpoint
 from fcp_exec.integrations.hf import apply_fcp, build_model, fcp_loss, load_config
 from fcp_exec.integrations.hf_data import check_data_fits
 from fcp_exec.launch import init_distributed, settle_collectives
 from fcp_exec.step import eval_step, make_reducer, train_step
-
-
-def bundled_text_index(rank: int) -> Path:
-    """The package's sample text, indexed once by rank 0 (what `fcp index samples/text.jsonl --spec text` does)."""
-    from fcp_data import bundled_path
-    from fcp_data.index import build_index
-
-    out = Path(tempfile.gettempdir()) / f"fcp-example-{os.getuid()}" / "text"
-    if rank == 0 and not (out / "manifest.json").exists():
-        build_index([str(bundled_path("samples") / "text.jsonl")], "text", out, progress=False)
-    dist.barrier()
-    return out
 
 
 def forever(loader: DataLoader):
@@ -76,7 +62,7 @@ def main() -> None:
     rank = dist.get_rank()
 
     # data: a length index → FCPSampler (plans CP groups per micro-batch) → FCPCollator (this rank's zigzag shard)
-    data = IndexedDataset(args.data or bundled_text_index(rank))
+    data = IndexedDataset(args.data or bundled_index("text"))
     config = load_config(args.config)
     check_data_fits(config, vocab_size=data.spec.tokenizer().get_vocab_size(), what="the index")
     cost = CostModel.load(args.cost) if args.cost else CostModel.preset("qwen3-1.7b", "h100")

@@ -17,31 +17,17 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
-import tempfile
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from fcp_data import CostModel, FCPCollator, FCPDataset, FCPSampler, IndexedDataset
+from fcp_data import CostModel, FCPCollator, FCPDataset, FCPSampler, IndexedDataset, bundled_index
 from fcp_exec.checkpoint import load_checkpoint, save_checkpoint
 from fcp_exec.integrations.torchtitan import apply_fcp, fcp_loss
 from fcp_exec.launch import init_distributed, settle_collectives
 from fcp_exec.step import eval_step, make_reducer, train_step
-
-
-def bundled_text_index(rank: int) -> Path:
-    """The package's sample text, indexed once by rank 0 (what `fcp index samples/text.jsonl --spec text` does)."""
-    from fcp_data import bundled_path
-    from fcp_data.index import build_index
-
-    out = Path(tempfile.gettempdir()) / f"fcp-example-{os.getuid()}" / "text"
-    if rank == 0 and not (out / "manifest.json").exists():
-        build_index([str(bundled_path("samples") / "text.jsonl")], "text", out, progress=False)
-    dist.barrier()
-    return out
 
 
 def build_model(model: str, flavor: str, layers: int | None, vocab: int, device: torch.device) -> torch.nn.Module:
@@ -87,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
 
     device = init_distributed()  # set_device, NCCL/HCCL/gloo by device, eager init + a warm-up barrier
     rank = dist.get_rank()
-    data = IndexedDataset(args.data or bundled_text_index(rank))
+    data = IndexedDataset(args.data or bundled_index("text"))
     cost = (CostModel.load(args.cost) if args.cost else CostModel.preset("qwen3-1.7b", "h100")).replace(
         tokens_per_rank=args.tokens_per_rank)
 

@@ -18,6 +18,7 @@ _LAZY = {
     "IndexedDataset": "fcp_data.readers",
     "plan_batch": "fcp_data.plan",
     "bundled_path": "fcp_data._resources",
+    "bundled_index": "fcp_data._resources",
 }
 
 __all__ = ["CostModel", "CPGroup", "MicroBatchPlan", "Plan", *_LAZY]

@@ -6,9 +6,11 @@ they sit at the repository root, next to ``fcp_data/``. Code never relies on the
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
-__all__ = ["data_path", "bundled_path"]
+__all__ = ["data_path", "bundled_path", "bundled_index"]
 
 _PKG = Path(__file__).resolve().parent
 
@@ -26,3 +28,40 @@ def bundled_path(name: str) -> Path:
     """Public name of :func:`data_path`: ``bundled_path("samples")`` is the folder of the bundled sample data
     (``text.jsonl``, ``wds/*.tar``), ``bundled_path("tokenizers")`` the token specs."""
     return data_path(name)
+
+
+def bundled_index(spec: str = "text", cache_dir: str | os.PathLike | None = None) -> Path:
+    """Length index of the bundled samples for ``spec`` (``"text"``: ``samples/text.jsonl``; a vision spec such as
+    ``"qwen2.5-vl"``: the video/image shards ``samples/wds/*.tar``), what ``fcp index`` would build, built on first use
+    and reused after.
+
+    Call it on **every rank**, no barrier needed: it lives under ``cache_dir`` (default ``$FCP_CACHE``, else a
+    per-user folder in the temporary directory) in a folder named by a digest of the inputs and the spec; ranks that
+    find it missing each build a private copy and rename it into place, the first rename wins (so every node of a
+    multi-node job gets its own copy, and an interrupted build never leaves a half index behind).
+    """
+    import hashlib
+    import shutil
+
+    from fcp_data.index import build_index
+
+    root = Path(cache_dir or os.environ.get("FCP_CACHE") or Path(tempfile.gettempdir()) / f"fcp-cache-{os.getuid()}")
+    samples = data_path("samples")
+    inputs = [samples / "text.jsonl"] if spec == "text" else sorted((samples / "wds").glob("*.tar"))
+    digest = hashlib.blake2b(repr([(p.name, p.stat().st_size) for p in inputs] + [spec]).encode(),
+                             digest_size=6).hexdigest()
+    out = root / f"index-{spec}-{digest}"
+    if not (out / "manifest.json").exists():
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = root / f".{out.name}.{os.getpid()}"
+        _, rc = build_index([str(p) for p in inputs], spec, str(tmp), progress=False)
+        if rc:
+            raise RuntimeError(f"indexing the bundled samples into {tmp} reported too many errors")
+        try:
+            os.rename(tmp, out)
+        except OSError:  # another rank finished first (or something else sits at ``out``)
+            shutil.rmtree(tmp, ignore_errors=True)
+            if not (out / "manifest.json").exists():
+                raise RuntimeError(f"{out} exists but holds no fcp index (no manifest.json): remove it, or pass "
+                                   "another cache_dir") from None
+    return out

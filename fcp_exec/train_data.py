@@ -20,8 +20,6 @@ over the kept index rows, or :class:`~fcp_data.visual_layout.SpanVisualLayout` f
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -172,35 +170,12 @@ def _cap(base: Any, lengths: np.ndarray, visual: np.ndarray, max_tokens: int) ->
 
 
 def _bundled_index(model: str, cache_dir: str | None, spec: str | None = None) -> Path:
-    """Index the bundled samples once per content (folder name carries a digest of the inputs' names and
-    sizes); ranks racing to build it each build privately and the first rename wins."""
-    import hashlib
-    import shutil
+    """The bundled samples' index for ``model`` (``tiny-llm``: text, else ``spec`` or the tiny MLLM's video spec)."""
+    from fcp_data._resources import bundled_index
 
-    from fcp_data._resources import data_path
-    from fcp_data.index import build_index
-
-    root = Path(cache_dir or os.environ.get("FCP_CACHE", Path(tempfile.gettempdir()) / f"fcp-cache-{os.getuid()}"))
-    samples = data_path("samples")
-    if spec == "text" or (spec is None and model == "tiny-llm"):
-        name, inputs, spec = "index-text", [samples / "text.jsonl"], "text"
-    else:
-        spec = spec or VIDEO_SPEC
-        name, inputs = f"index-{spec}", sorted((samples / "wds").glob("*.tar"))
-    digest = hashlib.blake2b(repr([(p.name, p.stat().st_size) for p in inputs] + [spec]).encode(),
-                             digest_size=6).hexdigest()
-    out = root / f"{name}-{digest}"
-    if not (out / "manifest.json").exists():
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = root / f".{out.name}.{os.getpid()}"
-        _, rc = build_index([str(p) for p in inputs], spec, str(tmp), progress=False)
-        if rc:
-            raise RuntimeError(f"indexing the bundled samples into {tmp} reported too many errors")
-        try:
-            os.rename(tmp, out)
-        except OSError:  # another rank finished first
-            shutil.rmtree(tmp, ignore_errors=True)
-    return out
+    if spec is None:
+        spec = "text" if model == "tiny-llm" else VIDEO_SPEC
+    return bundled_index(spec, cache_dir)
 
 
 HF_SPECS = {"qwen2_vl": "qwen2-vl", "qwen2_5_vl": "qwen2.5-vl", "qwen3_vl": "qwen3-vl"}

@@ -1,0 +1,54 @@
+"""``fcp_data.bundled_index``: the bundled samples' index, built once per cache folder by whichever rank gets there
+first, every rank (real processes, started together) handed the same complete index."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fcp_data import LengthIndex, bundled_index, bundled_path
+from fcp_data.index import build_index
+
+_CHILD = "import sys; from fcp_data import bundled_index; print(bundled_index(sys.argv[1], sys.argv[2]))"
+
+
+@pytest.mark.parametrize("spec", ["text", "qwen2.5-vl"])
+def test_racing_processes_get_one_complete_index_equal_to_fcp_index(tmp_path, spec):
+    cache = tmp_path / "cache"
+    procs = [subprocess.Popen([sys.executable, "-c", _CHILD, spec, str(cache)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], [err for _, err in outs]
+    paths = {out.strip() for out, _ in outs}
+    assert len(paths) == 1
+    got = Path(paths.pop())
+    assert got.parent == cache and got.name.startswith(f"index-{spec}-")
+    assert [p.name for p in cache.iterdir()] == [got.name]  # the losers' private copies are gone
+    samples = bundled_path("samples")
+    inputs = [samples / "text.jsonl"] if spec == "text" else sorted((samples / "wds").glob("*.tar"))
+    ref_dir = tmp_path / "ref"
+    build_index([str(p) for p in inputs], spec, ref_dir, progress=False)
+    got_idx, ref = LengthIndex.load(got), LengthIndex.load(ref_dir)
+    assert len(got_idx) == len(ref) > 0
+    np.testing.assert_array_equal(got_idx.num_visual_tokens, ref.num_visual_tokens)
+    np.testing.assert_array_equal(got_idx.num_tokens, ref.num_tokens)
+    assert bundled_index(spec, cache) == got  # reused, not rebuilt
+
+
+def test_spec_and_cache_env_choose_the_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("FCP_CACHE", str(tmp_path / "env"))
+    text, video = bundled_index("text"), bundled_index("qwen2-vl")
+    assert text.parent == video.parent == tmp_path / "env" and text != video
+    assert bundled_index("text", tmp_path / "arg").parent == tmp_path / "arg"
+
+
+def test_a_foreign_folder_in_the_index_place_is_one_clear_error(tmp_path):
+    out = bundled_index("text", tmp_path)
+    (out / "manifest.json").unlink()
+    with pytest.raises(RuntimeError, match="holds no fcp index"):
+        bundled_index("text", tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [out.name]
