@@ -29,6 +29,7 @@ from fcp_exec.checkpoint import load_checkpoint, save_checkpoint
 from fcp_exec.integrations.hf import apply_fcp, build_model, fcp_loss, load_config
 from fcp_exec.integrations.hf_data import check_data_fits
 from fcp_exec.launch import init_distributed, settle_collectives
+from fcp_exec.optim import clip_grad_norm, lr_at, set_lr
 from fcp_exec.step import eval_step, make_reducer, train_step
 
 
@@ -50,7 +51,9 @@ def main() -> None:
     p.add_argument("--tokens-per-rank", type=int, default=1024, help="memory budget per rank; longer documents are cut")
     p.add_argument("--global-batch-size", type=int, default=8)
     p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (cosine decay to lr/10 after warm-up)")
+    p.add_argument("--warmup-steps", type=int, default=1, help="linear learning-rate warm-up steps")
+    p.add_argument("--max-grad-norm", type=float, default=1.0, help="clip the global gradient norm (0: off)")
     p.add_argument("--eval-data", default=None, help="a text length index to validate on (default: the training data)")
     p.add_argument("--eval-batches", type=int, default=1, help="global batches of validation after training")
     p.add_argument("--checkpoint", default=None, help="folder for checkpoints (DIR/step-K), with --checkpoint-every")
@@ -81,11 +84,15 @@ def main() -> None:
     for step in range(start, args.steps):
         # one global batch: every micro-batch forward/backward, loss = Σ token losses / num_tokens_global
         res = train_step(model, batches, fcp_loss, reducer, pad_token_id=data.pad_token_id)
+        grad_norm = clip_grad_norm(model, args.max_grad_norm)  # after the reducer: the global norm, on every rank
+        lr = lr_at(step, lr=args.lr, steps=args.steps, warmup_steps=args.warmup_steps, schedule="cosine",
+                   min_lr=args.lr / 10)  # a function of the step: a resumed run continues the schedule
+        set_lr(opt, lr)
         opt.step()
         opt.zero_grad(set_to_none=True)
         if rank == 0:
             print(f"step {step} loss {res.loss:.6f} tokens {res.num_tokens} micro-batches {len(res.groups)} "
-                  f"idle on rank 0: {res.num_idle}", flush=True)
+                  f"idle on rank 0: {res.num_idle} lr {lr:.2e} grad norm {grad_norm:.4f}", flush=True)
         if args.checkpoint and args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
             # the sampler's state after this step's global batch (sampler.state_after(res)), not state_dict():
             # the DataLoader's workers already hold later batches

@@ -206,7 +206,7 @@ class Trainer:
             model = hf.build_model(hf_config, dtype=_DTYPES[cfg.dtype], seed=cfg.seed).to(self.device)
             hf.apply_fcp(model)
             if cfg.grad_checkpointing:
-                _checkpointing_on(model)
+                hf.enable_gradient_checkpointing(model)
             model.train()
             self.loss_fn = hf.fcp_loss
             return model
@@ -252,6 +252,7 @@ class Trainer:
 
     def step(self) -> dict[str, Any]:
         """One optimizer step over the next global batch; returns its record (module docstring)."""
+        from fcp_exec.optim import clip_grad_norm, lr_at, set_lr
         from fcp_exec.step import train_step
 
         t0 = time.perf_counter()
@@ -271,6 +272,11 @@ class Trainer:
             for n, p in _named(self.model):  # every rank gathers every parameter: the same collectives in order
                 g = _full(p.grad if p.grad is not None else torch.zeros_like(p))
                 grads[n] = g.detach().cpu().double().numpy().copy() if p.grad is not None else None
+        c = self.cfg
+        grad_norm = clip_grad_norm(self.model, c.max_grad_norm)  # every rank: the FSDP2 norm is a collective
+        lr = lr_at(self.num_steps, lr=c.lr, steps=c.steps, warmup_steps=c.warmup_steps, schedule=c.lr_schedule,
+                   min_lr=c.min_lr)
+        set_lr(self.opt, lr)
         if self.scaler is None:
             self.opt.step()
         else:  # skipped (on every rank alike) when a gradient overflowed; the scale then halves
@@ -280,7 +286,7 @@ class Trainer:
         waits = self.sampler.planner_waits[waits_before:]
         rec = {"step": self.num_steps, "loss": res.loss, "num_tokens": res.num_tokens,
                "step_time_s": time.perf_counter() - t0, "planner_wait_s": float(sum(waits)),
-               "num_idle": res.num_idle, **facts}
+               "num_idle": res.num_idle, "lr": lr, "grad_norm": grad_norm, **facts}
         if scale is not None:
             rec["loss_scale"], rec["skipped_step"] = scale, float(self.scaler.get_scale()) < scale
         if grads is not None:
@@ -322,14 +328,15 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             rec.pop("sample_indices", None)
         records.append(rec)
         if cfg.json_lines and rank == 0:
-            print(json.dumps({k: rec[k] for k in ("step", "loss", "num_tokens", "degrees", "step_time_s",
+            print(json.dumps({k: rec[k] for k in ("step", "loss", "num_tokens", "lr", "grad_norm", "degrees", "step_time_s",
                                                   "skipped_samples", "loss_scale", "skipped_step") if k in rec}),
                   flush=True)
         elif rank == 0 and cfg.verbose:
             gone = f"  skipped {len(rec['skipped_samples'])}" if rec["skipped_samples"] else ""
             if "loss_scale" in rec:
                 gone += f"  loss scale {rec['loss_scale']:g}{' (overflow: step skipped)' if rec['skipped_step'] else ''}"
-            print(f"step {rec['step']:>3}  loss {rec['loss']:.6f}  tokens {rec['num_tokens']:>6}  plan "
+            print(f"step {rec['step']:>3}  loss {rec['loss']:.6f}  tokens {rec['num_tokens']:>6}  lr {rec['lr']:.2e}  "
+                  f"grad norm {rec['grad_norm']:.3g}  plan "
                   f"{format_degrees(rec['degrees'])}  step {rec['step_time_s'] * 1e3:7.1f} ms  planner wait "
                   f"{rec['planner_wait_s'] * 1e3:.2f} ms{gone}", file=sys.stdout, flush=True)
         if cfg.checkpoint and tr.num_steps % cfg.checkpoint_every == 0:
@@ -386,12 +393,3 @@ def hf_preload(cfgs) -> tuple[str, ...]:
     """Modules worth importing once in the launcher's forkserver for these configurations (or ``--model`` strings):
     transformers' model machinery when any of them is an ``hf:`` model (else nothing: the tiny models do not need it)."""
     return ("transformers.modeling_utils",) if any(getattr(c, "model", c).startswith("hf:") for c in cfgs) else ()
-
-
-def _checkpointing_on(model) -> None:
-    """Non-reentrant activation checkpointing of a transformers model (the 5.x name, else the older one)."""
-    enable = getattr(model, "activation_checkpointing_enable", None)
-    if enable is not None:
-        enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        return
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -15,6 +15,7 @@ from typing import Any
 
 from fcp_data.cost import CostModel
 from fcp_data.sampler_config import MAX_COUNT
+from fcp_exec.optim import LR_SCHEDULES
 from fcp_exec.step import REDUCER_NAMES
 
 __all__ = ["TrainConfig", "AMP_NAMES", "DTYPE_NAMES", "builtin_cost_model", "format_degrees", "parse_planner"]
@@ -69,6 +70,14 @@ class TrainConfig:
     global_batch_size: int = _opt(8, "sequences per step")
     lr: float = _opt(1e-3, "AdamW learning rate")
     weight_decay: float = _opt(0.01, "AdamW weight decay")
+    lr_schedule: str = _opt("constant", "the learning rate after the warm-up: constant, or from --lr down to --min-lr "
+                            "at the last step, linearly or by a half cosine (fcp_exec.optim.lr_at)",
+                            choices=LR_SCHEDULES)
+    warmup_steps: int = _opt(0, "linear learning-rate warm-up: lr·(k+1)/(N+1) at step k < N", metavar="N")
+    min_lr: float = _opt(0.0, "the learning rate of the last step under --lr-schedule linear or cosine")
+    max_grad_norm: float = _opt(0.0, "clip the global gradient norm to this value before each optimizer step (after "
+                                "the reducer; under --amp float16 after unscaling); 0: no clipping. Every step "
+                                "reports the norm before clipping (grad_norm)", metavar="NORM")
     data: str | None = _opt(None, "a length index built by `fcp index`, or 'synthetic'; default: the bundled samples "
                             "(text for text models, videos/images for tiny-mllm and Qwen-VL), indexed once into "
                             "a cache folder")
@@ -134,6 +143,7 @@ class TrainConfig:
         if self.dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPE_NAMES)}, got {self.dtype!r}")
         self._check_amp()
+        self._check_optim()
         if self.eval_steps < 0:
             raise ValueError(f"eval_steps must be >= 0, got {self.eval_steps}")
         if self.checkpoint_every < 0 or bool(self.checkpoint) != bool(self.checkpoint_every):
@@ -156,6 +166,16 @@ class TrainConfig:
         parse_planner(self.planner)
         if self.tokens_per_rank is not None and self.tokens_per_rank < 1:
             raise ValueError(f"tokens_per_rank must be >= 1, got {self.tokens_per_rank}")
+
+    def _check_optim(self) -> None:
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got {self.lr_schedule!r}")
+        if not 0 <= self.warmup_steps <= MAX_COUNT:
+            raise ValueError(f"warmup_steps must be >= 0 (and at most {MAX_COUNT}), got {self.warmup_steps}")
+        if not (math.isfinite(self.min_lr) and 0 <= self.min_lr <= self.lr):
+            raise ValueError(f"min_lr must be finite, >= 0 and <= lr ({self.lr}), got {self.min_lr}")
+        if not (math.isfinite(self.max_grad_norm) and self.max_grad_norm >= 0):
+            raise ValueError(f"max_grad_norm must be finite and >= 0 (0: no clipping), got {self.max_grad_norm}")
 
     def _check_amp(self) -> None:
         if self.amp not in AMP_NAMES:

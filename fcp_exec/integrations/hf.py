@@ -57,7 +57,7 @@ from fcp_exec.step import denominator
 
 __all__ = ["ATTENTION_NAME", "SUPPORTED_MODEL_TYPES", "VL_MODEL_TYPES", "FCPAttentionContext", "apply_fcp",
            "batch_inputs", "fcp_attention_forward", "fcp_loss", "hf_loss_kwargs", "lm_loss", "model_type_of",
-           "register_attention", "unwrap", "load_config", "build_model"]
+           "register_attention", "unwrap", "load_config", "build_model", "enable_gradient_checkpointing"]
 
 ATTENTION_NAME = "fcp_ring"
 
@@ -364,3 +364,12 @@ def hf_loss_kwargs(batch: dict) -> dict[str, Any]:
     local mean)."""
     labels = batch["labels"][None]
     return {"labels": labels, "shift_labels": labels, "num_items_in_batch": denominator(batch)}
+
+
+def enable_gradient_checkpointing(model) -> None:
+    """Non-reentrant activation checkpointing of a transformers model (the 5.x name, else the older one)."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        return
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

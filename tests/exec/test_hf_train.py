@@ -47,22 +47,23 @@ COMMON = dict(data="synthetic", dtype="float64", steps=STEPS, global_batch_size=
 
 
 def _cfg(family: str, reducer: str, gc: bool, dtype: str = "float64", sft: bool = False, amp: str = "none",
-         scale: float | None = None) -> TrainConfig:
+         scale: float | None = None, clip: bool = False) -> TrainConfig:
     scaler = dict(initial_loss_scale=scale, loss_scale_window=AMP_WINDOW) if amp == "float16" else {}
     return TrainConfig(model=f"hf:{CONFIGS / f'{family}-tiny.json'}", reducer=reducer, grad_checkpointing=gc,
-                       sample_labels=sft, amp=amp, **scaler, **dict(COMMON, dtype=dtype))
+                       sample_labels=sft, amp=amp, **scaler, **(CLIP if clip else {}), **dict(COMMON, dtype=dtype))
 
 
 @functools.lru_cache(maxsize=None)
 def _reference(family: str, batches: tuple[tuple[int, ...], ...], dtype: str = "float64", init: str | None = None,
                sft: bool = False, data: str = "synthetic", max_tokens: int = COMMON["max_tokens"],
-               evals: tuple[tuple[int, ...], ...] = ()):
+               evals: tuple[tuple[int, ...], ...] = (), clip: float = 0.0, lrs: tuple[float, ...] = ()):
     """Per step ``(loss, num_tokens, {name: grad}, failed)`` of the stock model over ``batches`` (global batches), in
     ``dtype``; ``init`` initialises the weights in another dtype first (the fp32 model's weights, in fp64); ``sft``:
     the samples carry labels with a masked prompt, which the stock model's loss honours; ``data``: an index instead
     of the synthetic documents. A sample whose read raises here is left out of its batch (``failed``: those).
     ``evals``: more global batches whose ``(loss, num_tokens, None, failed)`` follow, with the trained weights
-    and no update (FCP's ``eval_step``)."""
+    and no update (FCP's ``eval_step``). ``clip``: the gradients are scaled by ``min(1, clip / (‖g‖ + 1e-6))`` before
+    each step (torch's ``clip_grad_norm_`` rule, written out); ``lrs``: step k's learning rate (default ``lr``)."""
     config = hf.load_config(family if family.endswith(".json") else CONFIGS / f"{family}-tiny.json")  # or a path
     data = load_train_data(f"hf:{family}", data, max_tokens=max_tokens, seed=0,
                            num_synthetic=COMMON["num_synthetic"], hf_config=config, prompt_mask=sft)
@@ -93,6 +94,13 @@ def _reference(family: str, batches: tuple[tuple[int, ...], ...], dtype: str = "
             continue
         grads = {n: p.grad.detach().double().numpy().copy() for n, p in model.named_parameters() if p.grad is not None}
         out.append((loss, num, grads, failed))
+        if clip:
+            norm = float(np.sqrt(sum(float((g ** 2).sum()) for g in grads.values())))
+            for p in model.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(min(1.0, clip / (norm + 1e-6)))
+        for group in opt.param_groups:
+            group["lr"] = lrs[k] if lrs else COMMON["lr"]
         opt.step()
     return out
 
@@ -109,8 +117,9 @@ def _check_run(family: str, nproc: int, cfg: TrainConfig, result: dict, tol: flo
     assert len(steps) == STEPS
     batches = tuple(tuple(s["sample_indices"]) for s in steps)
     evals = tuple(tuple(e["sample_indices"]) for e in result["eval"])
+    optim = dict(clip=cfg.max_grad_norm, lrs=CLIP_LRS) if cfg.max_grad_norm else {}
     ref = _reference(family, batches, cfg.dtype, sft=cfg.sample_labels, data=cfg.data, max_tokens=cfg.max_tokens,
-                     evals=evals)
+                     evals=evals, **optim)
     what = f"{family} nproc={nproc} reducer={cfg.reducer} gc={cfg.grad_checkpointing} sft={cfg.sample_labels}"
     assert len(evals) == cfg.eval_steps
     for e, (loss, num, _, failed) in zip(result["eval"], ref[len(steps):]):  # eval_step: forward only, trained weights
@@ -126,6 +135,8 @@ def _check_run(family: str, nproc: int, cfg: TrainConfig, result: dict, tol: flo
         assert not missing, f"{what}: no gradient for {missing[:3]}"
         worst = _gap(s["grads"], grads)
         assert worst <= gtol, f"{what} step {s['step']}: gradient differs by {worst:.2e} (relative to max |grad|)"
+        norm = float(np.sqrt(sum(float((g ** 2).sum()) for g in grads.values())))  # before clipping, every parameter
+        assert abs(s["grad_norm"] - norm) <= gtol * norm, f"{what} step {s['step']}: grad_norm {s['grad_norm']} vs {norm}"
     assert len(set(result["checksums"])) == 1, f"{what}: parameters differ across ranks"
     return [d for s in steps for d in s["degrees"]]
 
@@ -139,6 +150,13 @@ SFT_RUNS = [("qwen3", "fsdp2"), ("llama", "allreduce"), ("qwen2_5_vl", "ddp")]  
 AMP_RUNS = [("qwen3", "allreduce", "float16", 2.0 ** 12), ("qwen3", "fsdp2", "float16", 2.0 ** 40),
             ("qwen2_5_vl", "ddp", "float16", 2.0 ** 12), ("qwen2_5_vl", "fsdp2", "bfloat16", None)]
 AMP_WINDOW = 1000
+
+
+# --max-grad-norm and a learning-rate schedule (warm-up 1, linear to lr/10): clipped below every step's norm (the test
+# asserts the norm is above it), the reference scales its gradients by the rule written out and steps at CLIP_LRS
+CLIP_RUNS = [("qwen3", "fsdp2"), ("llama", "allreduce"), ("qwen2_5_vl", "ddp")]
+CLIP = dict(max_grad_norm=0.05, warmup_steps=1, lr_schedule="linear", min_lr=COMMON["lr"] / 10)
+CLIP_LRS = (COMMON["lr"] / 2, COMMON["lr"], COMMON["lr"] / 10)  # lr·1/2 (warm-up), lr, min_lr at the last step
 
 
 # samples that pass `fcp index` but fail to read (a video's frame data zeroed, jsonl lines edited after indexing)
@@ -183,6 +201,7 @@ def _matrix_cfgs(nproc: int) -> list[TrainConfig]:
         cfgs += [_cfg("qwen3", r, False, dtype="bfloat16") for r in REDUCERS]
         cfgs += [_skip_cfg(f, r) for f, r in SKIP_RUNS]
         cfgs += [_cfg(f, r, False, dtype="float32", amp=a, scale=sc) for f, r, a, sc in AMP_RUNS]
+        cfgs += [_cfg(f, r, False, clip=True) for f, r in CLIP_RUNS]
     return cfgs
 
 
@@ -200,13 +219,13 @@ def _matrix(nproc: int):
     return cfgs, results
 
 
-def _runs(nproc: int, family: str, dtype: str = "float64", sft: bool = False, amp: str = "none"):
+def _runs(nproc: int, family: str, dtype: str = "float64", sft: bool = False, amp: str = "none", clip: bool = False):
     cfgs, results = _matrix(nproc)
     if isinstance(results, Exception):
         raise results
     return [(c, r) for c, r in zip(cfgs, results)
             if c.model.endswith(f"{family}-tiny.json") and c.dtype == dtype and c.sample_labels == sft and
-            c.data == COMMON["data"] and c.amp == amp]
+            c.data == COMMON["data"] and c.amp == amp and bool(c.max_grad_norm) == clip]
 
 
 @pytest.mark.timeout(1000)
@@ -237,6 +256,21 @@ def test_hf_sft_labels_training_equals_single_process_stock_model(nproc):
         batches = tuple(tuple(s["sample_indices"]) for s in res["steps"])
         plain = [num for _, num, _, _ in _reference(family, batches)]
         assert all(s["num_tokens"] < n for s, n in zip(res["steps"], plain)), (family, plain)
+
+
+@pytest.mark.timeout(1000)
+def test_hf_clipping_and_lr_schedule_equal_the_stock_model_with_the_same_rules():
+    """``max_grad_norm`` + warm-up + linear decay on 2 processes (FSDP2: the norm of sharded gradients; all-reduce;
+    DDP on the VL model): every step's loss and gradients to 1e-12 against the stock model clipped by torch's rule
+    written out and stepped at the hand-computed learning rates, the reported norm (before clipping) to 1e-12, the
+    reported learning rates exactly; and clipping did act (each step's norm above ``max_grad_norm``: the losses of
+    steps 1-2 depend on it)."""
+    for family, reducer in CLIP_RUNS:
+        [(cfg, res)] = _runs(2, family, clip=True)
+        assert cfg.reducer == reducer
+        _check_run(family, 2, cfg, res)
+        assert [s["lr"] for s in res["steps"]] == list(CLIP_LRS), family
+        assert all(s["grad_norm"] > cfg.max_grad_norm for s in res["steps"]), [s["grad_norm"] for s in res["steps"]]
 
 
 @pytest.mark.timeout(1000)

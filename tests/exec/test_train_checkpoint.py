@@ -5,7 +5,8 @@ the sampler ahead of the loop: a checkpoint of ``sampler.state_dict()`` would sk
 every 2. A run resumed from step 2 must train steps 2–4 on the same global batches (sample indices on every rank)
 with the same denominators and losses, and end with the same parameters (every rank's checksum):
 - on the same 2 ranks, exactly (the same operations in the same order): FSDP2 in float64 (sharded parameters and
-  optimizer state) and DDP in float32;
+  optimizer state; a warm-up + cosine learning-rate schedule and gradient clipping, which must continue from the
+  saved step) and DDP in float32;
 - on 1 and on 3 ranks (torch.distributed.checkpoint reshards the FSDP2 parameters and optimizer state; the sampler
   plans the same global batches for the new world), within 1e-9 relative in float64 (summation order only;
   measured: within 2.5e-16).
@@ -24,6 +25,10 @@ from fcp_exec.train import TrainConfig, run_training
 pytestmark = pytest.mark.timeout(300)
 
 
+# FSDP2 runs: a warm-up and a cosine schedule, gradients clipped at every step (their norms are 1.3-2.1 here)
+OPTIM = dict(max_grad_norm=1.0, warmup_steps=1, lr_schedule="cosine", min_lr=1e-4)
+
+
 def _cfg(root: Path, reducer: str, **kw) -> TrainConfig:
     kw = {"steps": 5, "num_workers": 2, **kw}
     return TrainConfig(model="tiny-llm", global_batch_size=8, reducer=reducer, verbose=False, return_grads=True,
@@ -39,7 +44,7 @@ def fsdp2_run(tmp_path_factory):
     """5 steps of FSDP2 in float64 on 2 ranks with checkpoints after steps 2 and 4: (its result, the folder)."""
     root = tmp_path_factory.mktemp("fsdp2")
     ckpt = root / "ckpt"
-    full = run_training(_cfg(root, "fsdp2", dtype="float64", checkpoint=str(ckpt), checkpoint_every=2), 2)
+    full = run_training(_cfg(root, "fsdp2", dtype="float64", checkpoint=str(ckpt), checkpoint_every=2, **OPTIM), 2)
     assert sorted(p.name for p in ckpt.iterdir()) == ["step-2", "step-4"]
     return full, ckpt, root
 
@@ -47,9 +52,13 @@ def fsdp2_run(tmp_path_factory):
 @pytest.mark.parametrize("nproc", [2, 1, 3])
 def test_fsdp2_resumed_training_equals_the_run_that_never_stopped(fsdp2_run, nproc):
     full, ckpt, root = fsdp2_run
-    resumed = run_training(_cfg(root, "fsdp2", dtype="float64", resume=str(ckpt / "step-2")), nproc,
+    resumed = run_training(_cfg(root, "fsdp2", dtype="float64", resume=str(ckpt / "step-2"), **OPTIM), nproc,
                            backend="gloo")  # FSDP2 needs a process group, of one rank too
     got, ref = _facts(resumed), _facts(full)[2:]
+    # the schedule continues from the saved step (lr is a function of it) and clipping acted in both runs
+    assert [s["lr"] for s in resumed["steps"]] == [s["lr"] for s in full["steps"]][2:]
+    assert len({s["lr"] for s in full["steps"]}) == 5
+    assert all(s["grad_norm"] > OPTIM["max_grad_norm"] for s in full["steps"] + resumed["steps"])
     assert [(g[0], g[2], g[3]) for g in got] == [(r[0], r[2], r[3]) for r in ref]  # steps, tokens, samples
     assert len(set(resumed["checksums"])) == 1
     if nproc == 2:  # the same world: exactly

@@ -1,0 +1,71 @@
+"""The optimizer side of a step that every trainer has: the learning-rate schedule and gradient clipping.
+
+:func:`lr_at` is the learning rate of step ``k`` as a pure function of the step number (no scheduler state, so a run
+resumed at step K continues the same schedule from a checkpoint that holds only K); :func:`clip_grad_norm` clips the
+global gradient norm after :func:`fcp_exec.step.train_step` has reduced the gradients (every reducer: the all-reduce
+and DDP leave the full gradient on every rank, FSDP2 leaves shards, whose norm torch combines across ranks) and
+returns the norm before clipping as a float, identical on every rank. ``fcp train`` uses both
+(``--lr-schedule``/``--warmup-steps``/``--min-lr``, ``--max-grad-norm``); the examples call them in their loops.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+
+__all__ = ["LR_SCHEDULES", "lr_at", "clip_grad_norm", "set_lr"]
+
+LR_SCHEDULES = ("constant", "linear", "cosine")
+
+
+def lr_at(step: int, *, lr: float, steps: int, warmup_steps: int = 0, schedule: str = "constant",
+          min_lr: float = 0.0) -> float:
+    """Learning rate of step ``step`` (0-based) of a ``steps``-step run.
+
+    Warm-up: steps ``0 … W−1`` (``W = warmup_steps``) ramp linearly, ``lr · (k + 1) / (W + 1)``, so step 0 already
+    trains. After it, ``constant`` keeps ``lr``; ``linear`` and ``cosine`` go from ``lr`` at step ``W`` to ``min_lr``
+    at the last step ``steps − 1`` (progress ``p = (k − W) / (steps − 1 − W)``, ``lr · (1 − p) + min_lr · p`` or
+    ``min_lr + (lr − min_lr) · (1 + cos πp) / 2``); a step past the last stays at ``min_lr``.
+    """
+    if schedule not in LR_SCHEDULES:
+        raise ValueError(f"schedule must be one of {', '.join(LR_SCHEDULES)}, got {schedule!r}")
+    if step < warmup_steps:
+        return lr * (step + 1) / (warmup_steps + 1)
+    if schedule == "constant":
+        return lr
+    p = min(1.0, (step - warmup_steps) / max(1, steps - 1 - warmup_steps))
+    if schedule == "linear":
+        return lr * (1.0 - p) + min_lr * p
+    return min_lr + (lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * p))
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Every parameter group of ``optimizer`` at learning rate ``lr``."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+def clip_grad_norm(parameters: Iterable[torch.nn.Parameter] | torch.nn.Module, max_norm: float | None) -> float:
+    """Clip the gradients to global L2 norm ``max_norm`` (``None`` or 0: only measure) and return the norm before
+    clipping, a float equal on every rank. Call it after ``train_step`` (and, under a loss scaler, after
+    ``scaler.unscale_(optimizer)``), before the optimizer step, on every rank (FSDP2's norm is a collective).
+    A non-finite norm (an fp16 overflow the scaler will skip) is returned as it is and the gradients are left alone."""
+    params = parameters.parameters() if isinstance(parameters, torch.nn.Module) else parameters
+    grads = [p for p in params if p.grad is not None]
+    if not grads:
+        return 0.0
+    total_norm = getattr(torch.nn.utils, "get_total_norm", None)  # torch >= 2.6; torch combines FSDP2 shards
+    if total_norm is not None:
+        norm = total_norm([p.grad for p in grads], 2.0, foreach=False)
+    else:  # older torch: clip to infinity (a coefficient of 1, or NaN on gradients the scaler will skip anyway)
+        norm = torch.nn.utils.clip_grad_norm_(grads, math.inf, foreach=False)
+    norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    if max_norm and math.isfinite(norm):
+        coef = min(1.0, float(max_norm) / (norm + 1e-6))  # torch's clip_grad_norm_ rule
+        if coef < 1.0:
+            with torch.no_grad():
+                for p in grads:
+                    p.grad.mul_(coef)
+    return norm

@@ -1,0 +1,77 @@
+"""``fcp_exec.optim``: the learning rate of every step against values computed by hand, and gradient clipping
+against torch's own ``clip_grad_norm_`` (the reference), on one process. The multi-rank behaviour (FSDP2's sharded
+norm, DDP, the all-reduce) is tested against the stock model in ``test_hf_train.py`` (``…clipping_and_lr_schedule…``)
+and across a resume in ``test_train_checkpoint.py``."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+from fcp_exec.optim import clip_grad_norm, lr_at, set_lr
+
+
+@pytest.mark.parametrize("schedule, warmup, steps, min_lr, want", [
+    ("constant", 0, 4, 0.0, [1.0, 1.0, 1.0, 1.0]),
+    ("constant", 3, 5, 0.0, [0.25, 0.5, 0.75, 1.0, 1.0]),                 # lr·(k+1)/(W+1): step 0 already trains
+    ("linear", 0, 5, 0.0, [1.0, 0.75, 0.5, 0.25, 0.0]),
+    ("linear", 1, 3, 0.1, [0.5, 1.0, 0.1]),                              # warm-up, peak, min_lr at the last step
+    ("cosine", 0, 5, 0.0, [1.0, (1 + math.sqrt(0.5)) / 2, 0.5, (1 - math.sqrt(0.5)) / 2, 0.0]),
+    ("cosine", 2, 5, 0.2, [1 / 3, 2 / 3, 1.0, 0.6, 0.2]),
+    ("cosine", 0, 1, 0.2, [1.0]),                                        # one step: the peak
+])
+def test_lr_at_matches_hand_computed_values(schedule, warmup, steps, min_lr, want):
+    got = [lr_at(k, lr=1.0, steps=steps, warmup_steps=warmup, schedule=schedule, min_lr=min_lr) for k in range(steps)]
+    assert got == pytest.approx(want, rel=1e-15, abs=1e-15)
+    assert got[-1] == want[-1]  # the last step lands on min_lr (or lr) exactly, not 1 ulp beside it
+    if schedule != "constant":  # past the last step (a resumed run given more --steps is another schedule)
+        assert lr_at(steps + 3, lr=1.0, steps=steps, warmup_steps=warmup, schedule=schedule, min_lr=min_lr) == min_lr
+
+
+def test_lr_at_refuses_an_unknown_schedule():
+    with pytest.raises(ValueError, match="schedule must be one of constant, linear, cosine"):
+        lr_at(0, lr=1.0, steps=3, schedule="step")
+
+
+def _model_with_grads(seed: int, scale: float = 1.0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    m = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Linear(5, 3), torch.nn.Linear(3, 3))
+    for p in m.parameters():
+        p.grad = torch.randn_like(p) * scale
+    m[2].bias.grad = None  # a parameter without a gradient is left out, as torch does
+    return m
+
+
+@pytest.mark.parametrize("max_norm", [0.3, 2.0, 100.0, 0.0, None])
+def test_clip_grad_norm_equals_torch(max_norm):
+    ours, ref = _model_with_grads(0), _model_with_grads(0)
+    got = clip_grad_norm(ours, max_norm)
+    want = torch.nn.utils.clip_grad_norm_([p for p in ref.parameters() if p.grad is not None],
+                                          max_norm if max_norm else math.inf)
+    assert got == pytest.approx(float(want), rel=1e-6)
+    for a, b in zip(ours.parameters(), ref.parameters()):
+        assert (a.grad is None) == (b.grad is None)
+        if a.grad is not None:
+            torch.testing.assert_close(a.grad, b.grad, rtol=1e-6, atol=0)
+    clipped = math.sqrt(sum(float((p.grad ** 2).sum()) for p in ours.parameters() if p.grad is not None))
+    assert clipped == pytest.approx(min(got, max_norm) if max_norm else got, rel=1e-5)
+
+
+def test_clip_grad_norm_leaves_an_overflow_to_the_scaler_and_counts_no_gradients_as_zero():
+    m = _model_with_grads(1)
+    m[0].weight.grad[0, 0] = math.inf
+    before = copy.deepcopy([p.grad for p in m.parameters()])
+    assert clip_grad_norm(m.parameters(), 0.5) == math.inf
+    for a, b in zip(m.parameters(), before):  # not multiplied by 0 (inf·0 = NaN): the scaler skips this step anyway
+        assert (a.grad is None and b is None) or torch.equal(a.grad, b)
+    assert clip_grad_norm(torch.nn.Linear(2, 2), 1.0) == 0.0
+
+
+def test_set_lr_sets_every_group():
+    m = _model_with_grads(2)
+    opt = torch.optim.AdamW([{"params": m[0].parameters()}, {"params": m[1].parameters(), "lr": 5.0}], lr=1.0)
+    set_lr(opt, 0.125)
+    assert [g["lr"] for g in opt.param_groups] == [0.125, 0.125]
