@@ -29,7 +29,7 @@ from torch import nn
 from fcp_data.sampler_inputs import dist_rank_and_world
 
 __all__ = ["REDUCER_NAMES", "AllReduceReducer", "DDPReducer", "DeepSpeedReducer", "FSDP2Reducer", "make_reducer",
-           "reducer_for"]
+           "mixed_precision", "reducer_for"]
 
 REDUCER_NAMES = ("allreduce", "ddp", "fsdp2")
 
@@ -177,12 +177,17 @@ def _shard_units(model: nn.Module) -> list[nn.Module]:
     return [m for ml in model.modules() if isinstance(ml, nn.ModuleList) for m in ml]
 
 
-def make_reducer(name: str, model: nn.Module, *, find_unused_parameters: bool = False, shard_units=None):
+def make_reducer(name: str, model: nn.Module, *, find_unused_parameters: bool = False, shard_units=None,
+                 mp_policy=None):
     """``(model, reducer)`` for reducer ``name``: the model as ``train_step`` should call it (DDP-wrapped or
     ``fully_shard``-ed in place) and the reducer. ``shard_units``: modules to ``fully_shard`` before the root
-    (default :func:`_shard_units`). Needs an initialised process group for ddp and fsdp2."""
+    (default :func:`_shard_units`). ``mp_policy`` (fsdp2 only): FSDP2's ``MixedPrecisionPolicy`` for every unit, e.g.
+    ``MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)`` — bf16 compute over float32
+    sharded parameters, float32 gradient reduction. Needs an initialised process group for ddp and fsdp2."""
     if name not in REDUCER_NAMES:
         raise ValueError(f"unknown reducer {name!r}; choose one of {', '.join(REDUCER_NAMES)}")
+    if mp_policy is not None and name != "fsdp2":
+        raise ValueError(f"mp_policy is FSDP2's mixed precision: it needs reducer 'fsdp2', got {name!r}")
     if name == "allreduce":
         return model, AllReduceReducer()
     if not (dist.is_available() and dist.is_initialized()):
@@ -196,10 +201,22 @@ def make_reducer(name: str, model: nn.Module, *, find_unused_parameters: bool = 
         return ddp, DDPReducer(ddp)
     from torch.distributed.fsdp import fully_shard
 
+    kw = {} if mp_policy is None else {"mp_policy": mp_policy}
     for unit in (shard_units if shard_units is not None else _shard_units(model)):
-        fully_shard(unit)
-    fully_shard(model)
+        fully_shard(unit, **kw)
+    fully_shard(model, **kw)
     return model, FSDP2Reducer(model)
+
+
+def mixed_precision(param_dtype: str | torch.dtype | None):
+    """FSDP2's ``MixedPrecisionPolicy(param_dtype, reduce_dtype=torch.float32)`` for ``make_reducer(mp_policy=...)``
+    (``"bfloat16"`` or a dtype), or None for ``None``/``"none"``."""
+    if param_dtype is None or param_dtype == "none":
+        return None
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    dtype = getattr(torch, param_dtype) if isinstance(param_dtype, str) else param_dtype
+    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
 
 
 def reducer_for(model: nn.Module):

@@ -51,12 +51,12 @@ from torch import nn
 from fcp_data.sampler_inputs import dist_rank_and_world
 from fcp_exec.lockstep import check_plan_agreement
 from fcp_exec.reducers import (REDUCER_NAMES, AllReduceReducer, DDPReducer, FSDP2Reducer,  # noqa: F401 - re-exported
-                               make_reducer, reducer_for)
+                               make_reducer, mixed_precision, reducer_for)
 from fcp_exec.skips import agree_skips
 
 __all__ = ["REDUCER_NAMES", "AllReduceReducer", "DDPReducer", "FSDP2Reducer", "StepResult", "autocast_loss",
            "denominator", "eval_step", "fill_num_tokens_global", "idle_batch", "is_idle", "make_reducer", "reducer_for",
-           "rescale_skipped", "train_step"]
+           "mixed_precision", "rescale_skipped", "train_step"]
 
 def is_idle(batch: dict) -> bool:
     """True when the plan gave this rank no CP group (or no token) in this micro-batch."""

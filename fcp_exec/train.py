@@ -94,7 +94,7 @@ class Trainer:
     process (the e2e benchmark alternates planners step by step; the HF tests run a matrix of reducers)."""
 
     def __init__(self, cfg: TrainConfig) -> None:
-        from fcp_exec.step import make_reducer
+        from fcp_exec.reducers import make_reducer, mixed_precision
 
         self.cfg = cfg
         self.rank, self.world = dist_info()
@@ -125,8 +125,8 @@ class Trainer:
             warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor",
                                     category=UserWarning)
         # tiny-mllm skips its vision encoder on text-only micro-batches: DDP must be told
-        self.model, self.reducer = make_reducer(cfg.reducer, model,
-                                                find_unused_parameters=cfg.model == "tiny-mllm")
+        self.model, self.reducer = make_reducer(cfg.reducer, model, find_unused_parameters=cfg.model == "tiny-mllm",
+                                                mp_policy=mixed_precision(cfg.fsdp_mixed_precision))
         self._collator = collator
         self.sampler, self.loader = self._loader(cfg.seed)
         self._eval_batches = None
@@ -235,7 +235,8 @@ class Trainer:
         c = self.cfg
         return (f"{c.model} ({self.num_params:,} params, {c.dtype}) on {self.world} rank(s), device {self.device}, "
                 f"reducer {c.reducer}{', gradient checkpointing' if c.grad_checkpointing else ''}"
-                f"{f', {c.amp} autocast' if c.amp != 'none' else ''}; data: "
+                f"{f', {c.amp} autocast' if c.amp != 'none' else ''}"
+                f"{f', FSDP2 {c.fsdp_mixed_precision} compute' if c.fsdp_mixed_precision != 'none' else ''}; data: "
                 f"{self.data.description}; planner {c.planner}, tokens_per_rank {self.cost.tokens_per_rank}")
 
     def _batches(self):

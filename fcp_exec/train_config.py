@@ -63,6 +63,10 @@ class TrainConfig:
                     "torch.autocast in this dtype; float16 also scales the loss (torch.amp.GradScaler: every "
                     "micro-batch's backward scaled, a step whose gradients overflow on any rank skipped on every "
                     "rank and the scale halved)", choices=AMP_NAMES)
+    fsdp_mixed_precision: str = _opt("none", "--reducer fsdp2: FSDP2's MixedPrecisionPolicy — forward and backward on "
+                                     "bfloat16 copies of the float32 sharded parameters, gradients reduced in "
+                                     "float32 (torchtitan's default; needs --dtype float32 and no --amp)",
+                                     choices=("none", "bfloat16"))
     initial_loss_scale: float = _opt(2.0 ** 16, "--amp float16: the loss scale to start from", metavar="S")
     loss_scale_window: int = _opt(2000, "--amp float16: steps without overflow before the loss scale doubles",
                                   metavar="N")
@@ -183,6 +187,12 @@ class TrainConfig:
         if self.amp != "none" and self.dtype != "float32":
             raise ValueError(f"--amp {self.amp} computes in {self.amp} over float32 parameters: give --dtype float32 "
                              f"(got {self.dtype})")
+        if self.fsdp_mixed_precision not in ("none", "bfloat16"):
+            raise ValueError(f"fsdp_mixed_precision must be none or bfloat16, got {self.fsdp_mixed_precision!r}")
+        if self.fsdp_mixed_precision != "none" and (self.reducer != "fsdp2" or self.dtype != "float32"
+                                                    or self.amp != "none"):
+            raise ValueError("--fsdp-mixed-precision is FSDP2's policy over float32 parameters: give --reducer fsdp2, "
+                             f"--dtype float32 and no --amp (got {self.reducer}, {self.dtype}, --amp {self.amp})")
         if not (math.isfinite(self.initial_loss_scale) and self.initial_loss_scale > 0):
             raise ValueError(f"initial_loss_scale must be finite and > 0, got {self.initial_loss_scale}")
         if not 1 <= self.loss_scale_window <= MAX_COUNT:

@@ -75,3 +75,15 @@ def test_set_lr_sets_every_group():
     opt = torch.optim.AdamW([{"params": m[0].parameters()}, {"params": m[1].parameters(), "lr": 5.0}], lr=1.0)
     set_lr(opt, 0.125)
     assert [g["lr"] for g in opt.param_groups] == [0.125, 0.125]
+
+
+def test_mixed_precision_policy_and_its_misuse():
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    from fcp_exec.step import make_reducer, mixed_precision
+
+    assert mixed_precision("none") is None and mixed_precision(None) is None
+    assert mixed_precision("bfloat16") == MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    assert mixed_precision(torch.float16).param_dtype == torch.float16
+    with pytest.raises(ValueError, match="mp_policy is FSDP2's mixed precision: it needs reducer 'fsdp2'"):
+        make_reducer("allreduce", torch.nn.Linear(2, 2), mp_policy=mixed_precision("bfloat16"))
