@@ -9,7 +9,8 @@
 #   window     benchmarks/gpu_check_window.py  sliding windows: fused banded kernel vs dense fp64, and its speed
 #   pytest     tests/exec/test_kernels.py (its CUDA test, and the rest on this machine)
 #   train      `fcp train` (1 process, NCCL): Qwen3 bf16 FSDP2 on the bundled text; Qwen2.5-VL bf16 on synthetic video;
-#              Qwen2.5-VL with --amp float16 (fp32 parameters, fp16 autocast, the loss scaler)
+#              Qwen2.5-VL with --amp float16 (fp32 parameters, fp16 autocast, the loss scaler); Qwen3 with FSDP2's
+#              bf16 mixed precision, gradient clipping and a warm-up + cosine schedule
 #   trainer    examples/train_hf_trainer.py --bf16 and --fp16 under torchrun (FCPTrainer, transformers' Trainer)
 #   multigpu   benchmarks/ring_vs_dp_check.py on every GPU (2+): training with rings across GPUs (NCCL) has the
 #              losses of training without rings (skipped on one GPU)
@@ -66,6 +67,8 @@ if want train; then
         --nproc 1 --dtype bfloat16 --steps 3
     part train-amp-fp16 60 $PY -m fcp_cli train --model hf:examples/configs/qwen2_5_vl-tiny.json --data synthetic \
         --nproc 1 --amp float16 --steps 3
+    part train-fsdp-mp 60 $PY -m fcp_cli train --model hf:examples/configs/qwen3-tiny.json --nproc 1 --steps 4 \
+        --reducer fsdp2 --fsdp-mixed-precision bfloat16 --max-grad-norm 1.0 --warmup-steps 1 --lr-schedule cosine
 fi
 if want trainer; then
     part trainer 75 $PY -m torch.distributed.run --standalone --nproc-per-node 1 \

@@ -51,7 +51,13 @@ def clip_grad_norm(parameters: Iterable[torch.nn.Parameter] | torch.nn.Module, m
     """Clip the gradients to global L2 norm ``max_norm`` (``None`` or 0: only measure) and return the norm before
     clipping, a float equal on every rank. Call it after ``train_step`` (and, under a loss scaler, after
     ``scaler.unscale_(optimizer)``), before the optimizer step, on every rank (FSDP2's norm is a collective).
-    A non-finite norm (an fp16 overflow the scaler will skip) is returned as it is and the gradients are left alone."""
+    A non-finite norm (an fp16 overflow the scaler will skip) is returned as it is and the gradients are left alone.
+    A DeepSpeed engine is refused (its gradients are not in ``.grad``; it clips by its config's ``gradient_clipping``)."""
+    from fcp_exec.reducers import _is_deepspeed_engine
+
+    if isinstance(parameters, torch.nn.Module) and _is_deepspeed_engine(getattr(parameters, "_orig_mod", parameters)):
+        raise TypeError("a DeepSpeed engine keeps its gradients in its own partitions and clips them itself: set "
+                        "\"gradient_clipping\" in its config (engine.step() applies it) instead of clip_grad_norm")
     params = parameters.parameters() if isinstance(parameters, torch.nn.Module) else parameters
     grads = [p for p in params if p.grad is not None]
     if not grads:

@@ -83,7 +83,8 @@ def test_tiny_llm_fcp_equals_static_cp_via_cli():
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.strip().splitlines()
     recs = [json.loads(line) for line in lines]
-    assert [set(r) for r in recs] == [{"step", "loss", "num_tokens", "degrees", "step_time_s", "skipped_samples"}] * 3
+    assert [set(r) for r in recs] == [{"step", "loss", "num_tokens", "lr", "grad_norm", "degrees", "step_time_s",
+                                      "skipped_samples"}] * 3
     assert all(r["skipped_samples"] == [] for r in recs)
     assert all(d == 2 for r in recs for mb in r["degrees"] for d in mb)
     fcp = _run("tiny-llm", 2)

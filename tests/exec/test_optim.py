@@ -87,3 +87,13 @@ def test_mixed_precision_policy_and_its_misuse():
     assert mixed_precision(torch.float16).param_dtype == torch.float16
     with pytest.raises(ValueError, match="mp_policy is FSDP2's mixed precision: it needs reducer 'fsdp2'"):
         make_reducer("allreduce", torch.nn.Linear(2, 2), mp_policy=mixed_precision("bfloat16"))
+
+
+def test_clip_grad_norm_refuses_a_deepspeed_engine():
+    """DeepSpeed keeps gradients in its partitions (``.grad`` is empty): measuring ``.grad`` would return 0 and clip
+    nothing, silently. The guard is a type check, so an engine object that was never initialised (no process group
+    needed) is enough to reach it."""
+    deepspeed = pytest.importorskip("deepspeed")
+    engine = object.__new__(deepspeed.DeepSpeedEngine)
+    with pytest.raises(TypeError, match="set \"gradient_clipping\" in its config"):
+        clip_grad_norm(engine, 1.0)
