@@ -9,7 +9,7 @@
 One optimizer step is one FCP global batch (``--global-batch-size`` sequences): the sampler plans each of its
 micro-batches into CP groups, ring attention runs inside each group, idle ranks run a zero-weighted dummy, and the
 gradients are summed once per step by the DDP model Accelerate builds. The optimizer, schedule, clipping, logging
-and checkpoints are the Trainer's. The model is randomly initialised from a config.json (use ``from_pretrained``).
+and checkpoints are the Trainer's. ``--config``: a config.json (random weights) or a checkpoint folder (its weights).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch.distributed as dist
 from transformers import TrainingArguments
 
 from fcp_data import CostModel, IndexedDataset, bundled_index
-from fcp_exec.integrations.hf import build_model, load_config
+from fcp_exec.integrations.hf import load_config, load_model
 from fcp_exec.integrations.hf_trainer import FCPTrainer
 from fcp_exec.launch import init_distributed
 
@@ -30,7 +30,7 @@ from fcp_exec.launch import init_distributed
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--config", default=str(Path(__file__).parent / "configs" / "qwen3-tiny.json"),
-                   help="a transformers config.json of a qwen3 or llama model (default: a tiny Qwen3)")
+                   help="a qwen3 or llama config.json (random weights) or checkpoint folder (its weights; default: a tiny Qwen3)")
     p.add_argument("--data", default=None, help="a text length index (default: the bundled text samples)")
     p.add_argument("--cost", default=None, help="cost-model JSON from `fcp profile` (default: the qwen3-1.7b/h100 preset)")
     p.add_argument("--tokens-per-rank", type=int, default=1024, help="memory budget per rank; longer documents are cut")
@@ -60,7 +60,8 @@ def main() -> None:
         learning_rate=args.lr, logging_steps=1, report_to=[], seed=0, bf16=args.bf16, fp16=args.fp16, torch_compile=args.torch_compile,
         use_cpu=device.type == "cpu", save_strategy="steps" if args.save_steps else "no",
         save_steps=args.save_steps or 500, disable_tqdm=True)
-    trainer = FCPTrainer(model=build_model(config, seed=0), args=targs, train_dataset=data, eval_dataset=data,
+    model = load_model(args.config, config=config, seed=0)  # a checkpoint folder's weights, or random ones
+    trainer = FCPTrainer(model=model, args=targs, train_dataset=data, eval_dataset=data,
                          cost_model=cost.replace(tokens_per_rank=args.tokens_per_rank),
                          global_batch_size=args.global_batch_size, sampler_kwargs={"on_overlong": "truncate"},
                          eval_batches=args.eval_batches)

@@ -9,7 +9,7 @@
     Damaged videos: `--read-errors-out bad.jsonl` records each one that fails to read (skipped, the run goes on);
     the next run with `--exclude bad.jsonl` leaves them out of its plans.
 
-The model is randomly initialised from a config.json (use ``from_pretrained`` for real weights, then apply_fcp).
+``--config`` is a config.json (random weights) or a checkpoint folder, whose weights are loaded (``load_model``).
 A CP group's frames are encoded once, split over its ranks by whole frames, and every visual row is sent to the
 rank that holds its placeholder token; 3-D rope positions come from the installed transformers' own
 ``get_rope_index`` (hf_collator). Labels whose target is a visual placeholder are left out of the loss.
@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader
 
 from fcp_data import CostModel, FCPDataset, FCPSampler, IndexedDataset, bundled_index
 from fcp_exec.checkpoint import load_checkpoint, save_checkpoint
-from fcp_exec.integrations.hf import apply_fcp, build_model, fcp_loss, load_config
+from fcp_exec.integrations.hf import apply_fcp, fcp_loss, load_config, load_model
 from fcp_exec.integrations.hf_positions import hf_collator
 from fcp_exec.launch import init_distributed, settle_collectives
 from fcp_exec.optim import clip_grad_norm, lr_at, set_lr
@@ -43,7 +43,7 @@ def forever(loader: DataLoader):
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--config", default=str(Path(__file__).parent / "configs" / "qwen2_5_vl-tiny.json"),
-                   help="a transformers config.json of a qwen2_5_vl (or qwen2_vl / qwen3_vl) model")
+                   help="a qwen2_5_vl (or qwen2_vl / qwen3_vl) config.json (random weights) or checkpoint folder (its weights)")
     p.add_argument("--data", default=None, help="a length index built with a Qwen-VL spec (default: bundled samples)")
     p.add_argument("--reducer", choices=("allreduce", "ddp", "fsdp2"), default="allreduce")
     p.add_argument("--cost", default=None, help="cost-model JSON from `fcp profile` (default: qwen3-vl-2b/h100 preset)")
@@ -74,7 +74,7 @@ def main() -> None:
     loader = DataLoader(FCPDataset(data, errors_path=args.read_errors_out), batch_sampler=sampler, num_workers=2,
                         collate_fn=hf_collator(config, pad_token_id=data.pad_token_id, sample_labels=data.has_labels))
 
-    model = apply_fcp(build_model(config, seed=0).to(device))
+    model = apply_fcp(load_model(args.config, config=config, seed=0).to(device))
     model, reducer = make_reducer(args.reducer, model)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
 

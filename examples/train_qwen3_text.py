@@ -10,7 +10,7 @@
     torch.distributed.checkpoint, and each rank's FCPSampler state), `--resume DIR/step-K` continues at step K
     exactly (same data, same losses as the run that never stopped).
 
-The model is randomly initialised from a config.json (use ``from_pretrained`` for real weights, then apply_fcp).
+``--config`` is a config.json (random weights) or a checkpoint folder, whose weights are loaded (``load_model``).
 Every rank computes the same plan; each micro-batch puts this rank in one CP group (ring attention inside it)
 or leaves it idle (train_step then runs a zero-weighted dummy so DDP/FSDP2 collectives stay in lock-step).
 """
@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader
 
 from fcp_data import CostModel, FCPCollator, FCPDataset, FCPSampler, IndexedDataset, bundled_index
 from fcp_exec.checkpoint import load_checkpoint, save_checkpoint
-from fcp_exec.integrations.hf import apply_fcp, build_model, fcp_loss, load_config
+from fcp_exec.integrations.hf import apply_fcp, fcp_loss, load_config, load_model
 from fcp_exec.integrations.hf_data import check_data_fits
 from fcp_exec.launch import init_distributed, settle_collectives
 from fcp_exec.optim import clip_grad_norm, lr_at, set_lr
@@ -44,7 +44,7 @@ def forever(loader: DataLoader):
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--config", default=str(Path(__file__).parent / "configs" / "qwen3-tiny.json"),
-                   help="a transformers config.json of a qwen3 or llama model (default: a tiny Qwen3)")
+                   help="a qwen3 or llama config.json (random weights) or checkpoint folder (its weights; default: a tiny Qwen3)")
     p.add_argument("--data", default=None, help="a text length index (default: the bundled text samples)")
     p.add_argument("--reducer", choices=("allreduce", "ddp", "fsdp2"), default="allreduce")
     p.add_argument("--cost", default=None, help="cost-model JSON from `fcp profile` (default: the qwen3-1.7b/h100 preset)")
@@ -75,7 +75,7 @@ def main() -> None:
                         collate_fn=FCPCollator(pad_token_id=data.pad_token_id, sample_labels=data.has_labels))
 
     # model: ring attention through transformers' AttentionInterface, then the reducer's wrapper
-    model = apply_fcp(build_model(config, seed=0).to(device))
+    model = apply_fcp(load_model(args.config, config=config, seed=0).to(device))
     model, reducer = make_reducer(args.reducer, model)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
 

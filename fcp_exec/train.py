@@ -203,7 +203,9 @@ class Trainer:
         if self.is_hf:
             from fcp_exec.integrations import hf
 
-            model = hf.build_model(hf_config, dtype=_DTYPES[cfg.dtype], seed=cfg.seed).to(self.device)
+            model = hf.load_model(cfg.model[3:], config=hf_config, dtype=_DTYPES[cfg.dtype], seed=cfg.seed,
+                                  init=cfg.init).to(self.device)
+            self.pretrained = cfg.init == "pretrained" or (cfg.init == "auto" and hf.has_weights(cfg.model[3:]))
             hf.apply_fcp(model)
             if cfg.grad_checkpointing:
                 hf.enable_gradient_checkpointing(model)
@@ -233,7 +235,8 @@ class Trainer:
 
     def describe(self) -> str:
         c = self.cfg
-        return (f"{c.model} ({self.num_params:,} params, {c.dtype}) on {self.world} rank(s), device {self.device}, "
+        weights = "pretrained weights" if getattr(self, "pretrained", False) else f"random weights (seed {c.seed})"
+        return (f"{c.model} ({self.num_params:,} params, {c.dtype}, {weights}) on {self.world} rank(s), device {self.device}, "
                 f"reducer {c.reducer}{', gradient checkpointing' if c.grad_checkpointing else ''}"
                 f"{f', {c.amp} autocast' if c.amp != 'none' else ''}"
                 f"{f', FSDP2 {c.fsdp_mixed_precision} compute' if c.fsdp_mixed_precision != 'none' else ''}; data: "

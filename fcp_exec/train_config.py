@@ -51,11 +51,14 @@ def _planner_help() -> str:
 class TrainConfig:
     """One training run of :func:`fcp_exec.train.train` (each field's ``metadata["help"]`` says what it is)."""
 
-    model: str = _opt("tiny-llm", "tiny-llm, tiny-mllm, or hf:PATH — a local transformers config.json (or its "
-                      "folder), randomly initialised, of a model type fcp is tested with: qwen3, llama, qwen2, "
+    model: str = _opt("tiny-llm", "tiny-llm, tiny-mllm, or hf:PATH — a local transformers config.json (random "
+                      "weights) or checkpoint folder (its weights, see --init) of a model type fcp is tested with: qwen3, llama, qwen2, "
                       "mistral, phi3, olmo2, granite, glm4, smollm3, gemma, gemma3_text, cohere, qwen3_moe, "
                       "qwen2_vl, qwen2_5_vl, qwen3_vl",
-                      metavar="tiny-llm|tiny-mllm|hf:CONFIG.json")
+                      metavar="tiny-llm|tiny-mllm|hf:CONFIG.json|hf:FOLDER")
+    init: str = _opt("auto", "hf: models: 'pretrained' loads the weights of the --model folder (model.safetensors or "
+                     "pytorch_model.bin, sharded or not; local files only), 'random' initialises from --seed, 'auto' "
+                     "loads them when the folder has them", choices=("auto", "pretrained", "random"))
     steps: int = _opt(3, "optimizer steps, one global batch each")
     seed: int = _opt(0, "seed of the weights, the data order and the synthetic data")
     dtype: str = _opt("float32", "dtype of the parameters and activations", choices=DTYPE_NAMES)
@@ -135,6 +138,14 @@ class TrainConfig:
             raise ValueError(f"model must be tiny-llm, tiny-mllm or hf:PATH/config.json, got {self.model!r}")
         if self.reducer not in REDUCER_NAMES:
             raise ValueError(f"reducer must be one of {', '.join(REDUCER_NAMES)}, got {self.reducer!r}")
+        if self.init not in ("auto", "pretrained", "random"):
+            raise ValueError(f"init must be auto, pretrained or random, got {self.init!r}")
+        if self.init == "pretrained":
+            from fcp_exec.integrations.hf_models import WEIGHT_FILES, has_weights
+
+            if not (self.model.startswith("hf:") and has_weights(self.model[3:])):
+                raise ValueError(f"--init pretrained needs --model hf:FOLDER holding a checkpoint ({WEIGHT_FILES[0]} or "
+                                 f"{WEIGHT_FILES[2]}, sharded or not); {self.model!r} has none")
         if self.grad_checkpointing and not self.model.startswith("hf:"):
             raise ValueError("gradient checkpointing is available for hf: models (the tiny models do not implement it)")
         if not math.isfinite(self.lr) or self.lr < 0 or not math.isfinite(self.weight_decay) or self.weight_decay < 0:

@@ -27,7 +27,8 @@ rest of the global batch; it is listed in the step's "skipped_samples", one warn
 --read-errors-out FILE, one JSON line there. 8 failures in a row (or > 1 % of reads once 8 failed) end the run
 with one line, exit 2; --on-read-error raise stops at the first.
 
---model hf:PATH takes a local transformers config.json (random weights, nothing downloaded) of a qwen3,
+--model hf:PATH takes a local transformers config.json (random weights) or checkpoint folder (its weights;
+nothing is downloaded) of a qwen3,
 llama, qwen2_vl, qwen2_5_vl or qwen3_vl model; text models train on the bundled text samples, Qwen-VL models
 on the bundled videos/images (indexed with the family's spec), --data synthetic on generated documents.
 
@@ -78,7 +79,7 @@ def resolve_model(text: str) -> tuple[str, str | None]:
     path = Path(text[3:]).expanduser()
     if not path.exists():
         raise UsageError(f"--model {text}: {str(path)!r} does not exist; pass a local transformers config.json or its "
-                         "folder (random weights, nothing is downloaded), e.g. hf:examples/configs/qwen3-tiny.json")
+                         "checkpoint folder (nothing is downloaded), e.g. hf:examples/configs/qwen3-tiny.json")
     if path.is_dir() and not (path / "config.json").is_file():
         raise UsageError(f"--model {text}: the folder {str(path)!r} holds no config.json")
     path = path.resolve()

@@ -52,12 +52,13 @@ from torch import nn
 from torch.nn import functional as F
 
 from fcp_exec.integrations.hf_models import (SUPPORTED_MODEL_TYPES, VL_MODEL_TYPES, attention_limits,  # noqa: F401
-                                             build_model, load_config)
+                                             build_model, has_weights, load_config, load_model)
 from fcp_exec.step import denominator
 
 __all__ = ["ATTENTION_NAME", "SUPPORTED_MODEL_TYPES", "VL_MODEL_TYPES", "FCPAttentionContext", "apply_fcp",
            "batch_inputs", "fcp_attention_forward", "fcp_loss", "hf_loss_kwargs", "lm_loss", "model_type_of",
-           "register_attention", "unwrap", "load_config", "build_model", "enable_gradient_checkpointing"]
+           "register_attention", "unwrap", "load_config", "build_model", "load_model", "has_weights",
+           "enable_gradient_checkpointing"]
 
 ATTENTION_NAME = "fcp_ring"
 

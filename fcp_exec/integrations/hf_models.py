@@ -81,3 +81,46 @@ def build_model(config, *, dtype=torch.float32, seed: int = 0) -> nn.Module:
         return auto.from_config(cfg, attn_implementation="sdpa", dtype=dtype)
     except (RuntimeError, ValueError) as e:  # e.g. a negative hidden_size reaches torch as a tensor shape
         raise ValueError(f"cannot build a {cfg.model_type} model from this config: {str(e).splitlines()[0]}") from None
+
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+INIT_NAMES = ("auto", "pretrained", "random")
+
+
+def has_weights(path) -> bool:
+    """Whether ``path`` is a folder holding a transformers checkpoint's weights (:data:`WEIGHT_FILES`)."""
+    from pathlib import Path
+
+    p = Path(path)
+    return p.is_dir() and any((p / f).is_file() for f in WEIGHT_FILES)
+
+
+def load_model(path, *, config=None, dtype=torch.float32, seed: int = 0, init: str = "auto") -> nn.Module:
+    """The model of a local ``path`` (a ``config.json`` or a checkpoint folder): its weights, read with
+    ``from_pretrained`` (local files only, ``sdpa`` attention, in ``dtype``), when ``init`` is ``"pretrained"`` — or
+    ``"auto"`` and the folder holds weights (:data:`WEIGHT_FILES`); else randomly initialised from ``seed``
+    (:func:`build_model`). A checkpoint that lacks a tensor the model has, or holds one of another shape, is one
+    ``ValueError`` naming it (transformers would initialise it randomly and only log a warning)."""
+    if init not in INIT_NAMES:
+        raise ValueError(f"init must be one of {', '.join(INIT_NAMES)}, got {init!r}")
+    cfg = config if config is not None else load_config(path)
+    if init == "random" or (init == "auto" and not has_weights(path)):
+        return build_model(cfg, dtype=dtype, seed=seed)
+    if not has_weights(path):
+        raise ValueError(f"init='pretrained' needs a checkpoint folder with {' or '.join(WEIGHT_FILES[::2])}; "
+                         f"{str(path)!r} has none (init='random' trains from random weights)")
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    auto = AutoModelForImageTextToText if cfg.model_type in VL_MODEL_TYPES else AutoModelForCausalLM
+    try:
+        model, info = auto.from_pretrained(str(path), config=cfg, attn_implementation="sdpa", dtype=dtype,
+                                           local_files_only=True, output_loading_info=True)
+    except Exception as e:  # noqa: BLE001 - safetensors/torch/transformers errors of a damaged checkpoint
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise ValueError(f"{path}: cannot load the checkpoint's weights ({type(e).__name__}: {first})") from None
+    bad = [f"missing {k}" for k in info.get("missing_keys", ())]
+    bad += [f"{m[0] if isinstance(m, tuple) else m} of another shape" for m in info.get("mismatched_keys", ())]
+    if bad:
+        raise ValueError(f"{path}: the checkpoint does not fit this {cfg.model_type} config ({len(bad)} tensor(s): "
+                         f"{', '.join(bad[:3])}{', …' if len(bad) > 3 else ''})")
+    return model
