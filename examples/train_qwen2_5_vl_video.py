@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from fcp_data import CostModel, FCPDataset, FCPSampler, IndexedDataset, bundled_index
-from fcp_exec.checkpoint import load_checkpoint, save_checkpoint
+from fcp_exec.checkpoint import load_checkpoint, save_checkpoint, save_hf_model
 from fcp_exec.integrations.hf import apply_fcp, fcp_loss, load_config, load_model
 from fcp_exec.integrations.hf_positions import hf_collator
 from fcp_exec.launch import init_distributed, settle_collectives
@@ -57,6 +57,8 @@ def main() -> None:
     p.add_argument("--checkpoint", default=None, help="folder for checkpoints (DIR/step-K), with --checkpoint-every")
     p.add_argument("--checkpoint-every", type=int, default=0, help="save a checkpoint every N steps (0: never)")
     p.add_argument("--resume", default=None, help="a checkpoint folder (DIR/step-K) to continue from, at step K")
+    p.add_argument("--save-model", default=None, help="after training, the model as a transformers checkpoint "
+                   "folder (from_pretrained loads it; FSDP2 shards gathered)")
     p.add_argument("--read-errors-out", default=None,
                    help="append a JSON line per video that fails to read (recorded and skipped, never the end of the run)")
     p.add_argument("--exclude", default=None, help="leave out the videos listed in FILE (an earlier --read-errors-out)")
@@ -95,6 +97,8 @@ def main() -> None:
             # the sampler's state after this global batch (state_after), not state_dict(): the workers are ahead
             save_checkpoint(Path(args.checkpoint) / f"step-{step + 1}", step + 1, model, opt, sampler, res)
     batches.close()  # stops the DataLoader's workers now, not during interpreter shutdown
+    if args.save_model:  # every rank (FSDP2 gathers the shards), rank 0 writes
+        save_hf_model(model, args.save_model)
     settle_collectives()  # gloo: no collective's cleanup pending when the DDP model's reference to the group goes
     dist.destroy_process_group()
 

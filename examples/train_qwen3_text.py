@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from fcp_data import CostModel, FCPCollator, FCPDataset, FCPSampler, IndexedDataset, bundled_index
-from fcp_exec.checkpoint import load_checkpoint, save_checkpoint
+from fcp_exec.checkpoint import load_checkpoint, save_checkpoint, save_hf_model
 from fcp_exec.integrations.hf import apply_fcp, fcp_loss, load_config, load_model
 from fcp_exec.integrations.hf_data import check_data_fits
 from fcp_exec.launch import init_distributed, settle_collectives
@@ -59,6 +59,8 @@ def main() -> None:
     p.add_argument("--checkpoint", default=None, help="folder for checkpoints (DIR/step-K), with --checkpoint-every")
     p.add_argument("--checkpoint-every", type=int, default=0, help="save a checkpoint every N steps (0: never)")
     p.add_argument("--resume", default=None, help="a checkpoint folder (DIR/step-K) to continue from, at step K")
+    p.add_argument("--save-model", default=None, help="after training, the model as a transformers checkpoint "
+                   "folder (from_pretrained loads it; FSDP2 shards gathered)")
     args = p.parse_args()
 
     device = init_distributed()  # set_device, NCCL/HCCL/gloo by device, eager init + a warm-up barrier
@@ -111,6 +113,8 @@ def main() -> None:
         res = eval_step(model, val_batches, fcp_loss, pad_token_id=val_data.pad_token_id)
         if rank == 0:
             print(f"eval {k} loss {res.loss:.4f} tokens {res.num_tokens}", flush=True)
+    if args.save_model:  # every rank (FSDP2 gathers the shards), rank 0 writes
+        save_hf_model(model, args.save_model)
     settle_collectives()  # gloo: no collective's cleanup pending when the DDP model's reference to the group goes
     dist.destroy_process_group()
 

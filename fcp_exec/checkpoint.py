@@ -26,7 +26,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-__all__ = ["save_checkpoint", "load_checkpoint", "checkpoint_step"]
+__all__ = ["save_checkpoint", "load_checkpoint", "checkpoint_step", "save_hf_model"]
 
 
 def _rank() -> int:
@@ -151,3 +151,29 @@ def load_checkpoint(path: str | Path, model, optimizer, sampler, *, grad_scaler=
     if grad_scaler is not None and saved.get("grad_scaler"):
         grad_scaler.load_state_dict(saved["grad_scaler"])
     return first["step"]
+
+
+def save_hf_model(model, path) -> Path:
+    """Write a trained transformers model as a checkpoint folder that ``from_pretrained`` — and ``fcp train --model
+    hf:DIR`` — loads (``config.json``, ``model.safetensors``). Call it on every rank: under FSDP2 the shards are
+    gathered (a collective) into rank 0's memory, which writes; every rank returns once the folder is complete. A DDP or
+    ``torch.compile`` wrapper is looked through; the attention implementation FCP set is not saved (the config keeps
+    the model's own). Unlike :func:`save_checkpoint` this holds no optimizer or sampler state: it is for using the
+    model, not for resuming the run."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"cannot save the model to {str(path)!r}: a file of that name exists")
+    inner = getattr(model, "module", model)
+    inner = getattr(inner, "_orig_mod", inner)
+    if not hasattr(inner, "save_pretrained"):
+        raise TypeError(f"save_hf_model needs a transformers model, got {type(inner).__name__}")
+    distributed = dist.is_available() and dist.is_initialized()
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=distributed))
+    if _rank() == 0:
+        path.mkdir(parents=True, exist_ok=True)
+        inner.save_pretrained(path, state_dict=state)
+    if distributed:
+        dist.barrier()
+    return path

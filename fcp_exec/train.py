@@ -28,7 +28,8 @@ import torch
 
 from fcp_data.cost import CostModel
 from fcp_exec.launch import current_device, dist_info, launch
-from fcp_exec.train_config import DTYPE_NAMES, TrainConfig, builtin_cost_model, format_degrees, parse_planner
+from fcp_exec.train_config import (DTYPE_NAMES, TrainConfig, builtin_cost_model, format_degrees, format_step,
+                                   parse_planner)
 
 __all__ = ["TrainConfig", "Trainer", "train", "train_matrix", "run_training", "builtin_cost_model", "format_degrees", "parse_planner",
            "hf_preload"]
@@ -331,18 +332,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         if not cfg.return_grads:
             rec.pop("sample_indices", None)
         records.append(rec)
-        if cfg.json_lines and rank == 0:
-            print(json.dumps({k: rec[k] for k in ("step", "loss", "num_tokens", "lr", "grad_norm", "degrees", "step_time_s",
-                                                  "skipped_samples", "loss_scale", "skipped_step") if k in rec}),
-                  flush=True)
-        elif rank == 0 and cfg.verbose:
-            gone = f"  skipped {len(rec['skipped_samples'])}" if rec["skipped_samples"] else ""
-            if "loss_scale" in rec:
-                gone += f"  loss scale {rec['loss_scale']:g}{' (overflow: step skipped)' if rec['skipped_step'] else ''}"
-            print(f"step {rec['step']:>3}  loss {rec['loss']:.6f}  tokens {rec['num_tokens']:>6}  lr {rec['lr']:.2e}  "
-                  f"grad norm {rec['grad_norm']:.3g}  plan "
-                  f"{format_degrees(rec['degrees'])}  step {rec['step_time_s'] * 1e3:7.1f} ms  planner wait "
-                  f"{rec['planner_wait_s'] * 1e3:.2f} ms{gone}", file=sys.stdout, flush=True)
+        if rank == 0 and (cfg.json_lines or cfg.verbose):
+            print(format_step(rec, cfg.json_lines), file=sys.stdout, flush=True)
         if cfg.checkpoint and tr.num_steps % cfg.checkpoint_every == 0:
             from fcp_exec.checkpoint import save_checkpoint
 
@@ -358,6 +349,12 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             print(json.dumps({"eval": k, "loss": ev["loss"], "num_tokens": ev["num_tokens"]}), flush=True)
         elif rank == 0 and cfg.verbose:
             print(f"eval {k:>3}  loss {ev['loss']:.6f}  tokens {ev['num_tokens']:>6}  (no update)", flush=True)
+    if cfg.save_model:  # every rank: FSDP2 gathers the shards
+        from fcp_exec.checkpoint import save_hf_model
+
+        path = save_hf_model(tr.model, cfg.save_model)
+        if rank == 0 and (cfg.verbose or cfg.json_lines):
+            print(json.dumps({"saved_model": str(path)}) if cfg.json_lines else f"model saved to {path}", flush=True)
     result: dict[str, Any] = {"steps": records, "eval": evals, "param_checksum": tr.checksum(), "rank": rank,
                               "world": tr.world, "tokens_per_rank": tr.cost.tokens_per_rank, "data": tr.data.description}
     if cfg.return_params:  # gathered on every rank (a collective under FSDP2), kept on rank 0

@@ -18,7 +18,8 @@ from fcp_data.sampler_config import MAX_COUNT
 from fcp_exec.optim import LR_SCHEDULES
 from fcp_exec.step import REDUCER_NAMES
 
-__all__ = ["TrainConfig", "AMP_NAMES", "DTYPE_NAMES", "builtin_cost_model", "format_degrees", "parse_planner"]
+__all__ = ["TrainConfig", "AMP_NAMES", "DTYPE_NAMES", "builtin_cost_model", "format_degrees", "format_step",
+           "parse_planner"]
 
 DTYPE_NAMES = ("float32", "float64", "bfloat16")
 AMP_NAMES = ("none", "bfloat16", "float16")
@@ -129,6 +130,9 @@ class TrainConfig:
                                   "optimizer (torch.distributed.checkpoint) and each rank's sampler position after "
                                   "the step (fcp_exec.checkpoint)", metavar="DIR")
     checkpoint_every: int = _opt(0, "save a checkpoint every N steps (with --checkpoint; 0: never)", metavar="N")
+    save_model: str | None = _opt(None, "hf: models: after training, write the model as a transformers checkpoint folder "
+                                  "(config.json + model.safetensors; FSDP2 shards gathered) that from_pretrained and "
+                                  "--model hf:DIR load (fcp_exec.checkpoint.save_hf_model)", metavar="DIR")
     resume: str | None = _opt(None, "continue from a checkpoint folder DIR/step-K at step K, on any number of ranks "
                               "(the same global batches, planned for this run; --steps counts from 0: the run trains "
                               "steps K .. steps-1)", metavar="DIR")
@@ -138,6 +142,8 @@ class TrainConfig:
             raise ValueError(f"model must be tiny-llm, tiny-mllm or hf:PATH/config.json, got {self.model!r}")
         if self.reducer not in REDUCER_NAMES:
             raise ValueError(f"reducer must be one of {', '.join(REDUCER_NAMES)}, got {self.reducer!r}")
+        if self.save_model and not self.model.startswith("hf:"):
+            raise ValueError(f"--save-model writes a transformers checkpoint: it needs an hf: model, got {self.model!r}")
         if self.init not in ("auto", "pretrained", "random"):
             raise ValueError(f"init must be auto, pretrained or random, got {self.init!r}")
         if self.init == "pretrained":
@@ -233,6 +239,22 @@ def format_degrees(degrees: list[list[int]]) -> str:
         c = Counter(mb)
         blocks.append(" ".join(f"⟨{d}⟩×{c[d]}" for d in sorted(c, reverse=True)) or "idle")
     return " | ".join(blocks)
+
+
+def format_step(rec: dict, json_lines: bool = False) -> str:
+    """One training step's record as ``fcp train`` prints it: a JSON object (``--json``) or one line of text."""
+    if json_lines:
+        import json
+
+        return json.dumps({k: rec[k] for k in ("step", "loss", "num_tokens", "lr", "grad_norm", "degrees",
+                                               "step_time_s", "skipped_samples", "loss_scale", "skipped_step")
+                           if k in rec})
+    gone = f"  skipped {len(rec['skipped_samples'])}" if rec["skipped_samples"] else ""
+    if "loss_scale" in rec:
+        gone += f"  loss scale {rec['loss_scale']:g}{' (overflow: step skipped)' if rec['skipped_step'] else ''}"
+    return (f"step {rec['step']:>3}  loss {rec['loss']:.6f}  tokens {rec['num_tokens']:>6}  lr {rec['lr']:.2e}  "
+            f"grad norm {rec['grad_norm']:.3g}  plan {format_degrees(rec['degrees'])}  step "
+            f"{rec['step_time_s'] * 1e3:7.1f} ms  planner wait {rec['planner_wait_s'] * 1e3:.2f} ms{gone}")
 
 
 def parse_planner(planner: str) -> tuple[str, int | None]:

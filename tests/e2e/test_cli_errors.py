@@ -249,6 +249,7 @@ def test_train_bad_options(capsys):
     _one_line_error(capsys, [*base, "--amp", "float16", "--loss-scale-window", "0"], "loss_scale_window must be >= 1")
     _one_line_error(capsys, [*base, "--max-grad-norm", "-1"], "max_grad_norm must be finite and >= 0")
     _one_line_error(capsys, [*base, "--init", "pretrained"], r"--init pretrained needs --model hf:FOLDER holding")
+    _one_line_error(capsys, [*base, "--save-model", "out"], r"--save-model writes a transformers checkpoint: it needs")
     _one_line_error(capsys, [*base, "--fsdp-mixed-precision", "bfloat16"], "give --reducer fsdp2, --dtype float32")
     _one_line_error(capsys, [*base, "--fsdp-mixed-precision", "bfloat16", "--reducer", "fsdp2", "--amp", "bfloat16"],
                     "and no --amp")

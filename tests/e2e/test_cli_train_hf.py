@@ -96,14 +96,16 @@ def test_video_example_runs_and_resumes_under_torchrun(tmp_path):
 
 
 def test_text_example_trains_validates_and_resumes_exactly(tmp_path):
-    """The text example (Llama, FSDP2) under torchrun: 4 steps with a checkpoint after step 2 and 4, finite losses,
-    one validation batch; then a second run resumed from the step-2 checkpoint prints steps 2 and 3 exactly as the
-    run that never stopped (model and optimizer through torch.distributed.checkpoint, the sampler's state after the
-    consumed global batch: the DataLoader's 2 workers hold later batches, and a state_dict() checkpoint would skip
-    them — measured on this example: different losses at steps 2 and 3)."""
+    """The text example (Llama, FSDP2) under torchrun: 4 steps with a checkpoint after step 2 and 4, finite losses, one
+    validation batch, the trained model saved for ``from_pretrained`` (``--save-model``); then a second run resumed
+    from the step-2 checkpoint prints steps 2 and 3 exactly as the run that never stopped (model and optimizer
+    through torch.distributed.checkpoint, the sampler's state after the consumed global batch: the DataLoader's 2
+    workers hold later batches, and a state_dict() checkpoint would skip them — measured on this example: different
+    losses at steps 2 and 3)."""
     ckpt = tmp_path / "ckpt"
     common = ["--config", str(CONFIGS / "llama-tiny.json"), "--reducer", "fsdp2", "--steps", "4"]
-    first = _torchrun(tmp_path, "train_qwen3_text.py", *common, "--checkpoint", str(ckpt), "--checkpoint-every", "2")
+    first = _torchrun(tmp_path, "train_qwen3_text.py", *common, "--checkpoint", str(ckpt), "--checkpoint-every", "2",
+                      "--save-model", str(tmp_path / "final"))
     steps = _lines(first, "step ")
     assert [ln.split()[1] for ln in steps] == ["0", "1", "2", "3"], first.stdout
     _check_losses([float(ln.split(" loss ")[1].split()[0]) for ln in steps])
@@ -113,6 +115,16 @@ def test_text_example_trains_validates_and_resumes_exactly(tmp_path):
     assert sorted(p.name for p in ckpt.iterdir()) == ["step-2", "step-4"]
     resumed = _torchrun(tmp_path, "train_qwen3_text.py", *common, "--resume", str(ckpt / "step-2"), "--eval-batches", "0")
     assert _lines(resumed, "step ") == steps[2:], (resumed.stdout, steps)
+    # --save-model: the trained FSDP2 model, gathered, as a folder the stock from_pretrained loads
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from fcp_exec.integrations.hf import build_model, load_config
+
+    trained = AutoModelForCausalLM.from_pretrained(tmp_path / "final", local_files_only=True)
+    untrained = build_model(load_config(CONFIGS / "llama-tiny.json"), seed=0)
+    assert trained.state_dict().keys() == untrained.state_dict().keys()
+    assert any(not torch.equal(a, b) for a, b in zip(trained.state_dict().values(), untrained.state_dict().values()))
 
 
 def test_trainer_example_trains_and_resumes_under_torchrun(tmp_path):

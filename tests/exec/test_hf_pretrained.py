@@ -119,3 +119,23 @@ def test_fcp_train_with_a_checkpoint_that_does_not_fit_is_one_line(checkpoints, 
     _, err = capsys.readouterr()
     assert rc == 2 and err.count("\n") == 1, err
     assert "cannot load the checkpoint's weights" in err, err
+
+
+@pytest.mark.parametrize("family, reducer", [("qwen3", "fsdp2"), ("qwen2_5_vl", "ddp")])
+def test_save_model_writes_the_trained_weights_for_from_pretrained(family, reducer, tmp_path):
+    """``fcp train --save-model DIR`` after 2 steps on 2 processes (FSDP2: the shards gathered; DDP: unwrapped): the
+    stock ``from_pretrained`` reads every trained parameter back exactly (float64), and the config names no fcp
+    attention, so the folder loads where fcp is not installed."""
+    out = tmp_path / "trained"
+    cfg = TrainConfig(model=f"hf:{CONFIGS / f'{family}-tiny.json'}", data="synthetic", dtype="float64", steps=2,
+                      global_batch_size=3, num_synthetic=12, max_tokens=80, tokens_per_rank=40, prefetch=0,
+                      verbose=False, reducer=reducer, return_params=True, save_model=str(out))
+    res = run_training(cfg, 2)
+    stock = transformers.AutoModelForImageTextToText if family == "qwen2_5_vl" else transformers.AutoModelForCausalLM
+    loaded = stock.from_pretrained(out, dtype=torch.float64, local_files_only=True)
+    got = dict(loaded.named_parameters())
+    assert got.keys() == res["params"].keys()
+    untrained = dict(hf.build_model(hf.load_config(cfg.model[3:]), dtype=torch.float64, seed=0).named_parameters())
+    assert all(torch.equal(got[n].detach(), torch.from_numpy(p)) for n, p in res["params"].items())
+    assert any(not torch.equal(got[n].detach(), untrained[n].detach()) for n in got)  # it did train
+    assert "fcp_ring" not in (out / "config.json").read_text()
