@@ -87,6 +87,12 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mo
 INIT_NAMES = ("auto", "pretrained", "random")
 
 
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
 def has_weights(path) -> bool:
     """Whether ``path`` is a folder holding a transformers checkpoint's weights (:data:`WEIGHT_FILES`)."""
     from pathlib import Path
@@ -111,13 +117,21 @@ def load_model(path, *, config=None, dtype=torch.float32, seed: int = 0, init: s
                          f"{str(path)!r} has none (init='random' trains from random weights)")
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
+    from transformers.utils import logging as hf_logging
+
     auto = AutoModelForImageTextToText if cfg.model_type in VL_MODEL_TYPES else AutoModelForCausalLM
+    quiet = _rank() != 0 and hf_logging.is_progress_bar_enabled()  # one "Loading weights" bar per job, not per rank
+    if quiet:
+        hf_logging.disable_progress_bar()
     try:
         model, info = auto.from_pretrained(str(path), config=cfg, attn_implementation="sdpa", dtype=dtype,
                                            local_files_only=True, output_loading_info=True)
     except Exception as e:  # noqa: BLE001 - safetensors/torch/transformers errors of a damaged checkpoint
         first = (str(e).strip().splitlines() or [""])[0]
         raise ValueError(f"{path}: cannot load the checkpoint's weights ({type(e).__name__}: {first})") from None
+    finally:
+        if quiet:
+            hf_logging.enable_progress_bar()
     bad = [f"missing {k}" for k in info.get("missing_keys", ())]
     bad += [f"{m[0] if isinstance(m, tuple) else m} of another shape" for m in info.get("mismatched_keys", ())]
     if bad:
