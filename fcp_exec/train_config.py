@@ -55,7 +55,7 @@ class TrainConfig:
     model: str = _opt("tiny-llm", "tiny-llm, tiny-mllm, or hf:PATH — a local transformers config.json (random "
                       "weights) or checkpoint folder (its weights, see --init) of a model type fcp is tested with: qwen3, llama, qwen2, "
                       "mistral, phi3, olmo2, granite, glm4, smollm3, gemma, gemma3_text, cohere, qwen3_moe, "
-                      "qwen2_vl, qwen2_5_vl, qwen3_vl",
+                      "qwen2_vl, qwen2_5_vl, qwen3_vl, internvl",
                       metavar="tiny-llm|tiny-mllm|hf:CONFIG.json|hf:FOLDER")
     init: str = _opt("auto", "hf: models: 'pretrained' loads the weights of the --model folder (model.safetensors or "
                      "pytorch_model.bin, sharded or not; local files only), 'random' initialises from --seed, 'auto' "

@@ -178,7 +178,7 @@ def _bundled_index(model: str, cache_dir: str | None, spec: str | None = None) -
     return bundled_index(spec, cache_dir)
 
 
-HF_SPECS = {"qwen2_vl": "qwen2-vl", "qwen2_5_vl": "qwen2.5-vl", "qwen3_vl": "qwen3-vl"}
+HF_SPECS = {"qwen2_vl": "qwen2-vl", "qwen2_5_vl": "qwen2.5-vl", "qwen3_vl": "qwen3-vl", "internvl": "internvl3"}
 
 
 def check_index_fits(config, base: Any, what: str) -> np.ndarray:
@@ -192,7 +192,16 @@ def check_index_fits(config, base: Any, what: str) -> np.ndarray:
     index = base.index
     n = len(index.num_tokens)
     visual = np.asarray(index.num_visual_tokens, dtype=np.int64) > 0 if base.placeholder_ids else np.zeros(n, bool)
-    if config.model_type in HF_SPECS:
+    if config.model_type == "internvl":
+        if base.spec.family != "internvl":
+            raise ValueError(f"{what} was built with spec {base.spec.name!r}; an internvl model needs an InternVL spec "
+                             "(fcp index ... --spec internvl3)")
+        check_data_fits(config, ids={"image": base.spec.token_id(base.spec.vision["tokens"]["img_context"])}, what=what)
+        size = tuple(int(x) for x in config.vision_config.image_size)
+        if size != (int(base.spec.vision["tile_size"]),) * 2:
+            raise ValueError(f"{what} has {base.spec.vision['tile_size']}-px tiles but the model's vision tower takes "
+                             f"{size}; set vision_config.image_size to the spec's tile size")
+    elif config.model_type in HF_SPECS:
         if base.spec.family != "qwen-vl":
             raise ValueError(f"{what} was built with spec {base.spec.name!r}; a {config.model_type} model needs a Qwen-VL "
                              f"spec (fcp index ... --spec {HF_SPECS[config.model_type]})")
@@ -283,7 +292,8 @@ def _load_hf_data(config, data: str | None, *, max_tokens: int, seed: int, cache
                              description=f"synthetic text for {config.model_type}: {len(ds)} documents{sft}")
         ids = special_ids(config)
         spans = base.placeholder_spans()
-        return TrainData(dataset=ds, lengths=lengths, pad_token_id=pad, visual_token_ids=(ids["image"], ids["video"]),
+        return TrainData(dataset=ds, lengths=lengths, pad_token_id=pad,
+                         visual_token_ids=tuple(ids[k] for k in ("image", "video") if k in ids),
                          has_labels=prompt_mask,
                          visual_layout=SpanVisualLayout([spans[int(k)] for k in ds.keep]), num_dropped=dropped,
                          description=f"synthetic images/videos for {config.model_type}: {len(ds)} documents{sft}")

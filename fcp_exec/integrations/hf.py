@@ -31,7 +31,8 @@ Typical use (see ``examples/``)::
   produced them). The rows reach the model through transformers' ``mm_encoder_outputs`` argument, so the model's
   own code places them (and Qwen3-VL's deepstack features). This runs in a forward pre-hook of the model, inside
   FSDP2's root unshard. Every rank calls the vision tower exactly once per micro-batch (on a one-frame dummy,
-  weighted 0, when it has nothing to encode) so FSDP2-sharded vision blocks stay in lock-step.
+  weighted 0, when it has nothing to encode) so FSDP2-sharded vision blocks stay in lock-step. InternVL: the
+  frames are its tiles, encoded by the model's ``get_image_features``; its positions are 1-D.
 
 Tested with transformers 5.24 and 5.25 (model types :data:`SUPPORTED_MODEL_TYPES`; other causal LMs whose attention
 goes through ``AttentionInterface`` are accepted with a warning). A layer's sliding window shorter than a document
@@ -51,8 +52,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from fcp_exec.integrations.hf_models import (SUPPORTED_MODEL_TYPES, VL_MODEL_TYPES, attention_limits,  # noqa: F401
-                                             build_model, has_weights, load_config, load_model)
+from fcp_exec.integrations.hf_models import (SUPPORTED_MODEL_TYPES, TILE_VL_MODEL_TYPES,  # noqa: F401
+                                             VL_MODEL_TYPES, attention_limits, build_model,
+                                             enable_gradient_checkpointing, has_weights, load_config, load_model)
 from fcp_exec.step import denominator
 
 __all__ = ["ATTENTION_NAME", "SUPPORTED_MODEL_TYPES", "VL_MODEL_TYPES", "FCPAttentionContext", "apply_fcp",
@@ -139,6 +141,7 @@ class _State:
     kernel: Any
     timeout: float | None
     is_vl: bool
+    tiles: bool = False  # InternVL: the vision inputs are fixed-size tiles, positions are 1-D
     image_token_id: int | None = None
     video_token_id: int | None = None
     merge: int = 1
@@ -178,15 +181,18 @@ def apply_fcp(model: nn.Module, *, kernel=None, timeout: float | None = None) ->
         warnings.warn(f"model type {model_type!r} is not one fcp was tested with ({', '.join(SUPPORTED_MODEL_TYPES)}); "
                       "it works if its attention goes through transformers' AttentionInterface", stacklevel=2)
     register_attention()
-    is_vl = model_type in VL_MODEL_TYPES
+    tiles = model_type in TILE_VL_MODEL_TYPES
+    is_vl = model_type in VL_MODEL_TYPES or tiles
     model.set_attn_implementation({"text_config": ATTENTION_NAME} if is_vl else ATTENTION_NAME)
     if getattr(text_cfg, "_attn_implementation", None) != ATTENTION_NAME:
         raise RuntimeError(f"could not set the attention implementation of {type(model).__name__} to {ATTENTION_NAME!r}")
-    state = _State(model_type=model_type, kernel=kernel, timeout=timeout, is_vl=is_vl)
+    state = _State(model_type=model_type, kernel=kernel, timeout=timeout, is_vl=is_vl, tiles=tiles)
     if is_vl:
         cfg = model.config
-        state.image_token_id, state.video_token_id = int(cfg.image_token_id), int(cfg.video_token_id)
-        state.merge = int(cfg.vision_config.spatial_merge_size)
+        state.image_token_id = int(cfg.image_token_id)
+        state.video_token_id = None if tiles else int(cfg.video_token_id)
+        # a tile's grid row (tiles, h, w) counts patches; h·w / merge² of them are its visual tokens
+        state.merge = round(1 / float(cfg.downsample_ratio)) if tiles else int(cfg.vision_config.spatial_merge_size)
         if getattr(model, "_fcp_state", None) is None:
             model.register_forward_pre_hook(_vision_pre_hook, with_kwargs=True)
             model.register_forward_hook(_vision_post_hook, always_call=True)
@@ -197,10 +203,17 @@ def apply_fcp(model: nn.Module, *, kernel=None, timeout: float | None = None) ->
 
 def _visual(model: nn.Module) -> nn.Module:
     inner = getattr(model, "model", model)
-    visual = getattr(inner, "visual", None)
+    visual = getattr(inner, "visual", None) or getattr(inner, "vision_tower", None)
     if visual is None:
-        raise TypeError(f"{type(model).__name__} has no vision tower at .model.visual")
+        raise TypeError(f"{type(model).__name__} has no vision tower at .model.visual or .model.vision_tower")
     return visual
+
+
+def _encode_tiles(model: nn.Module, tiles: torch.Tensor) -> torch.Tensor:
+    """Rows ``[visual tokens, hidden]`` of InternVL tiles ``[n, 3, H, W]``: the model's own ``get_image_features``
+    (vision tower, pixel shuffle, projector), each tile's tokens in order."""
+    feats = getattr(model, "model", model).get_image_features(pixel_values=tiles, return_dict=True).pooler_output
+    return feats.reshape(-1, feats.shape[-1])
 
 
 def _encode(visual: nn.Module, pixel_values: torch.Tensor, grids: list[tuple[int, int, int]],
@@ -234,7 +247,11 @@ def _vision_pre_hook(module: nn.Module, args, kwargs):
     dummy_rows: list[torch.Tensor] = []
 
     def dummy() -> torch.Tensor:
-        rows = _encode(visual, _dummy_frame(visual, m, dtype, device), [(1, m, m)], deepstack)
+        if state.tiles:
+            size = module.config.vision_config.image_size
+            rows = _encode_tiles(module, torch.zeros((1, 3, *size), dtype=dtype, device=device))
+        else:
+            rows = _encode(visual, _dummy_frame(visual, m, dtype, device), [(1, m, m)], deepstack)
         dummy_rows.append(rows)
         return rows
 
@@ -247,20 +264,15 @@ def _vision_pre_hook(module: nn.Module, args, kwargs):
         def encode_share(f_lo: int, f_hi: int) -> torch.Tensor:
             if f_hi <= f_lo:
                 return dummy()[:0]  # an empty share still joins the graph (its peers' gradients come back through it)
+            if state.tiles:  # one frame of the table = one tile = one row of pixel_values
+                return _encode_tiles(module, pv[f_lo:f_hi])
             p_lo = int(table[f_lo, 2])
             p_hi = int(table[f_hi - 1, 2] + table[f_hi - 1, 3] * table[f_hi - 1, 4])
             grids = [(1, int(table[f, 3]), int(table[f, 4])) for f in range(f_lo, f_hi)]
             return _encode(visual, pv[p_lo:p_hi], grids, deepstack)
 
         rows = exchange_rows(encode_share, table, call.visual_index, call.ranks, call.cp_rank, device)
-        hidden = int(module.config.text_config.hidden_size)
-        kinds = call.input_ids.index_select(0, call.visual_pos.to(device))
-        mm = {}
-        for name, tid in (("image", state.image_token_id), ("video", state.video_token_id)):
-            sel = torch.nonzero(kinds == tid).flatten()
-            if sel.numel():
-                part = rows.index_select(0, sel)
-                mm[name] = _encoder_output(state, part[:, :hidden], part[:, hidden:], hidden)
+        mm = _mm_outputs(state, module, call, rows, device)
         if mm:
             kwargs["mm_encoder_outputs"] = mm
     else:
@@ -275,6 +287,24 @@ def _vision_pre_hook(module: nn.Module, args, kwargs):
     call.anchor = anchor
     state.active = call
     return args, kwargs
+
+
+def _mm_outputs(state: _State, module: nn.Module, call: _VisionCall, rows: torch.Tensor, device) -> dict:
+    """This rank's rows as transformers' ``mm_encoder_outputs`` (``{"image": ..., "video": ...}``), each kind's rows
+    in the order of its placeholder tokens."""
+    hidden = int(module.config.text_config.hidden_size)
+    kinds = call.input_ids.index_select(0, call.visual_pos.to(device))
+    mm = {}
+    for name, tid in (("image", state.image_token_id), ("video", state.video_token_id)):
+        sel = torch.nonzero(kinds == tid).flatten() if tid is not None else kinds[:0]
+        if sel.numel() and state.tiles:  # InternVL takes one [1, rows, hidden] block of image features
+            from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+            mm[name] = BaseModelOutputWithPooling(pooler_output=rows.index_select(0, sel)[None])
+        elif sel.numel():
+            part = rows.index_select(0, sel)
+            mm[name] = _encoder_output(state, part[:, :hidden], part[:, hidden:], hidden)
+    return mm
 
 
 def _encoder_output(state: _State, main: torch.Tensor, extra: torch.Tensor, hidden: int):
@@ -325,10 +355,13 @@ def batch_inputs(batch: dict, model: nn.Module) -> dict[str, Any]:
     ctx = FCPAttentionContext(ring=ring, kernel=state.kernel)
     out: dict[str, Any] = {"input_ids": ids[None], "fcp_context": ctx, "use_cache": False}
     if state.is_vl:
-        if "mrope_position_ids" not in batch:
+        if state.tiles:
+            out["position_ids"] = batch["position_ids"].to(device)[None]
+        elif "mrope_position_ids" not in batch:
             raise ValueError(f"a {state.model_type} model needs Qwen-VL 3-D positions in the batch: build the collator "
                              "with fcp_exec.integrations.hf_positions.hf_collator(model)")
-        out["position_ids"] = batch["mrope_position_ids"].to(device)[:, None, :]
+        else:
+            out["position_ids"] = batch["mrope_position_ids"].to(device)[:, None, :]
         vpos = batch.get("visual_pos", torch.zeros(0, dtype=torch.long))
         vidx = batch.get("visual_index", torch.zeros(0, dtype=torch.long))
         order = torch.argsort(vpos)
@@ -365,12 +398,3 @@ def hf_loss_kwargs(batch: dict) -> dict[str, Any]:
     local mean)."""
     labels = batch["labels"][None]
     return {"labels": labels, "shift_labels": labels, "num_items_in_batch": denominator(batch)}
-
-
-def enable_gradient_checkpointing(model) -> None:
-    """Non-reentrant activation checkpointing of a transformers model (the 5.x name, else the older one)."""
-    enable = getattr(model, "activation_checkpointing_enable", None)
-    if enable is not None:
-        enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        return
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

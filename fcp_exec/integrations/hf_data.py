@@ -4,7 +4,8 @@ distributed FCP step must reproduce.
 
 :class:`SyntheticHFDocs` — sample ``i`` (deterministic in every process) is, in a cycle of layouts:
 text only; an image ``(1, 4, 4)``; videos ``(2, 4, 4)``, ``(6, 4, 4)``, ``(8, 2, 4)``; and a mixed
-text + image + text + video + text document. Visual blocks are ``<|vision_start|>`` + placeholders +
+text + image + text + video + text document (InternVL: every entry is ``t`` tiles of its vision tower's image
+size, ``<IMG_CONTEXT>`` runs without markers). Visual blocks are ``<|vision_start|>`` + placeholders +
 ``<|vision_end|>`` (Qwen3-VL videos: per temporal frame group, a few timestamp text tokens and their own
 start/end pair, as ``Qwen3VLProcessor`` does). Videos carry ``second_per_grid_ts`` (0.5, 1.0, 1.5, … so
 Qwen2.5-VL's temporal scaling is exercised). Samples are ``{"input_ids", "pixel_values", "grid_thw",
@@ -37,7 +38,9 @@ _LAYOUTS = (
 
 
 def special_ids(config) -> dict[str, int]:
-    """Token ids a VL config expects: image, video, vision_start, vision_end."""
+    """Token ids a VL config expects: image, video, vision_start, vision_end (InternVL: image, its ``<IMG_CONTEXT>``)."""
+    if config.model_type == "internvl":
+        return {"image": int(config.image_token_id)}
     out = {"image": int(config.image_token_id), "video": int(config.video_token_id),
            "vision_start": int(config.vision_start_token_id)}
     end = getattr(config, "vision_end_token_id", None)
@@ -67,6 +70,7 @@ class SyntheticHFDocs:
         self.vocab = int(tc.vocab_size)
         self.is_vl = hasattr(config, "vision_config") and hasattr(config, "image_token_id")
         self.qwen3 = config.model_type == "qwen3_vl"
+        self.tiles = config.model_type == "internvl"  # every visual entry: t tiles of the vision tower's image size
         self.ids = special_ids(config) if self.is_vl else {}
         reserved = set(self.ids.values()) | {int(getattr(tc, "pad_token_id", None) or 0)}
         self.low = max(reserved) + 1 if reserved else 1
@@ -90,9 +94,16 @@ class SyntheticHFDocs:
         parts = np.array_split(np.arange(n_text), len(layout) + 1)
         seq: list[int] = []
         grids, spts, spans = [], [], []
-        m = int(self.config.vision_config.spatial_merge_size) if self.is_vl else 1
+        m = int(self.config.vision_config.spatial_merge_size) if self.is_vl and not self.tiles else 1
         for k, (kind, (t, h, w)) in enumerate(layout):
             seq += [-1] * len(parts[k])
+            if self.tiles:  # InternVL: <IMG_CONTEXT> × tokens of t tiles (its processor's markers are plain text here)
+                v = self.config.vision_config
+                g, m = int(v.image_size[0]) // int(v.patch_size[0]), round(1 / float(self.config.downsample_ratio))
+                spans.append((len(seq), t * (g // m) ** 2))
+                seq += [self.ids["image"]] * (t * (g // m) ** 2)
+                grids.append((t, g, g))
+                continue
             per = h * w // (m * m)
             tok = self.ids[kind]
             if kind == "video" and self.qwen3:
@@ -128,7 +139,11 @@ class SyntheticHFDocs:
             labels = ids.copy()
             labels[: int(np.random.default_rng([self.seed, 9000 + i]).integers(0, int(0.6 * ids.size) + 1))] = -100
             out["labels"] = torch.from_numpy(labels)
-        if grids:
+        if grids and self.tiles:
+            size = tuple(int(x) for x in self.config.vision_config.image_size)
+            out["pixel_values"] = torch.from_numpy(rng.standard_normal((sum(g[0] for g in grids), 3, *size)))
+            out["grid_thw"] = torch.tensor(grids, dtype=torch.long)
+        elif grids:
             npatch = sum(t * h * w for t, h, w in grids)
             out["pixel_values"] = torch.from_numpy(rng.standard_normal((npatch, patch_dim(self.config))))
             out["grid_thw"] = torch.tensor(grids, dtype=torch.long)
@@ -163,6 +178,9 @@ def _doc_forward(model: nn.Module, sample: dict, is_vl: bool) -> torch.Tensor:
     if not is_vl or sample.get("grid_thw") is None:
         return model(input_ids=ids[None], use_cache=False).logits[0]
     cfg = model.config
+    if cfg.model_type == "internvl":  # the document's tiles, its <IMG_CONTEXT> tokens in order
+        pv = torch.as_tensor(sample["pixel_values"]).to(next(model.parameters()).dtype)
+        return model(input_ids=ids[None], pixel_values=pv, use_cache=False).logits[0]
     tt = torch.zeros_like(ids, dtype=torch.int32)
     tt[ids == cfg.image_token_id] = 1
     tt[ids == cfg.video_token_id] = 2

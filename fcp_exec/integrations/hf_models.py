@@ -8,12 +8,15 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["SUPPORTED_MODEL_TYPES", "VL_MODEL_TYPES", "attention_limits", "build_model", "load_config"]
+__all__ = ["SUPPORTED_MODEL_TYPES", "VL_MODEL_TYPES", "TILE_VL_MODEL_TYPES", "MLLM_MODEL_TYPES", "attention_limits",
+           "build_model", "load_config"]
 
 # tested against the stock model (tests/exec/test_hf_train.py, tests/exec/test_hf_families.py)
 SUPPORTED_MODEL_TYPES = ("qwen3", "llama", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen2", "mistral", "phi3", "olmo2",
-                         "granite", "glm4", "smollm3", "gemma", "gemma3_text", "cohere", "qwen3_moe")
-VL_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+                         "granite", "glm4", "smollm3", "gemma", "gemma3_text", "cohere", "qwen3_moe", "internvl")
+VL_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")  # Qwen-VL: 3-D rope positions, patches + grids
+TILE_VL_MODEL_TYPES = ("internvl",)  # fixed-size image tiles (video frames: one tile each), 1-D positions
+MLLM_MODEL_TYPES = VL_MODEL_TYPES + TILE_VL_MODEL_TYPES
 
 
 def attention_limits(module: nn.Module, dropout: float, kwargs: dict, ring: Any) -> int | None:
@@ -76,7 +79,7 @@ def build_model(config, *, dtype=torch.float32, seed: int = 0) -> nn.Module:
 
     cfg = load_config(config) if not hasattr(config, "model_type") else config
     torch.manual_seed(int(seed))
-    auto = AutoModelForImageTextToText if cfg.model_type in VL_MODEL_TYPES else AutoModelForCausalLM
+    auto = AutoModelForImageTextToText if cfg.model_type in MLLM_MODEL_TYPES else AutoModelForCausalLM
     try:
         return auto.from_config(cfg, attn_implementation="sdpa", dtype=dtype)
     except (RuntimeError, ValueError) as e:  # e.g. a negative hidden_size reaches torch as a tensor shape
@@ -119,7 +122,7 @@ def load_model(path, *, config=None, dtype=torch.float32, seed: int = 0, init: s
 
     from transformers.utils import logging as hf_logging
 
-    auto = AutoModelForImageTextToText if cfg.model_type in VL_MODEL_TYPES else AutoModelForCausalLM
+    auto = AutoModelForImageTextToText if cfg.model_type in MLLM_MODEL_TYPES else AutoModelForCausalLM
     quiet = _rank() != 0 and hf_logging.is_progress_bar_enabled()  # one "Loading weights" bar per job, not per rank
     if quiet:
         hf_logging.disable_progress_bar()
@@ -138,3 +141,12 @@ def load_model(path, *, config=None, dtype=torch.float32, seed: int = 0, init: s
         raise ValueError(f"{path}: the checkpoint does not fit this {cfg.model_type} config ({len(bad)} tensor(s): "
                          f"{', '.join(bad[:3])}{', …' if len(bad) > 3 else ''})")
     return model
+
+
+def enable_gradient_checkpointing(model) -> None:
+    """Non-reentrant activation checkpointing of a transformers model (the 5.x name, else the older one)."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        return
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -253,14 +253,21 @@ def hf_collator(config_or_model: Any, **collator_kwargs: Any) -> FCPCollator:
     """An :class:`~fcp_data.collator.FCPCollator` whose ``mrope_position_ids`` equal the installed
     transformers model's: ``visual_token_id=(image_token_id, video_token_id)``, ``spatial_merge_size`` from the
     vision config, ``pad_token_id`` from the config (text pad id, else EOS) unless given, and
-    ``position_fn=HFRopeIndex(...)``. Other keywords go to ``FCPCollator``."""
-    fn = HFRopeIndex.from_model(config_or_model) if isinstance(config_or_model, torch.nn.Module) \
-        else HFRopeIndex(config_or_model)
+    ``position_fn=HFRopeIndex(...)``. Other keywords go to ``FCPCollator``. An InternVL model (1-D positions) gets
+    ``visual_token_id=image_token_id`` and ``spatial_merge_size = 1 / downsample_ratio`` (a tile's grid row counts
+    its vision patches) and the collator's own per-document positions."""
     fixed = ("visual_token_id", "spatial_merge_size", "position_fn", "mrope")
     clash = sorted(k for k in collator_kwargs if k in fixed)
     if clash:
         raise TypeError(f"hf_collator sets {', '.join(clash)} from the model config; build FCPCollator directly to "
                         "choose them yourself")
+    config = getattr(config_or_model, "config", config_or_model)
+    if getattr(config, "model_type", None) == "internvl":
+        collator_kwargs.setdefault("pad_token_id", _pad_id(config))
+        return FCPCollator(visual_token_id=int(config.image_token_id),
+                           spatial_merge_size=round(1 / float(config.downsample_ratio)), **collator_kwargs)
+    fn = HFRopeIndex.from_model(config_or_model) if isinstance(config_or_model, torch.nn.Module) \
+        else HFRopeIndex(config_or_model)
     collator_kwargs.setdefault("pad_token_id", _pad_id(fn.config))
     return FCPCollator(visual_token_id=(fn.image_token_id, fn.video_token_id), spatial_merge_size=fn.spatial_merge_size,
                        position_fn=fn, **collator_kwargs)

@@ -163,6 +163,8 @@ class FCPTrainer(Trainer):
             raise ValueError("FCPTrainer needs cost_model= (fcp_data.CostModel.load('cost.json') from `fcp profile`, "
                              "or CostModel.preset(model, hardware))")
         _check_loss(type(self), args)
+        if model_type_of(unwrap(model)) == "internvl":
+            raise ValueError("FCPTrainer does not take InternVL models yet (tested: `fcp train`, train_step)")
         if getattr(model, "_fcp_state", None) is None:
             apply_fcp(model)
         args, self.fcp_gradient_accumulation_steps = _run_args(args, global_batch_size)
@@ -178,8 +180,7 @@ class FCPTrainer(Trainer):
         # id(dataset) -> (dataset, its counted token lengths; None for a checked fcp index)
         self._counted: dict[int, tuple[Any, np.ndarray | None]] = {}
         self._layouts: dict[int, tuple[Any, Any]] = {}  # id(dataset) -> (dataset, its placeholder runs)
-        self._pads = {"train": 0, "eval": 0}
-        self._in_train = False
+        self._pads, self._in_train = {"train": 0, "eval": 0}, False
         self.fcp_steps: collections.deque[StepResult] = collections.deque(maxlen=history)
         self._unlogged: list[StepResult] = []  # training steps since the last log line
 

@@ -38,7 +38,14 @@ from fcp_exec.train import TrainConfig, hf_preload, train_matrix  # noqa: E402
 from fcp_exec.train_data import load_train_data  # noqa: E402
 
 CONFIGS = Path(__file__).resolve().parents[2] / "examples" / "configs"
-FAMILIES = ("qwen3", "llama", "qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+FAMILIES = ("qwen3", "llama", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "internvl")
+# InternVL's example config takes real 448-px tiles (256 tokens each); the matrix's runs use the same tiny model
+# with 56-px tiles (4 tokens each), so its documents fit the matrix's 80-token cap like the Qwen-VL ones
+_CONFIG_FILES = {"internvl": Path(__file__).resolve().parent / "internvl-tiny.json"}
+
+
+def _config_file(family: str) -> Path:
+    return _CONFIG_FILES.get(family, CONFIGS / f"{family}-tiny.json")
 REDUCERS = ("allreduce", "ddp", "fsdp2")
 STEPS = 3
 TOL = 1e-12
@@ -49,7 +56,7 @@ COMMON = dict(data="synthetic", dtype="float64", steps=STEPS, global_batch_size=
 def _cfg(family: str, reducer: str, gc: bool, dtype: str = "float64", sft: bool = False, amp: str = "none",
          scale: float | None = None, clip: bool = False, mp: str = "none") -> TrainConfig:
     scaler = dict(initial_loss_scale=scale, loss_scale_window=AMP_WINDOW) if amp == "float16" else {}
-    return TrainConfig(model=f"hf:{CONFIGS / f'{family}-tiny.json'}", reducer=reducer, grad_checkpointing=gc,
+    return TrainConfig(model=f"hf:{_config_file(family)}", reducer=reducer, grad_checkpointing=gc,
                        sample_labels=sft, amp=amp, fsdp_mixed_precision=mp, **scaler, **(CLIP if clip else {}),
                        **dict(COMMON, dtype=dtype))
 
@@ -65,7 +72,7 @@ def _reference(family: str, batches: tuple[tuple[int, ...], ...], dtype: str = "
     ``evals``: more global batches whose ``(loss, num_tokens, None, failed)`` follow, with the trained weights
     and no update (FCP's ``eval_step``). ``clip``: the gradients are scaled by ``min(1, clip / (‖g‖ + 1e-6))`` before
     each step (torch's ``clip_grad_norm_`` rule, written out); ``lrs``: step k's learning rate (default ``lr``)."""
-    config = hf.load_config(family if family.endswith(".json") else CONFIGS / f"{family}-tiny.json")  # or a path
+    config = hf.load_config(family if family.endswith(".json") else _config_file(family))  # or a path
     data = load_train_data(f"hf:{family}", data, max_tokens=max_tokens, seed=0,
                            num_synthetic=COMMON["num_synthetic"], hf_config=config, prompt_mask=sft)
     model = hf.build_model(config, dtype=getattr(torch, init or dtype), seed=0).to(getattr(torch, dtype))
@@ -74,7 +81,7 @@ def _reference(family: str, batches: tuple[tuple[int, ...], ...], dtype: str = "
     ignore = ()
     if hasattr(config, "vision_config"):
         ids = special_ids(config)
-        ignore = (ids["image"], ids["video"])
+        ignore = tuple(ids[k] for k in ("image", "video") if k in ids)
     out = []
     for k, batch in enumerate(batches + evals):
         opt.zero_grad(set_to_none=True)
@@ -227,7 +234,7 @@ def _runs(nproc: int, family: str, dtype: str = "float64", sft: bool = False, am
     if isinstance(results, Exception):
         raise results
     return [(c, r) for c, r in zip(cfgs, results)
-            if c.model.endswith(f"{family}-tiny.json") and c.dtype == dtype and c.sample_labels == sft and
+            if c.model == f"hf:{_config_file(family)}" and c.dtype == dtype and c.sample_labels == sft and
             c.data == COMMON["data"] and c.amp == amp and bool(c.max_grad_norm) == clip and c.fsdp_mixed_precision == mp]
 
 
