@@ -10,6 +10,7 @@
     the next run with `--exclude bad.jsonl` leaves them out of its plans.
 
 ``--config`` is a config.json (random weights) or a checkpoint folder, whose weights are loaded (``load_model``).
+InternVL works the same way (``--config examples/configs/internvl-tiny.json``, an index built with ``--spec internvl3``).
 A CP group's frames are encoded once, split over its ranks by whole frames, and every visual row is sent to the
 rank that holds its placeholder token; 3-D rope positions come from the installed transformers' own
 ``get_rope_index`` (hf_collator). Labels whose target is a visual placeholder are left out of the loss.
@@ -43,7 +44,8 @@ def forever(loader: DataLoader):
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--config", default=str(Path(__file__).parent / "configs" / "qwen2_5_vl-tiny.json"),
-                   help="a qwen2_5_vl (or qwen2_vl / qwen3_vl) config.json (random weights) or checkpoint folder (its weights)")
+                   help="a qwen2_5_vl (or qwen2_vl / qwen3_vl / internvl) config.json (random weights) or checkpoint "
+                   "folder (its weights)")
     p.add_argument("--data", default=None, help="a length index built with a Qwen-VL spec (default: bundled samples)")
     p.add_argument("--reducer", choices=("allreduce", "ddp", "fsdp2"), default="allreduce")
     p.add_argument("--cost", default=None, help="cost-model JSON from `fcp profile` (default: qwen3-vl-2b/h100 preset)")
@@ -67,8 +69,9 @@ def main() -> None:
     device = init_distributed()  # set_device, NCCL/HCCL/gloo by device, eager init + a warm-up barrier
     rank = dist.get_rank()
 
-    data = IndexedDataset(args.data or bundled_index("qwen2.5-vl"))  # input_ids with placeholders, pixel patches, grids
     config = load_config(args.config)
+    spec = {"qwen2_vl": "qwen2-vl", "qwen3_vl": "qwen3-vl", "internvl": "internvl3"}.get(config.model_type, "qwen2.5-vl")
+    data = IndexedDataset(args.data or bundled_index(spec))  # input_ids with placeholders, pixel patches (tiles), grids
     cost = CostModel.load(args.cost) if args.cost else CostModel.preset("qwen3-vl-2b", "h100")
     # the sampler counts label tokens exactly, visual placeholders excluded, from the index (no data is read)
     sampler = FCPSampler(data.index, cost_model=cost.replace(tokens_per_rank=args.tokens_per_rank),

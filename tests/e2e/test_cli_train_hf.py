@@ -95,6 +95,15 @@ def test_video_example_runs_and_resumes_under_torchrun(tmp_path):
     assert _lines(resumed, "step ") == steps[1:], (resumed.stdout, steps)
 
 
+def test_video_example_trains_internvl_on_its_bundled_tiles(tmp_path):
+    """The same example with the InternVL config: it picks the bundled samples' internvl3 index (448-px tiles, 256
+    tokens each; the 8.5K-token videos do not fit 2·1152 tokens and are dropped with a warning) and trains."""
+    r = _torchrun(tmp_path, "train_qwen2_5_vl_video.py", "--config", str(CONFIGS / "internvl-tiny.json"), "--steps", "2")
+    steps = _lines(r, "step ")
+    assert len(steps) == 2, r.stdout
+    _check_losses([float(ln.split(" loss ")[1].split()[0]) for ln in steps])
+
+
 def test_text_example_trains_validates_and_resumes_exactly(tmp_path):
     """The text example (Llama, FSDP2) under torchrun: 4 steps with a checkpoint after step 2 and 4, finite losses, one
     validation batch, the trained model saved for ``from_pretrained`` (``--save-model``); then a second run resumed
