@@ -83,8 +83,39 @@ class _HFVision:
         self.visual.zero_grad(set_to_none=set_to_none)
 
 
+class _HFTiles:
+    """:func:`time_vision`'s view of an InternVL model: a frame is one tile ``[3, H, W]`` of the vision tower's image
+    size, encoded (tower, pixel shuffle, projector) through ``get_image_features`` as fcp's HF integration does."""
+
+    def __init__(self, net) -> None:
+        from types import SimpleNamespace
+
+        v = net.config.vision_config
+        self.net, self.size = net, tuple(int(x) for x in v.image_size)
+        side = self.size[0] // int(v.patch_size[0])
+        self.per = int(round(side * float(net.config.downsample_ratio))) ** 2  # visual tokens per tile
+        self.cfg = SimpleNamespace(merge_size=1, patch_dim=3)
+
+    def tokens_per_frame(self, h: int, w: int) -> int:
+        return self.per
+
+    def random_input(self, frames: int, h: int, w: int, generator):
+        import torch
+
+        return torch.randn(frames, 3, *self.size, generator=generator)
+
+    def encode_frames(self, x, h: int, w: int):
+        from fcp_exec.integrations.hf import _encode_tiles
+
+        return _encode_tiles(self.net, x)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.net.zero_grad(set_to_none=set_to_none)
+
+
 def vision_tower(net, model: str, layer_like: str | None):
-    """The vision tower :func:`time_vision` times (tiny-mllm's, or a Hugging Face Qwen-VL model's), or None."""
+    """The vision tower :func:`time_vision` times (tiny-mllm's, a Hugging Face Qwen-VL model's, InternVL's tiles), or
+    None."""
     if layer_like:
         return None
     if model == "tiny-mllm":
@@ -95,6 +126,8 @@ def vision_tower(net, model: str, layer_like: str | None):
         if hf.model_type_of(net) in hf.VL_MODEL_TYPES:
             inner = getattr(net, "model", net)
             return _HFVision(inner.visual, net.config.vision_config.spatial_merge_size)
+        if hf.model_type_of(net) in hf.TILE_VL_MODEL_TYPES:
+            return _HFTiles(net)
     return None
 
 
@@ -110,13 +143,15 @@ def time_vision(vision, device, dtype, reps: int = 3, warmup: int = 1, frames=VI
     import torch
 
     h, w = grid
-    m2 = vision.cfg.merge_size ** 2
+    per = vision.tokens_per_frame(h, w) if hasattr(vision, "tokens_per_frame") else h * w // vision.cfg.merge_size ** 2
     gen = torch.Generator().manual_seed(seed)
-    batches = [torch.randn(f, h * w, vision.cfg.patch_dim, generator=gen).to(device=device, dtype=dtype) for f in frames]
+    make = getattr(vision, "random_input", None) or (lambda f, h, w, g: torch.randn(f, h * w, vision.cfg.patch_dim,
+                                                                                  generator=g))
+    batches = [make(f, h, w, gen).to(device=device, dtype=dtype) for f in frames]
 
     def step(x):
         vision.encode_frames(x, h, w).float().square().sum().backward()
         vision.zero_grad(set_to_none=True)
 
     times = sweep_times([lambda x=x: step(x) for x in batches], reps, warmup, device, seed)
-    return [(f * h * w // m2, timing_estimate(ts)[0]) for f, ts in zip(frames, times)]
+    return [(f * per, timing_estimate(ts)[0]) for f, ts in zip(frames, times)]

@@ -438,3 +438,24 @@ def test_hf_vision_tower_timing_encodes_frames_independently():
     torch.testing.assert_close(together, alone, rtol=1e-5, atol=1e-5)
     timings = time_vision(tower, torch.device("cpu"), torch.float32, reps=1, warmup=0)
     assert [n for n, _ in timings] == [f * h * w // 4 for f in VISION_FRAMES] and all(t > 0 for _, t in timings)
+
+
+def test_internvl_vision_is_timed_per_tile():
+    """InternVL's tower is timed by whole tiles of its image size through get_image_features (what training encodes):
+    the visual tokens of F tiles are F · (side · downsample_ratio)², and encode_frames gives exactly that many rows."""
+    import torch
+
+    pytest.importorskip("transformers")
+    from pathlib import Path
+
+    from fcp_exec.integrations import hf
+    from fcp_exec.profile_timing import time_vision, vision_tower
+
+    path = Path(__file__).resolve().parent / "internvl-tiny.json"  # 56-px tiles: 4 visual tokens each
+    net = hf.build_model(hf.load_config(path), seed=0)
+    tower = vision_tower(net, f"hf:{path}", None)
+    assert tower.tokens_per_frame(8, 8) == 4
+    rows = tower.encode_frames(torch.randn(3, 3, 56, 56), 8, 8)
+    assert tuple(rows.shape) == (12, net.config.text_config.hidden_size)
+    got = time_vision(tower, torch.device("cpu"), torch.float32, reps=1, warmup=0, frames=(1, 4))
+    assert [n for n, _ in got] == [4, 16] and all(t > 0 for _, t in got)
