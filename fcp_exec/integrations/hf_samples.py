@@ -214,12 +214,18 @@ def _arrow_column(data: Any, name: str) -> tuple[np.ndarray | None, np.ndarray |
 class HFSamples:
     """``HFSamples(base, config)[i]``: ``base[i]`` with its padding stripped (:func:`strip_padding`) and, for a
     Qwen-VL ``config`` (its ``image_token_id``, ``video_token_id`` and vision ``spatial_merge_size``), in FCP's
-    format (:func:`fcp_sample`); ``config=None``: padding only. ``len`` and other attributes are the base's."""
+    format (:func:`fcp_sample`); for InternVL a ``grid_thw`` of ``[[tiles, side, side]]`` added when the sample has
+    tiles but no grid (its processor's output); ``config=None``: padding only. ``len`` and other attributes are the
+    base's."""
 
     def __init__(self, base: Any, config: Any = None) -> None:
         self.base = base
         self.vl = config is not None and getattr(config, "vision_config", None) is not None
-        if self.vl:
+        self.tile_side = None  # InternVL: patches per tile side; a sample's grid_thw is [[tiles, side, side]]
+        if self.vl and config.model_type == "internvl":
+            v = config.vision_config
+            self.tile_side = int(v.image_size[0]) // int(v.patch_size[0])
+        elif self.vl:
             self.image_token_id, self.video_token_id = int(config.image_token_id), int(config.video_token_id)
             self.merge = int(config.vision_config.spatial_merge_size)
 
@@ -229,6 +235,11 @@ class HFSamples:
     def __getitem__(self, i: int) -> Any:
         sample = strip_padding(self.base[i])
         if not self.vl:
+            return sample
+        if self.tile_side is not None:  # InternVL: pixel_values [tiles, 3, H, W] (its processor gives no grid)
+            if isinstance(sample, dict) and sample.get("pixel_values") is not None and sample.get("grid_thw") is None:
+                tiles = int(torch.as_tensor(sample["pixel_values"]).shape[0])
+                sample = {**sample, "grid_thw": torch.tensor([[tiles, self.tile_side, self.tile_side]])}
             return sample
         return fcp_sample(sample, image_token_id=self.image_token_id, video_token_id=self.video_token_id,
                           merge=self.merge)

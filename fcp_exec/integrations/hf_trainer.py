@@ -59,7 +59,7 @@ Trainer does there.
 Tested on CPU/gloo: DDP, one process, bf16 autocast, fp16 with a loss scaler (Accelerate's GPU setting given to
 the CPU by the test), LoRA, TRL SFT, datasets.Dataset, DeepSpeed ZeRO-2 and -3, and
 Accelerate's FSDP2 (its accelerator-only gate lifted by the test; on CPU Accelerate itself keeps DDP, and FCPTrainer
-warns) with sharded checkpoints and its bf16 policy (``tests/exec/test_hf_trainer.py``).
+warns) with sharded checkpoints and its bf16 policy, InternVL (its processor's samples too) (``test_hf_trainer.py``).
 """
 
 from __future__ import annotations
@@ -77,7 +77,8 @@ from torch.utils.data import DataLoader
 from fcp_exec.devices import settle_collectives
 from fcp_exec.integrations.hf_trainer_data import (GlobalBatch, GlobalBatchLoader, _has_labels, _is_indexed,
                                                    count_lengths, input_tokens)
-from fcp_exec.integrations.hf import VL_MODEL_TYPES, apply_fcp, fcp_loss, model_type_of, unwrap
+from fcp_exec.integrations.hf import apply_fcp, fcp_loss, model_type_of, unwrap
+from fcp_exec.integrations.hf_models import MLLM_MODEL_TYPES
 from fcp_exec.step import StepResult, reducer_for, train_step
 
 try:
@@ -163,8 +164,6 @@ class FCPTrainer(Trainer):
             raise ValueError("FCPTrainer needs cost_model= (fcp_data.CostModel.load('cost.json') from `fcp profile`, "
                              "or CostModel.preset(model, hardware))")
         _check_loss(type(self), args)
-        if model_type_of(unwrap(model)) == "internvl":
-            raise ValueError("FCPTrainer does not take InternVL models yet (tested: `fcp train`, train_step)")
         if getattr(model, "_fcp_state", None) is None:
             apply_fcp(model)
         args, self.fcp_gradient_accumulation_steps = _run_args(args, global_batch_size)
@@ -218,7 +217,7 @@ class FCPTrainer(Trainer):
         ckw.setdefault("pad_token_id", self._pad_id(data))
         self._pads[which] = int(ckw["pad_token_id"])  # the idle ranks' dummy documents
         inner, indexed = unwrap(self.model), _is_indexed(data)
-        vl = model_type_of(inner) in VL_MODEL_TYPES
+        vl = model_type_of(inner) in MLLM_MODEL_TYPES
         if vl and not indexed and "visual_layout" not in skw and not ckw["sample_labels"]:
             skw["visual_layout"] = self._layout_of(data)
         if vl:
@@ -262,7 +261,8 @@ class FCPTrainer(Trainer):
         held = self._layouts.get(id(data))
         if held is None or held[0] is not data:
             cfg = unwrap(self.model).config
-            spans = placeholder_spans(data, (int(cfg.image_token_id), int(cfg.video_token_id)))
+            spans = placeholder_spans(data, tuple(int(t) for t in (cfg.image_token_id, getattr(cfg, "video_token_id", None))
+                                                  if t is not None))
             held = self._layouts[id(data)] = (data, SpanVisualLayout(spans))
         return held[1]
 

@@ -3,8 +3,8 @@
 
 The matrix of ``test_hf_train.py`` covers InternVL with every reducer, gradient checkpointing and 2/3 processes on
 synthetic 56-px tiles; here the tiles are the real ones (448 px, 256 tokens each): an image of several tiles is split
-over a degree-2 group, so its tiles are encoded on both ranks and the rows exchanged. Plus the set-ups that are refused with
-one error: an index of another family, tiles of another size, FCPTrainer.
+over a degree-2 group, so its tiles are encoded on both ranks and the rows exchanged. Plus the data that is refused
+with one error: an index of another family, tiles of another size. (FCPTrainer: ``test_hf_trainer.py``.)
 """
 
 from __future__ import annotations
@@ -53,21 +53,12 @@ def test_fcp_train_on_real_tiles_equals_the_stock_model(tmp_path):
     assert any(n.startswith("model.vision_tower") for n in grads)  # the vision tower trained too
 
 
-def test_mismatched_data_and_trainer_are_one_error(tmp_path):
+def test_mismatched_data_is_one_error(tmp_path):
     cache = str(tmp_path / "cache")
     with pytest.raises(ValueError, match="an internvl model needs an InternVL spec"):
         load_train_data(f"hf:{CONFIG}", str(hf_index(cache, "qwen2.5-vl")), hf_config=hf.load_config(CONFIG))
     with pytest.raises(ValueError, match=r"448-px tiles but the model's vision tower takes \(56, 56\)"):
         load_train_data(f"hf:{CONFIG_56}", None, hf_config=hf.load_config(CONFIG_56), cache_dir=cache)
-    from transformers import TrainingArguments
-
-    from fcp_data.cost import CostModel
-    from fcp_exec.integrations.hf_trainer import FCPTrainer
-
-    model = hf.build_model(hf.load_config(CONFIG_56), seed=0)
-    args = TrainingArguments(output_dir=str(tmp_path / "out"), report_to=[], use_cpu=True)
-    with pytest.raises(ValueError, match="FCPTrainer does not take InternVL models yet"):
-        FCPTrainer(model=model, args=args, cost_model=CostModel.preset("qwen3-1.7b", "h100"))
 
 
 def hf_index(cache: str, spec: str) -> Path:

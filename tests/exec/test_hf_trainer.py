@@ -42,6 +42,7 @@ pytest.importorskip("accelerate")
 from fcp_exec.launch import launch  # noqa: E402
 
 CONFIGS = Path(__file__).resolve().parents[2] / "examples" / "configs"
+_CONFIG_FILES = {"internvl": Path(__file__).resolve().parent / "internvl-tiny.json"}  # 56-px tiles, 4 tokens each
 GBS, NUM_DOCS, STEPS, TOKENS_PER_RANK, MAX_TOKENS = 3, 12, 6, 40, 80
 COMPILE_TOL = 1e-12  # torch_compile with aot_eager: the same ops in float64
 GA = 2  # the gradient-accumulation run: 1 sequence per device × 2 ranks × 2 accumulation steps = global batches of 4
@@ -57,7 +58,7 @@ def _data(family: str, sft: bool = False):
     from fcp_exec.integrations.hf import load_config
     from fcp_exec.train_data import load_train_data
 
-    config = load_config(CONFIGS / f"{family}-tiny.json")
+    config = load_config(_CONFIG_FILES.get(family, CONFIGS / f"{family}-tiny.json"))
     return config, load_train_data(f"hf:{family}", "synthetic", max_tokens=MAX_TOKENS, seed=0,
                                    num_synthetic=NUM_DOCS, hf_config=config, prompt_mask=sft)
 
@@ -74,7 +75,7 @@ def _ignore_ids(config) -> tuple[int, ...]:
     if not hasattr(config, "vision_config"):
         return ()
     ids = special_ids(config)
-    return ids["image"], ids["video"]
+    return tuple(ids[k] for k in ("image", "video") if k in ids)
 
 
 def _norms(trainer) -> list[float]:
@@ -128,7 +129,11 @@ def _fcp_run(family: str, out: str, resume: str | None = None, save_steps: int =
         warnings.simplefilter("always")
         given = dict(train_dataset=data.dataset, train_lengths=data.lengths, eval_lengths=data.lengths,
                      sampler_kwargs={"visual_layout": data.visual_layout})
-        if processor:
+        if processor == "internvl":  # its processor's output: ids, mask, tiles; no grid, no lengths given
+            given = dict(train_dataset=[{"input_ids": x["input_ids"], "attention_mask": torch.ones_like(x["input_ids"]),
+                                         **({"pixel_values": x["pixel_values"]} if "pixel_values" in x else {})}
+                                        for x in (data.dataset[i] for i in range(len(data.dataset)))])
+        elif processor:
             given = dict(train_dataset=_processor_samples(family, processor == "arrow"))
         if metrics:
             given.update(compute_metrics=_token_accuracy, preprocess_logits_for_metrics=_best_tokens)
@@ -336,6 +341,8 @@ def _fcp_runs(out: str) -> dict:
         "ddp-resumed": _fcp_run("qwen3", f"{out}/ddp-r", resume=f"{out}/ddp/checkpoint-2"),
         "vl": _fcp_run("qwen2_5_vl", f"{out}/vl", include_num_input_tokens_seen="non_padding", metrics=True),
         "vl2": _fcp_run("qwen2_vl", f"{out}/vl2"),
+        "ivl": _fcp_run("internvl", f"{out}/ivl"),
+        "ivl-proc": _fcp_run("internvl", f"{out}/ivl-proc", processor="internvl"),
         "sft": _fcp_run("llama", f"{out}/sft", sft=True),
         "gc": _fcp_run("qwen3_vl", f"{out}/gc", **{_checkpointing_field(): True}),
         "fsdp-on-cpu": _fcp_run("qwen3", f"{out}/fsdp", fsdp=True, fsdp_config={"fsdp_version": 2}),
@@ -677,10 +684,13 @@ def _same_params(got: dict, want: dict, what: str, tol: float = TOL) -> None:
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("run, family", [("ddp", "qwen3"), ("vl", "qwen2_5_vl"), ("vl2", "qwen2_vl"),
-                                         ("sft", "llama"), ("gc", "qwen3_vl"), ("fsdp2", "qwen3")])
+                                         ("sft", "llama"), ("gc", "qwen3_vl"), ("fsdp2", "qwen3"),
+                                         ("ivl", "internvl"), ("ivl-proc", "internvl")])
 def test_fcp_trainer_equals_stock_trainer(fcp_runs, run, family, tmp_path):
     """``sft``: the samples' own labels (a masked prompt), counted over the global batch by train_step; ``gc``: the
-    Trainer's ``gradient_checkpointing=True`` (against the reference without it: the same gradients)."""
+    Trainer's ``gradient_checkpointing=True`` (against the reference without it: the same gradients); ``ivl``:
+    InternVL (56-px tiles); ``ivl-proc``: the same documents as its processor gives them (ids, attention mask,
+    tiles; no grid, no lengths), which FCPTrainer counts and completes itself."""
     per_rank, _ = fcp_runs
     res = per_rank[0][run]
     evals = _order(family, 1, 1 + (NUM_DOCS - 1) // GBS) if run == "ddp" else ()
