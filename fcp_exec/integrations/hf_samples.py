@@ -222,7 +222,7 @@ class HFSamples:
         self.base = base
         self.vl = config is not None and getattr(config, "vision_config", None) is not None
         self.tile_side = None  # InternVL: patches per tile side; a sample's grid_thw is [[tiles, side, side]]
-        if self.vl and config.model_type == "internvl":
+        if self.vl and getattr(config, "model_type", None) == "internvl":
             v = config.vision_config
             self.tile_side = int(v.image_size[0]) // int(v.patch_size[0])
         elif self.vl:
