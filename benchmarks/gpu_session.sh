@@ -10,7 +10,8 @@
 #   pytest     tests/exec/test_kernels.py (its CUDA test, and the rest on this machine)
 #   train      `fcp train` (1 process, NCCL): Qwen3 bf16 FSDP2 on the bundled text; Qwen2.5-VL bf16 on synthetic video;
 #              Qwen2.5-VL with --amp float16 (fp32 parameters, fp16 autocast, the loss scaler); Qwen3 with FSDP2's
-#              bf16 mixed precision, gradient clipping and a warm-up + cosine schedule
+#              bf16 mixed precision, gradient clipping and a warm-up + cosine schedule; InternVL on the bundled
+#              448-px tiles, saved with --save-model and trained again from those weights (--init pretrained)
 #   trainer    examples/train_hf_trainer.py --bf16 and --fp16 under torchrun (FCPTrainer, transformers' Trainer)
 #   multigpu   benchmarks/ring_vs_dp_check.py on every GPU (2+): training with rings across GPUs (NCCL) has the
 #              losses of training without rings (skipped on one GPU)
@@ -69,6 +70,10 @@ if want train; then
         --nproc 1 --amp float16 --steps 3
     part train-fsdp-mp 60 $PY -m fcp_cli train --model hf:examples/configs/qwen3-tiny.json --nproc 1 --steps 4 \
         --reducer fsdp2 --fsdp-mixed-precision bfloat16 --max-grad-norm 1.0 --warmup-steps 1 --lr-schedule cosine
+    part train-internvl 60 $PY -m fcp_cli train --model hf:examples/configs/internvl-tiny.json --nproc 1 \
+        --dtype bfloat16 --steps 3 --save-model "$OUT/internvl-trained"
+    part train-pretrained 60 $PY -m fcp_cli train --model "hf:$OUT/internvl-trained" --init pretrained --nproc 1 \
+        --dtype bfloat16 --steps 1
 fi
 if want trainer; then
     part trainer 75 $PY -m torch.distributed.run --standalone --nproc-per-node 1 \
