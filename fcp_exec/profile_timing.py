@@ -90,10 +90,11 @@ class _HFTiles:
     def __init__(self, net) -> None:
         from types import SimpleNamespace
 
-        v = net.config.vision_config
-        self.net, self.size = net, tuple(int(x) for x in v.image_size)
-        side = self.size[0] // int(v.patch_size[0])
-        self.per = int(round(side * float(net.config.downsample_ratio))) ** 2  # visual tokens per tile
+        from fcp_exec.integrations.hf_models import tile_geometry
+
+        self.net, self.size = net, tuple(int(x) for x in net.config.vision_config.image_size)
+        side, merge = tile_geometry(net.config)
+        self.per = (side // merge) ** 2  # visual tokens per tile
         self.cfg = SimpleNamespace(merge_size=1, patch_dim=3)
 
     def tokens_per_frame(self, h: int, w: int) -> int:

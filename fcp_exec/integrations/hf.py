@@ -53,8 +53,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from fcp_exec.integrations.hf_models import (SUPPORTED_MODEL_TYPES, TILE_VL_MODEL_TYPES,  # noqa: F401
-                                             VL_MODEL_TYPES, attention_limits, build_model,
-                                             enable_gradient_checkpointing, has_weights, load_config, load_model)
+                                             VL_MODEL_TYPES, attention_limits, build_model, enable_gradient_checkpointing,
+                                             has_weights, load_config, load_model, tile_geometry)
 from fcp_exec.step import denominator
 
 __all__ = ["ATTENTION_NAME", "SUPPORTED_MODEL_TYPES", "VL_MODEL_TYPES", "FCPAttentionContext", "apply_fcp",
@@ -192,7 +192,7 @@ def apply_fcp(model: nn.Module, *, kernel=None, timeout: float | None = None) ->
         state.image_token_id = int(cfg.image_token_id)
         state.video_token_id = None if tiles else int(cfg.video_token_id)
         # a tile's grid row (tiles, h, w) counts patches; h·w / merge² of them are its visual tokens
-        state.merge = round(1 / float(cfg.downsample_ratio)) if tiles else int(cfg.vision_config.spatial_merge_size)
+        state.merge = tile_geometry(cfg)[1] if tiles else int(cfg.vision_config.spatial_merge_size)
         if getattr(model, "_fcp_state", None) is None:
             model.register_forward_pre_hook(_vision_pre_hook, with_kwargs=True)
             model.register_forward_hook(_vision_post_hook, always_call=True)

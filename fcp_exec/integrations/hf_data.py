@@ -98,8 +98,9 @@ class SyntheticHFDocs:
         for k, (kind, (t, h, w)) in enumerate(layout):
             seq += [-1] * len(parts[k])
             if self.tiles:  # InternVL: <IMG_CONTEXT> × tokens of t tiles (its processor's markers are plain text here)
-                v = self.config.vision_config
-                g, m = int(v.image_size[0]) // int(v.patch_size[0]), round(1 / float(self.config.downsample_ratio))
+                from fcp_exec.integrations.hf_models import tile_geometry
+
+                g, m = tile_geometry(self.config)
                 spans.append((len(seq), t * (g // m) ** 2))
                 seq += [self.ids["image"]] * (t * (g // m) ** 2)
                 grids.append((t, g, g))

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "VL_MODEL_TYPES", "TILE_VL_MODEL_TYPES", "MLLM_MODEL_TYPES", "attention_limits",
-           "build_model", "load_config"]
+           "build_model", "load_config", "tile_geometry"]
 
 # tested against the stock model (tests/exec/test_hf_train.py, tests/exec/test_hf_families.py)
 SUPPORTED_MODEL_TYPES = ("qwen3", "llama", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen2", "mistral", "phi3", "olmo2",
@@ -88,6 +88,14 @@ def build_model(config, *, dtype=torch.float32, seed: int = 0) -> nn.Module:
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 INIT_NAMES = ("auto", "pretrained", "random")
+
+
+def tile_geometry(config) -> tuple[int, int]:
+    """InternVL's tiles: ``(side, merge)`` — vision patches per tile side (``image_size / patch_size``) and patches
+    merged per side by the pixel shuffle (``1 / downsample_ratio``); a tile is the grid row ``(1, side, side)`` and
+    holds ``(side / merge)²`` visual tokens."""
+    v = config.vision_config
+    return int(v.image_size[0]) // int(v.patch_size[0]), round(1 / float(config.downsample_ratio))
 
 
 def _rank() -> int:

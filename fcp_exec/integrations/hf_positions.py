@@ -264,8 +264,10 @@ def hf_collator(config_or_model: Any, **collator_kwargs: Any) -> FCPCollator:
     config = getattr(config_or_model, "config", config_or_model)
     if getattr(config, "model_type", None) == "internvl":
         collator_kwargs.setdefault("pad_token_id", _pad_id(config))
-        return FCPCollator(visual_token_id=int(config.image_token_id),
-                           spatial_merge_size=round(1 / float(config.downsample_ratio)), **collator_kwargs)
+        from fcp_exec.integrations.hf_models import tile_geometry
+
+        return FCPCollator(visual_token_id=int(config.image_token_id), spatial_merge_size=tile_geometry(config)[1],
+                           **collator_kwargs)
     fn = HFRopeIndex.from_model(config_or_model) if isinstance(config_or_model, torch.nn.Module) \
         else HFRopeIndex(config_or_model)
     collator_kwargs.setdefault("pad_token_id", _pad_id(fn.config))

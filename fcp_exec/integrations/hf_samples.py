@@ -223,8 +223,9 @@ class HFSamples:
         self.vl = config is not None and getattr(config, "vision_config", None) is not None
         self.tile_side = None  # InternVL: patches per tile side; a sample's grid_thw is [[tiles, side, side]]
         if self.vl and getattr(config, "model_type", None) == "internvl":
-            v = config.vision_config
-            self.tile_side = int(v.image_size[0]) // int(v.patch_size[0])
+            from fcp_exec.integrations.hf_models import tile_geometry
+
+            self.tile_side = tile_geometry(config)[0]
         elif self.vl:
             self.image_token_id, self.video_token_id = int(config.image_token_id), int(config.video_token_id)
             self.merge = int(config.vision_config.spatial_merge_size)
