@@ -7,8 +7,8 @@ since indexing, a shard on a flaky network mount. :class:`fcp_data.slots.FCPData
 :class:`SkippedSample` in the sample's place:
 
 * the plan stays valid: :class:`fcp_data.collator.FCPCollator` packs ``slot.num_tokens`` tokens for it with no
-  label — its skeleton from the index where the dataset has one (``IndexedDataset.skeleton``: a Qwen-VL image or
-  video keeps its visual block and grid, zero pixels, pads for its text), else pad tokens with text positions and
+  label — its skeleton from the index where the dataset has one (``IndexedDataset.skeleton``: an image or video
+  keeps its visual block and grid, zero pixels of its shape, pads for its text), else pad tokens with text positions and
   no pixels — so every tensor has the planned shape and every rank of its CP group packs the same layout (they
   all read the same file; with a skeleton even a rank whose read succeeded agrees on the visual layout);
 * the step equals training on the rest of the global batch: the batch lists the sample in ``skipped_samples``

@@ -188,14 +188,14 @@ class IndexedDataset(torch.utils.data.Dataset):
         return str(self.index.keys[i])
 
     def skeleton(self, i: int) -> dict | None:
-        """Sample ``i`` as the reader builds it but without decoding a pixel, for a read that failed: a Qwen-VL
-        image/video's visual block exactly (planned from the index), zero pixels of its grid, its
-        ``second_per_grid_ts``; pads in place of a caption up to the indexed length, or a conversation's own text
-        (its record read again; several media: their headers probed again). Every rank of a CP group then packs the
-        same visual layout whether its own read failed or not, so the group's frame exchange still matches. None
-        for text and other vision families (a failure here too gives plain pads)."""
+        """Sample ``i`` as the reader builds it but without decoding a pixel, for a read that failed: an image/video's
+        visual block exactly (planned from the index), zero pixels of its shape (Qwen-VL: its patch grid and
+        ``second_per_grid_ts``; InternVL: its tiles; LLaVA-Video: its frames); pads in place of a caption up to the
+        indexed length, or a conversation's own text (its record read again; several media: their headers probed
+        again). Every rank of a CP group then packs the same visual layout whether its own read failed or not, so
+        the group's frame/tile exchange still matches. None for text (a failure there gives plain pads)."""
         kind = int(self.index.kind[i])
-        if kind not in (KIND_VIDEO, KIND_IMAGE) or self.spec.family != "qwen-vl":
+        if kind not in (KIND_VIDEO, KIND_IMAGE):
             return None
         if self.chat_field:
             out = self._media_chat_sample(i, kind, self._record(i, self.index.members(i)), decode=False)
@@ -252,15 +252,10 @@ class IndexedDataset(torch.utils.data.Dataset):
 
     def _vision_of(self, plan, geom: dict, src, decode: bool = True) -> tuple[list[int], dict]:
         """The visual block ids and vision inputs of one image/video under its ``plan`` (``decode`` False: zero
-        pixels of the plan's Qwen-VL grid, nothing read)."""
-        from fcp_data.video import vision_inputs
+        pixels of the plan's shape, nothing read)."""
+        from fcp_data.video import vision_inputs, zero_vision_inputs
 
-        if decode:
-            pixel_values, grid_thw = vision_inputs(self.spec, plan, src)
-        else:
-            v, (t, h, w) = self.spec.vision, plan.grid_thw
-            pixel_values = torch.zeros((t * h * w, 3 * int(v["temporal_patch_size"]) * int(v["patch_size"]) ** 2))
-            grid_thw = torch.tensor([plan.grid_thw], dtype=torch.long)
+        pixel_values, grid_thw = vision_inputs(self.spec, plan, src) if decode else zero_vision_inputs(self.spec, plan)
         out = {"pixel_values": pixel_values, "grid_thw": grid_thw}
         if geom["kind"] == KIND_VIDEO and self.spec.family == "qwen-vl":
             from fcp_data.video import qwen_second_per_grid

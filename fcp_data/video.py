@@ -26,7 +26,8 @@ import torch
 
 from fcp_data.specs import Spec, VisualPlan
 
-__all__ = ["VideoDecodeError", "decode_frames", "decode_image", "qwen_patchify", "qwen_second_per_grid", "vision_inputs"]
+__all__ = ["VideoDecodeError", "decode_frames", "decode_image", "qwen_patchify", "qwen_second_per_grid", "vision_inputs",
+           "zero_vision_inputs"]
 
 
 _QUIET = []
@@ -139,23 +140,47 @@ def vision_inputs(spec: Spec, plan: VisualPlan, src: bytes | str | Path) -> tupl
         if grid != plan.grid_thw:
             raise ValueError(f"patch grid {grid} differs from the planned {plan.grid_thw}: the file changed since indexing")
         return pv, torch.tensor([grid], dtype=torch.long)
+    size, grid = _tile_grid(spec, plan)
+    if fam == "internvl" and plan.kind == "image":
+        cols, rows = plan.resized
+        big = _pil_resize(img, (cols * size, rows * size))
+        tiles = [big[r * size:(r + 1) * size, c * size:(c + 1) * size] for r in range(rows) for c in range(cols)]
+        if v["image"].get("use_thumbnail", True) and len(tiles) > 1:
+            tiles.append(_pil_resize(img, (size, size)))
+    else:  # an InternVL video frame is one tile; LLaVA-Video resizes each frame (or the image) to one square
+        tiles = [_pil_resize(f, (size, size)) for f in frames] if plan.kind == "video" else [_pil_resize(img, (size, size))]
+    return _tiles_to_tensor(tiles, v["image_mean"], v["image_std"]), torch.tensor([grid], dtype=torch.long)
+
+
+def _tile_grid(spec: Spec, plan: VisualPlan) -> tuple[int, tuple[int, int, int]]:
+    """(square side in pixels, ``grid_thw`` row) of an InternVL/LLaVA-Video image or video under ``plan``: the row's
+    first entry is the number of tiles/frames (InternVL: the tile grid plus its thumbnail), then the patch grid of
+    one (InternVL: patches per tile side; LLaVA-Video: the pooled token grid of one frame)."""
+    v, fam = spec.vision, spec.family
     if fam == "internvl":
         size = int(v["tile_size"])
         if plan.kind == "image":
             cols, rows = plan.resized
-            big = _pil_resize(img, (cols * size, rows * size))
-            tiles = [big[r * size:(r + 1) * size, c * size:(c + 1) * size] for r in range(rows) for c in range(cols)]
-            if v["image"].get("use_thumbnail", True) and len(tiles) > 1:
-                tiles.append(_pil_resize(img, (size, size)))
+            n = cols * rows + (1 if v["image"].get("use_thumbnail", True) and cols * rows > 1 else 0)
         else:
-            tiles = [_pil_resize(f, (size, size)) for f in frames]
-        x = _tiles_to_tensor(tiles, v["image_mean"], v["image_std"])
+            n = len(plan.frame_indices)
         g = size // int(v["patch_size"])
-        return x, torch.tensor([[x.shape[0], g, g]], dtype=torch.long)
+        return size, (n, g, g)
     if fam == "llava-video":
-        size = int(v["image_size"])
-        imgs = [_pil_resize(f, (size, size)) for f in frames] if plan.kind == "video" else [_pil_resize(img, (size, size))]
-        x = _tiles_to_tensor(imgs, v["image_mean"], v["image_std"])
-        side = int(round((plan.num_visual_tokens // len(imgs)) ** 0.5)) if plan.kind == "video" else 27
-        return x, torch.tensor([[len(imgs), side, plan.num_visual_tokens // len(imgs) // side]], dtype=torch.long)
+        n = len(plan.frame_indices) if plan.kind == "video" else 1
+        side = int(round((plan.num_visual_tokens // n) ** 0.5)) if plan.kind == "video" else 27
+        return int(v["image_size"]), (n, side, plan.num_visual_tokens // n // side)
     raise ValueError(f"spec {spec.name!r} has no vision inputs")
+
+
+def zero_vision_inputs(spec: Spec, plan: VisualPlan) -> tuple[torch.Tensor, torch.Tensor]:
+    """What :func:`vision_inputs` returns for ``plan`` — same shapes, same grid — with zero pixels and nothing read:
+    the vision inputs of a sample that failed to read (``IndexedDataset.skeleton``)."""
+    v = spec.vision
+    if spec.family == "qwen-vl":
+        t, h, w = plan.grid_thw
+        return (torch.zeros((t * h * w, 3 * int(v["temporal_patch_size"]) * int(v["patch_size"]) ** 2)),
+                torch.tensor([plan.grid_thw], dtype=torch.long))
+    size, grid = _tile_grid(spec, plan)
+    return torch.zeros((grid[0], 3, size, size)), torch.tensor([grid], dtype=torch.long)
+

@@ -7,10 +7,14 @@ References: the sample read normally — the skeleton has its visual block token
 same visual positions, rows, grid and 3-D positions as the real sample (the inputs of the frame exchange). Then
 tiny-mllm trains 3 steps on 2 real gloo processes with one video failing on rank 0 only, then on rank 1 only: the
 run ends (a hang would hit the launch timeout), the failing rank records the skip, and the losses equal those of the
-video failing on both ranks (the group agrees on the skip before the forward, :mod:`fcp_exec.skips`).
+video failing on both ranks (the group agrees on the skip before the forward, :mod:`fcp_exec.skips`); and Hugging
+Face InternVL on real 448-px tiles with a multi-tile image failing on one rank of its degree-2 group: loss and every
+gradient equal the image failing on both ranks (1e-12, float64). Families: Qwen2-VL/2.5-VL/3-VL, InternVL3, LLaVA-Video.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,7 +23,7 @@ import torch
 pytest.importorskip("decord")
 
 from fcp_data import FCPCollator  # noqa: E402
-from fcp_data.index.format import KIND_TEXT  # noqa: E402
+from fcp_data.index.format import KIND_IMAGE, KIND_TEXT, KIND_VIDEO  # noqa: E402
 from fcp_data.read_errors import SkippedSample  # noqa: E402
 from fcp_data.slots import MicroBatchMeta, SampleSlot  # noqa: E402
 from fcp_exec.launch import launch  # noqa: E402
@@ -27,20 +31,34 @@ from fcp_exec.train import TrainConfig, Trainer  # noqa: E402
 from fcp_exec.train_data import _bundled_index  # noqa: E402
 
 
-@pytest.fixture(scope="module", params=["qwen2-vl", "qwen2.5-vl", "qwen3-vl"])
+@pytest.fixture(scope="module", params=["qwen2-vl", "qwen2.5-vl", "qwen3-vl", "internvl3", "llava-video"])
 def reader(request, tmp_path_factory):
     from fcp_data import IndexedDataset
 
     return IndexedDataset(_bundled_index("hf", str(tmp_path_factory.mktemp("cache")), request.param))
 
 
+def _checked(reader) -> list[int]:
+    """The samples to compare with their skeletons: every one for Qwen-VL; for InternVL/LLaVA-Video (whose decoded
+    tiles/frames cost more) every text and image sample, the first three videos and the one with most frames."""
+    kinds = np.asarray(reader.index.kind)
+    if reader.spec.family == "qwen-vl":
+        return list(range(len(reader)))
+    vids = [i for i in range(len(reader)) if kinds[i] not in (KIND_TEXT, KIND_IMAGE)]
+    longest = max(vids, key=lambda i: int(reader.index.num_tokens[i]))
+    return sorted({i for i in range(len(reader)) if kinds[i] in (KIND_TEXT, KIND_IMAGE)} | set(vids[:3]) | {longest})
+
+
 def test_skeleton_has_the_samples_visual_layout(reader):
+    """Qwen2-VL/2.5-VL/3-VL (patch grids, seconds per grid, timestamps), InternVL3 (tiles: an image's tile grid and
+    thumbnail, a video's frames with their "FrameN:" text) and LLaVA-Video (frames): the skeleton is the sample's
+    visual block token for token, pads for the caption, zero pixels of the real sample's shape and its grid."""
     from fcp_data import IndexedDataset
 
     kinds = np.asarray(reader.index.kind)
-    assert (kinds != KIND_TEXT).sum() >= 10
+    assert (kinds == KIND_IMAGE).sum() >= 3 and (kinds == KIND_VIDEO).sum() >= 10
     captions = IndexedDataset(reader.index, caption_labels=True)
-    for i in range(len(reader)):
+    for i in _checked(reader):
         sk = reader.skeleton(i)
         if kinds[i] == KIND_TEXT:
             assert sk is None
@@ -95,7 +113,8 @@ def test_a_group_agrees_on_the_layout_when_one_rank_failed(reader):
     whether it read a video or only has its skeleton."""
     kinds = np.asarray(reader.index.kind)
     vids = [i for i in range(len(reader)) if kinds[i] != KIND_TEXT][:3]
-    coll = FCPCollator(pad_token_id=reader.pad_token_id, visual_token_id=reader.placeholder_ids, mrope=True,
+    mrope = reader.spec.family == "qwen-vl"
+    coll = FCPCollator(pad_token_id=reader.pad_token_id, visual_token_id=reader.placeholder_ids, mrope=mrope,
                        mask_visual_labels=False)
     for cp_rank in (0, 1):
         meta = MicroBatchMeta(epoch=0, global_batch=0, micro_batch=0, num_micro_batches=1, num_tokens_global=10_000,
@@ -106,7 +125,7 @@ def test_a_group_agrees_on_the_layout_when_one_rank_failed(reader):
         items = [(reader[i], s) for i, s in zip(vids, slots)]
         items[1] = (SkippedSample(vids[1], None, "OSError", "gone", reader.skeleton(vids[1])), slots[1])
         failed = coll(items)
-        for key in ("visual_pos", "visual_index", "grid_thw", "mrope_position_ids", "cu_seqlens"):
+        for key in ("visual_pos", "visual_index", "grid_thw", "cu_seqlens") + (("mrope_position_ids",) if mrope else ()):
             assert torch.equal(failed[key], real[key]), (key, cp_rank)
         assert failed["pixel_values"].shape == real["pixel_values"].shape
 
@@ -164,3 +183,46 @@ def test_training_with_a_video_that_fails_on_one_rank_equals_failing_on_both(tmp
         assert all(np.isfinite(v) for v in run["losses"])
         for a, b in zip(run["losses"], ref["losses"]):
             assert abs(a - b) <= 1e-6 * abs(b), (failing, run["losses"], ref["losses"])
+
+
+def _internvl_partial_failures(cfg: TrainConfig) -> dict:
+    """One step of the stock-weights InternVL with the first multi-tile image of global batch 0 failing on rank 0
+    only, on rank 1 only and on both: each run's loss, every gradient (float64), its groups and skip records."""
+    out = {}
+    for failing in ((0,), (1,), (0, 1)):
+        tr = Trainer(cfg)
+        first = tr.sampler.global_batch_indices(0)
+        bad = next(int(i) for i in first if int(tr.data.dataset[int(i)]["pixel_values"].shape[0]) > 1)
+        tr.loader.dataset.base = _FailsOn(tr.loader.dataset.base, bad, failing)
+        rec = tr.step()
+        out[failing] = {"bad": bad, "skipped": rec["skipped_samples"], "loss": rec["loss"], "groups": rec["degrees"],
+                        "grads": rec["grads"]}
+    return out
+
+
+@pytest.mark.timeout(300)
+def test_internvl_image_failing_on_one_rank_trains_like_failing_on_both(tmp_path):
+    """Hugging Face InternVL on the bundled images' real 448-px tiles, one degree-2 group: an image of several tiles
+    that fails to read on one rank only is packed there as its skeleton (its tiles as zeros), so the group's tile
+    exchange still matches; the run goes on, and loss and every gradient equal the failure on both ranks to 1e-12
+    (float64; a hang would hit the launch timeout). Before skeletons covered InternVL this stopped the run with one
+    SampleReadError on both ranks."""
+    config = Path(__file__).resolve().parents[2] / "examples" / "configs" / "internvl-tiny.json"
+    cfg = TrainConfig(model=f"hf:{config}", dtype="float64", steps=1, global_batch_size=2, max_tokens=3400,
+                      tokens_per_rank=1700, prefetch=0, verbose=False, return_grads=True, cache_dir=str(tmp_path))
+    res = launch(_internvl_partial_failures, 2, cfg, timeout=280.0, pg_timeout=120.0,
+                 preload=("transformers.modeling_utils",))
+    ref = res[0][(0, 1)]
+    assert any(2 in mb for mb in ref["groups"]), ref["groups"]  # the image's tiles are split over a degree-2 group
+    assert [r["index"] for r in ref["skipped"]] == [ref["bad"]]  # one record per sample of the step
+    for failing in ((0,), (1,)):
+        run = res[0][failing]
+        assert run["bad"] == ref["bad"] and res[1][failing]["loss"] == run["loss"]
+        assert [(r["index"], r["rank"]) for r in run["skipped"]] == [(ref["bad"], failing[0])]
+        assert abs(run["loss"] - ref["loss"]) <= 1e-12 * abs(ref["loss"]), (failing, run["loss"], ref["loss"])
+        top = max(float(np.abs(g).max()) for g in ref["grads"].values() if g is not None)
+        for name, g in ref["grads"].items():
+            got = run["grads"][name]
+            assert (got is None) == (g is None), name
+            if g is not None:
+                assert float(np.abs(got - g).max()) <= 1e-12 * top, (failing, name)
