@@ -6,8 +6,8 @@
     # video SFT (LLaVA lines {"video": "a.mp4", "conversations": [...]}): labels on the assistant turns
     fcp index llava.jsonl --spec qwen2.5-vl --chat-field conversations --media-root videos/ --out sft-index
     Checkpoints: `--checkpoint DIR --checkpoint-every N`, then `--resume DIR/step-K` (fcp_exec.checkpoint).
-    Damaged videos: `--read-errors-out bad.jsonl` records each one that fails to read (skipped, the run goes on);
-    the next run with `--exclude bad.jsonl` leaves them out of its plans.
+    Damaged videos: each one that fails to read is skipped (the run goes on) and left out of the later epochs;
+    `--read-errors-out bad.jsonl` records them, and the next run with `--exclude bad.jsonl` leaves them out from the start.
 
 ``--config`` is a config.json (random weights) or a checkpoint folder, whose weights are loaded (``load_model``).
 InternVL works the same way (``--config examples/configs/internvl-tiny.json``, an index built with ``--spec internvl3``).
@@ -31,6 +31,7 @@ from fcp_exec.integrations.hf import apply_fcp, fcp_loss, load_config, load_mode
 from fcp_exec.integrations.hf_positions import hf_collator
 from fcp_exec.launch import init_distributed, settle_collectives
 from fcp_exec.optim import clip_grad_norm, lr_at, set_lr
+from fcp_exec.skips import leave_out_later
 from fcp_exec.step import make_reducer, train_step
 
 
@@ -87,6 +88,7 @@ def main() -> None:
     batches = forever(loader)
     for step in range(start, args.steps):
         res = train_step(model, batches, fcp_loss, reducer, pad_token_id=data.pad_token_id)
+        leave_out_later(sampler, res)  # a video skipped here is not read (nor planned) again in later epochs
         grad_norm = clip_grad_norm(model, args.max_grad_norm)  # after the reducer: the global norm, on every rank
         lr = lr_at(step, lr=args.lr, steps=args.steps, warmup_steps=args.warmup_steps, schedule="cosine",
                    min_lr=args.lr / 10)  # a function of the step: a resumed run continues the schedule

@@ -28,6 +28,7 @@ from fcp_exec.checkpoint import load_checkpoint, save_checkpoint
 from fcp_exec.integrations.torchtitan import apply_fcp, fcp_loss
 from fcp_exec.launch import init_distributed, settle_collectives
 from fcp_exec.optim import clip_grad_norm, lr_at, set_lr
+from fcp_exec.skips import leave_out_later
 from fcp_exec.step import eval_step, make_reducer, train_step
 
 
@@ -95,6 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     batches = forever(loader)
     for step in range(start, args.steps):
         res = train_step(model, batches, fcp_loss, reducer, pad_token_id=data.pad_token_id)
+        leave_out_later(sampler, res)  # a sample skipped here is not read again in later epochs
         grad_norm = clip_grad_norm(model, args.max_grad_norm)  # after the reducer: the global norm, on every rank
         lr = lr_at(step, lr=args.lr, steps=args.steps, warmup_steps=args.warmup_steps, schedule="cosine",
                    min_lr=args.lr / 10)  # a function of the step: a resumed run continues the schedule

@@ -113,6 +113,21 @@ class PlanWindow:
             result = fut.result()  # blocks on the future (no polling); re-raises with the planner's traceback
         return result, time.perf_counter() - t0
 
+    def forget_from(self, epoch: int) -> None:
+        """Drop the keys of ``epoch`` and later (their data changed: ``FCPSampler.exclude_later``) and schedule them
+        again; a plan of one being made now finishes and is thrown away."""
+        with self._cond:
+            stale = [k for k in self._futures if k[0] >= epoch]
+            if not stale and self._next[0] < epoch:
+                return
+            for k in stale:
+                self._futures.pop(k).cancel()
+            self._todo = collections.deque(job for job in self._todo if job[0][0] < epoch)
+            self._next = min(stale + [self._next]) if stale else self._next
+            if self._next[0] >= epoch:
+                self._next = min(self._next, (epoch, 0))
+            self._fill()
+
     def attach(self) -> None:
         """A consumer continues from :attr:`head`: the worker keeps planning as keys are taken."""
         with self._cond:

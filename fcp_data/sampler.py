@@ -21,7 +21,8 @@ Every rank builds the same plan from ``(seed, epoch, lengths, config)`` with no 
   ``"drop"`` removes them from every epoch. ``num_truncated``/``num_dropped`` count them and one warning
   is logged.
 * **Excluded samples** (``exclude=``: indices, or a file of them, e.g. the read errors an earlier run recorded:
-  :func:`fcp_data.sampler_inputs.load_exclusions`) are left out of every epoch (``excluded``; one warning logged).
+  :func:`fcp_data.sampler_inputs.load_exclusions`) are left out of every epoch (``excluded``; one warning logged);
+  ``exclude_later(indices, epoch)`` leaves samples out of a later epoch on (:mod:`fcp_data.sampler_exclude`).
 * **Label counts.** ``num_tokens_global`` = Σ (num_tokens − 1) over the global batch;
   ``num_text_labels_global`` = the same without labels whose target is a visual placeholder (what
   ``FCPCollator(mask_visual_labels=True)`` reports as the loss denominator), computed exactly — truncation
@@ -83,7 +84,9 @@ from fcp_data.plan.types import Plan
 from fcp_data.sampler_config import SamplerConfig
 from fcp_data.prefetch import PlanWindow, SamplerIterator
 from fcp_data.sampler_state import check_int, check_state, make_state, state_after
-from fcp_data.sampler_inputs import check_lengths, check_visual, data_digest, dist_rank_and_world, load_exclusions
+from fcp_data.sampler_exclude import exclude_later, kept_at, late_from_state, set_late
+from fcp_data.sampler_inputs import (apply_overlong, check_lengths, check_visual, data_digest, dist_rank_and_world,
+                                    load_exclusions)
 from fcp_data.slots import FCPDataset, MicroBatchMeta, SampleSlot, SlotList, plan_digest
 from fcp_data.visual_layout import IndexVisualLayout, SpanVisualLayout
 
@@ -122,6 +125,7 @@ class FCPSampler:
         self.planner_waits: list[float] = []
         self.num_speculative_hits = 0
         self._window: PlanWindow | None = None  # plans ahead of the owner iterator, across epochs (prefetch.py)
+        self._late: tuple = ()  # exclude_later's (first epoch, indices) (sampler_exclude.py)
 
     def _init_data(self, lengths_or_index: Any, etas: Any, visual: Any, visual_layout: Any, exclude: Any) -> None:
         """Lengths, η, visual tokens and layout of the data; the over-long policy, exclusions; the data digest."""
@@ -139,7 +143,11 @@ class FCPSampler:
         self.visual_layout = visual_layout
         self.lengths = lengths
         self.excluded = load_exclusions(exclude, lengths.size)
-        kept = np.setdiff1d(self._apply_overlong(lengths), self.excluded, assume_unique=True)
+        self.capacity = self.num_ranks * self.cost_model.tokens_per_rank
+        self.num_tokens = np.minimum(lengths, self.capacity)
+        over_kept, self.num_truncated, self.num_dropped = apply_overlong(lengths, self.capacity, self.on_overlong,
+                                                                         self.num_ranks, self.cost_model.tokens_per_rank)
+        kept = np.setdiff1d(over_kept, self.excluded, assume_unique=True)
         if kept.size == 0:
             raise ValueError("no sample is left after dropping over-long and excluded ones")
         if self.excluded.size:
@@ -154,29 +162,6 @@ class FCPSampler:
                              f"only {total} tokens: every epoch would be empty; lower it or pass drop_last=False")
         self._kept = kept
         self._data_digest = data_digest(lengths, self.etas, self.visual, self.excluded)
-
-    def _apply_overlong(self, lengths: np.ndarray) -> np.ndarray:
-        """The kept sample ids after the ``on_overlong`` policy (over ``num_ranks·tokens_per_rank`` tokens)."""
-        cost_model, on_overlong = self.cost_model, self.on_overlong
-        self.capacity = self.num_ranks * cost_model.tokens_per_rank
-        over = np.flatnonzero(lengths > self.capacity)
-        self.num_truncated = self.num_dropped = 0
-        self.num_tokens = np.minimum(lengths, self.capacity)
-        kept = np.arange(lengths.size, dtype=np.int64)
-        if over.size:
-            what = (f"{over.size} sample(s) longer than num_ranks·tokens_per_rank = {self.num_ranks}·"
-                    f"{cost_model.tokens_per_rank} = {self.capacity} tokens (the most one micro-batch holds), "
-                    f"first: sample {int(over[0])} with {int(lengths[over[0]])} tokens")
-            if on_overlong == "error":
-                raise ValueError(f"{what}; pass on_overlong='truncate' or 'drop', or raise tokens_per_rank")
-            if on_overlong == "drop":
-                self.num_dropped = int(over.size)
-                kept = np.flatnonzero(lengths <= self.capacity).astype(np.int64)
-                logger.warning("FCPSampler drops %s", what)
-            else:
-                self.num_truncated = int(over.size)
-                logger.warning("FCPSampler truncates %s", what)
-        return kept
 
     def __getattr__(self, name: str) -> Any:
         """The configuration's fields read as attributes (``sampler.num_ranks``, ``sampler.solver``, …)."""
@@ -215,7 +200,8 @@ class FCPSampler:
 
     def _compute_layout(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         rng = np.random.default_rng([self.seed, epoch])
-        order = self._kept[rng.permutation(self._kept.size)]
+        kept = kept_at(self._kept, self._late, epoch)
+        order = kept[rng.permutation(kept.size)]
         n = order.size
         if self.global_batch_size is not None:
             b = self.global_batch_size
@@ -383,11 +369,24 @@ class FCPSampler:
         return check_state(self, state)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Set the position: the next ``iter()`` starts there (a finished epoch: at the next epoch)."""
-        e, g, m = self.check_state(state)
+        """Set the position (the next ``iter()`` starts there; a finished epoch: at the next epoch) and the state's
+        later exclusions (``exclude_later``)."""
+        late, old = late_from_state(state.get("excluded_later", []) if isinstance(state, dict) else [],
+                                    self.lengths.size), self._late
+        set_late(self, late)  # before the check: the epochs' global batches depend on them
+        try:
+            e, g, m = self.check_state(state)
+        except (TypeError, ValueError):
+            set_late(self, old)
+            raise
         self._retire_iterator()
         self._discard_window()
         self._position = (e, g, m)
+
+    def exclude_later(self, indices: Any, epoch: int) -> int:
+        """Leave ``indices`` out of ``epoch`` and every later one; every rank calls it alike, before ``epoch`` begins
+        (:mod:`fcp_data.sampler_exclude`). Returns how many were not left out already."""
+        return exclude_later(self, indices, epoch)
 
     def __getstate__(self) -> dict[str, Any]:
         d = self.__dict__.copy()

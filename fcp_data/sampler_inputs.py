@@ -2,13 +2,15 @@
 :class:`fcp_data.sampler_config.SamplerConfig`): the lengths / η / visual tokens of the data (from arrays or a
 ``LengthIndex``, with the planner's one length check), the solver options (JSON scalars a solver accepts), and
 the default rank and world size (from ``torch.distributed``; the one rank/world helper, also used by the
-executor), the samples to leave out (``exclude=``) and the data digest a sampler state is checked against.
+executor), the over-long policy, the samples to leave out (``exclude=``) and the data digest a sampler state
+is checked against.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from typing import Any
 
@@ -16,8 +18,10 @@ import numpy as np
 
 from fcp_data.cost import CostModel
 
+logger = logging.getLogger("fcp_data")
+
 __all__ = ["dist_rank_and_world", "check_lengths", "check_visual", "check_solver_options", "load_exclusions",
-           "data_digest"]
+           "data_digest", "apply_overlong"]
 
 
 def dist_rank_and_world() -> tuple[int, int]:
@@ -152,3 +156,22 @@ def data_digest(lengths: np.ndarray, etas: np.ndarray | None, visual: np.ndarray
     if excluded.size:
         h.update(b"exclude" + excluded.tobytes())
     return h.hexdigest()
+
+
+def apply_overlong(lengths: np.ndarray, capacity: int, on_overlong: str, num_ranks: int,
+                   tokens_per_rank: int) -> tuple[np.ndarray, int, int]:
+    """``(kept sample ids, num_truncated, num_dropped)`` under the ``on_overlong`` policy for samples over
+    ``capacity = num_ranks·tokens_per_rank`` tokens: ``"error"`` raises naming the first, ``"drop"`` leaves them
+    out, ``"truncate"`` keeps them (one warning logged for either)."""
+    over = np.flatnonzero(lengths > capacity)
+    if not over.size:
+        return np.arange(lengths.size, dtype=np.int64), 0, 0
+    what = (f"{over.size} sample(s) longer than num_ranks·tokens_per_rank = {num_ranks}·{tokens_per_rank} = {capacity} "
+            f"tokens (the most one micro-batch holds), first: sample {int(over[0])} with {int(lengths[over[0]])} tokens")
+    if on_overlong == "error":
+        raise ValueError(f"{what}; pass on_overlong='truncate' or 'drop', or raise tokens_per_rank")
+    if on_overlong == "drop":
+        logger.warning("FCPSampler drops %s", what)
+        return np.flatnonzero(lengths <= capacity).astype(np.int64), 0, int(over.size)
+    logger.warning("FCPSampler truncates %s", what)
+    return np.arange(lengths.size, dtype=np.int64), int(over.size), 0

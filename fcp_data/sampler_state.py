@@ -43,9 +43,10 @@ logger = logging.getLogger("fcp_data")
 
 __all__ = ["STATE_VERSION", "make_state", "check_state", "check_int", "state_after"]
 
-STATE_VERSION = 2  # 2: + "batches" (version-1 states still load, with an exact config match)
+STATE_VERSION = 3  # 2: + "batches" (version-1 states still load, with an exact config match); 3: + "excluded_later"
 _KEYS = {1: {"version", "epoch", "global_batch", "micro_batch", "config"},
-         2: {"version", "epoch", "global_batch", "micro_batch", "config", "batches"}}
+         2: {"version", "epoch", "global_batch", "micro_batch", "config", "batches"},
+         3: {"version", "epoch", "global_batch", "micro_batch", "config", "batches", "excluded_later"}}
 _DATA_KEYS = ("num_samples", "data_digest")  # must match even when the planning config may differ
 
 
@@ -71,8 +72,11 @@ def batches_digest(sampler: Any, epoch: int) -> str:
 
 def make_state(sampler: Any, epoch: int, g: int, m: int) -> dict[str, Any]:
     """A sampler state: plain JSON types (position of the next list, config fingerprint, the epoch's batches)."""
+    from fcp_data.sampler_exclude import late_to_state
+
     return {"version": STATE_VERSION, "epoch": int(epoch), "global_batch": int(g), "micro_batch": int(m),
-            "config": _config(sampler), "batches": batches_digest(sampler, int(epoch))}
+            "config": _config(sampler), "batches": batches_digest(sampler, int(epoch)),
+            "excluded_later": late_to_state(sampler._late)}
 
 
 def check_int(name: str, value: Any, where: str) -> int:
@@ -112,6 +116,7 @@ def check_state(sampler: Any, state: dict[str, Any]) -> tuple[int, int, int]:
     if set(state) != _KEYS[version]:
         raise ValueError(f"an FCPSampler state (version {version}) has keys {sorted(_KEYS[version])}; got {sorted(state)}")
     e, g, m = (check_int(k, state[k], where) for k in ("epoch", "global_batch", "micro_batch"))
+    _check_late(sampler, state.get("excluded_later", []))
     mine, theirs = _config(sampler), state["config"]
     if not isinstance(theirs, dict) or set(theirs) != set(mine):
         got = sorted(theirs) if isinstance(theirs, dict) else theirs
@@ -140,6 +145,15 @@ def check_state(sampler: Any, state: dict[str, Any]) -> tuple[int, int, int]:
         logger.info("fcp: resuming at epoch %d, global batch %d under a new %s (the epoch's global batches are the "
                     "same)", e, g, ", ".join(diffs))
     return e, g, m
+
+
+def _check_late(sampler: Any, value: Any) -> None:
+    """The state's later exclusions must be the sampler's (``load_state_dict`` sets them before it checks)."""
+    from fcp_data.sampler_exclude import late_from_state, late_to_state
+
+    if late_to_state(late_from_state(value, int(sampler.lengths.size))) != late_to_state(sampler._late):
+        raise ValueError("the FCPSampler state left other samples out of later epochs (excluded_later) than this "
+                         "sampler: load it with load_state_dict, which takes them over")
 
 
 def state_after(sampler: Any, last: Any) -> dict[str, Any]:

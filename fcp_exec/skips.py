@@ -25,6 +25,9 @@ exchange.
 
 A training loop of your own calls ``batch = agree_skips(batch, device)`` on every rank for every micro-batch before
 its forward (after reading, for ``sample_labels=True``, before :func:`fcp_exec.step.fill_num_tokens_global`).
+
+After the step, :func:`leave_out_later` leaves the samples any rank skipped out of the sampler's later epochs (a
+damaged file is not read, and its slot not padded, again), on every rank alike.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import torch.distributed as dist
 
 from fcp_data.read_errors import LAYOUT_UNKNOWN, SKIPPED, VISUAL, SampleReadError
 
-__all__ = ["agree_skips"]
+__all__ = ["agree_skips", "leave_out_later"]
 
 _TAG = 7300
 
@@ -110,3 +113,20 @@ def _mask_documents(out: dict, docs: list[int], ignore_index: int) -> None:
         out["num_label_tokens_local"] = int(out["num_label_tokens_local"]) - masked
     elif int(out["cp_rank"]) == 0:
         out["num_skipped_labels"] = int(out.get("num_skipped_labels", 0)) + sum(int(out["planned_labels"][j]) for j in docs)
+
+
+def leave_out_later(sampler, result) -> int:
+    """After :func:`fcp_exec.step.train_step` on every rank: the samples any rank skipped in that step are left out of
+    the epochs after the step's (``FCPSampler.exclude_later(indices, result.epoch + 1)``), so they are neither read
+    nor planned again; the sampler's state (``state_after(result)``) carries them to a resumed run. No collective
+    when nothing was skipped anywhere (``result.num_skipped_global``, from the step's own all-reduce), else one
+    ``all_gather_object`` of the indices. Returns how many samples were newly left out."""
+    if not result.num_skipped_global:
+        return 0
+    mine = sorted({int(r["index"]) for r in result.skipped})
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    every: list = [mine]
+    if world > 1:
+        every = [None] * world
+        dist.all_gather_object(every, mine)
+    return sampler.exclude_later(sorted({i for part in every for i in part}), result.epoch + 1)

@@ -93,7 +93,8 @@ class StepResult:
     ``groups``: this rank's CP group per micro-batch (``()`` where idle); ``num_idle``: idle micro-batches;
     ``skipped``: the records of the samples this rank's batches skipped (failed reads, ``FCPDataset``), whose label
     tokens ``num_tokens`` no longer counts; ``epoch``, ``global_batch``: the global batch the step consumed
-    (``FCPSampler.state_after(result)`` is the checkpoint's resume state)."""
+    (``FCPSampler.state_after(result)`` is the checkpoint's resume state); ``num_skipped_global``: the skip records
+    of every rank summed (0: nothing skipped anywhere; from the step's own all-reduce)."""
 
     loss: float
     num_tokens: int
@@ -102,6 +103,7 @@ class StepResult:
     skipped: list[dict] = field(default_factory=list)
     epoch: int = -1
     global_batch: int = -1
+    num_skipped_global: int = 0
 
 
 def fill_num_tokens_global(batches: Sequence[dict], device: torch.device | None = None) -> int:
@@ -177,7 +179,7 @@ def train_step(model: nn.Module, micro_batches: Iterable[dict], loss_fn: Callabl
                          "(its config's \"fp16\" section)")
     first, it, num_mb = _open_step(micro_batches, model, ignore_index,
                                    exact=bool(getattr(reducer, "exact_denominator", False)))
-    res, totals = StepResult(loss=0.0, num_tokens=0), torch.zeros(2, dtype=torch.float64)
+    res, totals = StepResult(loss=0.0, num_tokens=0), torch.zeros(3, dtype=torch.float64)
     for m, run, idle in _runs(model, first, it, num_mb, res, totals, pad_token_id, ignore_index, to_device):
         with reducer.sync_context(model, last=m == num_mb - 1):
             loss = loss_fn(model, run)
@@ -202,7 +204,7 @@ def eval_step(model: nn.Module, micro_batches: Iterable[dict], loss_fn: Callable
     :func:`train_step` without the reducer; the model keeps its mode (call ``model.eval()`` first as usual).
     Build the validation loader with its own ``FCPSampler`` (every rank computes its plans, like training's)."""
     first, it, num_mb = _open_step(micro_batches, model, ignore_index)
-    res, totals = StepResult(loss=0.0, num_tokens=0), torch.zeros(2, dtype=torch.float64)
+    res, totals = StepResult(loss=0.0, num_tokens=0), torch.zeros(3, dtype=torch.float64)
     with torch.no_grad():
         for _, run, idle in _runs(model, first, it, num_mb, res, totals, pad_token_id, ignore_index, to_device):
             loss = loss_fn(model, run)
@@ -250,7 +252,8 @@ def _take_out_skipped(batches: list[dict], device) -> list[dict]:
 def _runs(model: nn.Module, first: dict, it: Iterator[dict], num_mb: int, res: StepResult, totals: torch.Tensor,
           pad_token_id: int, ignore_index: int, to_device) -> Iterator[tuple[int, dict, bool]]:
     """``(m, batch to run, idle)`` for every micro-batch (an idle rank's dummy in its place), recording the groups,
-    idle micro-batches and skipped samples in ``res`` and the skipped label tokens in ``totals[1]``."""
+    idle micro-batches and skipped samples in ``res``, the skipped label tokens in ``totals[1]``, the skip records in
+    ``totals[2]``."""
     dev = next(model.parameters()).device
     for m in range(num_mb):
         batch = first if m == 0 else _next_micro_batch(it, m, num_mb)
@@ -258,6 +261,7 @@ def _runs(model: nn.Module, first: dict, it: Iterator[dict], num_mb: int, res: S
         res.groups.append(tuple(batch["ranks"]))
         res.skipped.extend(batch.get("skipped_samples", ()))
         totals[1] += int(batch.get("num_skipped_labels", 0))
+        totals[2] += len(batch.get("skipped_samples", ()))
         idle = is_idle(batch)
         res.num_idle += idle
         run = idle_batch(batch, pad_token_id=pad_token_id) if idle else batch
@@ -265,7 +269,7 @@ def _runs(model: nn.Module, first: dict, it: Iterator[dict], num_mb: int, res: S
 
 
 def _close_step(model: nn.Module, totals: torch.Tensor, first: dict, res: StepResult, grads: bool) -> StepResult:
-    """Sum ``totals`` = [loss, skipped label tokens] over ranks (one all-reduce) and take the skipped labels out of
+    """Sum ``totals`` = [loss, skipped label tokens, skip records] over ranks (one all-reduce) and take the skipped labels out of
     the denominator: the loss (and, with ``grads``, the gradients) times D / (D − skipped)."""
     if dist_rank_and_world()[1] > 1:
         from fcp_exec.launch import collective_dtype
@@ -275,7 +279,7 @@ def _close_step(model: nn.Module, totals: torch.Tensor, first: dict, res: StepRe
         dist.all_reduce(totals)
     res.loss, res.num_tokens = float(totals[0]), int(first["num_tokens_global"])
     res.epoch, res.global_batch = int(first["epoch"]), int(first["global_batch"])
-    gone = int(round(float(totals[1])))
+    gone, res.num_skipped_global = int(round(float(totals[1]))), int(round(float(totals[2])))
     if gone:
         d = res.num_tokens
         scale = rescale_skipped(model, d, gone) if grads else _skip_factor(d, gone)

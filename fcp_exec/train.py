@@ -258,6 +258,7 @@ class Trainer:
     def step(self) -> dict[str, Any]:
         """One optimizer step over the next global batch; returns its record (module docstring)."""
         from fcp_exec.optim import clip_grad_norm, lr_at, set_lr
+        from fcp_exec.skips import leave_out_later
         from fcp_exec.step import train_step
 
         t0 = time.perf_counter()
@@ -288,6 +289,8 @@ class Trainer:
             self.scaler.step(self.opt)
             self.scaler.update()
         facts = _gather_step(res, seen, self.world)  # sample_indices: the whole global batch, from every rank
+        if not c.retry_skipped:  # what any rank skipped is not read again in later epochs (every rank alike)
+            leave_out_later(self.sampler, res)
         waits = self.sampler.planner_waits[waits_before:]
         rec = {"step": self.num_steps, "loss": res.loss, "num_tokens": res.num_tokens,
                "step_time_s": time.perf_counter() - t0, "planner_wait_s": float(sum(waits)),

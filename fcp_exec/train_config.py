@@ -121,6 +121,8 @@ class TrainConfig:
     eval_steps: int = _opt(0, "after training, evaluate the mean loss of this many global batches drawn by a second "
                            "sampler (seed + 1) over --eval-data: forward only, no update (fcp_exec.step.eval_step)")
     eval_data: str | None = _opt(None, "a length index to evaluate on (default: the training data)", metavar="INDEX")
+    retry_skipped: bool = _opt(False, "read a skipped sample again in later epochs (default: it is left out of the "
+                               "epochs after the one it failed in, on every rank alike: FCPSampler.exclude_later)")
     read_errors_out: str | None = _opt(None, "append one JSON line per skipped sample to this file (key, reason, "
                                        "detail, epoch, global batch)", metavar="FILE")
     exclude: str | None = _opt(None, "leave these training samples out of every epoch: a --read-errors-out file of an "

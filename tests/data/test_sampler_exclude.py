@@ -111,3 +111,88 @@ def test_a_state_is_tied_to_its_exclusions():
         sampler([3]).load_state_dict(state)
     plain = sampler(None).state_dict()
     sampler([]).load_state_dict(plain)  # no exclusions: the same data digest as before exclude= existed
+
+
+# ---------------------------------------------------------------------------------------------- exclude_later
+BAD = [2, 9, 40, 77]  # found unreadable during epoch 0
+
+
+def _key(lst):
+    return [(x.index, x.num_tokens, x.ranks, x.cp_rank, x.num_tokens_global, x.micro_batch) for x in lst]
+
+
+def _epochs(s, epochs):
+    out = {}
+    for e in epochs:
+        s.set_epoch(e)
+        out[e] = [_key(lst) for lst in s]
+    return out
+
+
+def _sampler(rank, prefetch=2, **kw):
+    return FCPSampler(_lengths(), num_ranks=4, rank=rank, cost_model=CM, global_batch_size=16, seed=5,
+                      on_overlong="truncate", prefetch=prefetch, **kw)
+
+
+@pytest.mark.parametrize("when", ["epoch end", "mid-epoch"])
+def test_exclude_later_plans_later_epochs_as_a_sampler_built_without_them(when):
+    """Epoch 0 as without exclusions; epochs 1 and 2 list for list, slot for slot, those of a sampler built with
+    ``exclude=BAD`` — on every rank, with the planner thread already holding epoch 1's first plans when the call
+    comes (they are dropped and made again: mutation, forget_from a no-op → epoch 1's first lists differ)."""
+    for rank in range(4):
+        plain, ref = _sampler(rank), _sampler(rank, exclude=BAD)
+        want = {0: _epochs(_sampler(rank), [0])[0], **_epochs(ref, [1, 2])}
+        s = _sampler(rank)
+        it = iter(s)
+        got = []
+        n = len(plain) if when == "epoch end" else len(plain) // 2
+        got += [_key(next(it)) for _ in range(n)]
+        if when == "epoch end":
+            assert s._window is not None and any(k[0] == 1 for k in s._window._futures), "no plan of epoch 1 ahead"
+        assert s.exclude_later(BAD, 1) == len(BAD)
+        got += [_key(lst) for lst in it]  # the rest of epoch 0: untouched
+        assert got == want[0]
+        assert _epochs(s, [1, 2]) == {1: want[1], 2: want[2]}
+
+
+def test_exclude_later_accumulates_and_resumes_exactly():
+    """A second call adds (from its own epoch on); the state carries both (``excluded_later``), and a fresh sampler
+    loading a state saved mid-epoch 2 yields the rest of the run exactly; a state of another history is refused."""
+    s = _sampler(1)
+    s.exclude_later(BAD[:2], 1)
+    assert s.exclude_later(BAD, 2) == 2 and s.exclude_later(BAD, 3) == 0  # BAD[:2] from 1, BAD[2:] from 2
+    ref1, ref2 = _sampler(1, exclude=BAD[:2]), _sampler(1, exclude=BAD)
+    assert _epochs(s, [0, 1]) == {0: _epochs(_sampler(1), [0])[0], 1: _epochs(ref1, [1])[1]}
+    s.set_epoch(2)
+    it = iter(s)
+    head = [_key(next(it)) for _ in range(3)]
+    state = s.state_dict()
+    assert state["excluded_later"] == [[1, BAD[:2]], [2, BAD[2:]]]
+    tail = [_key(lst) for lst in it]
+    assert head + tail == _epochs(ref2, [2])[2]
+    fresh = _sampler(1)
+    fresh.load_state_dict(json.loads(json.dumps(state)))
+    assert [_key(lst) for lst in fresh] == tail
+    assert _epochs(fresh, [3])[3] == _epochs(ref2, [3])[3]
+    other = dict(state, excluded_later=[[1, BAD[:2]]])  # epoch 2 with BAD[2:]: other global batches
+    with pytest.raises(ValueError, match="had other global batches"):
+        _sampler(1).load_state_dict(other)
+
+
+def test_exclude_later_refuses_what_would_change_the_past_or_empty_an_epoch():
+    s = _sampler(0, prefetch=0)
+    it = iter(s)
+    next(it)
+    with pytest.raises(ValueError, match="epoch 0 has begun or passed"):
+        s.exclude_later([1], 0)
+    with pytest.raises(ValueError, match=r"500 is not a sample index in \[0, 120\)"):
+        s.exclude_later([500], 1)
+    with pytest.raises(ValueError, match="epoch 1 would have no global batch left"):
+        s.exclude_later(range(120), 1)
+    assert s._late == () and s.state_dict()["excluded_later"] == []  # nothing changed
+    with pytest.raises(TypeError, match="epoch must be an int"):
+        s.exclude_later([1], 1.0)
+    fresh = _sampler(0, prefetch=0)
+    assert fresh.exclude_later([1], 0) == 1  # epoch 0 not begun: allowed
+    with pytest.raises(ValueError, match="excluded_later"):
+        fresh.load_state_dict(dict(fresh.state_dict(), excluded_later=[[1, [3]], [0, [4]]]))

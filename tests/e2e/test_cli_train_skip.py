@@ -56,3 +56,44 @@ def test_train_skips_damaged_videos_and_reports_them(tmp_path):
     [line] = r.stderr.strip().splitlines()
     assert line.startswith("fcp train: error: sample ") and "VideoDecodeError: cannot decode the video's frames" in line
     assert any(f"({k})" in line for k in damaged), line
+
+
+def test_a_skipped_sample_is_left_out_of_later_epochs_and_the_resume_keeps_that(tmp_path):
+    """2 gloo processes, 6 steps (11 samples, global batches of 4: epoch 0 is 3 steps). Every damaged video is skipped
+    in epoch 0 and none is read after it: epochs 1 and 2 have exactly the global batches of a run given the damaged
+    samples as ``--exclude`` (the same order of the same kept samples). A run resumed from the checkpoint after step 2 (some
+    damaged videos already skipped before it) trains steps 2-5 exactly as the run that never stopped: the exclusions
+    are in the sampler's state (mutation, state without them: epoch 1 reads the damaged videos again). With
+    ``--retry-skipped`` epoch 1 reads and skips them again."""
+    from fcp_exec.train import TrainConfig, run_training
+
+    index, _ = damaged_video_index(tmp_path / "data", "qwen2-vl")
+    ckpt = tmp_path / "ckpt"
+
+    def cfg(**kw):
+        return TrainConfig(model="tiny-mllm", data=str(index), global_batch_size=4, steps=6, verbose=False,
+                           return_grads=True, cache_dir=str(tmp_path / "cache"), **kw)
+
+    def epochs(res):  # per step: (global batch's samples, the indices skipped)
+        return [(tuple(s["sample_indices"]), sorted(r["index"] for r in s["skipped_samples"])) for s in res["steps"]]
+
+    full = run_training(cfg(checkpoint=str(ckpt), checkpoint_every=2), 2)
+    steps = epochs(full)
+    bad = sorted({i for _, skipped in steps[:3] for i in skipped})
+    assert len(bad) >= 3 and sorted(i for s, _ in steps[:3] for i in s) == list(range(11))  # epoch 0: all 11
+    assert all(not skipped for _, skipped in steps[3:]), steps  # epoch 1: nothing skipped ...
+    assert not set(bad) & {i for s, _ in steps[3:] for i in s}  # ... nothing damaged read
+    assert any(steps[k][1] for k in range(2)), steps  # a skip before the checkpoint of step 2
+    errors = tmp_path / "bad.txt"
+    errors.write_text("".join(f"{i}\n" for i in bad))
+    ref = epochs(run_training(cfg(exclude=str(errors)), 1))
+    # epochs 1 and 2 (8 samples: 2 steps each): the global batches of the run that excluded them from the start
+    assert [s for s, _ in steps[3:]] == [s for s, _ in ref[2:5]]
+
+    resumed = run_training(cfg(resume=str(ckpt / "step-2")), 2)
+    assert [(s["step"], s["loss"], s["num_tokens"]) for s in resumed["steps"]] == \
+        [(s["step"], s["loss"], s["num_tokens"]) for s in full["steps"][2:]]
+    assert epochs(resumed) == steps[2:]
+
+    retry = epochs(run_training(cfg(retry_skipped=True), 1))
+    assert retry[:3] == steps[:3] and sorted(i for _, skipped in retry[3:] for i in skipped) == bad

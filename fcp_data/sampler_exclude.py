@@ -1,0 +1,117 @@
+"""Samples left out of later epochs while a run goes on (:meth:`fcp_data.sampler.FCPSampler.exclude_later`).
+
+A sample that failed to read is skipped where it fails (:mod:`fcp_data.read_errors`), but it stays in the plans of
+later epochs: read and skipped again each time, its slot's GPU time spent on padding. ``exclude_later(indices,
+epoch)`` leaves those samples out of ``epoch`` and every later one; the training loop calls it on every rank after
+each step with the union of every rank's skips, from the next epoch on (:func:`fcp_exec.skips.leave_out_later`;
+``fcp train`` and the examples do).
+
+Rules that keep every rank's plans equal:
+
+* An epoch's order is ``kept[permutation(len(kept))]`` with ``kept`` the samples of *that* epoch: the sampler's own
+  (over-long policy, ``exclude=``) minus every later exclusion registered for an epoch ≤ it. So the epochs before
+  ``epoch`` are untouched, and ``epoch`` is planned exactly as a sampler built with those samples in ``exclude=``.
+* ``epoch`` must come after the position's epoch, or be the position's epoch at its very start (nothing of it
+  yielded). Plans the planner thread made ahead for ``epoch`` or later (it runs into the next epoch's first global
+  batches) are dropped and made again; the layout caches of those epochs too (under the layout lock, so a planning
+  call running meanwhile sees either the old data and is discarded, or the new).
+* The exclusions are part of the sampler's state (``excluded_later``, state version 3): a resumed run plans the same
+  epochs. They accumulate (a second call adds to the first) and never empty an epoch (a ``ValueError`` instead).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+
+from fcp_data.sampler_inputs import load_exclusions
+
+logger = logging.getLogger("fcp_data")
+
+__all__ = ["exclude_later", "kept_at", "late_from_state", "late_to_state", "set_late"]
+
+Late = tuple[tuple[int, np.ndarray], ...]  # (first epoch, sorted distinct indices), in order of first epoch
+
+
+def kept_at(kept: np.ndarray, late: Late, epoch: int) -> np.ndarray:
+    """The samples of ``epoch``: ``kept`` without the later exclusions registered for an epoch ≤ it."""
+    out = [idx for first, idx in late if first <= epoch]
+    return kept if not out else np.setdiff1d(kept, np.concatenate(out), assume_unique=False)
+
+
+def late_to_state(late: Late) -> list[list[Any]]:
+    """JSON form: ``[[epoch, [index, …]], …]``."""
+    return [[int(first), [int(i) for i in idx]] for first, idx in late]
+
+
+def late_from_state(value: Any, num_samples: int) -> Late:
+    """The later exclusions of a state (``excluded_later``), strictly checked: a list of ``[epoch, [indices]]``
+    with int epochs ≥ 0 in increasing order and indices in ``[0, num_samples)``."""
+    where = "FCPSampler state excluded_later"
+    if not isinstance(value, list):
+        raise ValueError(f"{where} must be a list of [epoch, [sample indices]], got {type(value).__name__}")
+    out, last = [], -1
+    for item in value:
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], int) and not isinstance(item[0], bool)
+                and isinstance(item[1], list)):
+            raise ValueError(f"{where}: {item!r} is not [epoch, [sample indices]]")
+        if item[0] <= last:
+            raise ValueError(f"{where}: epochs must be increasing, got {item[0]} after {last}")
+        idx = load_exclusions(item[1], num_samples)
+        out.append((int(item[0]), idx))
+        last = item[0]
+    return tuple(out)
+
+
+def exclude_later(sampler: Any, indices: Any, epoch: int) -> int:
+    """Register ``indices`` as left out of ``epoch`` and later on ``sampler`` (module docstring); returns how many
+    were not left out already."""
+    from fcp_data.sampler_state import check_int
+
+    epoch = check_int("epoch", epoch, "FCPSampler.exclude_later")
+    indices = load_exclusions(indices, sampler.lengths.size)
+    e, g, m = sampler._position
+    if epoch < e or (epoch == e and (g, m) != (0, 0)):
+        raise ValueError(f"FCPSampler.exclude_later: epoch {epoch} has begun or passed (the sampler is at epoch {e}, "
+                         f"global batch {g}, micro-batch {m}); exclude from a later epoch, e.g. {e + 1}")
+    have = [idx for _, idx in sampler._late] + [sampler.excluded]
+    new = np.setdiff1d(indices, np.concatenate(have))
+    if not new.size:
+        return 0
+    late = dict(sampler._late)
+    late[epoch] = np.union1d(late.get(epoch, np.zeros(0, dtype=np.int64)), new)
+    set_late(sampler, tuple(sorted(late.items())), epoch)
+    logger.warning("FCPSampler leaves %d more sample(s) out of epoch %d and later (exclude_later), first: sample %d",
+                   new.size, epoch, int(new[0]))
+    return int(new.size)
+
+
+def set_late(sampler: Any, late: Late, first: int = 0) -> None:
+    """Make ``late`` the sampler's later exclusions, changing epochs ``first`` and later: their layout caches, counts
+    and plans are dropped (layouts under the layout lock) and the plan window plans their keys again. An epoch left
+    with no global batch is a ``ValueError`` and nothing changes."""
+    old = sampler._late
+    if late_to_state(late) == late_to_state(old):
+        return
+    _swap(sampler, late, first)
+    try:
+        for f, _ in late:
+            if sampler.num_global_batches(f) == 0:
+                raise ValueError(f"FCPSampler.exclude_later: epoch {f} would have no global batch left (every sample "
+                                 "excluded, or drop_last=True with less than one global batch)")
+    except ValueError:
+        _swap(sampler, old, first)
+        raise
+    if sampler._window is not None:
+        sampler._window.forget_from(first)
+
+
+def _swap(sampler: Any, late: Late, first: int) -> None:
+    with sampler._layout_lock:
+        sampler._late = late
+        for cache in (sampler._layouts, sampler.__dict__.get("_batch_digests", {}), sampler._counts):
+            for k in [k for k in cache if k >= first]:
+                del cache[k]
+        sampler._planned = {k: v for k, v in sampler._planned.items() if k[0] < first}
