@@ -11,8 +11,8 @@ Rules that keep every rank's plans equal:
 * An epoch's order is ``kept[permutation(len(kept))]`` with ``kept`` the samples of *that* epoch: the sampler's own
   (over-long policy, ``exclude=``) minus every later exclusion registered for an epoch ≤ it. So the epochs before
   ``epoch`` are untouched, and ``epoch`` is planned exactly as a sampler built with those samples in ``exclude=``.
-* ``epoch`` must come after the position's epoch, or be the position's epoch at its very start (nothing of it
-  yielded). Plans the planner thread made ahead for ``epoch`` or later (it runs into the next epoch's first global
+* ``epoch`` must come after the position's epoch (whose iterator may exist already: ``FCPSampler(exclude=...)``
+  leaves samples out from the start). Plans the planner thread made ahead for ``epoch`` or later (it runs into the next epoch's first global
   batches) are dropped and made again; the layout caches of those epochs too (under the layout lock, so a planning
   call running meanwhile sees either the old data and is discarded, or the new).
 * The exclusions are part of the sampler's state (``excluded_later``, state version 3): a resumed run plans the same
@@ -73,9 +73,10 @@ def exclude_later(sampler: Any, indices: Any, epoch: int) -> int:
     epoch = check_int("epoch", epoch, "FCPSampler.exclude_later")
     indices = load_exclusions(indices, sampler.lengths.size)
     e, g, m = sampler._position
-    if epoch < e or (epoch == e and (g, m) != (0, 0)):
-        raise ValueError(f"FCPSampler.exclude_later: epoch {epoch} has begun or passed (the sampler is at epoch {e}, "
-                         f"global batch {g}, micro-batch {m}); exclude from a later epoch, e.g. {e + 1}")
+    if epoch <= e:  # the position's epoch may have an iterator already (its global batch count taken)
+        raise ValueError(f"FCPSampler.exclude_later: epoch {epoch} is not after the sampler's position (epoch {e}, "
+                         f"global batch {g}, micro-batch {m}); exclude from a later epoch, e.g. {e + 1} (from the start: "
+                         "FCPSampler(exclude=...))")
     have = [idx for _, idx in sampler._late] + [sampler.excluded]
     new = np.setdiff1d(indices, np.concatenate(have))
     if not new.size:

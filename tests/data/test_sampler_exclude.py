@@ -183,7 +183,7 @@ def test_exclude_later_refuses_what_would_change_the_past_or_empty_an_epoch():
     s = _sampler(0, prefetch=0)
     it = iter(s)
     next(it)
-    with pytest.raises(ValueError, match="epoch 0 has begun or passed"):
+    with pytest.raises(ValueError, match="epoch 0 is not after the sampler's position"):
         s.exclude_later([1], 0)
     with pytest.raises(ValueError, match=r"500 is not a sample index in \[0, 120\)"):
         s.exclude_later([500], 1)
@@ -193,6 +193,7 @@ def test_exclude_later_refuses_what_would_change_the_past_or_empty_an_epoch():
     with pytest.raises(TypeError, match="epoch must be an int"):
         s.exclude_later([1], 1.0)
     fresh = _sampler(0, prefetch=0)
-    assert fresh.exclude_later([1], 0) == 1  # epoch 0 not begun: allowed
+    with pytest.raises(ValueError, match=r"from the start: FCPSampler\(exclude=...\)"):
+        fresh.exclude_later([1], 0)  # the position's epoch, even before its first list
     with pytest.raises(ValueError, match="excluded_later"):
         fresh.load_state_dict(dict(fresh.state_dict(), excluded_later=[[1, [3]], [0, [4]]]))
