@@ -37,6 +37,7 @@ COMMANDS = (
     ("train", "fcp_exec.commands.train",
      "train a tiny or Hugging Face LLM / video MLLM with FCP plans and ring attention on N processes"),
     ("profile", "fcp_exec.commands.profile", "time the real executor and fit the cost model coefficients"),
+    ("env", "fcp_exec.commands.env", "print versions, devices, backends, kernels and optional packages (bug reports)"),
 )
 
 _NAMES = frozenset(name for name, _, _ in COMMANDS)
