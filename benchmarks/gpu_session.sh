@@ -19,7 +19,7 @@
 #              coefficients (check/cost_gpu.json, check/profile_report.json)
 #   megatron   examples/train_megatron_gpt.py under torchrun, fp32, --bf16, --bf16 --distributed-optimizer, --fp16 (needs megatron-core: carry its
 #              wheel in .whl/, see BENCHMARKS.md)
-# Everything is printed and also written to $OUT/session.log; the JSON results go to $OUT/check/.
+# Everything is printed and also written to $OUT/session.log; the JSON results go to $OUT/check/ (env.json: `fcp env`).
 set -u
 OUT=${OUT:-/tmp/fcp-gpu-session}
 mkdir -p "$OUT/check"
@@ -56,6 +56,7 @@ want() { [[ " $PARTS " == *" $1 "* ]]; }
     fi
     $PY -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
 'transformers', transformers.__version__)"
+    timeout 60 $PY -m fcp_cli env && timeout 60 $PY -m fcp_cli env --json > "$OUT/check/env.json"  # fcp's view
 } 2>&1 | tee -a "$LOG"
 want check && part check 170 $PY benchmarks/gpu_check.py --out "$OUT/check" --time-limit 130 --mp-timeout 30
 want hf && part hf 80 $PY benchmarks/gpu_check_hf.py --out "$OUT/check"
