@@ -35,6 +35,7 @@ from fcp_data import CostModel, FCPCollator, FCPDataset, FCPSampler, IndexedData
 from fcp_data.megatron_indexed import MegatronIndexedDocuments
 from fcp_exec.integrations.megatron import apply_fcp, fcp_layer_spec, forward_step, global_loss, next_global_batch
 from fcp_exec.launch import init_distributed, settle_collectives
+from fcp_exec.skips import leave_out_later
 
 
 def load_data(args, rank: int):
@@ -177,6 +178,7 @@ def main() -> None:
         reports = schedule(forward_step_func=forward_step, data_iterator=iter(mbs), model=[model],
                            num_microbatches=len(mbs), seq_length=args.tokens_per_rank, micro_batch_size=1)
         updated, grad_norm, _ = optimizer.step()  # fp16: not updated (skipped on every rank) when gradients overflow
+        leave_out_later(sampler, mbs)  # a sample skipped in this step is not read again in later epochs
         loss, tokens = global_loss(reports)
         if rank == 0:
             scale = f" loss-scale {optimizer.get_loss_scale().item():g}" if args.fp16 else ""

@@ -12,8 +12,8 @@ Rules that keep every rank's plans equal:
   (over-long policy, ``exclude=``) minus every later exclusion registered for an epoch ≤ it. So the epochs before
   ``epoch`` are untouched, and ``epoch`` is planned exactly as a sampler built with those samples in ``exclude=``.
 * ``epoch`` must come after the position's epoch (whose iterator may exist already: ``FCPSampler(exclude=...)``
-  leaves samples out from the start). Plans the planner thread made ahead for ``epoch`` or later (it runs into the next epoch's first global
-  batches) are dropped and made again; the layout caches of those epochs too (under the layout lock, so a planning
+  leaves samples out from the start). Plans the planner thread made ahead for ``epoch`` or later (it runs into the
+  next epoch's first global batches) are dropped and made again; the layout caches of those epochs too (under the layout lock, so a planning
   call running meanwhile sees either the old data and is discarded, or the new).
 * The exclusions are part of the sampler's state (``excluded_later``, state version 3): a resumed run plans the same
   epochs. They accumulate (a second call adds to the first) and never empty an epoch (a ``ValueError`` instead).
@@ -75,8 +75,8 @@ def exclude_later(sampler: Any, indices: Any, epoch: int) -> int:
     e, g, m = sampler._position
     if epoch <= e:  # the position's epoch may have an iterator already (its global batch count taken)
         raise ValueError(f"FCPSampler.exclude_later: epoch {epoch} is not after the sampler's position (epoch {e}, "
-                         f"global batch {g}, micro-batch {m}); exclude from a later epoch, e.g. {e + 1} (from the start: "
-                         "FCPSampler(exclude=...))")
+                         f"global batch {g}, micro-batch {m}); exclude from a later epoch, e.g. {e + 1} "
+                         "(from the start: FCPSampler(exclude=...))")
     have = [idx for _, idx in sampler._late] + [sampler.excluded]
     new = np.setdiff1d(indices, np.concatenate(have))
     if not new.size:

@@ -115,18 +115,28 @@ def _mask_documents(out: dict, docs: list[int], ignore_index: int) -> None:
         out["num_skipped_labels"] = int(out.get("num_skipped_labels", 0)) + sum(int(out["planned_labels"][j]) for j in docs)
 
 
-def leave_out_later(sampler, result) -> int:
-    """After :func:`fcp_exec.step.train_step` on every rank: the samples any rank skipped in that step are left out of
-    the epochs after the step's (``FCPSampler.exclude_later(indices, result.epoch + 1)``), so they are neither read
-    nor planned again; the sampler's state (``state_after(result)``) carries them to a resumed run. No collective
-    when nothing was skipped anywhere (``result.num_skipped_global``, from the step's own all-reduce), else one
-    ``all_gather_object`` of the indices. Returns how many samples were newly left out."""
-    if not result.num_skipped_global:
-        return 0
-    mine = sorted({int(r["index"]) for r in result.skipped})
+def leave_out_later(sampler, step) -> int:
+    """After a training step, on every rank: the samples any rank skipped in it are left out of the epochs after the
+    step's (``FCPSampler.exclude_later(indices, epoch + 1)``), so they are neither read nor planned again; the
+    sampler's state (``state_after``) carries them to a resumed run. ``step``: :func:`fcp_exec.step.train_step`'s
+    result — no collective when nothing was skipped anywhere (``num_skipped_global``, from the step's own
+    all-reduce), else one ``all_gather_object`` of the indices — or this rank's micro-batch dicts of the global batch
+    (a loop without ``train_step``, e.g. Megatron's schedule: one ``all_gather_object`` per step). Returns how many
+    samples were newly left out."""
+    if hasattr(step, "num_skipped_global"):
+        if not step.num_skipped_global:
+            return 0
+        mine, epoch = sorted({int(r["index"]) for r in step.skipped}), int(step.epoch)
+    else:
+        batches = list(step)
+        if not batches:
+            raise ValueError("leave_out_later: no micro-batch given (pass train_step's result or the step's batches)")
+        mine = sorted({int(r["index"]) for b in batches for r in b.get("skipped_samples", ())})
+        epoch = int(batches[0]["epoch"])
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     every: list = [mine]
     if world > 1:
         every = [None] * world
         dist.all_gather_object(every, mine)
-    return sampler.exclude_later(sorted({i for part in every for i in part}), result.epoch + 1)
+    union = sorted({i for part in every for i in part})
+    return sampler.exclude_later(union, epoch + 1) if union else 0

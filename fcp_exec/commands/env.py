@@ -1,6 +1,6 @@
-"""``fcp env``: what this machine gives fcp — versions, devices, distributed backends, the attention kernel per device,
-the optional packages and what fcp uses each for — with notes on versions fcp was not tested with. For a bug report
-(``fcp env --json``) and for a first look at a new cluster image before a long job.
+"""``fcp env``: what this machine gives fcp — versions, devices, distributed backends, the attention kernel per
+device, the optional packages and what fcp uses each for — with notes on versions fcp was not tested with. For a
+bug report (``fcp env --json``) and for a first look at a new cluster image before a long job.
 
 Nothing here starts a process or touches a device beyond asking torch what it sees. Package versions come from the
 installed distributions' metadata (no package is imported for them); ``torch_npu`` and ``flash-attn`` are imported

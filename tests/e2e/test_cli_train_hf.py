@@ -8,6 +8,7 @@ training stack (model type, reducer, gradient checkpointing, VL data), or the ex
 
 from __future__ import annotations
 
+import collections
 import importlib.util
 import json
 import math
@@ -191,11 +192,17 @@ def test_megatron_example_trains_on_a_megatron_indexed_dataset(tmp_path):
         builder.add_document(torch.tensor(ids), lengths)
     builder.finalize(f"{prefix}.idx")
     run = _torchrun(tmp_path, "train_megatron_gpt.py", "--data-prefix", str(prefix), "--vocab-size", "2000",
-                    "--steps", "2", "--eval-batches", "0", "--tokens-per-rank", "512")
+                    "--steps", "7", "--eval-batches", "0", "--tokens-per-rank", "512")
     steps = _lines(run, "step ")
-    assert [ln.split()[1] for ln in steps] == ["0", "1"], run.stdout
+    assert [ln.split()[1] for ln in steps] == [str(k) for k in range(7)], run.stdout
     _check_losses([float(ln.split(" loss ")[1].split()[0]) for ln in steps])
     assert "fcp: skipped sample" in run.stderr and "vocab" in run.stderr, run.stderr[-2000:]
+    # 7 steps of 8 documents cross into the second epoch: a document skipped in the first is left out of it
+    # (leave_out_later), so no rank reads and skips one twice (measured without it: 8 of 15 (document, rank) pairs
+    # skipped twice)
+    skips = collections.Counter((ln.split("fcp: skipped sample ")[1].split()[0].rstrip(":"), ln.split(" rank ")[-1])
+                                for ln in run.stderr.splitlines() if "fcp: skipped sample" in ln)
+    assert skips and max(skips.values()) == 1, skips
     sim = _fcp("simulate", "--lengths", f"{prefix}.idx", "--ranks", "8", "--global-batch-size", "8", "--steps", "3",
                "--preset", "qwen3-1.7b", "--hardware", "h100", "--json", "--no-progress")
     assert sim.returncode == 0, sim.stderr[-2000:]
