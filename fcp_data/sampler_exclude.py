@@ -13,8 +13,8 @@ Rules that keep every rank's plans equal:
   ``epoch`` are untouched, and ``epoch`` is planned exactly as a sampler built with those samples in ``exclude=``.
 * ``epoch`` must come after the position's epoch (whose iterator may exist already: ``FCPSampler(exclude=...)``
   leaves samples out from the start). Plans the planner thread made ahead for ``epoch`` or later (it runs into the
-  next epoch's first global batches) are dropped and made again; the layout caches of those epochs too (under the layout lock, so a planning
-  call running meanwhile sees either the old data and is discarded, or the new).
+  next epoch's first global batches) are dropped and made again; the layout caches of those epochs too (under the
+  layout lock, so a planning call running meanwhile sees either the old data and is discarded, or the new).
 * The exclusions are part of the sampler's state (``excluded_later``, state version 3): a resumed run plans the same
   epochs. They accumulate (a second call adds to the first) and never empty an epoch (a ``ValueError`` instead).
 """
