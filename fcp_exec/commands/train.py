@@ -208,8 +208,9 @@ def run(args) -> int:
         skipped = [rec for s in steps for rec in s.get("skipped_samples", ())]
         if skipped:
             where = "; ".join(f"{r['key'] or r['index']}: {r['reason']}: {r['detail'][:80]}" for r in skipped[:3])
-            print(f"skipped {len(skipped)} sample(s) that failed to read (left out of the loss; --read-errors-out FILE lists them): "
-                  f"{where}{' …' if len(skipped) > 3 else ''}")
+            later = "read again in later epochs" if cfg.retry_skipped else "left out of later epochs"
+            print(f"skipped {len(skipped)} sample(s) that failed to read (left out of the loss, {later}; "
+                  f"--read-errors-out FILE lists them): {where}{' …' if len(skipped) > 3 else ''}")
         if not agree:
             print(json.dumps(res["checksums"]))
             return 1
