@@ -34,7 +34,7 @@ def _meta(dist: str) -> str | None:
     return None
 
 
-def test_env_json_says_what_this_interpreter_says():
+def test_env_json_says_what_this_interpreter_says(capsys):
     import torch
     import torch.distributed as dist
 
@@ -49,11 +49,13 @@ def test_env_json_says_what_this_interpreter_says():
     assert env["devices"]["backends"]["gloo"] == dist.is_gloo_available()
     assert (env["devices"]["cuda"] is None) == (not torch.cuda.is_available())
     assert isinstance(env["notes"], list)
-    human = _fcp("env")
-    assert human.returncode == 0 and human.stdout.startswith(f"fcp {env['fcp']}  Python {env['python']}")
-    assert f"torch {torch.__version__}" in human.stdout
+    from fcp_cli.main import main  # the human form in this process (the subprocess above is the console entry)
+
+    assert main(["env"]) == 0
+    human = capsys.readouterr().out
+    assert human.startswith(f"fcp {env['fcp']}  Python {env['python']}") and f"torch {torch.__version__}" in human
     for d, *_ in PACKAGES:
-        assert any(line.split()[:2] == [d, env["packages"][d] or "-"] for line in human.stdout.splitlines()), d
+        assert any(line.split()[:2] == [d, env["packages"][d] or "-"] for line in human.splitlines()), d
 
 
 @pytest.mark.parametrize("pkgs, want", [
@@ -81,6 +83,10 @@ def test_notes_on_missing_pieces():
     assert "libhccl.so" in notes[1]
 
 
-def test_a_bad_option_is_one_line():
-    r = _fcp("env", "--jsn")
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "unrecognized arguments" in r.stderr
+def test_a_bad_option_is_one_line(capsys):
+    from fcp_cli.main import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["env", "--jsn"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1 and "unrecognized arguments: --jsn" in err
