@@ -49,3 +49,59 @@ def test_resume_at_any_position_yields_exactly_the_rest(n, num_ranks, data, gbs,
     resumed.set_epoch(epoch)
     rest = [_key(x) for x in resumed] if k < len(full) else []
     assert head == full[:k] and rest == full[k:], f"break after {k} of {len(full)} lists"
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 40), num_ranks=st.integers(1, 6), data=st.data(), gbs=st.integers(1, 12),
+       micro=st.sampled_from(["auto", 1, 2, 3]), seed=st.integers(0, 3), drop_last=st.booleans(),
+       prefetch=st.integers(0, 2), ahead=st.integers(1, 2))
+def test_exclude_later_at_any_position_plans_and_resumes_like_exclude(n, num_ranks, data, gbs, micro, seed, drop_last,
+                                                                      prefetch, ahead):
+    """``exclude_later(X, ahead)`` called after any list ``j`` of epoch 0 (the planner thread possibly holding plans of
+    epoch 1 already): epoch 0 is the plain sampler's, epochs 1 and 2 from ``ahead`` on are those of a sampler built
+    with ``exclude=X`` (reference without a planning thread); a state saved after any list ``k`` of epoch ``ahead``
+    resumes in a fresh sampler with exactly the rest. An ``X`` that would leave an epoch with no global batch is a
+    ValueError and changes nothing."""
+    rank = data.draw(st.integers(0, num_ranks - 1), label="rank")
+    assume(micro == "auto" or gbs <= micro * num_ranks)
+    lengths = np.random.default_rng(seed).integers(1, 700 if micro == "auto" else 300, size=n)
+    drop_last = drop_last and n >= gbs
+    kw = dict(num_ranks=num_ranks, rank=rank, cost_model=CM, global_batch_size=gbs, micro_batches=micro, seed=seed,
+              drop_last=drop_last, on_overlong="truncate")
+    excluded = data.draw(st.lists(st.integers(0, n - 1), unique=True, max_size=n), label="excluded")
+
+    def lists(sampler, epoch):
+        sampler.set_epoch(epoch)
+        return [_key(x) for x in sampler]
+
+    plain = FCPSampler(lengths, prefetch=0, **kw)
+    epoch0 = lists(plain, 0)
+    s = FCPSampler(lengths, prefetch=prefetch, **kw)
+    it = iter(s)
+    # at the epoch's end most often: the planner thread then holds the next epoch's first plans (made stale by the call)
+    j = data.draw(st.one_of(st.just(len(epoch0)), st.integers(0, len(epoch0))), label="called after list")
+    got0 = [_key(next(it)) for _ in range(j)]
+    left = n - len(excluded)
+    if left == 0 or (drop_last and left < gbs):
+        try:
+            s.exclude_later(excluded, ahead)
+            raise AssertionError("an epoch with no global batch was accepted")
+        except ValueError as e:
+            assert "no global batch" in str(e) or "no sample" in str(e), e
+        assert s._late == ()
+        return
+    s.exclude_later(excluded, ahead)
+    assert got0 + [_key(x) for x in it] == epoch0
+    ref = FCPSampler(lengths, prefetch=0, exclude=excluded or None, **kw)
+    if ahead == 2:
+        assert lists(s, 1) == lists(FCPSampler(lengths, prefetch=0, **kw), 1)
+    want = lists(ref, ahead)
+    s.set_epoch(ahead)
+    it = iter(s)
+    k = data.draw(st.integers(0, len(want)), label="position")
+    head = [_key(next(it)) for _ in range(k)]
+    resumed = FCPSampler(lengths, prefetch=prefetch, **kw)
+    resumed.load_state_dict(s.state_dict())
+    rest = [_key(x) for x in resumed] if k < len(want) else []  # at the epoch's end: it iterates the next one
+    assert head == want[:k] and rest == want[k:]
+    assert lists(resumed, ahead + 1) == lists(ref, ahead + 1)
