@@ -1,6 +1,7 @@
 """``fcp env``: what this machine gives fcp — versions, devices, distributed backends, the attention kernel per
-device, the optional packages and what fcp uses each for — with notes on versions fcp was not tested with. For a
-bug report (``fcp env --json``) and for a first look at a new cluster image before a long job.
+device, the optional packages and what fcp uses each for, the FCP_* and thread settings — with notes on versions
+fcp was not tested with. For a bug report (``fcp env --json``) and for a first look at a new cluster image before a
+long job.
 
 Nothing here starts a process or touches a device beyond asking torch what it sees. Package versions come from the
 installed distributions' metadata (no package is imported for them); ``torch_npu`` and ``flash-attn`` are imported
@@ -43,6 +44,10 @@ PACKAGES: tuple[tuple[str, str, tuple[str, ...], tuple[str, str] | None], ...] =
     ("numba", "compiled planner kernels (the same plans, faster)", (), ("0.59", "")),
     ("matplotlib", "--plot", (), ("3.5", "")),
 )
+
+
+# besides every FCP_* variable (FCP_CACHE, FCP_JIT, FCP_DEBUG, FCP_SOLVER_PLUGINS, …): CPU threads and devices
+_THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "ASCEND_RT_VISIBLE_DEVICES")
 
 
 def _num(version: str) -> tuple[int, ...]:
@@ -137,9 +142,11 @@ def environment() -> dict[str, Any]:
 
     pkgs = {d: _installed(d) for d, *_ in PACKAGES}
     devices = _devices()
+    settings = {k: v for k, v in sorted(os.environ.items()) if k.startswith("FCP_") or k in _THREAD_VARS}
+    settings["torch_threads"] = str(torch.get_num_threads())
     return {"fcp": fcp_data.__version__, "python": platform.python_version(), "platform": platform.platform(),
             "torch": torch.__version__, "devices": devices, "kernels": _kernels(devices), "packages": pkgs,
-            "notes": _notes(pkgs, devices)}
+            "settings": settings, "notes": _notes(pkgs, devices)}
 
 
 def _print(env: dict[str, Any]) -> None:
@@ -151,6 +158,7 @@ def _print(env: dict[str, Any]) -> None:
     print(f"torch {env['torch']}  GPUs: {cuda}  Ascend: {npu}")
     print("distributed backends: " + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in d["backends"].items()))
     print("attention kernels: " + "; ".join(f"{k}: {v}" for k, v in env["kernels"].items()))
+    print("settings: " + ", ".join(f"{k}={v}" for k, v in env["settings"].items()))
     print("packages:")
     for dist_name, use, _, _ in PACKAGES:
         print(f"  {dist_name:<14} {env['packages'][dist_name] or '-':<12} {use}")

@@ -8,6 +8,7 @@ versions (outside the supported range, not tested, the Qwen2.5-VL rope releases)
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from importlib.metadata import PackageNotFoundError, version
@@ -22,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _fcp(*argv: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "fcp_cli", *argv], capture_output=True, text=True, timeout=120,
-                          cwd=ROOT)
+                          cwd=ROOT, env={**os.environ, "FCP_JIT": "0"})
 
 
 def _meta(dist: str) -> str | None:
@@ -48,7 +49,8 @@ def test_env_json_says_what_this_interpreter_says(capsys):
     assert env["kernels"]["cpu"] == repr(default_kernel("cpu"))
     assert env["devices"]["backends"]["gloo"] == dist.is_gloo_available()
     assert (env["devices"]["cuda"] is None) == (not torch.cuda.is_available())
-    assert isinstance(env["notes"], list)
+    assert isinstance(env["notes"], list) and env["settings"]["FCP_JIT"] == "0"  # set for the subprocess below
+    assert env["settings"]["torch_threads"].isdigit()
     from fcp_cli.main import main  # the human form in this process (the subprocess above is the console entry)
 
     assert main(["env"]) == 0
