@@ -269,8 +269,8 @@ def _runs(model: nn.Module, first: dict, it: Iterator[dict], num_mb: int, res: S
 
 
 def _close_step(model: nn.Module, totals: torch.Tensor, first: dict, res: StepResult, grads: bool) -> StepResult:
-    """Sum ``totals`` = [loss, skipped label tokens, skip records] over ranks (one all-reduce) and take the skipped labels out of
-    the denominator: the loss (and, with ``grads``, the gradients) times D / (D − skipped)."""
+    """Sum ``totals`` = [loss, skipped label tokens, skip records] over ranks (one all-reduce) and take the skipped
+    labels out of the denominator: the loss (and, with ``grads``, the gradients) times D / (D − skipped)."""
     if dist_rank_and_world()[1] > 1:
         from fcp_exec.launch import collective_dtype
 
