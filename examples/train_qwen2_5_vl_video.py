@@ -7,7 +7,7 @@
     fcp index llava.jsonl --spec qwen2.5-vl --chat-field conversations --media-root videos/ --out sft-index
     Checkpoints: `--checkpoint DIR --checkpoint-every N`, then `--resume DIR/step-K` (fcp_exec.checkpoint).
     Damaged videos: each one that fails to read is skipped (the run goes on) and left out of the later epochs;
-    `--read-errors-out bad.jsonl` records them, and the next run with `--exclude bad.jsonl` leaves them out from the start.
+    `--read-errors-out bad.jsonl` records them, and a next run with `--exclude bad.jsonl` leaves them out at once.
 
 ``--config`` is a config.json (random weights) or a checkpoint folder, whose weights are loaded (``load_model``).
 InternVL works the same way (``--config examples/configs/internvl-tiny.json``, an index built with ``--spec internvl3``).
