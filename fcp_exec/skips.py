@@ -32,10 +32,14 @@ damaged file is not read, and its slot not padded, again), on every rank alike.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.distributed as dist
 
 from fcp_data.read_errors import LAYOUT_UNKNOWN, SKIPPED, VISUAL, SampleReadError
+
+logger = logging.getLogger("fcp_exec")
 
 __all__ = ["agree_skips", "leave_out_later"]
 
@@ -122,7 +126,8 @@ def leave_out_later(sampler, step) -> int:
     result — no collective when nothing was skipped anywhere (``num_skipped_global``, from the step's own
     all-reduce), else one ``all_gather_object`` of the indices — or this rank's micro-batch dicts of the global batch
     (a loop without ``train_step``, e.g. Megatron's schedule: one ``all_gather_object`` per step). Returns how many
-    samples were newly left out."""
+    samples were newly left out (0, with a warning, when leaving them out would leave an epoch without a global batch:
+    they are then read and skipped again — the run goes on either way)."""
     if hasattr(step, "num_skipped_global"):
         if not step.num_skipped_global:
             return 0
@@ -139,4 +144,12 @@ def leave_out_later(sampler, step) -> int:
         every = [None] * world
         dist.all_gather_object(every, mine)
     union = sorted({i for part in every for i in part})
-    return sampler.exclude_later(union, epoch + 1) if union else 0
+    if not union:
+        return 0
+    try:
+        return sampler.exclude_later(union, epoch + 1)
+    except ValueError as e:  # the next epoch would be empty (drop_last, few samples): read and skip them again
+        if "no global batch" not in str(e):
+            raise
+        logger.warning("fcp: the %d skipped sample(s) stay in later epochs (%s)", len(union), e)
+        return 0

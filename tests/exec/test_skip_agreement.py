@@ -118,3 +118,26 @@ def test_degree_one_and_idle_batches_are_left_alone():
     assert agree_skips(b) is b
     idle = dict(b, ranks=(), cp_rank=-1)
     assert agree_skips(idle) is idle
+
+
+def test_leave_out_later_never_ends_a_run_by_emptying_an_epoch(caplog):
+    """One process, a step's micro-batch dicts: the skipped samples are left out of the next epoch; with
+    ``drop_last=True`` and so few samples that leaving them out would leave an epoch without a global batch, they
+    stay (read and skipped again: a warning, 0 returned), instead of a ValueError that would end the run."""
+    import numpy as np
+
+    from fcp_data.cost import CostModel
+    from fcp_data.sampler import FCPSampler
+    from fcp_exec.skips import leave_out_later
+
+    cm = CostModel(alpha1=2e-10, alpha2=5e-7, alpha3=2e4, beta1=1e-3, beta2=2e-4, bandwidth_intra=2e11,
+                   bandwidth_inter=2.5e10, ranks_per_node=4, tokens_per_rank=512)
+    skipped = [{"micro_batch": 0, "epoch": 0, "skipped_samples": ({"index": 1}, {"index": 2})}]
+    plain = FCPSampler(np.full(8, 100), num_ranks=1, rank=0, cost_model=cm, global_batch_size=4, drop_last=True)
+    assert leave_out_later(plain, skipped) == 2 and plain.num_global_batches(1) == 1  # 6 samples: one batch of 4
+    tight = FCPSampler(np.full(5, 100), num_ranks=1, rank=0, cost_model=cm, global_batch_size=4, drop_last=True)
+    with caplog.at_level("WARNING", logger="fcp_exec"):
+        assert leave_out_later(tight, skipped) == 0  # 3 samples left: no global batch of 4
+    assert tight.num_global_batches(1) == 1 and "stay in later epochs" in caplog.text
+    with pytest.raises(ValueError, match="no micro-batch given"):
+        leave_out_later(plain, [])
