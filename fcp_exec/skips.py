@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 
 from fcp_data.read_errors import LAYOUT_UNKNOWN, SKIPPED, VISUAL, SampleReadError
+from fcp_data.sampler_inputs import dist_rank_and_world
 
 logger = logging.getLogger("fcp_exec")
 
@@ -138,7 +139,7 @@ def leave_out_later(sampler, step) -> int:
             raise ValueError("leave_out_later: no micro-batch given (pass train_step's result or the step's batches)")
         mine = sorted({int(r["index"]) for b in batches for r in b.get("skipped_samples", ())})
         epoch = int(batches[0]["epoch"])
-    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    world = dist_rank_and_world()[1]
     every: list = [mine]
     if world > 1:
         every = [None] * world

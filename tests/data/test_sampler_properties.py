@@ -21,20 +21,24 @@ def _key(lst):
             tuple(s.index for s in lst), tuple(s.num_tokens for s in lst), lst.num_tokens_global)
 
 
+def _instance(data, n, num_ranks, gbs, micro, seed, drop_last) -> tuple[np.ndarray, dict]:
+    """The drawn data and sampler arguments (the rank drawn here)."""
+    rank = data.draw(st.integers(0, num_ranks - 1), label="rank")
+    # a fixed micro-batch count must fit: sequences of at most 300 tokens (one per rank at least) and
+    # at most micro·num_ranks per global batch; "auto" gets sequences longer than a rank holds too
+    assume(micro == "auto" or gbs <= micro * num_ranks)
+    lengths = np.random.default_rng(seed).integers(1, 700 if micro == "auto" else 300, size=n)
+    return lengths, dict(num_ranks=num_ranks, rank=rank, cost_model=CM, global_batch_size=gbs, micro_batches=micro,
+                         seed=seed, drop_last=drop_last and n >= gbs, on_overlong="truncate")
+
+
 @settings(max_examples=30, deadline=None)
 @given(n=st.integers(1, 40), num_ranks=st.integers(1, 6), data=st.data(), gbs=st.integers(1, 12),
        micro=st.sampled_from(["auto", 1, 2, 3]), seed=st.integers(0, 3), epoch=st.integers(0, 2),
        drop_last=st.booleans(), prefetch=st.integers(0, 2))
 def test_resume_at_any_position_yields_exactly_the_rest(n, num_ranks, data, gbs, micro, seed, epoch, drop_last,
                                                          prefetch):
-    rank = data.draw(st.integers(0, num_ranks - 1), label="rank")
-    # a fixed micro-batch count must fit: sequences of at most 300 tokens (one per rank at least) and
-    # at most micro·num_ranks per global batch; "auto" gets sequences longer than a rank holds too
-    assume(micro == "auto" or gbs <= micro * num_ranks)
-    lengths = np.random.default_rng(seed).integers(1, 700 if micro == "auto" else 300, size=n)
-    drop_last = drop_last and n >= gbs
-    kw = dict(num_ranks=num_ranks, rank=rank, cost_model=CM, global_batch_size=gbs, micro_batches=micro, seed=seed,
-              drop_last=drop_last, on_overlong="truncate")
+    lengths, kw = _instance(data, n, num_ranks, gbs, micro, seed, drop_last)
     ref = FCPSampler(lengths, prefetch=0, **kw)
     ref.set_epoch(epoch)
     full = [_key(x) for x in ref]
@@ -62,12 +66,7 @@ def test_exclude_later_at_any_position_plans_and_resumes_like_exclude(n, num_ran
     with ``exclude=X`` (reference without a planning thread); a state saved after any list ``k`` of epoch ``ahead``
     resumes in a fresh sampler with exactly the rest. An ``X`` that would leave an epoch with no global batch is a
     ValueError and changes nothing."""
-    rank = data.draw(st.integers(0, num_ranks - 1), label="rank")
-    assume(micro == "auto" or gbs <= micro * num_ranks)
-    lengths = np.random.default_rng(seed).integers(1, 700 if micro == "auto" else 300, size=n)
-    drop_last = drop_last and n >= gbs
-    kw = dict(num_ranks=num_ranks, rank=rank, cost_model=CM, global_batch_size=gbs, micro_batches=micro, seed=seed,
-              drop_last=drop_last, on_overlong="truncate")
+    lengths, kw = _instance(data, n, num_ranks, gbs, micro, seed, drop_last)
     excluded = data.draw(st.lists(st.integers(0, n - 1), unique=True, max_size=n), label="excluded")
 
     def lists(sampler, epoch):
@@ -82,7 +81,7 @@ def test_exclude_later_at_any_position_plans_and_resumes_like_exclude(n, num_ran
     j = data.draw(st.one_of(st.just(len(epoch0)), st.integers(0, len(epoch0))), label="called after list")
     got0 = [_key(next(it)) for _ in range(j)]
     left = n - len(excluded)
-    if left == 0 or (drop_last and left < gbs):
+    if left == 0 or (kw["drop_last"] and left < gbs):
         try:
             s.exclude_later(excluded, ahead)
             raise AssertionError("an epoch with no global batch was accepted")
