@@ -71,7 +71,8 @@ def run_local(tasks: list[dict], cfg: dict, workers: int, on_done: Callable[[dic
             on_done(index_task(t, cfg))
         return
     ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context("spawn")
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=die_with_parent, initargs=(os.getpid(),))
+    # never more processes than tasks (a huge --workers must not ask the OS for a huge semaphore or pool)
+    pool = ProcessPoolExecutor(max_workers=max(1, min(workers, len(tasks))), mp_context=ctx, initializer=die_with_parent, initargs=(os.getpid(),))
     try:
         pending = {pool.submit(index_task, t, cfg) for t in tasks}
         while pending:

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 __all__ = ["Limits", "json_depth_exceeds", "clean_detail", "safe_key", "INT32_MAX"]
 
 INT32_MAX = 2**31 - 1
+LIMIT_MAX = 2**62  # an integer limit must fit the index-sized integers of the readers (read(limit + 1))
 _ADDR = re.compile(r"<([\w.]+) object at 0x[0-9a-fA-F]+>")
 _HEX = re.compile(r" at 0x[0-9a-fA-F]+")
 
@@ -52,8 +53,8 @@ class Limits:
     def __post_init__(self) -> None:
         for name in ("max_image_pixels", "max_frames", "max_text_bytes", "max_json_depth"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be an integer >= 1, got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= LIMIT_MAX:
+                raise ValueError(f"--{name.replace('_', '-')} must be an integer in [1, 2**62], got {v!r}")
         if self.max_frames > INT32_MAX:
             raise ValueError(f"--max-frames must be <= {INT32_MAX} (the num_frames column is int32), got {self.max_frames}")
         if not (isinstance(self.max_duration, (int, float)) and 0 < self.max_duration < float("inf")):

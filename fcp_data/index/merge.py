@@ -127,6 +127,8 @@ def _check_sft(prompt_field, chat_field, chat_template, media_root, text_field: 
                                      (text_field, key_field)):
         raise ValueError(f"--prompt-field must be a jsonl/Parquet field name other than --text-field {text_field!r} and "
                          f"--key-field {key_field!r}, got {prompt_field!r}")
+    if chat_field is None and chat_template != "chatml":
+        raise ValueError("--chat-template is the template of --chat-field conversations; give both")
     if chat_field is not None:
         from fcp_data.chat import resolve_template
 
@@ -171,6 +173,12 @@ def build_index(inputs: list[str], spec: str, out: str | Path, *, tokenizer: str
         raise ValueError(f"--max-error-rate must be in [0, 1], got {max_error_rate}")
     if workers < 1:
         raise ValueError(f"--workers must be >= 1, got {workers}")
+    if address is not None and engine != "ray":
+        raise ValueError(f"--address {address!r} is a Ray cluster's address; it needs --engine ray")
+    if not str(out).strip():  # Path("") is the working directory: never write an index there by accident
+        raise ValueError("--out must name the index folder, got an empty path")
+    if tokenizer is not None and not str(tokenizer).strip():
+        raise ValueError("--tokenizer must name a tokenizer.json file, got an empty path")
     if tokenizer is None and chat_field is not None:
         tokenizer = _template_tokenizer(chat_template)
     chat_template, media_root = _check_sft(prompt_field, chat_field, chat_template, media_root, text_field, key_field)

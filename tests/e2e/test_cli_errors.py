@@ -113,6 +113,32 @@ def test_index_bad_inputs(capsys, tmp_path):
     assert load_spec("QWEN2-VL").name == load_spec("qwen2-vl").name
 
 
+def test_index_options_out_of_range_or_ignored(capsys, tmp_path, monkeypatch):
+    """Found by a CLI fuzz (every option × hostile values): --out '' wrote the index into the working directory;
+    a --workers or --max-text-bytes too large for a C integer ended in an OverflowError traceback (or a 100 %
+    shard_failed index); --address without --engine ray and --chat-template without --chat-field were ignored."""
+    from fcp_data._resources import data_path
+    from fcp_data.index import LengthIndex
+
+    text = str(data_path("samples") / "text.jsonl")
+    monkeypatch.chdir(tmp_path)
+    base = ["index", text, "--spec", "text", "--no-progress"]
+    out = ["--out", str(tmp_path / "idx")]
+    _one_line_error(capsys, [*base, "--out", ""], "--out must name the index folder")
+    assert not any(tmp_path.iterdir())  # nothing written into the working directory
+    _one_line_error(capsys, [*base, *out, "--tokenizer", ""], "--tokenizer must name a tokenizer.json")
+    _one_line_error(capsys, [*base, *out, "--address", "auto"], "needs --engine ray")
+    _one_line_error(capsys, [*base, *out, "--chat-template", "llama3"], "--chat-template .* give both")
+    for opt in ("--max-text-bytes", "--max-image-pixels", "--max-json-depth", "--max-frames"):
+        _one_line_error(capsys, [*base, *out, opt, str(2**64)], f"{opt} must be an integer in|{opt} must be <=")
+    # more workers than shards: a pool of as many processes as shards, the same index as one worker
+    assert main([*base, *out, "--workers", str(2**64)]) == 0
+    capsys.readouterr()
+    assert main([*base, "--out", str(tmp_path / "one")]) == 0
+    a, b = (LengthIndex.load(tmp_path / d) for d in ("idx", "one"))
+    assert len(a) == len(b) == 320 and (a.num_tokens == b.num_tokens).all()
+
+
 def test_lengths_with_utf8_bom(capsys, tmp_path):
     """A lengths file saved by Excel/Windows starts with a UTF-8 BOM: '\\ufeff100' was 'not a number' and a
     csv header 'len' did not match --column len."""
