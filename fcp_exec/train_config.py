@@ -216,6 +216,9 @@ class TrainConfig:
             raise ValueError(f"initial_loss_scale must be finite and > 0, got {self.initial_loss_scale}")
         if not 1 <= self.loss_scale_window <= MAX_COUNT:
             raise ValueError(f"loss_scale_window must be >= 1 (and at most {MAX_COUNT}), got {self.loss_scale_window}")
+        if self.amp != "float16" and (self.initial_loss_scale, self.loss_scale_window) != (2.0 ** 16, 2000):
+            raise ValueError("--initial-loss-scale and --loss-scale-window set the loss scaler of --amp float16 "
+                             f"(got --amp {self.amp}, which has none)")
 
 
 def builtin_cost_model(max_tokens: int, num_ranks: int, dtype: str = "float32") -> CostModel:
