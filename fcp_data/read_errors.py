@@ -42,7 +42,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ReadErrorBudget", "SampleReadError", "SkippedSample", "ON_ERROR", "SKIPPED", "LAYOUT_UNKNOWN", "VISUAL"]
+__all__ = ["ReadErrorBudget", "check_errors_path", "SampleReadError", "SkippedSample", "ON_ERROR", "SKIPPED", "LAYOUT_UNKNOWN", "VISUAL"]
 
 logger = logging.getLogger("fcp_data")
 
@@ -106,6 +106,27 @@ def sample_key(base: Any, index: int) -> str | None:
         return None
 
 
+def check_errors_path(path) -> None:
+    """``errors_path`` must be a file that can be appended to, or a new file in an existing, writable folder:
+    checked when the run starts (a ValueError), not found out at the first skipped sample, mid-run."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"errors_path must be a path or None, got {type(path).__name__}")
+    p = os.fspath(path)
+    if not str(p).strip():
+        raise ValueError("errors_path (--read-errors-out) must name a file, got an empty path")
+    if "\0" in str(p):
+        raise ValueError(f"errors_path (--read-errors-out) {p!r} holds a NUL byte")
+    folder = os.path.dirname(os.path.abspath(p))
+    if os.path.isdir(p):
+        raise ValueError(f"errors_path (--read-errors-out) {p} is a folder; give a file to append the records to")
+    if os.path.exists(p) and not os.access(p, os.W_OK):
+        raise ValueError(f"errors_path (--read-errors-out) {p} is not writable")
+    if not os.path.isdir(folder):
+        raise ValueError(f"errors_path (--read-errors-out) {p}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"errors_path (--read-errors-out) {p}: the folder {folder} is not writable")
+
+
 class ReadErrorBudget:
     """Counts reads and failures of one process and decides when failures stop being "one bad sample"."""
 
@@ -117,8 +138,8 @@ class ReadErrorBudget:
         if isinstance(max_error_rate, bool) or not isinstance(max_error_rate, (int, float)) or \
                 not 0.0 <= float(max_error_rate) <= 1.0:
             raise ValueError(f"max_error_rate must be a number in [0, 1], got {max_error_rate!r}")
-        if errors_path is not None and not isinstance(errors_path, (str, os.PathLike)):
-            raise TypeError(f"errors_path must be a path or None, got {type(errors_path).__name__}")
+        if errors_path is not None:
+            check_errors_path(errors_path)
         self.max_consecutive_errors = max_consecutive_errors
         self.max_error_rate = float(max_error_rate)
         self.errors_path = None if errors_path is None else os.fspath(errors_path)
@@ -143,11 +164,15 @@ class ReadErrorBudget:
                        self.reads, f", rank {rec['rank']}" if "rank" in rec else "")
         if self.errors_path is not None:
             line = (json.dumps(rec, ensure_ascii=False) + "\n").encode()
-            fd = os.open(self.errors_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:
-                os.write(fd, line)  # one write per record: O_APPEND keeps workers' lines whole
-            finally:
-                os.close(fd)
+                fd = os.open(self.errors_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                try:
+                    os.write(fd, line)  # one write per record: O_APPEND keeps workers' lines whole
+                finally:
+                    os.close(fd)
+            except OSError as e:  # a full disk or a vanished folder loses the record's file line, not the run
+                logger.error("fcp: could not append the skipped sample's record to %s (%s); it is in this log only: %s",
+                             self.errors_path, e, line.decode().strip())
         why = None
         if self.consecutive >= self.max_consecutive_errors:
             why = f"{self.consecutive} samples in a row failed to read"

@@ -185,6 +185,10 @@ def run(args) -> int:
     model, hf_path = resolve_model(args.model)
     check_index_path(args.data)
     check_index_path(args.eval_data, "--eval-data")
+    if args.read_errors_out is not None:  # found out now, not at the first skipped sample mid-run
+        from fcp_data.read_errors import check_errors_path
+
+        check_errors_path(args.read_errors_out)
     from fcp_exec.commands import check_launch
     from fcp_exec.launch import default_backend, in_torchrun
     from fcp_exec.train import run_training

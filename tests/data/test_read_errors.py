@@ -116,6 +116,33 @@ def test_bad_arguments_are_one_clear_error(kwargs, match):
         FCPDataset([], **kwargs)
 
 
+def test_errors_path_checked_at_construction_and_a_failed_write_loses_no_sample(tmp_path, caplog):
+    """Found by a CLI fuzz: an errors_path in a missing folder, or a folder itself, was found out at the first
+    skipped sample, as an OSError that ended the run — the one bad sample ended it. Now: a ValueError when the
+    dataset is built; a write that fails later (the folder removed, a full disk) is logged with the record and the
+    run goes on."""
+    (tmp_path / "adir").mkdir()
+    for path, says in [(tmp_path / "nope" / "e.jsonl", "does not exist"), (tmp_path / "adir", "is a folder"),
+                       ("", "empty path"), ("a\0b", "NUL byte")]:
+        with pytest.raises(ValueError, match=says):
+            FCPDataset(Flaky(3), errors_path=path)
+    with pytest.raises(TypeError, match="errors_path must be a path"):
+        FCPDataset(Flaky(3), errors_path=3)
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    ds = FCPDataset(Flaky(6, bad={1, 4}), errors_path=sub / "e.jsonl")
+    meta = _meta(1, 0)
+    ds.__getitems__(SlotList([_slot(i, meta) for i in range(3)], meta=meta))
+    assert len((sub / "e.jsonl").read_text().splitlines()) == 1
+    (sub / "e.jsonl").unlink()
+    sub.rmdir()  # the folder goes away mid-run
+    with caplog.at_level(logging.WARNING, logger="fcp_data"):
+        items = ds.__getitems__(SlotList([_slot(i, meta) for i in range(3, 6)], meta=meta))
+    assert [type(s).__name__ for s, _ in items] == ["dict", "SkippedSample", "dict"]
+    lost = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(lost) == 1 and "could not append" in lost[0].getMessage() and '"index": 4' in lost[0].getMessage()
+
+
 def _reference_batch(collator_kwargs: dict, items: list, bad: int) -> list:
     """The same batch with the failed sample replaced by pads of its planned length whose labels are all masked."""
     out = []

@@ -273,6 +273,7 @@ def test_train_bad_options(capsys):
     _one_line_error(capsys, [*base, "--amp", "float16", "--initial-loss-scale", "0"], "initial_loss_scale must be finite")
     _one_line_error(capsys, [*base, "--amp", "float16", "--initial-loss-scale", "inf"], "initial_loss_scale must be")
     _one_line_error(capsys, [*base, "--amp", "float16", "--loss-scale-window", "0"], "loss_scale_window must be >= 1")
+    _one_line_error(capsys, [*base, "--read-errors-out", "/nonexistent-folder/e.jsonl"], "does not exist")
     for opt in ("--initial-loss-scale", "--loss-scale-window"):  # found by a CLI fuzz: silently ignored before
         for amp in ("none", "bfloat16"):
             _one_line_error(capsys, [*base, "--amp", amp, opt, "1024"], "set the loss scaler of --amp float16")
