@@ -157,6 +157,65 @@ class KeyArray:
         return self._lookup[key]
 
 
+_STR, _OPT_STR = (str,), (str, type(None))
+_MANIFEST_TYPES = {"data": _STR, "text_field": _STR, "key_field": _STR, "prompt_field": _OPT_STR,
+                   "chat_field": _OPT_STR, "media_root": _OPT_STR, "probe": _OPT_STR,
+                   "chat_template": (str, dict, type(None)), "column_bytes": (dict,)}
+
+
+def _check_manifest(m: dict, mf: Path) -> None:
+    """The manifest fields the readers use have their types (an edited or damaged manifest.json is one
+    ValueError naming the field, not a TypeError deep inside the first read)."""
+    def bad(field: str, want: str):
+        return ValueError(f"{mf}: {field} must be {want}, got {m.get(field)!r:.80}; the index is damaged, rebuild it")
+
+    for field in ("num_samples", "num_errors"):
+        v = m.get(field)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise bad(field, "an integer >= 0")
+    for field, types in _MANIFEST_TYPES.items():
+        if field in m and not isinstance(m[field], types):
+            raise bad(field, " or ".join("null" if t is type(None) else t.__name__ for t in types))
+    if "data" in m and (m["data"] in ("", "..") or "/" in m["data"] or "\\" in m["data"]):
+        raise bad("data", "the name of the index's data folder")
+    spec = m.get("spec")
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or \
+            not all(isinstance(spec.get(k), _OPT_STR) for k in ("fingerprint", "path", "tokenizer_path")):
+        raise bad("spec", "an object with a string name")
+    sources = m.get("sources")
+    if not isinstance(sources, list) or not all(isinstance(s, dict) and isinstance(s.get("path"), str)
+                                                and isinstance(s.get("kind"), str) for s in sources):
+        raise bad("sources", "a list of {path, kind} objects")
+    if not isinstance(m.get("exts"), list) or not all(isinstance(e, str) for e in m["exts"]):
+        raise bad("exts", "a list of strings")
+    if not all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
+               for k, v in m.get("column_bytes", {}).items()):
+        raise bad("column_bytes", "an object of integers")
+
+
+def _check_columns(cols: dict[str, np.ndarray], m: dict, p: Path) -> None:
+    """Dtypes, the ragged pointers' ends and the columns that index into the manifest's lists, checked once at
+    load: a damaged column is one ValueError here, not an IndexError or a wrong sample at some later read. Only
+    what is cheap or read anyway (``num_tokens`` feeds the sampler; ``shard``/``member_ext`` are 4 and 2 bytes a
+    row); a damaged offset or size fails the read of its own sample, which ``FCPDataset`` records and skips."""
+    for name, dt in {**COLUMNS, **RAGGED}.items():
+        if cols[name].dtype != np.dtype(dt) or cols[name].ndim != 1:
+            raise ValueError(f"{p}: {name}.npy holds {cols[name].dtype}[{cols[name].ndim}-d], not {np.dtype(dt)}[n]; "
+                             "the index is damaged, rebuild it")
+    for ptr, data in (("key_ptr", "key_bytes"), ("member_ptr", "member_ext")):
+        a = cols[ptr]
+        if a.size == 0 or int(a[0]) != 0 or int(a[-1]) > len(cols[data]):
+            raise ValueError(f"{p}: {ptr}.npy is not a pointer array into {data}.npy; the index is damaged, rebuild it")
+    if len(cols["member_offset"]) != len(cols["member_ext"]) or len(cols["member_size"]) != len(cols["member_ext"]):
+        raise ValueError(f"{p}: the member_* columns have different lengths; the index is damaged, rebuild it")
+    for name, hi in (("shard", len(m["sources"])), ("member_ext", len(m["exts"])), ("num_tokens", None),
+                     ("num_visual_tokens", None)):
+        a = cols[name]
+        if a.size and (int(a.min()) < 0 or (hi is not None and int(a.max()) >= hi)):
+            raise ValueError(f"{p}: {name}.npy has values outside [0, {'∞' if hi is None else hi}); the index is "
+                             "damaged, rebuild it")
+
+
 class LengthIndex:
     """A loaded length index (read-only, memory-mapped). See the module docstring for the columns."""
 
@@ -181,6 +240,7 @@ class LengthIndex:
             got = (manifest.get("format"), manifest.get("version")) if isinstance(manifest, dict) else (None, None)
             raise ValueError(f"{mf}: format {got[0]!r} v{got[1]} is not {FORMAT_NAME} v{FORMAT_VERSION}; "
                              "rebuild the index with this fcp version")
+        _check_manifest(manifest, mf)
         data = p / manifest.get("data", ".")
         if not data.is_dir():
             raise ValueError(f"{p}: the data folder {manifest.get('data')!r} named by manifest.json is missing; rebuild the index")
@@ -195,6 +255,7 @@ class LengthIndex:
         if n != manifest["num_samples"] or len(cols["key_ptr"]) != n + 1 or len(cols["member_ptr"]) != n + 1 \
                 or any(len(cols[c]) != n for c in COLUMNS):
             raise ValueError(f"{p}: columns disagree with manifest.json ({n} rows vs {manifest['num_samples']}); the index is incomplete, rebuild it")
+        _check_columns(cols, manifest, p)
         return cls(p, manifest, cols)
 
     def __len__(self) -> int:

@@ -259,7 +259,8 @@ def rebuild_over_a_format_1_index(d: Path, media):
         cols.update(key_ptr=np.array([0, 1]), key_bytes=np.frombuffer(b"k", np.uint8), member_ptr=np.array([0, 0]))
         write_columns(out, cols)
         (out / "manifest.json").write_text(json.dumps({"format": FORMAT_NAME, "version": 1, "num_samples": 1,
-                                                       "num_errors": 0, "spec": {"name": "x"}, "exts": [], "sources": []}))
+                                                       "num_errors": 0, "spec": {"name": "x"}, "exts": ["txt"],
+                                                       "sources": [{"path": "gone.jsonl", "kind": "jsonl"}]}))
         assert LengthIndex.load(out).keys.tolist() == ["k"]  # format 1 still loads
         assert cli_main(_argv(d)) == 0
         ix = LengthIndex.load(out)
