@@ -82,7 +82,7 @@ class SamplerConfig:
         if self.on_overlong not in OVERLONG_CHOICES:
             raise ValueError(f"on_overlong must be 'error', 'truncate' or 'drop', got {self.on_overlong!r}")
         if isinstance(self.prefetch, bool) or not isinstance(self.prefetch, (int, float, np.integer, np.floating)) \
-                or int(self.prefetch) != self.prefetch or not 0 <= self.prefetch <= MAX_COUNT:
+                or not 0 <= self.prefetch <= MAX_COUNT or int(self.prefetch) != self.prefetch:
             raise ValueError(f"prefetch must be an integer from 0 to {MAX_COUNT} (global batches planned ahead), "
                              f"got {self.prefetch!r}")
         put(self, "prefetch", int(self.prefetch))
@@ -93,6 +93,8 @@ class SamplerConfig:
             raise ValueError(f"seed must be an integer >= 0 (numpy seeds its generator with [seed, epoch]), "
                              f"got {self.seed!r}")
         put(self, "seed", int(self.seed))
+        if not isinstance(self.drop_last, (bool, np.bool_)):  # bool("no") is True: never guess
+            raise ValueError(f"drop_last must be True or False, got {self.drop_last!r}")
         put(self, "drop_last", bool(self.drop_last))
         self._check_solver()
 

@@ -43,6 +43,9 @@ def _sampler(**kw):
     ({"rank": 1.5}, "rank must be an integer, got float 1.5"),
     ({"seed": -1}, r"seed must be an integer >= 0"),
     ({"prefetch": None}, "prefetch must be an integer from 0 to"),
+    # found by a fuzz of every argument: prefetch=inf was an OverflowError from int(); drop_last="no" was True
+    ({"prefetch": float("inf")}, "prefetch must be an integer from 0 to"),
+    ({"drop_last": "no"}, "drop_last must be True or False"),
     ({"solver_options": {"robust_tol": -1}}, "robust_tol must be a finite number >= 0"),
     ({"solver_options": {"robust_tol": float("nan")}}, "robust_tol must be a finite number >= 0"),
     ({"solver_options": {"search": "no"}}, "search must be True or False"),
