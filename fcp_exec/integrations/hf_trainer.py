@@ -65,7 +65,6 @@ warns) with sharded checkpoints and its bf16 policy, InternVL (its processor's s
 from __future__ import annotations
 
 import collections
-import copy
 import warnings
 from typing import Any
 
@@ -75,6 +74,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from fcp_exec.devices import settle_collectives
+from fcp_exec.integrations.hf_trainer_args import check_fcp_kwargs, check_loss, run_args
 from fcp_exec.integrations.hf_trainer_data import (GlobalBatch, GlobalBatchLoader, _has_labels, _is_indexed,
                                                    count_lengths, input_tokens)
 from fcp_exec.integrations.hf import apply_fcp, fcp_loss, model_type_of, unwrap
@@ -88,48 +88,6 @@ except ImportError as e:  # pragma: no cover - the hf extra is not installed
                       "pip install 'fcp[hf]'") from e
 
 __all__ = ["FCPTrainer", "GlobalBatch", "GlobalBatchLoader", "count_lengths"]
-
-
-def _check_loss(cls: type, args: Any) -> None:
-    """FCPTrainer computes the loss itself (Σ cross-entropy over the global batch's label tokens, ``fcp_loss``): a
-    loss the Trainer class or its arguments would compute otherwise is refused, not silently replaced. TRL's
-    ``SFTTrainer`` (mixed in: ``class FCPSFTTrainer(FCPTrainer, SFTTrainer)``) computes that same loss with
-    ``loss_type="nll"`` (its labels, prompt or non-assistant tokens at -100, come from its dataset preparation)."""
-    if float(getattr(args, "label_smoothing_factor", 0.0) or 0.0):
-        raise ValueError("FCPTrainer: label_smoothing_factor is not supported (its loss is plain cross-entropy)")
-    owner = next(c for c in cls.__mro__ if "compute_loss" in c.__dict__)
-    if owner is Trainer:
-        return
-    if owner.__name__ == "SFTTrainer" and owner.__module__.startswith("trl."):
-        if getattr(args, "packing", False):
-            raise ValueError("FCPTrainer: TRL packing=True is not supported: FCP packs each micro-batch itself, "
-                             "document by document; set packing=False")
-        if getattr(args, "loss_type", "nll") != "nll":
-            raise ValueError(f"FCPTrainer: TRL loss_type={args.loss_type!r} is not supported; use loss_type='nll'")
-        return
-    raise ValueError(f"FCPTrainer: {owner.__qualname__}.compute_loss would never be called: FCPTrainer computes the "
-                     "loss itself (cross-entropy over the global batch's label tokens); put per-token masking into "
-                     "the samples' labels (-100) instead")
-
-
-def _run_args(args: Any, global_batch_size: int | None) -> tuple[Any, int]:
-    """``(the arguments the Trainer runs with, G)``: a copy of ``args`` with gradient accumulation folded into the
-    global batch (G = 1 inside: one Trainer step is one global batch) and ``ddp_find_unused_parameters`` None set to
-    False (every rank runs every micro-batch through the whole model: idle ranks run the dummy)."""
-    if args is None:
-        return None, 1
-    accumulate = int(args.gradient_accumulation_steps)
-    if accumulate < 1:
-        raise ValueError(f"FCPTrainer: gradient_accumulation_steps must be >= 1, got {accumulate}")
-    if accumulate > 1 and global_batch_size is not None:
-        raise ValueError(f"FCPTrainer: gradient_accumulation_steps={accumulate} and global_batch_size="
-                         f"{global_batch_size} both set the sequences per optimizer step; give one of them "
-                         "(G folds into the global batch: per_device_train_batch_size × world size × G)")
-    args = copy.copy(args)
-    args.gradient_accumulation_steps = 1
-    if getattr(args, "ddp_find_unused_parameters", False) is None:
-        args.ddp_find_unused_parameters = False
-    return args, accumulate
 
 
 class FCPTrainer(Trainer):
@@ -163,10 +121,13 @@ class FCPTrainer(Trainer):
         if cost_model is None:
             raise ValueError("FCPTrainer needs cost_model= (fcp_data.CostModel.load('cost.json') from `fcp profile`, "
                              "or CostModel.preset(model, hardware))")
-        _check_loss(type(self), args)
+        check_loss(type(self), args)
+        check_fcp_kwargs(model, global_batch_size=global_batch_size, sampler_kwargs=sampler_kwargs, history=history,
+                         collator_kwargs=collator_kwargs, dataset_kwargs=dataset_kwargs, pad_token_id=pad_token_id,
+                         eval_batches=eval_batches)
         if getattr(model, "_fcp_state", None) is None:
             apply_fcp(model)
-        args, self.fcp_gradient_accumulation_steps = _run_args(args, global_batch_size)
+        args, self.fcp_gradient_accumulation_steps = run_args(args, global_batch_size)
         super().__init__(model=model, args=args, **kwargs)
         self._check_fcp_args()
         world, per_device = max(int(self.args.world_size), 1), int(self.args.per_device_train_batch_size)

@@ -1151,9 +1151,22 @@ def test_sampler_kwargs_exclude_leaves_samples_out_of_training_not_evaluation(tm
      r"gradient_accumulation_steps=2 and global_batch_size=8 both set the sequences per optimizer step"),
     ({"cost_model": None}, "FCPTrainer needs cost_model="),
     ({"compute_metrics": lambda p: {}, "args": {"batch_eval_metrics": True}}, "batch_eval_metrics=True is not supported"),
+    # found by a fuzz of every FCPTrainer argument: a negative pad id was an IndexError inside the embedding at the
+    # first step, a huge one or a huge history an OverflowError; 0 / 1.5 / -1 were taken silently
+    ({"pad_token_id": -1}, r"pad_token_id must be a token id in \[0, 2000\), got -1"),
+    ({"pad_token_id": 2**70}, r"pad_token_id must be a token id in \[0, 2000\)"),
+    ({"pad_token_id": 1.5}, r"pad_token_id must be a token id"),
+    ({"global_batch_size": 0}, "global_batch_size must be an integer >= 1"),
+    ({"global_batch_size": 1.5}, "global_batch_size must be an integer >= 1"),
+    ({"eval_batches": -1}, "eval_batches must be an integer >= 1 or None"),
+    ({"history": 2**70}, r"history must be an integer in \[0, 1000000000\]"),
+    ({"history": -1}, r"history must be an integer in \[0, 1000000000\]"),
+    ({"sampler_kwargs": 0}, "sampler_kwargs must be a dict of options or None, got int"),
+    ({"collator_kwargs": [("sample_labels", True)]}, "collator_kwargs must be a dict of options or None, got list"),
+    ({"dataset_kwargs": "on_error=raise"}, "dataset_kwargs must be a dict of options or None, got str"),
 ])
 def test_fcp_trainer_refuses_what_it_cannot_train(tmp_path, kw, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises((ValueError, TypeError), match=message):
         _trainer(tmp_path, **kw)
 
 

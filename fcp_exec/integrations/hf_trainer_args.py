@@ -1,0 +1,87 @@
+"""FCPTrainer's own arguments and the Trainer arguments it cannot honour, checked in its constructor: one clear
+``ValueError``/``TypeError`` each, before Accelerate or a DataLoader starts (:class:`~fcp_exec.integrations.hf_trainer.FCPTrainer`)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from transformers import Trainer
+
+__all__ = ["check_fcp_kwargs", "check_loss", "run_args"]
+
+_MAX_HISTORY = 10**9
+
+
+def _is_int(v: Any) -> bool:
+    import numbers
+
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def check_fcp_kwargs(model: Any, *, global_batch_size: Any, sampler_kwargs: Any, collator_kwargs: Any,
+                     dataset_kwargs: Any, pad_token_id: Any, eval_batches: Any, history: Any) -> None:
+    """Types and ranges of FCPTrainer's keyword arguments (found by a fuzz of each: a negative ``pad_token_id``
+    was an ``IndexError`` inside the embedding at the first step, a huge one or a huge ``history`` an
+    ``OverflowError``; ``global_batch_size=0`` or ``1.5``, ``eval_batches=-1`` and ``sampler_kwargs=0`` were
+    silently taken; a list of options failed as "'int' object is not iterable")."""
+    if global_batch_size is not None and not (_is_int(global_batch_size) and global_batch_size >= 1):
+        raise ValueError(f"FCPTrainer: global_batch_size must be an integer >= 1 (sequences per optimizer step) or "
+                         f"None, got {global_batch_size!r}")
+    for name, value in (("sampler_kwargs", sampler_kwargs), ("collator_kwargs", collator_kwargs),
+                        ("dataset_kwargs", dataset_kwargs)):
+        if value is not None and not isinstance(value, dict):
+            raise TypeError(f"FCPTrainer: {name} must be a dict of options or None, got {type(value).__name__}")
+    if pad_token_id is not None:
+        embeddings = getattr(model, "get_input_embeddings", lambda: None)()
+        vocab = getattr(embeddings, "num_embeddings", None)
+        if not _is_int(pad_token_id) or pad_token_id < 0 or (vocab is not None and pad_token_id >= vocab):
+            raise ValueError(f"FCPTrainer: pad_token_id must be a token id in [0, {vocab or 'vocabulary size'}), "
+                             f"got {pad_token_id!r}")
+    if eval_batches is not None and not (_is_int(eval_batches) and eval_batches >= 1):
+        raise ValueError(f"FCPTrainer: eval_batches must be an integer >= 1 or None (the whole set), got {eval_batches!r}")
+    if history is not None and not (_is_int(history) and 0 <= history <= _MAX_HISTORY):
+        raise ValueError(f"FCPTrainer: history must be an integer in [0, {_MAX_HISTORY}] (steps kept in fcp_steps) or "
+                         f"None (all), got {history!r}")
+
+
+def check_loss(cls: type, args: Any) -> None:
+    """FCPTrainer computes the loss itself (Σ cross-entropy over the global batch's label tokens, ``fcp_loss``): a
+    loss the Trainer class or its arguments would compute otherwise is refused, not silently replaced. TRL's
+    ``SFTTrainer`` (mixed in: ``class FCPSFTTrainer(FCPTrainer, SFTTrainer)``) computes that same loss with
+    ``loss_type="nll"`` (its labels, prompt or non-assistant tokens at -100, come from its dataset preparation)."""
+    if float(getattr(args, "label_smoothing_factor", 0.0) or 0.0):
+        raise ValueError("FCPTrainer: label_smoothing_factor is not supported (its loss is plain cross-entropy)")
+    owner = next(c for c in cls.__mro__ if "compute_loss" in c.__dict__)
+    if owner is Trainer:
+        return
+    if owner.__name__ == "SFTTrainer" and owner.__module__.startswith("trl."):
+        if getattr(args, "packing", False):
+            raise ValueError("FCPTrainer: TRL packing=True is not supported: FCP packs each micro-batch itself, "
+                             "document by document; set packing=False")
+        if getattr(args, "loss_type", "nll") != "nll":
+            raise ValueError(f"FCPTrainer: TRL loss_type={args.loss_type!r} is not supported; use loss_type='nll'")
+        return
+    raise ValueError(f"FCPTrainer: {owner.__qualname__}.compute_loss would never be called: FCPTrainer computes the "
+                     "loss itself (cross-entropy over the global batch's label tokens); put per-token masking into "
+                     "the samples' labels (-100) instead")
+
+
+def run_args(args: Any, global_batch_size: int | None) -> tuple[Any, int]:
+    """``(the arguments the Trainer runs with, G)``: a copy of ``args`` with gradient accumulation folded into the
+    global batch (G = 1 inside: one Trainer step is one global batch) and ``ddp_find_unused_parameters`` None set to
+    False (every rank runs every micro-batch through the whole model: idle ranks run the dummy)."""
+    if args is None:
+        return None, 1
+    accumulate = int(args.gradient_accumulation_steps)
+    if accumulate < 1:
+        raise ValueError(f"FCPTrainer: gradient_accumulation_steps must be >= 1, got {accumulate}")
+    if accumulate > 1 and global_batch_size is not None:
+        raise ValueError(f"FCPTrainer: gradient_accumulation_steps={accumulate} and global_batch_size="
+                         f"{global_batch_size} both set the sequences per optimizer step; give one of them "
+                         "(G folds into the global batch: per_device_train_batch_size × world size × G)")
+    args = copy.copy(args)
+    args.gradient_accumulation_steps = 1
+    if getattr(args, "ddp_find_unused_parameters", False) is None:
+        args.ddp_find_unused_parameters = False
+    return args, accumulate
