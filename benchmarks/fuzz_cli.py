@@ -13,13 +13,17 @@ Areas (``--areas``, default all):
   or a ValueError/OSError (one line and exit 2 in the CLI); a KeyError of a sample whose recorded field is gone
   is a failed read, which ``FCPDataset`` records and skips.
 * ``cost``: every key of a cost-model JSON set to hostile values, through plan, simulate and compare.
+* ``api``: every argument of ``FCPSampler`` (then iterated and its state saved), ``FCPCollator``, ``plan_batch``,
+  ``FCPDataset``, ``IndexedDataset`` and ``FCPTrainer`` (a tiny Qwen3, one training step and an evaluation). Promise:
+  success or a ``ValueError``/``TypeError`` (``OSError`` for a path), raised by fcp with a message, never an
+  exception from deep inside (an ``IndexError``, ``OverflowError``, ``KeyError``...).
 
 Prints each misbehaving case and a Markdown table (area, cases, how many exited 0, misbehaved); exit 1 when any
 case misbehaved.
 The in-suite version (planning commands and ``fcp index``, in-process) is ``tests/e2e/test_cli_fuzz.py``.
 
     .venv/bin/python benchmarks/fuzz_cli.py --areas options --commands plan,index
-    .venv/bin/python benchmarks/fuzz_cli.py            # everything: about 4 minutes on 2 cores
+    .venv/bin/python benchmarks/fuzz_cli.py            # everything: about 5 minutes on 2 cores
 """
 
 from __future__ import annotations
@@ -257,16 +261,114 @@ def fuzz_cost(files: dict, limit: float, progress) -> tuple[int, list]:
     return tried, bad
 
 
+API_VALUES = [None, -1, 0, 1, 2**70, 1.5, float("nan"), float("inf"), "x", "", [], {}, True, b"a", [1, 2, 3]]
+
+
+def _api_targets(files: dict) -> list[tuple[str, object, dict, list[str]]]:
+    """(name, call(**kwargs), valid kwargs, the arguments to fuzz) of each public constructor."""
+    import torch
+
+    from fcp_data import FCPCollator, FCPSampler
+    from fcp_data.index import build_index
+    from fcp_data.plan import plan_batch
+    from fcp_data.presets import preset_cost_model
+    from fcp_data.readers import IndexedDataset
+    from fcp_data.slots import FCPDataset
+
+    cm = preset_cost_model("Qwen3-8B", "h100")
+    lengths = np.array([100, 2000, 300, 5000, 70, 80, 90, 100])
+
+    def sampler(**kw):
+        s = FCPSampler(**kw)
+        for i, _ in zip(range(3), s):
+            pass
+        s.state_dict()
+
+    index = files["dir"] / "api-index"
+    build_index([str(ROOT / "samples" / "text.jsonl")], "text", index, progress=False)
+    targets = [
+        ("FCPSampler", sampler, dict(lengths_or_index=lengths, num_ranks=4, rank=0, cost_model=cm, global_batch_size=4,
+                                     prefetch=0),
+         ["lengths_or_index", "num_ranks", "rank", "cost_model", "global_batch_size", "seed", "drop_last",
+          "on_overlong", "prefetch", "solver", "micro_batches", "etas", "solver_options", "visual", "exclude"]),
+        ("FCPCollator", FCPCollator, {}, ["pad_token_id", "ignore_index", "visual_token_id", "spatial_merge_size",
+                                          "mrope", "strict_lengths", "mask_visual_labels", "position_fn",
+                                          "sample_labels"]),
+        ("plan_batch", plan_batch, dict(lengths=lengths, num_ranks=4, cost_model=cm),
+         ["lengths", "num_ranks", "cost_model", "solver", "micro_batches", "etas", "visual", "robust_tol"]),
+        ("FCPDataset", FCPDataset, dict(base=[{"input_ids": torch.arange(3)}]),
+         ["base", "on_error", "retries", "max_consecutive_errors", "max_error_rate", "errors_path", "strict_lengths",
+          "vocab_size"]),
+        ("IndexedDataset", IndexedDataset, dict(index=str(index)),
+         ["index", "spec", "tokenizer", "roots", "max_open_files", "caption_labels"]),
+    ]
+    try:
+        targets.append(_trainer_target(files, cm))
+    except ImportError as e:
+        print(f"FCPTrainer not fuzzed: {e}", file=sys.stderr)
+    return targets
+
+
+def _trainer_target(files: dict, cm) -> tuple:
+    """FCPTrainer on a tiny Qwen3 (transformers and accelerate needed): construct, train one step, evaluate."""
+    import torch
+    from transformers import TrainingArguments
+
+    from fcp_exec.integrations.hf import build_model, load_config
+    from fcp_exec.integrations.hf_trainer import FCPTrainer
+
+    config = load_config(ROOT / "examples" / "configs" / "qwen3-tiny.json")
+    g = torch.Generator().manual_seed(0)
+    rows = [{"input_ids": torch.randint(1, 100, (int(n),), generator=g).tolist()} for n in (40, 90, 25, 60, 33, 70)]
+    cost = cm.replace(tokens_per_rank=256)
+
+    def trainer(**kw):
+        model = build_model(config, dtype=torch.float32, seed=0)
+        args = TrainingArguments(output_dir=str(files["dir"] / "trainer"), max_steps=1, report_to=[], use_cpu=True,
+                                 per_device_train_batch_size=2)
+        t = FCPTrainer(model=model, args=args, train_dataset=rows, eval_dataset=rows[:2], **kw)
+        t.train()
+        t.evaluate()
+
+    return ("FCPTrainer", trainer, dict(cost_model=cost), ["cost_model", "global_batch_size", "train_lengths",
+            "sampler_kwargs", "collator_kwargs", "dataset_kwargs", "pad_token_id", "eval_batches", "history"])
+
+
+def fuzz_api(files: dict, limit: float, progress) -> tuple[int, list]:
+    tried, bad = 0, []
+    for name, call, base, keys in _api_targets(files):
+        for key, value in itertools.product(keys, API_VALUES):
+            def one(call=call, kw={**base, key: value}):
+                import warnings
+
+                try:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        call(**kw)
+                except (ValueError, TypeError, OSError) as e:
+                    print(f"fcp: {type(e).__name__}: {e}")
+                    return 2
+                return 0
+
+            rc, out = child(one, limit)
+            tried += 1
+            why = one_line_or_ok(rc, out)
+            if why:
+                bad.append((f"{name}({key}={value!r})", why, out[-300:]))
+        progress(f"api: {name}")
+    return tried, bad
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--areas", default="options,index,cost", help="comma-separated: options, index, cost")
+    ap.add_argument("--areas", default="options,index,cost,api", help="comma-separated: options, index, cost, api")
     ap.add_argument("--commands", default="plan,compare,simulate,index,train,profile",
                     help="the commands whose options are fuzzed (area options)")
     ap.add_argument("--limit", type=float, default=120.0, help="seconds a case may take before it counts as a hang")
     ap.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     args = ap.parse_args(argv)
     areas, commands = args.areas.split(","), args.commands.split(",")
-    unknown = [a for a in areas if a not in ("options", "index", "cost")] + [c for c in commands if c not in BASE]
+    unknown = [a for a in areas if a not in ("options", "index", "cost", "api")] + [c for c in commands if c not in BASE]
     if unknown or not args.limit > 0:
         print(f"error: unknown area/command {unknown} (or --limit <= 0)", file=sys.stderr)
         return 2
@@ -285,6 +387,8 @@ def main(argv=None) -> int:
             tried, bad = fuzz_options(commands, files, args.limit, progress)
         elif area == "index":
             tried, bad = fuzz_index(files, args.limit, progress)
+        elif area == "api":
+            tried, bad = fuzz_api(files, args.limit, progress)
         else:
             tried, bad = fuzz_cost(files, args.limit, progress)
         rows.append((area, tried, SUCCEEDED[0], len(bad)))
