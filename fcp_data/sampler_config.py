@@ -93,8 +93,9 @@ class SamplerConfig:
             raise ValueError(f"seed must be an integer >= 0 (numpy seeds its generator with [seed, epoch]), "
                              f"got {self.seed!r}")
         put(self, "seed", int(self.seed))
-        if not isinstance(self.drop_last, (bool, np.bool_)):  # bool("no") is True: never guess
-            raise ValueError(f"drop_last must be True or False, got {self.drop_last!r}")
+        if not (isinstance(self.drop_last, (bool, np.bool_)) or (isinstance(self.drop_last, (int, np.integer))
+                                                                and self.drop_last in (0, 1))):
+            raise ValueError(f"drop_last must be True or False, got {self.drop_last!r}")  # bool("no") is True: no guess
         put(self, "drop_last", bool(self.drop_last))
         self._check_solver()
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from typing import Any
 
 from transformers import Trainer
@@ -30,7 +31,7 @@ def check_fcp_kwargs(model: Any, *, global_batch_size: Any, sampler_kwargs: Any,
                          f"None, got {global_batch_size!r}")
     for name, value in (("sampler_kwargs", sampler_kwargs), ("collator_kwargs", collator_kwargs),
                         ("dataset_kwargs", dataset_kwargs)):
-        if value is not None and not isinstance(value, dict):
+        if value is not None and not isinstance(value, Mapping):
             raise TypeError(f"FCPTrainer: {name} must be a dict of options or None, got {type(value).__name__}")
     if pad_token_id is not None:
         embeddings = getattr(model, "get_input_embeddings", lambda: None)()
@@ -38,8 +39,8 @@ def check_fcp_kwargs(model: Any, *, global_batch_size: Any, sampler_kwargs: Any,
         if not _is_int(pad_token_id) or pad_token_id < 0 or (vocab is not None and pad_token_id >= vocab):
             raise ValueError(f"FCPTrainer: pad_token_id must be a token id in [0, {vocab or 'vocabulary size'}), "
                              f"got {pad_token_id!r}")
-    if eval_batches is not None and not (_is_int(eval_batches) and eval_batches >= 1):
-        raise ValueError(f"FCPTrainer: eval_batches must be an integer >= 1 or None (the whole set), got {eval_batches!r}")
+    if eval_batches is not None and not (_is_int(eval_batches) and eval_batches >= 0):
+        raise ValueError(f"FCPTrainer: eval_batches must be an integer >= 0 or None (the whole set), got {eval_batches!r}")
     if history is not None and not (_is_int(history) and 0 <= history <= _MAX_HISTORY):
         raise ValueError(f"FCPTrainer: history must be an integer in [0, {_MAX_HISTORY}] (steps kept in fcp_steps) or "
                          f"None (all), got {history!r}")

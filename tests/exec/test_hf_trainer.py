@@ -1158,7 +1158,7 @@ def test_sampler_kwargs_exclude_leaves_samples_out_of_training_not_evaluation(tm
     ({"pad_token_id": 1.5}, r"pad_token_id must be a token id"),
     ({"global_batch_size": 0}, "global_batch_size must be an integer >= 1"),
     ({"global_batch_size": 1.5}, "global_batch_size must be an integer >= 1"),
-    ({"eval_batches": -1}, "eval_batches must be an integer >= 1 or None"),
+    ({"eval_batches": -1}, "eval_batches must be an integer >= 0 or None"),  # 0: no evaluation batches (examples)
     ({"history": 2**70}, r"history must be an integer in \[0, 1000000000\]"),
     ({"history": -1}, r"history must be an integer in \[0, 1000000000\]"),
     ({"sampler_kwargs": 0}, "sampler_kwargs must be a dict of options or None, got int"),
