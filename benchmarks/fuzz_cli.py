@@ -109,6 +109,16 @@ def one_line_or_ok(rc, out: str, exit1_ok: bool = False) -> str | None:
     return None if lines and lines[-1].startswith("fcp") else "exit 2 without a one-line error"
 
 
+def run_case(fn, limit: float, label: str, bad: list, exit1_ok: bool = False) -> int:
+    """Run one case in a child; append ``(label, what is wrong, the output's end)`` to ``bad`` if it broke the
+    promise. Returns 1 (the case count)."""
+    rc, out = child(fn, limit)
+    why = one_line_or_ok(rc, out, exit1_ok=exit1_ok)
+    if why:
+        bad.append((label, why, out[-300:]))
+    return 1
+
+
 def workdir() -> dict:
     d = Path(tempfile.mkdtemp(prefix="fcp-fuzz-"))
     (d / "L.txt").write_text("100\n2000\n300\n5000\n")
@@ -148,11 +158,7 @@ def fuzz_options(commands: list[str], files: dict, limit: float, progress) -> tu
                 i = argv.index("--lengths")
                 del argv[i:i + 2]
             shutil.rmtree(files["OUT"], ignore_errors=True)
-            rc, out = child(lambda: main(argv), limit)
-            tried += 1
-            why = one_line_or_ok(rc, out, exit1_ok=command == "index")
-            if why:
-                bad.append((f"{command} {opt} {raw!r}", why, out[-300:]))
+            tried += run_case(lambda: main(argv), limit, f"{command} {opt} {raw!r}", bad, exit1_ok=command == "index")
             progress(f"options: {command} {opt}")
     return tried, bad
 
@@ -229,11 +235,7 @@ def fuzz_index(files: dict, limit: float, progress) -> tuple[int, list]:
                                                       "Qwen3-8B", "--hardware", "h100", "--global-batch-size", "8",
                                                       "--steps", "1", "--no-progress"])),
                           ("IndexedDataset", read_all)):
-            rc, out = child(fn, limit)
-            tried += 1
-            why = one_line_or_ok(rc, out)
-            if why:
-                bad.append((f"{label} on {what}", why, out[-300:]))
+            tried += run_case(fn, limit, f"{label} on {what}", bad)
         progress(f"index: {what}")
     return tried, bad
 
@@ -252,11 +254,7 @@ def fuzz_cost(files: dict, limit: float, progress) -> tuple[int, list]:
             argv = [command, "--lengths", files["L"], "--ranks", "16", "--cost", path]
             if command == "simulate":
                 argv += ["--global-batch-size", "4", "--steps", "2", "--no-progress"]
-            rc, out = child(lambda: main(argv), limit)
-            tried += 1
-            why = one_line_or_ok(rc, out)
-            if why:
-                bad.append((f"{command} cost[{key}]={val!r}", why, out[-300:]))
+            tried += run_case(lambda: main(argv), limit, f"{command} cost[{key}]={val!r}", bad)
         progress(f"cost: {key}")
     return tried, bad
 
@@ -350,11 +348,7 @@ def fuzz_api(files: dict, limit: float, progress) -> tuple[int, list]:
                     return 2
                 return 0
 
-            rc, out = child(one, limit)
-            tried += 1
-            why = one_line_or_ok(rc, out)
-            if why:
-                bad.append((f"{name}({key}={value!r})", why, out[-300:]))
+            tried += run_case(one, limit, f"{name}({key}={value!r})", bad)
         progress(f"api: {name}")
     return tried, bad
 
@@ -368,7 +362,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     args = ap.parse_args(argv)
     areas, commands = args.areas.split(","), args.commands.split(",")
-    unknown = [a for a in areas if a not in ("options", "index", "cost", "api")] + [c for c in commands if c not in BASE]
+    unknown = [a for a in areas if a not in ("options", "index", "cost", "api")]
+    unknown += [c for c in commands if c not in BASE]
     if unknown or not args.limit > 0:
         print(f"error: unknown area/command {unknown} (or --limit <= 0)", file=sys.stderr)
         return 2

@@ -1,9 +1,11 @@
 """FCPTrainer's own arguments and the Trainer arguments it cannot honour, checked in its constructor: one clear
-``ValueError``/``TypeError`` each, before Accelerate or a DataLoader starts (:class:`~fcp_exec.integrations.hf_trainer.FCPTrainer`)."""
+``ValueError``/``TypeError`` each, before Accelerate or a DataLoader starts
+(:class:`~fcp_exec.integrations.hf_trainer.FCPTrainer`)."""
 
 from __future__ import annotations
 
 import copy
+import numbers
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,8 +17,6 @@ _MAX_HISTORY = 10**9
 
 
 def _is_int(v: Any) -> bool:
-    import numbers
-
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
@@ -40,7 +40,8 @@ def check_fcp_kwargs(model: Any, *, global_batch_size: Any, sampler_kwargs: Any,
             raise ValueError(f"FCPTrainer: pad_token_id must be a token id in [0, {vocab or 'vocabulary size'}), "
                              f"got {pad_token_id!r}")
     if eval_batches is not None and not (_is_int(eval_batches) and eval_batches >= 0):
-        raise ValueError(f"FCPTrainer: eval_batches must be an integer >= 0 or None (the whole set), got {eval_batches!r}")
+        raise ValueError(f"FCPTrainer: eval_batches must be an integer >= 0 or None (the whole set), "
+                         f"got {eval_batches!r}")
     if history is not None and not (_is_int(history) and 0 <= history <= _MAX_HISTORY):
         raise ValueError(f"FCPTrainer: history must be an integer in [0, {_MAX_HISTORY}] (steps kept in fcp_steps) or "
                          f"None (all), got {history!r}")
