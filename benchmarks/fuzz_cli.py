@@ -44,9 +44,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-HOSTILE = ["", "-1", "0", "nan", "inf", "-inf", "1e400", "abc", "/nonexistent/x", "DIR", "BIN", "BADJSON", "LIST",
+HOSTILE = ["", "-1", "0", "nan", "inf", "-inf", "1e400", "abc", "MISSING", "DIR", "BIN", "BADJSON", "LIST",
            "1.5", "99999999999999999999", "\x00", "é", "3,", ",", "auto,1"]
-NO_RUN = ["", "-1", "nan", "inf", "abc", "/nonexistent/x", "DIR", "BIN", "BADJSON", "\x00", "1e400",
+NO_RUN = ["", "-1", "nan", "inf", "abc", "MISSING", "DIR", "BIN", "BADJSON", "\x00", "1e400",
           "99999999999999999999", "0"]  # for train/profile: values that cannot start a long run when valid...
 BASE = {
     "plan": ["--lengths", "L", "--ranks", "4", "--preset", "Qwen3-8B", "--hardware", "h100"],
@@ -91,6 +91,7 @@ def child(fn, limit: float) -> tuple[object, str]:
 
 
 SUCCEEDED = [0]  # cases that exited 0 (the rest were refused, or misbehaved)
+ACCEPTED: list[str] = []  # their labels, for --accepted (a value taken that should have been refused is a bug too)
 
 
 def one_line_or_ok(rc, out: str, exit1_ok: bool = False) -> str | None:
@@ -116,6 +117,8 @@ def run_case(fn, limit: float, label: str, bad: list, exit1_ok: bool = False) ->
     why = one_line_or_ok(rc, out, exit1_ok=exit1_ok)
     if why:
         bad.append((label, why, out[-300:]))
+    elif rc == 0:
+        ACCEPTED.append(label)
     return 1
 
 
@@ -129,7 +132,7 @@ def workdir() -> dict:
     (d / "in.jsonl").write_text("".join(json.dumps({"id": f"d{i}", "text": "a b c " * i}) + "\n" for i in range(1, 9)))
     return {"dir": d, "L": str(d / "L.txt"), "DIR": str(d / "adir"), "BIN": str(d / "bin.dat"),
             "BADJSON": str(d / "bad.json"), "LIST": str(d / "list.json"), "IN": str(d / "in.jsonl"),
-            "OUT": str(d / "out")}
+            "OUT": str(d / "out"), "MISSING": str(d / "missing" / "x")}  # removed before each case (root may create it)
 
 
 def value_options(command: str) -> list[str]:
@@ -158,6 +161,7 @@ def fuzz_options(commands: list[str], files: dict, limit: float, progress) -> tu
                 i = argv.index("--lengths")
                 del argv[i:i + 2]
             shutil.rmtree(files["OUT"], ignore_errors=True)
+            shutil.rmtree(files["dir"] / "missing", ignore_errors=True)
             tried += run_case(lambda: main(argv), limit, f"{command} {opt} {raw!r}", bad, exit1_ok=command == "index")
             progress(f"options: {command} {opt}")
     return tried, bad
@@ -189,7 +193,7 @@ def _damaged_indexes(src: Path, dst: Path):
                 elif how == "empty":
                     p.write_bytes(b"")
                 elif how == "dtype":
-                    np.save(p, a.astype(np.float32))
+                    np.save(p, a.astype(np.float64 if a.dtype == np.float32 else np.float32))
                 elif how == "garbage":
                     p.write_bytes(os.urandom(200))
                 elif how == "folder":
@@ -360,6 +364,8 @@ def main(argv=None) -> int:
                     help="the commands whose options are fuzzed (area options)")
     ap.add_argument("--limit", type=float, default=120.0, help="seconds a case may take before it counts as a hang")
     ap.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    ap.add_argument("--accepted", metavar="FILE", help="write the cases that exited 0, one per line, to FILE: the "
+                    "harness cannot tell a value rightly taken from one that should have been refused; read them")
     args = ap.parse_args(argv)
     areas, commands = args.areas.split(","), args.commands.split(",")
     unknown = [a for a in areas if a not in ("options", "index", "cost", "api")]
@@ -367,6 +373,7 @@ def main(argv=None) -> int:
     if unknown or not args.limit > 0:
         print(f"error: unknown area/command {unknown} (or --limit <= 0)", file=sys.stderr)
         return 2
+    accepted = Path(args.accepted).resolve() if args.accepted else None
     files = workdir()
     os.chdir(files["dir"])  # a value taken as an output path lands in the scratch folder
     start = time.time()
@@ -394,6 +401,8 @@ def main(argv=None) -> int:
     for area, tried, ok, nbad in rows:
         print(f"| {area} | {tried} | {ok} | {nbad} |")
     print(f"\n{time.time() - start:.0f} s; scratch folder {files['dir']}")
+    if accepted:
+        accepted.write_text("".join(f"{label}\n" for label in ACCEPTED))
     shutil.rmtree(files["dir"], ignore_errors=True)
     return 1 if failed else 0
 

@@ -107,6 +107,19 @@ def _worker_user_error(e: RuntimeError) -> str | None:
     return found
 
 
+def _empty_value(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str | None:
+    """The first option (or positional argument) given an empty string, e.g. ``--cost ''`` from an unset shell
+    variable: taken as "not given" it would silently run with the default, so it is refused instead."""
+    for action in parser._actions:
+        value = getattr(args, action.dest, None)
+        values = value if isinstance(value, list) else [value]
+        if action.default != "" and any(v == "" for v in values):
+            if action.option_strings:
+                return f"{action.option_strings[-1]}: an empty value (leave the option out for its default)"
+            return f"{action.metavar or action.dest}: an empty value"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     from fcp_data.plan.registry import load_plugins
 
@@ -125,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    empty = _empty_value(parser.commands[args.command], args)
+    if empty:
+        parser.commands[args.command].error(empty)
     debug = bool(getattr(args, "debug", False)) or os.environ.get("FCP_DEBUG", "") not in ("", "0")
 
     def user_error(message: str) -> int:

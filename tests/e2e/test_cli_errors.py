@@ -16,7 +16,10 @@ PRESET = ["--preset", "qwen3-8b", "--hardware", "h100"]
 
 
 def _run(capsys, argv):
-    rc = main(argv)
+    try:
+        rc = main(argv)
+    except SystemExit as e:  # argparse-level errors (usage, an empty value) exit from the parser
+        rc = e.code
     out, err = capsys.readouterr()
     return rc, out, err
 
@@ -124,9 +127,9 @@ def test_index_options_out_of_range_or_ignored(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     base = ["index", text, "--spec", "text", "--no-progress"]
     out = ["--out", str(tmp_path / "idx")]
-    _one_line_error(capsys, [*base, "--out", ""], "--out must name the index folder")
+    _one_line_error(capsys, [*base, "--out", ""], "--out: an empty value")
     assert not any(tmp_path.iterdir())  # nothing written into the working directory
-    _one_line_error(capsys, [*base, *out, "--tokenizer", ""], "--tokenizer must name a tokenizer.json")
+    _one_line_error(capsys, [*base, *out, "--tokenizer", ""], "--tokenizer: an empty value")
     _one_line_error(capsys, [*base, *out, "--address", "auto"], "needs --engine ray")
     _one_line_error(capsys, [*base, *out, "--chat-template", "llama3"], "--chat-template .* give both")
     for opt in ("--max-text-bytes", "--max-image-pixels", "--max-json-depth", "--max-frames"):
@@ -423,3 +426,36 @@ def test_internal_bug_keeps_its_traceback(monkeypatch):
     monkeypatch.setattr(presets, "register", register)
     with pytest.raises(IndexError):
         main(["presets"])
+
+
+def test_an_empty_value_is_refused_by_every_option_of_every_command(capsys, tmp_path, monkeypatch):
+    """Found by reading the fuzz's exit-0 cases: ``--cost ''``, ``--plot ''``, ``--checkpoint ''``, ``--backend ''``
+    ... (an unset shell variable) were taken as "not given" and the command ran with the default. Every option
+    that takes a string, of every command (read from the parsers), now refuses it before anything runs."""
+    import argparse
+
+    from fcp_cli.main import build_parser
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "L.txt").write_text("100\n200\n")
+    planning = ["--lengths", "L.txt", "--ranks", "4", *PRESET]
+    bases = {"plan": planning, "compare": planning, "simulate": [*planning, "--global-batch-size", "2"],
+             "index": ["L.txt", "--spec", "text", "--out", "idx"], "train": [], "profile": ["--out", "cost.json"]}
+    tried = 0
+    for command, base in bases.items():
+        parser = build_parser(command).commands[command]
+        for action in parser._actions:
+            if not action.option_strings or action.nargs == 0 or action.type not in (None, str) \
+                    or isinstance(action, argparse._HelpAction):
+                continue
+            opt, argv = action.option_strings[-1], [command, *base]
+            if opt in argv:
+                argv[argv.index(opt) + 1] = ""
+            else:
+                argv += [opt, ""]
+            _one_line_error(capsys, argv, f"{re.escape(opt)}: an empty value" if action.choices is None
+                            else f"argument {re.escape(opt)}: invalid choice: ''")
+            tried += 1
+    assert tried >= 40, tried  # the parsers were read
+    _one_line_error(capsys, ["index", "", "--spec", "text", "--out", "x"], "INPUT: an empty value")
+    assert [p.name for p in tmp_path.iterdir()] == ["L.txt"]  # nothing was written

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 
 import pytest
 
 from fcp_cli.main import build_parser, main
 
-HOSTILE = ["", "-1", "0", "nan", "inf", "1e400", "99999999999999999999", "abc", "/nonexistent/x", "DIR", "BIN",
+HOSTILE = ["", "-1", "0", "nan", "inf", "1e400", "99999999999999999999", "abc", "MISSING", "DIR", "BIN",
            "BADJSON", "1.5", ",", "\x00", "é"]
 COMMANDS = {
     "plan": ["--lengths", "L", "--ranks", "4", "--preset", "Qwen3-8B", "--hardware", "h100"],
@@ -41,8 +42,10 @@ def files(tmp_path_factory):
     (d / "bin.dat").write_bytes(bytes(range(256)))
     (d / "bad.json").write_text('{"alpha1": ')
     (d / "in.jsonl").write_text("".join(json.dumps({"id": f"d{i}", "text": "a b c " * i}) + "\n" for i in range(1, 4)))
-    return {"IN": str(d / "in.jsonl"), "OUT": str(d / "out"), "L": str(d / "L.txt"), "DIR": str(d / "adir"), "BIN": str(d / "bin.dat"), "BADJSON": str(d / "bad.json"),
-            "dir": d}
+    # MISSING: a path in a folder that does not exist, inside the test's folder (removed before each run: as root,
+    # `fcp index --out /nonexistent/x` rightly creates it, and a later run would find it there)
+    return {"IN": str(d / "in.jsonl"), "OUT": str(d / "out"), "L": str(d / "L.txt"), "DIR": str(d / "adir"),
+            "BIN": str(d / "bin.dat"), "BADJSON": str(d / "bad.json"), "MISSING": str(d / "missing" / "x"), "dir": d}
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
@@ -66,6 +69,7 @@ def test_every_option_with_hostile_values(command, files, capsys, monkeypatch):
                 i = argv.index("--lengths")
                 del argv[i:i + 2]
             tried += 1
+            shutil.rmtree(files["dir"] / "missing", ignore_errors=True)
             try:
                 rc = main(argv)
             except SystemExit as e:  # argparse's own usage errors
