@@ -92,6 +92,7 @@ from fcp_data.collator_inputs import as_ids, check_pairs, check_sample_keys, sam
 from fcp_data.layout import zigzag_index
 from fcp_data.mrope import qwen_vl_mrope_positions
 from fcp_data.read_errors import LAYOUT_UNKNOWN, SKIPPED, VISUAL, SkippedSample
+from fcp_data.strict import flag, token_id
 
 __all__ = ["FCPCollator", "qwen_vl_mrope_positions"]
 
@@ -120,11 +121,8 @@ class FCPCollator:
                  mrope: bool = False, strict_lengths: bool = True, mask_visual_labels: bool = True,
                  position_fn: Callable[[dict, torch.Tensor], torch.Tensor] | None = None,
                  sample_labels: bool = False) -> None:
-        for name, v in (("pad_token_id", pad_token_id), ("ignore_index", ignore_index)):
-            if isinstance(v, bool) or not hasattr(v, "__index__"):
-                raise TypeError(f"{name} must be an int token id, got {v!r}")
-        self.pad_token_id = int(pad_token_id)
-        self.ignore_index = int(ignore_index)
+        self.pad_token_id = token_id("pad_token_id", pad_token_id, minimum=0)  # a row of the embedding
+        self.ignore_index = token_id("ignore_index", ignore_index)
         self.visual_ids: tuple[int, ...] = token_ids(visual_token_id)
         if isinstance(spatial_merge_size, bool) or not hasattr(spatial_merge_size, "__index__") or spatial_merge_size < 1:
             raise ValueError(f"spatial_merge_size must be an int >= 1, got {spatial_merge_size!r}")
@@ -132,16 +130,14 @@ class FCPCollator:
         if position_fn is not None and not callable(position_fn):
             raise TypeError(f"position_fn must be a callable (sample, input_ids) -> LongTensor [3, n], got {position_fn!r}")
         self.position_fn = position_fn
-        mrope = bool(mrope) or position_fn is not None
+        mrope = flag("mrope", mrope) or position_fn is not None
         if mrope and not self.visual_ids:
             raise ValueError(f"{'position_fn' if position_fn is not None else 'mrope=True'} needs visual_token_id (the "
                              "placeholder id(s) of visual tokens)")
         self.mrope = mrope
-        self.strict_lengths = bool(strict_lengths)
-        self.mask_visual_labels = bool(mask_visual_labels) and bool(self.visual_ids)
-        if not isinstance(sample_labels, bool):
-            raise TypeError(f"sample_labels must be True or False, got {sample_labels!r}")
-        self.sample_labels = sample_labels
+        self.strict_lengths = flag("strict_lengths", strict_lengths)
+        self.mask_visual_labels = flag("mask_visual_labels", mask_visual_labels) and bool(self.visual_ids)
+        self.sample_labels = flag("sample_labels", sample_labels)
 
     def __repr__(self) -> str:
         return (f"FCPCollator(pad_token_id={self.pad_token_id}, ignore_index={self.ignore_index}, "

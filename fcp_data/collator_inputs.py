@@ -4,10 +4,12 @@ own labels (``sample_labels=True``). Every refusal is one ``ValueError``/``TypeE
 
 from __future__ import annotations
 
-import operator
 from typing import Any
 
 import torch
+
+from fcp_data.strict import token_id
+
 
 def check_pairs(batch: Any) -> None:
     """The batch must be a list of ``(sample, SampleSlot)`` pairs, as ``FCPDataset`` + ``FCPSampler`` produce."""
@@ -46,10 +48,10 @@ def token_ids(v: Any) -> tuple[int, ...]:
     if v is None:
         return ()
     try:
-        items = [v] if hasattr(v, "__index__") and getattr(v, "ndim", 0) == 0 else list(v)
-        if any(isinstance(x, bool) for x in items):
+        if isinstance(v, (str, bytes, dict)):  # iterable, but not a list of ids: list(b"a") is [97]
             raise TypeError
-        return tuple(operator.index(x) for x in items)
+        items = [v] if hasattr(v, "__index__") and getattr(v, "ndim", 0) == 0 else list(v)
+        return tuple(token_id("visual_token_id", x, minimum=0) for x in items)
     except TypeError:
         raise TypeError(f"visual_token_id must be an int token id or a list of them, got {v!r}") from None
 

@@ -36,7 +36,9 @@ from __future__ import annotations
 import json
 import os
 from collections import OrderedDict
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -44,6 +46,7 @@ import torch
 from fcp_data.index.format import KIND_IMAGE, KIND_TEXT, KIND_VIDEO, LengthIndex
 from fcp_data.index.probe import IMAGE_EXTS, TEXT_EXTS, VIDEO_EXTS
 from fcp_data.specs import Spec, load_spec, plan_visual, segments_to_ids
+from fcp_data.strict import flag
 
 __all__ = ["IndexedDataset"]
 
@@ -67,6 +70,21 @@ def index_spec(recorded: dict, spec: str | None = None, tokenizer: str | None = 
     return sp
 
 
+def _check_locations(tokenizer: Any, roots: Any) -> tuple[str | None, dict[str, str]]:
+    """``tokenizer`` (None or a path) and ``roots`` (None or ``{old_prefix: new_prefix}``, strings): an empty path or
+    prefix, or another type, is refused instead of read as "none" (``tokenizer=""`` ran with the bundled tokenizer,
+    ``roots=""`` relocated nothing)."""
+    if tokenizer is not None and (not isinstance(tokenizer, (str, os.PathLike)) or not str(tokenizer)):
+        raise TypeError(f"tokenizer must be None or the path of a tokenizer.json, got {tokenizer!r}")
+    tokenizer = None if tokenizer is None else str(tokenizer)
+    if roots is None:
+        return tokenizer, {}
+    if not isinstance(roots, Mapping) or not all(isinstance(k, str) and k and isinstance(v, str) and v
+                                                 for k, v in roots.items()):
+        raise TypeError(f"roots must be None or a dict {{old_prefix: new_prefix}} of non-empty strings, got {roots!r}")
+    return tokenizer, dict(roots)
+
+
 class IndexedDataset(torch.utils.data.Dataset):
     """Sample ``i`` of a length index as a dict of tensors (see the module docstring).
 
@@ -84,22 +102,20 @@ class IndexedDataset(torch.utils.data.Dataset):
         if isinstance(max_open_files, bool) or not isinstance(max_open_files, int) or max_open_files < 1:
             raise ValueError(f"max_open_files must be an int >= 1, got {max_open_files!r}")
         self.max_open_files = max_open_files
+        tokenizer, self._roots = _check_locations(tokenizer, roots)
         self.index = index if isinstance(index, LengthIndex) else LengthIndex.load(index)
         m = self.index.manifest
         self.spec = spec if isinstance(spec, Spec) else index_spec(m["spec"], spec, tokenizer)
-        if check_fingerprint and self.spec.fingerprint != m["spec"]["fingerprint"]:
+        if flag("check_fingerprint", check_fingerprint) and self.spec.fingerprint != m["spec"]["fingerprint"]:
             raise ValueError(f"spec {self.spec.name!r} (fingerprint {self.spec.fingerprint[:12]}) differs from the one the index "
                              f"was built with ({m['spec']['name']!r}, {m['spec']['fingerprint'][:12]}); pass the same spec and "
                              "tokenizer, or rebuild the index")
         self.text_field = m.get("text_field", "text")
         self.prompt_field: str | None = m.get("prompt_field")
         self.chat_field, self.chat_template = m.get("chat_field"), m.get("chat_template") or "chatml"
-        if not isinstance(caption_labels, bool):
-            raise ValueError(f"caption_labels must be True or False, got {caption_labels!r}")
-        self.caption_labels = caption_labels and self.spec.is_multimodal
+        self.caption_labels = flag("caption_labels", caption_labels) and self.spec.is_multimodal
         # samples carry their own labels: train with FCPCollator(sample_labels=True)
         self.has_labels = bool(self.prompt_field or self.chat_field) or self.caption_labels
-        self._roots = dict(roots or {})
         self._files: OrderedDict[int, object] = OrderedDict()
         self._pid = os.getpid()
         self.placeholder_ids: tuple[int, ...] = self.spec.placeholder_ids if self.spec.is_multimodal else ()

@@ -17,6 +17,7 @@ import numpy as np
 
 from fcp_data.cost import MAX_RANKS, CostModel
 from fcp_data.sampler_inputs import check_solver_options
+from fcp_data.strict import flag
 
 __all__ = ["SamplerConfig", "OVERLONG_CHOICES"]
 
@@ -93,10 +94,7 @@ class SamplerConfig:
             raise ValueError(f"seed must be an integer >= 0 (numpy seeds its generator with [seed, epoch]), "
                              f"got {self.seed!r}")
         put(self, "seed", int(self.seed))
-        if not (isinstance(self.drop_last, (bool, np.bool_)) or (isinstance(self.drop_last, (int, np.integer))
-                                                                and self.drop_last in (0, 1))):
-            raise ValueError(f"drop_last must be True or False, got {self.drop_last!r}")  # bool("no") is True: no guess
-        put(self, "drop_last", bool(self.drop_last))
+        put(self, "drop_last", flag("drop_last", self.drop_last))  # bool("no") is True: no guess
         self._check_solver()
 
     def _check_solver(self) -> None:

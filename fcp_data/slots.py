@@ -21,6 +21,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from fcp_data.strict import flag
 
 __all__ = ["MicroBatchMeta", "SampleSlot", "SlotList", "FCPDataset", "MalformedSampleError", "StaleSampleError",
            "plan_digest"]
@@ -204,8 +205,9 @@ class FCPDataset:
             raise ValueError(f"on_error must be one of {', '.join(ON_ERROR)}, got {on_error!r}")
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
             raise ValueError(f"retries must be an int >= 0, got {retries!r}")
-        if not isinstance(strict_lengths, bool):
-            raise TypeError(f"strict_lengths must be True or False, got {strict_lengths!r}")
+        strict_lengths = flag("strict_lengths", strict_lengths)
+        if isinstance(base, (str, bytes)) or not hasattr(base, "__getitem__"):
+            raise TypeError(f"base must be a map-style dataset (base[i] is sample i), got {type(base).__name__}")
         if vocab_size is not None and (isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1):
             raise ValueError(f"vocab_size must be an int >= 1 or None, got {vocab_size!r}")
         self.vocab_size = vocab_size

@@ -1,10 +1,35 @@
-"""The one strict loader of JSON objects (cost models, plans): exactly the required keys plus optional ones."""
+"""The one strict loader of JSON objects (cost models, plans): exactly the required keys plus optional ones; and the
+checks of a flag and a token id that every constructor shares (``bool("no")`` is True, and a token id past int64
+or a negative pad id fails deep inside a tensor op or an embedding, not where it was given)."""
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
-__all__ = ["strict_keys"]
+__all__ = ["flag", "strict_keys", "token_id"]
+
+_INT64 = 2**63
+
+
+def flag(name: str, value: Any) -> bool:
+    """``value`` as a bool: True/False (numpy's too) or the ints 0/1; anything else is a ``TypeError``."""
+    if type(value).__name__ in ("bool", "bool_") or (hasattr(value, "__index__") and getattr(value, "ndim", 0) == 0
+                                                    and value in (0, 1)):
+        return bool(value)
+    raise TypeError(f"{name} must be True or False, got {value!r}")
+
+
+def token_id(name: str, value: Any, *, minimum: int | None = None) -> int:
+    """``value`` as an int that fits a token tensor (int64), and ``>= minimum`` when given; a bool, float, string or
+    anything else is a ``TypeError``, an int out of range a ``ValueError``."""
+    if isinstance(value, bool) or not hasattr(value, "__index__") or getattr(value, "ndim", 0) != 0:
+        raise TypeError(f"{name} must be an int token id, got {value!r}")
+    v = operator.index(value)
+    lo = -_INT64 if minimum is None else minimum
+    if not lo <= v < _INT64:
+        raise ValueError(f"{name} must be an int in [{'-2**63' if minimum is None else lo}, 2**63), got {v}")
+    return v
 
 
 def strict_keys(d: Any, required: tuple[str, ...], optional: tuple[str, ...] = (), *,

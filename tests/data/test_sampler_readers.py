@@ -188,5 +188,5 @@ def test_caption_labels_mask_the_visual_block(data):
         n = len(text)
         assert s["labels"][-n:].tolist() == text == s["input_ids"][-n:].tolist()
         assert bool((s["labels"][:-n] == -100).all()) and int(ix.num_visual_tokens[i]) <= s["labels"].numel() - n
-    with pytest.raises(ValueError, match="caption_labels must be True or False"):
+    with pytest.raises(TypeError, match="caption_labels must be True or False"):
         IndexedDataset(ix, caption_labels="yes")

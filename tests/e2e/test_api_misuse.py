@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from fcp_data import CostModel, FCPCollator, FCPSampler
+from fcp_data import CostModel, FCPCollator, FCPDataset, FCPSampler
 
 CM = CostModel.preset("qwen3-8b", "h100")
 L = np.array([100, 200, 300, 400] * 8)
@@ -56,7 +56,7 @@ def _sampler(**kw):
 def test_sampler_rejects_at_construction(kw, match):
     """These were accepted: a bad solver failed only on the planning thread, drop_last with a batch larger than
     the data gave an empty epoch (a training loop that silently does nothing)."""
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(TypeError if "drop_last" in kw and "True or False" in match else ValueError, match=match):
         _sampler(**kw)
 
 
@@ -165,6 +165,36 @@ def test_collator_constructor_types():
     assert FCPCollator(pad_token_id=np.int64(3)).pad_token_id == 3
 
 
+@pytest.mark.parametrize("kw, error, match", [
+    # found by reading the fuzz's accepted cases: each was taken without a word and failed later, or meant otherwise
+    ({"pad_token_id": -1}, ValueError, r"pad_token_id must be an int in \[0, 2\*\*63\)"),  # IndexError in the embedding
+    ({"pad_token_id": 2**70}, ValueError, "pad_token_id must be an int in"),  # OverflowError filling a tensor
+    ({"ignore_index": 2**70}, ValueError, r"ignore_index must be an int in \[-2\*\*63, 2\*\*63\)"),
+    ({"visual_token_id": b"a"}, TypeError, "visual_token_id must be an int token id or a list"),  # was id 97
+    ({"visual_token_id": ""}, TypeError, "visual_token_id must be an int token id or a list"),  # was no id
+    ({"visual_token_id": {}}, TypeError, "visual_token_id must be an int token id or a list"),
+    ({"visual_token_id": [5, -1]}, ValueError, "visual_token_id must be an int in"),
+    ({"strict_lengths": "no"}, TypeError, "strict_lengths must be True or False"),  # bool("no") is True
+    ({"mask_visual_labels": [], "visual_token_id": 5}, TypeError, "mask_visual_labels must be True or False"),
+    ({"mrope": "yes", "visual_token_id": 5}, TypeError, "mrope must be True or False"),
+    ({"sample_labels": 2}, TypeError, "sample_labels must be True or False"),
+])
+def test_collator_refuses_values_it_used_to_take(kw, error, match):
+    with pytest.raises(error, match=match):
+        FCPCollator(**kw)
+    for ok in ({"strict_lengths": 0}, {"mrope": np.bool_(True), "visual_token_id": 5}, {"ignore_index": -100}):
+        FCPCollator(**ok)  # numpy bools and 0/1 are flags; a negative ignore_index is the usual one
+
+
+@pytest.mark.parametrize("base", [None, 1.5, "data.jsonl", b"x"])
+def test_dataset_needs_a_map_style_base(base):
+    """Found by reading the fuzz's accepted cases: FCPDataset(None) was taken and every read was recorded as a
+    damaged sample (the data blamed for the caller's mistake); FCPDataset("data.jsonl") returned the path's
+    characters as samples."""
+    with pytest.raises(TypeError, match="base must be a map-style dataset"):
+        FCPDataset(base)
+
+
 def test_float16_lengths_plan_without_an_overflow_warning():
     """float16 lengths (whole values) plan like ints; the range check cast the 2**31−1 limit to float16 and numpy
     warned 'overflow encountered in cast' on every call."""
@@ -224,3 +254,22 @@ def test_cost_model_preset_names_must_be_strings():
     for model, hw in ((None, "h100"), (3, "h100"), ("qwen3-8b", None)):
         with pytest.raises(ValueError, match=r"preset must be a name \(str\), got"):
             CostModel.preset(model, hw)
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"tokenizer": ""}, "tokenizer must be None or the path"),  # ran with the bundled tokenizer
+    ({"tokenizer": 0}, "tokenizer must be None or the path"),
+    ({"roots": ""}, "roots must be None or a dict"),  # relocated nothing
+    ({"roots": [("/a", "/b")]}, "roots must be None or a dict"),
+    ({"roots": {"": "/b"}}, "roots must be None or a dict"),  # would prefix every path
+    ({"check_fingerprint": "no"}, "check_fingerprint must be True or False"),  # bool("no") is True
+])
+def test_indexed_dataset_refuses_values_it_used_to_take(kw, match):
+    """Found by reading the fuzz's accepted cases: an empty or non-path tokenizer and roots that are not a dict of
+    prefixes were read as "none" without a word."""
+    from fcp_data import bundled_index
+    from fcp_data.readers import IndexedDataset
+
+    with pytest.raises(TypeError, match=match):
+        IndexedDataset(bundled_index("text"), **kw)
+    assert len(IndexedDataset(bundled_index("text"), roots={"/nowhere": "/else"})) > 0
