@@ -99,6 +99,23 @@ def _first_errors(errors_path) -> list[str]:
     return [first[r] for r in sorted(first)]
 
 
+def _warn_unused_key_field(out: str, key_field: str) -> None:
+    """A ``--key-field`` that no record has (a typo) leaves every record keyed ``file:line``, which is valid: say so
+    on stderr rather than let it pass unseen. The default ``id`` falls back without a word (documented)."""
+    import re
+
+    from fcp_data.index import LengthIndex
+    from fcp_data.index.format import KIND_TEXT
+
+    if key_field == "id":
+        return
+    ix = LengthIndex.load(out)
+    text = [i for i in range(min(len(ix), 10_000)) if int(ix.kind[i]) == KIND_TEXT]
+    if text and all(re.fullmatch(r".+:\d+", ix.keys[i]) for i in text):
+        print(f"fcp index: warning: no record seems to have the field --key-field {key_field!r}: every text sample "
+              "is keyed file:line", file=sys.stderr)
+
+
 def run(args) -> int:
     from concurrent.futures.process import BrokenProcessPool
     from pathlib import Path
@@ -127,6 +144,7 @@ def run(args) -> int:
         errors_path = Path(args.out) / manifest["data"] / "errors.jsonl"
         print(f"first error of each reason (all in {out}/errors.jsonl): " + "; ".join(_first_errors(errors_path)))
     print(f"index written to {out}")
+    _warn_unused_key_field(args.out, args.key_field)
     if rc:
         print(f"fcp index: error rate {manifest['error_rate']:.2%} exceeds --max-error-rate {args.max_error_rate:.2%}",
               file=sys.stderr)

@@ -459,3 +459,16 @@ def test_an_empty_value_is_refused_by_every_option_of_every_command(capsys, tmp_
     assert tried >= 40, tried  # the parsers were read
     _one_line_error(capsys, ["index", "", "--spec", "text", "--out", "x"], "INPUT: an empty value")
     assert [p.name for p in tmp_path.iterdir()] == ["L.txt"]  # nothing was written
+
+
+def test_a_key_field_no_record_has_is_a_warning(capsys, tmp_path):
+    """Found by reading the fuzz's accepted cases: ``--key-field`` with a name no record has (a typo) keyed every
+    sample file:line without a word. The index is still valid, so it is built; stderr says so."""
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(f'{{"uid": "u{i}", "text": "a b c {i}"}}\n' for i in range(5)))
+    base = ["index", str(data), "--spec", "text", "--no-progress"]
+    assert main([*base, "--out", str(tmp_path / "a"), "--key-field", "uuid"]) == 0
+    assert "warning: no record seems to have the field --key-field 'uuid'" in capsys.readouterr().err
+    for field in ("uid", "id"):  # a field the records have; the default, whose fallback is documented
+        assert main([*base, "--out", str(tmp_path / field), "--key-field", field]) == 0
+        assert "warning" not in capsys.readouterr().err
