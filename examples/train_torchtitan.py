@@ -27,7 +27,7 @@ from fcp_data import CostModel, FCPCollator, FCPDataset, FCPSampler, IndexedData
 from fcp_exec.checkpoint import load_checkpoint, save_checkpoint
 from fcp_exec.integrations.torchtitan import apply_fcp, fcp_loss
 from fcp_exec.launch import init_distributed, settle_collectives
-from fcp_exec.optim import clip_grad_norm, lr_at, set_lr
+from fcp_exec.optim import check_finite, clip_grad_norm, lr_at, set_lr
 from fcp_exec.skips import leave_out_later
 from fcp_exec.step import eval_step, make_reducer, train_step
 
@@ -100,6 +100,7 @@ def main(argv: list[str] | None = None) -> None:
         grad_norm = clip_grad_norm(model, args.max_grad_norm)  # after the reducer: the global norm, on every rank
         lr = lr_at(step, lr=args.lr, steps=args.steps, warmup_steps=args.warmup_steps, schedule="cosine",
                    min_lr=args.lr / 10)  # a function of the step: a resumed run continues the schedule
+        check_finite(step, res.loss, grad_norm, lr)  # a NaN/inf loss stops the run before opt.step
         set_lr(opt, lr)
         opt.step()
         opt.zero_grad(set_to_none=True)

@@ -45,7 +45,8 @@ _NAMES = frozenset(name for name, _, _ in COMMANDS)
 # exception names a worker may raise for bad user input (fcp_exec.launch.WorkerFailure carries each rank's
 # exception type, message and traceback)
 _WORKER_USER_ERRORS = ("ValueError", "UsageError", "fcp_data.commands.UsageError", "FileNotFoundError",
-                       "SampleReadError")  # the last: the data itself is broken (fcp_data.read_errors)
+                       "SampleReadError",  # the data itself is broken (fcp_data.read_errors)
+                       "TrainingDiverged")  # a NaN/inf loss (fcp_exec.optim.check_finite): the settings, not a bug
 
 
 class _Parser(argparse.ArgumentParser):
@@ -164,6 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, ValueError) as e:
         return user_error(str(e))
     except OSError as e:  # unreadable/unwritable paths (a directory, no permission, a full disk)
+        return user_error(str(e))
+    except FloatingPointError as e:  # fcp_exec.optim.TrainingDiverged in a one-process run: the settings, not a bug
+        if type(e).__name__ != "TrainingDiverged":
+            raise
         return user_error(str(e))
     except ImportError as e:  # an optional dependency the chosen option needs
         if e.name and e.name.split(".")[0] in ("transformers", "cvxpy", "highspy", "decord", "av", "ray",

@@ -6,6 +6,8 @@ global gradient norm after :func:`fcp_exec.step.train_step` has reduced the grad
 and DDP leave the full gradient on every rank, FSDP2 leaves shards, whose norm torch combines across ranks) and
 returns the norm before clipping as a float, identical on every rank. ``fcp train`` uses both
 (``--lr-schedule``/``--warmup-steps``/``--min-lr``, ``--max-grad-norm``); the examples call them in their loops.
+:func:`check_finite` stops a diverged run (a NaN/inf loss, or gradient norm without a loss scaler) before its
+optimizer step, on every rank alike (both numbers are global), as Megatron-LM's NaN check does.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Iterable
 
 import torch
 
-__all__ = ["LR_SCHEDULES", "lr_at", "clip_grad_norm", "set_lr"]
+__all__ = ["LR_SCHEDULES", "TrainingDiverged", "check_finite", "lr_at", "clip_grad_norm", "set_lr"]
 
 LR_SCHEDULES = ("constant", "linear", "cosine")
 
@@ -75,3 +77,19 @@ def clip_grad_norm(parameters: Iterable[torch.nn.Parameter] | torch.nn.Module, m
                 for p in grads:
                     p.grad.mul_(coef)
     return norm
+
+
+class TrainingDiverged(FloatingPointError):
+    """A step's loss (or, without a loss scaler, its gradient norm) is NaN or infinite."""
+
+
+def check_finite(step: int, loss: float, grad_norm: float, lr: float, *, loss_scaler: bool = False) -> None:
+    """Raise :class:`TrainingDiverged` when the step's global loss is not finite, or its gradient norm without a
+    loss scaler (with one, an infinite norm is the overflow the scaler skips). Call it before the optimizer step,
+    on every rank: the weights and the last checkpoint stay those of the step before."""
+    if math.isfinite(loss) and (loss_scaler or math.isfinite(grad_norm)):
+        return
+    raise TrainingDiverged(
+        f"step {step}: the loss is {loss} and the gradient norm {grad_norm} at learning rate {lr:g}: training "
+        "diverged, and this step was not applied (the weights are those of the step before); lower the learning "
+        "rate, clip the gradients (--max-grad-norm) or warm up (--warmup-steps)")

@@ -257,7 +257,7 @@ class Trainer:
 
     def step(self) -> dict[str, Any]:
         """One optimizer step over the next global batch; returns its record (module docstring)."""
-        from fcp_exec.optim import clip_grad_norm, lr_at, set_lr
+        from fcp_exec.optim import check_finite, clip_grad_norm, lr_at, set_lr
         from fcp_exec.skips import leave_out_later
         from fcp_exec.step import train_step
 
@@ -283,6 +283,7 @@ class Trainer:
         lr = lr_at(self.num_steps, lr=c.lr, steps=c.steps, warmup_steps=c.warmup_steps, schedule=c.lr_schedule,
                    min_lr=c.min_lr)
         set_lr(self.opt, lr)
+        check_finite(self.num_steps, res.loss, grad_norm, lr, loss_scaler=self.scaler is not None)
         if self.scaler is None:
             self.opt.step()
         else:  # skipped (on every rank alike) when a gradient overflowed; the scale then halves

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from fcp_exec.optim import clip_grad_norm, lr_at, set_lr
+from fcp_exec.optim import TrainingDiverged, check_finite, clip_grad_norm, lr_at, set_lr
 
 
 @pytest.mark.parametrize("schedule, warmup, steps, min_lr, want", [
@@ -97,3 +97,42 @@ def test_clip_grad_norm_refuses_a_deepspeed_engine():
     engine = object.__new__(deepspeed.DeepSpeedEngine)
     with pytest.raises(TypeError, match="set \"gradient_clipping\" in its config"):
         clip_grad_norm(engine, 1.0)
+
+
+def test_check_finite_stops_a_diverged_step_and_leaves_an_overflow_to_the_scaler():
+    check_finite(3, 2.5, 1.0, 1e-3)
+    check_finite(3, 2.5, math.inf, 1e-3, loss_scaler=True)  # an fp16 overflow: the scaler skips the step
+    for loss, norm, scaler in ((math.nan, 1.0, False), (math.inf, 1.0, True), (2.5, math.nan, False),
+                               (2.5, math.inf, False)):
+        with pytest.raises(TrainingDiverged, match="step 3: the loss is .* training diverged"):
+            check_finite(3, loss, norm, 1e-3, loss_scaler=scaler)
+
+
+def test_fcp_train_stops_a_diverged_run_with_one_line_before_applying_the_step(tmp_path, capsys, monkeypatch):
+    """Found by reading the fuzz's accepted cases: ``fcp train --lr 1e20`` trained on with a NaN loss (and wrote
+    ``NaN`` into its --json lines, which is not JSON). It now stops at the first non-finite loss, before that step's
+    optimizer step and checkpoint, with one line and exit 2 — on 2 real processes, and in one process."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from fcp_cli.main import main
+
+    ck = tmp_path / "ck"
+    r = subprocess.run([sys.executable, "-m", "fcp_cli", "train", "--steps", "3", "--nproc", "2", "--lr", "1e20",
+                        "--checkpoint", str(ck), "--checkpoint-every", "1"], capture_output=True, text=True,
+                       timeout=300, cwd=Path(__file__).resolve().parents[2])
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("fcp train: error: step 1: the loss is nan") and "training diverged" in last, last
+    assert sorted(p.name for p in ck.iterdir()) == ["step-1"]  # step 0's checkpoint; step 1 was not applied
+
+    import fcp_exec.train
+
+    def diverge(cfg, nproc, backend=None):  # the one-process path: the error is raised in this process
+        raise TrainingDiverged("step 0: the loss is nan ... training diverged")
+
+    monkeypatch.setattr(fcp_exec.train, "run_training", diverge)
+    assert main(["train", "--steps", "1", "--nproc", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("fcp train: error: step 0: the loss is nan"), err
