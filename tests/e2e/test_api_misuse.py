@@ -167,8 +167,9 @@ def test_collator_constructor_types():
 
 @pytest.mark.parametrize("kw, error, match", [
     # found by reading the fuzz's accepted cases: each was taken without a word and failed later, or meant otherwise
-    ({"pad_token_id": -1}, ValueError, r"pad_token_id must be an int in \[0, 2\*\*63\)"),  # IndexError in the embedding
-    ({"pad_token_id": 2**70}, ValueError, "pad_token_id must be an int in"),  # OverflowError filling a tensor
+    # -1: an IndexError in the embedding; 2**70: an OverflowError filling a tensor
+    ({"pad_token_id": -1}, ValueError, r"pad_token_id must be an int in \[0, 2\*\*63\)"),
+    ({"pad_token_id": 2**70}, ValueError, "pad_token_id must be an int in"),
     ({"ignore_index": 2**70}, ValueError, r"ignore_index must be an int in \[-2\*\*63, 2\*\*63\)"),
     ({"visual_token_id": b"a"}, TypeError, "visual_token_id must be an int token id or a list"),  # was id 97
     ({"visual_token_id": ""}, TypeError, "visual_token_id must be an int token id or a list"),  # was no id
