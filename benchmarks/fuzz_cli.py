@@ -132,7 +132,18 @@ def workdir() -> dict:
     (d / "in.jsonl").write_text("".join(json.dumps({"id": f"d{i}", "text": "a b c " * i}) + "\n" for i in range(1, 9)))
     return {"dir": d, "L": str(d / "L.txt"), "DIR": str(d / "adir"), "BIN": str(d / "bin.dat"),
             "BADJSON": str(d / "bad.json"), "LIST": str(d / "list.json"), "IN": str(d / "in.jsonl"),
-            "OUT": str(d / "out"), "MISSING": str(d / "missing" / "x")}  # removed before each case (root may create it)
+            "OUT": str(d / "out"), "MISSING": str(d / "missing" / "x"), "cwd": str(d / "cwd")}  # see fresh_cwd
+
+
+def fresh_cwd(files: dict) -> None:
+    """Each case starts where no earlier case left anything: an empty working directory (``index --out abc`` writes
+    ``./abc``, which ``train --data abc`` would then read), an empty DIR, no OUT and no MISSING."""
+    for key in ("OUT", "cwd", "DIR"):
+        shutil.rmtree(files[key], ignore_errors=True)
+    shutil.rmtree(files["dir"] / "missing", ignore_errors=True)
+    Path(files["cwd"]).mkdir()
+    Path(files["DIR"]).mkdir()
+    os.chdir(files["cwd"])
 
 
 def value_options(command: str) -> list[str]:
@@ -160,8 +171,7 @@ def fuzz_options(commands: list[str], files: dict, limit: float, progress) -> tu
             if opt == "--index":
                 i = argv.index("--lengths")
                 del argv[i:i + 2]
-            shutil.rmtree(files["OUT"], ignore_errors=True)
-            shutil.rmtree(files["dir"] / "missing", ignore_errors=True)
+            fresh_cwd(files)
             tried += run_case(lambda: main(argv), limit, f"{command} {opt} {raw!r}", bad, exit1_ok=command == "index")
             progress(f"options: {command} {opt}")
     return tried, bad
@@ -375,7 +385,7 @@ def main(argv=None) -> int:
         return 2
     accepted = Path(args.accepted).resolve() if args.accepted else None
     files = workdir()
-    os.chdir(files["dir"])  # a value taken as an output path lands in the scratch folder
+    fresh_cwd(files)  # a value taken as an output path lands in the scratch folder
     start = time.time()
 
     def progress(what: str) -> None:
