@@ -251,9 +251,12 @@ def format_step(rec: dict, json_lines: bool = False) -> str:
     if json_lines:
         import json
 
-        return json.dumps({k: rec[k] for k in ("step", "loss", "num_tokens", "lr", "grad_norm", "degrees",
-                                               "step_time_s", "skipped_samples", "loss_scale", "skipped_step")
-                           if k in rec})
+        def finite(v):  # an fp16 overflow's infinite gradient norm is null: NaN/Infinity are not JSON
+            return None if isinstance(v, float) and not math.isfinite(v) else v
+
+        return json.dumps({k: finite(rec[k]) for k in ("step", "loss", "num_tokens", "lr", "grad_norm", "degrees",
+                                                       "step_time_s", "skipped_samples", "loss_scale", "skipped_step")
+                           if k in rec}, allow_nan=False)
     gone = f"  skipped {len(rec['skipped_samples'])}" if rec["skipped_samples"] else ""
     if "loss_scale" in rec:
         gone += f"  loss scale {rec['loss_scale']:g}{' (overflow: step skipped)' if rec['skipped_step'] else ''}"

@@ -136,3 +136,21 @@ def test_fcp_train_stops_a_diverged_run_with_one_line_before_applying_the_step(t
     assert main(["train", "--steps", "1", "--nproc", "1"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("fcp train: error: step 0: the loss is nan"), err
+
+
+def test_a_skipped_fp16_step_is_valid_json():
+    """An fp16 overflow step has an infinite gradient norm; ``fcp train --json`` wrote it as ``Infinity``, which
+    strict JSON readers (jq, most languages) refuse. It is null now, and the line parses without NaN/Infinity."""
+    import json
+
+    from fcp_exec.train_config import format_step
+
+    rec = {"step": 4, "loss": 2.5, "num_tokens": 100, "lr": 1e-3, "grad_norm": math.inf, "degrees": [[2]],
+           "step_time_s": 0.1, "skipped_samples": [], "loss_scale": 65536.0, "skipped_step": True}
+
+    def refuse(name):
+        raise ValueError(f"not JSON: {name}")
+
+    doc = json.loads(format_step(rec, json_lines=True), parse_constant=refuse)
+    assert doc["grad_norm"] is None and doc["skipped_step"] is True and doc["loss"] == 2.5
+    assert "grad norm inf" in format_step({**rec, "planner_wait_s": 0.0})  # the text line keeps saying inf
