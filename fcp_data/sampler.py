@@ -180,8 +180,8 @@ class FCPSampler:
         """Select the epoch the next iterator yields: its start, or the current position if ``epoch`` is the
         position's epoch (a loaded mid-epoch state survives the usual ``set_epoch(saved_epoch)``)."""
         epoch = check_int("epoch", epoch, "set_epoch(epoch)")
-        if epoch < 0:
-            raise ValueError(f"set_epoch(epoch): epoch must be >= 0, got {epoch}")
+        if not 0 <= epoch < 2**62:  # plan digests and seeds hold it in an int64
+            raise ValueError(f"set_epoch(epoch): epoch must be in [0, 2**62), got {epoch}")
         if epoch != self._position[0]:
             self._retire_iterator()
             self._position = (epoch, 0, 0)

@@ -71,6 +71,8 @@ def exclude_later(sampler: Any, indices: Any, epoch: int) -> int:
     from fcp_data.sampler_state import check_int
 
     epoch = check_int("epoch", epoch, "FCPSampler.exclude_later")
+    if epoch >= 2**62:  # as set_epoch: plan digests hold the epoch in an int64
+        raise ValueError(f"FCPSampler.exclude_later: epoch must be < 2**62, got {epoch}")
     indices = load_exclusions(indices, sampler.lengths.size)
     e, g, m = sampler._position
     if epoch <= e:  # the position's epoch may have an iterator already (its global batch count taken)

@@ -192,6 +192,8 @@ def test_exclude_later_refuses_what_would_change_the_past_or_empty_an_epoch():
     assert s._late == () and s.state_dict()["excluded_later"] == []  # nothing changed
     with pytest.raises(TypeError, match="epoch must be an int"):
         s.exclude_later([1], 1.0)
+    with pytest.raises(ValueError, match=r"epoch must be < 2\*\*62"):  # an epoch set_epoch cannot reach
+        s.exclude_later([1], 2**70)
     fresh = _sampler(0, prefetch=0)
     with pytest.raises(ValueError, match=r"from the start: FCPSampler\(exclude=...\)"):
         fresh.exclude_later([1], 0)  # the position's epoch, even before its first list

@@ -339,7 +339,8 @@ def test_state_config_and_container_types():
     ("1", TypeError, "epoch must be an int, got str"),
     (True, TypeError, "epoch must be an int, got bool"),
     (None, TypeError, "epoch must be an int"),
-    (-1, ValueError, "epoch must be >= 0"),
+    (-1, ValueError, r"epoch must be in \[0, 2\*\*62\)"),
+    (2**70, ValueError, r"epoch must be in \[0, 2\*\*62\)"),  # was an OverflowError at the first plan's digest
 ])
 def test_set_epoch_is_validated_by_type(value, error, match):
     """set_epoch(1.9) silently became epoch 1; now a float, str, bool or None is a TypeError (the position is
