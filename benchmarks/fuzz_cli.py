@@ -296,6 +296,23 @@ def _api_targets(files: dict) -> list[tuple[str, object, dict, list[str]]]:
             pass
         s.state_dict()
 
+    def method(name):  # a sampler one list into epoch 0, then sampler.<name>(**kw), then planned on and saved
+        def call(**kw):
+            s = FCPSampler(lengths, num_ranks=4, rank=0, cost_model=cm, global_batch_size=4, prefetch=0)
+            next(iter(s))
+            getattr(s, name)(**kw)
+            for i, _ in zip(range(3), s):
+                pass
+            s.state_dict()
+        return call
+
+    saved = FCPSampler(lengths, num_ranks=4, rank=0, cost_model=cm, global_batch_size=4, prefetch=0)
+    next(iter(saved))
+    state = saved.state_dict()
+
+    def load_state(**kw):  # one key of a valid state replaced
+        method("load_state_dict")(state={**state, **kw})
+
     index = files["dir"] / "api-index"
     build_index([str(ROOT / "samples" / "text.jsonl")], "text", index, progress=False)
     targets = [
@@ -303,6 +320,9 @@ def _api_targets(files: dict) -> list[tuple[str, object, dict, list[str]]]:
                                      prefetch=0),
          ["lengths_or_index", "num_ranks", "rank", "cost_model", "global_batch_size", "seed", "drop_last",
           "on_overlong", "prefetch", "solver", "micro_batches", "etas", "solver_options", "visual", "exclude"]),
+        ("FCPSampler.set_epoch", method("set_epoch"), dict(epoch=1), ["epoch"]),
+        ("FCPSampler.exclude_later", method("exclude_later"), dict(indices=[1], epoch=1), ["indices", "epoch"]),
+        ("FCPSampler.load_state_dict", load_state, {}, sorted(state)),
         ("FCPCollator", FCPCollator, {}, ["pad_token_id", "ignore_index", "visual_token_id", "spatial_merge_size",
                                           "mrope", "strict_lengths", "mask_visual_labels", "position_fn",
                                           "sample_labels"]),
