@@ -383,10 +383,11 @@ class FCPSampler:
         self._discard_window()
         self._position = (e, g, m)
 
-    def exclude_later(self, indices: Any, epoch: int) -> int:
+    def exclude_later(self, indices: Any, epoch: int, *, same_num_global_batches: bool = False) -> int:
         """Leave ``indices`` out of ``epoch`` and every later one; every rank calls it alike, before ``epoch`` begins
-        (:mod:`fcp_data.sampler_exclude`). Returns how many were not left out already."""
-        return exclude_later(self, indices, epoch)
+        (:mod:`fcp_data.sampler_exclude`). Returns how many were not left out already. ``same_num_global_batches``:
+        refuse (``ValueError``, nothing changed) what would change an epoch's number of global batches."""
+        return exclude_later(self, indices, epoch, same_num_global_batches=same_num_global_batches)
 
     def __getstate__(self) -> dict[str, Any]:
         d = self.__dict__.copy()

@@ -17,6 +17,10 @@ Rules that keep every rank's plans equal:
   layout lock, so a planning call running meanwhile sees either the old data and is discarded, or the new).
 * The exclusions are part of the sampler's state (``excluded_later``, state version 3): a resumed run plans the same
   epochs. They accumulate (a second call adds to the first) and never empty an epoch (a ``ValueError`` instead).
+* ``same_num_global_batches=True`` (``FCPTrainer``: the Hugging Face Trainer takes the number of steps per epoch
+  as fixed, for ``max_steps`` and for where a resumed run starts) refuses, with a ``ValueError`` and no change,
+  exclusions that would change the number of global batches of an epoch they reach: with ``drop_last=False``
+  fewer samples than the last global batch holds, with ``drop_last=True`` no more than the epoch drops.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from fcp_data.sampler_inputs import load_exclusions
+from fcp_data.strict import flag
 
 logger = logging.getLogger("fcp_data")
 
@@ -65,12 +70,13 @@ def late_from_state(value: Any, num_samples: int) -> Late:
     return tuple(out)
 
 
-def exclude_later(sampler: Any, indices: Any, epoch: int) -> int:
+def exclude_later(sampler: Any, indices: Any, epoch: int, *, same_num_global_batches: bool = False) -> int:
     """Register ``indices`` as left out of ``epoch`` and later on ``sampler`` (module docstring); returns how many
     were not left out already."""
     from fcp_data.sampler_state import check_int
 
     epoch = check_int("epoch", epoch, "FCPSampler.exclude_later")
+    same_num_global_batches = flag("same_num_global_batches", same_num_global_batches)
     if epoch >= 2**62:  # as set_epoch: plan digests hold the epoch in an int64
         raise ValueError(f"FCPSampler.exclude_later: epoch must be < 2**62, got {epoch}")
     indices = load_exclusions(indices, sampler.lengths.size)
@@ -85,25 +91,31 @@ def exclude_later(sampler: Any, indices: Any, epoch: int) -> int:
         return 0
     late = dict(sampler._late)
     late[epoch] = np.union1d(late.get(epoch, np.zeros(0, dtype=np.int64)), new)
-    set_late(sampler, tuple(sorted(late.items())), epoch)
+    set_late(sampler, tuple(sorted(late.items())), epoch, same_num_global_batches=same_num_global_batches)
     logger.warning("FCPSampler leaves %d more sample(s) out of epoch %d and later (exclude_later), first: sample %d",
                    new.size, epoch, int(new[0]))
     return int(new.size)
 
 
-def set_late(sampler: Any, late: Late, first: int = 0) -> None:
+def set_late(sampler: Any, late: Late, first: int = 0, *, same_num_global_batches: bool = False) -> None:
     """Make ``late`` the sampler's later exclusions, changing epochs ``first`` and later: their layout caches, counts
     and plans are dropped (layouts under the layout lock) and the plan window plans their keys again. An epoch left
-    with no global batch is a ``ValueError`` and nothing changes."""
+    with no global batch — or, with ``same_num_global_batches``, with another number of them — is a ``ValueError``
+    and nothing changes."""
     old = sampler._late
     if late_to_state(late) == late_to_state(old):
         return
+    before = {f: sampler.num_global_batches(f) for f, _ in late} if same_num_global_batches else {}
     _swap(sampler, late, first)
     try:
         for f, _ in late:
-            if sampler.num_global_batches(f) == 0:
+            n = sampler.num_global_batches(f)
+            if n == 0:
                 raise ValueError(f"FCPSampler.exclude_later: epoch {f} would have no global batch left (every sample "
                                  "excluded, or drop_last=True with less than one global batch)")
+            if same_num_global_batches and n != before[f]:
+                raise ValueError(f"FCPSampler.exclude_later: epoch {f} would have {n} global batches instead of "
+                                 f"{before[f]} (same_num_global_batches)")
     except ValueError:
         _swap(sampler, old, first)
         raise

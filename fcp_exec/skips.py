@@ -120,15 +120,16 @@ def _mask_documents(out: dict, docs: list[int], ignore_index: int) -> None:
         out["num_skipped_labels"] = int(out.get("num_skipped_labels", 0)) + sum(int(out["planned_labels"][j]) for j in docs)
 
 
-def leave_out_later(sampler, step) -> int:
+def leave_out_later(sampler, step, *, same_num_global_batches: bool = False) -> int:
     """After a training step, on every rank: the samples any rank skipped in it are left out of the epochs after the
     step's (``FCPSampler.exclude_later(indices, epoch + 1)``), so they are neither read nor planned again; the
     sampler's state (``state_after``) carries them to a resumed run. ``step``: :func:`fcp_exec.step.train_step`'s
     result — no collective when nothing was skipped anywhere (``num_skipped_global``, from the step's own
     all-reduce), else one ``all_gather_object`` of the indices — or this rank's micro-batch dicts of the global batch
     (a loop without ``train_step``, e.g. Megatron's schedule: one ``all_gather_object`` per step). Returns how many
-    samples were newly left out (0, with a warning, when leaving them out would leave an epoch without a global batch:
-    they are then read and skipped again — the run goes on either way)."""
+    samples were newly left out (0, with a warning, when leaving them out would leave an epoch without a global batch,
+    or with ``same_num_global_batches`` change its number of global batches — the Hugging Face Trainer's steps per
+    epoch: they are then read and skipped again — the run goes on either way)."""
     if hasattr(step, "num_skipped_global"):
         if not step.num_skipped_global:
             return 0
@@ -147,10 +148,17 @@ def leave_out_later(sampler, step) -> int:
     union = sorted({i for part in every for i in part})
     if not union:
         return 0
-    try:
-        return sampler.exclude_later(union, epoch + 1)
-    except ValueError as e:  # the next epoch would be empty (drop_last, few samples): read and skip them again
-        if "no global batch" not in str(e):
-            raise
-        logger.warning("fcp: the %d skipped sample(s) stay in later epochs (%s)", len(union), e)
-        return 0
+    lo, hi, why, newly = 0, len(union), None, 0  # the most of them (in index order) that can go: all, unless refused
+    while lo < hi:  # each refusal changes nothing and each success adds to the last: a binary search, alike on every rank
+        mid = (lo + hi + 1) // 2
+        try:
+            newly += sampler.exclude_later(union[:mid], epoch + 1, same_num_global_batches=same_num_global_batches)
+            lo = mid
+        except ValueError as e:  # the next epoch would be empty or (HF Trainer) change length: read and skip again
+            if "no global batch" not in str(e) and "same_num_global_batches" not in str(e):
+                raise
+            hi, why = mid - 1, e
+    if lo < len(union):
+        logger.warning("fcp: %d of the %d skipped sample(s) stay in later epochs, read and skipped again (%s)",
+                       len(union) - lo, len(union), why)
+    return newly

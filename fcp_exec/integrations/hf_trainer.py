@@ -33,6 +33,11 @@ Trainer's own):
   (one process). It returns the global batch's mean loss, the same on every rank, which the Trainer logs.
   ``trainer.fcp_steps`` keeps the latest steps' :class:`~fcp_exec.step.StepResult` (loss, denominator, CP groups,
   idle micro-batches, skipped samples).
+* **Samples that fail to read** (or that the model cannot take) are recorded and skipped where they fail, and left
+  out of the later epochs (:func:`fcp_exec.skips.leave_out_later`, as ``fcp train`` does) as far as that keeps the
+  number of global batches per epoch — the Trainer's steps per epoch, fixed for ``max_steps`` and for where a
+  resumed run starts (without ``drop_last``: fewer than the last global batch holds); the rest are read and skipped
+  again, with a warning. The exclusions travel in each checkpoint (``fcp_sampler.json``).
 * **Resume.** ``trainer.train(resume_from_checkpoint=...)`` continues at the checkpoint's global batch by moving the
   sampler there (no batch is read to skip it); with the same ``global_batch_size`` the sampler of another world size
   plans the same global batches, so a checkpoint resumes on another number of ranks.
@@ -65,6 +70,7 @@ warns) with sharded checkpoints and its bf16 policy, InternVL (its processor's s
 from __future__ import annotations
 
 import collections
+import os
 import warnings
 from typing import Any
 
@@ -76,18 +82,34 @@ from torch.utils.data import DataLoader
 from fcp_exec.devices import settle_collectives
 from fcp_exec.integrations.hf_trainer_args import check_fcp_kwargs, check_loss, run_args
 from fcp_exec.integrations.hf_trainer_data import (GlobalBatch, GlobalBatchLoader, _has_labels, _is_indexed,
+                                                   load_skip_exclusions, save_skip_exclusions,
                                                    count_lengths, input_tokens)
 from fcp_exec.integrations.hf import apply_fcp, fcp_loss, model_type_of, unwrap
 from fcp_exec.integrations.hf_models import MLLM_MODEL_TYPES
+from fcp_exec.skips import leave_out_later
 from fcp_exec.step import StepResult, reducer_for, train_step
 
 try:
-    from transformers import Trainer
+    from transformers import Trainer, TrainerCallback
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 except ImportError as e:  # pragma: no cover - the hf extra is not installed
     raise ImportError("fcp_exec.integrations.hf_trainer needs transformers and accelerate: "
                       "pip install 'fcp[hf]'") from e
 
 __all__ = ["FCPTrainer", "GlobalBatch", "GlobalBatchLoader", "count_lengths"]
+
+
+class _SkipExclusionsCallback(TrainerCallback):
+    """Writes the training sampler's later exclusions into each checkpoint the Trainer saves (where the Trainer
+    writes its own files: rank 0, or each node's first rank with ``save_on_each_node``)."""
+
+    def __init__(self, trainer: "FCPTrainer") -> None:
+        self.trainer = trainer
+
+    def on_save(self, args, state, control, **kwargs):
+        sampler = self.trainer._train_sampler
+        if sampler is not None and args.should_save:
+            save_skip_exclusions(sampler, os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"))
 
 
 class FCPTrainer(Trainer):
@@ -143,6 +165,8 @@ class FCPTrainer(Trainer):
         self._pads, self._in_train = {"train": 0, "eval": 0}, False
         self.fcp_steps: collections.deque[StepResult] = collections.deque(maxlen=history)
         self._unlogged: list[StepResult] = []  # training steps since the last log line
+        self._train_sampler, self._resume_dir = None, None  # where skipped samples are left out of later epochs,
+        self.add_callback(_SkipExclusionsCallback(self))  # and the checkpoints that carry that to a resumed run
 
     def _check_fcp_args(self) -> None:
         a = self.args
@@ -249,7 +273,10 @@ class FCPTrainer(Trainer):
     def get_train_dataloader(self) -> GlobalBatchLoader:
         if self.train_dataset is None:
             raise ValueError("FCPTrainer: training requires a train_dataset")
-        return self._fcp_loader(self.train_dataset, "train", self._data_seed())
+        loader = self._fcp_loader(self.train_dataset, "train", self._data_seed())
+        self._train_sampler = loader.sampler
+        load_skip_exclusions(loader.sampler, self._resume_dir)  # a resumed run leaves out what the first one did
+        return loader
 
     def _data_seed(self) -> int:
         """The Trainer's seed for data samplers: ``data_seed`` when set, else ``seed``."""
@@ -260,6 +287,10 @@ class FCPTrainer(Trainer):
         """The Trainer's ``train``; then, on gloo, :func:`fcp_exec.devices.settle_collectives` (so that dropping the
         trainer — its DDP model holds the process group — cannot deadlock the rank at exit)."""
         self._in_train = True
+        resume = kwargs.get("resume_from_checkpoint", args[0] if args else None)
+        if resume is True:  # as the Trainer resolves it (its own error when there is none)
+            resume = get_last_checkpoint(self.args.output_dir) if os.path.isdir(self.args.output_dir) else None
+        self._resume_dir = resume or None
         try:
             out = super().train(*args, **kwargs)
         finally:
@@ -292,6 +323,8 @@ class FCPTrainer(Trainer):
                              grad_scaler=self.accelerator.scaler)  # fp16: Accelerate's optimizer steps through it
         if self.is_deepspeed_enabled:  # the engine steps itself (clipping, optimizer, scheduler), as in its backward
             model.step()  # under Accelerate; the Trainer's optimizer.step() is then a no-op
+        if self._train_sampler is not None:  # what any rank skipped is not read in later epochs, unless that would
+            leave_out_later(self._train_sampler, res, same_num_global_batches=True)  # change the steps per epoch
         self.fcp_steps.append(res)
         self._unlogged.append(res)
         return torch.tensor(res.loss, device=self.args.device)

@@ -9,7 +9,41 @@ from typing import Any
 import numpy as np
 from torch.utils.data import DataLoader
 
-__all__ = ["GlobalBatch", "GlobalBatchLoader", "count_lengths"]
+__all__ = ["GlobalBatch", "GlobalBatchLoader", "count_lengths", "load_skip_exclusions", "save_skip_exclusions"]
+
+EXCLUSIONS_FILE = "fcp_sampler.json"  # in a Trainer checkpoint folder: the samples left out of later epochs
+
+
+def save_skip_exclusions(sampler: Any, checkpoint_dir: str) -> None:
+    """Write the training sampler's later exclusions (samples that failed to read, left out of the epochs after
+    their step) into a Trainer checkpoint folder, so that a run resumed from it plans the same epochs."""
+    import json
+    import os
+
+    late = sampler.state_dict()["excluded_later"]
+    if late and os.path.isdir(checkpoint_dir):
+        with open(os.path.join(checkpoint_dir, EXCLUSIONS_FILE), "w", encoding="utf-8") as f:
+            json.dump({"excluded_later": late}, f)
+
+
+def load_skip_exclusions(sampler: Any, checkpoint_dir: str | None) -> int:
+    """Apply a checkpoint's later exclusions (:func:`save_skip_exclusions`) to a training sampler still at the start
+    of epoch 0; returns how many samples they leave out. A checkpoint without the file (no sample skipped, or one
+    written before it existed) changes nothing."""
+    import json
+    import os
+
+    path = os.path.join(checkpoint_dir, EXCLUSIONS_FILE) if checkpoint_dir else ""
+    if not path or not os.path.isfile(path):
+        return 0
+    try:
+        with open(path, encoding="utf-8") as f:
+            late = json.load(f)["excluded_later"]
+        pairs = [(int(epoch), list(indices)) for epoch, indices in late]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path} is damaged ({e}); delete it to resume without the samples it leaves out, "
+                         "which are then read and skipped again") from None
+    return sum(sampler.exclude_later(indices, epoch) for epoch, indices in pairs)
 
 
 class GlobalBatch(list):

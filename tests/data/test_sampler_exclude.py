@@ -199,3 +199,24 @@ def test_exclude_later_refuses_what_would_change_the_past_or_empty_an_epoch():
         fresh.exclude_later([1], 0)  # the position's epoch, even before its first list
     with pytest.raises(ValueError, match="excluded_later"):
         fresh.load_state_dict(dict(fresh.state_dict(), excluded_later=[[1, [3]], [0, [4]]]))
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_same_num_global_batches_refuses_exactly_what_would_change_an_epochs_length(drop_last):
+    """``same_num_global_batches`` (FCPTrainer: the Hugging Face Trainer's steps per epoch are fixed) against the
+    count itself: 120 samples in global batches of 16 are 8 batches (the last of 8 samples) without drop_last and 7
+    with it (8 dropped). Without drop_last up to 7 exclusions keep 8 batches, the 8th would make it 7; with it up to
+    8 keep 7 batches and the 9th would make it 6. A refusal changes nothing; the same call without the flag goes."""
+    free = 8 if drop_last else 7
+    s = _sampler(0, prefetch=0, drop_last=drop_last)
+    next(iter(s))
+    n = s.num_global_batches(1)
+    assert n == (7 if drop_last else 8)
+    assert s.exclude_later(range(free), 1, same_num_global_batches=True) == free
+    assert s.num_global_batches(1) == s.num_global_batches(2) == n
+    with pytest.raises(ValueError, match=f"epoch 1 would have {n - 1} global batches instead of {n}"):
+        s.exclude_later([free], 1, same_num_global_batches=True)
+    assert s.state_dict()["excluded_later"] == [[1, list(range(free))]]  # unchanged by the refusal
+    assert s.exclude_later([free], 2) == 1 and s.num_global_batches(2) == n - 1
+    with pytest.raises(TypeError, match="same_num_global_batches must be True or False"):
+        s.exclude_later([free + 1], 3, same_num_global_batches="yes")

@@ -27,8 +27,10 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import json
 import os
 import importlib.util
+import shutil
 import warnings
 from pathlib import Path
 
@@ -648,15 +650,17 @@ def _reference(family: str, batches: tuple[tuple[int, ...], ...], evals: tuple[t
 
 
 def _order(family: str, seed: int, steps: int, num_ranks: int = 2, tokens_per_rank: int = TOKENS_PER_RANK,
-           lengths: tuple[int, ...] | None = None, gbs: int = GBS) -> tuple[tuple[int, ...], ...]:
+           lengths: tuple[int, ...] | None = None, gbs: int = GBS, excluded_later=()) -> tuple[tuple[int, ...], ...]:
     """The global batches FCPTrainer's sampler trains on ``num_ranks`` ranks, epoch by epoch (planned with the
-    family's synthetic lengths, or ``lengths``)."""
+    family's synthetic lengths, or ``lengths``; ``excluded_later``: ``(epoch, indices)`` left out from ``epoch``)."""
     from fcp_data import FCPSampler
 
     _, data = _data(family)
     s = FCPSampler(data.lengths if lengths is None else list(lengths), num_ranks=num_ranks, rank=0,
                    cost_model=_cost(tokens_per_rank), global_batch_size=gbs, seed=seed,
                    visual_layout=data.visual_layout)
+    for epoch, indices in excluded_later:
+        s.exclude_later(indices, epoch)
     per_epoch = s.num_global_batches()
     return tuple(tuple(int(i) for i in s.global_batch_indices(k % per_epoch, epoch=k // per_epoch))
                  for k in range(steps))
@@ -1226,6 +1230,20 @@ def test_a_plain_list_of_tokenized_samples_with_labels_trains_on_its_labels(tmp_
     assert trainer.predict(listed).predictions is None
 
 
+def _malformed(config, data):
+    """The SFT rows with the first sample of each of epoch 0's four global batches made untrainable (four ways):
+    ``(order, {index: bad row}, rows)`` — the damage keeps every length, so the order is the clean data's."""
+    rows = [{"input_ids": data.dataset[i]["input_ids"].tolist(), "labels": data.dataset[i]["labels"].tolist()}
+            for i in range(len(data.lengths))]
+    order = _order("qwen3", 0, STEPS, 1, MAX_TOKENS)
+    kinds = (lambda r: dict(r, input_ids=r["input_ids"][:-1] + [config.vocab_size]),
+             lambda r: dict(r, input_ids="x" * len(r["input_ids"])),
+             lambda r: dict(r, labels=r["labels"][:-1]),
+             lambda r: dict(r, input_ids=[-1] + r["input_ids"][1:]))
+    bad = {b[0]: kind(rows[b[0]]) for b, kind in zip(order, kinds)}  # one per global batch: none left empty
+    return order, bad, [bad.get(i, r) for i, r in enumerate(rows)]
+
+
 def test_samples_the_model_cannot_take_are_skipped_like_unreadable_ones(tmp_path):
     """A plain list with four samples that are not trainable (the first of each of the first four global batches) — a
     token id past the vocabulary, ids given as a string, labels one shorter than the ids, a negative id — trains, records each (``MalformedSampleError``, in
@@ -1241,15 +1259,7 @@ def test_samples_the_model_cannot_take_are_skipped_like_unreadable_ones(tmp_path
 
     AcceleratorState._reset_state(reset_partial_state=False)
     config, data = _data("qwen3", True)
-    rows = [{"input_ids": data.dataset[i]["input_ids"].tolist(), "labels": data.dataset[i]["labels"].tolist()}
-            for i in range(len(data.lengths))]
-    order = _order("qwen3", 0, STEPS, 1, MAX_TOKENS)  # the damage keeps every length: the same order
-    kinds = (lambda r: dict(r, input_ids=r["input_ids"][:-1] + [config.vocab_size]),
-             lambda r: dict(r, input_ids="x" * len(r["input_ids"])),
-             lambda r: dict(r, labels=r["labels"][:-1]),
-             lambda r: dict(r, input_ids=[-1] + r["input_ids"][1:]))
-    bad = {b[0]: kind(rows[b[0]]) for b, kind in zip(order, kinds)}  # one per global batch: none left empty
-    hostile = [bad.get(i, r) for i, r in enumerate(rows)]
+    order, bad, hostile = _malformed(config, data)
     errors = tmp_path / "errors.jsonl"
     trainer = FCPTrainer(model=build_model(config, dtype=torch.float64, seed=0),
                          args=TrainingArguments(**dict(ARGS, output_dir=str(tmp_path / "run"))), train_dataset=hostile,
@@ -1257,7 +1267,13 @@ def test_samples_the_model_cannot_take_are_skipped_like_unreadable_ones(tmp_path
                          dataset_kwargs={"errors_path": str(errors)})
     trainer.train()
     skipped = [(r["index"], r["reason"]) for s in trainer.fcp_steps for r in s.skipped]
-    assert order == _order("qwen3", 0, STEPS, 1, MAX_TOKENS, tuple(count_lengths(hostile)))
+    assert order[:4] == _order("qwen3", 0, 4, 1, MAX_TOKENS, tuple(count_lengths(hostile)))  # epoch 0
+    # skipped in epoch 0, left out of epoch 1 while its 4 global batches stay 4 (12 samples in batches of 3: the
+    # first two go, a third would leave 9 = 3 batches, so the last two are read and skipped again)
+    first = [b[0] for b in order[:4]]
+    assert trainer._train_sampler.state_dict()["excluded_later"] == [[1, sorted(first[:2])]]
+    order = order[:4] + _order("qwen3", 0, STEPS, 1, MAX_TOKENS, excluded_later=[(1, first[:2])])[4:]
+    assert [(s.epoch, s.global_batch) for s in trainer.fcp_steps] == [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (1, 1)]
     hit = sorted(i for b in order for i in b if i in bad)
     assert sorted(skipped) == [(i, "MalformedSampleError") for i in hit] and len(bad) == 4, (skipped, order)
     assert len(errors.read_text().splitlines()) == len(hit)
@@ -1268,6 +1284,40 @@ def test_samples_the_model_cannot_take_are_skipped_like_unreadable_ones(tmp_path
     _close(losses[:1], ref["losses"][:1], "first loss")
     _close(losses, ref["losses"], "loss with samples skipped", tol=1e-7)
     _close(_norms(trainer), ref["norms"], "grad norm with samples skipped", tol=1e-5)
+
+
+def test_skipped_samples_stay_left_out_in_a_resumed_run(tmp_path):
+    """The samples FCPTrainer left out of later epochs (above) travel in its checkpoints (``fcp_sampler.json``):
+    a run resumed at step 5 (epoch 1) leaves out the same samples and trains step 6 as the uninterrupted run did
+    (loss to 1e-12). Without the file the resumed run would read them again: its epoch 1 would differ."""
+    from accelerate.state import AcceleratorState
+    from transformers import TrainingArguments
+
+    from fcp_exec.integrations.hf import build_model
+    from fcp_exec.integrations.hf_trainer import FCPTrainer
+
+    config, data = _data("qwen3", True)
+    _, _, hostile = _malformed(config, data)
+    args = dict(ARGS, output_dir=str(tmp_path / "run"), save_strategy="steps", save_steps=5)
+
+    def run(**train_kw):
+        AcceleratorState._reset_state(reset_partial_state=False)
+        trainer = FCPTrainer(model=build_model(config, dtype=torch.float64, seed=0),
+                             args=TrainingArguments(**args), train_dataset=hostile, cost_model=_cost(MAX_TOKENS),
+                             global_batch_size=GBS, pad_token_id=data.pad_token_id)
+        trainer.train(**train_kw)
+        return trainer
+
+    full = run()
+    late = full._train_sampler.state_dict()["excluded_later"]
+    saved = json.loads((tmp_path / "run" / "checkpoint-5" / "fcp_sampler.json").read_text())
+    assert late and saved == {"excluded_later": late}
+    shutil.rmtree(tmp_path / "run" / "checkpoint-6")  # the Trainer's save at the end: resume=True takes the newest
+    resumed = run(resume_from_checkpoint=True)
+    assert resumed._train_sampler.state_dict()["excluded_later"] == late
+    [step] = resumed.fcp_steps
+    assert (step.epoch, step.global_batch, step.skipped) == (1, 1, full.fcp_steps[5].skipped)
+    _close([step.loss], [full.fcp_steps[5].loss], "resumed step 6")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("datasets") is None, reason="Hugging Face datasets is not installed")

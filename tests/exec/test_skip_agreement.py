@@ -122,8 +122,9 @@ def test_degree_one_and_idle_batches_are_left_alone():
 
 def test_leave_out_later_never_ends_a_run_by_emptying_an_epoch(caplog):
     """One process, a step's micro-batch dicts: the skipped samples are left out of the next epoch; with
-    ``drop_last=True`` and so few samples that leaving them out would leave an epoch without a global batch, they
-    stay (read and skipped again: a warning, 0 returned), instead of a ValueError that would end the run."""
+    ``drop_last=True`` and so few samples that leaving them all out would leave an epoch without a global batch, as
+    many as can go go and the rest stay (read and skipped again: a warning), instead of a ValueError that would end
+    the run. With ``same_num_global_batches`` (FCPTrainer) the same holds for an epoch's number of global batches."""
     import numpy as np
 
     from fcp_data.cost import CostModel
@@ -137,7 +138,13 @@ def test_leave_out_later_never_ends_a_run_by_emptying_an_epoch(caplog):
     assert leave_out_later(plain, skipped) == 2 and plain.num_global_batches(1) == 1  # 6 samples: one batch of 4
     tight = FCPSampler(np.full(5, 100), num_ranks=1, rank=0, cost_model=cm, global_batch_size=4, drop_last=True)
     with caplog.at_level("WARNING", logger="fcp_exec"):
-        assert leave_out_later(tight, skipped) == 0  # 3 samples left: no global batch of 4
-    assert tight.num_global_batches(1) == 1 and "stay in later epochs" in caplog.text
+        assert leave_out_later(tight, skipped) == 1  # both out: 3 samples left, no global batch of 4
+    assert tight.num_global_batches(1) == 1 and "1 of the 2 skipped sample(s) stay in later epochs" in caplog.text
+    assert tight.state_dict()["excluded_later"] == [[1, [1]]]
+    many = [{"micro_batch": 0, "epoch": 0, "skipped_samples": tuple({"index": i} for i in (9, 3, 5, 0, 7))}]
+    hf = FCPSampler(np.full(10, 100), num_ranks=1, rank=0, cost_model=cm, global_batch_size=4)  # 4 + 4 + 2
+    assert leave_out_later(hf, many, same_num_global_batches=True) == 1  # a 2nd would make it 2 batches of 4
+    assert hf.num_global_batches(1) == 3 and hf.state_dict()["excluded_later"] == [[1, [0]]]
+    assert leave_out_later(hf, many) == 4 and hf.num_global_batches(1) == 2  # fcp train: all of them
     with pytest.raises(ValueError, match="no micro-batch given"):
         leave_out_later(plain, [])
