@@ -39,11 +39,10 @@ def load_skip_exclusions(sampler: Any, checkpoint_dir: str | None) -> int:
     try:
         with open(path, encoding="utf-8") as f:
             late = json.load(f)["excluded_later"]
-        pairs = [(int(epoch), list(indices)) for epoch, indices in late]
+        return sum(sampler.exclude_later(indices, epoch) for epoch, indices in late)
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path} is damaged ({e}); delete it to resume without the samples it leaves out, "
                          "which are then read and skipped again") from None
-    return sum(sampler.exclude_later(indices, epoch) for epoch, indices in pairs)
 
 
 class GlobalBatch(list):

@@ -148,3 +148,35 @@ def test_leave_out_later_never_ends_a_run_by_emptying_an_epoch(caplog):
     assert leave_out_later(hf, many) == 4 and hf.num_global_batches(1) == 2  # fcp train: all of them
     with pytest.raises(ValueError, match="no micro-batch given"):
         leave_out_later(plain, [])
+
+
+def test_a_checkpoints_exclusions_round_trip_and_a_damaged_file_is_one_error(tmp_path):
+    """``fcp_sampler.json`` (FCPTrainer's checkpoints): what one sampler left out, another sampler at the start of
+    epoch 0 leaves out alike; no file changes nothing; a damaged one is one ValueError naming it and the way out."""
+    import numpy as np
+
+    from fcp_data.cost import CostModel
+    from fcp_data.sampler import FCPSampler
+    from fcp_exec.integrations.hf_trainer_data import EXCLUSIONS_FILE, load_skip_exclusions, save_skip_exclusions
+
+    cm = CostModel(alpha1=2e-10, alpha2=5e-7, alpha3=2e4, beta1=1e-3, beta2=2e-4, bandwidth_intra=2e11,
+                   bandwidth_inter=2.5e10, ranks_per_node=4, tokens_per_rank=512)
+
+    def sampler():
+        return FCPSampler(np.full(12, 100), num_ranks=1, rank=0, cost_model=cm, global_batch_size=4, prefetch=0)
+
+    first = sampler()
+    save_skip_exclusions(first, str(tmp_path))
+    assert not (tmp_path / EXCLUSIONS_FILE).exists()  # nothing left out: no file
+    assert load_skip_exclusions(sampler(), str(tmp_path)) == 0 and load_skip_exclusions(sampler(), None) == 0
+    first.exclude_later([3, 7], 1)
+    first.exclude_later([5], 2)
+    save_skip_exclusions(first, str(tmp_path))
+    second = sampler()
+    assert load_skip_exclusions(second, str(tmp_path)) == 3
+    assert second.state_dict()["excluded_later"] == first.state_dict()["excluded_later"] == [[1, [3, 7]], [2, [5]]]
+    for damaged in ('{"excluded_later": [[1, [3]]', '{"other": 1}', '[1, 2]', '{"excluded_later": [[1]]}',
+                    '{"excluded_later": [[1, "x"]]}', '{"excluded_later": [[0, [3]]]}', '{"excluded_later": 5}'):
+        (tmp_path / EXCLUSIONS_FILE).write_text(damaged)
+        with pytest.raises(ValueError, match=f"{EXCLUSIONS_FILE} is damaged .* delete it to resume"):
+            load_skip_exclusions(sampler(), str(tmp_path))
