@@ -6,7 +6,9 @@ lengths, visual tokens and η from its columns); see :mod:`fcp_data.commands.pla
 The solvers come from the registry (:mod:`fcp_data.plan.registry`): by default every registered solver that
 is neither exact nor a baseline (``fcp``, ``fcp-dp``, and a plugin's), the exact ones asked for by ``--ilp`` /
 ``--exhaustive``, then ``--baselines`` (default: every registered baseline); ``--solvers a,b`` runs exactly
-those instead. A solver that cannot plan the batch is reported, not fatal (``fcp`` excepted).
+those instead. A solver that cannot plan the batch is reported, not fatal (``fcp`` excepted). ``--plot OUT.png``
+writes the makespans as bars next to the Gantt charts of FCP's plan and of the best other solver's
+(:mod:`fcp_data.commands.plots`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import argparse
 import json
 
 from fcp_data.commands.plan import add_input_args, parse_micro_batches, positive_seconds
+from fcp_data.commands.plots import check_plot_path, plot_bars_and_gantts
 from fcp_data.commands.solver_args import BASELINES, parse_baselines, parse_solvers, solvers_epilog
 
 __all__ = ["register"]
@@ -25,6 +28,8 @@ def run(args: argparse.Namespace) -> int:
     from fcp_data.plan import get_solver, plan_batch
 
     names = _chosen_solvers(args)
+    if args.plot:
+        check_plot_path(args.plot)  # before any solving: a bad path fails at once
     lengths, cm, report, visual, etas = load_inputs(args)
     opts = solver_options(args)
     results: dict[str, object] = {}
@@ -58,7 +63,26 @@ def run(args: argparse.Namespace) -> int:
         opt = "" if p.optimal is None else ("yes" if p.optimal else "no")
         groups = " | ".join(degree_summary(mb.degrees) for mb in p.micro_batches)
         print(f"{name:<17} {p.makespan:>13.4f} {p.makespan / best:>8.3f} {p.solve_ms:>11.1f} {opt:>8}  {groups}")
+    if args.plot:
+        _plot(args, ok)
+        print(f"plot written to {args.plot}")
     return 0
+
+
+def _plot(args: argparse.Namespace, plans: dict) -> None:
+    """Makespans of every solver that planned, next to the Gantt charts of FCP's plan and of the reference it is
+    measured against: the best exact solver's (``--ilp``/``--exhaustive``), else the best baseline's, else the best
+    other solver's."""
+    from fcp_data.plan import get_solver
+
+    def rank(n: str) -> tuple:
+        spec = get_solver(n)
+        return (0 if spec.exact else 1 if spec.baseline else 2, plans[n].makespan, n)
+
+    other = min((n for n in plans if n != "fcp"), key=rank, default=None)
+    gantts = [("FCP", plans["fcp"])] + ([(other, plans[other])] if other else [])
+    plot_bars_and_gantts(args.plot, {n: p.makespan for n, p in plans.items()}, "makespan [s]",
+                         f"{args.ranks} ranks, {len(plans['fcp'].micro_batches)} micro-batch(es)", gantts)
 
 
 def _chosen_solvers(args: argparse.Namespace) -> list[str]:
@@ -84,6 +108,7 @@ EPILOG = """examples:
   fcp compare --lengths small.txt --ranks 4 --cost cost.json --ilp --exhaustive --time-limit 10
   fcp compare --lengths lengths.txt --ranks 16 --preset Qwen3-4B --hardware h200 --baselines static-cp,fcp-pow2 --json
   fcp compare --index my-index --ranks 8 --cost cost.json --micro-batches auto   (an index from `fcp index`)
+  fcp compare --lengths lengths.txt --ranks 16 --preset Qwen3-8B --hardware h100 --plot compare.png
   FCP_SOLVER_PLUGINS=my_solver fcp compare --lengths lengths.txt --ranks 8 --cost cost.json --solvers fcp,mine"""
 
 
@@ -103,4 +128,6 @@ def register(subparsers, summary: str) -> None:
     p.add_argument("--micro-batches", type=parse_micro_batches, default=1, metavar="auto|M",
                    help="one micro-batch (default), exactly M, or 'auto'")
     p.add_argument("--json", action="store_true", help="one §6 plan object per solver, keyed by solver name")
+    p.add_argument("--plot", metavar="OUT.png", help="write a bar chart of every solver's makespan and Gantt charts "
+                   "(ranks × time, one colour per CP group) of FCP's plan and the best other solver's")
     p.set_defaults(func=run)

@@ -20,67 +20,18 @@ import argparse
 import json
 
 from fcp_data.commands.plan import add_cost_args, add_source_args, add_visual_args
+from fcp_data.commands.plots import check_plot_path, plot_bars_and_gantts
 from fcp_data.commands.solver_args import BASELINES, parse_baselines, parse_solvers, solvers_epilog
 from fcp_data.plan.simulate import simulate
 
-__all__ = ["register", "plot_simulation", "check_plot_path", "MAX_STEPS"]
+__all__ = ["register", "plot_simulation", "check_plot_path", "MAX_STEPS"]  # check_plot_path: from .plots
 
 MAX_STEPS = 100_000  # every solver plans every step: more is hours of planning, not a simulation
 
 
 def plot_simulation(path: str, means: dict[str, float], plan, title: str) -> None:
     """Bar chart of mean step times and a Gantt chart of ``plan``'s first micro-batch into ``path``."""
-    try:
-        import matplotlib
-    except ImportError:
-        raise ValueError("--plot needs matplotlib: pip install 'fcp[plot]'") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
-    names = list(means)
-    ax1.bar(names, [means[n] for n in names], color=["C0" if n == "fcp" else "C7" for n in names])
-    ax1.set_ylabel("mean step time [s]")
-    ax1.set_title(title)
-    ax1.tick_params(axis="x", rotation=30)
-    mb = plan.micro_batches[0]
-    cmap = plt.get_cmap("tab20")
-    for k, g in enumerate(sorted(mb.groups, key=lambda g: g.ranks[0])):
-        ax2.barh(list(g.ranks), [g.time] * g.degree, left=0.0, height=1.0, color=cmap(k % 20), edgecolor="none")
-        if g.degree >= 2 or len(mb.groups) <= 16:
-            ax2.text(g.time * 0.02, sum(g.ranks) / g.degree, f"⟨{g.degree}⟩ {len(g.seq_ids)} seqs",
-                     va="center", fontsize=7)
-    ax2.axvline(mb.makespan, color="k", linestyle="--", linewidth=1)
-    ax2.set_xlabel("time [s]")
-    ax2.set_ylabel("rank")
-    ax2.set_title(f"FCP micro-batch 0: {len(mb.groups)} groups, makespan {mb.makespan:.3f} s")
-    ax2.invert_yaxis()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def check_plot_path(path: str) -> None:
-    """Fail before simulating when ``--plot`` cannot be written: no matplotlib, missing or read-only folder,
-    a folder as the target, or a suffix matplotlib cannot write."""
-    import os
-    from pathlib import Path
-
-    try:
-        from matplotlib.backend_bases import FigureCanvasBase
-    except ImportError:
-        raise ValueError("--plot needs matplotlib: pip install 'fcp[plot]'") from None
-    p = Path(path)
-    parent = p.parent if str(p.parent) else Path(".")
-    if p.is_dir():
-        raise ValueError(f"--plot {path}: is a directory; give a file such as {p / 'simulate.png'}")
-    if not parent.is_dir():
-        raise ValueError(f"--plot {path}: folder {parent} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise ValueError(f"--plot {path}: folder {parent} is not writable")
-    kinds = FigureCanvasBase.get_supported_filetypes()
-    if p.suffix.lower().lstrip(".") not in kinds:
-        raise ValueError(f"--plot {path}: the file name needs an image suffix, one of {', '.join('.' + k for k in sorted(kinds))}")
+    plot_bars_and_gantts(path, means, "mean step time [s]", title, [("FCP", plan)])
 
 
 def run(args: argparse.Namespace) -> int:

@@ -191,7 +191,7 @@ def run(args) -> int:
     packed_lens = _ints(args.packed_lens) if packed_docs else ()
     out = Path(args.out)
     if args.plot:
-        from fcp_data.commands.simulate import check_plot_path
+        from fcp_data.commands.plots import check_plot_path
 
         check_plot_path(args.plot)
     if args.layer_like:

@@ -62,6 +62,9 @@ def test_simulate_plot_path_checked_before_simulating(capsys, tmp_path, lengths)
     _one_line_error(capsys, base + [str(tmp_path / "missing" / "x.png")], "does not exist")
     _one_line_error(capsys, base + [str(tmp_path)], "is a directory")
     _one_line_error(capsys, base + [str(tmp_path / "x.txt")], "needs an image suffix")
+    compare = ["compare", "--lengths", str(lengths), "--ranks", "4", *PRESET, "--ilp", "--plot"]  # before the ILP
+    _one_line_error(capsys, compare + [str(tmp_path / "missing" / "x.png")], "does not exist")
+    _one_line_error(capsys, compare + [str(tmp_path)], "is a directory")
 
 
 def test_presets_unknown_filter_and_case(capsys):

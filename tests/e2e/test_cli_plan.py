@@ -94,6 +94,22 @@ def test_simulate_json_and_plot(capsys, tmp_path):
     assert png.stat().st_size > 1000 and "simulate" in err  # tqdm progress on stderr
 
 
+def test_compare_plot_shows_fcp_and_its_reference(capsys, tmp_path):
+    """``fcp compare --plot``: the bars are every solver that planned; the second Gantt chart is the exact solver's
+    plan when one ran (else the best baseline's). Read back: a PNG of three panels' width."""
+    pytest.importorskip("matplotlib")
+    from PIL import Image
+
+    p = tmp_path / "w.txt"
+    p.write_text("\n".join(str(n) for n in (900, 3000, 120, 4500, 60, 2000)))
+    for extra in (["--ilp"], []):
+        png = tmp_path / f"compare{len(extra)}.png"
+        rc, out, _ = _run(capsys, ["compare", "--lengths", str(p), "--ranks", "4", *PRESET, *extra, "--plot", str(png)])
+        assert rc == 0 and f"plot written to {png}" in out
+        with Image.open(png) as im:
+            assert im.format == "PNG" and im.size[0] > 2.5 * im.size[1]  # bars + two Gantt charts side by side
+
+
 def test_presets_listing(capsys):
     rc, out, _ = _run(capsys, ["presets"])
     assert rc == 0 and "InternVL3-8B" in out and "ascend-910c" in out
