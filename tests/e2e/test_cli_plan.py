@@ -92,6 +92,10 @@ def test_simulate_json_and_plot(capsys, tmp_path):
         assert len(v["steps"]) == 2 and v["mean_step_s"] == pytest.approx(sum(v["steps"]) / 2)
         assert d["fcp"]["mean_step_s"] <= v["mean_step_s"] * (1 + 1e-9) or v is d["ulysses"]
     assert png.stat().st_size > 1000 and "simulate" in err  # tqdm progress on stderr
+    from PIL import Image
+
+    with Image.open(png) as im:  # bars + FCP's first step + the fastest other solver's, side by side
+        assert im.format == "PNG" and im.size[0] > 2.5 * im.size[1]
 
 
 def test_compare_plot_shows_fcp_and_its_reference(capsys, tmp_path):
