@@ -18,6 +18,9 @@ takes those plans. :meth:`close` (idempotent; an iterator's ``close()``, re-posi
 cancels what is not started and joins the thread (at most one planning call). The thread holds the
 window, never an iterator, so an abandoned iterator is collected — and closes its window.
 ``depth = 0`` means no thread: :meth:`take` plans synchronously and reports the planning time as the wait.
+At interpreter exit every window still open is closed (``atexit``, before Python stops its daemon threads): a
+planner thread stopped inside numpy's C++ code (``np.unique`` of an epoch's layout, e.g. right after
+``exclude_later``) aborted the process ("terminate called without an active exception") after a finished run.
 
 :class:`SamplerIterator` is what ``iter(FCPSampler)`` returns: one epoch from a position, taking each
 global batch's per-rank lists from the sampler's window; it is stateful (``state_dict``/``load_state_dict``),
@@ -29,13 +32,23 @@ itself: :mod:`fcp_data.sampler_state`).
 
 from __future__ import annotations
 
+import atexit
 import collections
 import threading
 import time
+import weakref
 from concurrent.futures import Future
 from typing import Any, Callable
 
 __all__ = ["PlanWindow", "SamplerIterator"]
+
+_OPEN: "weakref.WeakSet[PlanWindow]" = weakref.WeakSet()  # windows not closed yet, closed at interpreter exit
+
+
+@atexit.register
+def _close_open_windows() -> None:
+    for window in list(_OPEN):
+        window.close()
 
 Key = tuple[int, int]  # (epoch, global batch)
 
@@ -59,6 +72,7 @@ class PlanWindow:
         self._attached = True
         self._closed = False
         self.thread: threading.Thread | None = None
+        _OPEN.add(self)
         with self._cond:
             self._fill()
 
@@ -144,6 +158,7 @@ class PlanWindow:
 
     def close(self) -> None:
         """Cancel the plans not started and join the worker (at most one planning call); idempotent."""
+        _OPEN.discard(self)
         with self._cond:
             self._closed, self._attached = True, False
             for _, fut in self._todo:
