@@ -335,6 +335,30 @@ def _checkpointing_field() -> str:
 
 
 
+def _malformed_run(out: str) -> dict:
+    """FCPTrainer over :func:`_malformed`'s rows on this rank (6 steps, a checkpoint at step 5), then again resumed
+    from that checkpoint: each run's losses, the samples it skipped and what its sampler left out of later epochs."""
+    from accelerate.state import AcceleratorState
+    from transformers import TrainingArguments
+
+    from fcp_exec.integrations.hf import build_model
+    from fcp_exec.integrations.hf_trainer import FCPTrainer
+
+    config, data = _data("qwen3", True)
+    _, _, hostile = _malformed(config, data)
+    runs = {}
+    for name, resume in (("full", None), ("resumed", f"{out}/checkpoint-5")):
+        AcceleratorState._reset_state(reset_partial_state=False)
+        args = TrainingArguments(**dict(ARGS, output_dir=out, save_strategy="steps", save_steps=5))
+        trainer = FCPTrainer(model=build_model(config, dtype=torch.float64, seed=0), args=args, train_dataset=hostile,
+                             cost_model=_cost(MAX_TOKENS), global_batch_size=GBS, pad_token_id=data.pad_token_id)
+        trainer.train(resume_from_checkpoint=resume)
+        runs[name] = {"losses": [r.loss for r in trainer.fcp_steps],
+                      "skipped": sorted(int(r["index"]) for st in trainer.fcp_steps for r in st.skipped),
+                      "late": trainer._train_sampler.state_dict()["excluded_later"]}
+    return runs
+
+
 def _fcp_runs(out: str) -> dict:
     """Every FCPTrainer configuration on this rank, one after the other (one launch)."""
     return {
@@ -369,6 +393,7 @@ def _fcp_runs(out: str) -> dict:
             "zero2-bf16": _deepspeed_run("qwen3", f"{out}/zero2-bf16", stage=2, dtype=torch.float32, bf16=True)}
            if _HAS_DEEPSPEED else {}),
         "video": _video_run(f"{out}/video"),
+        "malformed": _malformed_run(f"{out}/malformed"),
         "accelerate": _accelerate_loop(),
         **({"deepspeed-loop": _deepspeed_loop()} if _HAS_DEEPSPEED else {}),
         "compile": _compile_run(f"{out}/compile"),  # last: Dynamo's caches stay in the process
@@ -1284,6 +1309,28 @@ def test_samples_the_model_cannot_take_are_skipped_like_unreadable_ones(tmp_path
     _close(losses[:1], ref["losses"][:1], "first loss")
     _close(losses, ref["losses"], "loss with samples skipped", tol=1e-7)
     _close(_norms(trainer), ref["norms"], "grad norm with samples skipped", tol=1e-5)
+
+
+def test_skipped_samples_are_left_out_alike_on_two_ranks_and_after_a_resume(fcp_runs, tmp_path):
+    """The test above on 2 gloo ranks (DDP): both ranks leave the same two samples out of epoch 1 (the union of the
+    ranks' skips, gathered once per step that skipped any), the losses equal the stock Trainer on the rest of every
+    global batch (1e-7, as above), and a run resumed at step 5 — ``fcp_sampler.json`` written by rank 0, read by
+    both — leaves out the same and trains step 6 as the uninterrupted run (1e-12)."""
+    per_rank, _ = fcp_runs
+    config, data = _data("qwen3", True)
+    order, bad, _ = _malformed(config, data)
+    first = [b[0] for b in order[:4]]
+    for rank in per_rank:
+        runs = rank["malformed"]
+        assert runs["full"]["late"] == runs["resumed"]["late"] == [[1, sorted(first[:2])]], runs
+    full, resumed = per_rank[0]["malformed"]["full"], per_rank[0]["malformed"]["resumed"]
+    assert full["losses"] == per_rank[1]["malformed"]["full"]["losses"]  # the global loss, on every rank
+    order = order[:4] + _order("qwen3", 0, STEPS, 2, MAX_TOKENS, excluded_later=[(1, first[:2])])[4:]
+    rest = tuple(tuple(i for i in b if i not in bad) for b in order)
+    ref = _reference("qwen3", rest, (), str(tmp_path / "ref"), sft=True)
+    _close(full["losses"][:1], ref["losses"][:1], "first loss, 2 ranks")
+    _close(full["losses"], ref["losses"], "loss with samples skipped, 2 ranks", tol=1e-7)
+    _close(resumed["losses"], full["losses"][5:], "resumed step 6, 2 ranks")
 
 
 def test_skipped_samples_stay_left_out_in_a_resumed_run(tmp_path):
