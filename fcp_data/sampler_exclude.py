@@ -35,7 +35,12 @@ from fcp_data.strict import flag
 
 logger = logging.getLogger("fcp_data")
 
-__all__ = ["exclude_later", "kept_at", "late_from_state", "late_to_state", "set_late"]
+__all__ = ["ExclusionRefused", "exclude_later", "kept_at", "late_from_state", "late_to_state", "set_late"]
+
+
+class ExclusionRefused(ValueError):
+    """Exclusions that would leave an epoch with no global batch (or, with ``same_num_global_batches``, another
+    number of them): nothing changed. A loop that leaves skipped samples out may go on reading them instead."""
 
 Late = tuple[tuple[int, np.ndarray], ...]  # (first epoch, sorted distinct indices), in order of first epoch
 
@@ -100,8 +105,8 @@ def exclude_later(sampler: Any, indices: Any, epoch: int, *, same_num_global_bat
 def set_late(sampler: Any, late: Late, first: int = 0, *, same_num_global_batches: bool = False) -> None:
     """Make ``late`` the sampler's later exclusions, changing epochs ``first`` and later: their layout caches, counts
     and plans are dropped (layouts under the layout lock) and the plan window plans their keys again. An epoch left
-    with no global batch — or, with ``same_num_global_batches``, with another number of them — is a ``ValueError``
-    and nothing changes."""
+    with no global batch — or, with ``same_num_global_batches``, with another number of them — is an
+    :class:`ExclusionRefused` (a ``ValueError``) and nothing changes."""
     old = sampler._late
     if late_to_state(late) == late_to_state(old):
         return
@@ -111,11 +116,11 @@ def set_late(sampler: Any, late: Late, first: int = 0, *, same_num_global_batche
         for f, _ in late:
             n = sampler.num_global_batches(f)
             if n == 0:
-                raise ValueError(f"FCPSampler.exclude_later: epoch {f} would have no global batch left (every sample "
-                                 "excluded, or drop_last=True with less than one global batch)")
+                raise ExclusionRefused(f"FCPSampler.exclude_later: epoch {f} would have no global batch left (every "
+                                       "sample excluded, or drop_last=True with less than one global batch)")
             if same_num_global_batches and n != before[f]:
-                raise ValueError(f"FCPSampler.exclude_later: epoch {f} would have {n} global batches instead of "
-                                 f"{before[f]} (same_num_global_batches)")
+                raise ExclusionRefused(f"FCPSampler.exclude_later: epoch {f} would have {n} global batches instead "
+                                       f"of {before[f]} (same_num_global_batches)")
     except ValueError:
         _swap(sampler, old, first)
         raise

@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 
 from fcp_data.read_errors import LAYOUT_UNKNOWN, SKIPPED, VISUAL, SampleReadError
+from fcp_data.sampler_exclude import ExclusionRefused
 from fcp_data.sampler_inputs import dist_rank_and_world
 
 logger = logging.getLogger("fcp_exec")
@@ -149,14 +150,12 @@ def leave_out_later(sampler, step, *, same_num_global_batches: bool = False) -> 
     if not union:
         return 0
     lo, hi, why, newly = 0, len(union), None, 0  # the most of them (in index order) that can go: all, unless refused
-    while lo < hi:  # each refusal changes nothing and each success adds to the last: a binary search, alike on every rank
+    while lo < hi:  # a refusal changes nothing, a success adds to the last: binary search, alike on every rank
         mid = (lo + hi + 1) // 2
         try:
             newly += sampler.exclude_later(union[:mid], epoch + 1, same_num_global_batches=same_num_global_batches)
             lo = mid
-        except ValueError as e:  # the next epoch would be empty or (HF Trainer) change length: read and skip again
-            if "no global batch" not in str(e) and "same_num_global_batches" not in str(e):
-                raise
+        except ExclusionRefused as e:  # the next epoch would be empty or (HF Trainer) change length: read them again
             hi, why = mid - 1, e
     if lo < len(union):
         logger.warning("fcp: %d of the %d skipped sample(s) stay in later epochs, read and skipped again (%s)",

@@ -3,6 +3,8 @@ token counts, labels and kind of a dataset it is handed (an fcp index, a ``datas
 
 from __future__ import annotations
 
+import json
+import os
 from types import SimpleNamespace
 from typing import Any
 
@@ -17,9 +19,6 @@ EXCLUSIONS_FILE = "fcp_sampler.json"  # in a Trainer checkpoint folder: the samp
 def save_skip_exclusions(sampler: Any, checkpoint_dir: str) -> None:
     """Write the training sampler's later exclusions (samples that failed to read, left out of the epochs after
     their step) into a Trainer checkpoint folder, so that a run resumed from it plans the same epochs."""
-    import json
-    import os
-
     late = sampler.state_dict()["excluded_later"]
     if late and os.path.isdir(checkpoint_dir):
         with open(os.path.join(checkpoint_dir, EXCLUSIONS_FILE), "w", encoding="utf-8") as f:
@@ -30,9 +29,6 @@ def load_skip_exclusions(sampler: Any, checkpoint_dir: str | None) -> int:
     """Apply a checkpoint's later exclusions (:func:`save_skip_exclusions`) to a training sampler still at the start
     of epoch 0; returns how many samples they leave out. A checkpoint without the file (no sample skipped, or one
     written before it existed) changes nothing."""
-    import json
-    import os
-
     path = os.path.join(checkpoint_dir, EXCLUSIONS_FILE) if checkpoint_dir else ""
     if not path or not os.path.isfile(path):
         return 0
