@@ -13,6 +13,9 @@ Areas (``--areas``, default all):
   or a ValueError/OSError (one line and exit 2 in the CLI); a KeyError of a sample whose recorded field is gone
   is a failed read, which ``FCPDataset`` records and skips.
 * ``cost``: every key of a cost-model JSON set to hostile values, through plan, simulate and compare.
+* ``examples``: every value-taking option of the five training scripts in ``examples/`` (read from each one's
+  ``build_parser``) set to each hostile value, the script run as plain ``python`` (a world of one, one step).
+  Promise: the ``options`` one, with the script's name in place of ``fcp``.
 * ``api``: every argument of ``FCPSampler`` (then iterated and its state saved), ``FCPCollator``, ``plan_batch``,
   ``FCPDataset``, ``IndexedDataset`` and ``FCPTrainer`` (a tiny Qwen3, one training step and an evaluation). Promise:
   success or a ``ValueError``/``TypeError`` (``OSError`` for a path), raised by fcp with a message, never an
@@ -23,7 +26,7 @@ case misbehaved.
 The in-suite version (planning commands and ``fcp index``, in-process) is ``tests/e2e/test_cli_fuzz.py``.
 
     .venv/bin/python benchmarks/fuzz_cli.py --areas options --commands plan,index
-    .venv/bin/python benchmarks/fuzz_cli.py            # everything: about 5 minutes on 2 cores
+    .venv/bin/python benchmarks/fuzz_cli.py            # everything: about 9 minutes on 2 cores
 """
 
 from __future__ import annotations
@@ -94,7 +97,7 @@ SUCCEEDED = [0]  # cases that exited 0 (the rest were refused, or misbehaved)
 ACCEPTED: list[str] = []  # their labels, for --accepted (a value taken that should have been refused is a bug too)
 
 
-def one_line_or_ok(rc, out: str, exit1_ok: bool = False) -> str | None:
+def one_line_or_ok(rc, out: str, exit1_ok: bool = False, prog: str = "fcp") -> str | None:
     """None when ``(rc, out)`` keeps the CLI's promise, else what is wrong."""
     if "Traceback" in out:
         return "traceback"
@@ -107,14 +110,14 @@ def one_line_or_ok(rc, out: str, exit1_ok: bool = False) -> str | None:
         return f"exit {rc}"
     lines = [ln for ln in out.splitlines() if ln.strip() and not ln.startswith(("usage:", " "))
              and not ln.startswith("[fcp ")]
-    return None if lines and lines[-1].startswith("fcp") else "exit 2 without a one-line error"
+    return None if lines and lines[-1].startswith(prog) else "exit 2 without a one-line error"
 
 
-def run_case(fn, limit: float, label: str, bad: list, exit1_ok: bool = False) -> int:
+def run_case(fn, limit: float, label: str, bad: list, exit1_ok: bool = False, prog: str = "fcp") -> int:
     """Run one case in a child; append ``(label, what is wrong, the output's end)`` to ``bad`` if it broke the
     promise. Returns 1 (the case count)."""
     rc, out = child(fn, limit)
-    why = one_line_or_ok(rc, out, exit1_ok=exit1_ok)
+    why = one_line_or_ok(rc, out, exit1_ok=exit1_ok, prog=prog)
     if why:
         bad.append((label, why, out[-300:]))
     elif rc == 0:
@@ -174,6 +177,48 @@ def fuzz_options(commands: list[str], files: dict, limit: float, progress) -> tu
             fresh_cwd(files)
             tried += run_case(lambda: main(argv), limit, f"{command} {opt} {raw!r}", bad, exit1_ok=command == "index")
             progress(f"options: {command} {opt}")
+    return tried, bad
+
+
+EXAMPLES = {  # script -> the rest of an otherwise valid command line (one step, no evaluation)
+    "train_qwen3_text": ["--steps", "1", "--eval-batches", "0"],
+    "train_hf_trainer": ["--max-steps", "1", "--eval-batches", "0"],
+    "train_qwen2_5_vl_video": ["--steps", "1"],
+    "train_megatron_gpt": ["--steps", "1", "--eval-batches", "0"],
+    "train_torchtitan": ["--steps", "1", "--eval-batches", "0"],
+}
+
+PARTNER = {  # what an option needs beside it to be read at all (else the pair's own one-line refusal)
+    "--checkpoint": ["--checkpoint-every", "1"], "--checkpoint-every": ["--checkpoint", "OUT"],
+    "--save-steps": ["--output-dir", "OUT"], "--data-prefix": ["--vocab-size", "2000"],
+}
+
+
+def fuzz_examples(files: dict, limit: float, progress) -> tuple[int, list]:
+    import importlib.util
+
+    tried, bad = 0, []
+    for name, base in EXAMPLES.items():
+        spec = importlib.util.spec_from_file_location(f"_example_{name}", ROOT / "examples" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(module)
+        except ImportError as e:  # megatron-core / torchtitan not installed
+            print(f"{name} not fuzzed: {e}", file=sys.stderr)
+            continue
+        options = sorted(a.option_strings[-1] for a in module.build_parser()._actions
+                         if a.option_strings and a.nargs != 0 and a.option_strings[-1] not in SKIP)
+        for opt, raw in itertools.product(options, NO_RUN):
+            argv = [*base, *PARTNER.get(opt, []), f"{opt}={files.get(raw, raw)}"]  # the last of a repeat wins
+            argv = [files.get(a, a) for a in argv]
+            fresh_cwd(files)
+
+            def one(module=module, argv=argv, script=f"{name}.py"):
+                sys.argv = [script, *argv]  # the parser's prog, as when started with python
+                module.run_main(module.main)
+
+            tried += run_case(one, limit, f"{name}.py {opt} {raw!r}", bad, prog=f"{name}.py")
+            progress(f"examples: {name} {opt}")
     return tried, bad
 
 
@@ -389,7 +434,8 @@ def fuzz_api(files: dict, limit: float, progress) -> tuple[int, list]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--areas", default="options,index,cost,api", help="comma-separated: options, index, cost, api")
+    ap.add_argument("--areas", default="options,index,cost,api,examples",
+                    help="comma-separated: options, index, cost, api, examples")
     ap.add_argument("--commands", default="plan,compare,simulate,index,train,profile",
                     help="the commands whose options are fuzzed (area options)")
     ap.add_argument("--limit", type=float, default=120.0, help="seconds a case may take before it counts as a hang")
@@ -398,7 +444,7 @@ def main(argv=None) -> int:
                     "harness cannot tell a value rightly taken from one that should have been refused; read them")
     args = ap.parse_args(argv)
     areas, commands = args.areas.split(","), args.commands.split(",")
-    unknown = [a for a in areas if a not in ("options", "index", "cost", "api")]
+    unknown = [a for a in areas if a not in ("options", "index", "cost", "api", "examples")]
     unknown += [c for c in commands if c not in BASE]
     if unknown or not args.limit > 0:
         print(f"error: unknown area/command {unknown} (or --limit <= 0)", file=sys.stderr)
@@ -421,6 +467,8 @@ def main(argv=None) -> int:
             tried, bad = fuzz_index(files, args.limit, progress)
         elif area == "api":
             tried, bad = fuzz_api(files, args.limit, progress)
+        elif area == "examples":
+            tried, bad = fuzz_examples(files, args.limit, progress)
         else:
             tried, bad = fuzz_cost(files, args.limit, progress)
         rows.append((area, tried, SUCCEEDED[0], len(bad)))

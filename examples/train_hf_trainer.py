@@ -25,29 +25,49 @@ from fcp_data import CostModel, IndexedDataset, bundled_index
 from fcp_exec.integrations.hf import load_config, load_model
 from fcp_exec.integrations.hf_trainer import FCPTrainer
 from fcp_exec.launch import init_distributed
+from fcp_exec.script import ArgumentParser, count, nonempty, nonnegative_float, output_dir, positive_int, run_main
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--config", default=str(Path(__file__).parent / "configs" / "qwen3-tiny.json"),
+def build_parser() -> ArgumentParser:
+    """The options (a bad value is one line on stderr and exit 2, before any work starts)."""
+    p = ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--config", type=nonempty, default=str(Path(__file__).parent / "configs" / "qwen3-tiny.json"),
                    help="a qwen3 or llama config.json (random weights) or checkpoint folder (its weights; default: a tiny Qwen3)")
-    p.add_argument("--data", default=None, help="a text length index (default: the bundled text samples)")
-    p.add_argument("--cost", default=None, help="cost-model JSON from `fcp profile` (default: the qwen3-1.7b/h100 preset)")
-    p.add_argument("--tokens-per-rank", type=int, default=1024, help="memory budget per rank; longer documents are cut")
-    p.add_argument("--global-batch-size", type=int, default=8, help="sequences per optimizer step")
-    p.add_argument("--max-steps", type=int, default=4)
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--data", type=nonempty, default=None,
+                   help="a text length index (default: the bundled text samples)")
+    p.add_argument("--cost", type=nonempty, default=None,
+                   help="cost-model JSON from `fcp profile` (default: the qwen3-1.7b/h100 preset)")
+    p.add_argument("--tokens-per-rank", type=positive_int, default=1024,
+                   help="memory budget per rank; longer documents are cut")
+    p.add_argument("--global-batch-size", type=positive_int, default=8, help="sequences per optimizer step")
+    p.add_argument("--max-steps", type=positive_int, default=4)
+    p.add_argument("--lr", type=nonnegative_float, default=1e-3)
     half = p.add_mutually_exclusive_group()
     half.add_argument("--bf16", action="store_true", help="bf16 autocast (on a GPU or NPU)")
     half.add_argument("--fp16", action="store_true",
                       help="fp16 autocast with Accelerate's loss scaler (on a GPU without bf16; CPU: fp32)")
     p.add_argument("--torch-compile", action="store_true",
                    help="torch.compile the model (the ring attention runs eagerly outside the graph)")
-    p.add_argument("--output-dir", default=None, help="the Trainer's output_dir (default: a temporary folder)")
-    p.add_argument("--save-steps", type=int, default=0, help="save a checkpoint every N steps (0: never)")
-    p.add_argument("--resume", default=None, help="a checkpoint folder (OUTPUT/checkpoint-K) to continue from")
-    p.add_argument("--eval-batches", type=int, default=1, help="global batches of validation after training")
-    args = p.parse_args()
+    p.add_argument("--output-dir", type=output_dir, default=None,
+                   help="the Trainer's output_dir (default: a temporary folder)")
+    p.add_argument("--save-steps", type=count, default=0, help="save a checkpoint every N steps (0: never)")
+    p.add_argument("--resume", type=nonempty, default=None,
+                   help="a checkpoint folder (OUTPUT/checkpoint-K) to continue from")
+    p.add_argument("--eval-batches", type=count, default=1, help="global batches of validation after training")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, with the checks that involve two options."""
+    p = build_parser()
+    args = p.parse_args(argv)
+    if args.save_steps and not args.output_dir:  # checkpoints in a temporary folder nobody knows of
+        p.error("--save-steps needs --output-dir (where the checkpoints go)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
 
     device = init_distributed()  # the process group first (NCCL/HCCL/gloo by device): Accelerate joins it
     rank = dist.get_rank()
@@ -80,4 +100,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)  # a bad index, cost file or checkpoint: one line on stderr and exit 2

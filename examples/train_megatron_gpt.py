@@ -25,6 +25,7 @@ continues at step K exactly. With Megatron's distributed optimizer or sharded mo
 from __future__ import annotations
 
 import argparse
+import pickle
 from pathlib import Path
 
 import torch
@@ -35,6 +36,8 @@ from fcp_data import CostModel, FCPCollator, FCPDataset, FCPSampler, IndexedData
 from fcp_data.megatron_indexed import MegatronIndexedDocuments
 from fcp_exec.integrations.megatron import apply_fcp, fcp_layer_spec, forward_step, global_loss, next_global_batch
 from fcp_exec.launch import init_distributed, settle_collectives
+from fcp_exec.script import (ArgumentParser, both_or_neither, count, nonempty, nonnegative_float, output_dir,
+                             positive_int, run_main)
 from fcp_exec.skips import leave_out_later
 
 
@@ -83,23 +86,40 @@ def forever(loader: DataLoader):
         yield from loader
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data", default=None, help="a text length index (default: the bundled text samples)")
-    p.add_argument("--data-prefix", default=None,
+def read_checkpoint(path: str, device: torch.device) -> dict:
+    """A file --checkpoint wrote (``weights_only``: tensors and plain containers, no code runs); anything else is
+    a ValueError naming it."""
+    try:
+        state = torch.load(path, map_location=device, weights_only=True)
+    except (RuntimeError, EOFError, pickle.UnpicklingError):  # OSError (missing, a folder) is already one line
+        raise ValueError(f"--resume {path} is not a checkpoint this example wrote (not a torch.save file of tensors "
+                         "and plain containers)") from None
+    if not isinstance(state, dict) or not {"step", "model", "optimizer", "sampler"} <= set(state):
+        raise ValueError(f"--resume {path} is not a checkpoint this example wrote (no step/model/optimizer/sampler)")
+    return state
+
+
+def build_parser() -> ArgumentParser:
+    """The options (a bad value is one line on stderr and exit 2, before any work starts)."""
+    p = ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--data", type=nonempty, default=None,
+                   help="a text length index (default: the bundled text samples)")
+    p.add_argument("--data-prefix", type=nonempty, default=None,
                    help="a Megatron indexed dataset instead (PREFIX.bin/.idx of tools/preprocess_data.py); needs "
                         "--vocab-size")
-    p.add_argument("--vocab-size", type=int, default=None, help="the model's vocabulary with --data-prefix")
-    p.add_argument("--cost", default=None, help="cost-model JSON from `fcp profile` (default: the qwen3-1.7b/h100 preset)")
-    p.add_argument("--tokens-per-rank", type=int, default=1024, help="memory budget per rank; longer documents are cut")
-    p.add_argument("--global-batch-size", type=int, default=8)
-    p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--groups", type=int, default=2, help="key/value heads (GQA)")
-    p.add_argument("--ffn", type=int, default=128)
+    p.add_argument("--vocab-size", type=positive_int, default=None, help="the model's vocabulary with --data-prefix")
+    p.add_argument("--cost", type=nonempty, default=None,
+                   help="cost-model JSON from `fcp profile` (default: the qwen3-1.7b/h100 preset)")
+    p.add_argument("--tokens-per-rank", type=positive_int, default=1024,
+                   help="memory budget per rank; longer documents are cut")
+    p.add_argument("--global-batch-size", type=positive_int, default=8)
+    p.add_argument("--steps", type=positive_int, default=5)
+    p.add_argument("--lr", type=nonnegative_float, default=1e-3)
+    p.add_argument("--layers", type=positive_int, default=2)
+    p.add_argument("--hidden", type=positive_int, default=64)
+    p.add_argument("--heads", type=positive_int, default=4)
+    p.add_argument("--groups", type=positive_int, default=2, help="key/value heads (GQA)")
+    p.add_argument("--ffn", type=positive_int, default=128)
     half = p.add_mutually_exclusive_group()
     half.add_argument("--bf16", action="store_true", help="bf16 weights and activations, fp32 main weights in the "
                       "optimizer (Megatron's Float16Module and mixed-precision optimizer; needs CUDA)")
@@ -108,11 +128,20 @@ def main() -> None:
                       "needs CUDA)")
     p.add_argument("--distributed-optimizer", action="store_true",
                    help="Megatron's distributed optimizer (optimizer state sharded over the ranks; needs CUDA)")
-    p.add_argument("--eval-batches", type=int, default=1, help="global batches of validation after training")
-    p.add_argument("--checkpoint", default=None, help="folder for checkpoints (DIR/step-K.pt), with --checkpoint-every")
-    p.add_argument("--checkpoint-every", type=int, default=0, help="save a checkpoint every N steps (0: never)")
-    p.add_argument("--resume", default=None, help="a checkpoint file (DIR/step-K.pt) to continue from, at step K")
-    args = p.parse_args()
+    p.add_argument("--eval-batches", type=count, default=1, help="global batches of validation after training")
+    p.add_argument("--checkpoint", type=output_dir, default=None,
+                   help="folder for checkpoints (DIR/step-K.pt), with --checkpoint-every")
+    p.add_argument("--checkpoint-every", type=count, default=0, help="save a checkpoint every N steps (0: never)")
+    p.add_argument("--resume", type=nonempty, default=None,
+                   help="a checkpoint file (DIR/step-K.pt) to continue from, at step K")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, with the checks that involve two options."""
+    p = build_parser()
+    args = p.parse_args(argv)
+    both_or_neither(p, args, "checkpoint", "checkpoint_every")  # one without the other would save nothing
     if args.data_prefix and (args.data or not args.vocab_size):
         p.error("--data-prefix takes --vocab-size (the token ids' range) and excludes --data")
 
@@ -120,11 +149,16 @@ def main() -> None:
         p.error("--distributed-optimizer with --checkpoint/--resume: this example saves optimizer.state_dict(), which "
                 "for Megatron's distributed optimizer leaves out the Adam moments (save_parameter_state); use "
                 "Megatron-LM's checkpointing for that optimizer")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     device = init_distributed()  # set_device, NCCL/HCCL/gloo by device, eager init + a warm-up barrier
     rank, on_cpu = dist.get_rank(), device.type == "cpu"
     if on_cpu and (args.bf16 or args.fp16 or args.distributed_optimizer):
-        p.error("--bf16, --fp16 and --distributed-optimizer need CUDA: Megatron's Float16Module and its mixed-precision and "
-                "distributed optimizers assert CUDA tensors")
+        raise ValueError("--bf16, --fp16 and --distributed-optimizer need CUDA: Megatron's Float16Module and its "
+                         "mixed-precision and distributed optimizers assert CUDA tensors")
     if on_cpu:
         from fcp_exec.integrations.megatron_cpu import megatron_on_cpu
 
@@ -165,7 +199,7 @@ def main() -> None:
 
     start = 0
     if args.resume:
-        state = torch.load(args.resume, map_location=device, weights_only=False)
+        state = read_checkpoint(args.resume, device)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         sampler.load_state_dict(state["sampler"])
@@ -212,4 +246,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)  # a bad index, cost file or checkpoint: one line on stderr and exit 2

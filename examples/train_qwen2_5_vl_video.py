@@ -31,6 +31,8 @@ from fcp_exec.integrations.hf import apply_fcp, fcp_loss, load_config, load_mode
 from fcp_exec.integrations.hf_positions import hf_collator
 from fcp_exec.launch import init_distributed, settle_collectives
 from fcp_exec.optim import check_finite, clip_grad_norm, lr_at, set_lr
+from fcp_exec.script import (ArgumentParser, both_or_neither, count, nonempty, nonnegative_float, output_dir,
+                             positive_int, run_main)
 from fcp_exec.skips import leave_out_later
 from fcp_exec.step import make_reducer, train_step
 
@@ -42,30 +44,51 @@ def forever(loader: DataLoader):
         yield from loader
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--config", default=str(Path(__file__).parent / "configs" / "qwen2_5_vl-tiny.json"),
+def build_parser() -> ArgumentParser:
+    """The options (a bad value is one line on stderr and exit 2, before any work starts)."""
+    p = ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--config", type=nonempty, default=str(Path(__file__).parent / "configs" / "qwen2_5_vl-tiny.json"),
                    help="a qwen2_5_vl (or qwen2_vl / qwen3_vl / internvl) config.json (random weights) or checkpoint "
                    "folder (its weights)")
-    p.add_argument("--data", default=None, help="a length index built with a Qwen-VL spec (default: bundled samples)")
+    p.add_argument("--data", type=nonempty, default=None,
+                   help="a length index built with a Qwen-VL spec (default: bundled samples)")
     p.add_argument("--reducer", choices=("allreduce", "ddp", "fsdp2"), default="allreduce")
-    p.add_argument("--cost", default=None, help="cost-model JSON from `fcp profile` (default: qwen3-vl-2b/h100 preset)")
-    p.add_argument("--tokens-per-rank", type=int, default=1152,
+    p.add_argument("--cost", type=nonempty, default=None,
+                   help="cost-model JSON from `fcp profile` (default: qwen3-vl-2b/h100 preset)")
+    p.add_argument("--tokens-per-rank", type=positive_int, default=1152,
                    help="memory budget per rank; a video longer than all ranks together is skipped (it cannot be cut)")
-    p.add_argument("--global-batch-size", type=int, default=8)
-    p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (cosine decay to lr/10 after warm-up)")
-    p.add_argument("--warmup-steps", type=int, default=1, help="linear learning-rate warm-up steps")
-    p.add_argument("--max-grad-norm", type=float, default=1.0, help="clip the global gradient norm (0: off)")
-    p.add_argument("--checkpoint", default=None, help="folder for checkpoints (DIR/step-K), with --checkpoint-every")
-    p.add_argument("--checkpoint-every", type=int, default=0, help="save a checkpoint every N steps (0: never)")
-    p.add_argument("--resume", default=None, help="a checkpoint folder (DIR/step-K) to continue from, at step K")
-    p.add_argument("--save-model", default=None, help="after training, the model as a transformers checkpoint "
+    p.add_argument("--global-batch-size", type=positive_int, default=8)
+    p.add_argument("--steps", type=positive_int, default=5)
+    p.add_argument("--lr", type=nonnegative_float, default=1e-3,
+                   help="peak learning rate (cosine decay to lr/10 after warm-up)")
+    p.add_argument("--warmup-steps", type=count, default=1, help="linear learning-rate warm-up steps")
+    p.add_argument("--max-grad-norm", type=nonnegative_float, default=1.0,
+                   help="clip the global gradient norm (0: off)")
+    p.add_argument("--checkpoint", type=output_dir, default=None,
+                   help="folder for checkpoints (DIR/step-K), with --checkpoint-every")
+    p.add_argument("--checkpoint-every", type=count, default=0, help="save a checkpoint every N steps (0: never)")
+    p.add_argument("--resume", type=nonempty, default=None,
+                   help="a checkpoint folder (DIR/step-K) to continue from, at step K")
+    p.add_argument("--save-model", type=output_dir, default=None,
+                   help="after training, the model as a transformers checkpoint "
                    "folder (from_pretrained loads it; FSDP2 shards gathered)")
-    p.add_argument("--read-errors-out", default=None,
+    p.add_argument("--read-errors-out", type=nonempty, default=None,
                    help="append a JSON line per video that fails to read (recorded and skipped, never the end of the run)")
-    p.add_argument("--exclude", default=None, help="leave out the videos listed in FILE (an earlier --read-errors-out)")
-    args = p.parse_args()
+    p.add_argument("--exclude", type=nonempty, default=None,
+                   help="leave out the videos listed in FILE (an earlier --read-errors-out)")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, with the checks that involve two options."""
+    p = build_parser()
+    args = p.parse_args(argv)
+    both_or_neither(p, args, "checkpoint", "checkpoint_every")  # one without the other would save nothing
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
 
     device = init_distributed()  # set_device, NCCL/HCCL/gloo by device, eager init + a warm-up barrier
     rank = dist.get_rank()
@@ -110,4 +133,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)  # a bad index, cost file or checkpoint: one line on stderr and exit 2

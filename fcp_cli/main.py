@@ -24,6 +24,7 @@ import sys
 import traceback
 
 from fcp_data.commands import UsageError
+from fcp_data.commands.argtypes import ArgumentParser, one_line
 
 __all__ = ["main", "UsageError", "COMMANDS", "build_parser"]
 
@@ -44,16 +45,9 @@ _NAMES = frozenset(name for name, _, _ in COMMANDS)
 
 # exception names a worker may raise for bad user input (fcp_exec.launch.WorkerFailure carries each rank's
 # exception type, message and traceback)
-_WORKER_USER_ERRORS = ("ValueError", "UsageError", "fcp_data.commands.UsageError", "FileNotFoundError",
+_WORKER_USER_ERRORS = ("ValueError", "UsageError", "fcp_data.commands.UsageError", "FileNotFoundError", "OSError",
                        "SampleReadError",  # the data itself is broken (fcp_data.read_errors)
                        "TrainingDiverged")  # a NaN/inf loss (fcp_exec.optim.check_finite): the settings, not a bug
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse with the CLI's error contract: a bad option is one line on stderr (exit 2), not usage + error."""
-
-    def error(self, message: str):  # noqa: D401 - argparse API
-        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
 
 def _version() -> str:
@@ -68,7 +62,7 @@ def _version() -> str:
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The ``fcp`` parser. With ``command`` only that command's module is imported (the others get a parser that
     only shows their summary), so ``fcp plan`` never loads the executor (torch); None imports every command."""
-    parser = _Parser(
+    parser = ArgumentParser(
         prog="fcp",
         description="Flexible Context Parallelism: plan CP groups per micro-batch, index datasets, run ring attention.",
         epilog="Run `fcp <command> --help` for the options of one command. User errors print one line and exit 2; "
@@ -87,10 +81,6 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug_help)
     parser.commands = sub.choices  # name -> the command's parser (its errors name the command)
     return parser
-
-
-def _one_line(text: str) -> str:
-    return "; ".join(ln.strip() for ln in str(text).splitlines() if ln.strip())
 
 
 def _worker_user_error(e: RuntimeError) -> str | None:
@@ -127,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     try:  # solver plugins first: their names are choices of the parser (README "Adding a solver")
         load_plugins()
     except ValueError as e:
-        print(f"fcp: error: {_one_line(str(e))}", file=sys.stderr)
+        print(f"fcp: error: {one_line(str(e))}", file=sys.stderr)
         return 2
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(next((a for a in argv if a in _NAMES), None))
@@ -147,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     def user_error(message: str) -> int:
         if debug:
             traceback.print_exc()
-        print(f"fcp {args.command}: error: {_one_line(message)}", file=sys.stderr)
+        print(f"fcp {args.command}: error: {one_line(message)}", file=sys.stderr)
         return 2
 
     try:

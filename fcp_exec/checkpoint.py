@@ -77,10 +77,14 @@ def save_checkpoint(path: str | Path, step: int, model, optimizer, sampler, last
     optimizer state, and this rank's ``sampler.state_after(last)`` (``last``: ``train_step``'s result, or the last
     batch the loop consumed), and fp16's ``grad_scaler`` state (its scale and growth tracker). Returns ``path``."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
     path = Path(path)
     model_sd, optim_sd = _states(model, optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))
+    try:
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))
+    except (OSError, ValueError, CheckpointException) as e:  # DCP wraps every rank's error (a BaseException)
+        raise OSError(f"checkpoint {path} could not be written: {_first_line(e)}") from e
     state = {"step": int(step), "sampler": sampler.state_after(last)}
     if grad_scaler is not None:
         state["grad_scaler"] = dict(grad_scaler.state_dict())  # floats and ints

@@ -85,10 +85,14 @@ def init_distributed(backend: str | None = None, timeout_s: float = 300.0, num_t
     warm-up barrier on the world group — so the first communication of every rank is a world collective (a
     first partial-group batched P2P is undefined on NCCL/HCCL and would stall micro-batch 0 until every rank
     arrives). Rendezvous on ``store`` (rank and world size from ``RANK``/``WORLD_SIZE``) when given, else
-    ``env://`` (torchrun). Returns the device."""
+    ``env://`` (torchrun). A script started without torchrun (none of ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/
+    ``MASTER_PORT`` set) is one rank of a world of one (an in-memory store); a partial set is a ValueError naming
+    what is missing. Returns the device."""
     import torch
     import torch.distributed as dist
 
+    if store is None:
+        store = _single_process_store()
     backend = backend or default_backend()
     if num_threads:
         torch.set_num_threads(num_threads)
@@ -108,7 +112,28 @@ def init_distributed(backend: str | None = None, timeout_s: float = 300.0, num_t
     return device
 
 
-def settle_collectives(pause_s: float = 0.05) -> None:
+_TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def _single_process_store():
+    """An in-memory store for a world of one when the script was started without torchrun (``python train.py``:
+    no rendezvous variable set; also sets ``RANK``/``WORLD_SIZE``), else None (``env://``). A partial set of the
+    variables is a ValueError that names the missing ones instead of torch's rendezvous traceback."""
+    import torch.distributed as dist
+
+    present = [k for k in _TORCHRUN_ENV if os.environ.get(k)]
+    if present and (len(present) < len(_TORCHRUN_ENV)):
+        missing = [k for k in _TORCHRUN_ENV if k not in present]
+        raise ValueError(f"{', '.join(present)} set but not {', '.join(missing)}: start the script with torchrun "
+                         "(every rank gets all four) or with none of them (one process)")
+    if present:
+        return None
+    os.environ["RANK"], os.environ["WORLD_SIZE"] = "0", "1"
+    os.environ.setdefault("LOCAL_RANK", "0")
+    return dist.HashStore()
+
+
+def settle_collectives(pause_s: float = 0.05, *, barrier: bool = True) -> None:
     """Before a gloo rank lets go of its last references to the process group (a DDP model's reducer holds one: at
     the end of a script, ``del trainer``), let gloo's worker threads finish destroying the collectives they ran.
 
@@ -118,15 +143,18 @@ def settle_collectives(pause_s: float = 0.05) -> None:
     deadlocks at exit (seen here: 1 run in 6 of the Trainer example, main thread in ``~ProcessGroupGloo`` joining, a
     gloo thread in ``~AsyncAllgatherWork`` waiting for the GIL). A barrier completes only after every earlier
     collective has run (its own buffer is created in C++: nothing of it needs the GIL), and the pause releases the
-    GIL so their destruction finishes. No-op without a process group, on one rank, or on NCCL/HCCL."""
+    GIL so their destruction finishes. The same destruction pending while the interpreter finalises aborts the
+    process instead ("terminate called without an active exception": Python ends a thread that takes the GIL then,
+    and gloo's thread cannot unwind; seen in 3 of about 100 exits after an error in a one-rank run), so this runs on one rank
+    too. ``barrier=False``: only the pause (after an error, when peers may never reach a barrier). No-op without a
+    process group or on NCCL/HCCL."""
     import time
 
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_backend() != "gloo":
         return
-    if dist.get_backend() != "gloo":
-        return
-    dist.barrier()
+    if barrier:
+        dist.barrier()
     time.sleep(pause_s)
 

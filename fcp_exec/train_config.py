@@ -14,6 +14,7 @@ from collections import Counter
 from typing import Any
 
 from fcp_data.cost import CostModel
+from fcp_data.commands.argtypes import check_output_dir
 from fcp_data.sampler_config import MAX_COUNT
 from fcp_exec.optim import LR_SCHEDULES
 from fcp_exec.step import REDUCER_NAMES
@@ -167,6 +168,7 @@ class TrainConfig:
             raise ValueError(f"dtype must be one of {', '.join(DTYPE_NAMES)}, got {self.dtype!r}")
         self._check_amp()
         self._check_optim()
+        self._check_outputs()
         if self.eval_steps < 0:
             raise ValueError(f"eval_steps must be >= 0, got {self.eval_steps}")
         if self.checkpoint_every < 0 or bool(self.checkpoint) != bool(self.checkpoint_every):
@@ -189,6 +191,12 @@ class TrainConfig:
         parse_planner(self.planner)
         if self.tokens_per_rank is not None and self.tokens_per_rank < 1:
             raise ValueError(f"tokens_per_rank must be >= 1, got {self.tokens_per_rank}")
+
+    def _check_outputs(self) -> None:
+        """The checkpoint and --save-model folders can be written: found before the run, not at the first save."""
+        for name in ("checkpoint", "save_model"):
+            if getattr(self, name):
+                check_output_dir(getattr(self, name), f"--{name.replace('_', '-')}")
 
     def _check_optim(self) -> None:
         if self.lr_schedule not in LR_SCHEDULES:

@@ -116,3 +116,24 @@ def test_sampler_files_of_two_saves_are_one_line(fsdp2_run, capsys, tmp_path):
     out, err = capsys.readouterr()
     assert rc == 2 and err.count("\n") == 1, err
     assert "sampler-rank1.json is at step 4" in err and "files of two different saves" in err, err
+
+
+def test_a_checkpoint_folder_that_cannot_be_written_is_one_line(tmp_path, capsys):
+    """A --checkpoint path that is a file (or lies under one) is refused before the run starts (before: a traceback
+    from torch.distributed.checkpoint at the first save); a save that fails later (the folder replaced by a file
+    mid-run, a full disk) is an OSError naming the checkpoint, which the CLI and fcp_exec.script.run_main print as
+    one line."""
+    import torch
+
+    from fcp_cli.main import main
+    from fcp_exec.checkpoint import save_checkpoint
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    for bad in (blocker, blocker / "ckpt"):
+        rc = main(["train", "--steps", "1", "--nproc", "1", "--checkpoint", str(bad), "--checkpoint-every", "1"])
+        out, err = capsys.readouterr()
+        assert rc == 2 and out == "" and err.count("\n") == 1 and str(bad) in err and "--checkpoint" in err, err
+    model = torch.nn.Linear(3, 2)
+    with pytest.raises(OSError, match=f"checkpoint {blocker / 'step-1'} could not be written: .*Not a directory"):
+        save_checkpoint(blocker / "step-1", 1, model, torch.optim.AdamW(model.parameters()), None, None)

@@ -1,0 +1,122 @@
+"""The examples' command lines keep fcp's error contract: a bad value is one line on stderr and exit 2, before any
+process group, model or loader exists; an error about the user's input later in the run (a missing index) is one
+line and exit 2 too, not a traceback; and a script started with plain ``python`` is one rank of a world of one.
+
+Reference for the world of one: the same example under ``torchrun --nproc-per-node 1`` (the env:// rendezvous)
+prints the identical steps. The parsers are read from each example's ``build_parser``, so a new option is
+checked too; every value of HOSTILE that an option's type cannot take must be refused (the examples once took
+``--steps -1``, ``--lr nan``, ``--data ''`` and trained on; ``--checkpoint DIR`` alone saved nothing)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ("train_qwen3_text", "train_hf_trainer", "train_qwen2_5_vl_video", "train_megatron_gpt", "train_torchtitan")
+HOSTILE = ["", " ", "-1", "nan", "inf", "-inf", "abc", "1e400", "99999999999999999999", "1.5"]
+
+
+def _example(name: str):
+    if name == "train_megatron_gpt":
+        pytest.importorskip("megatron.core")
+    if name == "train_torchtitan":
+        pytest.importorskip("torchtitan")
+    spec = importlib.util.spec_from_file_location(f"_example_{name}", ROOT / "examples" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _refused(module, argv: list[str], capsys) -> str:
+    """The one stderr line of a refused command line (asserts exit 2 and one line)."""
+    with pytest.raises(SystemExit) as e:
+        module.parse_args(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2, (argv, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{Path(sys.argv[0]).name}: error: "), (argv, err)
+    return lines[0]
+
+
+def _accepts(action: argparse.Action, value: str) -> bool:
+    """What the option may take: a non-empty path or name for a string option, a listed choice, else nothing of
+    HOSTILE except a finite number >= 0 for a float (every integer option needs an integer in [0 or 1, 2**40], every
+    float is finite; a huge learning rate is valid, and the run stops at its first non-finite loss)."""
+    if action.choices is not None:
+        return value in action.choices
+    type_name = getattr(action.type, "__name__", "str")
+    if type_name in ("nonempty", "output_dir"):  # output_dir: a relative folder name here is creatable
+        return bool(value.strip())
+    if type_name in ("nonnegative_float", "positive_float"):
+        return value in ("1.5", "99999999999999999999")
+    assert type_name in ("positive_int", "count"), f"{action.option_strings}: type {type_name} is not fcp's"
+    return False
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_every_option_refuses_what_it_cannot_take(name, capsys):
+    module = _example(name)
+    parser = module.build_parser()
+    options = [a for a in parser._actions if a.option_strings and a.nargs != 0 and a.dest != "help"]
+    assert len(options) >= 8
+    for action in options:
+        opt = action.option_strings[-1]
+        for value in HOSTILE:
+            argv = [f"{opt}={value}"]  # verbatim: "-inf" after a space would be read as an option
+            if _accepts(action, value):
+                assert getattr(parser.parse_args(argv), action.dest) is not None  # (pairs: the next test)
+            else:
+                assert opt in _refused(module, argv, capsys)
+    args = module.parse_args([])  # the defaults are a valid run
+    assert all(getattr(args, a.dest) == a.default for a in options)
+
+
+@pytest.mark.parametrize("name, argv, says", [
+    ("train_qwen3_text", ["--checkpoint", "ck"], "--checkpoint needs --checkpoint-every"),
+    ("train_qwen3_text", ["--checkpoint-every", "2"], "--checkpoint-every needs --checkpoint"),
+    ("train_qwen2_5_vl_video", ["--checkpoint", "ck"], "--checkpoint needs --checkpoint-every"),
+    ("train_torchtitan", ["--checkpoint-every", "1"], "--checkpoint-every needs --checkpoint"),
+    ("train_megatron_gpt", ["--checkpoint", "ck"], "--checkpoint needs --checkpoint-every"),
+    ("train_megatron_gpt", ["--data-prefix", "p"], "--data-prefix takes --vocab-size"),
+    ("train_hf_trainer", ["--save-steps", "2"], "--save-steps needs --output-dir"),
+])
+def test_options_that_only_work_together(name, argv, says, capsys):
+    assert says in _refused(_example(name), argv, capsys)
+
+
+def _run(argv: list[str], tmp_path: Path, torchrun: bool = False, **env: str) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                                                            "LOCAL_RANK")}
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1"] if torchrun \
+        else [sys.executable]
+    return subprocess.run([*launcher, str(ROOT / "examples" / "train_qwen3_text.py"), *argv], capture_output=True,
+                          text=True, timeout=300, cwd=tmp_path,
+                          env={**base, "TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1", **env})
+
+
+def test_plain_python_is_a_world_of_one_like_torchrun(tmp_path):
+    """`python examples/train_qwen3_text.py` trains (before: torch's rendezvous traceback, RANK not set) and prints
+    the steps `torchrun --nproc-per-node 1` prints."""
+    argv = ["--steps", "2", "--eval-batches", "1"]
+    plain, launched = _run(argv, tmp_path), _run(argv, tmp_path, torchrun=True)
+    assert plain.returncode == 0 and launched.returncode == 0, plain.stderr[-2000:] + launched.stderr[-2000:]
+    steps = [ln for ln in plain.stdout.splitlines() if ln.startswith(("step ", "eval "))]
+    assert len(steps) == 3 and steps == [ln for ln in launched.stdout.splitlines() if ln.startswith(("step ", "eval "))]
+
+
+def test_an_input_error_during_the_run_is_one_line(tmp_path):
+    """A missing index is found after the process group is up: one line naming it, exit 2, no traceback."""
+    r = _run(["--data", str(tmp_path / "missing")], tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines()[-1] == (
+        f"train_qwen3_text.py: error: {tmp_path / 'missing'} is not a length index (no manifest.json); build one "
+        f"with `fcp index ... --out {tmp_path / 'missing'}`")
