@@ -1,6 +1,6 @@
 """``python -m fcp_exec.demo`` (what ``make demo`` runs): the whole pipeline on the bundled samples.
 
-1. index the bundled text and video samples with ``fcp index``;
+1. index the bundled text and video samples with ``fcp index`` (the text one's length chart with ``--plot``);
 2. build one heterogeneous global batch (the longest text document and a dozen short text and video
    samples), plan it with ``fcp plan`` and compare FCP with the ILP and the baselines with ``fcp compare``;
    2b. answer "will FCP help on my data?" straight from the video index with ``fcp simulate --index``
@@ -159,8 +159,10 @@ def _step_index(out: Path) -> None:
     samples = data_path("samples")
     shards = sorted((samples / "wds").glob("shard-*.tar"))
     _header("1. Index the bundled samples (token count of every sample, no tokenisation at train time)")
+    chart = out / "index_text_lengths.png"  # the long tail: a histogram and the share of tokens per length
     _fcp("index", str(samples / "text.jsonl"), "--spec", "text", "--out", str(out / "index-text"), "--no-progress",
-         pretty=["index", _rel(samples / "text.jsonl"), "--spec", "text", "--out", _rel(out / "index-text")])
+         "--plot", str(chart), pretty=["index", _rel(samples / "text.jsonl"), "--spec", "text", "--out",
+                                       _rel(out / "index-text"), "--plot", _rel(chart)])
     _fcp("index", *map(str, shards), "--spec", "qwen2-vl", "--out", str(out / "index-video"), "--workers", "2",
          "--no-progress",
          pretty=["index", _rel(samples / "wds") + "/shard-*.tar", "--spec", "qwen2-vl", "--out",

@@ -79,6 +79,9 @@ def register(subparsers, summary: str) -> None:
                    help="bytes of a jsonl line or a .txt/.json member [text_too_large] (default %(default)s = 64 MiB)")
     g.add_argument("--max-json-depth", type=int, default=lim.max_json_depth, metavar="N",
                    help="nesting of a jsonl line or .json member [json_too_deep] (default %(default)s)")
+    p.add_argument("--plot", default=None, metavar="OUT.png",
+                   help="write a chart of the indexed lengths: a histogram by kind with p50/p90/p99, and the share of "
+                        "all tokens the samples up to each length hold (the long tail)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -116,6 +119,16 @@ def _warn_unused_key_field(out: str, key_field: str) -> None:
               "is keyed file:line", file=sys.stderr)
 
 
+def _plot(out: str, path: str) -> None:
+    from fcp_data.commands.plots import plot_lengths
+    from fcp_data.index import LengthIndex
+    from fcp_data.index.limits import safe_key
+
+    ix = LengthIndex.load(out)
+    st = plot_lengths(path, ix.num_tokens, ix.kind, f"{len(ix):,} samples of {safe_key(str(out))}")
+    print(f"plot written to {safe_key(path)}: the longest 1% of the samples hold {st['top1_share']:.1%} of the tokens")
+
+
 def run(args) -> int:
     from concurrent.futures.process import BrokenProcessPool
     from pathlib import Path
@@ -124,6 +137,14 @@ def run(args) -> int:
     from fcp_data.index.limits import Limits, safe_key
 
     out = safe_key(args.out)  # printable even when the path is not UTF-8
+    if args.plot:
+        from fcp_data.commands.plots import check_plot_path
+
+        try:
+            check_plot_path(args.plot)  # before indexing: a bad path fails at once
+        except ValueError as e:
+            print(f"fcp index: error: {e}", file=sys.stderr)
+            return 2
     limits = Limits(max_image_pixels=args.max_image_pixels, max_frames=args.max_frames, max_duration=args.max_duration,
                     max_text_bytes=args.max_text_bytes, max_json_depth=args.max_json_depth)
     try:
@@ -144,6 +165,8 @@ def run(args) -> int:
         errors_path = Path(args.out) / manifest["data"] / "errors.jsonl"
         print(f"first error of each reason (all in {out}/errors.jsonl): " + "; ".join(_first_errors(errors_path)))
     print(f"index written to {out}")
+    if args.plot and manifest["num_samples"]:
+        _plot(args.out, args.plot)
     _warn_unused_key_field(args.out, args.key_field)
     if rc:
         print(f"fcp index: error rate {manifest['error_rate']:.2%} exceeds --max-error-rate {args.max_error_rate:.2%}",

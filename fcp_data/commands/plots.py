@@ -1,13 +1,16 @@
 """The charts of the planning commands (matplotlib, the ``plot`` extra): a bar chart of one number per solver next
 to Gantt charts of plans (ranks × time, one colour per CP group) — ``fcp simulate --plot`` (mean step times, FCP's
-first micro-batch) and ``fcp compare --plot`` (makespans, FCP's plan and the best other solver's) — and the check
-that a ``--plot`` path can be written, made before any planning so a bad path fails at once."""
+first micro-batch) and ``fcp compare --plot`` (makespans, FCP's plan and the best other solver's) —, the length
+chart of ``fcp index --plot`` (:func:`plot_lengths`: the long tail a length index holds), and the check that a
+``--plot`` path can be written, made before any planning or indexing so a bad path fails at once."""
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["check_plot_path", "plot_bars_and_gantts"]
+__all__ = ["check_plot_path", "plot_bars_and_gantts", "plot_lengths", "length_stats"]
+
+KIND_NAMES = ("text", "image", "video")  # fcp_data.index.format's KIND_TEXT, KIND_IMAGE, KIND_VIDEO
 
 
 def plot_bars_and_gantts(path: str, bars: dict[str, float], ylabel: str, title: str,
@@ -51,6 +54,64 @@ def _gantt(ax, cmap, label: str, plan: Any) -> None:
     more = f" (micro-batch 0 of {len(plan.micro_batches)})" if len(plan.micro_batches) > 1 else ""
     ax.set_title(f"{label}{more}: {len(mb.groups)} groups, makespan {mb.makespan:.3f} s")
     ax.invert_yaxis()
+
+
+def length_stats(num_tokens: Any, kind: Any, bins: int = 40) -> dict:
+    """What :func:`plot_lengths` draws, computed once: log-spaced bin ``edges`` over the token counts, per-kind
+    ``counts`` in them (every sample in one bin; a 0-token sample in the first), the ``p50``/``p90``/``p99``
+    lengths (as ``fcp index`` prints them), the lengths sorted and the cumulative share of all tokens held by the
+    samples up to each (``mass``), and ``top1_share``: the share of the tokens held by the longest 1 % of the
+    samples (at least one sample)."""
+    import numpy as np
+
+    from fcp_data.index.merge import token_percentiles
+
+    n = np.asarray(num_tokens, dtype=np.int64)
+    k = np.asarray(kind, dtype=np.int64)
+    if n.size == 0:
+        raise ValueError("the index holds no samples: nothing to plot")
+    lo, hi = max(int(n.min()), 1), max(int(n.max()), 2)
+    edges = np.unique(np.geomspace(lo, hi + 1, bins + 1).round().astype(np.int64))
+    counts = {name: np.histogram(np.maximum(n[k == code], lo), bins=edges)[0] for code, name in enumerate(KIND_NAMES)
+              if (k == code).any()}
+    order = np.sort(n)
+    mass = np.cumsum(order, dtype=np.float64) / max(float(order.sum()), 1.0)
+    top = max(1, int(np.ceil(0.01 * n.size)))
+    top1 = float(order[-top:].sum()) / max(float(order.sum()), 1.0)
+    q = token_percentiles(n)  # the ones `fcp index` prints (nearest rank)
+    return {"edges": edges, "counts": counts, "p50": q["p50"], "p90": q["p90"], "p99": q["p99"], "sorted": order,
+            "mass": mass, "top1_share": top1}
+
+
+def plot_lengths(path: str, num_tokens: Any, kind: Any, title: str) -> dict:
+    """Two panels into ``path``: a histogram of the samples' token counts (log-spaced bins, stacked by kind, the
+    p50/p90/p99 marked) and the share of all tokens held by the samples up to each length — the long tail that
+    fixed-size context parallelism pays for. Returns :func:`length_stats`."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise ValueError("--plot needs matplotlib: pip install 'fcp[plot]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    st = length_stats(num_tokens, kind)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
+    edges, bottom = st["edges"], 0
+    for name, c in st["counts"].items():
+        ax1.bar(edges[:-1], c, width=edges[1:] - edges[:-1], bottom=bottom, align="edge", label=name)
+        bottom = bottom + c
+    for q, style in (("p50", ":"), ("p90", "--"), ("p99", "-.")):
+        ax1.axvline(st[q], color="k", linestyle=style, linewidth=1, label=f"{q} {st[q]:,.0f}")
+    ax1.set(xscale="log", xlabel="tokens per sample", ylabel="samples", title=title)
+    ax1.legend(fontsize=8)
+    ax2.plot(st["sorted"], st["mass"], color="C3")
+    ax2.set(xscale="log", xlabel="tokens per sample", ylabel="share of all tokens in samples up to this length",
+            ylim=(0, 1.02), title=f"the longest 1 % of samples hold {st['top1_share']:.1%} of the tokens")
+    ax2.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return st
 
 
 def check_plot_path(path: str) -> None:

@@ -244,11 +244,13 @@ def test_short_real_profile_gives_loadable_cost_model(tmp_path):
 
 @pytest.mark.slow
 def test_demo_runs(tmp_path):
-    """`python -m fcp_exec.demo` end to end (what `make demo` runs) writes the Gantt chart and indexes."""
+    """`python -m fcp_exec.demo` end to end (what `make demo` runs) writes the Gantt chart, indexes and the text
+    index's length chart."""
     r = subprocess.run([sys.executable, "-m", "fcp_exec.demo", "--out", str(tmp_path / "d"), "--steps", "2"],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert (tmp_path / "d" / "gantt.png").stat().st_size > 1000
+    assert (tmp_path / "d" / "index_text_lengths.png").stat().st_size > 1000
     assert "step   1" in r.stdout and "parameters identical on all 2 ranks: yes" in r.stdout
 
 
