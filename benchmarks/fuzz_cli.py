@@ -125,14 +125,20 @@ def run_case(fn, limit: float, label: str, bad: list, exit1_ok: bool = False, pr
     return 1
 
 
-def workdir() -> dict:
-    d = Path(tempfile.mkdtemp(prefix="fcp-fuzz-"))
+def _write_inputs(d: Path) -> None:
+    """The input files the values name (rewritten before every case: ``profile --out BADJSON`` once wrote a valid
+    cost model there, which a later ``--cost BADJSON`` then read)."""
     (d / "L.txt").write_text("100\n2000\n300\n5000\n")
-    (d / "adir").mkdir()
     (d / "bin.dat").write_bytes(bytes(range(256)))
     (d / "bad.json").write_text('{"alpha1": ')
     (d / "list.json").write_text("[1, 2]")
     (d / "in.jsonl").write_text("".join(json.dumps({"id": f"d{i}", "text": "a b c " * i}) + "\n" for i in range(1, 9)))
+
+
+def workdir() -> dict:
+    d = Path(tempfile.mkdtemp(prefix="fcp-fuzz-"))
+    (d / "adir").mkdir()
+    _write_inputs(d)
     return {"dir": d, "L": str(d / "L.txt"), "DIR": str(d / "adir"), "BIN": str(d / "bin.dat"),
             "BADJSON": str(d / "bad.json"), "LIST": str(d / "list.json"), "IN": str(d / "in.jsonl"),
             "OUT": str(d / "out"), "MISSING": str(d / "missing" / "x"), "cwd": str(d / "cwd")}  # see fresh_cwd
@@ -140,12 +146,14 @@ def workdir() -> dict:
 
 def fresh_cwd(files: dict) -> None:
     """Each case starts where no earlier case left anything: an empty working directory (``index --out abc`` writes
-    ``./abc``, which ``train --data abc`` would then read), an empty DIR, no OUT and no MISSING."""
+    ``./abc``, which ``train --data abc`` would then read), an empty DIR, no OUT and no MISSING, the input files as
+    first written."""
     for key in ("OUT", "cwd", "DIR"):
         shutil.rmtree(files[key], ignore_errors=True)
     shutil.rmtree(files["dir"] / "missing", ignore_errors=True)
     Path(files["cwd"]).mkdir()
     Path(files["DIR"]).mkdir()
+    _write_inputs(files["dir"])
     os.chdir(files["cwd"])
 
 
