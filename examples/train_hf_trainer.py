@@ -1,4 +1,4 @@
-"""Train with the Hugging Face Trainer and FCP: your Trainer script with ``Trainer`` replaced by ``FCPTrainer``.
+r"""Train with the Hugging Face Trainer and FCP: your Trainer script with ``Trainer`` replaced by ``FCPTrainer``.
 
     torchrun --standalone --nproc-per-node 2 examples/train_hf_trainer.py --max-steps 4
     torchrun --nproc-per-node 8 examples/train_hf_trainer.py --config qwen3/config.json --data my-index \
@@ -30,7 +30,8 @@ from fcp_exec.script import ArgumentParser, count, nonempty, nonnegative_float, 
 
 def build_parser() -> ArgumentParser:
     """The options (a bad value is one line on stderr and exit 2, before any work starts)."""
-    p = ArgumentParser(description=__doc__.split("\n")[0])
+    p = ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 1)[1],
+                       formatter_class=argparse.RawDescriptionHelpFormatter)  # --help: how to run it, what it does
     p.add_argument("--config", type=nonempty, default=str(Path(__file__).parent / "configs" / "qwen3-tiny.json"),
                    help="a qwen3 or llama config.json (random weights) or checkpoint folder (its weights; default: a tiny Qwen3)")
     p.add_argument("--data", type=nonempty, default=None,

@@ -1,4 +1,4 @@
-"""Train a Megatron-core GPT model (Llama-style) with FCP: the pattern to copy into a Megatron-core training loop.
+r"""Train a Megatron-core GPT model (Llama-style) with FCP: the pattern to copy into a Megatron-core training loop.
 
     torchrun --standalone --nproc-per-node 2 examples/train_megatron_gpt.py --steps 5     # CPU, gloo
     torchrun --nproc-per-node 8 examples/train_megatron_gpt.py --data my-index --layers 32 --hidden 4096 \
@@ -101,7 +101,8 @@ def read_checkpoint(path: str, device: torch.device) -> dict:
 
 def build_parser() -> ArgumentParser:
     """The options (a bad value is one line on stderr and exit 2, before any work starts)."""
-    p = ArgumentParser(description=__doc__.split("\n")[0])
+    p = ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 1)[1],
+                       formatter_class=argparse.RawDescriptionHelpFormatter)  # --help: how to run it, what it does
     p.add_argument("--data", type=nonempty, default=None,
                    help="a text length index (default: the bundled text samples)")
     p.add_argument("--data-prefix", type=nonempty, default=None,

@@ -1,4 +1,4 @@
-"""Train a Qwen2.5-VL model with FCP on videos and images: the pattern to copy into your own trainer.
+r"""Train a Qwen2.5-VL model with FCP on videos and images: the pattern to copy into your own trainer.
 
     torchrun --standalone --nproc-per-node 2 examples/train_qwen2_5_vl_video.py --steps 5
     torchrun --nproc-per-node 8 examples/train_qwen2_5_vl_video.py --config qwen2.5-vl/config.json \
@@ -46,7 +46,8 @@ def forever(loader: DataLoader):
 
 def build_parser() -> ArgumentParser:
     """The options (a bad value is one line on stderr and exit 2, before any work starts)."""
-    p = ArgumentParser(description=__doc__.split("\n")[0])
+    p = ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 1)[1],
+                       formatter_class=argparse.RawDescriptionHelpFormatter)  # --help: how to run it, what it does
     p.add_argument("--config", type=nonempty, default=str(Path(__file__).parent / "configs" / "qwen2_5_vl-tiny.json"),
                    help="a qwen2_5_vl (or qwen2_vl / qwen3_vl / internvl) config.json (random weights) or checkpoint "
                    "folder (its weights)")

@@ -1,4 +1,4 @@
-"""Train a Qwen3 or Llama model with FCP on a text length index: the pattern to copy into your own trainer.
+r"""Train a Qwen3 or Llama model with FCP on a text length index: the pattern to copy into your own trainer.
 
     torchrun --standalone --nproc-per-node 2 examples/train_qwen3_text.py --steps 5
     torchrun --nproc-per-node 8 examples/train_qwen3_text.py --config llama/config.json --data my-index \
@@ -46,7 +46,8 @@ def forever(loader: DataLoader):
 
 def build_parser() -> ArgumentParser:
     """The options (a bad value is one line on stderr and exit 2, before any work starts)."""
-    p = ArgumentParser(description=__doc__.split("\n")[0])
+    p = ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 1)[1],
+                       formatter_class=argparse.RawDescriptionHelpFormatter)  # --help: how to run it, what it does
     p.add_argument("--config", type=nonempty, default=str(Path(__file__).parent / "configs" / "qwen3-tiny.json"),
                    help="a qwen3 or llama config.json (random weights) or checkpoint folder (its weights; default: a tiny Qwen3)")
     p.add_argument("--data", type=nonempty, default=None,

@@ -1,4 +1,4 @@
-"""Train a torchtitan decoder (Qwen3 or Llama 3) with FCP on a text length index: the loop to copy.
+r"""Train a torchtitan decoder (Qwen3 or Llama 3) with FCP on a text length index: the loop to copy.
 
     torchrun --standalone --nproc-per-node 2 examples/train_torchtitan.py --steps 5          # CPU, gloo
     torchrun --nproc-per-node 8 examples/train_torchtitan.py --model llama3 --flavor 8B --data my-index \
@@ -63,7 +63,8 @@ def forever(loader: DataLoader):
 
 def build_parser() -> ArgumentParser:
     """The options (a bad value is one line on stderr and exit 2, before any work starts)."""
-    p = ArgumentParser(description=__doc__.split("\n")[0])
+    p = ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 1)[1],
+                       formatter_class=argparse.RawDescriptionHelpFormatter)  # --help: how to run it, what it does
     p.add_argument("--model", choices=("qwen3", "llama3"), default="qwen3", help="a torchtitan model family")
     p.add_argument("--flavor", type=nonempty, default="debugmodel",
                    help="its registry flavor (debugmodel, 0.6B, 8B, ...)")

@@ -120,3 +120,15 @@ def test_an_input_error_during_the_run_is_one_line(tmp_path):
     assert r.stderr.strip().splitlines()[-1] == (
         f"train_qwen3_text.py: error: {tmp_path / 'missing'} is not a length index (no manifest.json); build one "
         f"with `fcp index ... --out {tmp_path / 'missing'}`")
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_help_says_how_to_run_it(name, capsys):
+    """--help carries the script's docstring: the torchrun command lines (a continued line kept whole) and what the
+    script does, under the options."""
+    with pytest.raises(SystemExit) as e:
+        _example(name).parse_args(["--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0
+    assert f"torchrun --standalone --nproc-per-node 2 examples/{name}.py" in out
+    assert f"torchrun --nproc-per-node 8 examples/{name}.py" in out and " \\\n" in out
