@@ -132,3 +132,35 @@ def test_help_says_how_to_run_it(name, capsys):
     assert e.value.code == 0
     assert f"torchrun --standalone --nproc-per-node 2 examples/{name}.py" in out
     assert f"torchrun --nproc-per-node 8 examples/{name}.py" in out and " \\\n" in out
+
+
+def test_a_torchtitan_flavor_it_does_not_have_is_named(tmp_path):
+    """`--flavor abc` was a KeyError from torchtitan's registry: now a ValueError listing the flavors."""
+    import torch
+
+    module = _example("train_torchtitan")
+    with pytest.raises(ValueError, match=r"torchtitan's qwen3 has no flavor 'abc'; its flavors: debugmodel"):
+        module.build_model("qwen3", "abc", 2, 2000, torch.device("cpu"))
+
+
+class _Crafted:
+    def __reduce__(self):
+        return eval, ("{'step': 1, 'model': {}, 'optimizer': {}, 'sampler': {}}",)
+
+
+def test_megatron_resume_reads_only_its_own_checkpoints(tmp_path):
+    """`--resume` of a file that is not this example's checkpoint was an UnpicklingError; a pickle that would run
+    code is refused too (read with weights_only)."""
+    import torch
+
+    module = _example("train_megatron_gpt")
+    garbage, other, crafted, good = (tmp_path / n for n in ("garbage.pt", "other.pt", "crafted.pt", "good.pt"))
+    garbage.write_bytes(b"\x00\x01not a checkpoint")
+    torch.save({"weights": torch.zeros(2)}, other)
+    torch.save(_Crafted(), crafted)  # unpickled, it would run eval and return a valid-looking state
+    for path in (garbage, other, crafted):
+        with pytest.raises(ValueError, match=f"--resume {path} is not a checkpoint this example wrote"):
+            module.read_checkpoint(str(path), torch.device("cpu"))
+    state = {"step": 2, "model": {"w": torch.ones(2)}, "optimizer": {}, "sampler": {"epoch": 0}}
+    torch.save(state, good)
+    assert module.read_checkpoint(str(good), torch.device("cpu"))["step"] == 2
