@@ -122,7 +122,7 @@ def _single_process_store():
     import torch.distributed as dist
 
     present = [k for k in _TORCHRUN_ENV if os.environ.get(k)]
-    if present and (len(present) < len(_TORCHRUN_ENV)):
+    if present and len(present) < len(_TORCHRUN_ENV):
         missing = [k for k in _TORCHRUN_ENV if k not in present]
         raise ValueError(f"{', '.join(present)} set but not {', '.join(missing)}: start the script with torchrun "
                          "(every rank gets all four) or with none of them (one process)")
@@ -145,9 +145,9 @@ def settle_collectives(pause_s: float = 0.05, *, barrier: bool = True) -> None:
     collective has run (its own buffer is created in C++: nothing of it needs the GIL), and the pause releases the
     GIL so their destruction finishes. The same destruction pending while the interpreter finalises aborts the
     process instead ("terminate called without an active exception": Python ends a thread that takes the GIL then,
-    and gloo's thread cannot unwind; seen in 3 of about 100 exits after an error in a one-rank run), so this runs on one rank
-    too. ``barrier=False``: only the pause (after an error, when peers may never reach a barrier). No-op without a
-    process group or on NCCL/HCCL."""
+    and gloo's thread cannot unwind; seen in 3 of about 100 exits after an error in a one-rank run), so this runs
+    on one rank too. ``barrier=False``: only the pause (after an error, when peers may never reach a barrier).
+    No-op without a process group or on NCCL/HCCL."""
     import time
 
     import torch.distributed as dist

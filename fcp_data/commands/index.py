@@ -140,11 +140,7 @@ def run(args) -> int:
     if args.plot:
         from fcp_data.commands.plots import check_plot_path
 
-        try:
-            check_plot_path(args.plot)  # before indexing: a bad path fails at once
-        except ValueError as e:
-            print(f"fcp index: error: {e}", file=sys.stderr)
-            return 2
+        check_plot_path(args.plot)  # before indexing: a bad path fails at once (one line from fcp_cli, exit 2)
     limits = Limits(max_image_pixels=args.max_image_pixels, max_frames=args.max_frames, max_duration=args.max_duration,
                     max_text_bytes=args.max_text_bytes, max_json_depth=args.max_json_depth)
     try:

@@ -13,16 +13,23 @@ __all__ = ["check_plot_path", "plot_bars_and_gantts", "plot_lengths", "length_st
 KIND_NAMES = ("text", "image", "video")  # fcp_data.index.format's KIND_TEXT, KIND_IMAGE, KIND_VIDEO
 
 
-def plot_bars_and_gantts(path: str, bars: dict[str, float], ylabel: str, title: str,
-                         gantts: list[tuple[str, Any]]) -> None:
-    """``bars`` (``"fcp"`` highlighted) and, per ``(label, plan)`` in ``gantts``, a Gantt chart of the plan's first
-    micro-batch, side by side on one shared time axis, into ``path``."""
+def _pyplot():
+    """matplotlib's pyplot on the file-only Agg backend; a ValueError naming the extra when it is missing."""
     try:
         import matplotlib
     except ImportError:
         raise ValueError("--plot needs matplotlib: pip install 'fcp[plot]'") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_bars_and_gantts(path: str, bars: dict[str, float], ylabel: str, title: str,
+                         gantts: list[tuple[str, Any]]) -> None:
+    """``bars`` (``"fcp"`` highlighted) and, per ``(label, plan)`` in ``gantts``, a Gantt chart of the plan's first
+    micro-batch, side by side on one shared time axis, into ``path``."""
+    plt = _pyplot()
 
     fig, axes = plt.subplots(1, 1 + len(gantts), figsize=(6.5 * (1 + len(gantts)), 5))
     ax1, gantt_axes = axes[0], list(axes[1:])
@@ -87,12 +94,7 @@ def plot_lengths(path: str, num_tokens: Any, kind: Any, title: str) -> dict:
     """Two panels into ``path``: a histogram of the samples' token counts (log-spaced bins, stacked by kind, the
     p50/p90/p99 marked) and the share of all tokens held by the samples up to each length — the long tail that
     fixed-size context parallelism pays for. Returns :func:`length_stats`."""
-    try:
-        import matplotlib
-    except ImportError:
-        raise ValueError("--plot needs matplotlib: pip install 'fcp[plot]'") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     st = length_stats(num_tokens, kind)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
