@@ -219,12 +219,11 @@ def _step_train(out: Path, nproc: int, steps: int) -> None:
                  "--data", _rel(out / "index-video"), "--global-batch-size", "8"])
     hf_cfg = data_path("examples") / "configs" / "qwen2_5_vl-tiny.json" if _has_examples() else None
     _header("3b. The same pipeline on a stock Hugging Face Qwen2.5-VL (tiny random config) with FSDP2")
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
-        hf_cfg = None
-    if hf_cfg is None:
-        print("skipped: needs transformers (pip install -e '.[hf]') and examples/configs from a source checkout")
+    from fcp_exec.compat import hf_models_problem
+
+    problem = hf_models_problem() or (None if hf_cfg else "needs examples/configs from a source checkout")
+    if problem is not None:
+        print(f"skipped: {problem}")
         return
     print("apply_fcp puts ring attention into the model through transformers' AttentionInterface; the vision tower "
           "encodes each frame once per CP group; positions come from the model's own get_rope_index; ranks the "

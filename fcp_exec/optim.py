@@ -17,6 +17,8 @@ from collections.abc import Iterable
 
 import torch
 
+from fcp_exec.compat import total_norm
+
 __all__ = ["LR_SCHEDULES", "TrainingDiverged", "check_finite", "lr_at", "clip_grad_norm", "set_lr"]
 
 LR_SCHEDULES = ("constant", "linear", "cosine")
@@ -64,11 +66,7 @@ def clip_grad_norm(parameters: Iterable[torch.nn.Parameter] | torch.nn.Module, m
     grads = [p for p in params if p.grad is not None]
     if not grads:
         return 0.0
-    total_norm = getattr(torch.nn.utils, "get_total_norm", None)  # torch >= 2.6; torch combines FSDP2 shards
-    if total_norm is not None:
-        norm = total_norm([p.grad for p in grads], 2.0, foreach=False)
-    else:  # older torch: clip to infinity (a coefficient of 1, or NaN on gradients the scaler will skip anyway)
-        norm = torch.nn.utils.clip_grad_norm_(grads, math.inf, foreach=False)
+    norm = total_norm([p.grad for p in grads])  # FSDP2: a DTensor whose full tensor combines the shards
     norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
     if max_norm and math.isfinite(norm):
         coef = min(1.0, float(max_norm) / (norm + 1e-6))  # torch's clip_grad_norm_ rule

@@ -27,6 +27,7 @@ import torch.distributed as dist
 from torch import nn
 
 from fcp_data.sampler_inputs import dist_rank_and_world
+from fcp_exec.compat import MissingDependency, check_fsdp2_device, fsdp2_api, fsdp_divide_factor_setter
 
 __all__ = ["REDUCER_NAMES", "AllReduceReducer", "DDPReducer", "DeepSpeedReducer", "FSDP2Reducer", "make_reducer",
            "mixed_precision", "reducer_for"]
@@ -89,15 +90,14 @@ class DDPReducer:
 
 
 def _fsdp_modules(model: nn.Module) -> list:
-    from torch.distributed.fsdp import FSDPModule
-
+    FSDPModule = fsdp2_api()[1]
     return [m for m in model.modules() if isinstance(m, FSDPModule)]
 
 
 class FSDP2Reducer:
     """FSDP2 (``fully_shard``): SUM reduce-scatter on every FSDP module (``set_gradient_divide_factor(1.0)`` and
     ``set_force_sum_reduction_for_comms(True)`` are per module, not recursive, so they are set on each), gradient
-    sync only in the last micro-batch."""
+    sync only in the last micro-batch. Needs torch>=2.5 (2.4 has no divide factor to set)."""
 
     name = "fsdp2"
 
@@ -106,10 +106,12 @@ class FSDP2Reducer:
         if not mods:
             raise TypeError("FSDP2Reducer needs a model with fully_shard applied; use make_reducer('fsdp2', model)")
         for m in mods:
-            if hasattr(m, "set_gradient_divide_factor"):
-                m.set_gradient_divide_factor(1.0)
-            else:  # torch < 2.6
-                m.set_reduce_scatter_divide_factor(1.0)
+            setter = fsdp_divide_factor_setter(m)
+            if setter is None:
+                raise MissingDependency(f"FSDP2 of torch {torch.__version__} averages gradients and has no divide "
+                                        "factor to set; fcp's fsdp2 reducer needs torch>=2.5 (or use the 'ddp' "
+                                        "reducer)")
+            setter(1.0)
             # a plain SUM reduce-scatter: fp32/bf16 would otherwise use PREMUL_SUM(1/factor), which gloo lacks
             if hasattr(m, "set_force_sum_reduction_for_comms"):
                 m.set_force_sum_reduction_for_comms(True)
@@ -199,8 +201,8 @@ def make_reducer(name: str, model: nn.Module, *, find_unused_parameters: bool = 
         ddp = DistributedDataParallel(model, device_ids=[dev] if dev.type == "cuda" else None,
                                       find_unused_parameters=find_unused_parameters)
         return ddp, DDPReducer(ddp)
-    from torch.distributed.fsdp import fully_shard
-
+    check_fsdp2_device(next(model.parameters()).device)
+    fully_shard = fsdp2_api()[0]
     kw = {} if mp_policy is None else {"mp_policy": mp_policy}
     for unit in (shard_units if shard_units is not None else _shard_units(model)):
         fully_shard(unit, **kw)
@@ -213,8 +215,7 @@ def mixed_precision(param_dtype: str | torch.dtype | None):
     (``"bfloat16"`` or a dtype), or None for ``None``/``"none"``."""
     if param_dtype is None or param_dtype == "none":
         return None
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
+    MixedPrecisionPolicy = fsdp2_api()[2]
     dtype = getattr(torch, param_dtype) if isinstance(param_dtype, str) else param_dtype
     return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from fcp_data.commands.argtypes import (ArgumentParser, both_or_neither, check_output_dir, count, nonempty,
                                         nonnegative_float, one_line, output_dir, positive_float, positive_int)
 from fcp_data.read_errors import SampleReadError
+from fcp_exec.compat import MissingDependency
 from fcp_exec.devices import settle_collectives
 from fcp_exec.optim import TrainingDiverged
 
@@ -23,14 +24,15 @@ __all__ = ["ArgumentParser", "positive_int", "count", "nonnegative_float", "posi
 
 def _user_error(e: BaseException) -> bool:
     """An error about the user's input or data, not a bug: its message is the whole story."""
-    return isinstance(e, (ValueError, OSError, TrainingDiverged, SampleReadError))
+    return isinstance(e, (ValueError, OSError, TrainingDiverged, SampleReadError, MissingDependency))
 
 
 def run_main(main: Callable[[], object], prog: str | None = None) -> None:
     """Run a script's ``main`` with fcp's error contract and exit: a ValueError / OSError / ``TrainingDiverged`` /
-    ``SampleReadError`` is one line on stderr (``prog: error: ...``, with the rank when a process group of more
-    than one rank is up) and exit 2; Ctrl-C is exit 130; anything else keeps its traceback (a bug). Under
-    torchrun each rank prints its own line and torchrun ends the others."""
+    ``SampleReadError`` / ``MissingDependency`` (transformers that does not run on this torch) is one line on stderr
+    (``prog: error: ...``, with the rank when a process group of more than one rank is up) and exit 2; Ctrl-C is
+    exit 130; anything else keeps its traceback (a bug). Under torchrun each rank prints its own line and torchrun
+    ends the others."""
     prog = prog or os.path.basename(sys.argv[0])
     try:
         main()

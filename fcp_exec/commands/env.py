@@ -106,6 +106,22 @@ def _kernels(devices: dict[str, Any]) -> dict[str, str]:
     return out
 
 
+def _torch_notes(pkgs: dict[str, str | None]) -> list[str]:
+    """What the installed torch release leaves out (fcp_exec.compat): FSDP2 before 2.5/2.6, transformers 5's models."""
+    import torch
+
+    from fcp_exec.compat import hf_models_problem, torch_release
+
+    notes, release = [], torch_release()
+    if release < (2, 5):
+        notes.append(f"torch {torch.__version__}: --reducer fsdp2 needs torch>=2.5 (FSDP2 of 2.4 averages gradients)")
+    elif release < (2, 6):
+        notes.append(f"torch {torch.__version__}: FSDP2 (--reducer fsdp2) runs on CUDA devices only before torch 2.6")
+    if pkgs.get("transformers") and hf_models_problem():
+        notes.append(hf_models_problem())
+    return notes
+
+
 def _notes(pkgs: dict[str, str | None], devices: dict[str, Any]) -> list[str]:
     """What a user should know about this environment (untested or unsupported versions, missing pieces)."""
     notes = []
@@ -146,7 +162,7 @@ def environment() -> dict[str, Any]:
     settings["torch_threads"] = str(torch.get_num_threads())
     return {"fcp": fcp_data.__version__, "python": platform.python_version(), "platform": platform.platform(),
             "torch": torch.__version__, "devices": devices, "kernels": _kernels(devices), "packages": pkgs,
-            "settings": settings, "notes": _notes(pkgs, devices)}
+            "settings": settings, "notes": _torch_notes(pkgs) + _notes(pkgs, devices)}
 
 
 def _print(env: dict[str, Any]) -> None:

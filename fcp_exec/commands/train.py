@@ -90,10 +90,11 @@ def load_hf_config(path: str):
     """The transformers config at ``path``; ``UsageError`` unless its model type is one fcp supports."""
     from fcp_data.commands import UsageError
 
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
-        raise UsageError("hf: models need transformers: pip install 'fcp[hf]' (tested with transformers 5.24)") from None
+    from fcp_exec.compat import hf_models_problem
+
+    problem = hf_models_problem()
+    if problem is not None:
+        raise UsageError(f"hf: models: {problem}")
     from fcp_exec.integrations import hf
 
     config = hf.load_config(path)  # ValueError with the reason

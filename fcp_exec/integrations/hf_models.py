@@ -8,6 +8,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from fcp_exec.compat import require_hf_models
+
 __all__ = ["SUPPORTED_MODEL_TYPES", "VL_MODEL_TYPES", "TILE_VL_MODEL_TYPES", "MLLM_MODEL_TYPES", "attention_limits",
            "build_model", "load_config", "tile_geometry"]
 
@@ -75,6 +77,7 @@ def load_config(path) -> Any:
 def build_model(config, *, dtype=torch.float32, seed: int = 0) -> nn.Module:
     """A randomly initialised transformers model (``sdpa`` attention; call :func:`apply_fcp` for FCP) from a
     config or a config path, with weights drawn from ``torch.manual_seed(seed)`` — identical on every rank."""
+    require_hf_models()
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     cfg = load_config(config) if not hasattr(config, "model_type") else config
@@ -120,6 +123,7 @@ def load_model(path, *, config=None, dtype=torch.float32, seed: int = 0, init: s
     ``ValueError`` naming it (transformers would initialise it randomly and only log a warning)."""
     if init not in INIT_NAMES:
         raise ValueError(f"init must be one of {', '.join(INIT_NAMES)}, got {init!r}")
+    require_hf_models()
     cfg = config if config is not None else load_config(path)
     if init == "random" or (init == "auto" and not has_weights(path)):
         return build_model(cfg, dtype=dtype, seed=seed)

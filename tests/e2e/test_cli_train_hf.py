@@ -18,8 +18,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from _requires import transformers_models
 
-pytest.importorskip("transformers")
+transformers_models()
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "examples" / "configs"

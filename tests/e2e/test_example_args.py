@@ -17,8 +17,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from _requires import transformers_models
 
-pytest.importorskip("transformers")
+transformers_models()
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ("train_qwen3_text", "train_hf_trainer", "train_qwen2_5_vl_video", "train_megatron_gpt", "train_torchtitan")

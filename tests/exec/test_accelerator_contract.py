@@ -16,6 +16,7 @@ import socket
 from pathlib import Path
 
 import pytest
+from _requires import transformers_models
 import torch
 
 from fcp_exec.launch import collective_dtype, launch
@@ -64,7 +65,7 @@ def test_collective_dtype_table():
 @pytest.mark.parametrize("model", ["tiny-llm", f"hf:{CONFIGS / 'qwen3-tiny.json'}"])
 def test_no_collective_in_a_dtype_hccl_rejects(model):
     if model.startswith("hf:"):
-        pytest.importorskip("transformers")
+        transformers_models()
     per_rank = launch(_hccl_step, 2, model, timeout=150.0, preload=hf_preload([model]))
     for rank, ops in enumerate(per_rank):
         assert ops, "the spy saw no collective at all (the test would prove nothing)"
@@ -231,7 +232,7 @@ def test_no_device_read_per_layer():
     """Forward+backward of a Hugging Face model through fcp_ring with the device-agnostic SDPA kernel of the CUDA
     path: the number of device→host reads (tolist/item/int) does not grow with the number of layers, at degree 1
     in one process and at degree 2 on two gloo processes (the neighbour shape check runs once per micro-batch)."""
-    pytest.importorskip("transformers")
+    transformers_models()
     assert _reads_per_layer_count(2, 1) == _reads_per_layer_count(4, 1)
     two = launch(_reads_per_layer_count, 2, 2, 2, timeout=100.0, preload=hf_preload([QWEN3]))
     four = launch(_reads_per_layer_count, 2, 4, 2, timeout=100.0, preload=hf_preload([QWEN3]))

@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from _requires import transformers_models
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py"
 
@@ -83,7 +83,7 @@ def _run_hf(out: Path, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
 def test_hf_check_passes_on_cpu(tmp_path):
     """The HF half (transformers Qwen3/Llama with fcp's attention vs the stock model vs a float64 reference) on CPU:
     every entry within its stated tolerance, float32 tight (fcp within 1e-5 of the float64 reference)."""
-    pytest.importorskip("transformers")
+    transformers_models()
     proc, doc = _run_hf(tmp_path)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     checks = doc["checks"]
@@ -97,7 +97,7 @@ def test_hf_check_passes_on_cpu(tmp_path):
 
 
 def test_hf_check_fails_on_a_perturbed_kernel(tmp_path):
-    pytest.importorskip("transformers")
+    transformers_models()
     proc, doc = _run_hf(tmp_path, "--quick", "--perturb")
     assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-4000:]
     (c,) = doc["checks"]
@@ -125,6 +125,7 @@ def test_window_check_passes_on_cpu(tmp_path):
 def test_ring_vs_dp_check_on_gloo():
     """``ring_vs_dp_check.py`` (the GPU session's multi-GPU part) on 2 gloo processes: training with rings of degree 2
     has the losses of training without rings, within its 1e-6 (3 steps: the third global batch forms the ring)."""
+    transformers_models()  # its default model is Hugging Face Qwen3
     script = SCRIPT.with_name("ring_vs_dp_check.py")
     proc = subprocess.run([sys.executable, str(script), "--nproc", "2", "--backend", "gloo"],
                           capture_output=True, text=True, timeout=300)

@@ -14,9 +14,10 @@ import copy
 from pathlib import Path
 
 import pytest
+from _requires import transformers_models
 import torch
 
-pytest.importorskip("transformers")
+transformers_models()
 
 from fcp_data import FCPCollator  # noqa: E402
 from fcp_data.slots import SampleSlot  # noqa: E402

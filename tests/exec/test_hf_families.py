@@ -30,9 +30,10 @@ import functools
 import json
 
 import pytest
+from _requires import transformers_models
 import torch
 
-pytest.importorskip("transformers")
+transformers_models()
 
 import test_hf_train as H  # noqa: E402 - the stock reference and the per-run checks (same folder)
 from fcp_exec.launch import launch  # noqa: E402

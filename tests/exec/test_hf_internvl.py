@@ -12,9 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from _requires import transformers_models
 import torch
 
-transformers = pytest.importorskip("transformers")
+transformers = transformers_models()
 
 from fcp_exec.integrations import hf  # noqa: E402
 from fcp_exec.integrations.hf_data import reference_step  # noqa: E402

@@ -20,9 +20,10 @@ import math
 import pickle
 
 import pytest
+from _requires import transformers_models
 import torch
 
-transformers = pytest.importorskip("transformers")
+transformers = transformers_models()
 
 from fcp_data.collator import FCPCollator, qwen_vl_mrope_positions  # noqa: E402
 from fcp_data.sampler import SampleSlot  # noqa: E402

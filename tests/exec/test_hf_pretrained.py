@@ -13,9 +13,10 @@ import re
 from pathlib import Path
 
 import pytest
+from _requires import transformers_models
 import torch
 
-transformers = pytest.importorskip("transformers")
+transformers = transformers_models()
 
 from fcp_exec.integrations import hf  # noqa: E402
 from fcp_exec.integrations.hf_data import reference_step, special_ids  # noqa: E402

@@ -18,6 +18,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from _requires import transformers_models
 import torch
 
 from fcp_data.slots import FCPDataset, MalformedSampleError, MicroBatchMeta, SampleSlot
@@ -256,7 +257,7 @@ def test_the_real_image_processors_output_gives_the_stock_models_logits():
     expanded as ``Qwen2_5_VLProcessor`` expands it (its video processor needs torchvision, absent here): the stock
     Qwen2.5-VL called on those keys and the model fed FCP's converted sample (``hf_data._doc_forward``, the
     one-document path of the training references) give the same logits exactly."""
-    tr = pytest.importorskip("transformers")
+    tr = transformers_models()
     from fcp_exec.integrations.hf import build_model, load_config
     from fcp_exec.integrations.hf_data import _doc_forward
 

@@ -27,9 +27,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _requires import transformers_models
 import torch
 
-transformers = pytest.importorskip("transformers")
+transformers = transformers_models()
 
 from fcp_exec.integrations import hf  # noqa: E402
 from fcp_exec.integrations.hf_data import reference_loss, reference_step, special_ids  # noqa: E402

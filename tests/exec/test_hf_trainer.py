@@ -36,9 +36,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _requires import transformers_models
 import torch
 
-pytest.importorskip("transformers")
+transformers_models()
 pytest.importorskip("accelerate")
 
 from fcp_exec.launch import launch  # noqa: E402
@@ -87,7 +88,9 @@ def _norms(trainer) -> list[float]:
 
 
 def _params(model) -> dict[str, np.ndarray]:
-    from torch.distributed.tensor import DTensor
+    from fcp_exec.compat import dtensor_type
+
+    DTensor = dtensor_type()
 
     if type(model).__name__ == "DeepSpeedEngine" and model.zero_optimization_partition_weights():  # ZeRO-3
         import deepspeed

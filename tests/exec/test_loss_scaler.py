@@ -23,10 +23,11 @@ import pytest
 import torch
 
 from fcp_data import CostModel
+from fcp_exec.compat import torch_release
 from fcp_exec.launch import launch
 
 LENGTHS = [37, 12, 64, 9, 50, 23, 71, 18, 40, 33, 15, 58]
-REDUCERS = ("allreduce", "ddp", "fsdp2")
+REDUCERS = ("allreduce", "ddp") + (("fsdp2",) if torch_release() >= (2, 6) else ())  # FSDP2 on CPU: torch 2.6
 STEPS, SCALE = 3, 2.0 ** 12
 TOL = 1e-15
 
@@ -50,7 +51,9 @@ def _setup(reducer: str):
 
 def _flat(model, what: str) -> torch.Tensor:
     """Every parameter (``what="param"``) or gradient, gathered whole (FSDP2's DTensors), as one float64 vector."""
-    from torch.distributed.tensor import DTensor
+    from fcp_exec.compat import dtensor_type
+
+    DTensor = dtensor_type()
 
     out = []
     for p in model.parameters():
@@ -110,7 +113,8 @@ def _all() -> dict:
         runs[(r, "plain")] = _run(r, scaled=False)
         runs[(r, "scaled")] = _run(r, scaled=True)
         runs[(r, "loss")] = _run(r, scaled=True, poison="loss")
-    runs[("fsdp2", "shard")] = _run("fsdp2", scaled=True, poison="shard")
+    if "fsdp2" in REDUCERS:
+        runs[("fsdp2", "shard")] = _run("fsdp2", scaled=True, poison="shard")
     return runs
 
 
@@ -137,7 +141,8 @@ def test_scaled_training_equals_training_without_a_scaler(runs, reducer):
             assert _rel(s["params"], p["params"]) <= TOL, f"{what}: parameters differ"
 
 
-@pytest.mark.parametrize("reducer, poison", [(r, "loss") for r in REDUCERS] + [("fsdp2", "shard")])
+@pytest.mark.parametrize("reducer, poison",
+                         [(r, "loss") for r in REDUCERS] + [("fsdp2", "shard")] * ("fsdp2" in REDUCERS))
 def test_an_overflow_on_one_rank_skips_the_step_on_every_rank(runs, reducer, poison):
     r0, r1 = runs[0][(reducer, poison)], runs[1][(reducer, poison)]
     for k in range(STEPS):

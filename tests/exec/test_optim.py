@@ -78,7 +78,9 @@ def test_set_lr_sets_every_group():
 
 
 def test_mixed_precision_policy_and_its_misuse():
-    from torch.distributed.fsdp import MixedPrecisionPolicy
+    from fcp_exec.compat import fsdp2_api
+
+    MixedPrecisionPolicy = fsdp2_api()[2]
 
     from fcp_exec.step import make_reducer, mixed_precision
 

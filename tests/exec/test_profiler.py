@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+from _requires import transformers_models
 
 from fcp_data.cost import CostModel
 from fcp_exec.profiler import (ProfilePoint, fit_alpha_vis, fit_cost_model, fit_errors, format_fit, nnls_small,
@@ -146,7 +147,7 @@ def test_hf_shape_keeps_random_text_away_from_vl_special_ids():
     """Random profile tokens must not be Qwen-VL placeholders/markers (the model would look for pixels): the id
     range is the larger gap of the vocabulary that holds no special id — above them for the tiny configs
     (ids 2..5), below them for real Qwen-VL vocabularies (specials at the top)."""
-    pytest.importorskip("transformers")
+    transformers_models()
     from pathlib import Path
 
     from fcp_exec.integrations.hf import load_config
@@ -167,7 +168,7 @@ def test_profile_hf_qwen3_tiny_fits_a_cost_model():
     model runs through apply_fcp + fcp_loss over the ring and the fit gives a usable §4 model. Times are noisy
     on a shared CPU, so only well-formedness is checked: positive times, finite non-negative coefficients,
     the analytic alpha3 of the config (3 transfers · 2 layers · 2·2 KV heads·8 dims · 4 bytes = 768)."""
-    pytest.importorskip("transformers")
+    transformers_models()
     from pathlib import Path
 
     from fcp_exec.profiler import run_profile
@@ -417,7 +418,7 @@ def test_hf_vision_tower_timing_encodes_frames_independently():
     alpha_vis): F frames in one call (F grid rows (1, h, w)) give F·h·w/m² visual rows equal, to 1e-5, to encoding
     each frame alone (a wrong grid_thw would mix frames in attention), and time_vision returns one positive timing
     per batch size with the visual-token counts of VISION_FRAMES × VISION_GRID."""
-    pytest.importorskip("transformers")
+    transformers_models()
     from pathlib import Path
 
     import torch
@@ -445,7 +446,7 @@ def test_internvl_vision_is_timed_per_tile():
     the visual tokens of F tiles are F · (side · downsample_ratio)², and encode_frames gives exactly that many rows."""
     import torch
 
-    pytest.importorskip("transformers")
+    transformers_models()
     from pathlib import Path
 
     from fcp_exec.integrations import hf

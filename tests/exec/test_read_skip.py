@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from _requires import transformers_models
 
 pytest.importorskip("decord")
 
@@ -207,6 +208,7 @@ def test_internvl_image_failing_on_one_rank_trains_like_failing_on_both(tmp_path
     exchange still matches; the run goes on, and loss and every gradient equal the failure on both ranks to 1e-12
     (float64; a hang would hit the launch timeout). Before skeletons covered InternVL this stopped the run with one
     SampleReadError on both ranks."""
+    transformers_models()
     config = Path(__file__).resolve().parents[2] / "examples" / "configs" / "internvl-tiny.json"
     cfg = TrainConfig(model=f"hf:{config}", dtype="float64", steps=1, global_batch_size=2, max_tokens=3400,
                       tokens_per_rank=1700, prefetch=0, verbose=False, return_grads=True, cache_dir=str(tmp_path))

@@ -72,7 +72,9 @@ def _documents(vocab: int) -> list[torch.Tensor]:
 
 
 def _grads(model) -> dict[str, np.ndarray]:
-    from torch.distributed.tensor import DTensor
+    from fcp_exec.compat import dtensor_type
+
+    DTensor = dtensor_type()
 
     inner = getattr(model, "module", model)
     out = {}
@@ -126,7 +128,9 @@ def _fcp_run(family: str, reducer: str) -> dict:
 
 
 def _grads_free(p) -> float:
-    from torch.distributed.tensor import DTensor
+    from fcp_exec.compat import dtensor_type
+
+    DTensor = dtensor_type()
 
     return (p.full_tensor() if isinstance(p, DTensor) else p).double().sum().item()
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from _requires import cpu_fsdp2
 
 from fcp_exec.train import TrainConfig, run_training
 
@@ -42,6 +43,7 @@ def _facts(res) -> list[tuple]:
 @pytest.fixture(scope="module")
 def fsdp2_run(tmp_path_factory):
     """5 steps of FSDP2 in float64 on 2 ranks with checkpoints after steps 2 and 4: (its result, the folder)."""
+    cpu_fsdp2()
     root = tmp_path_factory.mktemp("fsdp2")
     ckpt = root / "ckpt"
     full = run_training(_cfg(root, "fsdp2", dtype="float64", checkpoint=str(ckpt), checkpoint_every=2, **OPTIM), 2)

@@ -1,0 +1,121 @@
+"""The test suite on older torch releases: does fcp keep its ``torch>=2.4`` promise?
+
+Ascend's torch_npu pins a torch release (2.4 and 2.5 are common on MindSpeed clusters) and many CUDA images lag
+behind, so users run fcp on a torch older than the 2.13 the suite runs on. For each ``--torch`` release this makes a
+virtual environment (``--venv-dir``; kept, so a rerun only tests), installs that torch from PyPI (a CUDA build of
+several GB: the CPU-only builds are not on PyPI; the tests run on the CPU anyway), fcp itself (editable) with
+the extras the suite uses, pinned to that torch by a constraint, and runs pytest over ``--tests`` (default: the
+whole suite), then prints one row per release — passed, failed, skipped — and the failures, and writes
+``--out`` (JSON).
+
+What a test cannot run on an older torch is a skip with its reason, not a failure: transformers 5 disables its
+models below torch 2.6 (the Hugging Face tests skip), FSDP2 runs on the CPU from 2.6 (its CPU tests skip; on 2.4
+``--reducer fsdp2`` is refused, on 2.5 it is left to CUDA). Megatron-core, torchtitan, DeepSpeed and TRL are not
+installed there (they need a newer torch), so their tests skip too. Everything else must pass::
+
+    .venv/bin/python benchmarks/torch_compat.py --torch 2.4.1,2.5.1     # ~4 min to install, ~4 min per release
+
+Needs the package registry (PyPI). Exit code 0 when no test failed, 1 otherwise, 2 when it could not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+EXTRAS = "ilp,video,text,parquet,plot,hf,fast"
+TEST_DEPS = ("pytest-xdist", "hypothesis", "pytest-timeout", "peft", "datasets")
+
+
+def _release(text: str) -> str:
+    if not re.fullmatch(r"\d+\.\d+\.\d+", text):
+        raise argparse.ArgumentTypeError(f"a torch release like 2.4.1, got {text!r}")
+    return text
+
+
+def _run(cmd: list, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kw)
+
+
+def install(venv: Path, release: str) -> None:
+    """A venv with torch==release and fcp (editable), every other package pinned to that torch."""
+    py = venv / "bin" / "python"
+    if not py.exists():
+        _check(_run([sys.executable, "-m", "venv", venv]), f"python -m venv {venv}")
+    have = _run([py, "-c", "import torch; print(torch.__version__.split('+')[0])"]).stdout.strip()
+    if have == release and (venv / ".fcp-installed").exists():
+        return
+    constraint = venv / "constraint.txt"
+    constraint.write_text(f"torch=={release}\n")
+    print(f"[torch {release}] installing into {venv} (a CUDA build of torch: several GB)", flush=True)
+    _check(_run([py, "-m", "pip", "install", "-q", "-c", constraint, f"torch=={release}"]), "pip install torch")
+    _check(_run([py, "-m", "pip", "install", "-q", "-c", constraint, "-e", f"{ROOT}[{EXTRAS}]", *TEST_DEPS],
+                cwd=ROOT), "pip install fcp")
+    (venv / ".fcp-installed").write_text(release)
+
+
+def _check(proc: subprocess.CompletedProcess, what: str) -> None:
+    if proc.returncode != 0:
+        tail = (proc.stdout + proc.stderr).strip().splitlines()[-5:]
+        raise RuntimeError(f"{what} failed (exit {proc.returncode}): " + " | ".join(tail))
+
+
+def run_suite(venv: Path, tests: list, workers: int) -> dict:
+    """pytest over ``tests`` in the venv: counts, the failed test ids and the skip reasons (counted)."""
+    py = venv / "bin" / "python"
+    version = _run([py, "-c", "import torch; print(torch.__version__)"]).stdout.strip()
+    start = time.monotonic()
+    proc = _run([py, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", "-n", str(workers), "--dist",
+                 "loadfile", *tests], cwd=ROOT)
+    out = proc.stdout + proc.stderr
+    counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?)\b", out.splitlines()[-1])}
+    failed = sorted(set(re.findall(r"^(?:FAILED|ERROR) (\S+)", out, re.M)))
+    skips: dict = {}
+    for n, reason in re.findall(r"^SKIPPED \[(\d+)\] [^:]+:\d+: (.*)$", out, re.M):  # a module-level skip: 1
+        skips[reason] = skips.get(reason, 0) + int(n)
+    return {"torch": version, "exit": proc.returncode, "seconds": round(time.monotonic() - start, 1),
+            "passed": counts.get("passed", 0), "failed": counts.get("failed", 0),
+            "errors": counts.get("errors", counts.get("error", 0)), "skipped": counts.get("skipped", 0),
+            "failures": failed, "skip_reasons": dict(sorted(skips.items(), key=lambda kv: -kv[1]))}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--torch", type=lambda s: [_release(x) for x in s.split(",")], default=["2.4.1", "2.5.1"],
+                    help="comma-separated torch releases (default 2.4.1,2.5.1)")
+    ap.add_argument("--venv-dir", type=Path, default=Path("/tmp/fcp-torch-compat"),
+                    help="where the venvs live (one per release, kept between runs)")
+    ap.add_argument("--tests", nargs="*", default=["tests"], help="pytest paths (default: the whole suite)")
+    ap.add_argument("--workers", type=int, default=2, help="pytest-xdist workers (default 2)")
+    ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    args = ap.parse_args(argv)
+    results = []
+    for release in args.torch:
+        venv = args.venv_dir / f"torch-{release}"
+        try:
+            install(venv, release)
+        except RuntimeError as e:
+            print(f"torch_compat.py: error: {e}", file=sys.stderr)
+            return 2
+        res = run_suite(venv, args.tests, args.workers)
+        results.append(res)
+        print(f"torch {res['torch']:<14} passed {res['passed']:5d}  failed {res['failed'] + res['errors']:3d}  "
+              f"skipped {res['skipped']:4d}  {res['seconds']:7.1f} s", flush=True)
+        for name in res["failures"]:
+            print(f"    FAILED {name}")
+        for reason, n in list(res["skip_reasons"].items())[:8]:
+            print(f"    skipped {n:4d}: {reason[:110]}")
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=1) + "\n")
+    return 1 if any(r["failed"] or r["errors"] or r["exit"] not in (0, 1) for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
