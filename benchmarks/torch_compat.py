@@ -9,11 +9,13 @@ whole suite), then prints one row per release — passed, failed, skipped — an
 ``--out`` (JSON).
 
 What a test cannot run on an older torch is a skip with its reason, not a failure: transformers 5 disables its
-models below torch 2.6 (the Hugging Face tests skip), FSDP2 runs on the CPU from 2.6 (its CPU tests skip; on 2.4
-``--reducer fsdp2`` is refused, on 2.5 it is left to CUDA). Megatron-core, torchtitan, DeepSpeed and TRL are not
-installed there (they need a newer torch), so their tests skip too. Everything else must pass::
+models below torch 2.6 (the Hugging Face test modules skip), FSDP2 runs on the CPU from 2.7 (its CPU runs skip or
+leave the run matrices; ``--reducer fsdp2`` on the CPU is refused in one line); two FCPTrainer runs with
+Accelerate's FSDP2 are expected failures below 2.8 (``xfail(strict=True)``: measured off the stock Trainer on
+2.7.1). Megatron-core, torchtitan, DeepSpeed, TRL and torchdata are not installed there, so their tests skip too.
+Everything else must pass::
 
-    .venv/bin/python benchmarks/torch_compat.py --torch 2.4.1,2.5.1     # ~4 min to install, ~4 min per release
+    .venv/bin/python benchmarks/torch_compat.py       # 2.4.1 ... 2.8.0: ~2 min to install, 3-7 min each
 
 Needs the package registry (PyPI). Exit code 0 when no test failed, 1 otherwise, 2 when it could not run.
 """
@@ -88,8 +90,9 @@ def run_suite(venv: Path, tests: list, workers: int) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("--torch", type=lambda s: [_release(x) for x in s.split(",")], default=["2.4.1", "2.5.1"],
-                    help="comma-separated torch releases (default 2.4.1,2.5.1)")
+    ap.add_argument("--torch", type=lambda s: [_release(x) for x in s.split(",")],
+                    default=["2.4.1", "2.5.1", "2.6.0", "2.7.1", "2.8.0"],
+                    help="comma-separated torch releases (default 2.4.1,2.5.1,2.6.0,2.7.1,2.8.0)")
     ap.add_argument("--venv-dir", type=Path, default=Path("/tmp/fcp-torch-compat"),
                     help="where the venvs live (one per release, kept between runs)")
     ap.add_argument("--tests", nargs="*", default=["tests"], help="pytest paths (default: the whole suite)")

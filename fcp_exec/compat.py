@@ -6,17 +6,23 @@ assume the newest one. What moved:
 * FSDP2 (``fully_shard``, ``FSDPModule``, ``MixedPrecisionPolicy``): public in ``torch.distributed.fsdp`` from 2.6,
   ``torch.distributed._composable.fsdp`` before.
 * ``DTensor``: ``torch.distributed.tensor`` from 2.5, ``torch.distributed._tensor`` before.
-* FSDP2's gradient reduction: 2.6 has ``set_gradient_divide_factor``, 2.5 ``set_reduce_scatter_divide_factor``; 2.4
-  has neither and always *averages* over the data-parallel ranks, so fcp's FSDP2 reducer (a SUM) needs 2.5.
-* FSDP2 before 2.6 creates CUDA streams whatever the device: on the CPU it fails inside torch ("CUDA driver version is
-  insufficient", seen with 2.4.1 and 2.5.1); :func:`check_fsdp2_device` makes that one clear error.
+* FSDP2's gradient reduction: from 2.8 ``set_gradient_divide_factor(1.0)`` makes it a SUM in every dtype; 2.5–2.7
+  have ``set_reduce_scatter_divide_factor`` (a PreMulSum op) but still pre/post-divide float16 and float64 reductions
+  by the data-parallel size, so those came out as the mean (seen: float64 FSDP2 gradients half the all-reduce's on 2
+  ranks, torch 2.7.1) — :func:`undo_fsdp_gradient_average` multiplies them back; 2.4 has no divide factor at all,
+  so fcp's FSDP2 reducer (a SUM) needs 2.5.
+* FSDP2 on the CPU: before 2.6 it creates CUDA streams whatever the device ("CUDA driver version is insufficient",
+  seen with 2.4.1 and 2.5.1); 2.6.0 takes the device's stream class, but the CPU's has no ``record_event`` (an
+  AttributeError at the first all-gather); it runs from 2.7 (:data:`CPU_FSDP2_RELEASE`, 2.7.1 measured).
+  :func:`check_fsdp2_device` makes an older release one clear error.
 * ``torch.nn.utils.get_total_norm`` (2.6): :func:`total_norm` computes the same norm on older releases.
 * transformers 5 imports on an older torch but disables its models ("PyTorch >= 2.6 is required"); what fails then is
   deep inside it (a ``NameError`` in its pipeline-parallel module, a multi-line ``ImportError``).
   :func:`hf_models_problem` says so in one line, :func:`require_hf_models` raises it as :class:`MissingDependency`.
 
 Imports are lazy (inside the functions): ``torch.distributed.fsdp`` costs time that a planning command never needs.
-The tests run on the installed torch; ``benchmarks/torch_compat.py`` runs the executor's suite on older releases.
+The tests run on the installed torch; ``benchmarks/torch_compat.py`` runs the whole suite on 2.4.1, 2.5.1, 2.6.0,
+2.7.1 and 2.8.0.
 """
 
 from __future__ import annotations
@@ -26,8 +32,12 @@ import sys
 
 import torch
 
-__all__ = ["MissingDependency", "check_fsdp2_device", "dtensor_type", "fsdp2_api", "fsdp_divide_factor_setter",
+__all__ = ["CPU_FSDP2_RELEASE", "MissingDependency", "check_fsdp2_device", "dtensor_type", "fsdp2_api",
+           "fsdp_divide_factor_setter", "undo_fsdp_gradient_average",
            "hf_models_problem", "require_hf_models", "torch_release", "total_norm"]
+
+
+CPU_FSDP2_RELEASE = (2, 7)  # the first torch release whose FSDP2 runs on the CPU (benchmarks/torch_compat.py)
 
 
 class MissingDependency(ImportError):
@@ -84,12 +94,12 @@ def torch_release() -> tuple[int, int]:
 
 
 def check_fsdp2_device(device) -> None:
-    """Refuse FSDP2 on the CPU before torch 2.6 (it runs there from 2.6): one :class:`MissingDependency` naming the
-    versions."""
+    """Refuse FSDP2 on the CPU before :data:`CPU_FSDP2_RELEASE`: one :class:`MissingDependency` naming the versions."""
     kind = device.type if isinstance(device, torch.device) else str(device).split(":")[0]  # "npu" needs torch_npu
-    if kind == "cpu" and torch_release() < (2, 6):
-        raise MissingDependency(f"FSDP2 (fully_shard) of torch {torch.__version__} runs on CUDA devices only; on the "
-                                "CPU it needs torch>=2.6 (or use the 'ddp' reducer)")
+    if kind == "cpu" and torch_release() < CPU_FSDP2_RELEASE:
+        need = ".".join(map(str, CPU_FSDP2_RELEASE))
+        raise MissingDependency(f"FSDP2 (fully_shard) of torch {torch.__version__} does not run on the CPU; it needs "
+                                f"torch>={need} there (or use the 'ddp' reducer)")
 
 
 def fsdp2_api() -> tuple:
@@ -108,6 +118,29 @@ def dtensor_type() -> type:
     except ImportError:  # torch 2.4
         from torch.distributed._tensor import DTensor
     return DTensor
+
+
+def undo_fsdp_gradient_average(module) -> float:
+    """Multiply the reduced gradients of FSDP ``module``'s own parameters by what FSDP2 divided them by although its
+    divide factor is 1, and return that factor: the data-parallel size for a float16/float64 reduction on torch
+    2.5–2.7 (which pre/post-divide those whatever the reduce-scatter op), else 1.0 and nothing is touched (torch >=
+    2.8; float32/bfloat16 reductions, whose PreMulSum(1) is the SUM). Call after the last backward (the reduce dtype
+    is set at FSDP's lazy initialisation); reads FSDP's private state of those releases."""
+    if hasattr(module, "set_gradient_divide_factor"):
+        return 1.0
+    group = getattr(module._get_fsdp_state(), "_fsdp_param_group", None)
+    if group is None or not group.fsdp_params:
+        return 1.0
+    first = group.fsdp_params[0]
+    dtype = getattr(group, "_reduce_dtype", None) or first.param_dtype or first.orig_dtype
+    if dtype in (torch.float32, torch.bfloat16):
+        return 1.0
+    factor = float(group.mesh_info.mesh.size())
+    with torch.no_grad():
+        for fsdp_param in group.fsdp_params:
+            if fsdp_param.sharded_param.grad is not None:
+                fsdp_param.sharded_param.grad.mul_(factor)
+    return factor
 
 
 def fsdp_divide_factor_setter(module):

@@ -27,7 +27,8 @@ import torch.distributed as dist
 from torch import nn
 
 from fcp_data.sampler_inputs import dist_rank_and_world
-from fcp_exec.compat import MissingDependency, check_fsdp2_device, fsdp2_api, fsdp_divide_factor_setter
+from fcp_exec.compat import (MissingDependency, check_fsdp2_device, fsdp2_api, fsdp_divide_factor_setter,
+                             undo_fsdp_gradient_average)
 
 __all__ = ["REDUCER_NAMES", "AllReduceReducer", "DDPReducer", "DeepSpeedReducer", "FSDP2Reducer", "make_reducer",
            "mixed_precision", "reducer_for"]
@@ -125,7 +126,9 @@ class FSDP2Reducer:
         return ctx()
 
     def finish(self, model: nn.Module) -> None:
-        return None
+        """torch 2.5–2.7 averaged float16/float64 reductions despite the divide factor 1: multiply them back."""
+        for m in _fsdp_modules(model):
+            undo_fsdp_gradient_average(m)
 
 
 def _is_deepspeed_engine(model: nn.Module) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fcp_exec.compat import torch_release
+from fcp_exec.compat import CPU_FSDP2_RELEASE, torch_release
 
 
 def transformers_models():
@@ -22,7 +22,20 @@ def transformers_models():
     return transformers
 
 
+CPU_FSDP2 = torch_release() >= CPU_FSDP2_RELEASE  # FSDP2 runs on the CPU with this torch
+
+
+def without_cpu_fsdp2(runs):
+    """``runs`` (tuples whose second item is a reducer name) without the FSDP2 ones where FSDP2 cannot run on the
+    CPU: the suite's run matrices keep their other runs on an older torch."""
+    return [r for r in runs if CPU_FSDP2 or r[1] != "fsdp2"]
+
+
+needs_cpu_fsdp2 = pytest.mark.skipif(not CPU_FSDP2, reason=f"FSDP2 runs on the CPU from torch 2.7 (installed "
+                                                            f"{torch.__version__})")
+
+
 def cpu_fsdp2():
-    """Skip where FSDP2 cannot run on the CPU (torch < 2.6)."""
-    if torch_release() < (2, 6):
-        pytest.skip(f"FSDP2 runs on the CPU from torch 2.6 (installed {torch.__version__})")
+    """Skip where FSDP2 cannot run on the CPU (torch < 2.7: fcp_exec.compat.CPU_FSDP2_RELEASE)."""
+    if not CPU_FSDP2:
+        pytest.skip(f"FSDP2 runs on the CPU from torch 2.7 (installed {torch.__version__})")

@@ -107,16 +107,17 @@ def _kernels(devices: dict[str, Any]) -> dict[str, str]:
 
 
 def _torch_notes(pkgs: dict[str, str | None]) -> list[str]:
-    """What the installed torch release leaves out (fcp_exec.compat): FSDP2 before 2.5/2.6, transformers 5's models."""
+    """What the installed torch release leaves out (fcp_exec.compat): FSDP2 before 2.5/2.7, transformers 5's models."""
     import torch
 
-    from fcp_exec.compat import hf_models_problem, torch_release
+    from fcp_exec.compat import CPU_FSDP2_RELEASE, hf_models_problem, torch_release
 
     notes, release = [], torch_release()
     if release < (2, 5):
         notes.append(f"torch {torch.__version__}: --reducer fsdp2 needs torch>=2.5 (FSDP2 of 2.4 averages gradients)")
-    elif release < (2, 6):
-        notes.append(f"torch {torch.__version__}: FSDP2 (--reducer fsdp2) runs on CUDA devices only before torch 2.6")
+    elif release < CPU_FSDP2_RELEASE:
+        notes.append(f"torch {torch.__version__}: FSDP2 (--reducer fsdp2) does not run on the CPU before torch "
+                     + ".".join(map(str, CPU_FSDP2_RELEASE)))
     if pkgs.get("transformers") and hf_models_problem():
         notes.append(hf_models_problem())
     return notes

@@ -87,6 +87,7 @@ from fcp_exec.integrations.hf_trainer_data import (GlobalBatch, GlobalBatchLoade
 from fcp_exec.integrations.hf import apply_fcp, fcp_loss, model_type_of, unwrap
 from fcp_exec.integrations.hf_models import MLLM_MODEL_TYPES
 from fcp_exec.skips import leave_out_later
+from fcp_exec.compat import torch_release
 from fcp_exec.step import StepResult, reducer_for, train_step
 
 try:
@@ -176,6 +177,10 @@ class FCPTrainer(Trainer):
             warnings.warn(f"FCPTrainer: fsdp was requested but Accelerate did not enable it for "
                           f"{self.accelerator.state.distributed_type} (it does on accelerators, not on CPU): the model "
                           "trains with DistributedDataParallel, unsharded", stacklevel=3)
+        if self.is_fsdp_enabled and torch_release() < (2, 8):
+            warnings.warn(f"FCPTrainer: FSDP2 through Accelerate on torch {torch.__version__} is not verified: on the "
+                          "CPU with torch 2.7.1 it trained off the stock Trainer (fp16 gradient norms 45 % off); fcp's "
+                          "own FSDP2 loop (train_step) was exact there. torch>=2.8 is verified", stacklevel=3)
 
     # ------------------------------------------------------------------------------------------------- data
     def _pad_id(self, data: Any) -> int:

@@ -1,8 +1,8 @@
 """``fcp_exec.compat``: the torch APIs that moved between the releases fcp supports (torch>=2.4).
 
-The suite runs on the installed torch (2.13 here); ``benchmarks/torch_compat.py`` runs the executor's tests on 2.4.1
-and 2.5.1. These tests check the parts a newer torch does not exercise: the release parser, the FSDP2 refusal on the
-CPU before 2.6 and the norm computed where ``get_total_norm`` is missing (against a float64 reference)."""
+The suite runs on the installed torch (2.13 here); ``benchmarks/torch_compat.py`` runs it on 2.4.1, 2.5.1, 2.6.0 and
+2.7.1. These tests check the parts a newer torch does not exercise: the release parser, the FSDP2 refusal on the
+CPU before 2.7 and the norm computed where ``get_total_norm`` is missing (against a float64 reference)."""
 
 from __future__ import annotations
 
@@ -26,11 +26,12 @@ def test_torch_release_parses_the_version_strings_torch_has_used(monkeypatch, ve
 
 @pytest.mark.parametrize("version, device, refused", [("2.4.1", "cpu", True), ("2.5.1+cu124", "cpu", True),
                                                       ("2.5.1+cu124", "cuda", False), ("2.5.1", "npu", False),
-                                                      ("2.6.0", "cpu", False), ("2.13.0", "cpu", False)])
-def test_fsdp2_on_the_cpu_before_torch_2_6_is_one_clear_error(monkeypatch, version, device, refused):
+                                                      ("2.6.0", "cpu", True), ("2.7.1", "cpu", False),
+                                                      ("2.13.0", "cpu", False)])
+def test_fsdp2_on_the_cpu_before_torch_2_7_is_one_clear_error(monkeypatch, version, device, refused):
     monkeypatch.setattr(torch, "__version__", version)
     if refused:
-        want = f"torch {version} runs on CUDA devices only; on the CPU it needs torch>=2.6 (or use the 'ddp' reducer)"
+        want = f"torch {version} does not run on the CPU; it needs torch>=2.7 there (or use the 'ddp' reducer)"
         with pytest.raises(compat.MissingDependency, match=re.escape(want)):
             compat.check_fsdp2_device(torch.device(device) if device == "cpu" else device)
     else:
@@ -137,15 +138,15 @@ def test_make_reducer_refuses_what_an_older_torch_cannot_do():
     out = subprocess.run([sys.executable, "-c", _REFUSALS], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     first, second = out.stdout.strip().splitlines()[-2:]
-    assert first == ("refused: FSDP2 (fully_shard) of torch 2.5.1 runs on CUDA devices only; on the CPU it needs "
-                     "torch>=2.6 (or use the 'ddp' reducer)"), first
-    if compat.torch_release() >= (2, 6):  # the real FSDP2 wrapped the model; only the reducer's check refuses
+    assert first == ("refused: FSDP2 (fully_shard) of torch 2.5.1 does not run on the CPU; it needs torch>=2.7 there "
+                     "(or use the 'ddp' reducer)"), first
+    if compat.torch_release() >= compat.CPU_FSDP2_RELEASE:  # FSDP2 wrapped the model; the reducer refuses
         assert second.startswith(f"refused: FSDP2 of torch {torch.__version__} averages gradients and has no divide "
                                  "factor to set; fcp's fsdp2 reducer needs torch>=2.5"), second
 
 
-@pytest.mark.skipif(compat.torch_release() >= (2, 6), reason="FSDP2 runs on the CPU here (benchmarks/torch_compat.py "
-                                                              "runs this on torch 2.4 and 2.5)")
+@pytest.mark.skipif(compat.torch_release() >= compat.CPU_FSDP2_RELEASE,
+                    reason="FSDP2 runs on the CPU here (benchmarks/torch_compat.py runs this on torch 2.4 to 2.6)")
 def test_fcp_train_with_fsdp2_on_an_older_torch_is_one_line():
     import subprocess
     import sys
@@ -155,3 +156,26 @@ def test_fcp_train_with_fsdp2_on_an_older_torch_is_one_line():
     err = [line for line in out.stderr.splitlines() if line.strip()]
     assert out.returncode == 2 and len(err) == 1, out.stderr[-2000:]
     assert err[0].startswith("fcp train: error: FSDP2") and "torch>=2." in err[0], err[0]
+
+
+@pytest.mark.parametrize("reduce_dtype, param_dtype, orig_dtype, want", [
+    (None, None, torch.float64, 3.0),             # float64 parameters, no policy: pre/post-divided by 2 and 1.5
+    (None, torch.float16, torch.float32, 3.0),    # a float16 policy reducing in float16 (reduce dtype clamped to None)
+    (torch.float32, torch.float16, torch.float32, 1.0),  # reduced in float32: PreMulSum(1), a SUM already
+    (None, torch.bfloat16, torch.float32, 1.0),
+    (None, None, torch.float32, 1.0)])
+def test_undo_fsdp_gradient_average_reads_the_state_of_torch_2_5_to_2_7(reduce_dtype, param_dtype, orig_dtype, want):
+    """The rule of those releases' ``_get_gradient_divide_factors`` (float32/bfloat16: no division; else the
+    data-parallel size), on an object shaped like their private FSDP state; the real thing runs in
+    ``benchmarks/torch_compat.py`` on 2.7.1, where the float64 FSDP2 tests are exact with it and off by 2x without."""
+    from types import SimpleNamespace as NS
+
+    p = torch.nn.Parameter(torch.ones(2))
+    p.grad = torch.full((2,), 0.5)
+    group = NS(fsdp_params=[NS(sharded_param=p, param_dtype=param_dtype, orig_dtype=orig_dtype)],
+               _reduce_dtype=reduce_dtype, mesh_info=NS(mesh=NS(size=lambda: 3)))
+    module = NS(_get_fsdp_state=lambda: NS(_fsdp_param_group=group))
+    assert compat.undo_fsdp_gradient_average(module) == want
+    assert torch.equal(p.grad, torch.full((2,), 0.5 * want))
+    module.set_gradient_divide_factor = lambda f: None  # torch >= 2.8: its divide factor already made a SUM
+    assert compat.undo_fsdp_gradient_average(module) == 1.0 and torch.equal(p.grad, torch.full((2,), 0.5 * want))

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 import pytest
-from _requires import transformers_models
+from _requires import needs_cpu_fsdp2, transformers_models
 import torch
 
 transformers = transformers_models()
@@ -122,7 +122,8 @@ def test_fcp_train_with_a_checkpoint_that_does_not_fit_is_one_line(checkpoints, 
     assert "cannot load the checkpoint's weights" in err, err
 
 
-@pytest.mark.parametrize("family, reducer", [("qwen3", "fsdp2"), ("qwen2_5_vl", "ddp")])
+@pytest.mark.parametrize("family, reducer", [pytest.param("qwen3", "fsdp2", marks=needs_cpu_fsdp2),
+                                             ("qwen2_5_vl", "ddp")])
 def test_save_model_writes_the_trained_weights_for_from_pretrained(family, reducer, tmp_path):
     """``fcp train --save-model DIR`` after 2 steps on 2 processes (FSDP2: the shards gathered; DDP: unwrapped): the
     stock ``from_pretrained`` reads every trained parameter back exactly (float64), and the config names no fcp

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _requires import transformers_models
+from _requires import CPU_FSDP2, cpu_fsdp2, transformers_models, without_cpu_fsdp2
 import torch
 
 transformers = transformers_models()
@@ -47,7 +47,7 @@ _CONFIG_FILES = {"internvl": Path(__file__).resolve().parent / "internvl-tiny.js
 
 def _config_file(family: str) -> Path:
     return _CONFIG_FILES.get(family, CONFIGS / f"{family}-tiny.json")
-REDUCERS = ("allreduce", "ddp", "fsdp2")
+REDUCERS = ("allreduce", "ddp") + ("fsdp2",) * CPU_FSDP2  # FSDP2 runs on the CPU from torch 2.7
 STEPS = 3
 TOL = 1e-12
 COMMON = dict(data="synthetic", dtype="float64", steps=STEPS, global_batch_size=3, num_synthetic=12, max_tokens=80,
@@ -151,25 +151,26 @@ def _check_run(family: str, nproc: int, cfg: TrainConfig, result: dict, tol: flo
 
 
 FP32_REDUCERS = [("qwen2_vl", r) for r in REDUCERS]  # fp32 takes other collective paths: run on 2 processes
-SFT_RUNS = [("qwen3", "fsdp2"), ("llama", "allreduce"), ("qwen2_5_vl", "ddp")]  # the samples' own labels
+# the samples' own labels
+SFT_RUNS = without_cpu_fsdp2([("qwen3", "fsdp2"), ("llama", "allreduce"), ("qwen2_5_vl", "ddp")])
 # --amp: fp32 parameters, autocast; float16 with the loss scaler. Whether a step overflows near the edge depends on
 # how its tokens are split (a weight's fp16 gradient sums the tokens of one document in the stock model, of one
 # rank's share in FCP), so the scales are far from it: 2**12 never overflows here (gradients at 2**14 peak ~1e3),
 # 2**40 always does (every step skipped, on every rank, in both).
-AMP_RUNS = [("qwen3", "allreduce", "float16", 2.0 ** 12), ("qwen3", "fsdp2", "float16", 2.0 ** 40),
-            ("qwen2_5_vl", "ddp", "float16", 2.0 ** 12), ("qwen2_5_vl", "fsdp2", "bfloat16", None)]
+AMP_RUNS = without_cpu_fsdp2([("qwen3", "allreduce", "float16", 2.0 ** 12), ("qwen3", "fsdp2", "float16", 2.0 ** 40),
+                              ("qwen2_5_vl", "ddp", "float16", 2.0 ** 12), ("qwen2_5_vl", "fsdp2", "bfloat16", None)])
 AMP_WINDOW = 1000
 
 
 # --max-grad-norm and a learning-rate schedule (warm-up 1, linear to lr/10): clipped below every step's norm (the test
 # asserts the norm is above it), the reference scales its gradients by the rule written out and steps at CLIP_LRS
-CLIP_RUNS = [("qwen3", "fsdp2"), ("llama", "allreduce"), ("qwen2_5_vl", "ddp")]
+CLIP_RUNS = without_cpu_fsdp2([("qwen3", "fsdp2"), ("llama", "allreduce"), ("qwen2_5_vl", "ddp")])
 CLIP = dict(max_grad_norm=0.05, warmup_steps=1, lr_schedule="linear", min_lr=COMMON["lr"] / 10)
 CLIP_LRS = (COMMON["lr"] / 2, COMMON["lr"], COMMON["lr"] / 10)  # lr·1/2 (warm-up), lr, min_lr at the last step
 
 
 # samples that pass `fcp index` but fail to read (a video's frame data zeroed, jsonl lines edited after indexing)
-SKIP_RUNS = [("qwen3", "fsdp2"), ("qwen2_5_vl", "ddp")]
+SKIP_RUNS = without_cpu_fsdp2([("qwen3", "fsdp2"), ("qwen2_5_vl", "ddp")])
 # FCP learns how many labels were skipped only after the step's backward, so its gradients are those of Σ CE / D (the
 # planned denominator) times D / (D − S); the reference divides by D − S at once. Equal in exact arithmetic, but the
 # stock Qwen RMSNorm computes in float32 even in a float64 model, so the two scalings round apart at float32's level:
@@ -211,7 +212,7 @@ def _matrix_cfgs(nproc: int) -> list[TrainConfig]:
         cfgs += [_skip_cfg(f, r) for f, r in SKIP_RUNS]
         cfgs += [_cfg(f, r, False, dtype="float32", amp=a, scale=sc) for f, r, a, sc in AMP_RUNS]
         cfgs += [_cfg(f, r, False, clip=True) for f, r in CLIP_RUNS]
-        cfgs += [_cfg(f, "fsdp2", False, dtype="float32", mp="bfloat16") for f in MP_FAMILIES]
+        cfgs += [_cfg(f, "fsdp2", False, dtype="float32", mp="bfloat16") for f in MP_FAMILIES if CPU_FSDP2]
     return cfgs
 
 
@@ -361,6 +362,7 @@ def test_fsdp2_mixed_precision_is_as_close_to_exact_training_as_the_stock_models
     sign-like first update bf16 rounding compounds as in the bf16 test), its losses 1e-5 … 9e-5 from fp64 (the stock's
     4e-5 … 5e-3: fcp_loss takes the cross-entropy in float32). Mutation: the policy not passed to fully_shard fails
     ("did not act")."""
+    cpu_fsdp2()
     for family in MP_FAMILIES:
         [(cfg, res)] = _runs(2, family, "float32", mp="bfloat16")
         steps = res["steps"]

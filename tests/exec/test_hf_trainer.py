@@ -36,13 +36,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _requires import transformers_models
+from _requires import CPU_FSDP2, needs_cpu_fsdp2, transformers_models
 import torch
 
 transformers_models()
+
 pytest.importorskip("accelerate")
 
+from fcp_exec.compat import torch_release  # noqa: E402
 from fcp_exec.launch import launch  # noqa: E402
+
+# torch 2.7.1 (benchmarks/torch_compat.py): two FCPTrainer runs with Accelerate's FSDP2 differ from the stock Trainer
+# (fsdp2: loss 1.4e-5 off at step 2; fsdp2-fp16: gradient norms 45 % off), the others are exact; FCPTrainer warns there
+_ACCELERATE_FSDP2_OFF = [needs_cpu_fsdp2, pytest.mark.xfail(
+    torch_release() < (2, 8), strict=True,
+    reason="FCPTrainer with Accelerate's FSDP2 on torch < 2.8 differs from the stock Trainer (BENCHMARKS.md)")]
 
 CONFIGS = Path(__file__).resolve().parents[2] / "examples" / "configs"
 _CONFIG_FILES = {"internvl": Path(__file__).resolve().parent / "internvl-tiny.json"}  # 56-px tiles, 4 tokens each
@@ -380,11 +388,12 @@ def _fcp_runs(out: str) -> dict:
                        gradient_accumulation_steps=GA),
         "proc": _fcp_run("qwen2_5_vl", f"{out}/proc", processor="arrow"),
         "proc3": _fcp_run("qwen3_vl", f"{out}/proc3", processor="list"),
-        "fsdp2": _fcp_run("qwen3", f"{out}/fsdp2", fsdp2=True, save_steps=2),
-        "fsdp2-resumed": _fcp_run("qwen3", f"{out}/fsdp2-r", fsdp2=True, resume=f"{out}/fsdp2/checkpoint-2"),
-        "fsdp2-bf16": _fcp_run("qwen3", f"{out}/fsdp2-bf16", fsdp2=True, dtype=torch.float32, bf16=True),
+        **({"fsdp2": _fcp_run("qwen3", f"{out}/fsdp2", fsdp2=True, save_steps=2),
+            "fsdp2-resumed": _fcp_run("qwen3", f"{out}/fsdp2-r", fsdp2=True, resume=f"{out}/fsdp2/checkpoint-2"),
+            "fsdp2-bf16": _fcp_run("qwen3", f"{out}/fsdp2-bf16", fsdp2=True, dtype=torch.float32, bf16=True),
+            "fsdp2-fp16": _fcp_run("qwen3", f"{out}/fsdp2-fp16", fsdp2=True, dtype=torch.float32, fp16=True)}
+           if CPU_FSDP2 else {}),  # FSDP2 on the CPU: torch 2.7
         "fp16": _fcp_run("qwen2_5_vl", f"{out}/fp16", dtype=torch.float32, fp16=True),
-        "fsdp2-fp16": _fcp_run("qwen3", f"{out}/fsdp2-fp16", fsdp2=True, dtype=torch.float32, fp16=True),
         **({"lora": _fcp_run("qwen3", f"{out}/lora", lora=True)} if _HAS_PEFT else {}),
         **({"trl": _trl_run(f"{out}/trl")} if _HAS_TRL else {}),
         # DeepSpeed ZeRO-2 in float64; ZeRO-3 partitions float32/bf16 parameters only
@@ -716,7 +725,8 @@ def _same_params(got: dict, want: dict, what: str, tol: float = TOL) -> None:
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("run, family", [("ddp", "qwen3"), ("vl", "qwen2_5_vl"), ("vl2", "qwen2_vl"),
-                                         ("sft", "llama"), ("gc", "qwen3_vl"), ("fsdp2", "qwen3"),
+                                         ("sft", "llama"), ("gc", "qwen3_vl"),
+                                         pytest.param("fsdp2", "qwen3", marks=_ACCELERATE_FSDP2_OFF),
                                          ("ivl", "internvl"), ("ivl-proc", "internvl")])
 def test_fcp_trainer_equals_stock_trainer(fcp_runs, run, family, tmp_path):
     """``sft``: the samples' own labels (a masked prompt), counted over the global batch by train_step; ``gc``: the
@@ -985,7 +995,8 @@ def _half_precision_runs(fcp_runs, run: str, family: str, tmp_path, **half) -> t
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("run, family", [("bf16", "qwen2_5_vl"), ("fsdp2-bf16", "qwen3")]
+@pytest.mark.parametrize("run, family", [("bf16", "qwen2_5_vl"),
+                                          pytest.param("fsdp2-bf16", "qwen3", marks=needs_cpu_fsdp2)]
                          + ([("zero2-bf16", "qwen3")] if _HAS_DEEPSPEED else []))
 def test_fcp_trainer_bf16_is_as_close_to_fp32_training_as_the_stock_trainer(fcp_runs, tmp_path, run, family):
     """``bf16=True`` (fp32 weights, bf16 compute: how the Trainer trains on GPUs). ``bf16``: DDP with autocast on
@@ -1029,7 +1040,8 @@ BF16_DRIFT, BF16_FLOOR, FSDP2_BF16_FLOOR = 20.0, 1e-3, 1e-2
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("run, family", [("fp16", "qwen2_5_vl"), ("fsdp2-fp16", "qwen3")])
+@pytest.mark.parametrize("run, family", [("fp16", "qwen2_5_vl"),
+                                          pytest.param("fsdp2-fp16", "qwen3", marks=_ACCELERATE_FSDP2_OFF)])
 def test_fcp_trainer_fp16_scales_and_skips_like_the_stock_trainer(fcp_runs, tmp_path, run, family):
     """``fp16=True`` (fp32 weights, fp16 autocast, Accelerate's loss scaler — given to the CPU by
     :func:`_accelerate_fp16_on_cpu`, the schedule of FP16_SCALER). ``fp16``: DDP on Qwen2.5-VL with images and videos;
@@ -1089,7 +1101,8 @@ def test_fcp_trainer_trains_a_lora_adapter_like_the_stock_trainer(fcp_runs, tmp_
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("run", ["ddp", "fsdp2"] + (["zero2"] if _HAS_DEEPSPEED else []))
+@pytest.mark.parametrize("run", ["ddp", pytest.param("fsdp2", marks=needs_cpu_fsdp2)]
+                         + (["zero2"] if _HAS_DEEPSPEED else []))
 def test_fcp_trainer_resumes_at_the_checkpoint_global_batch(fcp_runs, run):
     """DDP, FSDP2 with Accelerate's sharded checkpoints (``state_dict_type`` SHARDED_STATE_DICT: the default
     FULL_STATE_DICT save fails on CPU inside safetensors for the stock Trainer too — "invalid python storage"), and

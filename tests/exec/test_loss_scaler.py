@@ -23,11 +23,11 @@ import pytest
 import torch
 
 from fcp_data import CostModel
-from fcp_exec.compat import torch_release
+from fcp_exec.compat import CPU_FSDP2_RELEASE, torch_release
 from fcp_exec.launch import launch
 
 LENGTHS = [37, 12, 64, 9, 50, 23, 71, 18, 40, 33, 15, 58]
-REDUCERS = ("allreduce", "ddp") + (("fsdp2",) if torch_release() >= (2, 6) else ())  # FSDP2 on CPU: torch 2.6
+REDUCERS = ("allreduce", "ddp") + (("fsdp2",) if torch_release() >= CPU_FSDP2_RELEASE else ())  # FSDP2 on the CPU
 STEPS, SCALE = 3, 2.0 ** 12
 TOL = 1e-15
 
