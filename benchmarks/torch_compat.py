@@ -76,7 +76,8 @@ def run_suite(venv: Path, tests: list, workers: int) -> dict:
     proc = _run([py, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", "-n", str(workers), "--dist",
                  "loadfile", *tests], cwd=ROOT)
     out = proc.stdout + proc.stderr
-    counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?)\b", out.splitlines()[-1])}
+    counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|xfailed|errors?)\b",
+                                               out.splitlines()[-1])}
     failed = sorted(set(re.findall(r"^(?:FAILED|ERROR) (\S+)", out, re.M)))
     skips: dict = {}
     for n, reason in re.findall(r"^SKIPPED \[(\d+)\] [^:]+:\d+: (.*)$", out, re.M):  # a module-level skip: 1
@@ -84,6 +85,7 @@ def run_suite(venv: Path, tests: list, workers: int) -> dict:
     return {"torch": version, "exit": proc.returncode, "seconds": round(time.monotonic() - start, 1),
             "passed": counts.get("passed", 0), "failed": counts.get("failed", 0),
             "errors": counts.get("errors", counts.get("error", 0)), "skipped": counts.get("skipped", 0),
+            "xfailed": counts.get("xfailed", 0),
             "failures": failed, "skip_reasons": dict(sorted(skips.items(), key=lambda kv: -kv[1]))}
 
 
@@ -110,7 +112,7 @@ def main(argv=None) -> int:
         res = run_suite(venv, args.tests, args.workers)
         results.append(res)
         print(f"torch {res['torch']:<14} passed {res['passed']:5d}  failed {res['failed'] + res['errors']:3d}  "
-              f"skipped {res['skipped']:4d}  {res['seconds']:7.1f} s", flush=True)
+              f"skipped {res['skipped']:4d}  expected failures {res['xfailed']}  {res['seconds']:7.1f} s", flush=True)
         for name in res["failures"]:
             print(f"    FAILED {name}")
         for reason, n in list(res["skip_reasons"].items())[:8]:

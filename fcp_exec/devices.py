@@ -4,8 +4,10 @@ two ranks on one accelerator, and :func:`init_distributed`."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
+import sys
 from typing import Any
 
 __all__ = ["default_backend", "current_device", "collective_dtype", "check_devices", "init_distributed",
@@ -107,9 +109,29 @@ def init_distributed(backend: str | None = None, timeout_s: float = 300.0, num_t
     accelerator = device.type in ("cuda", "npu") and backend in ("nccl", "hccl")
     if accelerator:
         kwargs["device_id"] = device
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
-    dist.barrier(**({"device_ids": [device.index]} if accelerator else {}))
+    with _native_stdout_to_stderr():  # gloo of torch 2.8 prints "[Gloo] Rank 0 is connected to ..." on stdout
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+        dist.barrier(**({"device_ids": [device.index]} if accelerator else {}))
     return device
+
+
+@contextlib.contextmanager
+def _native_stdout_to_stderr():
+    """File descriptor 1 onto 2 for the block: what native code prints there (torch 2.8's gloo announces every
+    connection on stdout) goes to stderr, so ``fcp train --json`` and a user's own machine-readable stdout keep only
+    their lines. Python's own ``sys.stdout`` is flushed first and writes nothing inside."""
+    try:
+        sys.stdout.flush()
+        saved = os.dup(1)
+    except (OSError, ValueError, AttributeError):  # no fd 1 (a closed or replaced stdout): nothing to protect
+        yield
+        return
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 _TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
