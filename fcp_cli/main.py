@@ -47,7 +47,7 @@ _NAMES = frozenset(name for name, _, _ in COMMANDS)
 # exception type, message and traceback)
 _WORKER_USER_ERRORS = ("ValueError", "UsageError", "fcp_data.commands.UsageError", "FileNotFoundError", "OSError",
                        "SampleReadError",  # the data itself is broken (fcp_data.read_errors)
-                       "MissingDependency",  # fcp_exec.compat: e.g. FSDP2 on the CPU before torch 2.6
+                       "MissingDependency",  # fcp_exec.compat: e.g. FSDP2 on the CPU before torch 2.7
                        "TrainingDiverged")  # a NaN/inf loss (fcp_exec.optim.check_finite): the settings, not a bug
 
 

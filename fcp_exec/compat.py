@@ -32,12 +32,13 @@ import sys
 
 import torch
 
-__all__ = ["CPU_FSDP2_RELEASE", "MissingDependency", "check_fsdp2_device", "dtensor_type", "fsdp2_api",
-           "fsdp_divide_factor_setter", "undo_fsdp_gradient_average",
-           "hf_models_problem", "require_hf_models", "torch_release", "total_norm"]
+__all__ = ["CPU_FSDP2_RELEASE", "HF_MODELS_RELEASE", "MissingDependency", "check_fsdp2_device", "dtensor_type",
+           "fsdp2_api", "fsdp_divide_factor_setter", "undo_fsdp_gradient_average", "hf_models_problem",
+           "require_hf_models", "torch_release", "total_norm"]
 
 
 CPU_FSDP2_RELEASE = (2, 7)  # the first torch release whose FSDP2 runs on the CPU (benchmarks/torch_compat.py)
+HF_MODELS_RELEASE = (2, 6)  # the first torch release on which transformers 5 builds models
 
 
 class MissingDependency(ImportError):
@@ -61,7 +62,7 @@ def hf_models_problem() -> str | None:
 def _import_transformers():
     """transformers; on torch < 2.6 imported with its import-time warnings ("Disabling PyTorch ...", "PyTorch was not
     found ...") silenced, as :func:`hf_models_problem` says it in one line, then its default verbosity restored."""
-    if "transformers" in sys.modules or torch_release() >= (2, 6):
+    if "transformers" in sys.modules or torch_release() >= HF_MODELS_RELEASE:
         import transformers
 
         return transformers
@@ -145,7 +146,7 @@ def undo_fsdp_gradient_average(module) -> float:
 
 def fsdp_divide_factor_setter(module):
     """The bound method that sets an FSDP module's gradient divide factor, or None where torch has none (2.4)."""
-    for name in ("set_gradient_divide_factor", "set_reduce_scatter_divide_factor"):  # torch >= 2.6, torch 2.5
+    for name in ("set_gradient_divide_factor", "set_reduce_scatter_divide_factor"):  # torch >= 2.8, 2.5-2.7
         setter = getattr(module, name, None)
         if setter is not None:
             return setter

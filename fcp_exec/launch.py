@@ -42,7 +42,7 @@ from typing import Any, Callable, Sequence
 from fcp_data.sampler_inputs import dist_rank_and_world as dist_info  # the one rank/world helper
 from fcp_exec.devices import (check_devices, collective_dtype, current_device, default_backend, init_distributed,
                                settle_collectives)
-from fcp_exec.compat import torch_release
+from fcp_exec.compat import HF_MODELS_RELEASE, torch_release
 from fcp_exec import forkserver
 from fcp_exec.host_memory import keep_freed_memory
 
@@ -55,9 +55,10 @@ _HOST = "127.0.0.1"
 _PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "fcp_exec.launch")
 # launch() serves training: its forkserver also imports the training stack once (later launches start in ~0.1 s)
 # (transformers 5 only on torch >= 2.6: older, it disables its models and its model code fails on import)
+_HF_PRELOAD = "transformers fcp_exec.integrations.hf fcp_exec.integrations.hf_positions"
 _TRAIN_PRELOAD = _PRELOAD + tuple(("fcp_exec.train fcp_exec.ring_attention fcp_exec.models fcp_data.sampler "
-                                   "fcp_data.collator fcp_data.plan" + (" transformers fcp_exec.integrations.hf "
-                                   "fcp_exec.integrations.hf_positions" if torch_release() >= (2, 6) else "")).split())
+                                   "fcp_data.collator fcp_data.plan").split()
+                                  + (_HF_PRELOAD.split() if torch_release() >= HF_MODELS_RELEASE else []))
 _GRACE_S = 2.0  # after the first failure, how long the other ranks may still report theirs
 
 

@@ -118,9 +118,8 @@ def _torch_notes(pkgs: dict[str, str | None]) -> list[str]:
     elif release < CPU_FSDP2_RELEASE:
         notes.append(f"torch {torch.__version__}: FSDP2 (--reducer fsdp2) does not run on the CPU before torch "
                      + ".".join(map(str, CPU_FSDP2_RELEASE)))
-    if pkgs.get("transformers") and hf_models_problem():
-        notes.append(hf_models_problem())
-    return notes
+    problem = hf_models_problem() if pkgs.get("transformers") else None
+    return notes + ([problem] if problem else [])
 
 
 def _notes(pkgs: dict[str, str | None], devices: dict[str, Any]) -> list[str]:
