@@ -88,7 +88,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from fcp_data.collator_inputs import as_ids, check_pairs, check_sample_keys, sample_labels_of, token_ids
+from fcp_data.collator_inputs import (as_ids, check_pairs, check_sample_keys, no_stop_iteration, sample_labels_of,
+                                     token_ids)
 from fcp_data.layout import zigzag_index
 from fcp_data.mrope import qwen_vl_mrope_positions
 from fcp_data.read_errors import LAYOUT_UNKNOWN, SKIPPED, VISUAL, SkippedSample
@@ -211,6 +212,7 @@ class FCPCollator:
         return out.to(torch.long)
 
     # ------------------------------------------------------------------ main
+    @no_stop_iteration
     def __call__(self, batch: Sequence) -> dict[str, Any]:
         check_pairs(batch)
         meta = self._meta(batch)

@@ -4,11 +4,33 @@ own labels (``sample_labels=True``). Every refusal is one ``ValueError``/``TypeE
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import Any, Callable
 
 import torch
 
 from fcp_data.strict import token_id
+
+
+def no_stop_iteration(collate: Callable) -> Callable:
+    """``collate`` (a collator's ``__call__``) with a ``StopIteration`` raised inside it — by a ``position_fn``, a
+    processor, an installed model's ``get_rope_index`` calling ``next()`` on an exhausted iterator — turned into a
+    ``RuntimeError`` naming the micro-batch's samples. Unconverted, a DataLoader takes it for the end of the epoch
+    (in its main process and from its workers alike): the epoch's remaining micro-batches would be dropped without a
+    word and the step would fail later, far from the cause."""
+
+    @functools.wraps(collate)
+    def call(self, batch, *args, **kwargs):
+        try:
+            return collate(self, batch, *args, **kwargs)
+        except StopIteration as e:
+            idx = [int(s.index) for _, s in batch] if isinstance(batch, (list, tuple)) and all(
+                isinstance(p, (list, tuple)) and len(p) == 2 and hasattr(p[1], "index") for p in batch) else "?"
+            raise RuntimeError(f"StopIteration raised while collating samples {idx} (a next() on an exhausted iterator "
+                               "in the code the collator calls; see the chained traceback): a DataLoader would have "
+                               "ended the epoch here and dropped its remaining micro-batches") from e
+
+    return call
 
 
 def check_pairs(batch: Any) -> None:

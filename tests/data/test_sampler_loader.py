@@ -174,6 +174,62 @@ def _join_queue_feeders(timeout: float = 5.0) -> None:
         t.join(max(0.0, end - time.monotonic()))
 
 
+class _PlaceholderData:
+    """Sample i: text, 4 visual placeholders (grid [[1, 4, 4]], merge 2), text — lengths[i] tokens in all."""
+
+    VIS = 99
+
+    def __init__(self, lengths):
+        self.lengths = [int(x) for x in lengths]
+
+    def __len__(self):
+        return len(self.lengths)
+
+    def __getitem__(self, i):
+        n = self.lengths[i]
+        ids = torch.cat([torch.tensor([1]), torch.full((4,), self.VIS), (torch.arange(n - 5) * 7 + i) % 90 + 1])
+        return {"input_ids": ids, "grid_thw": torch.tensor([[1, 4, 4]]), "pixel_values": torch.zeros(16, 3), "_index": i}
+
+
+class _ExhaustedAt:
+    """A position_fn that calls next() on an exhausted iterator for one sample (transformers 5.3's Qwen2.5-VL
+    ``get_rope_index`` did, on an image before a video), 1-D positions for the others."""
+
+    def __init__(self, bad: int):
+        self.bad = bad
+
+    def __call__(self, sample, ids):
+        if sample["_index"] == self.bad:
+            next(iter(()))
+        return torch.arange(ids.numel()).expand(3, -1)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_stop_iteration_inside_the_collator_is_an_error_not_the_end_of_the_epoch(num_workers):
+    """A StopIteration escaping the collator (here from its position_fn) would end a DataLoader's epoch early and
+    silently — in its main process and from its workers alike; FCPCollator raises a RuntimeError naming the samples
+    of the micro-batch instead, and the micro-batches before it arrive as usual."""
+    lengths = np.clip(_lengths(60, seed=3), 8, 300)
+    def sampler():
+        return FCPSampler(lengths, num_ranks=2, rank=0, cost_model=CM, global_batch_size=8, prefetch=0)
+
+    mbs = [tuple(slot.index for slot in mb) for mb in sampler()]
+    k = next(k for k in range(len(mbs) // 2, len(mbs)) if mbs[k])  # a micro-batch in the middle of the epoch
+    bad = mbs[k][-1]
+    collate = FCPCollator(pad_token_id=0, visual_token_id=_PlaceholderData.VIS, mrope=True,
+                          mask_visual_labels=False, position_fn=_ExhaustedAt(bad))
+    loader = DataLoader(FCPDataset(_PlaceholderData(lengths)), batch_sampler=sampler(), collate_fn=collate,
+                        num_workers=num_workers)
+    got = []
+    with pytest.raises(RuntimeError, match=r"StopIteration raised while collating samples \[[\d, ]*\b%d\]" % bad) \
+            as err:
+        for b in loader:
+            got.append(b["sample_indices"])
+    assert got == mbs[:k]  # everything before the failing micro-batch, nothing after it
+    if num_workers == 0:
+        assert isinstance(err.value.__cause__, StopIteration)
+
+
 @pytest.mark.filterwarnings("ignore:.*pin_memory.*")
 @pytest.mark.parametrize("num_workers,persistent,pin", [(0, False, False), (2, False, True), (2, True, False)])
 def test_dataloader_batches_equal_direct_collation(num_workers, persistent, pin):
