@@ -69,9 +69,19 @@ def load_config(path) -> Any:
     raw = dict(raw)
     raw.pop("architectures", None)
     try:
-        return AutoConfig.for_model(raw.pop("model_type"), **raw)
+        cfg = AutoConfig.for_model(raw.pop("model_type"), **raw)
     except Exception as e:  # noqa: BLE001 -- also huggingface_hub's StrictDataclassError (a field of the wrong type)
         raise ValueError(f"{p}: transformers cannot build this config: {' '.join(str(e).split())}") from None
+    for sub in (getattr(cfg, "text_config", None) or cfg, getattr(cfg, "vision_config", None)):
+        for name in _SIZE_FIELDS:  # transformers before ~5.10 stores them unchecked (a str reaches torch.empty)
+            v = getattr(sub, name, None) if sub is not None else None
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+                raise ValueError(f"{p}: transformers cannot build this config: {name} must be an int, got {v!r}")
+    return cfg
+
+
+_SIZE_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                "head_dim", "vocab_size", "depth", "num_heads")
 
 
 def build_model(config, *, dtype=torch.float32, seed: int = 0) -> nn.Module:
@@ -85,7 +95,7 @@ def build_model(config, *, dtype=torch.float32, seed: int = 0) -> nn.Module:
     auto = AutoModelForImageTextToText if cfg.model_type in MLLM_MODEL_TYPES else AutoModelForCausalLM
     try:
         return auto.from_config(cfg, attn_implementation="sdpa", dtype=dtype)
-    except (RuntimeError, ValueError) as e:  # e.g. a negative hidden_size reaches torch as a tensor shape
+    except (RuntimeError, ValueError, TypeError) as e:  # e.g. a negative hidden_size reaches torch as a tensor shape
         raise ValueError(f"cannot build a {cfg.model_type} model from this config: {str(e).splitlines()[0]}") from None
 
 
