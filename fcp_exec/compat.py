@@ -19,6 +19,13 @@ assume the newest one. What moved:
 * transformers 5 imports on an older torch but disables its models ("PyTorch >= 2.6 is required"); what fails then is
   deep inside it (a ``NameError`` in its pipeline-parallel module, a multi-line ``ImportError``).
   :func:`hf_models_problem` says so in one line, :func:`require_hf_models` raises it as :class:`MissingDependency`.
+* transformers itself (:data:`TRANSFORMERS_RELEASE`, 5.18): fcp hands a vision-language model the rows its CP group
+  encoded through ``mm_encoder_outputs``, which transformers reads from 5.18; an older one takes the argument into
+  ``**kwargs`` and ignores it, so the model trained without its images (the loss of the suite's Qwen2-VL runs 1e-3 off
+  the stock model on 5.15.1, measured). :func:`hf_models_problem` refuses it too. Before 5.24 the ``Trainer`` resumes
+  mid-epoch through the module function ``skip_first_batches`` (accelerate's: it rebuilds a ``DataLoader`` from the
+  loader's ``batch_sampler``) instead of ``Trainer.get_resumed_dataloader``, which ``FCPTrainer`` overrides;
+  :func:`resumable_trainer` routes fcp's loader to the override for the length of ``train()``.
 
 Imports are lazy (inside the functions): ``torch.distributed.fsdp`` costs time that a planning command never needs.
 The tests run on the installed torch; ``benchmarks/torch_compat.py`` runs the whole suite on 2.4.1, 2.5.1, 2.6.0,
@@ -27,18 +34,20 @@ The tests run on the installed torch; ``benchmarks/torch_compat.py`` runs the wh
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
 import torch
 
-__all__ = ["CPU_FSDP2_RELEASE", "HF_MODELS_RELEASE", "MissingDependency", "check_fsdp2_device", "dtensor_type",
-           "fsdp2_api", "fsdp_divide_factor_setter", "undo_fsdp_gradient_average", "hf_models_problem",
-           "require_hf_models", "torch_release", "total_norm"]
+__all__ = ["CPU_FSDP2_RELEASE", "HF_MODELS_RELEASE", "TRANSFORMERS_RELEASE", "MissingDependency", "check_fsdp2_device",
+           "dtensor_type", "fsdp2_api", "fsdp_divide_factor_setter", "undo_fsdp_gradient_average", "hf_models_problem",
+           "release_of", "require_hf_models", "resumable_trainer", "torch_release", "total_norm"]
 
 
 CPU_FSDP2_RELEASE = (2, 7)  # the first torch release whose FSDP2 runs on the CPU (benchmarks/torch_compat.py)
 HF_MODELS_RELEASE = (2, 6)  # the first torch release on which transformers 5 builds models
+TRANSFORMERS_RELEASE = (5, 18)  # the first transformers that reads mm_encoder_outputs (benchmarks/torch_compat.py)
 
 
 class MissingDependency(ImportError):
@@ -56,6 +65,11 @@ def hf_models_problem() -> str | None:
         return (f"transformers {transformers.__version__} does not run on torch {torch.__version__} (transformers 5 "
                 "needs torch>=2.6): upgrade torch for Hugging Face models; fcp's planner, sampler, collator, ring "
                 "attention and its own models run on this torch")
+    if release_of(transformers.__version__) < TRANSFORMERS_RELEASE:
+        need = ".".join(map(str, TRANSFORMERS_RELEASE))
+        return (f"transformers {transformers.__version__} is older than fcp's Hugging Face integration supports: "
+                f"pip install 'transformers>={need},<6' (before {need} a vision-language model ignores the vision "
+                "rows fcp hands it, mm_encoder_outputs, and trains without its images)")
     return None
 
 
@@ -89,7 +103,12 @@ def require_hf_models() -> None:
 
 def torch_release() -> tuple[int, int]:
     """(major, minor) of the installed torch: ``2.5.1+cu124`` → (2, 5), a nightly ``2.6.0a0+git...`` → (2, 6)."""
-    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    return release_of(torch.__version__)
+
+
+def release_of(version: str) -> tuple[int, int]:
+    """(major, minor) of a version: ``2.5.1+cu124`` → (2, 5), ``5.18.0.dev0`` → (5, 18), ``2.10rc1`` → (2, 10)."""
+    major, minor = (version.split("+")[0].split(".") + ["0"])[:2]
     digits = len(minor) - len(minor.lstrip("0123456789"))  # "10rc1" → 10
     return int(major), int(minor[:digits] or 0)
 
@@ -163,3 +182,27 @@ def total_norm(grads: list) -> torch.Tensor:
     norms = [torch.linalg.vector_norm(g.detach(), 2.0) for g in grads]
     first = norms[0].device
     return torch.linalg.vector_norm(torch.stack([n.to(first) for n in norms]), 2.0)
+
+
+@contextlib.contextmanager
+def resumable_trainer(trainer):
+    """While inside, a ``transformers.Trainer`` without ``get_resumed_dataloader`` (transformers < 5.24) skips the
+    trained batches of a loader with ``skip_to`` (fcp's ``GlobalBatchLoader``) through
+    ``trainer.get_resumed_dataloader`` (the sampler moves there; nothing is read), any other loader as before."""
+    import transformers.trainer as hf_trainer
+
+    original = getattr(hf_trainer, "skip_first_batches", None)
+    if hasattr(hf_trainer.Trainer, "get_resumed_dataloader") or original is None:
+        yield
+        return
+
+    def skip_first_batches(dataloader, num_batches=0):
+        if hasattr(dataloader, "skip_to"):
+            return trainer.get_resumed_dataloader(dataloader, num_batches)
+        return original(dataloader, num_batches)
+
+    hf_trainer.skip_first_batches = skip_first_batches
+    try:
+        yield
+    finally:
+        hf_trainer.skip_first_batches = original

@@ -9,16 +9,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fcp_exec.compat import CPU_FSDP2_RELEASE, torch_release
+from fcp_exec.compat import CPU_FSDP2_RELEASE, TRANSFORMERS_RELEASE, release_of, torch_release
 
 
 def transformers_models():
     """The transformers module, or a skip (of the module where called at module level) where it is not installed or
-    its models do not run on this torch."""
+    its models do not run on this torch, or it is older than fcp supports (fcp_exec.compat.TRANSFORMERS_RELEASE)."""
     transformers = pytest.importorskip("transformers")
     if not transformers.utils.is_torch_available():
         pytest.skip(f"transformers {transformers.__version__} does not run on torch {torch.__version__}",
                     allow_module_level=True)
+    if release_of(transformers.__version__) < TRANSFORMERS_RELEASE:
+        pytest.skip(f"transformers {transformers.__version__} is older than fcp supports "
+                    f"({'.'.join(map(str, TRANSFORMERS_RELEASE))}; fcp refuses it in one line)", allow_module_level=True)
     return transformers
 
 

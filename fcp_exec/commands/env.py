@@ -22,7 +22,7 @@ __all__ = ["register", "environment", "PACKAGES"]
 
 # (distribution, what fcp uses it for, versions tested with, the supported range as (lowest, below) or None)
 PACKAGES: tuple[tuple[str, str, tuple[str, ...], tuple[str, str] | None], ...] = (
-    ("transformers", "hf: models, FCPTrainer, hf_collator", ("5.24", "5.25"), ("5.3", "6")),
+    ("transformers", "hf: models, FCPTrainer, hf_collator", ("5.18", "5.20", "5.23", "5.24", "5.25"), ("5.18", "6")),
     ("accelerate", "FCPTrainer (the Trainer's own requirement)", (), ("1.1", "")),
     ("megatron-core", "fcp_exec.integrations.megatron", ("0.16",), ("0.13", "")),
     ("torchtitan", "fcp_exec.integrations.torchtitan", ("0.3.0",), ("0.3", "")),
@@ -134,11 +134,6 @@ def _notes(pkgs: dict[str, str | None], devices: dict[str, Any]) -> list[str]:
                          + (f",<{supported[1]}" if supported[1] else "") + ": expect errors")
         elif tested and not any(_num(have)[:len(_num(t))] == _num(t) for t in tested):
             notes.append(f"{dist_name} {have} was not tested with fcp (tested: {', '.join(tested)})")
-    tf = pkgs.get("transformers")
-    if tf and (5, 3) <= _num(tf)[:2] and _num(tf) < (5, 5, 4):
-        notes.append(f"transformers {tf}: Qwen2.5-VL's get_rope_index offsets positions wrongly in some releases of "
-                     "5.3-5.5.3 (huggingface/transformers#45381, #45325; fixed in 5.5.4); hf_collator reproduces the "
-                     "installed model's positions, bug included")
     if devices["cuda"] and pkgs.get("flash-attn") is None:
         notes.append("CUDA without flash-attn: the CUDA kernel runs torch's own flash attention (or SDPA); "
                      "pip install flash-attn>=2.6 for its varlen kernels")

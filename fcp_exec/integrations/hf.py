@@ -54,7 +54,7 @@ from torch.nn import functional as F
 
 from fcp_exec.integrations.hf_models import (SUPPORTED_MODEL_TYPES, TILE_VL_MODEL_TYPES,  # noqa: F401
                                              VL_MODEL_TYPES, attention_limits, build_model, enable_gradient_checkpointing,
-                                             has_weights, load_config, load_model, tile_geometry)
+                                             has_weights, load_config, load_model, require_hf_models, tile_geometry)
 from fcp_exec.step import denominator
 
 __all__ = ["ATTENTION_NAME", "SUPPORTED_MODEL_TYPES", "VL_MODEL_TYPES", "FCPAttentionContext", "apply_fcp",
@@ -168,6 +168,7 @@ def apply_fcp(model: nn.Module, *, kernel=None, timeout: float | None = None) ->
     (default: by device); ``timeout``: seconds bounding every ring P2P wait (None: the process group's)."""
     from fcp_exec.kernels import KERNEL_NAMES, AttentionKernel
 
+    require_hf_models()  # transformers < 5.18 would train a VL model without its images
     model_type = model_type_of(model)
     text_cfg = getattr(model.config, "text_config", model.config)  # a VL model's language model, else the model's
     if getattr(text_cfg, "output_router_logits", False):

@@ -87,7 +87,7 @@ from fcp_exec.integrations.hf_trainer_data import (GlobalBatch, GlobalBatchLoade
 from fcp_exec.integrations.hf import apply_fcp, fcp_loss, model_type_of, unwrap
 from fcp_exec.integrations.hf_models import MLLM_MODEL_TYPES
 from fcp_exec.skips import leave_out_later
-from fcp_exec.compat import torch_release
+from fcp_exec.compat import resumable_trainer, torch_release
 from fcp_exec.step import StepResult, reducer_for, train_step
 
 try:
@@ -297,7 +297,8 @@ class FCPTrainer(Trainer):
             resume = get_last_checkpoint(self.args.output_dir) if os.path.isdir(self.args.output_dir) else None
         self._resume_dir = resume or None
         try:
-            out = super().train(*args, **kwargs)
+            with resumable_trainer(self):  # transformers < 5.24 resumes through skip_first_batches
+                out = super().train(*args, **kwargs)
         finally:
             self._in_train = False
         settle_collectives()

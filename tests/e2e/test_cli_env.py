@@ -61,11 +61,11 @@ def test_env_json_says_what_this_interpreter_says(capsys):
 
 
 @pytest.mark.parametrize("pkgs, want", [
-    ({"transformers": "4.57.1"}, ["transformers 4.57.1 is outside the supported range >=5.3,<6"]),
-    ({"transformers": "6.0.0"}, ["transformers 6.0.0 is outside the supported range >=5.3,<6"]),
-    ({"transformers": "5.20.0"}, ["transformers 5.20.0 was not tested with fcp (tested: 5.24, 5.25)"]),
-    ({"transformers": "5.4.0"}, ["transformers 5.4.0 was not tested",
-                                 "transformers 5.4.0: Qwen2.5-VL's get_rope_index"]),
+    ({"transformers": "4.57.1"}, ["transformers 4.57.1 is outside the supported range >=5.18,<6"]),
+    ({"transformers": "6.0.0"}, ["transformers 6.0.0 is outside the supported range >=5.18,<6"]),
+    ({"transformers": "5.21.0"}, ["transformers 5.21.0 was not tested with fcp (tested: 5.18, 5.20, 5.23, 5.24, 5.25)"]),
+    ({"transformers": "5.17.0"}, ["transformers 5.17.0 is outside the supported range >=5.18,<6"]),
+    ({"transformers": "5.20.2"}, []),
     ({"transformers": "5.25.1"}, []),
     ({"megatron-core": "0.12.0"}, ["megatron-core 0.12.0 is outside the supported range >=0.13: expect errors"]),
     ({"megatron-core": "0.16.1"}, []),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 
 import pytest
 import torch
@@ -83,6 +84,39 @@ def test_fsdp2_api_and_dtensor_type_are_the_installed_classes():
     assert compat.dtensor_type().__name__ == "DTensor"
 
 
+@pytest.mark.parametrize("version, want", [("5.25.0", (5, 25)), ("5.18.0.dev0", (5, 18)), ("4.57.6", (4, 57)),
+                                           ("5.3.0rc1", (5, 3)), ("6", (6, 0))])
+def test_release_of_parses_transformers_versions(version, want):
+    assert compat.release_of(version) == want
+
+
+@pytest.mark.parametrize("version, refused", [("5.17.0", True), ("5.3.0", True), ("4.57.6", True), ("5.18.0", False),
+                                              ("5.25.0", False)])
+def test_transformers_older_than_the_floor_is_refused_in_one_line(monkeypatch, version, refused):
+    """Below 5.18 a VL model ignores ``mm_encoder_outputs`` (fcp's vision rows) and trains without its images: the
+    suite's Qwen2-VL runs were 1e-3 off the stock model on 5.15.1 (``benchmarks/torch_compat.py``). ``apply_fcp``,
+    ``build_model`` and ``fcp train`` refuse it with one line that says what to install."""
+    transformers = pytest.importorskip("transformers")
+    if not transformers.utils.is_torch_available():
+        pytest.skip("transformers disables its models on this torch (the other refusal)")
+    from fcp_exec.integrations.hf import apply_fcp
+
+    config = transformers.AutoConfig.for_model("llama", vocab_size=32, hidden_size=16, intermediate_size=32,
+                                               num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    # transformers' lazy loading can put a new module object into sys.modules: patch the one an import returns
+    monkeypatch.setattr(sys.modules["transformers"], "__version__", version)
+    problem = compat.hf_models_problem()
+    if not refused:
+        assert problem is None
+        return
+    assert problem.startswith(f"transformers {version} is older than fcp's Hugging Face integration supports: "
+                              "pip install 'transformers>=5.18,<6'") and "\n" not in problem
+    with pytest.raises(compat.MissingDependency, match=re.escape(problem)):
+        apply_fcp(model)
+    assert model.config._attn_implementation != "fcp_ring"  # refused before touching the model
+
+
 def test_hf_models_problem_says_what_transformers_can_do_here():
     """None where transformers builds models on this torch; one line naming both versions where it does not (torch
     < 2.6, run by ``benchmarks/torch_compat.py``), which ``build_model`` raises as ``MissingDependency``."""
@@ -96,9 +130,13 @@ def test_hf_models_problem_says_what_transformers_can_do_here():
         return
     config = transformers.AutoConfig.for_model("llama", vocab_size=32, hidden_size=16, intermediate_size=32,
                                                num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
-    if transformers.utils.is_torch_available():
+    if transformers.utils.is_torch_available() and compat.release_of(transformers.__version__) >= (5, 18):
         assert problem is None
         assert sum(p.numel() for p in build_model(config).parameters()) > 0
+    elif transformers.utils.is_torch_available():
+        assert problem.startswith(f"transformers {transformers.__version__} is older than fcp's Hugging Face")
+        with pytest.raises(compat.MissingDependency, match=re.escape(problem)):
+            build_model(config)
     else:
         assert problem.startswith(f"transformers {transformers.__version__} does not run on torch {torch.__version__}")
         assert "\n" not in problem
@@ -179,3 +217,39 @@ def test_undo_fsdp_gradient_average_reads_the_state_of_torch_2_5_to_2_7(reduce_d
     assert torch.equal(p.grad, torch.full((2,), 0.5 * want))
     module.set_gradient_divide_factor = lambda f: None  # torch >= 2.8: its divide factor already made a SUM
     assert compat.undo_fsdp_gradient_average(module) == 1.0 and torch.equal(p.grad, torch.full((2,), 0.5 * want))
+
+
+def test_resumable_trainer_routes_fcp_loaders_on_a_trainer_without_get_resumed_dataloader(monkeypatch):
+    """transformers < 5.24 resumes mid-epoch through ``transformers.trainer.skip_first_batches`` (accelerate's, which
+    needs a DataLoader's ``batch_sampler``): inside :func:`compat.resumable_trainer` a loader with ``skip_to`` goes to
+    the trainer's ``get_resumed_dataloader``, any other to the original; the original is back afterwards. On 5.20.2
+    this made FCPTrainer's resume tests pass (``benchmarks/torch_compat.py``); 5.24+ has the Trainer hook."""
+    hf_trainer = pytest.importorskip("transformers.trainer")
+    original = hf_trainer.skip_first_batches
+    calls = []
+
+    class Loader:
+        def skip_to(self, epoch, global_batch):  # fcp's GlobalBatchLoader has it
+            raise AssertionError("not called directly")
+
+    class Owner:
+        def get_resumed_dataloader(self, loader, n):
+            calls.append(("fcp", n))
+            return loader
+
+    monkeypatch.setattr(hf_trainer, "skip_first_batches", lambda loader, n=0: calls.append(("original", n)) or loader)
+    patched_original = hf_trainer.skip_first_batches
+    if hasattr(hf_trainer.Trainer, "get_resumed_dataloader"):
+        with compat.resumable_trainer(Owner()):  # 5.24+: nothing to route
+            assert hf_trainer.skip_first_batches is patched_original
+        monkeypatch.delattr(hf_trainer.Trainer, "get_resumed_dataloader")
+    fcp_loader, plain = Loader(), object()
+    with compat.resumable_trainer(Owner()):
+        assert hf_trainer.skip_first_batches(fcp_loader, 3) is fcp_loader
+        assert hf_trainer.skip_first_batches(plain, 2) is plain
+    assert calls == [("fcp", 3), ("original", 2)]
+    assert hf_trainer.skip_first_batches is patched_original
+    with pytest.raises(KeyError):
+        with compat.resumable_trainer(Owner()):
+            raise KeyError("a failed train() restores it too")
+    assert hf_trainer.skip_first_batches is patched_original is not original
