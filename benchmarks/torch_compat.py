@@ -1,4 +1,5 @@
-"""The test suite on older torch releases: does fcp keep its ``torch>=2.4`` promise?
+"""The test suite on older torch and transformers releases: does fcp keep its ``torch>=2.4`` and
+``transformers>=5.18`` promises?
 
 Ascend's torch_npu pins a torch release (2.4 and 2.5 are common on MindSpeed clusters) and many CUDA images lag
 behind, so users run fcp on a torch older than the 2.13 the suite runs on. For each ``--torch`` release this makes a
@@ -16,6 +17,12 @@ Accelerate's FSDP2 are expected failures below 2.8 (``xfail(strict=True)``: meas
 Everything else must pass::
 
     .venv/bin/python benchmarks/torch_compat.py       # 2.4.1 ... 2.8.0: ~2 min to install, 3-7 min each
+
+``--transformers 5.18.0,5.20.2`` pins those transformers releases too, one venv per (torch, transformers) pair, e.g.
+with ``--torch 2.13.0`` and ``--tests`` the Hugging Face test files (BENCHMARKS.md "Older transformers releases")::
+
+    .venv/bin/python benchmarks/torch_compat.py --torch 2.13.0 --transformers 5.18.0,5.20.2,5.23.0 \
+        --tests tests/exec/test_hf_*.py tests/e2e/test_cli_train_hf.py ...
 
 Needs the package registry (PyPI). Exit code 0 when no test failed, 1 otherwise, 2 when it could not run.
 """
@@ -35,31 +42,39 @@ EXTRAS = "ilp,video,text,parquet,plot,hf,fast"
 TEST_DEPS = ("pytest-xdist", "hypothesis", "pytest-timeout", "peft", "datasets")
 
 
-def _release(text: str) -> str:
-    if not re.fullmatch(r"\d+\.\d+\.\d+", text):
-        raise argparse.ArgumentTypeError(f"a torch release like 2.4.1, got {text!r}")
-    return text
+def _releases(text: str) -> list:
+    out = [x.strip() for x in text.split(",")]
+    for x in out:
+        if not re.fullmatch(r"\d+\.\d+\.\d+", x):
+            raise argparse.ArgumentTypeError(f"releases like 2.4.1,2.5.1, got {x!r}")
+    return out
 
 
 def _run(cmd: list, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kw)
 
 
-def install(venv: Path, release: str) -> None:
-    """A venv with torch==release and fcp (editable), every other package pinned to that torch."""
+def install(venv: Path, release: str, transformers: str | None = None) -> None:
+    """A venv with torch==release (and transformers==``transformers`` when given) and fcp (editable), every other
+    package pinned to them."""
     py = venv / "bin" / "python"
     if not py.exists():
         _check(_run([sys.executable, "-m", "venv", venv]), f"python -m venv {venv}")
-    have = _run([py, "-c", "import torch; print(torch.__version__.split('+')[0])"]).stdout.strip()
-    if have == release and (venv / ".fcp-installed").exists():
+    want = f"{release} {transformers or ''}".strip()
+    if (venv / ".fcp-installed").exists() and (venv / ".fcp-installed").read_text() == want:
         return
     constraint = venv / "constraint.txt"
-    constraint.write_text(f"torch=={release}\n")
-    print(f"[torch {release}] installing into {venv} (a CUDA build of torch: several GB)", flush=True)
+    constraint.write_text(f"torch=={release}\n" + (f"transformers=={transformers}\n" if transformers else ""))
+    print(f"[{_label(release, transformers)}] installing into {venv} (torch from PyPI: a CUDA build of several GB "
+          "unless a local CPU build is found)", flush=True)
     _check(_run([py, "-m", "pip", "install", "-q", "-c", constraint, f"torch=={release}"]), "pip install torch")
     _check(_run([py, "-m", "pip", "install", "-q", "-c", constraint, "-e", f"{ROOT}[{EXTRAS}]", *TEST_DEPS],
                 cwd=ROOT), "pip install fcp")
-    (venv / ".fcp-installed").write_text(release)
+    (venv / ".fcp-installed").write_text(want)
+
+
+def _label(release: str, transformers: str | None) -> str:
+    return f"torch {release}" + (f" + transformers {transformers}" if transformers else "")
 
 
 def _check(proc: subprocess.CompletedProcess, what: str) -> None:
@@ -72,6 +87,7 @@ def run_suite(venv: Path, tests: list, workers: int) -> dict:
     """pytest over ``tests`` in the venv: counts, the failed test ids and the skip reasons (counted)."""
     py = venv / "bin" / "python"
     version = _run([py, "-c", "import torch; print(torch.__version__)"]).stdout.strip()
+    tf = _run([py, "-c", "import transformers; print(transformers.__version__)"]).stdout.strip() or None
     start = time.monotonic()
     proc = _run([py, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", "-n", str(workers), "--dist",
                  "loadfile", *tests], cwd=ROOT)
@@ -82,7 +98,7 @@ def run_suite(venv: Path, tests: list, workers: int) -> dict:
     skips: dict = {}
     for n, reason in re.findall(r"^SKIPPED \[(\d+)\] [^:]+:\d+: (.*)$", out, re.M):  # a module-level skip: 1
         skips[reason] = skips.get(reason, 0) + int(n)
-    return {"torch": version, "exit": proc.returncode, "seconds": round(time.monotonic() - start, 1),
+    return {"torch": version, "transformers": tf, "exit": proc.returncode, "seconds": round(time.monotonic() - start, 1),
             "passed": counts.get("passed", 0), "failed": counts.get("failed", 0),
             "errors": counts.get("errors", counts.get("error", 0)), "skipped": counts.get("skipped", 0),
             "xfailed": counts.get("xfailed", 0),
@@ -92,9 +108,11 @@ def run_suite(venv: Path, tests: list, workers: int) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("--torch", type=lambda s: [_release(x) for x in s.split(",")],
-                    default=["2.4.1", "2.5.1", "2.6.0", "2.7.1", "2.8.0"],
+    ap.add_argument("--torch", type=_releases, default=["2.4.1", "2.5.1", "2.6.0", "2.7.1", "2.8.0"],
                     help="comma-separated torch releases (default 2.4.1,2.5.1,2.6.0,2.7.1,2.8.0)")
+    ap.add_argument("--transformers", type=_releases, default=None,
+                    help="comma-separated transformers releases, each run with each --torch release (default: the "
+                         "newest pip resolves)")
     ap.add_argument("--venv-dir", type=Path, default=Path("/tmp/fcp-torch-compat"),
                     help="where the venvs live (one per release, kept between runs)")
     ap.add_argument("--tests", nargs="*", default=["tests"], help="pytest paths (default: the whole suite)")
@@ -102,17 +120,17 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = ap.parse_args(argv)
     results = []
-    for release in args.torch:
-        venv = args.venv_dir / f"torch-{release}"
+    for release, tf in [(r, t) for r in args.torch for t in (args.transformers or [None])]:
+        venv = args.venv_dir / (f"torch-{release}" + (f"-transformers-{tf}" if tf else ""))
         try:
-            install(venv, release)
+            install(venv, release, tf)
         except RuntimeError as e:
             print(f"torch_compat.py: error: {e}", file=sys.stderr)
             return 2
         res = run_suite(venv, args.tests, args.workers)
         results.append(res)
-        print(f"torch {res['torch']:<14} passed {res['passed']:5d}  failed {res['failed'] + res['errors']:3d}  "
-              f"skipped {res['skipped']:4d}  expected failures {res['xfailed']}  {res['seconds']:7.1f} s", flush=True)
+        print(f"{_label(res['torch'], res['transformers']):<38} passed {res['passed']:5d}  "
+              f"failed {res['failed'] + res['errors']:3d}  skipped {res['skipped']:4d}  expected failures {res['xfailed']}  {res['seconds']:7.1f} s", flush=True)
         for name in res["failures"]:
             print(f"    FAILED {name}")
         for reason, n in list(res["skip_reasons"].items())[:8]:
