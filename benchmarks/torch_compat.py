@@ -21,8 +21,9 @@ Everything else must pass::
 ``--transformers 5.18.0,5.20.2`` pins those transformers releases too, one venv per (torch, transformers) pair, e.g.
 with ``--torch 2.13.0`` and ``--tests`` the Hugging Face test files (BENCHMARKS.md "Older transformers releases")::
 
-    .venv/bin/python benchmarks/torch_compat.py --torch 2.13.0 --transformers 5.18.0,5.20.2,5.23.0 \
-        --tests tests/exec/test_hf_*.py tests/e2e/test_cli_train_hf.py ...
+    .venv/bin/python benchmarks/torch_compat.py --torch 2.13.0 --transformers 5.18.0,5.20.2,5.23.0,5.24.0 --tests hf
+
+(``--tests hf``: the test files that mention transformers.)
 
 Needs the package registry (PyPI). Exit code 0 when no test failed, 1 otherwise, 2 when it could not run.
 """
@@ -83,6 +84,12 @@ def _check(proc: subprocess.CompletedProcess, what: str) -> None:
         raise RuntimeError(f"{what} failed (exit {proc.returncode}): " + " | ".join(tail))
 
 
+def hf_test_files() -> list:
+    """The test files that mention transformers (``--tests hf``), relative to the repository."""
+    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py")
+                  if "transformers" in p.read_text())
+
+
 def run_suite(venv: Path, tests: list, workers: int) -> dict:
     """pytest over ``tests`` in the venv: counts, the failed test ids and the skip reasons (counted)."""
     py = venv / "bin" / "python"
@@ -98,7 +105,8 @@ def run_suite(venv: Path, tests: list, workers: int) -> dict:
     skips: dict = {}
     for n, reason in re.findall(r"^SKIPPED \[(\d+)\] [^:]+:\d+: (.*)$", out, re.M):  # a module-level skip: 1
         skips[reason] = skips.get(reason, 0) + int(n)
-    return {"torch": version, "transformers": tf, "exit": proc.returncode, "seconds": round(time.monotonic() - start, 1),
+    return {"torch": version, "transformers": tf, "exit": proc.returncode,
+            "seconds": round(time.monotonic() - start, 1),
             "passed": counts.get("passed", 0), "failed": counts.get("failed", 0),
             "errors": counts.get("errors", counts.get("error", 0)), "skipped": counts.get("skipped", 0),
             "xfailed": counts.get("xfailed", 0),
@@ -115,10 +123,13 @@ def main(argv=None) -> int:
                          "newest pip resolves)")
     ap.add_argument("--venv-dir", type=Path, default=Path("/tmp/fcp-torch-compat"),
                     help="where the venvs live (one per release, kept between runs)")
-    ap.add_argument("--tests", nargs="*", default=["tests"], help="pytest paths (default: the whole suite)")
+    ap.add_argument("--tests", nargs="*", default=["tests"],
+                    help="pytest paths (default: the whole suite); 'hf': the files that mention transformers")
     ap.add_argument("--workers", type=int, default=2, help="pytest-xdist workers (default 2)")
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = ap.parse_args(argv)
+    if args.tests == ["hf"]:
+        args.tests = hf_test_files()
     results = []
     for release, tf in [(r, t) for r in args.torch for t in (args.transformers or [None])]:
         venv = args.venv_dir / (f"torch-{release}" + (f"-transformers-{tf}" if tf else ""))
@@ -130,7 +141,8 @@ def main(argv=None) -> int:
         res = run_suite(venv, args.tests, args.workers)
         results.append(res)
         print(f"{_label(res['torch'], res['transformers']):<38} passed {res['passed']:5d}  "
-              f"failed {res['failed'] + res['errors']:3d}  skipped {res['skipped']:4d}  expected failures {res['xfailed']}  {res['seconds']:7.1f} s", flush=True)
+              f"failed {res['failed'] + res['errors']:3d}  skipped {res['skipped']:4d}  "
+              f"expected failures {res['xfailed']}  {res['seconds']:7.1f} s", flush=True)
         for name in res["failures"]:
             print(f"    FAILED {name}")
         for reason, n in list(res["skip_reasons"].items())[:8]:
