@@ -143,6 +143,10 @@ def _next_micro_batch(it: Iterator[dict], m: int, num_mb: int) -> dict:
     except StopIteration:
         raise RuntimeError(f"the micro-batches ended after {m} of {num_mb}; pass one whole global batch") from None
     if int(batch["micro_batch"]) != m:
+        if m > 0 and int(batch["micro_batch"]) == 0:  # the loader moved on to the next global batch
+            raise RuntimeError(f"micro-batch {m} of {num_mb} never came: the loader went on with micro-batch 0 of the "
+                               "next global batch, so its epoch ended early (a DataLoader ends an epoch at a "
+                               "StopIteration raised by its dataset, collate_fn or batch sampler)")
         raise RuntimeError(f"expected micro-batch {m} of the global batch, got {batch['micro_batch']}; "
                            "start train_step at a global-batch boundary")
     return batch

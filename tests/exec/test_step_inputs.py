@@ -1,0 +1,62 @@
+"""``train_step``'s stream of micro-batches (one process, tiny-llm, the real sampler/collator): a global batch that is
+cut short or entered in its middle is a RuntimeError that says which, never a step over part of a global batch.
+
+The case that motivated the wording: a StopIteration raised inside a DataLoader's collate_fn (transformers 5.3's
+Qwen2.5-VL ``get_rope_index``) ended the epoch early, the next epoch began at micro-batch 0, and the step reported
+"expected micro-batch 1, got 0; start train_step at a global-batch boundary" — pointing away from the cause.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from fcp_data import CostModel, FCPCollator, FCPDataset, FCPSampler
+from fcp_exec.models import build_model
+from fcp_exec.step import AllReduceReducer, train_step
+from fcp_exec.train import _forward_loss
+
+LENGTHS = [37, 12, 64, 9, 50, 23, 71, 18, 40, 33, 15, 58]
+
+
+class _Text:
+    def __len__(self) -> int:
+        return len(LENGTHS)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"input_ids": (torch.arange(LENGTHS[i]) * (i + 3)) % 40 + 2}
+
+
+@pytest.fixture(scope="module")
+def epoch():
+    """One rank's micro-batches of an epoch: global batch 0 has 3 micro-batches, 1 and 2 have 2."""
+    cost = CostModel.preset("qwen3-1.7b", "h100").replace(tokens_per_rank=80)
+    sampler = FCPSampler(LENGTHS, num_ranks=1, rank=0, global_batch_size=4, seed=0, cost_model=cost)
+    mbs = list(DataLoader(FCPDataset(_Text()), batch_sampler=sampler, collate_fn=FCPCollator(pad_token_id=0)))
+    assert [(int(b["global_batch"]), int(b["micro_batch"]), int(b["num_micro_batches"])) for b in mbs] == \
+        [(0, 0, 3), (0, 1, 3), (0, 2, 3), (1, 0, 2), (1, 1, 2), (2, 0, 2), (2, 1, 2)]
+    return mbs
+
+
+def _step(stream):
+    model = build_model("tiny-llm", seed=0, dtype=torch.float64)
+    return model, train_step(model, iter(stream), lambda m, b: _forward_loss(m, b, False), AllReduceReducer())
+
+
+def test_a_whole_global_batch_steps(epoch):
+    model, res = _step(epoch[:3])
+    assert res.num_tokens == sum(LENGTHS[i] - 1 for b in epoch[:3] for i in b["sample_indices"])
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+@pytest.mark.parametrize("stream, match", [
+    ((0, 1, 3, 4), r"micro-batch 2 of 3 never came: the loader went on with micro-batch 0 of the next global batch, "
+                   r"so its epoch ended early \(a DataLoader ends an epoch at a StopIteration"),
+    ((0, 3, 4), r"micro-batch 1 of 3 never came"),
+    ((1, 2, 3), r"expected micro-batch 0 of the global batch, got 1; start train_step at a global-batch boundary"),
+    ((0, 1), r"the micro-batches ended after 2 of 3; pass one whole global batch"),
+])
+def test_a_global_batch_cut_short_or_entered_midway_is_an_error_that_says_which(epoch, stream, match):
+    with pytest.raises(RuntimeError, match=match):
+        _step([epoch[k] for k in stream])
