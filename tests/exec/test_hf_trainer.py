@@ -653,6 +653,8 @@ def _reference(family: str, batches: tuple[tuple[int, ...], ...], evals: tuple[t
                                                                                             ignore_ids=ignore)
             loss = loss * (num / denominator)
             losses.append(float(loss.detach()))
+            if not hasattr(Trainer, "loss_is_scaled_for_ga"):  # transformers < 5.19 divides it by the GA steps
+                loss = loss * self.current_gradient_accumulation_steps
             return loss
 
     losses: list[float] = []
