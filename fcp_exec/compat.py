@@ -60,7 +60,7 @@ def hf_models_problem() -> str | None:
     try:
         transformers = _import_transformers()
     except ImportError:
-        return "Hugging Face models need transformers: pip install 'fcp[hf]' (tested with transformers 5.24 and 5.25)"
+        return "Hugging Face models need transformers: pip install 'fcp[hf]' (transformers>=5.18,<6)"
     if not transformers.utils.is_torch_available():
         return (f"transformers {transformers.__version__} does not run on torch {torch.__version__} (transformers 5 "
                 "needs torch>=2.6): upgrade torch for Hugging Face models; fcp's planner, sampler, collator, ring "

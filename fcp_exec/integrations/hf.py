@@ -34,7 +34,7 @@ Typical use (see ``examples/``)::
   weighted 0, when it has nothing to encode) so FSDP2-sharded vision blocks stay in lock-step. InternVL: the
   frames are its tiles, encoded by the model's ``get_image_features``; its positions are 1-D.
 
-Tested with transformers 5.24 and 5.25 (model types :data:`SUPPORTED_MODEL_TYPES`; other causal LMs whose attention
+Tested with transformers 5.18 to 5.25 (model types :data:`SUPPORTED_MODEL_TYPES`; other causal LMs whose attention
 goes through ``AttentionInterface`` are accepted with a warning). A layer's sliding window shorter than a document
 is computed exactly (:mod:`fcp_exec.kernels.window`); logit soft-capping, attention sinks, attention dropout and KV
 caches are refused with a clear error (:func:`fcp_exec.integrations.hf_models.attention_limits`): this path is for

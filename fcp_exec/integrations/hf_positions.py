@@ -70,7 +70,7 @@ class _Host:
             raise AttributeError(
                 f"{self._cls.__name__}.get_rope_index of the installed transformers uses the model attribute {name!r}, "
                 "which a weightless host cannot provide; this transformers version is not supported by HFRopeIndex "
-                "(tested with 5.24 and 5.25) — compute positions with the model itself") from None
+                "(tested with 5.18 to 5.25) — compute positions with the model itself") from None
         if isinstance(attr, (staticmethod, classmethod)):
             return getattr(self._cls, name)
         return MethodType(attr, self) if inspect.isfunction(attr) else getattr(self._cls, name)
