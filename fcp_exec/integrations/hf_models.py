@@ -73,7 +73,7 @@ def load_config(path) -> Any:
     except Exception as e:  # noqa: BLE001 -- also huggingface_hub's StrictDataclassError (a field of the wrong type)
         raise ValueError(f"{p}: transformers cannot build this config: {' '.join(str(e).split())}") from None
     for sub in (getattr(cfg, "text_config", None) or cfg, getattr(cfg, "vision_config", None)):
-        for name in _SIZE_FIELDS:  # transformers before ~5.10 stores them unchecked (a str reaches torch.empty)
+        for name in _SIZE_FIELDS:  # transformers 5.3 stored them unchecked (a str reached torch.empty)
             v = getattr(sub, name, None) if sub is not None else None
             if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
                 raise ValueError(f"{p}: transformers cannot build this config: {name} must be an int, got {v!r}")

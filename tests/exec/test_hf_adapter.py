@@ -106,7 +106,7 @@ def test_config_errors_are_one_line(tmp_path):
     bad.write_text('{"model_type": "qwen3", "hidden_size": "big"}')
     with pytest.raises(ValueError, match="transformers cannot build this config: .*hidden_size"):
         hf.load_config(bad)
-    # transformers before ~5.10 stored such fields unchecked (a str or float reached torch.empty as a TypeError)
+    # transformers 5.3 stored such fields unchecked (5.5.4 checks them) (a str or float reached torch.empty as a TypeError)
     bad.write_text('{"model_type": "qwen2_vl", "vision_config": {"depth": 2.5}}')
     with pytest.raises(ValueError, match="transformers cannot build this config: .*depth"):
         hf.build_model(bad)
