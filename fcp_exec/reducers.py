@@ -183,16 +183,19 @@ def _shard_units(model: nn.Module) -> list[nn.Module]:
 
 
 def make_reducer(name: str, model: nn.Module, *, find_unused_parameters: bool = False, shard_units=None,
-                 mp_policy=None):
+                 mp_policy=None, mesh=None):
     """``(model, reducer)`` for reducer ``name``: the model as ``train_step`` should call it (DDP-wrapped or
     ``fully_shard``-ed in place) and the reducer. ``shard_units``: modules to ``fully_shard`` before the root
     (default :func:`_shard_units`). ``mp_policy`` (fsdp2 only): FSDP2's ``MixedPrecisionPolicy`` for every unit, e.g.
     ``MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)`` — bf16 compute over float32
-    sharded parameters, float32 gradient reduction. Needs an initialised process group for ddp and fsdp2."""
+    sharded parameters, float32 gradient reduction. ``mesh`` (fsdp2 only): FSDP2's device mesh; a 2-D one
+    ``(replicate, shard)`` is HSDP (parameters sharded within each group of the shard dimension, replicated across
+    them; gradients still SUM over every rank). Needs an initialised process group for ddp and fsdp2."""
     if name not in REDUCER_NAMES:
         raise ValueError(f"unknown reducer {name!r}; choose one of {', '.join(REDUCER_NAMES)}")
-    if mp_policy is not None and name != "fsdp2":
-        raise ValueError(f"mp_policy is FSDP2's mixed precision: it needs reducer 'fsdp2', got {name!r}")
+    if (mp_policy is not None or mesh is not None) and name != "fsdp2":
+        what = "mp_policy is FSDP2's mixed precision" if mp_policy is not None else "mesh is FSDP2's device mesh"
+        raise ValueError(f"{what}: it needs reducer 'fsdp2', got {name!r}")
     if name == "allreduce":
         return model, AllReduceReducer()
     if not (dist.is_available() and dist.is_initialized()):
@@ -206,7 +209,7 @@ def make_reducer(name: str, model: nn.Module, *, find_unused_parameters: bool = 
         return ddp, DDPReducer(ddp)
     check_fsdp2_device(next(model.parameters()).device)
     fully_shard = fsdp2_api()[0]
-    kw = {} if mp_policy is None else {"mp_policy": mp_policy}
+    kw = {k: v for k, v in (("mp_policy", mp_policy), ("mesh", mesh)) if v is not None}
     for unit in (shard_units if shard_units is not None else _shard_units(model)):
         fully_shard(unit, **kw)
     fully_shard(model, **kw)

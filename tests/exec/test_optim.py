@@ -89,6 +89,8 @@ def test_mixed_precision_policy_and_its_misuse():
     assert mixed_precision(torch.float16).param_dtype == torch.float16
     with pytest.raises(ValueError, match="mp_policy is FSDP2's mixed precision: it needs reducer 'fsdp2'"):
         make_reducer("allreduce", torch.nn.Linear(2, 2), mp_policy=mixed_precision("bfloat16"))
+    with pytest.raises(ValueError, match="mesh is FSDP2's device mesh: it needs reducer 'fsdp2', got 'ddp'"):
+        make_reducer("ddp", torch.nn.Linear(2, 2), mesh=object())  # refused before any process group is needed
 
 
 def test_clip_grad_norm_refuses_a_deepspeed_engine():

@@ -1,0 +1,100 @@
+"""HSDP — FSDP2 over a 2-D ``(replicate, shard)`` mesh, what torchtitan's ``parallelize_fn`` builds with
+``dp_replicate > 1`` — trains like the all-reduce reducer (itself equal to single-process training in
+``tests/e2e/test_e2e_pipeline.py`` and ``tests/exec/test_hf_train.py``).
+
+4 real gloo processes, the real pipeline (FCPSampler over 4 ranks → FCPDataset → FCPCollator → ring attention →
+``train_step``, tiny-llm, float64, AdamW): the same 3 steps with ``make_reducer("allreduce")``, with
+``make_reducer("fsdp2", mesh=<2×2 mesh>)`` and with a user's own ``fully_shard(mesh=<2×2>)`` + ``reducer_for``.
+Asserted: every step's loss and denominator, and every parameter after the last step (the full tensor), equal the
+all-reduce run's to 1e-12 relative; the parameters really are HSDP (placements ``(Replicate(), Shard(0))``); the
+plans had CP groups of degree 2 (a ring across ranks of different mesh rows or columns) and degree 1.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from _requires import cpu_fsdp2
+from fcp_data import CostModel
+from fcp_exec.launch import launch
+
+LENGTHS = [37, 12, 64, 9, 50, 23, 71, 18, 40, 33, 15, 58, 44, 27, 61, 30, 52, 8, 66, 21, 35, 47, 13, 70]
+STEPS = 3
+
+
+class _Text:
+    def __len__(self) -> int:
+        return len(LENGTHS)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"input_ids": (torch.arange(LENGTHS[i]) * (i + 3)) % 40 + 2}
+
+
+def _train(how: str) -> dict:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.utils.data import DataLoader
+
+    from fcp_data import FCPCollator, FCPDataset, FCPSampler
+    from fcp_exec.compat import dtensor_type, fsdp2_api
+    from fcp_exec.models import build_model
+    from fcp_exec.step import make_reducer, reducer_for, train_step
+    from fcp_exec.train import _forward_loss
+
+    rank = dist.get_rank()
+    cost = CostModel.preset("qwen3-1.7b", "h100").replace(tokens_per_rank=48)
+    sampler = FCPSampler(LENGTHS, num_ranks=4, rank=rank, global_batch_size=8, seed=0, cost_model=cost)
+    loader = DataLoader(FCPDataset(_Text()), batch_sampler=sampler, collate_fn=FCPCollator(pad_token_id=0))
+    model = build_model("tiny-llm", seed=0, dtype=torch.float64)
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+    if how == "allreduce":
+        model, reducer = make_reducer("allreduce", model)
+    elif how == "hsdp":
+        model, reducer = make_reducer("fsdp2", model, mesh=mesh)
+    else:  # the user's own fully_shard, as torchtitan's parallelize_fn applies it
+        fully_shard = fsdp2_api()[0]
+        for layer in model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        reducer = reducer_for(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)
+    batches, out = iter(loader), {"loss": [], "tokens": [], "degrees": []}
+    for _ in range(STEPS):
+        res = train_step(model, batches, lambda m, b: _forward_loss(m, b, False), reducer)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        out["loss"].append(res.loss)
+        out["tokens"].append(res.num_tokens)
+        out["degrees"] += [len(g) for g in res.groups]
+    dtensor = dtensor_type()
+    out["placements"] = sorted({str(tuple(p.placements)) for p in model.parameters() if isinstance(p, dtensor)})
+    out["params"] = {k: (v.full_tensor() if isinstance(v, dtensor) else v).detach().clone()
+                     for k, v in model.named_parameters()}
+    out["reducer"] = type(reducer).__name__
+    return out
+
+
+def _all() -> dict:
+    return {how: _train(how) for how in ("allreduce", "hsdp", "own")}
+
+
+@pytest.fixture(scope="module")
+def runs():
+    cpu_fsdp2()
+    return launch(_all, 4, timeout=300.0, pg_timeout=60.0)
+
+
+@pytest.mark.parametrize("how", ["hsdp", "own"])
+def test_hsdp_trains_like_the_allreduce_reducer(runs, how):
+    for rank, res in enumerate(runs):
+        a, b = res["allreduce"], res[how]
+        assert b["reducer"] == "FSDP2Reducer" and b["placements"] == ["(Replicate(), Shard(dim=0))"], b["placements"]
+        assert a["tokens"] == b["tokens"], (rank, a["tokens"], b["tokens"])
+        for x, y in zip(a["loss"], b["loss"]):
+            assert abs(x - y) <= 1e-12 * abs(x), (rank, how, a["loss"], b["loss"])
+        scale = max(float(v.abs().max()) for v in a["params"].values())
+        worst = max(float((a["params"][k] - v).abs().max()) for k, v in b["params"].items())
+        assert worst <= 1e-12 * scale, (rank, how, worst)
+    degrees = {d for res in runs for d in res["allreduce"]["degrees"]}
+    assert {1, 2} <= degrees, degrees
