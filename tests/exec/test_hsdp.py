@@ -7,7 +7,9 @@
 ``make_reducer("fsdp2", mesh=<2×2 mesh>)`` and with a user's own ``fully_shard(mesh=<2×2>)`` + ``reducer_for``.
 Asserted: every step's loss and denominator, and every parameter after the last step (the full tensor), equal the
 all-reduce run's to 1e-12 relative; the parameters really are HSDP (placements ``(Replicate(), Shard(0))``); the
-plans had CP groups of degree 2 (a ring across ranks of different mesh rows or columns) and degree 1.
+plans had CP groups of degree 2 (a ring across ranks of different mesh rows or columns) and degree 1. And that
+``FSDP2Reducer`` refuses an HSDP model in one line when torch says it is 2.7.1 (before 2.8 FSDP2 averages across
+the replicas).
 """
 
 from __future__ import annotations
@@ -75,8 +77,27 @@ def _train(how: str) -> dict:
     return out
 
 
+def _refused_before_2_8() -> str:
+    """The message FSDP2Reducer gives an HSDP model when torch says it is 2.7.1 (it averages across replicas)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from fcp_exec.compat import MissingDependency, fsdp2_api
+    from fcp_exec.reducers import FSDP2Reducer
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)).double()
+    fsdp2_api()[0](model, mesh=init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard")))
+    real, torch.__version__ = torch.__version__, "2.7.1"
+    try:
+        FSDP2Reducer(model)
+    except MissingDependency as e:
+        return str(e)
+    finally:
+        torch.__version__ = real
+    return "not refused"
+
+
 def _all() -> dict:
-    return {how: _train(how) for how in ("allreduce", "hsdp", "own")}
+    return {**{how: _train(how) for how in ("allreduce", "hsdp", "own")}, "refused": _refused_before_2_8()}
 
 
 @pytest.fixture(scope="module")
@@ -98,3 +119,9 @@ def test_hsdp_trains_like_the_allreduce_reducer(runs, how):
         assert worst <= 1e-12 * scale, (rank, how, worst)
     degrees = {d for res in runs for d in res["allreduce"]["degrees"]}
     assert {1, 2} <= degrees, degrees
+
+
+def test_hsdp_is_refused_where_torch_averages_across_replicas(runs):
+    for res in runs:
+        assert res["refused"].startswith("HSDP (FSDP2 over a 2-D mesh) with torch 2.7.1: before 2.8 FSDP2 averages the "
+                                         "all-reduce across replicas"), res["refused"]
