@@ -167,7 +167,6 @@ def apply_fcp(model: nn.Module, *, kernel=None, timeout: float | None = None) ->
     attention as FCP ring attention; returns the same model. ``kernel``: an attention kernel or its name
     (default: by device); ``timeout``: seconds bounding every ring P2P wait (None: the process group's)."""
     from fcp_exec.kernels import KERNEL_NAMES, AttentionKernel
-
     require_hf_models()  # transformers < 5.18 would train a VL model without its images
     model_type = model_type_of(model)
     text_cfg = getattr(model.config, "text_config", model.config)  # a VL model's language model, else the model's
