@@ -21,8 +21,8 @@ assume the newest one. What moved:
   :func:`hf_models_problem` says so in one line, :func:`require_hf_models` raises it as :class:`MissingDependency`.
 * transformers itself (:data:`TRANSFORMERS_RELEASE`, 5.18): fcp hands a vision-language model the rows its CP group
   encoded through ``mm_encoder_outputs``, which transformers reads from 5.18; an older one takes the argument into
-  ``**kwargs`` and ignores it, so the model trained without its images (the loss of the suite's Qwen2-VL runs 1e-3 off
-  the stock model on 5.15.1, measured). :func:`hf_models_problem` refuses it too. Before 5.24 the ``Trainer`` resumes
+  ``**kwargs`` and ignores it, so the model trained without its images (the suite's Qwen2-VL run: its first loss
+  8.8e-4 off the stock model's on 5.15.1). :func:`hf_models_problem` refuses it too. Before 5.24 the ``Trainer`` resumes
   mid-epoch through the module function ``skip_first_batches`` (accelerate's: it rebuilds a ``DataLoader`` from the
   loader's ``batch_sampler``) instead of ``Trainer.get_resumed_dataloader``, which ``FCPTrainer`` overrides;
   :func:`resumable_trainer` routes fcp's loader to the override for the length of ``train()``.
