@@ -4,8 +4,9 @@ For each dtype, one FCP step (FCPSampler over 4 ranks → FCPDataset → FCPColl
 ``train_step``, tiny-llm) with ``make_reducer("allreduce")``, ``make_reducer("fsdp2")`` (a 1-D mesh) and, with
 ``--hsdp``, ``make_reducer("fsdp2", mesh=<2×2 mesh>)``; prints the largest gradient difference from the all-reduce
 run relative to the largest entry of each tensor. ``--hsdp`` bypasses fcp's refusal of HSDP below torch 2.8 so
-that an older torch's behaviour can be seen (torch 2.7.1: float64 HSDP fails an assertion in FSDP2's ``post_backward``; float32 HSDP
-all-reduces across the replicas with AVG, which gloo refuses — BENCHMARKS.md "Older torch releases")::
+that an older torch's behaviour can be seen (torch 2.7.1: float64 HSDP fails an assertion in FSDP2's
+``post_backward``; float32 HSDP all-reduces across the replicas with AVG, which gloo refuses — BENCHMARKS.md
+"Older torch releases")::
 
     .venv/bin/python benchmarks/hsdp_probe.py [--hsdp] [--dtypes float64,float32]
 
