@@ -24,8 +24,7 @@ def no_stop_iteration(collate: Callable) -> Callable:
         try:
             return collate(self, batch, *args, **kwargs)
         except StopIteration as e:
-            idx = [int(s.index) for _, s in batch] if isinstance(batch, (list, tuple)) and all(
-                isinstance(p, (list, tuple)) and len(p) == 2 and hasattr(p[1], "index") for p in batch) else "?"
+            idx = [int(s.index) for _, s in batch]  # (sample, SampleSlot) pairs: check_pairs ran first
             raise RuntimeError(f"StopIteration raised while collating samples {idx} (a next() on an exhausted iterator "
                                "in the code the collator calls; see the chained traceback): a DataLoader would have "
                                "ended the epoch here and dropped its remaining micro-batches") from e

@@ -40,14 +40,16 @@ import sys
 
 import torch
 
-__all__ = ["CPU_FSDP2_RELEASE", "HF_MODELS_RELEASE", "TRANSFORMERS_RELEASE", "MissingDependency", "check_fsdp2_device",
-           "dtensor_type", "fsdp2_api", "fsdp_divide_factor_setter", "undo_fsdp_gradient_average", "hf_models_problem",
-           "release_of", "require_hf_models", "resumable_trainer", "torch_release", "total_norm"]
+__all__ = ["CPU_FSDP2_RELEASE", "HF_MODELS_RELEASE", "HSDP_RELEASE", "TRANSFORMERS_RELEASE", "MissingDependency",
+           "check_fsdp2_device", "dtensor_type", "fsdp2_api", "fsdp_divide_factor_setter", "hf_models_problem",
+           "release_of", "require_hf_models", "resumable_trainer", "torch_release", "total_norm",
+           "undo_fsdp_gradient_average"]
 
 
 CPU_FSDP2_RELEASE = (2, 7)  # the first torch release whose FSDP2 runs on the CPU (benchmarks/torch_compat.py)
 HF_MODELS_RELEASE = (2, 6)  # the first torch release on which transformers 5 builds models
 TRANSFORMERS_RELEASE = (5, 18)  # the first transformers that reads mm_encoder_outputs (benchmarks/torch_compat.py)
+HSDP_RELEASE = (2, 8)  # before it FSDP2 averages HSDP's all-reduce across replicas (benchmarks/hsdp_probe.py)
 
 
 class MissingDependency(ImportError):

@@ -27,8 +27,8 @@ import torch.distributed as dist
 from torch import nn
 
 from fcp_data.sampler_inputs import dist_rank_and_world
-from fcp_exec.compat import (MissingDependency, check_fsdp2_device, fsdp2_api, fsdp_divide_factor_setter,
-                             torch_release, undo_fsdp_gradient_average)
+from fcp_exec.compat import (HSDP_RELEASE, MissingDependency, check_fsdp2_device, fsdp2_api,
+                             fsdp_divide_factor_setter, torch_release, undo_fsdp_gradient_average)
 
 __all__ = ["REDUCER_NAMES", "AllReduceReducer", "DDPReducer", "DeepSpeedReducer", "FSDP2Reducer", "make_reducer",
            "mixed_precision", "reducer_for"]
@@ -106,7 +106,7 @@ class FSDP2Reducer:
         mods = _fsdp_modules(model)
         if not mods:
             raise TypeError("FSDP2Reducer needs a model with fully_shard applied; use make_reducer('fsdp2', model)")
-        if torch_release() < (2, 8) and any(len(getattr(p, "placements", ())) > 1 for p in model.parameters()):
+        if torch_release() < HSDP_RELEASE and any(len(getattr(p, "placements", ())) > 1 for p in model.parameters()):
             raise MissingDependency(f"HSDP (FSDP2 over a 2-D mesh) with torch {torch.__version__}: before 2.8 FSDP2 "
                                     "averages the all-reduce across replicas, which fcp's SUM reducer does not undo; "
                                     "HSDP needs torch>=2.8 (tested on 2.13), or shard over a 1-D mesh")

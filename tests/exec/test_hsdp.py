@@ -19,7 +19,7 @@ import torch
 
 from _requires import cpu_fsdp2
 from fcp_data import CostModel
-from fcp_exec.compat import torch_release
+from fcp_exec.compat import HSDP_RELEASE, torch_release
 from fcp_exec.launch import launch
 
 LENGTHS = [37, 12, 64, 9, 50, 23, 71, 18, 40, 33, 15, 58, 44, 27, 61, 30, 52, 8, 66, 21, 35, 47, 13, 70]
@@ -99,7 +99,7 @@ def _refused_before_2_8() -> str:
 
 def _all() -> dict:
     out = {"refused": _refused_before_2_8()}
-    if torch_release() >= (2, 8):  # refused below (the test above); on 2.7.1 HSDP does not run on the CPU anyway
+    if torch_release() >= HSDP_RELEASE:  # refused below (the test above); on 2.7.1 HSDP does not run on the CPU anyway
         out.update({how: _train(how) for how in ("allreduce", "hsdp", "own")})
     return out
 
@@ -112,7 +112,7 @@ def runs():
 
 @pytest.mark.parametrize("how", ["hsdp", "own"])
 def test_hsdp_trains_like_the_allreduce_reducer(runs, how):
-    if torch_release() < (2, 8):
+    if torch_release() < HSDP_RELEASE:
         pytest.skip(f"fcp refuses HSDP on torch {torch.__version__} (test_hsdp_is_refused_where_torch_averages...)")
     for rank, res in enumerate(runs):
         a, b = res["allreduce"], res[how]
