@@ -15,7 +15,7 @@ $(VPY):
 $(STAMP): $(VPY) pyproject.toml
 	@$(VPY) -c "import torch" 2>/dev/null || $(VPY) -m pip install -q "$(TORCH)"
 	$(VPY) -m pip install -q -e ".[all,dev]"
-	$(VPY) -m pip install -q --no-deps "torchtitan==0.3.0"  # its model code only (tests/exec/test_torchtitan.py)
+	$(VPY) -m pip install -q --no-deps "torchtitan==0.3.0"  # its models and Trainer (tests/exec/test_torchtitan*.py)
 	$(VPY) -m fcp_data.plan.compile_kernels
 	@touch $(STAMP)
 

@@ -8,8 +8,8 @@ torchtitan builds the model from its own registry (``torchtitan.models.<model>.m
 ``apply_fcp`` puts FCP's ring attention in place of every attention module's inner attention. Everything else is
 FCP's: FCPSampler → FCPDataset → FCPCollator for the data, ``train_step`` with a reducer (all-reduce, DDP or FSDP2)
 for the step, ``fcp_exec.checkpoint`` for checkpoints (model and optimizer through torch.distributed.checkpoint,
-each rank's sampler state): ``--resume DIR/step-K`` continues exactly. torchtitan's ``Trainer`` is not used (it
-needs CUDA); with it, replace its dataloader by this one and its forward/backward by ``train_step``.
+each rank's sampler state): ``--resume DIR/step-K`` continues exactly. torchtitan's ``Trainer`` is not used here;
+to train with it and its command line instead, see ``examples/torchtitan_fcp.py`` (``fcp_config``).
 The model is randomly initialised (load a checkpoint through torchtitan's state-dict adapter for real weights).
 """
 

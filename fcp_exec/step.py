@@ -56,7 +56,7 @@ from fcp_exec.skips import agree_skips
 
 __all__ = ["REDUCER_NAMES", "AllReduceReducer", "DDPReducer", "FSDP2Reducer", "StepResult", "autocast_loss",
            "denominator", "eval_step", "fill_num_tokens_global", "idle_batch", "is_idle", "make_reducer", "reducer_for",
-           "mixed_precision", "rescale_skipped", "train_step"]
+           "mixed_precision", "next_global_batch", "prepare_micro_batch", "rescale_skipped", "train_step"]
 
 def is_idle(batch: dict) -> bool:
     """True when the plan gave this rank no CP group (or no token) in this micro-batch."""
@@ -150,6 +150,28 @@ def _next_micro_batch(it: Iterator[dict], m: int, num_mb: int) -> dict:
         raise RuntimeError(f"expected micro-batch {m} of the global batch, got {batch['micro_batch']}; "
                            "start train_step at a global-batch boundary")
     return batch
+
+
+def prepare_micro_batch(batch: dict, device: torch.device | str, *, pad_token_id: int = 0,
+                        ignore_index: int = -100) -> dict:
+    """One collator batch made ready for a forward of the trainer's own (a loop without :func:`train_step`): on a
+    global batch's first micro-batch the ranks' plans are compared (:func:`fcp_exec.lockstep.check_plan_agreement`),
+    a failed read is agreed within the CP group (:func:`fcp_exec.skips.agree_skips`) and an idle micro-batch becomes
+    :func:`idle_batch`. ``device``: the model's. Every rank calls it for the same micro-batch."""
+    if int(batch["micro_batch"]) == 0:
+        check_plan_agreement(batch, device)
+    batch = agree_skips(batch, device, ignore_index=ignore_index)
+    return idle_batch(batch, pad_token_id=pad_token_id, ignore_index=ignore_index) if is_idle(batch) else batch
+
+
+def next_global_batch(batches: Iterator[dict], device: torch.device | str, *, pad_token_id: int = 0,
+                      ignore_index: int = -100) -> list[dict]:
+    """This rank's micro-batches of the next global batch from an ``FCPSampler`` DataLoader iterator, each made ready
+    by :func:`prepare_micro_batch`. Every rank calls it for the same global batch."""
+    first = _next_micro_batch(batches, 0, 1)
+    num_mb = int(first["num_micro_batches"])
+    return [prepare_micro_batch(first if m == 0 else _next_micro_batch(batches, m, num_mb), device,
+                                pad_token_id=pad_token_id, ignore_index=ignore_index) for m in range(num_mb)]
 
 
 def autocast_loss(loss_fn: Callable[[nn.Module, dict], torch.Tensor], device_type: str,

@@ -61,9 +61,9 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from fcp_exec.lockstep import check_plan_agreement
-from fcp_exec.skips import agree_skips
-from fcp_exec.step import idle_batch, is_idle
+from fcp_exec.step import is_idle
+from fcp_exec.step import next_global_batch as _take_global_batch
+from fcp_exec.step import prepare_micro_batch as _prepare
 
 try:  # Megatron-core is optional: the module imports without it, apply_fcp/fcp_layer_spec say what is missing
     from megatron.core.packed_seq_params import PackedSeqParams as _PackedSeqParams
@@ -336,18 +336,13 @@ def prepare_micro_batch(batch: dict, model: nn.Module, *, pad_token_id: int = 0,
     plans are compared (:func:`fcp_exec.lockstep.check_plan_agreement`; with ``expected_micro_batches``, the plan's
     micro-batch count too), a failed read is agreed within the CP group (:func:`fcp_exec.skips.agree_skips`) and an
     idle micro-batch becomes a label-free two-token dummy. Every rank calls it for the same micro-batch."""
-    device = next(_unwrap(model).parameters()).device
     num_mb = int(batch["num_micro_batches"])
-    if int(batch["micro_batch"]) == 0:
-        if expected_micro_batches is not None and num_mb != int(expected_micro_batches):
-            raise ValueError(f"the FCP plan has {num_mb} micro-batches per global batch but Megatron runs "
-                             f"{expected_micro_batches}: build the sampler with FCPSampler(micro_batches="
-                             f"{expected_micro_batches}) or pass num_microbatches=len(next_global_batch(...))")
-        check_plan_agreement(batch, device)
-    batch = agree_skips(batch, device, ignore_index=ignore_index)
-    if is_idle(batch):
-        batch = idle_batch(batch, pad_token_id=pad_token_id, ignore_index=ignore_index)
-    return dict(batch, fcp_prepared=True)
+    if int(batch["micro_batch"]) == 0 and expected_micro_batches is not None and num_mb != int(expected_micro_batches):
+        raise ValueError(f"the FCP plan has {num_mb} micro-batches per global batch but Megatron runs "
+                         f"{expected_micro_batches}: build the sampler with FCPSampler(micro_batches="
+                         f"{expected_micro_batches}) or pass num_microbatches=len(next_global_batch(...))")
+    device = next(_unwrap(model).parameters()).device
+    return dict(_prepare(batch, device, pad_token_id=pad_token_id, ignore_index=ignore_index), fcp_prepared=True)
 
 
 def next_global_batch(batches: Iterator[dict], model: nn.Module, *, pad_token_id: int = 0,
@@ -355,12 +350,9 @@ def next_global_batch(batches: Iterator[dict], model: nn.Module, *, pad_token_id
     """This rank's micro-batches of the next global batch from an ``FCPSampler`` DataLoader iterator, each made
     ready for :func:`forward_step` by :func:`prepare_micro_batch` (module docstring). Every rank must call it for
     the same global batch."""
-    from fcp_exec.step import _next_micro_batch
-
-    first = _next_micro_batch(batches, 0, 1)
-    num_mb = int(first["num_micro_batches"])
-    return [prepare_micro_batch(first if m == 0 else _next_micro_batch(batches, m, num_mb), model,
-                                pad_token_id=pad_token_id, ignore_index=ignore_index) for m in range(num_mb)]
+    device = next(_unwrap(model).parameters()).device
+    batches = _take_global_batch(batches, device, pad_token_id=pad_token_id, ignore_index=ignore_index)
+    return [dict(b, fcp_prepared=True) for b in batches]
 
 
 def global_loss(losses: list[dict], *, key: str = "lm loss", group=None) -> tuple[float, int]:

@@ -23,8 +23,8 @@ With FCP every rank is data-parallel to torchtitan, and FCP forms the CP groups 
 
 Tested on CPU (``tests/exec/test_torchtitan.py``): torchtitan's Qwen3 and Llama 3 models with FCP on 2 gloo
 processes (all-reduce, DDP, FSDP2) equal torchtitan's stock model trained in one process, one document per forward
-with its SDPA causal attention. Not tested: torchtitan's ``Trainer`` (it needs CUDA: its device, memory monitor and
-CUDA graphs), its tensor/pipeline/expert parallelism (FCP is the CP; tensor parallelism would split the heads
+with its SDPA causal attention. torchtitan's own ``Trainer`` runs these pieces through
+:mod:`fcp_exec.integrations.torchtitan_trainer` (``fcp_config``). Not tested: its tensor/pipeline/expert parallelism (FCP is the CP; tensor parallelism would split the heads
 inside the ring); refused with one error: other decoders (gpt-oss, DeepSeek-V3, Qwen3.5, ...), attention sinks,
 sliding or bidirectional windows.
 """

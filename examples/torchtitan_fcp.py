@@ -1,0 +1,62 @@
+r"""torchtitan's own trainer and command line, trained with FCP: a config registry for ``torchtitan.train``.
+
+    torchrun --standalone --nproc-per-node 2 -m torchtitan.train \
+        --module examples.torchtitan_fcp --config qwen3_debug_fcp                  # CPU (gloo), the bundled text
+    torchrun --nproc-per-node 8 -m torchtitan.train --module examples.torchtitan_fcp --config llama3_8b_fcp \
+        --dataloader.dataset_path my-index --dataloader.cost_model cost.json      # GPUs (never run by us)
+
+Each function is one of torchtitan's own configs passed through
+:func:`fcp_exec.integrations.torchtitan_trainer.fcp_config`: torchtitan's ``Trainer`` (as ``FCPTitanTrainer``)
+builds the model, FSDP2, optimizer, schedule, checkpointer and metrics as it always does; FCP supplies the data
+(``FCPSampler`` → ``FCPDataset`` → ``FCPCollator`` over an fcp length index or a Megatron ``PREFIX``) and the ring
+attention over each micro-batch's CP group. Every field stays a command-line option (``--dataloader.global_batch_size
+64``, ``--training.steps 1000``, ``--checkpoint.enable``; resuming is torchtitan's: run again with the same
+``--dump_folder``). ``training.seq_len`` is the longest document (the model's RoPE length; longer ones are cut),
+``--dataloader.tokens_per_rank`` what one rank holds per micro-batch (default: ``training.seq_len``).
+
+Copy a function into your own registry module to train another of torchtitan's Qwen3 / Llama 3 configs. Without a GPU
+the functions point torchtitan at the CPU first (:func:`fcp_exec.integrations.torchtitan_cpu.torchtitan_on_cpu`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from fcp_data import bundled_index
+from fcp_exec.integrations.torchtitan_trainer import fcp_config
+
+
+def _cpu_if_no_gpu() -> bool:
+    """True (and torchtitan pointed at the CPU) when no GPU is there."""
+    if torch.cuda.is_available():
+        return False
+    from fcp_exec.integrations.torchtitan_cpu import torchtitan_on_cpu
+
+    torchtitan_on_cpu()
+    return True
+
+
+def qwen3_debug_fcp():
+    """torchtitan's Qwen3 debug model (2 layers) on the bundled text index: 256-token context, 128 tokens per rank
+    (a document over 128 tokens needs a degree-2 ring), global batches of 8 documents, 4 steps."""
+    from torchtitan.models.qwen3.config_registry import qwen3_debugmodel
+
+    cpu = _cpu_if_no_gpu()
+    cfg = qwen3_debugmodel()
+    cfg.model_spec.model.layers = cfg.model_spec.model.layers[:2]
+    cfg.training = dataclasses.replace(cfg.training, seq_len=256, steps=4,
+                                       mixed_precision_param="float32" if cpu else cfg.training.mixed_precision_param)
+    cfg.lr_scheduler = dataclasses.replace(cfg.lr_scheduler, warmup_steps=1)
+    return fcp_config(cfg, dataset_path=str(bundled_index("text")), tokens_per_rank=128, global_batch_size=8)
+
+
+def llama3_8b_fcp():
+    """torchtitan's Llama 3 8B config (8,192-token context; raise ``--training.seq_len`` for longer documents) with
+    FCP: pass ``--dataloader.dataset_path`` (an fcp length index built with Llama 3's tokenizer, or a Megatron PREFIX)
+    and your cost model (``fcp profile``); 8,192 tokens per rank, global batches of 256 documents."""
+    from torchtitan.models.llama3.config_registry import llama3_8b
+
+    _cpu_if_no_gpu()
+    return fcp_config(llama3_8b(), global_batch_size=256, tokens_per_rank=8192)

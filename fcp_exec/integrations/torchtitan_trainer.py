@@ -1,0 +1,243 @@
+"""torchtitan's own ``Trainer`` trained with FCP: one config function, no training loop of your own.
+
+    # my_configs.py — torchrun --nproc-per-node 8 -m torchtitan.train --module my_configs --config llama3_8b_fcp
+    from torchtitan.models.llama3.config_registry import llama3_8b
+    from fcp_exec.integrations.torchtitan_trainer import fcp_config
+
+    def llama3_8b_fcp():
+        return fcp_config(llama3_8b(), dataset_path="my-index", cost_model="cost.json", global_batch_size=256)
+
+:func:`fcp_config` turns any of torchtitan's ``Trainer.Config`` into an :class:`FCPTitanTrainer.Config` whose
+dataloader is an :class:`FCPTitanDataLoader` (every field stays overridable on the command line:
+``--dataloader.global_batch_size 512``). What changes against torchtitan's own run:
+
+* **Data.** :class:`FCPTitanDataLoader` is ``FCPSampler`` → ``FCPDataset`` → ``FCPCollator`` over an fcp length
+  index (``fcp index``), a Megatron ``PREFIX.bin/.idx`` pair or a dataset of your own (``dataset="pkg.mod:fn"``), with
+  ``training.seq_len`` as the tokens per rank. Its state (the sampler's position after the last trained global batch
+  and the samples left out after failed reads) is in torchtitan's checkpoints: a resumed run trains as the one that
+  never stopped. Epochs follow one another (``infinite``, like torchtitan's text loaders).
+* **Attention.** The model's ``parallelize_fn`` first runs :func:`fcp_exec.integrations.torchtitan.apply_fcp` (ring
+  attention over each micro-batch's CP group as every ``GQAttention``'s inner attention); the ring travels in
+  torchtitan's ``attention_masks`` argument, each token's position in its document in ``positions``.
+* **The step.** :meth:`FCPTitanTrainer.train_step` runs torchtitan's own step over the global batch's planned
+  micro-batches — their number is the plan's, so ``gradient_accumulation_steps`` follows it per step — after the
+  ranks' plans were compared, failed reads agreed within each CP group and idle ranks given a label-free dummy
+  (every rank runs every micro-batch, so FSDP2 stays in lock-step). torchtitan already normalises the loss by the
+  global count of label tokens and sums gradients over ranks (FSDP2's divide factor 1): with FCP that is the
+  single-process gradient of the global batch.
+* **Refused with one error:** tensor, pipeline, context and expert parallelism (FCP is the context parallelism;
+  every rank is data-parallel to torchtitan), CUDA graphs (the micro-batches change shape every step) and
+  torchtitan's validator (it feeds torchtitan's own batches; use :func:`fcp_exec.step.eval_step`).
+
+Tested on CPU (``tests/exec/test_torchtitan_trainer.py``, torchtitan 0.3.0, through
+:func:`fcp_exec.integrations.torchtitan_cpu.torchtitan_on_cpu`): ``Trainer.train()`` of torchtitan's Qwen3 debug
+model on 2 gloo processes with its own FSDP2, optimizer, schedule, clipping and checkpointer equals the stock model
+trained in one process on the same global batches; a run resumed from its checkpoint equals the run that did not
+stop. Never run on a GPU.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator
+
+import torch
+
+try:
+    from torchtitan.components.dataloader import DataloaderExhaustedError
+    from torchtitan.trainer import Trainer
+except ImportError as e:  # pragma: no cover - the message is the point
+    raise ImportError(f"fcp_exec.integrations.torchtitan_trainer needs torchtitan's Trainer ({e}): pip install "
+                      "'torchtitan>=0.3' with its dependencies (tensorboard, tyro, torchdata)") from None
+
+from fcp_exec.integrations.torchtitan import apply_fcp, batch_inputs
+from fcp_exec.integrations.torchtitan_data import FCPTitanDataLoader, PreTokenized
+from fcp_exec.skips import leave_out_later
+from fcp_exec.step import next_global_batch
+
+__all__ = ["FCPTitanDataLoader", "FCPTitanTrainer", "PreTokenized", "fcp_config"]
+
+
+class FCPTitanTrainer(Trainer):
+    """torchtitan's ``Trainer`` over FCP micro-batches (module docstring)."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(Trainer.Config):
+        ring_timeout: float = 0.0
+        """seconds a ring exchange may wait before it raises (0: the process group's timeout)"""
+        leave_out_skipped: bool = True
+        """samples that failed to read are left out of the later epochs (fcp_exec.skips.leave_out_later)"""
+
+        def __post_init__(self) -> None:
+            Trainer.Config.__post_init__(self)
+            _check_config(self)
+
+    def __init__(self, config: Config) -> None:
+        _check_config(config)
+        _public_set_timeout()
+        config.model_spec = _fcp_model_spec(config.model_spec, config.ring_timeout or None)
+        super().__init__(config)
+        if not isinstance(self.dataloader, FCPTitanDataLoader):
+            raise ValueError(f"FCPTitanTrainer: the dataloader is {type(self.dataloader).__name__}, not "
+                             "FCPTitanDataLoader (build the config with fcp_config)")
+        self.dataloader.trainer_bound = True
+        self.last_groups: list[tuple[int, ...]] = []
+        _log_fcp(self.dataloader, config.training.seq_len)
+        for m in (m for part in self.model_parts for m in part.modules()):
+            # torchtitan set FSDP2's divide factor to 1; a plain SUM then (PREMUL_SUM(1) is the same, but gloo lacks it)
+            if hasattr(m, "set_force_sum_reduction_for_comms"):
+                m.set_force_sum_reduction_for_comms(True)
+        if hasattr(self.loss_fn, "num_chunks") and hasattr(self.loss_fn, "set_lm_head"):  # ChunkedLossWrapper
+            self.loss_fn = _ChunkPadding(self.loss_fn)
+
+    def batch_generator(self, data_iterable: Iterable[dict]) -> Iterator[dict]:
+        """The loader's micro-batches as they come (torchtitan's data-loading metrics kept)."""
+        it = iter(data_iterable)
+        while True:
+            start = time.perf_counter()
+            try:
+                batch = next(it)
+            except StopIteration as ex:
+                raise DataloaderExhaustedError() from ex
+            self.metrics_processor.ntokens_since_last_log += int(batch["input_ids"].numel())
+            self.metrics_processor.data_loading_times.append(time.perf_counter() - start)
+            yield batch
+
+    def train_step(self, data_iterator: Iterator[dict]) -> None:
+        """torchtitan's step over this global batch's micro-batches, prepared (module docstring)."""
+        model = self.model_parts[0]
+        batches = next_global_batch(data_iterator, self.device, pad_token_id=self.dataloader.pad_token_id)
+        pairs = []
+        for b in batches:
+            kwargs = batch_inputs(b, model)
+            inputs = {"input": kwargs["tokens"], "positions": kwargs["positions"],
+                      "attention_masks": kwargs["attention_masks"]}
+            pairs.append((inputs, b["labels"][None]))
+            self.ntokens_seen += 0 if b.get("idle") else int(b["input_ids"].numel())
+        self.gradient_accumulation_steps = len(pairs)
+        super().train_step(iter(pairs))
+        self.dataloader.consumed(batches[-1])
+        self.last_groups = [tuple(int(r) for r in b["ranks"]) for b in batches]  # this rank's CP group per micro-batch
+        if self.config.leave_out_skipped:
+            leave_out_later(self.dataloader.sampler, batches)
+
+    def post_dataloading_process(self, input_dict: dict[str, Any], labels: torch.Tensor):
+        """``(tokens, labels, model kwargs)``: the ring and positions are FCP's already (no mask building, no CP
+        sharding: FCP sharded the documents)."""
+        return input_dict["input"], labels, {k: v for k, v in input_dict.items() if k != "input"}
+
+
+def _log_fcp(loader: FCPTitanDataLoader, seq_len: int) -> None:
+    """What FCP plans with (torchtitan's own line about local/global batch sizes and accumulation steps does not
+    apply: the plan sets the micro-batches of every step)."""
+    from torchtitan.tools.logging import logger
+
+    s, c = loader.sampler, loader.config
+    logger.info(f"FCP: global batches of {c.global_batch_size} documents ({s.num_global_batches()} per epoch), "
+                f"{s.cost_model.tokens_per_rank} tokens per rank, documents up to {seq_len} tokens, micro-batches "
+                f"per step: {c.micro_batches or 'planned per global batch'}, solver {c.solver}")
+
+
+def _public_set_timeout() -> None:
+    """torchtitan 0.3's ``Trainer.train`` calls ``torch.distributed.set_timeout`` after the first step, which torch
+    releases up to 2.13 have only as the private ``_set_pg_timeout`` (same arguments): that one, where it is missing."""
+    import torch.distributed as dist
+
+    if not hasattr(dist, "set_timeout") and hasattr(dist.distributed_c10d, "_set_pg_timeout"):
+        dist.set_timeout = dist.distributed_c10d._set_pg_timeout
+
+
+class _ChunkPadding:
+    """torchtitan's ``ChunkedLossWrapper`` (the loss computes ``lm_head`` chunk by chunk) takes rows whose length is a
+    multiple of its ``num_chunks``; an FCP row has any length, so the hidden states, labels and positions are padded
+    at the end (zeros, ignored labels: nothing is added to the loss or the gradients)."""
+
+    def __init__(self, loss_fn: Any) -> None:
+        self.loss_fn = loss_fn
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loss_fn, name)
+
+    def __call__(self, pred: torch.Tensor, labels: torch.Tensor, global_valid_tokens: Any = None, **kwargs: Any):
+        import torch.nn.functional as F
+
+        pad = (-pred.shape[1]) % int(self.loss_fn.num_chunks)
+        if pad:
+            pred = F.pad(pred, (0, 0, 0, pad))
+            labels = F.pad(labels, (0, pad), value=-100)
+            kwargs = {k: F.pad(v, (0, pad)) if isinstance(v, torch.Tensor) and v.dim() == 2 else v
+                      for k, v in kwargs.items()}
+        return self.loss_fn(pred, labels, global_valid_tokens, **kwargs)
+
+
+def _check_config(config: Any) -> None:
+    """One error for what FCP does not run under torchtitan (module docstring)."""
+    p = config.parallelism
+    degrees = {"tensor_parallel_degree": p.tensor_parallel_degree, "pipeline_parallel_degree":
+               p.pipeline_parallel_degree, "context_parallel_degree": p.context_parallel_degree,
+               "expert_parallel_degree": p.expert_parallel_degree}
+    wrong = {k: v for k, v in degrees.items() if v != 1}
+    if wrong:
+        raise ValueError(f"FCPTitanTrainer: {', '.join(f'parallelism.{k}={v}' for k, v in wrong.items())}; FCP "
+                         "forms the context-parallel groups itself and every rank is data-parallel to torchtitan "
+                         "(set them to 1)")
+    if not config.training.disable_cuda_graphs:
+        raise ValueError("FCPTitanTrainer: FCP's micro-batches change shape every step, which CUDA graphs cannot "
+                         "replay: set training.disable_cuda_graphs (fcp_config does)")
+    if config.validator.enable:
+        raise ValueError("FCPTitanTrainer: torchtitan's validator feeds its own batches to the model, which takes FCP "
+                         "micro-batches: disable validator.enable and validate with fcp_exec.step.eval_step")
+    if p.spmd_backend != "partial_dtensor":
+        raise ValueError(f"FCPTitanTrainer: parallelism.spmd_backend={p.spmd_backend!r}; FCP runs torchtitan's "
+                         "\"partial_dtensor\" backend (plain tensors inside the model, FSDP2 over them; fcp_config sets it)")
+    if not isinstance(config.dataloader, FCPTitanDataLoader.Config):
+        raise ValueError(f"FCPTitanTrainer: dataloader is {type(config.dataloader).__name__}, not "
+                         "FCPTitanDataLoader.Config (build the config with fcp_config)")
+
+
+def _fcp_model_spec(spec: Any, timeout: float | None) -> Any:
+    """``spec`` whose ``parallelize_fn`` puts FCP's attention in first, and whose attention configs build SDPA (the
+    module FCP replaces: flex or varlen would compile or need CUDA for nothing); the caller's spec is not changed."""
+    if getattr(spec.parallelize_fn, "fcp_attention", False):
+        return spec
+    from torchtitan.models.common.attention import FlexAttention, ScaledDotProductAttention, VarlenAttention
+
+    model = copy.deepcopy(spec.model)
+    for _, _, parent, attr in list(model.traverse((FlexAttention.Config, VarlenAttention.Config))):
+        window = getattr(getattr(parent, attr), "window_size", None)
+        if window is not None and tuple(window) != (-1, 0):
+            raise ValueError(f"FCPTitanTrainer: an attention has window_size={tuple(window)}; FCP's torchtitan "
+                             "adapter computes causal attention over whole documents only")
+        setattr(parent, attr, ScaledDotProductAttention.Config())
+    parallelize = spec.parallelize_fn
+
+    def parallelize_fn(model: torch.nn.Module, **kwargs: Any) -> torch.nn.Module:
+        return parallelize(apply_fcp(model, timeout=timeout), **kwargs)
+
+    parallelize_fn.fcp_attention = True
+    return dataclasses.replace(spec, model=model, parallelize_fn=parallelize_fn)
+
+
+def fcp_config(config: Any, **dataloader: Any) -> FCPTitanTrainer.Config:
+    """torchtitan's ``Trainer.Config`` ``config`` as an :class:`FCPTitanTrainer.Config` (``config`` is not changed):
+    its dataloader an :class:`FCPTitanDataLoader.Config` of ``dataloader`` (its fields; ``vocab_size`` from the
+    model), the tokenizer :class:`PreTokenized`, CUDA graphs off, the ``partial_dtensor`` SPMD backend. Everything else — model, optimizer, schedule, FSDP2, checkpointing, metrics — stays
+    ``config``'s."""
+    if not isinstance(config, Trainer.Config):
+        raise TypeError(f"fcp_config takes torchtitan's Trainer.Config, got {type(config).__name__}")
+    names = {f.name for f in dataclasses.fields(FCPTitanDataLoader.Config)}
+    unknown = sorted(set(dataloader) - names)
+    if unknown:
+        raise TypeError(f"fcp_config: FCPTitanDataLoader.Config has no field {', '.join(unknown)}; its fields: "
+                        f"{', '.join(sorted(names))}")
+    vocab = int(getattr(config.model_spec.model, "vocab_size", 0) or 0) if config.model_spec is not None else 0
+    dataloader.setdefault("vocab_size", vocab)
+    fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(Trainer.Config) if f.init}
+    fields["training"] = dataclasses.replace(config.training, disable_cuda_graphs=True)
+    fields["parallelism"] = dataclasses.replace(config.parallelism, spmd_backend="partial_dtensor")
+    fields["tokenizer"] = PreTokenized.Config(vocab_size=vocab)
+    fields["dataloader"] = FCPTitanDataLoader.Config(**dataloader)
+    return FCPTitanTrainer.Config(**fields)

@@ -1,0 +1,278 @@
+"""torchtitan's own ``Trainer.train()`` with FCP (``fcp_config`` → ``FCPTitanTrainer``) on 2 real gloo processes equals
+torchtitan's stock model trained in one process; a run resumed from torchtitan's checkpoint equals the run that did
+not stop.
+
+FCP side: torchtitan's Qwen3 ``debugmodel`` config (2 layers, float64 through ``training.dtype`` and FSDP2's
+mixed-precision dtypes — torchtitan's dtype table gains ``"float64"`` here, in the test), its ``ChunkedLossWrapper``
+loss, selective activation checkpointing, AdamW with warm-up and decay, gradient clipping at 1.0, its FSDP2 through
+its own ``parallelize_fn`` — all torchtitan's, built by ``Trainer`` from the config — on the bundled text index
+(320 documents of 5–6,570 tokens, tokenized with a 2,000-token vocabulary), ``training.seq_len`` 128 (RoPE length:
+longer documents are cut to 128), 96 tokens per rank (documents over 96 need a degree-2 ring), global batches of 4.
+The CPU runs through :func:`fcp_exec.integrations.torchtitan_cpu.torchtitan_on_cpu`.
+
+Reference: the stock model (torchtitan's SDPA inner attention, causal) in one process from the same initial weights,
+one document per forward (positions from 0), the same global batches, Σ cross-entropy (float32 logits, as
+torchtitan's loss) / label tokens, torch's ``clip_grad_norm_`` and the optimizer and schedule the config builds.
+
+Asserted per step: the logged loss and gradient norm within LOSS_TOL / NORM_TOL (relative; torchtitan's loss takes
+float32 logits, so float64 training agrees to float32 rounding, not to 1e-12), the final parameters within PARAM_TOL
+of the largest; a degree-2 ring ran; a run stopped after step 2 and resumed from torchtitan's checkpoint ends with
+the parameters of the run that did not stop, exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+
+import numpy as np
+import pytest
+import torch
+
+from fcp_exec.launch import launch
+
+pytestmark = pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("torchtitan", "triton", "tensorboard")),
+                                reason="torchtitan's Trainer (with the triton its model code and the tensorboard its "
+                                       "metrics import) is not installed; make test installs them on x86-64 Linux")
+
+STEPS, SEQ_LEN, TOKENS_PER_RANK, GBS, LR = 4, 128, 96, 4, 2e-3
+# torchtitan's loss takes float32 logits: measured, FCP's losses are within 8.1e-8 of the reference's, gradient norms
+# within 2.2e-7, final parameters within 1.04e-6 of the largest — and the reference itself moves by 1.10e-6 when its
+# loss takes float64 logits instead (that much is float32 rounding amplified by 4 AdamW steps). A lost rank, a
+# gradient summed twice or a wrong denominator is off by O(1e-2) or more.
+LOSS_TOL, NORM_TOL, PARAM_TOL = 1e-6, 1e-5, 5e-6
+
+
+def _config(steps: int, dump: str, interval: int = 0):
+    """torchtitan's qwen3_debugmodel config cut to 2 layers in float64, through fcp_config."""
+    from torchtitan.components.optimizer import default_adamw
+    from torchtitan.models.qwen3.config_registry import qwen3_debugmodel
+
+    from fcp_data import bundled_index
+    from fcp_exec.integrations.torchtitan_trainer import fcp_config
+
+    cfg = qwen3_debugmodel()
+    cfg.model_spec.model.layers = cfg.model_spec.model.layers[:2]
+    cfg.training = dataclasses.replace(cfg.training, seq_len=SEQ_LEN, steps=steps, dtype="float64",
+                                       mixed_precision_param="float64", mixed_precision_reduce="float64")
+    cfg.optimizer = default_adamw(lr=LR)
+    cfg.dump_folder = dump
+    cfg.metrics.enable_tensorboard = False
+    cfg.checkpoint = dataclasses.replace(cfg.checkpoint, enable=bool(interval), interval=interval or 10,
+                                         last_save_model_only=False)
+    return fcp_config(cfg, dataset_path=str(bundled_index("text")), tokens_per_rank=TOKENS_PER_RANK,
+                      global_batch_size=GBS, num_workers=0)
+
+
+def _float64() -> None:
+    import torchtitan.config
+
+    torchtitan.config.TORCH_DTYPE_MAP.setdefault("float64", torch.float64)  # the same dict object everywhere
+
+
+def _stock_model():
+    """The stock debugmodel (2 layers, SDPA, RoPE over SEQ_LEN positions), float64, seed 0."""
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+    from torchtitan.models.qwen3 import model_registry
+
+    cfg = model_registry("debugmodel").model
+    cfg.layers = cfg.layers[:2]
+    for layer in cfg.layers:
+        layer.attention.inner_attention = ScaledDotProductAttention.Config()
+        layer.attention.rope = dataclasses.replace(layer.attention.rope, max_seq_len=SEQ_LEN)
+    torch.manual_seed(0)
+    model = cfg.build().to(torch.float64)
+    with torch.no_grad():
+        model.init_weights(buffer_device=None)
+    return model
+
+
+def _params(model) -> dict[str, np.ndarray]:
+    """Every full parameter by its name in the stock model (FSDP2's shards gathered, AC's wrapper name dropped)."""
+    from torch.distributed.tensor import DTensor
+
+    return {n.replace("_checkpoint_wrapped_module.", ""): (p.full_tensor() if isinstance(p, DTensor) else p)
+            .detach().double().numpy().copy() for n, p in model.named_parameters()}
+
+
+def _load_params(model, path: str) -> None:
+    """The stock model's initial parameters (``torch.save``d by name) into the trainer's sharded model."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    full = torch.load(path)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            src = full[n.replace("_checkpoint_wrapped_module.", "")].to(p.dtype)
+            p.copy_(distribute_tensor(src, p.device_mesh, p.placements) if isinstance(p, DTensor) else src)
+
+
+def _train(steps: int, dump: str, initial: str, interval: int = 0) -> dict:
+    """One FCPTitanTrainer run on this rank (inside the launch): its logged steps, batches and final parameters."""
+    import torch.distributed as dist
+    from fcp_exec.integrations.torchtitan_cpu import torchtitan_on_cpu
+
+    torchtitan_on_cpu()
+    _float64()
+    trainer = _config(steps, dump, interval).build()
+    _load_params(trainer.model_parts[0], initial)
+    logged, groups = [], []
+    log = trainer.metrics_processor.log
+
+    def record(step, loss, max_loss, grad_norm, **kwargs):
+        logged.append((int(step), float(loss), float(grad_norm)))
+        return log(step, loss, max_loss, grad_norm, **kwargs)
+
+    trainer.metrics_processor.log = record
+    step_fn = trainer.train_step
+
+    def traced(it):
+        step_fn(it)
+        groups.extend(trainer.last_groups)
+
+    trainer.train_step = traced
+    trainer.train()
+    sampler = trainer.dataloader.sampler
+    out = {"logged": logged, "params": _params(trainer.model_parts[0]), "groups": groups,
+           "batches": [[int(i) for i in sampler.global_batch_indices(s)] for s in range(steps)]}
+    trainer.close()
+    dist.barrier()
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The uninterrupted run (4 steps, checkpoints every 2) and a run that resumes from its step-2 checkpoint."""
+    import shutil
+
+    root = tmp_path_factory.mktemp("titan")
+    initial = str(root / "initial.pt")
+    torch.save({n: p.detach() for n, p in _stock_model().named_parameters()}, initial)
+    full = launch(_train, 2, STEPS, str(root / "full"), initial, 2, timeout=600.0, pg_timeout=120.0,
+                  preload=("torchtitan.trainer",))
+    shutil.copytree(root / "full" / "checkpoint" / "step-2", root / "resumed" / "checkpoint" / "step-2")
+    resumed = launch(_train, 2, STEPS, str(root / "resumed"), initial, 2, timeout=600.0, pg_timeout=120.0,
+                     preload=("torchtitan.trainer",))
+    return {"full": full, "resumed": resumed, "initial": initial}
+
+
+def _reference(initial: str, batches: list[list[int]]) -> tuple[list[tuple[float, float]], dict[str, np.ndarray]]:
+    """The stock model over ``batches`` in this process: per step (loss, gradient norm), and the final parameters."""
+    import tempfile
+
+    import torch.nn.functional as F
+
+    from fcp_data import IndexedDataset, bundled_index
+
+    _float64()
+    cfg = _config(len(batches), tempfile.mkdtemp())
+    model = _stock_model()
+    _load_params(model, initial)
+    optimizers = cfg.optimizer.build(model_parts=[model])
+    schedulers = cfg.lr_scheduler.build(optimizers=optimizers, training_steps=len(batches))
+    data = IndexedDataset(bundled_index("text"))
+    out = []
+    for batch in batches:
+        optimizers.zero_grad()
+        docs = [data[i]["input_ids"][:SEQ_LEN] for i in batch]
+        num = sum(len(d) - 1 for d in docs)
+        loss = sum(F.cross_entropy(model(d[None])[0, :-1].float(), d[1:], reduction="sum") for d in docs) / num
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.training.max_norm, foreach=True)
+        out.append((float(loss.detach()), float(norm)))
+        optimizers.step()
+        schedulers.step()
+    return out, _params(model)
+
+
+@pytest.mark.timeout(900)
+def test_torchtitan_trainer_with_fcp_equals_the_stock_model(runs):
+    res = runs["full"][0]
+    assert res["batches"] == runs["full"][1]["batches"], "the ranks planned different global batches"
+    ref_steps, ref_params = _reference(runs["initial"], res["batches"])
+    assert [s for s, _, _ in res["logged"]] == list(range(1, STEPS + 1)), res["logged"]
+    for (step, loss, norm), (ref_loss, ref_norm) in zip(res["logged"], ref_steps):
+        assert abs(loss - ref_loss) <= LOSS_TOL * abs(ref_loss), f"step {step}: loss {loss!r} vs {ref_loss!r}"
+        assert abs(norm - ref_norm) <= NORM_TOL * abs(ref_norm), f"step {step}: grad norm {norm!r} vs {ref_norm!r}"
+    assert set(res["params"]) == set(ref_params), sorted(set(res["params"]) ^ set(ref_params))[:4]
+    scale = max(float(np.abs(v).max()) for v in ref_params.values())
+    worst = max(float(np.abs(res["params"][k] - v).max()) for k, v in ref_params.items()) / scale
+    assert worst <= PARAM_TOL, f"final parameters differ by {worst:.2e} of the largest"
+    assert any(len(g) == 2 for r in runs["full"] for g in r["groups"]), "no degree-2 ring ran"
+
+
+def test_resumed_torchtitan_trainer_equals_the_uninterrupted_run(runs):
+    full, resumed = runs["full"][0], runs["resumed"][0]
+    assert [s for s, _, _ in resumed["logged"]] == [3, 4], resumed["logged"]
+    assert resumed["logged"] == full["logged"][2:], (resumed["logged"], full["logged"][2:])
+    for k, v in full["params"].items():
+        assert np.array_equal(resumed["params"][k], v), f"{k} differs after resuming"
+
+
+def _loader(tmp_path, **fields):
+    """The config's FCPTitanDataLoader built in this process (a world of one), with ``fields`` changed."""
+    cfg = _config(2, str(tmp_path))
+    return dataclasses.replace(cfg.dataloader, **fields).build(dp_world_size=1, dp_rank=0, seq_len=SEQ_LEN)
+
+
+def test_misuse_is_one_clear_error(tmp_path):
+    from torchtitan.components.dataloader import BaseDataLoader
+    from torchtitan.models.qwen3.config_registry import qwen3_debugmodel
+
+    from fcp_exec.integrations.torchtitan_trainer import fcp_config
+
+    with pytest.raises(TypeError, match="has no field global_batch;"):
+        fcp_config(qwen3_debugmodel(), global_batch=4)
+    with pytest.raises(TypeError, match="takes torchtitan's Trainer.Config, got dict"):
+        fcp_config({})
+    cfg = _config(2, str(tmp_path))
+    wrong = {"parallelism.tensor_parallel_degree=2": dict(parallelism=dataclasses.replace(cfg.parallelism,
+                                                                                          tensor_parallel_degree=2)),
+             "\"partial_dtensor\" backend": dict(parallelism=dataclasses.replace(cfg.parallelism,
+                                                                                 spmd_backend="full_dtensor")),
+             "CUDA graphs cannot": dict(training=dataclasses.replace(cfg.training, disable_cuda_graphs=False)),
+             "disable validator.enable": dict(validator=dataclasses.replace(cfg.validator, enable=True)),
+             "dataloader is Config, not FCPTitanDataLoader": dict(dataloader=BaseDataLoader.Config())}
+    for match, change in wrong.items():
+        with pytest.raises(ValueError, match=match):
+            dataclasses.replace(cfg, **change)
+    with pytest.raises(ValueError, match="set dataset_path"):
+        _loader(tmp_path, dataset_path=None)
+    with pytest.raises(ValueError, match="not an importable 'package.module:function'"):
+        _loader(tmp_path, dataset="no_such_module:documents")
+    with pytest.raises(ValueError, match="every rank is data-parallel"):
+        dataclasses.replace(cfg.dataloader).build(dp_world_size=2, dp_rank=1, seq_len=SEQ_LEN)
+    with pytest.raises(ValueError, match=f"longer than training.seq_len={SEQ_LEN}"):
+        _loader(tmp_path, on_overlong="error", tokens_per_rank=160)  # FCP's capacity (160) passes them, RoPE not
+    loader = _loader(tmp_path)
+    with pytest.raises(RuntimeError, match="torchtitan's own Trainer does not run"):
+        next(iter(loader))
+    with pytest.raises(ValueError, match="saved by another dataloader"):
+        loader.load_state_dict({"dp_rank_0": b""})
+
+
+def test_documents_past_seq_len_are_cut_or_left_out(tmp_path):
+    """training.seq_len (the RoPE length) is below FCP's capacity here (2 × 96 would be 192 on two ranks; one rank:
+    96, so use a world of one with 160 tokens per rank): 'truncate' plans and reads every document at ≤ seq_len
+    tokens, 'drop' leaves the longer ones out; the loader's state round-trips."""
+    from fcp_data import IndexedDataset, bundled_index
+
+    lengths = np.array([len(d["input_ids"]) for d in IndexedDataset(bundled_index("text"))])
+    cut = _loader(tmp_path, tokens_per_rank=160, global_batch_size=32)
+    assert int(cut.sampler.num_tokens.max()) == SEQ_LEN
+    cut.trainer_bound = True
+    seen = {}
+    for mb in cut.loader:
+        bounds = mb["cu_seqlens"].tolist()
+        for i, n in zip(mb["sample_indices"], np.diff(bounds)):
+            seen[int(i)] = int(n)
+    assert len(seen) == len(lengths) and all(seen[i] == min(int(lengths[i]), SEQ_LEN) + (min(int(lengths[i]), SEQ_LEN)
+                                                                                         % 2) for i in seen)
+    dropped = _loader(tmp_path, tokens_per_rank=160, on_overlong="drop")
+    assert sorted(dropped.sampler.excluded.tolist()) == np.flatnonzero(lengths > SEQ_LEN).tolist()
+    state = cut.state_dict()
+    cut.consumed({"epoch": 0, "global_batch": 0, "micro_batch": 0, "num_micro_batches": 1})
+    moved = cut.state_dict()
+    assert moved != state
+    fresh = _loader(tmp_path, tokens_per_rank=160, global_batch_size=32)
+    fresh.load_state_dict(moved)
+    assert fresh.state_dict() == moved
