@@ -19,6 +19,8 @@
 #              coefficients (check/cost_gpu.json, check/profile_report.json)
 #   megatron   examples/train_megatron_gpt.py under torchrun, fp32, --bf16, --bf16 --distributed-optimizer, --fp16 (needs megatron-core: carry its
 #              wheel in .whl/, see BENCHMARKS.md)
+#   titan      torchtitan's own `torchrun -m torchtitan.train` with examples/torchtitan_fcp.py (FCPTitanTrainer; bf16
+#              FSDP2 mixed precision on a GPU; needs torchtitan 0.3 and its trainer's imports: carry wheels in .whl/)
 # Everything is printed and also written to $OUT/session.log; the JSON results go to $OUT/check/ (env.json: `fcp env`).
 set -u
 OUT=${OUT:-/tmp/fcp-gpu-session}
@@ -30,7 +32,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then  # wheels carried for packages the machin
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/fcp-site .whl/*.whl \
         && export PYTHONPATH="$PYTHONPATH:/tmp/fcp-site"
 fi
-PARTS=${*:-check hf window pytest train trainer megatron multigpu profile}
+PARTS=${*:-check hf window pytest train trainer megatron titan multigpu profile}
 FAILED=()
 
 part() {  # part NAME LIMIT_S COMMAND...: run with a hard limit, log, remember failures
@@ -92,6 +94,8 @@ if want megatron; then
     part megatron-fp16 60 $PY -m torch.distributed.run --standalone --nproc-per-node 1 examples/train_megatron_gpt.py \
         --steps 3 --fp16
 fi
+want titan && part titan 90 $PY -m torch.distributed.run --standalone --nproc-per-node 1 -m torchtitan.train \
+    --module examples.torchtitan_fcp --config qwen3_debug_fcp --dump_folder "$OUT/titan"
 if want multigpu; then
     NGPU=$($PY -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
     if [ "${NGPU:-0}" -ge 2 ]; then

@@ -25,9 +25,12 @@ dataloader is an :class:`FCPTitanDataLoader` (every field stays overridable on t
   (every rank runs every micro-batch, so FSDP2 stays in lock-step). torchtitan already normalises the loss by the
   global count of label tokens and sums gradients over ranks (FSDP2's divide factor 1): with FCP that is the
   single-process gradient of the global batch.
+* **Validation.** :class:`FCPTitanValidator` in torchtitan's validator slot (``--validator.enable --validator.freq
+  100 --validator.steps 10``; data: ``--validator.dataloader.dataset_path``, by default the training data sampled
+  with another seed): the global-batch mean loss through :func:`fcp_exec.step.eval_step`.
 * **Refused with one error:** tensor, pipeline, context and expert parallelism (FCP is the context parallelism;
   every rank is data-parallel to torchtitan), CUDA graphs (the micro-batches change shape every step) and
-  torchtitan's validator (it feeds torchtitan's own batches; use :func:`fcp_exec.step.eval_step`).
+  torchtitan's own validator (it feeds torchtitan's own batches).
 
 Tested on CPU (``tests/exec/test_torchtitan_trainer.py``, torchtitan 0.3.0, through
 :func:`fcp_exec.integrations.torchtitan_cpu.torchtitan_on_cpu`): ``Trainer.train()`` of torchtitan's Qwen3 debug
@@ -48,6 +51,7 @@ import torch
 
 try:
     from torchtitan.components.dataloader import DataloaderExhaustedError
+    from torchtitan.components.validate import BaseValidator
     from torchtitan.trainer import Trainer
 except ImportError as e:  # pragma: no cover - the message is the point
     raise ImportError(f"fcp_exec.integrations.torchtitan_trainer needs torchtitan's Trainer ({e}): pip install "
@@ -56,9 +60,64 @@ except ImportError as e:  # pragma: no cover - the message is the point
 from fcp_exec.integrations.torchtitan import apply_fcp, batch_inputs
 from fcp_exec.integrations.torchtitan_data import FCPTitanDataLoader, PreTokenized
 from fcp_exec.skips import leave_out_later
-from fcp_exec.step import next_global_batch
+from fcp_exec.step import denominator, eval_step, next_global_batch
 
-__all__ = ["FCPTitanDataLoader", "FCPTitanTrainer", "PreTokenized", "fcp_config"]
+__all__ = ["FCPTitanDataLoader", "FCPTitanTrainer", "FCPTitanValidator", "PreTokenized", "fcp_config"]
+
+
+class FCPTitanValidator(BaseValidator):
+    """torchtitan's validator slot for FCP: every ``freq`` steps (and after step 1), the global-batch mean loss over
+    ``steps`` global batches of its own :class:`FCPTitanDataLoader` (``-1``: its whole epoch; FCP's global batches are
+    the same on every rank, so no rank runs out early), each through :func:`fcp_exec.step.eval_step` with the
+    trainer's loss, the same batches every time; logged as torchtitan's validation loss."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(BaseValidator.Config):
+        enable: bool = False
+        steps: int = 1
+        """global batches per validation (-1: the whole validation epoch)"""
+        dataloader: FCPTitanDataLoader.Config = dataclasses.field(default_factory=FCPTitanDataLoader.Config)
+        """the validation data (fcp_config: the training data's config, with another seed)"""
+
+    def __init__(self, config: Config, *, loss_fn: Any, metrics_processor: Any, seq_len: int, **_: Any) -> None:
+        super().__init__(config=config)
+        if config.steps == 0 or config.steps < -1:
+            raise ValueError(f"FCPTitanValidator: steps must be >= 1 or -1 (the whole epoch), got {config.steps}")
+        self.loss_fn = _ChunkPadding(loss_fn) if _is_chunked(loss_fn) else loss_fn
+        self.metrics_processor, self.seq_len, self.loader, self._start = metrics_processor, seq_len, None, None
+
+    def _batch_loss(self, model: torch.nn.Module, batch: dict) -> torch.Tensor:
+        kwargs = batch_inputs(batch, model)
+        pred = model(kwargs["tokens"], positions=kwargs["positions"], attention_masks=kwargs["attention_masks"])
+        total = torch.tensor(float(denominator(batch)), device=pred.device)
+        return self.loss_fn(pred, batch["labels"].to(pred.device)[None], total)[0]
+
+    def _counted(self, batches: Iterator[dict]) -> Iterator[dict]:
+        for batch in batches:  # torchtitan's validation throughput counts this rank's tokens
+            self.metrics_processor.ntokens_since_last_log += int(batch["input_ids"].numel())
+            yield batch
+
+    def validate(self, model_parts: list[torch.nn.Module], step: int) -> None:
+        from fcp_data.sampler_inputs import dist_rank_and_world
+
+        if self.loader is None:
+            rank, world = dist_rank_and_world()
+            self.loader = self.config.dataloader.build(dp_world_size=world, dp_rank=rank, seq_len=self.seq_len)
+            self._start = self.loader.sampler.state_dict()
+        self.loader.sampler.load_state_dict(self._start)  # the same global batches every time
+        num = self.loader.sampler.num_global_batches() if self.config.steps == -1 else self.config.steps
+        model, batches, loss, tokens = model_parts[0], self._counted(iter(self.loader.loader)), 0.0, 0
+        model.eval()
+        for _ in range(num):
+            res = eval_step(model, batches, self._batch_loss, pad_token_id=self.loader.pad_token_id)
+            loss, tokens = loss + res.loss * res.num_tokens, tokens + res.num_tokens
+        model.train()
+        self.metrics_processor.log_validation(loss=loss / max(tokens, 1), step=step)
+
+
+def _is_chunked(loss_fn: Any) -> bool:
+    """torchtitan's ChunkedLossWrapper (it applies lm_head chunk by chunk; its rows need padding for FCP)."""
+    return hasattr(loss_fn, "num_chunks") and hasattr(loss_fn, "set_lm_head")
 
 
 class FCPTitanTrainer(Trainer):
@@ -66,6 +125,10 @@ class FCPTitanTrainer(Trainer):
 
     @dataclass(kw_only=True, slots=True)
     class Config(Trainer.Config):
+        # FCP's own slots, typed as such (torchtitan's command line then offers their fields directly)
+        tokenizer: PreTokenized.Config = dataclasses.field(default_factory=PreTokenized.Config)
+        dataloader: FCPTitanDataLoader.Config = dataclasses.field(default_factory=FCPTitanDataLoader.Config)
+        validator: FCPTitanValidator.Config = dataclasses.field(default_factory=FCPTitanValidator.Config)
         ring_timeout: float = 0.0
         """seconds a ring exchange may wait before it raises (0: the process group's timeout)"""
         leave_out_skipped: bool = True
@@ -90,7 +153,7 @@ class FCPTitanTrainer(Trainer):
             # torchtitan set FSDP2's divide factor to 1; a plain SUM then (PREMUL_SUM(1) is the same, but gloo lacks it)
             if hasattr(m, "set_force_sum_reduction_for_comms"):
                 m.set_force_sum_reduction_for_comms(True)
-        if hasattr(self.loss_fn, "num_chunks") and hasattr(self.loss_fn, "set_lm_head"):  # ChunkedLossWrapper
+        if _is_chunked(self.loss_fn):
             self.loss_fn = _ChunkPadding(self.loss_fn)
 
     def batch_generator(self, data_iterable: Iterable[dict]) -> Iterator[dict]:
@@ -187,9 +250,9 @@ def _check_config(config: Any) -> None:
     if not config.training.disable_cuda_graphs:
         raise ValueError("FCPTitanTrainer: FCP's micro-batches change shape every step, which CUDA graphs cannot "
                          "replay: set training.disable_cuda_graphs (fcp_config does)")
-    if config.validator.enable:
-        raise ValueError("FCPTitanTrainer: torchtitan's validator feeds its own batches to the model, which takes FCP "
-                         "micro-batches: disable validator.enable and validate with fcp_exec.step.eval_step")
+    if config.validator.enable and not isinstance(config.validator, FCPTitanValidator.Config):
+        raise ValueError("FCPTitanTrainer: torchtitan's own validator feeds its own batches to the model, which takes "
+                         "FCP micro-batches: use FCPTitanValidator.Config (fcp_config sets it) or disable it")
     if p.spmd_backend != "partial_dtensor":
         raise ValueError(f"FCPTitanTrainer: parallelism.spmd_backend={p.spmd_backend!r}; FCP runs torchtitan's "
                          "\"partial_dtensor\" backend (plain tensors inside the model, FSDP2 over them; fcp_config sets it)")
@@ -224,7 +287,8 @@ def _fcp_model_spec(spec: Any, timeout: float | None) -> Any:
 def fcp_config(config: Any, **dataloader: Any) -> FCPTitanTrainer.Config:
     """torchtitan's ``Trainer.Config`` ``config`` as an :class:`FCPTitanTrainer.Config` (``config`` is not changed):
     its dataloader an :class:`FCPTitanDataLoader.Config` of ``dataloader`` (its fields; ``vocab_size`` from the
-    model), the tokenizer :class:`PreTokenized`, CUDA graphs off, the ``partial_dtensor`` SPMD backend. Everything else — model, optimizer, schedule, FSDP2, checkpointing, metrics — stays
+    model), the tokenizer :class:`PreTokenized`, the validator :class:`FCPTitanValidator` (``config``'s enable, freq
+    and steps; the training data with seed + 1), CUDA graphs off, the ``partial_dtensor`` SPMD backend. Everything else — model, optimizer, schedule, FSDP2, checkpointing, metrics — stays
     ``config``'s."""
     if not isinstance(config, Trainer.Config):
         raise TypeError(f"fcp_config takes torchtitan's Trainer.Config, got {type(config).__name__}")
@@ -239,5 +303,8 @@ def fcp_config(config: Any, **dataloader: Any) -> FCPTitanTrainer.Config:
     fields["training"] = dataclasses.replace(config.training, disable_cuda_graphs=True)
     fields["parallelism"] = dataclasses.replace(config.parallelism, spmd_backend="partial_dtensor")
     fields["tokenizer"] = PreTokenized.Config(vocab_size=vocab)
-    fields["dataloader"] = FCPTitanDataLoader.Config(**dataloader)
+    fields["dataloader"] = train = FCPTitanDataLoader.Config(**dataloader)
+    v = config.validator
+    fields["validator"] = FCPTitanValidator.Config(enable=v.enable, freq=v.freq, steps=getattr(v, "steps", 1),
+                                                   dataloader=dataclasses.replace(train, seed=train.seed + 1))
     return FCPTitanTrainer.Config(**fields)

@@ -2,9 +2,10 @@
 --config qwen3_debug_fcp`` on 2 CPU processes (gloo), no training loop of ours.
 
 Reference: a randomly initialised LM predicts near-uniformly, so the first loss must be within 0.5 of ln(vocab) (the
-debug model's 2,048 tokens) and the losses must fall over 4 steps; the run with checkpoints every 2 steps, its step-4
-checkpoint removed and run again, resumes from step 2 and logs steps 3 and 4 exactly as the run that did not stop
-(torchtitan's printed loss and gradient norm). Exact equivalence to the stock model is
+debug model's 2,048 tokens) and the losses must fall over 4 steps; FCP's validator (``--validator.*`` options) logs
+at steps 1, 2 and 4; the run with checkpoints every 2 steps, its step-4 checkpoint removed and run again, resumes
+from step 2 and logs steps 3 and 4 — training and validation — exactly as the run that did not stop (torchtitan's
+printed losses and gradient norm). Exact equivalence to the stock model is
 tests/exec/test_torchtitan_trainer.py's; a failure here means the user's command no longer reaches FCP.
 """
 
@@ -27,32 +28,37 @@ pytestmark = pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in
 
 ROOT = Path(__file__).resolve().parents[2]
 STEP = re.compile(r"step:\s+(\d+)\s+loss:\s+([0-9.]+)\s+grad_norm:\s+([0-9.]+)")
+VALIDATE = re.compile(r"validate step:\s+(\d+)\s+loss:\s+([0-9.]+)")
 
 
-def _titan(tmp_path: Path, *args: str) -> list[tuple[int, str, str]]:
-    """Rank 0's logged (step, loss, grad_norm) of one ``torchtitan.train`` run under torchrun."""
+def _titan(tmp_path: Path, *args: str) -> tuple[list[tuple[int, str, str]], list[tuple[int, str]]]:
+    """Rank 0's logged (step, loss, grad_norm) and (validation step, loss) of one ``torchtitan.train`` run under
+    torchrun, with FCP's validator every 2 steps (2 global batches of 4 documents)."""
     torchrun = Path(sys.executable).with_name("torchrun")
     cmd = [str(torchrun) if torchrun.exists() else sys.executable, *([] if torchrun.exists() else
            ["-m", "torch.distributed.run"]), "--standalone", "--nproc-per-node", "2", "--local-ranks-filter", "0",
            "-m", "torchtitan.train", "--module", "examples.torchtitan_fcp", "--config", "qwen3_debug_fcp",
-           "--dump_folder", str(tmp_path / "out"), "--metrics.disable_color_printing", *args]
+           "--dump_folder", str(tmp_path / "out"), "--metrics.disable_color_printing", "--validator.enable",
+           "--validator.freq", "2", "--validator.steps", "2", "--validator.dataloader.global_batch_size", "4", *args]
     env = {**os.environ, "TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-4000:]
     assert "FCP: global batches of 8 documents" in out, out[-4000:]
-    return [(int(m[1]), m[2], m[3]) for m in STEP.finditer(out)]
+    return [(int(m[1]), m[2], m[3]) for m in STEP.finditer(out)], [(int(m[1]), m[2]) for m in VALIDATE.finditer(out)]
 
 
 def test_torchtitan_train_with_fcp_config_trains_and_resumes(tmp_path):
-    steps = _titan(tmp_path, "--checkpoint.enable", "--checkpoint.interval", "2")
+    steps, validated = _titan(tmp_path, "--checkpoint.enable", "--checkpoint.interval", "2")
     assert [s for s, _, _ in steps] == [1, 2, 3, 4], steps
+    assert [s for s, _ in validated] == [1, 2, 4] and all(math.isfinite(float(v)) for _, v in validated), validated
     losses = [float(loss) for _, loss, _ in steps]
     assert all(math.isfinite(v) for v in losses) and abs(losses[0] - math.log(2048)) < 0.5, losses
     assert losses[-1] < losses[0], losses
     ckpt = tmp_path / "out" / "checkpoint"
     assert (ckpt / "step-2").is_dir() and (ckpt / "step-4").is_dir(), sorted(os.listdir(ckpt))
     shutil.rmtree(ckpt / "step-4")
-    resumed = _titan(tmp_path, "--checkpoint.enable", "--checkpoint.interval", "2")
+    resumed, revalidated = _titan(tmp_path, "--checkpoint.enable", "--checkpoint.interval", "2")
     assert resumed == steps[2:], (resumed, steps)
+    assert revalidated == validated[2:], (revalidated, validated)

@@ -16,8 +16,9 @@ torchtitan's loss) / label tokens, torch's ``clip_grad_norm_`` and the optimizer
 
 Asserted per step: the logged loss and gradient norm within LOSS_TOL / NORM_TOL (relative; torchtitan's loss takes
 float32 logits, so float64 training agrees to float32 rounding, not to 1e-12), the final parameters within PARAM_TOL
-of the largest; a degree-2 ring ran; a run stopped after step 2 and resumed from torchtitan's checkpoint ends with
-the parameters of the run that did not stop, exactly.
+of the largest; the validation loss ``FCPTitanValidator`` logs after steps 1 and 4 (2 global batches of the training
+index sampled with another seed) within LOSS_TOL of the stock model's on the same documents; a degree-2 ring ran; a
+run stopped after step 2 and resumed from torchtitan's checkpoint logs and ends exactly as the run that did not stop.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ pytestmark = pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in
                                 reason="torchtitan's Trainer (with the triton its model code and the tensorboard its "
                                        "metrics import) is not installed; make test installs them on x86-64 Linux")
 
-STEPS, SEQ_LEN, TOKENS_PER_RANK, GBS, LR = 4, 128, 96, 4, 2e-3
+STEPS, SEQ_LEN, TOKENS_PER_RANK, GBS, LR, VAL_BATCHES = 4, 128, 96, 4, 2e-3, 2
 # torchtitan's loss takes float32 logits: measured, FCP's losses are within 8.1e-8 of the reference's, gradient norms
 # within 2.2e-7, final parameters within 1.04e-6 of the largest — and the reference itself moves by 1.10e-6 when its
 # loss takes float64 logits instead (that much is float32 rounding amplified by 4 AdamW steps). A lost rank, a
@@ -60,6 +61,7 @@ def _config(steps: int, dump: str, interval: int = 0):
     cfg.metrics.enable_tensorboard = False
     cfg.checkpoint = dataclasses.replace(cfg.checkpoint, enable=bool(interval), interval=interval or 10,
                                          last_save_model_only=False)
+    cfg.validator = dataclasses.replace(cfg.validator, enable=True, freq=STEPS, steps=VAL_BATCHES)
     return fcp_config(cfg, dataset_path=str(bundled_index("text")), tokens_per_rank=TOKENS_PER_RANK,
                       global_batch_size=GBS, num_workers=0)
 
@@ -123,6 +125,14 @@ def _train(steps: int, dump: str, initial: str, interval: int = 0) -> dict:
         return log(step, loss, max_loss, grad_norm, **kwargs)
 
     trainer.metrics_processor.log = record
+    validated = []
+    log_validation = trainer.metrics_processor.log_validation
+
+    def record_validation(loss, step, **kwargs):
+        validated.append((int(step), float(loss)))
+        return log_validation(loss, step, **kwargs)
+
+    trainer.metrics_processor.log_validation = record_validation
     step_fn = trainer.train_step
 
     def traced(it):
@@ -132,8 +142,10 @@ def _train(steps: int, dump: str, initial: str, interval: int = 0) -> dict:
     trainer.train_step = traced
     trainer.train()
     sampler = trainer.dataloader.sampler
-    out = {"logged": logged, "params": _params(trainer.model_parts[0]), "groups": groups,
-           "batches": [[int(i) for i in sampler.global_batch_indices(s)] for s in range(steps)]}
+    val = trainer.validator.loader.sampler
+    out = {"logged": logged, "params": _params(trainer.model_parts[0]), "groups": groups, "validated": validated,
+           "batches": [[int(i) for i in sampler.global_batch_indices(s)] for s in range(steps)],
+           "val_batches": [[int(i) for i in val.global_batch_indices(k)] for k in range(VAL_BATCHES)]}
     trainer.close()
     dist.barrier()
     return out
@@ -155,8 +167,9 @@ def runs(tmp_path_factory):
     return {"full": full, "resumed": resumed, "initial": initial}
 
 
-def _reference(initial: str, batches: list[list[int]]) -> tuple[list[tuple[float, float]], dict[str, np.ndarray]]:
-    """The stock model over ``batches`` in this process: per step (loss, gradient norm), and the final parameters."""
+def _reference(initial: str, batches: list[list[int]], val_batches: list[list[int]]) -> tuple[list, dict, dict]:
+    """The stock model over ``batches`` in this process: per step (loss, gradient norm), the final parameters and
+    the validation loss over ``val_batches`` after steps 1 and STEPS (the validator's freq)."""
     import tempfile
 
     import torch.nn.functional as F
@@ -170,25 +183,32 @@ def _reference(initial: str, batches: list[list[int]]) -> tuple[list[tuple[float
     optimizers = cfg.optimizer.build(model_parts=[model])
     schedulers = cfg.lr_scheduler.build(optimizers=optimizers, training_steps=len(batches))
     data = IndexedDataset(bundled_index("text"))
-    out = []
-    for batch in batches:
-        optimizers.zero_grad()
-        docs = [data[i]["input_ids"][:SEQ_LEN] for i in batch]
+
+    def mean_loss(indices: list[int]) -> torch.Tensor:
+        docs = [data[i]["input_ids"][:SEQ_LEN] for i in indices]
         num = sum(len(d) - 1 for d in docs)
-        loss = sum(F.cross_entropy(model(d[None])[0, :-1].float(), d[1:], reduction="sum") for d in docs) / num
+        return sum(F.cross_entropy(model(d[None])[0, :-1].float(), d[1:], reduction="sum") for d in docs) / num
+
+    out, validated = [], {}
+    for step, batch in enumerate(batches, 1):
+        optimizers.zero_grad()
+        loss = mean_loss(batch)
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.training.max_norm, foreach=True)
         out.append((float(loss.detach()), float(norm)))
         optimizers.step()
         schedulers.step()
-    return out, _params(model)
+        if step in (1, STEPS):
+            with torch.no_grad():
+                validated[step] = float(mean_loss([i for b in val_batches for i in b]))
+    return out, _params(model), validated
 
 
 @pytest.mark.timeout(900)
 def test_torchtitan_trainer_with_fcp_equals_the_stock_model(runs):
     res = runs["full"][0]
     assert res["batches"] == runs["full"][1]["batches"], "the ranks planned different global batches"
-    ref_steps, ref_params = _reference(runs["initial"], res["batches"])
+    ref_steps, ref_params, ref_val = _reference(runs["initial"], res["batches"], res["val_batches"])
     assert [s for s, _, _ in res["logged"]] == list(range(1, STEPS + 1)), res["logged"]
     for (step, loss, norm), (ref_loss, ref_norm) in zip(res["logged"], ref_steps):
         assert abs(loss - ref_loss) <= LOSS_TOL * abs(ref_loss), f"step {step}: loss {loss!r} vs {ref_loss!r}"
@@ -198,12 +218,17 @@ def test_torchtitan_trainer_with_fcp_equals_the_stock_model(runs):
     worst = max(float(np.abs(res["params"][k] - v).max()) for k, v in ref_params.items()) / scale
     assert worst <= PARAM_TOL, f"final parameters differ by {worst:.2e} of the largest"
     assert any(len(g) == 2 for r in runs["full"] for g in r["groups"]), "no degree-2 ring ran"
+    assert [s for s, _ in res["validated"]] == [1, STEPS], res["validated"]
+    for step, loss in res["validated"]:
+        assert abs(loss - ref_val[step]) <= LOSS_TOL * abs(ref_val[step]), f"validation at step {step}: {loss!r} vs " \
+                                                                           f"{ref_val[step]!r}"
 
 
 def test_resumed_torchtitan_trainer_equals_the_uninterrupted_run(runs):
     full, resumed = runs["full"][0], runs["resumed"][0]
     assert [s for s, _, _ in resumed["logged"]] == [3, 4], resumed["logged"]
     assert resumed["logged"] == full["logged"][2:], (resumed["logged"], full["logged"][2:])
+    assert resumed["validated"] == full["validated"][1:], (resumed["validated"], full["validated"])
     for k, v in full["params"].items():
         assert np.array_equal(resumed["params"][k], v), f"{k} differs after resuming"
 
@@ -216,6 +241,7 @@ def _loader(tmp_path, **fields):
 
 def test_misuse_is_one_clear_error(tmp_path):
     from torchtitan.components.dataloader import BaseDataLoader
+    from torchtitan.components.validate import Validator
     from torchtitan.models.qwen3.config_registry import qwen3_debugmodel
 
     from fcp_exec.integrations.torchtitan_trainer import fcp_config
@@ -230,7 +256,7 @@ def test_misuse_is_one_clear_error(tmp_path):
              "\"partial_dtensor\" backend": dict(parallelism=dataclasses.replace(cfg.parallelism,
                                                                                  spmd_backend="full_dtensor")),
              "CUDA graphs cannot": dict(training=dataclasses.replace(cfg.training, disable_cuda_graphs=False)),
-             "disable validator.enable": dict(validator=dataclasses.replace(cfg.validator, enable=True)),
+             "torchtitan's own validator": dict(validator=Validator.Config(enable=True)),
              "dataloader is Config, not FCPTitanDataLoader": dict(dataloader=BaseDataLoader.Config())}
     for match, change in wrong.items():
         with pytest.raises(ValueError, match=match):
