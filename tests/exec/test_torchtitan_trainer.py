@@ -19,6 +19,8 @@ float32 logits, so float64 training agrees to float32 rounding, not to 1e-12), t
 of the largest; the validation loss ``FCPTitanValidator`` logs after steps 1 and 4 (2 global batches of the training
 index sampled with another seed) within LOSS_TOL of the stock model's on the same documents; a degree-2 ring ran; a
 run stopped after step 2 and resumed from torchtitan's checkpoint logs and ends exactly as the run that did not stop.
+Hostile input: a run over the same index where one sample fails to read everywhere and two fail on one rank of their
+degree-2 ring (:func:`damaged_text`) meets the same tolerances against the stock model trained without them.
 """
 
 from __future__ import annotations
@@ -44,8 +46,9 @@ STEPS, SEQ_LEN, TOKENS_PER_RANK, GBS, LR, VAL_BATCHES = 4, 128, 96, 4, 2e-3, 2
 LOSS_TOL, NORM_TOL, PARAM_TOL = 1e-6, 1e-5, 5e-6
 
 
-def _config(steps: int, dump: str, interval: int = 0):
-    """torchtitan's qwen3_debugmodel config cut to 2 layers in float64, through fcp_config."""
+def _config(steps: int, dump: str, interval: int = 0, damaged: bool = False):
+    """torchtitan's qwen3_debugmodel config cut to 2 layers in float64, through fcp_config (``damaged``: over
+    :func:`damaged_text`)."""
     from torchtitan.components.optimizer import default_adamw
     from torchtitan.models.qwen3.config_registry import qwen3_debugmodel
 
@@ -62,8 +65,38 @@ def _config(steps: int, dump: str, interval: int = 0):
     cfg.checkpoint = dataclasses.replace(cfg.checkpoint, enable=bool(interval), interval=interval or 10,
                                          last_save_model_only=False)
     cfg.validator = dataclasses.replace(cfg.validator, enable=True, freq=STEPS, steps=VAL_BATCHES)
-    return fcp_config(cfg, dataset_path=str(bundled_index("text")), tokens_per_rank=TOKENS_PER_RANK,
-                      global_batch_size=GBS, num_workers=0)
+    data = dict(dataset=f"{__name__}:damaged_text") if damaged else dict(dataset_path=str(bundled_index("text")))
+    return fcp_config(cfg, tokens_per_rank=TOKENS_PER_RANK, global_batch_size=GBS, num_workers=0, **data)
+
+
+# hostile input: sample 147 (56 tokens) fails to read everywhere; 230 (174 tokens: a degree-2 ring over both ranks)
+# only on rank 1 and 247 (126 tokens, degree 2) only on rank 0 — all in the first two global batches (asserted)
+DAMAGED_EVERYWHERE, DAMAGED_ON_RANK = (147,), {230: 1, 247: 0}
+
+
+class _Damaged(torch.utils.data.Dataset):
+    """The bundled text index with the samples above failing to read (OSError, as a bad file would)."""
+
+    def __init__(self) -> None:
+        from fcp_data import IndexedDataset, bundled_index
+
+        self.data = IndexedDataset(bundled_index("text"))
+        self.index, self.pad_token_id, self.has_labels = self.data.index, self.data.pad_token_id, False
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, i: int):
+        import torch.distributed as dist
+
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        if i in DAMAGED_EVERYWHERE or DAMAGED_ON_RANK.get(i) == rank:
+            raise OSError(f"sample {i}: damaged file (rank {rank})")
+        return self.data[i]
+
+
+def damaged_text() -> _Damaged:
+    return _Damaged()
 
 
 def _float64() -> None:
@@ -108,14 +141,14 @@ def _load_params(model, path: str) -> None:
             p.copy_(distribute_tensor(src, p.device_mesh, p.placements) if isinstance(p, DTensor) else src)
 
 
-def _train(steps: int, dump: str, initial: str, interval: int = 0) -> dict:
+def _train(steps: int, dump: str, initial: str, interval: int = 0, damaged: bool = False) -> dict:
     """One FCPTitanTrainer run on this rank (inside the launch): its logged steps, batches and final parameters."""
     import torch.distributed as dist
     from fcp_exec.integrations.torchtitan_cpu import torchtitan_on_cpu
 
     torchtitan_on_cpu()
     _float64()
-    trainer = _config(steps, dump, interval).build()
+    trainer = _config(steps, dump, interval, damaged).build()
     _load_params(trainer.model_parts[0], initial)
     logged, groups = [], []
     log = trainer.metrics_processor.log
@@ -164,12 +197,16 @@ def runs(tmp_path_factory):
     shutil.copytree(root / "full" / "checkpoint" / "step-2", root / "resumed" / "checkpoint" / "step-2")
     resumed = launch(_train, 2, STEPS, str(root / "resumed"), initial, 2, timeout=600.0, pg_timeout=120.0,
                      preload=("torchtitan.trainer",))
-    return {"full": full, "resumed": resumed, "initial": initial}
+    damaged = launch(_train, 2, STEPS, str(root / "damaged"), initial, 0, True, timeout=600.0, pg_timeout=120.0,
+                     preload=("torchtitan.trainer",))
+    return {"full": full, "resumed": resumed, "damaged": damaged, "initial": initial}
 
 
-def _reference(initial: str, batches: list[list[int]], val_batches: list[list[int]]) -> tuple[list, dict, dict]:
-    """The stock model over ``batches`` in this process: per step (loss, gradient norm), the final parameters and
-    the validation loss over ``val_batches`` after steps 1 and STEPS (the validator's freq)."""
+def _reference(initial: str, batches: list[list[int]], val_batches: list[list[int]],
+               skip: frozenset = frozenset()) -> tuple[list, dict, dict]:
+    """The stock model over ``batches`` (without the samples ``skip``) in this process: per step (loss, gradient
+    norm), the final parameters and the validation loss over ``val_batches`` after steps 1 and STEPS (the
+    validator's freq)."""
     import tempfile
 
     import torch.nn.functional as F
@@ -185,7 +222,7 @@ def _reference(initial: str, batches: list[list[int]], val_batches: list[list[in
     data = IndexedDataset(bundled_index("text"))
 
     def mean_loss(indices: list[int]) -> torch.Tensor:
-        docs = [data[i]["input_ids"][:SEQ_LEN] for i in indices]
+        docs = [data[i]["input_ids"][:SEQ_LEN] for i in indices if i not in skip]
         num = sum(len(d) - 1 for d in docs)
         return sum(F.cross_entropy(model(d[None])[0, :-1].float(), d[1:], reduction="sum") for d in docs) / num
 
@@ -204,11 +241,10 @@ def _reference(initial: str, batches: list[list[int]], val_batches: list[list[in
     return out, _params(model), validated
 
 
-@pytest.mark.timeout(900)
-def test_torchtitan_trainer_with_fcp_equals_the_stock_model(runs):
-    res = runs["full"][0]
-    assert res["batches"] == runs["full"][1]["batches"], "the ranks planned different global batches"
-    ref_steps, ref_params, ref_val = _reference(runs["initial"], res["batches"], res["val_batches"])
+def _check_against_reference(runs: dict, name: str, skip: frozenset = frozenset()) -> None:
+    res = runs[name][0]
+    assert res["batches"] == runs[name][1]["batches"], "the ranks planned different global batches"
+    ref_steps, ref_params, ref_val = _reference(runs["initial"], res["batches"], res["val_batches"], skip)
     assert [s for s, _, _ in res["logged"]] == list(range(1, STEPS + 1)), res["logged"]
     for (step, loss, norm), (ref_loss, ref_norm) in zip(res["logged"], ref_steps):
         assert abs(loss - ref_loss) <= LOSS_TOL * abs(ref_loss), f"step {step}: loss {loss!r} vs {ref_loss!r}"
@@ -217,11 +253,25 @@ def test_torchtitan_trainer_with_fcp_equals_the_stock_model(runs):
     scale = max(float(np.abs(v).max()) for v in ref_params.values())
     worst = max(float(np.abs(res["params"][k] - v).max()) for k, v in ref_params.items()) / scale
     assert worst <= PARAM_TOL, f"final parameters differ by {worst:.2e} of the largest"
-    assert any(len(g) == 2 for r in runs["full"] for g in r["groups"]), "no degree-2 ring ran"
+    assert any(len(g) == 2 for r in runs[name] for g in r["groups"]), "no degree-2 ring ran"
     assert [s for s, _ in res["validated"]] == [1, STEPS], res["validated"]
     for step, loss in res["validated"]:
         assert abs(loss - ref_val[step]) <= LOSS_TOL * abs(ref_val[step]), f"validation at step {step}: {loss!r} vs " \
                                                                            f"{ref_val[step]!r}"
+
+
+@pytest.mark.timeout(900)
+def test_torchtitan_trainer_with_fcp_equals_the_stock_model(runs):
+    _check_against_reference(runs, "full")
+
+
+def test_failed_reads_train_as_without_those_samples(runs):
+    """Samples that fail to read — everywhere, or on one rank of their degree-2 ring — are skipped on every rank of
+    their group (torchtitan's label count then leaves them out): the run equals the stock model trained without them."""
+    batches = [i for b in runs["damaged"][0]["batches"][:2] for i in b]
+    damaged = set(DAMAGED_EVERYWHERE) | set(DAMAGED_ON_RANK)
+    assert damaged <= set(batches), (sorted(damaged), batches)
+    _check_against_reference(runs, "damaged", frozenset(damaged))
 
 
 def test_resumed_torchtitan_trainer_equals_the_uninterrupted_run(runs):
