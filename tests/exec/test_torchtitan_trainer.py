@@ -329,7 +329,7 @@ def test_misuse_is_one_clear_error(tmp_path):
 def test_documents_past_seq_len_are_cut_or_left_out(tmp_path):
     """training.seq_len (the RoPE length) is below FCP's capacity here (2 × 96 would be 192 on two ranks; one rank:
     96, so use a world of one with 160 tokens per rank): 'truncate' plans and reads every document at ≤ seq_len
-    tokens, 'drop' leaves the longer ones out; the loader's state round-trips."""
+    tokens, 'drop' leaves the longer ones out; the loader goes from one epoch to the next; its state round-trips."""
     from fcp_data import IndexedDataset, bundled_index
 
     lengths = np.array([len(d["input_ids"]) for d in IndexedDataset(bundled_index("text"))])
@@ -343,6 +343,13 @@ def test_documents_past_seq_len_are_cut_or_left_out(tmp_path):
             seen[int(i)] = int(n)
     assert len(seen) == len(lengths) and all(seen[i] == min(int(lengths[i]), SEQ_LEN) + (min(int(lengths[i]), SEQ_LEN)
                                                                                          % 2) for i in seen)
+    epochs = []  # infinite: one epoch after another (32 documents per global batch: 10 per epoch; epoch 0 was read)
+    for mb in cut:
+        if int(mb["micro_batch"]) == 0:
+            epochs.append((int(mb["epoch"]), int(mb["global_batch"])))
+        if len(epochs) > 21:
+            break
+    assert epochs == [(e, g) for e in range(1, 4) for g in range(10)][:22], epochs
     dropped = _loader(tmp_path, tokens_per_rank=160, on_overlong="drop")
     assert sorted(dropped.sampler.excluded.tolist()) == np.flatnonzero(lengths > SEQ_LEN).tolist()
     state = cut.state_dict()
