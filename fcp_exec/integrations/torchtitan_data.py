@@ -145,7 +145,7 @@ def _open_dataset(config: FCPTitanDataLoader.Config) -> tuple[Any, Any]:
         raise ValueError("FCPTitanDataLoader: set dataset_path (an fcp length index or a Megatron PREFIX) or dataset")
     path = config.dataset_path
     if Path(path + ".idx").is_file():
-        from fcp_data import MegatronIndexedDocuments
+        from fcp_data.megatron_indexed import MegatronIndexedDocuments
 
         docs = MegatronIndexedDocuments(path)
         return docs, docs

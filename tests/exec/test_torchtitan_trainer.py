@@ -359,3 +359,28 @@ def test_documents_past_seq_len_are_cut_or_left_out(tmp_path):
     fresh = _loader(tmp_path, tokens_per_rank=160, global_batch_size=32)
     fresh.load_state_dict(moved)
     assert fresh.state_dict() == moved
+
+
+def test_a_megatron_prefix_feeds_the_loader(tmp_path):
+    """``dataset_path`` naming a Megatron ``PREFIX.bin/.idx`` pair (written here in its documented format: uint16
+    tokens, one sequence per document): every document reaches the micro-batches with its tokens, cut to seq_len."""
+    import struct
+
+    lengths = [30, 150, 60, 200, 12, 90, 40, 110]
+    tokens = np.random.default_rng(0).integers(0, 2048, sum(lengths)).astype(np.uint16)
+    seq = np.asarray(lengths, dtype=np.int32)
+    ptr = np.concatenate([[0], np.cumsum(seq.astype(np.int64) * 2)[:-1]]).astype(np.int64)
+    bounds = np.arange(len(lengths) + 1, dtype=np.int64)
+    (tmp_path / "corpus.idx").write_bytes(b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, 8, len(seq), len(bounds))
+                                          + seq.tobytes() + ptr.tobytes() + bounds.tobytes())
+    (tmp_path / "corpus.bin").write_bytes(tokens.tobytes())
+    loader = _loader(tmp_path, dataset_path=str(tmp_path / "corpus"), tokens_per_rank=160, global_batch_size=4)
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    seen = {}
+    for mb in loader.loader:
+        bounds = mb["cu_seqlens"].tolist()
+        for i, a, b in zip(mb["sample_indices"], bounds, bounds[1:]):
+            n = min(lengths[int(i)], SEQ_LEN)
+            assert mb["input_ids"][a:a + n].tolist() == tokens[starts[int(i)]:starts[int(i)] + n].tolist(), int(i)
+            seen[int(i)] = n
+    assert seen == {i: min(n, SEQ_LEN) for i, n in enumerate(lengths)}
