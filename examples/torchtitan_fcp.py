@@ -2,6 +2,7 @@ r"""torchtitan's own trainer and command line, trained with FCP: a config regist
 
     torchrun --standalone --nproc-per-node 2 -m torchtitan.train \
         --module examples.torchtitan_fcp --config qwen3_debug_fcp                  # CPU (gloo), the bundled text
+                                                                   # (llama3_debug_fcp: Llama 3's debug model)
     torchrun --nproc-per-node 8 -m torchtitan.train --module examples.torchtitan_fcp --config llama3_8b_fcp \
         --dataloader.dataset_path my-index --dataloader.cost_model cost.json      # GPUs (never run by us)
 
@@ -45,6 +46,19 @@ def qwen3_debug_fcp():
 
     cpu = _cpu_if_no_gpu()
     cfg = qwen3_debugmodel()
+    cfg.model_spec.model.layers = cfg.model_spec.model.layers[:2]
+    cfg.training = dataclasses.replace(cfg.training, seq_len=256, steps=4,
+                                       mixed_precision_param="float32" if cpu else cfg.training.mixed_precision_param)
+    cfg.lr_scheduler = dataclasses.replace(cfg.lr_scheduler, warmup_steps=1)
+    return fcp_config(cfg, dataset_path=str(bundled_index("text")), tokens_per_rank=128, global_batch_size=8)
+
+
+def llama3_debug_fcp():
+    """torchtitan's Llama 3 debug model (2 layers) on the bundled text index, as :func:`qwen3_debug_fcp`."""
+    from torchtitan.models.llama3.config_registry import llama3_debugmodel
+
+    cpu = _cpu_if_no_gpu()
+    cfg = llama3_debugmodel()
     cfg.model_spec.model.layers = cfg.model_spec.model.layers[:2]
     cfg.training = dataclasses.replace(cfg.training, seq_len=256, steps=4,
                                        mixed_precision_param="float32" if cpu else cfg.training.mixed_precision_param)

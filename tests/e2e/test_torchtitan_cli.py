@@ -31,13 +31,14 @@ STEP = re.compile(r"step:\s+(\d+)\s+loss:\s+([0-9.]+)\s+grad_norm:\s+([0-9.]+)")
 VALIDATE = re.compile(r"validate step:\s+(\d+)\s+loss:\s+([0-9.]+)")
 
 
-def _titan(tmp_path: Path, *args: str) -> tuple[list[tuple[int, str, str]], list[tuple[int, str]]]:
+def _titan(tmp_path: Path, *args: str, config: str = "qwen3_debug_fcp") -> tuple[list[tuple[int, str, str]],
+                                                                               list[tuple[int, str]]]:
     """Rank 0's logged (step, loss, grad_norm) and (validation step, loss) of one ``torchtitan.train`` run under
     torchrun, with FCP's validator every 2 steps (2 global batches of 4 documents)."""
     torchrun = Path(sys.executable).with_name("torchrun")
     cmd = [str(torchrun) if torchrun.exists() else sys.executable, *([] if torchrun.exists() else
            ["-m", "torch.distributed.run"]), "--standalone", "--nproc-per-node", "2", "--local-ranks-filter", "0",
-           "-m", "torchtitan.train", "--module", "examples.torchtitan_fcp", "--config", "qwen3_debug_fcp",
+           "-m", "torchtitan.train", "--module", "examples.torchtitan_fcp", "--config", config,
            "--dump_folder", str(tmp_path / "out"), "--metrics.disable_color_printing", "--validator.enable",
            "--validator.freq", "2", "--validator.steps", "2", "--validator.dataloader.global_batch_size", "4", *args]
     env = {**os.environ, "TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1",
@@ -62,3 +63,11 @@ def test_torchtitan_train_with_fcp_config_trains_and_resumes(tmp_path):
     resumed, revalidated = _titan(tmp_path, "--checkpoint.enable", "--checkpoint.interval", "2")
     assert resumed == steps[2:], (resumed, steps)
     assert revalidated == validated[2:], (revalidated, validated)
+
+
+def test_torchtitan_train_llama3_with_fcp(tmp_path):
+    """The same command with torchtitan's Llama 3 debug model (complex RoPE, its own attention config)."""
+    steps, validated = _titan(tmp_path, config="llama3_debug_fcp")
+    losses = [float(loss) for _, loss, _ in steps]
+    assert [s for s, _, _ in steps] == [1, 2, 3, 4] and abs(losses[0] - math.log(2048)) < 0.5, steps
+    assert losses[-1] < losses[0] and [s for s, _ in validated] == [1, 2, 4], (steps, validated)
