@@ -29,8 +29,9 @@ dataloader is an :class:`FCPTitanDataLoader` (every field stays overridable on t
   100 --validator.steps 10``; data: ``--validator.dataloader.dataset_path``, by default the training data sampled
   with another seed): the global-batch mean loss through :func:`fcp_exec.step.eval_step`.
 * **Refused with one error:** tensor, pipeline, context and expert parallelism (FCP is the context parallelism;
-  every rank is data-parallel to torchtitan), CUDA graphs (the micro-batches change shape every step) and
-  torchtitan's own validator (it feeds torchtitan's own batches).
+  every rank is data-parallel to torchtitan), CUDA graphs (the micro-batches change shape every step), compiling the
+  model (torchtitan compiles each block with ``fullgraph=True``; the ring's exchanges cannot be in that graph —
+  compiling the loss, ``--compile.components loss``, ran) and torchtitan's own validator (it feeds its own batches).
 
 Tested on CPU (``tests/exec/test_torchtitan_trainer.py``, torchtitan 0.3.0, through
 :func:`fcp_exec.integrations.torchtitan_cpu.torchtitan_on_cpu`): ``Trainer.train()`` of torchtitan's Qwen3 debug
@@ -250,6 +251,10 @@ def _check_config(config: Any) -> None:
     if not config.training.disable_cuda_graphs:
         raise ValueError("FCPTitanTrainer: FCP's micro-batches change shape every step, which CUDA graphs cannot "
                          "replay: set training.disable_cuda_graphs (fcp_config does)")
+    if config.compile.enable and "model" in config.compile.components:
+        raise ValueError("FCPTitanTrainer: torchtitan compiles each block with fullgraph=True, which cannot hold FCP's "
+                         "ring attention (its exchanges follow each micro-batch's CP group): compile the loss only, "
+                         "--compile.components loss")
     if config.validator.enable and not isinstance(config.validator, FCPTitanValidator.Config):
         raise ValueError("FCPTitanTrainer: torchtitan's own validator feeds its own batches to the model, which takes "
                          "FCP micro-batches: use FCPTitanValidator.Config (fcp_config sets it) or disable it")

@@ -307,6 +307,7 @@ def test_misuse_is_one_clear_error(tmp_path):
                                                                                  spmd_backend="full_dtensor")),
              "CUDA graphs cannot": dict(training=dataclasses.replace(cfg.training, disable_cuda_graphs=False)),
              "torchtitan's own validator": dict(validator=Validator.Config(enable=True)),
+             "compile the loss only": dict(compile=dataclasses.replace(cfg.compile, enable=True)),
              "dataloader is Config, not FCPTitanDataLoader": dict(dataloader=BaseDataLoader.Config())}
     for match, change in wrong.items():
         with pytest.raises(ValueError, match=match):
