@@ -31,7 +31,9 @@ dataloader is an :class:`FCPTitanDataLoader` (every field stays overridable on t
 * **Refused with one error:** tensor, pipeline, context and expert parallelism (FCP is the context parallelism;
   every rank is data-parallel to torchtitan), CUDA graphs (the micro-batches change shape every step), compiling the
   model (torchtitan compiles each block with ``fullgraph=True``; the ring's exchanges cannot be in that graph —
-  compiling the loss, ``--compile.components loss``, ran) and torchtitan's own validator (it feeds its own batches).
+  compiling the loss, ``--compile.components loss``, ran), MoE layers' auxiliary-loss-free load balancing (its token
+  counts would include FCP's padding and idle ranks' dummies) and torchtitan's own validator (it feeds its own
+  batches).
 
 Tested on CPU (``tests/exec/test_torchtitan_trainer.py``, torchtitan 0.3.0, through
 :func:`fcp_exec.integrations.torchtitan_cpu.torchtitan_on_cpu`): ``Trainer.train()`` of torchtitan's Qwen3 debug
@@ -273,6 +275,12 @@ def _fcp_model_spec(spec: Any, timeout: float | None) -> Any:
         return spec
     from torchtitan.models.common.attention import FlexAttention, ScaledDotProductAttention, VarlenAttention
 
+    balanced = [i for i, layer in enumerate(getattr(spec.model, "layers", []))
+                if getattr(getattr(layer, "moe", None), "load_balance_coeff", None) is not None]
+    if balanced:
+        raise ValueError(f"FCPTitanTrainer: MoE layer {balanced[0]} balances its experts without an auxiliary loss "
+                         "(load_balance_coeff), from token counts that would include FCP's padding and idle ranks' "
+                         "dummy tokens: set load_balance_coeff=None on every MoE layer")
     model = copy.deepcopy(spec.model)
     for _, _, parent, attr in list(model.traverse((FlexAttention.Config, VarlenAttention.Config))):
         window = getattr(getattr(parent, attr), "window_size", None)

@@ -316,6 +316,11 @@ def test_misuse_is_one_clear_error(tmp_path):
     for match, change in wrong.items():
         with pytest.raises(ValueError, match=match):
             dataclasses.replace(cfg, **change)
+    from torchtitan.models.qwen3.config_registry import qwen3_moe_debug
+
+    moe = fcp_config(qwen3_moe_debug(), dataset_path="unused")
+    with pytest.raises(ValueError, match="MoE layer 0 balances its experts without an auxiliary loss"):
+        moe.build()
     with pytest.raises(ValueError, match="set dataset_path"):
         _loader(tmp_path, dataset_path=None)
     with pytest.raises(ValueError, match="not an importable 'package.module:function'"):
