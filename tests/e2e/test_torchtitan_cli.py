@@ -40,7 +40,8 @@ def _titan(tmp_path: Path, *args: str, config: str = "qwen3_debug_fcp") -> tuple
            ["-m", "torch.distributed.run"]), "--standalone", "--nproc-per-node", "2", "--local-ranks-filter", "0",
            "-m", "torchtitan.train", "--module", "examples.torchtitan_fcp", "--config", config,
            "--dump_folder", str(tmp_path / "out"), "--metrics.disable_color_printing", "--validator.enable",
-           "--validator.freq", "2", "--validator.steps", "2", "--validator.dataloader.global_batch_size", "4", *args]
+           "--validator.freq", "2", "--validator.steps", "2", "--validator.dataloader.global_batch_size", "4",
+           "--debug.seed", "0", *args]
     env = {**os.environ, "TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
@@ -66,8 +67,9 @@ def test_torchtitan_train_with_fcp_config_trains_and_resumes(tmp_path):
 
 
 def test_torchtitan_train_llama3_with_fcp(tmp_path):
-    """The same command with torchtitan's Llama 3 debug model (complex RoPE, its own attention config)."""
+    """The same command with torchtitan's Llama 3 debug model (complex RoPE, its own attention config). Its initial
+    output layer is not near-uniform (first losses 7.98–8.17 measured over unseeded runs): within 1.0 of ln(vocab)."""
     steps, validated = _titan(tmp_path, config="llama3_debug_fcp")
     losses = [float(loss) for _, loss, _ in steps]
-    assert [s for s, _, _ in steps] == [1, 2, 3, 4] and abs(losses[0] - math.log(2048)) < 0.5, steps
+    assert [s for s, _, _ in steps] == [1, 2, 3, 4] and abs(losses[0] - math.log(2048)) < 1.0, steps
     assert losses[-1] < losses[0] and [s for s, _ in validated] == [1, 2, 4], (steps, validated)
