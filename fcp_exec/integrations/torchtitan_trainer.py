@@ -25,6 +25,9 @@ dataloader is an :class:`FCPTitanDataLoader` (every field stays overridable on t
   (every rank runs every micro-batch, so FSDP2 stays in lock-step). torchtitan already normalises the loss by the
   global count of label tokens and sums gradients over ranks (FSDP2's divide factor 1): with FCP that is the
   single-process gradient of the global batch.
+* **Metrics.** Beside torchtitan's own (loss, gradient norm, throughput, MFU), each logged step sends
+  :func:`fcp_step_metrics` — the plan's micro-batches, this rank's ring degrees, idle micro-batches, skipped samples —
+  to torchtitan's TensorBoard / W&B logger.
 * **Validation.** :class:`FCPTitanValidator` in torchtitan's validator slot (``--validator.enable --validator.freq
   100 --validator.steps 10``; data: ``--validator.dataloader.dataset_path``, by default the training data sampled
   with another seed): the global-batch mean loss through :func:`fcp_exec.step.eval_step`.
@@ -65,7 +68,8 @@ from fcp_exec.integrations.torchtitan_data import FCPTitanDataLoader, PreTokeniz
 from fcp_exec.skips import leave_out_later
 from fcp_exec.step import denominator, eval_step, next_global_batch
 
-__all__ = ["FCPTitanDataLoader", "FCPTitanTrainer", "FCPTitanValidator", "PreTokenized", "fcp_config"]
+__all__ = ["FCPTitanDataLoader", "FCPTitanTrainer", "FCPTitanValidator", "PreTokenized", "fcp_config",
+           "fcp_step_metrics"]
 
 
 class FCPTitanValidator(BaseValidator):
@@ -187,6 +191,8 @@ class FCPTitanTrainer(Trainer):
         super().train_step(iter(pairs))
         self.dataloader.consumed(batches[-1])
         self.last_groups = [tuple(int(r) for r in b["ranks"]) for b in batches]  # this rank's CP group per micro-batch
+        if self.metrics_processor.should_log(self.step):  # to torchtitan's TensorBoard / W&B logger, beside its own
+            self.metrics_processor.logger.log(fcp_step_metrics(batches), self.step)
         if self.config.leave_out_skipped:
             leave_out_later(self.dataloader.sampler, batches)
 
@@ -194,6 +200,17 @@ class FCPTitanTrainer(Trainer):
         """``(tokens, labels, model kwargs)``: the ring and positions are FCP's already (no mask building, no CP
         sharding: FCP sharded the documents)."""
         return input_dict["input"], labels, {k: v for k, v in input_dict.items() if k != "input"}
+
+
+def fcp_step_metrics(batches: list[dict]) -> dict[str, float]:
+    """What FCP did on this rank in one step (prepared micro-batches): ``fcp/micro_batches`` (the plan's count),
+    ``fcp/max_ring_degree`` and ``fcp/mean_ring_degree`` of this rank's CP groups, ``fcp/idle_micro_batches`` (run on
+    the dummy), ``fcp/skipped_samples`` (failed reads, agreed in their groups)."""
+    busy = [len(b["ranks"]) for b in batches if not b.get("idle")]
+    return {"fcp/micro_batches": len(batches), "fcp/max_ring_degree": max(busy, default=0),
+            "fcp/mean_ring_degree": sum(busy) / len(busy) if busy else 0.0,
+            "fcp/idle_micro_batches": len(batches) - len(busy),
+            "fcp/skipped_samples": sum(len(b.get("skipped_samples", ())) for b in batches)}
 
 
 def _log_fcp(loader: FCPTitanDataLoader, seq_len: int) -> None:

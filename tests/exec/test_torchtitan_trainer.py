@@ -152,7 +152,7 @@ def _train(steps: int, dump: str, initial: str, interval: int = 0, damaged: bool
     _float64()
     trainer = _config(steps, dump, interval, damaged, bf16).build()
     _load_params(trainer.model_parts[0], initial)
-    logged, groups = [], []
+    logged, groups, per_step = [], [], []
     log = trainer.metrics_processor.log
 
     def record(step, loss, max_loss, grad_norm, **kwargs):
@@ -168,17 +168,28 @@ def _train(steps: int, dump: str, initial: str, interval: int = 0, damaged: bool
         return log_validation(loss, step, **kwargs)
 
     trainer.metrics_processor.log_validation = record_validation
+    fcp_metrics = []
+    logger_log = trainer.metrics_processor.logger.log
+
+    def record_metrics(metrics, step):
+        if any(k.startswith("fcp/") for k in metrics):
+            fcp_metrics.append((int(step), dict(metrics)))
+        return logger_log(metrics, step)
+
+    trainer.metrics_processor.logger.log = record_metrics
     step_fn = trainer.train_step
 
     def traced(it):
         step_fn(it)
         groups.extend(trainer.last_groups)
+        per_step.append(list(trainer.last_groups))
 
     trainer.train_step = traced
     trainer.train()
     sampler = trainer.dataloader.sampler
     val = trainer.validator.loader.sampler
     out = {"logged": logged, "params": _params(trainer.model_parts[0]), "groups": groups, "validated": validated,
+           "fcp_metrics": fcp_metrics, "per_step": per_step,
            "batches": [[int(i) for i in sampler.global_batch_indices(s)] for s in range(steps)],
            "val_batches": [[int(i) for i in val.global_batch_indices(k)] for k in range(VAL_BATCHES)]}
     trainer.close()
@@ -415,3 +426,18 @@ def test_torchtitan_bf16_policy_stays_close_to_exact_training(runs):
 # measured: losses 1.7e-5 … 3.7e-4 from exact training, validation losses 1.1e-4 … 5.2e-4, gradient norms 2.5e-4 …
 # 7.2e-3 (bf16 keeps 8 bits of mantissa; AdamW carries the step-1 differences on)
 BF16_LOSS, BF16_NORM = 2e-3, 3e-2
+
+
+def test_fcp_metrics_reach_torchtitans_logger(runs):
+    """Every logged step sends fcp/* metrics to torchtitan's metric logger (TensorBoard / W&B): the plan's number of
+    micro-batches (as many as the step ran), this rank's ring degrees, idle micro-batches, skipped samples (none in
+    the clean run, some in the damaged one)."""
+    for rank in (0, 1):
+        res = runs["full"][rank]
+        assert [step for step, _ in res["fcp_metrics"]] == list(range(1, STEPS + 1)), res["fcp_metrics"]
+        for (step, m), groups in zip(res["fcp_metrics"], res["per_step"]):
+            assert m["fcp/micro_batches"] == len(groups) >= 1, (step, m, groups)
+            assert 1 <= m["fcp/max_ring_degree"] <= 2 and 0 <= m["fcp/idle_micro_batches"] < len(groups) + 1, m
+            assert m["fcp/skipped_samples"] == 0, m
+    assert max(m["fcp/max_ring_degree"] for _, m in runs["full"][0]["fcp_metrics"]) == 2
+    assert sum(m["fcp/skipped_samples"] for r in runs["damaged"] for _, m in r["fcp_metrics"]) >= 3
