@@ -2,7 +2,8 @@
 --config qwen3_debug_fcp`` on 2 CPU processes (gloo), no training loop of ours.
 
 Reference: a randomly initialised LM predicts near-uniformly, so the first loss must be within 0.5 of ln(vocab) (the
-debug model's 2,048 tokens) and the losses must fall over 4 steps; FCP's validator (``--validator.*`` options) logs
+debug model's 2,048 tokens) and the losses must fall over 4 steps; FCP's step metrics reach TensorBoard's event file
+(a degree-2 ring among them); FCP's validator (``--validator.*`` options) logs
 at steps 1, 2 and 4; the run with checkpoints every 2 steps, its step-4 checkpoint removed and run again, resumes
 from step 2 and logs steps 3 and 4 — training and validation — exactly as the run that did not stop (torchtitan's
 printed losses and gradient norm). Exact equivalence to the stock model is
@@ -52,8 +53,16 @@ def _titan(tmp_path: Path, *args: str, config: str = "qwen3_debug_fcp") -> tuple
 
 
 def test_torchtitan_train_with_fcp_config_trains_and_resumes(tmp_path):
-    steps, validated = _titan(tmp_path, "--checkpoint.enable", "--checkpoint.interval", "2")
+    steps, validated = _titan(tmp_path, "--checkpoint.enable", "--checkpoint.interval", "2",
+                              "--metrics.enable_tensorboard")
     assert [s for s, _, _ in steps] == [1, 2, 3, 4], steps
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (events,) = (tmp_path / "out" / "tb").rglob("events.out.tfevents.*")  # rank 0 writes TensorBoard's file
+    board = EventAccumulator(str(events))
+    board.Reload()
+    degrees = [e.value for e in board.Scalars("fcp/max_ring_degree")]
+    assert [e.step for e in board.Scalars("fcp/micro_batches")] == [1, 2, 3, 4] and max(degrees) == 2, degrees
     assert [s for s, _ in validated] == [1, 2, 4] and all(math.isfinite(float(v)) for _, v in validated), validated
     losses = [float(loss) for _, loss, _ in steps]
     assert all(math.isfinite(v) for v in losses) and abs(losses[0] - math.log(2048)) < 0.5, losses
