@@ -56,8 +56,12 @@ class FCPTitanDataLoader(BaseDataLoader):
     def __init__(self, config: Config, *, dp_world_size: int, dp_rank: int, seq_len: int, tokenizer: Any = None,
                  local_batch_size: int = 1, snapshot_every_n_steps: int | None = None) -> None:
         from fcp_data import FCPCollator, FCPDataset, FCPSampler
+        from fcp_data.sampler_config import OVERLONG_CHOICES
         from fcp_data.sampler_inputs import check_lengths, dist_rank_and_world
 
+        if config.on_overlong not in OVERLONG_CHOICES:
+            raise ValueError(f"FCPTitanDataLoader: on_overlong must be one of {', '.join(OVERLONG_CHOICES)}, got "
+                             f"{config.on_overlong!r}")
         rank, world = dist_rank_and_world()
         if (dp_rank, dp_world_size) != (rank, world):
             raise ValueError(f"FCPTitanDataLoader: every rank is data-parallel to torchtitan under FCP, but the "

@@ -332,6 +332,8 @@ def test_misuse_is_one_clear_error(tmp_path):
     moe = fcp_config(qwen3_moe_debug(), dataset_path="unused")
     with pytest.raises(ValueError, match="MoE layer 0 balances its experts without an auxiliary loss"):
         moe.build()
+    with pytest.raises(ValueError, match="on_overlong must be one of error, truncate, drop, got 'cut'"):
+        _loader(tmp_path, on_overlong="cut")
     with pytest.raises(ValueError, match="set dataset_path"):
         _loader(tmp_path, dataset_path=None)
     with pytest.raises(ValueError, match="not an importable 'package.module:function'"):
