@@ -187,9 +187,12 @@ def _train(steps: int, dump: str, initial: str, interval: int = 0, damaged: bool
     trainer.train_step = traced
     trainer.train()
     sampler = trainer.dataloader.sampler
+    import json
+
+    saved = json.loads(trainer.dataloader.state_dict()["fcp_sampler"])  # what torchtitan's checkpoint holds
     val = trainer.validator.loader.sampler
     out = {"logged": logged, "params": _params(trainer.model_parts[0]), "groups": groups, "validated": validated,
-           "fcp_metrics": fcp_metrics, "per_step": per_step,
+           "fcp_metrics": fcp_metrics, "per_step": per_step, "excluded_later": saved.get("excluded_later"),
            "batches": [[int(i) for i in sampler.global_batch_indices(s)] for s in range(steps)],
            "val_batches": [[int(i) for i in val.global_batch_indices(k)] for k in range(VAL_BATCHES)]}
     trainer.close()
@@ -287,6 +290,9 @@ def test_failed_reads_train_as_without_those_samples(runs):
     damaged = set(DAMAGED_EVERYWHERE) | set(DAMAGED_ON_RANK)
     assert damaged <= set(batches), (sorted(damaged), batches)
     _check_against_reference(runs, "damaged", frozenset(damaged))
+    for r in runs["damaged"]:  # left out of the later epochs on every rank, in the state torchtitan checkpoints
+        assert r["excluded_later"] == [[1, sorted(damaged)]], r["excluded_later"]  # [[from epoch, samples]]
+    assert not runs["full"][0]["excluded_later"], runs["full"][0]["excluded_later"]
 
 
 def test_resumed_torchtitan_trainer_equals_the_uninterrupted_run(runs):
