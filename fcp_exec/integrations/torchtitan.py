@@ -61,7 +61,14 @@ class FCPInnerAttention(nn.Module):
                              "it with batch_inputs(batch, model), whose attention_masks is the batch's RingBatch")
         if q.shape[0] != 1:
             raise ValueError(f"FCP micro-batches are one packed row per rank, got batch size {q.shape[0]}")
-        return ring_attention(q[0], k[0], v[0], attention_masks, causal=is_causal, softmax_scale=scale)[None]
+        return _ring(q[0], k[0], v[0], attention_masks, is_causal, scale)[None]
+
+
+@torch.compiler.disable
+def _ring(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: RingBatch, causal: bool,
+          scale: float | None) -> torch.Tensor:
+    """The ring, eagerly (under ``torch.compile`` the graphs end before it and start again after it)."""
+    return ring_attention(q, k, v, ring, causal=causal, softmax_scale=scale)
 
 
 def _attentions(model: nn.Module) -> list[nn.Module]:

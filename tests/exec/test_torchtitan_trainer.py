@@ -47,7 +47,8 @@ STEPS, SEQ_LEN, TOKENS_PER_RANK, GBS, LR, VAL_BATCHES = 4, 128, 96, 4, 2e-3, 2
 LOSS_TOL, NORM_TOL, PARAM_TOL = 1e-6, 1e-5, 5e-6
 
 
-def _config(steps: int, dump: str, interval: int = 0, damaged: bool = False, bf16: bool = False):
+def _config(steps: int, dump: str, interval: int = 0, damaged: bool = False, bf16: bool = False,
+            compiled: bool = False):
     """torchtitan's qwen3_debugmodel config cut to 2 layers in float64, through fcp_config (``damaged``: over
     :func:`damaged_text`)."""
     from torchtitan.components.optimizer import default_adamw
@@ -67,6 +68,9 @@ def _config(steps: int, dump: str, interval: int = 0, damaged: bool = False, bf1
     cfg.checkpoint = dataclasses.replace(cfg.checkpoint, enable=bool(interval), interval=interval or 10,
                                          last_save_model_only=False)
     cfg.validator = dataclasses.replace(cfg.validator, enable=True, freq=STEPS, steps=VAL_BATCHES)
+    if compiled:  # each block compiled (fullgraph=False: the ring between graphs); no activation checkpointing
+        cfg.compile = dataclasses.replace(cfg.compile, enable=True, components=["model", "loss"])
+        cfg.activation_checkpoint = None
     data = dict(dataset=f"{__name__}:damaged_text") if damaged else dict(dataset_path=str(bundled_index("text")))
     return fcp_config(cfg, tokens_per_rank=TOKENS_PER_RANK, global_batch_size=GBS, num_workers=0, **data)
 
@@ -143,14 +147,15 @@ def _load_params(model, path: str) -> None:
             p.copy_(distribute_tensor(src, p.device_mesh, p.placements) if isinstance(p, DTensor) else src)
 
 
-def _train(steps: int, dump: str, initial: str, interval: int = 0, damaged: bool = False, bf16: bool = False) -> dict:
+def _train(steps: int, dump: str, initial: str, interval: int = 0, damaged: bool = False, bf16: bool = False,
+           compiled: bool = False) -> dict:
     """One FCPTitanTrainer run on this rank (inside the launch): its logged steps, batches and final parameters."""
     import torch.distributed as dist
     from fcp_exec.integrations.torchtitan_cpu import torchtitan_on_cpu
 
     torchtitan_on_cpu()
     _float64()
-    trainer = _config(steps, dump, interval, damaged, bf16).build()
+    trainer = _config(steps, dump, interval, damaged, bf16, compiled).build()
     _load_params(trainer.model_parts[0], initial)
     logged, groups, per_step = [], [], []
     log = trainer.metrics_processor.log
@@ -191,7 +196,9 @@ def _train(steps: int, dump: str, initial: str, interval: int = 0, damaged: bool
 
     saved = json.loads(trainer.dataloader.state_dict()["fcp_sampler"])  # what torchtitan's checkpoint holds
     val = trainer.validator.loader.sampler
-    out = {"logged": logged, "params": _params(trainer.model_parts[0]), "groups": groups, "validated": validated,
+    from torch._dynamo.utils import counters
+
+    out = {"graphs": int(counters["stats"]["unique_graphs"]), "logged": logged, "params": _params(trainer.model_parts[0]), "groups": groups, "validated": validated,
            "fcp_metrics": fcp_metrics, "per_step": per_step, "excluded_later": saved.get("excluded_later"),
            "batches": [[int(i) for i in sampler.global_batch_indices(s)] for s in range(steps)],
            "val_batches": [[int(i) for i in val.global_batch_indices(k)] for k in range(VAL_BATCHES)]}
@@ -328,7 +335,8 @@ def test_misuse_is_one_clear_error(tmp_path):
                                                                                  spmd_backend="full_dtensor")),
              "CUDA graphs cannot": dict(training=dataclasses.replace(cfg.training, disable_cuda_graphs=False)),
              "torchtitan's own validator": dict(validator=Validator.Config(enable=True)),
-             "compile the loss only": dict(compile=dataclasses.replace(cfg.compile, enable=True)),
+             "under activation checkpointing compiles nothing": dict(compile=dataclasses.replace(cfg.compile,
+                                                                                                  enable=True)),
              "dataloader is Config, not FCPTitanDataLoader": dict(dataloader=BaseDataLoader.Config())}
     for match, change in wrong.items():
         with pytest.raises(ValueError, match=match):
@@ -449,3 +457,16 @@ def test_fcp_metrics_reach_torchtitans_logger(runs):
             assert m["fcp/skipped_samples"] == 0, m
     assert max(m["fcp/max_ring_degree"] for _, m in runs["full"][0]["fcp_metrics"]) == 2
     assert sum(m["fcp/skipped_samples"] for r in runs["damaged"] for _, m in r["fcp_metrics"]) >= 3
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_compiled_torchtitan_trainer_equals_the_stock_model(tmp_path):
+    """``--compile.enable`` (model and loss; no activation checkpointing): inductor compiled graphs ran (dynamic
+    shapes across micro-batches) and the run meets the tolerances of the eager one against the stock model."""
+    initial = str(tmp_path / "initial.pt")
+    torch.save({n: p.detach() for n, p in _stock_model().named_parameters()}, initial)
+    compiled = launch(_train, 2, STEPS, str(tmp_path / "compiled"), initial, 0, False, False, True, timeout=900.0,
+                      pg_timeout=300.0, preload=("torchtitan.trainer",))
+    assert all(r["graphs"] > 0 for r in compiled), [r["graphs"] for r in compiled]
+    _check_against_reference({"compiled": compiled, "initial": initial}, "compiled")
