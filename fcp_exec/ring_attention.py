@@ -28,17 +28,19 @@ they differ. Without it a shard-size mismatch is a receive of the wrong size: gl
 """
 from __future__ import annotations
 
-import contextlib
 import struct
 import zlib
 
 import torch
 
 from fcp_exec.comm import RingComm
-from fcp_exec.kernels import AttentionKernel, default_kernel, get_kernel
+from fcp_exec.kernels import AttentionKernel
 from fcp_exec.kernels.base import lse_dtype_for, merge_block
 from fcp_exec.kernels.window import windowed_backward, windowed_forward
 from fcp_exec.kernels.window_band import band_backward, band_forward, plan_band
+from fcp_exec.ring_args import autocast_inputs as _autocast_inputs
+from fcp_exec.ring_args import autocast_off as _autocast_off
+from fcp_exec.ring_args import checked_args as _checked_args
 from fcp_data.layout import check_cu_seqlens
 
 __all__ = ["RingBatch", "ring_attention"]
@@ -175,84 +177,92 @@ def _block_backward(plan: _Plan, kernel, step: int, args, causal: bool, scale: f
     return windowed_backward(*args, scale, window, *plan.positions(step))
 
 
+def ring_forward(q, k, v, plan: _Plan, comm, scale: float, kernel: AttentionKernel, window: int | None = None):
+    """``(out, lse)`` of the ring over ``plan``'s blocks (K/V passed around ``comm``); lse ``[H, T]`` in the
+    accumulation dtype. The forward of :class:`_RingAttentionFn` and of ``torch.ops.fcp.ring_attention``."""
+    acc = lse_dtype_for(q.dtype)
+    # step 0's block has every query row: its result starts the running result (no zero-fill, no merge)
+    out_acc = torch.zeros(q.shape, dtype=acc, device=q.device) if not q.shape[0] else None
+    lse_acc = torch.full((q.shape[1], 0), float("-inf"), dtype=acc, device=q.device) if not q.shape[0] else None
+    k_cur, v_cur = k, v
+    for step in range(plan.degree):
+        pending = None
+        if step + 1 < plan.degree:
+            pending = comm.send_recv([k_cur, v_cur], tag=0, what="k/v")
+        q_rows, k_rows, cu_q, cu_k, causal, max_q, max_k = plan.block(step)
+        if q.shape[0]:
+            args = (_rows(q, q_rows), _rows(k_cur, k_rows), _rows(v_cur, k_rows), cu_q, cu_k)
+            out_b, lse_b = _block_forward(plan, kernel, step, args, causal, scale, max_q, max_k, window)
+            if out_acc is None:  # step 0: all rows
+                out_acc, lse_acc = out_b.to(acc), lse_b.to(acc)
+            else:
+                merge_block(out_acc, lse_acc, out_b, lse_b, q_rows)
+        if pending is not None:
+            k_cur, v_cur = pending.wait()
+    return out_acc.to(q.dtype), lse_acc
+
+
+def ring_backward(dout, q, k, v, out, lse, plan: _Plan, comm, scale: float, kernel: AttentionKernel,
+                  window: int | None = None):
+    """``(dq, dk, dv)`` of :func:`ring_forward` (dK/dV travel back around the ring to their owners)."""
+    dout = dout.contiguous()
+    acc = lse.dtype
+    dq = torch.zeros(q.shape, dtype=acc, device=q.device) if plan.degree > 1 or not q.shape[0] else None
+    k_cur, v_cur = k, v
+    dkv_pending = None
+    dk_blk = dv_blk = None
+    for step in range(plan.degree):
+        kv_pending = None
+        if step + 1 < plan.degree:
+            kv_pending = comm.send_recv([k_cur, v_cur], tag=0, what="k/v")
+        q_rows, k_rows, cu_q, cu_k, causal, max_q, max_k = plan.block(step)
+        full_keys = k_rows is None and q.shape[0]  # this block's dK/dV are the kernel's, whole
+        dk_blk = None if full_keys else torch.zeros(k.shape, dtype=acc, device=k.device)
+        dv_blk = None if full_keys else torch.zeros(v.shape, dtype=acc, device=v.device)
+        if q.shape[0]:
+            lse_rows = lse if q_rows is None else lse.index_select(1, q_rows)
+            args = (_rows(dout, q_rows), _rows(q, q_rows), _rows(k_cur, k_rows), _rows(v_cur, k_rows),
+                    _rows(out, q_rows), lse_rows, cu_q, cu_k)
+            dq_b, dk_b, dv_b = _block_backward(plan, kernel, step, args, causal, scale, max_q, max_k, window)
+            if dq is None:  # degree 1: the one block's dQ
+                dq = dq_b.to(acc)
+            elif q_rows is None:
+                dq += dq_b.to(acc)
+            else:
+                dq.index_add_(0, q_rows, dq_b.to(acc))
+            if full_keys:  # (in place below: never two names for one buffer a kernel might return twice)
+                dk_blk, dv_blk = dk_b.to(acc), dv_b.to(acc)
+                dv_blk = dv_blk.clone() if dv_blk.data_ptr() == dk_blk.data_ptr() else dv_blk
+            else:
+                dk_blk.index_copy_(0, k_rows, dk_b.to(acc))
+                dv_blk.index_copy_(0, k_rows, dv_b.to(acc))
+        if dkv_pending is not None:
+            dk_prev, dv_prev = dkv_pending.wait()
+            dk_blk += dk_prev
+            dv_blk += dv_prev
+        if plan.degree > 1:
+            dkv_pending = comm.send_recv([dk_blk, dv_blk], tag=2, what="dk/dv")
+        if kv_pending is not None:
+            k_cur, v_cur = kv_pending.wait()
+    if dkv_pending is not None:
+        dk_blk, dv_blk = dkv_pending.wait()
+    return dq.to(q.dtype), dk_blk.to(k.dtype), dv_blk.to(v.dtype)
+
+
 class _RingAttentionFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, plan: _Plan, comm, scale: float, kernel: AttentionKernel, window: int | None = None):
-        acc = lse_dtype_for(q.dtype)
-        # step 0's block has every query row: its result starts the running result (no zero-fill, no merge)
-        out_acc = torch.zeros(q.shape, dtype=acc, device=q.device) if not q.shape[0] else None
-        lse_acc = torch.full((q.shape[1], 0), float("-inf"), dtype=acc, device=q.device) if not q.shape[0] else None
-        k_cur, v_cur = k, v
-        for step in range(plan.degree):
-            pending = None
-            if step + 1 < plan.degree:
-                pending = comm.send_recv([k_cur, v_cur], tag=0, what="k/v")
-            q_rows, k_rows, cu_q, cu_k, causal, max_q, max_k = plan.block(step)
-            if q.shape[0]:
-                args = (_rows(q, q_rows), _rows(k_cur, k_rows), _rows(v_cur, k_rows), cu_q, cu_k)
-                out_b, lse_b = _block_forward(plan, kernel, step, args, causal, scale, max_q, max_k, window)
-                if out_acc is None:  # step 0: all rows
-                    out_acc, lse_acc = out_b.to(acc), lse_b.to(acc)
-                else:
-                    merge_block(out_acc, lse_acc, out_b, lse_b, q_rows)
-            if pending is not None:
-                k_cur, v_cur = pending.wait()
-        out = out_acc.to(q.dtype)
-        ctx.save_for_backward(q, k, v, out, lse_acc)
+        out, lse = ring_forward(q, k, v, plan, comm, scale, kernel, window)
+        ctx.save_for_backward(q, k, v, out, lse)
         ctx.plan, ctx.comm, ctx.scale, ctx.kernel, ctx.window = plan, comm, scale, kernel, window
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        with _autocast_off(dout.device):
-            return _RingAttentionFn._backward(ctx, dout)
-
-    @staticmethod
-    def _backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
-        plan, comm, scale, kernel, window = ctx.plan, ctx.comm, ctx.scale, ctx.kernel, ctx.window
-        dout = dout.contiguous()
-        acc = lse.dtype
-        dq = torch.zeros(q.shape, dtype=acc, device=q.device) if plan.degree > 1 or not q.shape[0] else None
-        k_cur, v_cur = k, v
-        dkv_pending = None
-        dk_blk = dv_blk = None
-        for step in range(plan.degree):
-            kv_pending = None
-            if step + 1 < plan.degree:
-                kv_pending = comm.send_recv([k_cur, v_cur], tag=0, what="k/v")
-            q_rows, k_rows, cu_q, cu_k, causal, max_q, max_k = plan.block(step)
-            full_keys = k_rows is None and q.shape[0]  # this block's dK/dV are the kernel's, whole
-            dk_blk = None if full_keys else torch.zeros(k.shape, dtype=acc, device=k.device)
-            dv_blk = None if full_keys else torch.zeros(v.shape, dtype=acc, device=v.device)
-            if q.shape[0]:
-                lse_rows = lse if q_rows is None else lse.index_select(1, q_rows)
-                args = (_rows(dout, q_rows), _rows(q, q_rows), _rows(k_cur, k_rows), _rows(v_cur, k_rows),
-                        _rows(out, q_rows), lse_rows, cu_q, cu_k)
-                dq_b, dk_b, dv_b = _block_backward(plan, kernel, step, args, causal, scale, max_q, max_k, window)
-                if dq is None:  # degree 1: the one block's dQ
-                    dq = dq_b.to(acc)
-                elif q_rows is None:
-                    dq += dq_b.to(acc)
-                else:
-                    dq.index_add_(0, q_rows, dq_b.to(acc))
-                if full_keys:  # (in place below: never two names for one buffer a kernel might return twice)
-                    dk_blk, dv_blk = dk_b.to(acc), dv_b.to(acc)
-                    dv_blk = dv_blk.clone() if dv_blk.data_ptr() == dk_blk.data_ptr() else dv_blk
-                else:
-                    dk_blk.index_copy_(0, k_rows, dk_b.to(acc))
-                    dv_blk.index_copy_(0, k_rows, dv_b.to(acc))
-            if dkv_pending is not None:
-                dk_prev, dv_prev = dkv_pending.wait()
-                dk_blk += dk_prev
-                dv_blk += dv_prev
-            if plan.degree > 1:
-                dkv_pending = comm.send_recv([dk_blk, dv_blk], tag=2, what="dk/dv")
-            if kv_pending is not None:
-                k_cur, v_cur = kv_pending.wait()
-        if dkv_pending is not None:
-            dk_blk, dv_blk = dkv_pending.wait()
-        return dq.to(q.dtype), dk_blk.to(k.dtype), dv_blk.to(v.dtype), None, None, None, None, None
+        with _autocast_off(dout.device):
+            grads = ring_backward(dout, q, k, v, out, lse, ctx.plan, ctx.comm, ctx.scale, ctx.kernel, ctx.window)
+        return (*grads, None, None, None, None, None)
 
 
 class RingBatch:
@@ -342,57 +352,3 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
         rb.check(q, k, bool(causal), scale, window)
     with _autocast_off(q.device):
         return _RingAttentionFn.apply(q, k, v, rb.plan(bool(causal), q.device), rb.comm, scale, kernel, window)
-
-
-def _autocast_inputs(q, k, v):
-    """Inside ``torch.autocast`` attention runs in the autocast dtype, as torch's SDPA does there: the floating-point
-    q, k, v other than float64 are cast to it (a Hugging Face layer under bf16 autocast hands over fp32 q/k — the
-    rotary embedding promotes them — and a bf16 v). Outside autocast the tensors are taken as given."""
-    if not isinstance(q, torch.Tensor) or not torch.is_autocast_enabled(q.device.type):
-        return q, k, v
-    dtype = torch.get_autocast_dtype(q.device.type)
-    return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
-                 else t for t in (q, k, v))
-
-
-def _autocast_off(device: torch.device):
-    """The ring's forward and backward run in the dtypes it chose (fp32 accumulators for half inputs), not in an
-    enclosing autocast's: autocast is switched off for them (a ``backward()`` called inside autocast included)."""
-    if torch.is_autocast_enabled(device.type):
-        return torch.autocast(device.type, enabled=False)
-    return contextlib.nullcontext()
-
-
-def _checked_args(q, k, v, causal, softmax_scale, kernel) -> tuple[float, AttentionKernel]:
-    """:func:`ring_attention`'s argument checks; returns the softmax scale and the kernel to run."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 3:
-            raise ValueError(f"{name} must be a [T_local, H, D] tensor, got {getattr(t, 'shape', t)!r}")
-    if k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
-        raise ValueError(f"shapes do not match: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}; "
-                         "need q [T, H_q, D] and k, v [T, H_kv, D]")
-    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
-        raise ValueError(f"H_q={q.shape[1]} must be a multiple of H_kv={k.shape[1]}")
-    if q.dtype != k.dtype or q.dtype != v.dtype:
-        raise ValueError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
-    if not q.dtype.is_floating_point:
-        raise ValueError(f"q, k, v must be floating point (fp16/bf16/fp32/fp64), got {q.dtype}")
-    if q.device != k.device or q.device != v.device:
-        raise ValueError(f"q, k, v devices differ: {q.device}, {k.device}, {v.device}")
-    if q.shape[-1] < 1:
-        raise ValueError(f"head dim must be >= 1, got q {tuple(q.shape)}")
-    if not isinstance(causal, bool):
-        raise ValueError(f"causal must be True or False, got {causal!r}")
-    scale = q.shape[-1] ** -0.5
-    if softmax_scale is not None:
-        if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)) or \
-                not 0 < softmax_scale < float("inf"):
-            raise ValueError(f"softmax_scale must be a finite number > 0 (default 1/sqrt(head dim)), got {softmax_scale!r}")
-        scale = float(softmax_scale)
-    if kernel is None:
-        return scale, default_kernel(q.device, q.dtype)
-    if isinstance(kernel, str):
-        return scale, get_kernel(kernel)
-    if not isinstance(kernel, AttentionKernel):
-        raise ValueError(f"kernel must be an AttentionKernel or a kernel name, got {type(kernel).__name__} {kernel!r}")
-    return scale, kernel

@@ -37,7 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fcp_exec.ring_attention import RingBatch, ring_attention
+from fcp_exec.ring_attention import RingBatch
+from fcp_exec.ring_op import register, ring_attention_op
 from fcp_exec.step import denominator
 
 __all__ = ["FCPInnerAttention", "TESTED_MODELS", "apply_fcp", "batch_inputs", "fcp_loss"]
@@ -61,14 +62,8 @@ class FCPInnerAttention(nn.Module):
                              "it with batch_inputs(batch, model), whose attention_masks is the batch's RingBatch")
         if q.shape[0] != 1:
             raise ValueError(f"FCP micro-batches are one packed row per rank, got batch size {q.shape[0]}")
-        return _ring(q[0], k[0], v[0], attention_masks, is_causal, scale)[None]
-
-
-@torch.compiler.disable
-def _ring(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: RingBatch, causal: bool,
-          scale: float | None) -> torch.Tensor:
-    """The ring, eagerly (under ``torch.compile`` the graphs end before it and start again after it)."""
-    return ring_attention(q, k, v, ring, causal=causal, softmax_scale=scale)
+        # one opaque op (fcp_exec.ring_op): torch.compile takes the whole block, fullgraph, with the ring inside
+        return ring_attention_op(q[0], k[0], v[0], attention_masks, causal=is_causal, softmax_scale=scale)[None]
 
 
 def _attentions(model: nn.Module) -> list[nn.Module]:
@@ -118,6 +113,7 @@ def batch_inputs(batch: dict, model: nn.Module) -> dict[str, Any]:
     device = next(inner.parameters()).device
     timeout = next(m.inner_attention.timeout for m in _attentions(inner))
     ring = RingBatch(batch["cu_seqlens"], tuple(int(r) for r in batch["ranks"]), timeout=timeout)
+    register(ring)  # its op handle, made here in eager code (a compiled model then only reads it)
     return {"tokens": batch["input_ids"].to(device)[None], "positions": batch["position_ids"].to(device)[None],
             "attention_masks": ring}
 

@@ -25,9 +25,9 @@ dataloader is an :class:`FCPTitanDataLoader` (every field stays overridable on t
   (every rank runs every micro-batch, so FSDP2 stays in lock-step). torchtitan already normalises the loss by the
   global count of label tokens and sums gradients over ranks (FSDP2's divide factor 1): with FCP that is the
   single-process gradient of the global batch.
-* **torch.compile.** ``--compile.enable`` compiles each block with ``fullgraph=False`` instead of torchtitan's
-  ``fullgraph=True``: the graphs end before the ring and start again after it (its exchanges follow each
-  micro-batch's CP group), with dynamic shapes after the first lengths. Without activation checkpointing only.
+* **torch.compile.** ``--compile.enable`` is torchtitan's own: each block compiled with ``fullgraph=True``, the ring
+  inside as one opaque op (``torch.ops.fcp.ring_attention``, :mod:`fcp_exec.ring_op`), activation checkpointing
+  included; a new micro-batch is a new op input, not a recompilation (dynamic shapes after the first lengths).
 * **Metrics.** Beside torchtitan's own (loss, gradient norm, throughput, MFU), each logged step sends
   :func:`fcp_step_metrics` — the plan's micro-batches, this rank's ring degrees, idle micro-batches, skipped samples —
   to torchtitan's TensorBoard / W&B logger.
@@ -35,9 +35,8 @@ dataloader is an :class:`FCPTitanDataLoader` (every field stays overridable on t
   100 --validator.steps 10``; data: ``--validator.dataloader.dataset_path``, by default the training data sampled
   with another seed): the global-batch mean loss through :func:`fcp_exec.step.eval_step`.
 * **Refused with one error:** tensor, pipeline, context and expert parallelism (FCP is the context parallelism;
-  every rank is data-parallel to torchtitan), CUDA graphs (the micro-batches change shape every step), compiling the
-  model under activation checkpointing (a checkpointed block whose graph breaks at the ring runs eagerly: nothing
-  would be compiled), MoE layers' auxiliary-loss-free load balancing (its token
+  every rank is data-parallel to torchtitan), CUDA graphs (the micro-batches change shape every step), MoE layers'
+  auxiliary-loss-free load balancing (its token
   counts would include FCP's padding and idle ranks' dummies) and torchtitan's own validator (it feeds its own
   batches).
 
@@ -273,11 +272,6 @@ def _check_config(config: Any) -> None:
     if not config.training.disable_cuda_graphs:
         raise ValueError("FCPTitanTrainer: FCP's micro-batches change shape every step, which CUDA graphs cannot "
                          "replay: set training.disable_cuda_graphs (fcp_config does)")
-    if config.compile.enable and "model" in config.compile.components and config.activation_checkpoint is not None:
-        raise ValueError("FCPTitanTrainer: compiling the model under activation checkpointing compiles nothing (the "
-                         "ring runs between graphs, and a checkpointed block with a graph break runs eagerly): run "
-                         "without it (activation-checkpoint:none on torchtitan's command line) or compile the loss "
-                         "only (--compile.components loss)")
     if config.validator.enable and not isinstance(config.validator, FCPTitanValidator.Config):
         raise ValueError("FCPTitanTrainer: torchtitan's own validator feeds its own batches to the model, which takes "
                          "FCP micro-batches: use FCPTitanValidator.Config (fcp_config sets it) or disable it")
@@ -312,15 +306,7 @@ def _fcp_model_spec(spec: Any, timeout: float | None) -> Any:
     parallelize = spec.parallelize_fn
 
     def parallelize_fn(model: torch.nn.Module, **kwargs: Any) -> torch.nn.Module:
-        cc = kwargs.get("compile_config")
-        blocks = cc is not None and cc.enable and "model" in cc.components
-        if blocks:  # torchtitan's own block compile is fullgraph; the ring runs between the graphs instead
-            kwargs["compile_config"] = dataclasses.replace(cc, components=[c for c in cc.components if c != "model"])
-        model = parallelize(apply_fcp(model, timeout=timeout), **kwargs)
-        if blocks:
-            for block in model.layers.values():
-                block.compile(backend=cc.backend, fullgraph=False)
-        return model
+        return parallelize(apply_fcp(model, timeout=timeout), **kwargs)
 
     parallelize_fn.fcp_attention = True
     return dataclasses.replace(spec, model=model, parallelize_fn=parallelize_fn)

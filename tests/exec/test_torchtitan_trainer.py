@@ -68,9 +68,8 @@ def _config(steps: int, dump: str, interval: int = 0, damaged: bool = False, bf1
     cfg.checkpoint = dataclasses.replace(cfg.checkpoint, enable=bool(interval), interval=interval or 10,
                                          last_save_model_only=False)
     cfg.validator = dataclasses.replace(cfg.validator, enable=True, freq=STEPS, steps=VAL_BATCHES)
-    if compiled:  # each block compiled (fullgraph=False: the ring between graphs); no activation checkpointing
+    if compiled:  # torchtitan's own: each block compiled with fullgraph=True (the ring one op in it), SAC kept
         cfg.compile = dataclasses.replace(cfg.compile, enable=True, components=["model", "loss"])
-        cfg.activation_checkpoint = None
     data = dict(dataset=f"{__name__}:damaged_text") if damaged else dict(dataset_path=str(bundled_index("text")))
     return fcp_config(cfg, tokens_per_rank=TOKENS_PER_RANK, global_batch_size=GBS, num_workers=0, **data)
 
@@ -335,8 +334,6 @@ def test_misuse_is_one_clear_error(tmp_path):
                                                                                  spmd_backend="full_dtensor")),
              "CUDA graphs cannot": dict(training=dataclasses.replace(cfg.training, disable_cuda_graphs=False)),
              "torchtitan's own validator": dict(validator=Validator.Config(enable=True)),
-             "under activation checkpointing compiles nothing": dict(compile=dataclasses.replace(cfg.compile,
-                                                                                                  enable=True)),
              "dataloader is Config, not FCPTitanDataLoader": dict(dataloader=BaseDataLoader.Config())}
     for match, change in wrong.items():
         with pytest.raises(ValueError, match=match):
@@ -462,8 +459,9 @@ def test_fcp_metrics_reach_torchtitans_logger(runs):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_compiled_torchtitan_trainer_equals_the_stock_model(tmp_path):
-    """``--compile.enable`` (model and loss; no activation checkpointing): inductor compiled graphs ran (dynamic
-    shapes across micro-batches) and the run meets the tolerances of the eager one against the stock model."""
+    """``--compile.enable`` (model and loss, torchtitan's fullgraph block compile with its selective activation
+    checkpointing): inductor graphs ran (dynamic shapes across micro-batches) with the ring as one op in them, and the
+    run meets the tolerances of the eager one against the stock model."""
     initial = str(tmp_path / "initial.pt")
     torch.save({n: p.detach() for n, p in _stock_model().named_parameters()}, initial)
     compiled = launch(_train, 2, STEPS, str(tmp_path / "compiled"), initial, 0, False, False, True, timeout=900.0,

@@ -1,0 +1,67 @@
+"""The argument contract of FCP's ring attention, shared by :func:`fcp_exec.ring_attention.ring_attention` and the
+``torch.ops.fcp.ring_attention`` op (:mod:`fcp_exec.ring_op`): shape/dtype/device checks, the softmax scale and the
+kernel, and how an enclosing ``torch.autocast`` is honoured."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from fcp_exec.kernels import AttentionKernel, default_kernel, get_kernel
+
+__all__ = ["autocast_inputs", "autocast_off", "checked_args"]
+
+
+def autocast_inputs(q, k, v):
+    """Inside ``torch.autocast`` attention runs in the autocast dtype, as torch's SDPA does there: the floating-point
+    q, k, v other than float64 are cast to it (a Hugging Face layer under bf16 autocast hands over fp32 q/k — the
+    rotary embedding promotes them — and a bf16 v). Outside autocast the tensors are taken as given."""
+    if not isinstance(q, torch.Tensor) or not torch.is_autocast_enabled(q.device.type):
+        return q, k, v
+    dtype = torch.get_autocast_dtype(q.device.type)
+    return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
+                 else t for t in (q, k, v))
+
+
+def autocast_off(device: torch.device):
+    """The ring's forward and backward run in the dtypes it chose (fp32 accumulators for half inputs), not in an
+    enclosing autocast's: autocast is switched off for them (a ``backward()`` called inside autocast included)."""
+    if torch.is_autocast_enabled(device.type):
+        return torch.autocast(device.type, enabled=False)
+    return contextlib.nullcontext()
+
+
+def checked_args(q, k, v, causal, softmax_scale, kernel) -> tuple[float, AttentionKernel]:
+    """:func:`ring_attention`'s argument checks; returns the softmax scale and the kernel to run."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 3:
+            raise ValueError(f"{name} must be a [T_local, H, D] tensor, got {getattr(t, 'shape', t)!r}")
+    if k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
+        raise ValueError(f"shapes do not match: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}; "
+                         "need q [T, H_q, D] and k, v [T, H_kv, D]")
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
+        raise ValueError(f"H_q={q.shape[1]} must be a multiple of H_kv={k.shape[1]}")
+    if q.dtype != k.dtype or q.dtype != v.dtype:
+        raise ValueError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+    if not q.dtype.is_floating_point:
+        raise ValueError(f"q, k, v must be floating point (fp16/bf16/fp32/fp64), got {q.dtype}")
+    if q.device != k.device or q.device != v.device:
+        raise ValueError(f"q, k, v devices differ: {q.device}, {k.device}, {v.device}")
+    if q.shape[-1] < 1:
+        raise ValueError(f"head dim must be >= 1, got q {tuple(q.shape)}")
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal must be True or False, got {causal!r}")
+    scale = q.shape[-1] ** -0.5
+    if softmax_scale is not None:
+        if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)) or \
+                not 0 < softmax_scale < float("inf"):
+            raise ValueError(f"softmax_scale must be a finite number > 0 (default 1/sqrt(head dim)), got {softmax_scale!r}")
+        scale = float(softmax_scale)
+    if kernel is None:
+        return scale, default_kernel(q.device, q.dtype)
+    if isinstance(kernel, str):
+        return scale, get_kernel(kernel)
+    if not isinstance(kernel, AttentionKernel):
+        raise ValueError(f"kernel must be an AttentionKernel or a kernel name, got {type(kernel).__name__} {kernel!r}")
+    return scale, kernel

@@ -1,0 +1,113 @@
+"""FCP's ring attention as one opaque torch op, ``torch.ops.fcp.ring_attention``, so ``torch.compile`` can take a
+whole transformer block (``fullgraph=True``) with the ring inside, activation checkpointing included.
+
+Dynamo cannot trace the ring (point-to-point exchanges within each micro-batch's CP group, host-side plans); as a
+custom op it is one node of the graph whose inputs are tensors: q, k, v and a 0-d *handle* naming the micro-batch's
+:class:`~fcp_exec.ring_attention.RingBatch` in a process-local registry (:func:`register`, done in eager code before
+the model runs, e.g. by the integration's ``batch_inputs``). A new micro-batch is a new handle *value*, not a new
+constant, so nothing recompiles for it; its lengths change the shapes, which dynamic shapes absorb. The op returns
+``(out, lse)``; its backward is a second op (``torch.ops.fcp.ring_attention_backward``) registered as its autograd
+formula, so activation checkpointing may recompute the forward, exchanges included, in the backward as it would
+eagerly. Both ops compute exactly what :func:`fcp_exec.ring_attention.ring_attention` computes (the same
+``ring_forward`` / ``ring_backward``); sliding windows are not offered here.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+
+import torch
+
+from fcp_exec.kernels.base import lse_dtype_for
+from fcp_exec.ring_args import autocast_inputs, autocast_off, checked_args
+from fcp_exec.ring_attention import RingBatch, ring_backward, ring_forward
+
+__all__ = ["register", "ring_attention_op"]
+
+_RINGS: "weakref.WeakValueDictionary[int, RingBatch]" = weakref.WeakValueDictionary()
+_NEXT = itertools.count(1)
+
+
+def register(ring: RingBatch) -> torch.Tensor:
+    """The 0-d int64 handle of ``ring`` (registered once). The registry holds it weakly: eagerly the autograd graph
+    keeps it alive until the backward; under ``torch.compile`` keep the micro-batch that carries it alive until its
+    backward ran (a trainer's step holds its micro-batches: FCPTitanTrainer's does)."""
+    handle = getattr(ring, "op_handle", None)
+    if handle is None:
+        n = next(_NEXT)
+        _RINGS[n] = ring
+        handle = ring.op_handle = torch.tensor(n, dtype=torch.int64)
+    return handle
+
+
+def _ring(handle: torch.Tensor) -> RingBatch:
+    ring = _RINGS.get(int(handle))
+    if ring is None:
+        raise RuntimeError(f"fcp ring handle {int(handle)} names no live RingBatch (the micro-batch that carried it "
+                           "was released before its forward or backward ran)")
+    return ring
+
+
+@torch.library.custom_op("fcp::ring_attention", mutates_args=())
+def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, handle: torch.Tensor, causal: bool,
+             scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    ring = _ring(handle)
+    scale, kernel = checked_args(q, k, v, causal, scale, None)
+    if ring.cu[-1] != q.shape[0]:
+        raise ValueError(f"cu_seqlens ends at {ring.cu[-1]} but the tensor has {q.shape[0]} tokens")
+    ring.check(q, k, causal, scale)
+    with autocast_off(q.device):
+        out, lse = ring_forward(q, k, v, ring.plan(causal, q.device), ring.comm, scale, kernel)
+    return out.clone() if out.data_ptr() == q.data_ptr() else out, lse
+
+
+@_forward.register_fake
+def _(q, k, v, handle, causal, scale):
+    return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=lse_dtype_for(q.dtype))
+
+
+@torch.library.custom_op("fcp::ring_attention_backward", mutates_args=())
+def _backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                 lse: torch.Tensor, handle: torch.Tensor, causal: bool,
+                 scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    ring = _ring(handle)
+    scale, kernel = checked_args(q, k, v, causal, scale, None)
+    with autocast_off(q.device):
+        return ring_backward(dout.contiguous(), q, k, v, out, lse, ring.plan(causal, q.device), ring.comm, scale,
+                             kernel)
+
+
+@_backward_op.register_fake
+def _(dout, q, k, v, out, lse, handle, causal, scale):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup(ctx, inputs, output) -> None:
+    from torch._subclasses.fake_tensor import is_fake
+
+    q, k, v, handle, causal, scale = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, handle)
+    ctx.causal, ctx.scale = causal, scale
+    if not is_fake(handle):  # eagerly, the graph keeps the micro-batch's RingBatch alive until the backward
+        ctx.ring = _ring(handle)
+
+
+def _grads(ctx, dout, dlse):
+    q, k, v, out, lse, handle = ctx.saved_tensors
+    dq, dk, dv = torch.ops.fcp.ring_attention_backward(dout, q, k, v, out, lse, handle, ctx.causal, ctx.scale)
+    return dq, dk, dv, None, None, None
+
+
+_forward.register_autograd(_grads, setup_context=_setup)
+
+
+def ring_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: RingBatch, *, causal: bool = True,
+                      softmax_scale: float | None = None) -> torch.Tensor:
+    """:func:`fcp_exec.ring_attention.ring_attention` over ``ring`` through the op (module docstring): traceable
+    by ``torch.compile`` when ``ring`` was :func:`register`-ed outside the compiled code."""
+    q, k, v = autocast_inputs(q, k, v)
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    handle = ring.op_handle if getattr(ring, "op_handle", None) is not None else register(ring)
+    return torch.ops.fcp.ring_attention(q, k, v, handle, bool(causal), scale)[0]
