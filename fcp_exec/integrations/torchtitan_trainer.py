@@ -12,8 +12,9 @@ dataloader is an :class:`FCPTitanDataLoader` (every field stays overridable on t
 ``--dataloader.global_batch_size 512``). What changes against torchtitan's own run:
 
 * **Data.** :class:`FCPTitanDataLoader` is ``FCPSampler`` → ``FCPDataset`` → ``FCPCollator`` over an fcp length
-  index (``fcp index``), a Megatron ``PREFIX.bin/.idx`` pair or a dataset of your own (``dataset="pkg.mod:fn"``), with
-  ``training.seq_len`` as the tokens per rank. Its state (the sampler's position after the last trained global batch
+  index (``fcp index``), a Megatron ``PREFIX.bin/.idx`` pair or a dataset of your own (``dataset="pkg.mod:fn"``);
+  ``tokens_per_rank`` is what one rank holds per micro-batch (default ``training.seq_len``), ``training.seq_len`` the
+  longest document (the RoPE length: longer ones are cut, dropped or refused, ``on_overlong``). Its state (the sampler's position after the last trained global batch
   and the samples left out after failed reads) is in torchtitan's checkpoints: a resumed run trains as the one that
   never stopped. Epochs follow one another (``infinite``, like torchtitan's text loaders).
 * **Attention.** The model's ``parallelize_fn`` first runs :func:`fcp_exec.integrations.torchtitan.apply_fcp` (ring
@@ -36,15 +37,17 @@ dataloader is an :class:`FCPTitanDataLoader` (every field stays overridable on t
   with another seed): the global-batch mean loss through :func:`fcp_exec.step.eval_step`.
 * **Refused with one error:** tensor, pipeline, context and expert parallelism (FCP is the context parallelism;
   every rank is data-parallel to torchtitan), CUDA graphs (the micro-batches change shape every step), MoE layers'
-  auxiliary-loss-free load balancing (its token
-  counts would include FCP's padding and idle ranks' dummies) and torchtitan's own validator (it feeds its own
-  batches).
+  auxiliary-loss-free load balancing (its token counts would include FCP's padding and idle ranks' dummies), the
+  ``spmd_types`` / ``full_dtensor`` backends (``fcp_config`` sets ``partial_dtensor``) and torchtitan's own
+  validator (it feeds its own batches).
 
 Tested on CPU (``tests/exec/test_torchtitan_trainer.py``, torchtitan 0.3.0, through
 :func:`fcp_exec.integrations.torchtitan_cpu.torchtitan_on_cpu`): ``Trainer.train()`` of torchtitan's Qwen3 debug
-model on 2 gloo processes with its own FSDP2, optimizer, schedule, clipping and checkpointer equals the stock model
-trained in one process on the same global batches; a run resumed from its checkpoint equals the run that did not
-stop. Never run on a GPU.
+model on 2 gloo processes with its own FSDP2, selective activation checkpointing, optimizer, schedule, clipping,
+checkpointer and this validator equals the stock model trained in one process on the same global batches — eager,
+compiled (``-m slow``), over data with failed reads (against the stock model without them), and within bf16
+tolerances under torchtitan's bf16 policy; a run resumed from its checkpoint equals the run that did not stop.
+Never run on a GPU.
 """
 
 from __future__ import annotations
