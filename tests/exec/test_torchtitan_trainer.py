@@ -18,7 +18,8 @@ Asserted per step: the logged loss and gradient norm within LOSS_TOL / NORM_TOL 
 float32 logits, so float64 training agrees to float32 rounding, not to 1e-12), the final parameters within PARAM_TOL
 of the largest; the validation loss ``FCPTitanValidator`` logs after steps 1 and 4 (2 global batches of the training
 index sampled with another seed) within LOSS_TOL of the stock model's on the same documents; a degree-2 ring ran; a
-run stopped after step 2 and resumed from torchtitan's checkpoint logs and ends exactly as the run that did not stop.
+run stopped after step 2 and resumed from torchtitan's checkpoint logs and ends exactly as the run that did not stop;
+resumed on 1 process instead (DCP reshards the 2-rank checkpoint) it stays within the tolerances above.
 torchtitan's usual precision (bf16 parameters and compute in FSDP2, float32 reductions) stays within bf16 tolerances
 of exact training. Hostile input: a run over the same index where one sample fails to read everywhere and two fail on one rank of their
 degree-2 ring (:func:`damaged_text`) meets the same tolerances against the stock model trained without them.
@@ -48,7 +49,7 @@ LOSS_TOL, NORM_TOL, PARAM_TOL = 1e-6, 1e-5, 5e-6
 
 
 def _config(steps: int, dump: str, interval: int = 0, damaged: bool = False, bf16: bool = False,
-            compiled: bool = False):
+            compiled: bool = False, tokens_per_rank: int = TOKENS_PER_RANK):
     """torchtitan's qwen3_debugmodel config cut to 2 layers in float64, through fcp_config (``damaged``: over
     :func:`damaged_text`)."""
     from torchtitan.components.optimizer import default_adamw
@@ -71,7 +72,7 @@ def _config(steps: int, dump: str, interval: int = 0, damaged: bool = False, bf1
     if compiled:  # torchtitan's own: each block compiled with fullgraph=True (the ring one op in it), SAC kept
         cfg.compile = dataclasses.replace(cfg.compile, enable=True, components=["model", "loss"])
     data = dict(dataset=f"{__name__}:damaged_text") if damaged else dict(dataset_path=str(bundled_index("text")))
-    return fcp_config(cfg, tokens_per_rank=TOKENS_PER_RANK, global_batch_size=GBS, num_workers=0, **data)
+    return fcp_config(cfg, tokens_per_rank=tokens_per_rank, global_batch_size=GBS, num_workers=0, **data)
 
 
 # hostile input: sample 147 (56 tokens) fails to read everywhere; 230 (174 tokens: a degree-2 ring over both ranks)
@@ -147,14 +148,14 @@ def _load_params(model, path: str) -> None:
 
 
 def _train(steps: int, dump: str, initial: str, interval: int = 0, damaged: bool = False, bf16: bool = False,
-           compiled: bool = False) -> dict:
+           compiled: bool = False, tokens_per_rank: int = TOKENS_PER_RANK) -> dict:
     """One FCPTitanTrainer run on this rank (inside the launch): its logged steps, batches and final parameters."""
     import torch.distributed as dist
     from fcp_exec.integrations.torchtitan_cpu import torchtitan_on_cpu
 
     torchtitan_on_cpu()
     _float64()
-    trainer = _config(steps, dump, interval, damaged, bf16, compiled).build()
+    trainer = _config(steps, dump, interval, damaged, bf16, compiled, tokens_per_rank).build()
     _load_params(trainer.model_parts[0], initial)
     logged, groups, per_step = [], [], []
     log = trainer.metrics_processor.log
@@ -223,7 +224,7 @@ def runs(tmp_path_factory):
                      preload=("torchtitan.trainer",))
     bf16 = launch(_train, 2, STEPS, str(root / "bf16"), initial, 0, False, True, timeout=600.0, pg_timeout=120.0,
                   preload=("torchtitan.trainer",))
-    return {"full": full, "resumed": resumed, "damaged": damaged, "bf16": bf16, "initial": initial}
+    return {"full": full, "resumed": resumed, "damaged": damaged, "bf16": bf16, "initial": initial, "root": root}
 
 
 def _reference(initial: str, batches: list[list[int]], val_batches: list[list[int]],
@@ -468,3 +469,24 @@ def test_compiled_torchtitan_trainer_equals_the_stock_model(tmp_path):
                       pg_timeout=300.0, preload=("torchtitan.trainer",))
     assert all(r["graphs"] > 0 for r in compiled), [r["graphs"] for r in compiled]
     _check_against_reference({"compiled": compiled, "initial": initial}, "compiled")
+
+
+def test_a_two_rank_checkpoint_resumes_on_one_rank(runs):
+    """Elastic resume: the 2-rank run's step-2 checkpoint (torchtitan's DCP: FSDP2 shards, optimizer, schedule, FCP's
+    sampler state) continued by 1 process with 2 × 96 → 192 tokens per rank, so that the documents are cut where they
+    were (training.seq_len 128; FCP's capacity must not cut them shorter): steps 3-4 log and end as the 2-rank run,
+    within the float32-logit tolerances (one rank sums in another order and runs no ring)."""
+    import shutil
+
+    root = runs["root"]
+    shutil.copytree(root / "full" / "checkpoint" / "step-2", root / "elastic" / "checkpoint" / "step-2")
+    (one,) = launch(_train, 1, STEPS, str(root / "elastic"), runs["initial"], 2, False, False, False,
+                    2 * TOKENS_PER_RANK, timeout=600.0, pg_timeout=120.0, preload=("torchtitan.trainer",))
+    full = runs["full"][0]
+    assert [s for s, _, _ in one["logged"]] == [3, 4], one["logged"]
+    for (step, loss, norm), (_, ref_loss, ref_norm) in zip(one["logged"], full["logged"][2:]):
+        assert abs(loss - ref_loss) <= LOSS_TOL * abs(ref_loss), f"step {step}: loss {loss!r} vs {ref_loss!r}"
+        assert abs(norm - ref_norm) <= NORM_TOL * abs(ref_norm), f"step {step}: grad norm {norm!r} vs {ref_norm!r}"
+    scale = max(float(np.abs(v).max()) for v in full["params"].values())
+    worst = max(float(np.abs(one["params"][k] - v).max()) for k, v in full["params"].items()) / scale
+    assert worst <= PARAM_TOL, f"parameters after resuming on 1 rank differ by {worst:.2e} of the largest"
