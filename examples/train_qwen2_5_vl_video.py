@@ -53,7 +53,7 @@ def build_parser() -> ArgumentParser:
                    "folder (its weights)")
     p.add_argument("--data", type=nonempty, default=None,
                    help="a length index built with a Qwen-VL spec (default: bundled samples)")
-    p.add_argument("--reducer", choices=("allreduce", "ddp", "fsdp2"), default="allreduce")
+    p.add_argument("--reducer", choices=("allreduce", "ddp", "fsdp2", "fsdp1"), default="allreduce")
     p.add_argument("--cost", type=nonempty, default=None,
                    help="cost-model JSON from `fcp profile` (default: qwen3-vl-2b/h100 preset)")
     p.add_argument("--tokens-per-rank", type=positive_int, default=1152,

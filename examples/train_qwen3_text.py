@@ -52,7 +52,7 @@ def build_parser() -> ArgumentParser:
                    help="a qwen3 or llama config.json (random weights) or checkpoint folder (its weights; default: a tiny Qwen3)")
     p.add_argument("--data", type=nonempty, default=None,
                    help="a text length index (default: the bundled text samples)")
-    p.add_argument("--reducer", choices=("allreduce", "ddp", "fsdp2"), default="allreduce")
+    p.add_argument("--reducer", choices=("allreduce", "ddp", "fsdp2", "fsdp1"), default="allreduce")
     p.add_argument("--cost", type=nonempty, default=None,
                    help="cost-model JSON from `fcp profile` (default: the qwen3-1.7b/h100 preset)")
     p.add_argument("--tokens-per-rank", type=positive_int, default=1024,

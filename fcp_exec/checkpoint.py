@@ -26,7 +26,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-__all__ = ["save_checkpoint", "load_checkpoint", "checkpoint_step", "save_hf_model"]
+__all__ = ["save_checkpoint", "load_checkpoint", "checkpoint_step", "save_hf_model", "fsdp1_optimizer_template"]
 
 
 def _rank() -> int:
@@ -173,11 +173,32 @@ def save_hf_model(model, path) -> Path:
     inner = getattr(inner, "_orig_mod", inner)
     if not hasattr(inner, "save_pretrained"):
         raise TypeError(f"save_hf_model needs a transformers model, got {type(inner).__name__}")
+    from fcp_exec.reducers import fsdp1_roots
+
     distributed = dist.is_available() and dist.is_initialized()
-    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=distributed))
+    # FSDP1's offload of parameters already on the CPU crashes the gather (seen with torch 2.13 on gloo): gather there
+    offload = distributed and not (fsdp1_roots(model) and next(model.parameters()).device.type == "cpu")
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=offload))
     if _rank() == 0:
         path.mkdir(parents=True, exist_ok=True)
         inner.save_pretrained(path, state_dict=state)
     if distributed:
         dist.barrier()
     return path
+
+
+def fsdp1_optimizer_template(model, optimizer) -> None:
+    """Before a loader that takes the optimizer's own state dict as the template of what to read — Accelerate's
+    ``load_fsdp_optimizer`` for FSDP1's sharded checkpoints does (``FSDP.optim_state_dict(model, optimizer)``, then
+    ``torch.distributed.checkpoint.load`` into it) — give a fresh optimizer its state: a zero-gradient step at learning
+    rate 0 (torch's own ``_init_optim_state``; the parameters do not move, the loaded state replaces it). Without it the
+    template holds no moments and the resumed run restarts AdamW from zero, silently. Only for an FSDP1 ``model`` whose
+    optimizer has no state yet; anything else is left alone."""
+    from fcp_exec.reducers import fsdp1_roots
+
+    inner = getattr(optimizer, "optimizer", optimizer)  # Accelerate's AcceleratedOptimizer
+    if not fsdp1_roots(model) or getattr(inner, "state", None):
+        return
+    from torch.distributed.checkpoint.state_dict import _init_optim_state
+
+    _init_optim_state(inner)

@@ -3,7 +3,8 @@
 :func:`lr_at` is the learning rate of step ``k`` as a pure function of the step number (no scheduler state, so a run
 resumed at step K continues the same schedule from a checkpoint that holds only K); :func:`clip_grad_norm` clips the
 global gradient norm after :func:`fcp_exec.step.train_step` has reduced the gradients (every reducer: the all-reduce
-and DDP leave the full gradient on every rank, FSDP2 leaves shards, whose norm torch combines across ranks) and
+and DDP leave the full gradient on every rank, FSDP2 leaves shards, whose norm torch combines across ranks, FSDP1
+flat-parameter shards, whose squares one all-reduce sums) and
 returns the norm before clipping as a float, identical on every rank. ``fcp train`` uses both
 (``--lr-schedule``/``--warmup-steps``/``--min-lr``, ``--max-grad-norm``); the examples call them in their loops.
 :func:`check_finite` stops a diverged run (a NaN/inf loss, or gradient norm without a loss scaler) before its
@@ -64,10 +65,14 @@ def clip_grad_norm(parameters: Iterable[torch.nn.Parameter] | torch.nn.Module, m
                         "\"gradient_clipping\" in its config (engine.step() applies it) instead of clip_grad_norm")
     params = parameters.parameters() if isinstance(parameters, torch.nn.Module) else parameters
     grads = [p for p in params if p.grad is not None]
-    if not grads:
+    group = _fsdp1_shard_group(parameters)
+    if group is not None:  # FSDP1: each rank holds a shard of every flat gradient (a rank's may be empty)
+        norm = _sharded_norm([p.grad for p in grads], group, next(parameters.parameters()).device)
+    elif not grads:
         return 0.0
-    norm = total_norm([p.grad for p in grads])  # FSDP2: a DTensor whose full tensor combines the shards
-    norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    else:
+        norm = total_norm([p.grad for p in grads])  # FSDP2: a DTensor whose full tensor combines the shards
+        norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
     if max_norm and math.isfinite(norm):
         coef = min(1.0, float(max_norm) / (norm + 1e-6))  # torch's clip_grad_norm_ rule
         if coef < 1.0:
@@ -75,6 +80,35 @@ def clip_grad_norm(parameters: Iterable[torch.nn.Parameter] | torch.nn.Module, m
                 for p in grads:
                     p.grad.mul_(coef)
     return norm
+
+
+def _fsdp1_shard_group(module) -> object | None:
+    """The process group over which an FSDP1-wrapped ``module``'s gradients are sharded, or None (not FSDP1, or
+    ``NO_SHARD``: every rank holds the whole gradient)."""
+    if not isinstance(module, torch.nn.Module):
+        return None
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    units = FullyShardedDataParallel.fsdp_modules(module)
+    sharded = [m for m in units if "NO_SHARD" not in str(m.sharding_strategy)]
+    if sharded and len(sharded) < len(units):
+        raise ValueError("clip_grad_norm: an FSDP1 model with NO_SHARD units next to sharded ones; use one sharding "
+                         "strategy for every unit")
+    return sharded[0].process_group if sharded else None
+
+
+def _sharded_norm(grads: list, group, device) -> float:
+    """The global L2 norm of gradient shards that partition the gradients across ``group`` (one all-reduce)."""
+    import torch.distributed as dist
+
+    from fcp_exec.launch import collective_dtype
+
+    sq = torch.zeros((), dtype=torch.float64, device=device)
+    for g in grads:
+        sq += torch.linalg.vector_norm(g.detach(), 2.0, dtype=torch.float64) ** 2
+    sq = sq.to(collective_dtype(sq.dtype))  # float64 where the backend has it
+    dist.all_reduce(sq, group=group)
+    return float(sq.sqrt())
 
 
 class TrainingDiverged(FloatingPointError):

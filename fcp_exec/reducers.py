@@ -7,6 +7,8 @@ already its share of the global-batch mean):
 * :class:`AllReduceReducer` — a plain module; one flat all-reduce after the last micro-batch.
 * :class:`DDPReducer` — ``DistributedDataParallel``; a SUM comm hook instead of its average.
 * :class:`FSDP2Reducer` — ``fully_shard``; divide factor 1 on every FSDP module.
+* :class:`FSDP1Reducer` — ``FullyShardedDataParallel`` (FSDP1, Accelerate's default FSDP); a SUM comm hook on every
+  root instead of its average.
 * :class:`DeepSpeedReducer` — a DeepSpeed engine (ZeRO 0–3): each micro-batch's backward through the engine, the last
   one at its gradient-accumulation boundary, the loss times the data-parallel size (DeepSpeed averages).
 
@@ -30,10 +32,10 @@ from fcp_data.sampler_inputs import dist_rank_and_world
 from fcp_exec.compat import (HSDP_RELEASE, MissingDependency, check_fsdp2_device, fsdp2_api,
                              fsdp_divide_factor_setter, torch_release, undo_fsdp_gradient_average)
 
-__all__ = ["REDUCER_NAMES", "AllReduceReducer", "DDPReducer", "DeepSpeedReducer", "FSDP2Reducer", "make_reducer",
-           "mixed_precision", "reducer_for"]
+__all__ = ["REDUCER_NAMES", "AllReduceReducer", "DDPReducer", "DeepSpeedReducer", "FSDP1Reducer", "FSDP2Reducer",
+           "fsdp1_roots", "full_view", "grad_scaler_class", "make_reducer", "mixed_precision", "reducer_for"]
 
-REDUCER_NAMES = ("allreduce", "ddp", "fsdp2")
+REDUCER_NAMES = ("allreduce", "ddp", "fsdp2", "fsdp1")
 
 
 class AllReduceReducer:
@@ -135,6 +137,99 @@ class FSDP2Reducer:
             undo_fsdp_gradient_average(m)
 
 
+def fsdp1_roots(model: nn.Module) -> list:
+    """The outermost ``FullyShardedDataParallel`` (FSDP1) instances of ``model`` (itself when it is one), or []."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    return FullyShardedDataParallel.fsdp_modules(model, root_only=True)
+
+
+def _sum_reduce_hook(group, grad: torch.Tensor, output: torch.Tensor | None = None) -> None:
+    """FSDP1 comm hook: a SUM where FSDP1 divides by the data-parallel size (all-reduce for ``NO_SHARD``, else a
+    reduce-scatter of the padded flat gradient into this rank's shard ``output``)."""
+    if output is None:
+        dist.all_reduce(grad, group=group)
+    else:  # torch 2.13 renamed reduce_scatter_tensor (deprecated there)
+        (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(output, grad, group=group)
+
+
+def full_view(model: nn.Module, grads: bool = False):
+    """While inside, an FSDP1-wrapped ``model``'s parameters (and with ``grads`` their gradients: FSDP1 needs
+    ``use_orig_params=True`` for that) are whole on every rank (``summon_full_params``, read-only; a collective: every
+    rank enters); any other model as it is."""
+    if not fsdp1_roots(model):
+        return contextlib.nullcontext()
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    return FullyShardedDataParallel.summon_full_params(model, writeback=False, with_grads=grads)
+
+
+class FSDP1Reducer:
+    """FSDP1 (``FullyShardedDataParallel``, e.g. Accelerate's ``fsdp_version`` 1): a SUM comm hook on every root
+    instance (FSDP1 divides by the data-parallel size), gradient sync only in the last micro-batch (``no_sync``
+    before: full gradients accumulate locally, FSDP1's rule). ``FULL_SHARD``, ``SHARD_GRAD_OP`` and ``NO_SHARD``
+    over a group of every rank; hybrid sharding is refused (FSDP1 takes no comm hook there: use FSDP2 HSDP), as is
+    a group smaller than the world (FCP's global batch spans every rank). Clip with
+    :func:`fcp_exec.optim.clip_grad_norm` (FSDP1's own ``clip_grad_norm_``, a collective, on the root)."""
+
+    name = "fsdp1"
+
+    def __init__(self, model: nn.Module) -> None:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        self.roots = fsdp1_roots(model)
+        if not self.roots:
+            raise TypeError("FSDP1Reducer needs a model wrapped in FullyShardedDataParallel; use "
+                            "make_reducer('fsdp1', model)")
+        world = dist.get_world_size()
+        for m in FullyShardedDataParallel.fsdp_modules(model):
+            if "HYBRID" in str(getattr(m, "sharding_strategy", "")):  # HYBRID_SHARD, _HYBRID_SHARD_ZERO2
+                raise ValueError(f"FSDP1 with {m.sharding_strategy}: FSDP1 takes no gradient hook with hybrid "
+                                 "sharding, so fcp cannot make its reduction the SUM it needs; use FULL_SHARD or "
+                                 "SHARD_GRAD_OP, or FSDP2 over a 2-D mesh (HSDP, make_reducer('fsdp2', mesh=...))")
+            size = dist.get_world_size(m.process_group)
+            if size != world:
+                raise ValueError(f"FSDP1 over a process group of {size} of the {world} ranks: FCP's global batch "
+                                 "spans every rank, so gradients must be reduced over all of them; shard over the "
+                                 "default (world) group")
+        for root in self.roots:
+            if not getattr(root, "_fcp_sum_hook", False):  # once per wrapped model (FSDP1 refuses a second hook)
+                root.register_comm_hook(root.process_group, _sum_reduce_hook)
+                root._fcp_sum_hook = True
+
+    def sync_context(self, model: nn.Module, last: bool):
+        if last:
+            return contextlib.nullcontext()
+        stack = contextlib.ExitStack()
+        for root in self.roots:
+            stack.enter_context(root.no_sync())
+        return stack
+
+    def finish(self, model: nn.Module) -> None:
+        return None
+
+    @staticmethod
+    def check_grad_scaler(scaler) -> None:
+        """fp16 needs FSDP1's ``ShardedGradScaler``: a plain ``GradScaler`` checks only this rank's gradient shard for
+        overflow, so one rank would skip a step the others take."""
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        if not isinstance(scaler, ShardedGradScaler):
+            raise ValueError(f"FSDP1 with {type(scaler).__name__}: each rank sees only its gradient shard, so ranks "
+                             "would skip fp16 overflow steps on their own; use torch.distributed.fsdp."
+                             "sharded_grad_scaler.ShardedGradScaler (it all-reduces the overflow check)")
+
+
+def grad_scaler_class(reducer: str) -> type:
+    """fp16's loss scaler for a reducer name: FSDP1's ``ShardedGradScaler`` (its overflow check all-reduced over the
+    shards) for ``fsdp1``, else ``torch.amp.GradScaler`` (FSDP2's DTensor gradients are checked across the mesh)."""
+    if reducer == "fsdp1":
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        return ShardedGradScaler
+    return torch.amp.GradScaler
+
+
 def _is_deepspeed_engine(model: nn.Module) -> bool:
     return any(c.__name__ == "DeepSpeedEngine" and c.__module__.startswith("deepspeed.") for c in type(model).__mro__)
 
@@ -194,7 +289,8 @@ def make_reducer(name: str, model: nn.Module, *, find_unused_parameters: bool = 
     ``MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)`` — bf16 compute over float32
     sharded parameters, float32 gradient reduction. ``mesh`` (fsdp2 only): FSDP2's device mesh; a 2-D one
     ``(replicate, shard)`` is HSDP (parameters sharded within each group of the shard dimension, replicated across
-    them; gradients still SUM over every rank). Needs an initialised process group for ddp and fsdp2."""
+    them; gradients still SUM over every rank). ``fsdp1``: :func:`_wrap_fsdp1`. Needs an initialised process group
+    for ddp, fsdp2 and fsdp1."""
     if name not in REDUCER_NAMES:
         raise ValueError(f"unknown reducer {name!r}; choose one of {', '.join(REDUCER_NAMES)}")
     if (mp_policy is not None or mesh is not None) and name != "fsdp2":
@@ -211,6 +307,8 @@ def make_reducer(name: str, model: nn.Module, *, find_unused_parameters: bool = 
         ddp = DistributedDataParallel(model, device_ids=[dev] if dev.type == "cuda" else None,
                                       find_unused_parameters=find_unused_parameters)
         return ddp, DDPReducer(ddp)
+    if name == "fsdp1":
+        return _wrap_fsdp1(model, shard_units)
     check_fsdp2_device(next(model.parameters()).device)
     fully_shard = fsdp2_api()[0]
     kw = {k: v for k, v in (("mp_policy", mp_policy), ("mesh", mesh)) if v is not None}
@@ -218,6 +316,20 @@ def make_reducer(name: str, model: nn.Module, *, find_unused_parameters: bool = 
         fully_shard(unit, **kw)
     fully_shard(model, **kw)
     return model, FSDP2Reducer(model)
+
+
+def _wrap_fsdp1(model: nn.Module, shard_units) -> tuple:
+    """FSDP1 over the world group: one FSDP unit per class of ``shard_units`` (default :func:`_shard_units`, the
+    decoder layers), ``FULL_SHARD``, ``use_orig_params=True`` (the optimizer sees the model's own parameters), on the
+    parameters' device; every rank builds the model from the same seed, so no broadcast of module states."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    units = shard_units if shard_units is not None else _shard_units(model)
+    dev = next(model.parameters()).device
+    wrapped = FullyShardedDataParallel(model, auto_wrap_policy=ModuleWrapPolicy({type(u) for u in units}),
+                                       device_id=dev, use_orig_params=True)
+    return wrapped, FSDP1Reducer(wrapped)
 
 
 def mixed_precision(param_dtype: str | torch.dtype | None):
@@ -232,7 +344,8 @@ def mixed_precision(param_dtype: str | torch.dtype | None):
 
 def reducer_for(model: nn.Module):
     """The reducer for a model that is already wrapped: ``DistributedDataParallel`` → :class:`DDPReducer` (its comm
-    hook becomes a SUM: call once per wrapped model), ``fully_shard``-ed → :class:`FSDP2Reducer`, a DeepSpeed
+    hook becomes a SUM: call once per wrapped model), ``fully_shard``-ed → :class:`FSDP2Reducer`,
+    ``FullyShardedDataParallel`` (FSDP1) → :class:`FSDP1Reducer`, a DeepSpeed
     engine → :class:`DeepSpeedReducer` (step the engine after ``train_step``), else :class:`AllReduceReducer`. For a loop whose model Accelerate (or another trainer) prepared::
 
         model, opt = accelerator.prepare(apply_fcp(model), opt)
@@ -249,4 +362,6 @@ def reducer_for(model: nn.Module):
         return DDPReducer(inner)
     if _fsdp_modules(inner):
         return FSDP2Reducer(inner)
+    if fsdp1_roots(inner):
+        return FSDP1Reducer(inner)
     return AllReduceReducer()

@@ -203,6 +203,8 @@ def train_step(model: nn.Module, micro_batches: Iterable[dict], loss_fn: Callabl
     if grad_scaler is not None and backward is not None:
         raise ValueError("train_step: grad_scaler with a DeepSpeed engine; DeepSpeed scales fp16 losses itself "
                          "(its config's \"fp16\" section)")
+    if grad_scaler is not None and hasattr(reducer, "check_grad_scaler"):  # FSDP1: a scaler that sees every shard
+        reducer.check_grad_scaler(grad_scaler)
     first, it, num_mb = _open_step(micro_batches, model, ignore_index,
                                    exact=bool(getattr(reducer, "exact_denominator", False)))
     res, totals = StepResult(loss=0.0, num_tokens=0), torch.zeros(3, dtype=torch.float64)

@@ -27,7 +27,8 @@ from typing import Any
 import torch
 
 from fcp_data.cost import CostModel
-from fcp_exec.launch import current_device, dist_info, launch
+from fcp_exec.launch import current_device, dataloader_context, dist_info, launch
+from fcp_exec.reducers import full_view, grad_scaler_class
 from fcp_exec.train_config import (DTYPE_NAMES, TrainConfig, builtin_cost_model, format_degrees, format_step,
                                    parse_planner)
 
@@ -58,6 +59,12 @@ def _forward_loss(model, batch: dict, is_mllm: bool) -> torch.Tensor:
 def _full(t: torch.Tensor) -> torch.Tensor:
     """A parameter or gradient as one full tensor (FSDP2 shards are gathered)."""
     return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def _full_grad(p: torch.Tensor):
+    """A parameter's full gradient as float64 numpy, or None (FSDP2 gathers zeros then: same collectives everywhere)."""
+    g = _full(p.grad if p.grad is not None else torch.zeros_like(p))
+    return g.detach().to("cpu", torch.float64, copy=True).numpy() if p.grad is not None else None
 
 
 def _gather_step(res, seen: list[tuple[int, ...]], world: int) -> dict[str, Any]:
@@ -118,11 +125,9 @@ class Trainer:
         model = self._model(hf_config)
         collator = self._collator_for(data, model)
         self.num_params = sum(p.numel() for p in model.parameters())
-        if cfg.reducer == "fsdp2":
-            import warnings
+        if cfg.reducer == "fsdp2":  # transformers returns logits as a view; FSDP2 warns that an in-place op on it
+            import warnings  # would skip a hook. The loss here never modifies outputs in place: noise for fcp train
 
-            # transformers returns logits as a view; FSDP2 warns that an in-place op on it would skip a hook.
-            # The loss here never modifies model outputs in place, so this one message is noise for fcp train.
             warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor",
                                     category=UserWarning)
         # tiny-mllm skips its vision encoder on text-only micro-batches: DDP must be told
@@ -132,8 +137,8 @@ class Trainer:
         self.sampler, self.loader = self._loader(cfg.seed)
         self._eval_batches = None
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
-        self.scaler = torch.amp.GradScaler(self.device.type, init_scale=cfg.initial_loss_scale,
-                                           growth_interval=cfg.loss_scale_window) if cfg.amp == "float16" else None
+        self.scaler = grad_scaler_class(cfg.reducer)(self.device.type, init_scale=cfg.initial_loss_scale,
+                                                growth_interval=cfg.loss_scale_window) if cfg.amp == "float16" else None
         if cfg.amp != "none":
             from fcp_exec.step import autocast_loss
 
@@ -168,8 +173,6 @@ class Trainer:
                              solver_options=None if degree is None else {"degree": degree},
                              visual_layout=data.visual_layout, exclude=exclude)
         dataset = FCPDataset(data.dataset, on_error=cfg.on_read_error, errors_path=cfg.read_errors_out)
-        from fcp_exec.launch import dataloader_context
-
         return sampler, DataLoader(dataset, batch_sampler=sampler, collate_fn=collator or self._collator,
                                    num_workers=cfg.num_workers, persistent_workers=cfg.num_workers > 0,
                                    multiprocessing_context=dataloader_context(cfg.num_workers))
@@ -274,10 +277,8 @@ class Trainer:
             self.scaler.unscale_(self.opt)
         grads = None
         if self.cfg.return_grads:
-            grads = {}
-            for n, p in _named(self.model):  # every rank gathers every parameter: the same collectives in order
-                g = _full(p.grad if p.grad is not None else torch.zeros_like(p))
-                grads[n] = g.detach().cpu().double().numpy().copy() if p.grad is not None else None
+            with full_view(self.model, grads=True):  # every rank gathers every parameter: same collectives
+                grads = {n: _full_grad(p) for n, p in _named(self.model)}
         c = self.cfg
         grad_norm = clip_grad_norm(self.model, c.max_grad_norm)  # every rank: the FSDP2 norm is a collective
         lr = lr_at(self.num_steps, lr=c.lr, steps=c.steps, warmup_steps=c.warmup_steps, schedule=c.lr_schedule,
@@ -298,13 +299,12 @@ class Trainer:
                "num_idle": res.num_idle, "lr": lr, "grad_norm": grad_norm, **facts}
         if scale is not None:
             rec["loss_scale"], rec["skipped_step"] = scale, float(self.scaler.get_scale()) < scale
-        if grads is not None:
-            rec["grads"] = grads
+        rec.update({"grads": grads} if grads is not None else {})
         self.num_steps += 1
         return rec
 
     def checksum(self) -> float:
-        with torch.no_grad():
+        with torch.no_grad(), full_view(self.model):
             return float(sum(_full(p).double().sum().item() * (i + 1) for i, p in enumerate(self.model.parameters())))
 
 
@@ -318,9 +318,9 @@ def _epochs(sampler, loader):
 
 
 def _named(model) -> list:
-    """``named_parameters`` without a DDP wrapper's ``module.`` prefix."""
+    """``named_parameters`` without a DDP wrapper's ``module.`` prefix or FSDP1's unit prefixes."""
     inner = getattr(model, "module", model)
-    return list(inner.named_parameters())
+    return [(n.replace("_fsdp_wrapped_module.", ""), p) for n, p in inner.named_parameters()]
 
 
 def train(cfg: TrainConfig) -> dict[str, Any]:
@@ -353,7 +353,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             print(json.dumps({"eval": k, "loss": ev["loss"], "num_tokens": ev["num_tokens"]}), flush=True)
         elif rank == 0 and cfg.verbose:
             print(f"eval {k:>3}  loss {ev['loss']:.6f}  tokens {ev['num_tokens']:>6}  (no update)", flush=True)
-    if cfg.save_model:  # every rank: FSDP2 gathers the shards
+    if cfg.save_model:  # every rank: FSDP2/FSDP1 gather the shards
         from fcp_exec.checkpoint import save_hf_model
 
         path = save_hf_model(tr.model, cfg.save_model)
@@ -362,7 +362,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     result: dict[str, Any] = {"steps": records, "eval": evals, "param_checksum": tr.checksum(), "rank": rank,
                               "world": tr.world, "tokens_per_rank": tr.cost.tokens_per_rank, "data": tr.data.description}
     if cfg.return_params:  # gathered on every rank (a collective under FSDP2), kept on rank 0
-        params = {n: _full(p).detach().cpu().double().numpy().copy() for n, p in _named(tr.model)}
+        with full_view(tr.model):
+            params = {n: _full(p).detach().to("cpu", torch.float64, copy=True).numpy() for n, p in _named(tr.model)}
         if rank == 0:
             result["params"] = params
     if rank != 0:
@@ -388,8 +389,7 @@ def run_training(cfg: TrainConfig, nproc: int, *, backend: str | None = None, ti
             res["checksums"] = [res["param_checksum"]]
             return res
     results = launch(train, nproc, cfg, backend=backend, timeout=timeout, preload=hf_preload([cfg]))
-    first = next(r for r in results if r is not None)
-    first = dict(first)
+    first = dict(next(r for r in results if r is not None))
     first["checksums"] = [r["param_checksum"] for r in results if r is not None]
     return first
 

@@ -107,8 +107,8 @@ class TrainConfig:
     cache_dir: str | None = _opt(None, "folder of the bundled samples' cached length index (default: $FCP_CACHE or "
                                  "a per-user temporary folder)")
     reducer: str = _opt("allreduce", "gradient synchronisation (fcp_exec.step): one flat all-reduce, "
-                        "DistributedDataParallel or FSDP2 (fully_shard per transformer block); all sum gradients "
-                        "exactly once per step", choices=REDUCER_NAMES)
+                        "DistributedDataParallel, FSDP2 (fully_shard per transformer block) or FSDP1 (FullyShardedDataParallel "
+                        "per block); all sum gradients exactly once per step", choices=REDUCER_NAMES)
     grad_checkpointing: bool = _opt(False, "non-reentrant activation checkpointing of the hf: model's layers")
     sample_labels: bool = _opt(False, "train on each sample's own labels (FCPCollator(sample_labels=True): SFT "
                                "prompt masks; the loss denominator is counted over the global batch); with "

@@ -20,19 +20,18 @@ Trainer's own):
   per global batch (:class:`GlobalBatchLoader`): one Trainer step is one global batch of ``global_batch_size``
   sequences (default ``per_device_train_batch_size`` × world size × ``gradient_accumulation_steps``, the number the
   stock Trainer would put in one optimizer step), split into as many micro-batches as the planner needs. The
-  sampler's seed is ``args.data_seed`` (the Trainer's seed for data samplers), else ``args.seed``. A dataset that
-  is not an fcp index may be padded (``attention_mask`` zeros: stripped when read, counted without them) and, for
-  Qwen-VL, hold its samples as the Hugging Face processor returns them (images and videos apart, converted when
-  read; placeholder runs read once, for the exact loss denominator): :mod:`~fcp_exec.integrations.hf_samples`.
+  sampler's seed is ``args.data_seed``, else ``args.seed``. A dataset that is not an fcp index may be padded
+  (``attention_mask`` zeros: stripped when read, counted without them) and, for Qwen-VL, hold its samples as the
+  processor returns them (images and videos apart, converted when read; placeholder runs read once, for the exact
+  loss denominator): :mod:`~fcp_exec.integrations.hf_samples`.
 * **Step.** :meth:`FCPTrainer.training_step` runs :func:`fcp_exec.step.train_step` over the global batch: ring
   attention inside each micro-batch's CP group, idle ranks on a zero-weighted dummy, gradients synchronised once,
   in the last micro-batch's backward, as a SUM (the loss is Σ CE / the global batch's label tokens, so the sum is
-  the single-process mean). The model Accelerate wrapped decides how: ``DistributedDataParallel`` (a SUM comm hook
-  replaces its mean), FSDP2 (``fsdp_config={"fsdp_version": 2}``: divide factor 1 on every sharded module), a
-  DeepSpeed engine (``deepspeed=`` a ZeRO 0–3 config: the backward through the engine, which then steps), or none
-  (one process). It returns the global batch's mean loss, the same on every rank, which the Trainer logs.
-  ``trainer.fcp_steps`` keeps the latest steps' :class:`~fcp_exec.step.StepResult` (loss, denominator, CP groups,
-  idle micro-batches, skipped samples).
+  the single-process mean). The model Accelerate wrapped decides how: DDP (a SUM comm hook replaces its mean),
+  FSDP2 (``fsdp=True``: divide factor 1 on every sharded module), FSDP1 (``fsdp_config={"version": 1}``: a SUM comm
+  hook), a DeepSpeed engine (``deepspeed=`` a ZeRO 0–3 config: the backward through the engine, which then steps), or
+  none. It returns the global batch's mean loss, the same on every rank, which the Trainer logs; ``fcp_steps`` keeps
+  the latest steps' :class:`~fcp_exec.step.StepResult` (loss, denominator, CP groups, idle micro-batches, skips).
 * **Samples that fail to read** (or that the model cannot take) are recorded and skipped where they fail, and left
   out of the later epochs (:func:`fcp_exec.skips.leave_out_later`, as ``fcp train`` does) as far as that keeps the
   number of global batches per epoch — the Trainer's steps per epoch, fixed for ``max_steps`` and for where a
@@ -40,12 +39,12 @@ Trainer's own):
   again, with a warning. The exclusions travel in each checkpoint (``fcp_sampler.json``).
 * **Resume.** ``trainer.train(resume_from_checkpoint=...)`` continues at the checkpoint's global batch by moving the
   sampler there (no batch is read to skip it); with the same ``global_batch_size`` the sampler of another world size
-  plans the same global batches, so a checkpoint resumes on another number of ranks.
+  plans the same global batches, so a checkpoint resumes on another number of ranks. Under FSDP1 the fresh optimizer
+  gets its state before Accelerate's sharded load (:func:`~fcp_exec.checkpoint.fsdp1_optimizer_template`).
 * **Evaluation.** :meth:`FCPTrainer.evaluate` runs :func:`fcp_exec.step.eval_step` over the evaluation index
   (its own sampler, that seed + 1) and reports ``eval_loss``: the mean over all evaluated label tokens, and
   ``compute_metrics`` of the whole-document predictions; :meth:`FCPTrainer.predict` returns them
   (:mod:`~fcp_exec.integrations.hf_predict`).
-
 * **Gradient accumulation.** ``gradient_accumulation_steps`` = G folds into the global batch: one optimizer step
   trains ``per_device_train_batch_size`` × world size × G sequences (what the stock Trainer accumulates into one
   step), planned as one FCP global batch and split into as many micro-batches as memory needs, the loss the mean
@@ -56,15 +55,14 @@ Trainer's own):
 ``ddp_find_unused_parameters`` None becomes False: every rank runs every micro-batch through the whole model.
 
 Refused with one clear error (not silently changed): ``gradient_accumulation_steps`` > 1 together with an explicit
-``global_batch_size`` (they say the same thing twice), FSDP1, ``model_init``, ``batch_eval_metrics``, ``label_smoothing_factor`` and any ``compute_loss`` override but TRL
-``SFTTrainer``'s plain NLL (``class FCPSFTTrainer(FCPTrainer, SFTTrainer)``: TRL prepares the data, FCP trains).
-``fp16=True`` trains through Accelerate's loss scaler (``accelerator.scaler``: every micro-batch's backward scaled,
-overflowing steps skipped on every rank alike); on a CPU Accelerate has no fp16 and trains in fp32, as the stock
-Trainer does there.
-Tested on CPU/gloo: DDP, one process, bf16 autocast, fp16 with a loss scaler (Accelerate's GPU setting given to
-the CPU by the test), LoRA, TRL SFT, datasets.Dataset, DeepSpeed ZeRO-2 and -3, and
-Accelerate's FSDP2 (its accelerator-only gate lifted by the test; on CPU Accelerate itself keeps DDP, and FCPTrainer
-warns) with sharded checkpoints and its bf16 policy, InternVL (its processor's samples too) (``test_hf_trainer.py``).
+``global_batch_size`` (they say the same thing twice), ``model_init``, ``batch_eval_metrics``,
+``label_smoothing_factor`` and any ``compute_loss`` override but TRL ``SFTTrainer``'s plain NLL (``class
+FCPSFTTrainer(FCPTrainer, SFTTrainer)``: TRL prepares the data, FCP trains).
+``fp16=True`` trains through Accelerate's loss scaler (every micro-batch's backward scaled, overflowing steps skipped
+on every rank alike); on a CPU Accelerate has no fp16 and trains in fp32, as the stock Trainer does there.
+Tested on CPU/gloo (``test_hf_trainer.py``): DDP, one process, bf16 autocast, fp16 with a loss scaler, LoRA, TRL SFT,
+datasets.Dataset, DeepSpeed ZeRO-2/-3, Accelerate's FSDP2 (sharded checkpoints, bf16 policy) and FSDP1 (float32,
+sharded checkpoints) with its CPU gate lifted by the test (Accelerate keeps DDP on a CPU; FCPTrainer warns), InternVL.
 """
 
 from __future__ import annotations
@@ -88,6 +86,7 @@ from fcp_exec.integrations.hf import apply_fcp, fcp_loss, model_type_of, unwrap
 from fcp_exec.integrations.hf_models import MLLM_MODEL_TYPES
 from fcp_exec.skips import leave_out_later
 from fcp_exec.compat import resumable_trainer, torch_release
+from fcp_exec.checkpoint import fsdp1_optimizer_template
 from fcp_exec.step import StepResult, reducer_for, train_step
 
 try:
@@ -119,12 +118,11 @@ class FCPTrainer(Trainer):
     ``train_dataset`` / ``eval_dataset``: an ``fcp_data.IndexedDataset`` (its index gives the sampler the lengths
     and, for Qwen-VL, the visual layout), or any map-style dataset of tokenized samples (dicts with ``input_ids``)
     with its ``train_lengths`` / ``eval_lengths`` (token count per sample; without them :func:`count_lengths` reads
-    every sample once). ``cost_model``: an ``fcp_data.CostModel``
-    (``fcp profile``; required). ``global_batch_size``: sequences per optimizer step (default
-    ``per_device_train_batch_size`` × world size × ``gradient_accumulation_steps``). ``sampler_kwargs``: more ``FCPSampler`` options
-    (``on_overlong``, ``solver``, ``micro_batches``, ``visual_layout`` ...); ``collator_kwargs``: more collator
-    options (``sample_labels``, training on the samples' own ``labels``, defaults to the index's ``has_labels``, or
-    for another dataset to whether its first sample has ``labels``); ``dataset_kwargs``: ``FCPDataset`` options
+    every sample once). ``cost_model``: an ``fcp_data.CostModel`` (``fcp profile``; required). ``global_batch_size``:
+    sequences per optimizer step (default ``per_device_train_batch_size`` × world size × ``gradient_accumulation_steps``).
+    ``sampler_kwargs``: more ``FCPSampler`` options (``on_overlong``, ``solver``, ``micro_batches``, ``visual_layout``
+    ...); ``collator_kwargs``: more collator options (``sample_labels``, training on the samples' own ``labels``,
+    default the index's ``has_labels``, else whether the first sample has ``labels``); ``dataset_kwargs``: ``FCPDataset`` options
     (``on_error``, ``errors_path``); ``pad_token_id``: default the dataset's, else the model config's (else 0).
     ``eval_batches``: evaluate this many global batches (default: the whole evaluation set). ``history``: how many
     of the latest steps' results ``fcp_steps`` keeps (default 10,000; a long run does not grow without bound). Other
@@ -171,13 +169,12 @@ class FCPTrainer(Trainer):
 
     def _check_fcp_args(self) -> None:
         a = self.args
-        if self.is_fsdp_enabled and getattr(self.accelerator.state.fsdp_plugin, "fsdp_version", 1) != 2:
-            raise ValueError("FCPTrainer: FSDP1 is not supported; set fsdp_config={'fsdp_version': 2}")
         if a.fsdp and not self.is_fsdp_enabled:  # Accelerate enables FSDP on GPU/NPU/XPU/... processes only
             warnings.warn(f"FCPTrainer: fsdp was requested but Accelerate did not enable it for "
                           f"{self.accelerator.state.distributed_type} (it does on accelerators, not on CPU): the model "
                           "trains with DistributedDataParallel, unsharded", stacklevel=3)
-        if self.is_fsdp_enabled and torch_release() < (2, 8):
+        if self.is_fsdp_enabled and getattr(self.accelerator.state.fsdp_plugin, "fsdp_version", 1) == 2 and \
+                torch_release() < (2, 8):
             warnings.warn(f"FCPTrainer: FSDP2 through Accelerate on torch {torch.__version__} is not verified: on the "
                           "CPU with torch 2.7.1 it trained off the stock Trainer (fp16 gradient norms 45 % off); fcp's "
                           "own FSDP2 loop (train_step) was exact there. torch>=2.8 is verified", stacklevel=3)
@@ -187,9 +184,7 @@ class FCPTrainer(Trainer):
         if self._pad is not None:
             return int(self._pad)
         pad = getattr(data, "pad_token_id", None)
-        if pad is None:
-            pad = self._text_config().pad_token_id
-        return int(pad or 0)
+        return int((self._text_config().pad_token_id if pad is None else pad) or 0)
 
     def _text_config(self) -> Any:
         """The language model's config (a VL model's ``text_config``): its vocabulary and pad id."""
@@ -289,8 +284,8 @@ class FCPTrainer(Trainer):
         return int(self.args.seed if seed is None else seed)
 
     def train(self, *args: Any, **kwargs: Any):
-        """The Trainer's ``train``; then, on gloo, :func:`fcp_exec.devices.settle_collectives` (so that dropping the
-        trainer — its DDP model holds the process group — cannot deadlock the rank at exit)."""
+        """The Trainer's ``train``; then, on gloo, :func:`~fcp_exec.devices.settle_collectives` (dropping the trainer,
+        whose DDP model holds the process group, cannot deadlock the rank at exit)."""
         self._in_train = True
         resume = kwargs.get("resume_from_checkpoint", args[0] if args else None)
         if resume is True:  # as the Trainer resolves it (its own error when there is none)
@@ -303,6 +298,11 @@ class FCPTrainer(Trainer):
             self._in_train = False
         settle_collectives()
         return out
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        if checkpoint is not None and self.is_fsdp_enabled:  # Accelerate's FSDP1 sharded load needs a full template
+            fsdp1_optimizer_template(self.model_wrapped, self.optimizer)
+        super()._load_optimizer_and_scheduler(checkpoint)
 
     def get_resumed_dataloader(self, dataloader: GlobalBatchLoader, num_batches: int) -> GlobalBatchLoader:
         """Resume at the checkpoint's global batch: the sampler moves there (nothing is read to skip batches)."""

@@ -123,9 +123,9 @@ def test_fcp_train_with_a_checkpoint_that_does_not_fit_is_one_line(checkpoints, 
 
 
 @pytest.mark.parametrize("family, reducer", [pytest.param("qwen3", "fsdp2", marks=needs_cpu_fsdp2),
-                                             ("qwen2_5_vl", "ddp")])
+                                             ("qwen2_5_vl", "ddp"), ("qwen3", "fsdp1")])
 def test_save_model_writes_the_trained_weights_for_from_pretrained(family, reducer, tmp_path):
-    """``fcp train --save-model DIR`` after 2 steps on 2 processes (FSDP2: the shards gathered; DDP: unwrapped): the
+    """``fcp train --save-model DIR`` after 2 steps on 2 processes (FSDP2, FSDP1: the shards gathered; DDP: unwrapped): the
     stock ``from_pretrained`` reads every trained parameter back exactly (float64), and the config names no fcp
     attention, so the folder loads where fcp is not installed."""
     out = tmp_path / "trained"

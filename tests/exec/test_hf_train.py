@@ -2,7 +2,7 @@
 
 For each model family (tiny random configs of qwen3, llama, qwen2_vl, qwen2_5_vl, qwen3_vl from
 ``examples/configs``) and each world size (2 and 3 processes), every reducer (allreduce, ddp, fsdp2) with and
-without gradient checkpointing, 3 AdamW steps each (ONE launch per world size runs every family and
+without gradient checkpointing (FSDP1 on two families), 3 AdamW steps each (ONE launch per world size runs every family and
 configuration), through the real pipeline: FCPSampler → FCPCollator (Qwen-VL positions from the installed
 transformers' ``get_rope_index``) → ``apply_fcp`` ring
 attention → :func:`fcp_exec.step.train_step`. The reference is the stock model (``sdpa`` attention, HF's own
@@ -160,6 +160,10 @@ SFT_RUNS = without_cpu_fsdp2([("qwen3", "fsdp2"), ("llama", "allreduce"), ("qwen
 AMP_RUNS = without_cpu_fsdp2([("qwen3", "allreduce", "float16", 2.0 ** 12), ("qwen3", "fsdp2", "float16", 2.0 ** 40),
                               ("qwen2_5_vl", "ddp", "float16", 2.0 ** 12), ("qwen2_5_vl", "fsdp2", "bfloat16", None)])
 AMP_WINDOW = 1000
+# FSDP1 (FullyShardedDataParallel per decoder layer, ``--reducer fsdp1``) on 2 and 3 processes: (family, gradient
+# checkpointing, clipping + schedule); and on 2, fp16 autocast through its ShardedGradScaler
+FSDP1_RUNS = (("qwen3", False, True), ("qwen2_5_vl", True, False))
+AMP_RUNS += [("qwen3", "fsdp1", "float16", 2.0 ** 12)]
 
 
 # --max-grad-norm and a learning-rate schedule (warm-up 1, linear to lr/10): clipped below every step's norm (the test
@@ -206,6 +210,7 @@ def _skip_cfg(family: str, reducer: str) -> TrainConfig:
 def _matrix_cfgs(nproc: int) -> list[TrainConfig]:
     cfgs = [_cfg(f, r, gc) for f in FAMILIES for r in REDUCERS for gc in (False, True)]
     cfgs += [_cfg(f, r, False, sft=True) for f, r in SFT_RUNS]
+    cfgs += [_cfg(f, "fsdp1", gc, clip=clip) for f, gc, clip in FSDP1_RUNS]
     if nproc == 2:
         cfgs += [_cfg(f, r, False, dtype="float32") for f, r in FP32_REDUCERS]
         cfgs += [_cfg("qwen3", r, False, dtype="bfloat16") for r in REDUCERS]
@@ -231,13 +236,14 @@ def _matrix(nproc: int):
 
 
 def _runs(nproc: int, family: str, dtype: str = "float64", sft: bool = False, amp: str = "none", clip: bool = False,
-          mp: str = "none"):
+          mp: str = "none", reducers: tuple[str, ...] = REDUCERS):
     cfgs, results = _matrix(nproc)
     if isinstance(results, Exception):
         raise results
     return [(c, r) for c, r in zip(cfgs, results)
             if c.model == f"hf:{_config_file(family)}" and c.dtype == dtype and c.sample_labels == sft and
-            c.data == COMMON["data"] and c.amp == amp and bool(c.max_grad_norm) == clip and c.fsdp_mixed_precision == mp]
+            c.data == COMMON["data"] and c.amp == amp and bool(c.max_grad_norm) == clip and c.fsdp_mixed_precision == mp
+            and c.reducer in reducers]
 
 
 @pytest.mark.timeout(1000)
@@ -252,6 +258,24 @@ def test_hf_fcp_training_equals_single_process_stock_model(family, nproc):
     assert any(2 in mb for mb in plans), f"no degree-2 group in {plans}"
     assert any(1 in mb for mb in plans), f"no degree-1 group in {plans}"
     assert any(sum(mb) < nproc for mb in plans), f"no micro-batch with an idle rank in {plans}"
+
+
+@pytest.mark.timeout(1000)
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_hf_fsdp1_training_equals_single_process_stock_model(nproc):
+    """``--reducer fsdp1`` (FSDP1, Accelerate's and many own loops' FSDP: FullyShardedDataParallel around each decoder
+    layer, its average turned into a SUM by a comm hook, no_sync before the last micro-batch): Qwen3 with
+    ``max_grad_norm`` and a schedule (the norm of flat-parameter shards, one all-reduce of their squares) and
+    Qwen2.5-VL with gradient checkpointing, on 2 and 3 processes (3: padded flat shards), equal the stock model to
+    1e-12 like every other reducer (loss, every full gradient, the norm, the denominator; parameters equal on every
+    rank). A mean instead of the SUM is off by N, a norm over one rank's shard by O(1)."""
+    for family, gc, clip in FSDP1_RUNS:
+        [(cfg, res)] = _runs(nproc, family, clip=clip, reducers=("fsdp1",))
+        assert cfg.grad_checkpointing == gc
+        _check_run(family, nproc, cfg, res)
+        if clip:
+            assert [s["lr"] for s in res["steps"]] == list(CLIP_LRS), family
+            assert all(s["grad_norm"] > cfg.max_grad_norm for s in res["steps"]), [s["grad_norm"] for s in res["steps"]]
 
 
 @pytest.mark.timeout(1000)
@@ -496,7 +520,7 @@ def test_fcp_train_amp_scales_and_skips_like_the_stock_model_under_autocast():
     initial scale of 2**40 (Qwen3, FSDP2) overflows at every step: every step skipped on every rank, as in the stock
     run, the scale halved each time, the parameters never moved (the checksum of a run of 0 steps)."""
     for family, reducer, amp, scale in AMP_RUNS:
-        [(cfg, res)] = [(c, r) for c, r in _runs(2, family, "float32", amp=amp) if c.reducer == reducer]
+        [(cfg, res)] = _runs(2, family, "float32", amp=amp, reducers=(reducer,))
         steps = res["steps"]
         batches = tuple(tuple(s["sample_indices"]) for s in steps)
         stock, truth = _amp_reference(family, batches, amp, scale), _reference(family, batches, "float64", init="float32")

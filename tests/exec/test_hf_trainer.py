@@ -105,19 +105,24 @@ def _params(model) -> dict[str, np.ndarray]:
 
         with deepspeed.zero.GatheredParameters(list(model.module.parameters())):
             return _params(model.module)
+    from fcp_exec.reducers import fsdp1_roots, full_view
+
     out = {}
-    for n, p in model.named_parameters():
-        t = p.detach()
-        if isinstance(t, DTensor):
-            t = t.full_tensor()
-        out[n.removeprefix("_orig_mod.").removeprefix("module.")] = t.double().numpy().copy()  # compiled, DDP
+    with full_view(model):  # FSDP1: whole parameters on every rank (a collective), under their own names
+        for n, p in model.named_parameters():
+            t = p.detach()
+            if isinstance(t, DTensor):
+                t = t.full_tensor()
+            n = n.removeprefix("_orig_mod.").removeprefix("module.").replace("_fsdp_wrapped_module.", "")
+            out[n] = t.to("cpu", torch.float64, copy=True).numpy()  # compiled, DDP, FSDP1
+    assert not fsdp1_roots(model) or len(out) == len(list(model.parameters())), "FSDP1 parameters not gathered"
     return out
 
 
 def _fcp_run(family: str, out: str, resume: str | None = None, save_steps: int = 0, evaluate: bool = False,
              tokens_per_rank: int = TOKENS_PER_RANK, sft: bool = False, dtype=torch.float64, lora: bool = False,
              fsdp2: bool = False, global_batch_size: int | None = GBS, processor: str | None = None,
-             metrics: bool = False, **args) -> dict:
+             metrics: bool = False, fsdp1: bool = False, **args) -> dict:
     """One FCPTrainer run on this rank (inside a launched process group). ``processor``: the samples as a Qwen-VL
     processor returns them (:func:`_processor_samples`), as a ``"list"`` or an ``"arrow"`` ``datasets.Dataset``,
     given without lengths or a visual layout (FCPTrainer finds both)."""
@@ -137,7 +142,11 @@ def _fcp_run(family: str, out: str, resume: str | None = None, save_steps: int =
         kw.update(save_strategy="steps", save_steps=save_steps)
     if fsdp2:
         kw.update(fsdp=True, fsdp_config={"fsdp_version": 2, "state_dict_type": "SHARDED_STATE_DICT"})
-    with warnings.catch_warnings(record=True) as caught, _accelerate_fsdp_on_cpu(fsdp2), \
+    if fsdp1:  # FSDP1 (deprecated by transformers 5, still there): FullyShardedDataParallel around each decoder
+        # layer; Accelerate refuses sync_module_states (rank 0's weights broadcast) on the CPU: seeded weights here
+        kw.update(fsdp=True, fsdp_config={"version": 1, "sync_module_states": False,
+                                          "state_dict_type": "SHARDED_STATE_DICT"})
+    with warnings.catch_warnings(record=True) as caught, _accelerate_fsdp_on_cpu(fsdp2 or fsdp1), \
             _accelerate_fp16_on_cpu(bool(args.get("fp16"))):
         warnings.simplefilter("always")
         given = dict(train_dataset=data.dataset, train_lengths=data.lengths, eval_lengths=data.lengths,
@@ -282,7 +291,10 @@ def _accelerate_fsdp_on_cpu(on: bool = True):
     ``on``, this lifts that one gate for the Trainers built inside: once a Trainer has built its Accelerator, the
     state gets what Accelerate's own FSDP branch sets on a GPU (``distributed_type`` FSDP, the plugin of the Trainer's
     ``fsdp_config``, its mixed precision), so Accelerate's real FSDP2 wrapping (``fully_shard``), its sharded
-    checkpoints and FSDP2's mixed-precision policy run here, on gloo. Nothing of FCPTrainer is replaced."""
+    checkpoints and FSDP2's mixed-precision policy run here, on gloo. Nothing of FCPTrainer is replaced. FSDP1
+    (``FullyShardedDataParallel``) takes Accelerate's device as its ``device_id``, which on a CPU process Accelerate
+    names ``cpu:0`` and FSDP1 ``cpu``: it is named ``cpu`` while inside (a GPU's ``cuda:k`` is the same to both)."""
+    from accelerate.state import AcceleratorState, PartialState
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
     def lift(trainer):
@@ -293,8 +305,22 @@ def _accelerate_fsdp_on_cpu(on: bool = True):
             if state.mixed_precision != "no":
                 state.fsdp_plugin.set_mixed_precision(state.mixed_precision)
             trainer.is_fsdp_enabled = True
+            if state.fsdp_plugin.fsdp_version == 1:
+                state.device = PartialState().device = torch.device("cpu")
+                PartialState().distributed_type = DistributedType.FSDP  # else the state reverts to it mid-training
 
-    return _after_accelerator(lift if on else None)
+    @contextlib.contextmanager
+    def lifted():
+        partial = PartialState()
+        device, kind = partial.device, partial.distributed_type
+        try:
+            with _after_accelerator(lift if on else None):
+                yield
+        finally:
+            partial.device, partial.distributed_type = device, kind
+            AcceleratorState().device = device
+
+    return lifted()
 
 
 # The scaler's schedule keeps every step far from the overflow edge (where a step overflows there depends on how its
@@ -394,6 +420,9 @@ def _fcp_runs(out: str) -> dict:
             "fsdp2-fp16": _fcp_run("qwen3", f"{out}/fsdp2-fp16", fsdp2=True, dtype=torch.float32, fp16=True)}
            if CPU_FSDP2 else {}),  # FSDP2 on the CPU: torch 2.7
         "fp16": _fcp_run("qwen2_5_vl", f"{out}/fp16", dtype=torch.float32, fp16=True),
+        "fsdp1": _fcp_run("qwen3", f"{out}/fsdp1", fsdp1=True, dtype=torch.float32, save_steps=2),  # float32: FSDP1's
+        "fsdp1-resumed": _fcp_run("qwen3", f"{out}/fsdp1-r", fsdp1=True, dtype=torch.float32,  # clip refuses float64
+                                  resume=f"{out}/fsdp1/checkpoint-2"),
         **({"lora": _fcp_run("qwen3", f"{out}/lora", lora=True)} if _HAS_PEFT else {}),
         **({"trl": _trl_run(f"{out}/trl")} if _HAS_TRL else {}),
         # DeepSpeed ZeRO-2 in float64; ZeRO-3 partitions float32/bf16 parameters only
@@ -1103,12 +1132,14 @@ def test_fcp_trainer_trains_a_lora_adapter_like_the_stock_trainer(fcp_runs, tmp_
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("run", ["ddp", pytest.param("fsdp2", marks=needs_cpu_fsdp2)]
+@pytest.mark.parametrize("run", ["ddp", pytest.param("fsdp2", marks=needs_cpu_fsdp2), "fsdp1"]
                          + (["zero2"] if _HAS_DEEPSPEED else []))
 def test_fcp_trainer_resumes_at_the_checkpoint_global_batch(fcp_runs, run):
     """DDP, FSDP2 with Accelerate's sharded checkpoints (``state_dict_type`` SHARDED_STATE_DICT: the default
-    FULL_STATE_DICT save fails on CPU inside safetensors for the stock Trainer too — "invalid python storage"), and
-    DeepSpeed ZeRO-2 (the engine's own checkpoint: partitioned optimizer states)."""
+    FULL_STATE_DICT save fails on CPU inside safetensors for the stock Trainer too — "invalid python storage"), FSDP1
+    with them (float32; Accelerate reads FSDP1's optimizer shards into a template of the optimizer's own state, which
+    FCPTrainer fills first: without ``fsdp1_optimizer_template`` the resumed run restarts AdamW, and its losses leave
+    the full run's at step 3), and DeepSpeed ZeRO-2 (the engine's own checkpoint: partitioned optimizer states)."""
     per_rank, out = fcp_runs
     full, resumed = per_rank[0][run], per_rank[0][f"{run}-resumed"]
     assert (out / run / "checkpoint-2").is_dir()
@@ -1143,6 +1174,33 @@ def test_fsdp_requested_on_cpu_is_reported_not_silent(fcp_runs):
     assert len(run["warnings"]) == 1 and "did not enable it" in run["warnings"][0], run["warnings"]
     assert run["losses"] == per_rank[0]["ddp"]["losses"]
     assert not per_rank[0]["ddp"]["warnings"]
+
+
+# FCPTrainer with Accelerate's FSDP1 against the stock Trainer, both float32 (FSDP1's clip_grad_norm_ computes its norm in
+# float32 and refuses float64 gradients). Measured: losses 1.6e-8 … 1.0e-7, gradient norms 0 … 1.5e-7, parameters 7.2e-6
+# of the largest entry after 6 AdamW steps. A mean where fcp needs the SUM halves every gradient; the norm of one rank's
+# shard (Accelerate's non-FSDP clip path) was 18 % off
+FSDP1_LOSS, FSDP1_NORM, FSDP1_PARAMS = 1e-6, 1e-6, 1e-4
+
+
+@pytest.mark.timeout(900)
+def test_fcp_trainer_with_accelerates_fsdp1_equals_stock_trainer(fcp_runs, tmp_path):
+    """``fsdp=True, fsdp_config={"version": 1}`` (FSDP1, deprecated by transformers 5 but there): Accelerate wraps each
+    decoder layer in ``FullyShardedDataParallel``, FCPTrainer reduces through :class:`~fcp_exec.reducers.FSDP1Reducer`
+    (a SUM comm hook) and the Trainer clips with FSDP1's own ``clip_grad_norm_``. Reference: the stock Trainer in
+    float32 on one process over the same global batches (:func:`_accelerate_fsdp_on_cpu` lifts Accelerate's CPU gate;
+    its ``sync_module_states`` broadcast is off on the CPU, the weights are seeded). Resuming is tested with the other
+    reducers' runs (``test_fcp_trainer_resumes_at_the_checkpoint_global_batch``)."""
+    per_rank, _ = fcp_runs
+    res = per_rank[0]["fsdp1"]
+    ref = _reference("qwen3", _order("qwen3", 0, STEPS), (), str(tmp_path), dtype="float32")
+    assert res["reducers"] == ["FSDP1Reducer"], res["reducers"]
+    _close(res["losses"], ref["losses"], "fsdp1 loss", tol=FSDP1_LOSS)
+    _close(res["norms"], ref["norms"], "fsdp1 grad norm", tol=FSDP1_NORM)
+    assert max(ref["norms"]) > ARGS["max_grad_norm"], ("clipping never acted", ref["norms"])
+    _same_params(res["params"], ref["params"], "fsdp1", tol=FSDP1_PARAMS)
+    _same_params(per_rank[1]["fsdp1"]["params"], res["params"], "fsdp1 rank 1 vs rank 0", tol=0.0)
+    assert any(len(g) == 2 for g in res["groups"]) and any(len(g) == 1 for g in res["groups"]), res["groups"]
 
 
 def test_fcp_trainer_in_one_process_equals_stock_trainer(tmp_path):

@@ -7,11 +7,12 @@
   without a scaler. A backward that forgot the scale would leave the gradients 2**-12 of the reference's after the
   unscale; a loss reported scaled would be 2**12 times it.
 * **Every rank skips the same steps.** An overflow on one rank only — rank 1's loss of one micro-batch made ``inf``
-  before its backward, or (FSDP2) one entry of rank 1's own gradient shard set to ``inf`` after the reduction — makes
+  before its backward, or (FSDP2, FSDP1) one entry of rank 1's own gradient shard set to ``inf`` after the reduction — makes
   *every* rank skip that optimizer step (parameters unchanged, bit for bit) and halve its scale, and the next step
   trains again on every rank with identical parameters. The all-reduce and DDP sums carry the ``inf`` to every rank;
-  FSDP2's gradient shards are DTensors whose ``inf`` check torch all-reduces over the mesh (a rank that skipped alone
-  would leave the ranks with different parameters: asserted equal).
+  FSDP2's gradient shards are DTensors whose ``inf`` check torch all-reduces over the mesh, FSDP1's are checked by its
+  ``ShardedGradScaler`` (``grad_scaler_class``), which all-reduces it (a rank that skipped alone would leave the ranks
+  with different parameters: asserted equal).
 
 The Hugging Face Trainer's fp16 (Accelerate's scaler, autocast) against the stock Trainer is in
 ``test_hf_trainer.py``.
@@ -27,7 +28,8 @@ from fcp_exec.compat import CPU_FSDP2_RELEASE, torch_release
 from fcp_exec.launch import launch
 
 LENGTHS = [37, 12, 64, 9, 50, 23, 71, 18, 40, 33, 15, 58]
-REDUCERS = ("allreduce", "ddp") + (("fsdp2",) if torch_release() >= CPU_FSDP2_RELEASE else ())  # FSDP2 on the CPU
+REDUCERS = ("allreduce", "ddp", "fsdp1") + (("fsdp2",) if torch_release() >= CPU_FSDP2_RELEASE else ())  # FSDP2 on CPU
+SHARDED = [r for r in REDUCERS if r.startswith("fsdp")]  # poisoned after the reduction: one entry of one rank's shard
 STEPS, SCALE = 3, 2.0 ** 12
 TOL = 1e-15
 
@@ -50,16 +52,19 @@ def _setup(reducer: str):
 
 
 def _flat(model, what: str) -> torch.Tensor:
-    """Every parameter (``what="param"``) or gradient, gathered whole (FSDP2's DTensors), as one float64 vector."""
+    """Every parameter (``what="param"``) or gradient, gathered whole (FSDP2's DTensors, FSDP1's flat shards), as one
+    float64 vector."""
     from fcp_exec.compat import dtensor_type
+    from fcp_exec.reducers import full_view
 
     DTensor = dtensor_type()
 
     out = []
-    for p in model.parameters():
-        t = p if what == "param" else p.grad
-        t = t.full_tensor() if isinstance(t, DTensor) else t
-        out.append(t.detach().reshape(-1).double().clone())
+    with full_view(model, grads=what != "param"):
+        for p in model.parameters():
+            t = p if what == "param" else p.grad
+            t = t.full_tensor() if isinstance(t, DTensor) else t
+            out.append(t.detach().reshape(-1).to("cpu", torch.float64, copy=True))
     return torch.cat(out)
 
 
@@ -72,7 +77,9 @@ def _run(reducer: str, scaled: bool, poison: str | None = None) -> list[dict]:
     from fcp_exec.train import _forward_loss
 
     model, red, opt, batches = _setup(reducer)
-    scaler = torch.amp.GradScaler("cpu", init_scale=SCALE, growth_interval=1000) if scaled else None
+    from fcp_exec.reducers import grad_scaler_class
+
+    scaler = grad_scaler_class(reducer)("cpu", init_scale=SCALE, growth_interval=1000) if scaled else None  # FSDP1: sharded
     rank, out = dist.get_rank(), []
     for step in range(STEPS):
         calls = []
@@ -87,7 +94,7 @@ def _run(reducer: str, scaled: bool, poison: str | None = None) -> list[dict]:
         opt.zero_grad(set_to_none=True)
         res = train_step(model, batches, loss_fn, red, grad_scaler=scaler)
         if poison == "shard" and step == 1 and rank == 1:
-            grad = next(p for p in model.parameters() if p.grad is not None).grad
+            grad = next(p for p in model.parameters() if p.grad is not None and p.grad.numel()).grad
             local = grad.to_local() if hasattr(grad, "to_local") else grad
             local.view(-1)[0] = float("inf")
         before = _flat(model, "param")
@@ -113,9 +120,22 @@ def _all() -> dict:
         runs[(r, "plain")] = _run(r, scaled=False)
         runs[(r, "scaled")] = _run(r, scaled=True)
         runs[(r, "loss")] = _run(r, scaled=True, poison="loss")
-    if "fsdp2" in REDUCERS:
-        runs[("fsdp2", "shard")] = _run("fsdp2", scaled=True, poison="shard")
+    for r in SHARDED:
+        runs[(r, "shard")] = _run(r, scaled=True, poison="shard")
+    runs["fsdp1-plain-scaler"] = _plain_scaler_under_fsdp1()
     return runs
+
+
+def _plain_scaler_under_fsdp1() -> str:
+    """The error of ``train_step`` given a ``torch.amp.GradScaler`` under FSDP1 (it would check one shard only)."""
+    from fcp_exec.step import train_step
+
+    model, red, _, batches = _setup("fsdp1")
+    try:
+        train_step(model, batches, lambda m, b: None, red, grad_scaler=torch.amp.GradScaler("cpu"))
+    except ValueError as e:
+        return str(e)
+    return "no error"
 
 
 @pytest.fixture(scope="module")
@@ -141,8 +161,7 @@ def test_scaled_training_equals_training_without_a_scaler(runs, reducer):
             assert _rel(s["params"], p["params"]) <= TOL, f"{what}: parameters differ"
 
 
-@pytest.mark.parametrize("reducer, poison",
-                         [(r, "loss") for r in REDUCERS] + [("fsdp2", "shard")] * ("fsdp2" in REDUCERS))
+@pytest.mark.parametrize("reducer, poison", [(r, "loss") for r in REDUCERS] + [(r, "shard") for r in SHARDED])
 def test_an_overflow_on_one_rank_skips_the_step_on_every_rank(runs, reducer, poison):
     r0, r1 = runs[0][(reducer, poison)], runs[1][(reducer, poison)]
     for k in range(STEPS):
@@ -152,3 +171,11 @@ def test_an_overflow_on_one_rank_skips_the_step_on_every_rank(runs, reducer, poi
         assert r0[k]["next_scale"] == r1[k]["next_scale"] == want, (what, r0[k]["next_scale"], r1[k]["next_scale"])
         assert (r0[k]["params"] == r1[k]["params"]).all(), f"{what}: the ranks' parameters differ"
     assert (r0[1]["params"] == r0[0]["params"]).all(), "the skipped step changed the parameters"
+
+
+def test_fsdp1_refuses_a_scaler_that_sees_one_shard(runs):
+    """Under FSDP1 a plain ``GradScaler`` would check only this rank's gradient shard (the ``shard`` poison above
+    would then skip the step on rank 1 alone): ``train_step`` refuses it, naming FSDP1's ``ShardedGradScaler``."""
+    for rank in (0, 1):
+        msg = runs[rank]["fsdp1-plain-scaler"]
+        assert msg.startswith("FSDP1 with GradScaler") and "ShardedGradScaler" in msg, msg

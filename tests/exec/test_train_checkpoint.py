@@ -4,10 +4,10 @@ Reference: the run that never stopped. 2 real gloo processes, DataLoader with 2 
 the sampler ahead of the loop: a checkpoint of ``sampler.state_dict()`` would skip them), 5 steps with a checkpoint
 every 2. A run resumed from step 2 must train steps 2–4 on the same global batches (sample indices on every rank)
 with the same denominators and losses, and end with the same parameters (every rank's checksum):
-- on the same 2 ranks, exactly (the same operations in the same order): FSDP2 in float64 (sharded parameters and
-  optimizer state; a warm-up + cosine learning-rate schedule and gradient clipping, which must continue from the
+- on the same 2 ranks, exactly (the same operations in the same order): FSDP2 and FSDP1 in float64 (sharded
+  parameters and optimizer state; a warm-up + cosine learning-rate schedule and gradient clipping, which must continue from the
   saved step) and DDP in float32;
-- on 1 and on 3 ranks (torch.distributed.checkpoint reshards the FSDP2 parameters and optimizer state; the sampler
+- on 1 and on 3 ranks (torch.distributed.checkpoint reshards the FSDP parameters and optimizer state; the sampler
   plans the same global batches for the new world), within 1e-9 relative in float64 (summation order only;
   measured: within 2.5e-16).
 A checkpoint of another model, or a folder mixing two saves' sampler states, is one line from ``fcp train --resume``,
@@ -40,22 +40,36 @@ def _facts(res) -> list[tuple]:
     return [(s["step"], s["loss"], s["num_tokens"], tuple(s["sample_indices"])) for s in res["steps"]]
 
 
+_SHARDED: dict = {}
+
+
+def _sharded_run(reducer: str, tmp_path_factory):
+    """5 steps of FSDP2 (or FSDP1) in float64 on 2 ranks with checkpoints after steps 2 and 4 (once per module):
+    (its result, the folder, the root)."""
+    if reducer == "fsdp2":
+        cpu_fsdp2()
+    if reducer not in _SHARDED:
+        root = tmp_path_factory.mktemp(reducer)
+        ckpt = root / "ckpt"
+        full = run_training(_cfg(root, reducer, dtype="float64", checkpoint=str(ckpt), checkpoint_every=2, **OPTIM), 2)
+        assert sorted(p.name for p in ckpt.iterdir()) == ["step-2", "step-4"]
+        _SHARDED[reducer] = full, ckpt, root
+    return _SHARDED[reducer]
+
+
 @pytest.fixture(scope="module")
 def fsdp2_run(tmp_path_factory):
-    """5 steps of FSDP2 in float64 on 2 ranks with checkpoints after steps 2 and 4: (its result, the folder)."""
-    cpu_fsdp2()
-    root = tmp_path_factory.mktemp("fsdp2")
-    ckpt = root / "ckpt"
-    full = run_training(_cfg(root, "fsdp2", dtype="float64", checkpoint=str(ckpt), checkpoint_every=2, **OPTIM), 2)
-    assert sorted(p.name for p in ckpt.iterdir()) == ["step-2", "step-4"]
-    return full, ckpt, root
+    return _sharded_run("fsdp2", tmp_path_factory)
 
 
+@pytest.mark.parametrize("reducer", ["fsdp2", "fsdp1"])
 @pytest.mark.parametrize("nproc", [2, 1, 3])
-def test_fsdp2_resumed_training_equals_the_run_that_never_stopped(fsdp2_run, nproc):
-    full, ckpt, root = fsdp2_run
-    resumed = run_training(_cfg(root, "fsdp2", dtype="float64", resume=str(ckpt / "step-2"), **OPTIM), nproc,
-                           backend="gloo")  # FSDP2 needs a process group, of one rank too
+def test_sharded_resumed_training_equals_the_run_that_never_stopped(tmp_path_factory, reducer, nproc):
+    """FSDP2's DTensor shards and FSDP1's flat-parameter shards (torch's ``get_state_dict`` / ``set_state_dict``
+    for both, the optimizer state too) resume exactly on 2 ranks and reshard onto 1 and 3."""
+    full, ckpt, root = _sharded_run(reducer, tmp_path_factory)
+    resumed = run_training(_cfg(root, reducer, dtype="float64", resume=str(ckpt / "step-2"), **OPTIM), nproc,
+                           backend="gloo")  # FSDP needs a process group, of one rank too
     got, ref = _facts(resumed), _facts(full)[2:]
     # the schedule continues from the saved step (lr is a function of it) and clipping acted in both runs
     assert [s["lr"] for s in resumed["steps"]] == [s["lr"] for s in full["steps"]][2:]
