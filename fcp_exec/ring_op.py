@@ -1,5 +1,6 @@
 """FCP's ring attention as one opaque torch op, ``torch.ops.fcp.ring_attention``, so ``torch.compile`` can take a
-whole transformer block (``fullgraph=True``) with the ring inside, activation checkpointing included.
+whole transformer block (``fullgraph=True``: torchtitan's) or a whole Hugging Face model with the ring inside,
+activation checkpointing included.
 
 Dynamo cannot trace the ring (point-to-point exchanges within each micro-batch's CP group, host-side plans); as a
 custom op it is one node of the graph whose inputs are tensors: q, k, v and a 0-d *handle* naming the micro-batch's
@@ -32,7 +33,8 @@ _NEXT = itertools.count(1)
 def register(ring: RingBatch) -> torch.Tensor:
     """The 0-d int64 handle of ``ring`` (registered once). The registry holds it weakly: eagerly the autograd graph
     keeps it alive until the backward; under ``torch.compile`` keep the micro-batch that carries it alive until its
-    backward ran (a trainer's step holds its micro-batches: FCPTitanTrainer's does)."""
+    backward ran (a trainer's step holds its micro-batches: FCPTitanTrainer's does; the Hugging Face ``batch_inputs``
+    stores the ring in the collator's batch, which ``train_step`` holds through the backward)."""
     handle = getattr(ring, "op_handle", None)
     if handle is None:
         n = next(_NEXT)

@@ -53,8 +53,10 @@ from torch import nn
 from torch.nn import functional as F
 
 from fcp_exec.integrations.hf_models import (SUPPORTED_MODEL_TYPES, TILE_VL_MODEL_TYPES,  # noqa: F401
-                                             VL_MODEL_TYPES, attention_limits, build_model, enable_gradient_checkpointing,
-                                             has_weights, load_config, load_model, require_hf_models, tile_geometry)
+                                             VL_MODEL_TYPES, build_model, enable_gradient_checkpointing,
+                                             has_weights, load_config, load_model, require_hf_models, ring_call,
+                                             tile_geometry)
+from fcp_exec.ring_op import register
 from fcp_exec.step import denominator
 
 __all__ = ["ATTENTION_NAME", "SUPPORTED_MODEL_TYPES", "VL_MODEL_TYPES", "FCPAttentionContext", "apply_fcp",
@@ -86,32 +88,19 @@ def fcp_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Ten
     """transformers attention function: ``query`` ``[1, H_q, L, D]``, ``key``/``value`` ``[1, H_kv, L, D]`` of
     this rank's zigzag shard → ``(out [1, L, H_q, D], None)`` by ring attention over ``fcp_context.ranks``.
 
-    Under ``torch.compile`` (``TrainingArguments(torch_compile=True)``) the ring runs eagerly, outside the graph
-    (:func:`_ring_outside_compile`): its plan and peer exchange depend on each micro-batch's documents and CP group
-    (Python ints and lists), which would recompile it for every new micro-batch until Dynamo's recompile limit, and
-    its kernels and point-to-point transfers gain nothing from tracing; the rest of the model compiles once, with a
-    dynamic sequence length."""
+    Under ``torch.compile`` (``TrainingArguments(torch_compile=True)``) the ring is one opaque node of the graph,
+    ``torch.ops.fcp.ring_attention`` (:func:`~fcp_exec.integrations.hf_models.ring_call`): its plan and peer exchange
+    depend on each micro-batch's documents and CP group, which it reads from the micro-batch's registered handle, so
+    a new micro-batch does not recompile and the model compiles without a graph break at its attention. A layer with
+    a sliding window or a non-default kernel runs the ring eagerly there instead (one graph break each)."""
     if fcp_context is None:
         raise ValueError("attention implementation 'fcp_ring' needs fcp_context=...: call the model with "
                          "**fcp_exec.integrations.hf.batch_inputs(batch, model)")
     if query.shape[0] != 1:
         raise ValueError(f"fcp_ring attention takes one packed sequence (batch size 1), got batch size {query.shape[0]}")
-    q = query[0].transpose(0, 1)
-    k = key[0].transpose(0, 1)
-    v = value[0].transpose(0, 1)
-    out = _ring_outside_compile(module, q, k, v, fcp_context, scaling, dropout, kwargs)
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
+    out = ring_call(module, q, k, v, fcp_context.ring, fcp_context.kernel, scaling, dropout, kwargs)
     return out.unsqueeze(0), None
-
-
-@torch.compiler.disable
-def _ring_outside_compile(module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                          fcp_context: FCPAttentionContext, scaling: float | None, dropout: float,
-                          kwargs: dict) -> torch.Tensor:
-    from fcp_exec.ring_attention import ring_attention
-
-    window = attention_limits(module, dropout, kwargs, fcp_context.ring)
-    return ring_attention(q, k, v, fcp_context.ring, causal=bool(getattr(module, "is_causal", True)),
-                          softmax_scale=scaling, kernel=fcp_context.kernel, window=window)
 
 
 def register_attention() -> None:
@@ -339,7 +328,9 @@ def _make_embed_hook(model: nn.Module):
 
 def batch_inputs(batch: dict, model: nn.Module) -> dict[str, Any]:
     """Keyword arguments for ``model(**...)`` from one ``FCPCollator`` batch (module docstring). The model must
-    have gone through :func:`apply_fcp` (DDP-wrapped or not)."""
+    have gone through :func:`apply_fcp` (DDP-wrapped or not). The micro-batch's ``RingBatch`` (its plan, made once)
+    is kept in ``batch["_fcp_ring"]``: a second forward of the batch reuses it, and a compiled model's backward finds
+    it through the op handle while the batch lives."""
     inner = unwrap(model)
     state: _State | None = getattr(inner, "_fcp_state", None)
     if state is None:
@@ -351,7 +342,11 @@ def batch_inputs(batch: dict, model: nn.Module) -> dict[str, Any]:
 
     device = next(inner.parameters()).device
     ids = batch["input_ids"].to(device)
-    ring = RingBatch(batch["cu_seqlens"], tuple(int(r) for r in batch["ranks"]), timeout=state.timeout)
+    ring = batch.get("_fcp_ring")
+    if ring is None:  # its op handle is made here, in eager code: a compiled model only reads it (fcp_exec.ring_op).
+        ring = RingBatch(batch["cu_seqlens"], tuple(int(r) for r in batch["ranks"]), timeout=state.timeout)
+        register(ring)  # The batch keeps the ring alive until its backward: a compiled graph holds only the handle
+        batch["_fcp_ring"] = ring
     ctx = FCPAttentionContext(ring=ring, kernel=state.kernel)
     out: dict[str, Any] = {"input_ids": ids[None], "fcp_context": ctx, "use_cache": False}
     if state.is_vl:

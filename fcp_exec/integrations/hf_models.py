@@ -11,7 +11,7 @@ from torch import nn
 from fcp_exec.compat import require_hf_models
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "VL_MODEL_TYPES", "TILE_VL_MODEL_TYPES", "MLLM_MODEL_TYPES", "attention_limits",
-           "build_model", "load_config", "tile_geometry"]
+           "build_model", "load_config", "ring_call", "tile_geometry"]
 
 # tested against the stock model (tests/exec/test_hf_train.py, tests/exec/test_hf_families.py)
 SUPPORTED_MODEL_TYPES = ("qwen3", "llama", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen2", "mistral", "phi3", "olmo2",
@@ -39,12 +39,42 @@ def attention_limits(module: nn.Module, dropout: float, kwargs: dict, ring: Any)
         raise ValueError("fcp_ring attention does not implement attention sinks (s_aux)")
     if kwargs.get("cache") is not None or kwargs.get("past_key_values") is not None:
         raise ValueError("fcp_ring attention is for training: call the model with use_cache=False")
-    window = kwargs.get("sliding_window") or getattr(module, "sliding_window", None)
+    window = _window_of(module, kwargs)
     if not window:
         return None
     cu, degree = ring.cu, ring.degree
     longest = max((b - a for a, b in zip(cu[:-1], cu[1:])), default=0) * degree
     return int(window) if longest > int(window) else None
+
+
+def ring_call(module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: Any, kernel: Any,
+              scaling: float | None, dropout: float, kwargs: dict) -> torch.Tensor:
+    """Ring attention for one transformers attention call (``[T, H, D]`` q, k, v of this rank's shard). Under
+    ``torch.compile``, a layer that asks for nothing more (no sliding window, the default kernel) runs it as the op
+    ``torch.ops.fcp.ring_attention`` (:mod:`fcp_exec.ring_op`: one graph node reading the micro-batch's registered
+    handle, so a new micro-batch does not recompile); otherwise eagerly, outside any graph (:func:`_ring_eager`)."""
+    if torch.compiler.is_compiling() and kernel is None and not _window_of(module, kwargs):
+        from fcp_exec.ring_op import ring_attention_op
+
+        attention_limits(module, dropout, kwargs, ring)  # the refusals (no window: the ring's lengths are not read)
+        return ring_attention_op(q, k, v, ring, causal=bool(getattr(module, "is_causal", True)), softmax_scale=scaling)
+    return _ring_eager(module, q, k, v, ring, kernel, scaling, dropout, kwargs)
+
+
+@torch.compiler.disable
+def _ring_eager(module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: Any, kernel: Any,
+                scaling: float | None, dropout: float, kwargs: dict) -> torch.Tensor:
+    """:func:`fcp_exec.ring_attention.ring_attention` with the layer's window: under ``torch.compile`` a graph break
+    (the window's masked path depends on the micro-batch's lengths, which would recompile the graph for each)."""
+    from fcp_exec.ring_attention import ring_attention
+
+    window = attention_limits(module, dropout, kwargs, ring)
+    return ring_attention(q, k, v, ring, causal=bool(getattr(module, "is_causal", True)), softmax_scale=scaling,
+                          kernel=kernel, window=window)
+
+
+def _window_of(module: nn.Module, kwargs: dict) -> Any:
+    return kwargs.get("sliding_window") or getattr(module, "sliding_window", None)
 
 
 def load_config(path) -> Any:
