@@ -170,7 +170,8 @@ class FSDP1Reducer:
     before: full gradients accumulate locally, FSDP1's rule). ``FULL_SHARD``, ``SHARD_GRAD_OP`` and ``NO_SHARD``
     over a group of every rank; hybrid sharding is refused (FSDP1 takes no comm hook there: use FSDP2 HSDP), as is
     a group smaller than the world (FCP's global batch spans every rank). Clip with
-    :func:`fcp_exec.optim.clip_grad_norm` (FSDP1's own ``clip_grad_norm_``, a collective, on the root)."""
+    :func:`fcp_exec.optim.clip_grad_norm` (the squares of every rank's flat shards, one all-reduce) or FSDP1's own
+    ``clip_grad_norm_`` on the root (float32 and lower only); fp16 with :func:`grad_scaler_class` ``("fsdp1")``."""
 
     name = "fsdp1"
 
