@@ -13,8 +13,6 @@ eagerly. Both ops compute exactly what :func:`fcp_exec.ring_attention.ring_atten
 ``ring_forward`` / ``ring_backward``); sliding windows are not offered here.
 """
 
-from __future__ import annotations
-
 import itertools
 import weakref
 
@@ -92,7 +90,8 @@ def _setup(ctx, inputs, output) -> None:
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, handle)
     ctx.causal, ctx.scale = causal, scale
-    if not is_fake(handle):  # eagerly, the graph keeps the micro-batch's RingBatch alive until the backward
+    # eagerly (a plain tensor: not fake, not a tracing wrapper), the graph keeps the micro-batch's RingBatch alive
+    if type(handle) is torch.Tensor and not is_fake(handle):  # until the backward
         ctx.ring = _ring(handle)
 
 
