@@ -36,7 +36,8 @@ def bundled_index(spec: str = "text", cache_dir: str | os.PathLike | None = None
     and reused after.
 
     Call it on **every rank**, no barrier needed: it lives under ``cache_dir`` (default ``$FCP_CACHE``, else a
-    per-user folder in the temporary directory) in a folder named by a digest of the inputs and the spec; ranks that
+    per-user folder in the temporary directory) in a folder named by a digest of the inputs (their locations and
+    sizes) and the spec; ranks that
     find it missing each build a private copy and rename it into place, the first rename wins (so every node of a
     multi-node job gets its own copy, and an interrupted build never leaves a half index behind).
     """
@@ -48,7 +49,9 @@ def bundled_index(spec: str = "text", cache_dir: str | os.PathLike | None = None
     root = Path(cache_dir or os.environ.get("FCP_CACHE") or Path(tempfile.gettempdir()) / f"fcp-cache-{os.getuid()}")
     samples = data_path("samples")
     inputs = [samples / "text.jsonl"] if spec == "text" else sorted((samples / "wds").glob("*.tar"))
-    digest = hashlib.blake2b(repr([(p.name, p.stat().st_size) for p in inputs] + [spec]).encode(),
+    # the index records where its samples are: two copies of fcp (clones, venvs) sharing a cache each get their own,
+    # so removing one copy cannot leave the other reading a stale index of files that are gone
+    digest = hashlib.blake2b(repr([(str(p.resolve()), p.stat().st_size) for p in inputs] + [spec]).encode(),
                              digest_size=6).hexdigest()
     out = root / f"index-{spec}-{digest}"
     if not (out / "manifest.json").exists():

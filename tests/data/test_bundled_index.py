@@ -52,3 +52,27 @@ def test_a_foreign_folder_in_the_index_place_is_one_clear_error(tmp_path):
     with pytest.raises(RuntimeError, match="holds no fcp index"):
         bundled_index("text", tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == [out.name]
+
+
+def test_a_removed_copy_of_the_samples_does_not_break_another_copys_index(tmp_path, monkeypatch):
+    """Two copies of fcp (two clones or venvs) share the default cache, and the index records where its samples are:
+    the index built from a copy that is later removed is not the one another copy gets (before: both got one folder,
+    named by the samples' names and sizes only, and after ``rm -rf`` of the first clone every read of the second
+    failed — "8 samples in a row failed to read" in ``make demo``)."""
+    import shutil
+
+    import fcp_data._resources as resources
+
+    cache, real = tmp_path / "cache", resources.data_path("samples")
+    copy = tmp_path / "other-clone" / "samples"
+    shutil.copytree(real, copy)
+    monkeypatch.setattr(resources, "data_path", lambda name: copy if name == "samples" else real)
+    theirs = bundled_index("text", cache)
+    shutil.rmtree(copy.parent)
+    monkeypatch.undo()
+    ours = bundled_index("text", cache)
+    assert ours != theirs
+    from fcp_data import IndexedDataset
+
+    data = IndexedDataset(ours)
+    assert len(data) > 0 and len(data[0]["input_ids"]) == int(LengthIndex.load(ours).num_tokens[0])  # reads here
