@@ -144,13 +144,16 @@ def fsdp1_roots(model: nn.Module) -> list:
     return FullyShardedDataParallel.fsdp_modules(model, root_only=True)
 
 
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or getattr(dist, "reduce_scatter_tensor", None)  # 2.13 name
+
+
 def _sum_reduce_hook(group, grad: torch.Tensor, output: torch.Tensor | None = None) -> None:
     """FSDP1 comm hook: a SUM where FSDP1 divides by the data-parallel size (all-reduce for ``NO_SHARD``, else a
     reduce-scatter of the padded flat gradient into this rank's shard ``output``)."""
     if output is None:
         dist.all_reduce(grad, group=group)
-    else:  # torch 2.13 renamed reduce_scatter_tensor (deprecated there)
-        (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(output, grad, group=group)
+    else:
+        _REDUCE_SCATTER(output, grad, group=group)
 
 
 def full_view(model: nn.Module, grads: bool = False):
@@ -213,9 +216,7 @@ class FSDP1Reducer:
     def check_grad_scaler(scaler) -> None:
         """fp16 needs FSDP1's ``ShardedGradScaler``: a plain ``GradScaler`` checks only this rank's gradient shard for
         overflow, so one rank would skip a step the others take."""
-        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-
-        if not isinstance(scaler, ShardedGradScaler):
+        if not isinstance(scaler, grad_scaler_class("fsdp1")):
             raise ValueError(f"FSDP1 with {type(scaler).__name__}: each rank sees only its gradient shard, so ranks "
                              "would skip fp16 overflow steps on their own; use torch.distributed.fsdp."
                              "sharded_grad_scaler.ShardedGradScaler (it all-reduces the overflow check)")
