@@ -10,7 +10,8 @@ r"""Train a Qwen2.5-VL model with FCP on videos and images: the pattern to copy 
     `--read-errors-out bad.jsonl` records them, and a next run with `--exclude bad.jsonl` leaves them out at once.
 
 ``--config`` is a config.json (random weights) or a checkpoint folder, whose weights are loaded (``load_model``).
-InternVL works the same way (``--config examples/configs/internvl-tiny.json``, an index built with ``--spec internvl3``).
+InternVL works the same way (``--config examples/configs/internvl-tiny.json``, an index built with ``--spec internvl3``),
+and LLaVA-OneVision videos (``--config examples/configs/llava_onevision-tiny.json``, ``--spec llava-onevision``).
 A CP group's frames are encoded once, split over its ranks by whole frames, and every visual row is sent to the
 rank that holds its placeholder token; 3-D rope positions come from the installed transformers' own
 ``get_rope_index`` (hf_collator). Labels whose target is a visual placeholder are left out of the loss.
@@ -49,10 +50,10 @@ def build_parser() -> ArgumentParser:
     p = ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 1)[1],
                        formatter_class=argparse.RawDescriptionHelpFormatter)  # --help: how to run it, what it does
     p.add_argument("--config", type=nonempty, default=str(Path(__file__).parent / "configs" / "qwen2_5_vl-tiny.json"),
-                   help="a qwen2_5_vl (or qwen2_vl / qwen3_vl / internvl) config.json (random weights) or checkpoint "
-                   "folder (its weights)")
+                   help="a qwen2_5_vl (or qwen2_vl / qwen3_vl / internvl / llava_onevision) config.json (random "
+                   "weights) or checkpoint folder (its weights)")
     p.add_argument("--data", type=nonempty, default=None,
-                   help="a length index built with a Qwen-VL spec (default: bundled samples)")
+                   help="a length index built with the model's spec (default: bundled samples)")
     p.add_argument("--reducer", choices=("allreduce", "ddp", "fsdp2", "fsdp1"), default="allreduce")
     p.add_argument("--cost", type=nonempty, default=None,
                    help="cost-model JSON from `fcp profile` (default: qwen3-vl-2b/h100 preset)")
@@ -95,7 +96,8 @@ def main(argv: list[str] | None = None) -> None:
     rank = dist.get_rank()
 
     config = load_config(args.config)
-    spec = {"qwen2_vl": "qwen2-vl", "qwen3_vl": "qwen3-vl", "internvl": "internvl3"}.get(config.model_type, "qwen2.5-vl")
+    spec = {"qwen2_vl": "qwen2-vl", "qwen3_vl": "qwen3-vl", "internvl": "internvl3",
+            "llava_onevision": "llava-onevision"}.get(config.model_type, "qwen2.5-vl")
     data = IndexedDataset(args.data or bundled_index(spec))  # input_ids with placeholders, pixel patches (tiles), grids
     cost = CostModel.load(args.cost) if args.cost else CostModel.preset("qwen3-vl-2b", "h100")
     # the sampler counts label tokens exactly, visual placeholders excluded, from the index (no data is read)

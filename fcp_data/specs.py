@@ -18,7 +18,10 @@ width, height) so that ``fcp index`` never decodes a video:
   ``<img>`` + 256·tiles ``<IMG_CONTEXT>`` + ``</img>``. Videos: ``num_frames`` segments (InternVL ``get_index``),
   one tile each, ``"FrameN: <img>…</img>"`` joined by newlines.
 - ``llava-video``: frames every ``round(avg_fps / fps)`` source frames, uniformly ``max_frames`` when more;
-  210 ``<image>`` tokens per frame. Images: 729 tokens (one 384-px crop; AnyRes is not modelled).
+  210 ``<image>`` tokens per frame. Images: 729 tokens (one 384-px crop; AnyRes is not modelled). With
+  ``video.newline`` (spec ``llava-onevision``: transformers' ``LlavaOnevisionProcessor``) a video is
+  ``tokens_per_frame`` (196: 27×27 patches pooled to 14×14) per frame + one ``image_newline`` token, all of them
+  ``tokens.video``; ``"image": null`` refuses images (``unsupported_media``).
 - ``text``: tokens of the document (+ EOS when ``append_eos``).
 
 A sample's token sequence is a :class:`VisualPlan`'s segments followed by the caption tokens and EOS; the
@@ -33,7 +36,6 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -98,7 +100,7 @@ class Spec:
         if self.family == "internvl":
             return (t["img_context"],)
         if self.family == "llava-video":
-            return (t["image"],)
+            return tuple(dict.fromkeys((t["image"], t.get("video", t["image"]))))
         return ()
 
     @property
@@ -318,12 +320,18 @@ def plan_visual(spec: Spec, kind: str, *, height: int, width: int, num_frames: i
     if fam == "llava-video":
         tok = v["tokens"]["image"]
         if kind == "image":
+            if v["image"] is None:
+                from fcp_data.index.probe import ProbeError
+
+                raise ProbeError("unsupported_media", f"spec {spec.name!r} takes videos only (its model's AnyRes images "
+                                 "are not modelled)")
             n = int(v["image"]["tokens_per_image"])
             return VisualPlan(kind=kind, segments=(("token", tok, n),), num_visual_tokens=n)
         vv = v["video"]
         idx = llava_frame_indices(num_frames, fps, vv["fps"], vv["max_frames"], vv.get("force_sample", False))
-        n = int(v["tokens_per_frame"]) * len(idx)
-        return VisualPlan(kind=kind, segments=(("token", tok, n),), num_visual_tokens=n, frame_indices=tuple(idx.tolist()))
+        n = int(v["tokens_per_frame"]) * len(idx) + (1 if vv.get("newline") else 0)
+        segs = (("token", v["tokens"].get("video", tok), n),)
+        return VisualPlan(kind=kind, segments=segs, num_visual_tokens=n, frame_indices=tuple(idx.tolist()))
     raise ValueError(f"spec {spec.name!r} is text-only; it cannot index {kind} samples (use a VLM spec such as qwen2-vl)")
 
 

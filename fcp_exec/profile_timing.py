@@ -84,17 +84,24 @@ class _HFVision:
 
 
 class _HFTiles:
-    """:func:`time_vision`'s view of an InternVL model: a frame is one tile ``[3, H, W]`` of the vision tower's image
-    size, encoded (tower, pixel shuffle, projector) through ``get_image_features`` as fcp's HF integration does."""
+    """:func:`time_vision`'s view of an InternVL model — a frame is one tile ``[3, H, W]`` of the vision tower's image
+    size, encoded (tower, pixel shuffle, projector) through ``get_image_features`` — or of a LLaVA-OneVision model — a
+    frame is one video frame, encoded (tower, projector, 2×2 pooling) through ``get_video_features`` — as fcp's HF
+    integration does (:mod:`fcp_exec.integrations.hf_vision`)."""
 
     def __init__(self, net) -> None:
         from types import SimpleNamespace
 
         from fcp_exec.integrations.hf_models import tile_geometry
+        from fcp_exec.integrations.hf_vision import encode_frames, encode_tiles, pooled_side
 
-        self.net, self.size = net, tuple(int(x) for x in net.config.vision_config.image_size)
-        side, merge = tile_geometry(net.config)
-        self.per = (side // merge) ** 2  # visual tokens per tile
+        size = net.config.vision_config.image_size
+        self.net, self.size = net, (int(size),) * 2 if isinstance(size, int) else tuple(int(x) for x in size)
+        if net.config.model_type == "llava_onevision":
+            self.per, self.encode = pooled_side(net.config) ** 2, encode_frames  # visual tokens per frame
+        else:
+            side, merge = tile_geometry(net.config)
+            self.per, self.encode = (side // merge) ** 2, encode_tiles  # visual tokens per tile
         self.cfg = SimpleNamespace(merge_size=1, patch_dim=3)
 
     def tokens_per_frame(self, h: int, w: int) -> int:
@@ -106,16 +113,15 @@ class _HFTiles:
         return torch.randn(frames, 3, *self.size, generator=generator)
 
     def encode_frames(self, x, h: int, w: int):
-        from fcp_exec.integrations.hf import _encode_tiles
-
-        return _encode_tiles(self.net, x)
+        return self.encode(self.net, x)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.net.zero_grad(set_to_none=set_to_none)
 
 
 def vision_tower(net, model: str, layer_like: str | None):
-    """The vision tower :func:`time_vision` times (tiny-mllm's, a Hugging Face Qwen-VL model's, InternVL's tiles), or
+    """The vision tower :func:`time_vision` times (tiny-mllm's, a Hugging Face Qwen-VL model's, InternVL's tiles,
+    LLaVA-OneVision's video frames), or
     None."""
     if layer_like:
         return None
@@ -127,7 +133,7 @@ def vision_tower(net, model: str, layer_like: str | None):
         if hf.model_type_of(net) in hf.VL_MODEL_TYPES:
             inner = getattr(net, "model", net)
             return _HFVision(inner.visual, net.config.vision_config.spatial_merge_size)
-        if hf.model_type_of(net) in hf.TILE_VL_MODEL_TYPES:
+        if hf.model_type_of(net) in hf.TILE_VL_MODEL_TYPES + hf.FRAME_VL_MODEL_TYPES:
             return _HFTiles(net)
     return None
 

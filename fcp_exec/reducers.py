@@ -283,7 +283,7 @@ def _shard_units(model: nn.Module) -> list[nn.Module]:
     return [m for ml in model.modules() if isinstance(ml, nn.ModuleList) for m in ml]
 
 
-def make_reducer(name: str, model: nn.Module, *, find_unused_parameters: bool = False, shard_units=None,
+def make_reducer(name: str, model: nn.Module, *, find_unused_parameters: bool | None = None, shard_units=None,
                  mp_policy=None, mesh=None):
     """``(model, reducer)`` for reducer ``name``: the model as ``train_step`` should call it (DDP-wrapped or
     ``fully_shard``-ed in place) and the reducer. ``shard_units``: modules to ``fully_shard`` before the root
@@ -291,8 +291,10 @@ def make_reducer(name: str, model: nn.Module, *, find_unused_parameters: bool = 
     ``MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)`` — bf16 compute over float32
     sharded parameters, float32 gradient reduction. ``mesh`` (fsdp2 only): FSDP2's device mesh; a 2-D one
     ``(replicate, shard)`` is HSDP (parameters sharded within each group of the shard dimension, replicated across
-    them; gradients still SUM over every rank). ``fsdp1``: :func:`_wrap_fsdp1`. Needs an initialised process group
-    for ddp, fsdp2 and fsdp1."""
+    them; gradients still SUM over every rank). ``fsdp1``: :func:`_wrap_fsdp1`. ``find_unused_parameters`` (ddp
+    only): None — True for a transformers model type whose own forward leaves parameters without a gradient
+    (``UNUSED_PARAMETER_MODEL_TYPES``: LLaVA-OneVision's vision post_layernorm), else False. Needs an initialised
+    process group for ddp, fsdp2 and fsdp1."""
     if name not in REDUCER_NAMES:
         raise ValueError(f"unknown reducer {name!r}; choose one of {', '.join(REDUCER_NAMES)}")
     if (mp_policy is not None or mesh is not None) and name != "fsdp2":
@@ -305,6 +307,11 @@ def make_reducer(name: str, model: nn.Module, *, find_unused_parameters: bool = 
     if name == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
+        if find_unused_parameters is None:
+            from fcp_exec.integrations.hf_models import UNUSED_PARAMETER_MODEL_TYPES
+
+            find_unused_parameters = getattr(getattr(model, "config", None), "model_type", None) in \
+                UNUSED_PARAMETER_MODEL_TYPES
         dev = next(model.parameters()).device
         ddp = DistributedDataParallel(model, device_ids=[dev] if dev.type == "cuda" else None,
                                       find_unused_parameters=find_unused_parameters)

@@ -111,7 +111,6 @@ class Trainer:
         hf_config = None
         if self.is_hf:
             from fcp_exec.integrations import hf
-
             hf_config = hf.load_config(cfg.model[3:])
         self._hf_config = hf_config
         self.data = data = self._load(cfg.data)
@@ -130,8 +129,9 @@ class Trainer:
 
             warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor",
                                     category=UserWarning)
-        # tiny-mllm skips its vision encoder on text-only micro-batches: DDP must be told
-        self.model, self.reducer = make_reducer(cfg.reducer, model, find_unused_parameters=cfg.model == "tiny-mllm",
+        # tiny-mllm skips its vision encoder on text-only micro-batches: DDP must be told (HF models: make_reducer knows)
+        unused = True if cfg.model == "tiny-mllm" else None
+        self.model, self.reducer = make_reducer(cfg.reducer, model, find_unused_parameters=unused,
                                                 mp_policy=mixed_precision(cfg.fsdp_mixed_precision))
         self._collator = collator
         self.sampler, self.loader = self._loader(cfg.seed)

@@ -178,7 +178,27 @@ def _bundled_index(model: str, cache_dir: str | None, spec: str | None = None) -
     return bundled_index(spec, cache_dir)
 
 
-HF_SPECS = {"qwen2_vl": "qwen2-vl", "qwen2_5_vl": "qwen2.5-vl", "qwen3_vl": "qwen3-vl", "internvl": "internvl3"}
+HF_SPECS = {"qwen2_vl": "qwen2-vl", "qwen2_5_vl": "qwen2.5-vl", "qwen3_vl": "qwen3-vl", "internvl": "internvl3",
+            "llava_onevision": "llava-onevision"}
+
+
+def _check_llava_index(config, base: Any, what: str) -> None:
+    """A LLaVA-OneVision model reads videos indexed with its processor's rule: ``tokens_per_frame`` pooled tokens per
+    frame + one newline (spec ``llava-onevision``), frames of the vision tower's size, the config's token ids."""
+    from fcp_exec.integrations.hf_data import check_data_fits
+    from fcp_exec.integrations.hf_vision import pooled_side
+
+    v = base.spec.vision
+    if base.spec.family != "llava-video" or not (v.get("video") or {}).get("newline"):
+        raise ValueError(f"{what} was built with spec {base.spec.name!r}; a llava_onevision model needs its processor's "
+                         "token rule (fcp index ... --spec llava-onevision)")
+    t = v["tokens"]
+    check_data_fits(config, ids={"image": base.spec.token_id(t["image"]), "video": base.spec.token_id(t["video"])},
+                    what=what)
+    size, per = int(config.vision_config.image_size), pooled_side(config) ** 2
+    if (int(v["image_size"]), int(v["tokens_per_frame"])) != (size, per):
+        raise ValueError(f"{what} has {v['image_size']}-px frames of {v['tokens_per_frame']} tokens but the model's "
+                         f"vision tower takes {size}-px frames of {per}; set vision_config.image_size to the spec's")
 
 
 def check_index_fits(config, base: Any, what: str) -> np.ndarray:
@@ -201,6 +221,8 @@ def check_index_fits(config, base: Any, what: str) -> np.ndarray:
         if size != (int(base.spec.vision["tile_size"]),) * 2:
             raise ValueError(f"{what} has {base.spec.vision['tile_size']}-px tiles but the model's vision tower takes "
                              f"{size}; set vision_config.image_size to the spec's tile size")
+    elif config.model_type == "llava_onevision":
+        _check_llava_index(config, base, what)
     elif config.model_type in HF_SPECS:
         if base.spec.family != "qwen-vl":
             raise ValueError(f"{what} was built with spec {base.spec.name!r}; a {config.model_type} model needs a Qwen-VL "

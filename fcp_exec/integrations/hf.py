@@ -1,4 +1,4 @@
-"""Hugging Face transformers adapter: run a stock causal LM or Qwen-VL model on FCP micro-batches.
+"""Hugging Face transformers adapter: run a stock causal LM or vision-language model on FCP micro-batches.
 
 One call, :func:`apply_fcp`, makes a transformers model run its (text) attention through
 :func:`fcp_exec.ring_attention` over each micro-batch's CP group, the way transformers expects custom attention:
@@ -25,14 +25,13 @@ Typical use (see ``examples/``)::
   Passing the collator's labels as HF ``labels=`` alone would shift them a second time (a wrong loss and wrong
   gradients). To use HF's own loss instead, pass :func:`hf_loss_kwargs` (``labels``, ``shift_labels`` — the
   pre-shifted labels — and ``num_items_in_batch``); note that HF's ``ForCausalLMLoss`` computes in float32.
-* Vision (Qwen2-VL, Qwen2.5-VL, Qwen3-VL): a CP group's images and video frames are encoded once per group, each
-  rank encoding a contiguous share of whole frames with the model's own ``visual`` tower, and every visual row
-  travels to the rank that holds its token (:mod:`fcp_exec.vision_exchange`, gradients back to the encoder that
-  produced them). The rows reach the model through transformers' ``mm_encoder_outputs`` argument, so the model's
-  own code places them (and Qwen3-VL's deepstack features). This runs in a forward pre-hook of the model, inside
-  FSDP2's root unshard. Every rank calls the vision tower exactly once per micro-batch (on a one-frame dummy,
-  weighted 0, when it has nothing to encode) so FSDP2-sharded vision blocks stay in lock-step. InternVL: the
-  frames are its tiles, encoded by the model's ``get_image_features``; its positions are 1-D.
+* Vision (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, InternVL, LLaVA-OneVision videos; :mod:`~fcp_exec.integrations.hf_vision`):
+  a CP group's images and video frames are encoded once per group, each rank encoding a contiguous share of whole
+  frames with the model's own vision code, and every visual row travels to the rank that holds its token
+  (:mod:`fcp_exec.vision_exchange`, gradients back to the encoder that produced them). The rows reach the model
+  through transformers' ``mm_encoder_outputs`` argument, so the model's own code places them (and Qwen3-VL's
+  deepstack features). This runs in a forward pre-hook of the model, inside FSDP2's root unshard. InternVL and
+  LLaVA-OneVision have 1-D positions.
 
 Tested with transformers 5.18 to 5.25 (model types :data:`SUPPORTED_MODEL_TYPES`; other causal LMs whose attention
 goes through ``AttentionInterface`` are accepted with a warning). A layer's sliding window shorter than a document
@@ -43,19 +42,19 @@ training.
 
 from __future__ import annotations
 
-import math
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from fcp_exec.integrations.hf_models import (SUPPORTED_MODEL_TYPES, TILE_VL_MODEL_TYPES,  # noqa: F401
-                                             VL_MODEL_TYPES, build_model, enable_gradient_checkpointing,
-                                             has_weights, load_config, load_model, require_hf_models, ring_call,
-                                             tile_geometry)
+from fcp_exec.integrations.hf_models import (FRAME_VL_MODEL_TYPES, SUPPORTED_MODEL_TYPES,  # noqa: F401
+                                             TILE_VL_MODEL_TYPES, VL_MODEL_TYPES, build_model,
+                                             enable_gradient_checkpointing, has_weights, load_config, load_model,
+                                             require_hf_models, ring_call, tile_geometry)
+from fcp_exec.integrations.hf_vision import State, VisionCall, install_hooks
 from fcp_exec.ring_op import register
 from fcp_exec.step import denominator
 
@@ -122,34 +121,6 @@ def model_type_of(model: nn.Module) -> str:
     return str(cfg.model_type)
 
 
-@dataclass
-class _State:
-    """What :func:`apply_fcp` stores on the model (``model._fcp_state``): per model, not global."""
-
-    model_type: str
-    kernel: Any
-    timeout: float | None
-    is_vl: bool
-    tiles: bool = False  # InternVL: the vision inputs are fixed-size tiles, positions are 1-D
-    image_token_id: int | None = None
-    video_token_id: int | None = None
-    merge: int = 1
-    active: Any = field(default=None, repr=False)  # the _VisionCall of the forward in progress, else None
-
-
-@dataclass
-class _VisionCall:
-    """One forward's vision inputs (created by :func:`batch_inputs`, consumed by the pre-hook)."""
-
-    input_ids: torch.Tensor
-    pixel_values: torch.Tensor | None
-    grid_thw: torch.Tensor | None
-    visual_pos: torch.Tensor
-    visual_index: torch.Tensor
-    ranks: tuple[int, ...]
-    cp_rank: int
-    anchor: torch.Tensor | None = None
-
 
 def apply_fcp(model: nn.Module, *, kernel=None, timeout: float | None = None) -> nn.Module:
     """Make ``model`` (a transformers causal LM or Qwen-VL model, before DDP/FSDP2 wrapping) run its text
@@ -170,160 +141,22 @@ def apply_fcp(model: nn.Module, *, kernel=None, timeout: float | None = None) ->
         warnings.warn(f"model type {model_type!r} is not one fcp was tested with ({', '.join(SUPPORTED_MODEL_TYPES)}); "
                       "it works if its attention goes through transformers' AttentionInterface", stacklevel=2)
     register_attention()
-    tiles = model_type in TILE_VL_MODEL_TYPES
-    is_vl = model_type in VL_MODEL_TYPES or tiles
+    tiles, frames = model_type in TILE_VL_MODEL_TYPES, model_type in FRAME_VL_MODEL_TYPES
+    is_vl = model_type in VL_MODEL_TYPES or tiles or frames
     model.set_attn_implementation({"text_config": ATTENTION_NAME} if is_vl else ATTENTION_NAME)
     if getattr(text_cfg, "_attn_implementation", None) != ATTENTION_NAME:
         raise RuntimeError(f"could not set the attention implementation of {type(model).__name__} to {ATTENTION_NAME!r}")
-    state = _State(model_type=model_type, kernel=kernel, timeout=timeout, is_vl=is_vl, tiles=tiles)
+    state = State(model_type=model_type, kernel=kernel, timeout=timeout, is_vl=is_vl, tiles=tiles, frames=frames)
     if is_vl:
         cfg = model.config
         state.image_token_id = int(cfg.image_token_id)
         state.video_token_id = None if tiles else int(cfg.video_token_id)
         # a tile's grid row (tiles, h, w) counts patches; h·w / merge² of them are its visual tokens
-        state.merge = tile_geometry(cfg)[1] if tiles else int(cfg.vision_config.spatial_merge_size)
+        state.merge = tile_geometry(cfg)[1] if tiles else 1 if frames else int(cfg.vision_config.spatial_merge_size)
         if getattr(model, "_fcp_state", None) is None:
-            model.register_forward_pre_hook(_vision_pre_hook, with_kwargs=True)
-            model.register_forward_hook(_vision_post_hook, always_call=True)
-            model.get_input_embeddings().register_forward_hook(_make_embed_hook(model))
+            install_hooks(model)
     model._fcp_state = state
     return model
-
-
-def _visual(model: nn.Module) -> nn.Module:
-    inner = getattr(model, "model", model)
-    visual = getattr(inner, "visual", None) or getattr(inner, "vision_tower", None)
-    if visual is None:
-        raise TypeError(f"{type(model).__name__} has no vision tower at .model.visual or .model.vision_tower")
-    return visual
-
-
-def _encode_tiles(model: nn.Module, tiles: torch.Tensor) -> torch.Tensor:
-    """Rows ``[visual tokens, hidden]`` of InternVL tiles ``[n, 3, H, W]``: the model's own ``get_image_features``
-    (vision tower, pixel shuffle, projector), each tile's tokens in order."""
-    feats = getattr(model, "model", model).get_image_features(pixel_values=tiles, return_dict=True).pooler_output
-    return feats.reshape(-1, feats.shape[-1])
-
-
-def _encode(visual: nn.Module, pixel_values: torch.Tensor, grids: list[tuple[int, int, int]],
-            deepstack: bool) -> torch.Tensor:
-    """Rows ``[visual tokens, hidden·(1 + #deepstack)]`` of frames ``grids`` (each ``(1, h, w)``)."""
-    out = visual(pixel_values, grid_thw=torch.tensor(grids, dtype=torch.long, device=pixel_values.device))
-    rows = out.pooler_output
-    if deepstack:
-        rows = torch.cat([rows] + list(out.deepstack_features), dim=1)
-    return rows
-
-
-def _dummy_frame(visual: nn.Module, merge: int, dtype, device) -> torch.Tensor:
-    w = visual.patch_embed.proj.weight
-    shape = getattr(w, "ds_shape", w.shape)  # DeepSpeed ZeRO-3 partitions the weight; ds_shape is its full shape
-    return torch.zeros((merge * merge, math.prod(shape[1:])), dtype=dtype, device=device)
-
-
-def _vision_pre_hook(module: nn.Module, args, kwargs):
-    call = kwargs.pop("fcp_vision", None)
-    if call is None:
-        return args, kwargs
-    from fcp_exec.vision_exchange import exchange_rows, frame_table
-
-    state: _State = module._fcp_state
-    visual = _visual(module)
-    dtype = next(visual.parameters()).dtype
-    device = call.input_ids.device
-    deepstack = state.model_type == "qwen3_vl"
-    m = state.merge
-    dummy_rows: list[torch.Tensor] = []
-
-    def dummy() -> torch.Tensor:
-        if state.tiles:
-            size = module.config.vision_config.image_size
-            rows = _encode_tiles(module, torch.zeros((1, 3, *size), dtype=dtype, device=device))
-        else:
-            rows = _encode(visual, _dummy_frame(visual, m, dtype, device), [(1, m, m)], deepstack)
-        dummy_rows.append(rows)
-        return rows
-
-    has_frames = call.grid_thw is not None and call.grid_thw.numel() > 0 and call.pixel_values is not None
-    rows = None
-    if has_frames:
-        table = frame_table(call.grid_thw, m)
-        pv = call.pixel_values.to(device=device, dtype=dtype)
-
-        def encode_share(f_lo: int, f_hi: int) -> torch.Tensor:
-            if f_hi <= f_lo:
-                return dummy()[:0]  # an empty share still joins the graph (its peers' gradients come back through it)
-            if state.tiles:  # one frame of the table = one tile = one row of pixel_values
-                return _encode_tiles(module, pv[f_lo:f_hi])
-            p_lo = int(table[f_lo, 2])
-            p_hi = int(table[f_hi - 1, 2] + table[f_hi - 1, 3] * table[f_hi - 1, 4])
-            grids = [(1, int(table[f, 3]), int(table[f, 4])) for f in range(f_lo, f_hi)]
-            return _encode(visual, pv[p_lo:p_hi], grids, deepstack)
-
-        rows = exchange_rows(encode_share, table, call.visual_index, call.ranks, call.cp_rank, device)
-        mm = _mm_outputs(state, module, call, rows, device)
-        if mm:
-            kwargs["mm_encoder_outputs"] = mm
-    else:
-        if call.visual_pos.numel():
-            raise ValueError("the batch has visual placeholder tokens but no pixel_values/grid_thw")
-        dummy()
-    # float32: the anchor's gradient is the sum of every embedding gradient (the broadcast add in the embedding
-    # hook), which in fp16 overflows under a loss scaler long before any real gradient does (inf * 0 = NaN)
-    anchor = rows.float().sum() * 0.0 if rows is not None else None
-    for r in dummy_rows:
-        anchor = r.float().sum() * 0.0 if anchor is None else anchor + r.float().sum() * 0.0
-    call.anchor = anchor
-    state.active = call
-    return args, kwargs
-
-
-def _mm_outputs(state: _State, module: nn.Module, call: _VisionCall, rows: torch.Tensor, device) -> dict:
-    """This rank's rows as transformers' ``mm_encoder_outputs`` (``{"image": ..., "video": ...}``), each kind's rows
-    in the order of its placeholder tokens."""
-    hidden = int(module.config.text_config.hidden_size)
-    kinds = call.input_ids.index_select(0, call.visual_pos.to(device))
-    mm = {}
-    for name, tid in (("image", state.image_token_id), ("video", state.video_token_id)):
-        sel = torch.nonzero(kinds == tid).flatten() if tid is not None else kinds[:0]
-        if sel.numel() and state.tiles:  # InternVL takes one [1, rows, hidden] block of image features
-            from transformers.modeling_outputs import BaseModelOutputWithPooling
-
-            mm[name] = BaseModelOutputWithPooling(pooler_output=rows.index_select(0, sel)[None])
-        elif sel.numel():
-            part = rows.index_select(0, sel)
-            mm[name] = _encoder_output(state, part[:, :hidden], part[:, hidden:], hidden)
-    return mm
-
-
-def _encoder_output(state: _State, main: torch.Tensor, extra: torch.Tensor, hidden: int):
-    if state.model_type == "qwen3_vl":
-        from transformers.models.qwen3_vl.modeling_qwen3_vl import BaseModelOutputWithDeepstackFeatures
-
-        return BaseModelOutputWithDeepstackFeatures(pooler_output=(main,),
-                                                    deepstack_features=[(c,) for c in extra.split(hidden, dim=1)])
-    from transformers.modeling_outputs import BaseModelOutputWithPooling
-
-    return BaseModelOutputWithPooling(pooler_output=(main,))
-
-
-def _vision_post_hook(module: nn.Module, args, output):
-    state = getattr(module, "_fcp_state", None)
-    if state is not None:
-        state.active = None
-    return output
-
-
-def _make_embed_hook(model: nn.Module):
-    def hook(embedding: nn.Module, args, output):
-        # The vision rows join the graph *before* the first decoder layer, so on every rank their backward (and
-        # the exchange's gradient P2P) runs after all ring-attention backward P2P: no cross-wait between the two.
-        call = getattr(model, "_fcp_state", None) and model._fcp_state.active
-        if call is None or call.anchor is None:
-            return output
-        return output + call.anchor.to(output.dtype)
-
-    return hook
 
 
 def batch_inputs(batch: dict, model: nn.Module) -> dict[str, Any]:
@@ -332,7 +165,7 @@ def batch_inputs(batch: dict, model: nn.Module) -> dict[str, Any]:
     is kept in ``batch["_fcp_ring"]``: a second forward of the batch reuses it, and a compiled model's backward finds
     it through the op handle while the batch lives."""
     inner = unwrap(model)
-    state: _State | None = getattr(inner, "_fcp_state", None)
+    state: State | None = getattr(inner, "_fcp_state", None)
     if state is None:
         raise ValueError("call fcp_exec.integrations.hf.apply_fcp(model) before batch_inputs (and before DDP/FSDP2)")
     if not batch.get("ranks"):
@@ -350,7 +183,7 @@ def batch_inputs(batch: dict, model: nn.Module) -> dict[str, Any]:
     ctx = FCPAttentionContext(ring=ring, kernel=state.kernel)
     out: dict[str, Any] = {"input_ids": ids[None], "fcp_context": ctx, "use_cache": False}
     if state.is_vl:
-        if state.tiles:
+        if state.tiles or state.frames:
             out["position_ids"] = batch["position_ids"].to(device)[None]
         elif "mrope_position_ids" not in batch:
             raise ValueError(f"a {state.model_type} model needs Qwen-VL 3-D positions in the batch: build the collator "
@@ -360,7 +193,7 @@ def batch_inputs(batch: dict, model: nn.Module) -> dict[str, Any]:
         vpos = batch.get("visual_pos", torch.zeros(0, dtype=torch.long))
         vidx = batch.get("visual_index", torch.zeros(0, dtype=torch.long))
         order = torch.argsort(vpos)
-        out["fcp_vision"] = _VisionCall(input_ids=ids, pixel_values=batch.get("pixel_values"),
+        out["fcp_vision"] = VisionCall(input_ids=ids, pixel_values=batch.get("pixel_values"),
                                         grid_thw=batch.get("grid_thw"), visual_pos=vpos[order], visual_index=vidx[order],
                                         ranks=ctx.ranks, cp_rank=int(batch.get("cp_rank", 0)))
     else:

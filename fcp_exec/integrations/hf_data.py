@@ -5,7 +5,8 @@ distributed FCP step must reproduce.
 :class:`SyntheticHFDocs` — sample ``i`` (deterministic in every process) is, in a cycle of layouts:
 text only; an image ``(1, 4, 4)``; videos ``(2, 4, 4)``, ``(6, 4, 4)``, ``(8, 2, 4)``; and a mixed
 text + image + text + video + text document (InternVL: every entry is ``t`` tiles of its vision tower's image
-size, ``<IMG_CONTEXT>`` runs without markers). Visual blocks are ``<|vision_start|>`` + placeholders +
+size, ``<IMG_CONTEXT>`` runs without markers; LLaVA-OneVision: every entry a video of ``t`` frames — an image one of
+2 — as ``t·p² + 1`` ``<video>`` tokens, the last one its newline). Visual blocks are ``<|vision_start|>`` + placeholders +
 ``<|vision_end|>`` (Qwen3-VL videos: per temporal frame group, a few timestamp text tokens and their own
 start/end pair, as ``Qwen3VLProcessor`` does). Videos carry ``second_per_grid_ts`` (0.5, 1.0, 1.5, … so
 Qwen2.5-VL's temporal scaling is exercised). Samples are ``{"input_ids", "pixel_values", "grid_thw",
@@ -41,6 +42,8 @@ def special_ids(config) -> dict[str, int]:
     """Token ids a VL config expects: image, video, vision_start, vision_end (InternVL: image, its ``<IMG_CONTEXT>``)."""
     if config.model_type == "internvl":
         return {"image": int(config.image_token_id)}
+    if config.model_type == "llava_onevision":
+        return {"image": int(config.image_token_id), "video": int(config.video_token_id)}
     out = {"image": int(config.image_token_id), "video": int(config.video_token_id),
            "vision_start": int(config.vision_start_token_id)}
     end = getattr(config, "vision_end_token_id", None)
@@ -71,6 +74,7 @@ class SyntheticHFDocs:
         self.is_vl = hasattr(config, "vision_config") and hasattr(config, "image_token_id")
         self.qwen3 = config.model_type == "qwen3_vl"
         self.tiles = config.model_type == "internvl"  # every visual entry: t tiles of the vision tower's image size
+        self.frames = config.model_type == "llava_onevision"  # every visual entry: a video of t frames
         self.ids = special_ids(config) if self.is_vl else {}
         reserved = set(self.ids.values()) | {int(getattr(tc, "pad_token_id", None) or 0)}
         self.low = max(reserved) + 1 if reserved else 1
@@ -94,9 +98,19 @@ class SyntheticHFDocs:
         parts = np.array_split(np.arange(n_text), len(layout) + 1)
         seq: list[int] = []
         grids, spts, spans = [], [], []
-        m = int(self.config.vision_config.spatial_merge_size) if self.is_vl and not self.tiles else 1
+        m = int(self.config.vision_config.spatial_merge_size) if self.is_vl and not (self.tiles or self.frames) else 1
         for k, (kind, (t, h, w)) in enumerate(layout):
             seq += [-1] * len(parts[k])
+            if self.frames:  # LLaVA-OneVision: <video> × (t·p² + 1), the last one its image_newline
+                from fcp_exec.integrations.hf_vision import pooled_side
+
+                # an image entry is a 2-frame video: a document's videos then have one frame count (the stock model
+                # takes one per call)
+                p, t = pooled_side(self.config), 2 if kind == "image" else t
+                spans.append((len(seq), t * p * p + 1))
+                seq += [self.ids["video"]] * (t * p * p + 1)
+                grids.append((t, p, p))
+                continue
             if self.tiles:  # InternVL: <IMG_CONTEXT> × tokens of t tiles (its processor's markers are plain text here)
                 from fcp_exec.integrations.hf_models import tile_geometry
 
@@ -140,8 +154,9 @@ class SyntheticHFDocs:
             labels = ids.copy()
             labels[: int(np.random.default_rng([self.seed, 9000 + i]).integers(0, int(0.6 * ids.size) + 1))] = -100
             out["labels"] = torch.from_numpy(labels)
-        if grids and self.tiles:
-            size = tuple(int(x) for x in self.config.vision_config.image_size)
+        if grids and (self.tiles or self.frames):
+            size = self.config.vision_config.image_size
+            size = (int(size), int(size)) if isinstance(size, int) else tuple(int(x) for x in size)
             out["pixel_values"] = torch.from_numpy(rng.standard_normal((sum(g[0] for g in grids), 3, *size)))
             out["grid_thw"] = torch.tensor(grids, dtype=torch.long)
         elif grids:
@@ -182,6 +197,8 @@ def _doc_forward(model: nn.Module, sample: dict, is_vl: bool) -> torch.Tensor:
     if cfg.model_type == "internvl":  # the document's tiles, its <IMG_CONTEXT> tokens in order
         pv = torch.as_tensor(sample["pixel_values"]).to(next(model.parameters()).dtype)
         return model(input_ids=ids[None], pixel_values=pv, use_cache=False).logits[0]
+    if cfg.model_type == "llava_onevision":
+        return _llava_forward(model, ids, sample)
     tt = torch.zeros_like(ids, dtype=torch.int32)
     tt[ids == cfg.image_token_id] = 1
     tt[ids == cfg.video_token_id] = 2
@@ -208,6 +225,14 @@ def _doc_forward(model: nn.Module, sample: dict, is_vl: bool) -> torch.Tensor:
         if sample.get("second_per_grid_ts") is not None and cfg.model_type == "qwen2_5_vl":
             kw["second_per_grid_ts"] = torch.as_tensor(sample["second_per_grid_ts"], dtype=torch.float64)
     return model(input_ids=ids[None], use_cache=False, **kw).logits[0]
+
+
+def _llava_forward(model: nn.Module, ids: torch.Tensor, sample: dict) -> torch.Tensor:
+    """The stock LLaVA-OneVision forward of one document: its videos as ``pixel_values_videos [videos, frames, 3, H,
+    W]`` (the model takes one frame count per call: the synthetic documents' videos have equal counts)."""
+    frames = torch.as_tensor(sample["grid_thw"], dtype=torch.long).reshape(-1, 3)[:, 0].tolist()
+    pv = torch.as_tensor(sample["pixel_values"]).to(next(model.parameters()).dtype)
+    return model(input_ids=ids[None], pixel_values_videos=torch.stack(torch.split(pv, frames)), use_cache=False).logits[0]
 
 
 def _reference_labels(samples: Sequence[dict], ignore_ids: Sequence[int]) -> tuple[list[torch.Tensor], int]:

@@ -10,15 +10,21 @@ from torch import nn
 
 from fcp_exec.compat import require_hf_models
 
-__all__ = ["SUPPORTED_MODEL_TYPES", "VL_MODEL_TYPES", "TILE_VL_MODEL_TYPES", "MLLM_MODEL_TYPES", "attention_limits",
+__all__ = ["SUPPORTED_MODEL_TYPES", "VL_MODEL_TYPES", "TILE_VL_MODEL_TYPES", "FRAME_VL_MODEL_TYPES", "MLLM_MODEL_TYPES",
+           "UNUSED_PARAMETER_MODEL_TYPES", "attention_limits",
            "build_model", "load_config", "ring_call", "tile_geometry"]
 
 # tested against the stock model (tests/exec/test_hf_train.py, tests/exec/test_hf_families.py)
 SUPPORTED_MODEL_TYPES = ("qwen3", "llama", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen2", "mistral", "phi3", "olmo2",
-                         "granite", "glm4", "smollm3", "gemma", "gemma3_text", "cohere", "qwen3_moe", "internvl")
+                         "granite", "glm4", "smollm3", "gemma", "gemma3_text", "cohere", "qwen3_moe", "internvl",
+                         "llava_onevision")
 VL_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")  # Qwen-VL: 3-D rope positions, patches + grids
 TILE_VL_MODEL_TYPES = ("internvl",)  # fixed-size image tiles (video frames: one tile each), 1-D positions
-MLLM_MODEL_TYPES = VL_MODEL_TYPES + TILE_VL_MODEL_TYPES
+FRAME_VL_MODEL_TYPES = ("llava_onevision",)  # videos as square frames pooled by the model, 1-D positions
+MLLM_MODEL_TYPES = VL_MODEL_TYPES + TILE_VL_MODEL_TYPES + FRAME_VL_MODEL_TYPES
+# models whose forward leaves parameters without a gradient (LLaVA-OneVision reads its SigLIP tower's last hidden
+# state, before the tower's post_layernorm): DDP must be built with find_unused_parameters=True
+UNUSED_PARAMETER_MODEL_TYPES = ("llava_onevision",)
 
 
 def attention_limits(module: nn.Module, dropout: float, kwargs: dict, ring: Any) -> int | None:

@@ -62,7 +62,7 @@ FCPSFTTrainer(FCPTrainer, SFTTrainer)``: TRL prepares the data, FCP trains).
 on every rank alike); on a CPU Accelerate has no fp16 and trains in fp32, as the stock Trainer does there.
 Tested on CPU/gloo (``test_hf_trainer.py``): DDP, one process, bf16 autocast, fp16 with a loss scaler, LoRA, TRL SFT,
 datasets.Dataset, DeepSpeed ZeRO-2/-3, Accelerate's FSDP2 (sharded checkpoints, bf16 policy) and FSDP1 (float32,
-sharded checkpoints) with its CPU gate lifted by the test (Accelerate keeps DDP on a CPU; FCPTrainer warns), InternVL.
+sharded checkpoints; CPU gate lifted by the test: Accelerate keeps DDP on a CPU), InternVL, LLaVA-OneVision.
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ class FCPTrainer(Trainer):
                          eval_batches=eval_batches)
         if getattr(model, "_fcp_state", None) is None:
             apply_fcp(model)
-        args, self.fcp_gradient_accumulation_steps = run_args(args, global_batch_size)
+        args, self.fcp_gradient_accumulation_steps = run_args(args, global_batch_size, model)
         super().__init__(model=model, args=args, **kwargs)
         self._check_fcp_args()
         world, per_device = max(int(self.args.world_size), 1), int(self.args.per_device_train_batch_size)

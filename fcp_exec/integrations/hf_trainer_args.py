@@ -69,10 +69,11 @@ def check_loss(cls: type, args: Any) -> None:
                      "the samples' labels (-100) instead")
 
 
-def run_args(args: Any, global_batch_size: int | None) -> tuple[Any, int]:
+def run_args(args: Any, global_batch_size: int | None, model: Any = None) -> tuple[Any, int]:
     """``(the arguments the Trainer runs with, G)``: a copy of ``args`` with gradient accumulation folded into the
     global batch (G = 1 inside: one Trainer step is one global batch) and ``ddp_find_unused_parameters`` None set to
-    False (every rank runs every micro-batch through the whole model: idle ranks run the dummy)."""
+    False (every rank runs every micro-batch through the whole model: idle ranks run the dummy) — True for a model
+    type whose own forward leaves parameters unused (``UNUSED_PARAMETER_MODEL_TYPES``: LLaVA-OneVision)."""
     if args is None:
         return None, 1
     accumulate = int(args.gradient_accumulation_steps)
@@ -85,5 +86,8 @@ def run_args(args: Any, global_batch_size: int | None) -> tuple[Any, int]:
     args = copy.copy(args)
     args.gradient_accumulation_steps = 1
     if getattr(args, "ddp_find_unused_parameters", False) is None:
-        args.ddp_find_unused_parameters = False
+        from fcp_exec.integrations.hf_models import UNUSED_PARAMETER_MODEL_TYPES
+
+        config = getattr(model, "config", None)
+        args.ddp_find_unused_parameters = getattr(config, "model_type", None) in UNUSED_PARAMETER_MODEL_TYPES
     return args, accumulate

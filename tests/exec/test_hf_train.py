@@ -1,7 +1,7 @@
 """Stock Hugging Face models trained with FCP on real gloo processes equal single-process stock training.
 
 For each model family (tiny random configs of qwen3, llama, qwen2_vl, qwen2_5_vl, qwen3_vl from
-``examples/configs``) and each world size (2 and 3 processes), every reducer (allreduce, ddp, fsdp2) with and
+``examples/configs``; internvl and llava_onevision with 56-px tiles / frames from ``tests/exec``) and each world size (2 and 3 processes), every reducer (allreduce, ddp, fsdp2) with and
 without gradient checkpointing (FSDP1 on two families), 3 AdamW steps each (ONE launch per world size runs every family and
 configuration), through the real pipeline: FCPSampler → FCPCollator (Qwen-VL positions from the installed
 transformers' ``get_rope_index``) → ``apply_fcp`` ring
@@ -39,10 +39,10 @@ from fcp_exec.train import TrainConfig, hf_preload, train_matrix  # noqa: E402
 from fcp_exec.train_data import load_train_data  # noqa: E402
 
 CONFIGS = Path(__file__).resolve().parents[2] / "examples" / "configs"
-FAMILIES = ("qwen3", "llama", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "internvl")
+FAMILIES = ("qwen3", "llama", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "internvl", "llava_onevision")
 # InternVL's example config takes real 448-px tiles (256 tokens each); the matrix's runs use the same tiny model
 # with 56-px tiles (4 tokens each), so its documents fit the matrix's 80-token cap like the Qwen-VL ones
-_CONFIG_FILES = {"internvl": Path(__file__).resolve().parent / "internvl-tiny.json"}
+_CONFIG_FILES = {f: Path(__file__).resolve().parent / f"{f}-tiny.json" for f in ("internvl", "llava_onevision")}
 
 
 def _config_file(family: str) -> Path:
@@ -59,7 +59,12 @@ def _cfg(family: str, reducer: str, gc: bool, dtype: str = "float64", sft: bool 
     scaler = dict(initial_loss_scale=scale, loss_scale_window=AMP_WINDOW) if amp == "float16" else {}
     return TrainConfig(model=f"hf:{_config_file(family)}", reducer=reducer, grad_checkpointing=gc,
                        sample_labels=sft, amp=amp, fsdp_mixed_precision=mp, **scaler, **(CLIP if clip else {}),
-                       **dict(COMMON, dtype=dtype))
+                       **dict(COMMON, dtype=dtype, tokens_per_rank=_TOKENS_PER_RANK.get(family, COMMON["tokens_per_rank"])))
+
+
+# LLaVA-OneVision's documents (a video's newline token, its 2-frame "images") plan into degree-2, degree-1 groups and
+# an idle rank on 2 and 3 processes with 44 tokens per rank (with 40: no idle rank on 2)
+_TOKENS_PER_RANK = {"llava_onevision": 44}
 
 
 @functools.lru_cache(maxsize=None)

@@ -53,7 +53,8 @@ _ACCELERATE_FSDP2_OFF = [needs_cpu_fsdp2, pytest.mark.xfail(
     reason="FCPTrainer with Accelerate's FSDP2 on torch < 2.8 differs from the stock Trainer (BENCHMARKS.md)")]
 
 CONFIGS = Path(__file__).resolve().parents[2] / "examples" / "configs"
-_CONFIG_FILES = {"internvl": Path(__file__).resolve().parent / "internvl-tiny.json"}  # 56-px tiles, 4 tokens each
+# 56-px tiles / frames, 4 tokens each
+_CONFIG_FILES = {f: Path(__file__).resolve().parent / f"{f}-tiny.json" for f in ("internvl", "llava_onevision")}
 GBS, NUM_DOCS, STEPS, TOKENS_PER_RANK, MAX_TOKENS = 3, 12, 6, 40, 80
 COMPILE_TOL = 1e-12  # torch_compile with aot_eager: the same ops in float64
 GA = 2  # the gradient-accumulation run: 1 sequence per device × 2 ranks × 2 accumulation steps = global batches of 4
@@ -155,6 +156,8 @@ def _fcp_run(family: str, out: str, resume: str | None = None, save_steps: int =
             given = dict(train_dataset=[{"input_ids": x["input_ids"], "attention_mask": torch.ones_like(x["input_ids"]),
                                          **({"pixel_values": x["pixel_values"]} if "pixel_values" in x else {})}
                                         for x in (data.dataset[i] for i in range(len(data.dataset)))])
+        elif processor == "llava":  # its processor's output: ids, mask, pixel_values_videos [videos, frames, 3, H, W]
+            given = dict(train_dataset=[_llava_processor_format(data.dataset[i]) for i in range(len(data.dataset))])
         elif processor:
             given = dict(train_dataset=_processor_samples(family, processor == "arrow"))
         if metrics:
@@ -223,6 +226,15 @@ def _processor_format(sample: dict, config) -> dict:
         seen, row0 = seen + t * h * w // merge ** 2, row0 + t * h * w
     if "video_grid_thw" in out and sample.get("second_per_grid_ts") is not None:
         out["second_per_grid_ts"] = [float(v) for v in sample["second_per_grid_ts"]]
+    return out
+
+
+def _llava_processor_format(sample: dict) -> dict:
+    """A LLaVA-OneVision document as its processor returns it: ids, attention mask and the videos' frames as
+    ``pixel_values_videos [videos, frames, 3, H, W]`` (no grid, no lengths)."""
+    out = {"input_ids": sample["input_ids"], "attention_mask": torch.ones_like(sample["input_ids"])}
+    if "pixel_values" in sample:
+        out["pixel_values_videos"] = torch.stack(torch.split(sample["pixel_values"], sample["grid_thw"][:, 0].tolist()))
     return out
 
 
@@ -406,6 +418,9 @@ def _fcp_runs(out: str) -> dict:
         "vl2": _fcp_run("qwen2_vl", f"{out}/vl2"),
         "ivl": _fcp_run("internvl", f"{out}/ivl"),
         "ivl-proc": _fcp_run("internvl", f"{out}/ivl-proc", processor="internvl"),
+        # 44 tokens per rank: its documents' plans then hold degree-2 groups, single ones and an idle rank too
+        "llv": _fcp_run("llava_onevision", f"{out}/llv", tokens_per_rank=44),
+        "llv-proc": _fcp_run("llava_onevision", f"{out}/llv-proc", processor="llava", tokens_per_rank=44),
         "sft": _fcp_run("llama", f"{out}/sft", sft=True),
         "gc": _fcp_run("qwen3_vl", f"{out}/gc", **{_checkpointing_field(): True}),
         "fsdp-on-cpu": _fcp_run("qwen3", f"{out}/fsdp", fsdp=True, fsdp_config={"fsdp_version": 2}),
@@ -771,12 +786,15 @@ def _same_params(got: dict, want: dict, what: str, tol: float = TOL) -> None:
 @pytest.mark.parametrize("run, family", [("ddp", "qwen3"), ("vl", "qwen2_5_vl"), ("vl2", "qwen2_vl"),
                                          ("sft", "llama"), ("gc", "qwen3_vl"),
                                          pytest.param("fsdp2", "qwen3", marks=_ACCELERATE_FSDP2_OFF),
-                                         ("ivl", "internvl"), ("ivl-proc", "internvl")])
+                                         ("ivl", "internvl"), ("ivl-proc", "internvl"),
+                                         ("llv", "llava_onevision"), ("llv-proc", "llava_onevision")])
 def test_fcp_trainer_equals_stock_trainer(fcp_runs, run, family, tmp_path):
     """``sft``: the samples' own labels (a masked prompt), counted over the global batch by train_step; ``gc``: the
     Trainer's ``gradient_checkpointing=True`` (against the reference without it: the same gradients); ``ivl``:
     InternVL (56-px tiles); ``ivl-proc``: the same documents as its processor gives them (ids, attention mask,
-    tiles; no grid, no lengths), which FCPTrainer counts and completes itself."""
+    tiles; no grid, no lengths), which FCPTrainer counts and completes itself; ``llv`` / ``llv-proc``: LLaVA-OneVision
+    (56-px video frames) the same two ways (its processor's ``pixel_values_videos``; DDP with
+    ``find_unused_parameters``, as its vision tower's post_layernorm gets no gradient)."""
     per_rank, _ = fcp_runs
     res = per_rank[0][run]
     evals = _order(family, 1, 1 + (NUM_DOCS - 1) // GBS) if run == "ddp" else ()
