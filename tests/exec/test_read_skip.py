@@ -8,8 +8,9 @@ same visual positions, rows, grid and 3-D positions as the real sample (the inpu
 tiny-mllm trains 3 steps on 2 real gloo processes with one video failing on rank 0 only, then on rank 1 only: the
 run ends (a hang would hit the launch timeout), the failing rank records the skip, and the losses equal those of the
 video failing on both ranks (the group agrees on the skip before the forward, :mod:`fcp_exec.skips`); and Hugging
-Face InternVL on real 448-px tiles with a multi-tile image failing on one rank of its degree-2 group: loss and every
-gradient equal the image failing on both ranks (1e-12, float64). Families: Qwen2-VL/2.5-VL/3-VL, InternVL3, LLaVA-Video.
+Face InternVL on real 448-px tiles with a multi-tile image failing on one rank of its degree-2 group (and LLaVA-OneVision
+on real 384-px frames with a video failing so): loss and every gradient equal the sample failing on both ranks (1e-12,
+float64). Families: Qwen2-VL/2.5-VL/3-VL, InternVL3, LLaVA-Video.
 """
 
 from __future__ import annotations
@@ -186,14 +187,24 @@ def test_training_with_a_video_that_fails_on_one_rank_equals_failing_on_both(tmp
             assert abs(a - b) <= 1e-6 * abs(b), (failing, run["losses"], ref["losses"])
 
 
-def _internvl_partial_failures(cfg: TrainConfig) -> dict:
-    """One step of the stock-weights InternVL with the first multi-tile image of global batch 0 failing on rank 0
-    only, on rank 1 only and on both: each run's loss, every gradient (float64), its groups and skip records."""
+def _split_over_the_group(tr, i: int) -> bool:
+    """Whether sample ``i`` is one whose vision inputs a degree-2 group splits: an InternVL image of several tiles,
+    a LLaVA-OneVision video longer than one rank holds."""
+    sample = tr.data.dataset[i]
+    if tr.cfg.model.endswith("internvl-tiny.json"):
+        return int(sample["pixel_values"].shape[0]) > 1
+    return "pixel_values" in sample and len(sample["input_ids"]) > tr.cfg.tokens_per_rank
+
+
+def _visual_partial_failures(cfg: TrainConfig) -> dict:
+    """One step of a stock-weights VL model with the first sample of global batch 0 whose frames a degree-2 group
+    splits failing on rank 0 only, on rank 1 only and on both: each run's loss, every gradient (float64), its groups
+    and skip records."""
     out = {}
     for failing in ((0,), (1,), (0, 1)):
         tr = Trainer(cfg)
         first = tr.sampler.global_batch_indices(0)
-        bad = next(int(i) for i in first if int(tr.data.dataset[int(i)]["pixel_values"].shape[0]) > 1)
+        bad = next(int(i) for i in first if _split_over_the_group(tr, int(i)))
         tr.loader.dataset.base = _FailsOn(tr.loader.dataset.base, bad, failing)
         rec = tr.step()
         out[failing] = {"bad": bad, "skipped": rec["skipped_samples"], "loss": rec["loss"], "groups": rec["degrees"],
@@ -201,21 +212,28 @@ def _internvl_partial_failures(cfg: TrainConfig) -> dict:
     return out
 
 
+# the bundled samples' real pixels: InternVL's 448-px tiles (one image of several tiles), LLaVA-OneVision's 384-px
+# video frames (a video longer than one rank's 400 tokens)
+_VISUAL_RUNS = {"internvl": dict(global_batch_size=2, max_tokens=3400, tokens_per_rank=1700),
+                "llava_onevision": dict(global_batch_size=4, max_tokens=800, tokens_per_rank=400)}
+
+
 @pytest.mark.timeout(300)
-def test_internvl_image_failing_on_one_rank_trains_like_failing_on_both(tmp_path):
-    """Hugging Face InternVL on the bundled images' real 448-px tiles, one degree-2 group: an image of several tiles
-    that fails to read on one rank only is packed there as its skeleton (its tiles as zeros), so the group's tile
-    exchange still matches; the run goes on, and loss and every gradient equal the failure on both ranks to 1e-12
-    (float64; a hang would hit the launch timeout). Before skeletons covered InternVL this stopped the run with one
-    SampleReadError on both ranks."""
+@pytest.mark.parametrize("family", sorted(_VISUAL_RUNS))
+def test_visual_sample_failing_on_one_rank_trains_like_failing_on_both(tmp_path, family):
+    """Hugging Face InternVL on the bundled images' real 448-px tiles / LLaVA-OneVision on the bundled videos' 384-px
+    frames, one degree-2 group: an image of several tiles (a video of several frames) that fails to read on one rank
+    only is packed there as its skeleton (its tiles / frames as zeros), so the group's exchange still matches; the
+    run goes on, and loss and every gradient equal the failure on both ranks to 1e-12 (float64; a hang would hit the
+    launch timeout). Before skeletons covered InternVL this stopped the run with one SampleReadError on both ranks."""
     transformers_models()
-    config = Path(__file__).resolve().parents[2] / "examples" / "configs" / "internvl-tiny.json"
-    cfg = TrainConfig(model=f"hf:{config}", dtype="float64", steps=1, global_batch_size=2, max_tokens=3400,
-                      tokens_per_rank=1700, prefetch=0, verbose=False, return_grads=True, cache_dir=str(tmp_path))
-    res = launch(_internvl_partial_failures, 2, cfg, timeout=280.0, pg_timeout=120.0,
+    config = Path(__file__).resolve().parents[2] / "examples" / "configs" / f"{family}-tiny.json"
+    cfg = TrainConfig(model=f"hf:{config}", dtype="float64", steps=1, prefetch=0, verbose=False, return_grads=True,
+                      cache_dir=str(tmp_path), **_VISUAL_RUNS[family])
+    res = launch(_visual_partial_failures, 2, cfg, timeout=280.0, pg_timeout=120.0,
                  preload=("transformers.modeling_utils",))
     ref = res[0][(0, 1)]
-    assert any(2 in mb for mb in ref["groups"]), ref["groups"]  # the image's tiles are split over a degree-2 group
+    assert any(2 in mb for mb in ref["groups"]), ref["groups"]  # the sample's frames are split over a degree-2 group
     assert [r["index"] for r in ref["skipped"]] == [ref["bad"]]  # one record per sample of the step
     for failing in ((0,), (1,)):
         run = res[0][failing]
