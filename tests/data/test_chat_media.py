@@ -107,7 +107,7 @@ def _reference_many(hf_tok, hf_messages: list, blocks: list[list[int]]) -> tuple
     return ids, labels
 
 
-@pytest.mark.parametrize("spec", ["qwen2.5-vl", "qwen3-vl", "internvl3", "llava-video"])
+@pytest.mark.parametrize("spec", ["qwen2.5-vl", "qwen3-vl", "internvl3", "llava-video", "llava-onevision"])
 def test_video_chat_samples_equal_the_reference(tmp_path, spec):
     """Each spelling of a video conversation, with the built-in chatml template and with the model's template
     (generation blocks) from a file: ids and labels equal the reference; pixel values, grid and Qwen's seconds per

@@ -159,6 +159,29 @@ def test_internvl_and_llava_video_worked_examples():
     assert len(idx) == 64 and idx[0] == 0 and idx[-1] == 17999
 
 
+def test_llava_onevision_counts_what_its_processor_writes():
+    """transformers' LlavaOnevisionProcessor writes frames · ceil(27 / 2)² + 1 ``<video>`` tokens per video (the
+    pooled 14×14 grid of each 384-px frame, one newline); the spec samples frames like LLaVA-NeXT (1 fps, cap 32).
+    Images (AnyRes) are refused as unsupported_media, never counted by another rule."""
+    from fcp_data.index.probe import ProbeError
+
+    spec = load_spec("llava-onevision")
+    p = plan_visual(spec, "video", height=64, width=96, num_frames=129, fps=25.0)  # 6 frames at 1 fps
+    assert p.num_visual_tokens == 6 * 196 + 1 and p.segments == (("token", "<|video_pad|>", 6 * 196 + 1),)
+    assert len(plan_visual(spec, "video", height=64, width=96, num_frames=18000, fps=30.0).frame_indices) == 32
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llava_onevision.processing_llava_onevision import LlavaOnevisionProcessor
+
+    class _Proc:  # the processor's own rule, on a stand-in holding what it reads (729 = 27² image tokens)
+        num_image_tokens, video_token = 729, "<video>"
+    with pytest.raises(ProbeError, match="videos only"):
+        plan_visual(spec, "image", height=64, width=96)
+    if not hasattr(LlavaOnevisionProcessor, "replace_video_token"):  # the rule's method since transformers 5.x
+        pytest.skip(f"transformers {transformers.__version__} has no LlavaOnevisionProcessor.replace_video_token")
+    text = LlavaOnevisionProcessor.replace_video_token(_Proc(), {"pixel_values_videos": torch.zeros(1, 6, 3, 4, 4)}, 0)
+    assert text.count("<video>") == p.num_visual_tokens, transformers.__version__
+
+
 def test_segments_to_ids_counts_agree():
     """The ids the readers build have exactly the length the index counts, for every family."""
     for name in ("qwen2-vl", "qwen3-vl", "internvl3", "llava-video"):
