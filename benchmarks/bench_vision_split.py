@@ -50,7 +50,7 @@ def _batch(cfg, frames: int, rank: int) -> dict:
 
     from fcp_data.slots import MicroBatchMeta, SampleSlot
     from fcp_exec.integrations.hf_positions import hf_collator
-    from fcp_exec.integrations.hf_vision import pooled_side
+    from fcp_exec.integrations.hf_llava import pooled_side
 
     g = torch.Generator().manual_seed(frames)
     p, size = pooled_side(cfg), int(cfg.vision_config.image_size)
@@ -73,7 +73,7 @@ def _replicated_loss(model, batch: dict):
     import torch
 
     from fcp_exec.integrations.hf import batch_inputs, lm_loss
-    from fcp_exec.integrations.hf_vision import encode_frames
+    from fcp_exec.integrations.hf_llava import encode_frames
 
     kw = batch_inputs(batch, model)
     call = kw.pop("fcp_vision")

@@ -114,20 +114,23 @@ class FCPCollator:
     labels whose target is a visual placeholder (module docstring; no effect without ``visual_token_id``);
     ``position_fn``: ``(sample, input_ids[n]) -> LongTensor [3, n]``, the 3-D positions of one whole
     untruncated document, replacing the built-in Qwen-VL rule (implies ``mrope=True``; module docstring);
-    ``sample_labels``: train on each sample's own ``labels`` (SFT prompt masks; module docstring).
+    ``sample_labels``: train on each sample's own ``labels`` (SFT prompt masks; module docstring);
+    ``signed_grids``: a grid row's first entry may be negative (LLaVA-OneVision marks an image's row ``(−crops, H, W)``,
+    :mod:`fcp_exec.integrations.hf_llava`).
     """
 
     def __init__(self, *, pad_token_id: int = 0, ignore_index: int = -100,
                  visual_token_id: int | Sequence[int] | None = None, spatial_merge_size: int = 2,
                  mrope: bool = False, strict_lengths: bool = True, mask_visual_labels: bool = True,
                  position_fn: Callable[[dict, torch.Tensor], torch.Tensor] | None = None,
-                 sample_labels: bool = False) -> None:
+                 sample_labels: bool = False, signed_grids: bool = False) -> None:
         self.pad_token_id = token_id("pad_token_id", pad_token_id, minimum=0)  # a row of the embedding
         self.ignore_index = token_id("ignore_index", ignore_index)
         self.visual_ids: tuple[int, ...] = token_ids(visual_token_id)
         if isinstance(spatial_merge_size, bool) or not hasattr(spatial_merge_size, "__index__") or spatial_merge_size < 1:
             raise ValueError(f"spatial_merge_size must be an int >= 1, got {spatial_merge_size!r}")
         self.spatial_merge_size = int(spatial_merge_size)
+        self.signed_grids = bool(signed_grids)
         if position_fn is not None and not callable(position_fn):
             raise TypeError(f"position_fn must be a callable (sample, input_ids) -> LongTensor [3, n], got {position_fn!r}")
         self.position_fn = position_fn
@@ -296,8 +299,9 @@ class FCPCollator:
             except (TypeError, ValueError, RuntimeError) as e:
                 raise ValueError(f"sample {slot.index}: grid_thw must be n rows of (t, h, w) integers, got "
                                  f"{type(sample['grid_thw']).__name__} ({str(e).splitlines()[0][:120]})") from None
-            if (grid < 1).any():
-                raise ValueError(f"sample {slot.index}: grid_thw entries must be >= 1, got {grid.tolist()}")
+            if (grid[:, 1:] < 1).any() or (grid[:, 0] == 0).any() or (not self.signed_grids and (grid < 1).any()):
+                what = "needs h, w >= 1 and t != 0" if self.signed_grids else "entries must be >= 1"
+                raise ValueError(f"sample {slot.index}: grid_thw {what}, got {grid.tolist()}")
             acc.grids.append(grid)
         if sample.get("pixel_values") is not None:
             acc.pixel_values.append(torch.as_tensor(sample["pixel_values"]))

@@ -323,8 +323,8 @@ def plan_visual(spec: Spec, kind: str, *, height: int, width: int, num_frames: i
             if v["image"] is None:
                 from fcp_data.index.probe import ProbeError
 
-                raise ProbeError("unsupported_media", f"spec {spec.name!r} takes videos only (its model's AnyRes images "
-                                 "are not modelled)")
+                raise ProbeError("unsupported_media", f"spec {spec.name!r} counts videos only (its model's AnyRes "
+                                 "images are not modelled here; they train from a processor's samples)")
             n = int(v["image"]["tokens_per_image"])
             return VisualPlan(kind=kind, segments=(("token", tok, n),), num_visual_tokens=n)
         vv = v["video"]

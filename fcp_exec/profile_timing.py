@@ -92,8 +92,9 @@ class _HFTiles:
     def __init__(self, net) -> None:
         from types import SimpleNamespace
 
+        from fcp_exec.integrations.hf_llava import encode_frames, pooled_side
         from fcp_exec.integrations.hf_models import tile_geometry
-        from fcp_exec.integrations.hf_vision import encode_frames, encode_tiles, pooled_side
+        from fcp_exec.integrations.hf_vision import encode_tiles
 
         size = net.config.vision_config.image_size
         self.net, self.size = net, (int(size),) * 2 if isinstance(size, int) else tuple(int(x) for x in size)

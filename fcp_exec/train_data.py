@@ -186,7 +186,7 @@ def _check_llava_index(config, base: Any, what: str) -> None:
     """A LLaVA-OneVision model reads videos indexed with its processor's rule: ``tokens_per_frame`` pooled tokens per
     frame + one newline (spec ``llava-onevision``), frames of the vision tower's size, the config's token ids."""
     from fcp_exec.integrations.hf_data import check_data_fits
-    from fcp_exec.integrations.hf_vision import pooled_side
+    from fcp_exec.integrations.hf_llava import pooled_side
 
     v = base.spec.vision
     if base.spec.family != "llava-video" or not (v.get("video") or {}).get("newline"):

@@ -5,8 +5,8 @@ distributed FCP step must reproduce.
 :class:`SyntheticHFDocs` — sample ``i`` (deterministic in every process) is, in a cycle of layouts:
 text only; an image ``(1, 4, 4)``; videos ``(2, 4, 4)``, ``(6, 4, 4)``, ``(8, 2, 4)``; and a mixed
 text + image + text + video + text document (InternVL: every entry is ``t`` tiles of its vision tower's image
-size, ``<IMG_CONTEXT>`` runs without markers; LLaVA-OneVision: every entry a video of ``t`` frames — an image one of
-2 — as ``t·p² + 1`` ``<video>`` tokens, the last one its newline). Visual blocks are ``<|vision_start|>`` + placeholders +
+size, ``<IMG_CONTEXT>`` runs without markers; LLaVA-OneVision: videos as ``t·p² + 1`` ``<video>`` tokens, the last
+one its newline, images as AnyRes crops of a few sizes — the image-only layout as two images of one crop each). Visual blocks are ``<|vision_start|>`` + placeholders +
 ``<|vision_end|>`` (Qwen3-VL videos: per temporal frame group, a few timestamp text tokens and their own
 start/end pair, as ``Qwen3VLProcessor`` does). Videos carry ``second_per_grid_ts`` (0.5, 1.0, 1.5, … so
 Qwen2.5-VL's temporal scaling is exercised). Samples are ``{"input_ids", "pixel_values", "grid_thw",
@@ -95,21 +95,22 @@ class SyntheticHFDocs:
     def _layout(self, i: int):
         """``(token kinds list, grids, spts, spans)`` — the token sequence with ``-1`` for random text ids."""
         layout, n_text = self.samples[i]
+        if self.frames and layout == _LAYOUTS[1]:  # LLaVA-OneVision: two images, each one crop (a multi-image sample)
+            layout = _LAYOUTS[1] * 2
         parts = np.array_split(np.arange(n_text), len(layout) + 1)
         seq: list[int] = []
         grids, spts, spans = [], [], []
         m = int(self.config.vision_config.spatial_merge_size) if self.is_vl and not (self.tiles or self.frames) else 1
         for k, (kind, (t, h, w)) in enumerate(layout):
             seq += [-1] * len(parts[k])
-            if self.frames:  # LLaVA-OneVision: <video> × (t·p² + 1), the last one its image_newline
-                from fcp_exec.integrations.hf_vision import pooled_side
+            if self.frames:  # LLaVA-OneVision: AnyRes images (one crop when several), videos with their newline
+                from fcp_exec.integrations.hf_llava import synthetic_entry
 
-                # an image entry is a 2-frame video: a document's videos then have one frame count (the stock model
-                # takes one per call)
-                p, t = pooled_side(self.config), 2 if kind == "image" else t
-                spans.append((len(seq), t * p * p + 1))
-                seq += [self.ids["video"]] * (t * p * p + 1)
-                grids.append((t, p, p))
+                images = sum(e[0] == "image" for e in layout)
+                kind, count, grid = synthetic_entry(self.config, kind, t, i + k, images)
+                spans.append((len(seq), count))
+                seq += [self.ids[kind]] * count
+                grids.append(grid)
                 continue
             if self.tiles:  # InternVL: <IMG_CONTEXT> × tokens of t tiles (its processor's markers are plain text here)
                 from fcp_exec.integrations.hf_models import tile_geometry
@@ -157,7 +158,7 @@ class SyntheticHFDocs:
         if grids and (self.tiles or self.frames):
             size = self.config.vision_config.image_size
             size = (int(size), int(size)) if isinstance(size, int) else tuple(int(x) for x in size)
-            out["pixel_values"] = torch.from_numpy(rng.standard_normal((sum(g[0] for g in grids), 3, *size)))
+            out["pixel_values"] = torch.from_numpy(rng.standard_normal((sum(abs(g[0]) for g in grids), 3, *size)))
             out["grid_thw"] = torch.tensor(grids, dtype=torch.long)
         elif grids:
             npatch = sum(t * h * w for t, h, w in grids)
@@ -228,11 +229,13 @@ def _doc_forward(model: nn.Module, sample: dict, is_vl: bool) -> torch.Tensor:
 
 
 def _llava_forward(model: nn.Module, ids: torch.Tensor, sample: dict) -> torch.Tensor:
-    """The stock LLaVA-OneVision forward of one document: its videos as ``pixel_values_videos [videos, frames, 3, H,
-    W]`` (the model takes one frame count per call: the synthetic documents' videos have equal counts)."""
-    frames = torch.as_tensor(sample["grid_thw"], dtype=torch.long).reshape(-1, 3)[:, 0].tolist()
-    pv = torch.as_tensor(sample["pixel_values"]).to(next(model.parameters()).dtype)
-    return model(input_ids=ids[None], pixel_values_videos=torch.stack(torch.split(pv, frames)), use_cache=False).logits[0]
+    """The stock LLaVA-OneVision forward of one document, its images and videos as its processor gives them
+    (``hf_llava.processor_inputs``: padded crops, ``image_sizes``, ``batch_num_images``, ``pixel_values_videos``)."""
+    from fcp_exec.integrations.hf_llava import processor_inputs
+
+    dtype = next(model.parameters()).dtype
+    kw = {k: v.to(dtype) if v.is_floating_point() else v for k, v in processor_inputs(sample).items()}
+    return model(input_ids=ids[None], use_cache=False, **kw).logits[0]
 
 
 def _reference_labels(samples: Sequence[dict], ignore_ids: Sequence[int]) -> tuple[list[torch.Tensor], int]:

@@ -249,24 +249,6 @@ def _pad_id(config: Any) -> int:
     raise ValueError("the config names no pad_token_id or eos_token_id; pass hf_collator(..., pad_token_id=...)")
 
 
-class VideoOnlyCollator(FCPCollator):
-    """LLaVA-OneVision: an :class:`FCPCollator` over ``<video>`` placeholders and 1-D positions that refuses a
-    document holding ``<image>`` tokens with one error (its AnyRes image features are not wired; a video's are).
-    Every rank of a CP group collates the same documents, so the whole group refuses together."""
-
-    def __init__(self, image_token_id: int, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.image_token_id = int(image_token_id)
-
-    def __call__(self, batch):
-        for sample, slot in batch:
-            ids = sample.get("input_ids") if isinstance(sample, dict) else None
-            if ids is not None and bool((torch.as_tensor(ids) == self.image_token_id).any()):
-                raise ValueError(f"sample {getattr(slot, 'index', '?')} holds LLaVA-OneVision <image> tokens (id "
-                                 f"{self.image_token_id}): fcp trains its videos, not its AnyRes images yet")
-        return super().__call__(batch)
-
-
 def hf_collator(config_or_model: Any, **collator_kwargs: Any) -> FCPCollator:
     """An :class:`~fcp_data.collator.FCPCollator` whose ``mrope_position_ids`` equal the installed
     transformers model's: ``visual_token_id=(image_token_id, video_token_id)``, ``spatial_merge_size`` from the
@@ -274,7 +256,7 @@ def hf_collator(config_or_model: Any, **collator_kwargs: Any) -> FCPCollator:
     ``position_fn=HFRopeIndex(...)``. Other keywords go to ``FCPCollator``. An InternVL model (1-D positions) gets
     ``visual_token_id=image_token_id`` and ``spatial_merge_size = 1 / downsample_ratio`` (a tile's grid row counts
     its vision patches) and the collator's own per-document positions."""
-    fixed = ("visual_token_id", "spatial_merge_size", "position_fn", "mrope")
+    fixed = ("visual_token_id", "spatial_merge_size", "position_fn", "mrope", "signed_grids")
     clash = sorted(k for k in collator_kwargs if k in fixed)
     if clash:
         raise TypeError(f"hf_collator sets {', '.join(clash)} from the model config; build FCPCollator directly to "
@@ -288,8 +270,8 @@ def hf_collator(config_or_model: Any, **collator_kwargs: Any) -> FCPCollator:
                            **collator_kwargs)
     if getattr(config, "model_type", None) == "llava_onevision":
         collator_kwargs.setdefault("pad_token_id", _pad_id(config))
-        return VideoOnlyCollator(int(config.image_token_id), visual_token_id=int(config.video_token_id),
-                                 spatial_merge_size=1, **collator_kwargs)
+        return FCPCollator(visual_token_id=(int(config.image_token_id), int(config.video_token_id)),
+                           spatial_merge_size=1, signed_grids=True, **collator_kwargs)
     fn = HFRopeIndex.from_model(config_or_model) if isinstance(config_or_model, torch.nn.Module) \
         else HFRopeIndex(config_or_model)
     collator_kwargs.setdefault("pad_token_id", _pad_id(fn.config))

@@ -222,9 +222,9 @@ class HFSamples:
         self.base = base
         self.vl = config is not None and getattr(config, "vision_config", None) is not None
         self.tile_side = None  # InternVL: patches per tile side; a sample's grid_thw is [[tiles, side, side]]
-        self.frame_side = None  # LLaVA-OneVision: pooled tokens per frame side; a video's grid row is [frames, p, p]
+        self._config, self.frame_side = config, None  # LLaVA-OneVision: pooled tokens per video frame side
         if self.vl and getattr(config, "model_type", None) == "llava_onevision":
-            from fcp_exec.integrations.hf_vision import pooled_side
+            from fcp_exec.integrations.hf_llava import pooled_side
 
             self.frame_side = pooled_side(config)
         elif self.vl and getattr(config, "model_type", None) == "internvl":
@@ -243,7 +243,9 @@ class HFSamples:
         if not self.vl:
             return sample
         if self.frame_side is not None:
-            return _llava_videos(sample, self.frame_side)
+            from fcp_exec.integrations.hf_llava import fcp_inputs
+
+            return fcp_inputs(sample, self._config)
         if self.tile_side is not None:  # InternVL: pixel_values [tiles, 3, H, W] (its processor gives no grid)
             if isinstance(sample, dict) and sample.get("pixel_values") is not None and sample.get("grid_thw") is None:
                 tiles = int(torch.as_tensor(sample["pixel_values"]).shape[0])
@@ -256,22 +258,6 @@ class HFSamples:
         if name == "base":  # not set yet (unpickling): no recursion
             raise AttributeError(name)
         return getattr(self.base, name)
-
-
-def _llava_videos(sample: Any, side: int) -> Any:
-    """A LLaVA-OneVision processor's ``pixel_values_videos`` (``[videos, frames, 3, H, W]``, or one video's
-    ``[frames, 3, H, W]``) as FCP's ``pixel_values`` ``[videos·frames, 3, H, W]`` + ``grid_thw`` rows
-    ``[frames, side, side]``; a sample without it (or already in FCP's format) passes unchanged."""
-    if not isinstance(sample, dict) or sample.get("pixel_values_videos") is None or sample.get("grid_thw") is not None:
-        return sample
-    pv = torch.as_tensor(sample["pixel_values_videos"])
-    pv = pv[None] if pv.dim() == 4 else pv
-    if pv.dim() != 5:
-        raise MalformedSampleError(f"pixel_values_videos has shape {tuple(pv.shape)}; a LLaVA-OneVision processor "
-                                   "gives [videos, frames, 3, H, W]")
-    rest = {k: v for k, v in sample.items() if k != "pixel_values_videos"}
-    return {**rest, "pixel_values": pv.reshape(-1, *pv.shape[2:]),
-            "grid_thw": torch.tensor([[int(pv.shape[1]), side, side]] * int(pv.shape[0]), dtype=torch.long)}
 
 
 def _runs(values: np.ndarray, starts: np.ndarray, ids: Sequence[int]) -> list[tuple[tuple[int, int], ...]]:

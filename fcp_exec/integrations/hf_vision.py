@@ -8,11 +8,10 @@ Three layouts of a group's vision inputs (``pixel_values`` + ``grid_thw``, in or
   temporal patch, encoded by the model's ``visual`` tower (Qwen3-VL: with its deepstack features).
 * InternVL (``tiles``): ``[n, 3, H, W]`` tiles, grid rows ``(tiles, side, side)``; a frame is one tile, encoded by the
   model's ``get_image_features``.
-* LLaVA-OneVision videos (``frames``): ``[n, 3, H, W]`` frames, a grid row ``(t, p, p)`` per video, ``p`` the pooled
-  token side (``ceil(image_size / patch_size / 2)``); a frame is one video frame, encoded by the model's own
-  ``get_video_features`` (vision tower, projector, 2×2 bilinear pooling); each video's placeholder run ends with one
-  more token, the model's learned ``image_newline`` (its processor counts ``t·p² + 1``), which is a frame of one row
-  here (:func:`llava_frame_table`). LLaVA-OneVision *images* (AnyRes crops, unpadded, a newline per row) are refused.
+* LLaVA-OneVision (``frames``, :mod:`~fcp_exec.integrations.hf_llava`): ``[n, 3, S, S]`` video frames and image
+  crops; a video's frames are encoded by the model's own ``get_video_features`` (tower, projector, 2×2 pooling) and
+  its newline row is the learned ``image_newline``; an image's crops are encoded and packed together (AnyRes) by
+  one rank.
 
 Every rank calls the vision tower exactly once per micro-batch (on a one-frame dummy, weighted 0, when it has nothing
 to encode) so FSDP2-sharded vision blocks stay in lock-step. The rows join the input embeddings through a zero-weighted
@@ -28,7 +27,9 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-__all__ = ["State", "VisionCall", "install_hooks", "llava_frame_table", "encode_frames", "encode_tiles", "pooled_side"]
+from fcp_exec.integrations import hf_llava as llava
+
+__all__ = ["State", "VisionCall", "install_hooks", "encode_tiles"]
 
 
 @dataclass
@@ -69,27 +70,6 @@ def install_hooks(model: nn.Module) -> None:
     model.get_input_embeddings().register_forward_hook(make_embed_hook(model))
 
 
-def pooled_side(config) -> int:
-    """LLaVA-OneVision: visual tokens per side of one pooled video frame, ``ceil(image_size / patch_size / 2)``."""
-    v = config.vision_config
-    return math.ceil((int(v.image_size) // int(v.patch_size)) / 2)
-
-
-def llava_frame_table(grid_thw: torch.Tensor) -> torch.Tensor:
-    """:func:`fcp_exec.vision_exchange.frame_table` of LLaVA-OneVision videos: per video ``(t, p, p)``, ``t`` frame
-    rows ``[row_start, p², frame, p, p]`` then its newline row ``[row_start, 1, -1, 1, 1]`` (``frame`` indexes the
-    group's ``pixel_values``; -1: the learned ``image_newline``)."""
-    g = torch.as_tensor(grid_thw, dtype=torch.long).reshape(-1, 3).cpu()
-    rows, row0, frame0 = [], 0, 0
-    for t, h, w in g.tolist():
-        for _ in range(t):
-            rows.append((row0, h * w, frame0, h, w))
-            row0, frame0 = row0 + h * w, frame0 + 1
-        rows.append((row0, 1, -1, 1, 1))
-        row0 += 1
-    return torch.tensor(rows, dtype=torch.long).reshape(-1, 5)
-
-
 def _visual(model: nn.Module) -> nn.Module:
     inner = getattr(model, "model", model)
     visual = getattr(inner, "visual", None) or getattr(inner, "vision_tower", None)
@@ -103,13 +83,6 @@ def encode_tiles(model: nn.Module, tiles: torch.Tensor) -> torch.Tensor:
     (vision tower, pixel shuffle, projector), each tile's tokens in order."""
     feats = getattr(model, "model", model).get_image_features(pixel_values=tiles, return_dict=True).pooler_output
     return feats.reshape(-1, feats.shape[-1])
-
-
-def encode_frames(model: nn.Module, frames: torch.Tensor) -> torch.Tensor:
-    """Rows ``[n·p², hidden]`` of LLaVA-OneVision video frames ``[n, 3, H, W]``: the model's ``get_video_features``
-    on them as one video, without the newline it appends."""
-    out = getattr(model, "model", model).get_video_features(pixel_values_videos=frames[None], return_dict=True)
-    return out.pooler_output[0, :-1]
 
 
 def _encode(visual: nn.Module, pixel_values: torch.Tensor, grids: list[tuple[int, int, int]],
@@ -144,16 +117,8 @@ def _share_encoder(state: State, module: nn.Module, table: torch.Tensor, pv: tor
             return dummy()[:0]  # an empty share still joins the graph (its peers' gradients come back through it)
         if state.tiles:  # one frame of the table = one tile = one row of pixel_values
             return encode_tiles(module, pv[f_lo:f_hi])
-        if state.frames:
-            src = table[f_lo:f_hi, 2]
-            real = src[src >= 0]
-            feats = encode_frames(module, pv[real]) if real.numel() else dummy()[:0]
-            newline = getattr(module, "model", module).image_newline[None].to(feats.dtype)
-            parts, k, per = [], 0, int(table[f_lo:f_hi, 1].max())
-            for s in src.tolist():  # frames' rows in order, the newline row where a video ends
-                parts.append(newline if s < 0 else feats[k * per:(k + 1) * per])
-                k += s >= 0
-            return torch.cat(parts, dim=0)
+        if state.frames:  # LLaVA-OneVision: frames, newlines and whole images (hf_llava)
+            return llava.encode_rows(module, table[f_lo:f_hi], pv, dummy)
         p_lo = int(table[f_lo, 2])
         p_hi = int(table[f_hi - 1, 2] + table[f_hi - 1, 3] * table[f_hi - 1, 4])
         grids = [(1, int(table[f, 3]), int(table[f, 4])) for f in range(f_lo, f_hi)]
@@ -178,7 +143,7 @@ def _vision_pre_hook(module: nn.Module, args, kwargs):
         if state.tiles:
             rows = encode_tiles(module, torch.zeros((1, 3, *_square(module)), dtype=dtype, device=device))
         elif state.frames:
-            rows = encode_frames(module, torch.zeros((1, 3, *_square(module)), dtype=dtype, device=device))
+            rows = llava.encode_frames(module, torch.zeros((1, 3, *_square(module)), dtype=dtype, device=device))
         else:
             rows = _encode(visual, _dummy_frame(visual, state.merge, dtype, device), [(1, state.merge, state.merge)],
                            state.model_type == "qwen3_vl")
@@ -188,7 +153,8 @@ def _vision_pre_hook(module: nn.Module, args, kwargs):
     has_frames = call.grid_thw is not None and call.grid_thw.numel() > 0 and call.pixel_values is not None
     rows = None
     if has_frames:
-        table = llava_frame_table(call.grid_thw) if state.frames else frame_table(call.grid_thw, state.merge)
+        table = llava.frame_table(call.grid_thw, module.config) if state.frames else frame_table(call.grid_thw,
+                                                                                                  state.merge)
         pv = call.pixel_values.to(device=device, dtype=dtype)
         rows = exchange_rows(_share_encoder(state, module, table, pv, dummy), table, call.visual_index, call.ranks,
                              call.cp_rank, device)
@@ -217,10 +183,11 @@ def _mm_outputs(state: State, module: nn.Module, call: VisionCall, rows: torch.T
     mm = {}
     for name, tid in (("image", state.image_token_id), ("video", state.video_token_id)):
         sel = torch.nonzero(kinds == tid).flatten() if tid is not None else kinds[:0]
-        if sel.numel() and (state.tiles or state.frames):  # one [1, rows, hidden] block of features
+        if sel.numel() and (state.tiles or state.frames):
             from transformers.modeling_outputs import BaseModelOutputWithPooling
 
-            mm[name] = BaseModelOutputWithPooling(pooler_output=rows.index_select(0, sel)[None])
+            part = rows.index_select(0, sel)  # LLaVA-OneVision concatenates a tuple of image blocks
+            mm[name] = BaseModelOutputWithPooling(pooler_output=(part,) if state.frames and name == "image" else part[None])
         elif sel.numel():
             part = rows.index_select(0, sel)
             mm[name] = _encoder_output(state, part[:, :hidden], part[:, hidden:], hidden)

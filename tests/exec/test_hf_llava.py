@@ -6,9 +6,10 @@ The matrix of ``test_hf_train.py`` covers LLaVA-OneVision with every reducer, gr
 processes on synthetic 56-px frames; here the frames are real (384 px, 196 tokens each + the video's newline) and a
 video split over a degree-2 group has its frames encoded on both ranks, its newline row on one, and the rows
 exchanged. Reference: the stock model on the same documents (``pixel_values_videos``, its own placeholder count —
-it raises if the index counted a different number of tokens). Plus what is refused with one error: images (the
-index records them as ``unsupported_media``; a collator refuses a sample holding ``<image>`` tokens), an index of
-another token rule, frames of another size.
+it raises if the index counted a different number of tokens). Images (AnyRes crops, single crops) train from a
+processor's samples (``test_hf_train.py``, ``test_hf_trainer.py``); here their conversion to fcp's format. Plus what is
+refused with one error: images in an index (``unsupported_media``), an index of another token rule, frames of
+another size, malformed grid rows.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ transformers = transformers_models()
 from fcp_exec.integrations import hf  # noqa: E402
 from fcp_exec.integrations.hf_data import reference_step  # noqa: E402
 from fcp_exec.integrations.hf_positions import hf_collator  # noqa: E402
-from fcp_exec.integrations.hf_vision import llava_frame_table  # noqa: E402
+from fcp_exec.integrations.hf_llava import frame_table as llava_frame_table  # noqa: E402
 from fcp_exec.train import TrainConfig, run_training  # noqa: E402
 from fcp_exec.train_data import load_train_data  # noqa: E402
 
@@ -64,30 +65,72 @@ def test_fcp_train_on_real_videos_equals_the_stock_model(tmp_path):
         opt.step()
 
 
-def test_frame_table_puts_each_newline_after_its_video():
-    """Two videos of 2 and 1 frames, 4 tokens per frame: rows 0–3, 4–7 frames 0, 1; row 8 the first newline;
-    rows 9–12 frame 2; row 13 the second newline (what the processor's t·p² + 1 placeholders hold, in order)."""
-    table = llava_frame_table(torch.tensor([[2, 2, 2], [1, 2, 2]]))
-    assert table.tolist() == [[0, 4, 0, 2, 2], [4, 4, 1, 2, 2], [8, 1, -1, 1, 1], [9, 4, 2, 2, 2], [13, 1, -1, 1, 1]]
+def test_frame_table_puts_each_newline_after_its_video_and_each_image_in_one_row():
+    """56-px frames (4 vision patches per side, 2×2 pooled tokens): a video of 2 frames — rows 0–3, 4–7, its newline
+    row 8 —, an image of 3 crops and 40 × 90 px — one row of 52 tokens (the model's own packing: 16 base + 4 × 9
+    unpadded with a newline per row) starting at pixel row 2 —, a video of 1 frame (pixel row 5) and its newline.
+    Weights are the tower's patches (16 per frame or crop, 1 per newline)."""
+    table = llava_frame_table(torch.tensor([[2, 2, 2], [-3, 40, 90], [1, 2, 2]]), hf.load_config(CONFIG_56))
+    F, N, I = 0, 1, 2
+    assert table.tolist() == [[0, 4, 0, 4, 4, F, 1, 0, 0], [4, 4, 1, 4, 4, F, 1, 0, 0], [8, 1, -1, 1, 1, N, 0, 0, 0],
+                              [9, 52, 2, 12, 4, I, 3, 40, 90], [61, 4, 5, 4, 4, F, 1, 0, 0],
+                              [65, 1, -1, 1, 1, N, 0, 0, 0]]
 
 
-def test_images_are_refused_with_one_reason(tmp_path):
-    """The bundled images are recorded as unsupported_media by the videos-only spec (not trained as text), and a
-    sample holding ``<image>`` tokens is refused by the model's collator before anything runs."""
+def test_the_index_records_images_it_cannot_count(tmp_path):
+    """`fcp index --spec llava-onevision` counts videos; the bundled images are recorded as unsupported_media (not
+    indexed by another rule, not dropped without a word). Images train from a processor's samples (below)."""
     from fcp_data import bundled_index
-    from fcp_data.slots import SampleSlot
 
     index = bundled_index("llava-onevision", str(tmp_path / "cache"))
     errors = [json.loads(line) for line in (index / "errors.jsonl").read_text().splitlines()]
     assert errors and {e["reason"] for e in errors} == {"unsupported_media"}
     assert all(e["key"].startswith("img-") for e in errors)
-    config = hf.load_config(CONFIG)
-    collate = hf_collator(config)
-    ids = torch.tensor([20, int(config.image_token_id), 21])
+
+
+def test_processor_samples_convert_to_fcps_format_and_back():
+    """Every synthetic document (AnyRes images of 2-4 crops, two single-crop images, videos, an image beside a
+    video) as LLaVA-OneVision's processor returns it — padded crops, ``image_sizes``, ``batch_num_images``,
+    ``pixel_values_videos`` — converts back to fcp's rows and grid rows exactly, in order of appearance; ids that
+    hold fewer placeholders than the pixels need are one MalformedSampleError, as is a video without its tokens."""
+    from fcp_data.slots import MalformedSampleError
+    from fcp_exec.integrations.hf_data import SyntheticHFDocs
+    from fcp_exec.integrations.hf_llava import fcp_inputs, processor_inputs
+
+    config = hf.load_config(CONFIG_56)
+    docs = SyntheticHFDocs(config, 12, seed=0)
+    kinds = set()
+    for i in range(len(docs)):
+        s = docs[i]
+        if "grid_thw" not in s:
+            continue
+        proc = {"input_ids": s["input_ids"], **processor_inputs(s)}
+        back = fcp_inputs(proc, config)
+        assert torch.equal(back["grid_thw"], s["grid_thw"]) and torch.equal(back["pixel_values"], s["pixel_values"])
+        kinds.add(tuple(sorted({"image" if t < 0 else "video" for t in s["grid_thw"][:, 0].tolist()})))
+        kinds.add(("crops", int(-s["grid_thw"][:, 0].min())) if (s["grid_thw"][:, 0] < 0).any() else ())
+    assert {("image",), ("video",), ("image", "video"), ("crops", 1), ("crops", 2)} <= kinds, kinds
+    s = docs[1]  # two single-crop images
+    proc = {"input_ids": s["input_ids"][:-20], **processor_inputs(s)}
+    with pytest.raises(MalformedSampleError, match="placeholder tokens in a row|runs"):
+        fcp_inputs(proc, config)
+    s = docs[2]  # a video
+    with pytest.raises(MalformedSampleError, match="0 images and 0 videos"):
+        fcp_inputs({"input_ids": s["input_ids"].clamp(max=1), **processor_inputs(s)}, config)
+
+
+def test_grid_rows_of_images_are_checked():
+    """The collator takes LLaVA-OneVision's signed grid rows (an image is ``(−crops, H, W)``) but still refuses a
+    row with t = 0 or a size below 1, with one error naming the sample."""
+    from fcp_data.slots import SampleSlot
+
+    collate = hf_collator(hf.load_config(CONFIG))
+    ids = torch.tensor([20, 21, 22])
     slot = SampleSlot(index=7, num_tokens=3, length=3, ranks=(0,), cp_rank=0, epoch=0, global_batch=0, micro_batch=0,
                       num_micro_batches=1, num_tokens_global=2)
-    with pytest.raises(ValueError, match="sample 7 holds LLaVA-OneVision <image> tokens"):
-        collate([({"input_ids": ids}, slot)])
+    for bad in ([[0, 2, 2]], [[-2, 0, 30]]):
+        with pytest.raises(ValueError, match=r"sample 7: grid_thw needs h, w >= 1 and t != 0"):
+            collate([({"input_ids": ids, "grid_thw": torch.tensor(bad)}, slot)])
 
 
 def test_mismatched_data_is_one_error(tmp_path):
@@ -100,3 +143,29 @@ def test_mismatched_data_is_one_error(tmp_path):
         load_train_data(f"hf:{CONFIG}", str(bundled_index("qwen2.5-vl", cache)), hf_config=hf.load_config(CONFIG))
     with pytest.raises(ValueError, match=r"384-px frames of 196 tokens but the model's vision tower takes 56-px"):
         load_train_data(f"hf:{CONFIG_56}", None, hf_config=hf.load_config(CONFIG_56), cache_dir=cache)
+
+
+@pytest.mark.parametrize("size", [(480, 640), (1080, 1920), (300, 2000), (2000, 300), (384, 384), (50, 60), (777, 333)])
+def test_image_tokens_equal_what_the_processor_writes(size):
+    """With LLaVA-OneVision-7B's own geometry (SigLIP 384 px / 14, the 36 AnyRes grid pinpoints, anyres_max_9), the
+    rows fcp reserves for an image (the model's own packing, run on zeros) equal the ``<image>`` tokens its processor
+    writes for it (``LlavaOnevisionProcessor``'s rule, on a stand-in holding what it reads): one image — AnyRes; one
+    of several — one crop + a newline. A difference would put rows where the stock model raises."""
+    from types import SimpleNamespace
+
+    from transformers import LlavaOnevisionConfig
+    from transformers.models.llava_onevision.processing_llava_onevision import LlavaOnevisionProcessor
+
+    from fcp_exec.integrations.hf_llava import image_tokens, num_crops
+
+    config = LlavaOnevisionConfig()  # its default grid pinpoints are the checkpoints' (384 … 2304 px, 36 of them)
+    stand_in = SimpleNamespace(num_image_tokens=729, vision_aspect_ratio="anyres_max_9", image_token="<image>",
+                               vision_feature_select_strategy="full",
+                               image_processor=SimpleNamespace(image_grid_pinpoints=config.image_grid_pinpoints))
+    stand_in._get_number_of_features = LlavaOnevisionProcessor._get_number_of_features.__get__(stand_in)
+    stand_in._get_unpadded_features = LlavaOnevisionProcessor._get_unpadded_features.__get__(stand_in)
+    pixels = torch.zeros(1, 1, 3, 384, 384)
+    for many in (False, True):
+        inputs = {"batch_num_images": [2 if many else 1], "image_sizes": [list(size)], "pixel_values": pixels}
+        written = LlavaOnevisionProcessor.replace_image_token(stand_in, inputs, 0).count("<image>")
+        assert image_tokens(config, num_crops(config, size, single=not many), size) == written, (size, many)

@@ -59,12 +59,12 @@ def _cfg(family: str, reducer: str, gc: bool, dtype: str = "float64", sft: bool 
     scaler = dict(initial_loss_scale=scale, loss_scale_window=AMP_WINDOW) if amp == "float16" else {}
     return TrainConfig(model=f"hf:{_config_file(family)}", reducer=reducer, grad_checkpointing=gc,
                        sample_labels=sft, amp=amp, fsdp_mixed_precision=mp, **scaler, **(CLIP if clip else {}),
-                       **dict(COMMON, dtype=dtype, tokens_per_rank=_TOKENS_PER_RANK.get(family, COMMON["tokens_per_rank"])))
+                       **dict(COMMON, dtype=dtype, **_SIZES.get(family, {})))
 
 
-# LLaVA-OneVision's documents (a video's newline token, its 2-frame "images") plan into degree-2, degree-1 groups and
-# an idle rank on 2 and 3 processes with 44 tokens per rank (with 40: no idle rank on 2)
-_TOKENS_PER_RANK = {"llava_onevision": 44}
+# LLaVA-OneVision's documents are longer (an AnyRes image of 36-52 tokens beside a video): 96 tokens keep them all,
+# and 48 per rank plans degree-2 groups, degree-1 groups and an idle rank on 2 and 3 processes
+_SIZES = {"llava_onevision": dict(max_tokens=96, tokens_per_rank=48)}
 
 
 @functools.lru_cache(maxsize=None)

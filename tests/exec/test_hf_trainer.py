@@ -156,7 +156,7 @@ def _fcp_run(family: str, out: str, resume: str | None = None, save_steps: int =
             given = dict(train_dataset=[{"input_ids": x["input_ids"], "attention_mask": torch.ones_like(x["input_ids"]),
                                          **({"pixel_values": x["pixel_values"]} if "pixel_values" in x else {})}
                                         for x in (data.dataset[i] for i in range(len(data.dataset)))])
-        elif processor == "llava":  # its processor's output: ids, mask, pixel_values_videos [videos, frames, 3, H, W]
+        elif processor == "llava":  # its processor's output: ids, mask, image crops and sizes, pixel_values_videos
             given = dict(train_dataset=[_llava_processor_format(data.dataset[i]) for i in range(len(data.dataset))])
         elif processor:
             given = dict(train_dataset=_processor_samples(family, processor == "arrow"))
@@ -230,12 +230,12 @@ def _processor_format(sample: dict, config) -> dict:
 
 
 def _llava_processor_format(sample: dict) -> dict:
-    """A LLaVA-OneVision document as its processor returns it: ids, attention mask and the videos' frames as
-    ``pixel_values_videos [videos, frames, 3, H, W]`` (no grid, no lengths)."""
+    """A LLaVA-OneVision document as its processor returns it: ids, attention mask, its images' padded crops with
+    ``image_sizes`` / ``batch_num_images`` and its videos' frames as ``pixel_values_videos`` (no grid, no lengths)."""
+    from fcp_exec.integrations.hf_llava import processor_inputs
+
     out = {"input_ids": sample["input_ids"], "attention_mask": torch.ones_like(sample["input_ids"])}
-    if "pixel_values" in sample:
-        out["pixel_values_videos"] = torch.stack(torch.split(sample["pixel_values"], sample["grid_thw"][:, 0].tolist()))
-    return out
+    return {**out, **processor_inputs(sample)} if "pixel_values" in sample else out
 
 
 @functools.lru_cache(maxsize=None)
@@ -793,8 +793,9 @@ def test_fcp_trainer_equals_stock_trainer(fcp_runs, run, family, tmp_path):
     Trainer's ``gradient_checkpointing=True`` (against the reference without it: the same gradients); ``ivl``:
     InternVL (56-px tiles); ``ivl-proc``: the same documents as its processor gives them (ids, attention mask,
     tiles; no grid, no lengths), which FCPTrainer counts and completes itself; ``llv`` / ``llv-proc``: LLaVA-OneVision
-    (56-px video frames) the same two ways (its processor's ``pixel_values_videos``; DDP with
-    ``find_unused_parameters``, as its vision tower's post_layernorm gets no gradient)."""
+    (56-px AnyRes images and single crops, video frames) the same two ways (its processor's padded crops with
+    ``image_sizes`` and ``pixel_values_videos``; DDP with ``find_unused_parameters``, as its vision tower's
+    post_layernorm gets no gradient)."""
     per_rank, _ = fcp_runs
     res = per_rank[0][run]
     evals = _order(family, 1, 1 + (NUM_DOCS - 1) // GBS) if run == "ddp" else ()
