@@ -51,18 +51,16 @@ def bundled_index(spec: str = "text", cache_dir: str | os.PathLike | None = None
     inputs = [samples / "text.jsonl"] if spec == "text" else sorted((samples / "wds").glob("*.tar"))
     # the index records where its samples are: two copies of fcp (clones, venvs) sharing a cache each get their own,
     # so removing one copy cannot leave the other reading a stale index of files that are gone
-    digest = hashlib.blake2b(repr([(str(p.resolve()), p.stat().st_size) for p in inputs] + [spec]).encode(),
-                             digest_size=6).hexdigest()
+    # ... and its spec's fingerprint: an index built before the spec (or its tokenizer) changed is not reused
+    from fcp_data.specs import load_spec
+
+    digest = hashlib.blake2b(repr([(str(p.resolve()), p.stat().st_size) for p in inputs]
+                                  + [spec, load_spec(spec).fingerprint]).encode(), digest_size=6).hexdigest()
     out = root / f"index-{spec}-{digest}"
     if not (out / "manifest.json").exists():
         root.mkdir(parents=True, exist_ok=True)
         tmp = root / f".{out.name}.{os.getpid()}"
-        # a videos-only spec (llava-onevision) records the bundled images as unsupported_media: expected, not a failure
-        from fcp_data.specs import load_spec
-
-        videos_only = spec != "text" and load_spec(spec).vision.get("image", {}) is None
-        _, rc = build_index([str(p) for p in inputs], spec, str(tmp), progress=False,
-                            max_error_rate=1.0 if videos_only else 0.01)
+        _, rc = build_index([str(p) for p in inputs], spec, str(tmp), progress=False)
         if rc:
             raise RuntimeError(f"indexing the bundled samples into {tmp} reported too many errors")
         try:

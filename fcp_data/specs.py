@@ -21,7 +21,7 @@ width, height) so that ``fcp index`` never decodes a video:
   210 ``<image>`` tokens per frame. Images: 729 tokens (one 384-px crop; AnyRes is not modelled). With
   ``video.newline`` (spec ``llava-onevision``: transformers' ``LlavaOnevisionProcessor``) a video is
   ``tokens_per_frame`` (196: 27×27 patches pooled to 14×14) per frame + one ``image_newline`` token, all of them
-  ``tokens.video``; ``"image": null`` refuses images (``unsupported_media``).
+  ``tokens.video``; with ``image.anyres`` an image is its AnyRes count (:mod:`fcp_data.anyres`), read as its crops.
 - ``text``: tokens of the document (+ EOS when ``append_eos``).
 
 A sample's token sequence is a :class:`VisualPlan`'s segments followed by the caption tokens and EOS; the
@@ -319,12 +319,15 @@ def plan_visual(spec: Spec, kind: str, *, height: int, width: int, num_frames: i
         return VisualPlan(kind=kind, segments=tuple(segs), num_visual_tokens=per_tile * n, frame_indices=tuple(idx.tolist()))
     if fam == "llava-video":
         tok = v["tokens"]["image"]
-        if kind == "image":
-            if v["image"] is None:
-                from fcp_data.index.probe import ProbeError
+        if kind == "image" and v["image"].get("anyres"):  # LLaVA-OneVision (fcp_data.anyres)
+            from fcp_data import anyres
 
-                raise ProbeError("unsupported_media", f"spec {spec.name!r} counts videos only (its model's AnyRes "
-                                 "images are not modelled here; they train from a processor's samples)")
+            a, tile = v["image"]["anyres"], int(v["image_size"])
+            n = anyres.image_tokens((height, width), a["grid_pinpoints"], tile, int(v["patch_size"]), a["max_patches"])
+            crops = anyres.num_crops((height, width), a["grid_pinpoints"], tile)
+            return VisualPlan(kind=kind, segments=(("token", tok, n),), num_visual_tokens=n, resized=(height, width),
+                              grid_thw=(-crops, height, width))
+        if kind == "image":
             n = int(v["image"]["tokens_per_image"])
             return VisualPlan(kind=kind, segments=(("token", tok, n),), num_visual_tokens=n)
         vv = v["video"]

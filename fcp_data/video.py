@@ -147,9 +147,30 @@ def vision_inputs(spec: Spec, plan: VisualPlan, src: bytes | str | Path) -> tupl
         tiles = [big[r * size:(r + 1) * size, c * size:(c + 1) * size] for r in range(rows) for c in range(cols)]
         if v["image"].get("use_thumbnail", True) and len(tiles) > 1:
             tiles.append(_pil_resize(img, (size, size)))
+    elif fam == "llava-video" and plan.kind == "image" and plan.grid_thw is not None:  # LLaVA-OneVision's AnyRes
+        tiles = _anyres_crops(spec, img, size)
+        if len(tiles) != -grid[0] or tuple(img.size[::-1]) != tuple(grid[1:]):
+            raise ValueError(f"image of {img.size[1]}x{img.size[0]} px, {len(tiles)} crops differs from the planned "
+                             f"{grid[1]}x{grid[2]}, {-grid[0]}: the file changed since indexing")
     else:  # an InternVL video frame is one tile; LLaVA-Video resizes each frame (or the image) to one square
         tiles = [_pil_resize(f, (size, size)) for f in frames] if plan.kind == "video" else [_pil_resize(img, (size, size))]
     return _tiles_to_tensor(tiles, v["image_mean"], v["image_std"]), torch.tensor([grid], dtype=torch.long)
+
+
+def _anyres_crops(spec: Spec, img, tile: int) -> list[np.ndarray]:
+    """LLaVA-OneVision's crops of one image (:mod:`fcp_data.anyres`): the whole image resized to ``tile × tile``,
+    then the image resized into its best resolution keeping its aspect ratio, centred on a zero canvas and cut into
+    ``tile × tile`` crops row by row (PIL bicubic: the processor's token count, not its exact pixels)."""
+    from fcp_data import anyres
+
+    w, h = img.size
+    bh, bw = anyres.best_resolution((h, w), spec.vision["image"]["anyres"]["grid_pinpoints"])
+    nh, nw = anyres.resized_size((h, w), (bh, bw))
+    canvas = np.zeros((bh, bw, 3), dtype=np.uint8)
+    y, x = (bh - nh) // 2, (bw - nw) // 2
+    canvas[y:y + nh, x:x + nw] = _pil_resize(img, (nw, nh))
+    crops = [canvas[r:r + tile, c:c + tile] for r in range(0, bh, tile) for c in range(0, bw, tile)]
+    return [_pil_resize(img, (tile, tile))] + crops
 
 
 def _tile_grid(spec: Spec, plan: VisualPlan) -> tuple[int, tuple[int, int, int]]:
@@ -166,6 +187,8 @@ def _tile_grid(spec: Spec, plan: VisualPlan) -> tuple[int, tuple[int, int, int]]
             n = len(plan.frame_indices)
         g = size // int(v["patch_size"])
         return size, (n, g, g)
+    if fam == "llava-video" and plan.kind == "image" and plan.grid_thw is not None:  # AnyRes: (−crops, H, W)
+        return int(v["image_size"]), tuple(plan.grid_thw)
     if fam == "llava-video":
         n = len(plan.frame_indices) if plan.kind == "video" else 1
         side = int(round((plan.num_visual_tokens // n) ** 0.5)) if plan.kind == "video" else 27
@@ -182,5 +205,5 @@ def zero_vision_inputs(spec: Spec, plan: VisualPlan) -> tuple[torch.Tensor, torc
         return (torch.zeros((t * h * w, 3 * int(v["temporal_patch_size"]) * int(v["patch_size"]) ** 2)),
                 torch.tensor([plan.grid_thw], dtype=torch.long))
     size, grid = _tile_grid(spec, plan)
-    return torch.zeros((grid[0], 3, size, size)), torch.tensor([grid], dtype=torch.long)
+    return torch.zeros((abs(grid[0]), 3, size, size)), torch.tensor([grid], dtype=torch.long)
 

@@ -199,6 +199,13 @@ def _check_llava_index(config, base: Any, what: str) -> None:
     if (int(v["image_size"]), int(v["tokens_per_frame"])) != (size, per):
         raise ValueError(f"{what} has {v['image_size']}-px frames of {v['tokens_per_frame']} tokens but the model's "
                          f"vision tower takes {size}-px frames of {per}; set vision_config.image_size to the spec's")
+    a = (v.get("image") or {}).get("anyres")
+    aspect = f"anyres_max_{a['max_patches']}" if a else None
+    if a and ([list(x) for x in a["grid_pinpoints"]], int(v["patch_size"]), aspect) != \
+            ([list(x) for x in config.image_grid_pinpoints], int(config.vision_config.patch_size),
+             getattr(config, "vision_aspect_ratio", "anyres_max_9")):
+        raise ValueError(f"{what} counts images with other AnyRes settings (grid pinpoints, patch size, {aspect}) than "
+                         "the model config's image_grid_pinpoints / patch_size / vision_aspect_ratio; make them equal")
 
 
 def check_index_fits(config, base: Any, what: str) -> np.ndarray:

@@ -53,6 +53,10 @@ def media_plans(media: list, jsonl_path, cfg: dict, spec) -> list[tuple[object, 
     from fcp_data.index.probe import IMAGE_EXTS
 
     limits, out = Limits.from_dict(cfg.get("limits")), []
+    anyres = spec.family == "llava-video" and bool((spec.vision.get("image") or {}).get("anyres"))
+    if anyres and sum(m.kind == "image" for m in media) > 1:  # its processor makes one crop of each: not modelled
+        raise ProbeError("unsupported_media", f"spec {spec.name!r} counts an image alone in its sample (AnyRes); this "
+                         f"one holds {sum(m.kind == 'image' for m in media)}")
     for m in media:
         if m.kind == "video" and Path(m.path).suffix.lower().lstrip(".") in IMAGE_EXTS:
             raise ProbeError("corrupt_video", f"{m.path!r} is an image file: give it as an image")

@@ -162,9 +162,9 @@ def test_internvl_and_llava_video_worked_examples():
 def test_llava_onevision_counts_what_its_processor_writes():
     """transformers' LlavaOnevisionProcessor writes frames · ceil(27 / 2)² + 1 ``<video>`` tokens per video (the
     pooled 14×14 grid of each 384-px frame, one newline); the spec samples frames like LLaVA-NeXT (1 fps, cap 32).
-    Images (AnyRes) are refused as unsupported_media, never counted by another rule."""
-    from fcp_data.index.probe import ProbeError
-
+    An image alone in its sample: AnyRes — 480 × 640 px → best resolution 768 × 768, 4 crops + the whole image; 729
+    tokens for the whole image + the crops' 54 × 54 grid unpadded to 40 × 54 (the image's 3:4) + 40 newlines = 2,929
+    (by hand; tests/exec/test_hf_llava.py holds the rule equal to the processor's and the model's)."""
     spec = load_spec("llava-onevision")
     p = plan_visual(spec, "video", height=64, width=96, num_frames=129, fps=25.0)  # 6 frames at 1 fps
     assert p.num_visual_tokens == 6 * 196 + 1 and p.segments == (("token", "<|video_pad|>", 6 * 196 + 1),)
@@ -174,8 +174,9 @@ def test_llava_onevision_counts_what_its_processor_writes():
 
     class _Proc:  # the processor's own rule, on a stand-in holding what it reads (729 = 27² image tokens)
         num_image_tokens, video_token = 729, "<video>"
-    with pytest.raises(ProbeError, match="videos only"):
-        plan_visual(spec, "image", height=64, width=96)
+    img = plan_visual(spec, "image", height=480, width=640)
+    assert img.grid_thw == (-5, 480, 640) and img.segments == (("token", "<image>", img.num_visual_tokens),)
+    assert img.num_visual_tokens == 2929
     if not hasattr(LlavaOnevisionProcessor, "replace_video_token"):  # the rule's method since transformers 5.x
         pytest.skip(f"transformers {transformers.__version__} has no LlavaOnevisionProcessor.replace_video_token")
     text = LlavaOnevisionProcessor.replace_video_token(_Proc(), {"pixel_values_videos": torch.zeros(1, 6, 3, 4, 4)}, 0)

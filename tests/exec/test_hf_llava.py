@@ -5,11 +5,11 @@ on the bundled videos: ``fcp train`` on the bundled samples' ``llava-onevision``
 The matrix of ``test_hf_train.py`` covers LLaVA-OneVision with every reducer, gradient checkpointing and 2/3
 processes on synthetic 56-px frames; here the frames are real (384 px, 196 tokens each + the video's newline) and a
 video split over a degree-2 group has its frames encoded on both ranks, its newline row on one, and the rows
-exchanged. Reference: the stock model on the same documents (``pixel_values_videos``, its own placeholder count —
-it raises if the index counted a different number of tokens). Images (AnyRes crops, single crops) train from a
-processor's samples (``test_hf_train.py``, ``test_hf_trainer.py``); here their conversion to fcp's format. Plus what is
-refused with one error: images in an index (``unsupported_media``), an index of another token rule, frames of
-another size, malformed grid rows.
+exchanged; the bundled images (AnyRes crops, 384 px) too. Reference: the stock model on the same documents (its
+processor's inputs, its own placeholder count — it raises if the index counted a different number of tokens). Single
+crops (samples of several images) train from a processor's samples (``test_hf_train.py``, ``test_hf_trainer.py``);
+here their conversion to fcp's format. Plus what is refused with one error: several images in one indexed sample
+(``unsupported_media``), an index of another token rule, frames of another size, malformed grid rows.
 """
 
 from __future__ import annotations
@@ -35,17 +35,23 @@ CONFIG = ROOT / "examples" / "configs" / "llava_onevision-tiny.json"  # 384-px f
 CONFIG_56 = Path(__file__).resolve().parent / "llava_onevision-tiny.json"  # the same model with 56-px frames
 
 
-def test_fcp_train_on_real_videos_equals_the_stock_model(tmp_path):
-    """2 processes, float64, 2 global batches of 4 bundled videos (393–620 tokens, 2–3 frames at 1 fps) with 400
-    tokens per rank, so the longer videos run on degree-2 groups: every step's loss and every gradient to 1e-12, the
-    denominator exactly, against the stock model stepping over the same documents (AdamW in between)."""
-    kw = dict(model=f"hf:{CONFIG}", dtype="float64", steps=2, global_batch_size=4, max_tokens=800,
-              tokens_per_rank=400, prefetch=0, verbose=False, return_grads=True, cache_dir=str(tmp_path / "cache"))
+@pytest.mark.parametrize("max_tokens, gbs", [(800, 4), (4000, 8)])
+def test_fcp_train_on_real_videos_and_images_equals_the_stock_model(tmp_path, max_tokens, gbs):
+    """2 processes, float64, 2 global batches of the bundled samples with max_tokens / 2 tokens per rank, so the
+    longer ones run on degree-2 groups: every step's loss and every gradient to 1e-12, the denominator exactly, against
+    the stock model stepping over the same documents (AdamW in between). 800 tokens: videos of 393–620 tokens (2–3
+    frames at 1 fps); 4,000: the images too (AnyRes, 2–5 crops of 384 px, 958–3,707 tokens: one rank encodes and packs
+    an image, its rows go to both)."""
+    kw = dict(model=f"hf:{CONFIG}", dtype="float64", steps=2, global_batch_size=gbs, max_tokens=max_tokens,
+              tokens_per_rank=max_tokens // 2, prefetch=0, verbose=False, return_grads=True,
+              cache_dir=str(tmp_path / "cache"))
     res = run_training(TrainConfig(**kw), 2)
     assert any(2 in mb for step in res["steps"] for mb in step["degrees"]), [s["degrees"] for s in res["steps"]]
     config = hf.load_config(CONFIG)
-    data = load_train_data(f"hf:{CONFIG}", None, max_tokens=800, seed=0, hf_config=config,
+    data = load_train_data(f"hf:{CONFIG}", None, max_tokens=max_tokens, seed=0, hf_config=config,
                            cache_dir=str(tmp_path / "cache"))
+    grids = [data.dataset[i]["grid_thw"] for step in res["steps"] for i in step["sample_indices"]]
+    assert any(int(g[0, 0]) < -2 for g in grids) == (max_tokens > 800), grids  # an image of 3+ crops trained
     ref = hf.build_model(config, dtype=torch.float64, seed=0)
     ref.train()
     opt = torch.optim.AdamW(ref.parameters(), lr=TrainConfig().lr, weight_decay=TrainConfig().weight_decay,
@@ -54,7 +60,7 @@ def test_fcp_train_on_real_videos_equals_the_stock_model(tmp_path):
         samples = [data.dataset[i] for i in step["sample_indices"]]
         assert all(tuple(s["pixel_values"].shape[1:]) == (3, 384, 384) for s in samples)  # real frames
         opt.zero_grad(set_to_none=True)
-        loss, num = reference_step(ref, samples, ignore_ids=(int(config.video_token_id),))
+        loss, num = reference_step(ref, samples, ignore_ids=(int(config.image_token_id), int(config.video_token_id)))
         assert step["num_tokens"] == num
         assert abs(step["loss"] - loss) <= 1e-12 * abs(loss), (step["loss"], loss)
         grads = {n: p.grad for n, p in ref.named_parameters() if p.grad is not None}
@@ -77,15 +83,33 @@ def test_frame_table_puts_each_newline_after_its_video_and_each_image_in_one_row
                               [65, 1, -1, 1, 1, N, 0, 0, 0]]
 
 
-def test_the_index_records_images_it_cannot_count(tmp_path):
-    """`fcp index --spec llava-onevision` counts videos; the bundled images are recorded as unsupported_media (not
-    indexed by another rule, not dropped without a word). Images train from a processor's samples (below)."""
+def test_the_index_counts_an_image_alone_in_its_sample_and_refuses_several(tmp_path):
+    """`fcp index --spec llava-onevision`: every bundled image is indexed with its AnyRes count (no error), and the
+    reader gives that many crops of 384 px with the grid row (−crops, H, W); a conversation holding two images (its
+    processor would make one crop of each) is recorded as unsupported_media, not counted by the other rule."""
     from fcp_data import bundled_index
+    from fcp_data.index import build_index
+    from fcp_data.readers import IndexedDataset
 
     index = bundled_index("llava-onevision", str(tmp_path / "cache"))
-    errors = [json.loads(line) for line in (index / "errors.jsonl").read_text().splitlines()]
-    assert errors and {e["reason"] for e in errors} == {"unsupported_media"}
-    assert all(e["key"].startswith("img-") for e in errors)
+    assert not (index / "errors.jsonl").read_text().strip()
+    data = IndexedDataset(index)
+    images = [i for i in range(len(data)) if int(data.index.num_frames[i]) == 1 and int(data.index.height[i])]
+    assert len(images) >= 5
+    for i in images:
+        s = data[i]
+        crops, h, w = s["grid_thw"][0].tolist()
+        assert crops <= -2 and (h, w) == (int(data.index.height[i]), int(data.index.width[i]))
+        assert tuple(s["pixel_values"].shape) == (-crops, 3, 384, 384)
+    from PIL import Image
+
+    for k in range(2):
+        Image.new("RGB", (64 + 32 * k, 48), (40 * k, 90, 200)).save(tmp_path / f"im{k}.png")
+    (tmp_path / "chat.jsonl").write_text(json.dumps({"id": "two", "image": ["im0.png", "im1.png"], "messages": [
+        {"role": "user", "content": "<image> and <image>?"}, {"role": "assistant", "content": "yes."}]}) + "\n")
+    manifest, _ = build_index([str(tmp_path / "chat.jsonl")], "llava-onevision", tmp_path / "chat", progress=False,
+                              chat_field="messages", max_error_rate=1.0)
+    assert manifest["errors_by_reason"] == {"unsupported_media": 1}, manifest["errors_by_reason"]
 
 
 def test_processor_samples_convert_to_fcps_format_and_back():
@@ -169,3 +193,32 @@ def test_image_tokens_equal_what_the_processor_writes(size):
         inputs = {"batch_num_images": [2 if many else 1], "image_sizes": [list(size)], "pixel_values": pixels}
         written = LlavaOnevisionProcessor.replace_image_token(stand_in, inputs, 0).count("<image>")
         assert image_tokens(config, num_crops(config, size, single=not many), size) == written, (size, many)
+    # the index's own rule (fcp_data.anyres, no transformers): the same count and crops for an image alone
+    from fcp_data import anyres
+
+    assert anyres.image_tokens(size, config.image_grid_pinpoints, 384, 14) == written_single(stand_in, size)
+    assert anyres.num_crops(size, config.image_grid_pinpoints, 384) == num_crops(config, size)
+
+
+def written_single(stand_in, size) -> int:
+    from transformers.models.llava_onevision.processing_llava_onevision import LlavaOnevisionProcessor
+
+    inputs = {"batch_num_images": [1], "image_sizes": [list(size)], "pixel_values": torch.zeros(1, 1, 3, 384, 384)}
+    return LlavaOnevisionProcessor.replace_image_token(stand_in, inputs, 0).count("<image>")
+
+
+def test_the_index_rule_equals_the_models_packing_on_random_sizes():
+    """fcp_data.anyres (what `fcp index` counts) against the model's own packing run on zeros, 400 random image sizes
+    from 1 to 4,000 px a side under LLaVA-OneVision-7B's geometry: the same crops and tokens every time."""
+    import numpy as np
+    from transformers import LlavaOnevisionConfig
+
+    from fcp_data import anyres
+    from fcp_exec.integrations.hf_llava import image_tokens, num_crops
+
+    config = LlavaOnevisionConfig()
+    rng = np.random.default_rng(0)
+    for h, w in rng.integers(1, 4001, size=(400, 2)).tolist():
+        crops = num_crops(config, (h, w))
+        assert anyres.num_crops((h, w), config.image_grid_pinpoints, 384) == crops, (h, w)
+        assert anyres.image_tokens((h, w), config.image_grid_pinpoints, 384, 14) == image_tokens(config, crops, (h, w))
