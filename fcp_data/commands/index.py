@@ -34,8 +34,9 @@ def register(subparsers, summary: str) -> None:
     p = subparsers.add_parser("index", help=summary, description=summary, epilog=EPILOG,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("inputs", nargs="+", metavar="INPUT", help="jsonl, parquet or arrow files, tar shards (globs/brace ranges), folders")
-    p.add_argument("--spec", required=True, help="bundled spec name (qwen2-vl, qwen2.5-vl, qwen3-vl, internvl3, "
-                                                 "llava-video, text, text-bidirectional) or a spec .json path")
+    from fcp_data.specs import list_specs
+
+    p.add_argument("--spec", required=True, help=f"bundled spec name ({', '.join(list_specs())}) or a spec .json path")
     p.add_argument("--out", required=True, help="output folder of the index")
     p.add_argument("--tokenizer", default=None, help="tokenizer.json overriding the spec's (e.g. the real model's)")
     p.add_argument("--workers", type=int, default=1, help="local worker processes, one shard at a time each (default 1)")
