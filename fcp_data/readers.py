@@ -319,8 +319,9 @@ class IndexedDataset(torch.utils.data.Dataset):
             plans = [row_plan(self.spec, self.index, i)]
         else:
             src = self.index.sources[int(self.index.shard[i])]["path"]
-            plans = [self._header_plan(m, self._resolve(media_path(m, src, self.index.manifest.get("media_root"))))[0]
-                     for m in media]
+            images = sum(m.kind == "image" for m in media)
+            plans = [self._header_plan(m, self._resolve(media_path(m, src, self.index.manifest.get("media_root"))),
+                                       images)[0] for m in media]
         tok, pos, runs = self.spec.tokenizer(), 0, []
         for k, text in enumerate(pieces):
             pos += len(tok.encode(text, add_special_tokens=False).ids) if text else 0
@@ -334,8 +335,9 @@ class IndexedDataset(torch.utils.data.Dataset):
         """A media's bytes, or its file after ``roots`` relocation (applied once, to the path as indexed)."""
         return path if isinstance(path, bytes) else Path(self._relocate(str(path)))
 
-    def _header_plan(self, m, path) -> tuple[object, dict]:
-        """``(plan, geometry)`` of one media from its header (``path``: its bytes or its relocated file)."""
+    def _header_plan(self, m, path, images: int = 1) -> tuple[object, dict]:
+        """``(plan, geometry)`` of one media from its header (``path``: its bytes or its relocated file; ``images``:
+        the images of its sample)."""
         from fcp_data.index.probe import probe_image, probe_video
 
         src = path
@@ -345,11 +347,12 @@ class IndexedDataset(torch.utils.data.Dataset):
             return plan_visual(self.spec, "video", height=h.height, width=h.width, num_frames=h.num_frames,
                                fps=h.fps), geom
         ih, iw = probe_image(src)
-        return plan_visual(self.spec, "image", height=ih, width=iw), dict(kind=KIND_IMAGE, height=ih, width=iw,
-                                                                           num_frames=1, fps=0.0)
+        return plan_visual(self.spec, "image", height=ih, width=iw, images_in_sample=images), \
+            dict(kind=KIND_IMAGE, height=ih, width=iw, num_frames=1, fps=0.0)
 
     def _probed_vision(self, i: int, media: list, paths: list, decode: bool = True) -> list[tuple[list[int], dict]]:
-        plans = [self._header_plan(x, p) for x, p in zip(media, paths)]
+        images = sum(x.kind == "image" for x in media)
+        plans = [self._header_plan(x, p, images) for x, p in zip(media, paths)]
         if sum(p.num_visual_tokens for p, _ in plans) != int(self.index.num_visual_tokens[i]):
             raise ValueError(f"sample {self.index.keys[i]!r}: its images/videos changed since indexing (visual tokens "
                              f"{sum(p.num_visual_tokens for p, _ in plans)} != {int(self.index.num_visual_tokens[i])})")

@@ -21,7 +21,8 @@ width, height) so that ``fcp index`` never decodes a video:
   210 ``<image>`` tokens per frame. Images: 729 tokens (one 384-px crop; AnyRes is not modelled). With
   ``video.newline`` (spec ``llava-onevision``: transformers' ``LlavaOnevisionProcessor``) a video is
   ``tokens_per_frame`` (196: 27×27 patches pooled to 14×14) per frame + one ``image_newline`` token, all of them
-  ``tokens.video``; with ``image.anyres`` an image is its AnyRes count (:mod:`fcp_data.anyres`), read as its crops.
+  ``tokens.video``; with ``image.anyres`` an image alone in its sample is its AnyRes count (:mod:`fcp_data.anyres`),
+  read as its crops, and one of several is one square crop (27² + 1 tokens).
 - ``text``: tokens of the document (+ EOS when ``append_eos``).
 
 A sample's token sequence is a :class:`VisualPlan`'s segments followed by the caption tokens and EOS; the
@@ -296,8 +297,10 @@ class VisualPlan:
             raise ValueError(f"VisualPlan.kind must be 'image' or 'video', got {self.kind!r}")
 
 
-def plan_visual(spec: Spec, kind: str, *, height: int, width: int, num_frames: int = 1, fps: float = 0.0) -> VisualPlan:
-    """The token layout of one image (``kind='image'``) or video from its header values."""
+def plan_visual(spec: Spec, kind: str, *, height: int, width: int, num_frames: int = 1, fps: float = 0.0,
+                images_in_sample: int = 1) -> VisualPlan:
+    """The token layout of one image (``kind='image'``) or video from its header values (``images_in_sample``: the
+    images of its sample, for a rule that depends on it — LLaVA-OneVision's one crop each of several)."""
     v, fam = spec.vision, spec.family
     if fam == "qwen-vl":
         return _plan_qwen(spec, kind, height, width, num_frames, fps)
@@ -323,8 +326,11 @@ def plan_visual(spec: Spec, kind: str, *, height: int, width: int, num_frames: i
             from fcp_data import anyres
 
             a, tile = v["image"]["anyres"], int(v["image_size"])
-            n = anyres.image_tokens((height, width), a["grid_pinpoints"], tile, int(v["patch_size"]), a["max_patches"])
-            crops = anyres.num_crops((height, width), a["grid_pinpoints"], tile)
+            if images_in_sample > 1:  # one square crop (padded, resized) + a newline
+                n, crops = (tile // int(v["patch_size"])) ** 2 + 1, 1
+            else:
+                n = anyres.image_tokens((height, width), a["grid_pinpoints"], tile, int(v["patch_size"]), a["max_patches"])
+                crops = anyres.num_crops((height, width), a["grid_pinpoints"], tile)
             return VisualPlan(kind=kind, segments=(("token", tok, n),), num_visual_tokens=n, resized=(height, width),
                               grid_thw=(-crops, height, width))
         if kind == "image":

@@ -148,13 +148,26 @@ def vision_inputs(spec: Spec, plan: VisualPlan, src: bytes | str | Path) -> tupl
         if v["image"].get("use_thumbnail", True) and len(tiles) > 1:
             tiles.append(_pil_resize(img, (size, size)))
     elif fam == "llava-video" and plan.kind == "image" and plan.grid_thw is not None:  # LLaVA-OneVision's AnyRes
-        tiles = _anyres_crops(spec, img, size)
+        tiles = _anyres_crops(spec, img, size) if grid[0] < -1 else [_square_crop(spec, img, size)]
         if len(tiles) != -grid[0] or tuple(img.size[::-1]) != tuple(grid[1:]):
             raise ValueError(f"image of {img.size[1]}x{img.size[0]} px, {len(tiles)} crops differs from the planned "
                              f"{grid[1]}x{grid[2]}, {-grid[0]}: the file changed since indexing")
     else:  # an InternVL video frame is one tile; LLaVA-Video resizes each frame (or the image) to one square
         tiles = [_pil_resize(f, (size, size)) for f in frames] if plan.kind == "video" else [_pil_resize(img, (size, size))]
     return _tiles_to_tensor(tiles, v["image_mean"], v["image_std"]), torch.tensor([grid], dtype=torch.long)
+
+
+def _square_crop(spec: Spec, img, tile: int) -> np.ndarray:
+    """LLaVA-OneVision's one crop of an image among several in its sample: padded to a square, centred, with the
+    image mean as the background (its processor's ``pad_to_square``), then resized to ``tile × tile``."""
+    arr = np.asarray(img, dtype=np.uint8)
+    h, w = arr.shape[:2]
+    side = max(h, w)
+    canvas = np.empty((side, side, 3), dtype=np.uint8)
+    canvas[:] = [int(x * 255) for x in spec.vision["image_mean"]]
+    y, x = (side - h) // 2, (side - w) // 2
+    canvas[y:y + h, x:x + w] = arr
+    return _pil_resize(canvas, (tile, tile))
 
 
 def _anyres_crops(spec: Spec, img, tile: int) -> list[np.ndarray]:

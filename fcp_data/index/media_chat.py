@@ -22,9 +22,9 @@ def _check_video(h, limits: Limits) -> None:
                                             f"--max-image-pixels {limits.max_image_pixels}")
 
 
-def probe_plan(kind: str, src, spec, probe: str, limits: Limits):
-    """``(visual plan, index columns)`` of one video or image (bytes, path or member file) under ``spec``; a
-    :class:`ProbeError` says why it cannot be a sample."""
+def probe_plan(kind: str, src, spec, probe: str, limits: Limits, images_in_sample: int = 1):
+    """``(visual plan, index columns)`` of one video or image (bytes, path or member file) under ``spec``
+    (``images_in_sample``: the images of its sample); a :class:`ProbeError` says why it cannot be a sample."""
     from fcp_data.specs import plan_visual
 
     if kind == "video":
@@ -39,7 +39,7 @@ def probe_plan(kind: str, src, spec, probe: str, limits: Limits):
         return plan, dict(kind=KIND_VIDEO, num_frames=h.num_frames, fps=h.fps, height=h.height, width=h.width)
     ih, iw = probe_image(src, limits.max_image_pixels)
     try:
-        plan = plan_visual(spec, "image", height=ih, width=iw)
+        plan = plan_visual(spec, "image", height=ih, width=iw, images_in_sample=images_in_sample)
     except ValueError as e:
         raise ProbeError("unsupported_image", str(e)) from None
     check_image_data(src)  # the reader decodes it at every epoch: a damaged file is an error now, not then
@@ -53,17 +53,14 @@ def media_plans(media: list, jsonl_path, cfg: dict, spec) -> list[tuple[object, 
     from fcp_data.index.probe import IMAGE_EXTS
 
     limits, out = Limits.from_dict(cfg.get("limits")), []
-    anyres = spec.family == "llava-video" and bool((spec.vision.get("image") or {}).get("anyres"))
-    if anyres and sum(m.kind == "image" for m in media) > 1:  # its processor makes one crop of each: not modelled
-        raise ProbeError("unsupported_media", f"spec {spec.name!r} counts an image alone in its sample (AnyRes); this "
-                         f"one holds {sum(m.kind == 'image' for m in media)}")
+    images = sum(m.kind == "image" for m in media)
     for m in media:
         if m.kind == "video" and Path(m.path).suffix.lower().lstrip(".") in IMAGE_EXTS:
             raise ProbeError("corrupt_video", f"{m.path!r} is an image file: give it as an image")
         path = media_path(m, jsonl_path, cfg.get("media_root"))
         if not isinstance(path, bytes) and not Path(path).is_file():
             raise ProbeError("missing_media", f"no {m.kind} file {str(path)!r}")
-        out.append(probe_plan(m.kind, path, spec, cfg["probe"], limits))
+        out.append(probe_plan(m.kind, path, spec, cfg["probe"], limits, images))
     return out
 
 

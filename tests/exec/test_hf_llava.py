@@ -83,12 +83,10 @@ def test_frame_table_puts_each_newline_after_its_video_and_each_image_in_one_row
                               [65, 1, -1, 1, 1, N, 0, 0, 0]]
 
 
-def test_the_index_counts_an_image_alone_in_its_sample_and_refuses_several(tmp_path):
+def test_the_index_counts_every_bundled_image_by_anyres(tmp_path):
     """`fcp index --spec llava-onevision`: every bundled image is indexed with its AnyRes count (no error), and the
-    reader gives that many crops of 384 px with the grid row (−crops, H, W); a conversation holding two images (its
-    processor would make one crop of each) is recorded as unsupported_media, not counted by the other rule."""
+    reader gives that many crops of 384 px with the grid row (−crops, H, W)."""
     from fcp_data import bundled_index
-    from fcp_data.index import build_index
     from fcp_data.readers import IndexedDataset
 
     index = bundled_index("llava-onevision", str(tmp_path / "cache"))
@@ -101,15 +99,54 @@ def test_the_index_counts_an_image_alone_in_its_sample_and_refuses_several(tmp_p
         crops, h, w = s["grid_thw"][0].tolist()
         assert crops <= -2 and (h, w) == (int(data.index.height[i]), int(data.index.width[i]))
         assert tuple(s["pixel_values"].shape) == (-crops, 3, 384, 384)
+
+
+def _two_image_chats(root: Path) -> Path:
+    """4 conversations of 2 images each (sizes 48–96 px) and a question, as LLaVA's jsonl writes them."""
     from PIL import Image
 
-    for k in range(2):
-        Image.new("RGB", (64 + 32 * k, 48), (40 * k, 90, 200)).save(tmp_path / f"im{k}.png")
-    (tmp_path / "chat.jsonl").write_text(json.dumps({"id": "two", "image": ["im0.png", "im1.png"], "messages": [
-        {"role": "user", "content": "<image> and <image>?"}, {"role": "assistant", "content": "yes."}]}) + "\n")
-    manifest, _ = build_index([str(tmp_path / "chat.jsonl")], "llava-onevision", tmp_path / "chat", progress=False,
-                              chat_field="messages", max_error_rate=1.0)
-    assert manifest["errors_by_reason"] == {"unsupported_media": 1}, manifest["errors_by_reason"]
+    lines = []
+    for k in range(4):
+        names = []
+        for j in range(2):
+            name = f"im{k}{j}.png"
+            Image.new("RGB", (48 + 16 * (k + j), 48 + 8 * k), (40 * k, 90 + 60 * j, 200)).save(root / name)
+            names.append(name)
+        lines.append({"id": f"two-{k}", "image": names, "messages": [
+            {"role": "user", "content": "compare <image> and <image> please"},
+            {"role": "assistant", "content": "the second is larger." * (k + 1)}]})
+    (root / "chat.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return root / "chat.jsonl"
+
+
+def test_samples_of_several_images_index_and_train_like_the_stock_model(tmp_path):
+    """A conversation of two images: its processor makes one square crop of each (padded with the image mean) and
+    writes 27² + 1 = 730 tokens per image; the index counts that, the reader gives one crop per image with the grid
+    row (−1, H, W), and `fcp train` on 4 such conversations (2 processes, float64, one of them split over a degree-2
+    group) equals the stock model fed their processor's inputs (``batch_num_images = [2]``) to 1e-12."""
+    from fcp_data.index import build_index
+    from fcp_data.readers import IndexedDataset
+
+    chat = _two_image_chats(tmp_path)
+    manifest, rc = build_index([str(chat)], "llava-onevision", tmp_path / "idx", progress=False, chat_field="messages")
+    assert rc == 0 and manifest["num_samples"] == 4, manifest["errors_by_reason"]
+    data = IndexedDataset(tmp_path / "idx")
+    s = data[0]
+    assert s["grid_thw"][:, 0].tolist() == [-1, -1] and tuple(s["pixel_values"].shape) == (2, 3, 384, 384)
+    assert int(data.index.num_visual_tokens[0]) == 2 * 730
+    kw = dict(model=f"hf:{CONFIG}", data=str(tmp_path / "idx"), dtype="float64", steps=1, global_batch_size=4,
+              max_tokens=2000, tokens_per_rank=1000, prefetch=0, verbose=False, return_grads=True)
+    step = run_training(TrainConfig(**kw), 2)["steps"][0]
+    assert any(2 in mb for mb in step["degrees"]), step["degrees"]
+    config = hf.load_config(CONFIG)
+    ref = hf.build_model(config, dtype=torch.float64, seed=0)
+    ref.train()
+    loss, num = reference_step(ref, [data[i] for i in step["sample_indices"]],
+                               ignore_ids=(int(config.image_token_id), int(config.video_token_id)))
+    assert step["num_tokens"] == num and abs(step["loss"] - loss) <= 1e-12 * abs(loss), (step["loss"], loss)
+    grads = {n: p.grad for n, p in ref.named_parameters() if p.grad is not None}
+    top = max(float(g.abs().max()) for g in grads.values())
+    assert max(float((torch.from_numpy(step["grads"][n]) - g).abs().max()) for n, g in grads.items()) <= 1e-12 * top
 
 
 def test_processor_samples_convert_to_fcps_format_and_back():
