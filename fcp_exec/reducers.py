@@ -308,10 +308,9 @@ def make_reducer(name: str, model: nn.Module, *, find_unused_parameters: bool | 
         from torch.nn.parallel import DistributedDataParallel
 
         if find_unused_parameters is None:
-            from fcp_exec.integrations.hf_models import UNUSED_PARAMETER_MODEL_TYPES
+            from fcp_exec.integrations.hf_models import leaves_parameters_unused
 
-            find_unused_parameters = getattr(getattr(model, "config", None), "model_type", None) in \
-                UNUSED_PARAMETER_MODEL_TYPES
+            find_unused_parameters = leaves_parameters_unused(model)
         dev = next(model.parameters()).device
         ddp = DistributedDataParallel(model, device_ids=[dev] if dev.type == "cuda" else None,
                                       find_unused_parameters=find_unused_parameters)

@@ -74,7 +74,7 @@ class SyntheticHFDocs:
         self.is_vl = hasattr(config, "vision_config") and hasattr(config, "image_token_id")
         self.qwen3 = config.model_type == "qwen3_vl"
         self.tiles = config.model_type == "internvl"  # every visual entry: t tiles of the vision tower's image size
-        self.frames = config.model_type == "llava_onevision"  # every visual entry: a video of t frames
+        self.frames = config.model_type == "llava_onevision"  # videos of t frames, AnyRes / single-crop images
         self.ids = special_ids(config) if self.is_vl else {}
         reserved = set(self.ids.values()) | {int(getattr(tc, "pad_token_id", None) or 0)}
         self.low = max(reserved) + 1 if reserved else 1

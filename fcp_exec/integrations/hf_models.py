@@ -11,7 +11,7 @@ from torch import nn
 from fcp_exec.compat import require_hf_models
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "VL_MODEL_TYPES", "TILE_VL_MODEL_TYPES", "FRAME_VL_MODEL_TYPES", "MLLM_MODEL_TYPES",
-           "UNUSED_PARAMETER_MODEL_TYPES", "attention_limits",
+           "UNUSED_PARAMETER_MODEL_TYPES", "leaves_parameters_unused", "attention_limits",
            "build_model", "load_config", "ring_call", "tile_geometry"]
 
 # tested against the stock model (tests/exec/test_hf_train.py, tests/exec/test_hf_families.py)
@@ -25,6 +25,12 @@ MLLM_MODEL_TYPES = VL_MODEL_TYPES + TILE_VL_MODEL_TYPES + FRAME_VL_MODEL_TYPES
 # models whose forward leaves parameters without a gradient (LLaVA-OneVision reads its SigLIP tower's last hidden
 # state, before the tower's post_layernorm): DDP must be built with find_unused_parameters=True
 UNUSED_PARAMETER_MODEL_TYPES = ("llava_onevision",)
+
+
+def leaves_parameters_unused(model: Any) -> bool:
+    """Whether ``model`` (a transformers model, or anything else: False) is of a type in
+    :data:`UNUSED_PARAMETER_MODEL_TYPES`, i.e. DDP needs ``find_unused_parameters=True`` for it."""
+    return getattr(getattr(model, "config", None), "model_type", None) in UNUSED_PARAMETER_MODEL_TYPES
 
 
 def attention_limits(module: nn.Module, dropout: float, kwargs: dict, ring: Any) -> int | None:

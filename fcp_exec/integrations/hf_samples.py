@@ -222,16 +222,13 @@ class HFSamples:
         self.base = base
         self.vl = config is not None and getattr(config, "vision_config", None) is not None
         self.tile_side = None  # InternVL: patches per tile side; a sample's grid_thw is [[tiles, side, side]]
-        self._config, self.frame_side = config, None  # LLaVA-OneVision: pooled tokens per video frame side
-        if self.vl and getattr(config, "model_type", None) == "llava_onevision":
-            from fcp_exec.integrations.hf_llava import pooled_side
-
-            self.frame_side = pooled_side(config)
-        elif self.vl and getattr(config, "model_type", None) == "internvl":
+        self._config = config
+        self.llava = self.vl and getattr(config, "model_type", None) == "llava_onevision"  # hf_llava.fcp_inputs
+        if self.vl and getattr(config, "model_type", None) == "internvl":
             from fcp_exec.integrations.hf_models import tile_geometry
 
             self.tile_side = tile_geometry(config)[0]
-        elif self.vl:
+        elif self.vl and not self.llava:
             self.image_token_id, self.video_token_id = int(config.image_token_id), int(config.video_token_id)
             self.merge = int(config.vision_config.spatial_merge_size)
 
@@ -242,7 +239,7 @@ class HFSamples:
         sample = strip_padding(self.base[i])
         if not self.vl:
             return sample
-        if self.frame_side is not None:
+        if self.llava:
             from fcp_exec.integrations.hf_llava import fcp_inputs
 
             return fcp_inputs(sample, self._config)

@@ -86,8 +86,7 @@ def run_args(args: Any, global_batch_size: int | None, model: Any = None) -> tup
     args = copy.copy(args)
     args.gradient_accumulation_steps = 1
     if getattr(args, "ddp_find_unused_parameters", False) is None:
-        from fcp_exec.integrations.hf_models import UNUSED_PARAMETER_MODEL_TYPES
+        from fcp_exec.integrations.hf_models import leaves_parameters_unused
 
-        config = getattr(model, "config", None)
-        args.ddp_find_unused_parameters = getattr(config, "model_type", None) in UNUSED_PARAMETER_MODEL_TYPES
+        args.ddp_find_unused_parameters = leaves_parameters_unused(model)
     return args, accumulate
