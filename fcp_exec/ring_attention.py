@@ -177,9 +177,11 @@ def _block_backward(plan: _Plan, kernel, step: int, args, causal: bool, scale: f
     return windowed_backward(*args, scale, window, *plan.positions(step))
 
 
-def ring_forward(q, k, v, plan: _Plan, comm, scale: float, kernel: AttentionKernel, window: int | None = None):
+def ring_forward(q, k, v, plan: _Plan, comm, scale: float, kernel: AttentionKernel, window: int | None = None,
+                 sinks: torch.Tensor | None = None):
     """``(out, lse)`` of the ring over ``plan``'s blocks (K/V passed around ``comm``); lse ``[H, T]`` in the
-    accumulation dtype. The forward of :class:`_RingAttentionFn` and of ``torch.ops.fcp.ring_attention``."""
+    accumulation dtype. The forward of :class:`_RingAttentionFn` and of ``torch.ops.fcp.ring_attention``. With
+    ``sinks`` (``[H]`` logits): the result of :func:`add_sinks`."""
     acc = lse_dtype_for(q.dtype)
     # step 0's block has every query row: its result starts the running result (no zero-fill, no merge)
     out_acc = torch.zeros(q.shape, dtype=acc, device=q.device) if not q.shape[0] else None
@@ -199,7 +201,28 @@ def ring_forward(q, k, v, plan: _Plan, comm, scale: float, kernel: AttentionKern
                 merge_block(out_acc, lse_acc, out_b, lse_b, q_rows)
         if pending is not None:
             k_cur, v_cur = pending.wait()
+    if sinks is not None:
+        out_acc, lse_acc = add_sinks(out_acc, lse_acc, sinks)
     return out_acc.to(q.dtype), lse_acc
+
+
+def add_sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention sinks (gpt-oss's ``s_aux``): one extra logit ``sinks[h]`` per head in every query's softmax, with a
+    zero value. The ring's exact ``(out [T, H, D], lse [H, T])`` become ``lse' = logaddexp(lse, sink)`` and
+    ``out' = out · exp(lse − lse')``. The backward needs nothing else: with ``out'``/``lse'`` in place of
+    ``out``/``lse`` every kernel's backward yields the gradients of the softmax that includes the sink (its
+    probabilities are ``exp(s − lse')`` and ``rowsum(dO ∘ out')`` is that softmax's ``D`` term, the sink adding a
+    zero value), and the sink's own gradient is :func:`sink_grad`."""
+    new = torch.logaddexp(lse, sinks.to(lse.dtype)[:, None])
+    return out * torch.exp(lse - new).t().unsqueeze(-1), new
+
+
+def sink_grad(dout: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """``dL/dsinks [H]`` of :func:`add_sinks` over this rank's queries: ``−Σ_t p_sink(t) · rowsum(dO ∘ out')(t)``
+    with ``p_sink = exp(sink − lse')``."""
+    acc = lse.dtype
+    d = (dout.to(acc) * out.to(acc)).sum(-1)  # [T, H]
+    return -(torch.exp(sinks.to(acc)[:, None] - lse) * d.t()).sum(1).to(sinks.dtype)
 
 
 def ring_backward(dout, q, k, v, out, lse, plan: _Plan, comm, scale: float, kernel: AttentionKernel,
@@ -251,18 +274,20 @@ def ring_backward(dout, q, k, v, out, lse, plan: _Plan, comm, scale: float, kern
 
 class _RingAttentionFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, plan: _Plan, comm, scale: float, kernel: AttentionKernel, window: int | None = None):
-        out, lse = ring_forward(q, k, v, plan, comm, scale, kernel, window)
-        ctx.save_for_backward(q, k, v, out, lse)
+    def forward(ctx, q, k, v, plan: _Plan, comm, scale: float, kernel: AttentionKernel, window: int | None = None,
+                sinks: torch.Tensor | None = None):
+        out, lse = ring_forward(q, k, v, plan, comm, scale, kernel, window, sinks)
+        ctx.save_for_backward(q, k, v, out, lse, sinks)
         ctx.plan, ctx.comm, ctx.scale, ctx.kernel, ctx.window = plan, comm, scale, kernel, window
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out, lse, sinks = ctx.saved_tensors
         with _autocast_off(dout.device):
             grads = ring_backward(dout, q, k, v, out, lse, ctx.plan, ctx.comm, ctx.scale, ctx.kernel, ctx.window)
-        return (*grads, None, None, None, None, None)
+            dsinks = None if sinks is None or not ctx.needs_input_grad[8] else sink_grad(dout, out, lse, sinks)
+        return (*grads, None, None, None, None, None, dsinks)
 
 
 class RingBatch:
@@ -307,7 +332,8 @@ class RingBatch:
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens, *, ranks=None,
                    causal: bool = True, softmax_scale: float | None = None,
                    kernel: AttentionKernel | str | None = None, timeout=None, group=None,
-                   check_shapes: bool = True, window: int | None = None) -> torch.Tensor:
+                   check_shapes: bool = True, window: int | None = None,
+                   sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of zigzag-sharded packed documents across the logical CP group ``ranks``.
 
     ``q`` ``[T_local, H_q, D]``, ``k``/``v`` ``[T_local, H_kv, D]`` (GQA when ``H_kv < H_q``),
@@ -332,13 +358,19 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
     where it has a fused banded kernel (``kernel.fused_window``: flash-attn / torch's flash varlen on fp16/bf16
     CUDA tensors) — one varlen call at degree 1, one call per pair of zigzag chunks at degree > 1
     (:mod:`fcp_exec.kernels.window_band`) — else by the shared masked math path of :mod:`fcp_exec.kernels.window`;
-    ``None``: no window.
+    ``None``: no window. ``sinks``: attention sinks (gpt-oss), a ``[H_q]`` tensor of per-head logits that join
+    every query's softmax with a zero value (:func:`add_sinks`); differentiable, its gradient summed over this
+    rank's queries (a data-parallel reducer sums it over ranks like any weight's).
     """
     q, k, v = _autocast_inputs(q, k, v)
     scale, kernel = _checked_args(q, k, v, causal, softmax_scale, kernel)
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1 or not causal):
         raise ValueError(f"window must be an int >= 1 with causal=True (a sliding window), got {window!r}"
                          f"{'' if causal else ' with causal=False'}")
+    if sinks is not None and (not isinstance(sinks, torch.Tensor) or tuple(sinks.shape) != (q.shape[1],)
+                              or not sinks.is_floating_point() or sinks.device != q.device):
+        raise ValueError(f"sinks must be a floating [H_q={q.shape[1]}] tensor on {q.device}, got "
+                         f"{tuple(sinks.shape) if isinstance(sinks, torch.Tensor) else type(sinks).__name__}")
     if isinstance(cu_seqlens, RingBatch):
         rb = cu_seqlens
         if ranks is not None and tuple(int(r) for r in ranks) != rb.comm.ranks:
@@ -351,4 +383,4 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
     if check_shapes:
         rb.check(q, k, bool(causal), scale, window)
     with _autocast_off(q.device):
-        return _RingAttentionFn.apply(q, k, v, rb.plan(bool(causal), q.device), rb.comm, scale, kernel, window)
+        return _RingAttentionFn.apply(q, k, v, rb.plan(bool(causal), q.device), rb.comm, scale, kernel, window, sinks)

@@ -10,11 +10,14 @@ __all__ = ["dense_attention"]
 
 
 def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens, *, causal: bool = True,
-                    softmax_scale: float | None = None, window: int | None = None) -> torch.Tensor:
+                    softmax_scale: float | None = None, window: int | None = None,
+                    sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Plain dense attention of packed documents (``[T, H, D]``, GQA), differentiable, in float64.
 
     Builds the full ``[T, T]`` block-diagonal (and causal) mask, so it is for small tests only. ``window``: query
-    ``i`` sees keys ``j`` with ``i - j < window`` too (a sliding window, the Hugging Face rule).
+    ``i`` sees keys ``j`` with ``i - j < window`` too (a sliding window, the Hugging Face rule). ``sinks`` ``[H_q]``:
+    one more logit per head in every row's softmax, dropped after it (gpt-oss's attention sinks, as its eager
+    attention computes them: the sink appended as a column).
     """
     cu = [int(c) for c in (cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor) else cu_seqlens)]
     t, h_q, d = q.shape
@@ -32,5 +35,9 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlen
         allowed &= (pos[:, None] - pos[None, :]) < window
     s = torch.einsum("qhd,khd->hqk", q64, k64) * scale
     s = s.masked_fill(~allowed, float("-inf"))
+    if sinks is not None:
+        column = sinks.double()[:, None, None].expand(h_q, t, 1)
+        p = torch.softmax(torch.cat([s, column], dim=-1), dim=-1)[..., :-1]
+        return torch.einsum("hqk,khd->qhd", p, v64)
     p = torch.softmax(s, dim=-1).nan_to_num(0.0)
     return torch.einsum("hqk,khd->qhd", p, v64)

@@ -35,8 +35,8 @@ Typical use (see ``examples/``)::
 
 Tested with transformers 5.18 to 5.25 (model types :data:`SUPPORTED_MODEL_TYPES`; other causal LMs whose attention
 goes through ``AttentionInterface`` are accepted with a warning). A layer's sliding window shorter than a document
-is computed exactly (:mod:`fcp_exec.kernels.window`); logit soft-capping, attention sinks, attention dropout and KV
-caches are refused with a clear error (:func:`fcp_exec.integrations.hf_models.attention_limits`): this path is for
+is computed exactly (:mod:`fcp_exec.kernels.window`), and so are gpt-oss's attention sinks
+(:func:`fcp_exec.ring_attention.add_sinks`); logit soft-capping, attention dropout and KV caches are refused with a clear error (:func:`fcp_exec.integrations.hf_models.attention_limits`): this path is for
 training.
 """
 
@@ -91,7 +91,8 @@ def fcp_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Ten
     ``torch.ops.fcp.ring_attention`` (:func:`~fcp_exec.integrations.hf_models.ring_call`): its plan and peer exchange
     depend on each micro-batch's documents and CP group, which it reads from the micro-batch's registered handle, so
     a new micro-batch does not recompile and the model compiles without a graph break at its attention. A layer with
-    a sliding window or a non-default kernel runs the ring eagerly there instead (one graph break each)."""
+    a sliding window, attention sinks or a non-default kernel runs the ring eagerly there instead (one graph break
+    each)."""
     if fcp_context is None:
         raise ValueError("attention implementation 'fcp_ring' needs fcp_context=...: call the model with "
                          "**fcp_exec.integrations.hf.batch_inputs(batch, model)")

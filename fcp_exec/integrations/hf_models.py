@@ -17,7 +17,7 @@ __all__ = ["SUPPORTED_MODEL_TYPES", "VL_MODEL_TYPES", "TILE_VL_MODEL_TYPES", "FR
 # tested against the stock model (tests/exec/test_hf_train.py, tests/exec/test_hf_families.py)
 SUPPORTED_MODEL_TYPES = ("qwen3", "llama", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen2", "mistral", "phi3", "olmo2",
                          "granite", "glm4", "smollm3", "gemma", "gemma3_text", "cohere", "qwen3_moe", "internvl",
-                         "llava_onevision")
+                         "llava_onevision", "gpt_oss")
 VL_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")  # Qwen-VL: 3-D rope positions, patches + grids
 TILE_VL_MODEL_TYPES = ("internvl",)  # fixed-size image tiles (video frames: one tile each), 1-D positions
 FRAME_VL_MODEL_TYPES = ("llava_onevision",)  # videos as square frames pooled by the model, 1-D positions
@@ -36,7 +36,7 @@ def leaves_parameters_unused(model: Any) -> bool:
 def attention_limits(module: nn.Module, dropout: float, kwargs: dict, ring: Any) -> int | None:
     """The sliding window ring attention must apply in this call, or None; one ``ValueError`` for what a layer asks
     of its attention that ring attention does not compute: attention dropout, logit soft-capping (Gemma 2),
-    attention sinks (``s_aux``), a KV cache. The window comes from the call (Mistral, Phi-3 pass the config's) or
+    a KV cache (attention sinks, gpt-oss's ``s_aux``, it computes: :func:`ring_call` passes them on). The window comes from the call (Mistral, Phi-3 pass the config's) or
     the layer (Qwen2/3, Gemma 2/3). A window at least as long as every document of the micro-batch is plain causal
     attention (no token has more predecessors than the window): None then, so the fused kernels run (the check uses
     each document's padded length in the ring, ``ring.cu`` × degree, which can only over-estimate); a shorter one is
@@ -47,8 +47,6 @@ def attention_limits(module: nn.Module, dropout: float, kwargs: dict, ring: Any)
     if kwargs.get("softcap"):
         raise ValueError(f"fcp_ring attention does not implement attention logit soft-capping (softcap="
                          f"{kwargs['softcap']}); set the config's attn_logit_softcapping to None")
-    if kwargs.get("s_aux") is not None:
-        raise ValueError("fcp_ring attention does not implement attention sinks (s_aux)")
     if kwargs.get("cache") is not None or kwargs.get("past_key_values") is not None:
         raise ValueError("fcp_ring attention is for training: call the model with use_cache=False")
     window = _window_of(module, kwargs)
@@ -64,8 +62,11 @@ def ring_call(module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     """Ring attention for one transformers attention call (``[T, H, D]`` q, k, v of this rank's shard). Under
     ``torch.compile``, a layer that asks for nothing more (no sliding window, the default kernel) runs it as the op
     ``torch.ops.fcp.ring_attention`` (:mod:`fcp_exec.ring_op`: one graph node reading the micro-batch's registered
-    handle, so a new micro-batch does not recompile); otherwise eagerly, outside any graph (:func:`_ring_eager`)."""
-    if torch.compiler.is_compiling() and kernel is None and not _window_of(module, kwargs):
+    handle, so a new micro-batch does not recompile); otherwise eagerly, outside any graph (:func:`_ring_eager`).
+    Attention sinks (``s_aux``: a ``[H_q]`` logit per head, gpt-oss) join every query's softmax
+    (:func:`fcp_exec.ring_attention.add_sinks`)."""
+    if torch.compiler.is_compiling() and kernel is None and not _window_of(module, kwargs) \
+            and kwargs.get("s_aux") is None:
         from fcp_exec.ring_op import ring_attention_op
 
         attention_limits(module, dropout, kwargs, ring)  # the refusals (no window: the ring's lengths are not read)
@@ -82,7 +83,7 @@ def _ring_eager(module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Te
 
     window = attention_limits(module, dropout, kwargs, ring)
     return ring_attention(q, k, v, ring, causal=bool(getattr(module, "is_causal", True)), softmax_scale=scaling,
-                          kernel=kernel, window=window)
+                          kernel=kernel, window=window, sinks=kwargs.get("s_aux"))
 
 
 def _window_of(module: nn.Module, kwargs: dict) -> Any:
@@ -126,9 +127,20 @@ _SIZE_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_at
                 "head_dim", "vocab_size", "depth", "num_heads")
 
 
+def stock_attention(auto, cfg) -> str:
+    """The attention a stock model is built with: ``"sdpa"``, or ``"eager"`` for a model class without an SDPA
+    path (gpt-oss: SDPA has no attention sinks)."""
+    try:
+        cls = auto._model_mapping[type(cfg)]
+    except (KeyError, AttributeError):
+        return "sdpa"
+    return "sdpa" if getattr(cls, "_supports_sdpa", True) else "eager"
+
+
 def build_model(config, *, dtype=torch.float32, seed: int = 0) -> nn.Module:
-    """A randomly initialised transformers model (``sdpa`` attention; call :func:`apply_fcp` for FCP) from a
-    config or a config path, with weights drawn from ``torch.manual_seed(seed)`` — identical on every rank."""
+    """A randomly initialised transformers model (``sdpa`` attention, ``eager`` where the model has no SDPA path:
+    :func:`stock_attention`; call :func:`apply_fcp` for FCP) from a config or a config path, with weights drawn
+    from ``torch.manual_seed(seed)`` — identical on every rank."""
     require_hf_models()
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
@@ -136,7 +148,7 @@ def build_model(config, *, dtype=torch.float32, seed: int = 0) -> nn.Module:
     torch.manual_seed(int(seed))
     auto = AutoModelForImageTextToText if cfg.model_type in MLLM_MODEL_TYPES else AutoModelForCausalLM
     try:
-        return auto.from_config(cfg, attn_implementation="sdpa", dtype=dtype)
+        return auto.from_config(cfg, attn_implementation=stock_attention(auto, cfg), dtype=dtype)
     except (RuntimeError, ValueError, TypeError) as e:  # e.g. a negative hidden_size reaches torch as a tensor shape
         raise ValueError(f"cannot build a {cfg.model_type} model from this config: {str(e).splitlines()[0]}") from None
 
@@ -169,7 +181,7 @@ def has_weights(path) -> bool:
 
 def load_model(path, *, config=None, dtype=torch.float32, seed: int = 0, init: str = "auto") -> nn.Module:
     """The model of a local ``path`` (a ``config.json`` or a checkpoint folder): its weights, read with
-    ``from_pretrained`` (local files only, ``sdpa`` attention, in ``dtype``), when ``init`` is ``"pretrained"`` — or
+    ``from_pretrained`` (local files only, :func:`stock_attention`, in ``dtype``), when ``init`` is ``"pretrained"`` — or
     ``"auto"`` and the folder holds weights (:data:`WEIGHT_FILES`); else randomly initialised from ``seed``
     (:func:`build_model`). A checkpoint that lacks a tensor the model has, or holds one of another shape, is one
     ``ValueError`` naming it (transformers would initialise it randomly and only log a warning)."""
@@ -191,8 +203,8 @@ def load_model(path, *, config=None, dtype=torch.float32, seed: int = 0, init: s
     if quiet:
         hf_logging.disable_progress_bar()
     try:
-        model, info = auto.from_pretrained(str(path), config=cfg, attn_implementation="sdpa", dtype=dtype,
-                                           local_files_only=True, output_loading_info=True)
+        model, info = auto.from_pretrained(str(path), config=cfg, attn_implementation=stock_attention(auto, cfg),
+                                           dtype=dtype, local_files_only=True, output_loading_info=True)
     except Exception as e:  # noqa: BLE001 - safetensors/torch/transformers errors of a damaged checkpoint
         first = (str(e).strip().splitlines() or [""])[0]
         raise ValueError(f"{path}: cannot load the checkpoint's weights ({type(e).__name__}: {first})") from None

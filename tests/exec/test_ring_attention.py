@@ -39,9 +39,12 @@ def _inputs(gen, t, hq, hkv, d, dtype):
     return mk(hq), mk(hkv), mk(hkv), mk(hq)
 
 
-def ring_case(rank, groupings, lengths, heads, dtype_name, causal, seed, kernel_name=None, window=None):
+def ring_case(rank, groupings, lengths, heads, dtype_name, causal, seed, kernel_name=None, window=None,
+              sinks=False):
     """Worker: for each grouping (a list of groups covering the world) run the group containing
-    this rank; return max errors per call. ``lengths[c][g]`` are the doc lengths of group g."""
+    this rank; return max errors per call. ``lengths[c][g]`` are the doc lengths of group g. ``sinks``: with
+    attention sinks (per-head logits drawn from the seed, N(0, 2²)); the report then holds this rank's share of
+    their gradient and the dense one."""
     dtype = getattr(torch, dtype_name)
     hq, hkv, d = heads
     report = []
@@ -52,18 +55,23 @@ def ring_case(rank, groupings, lengths, heads, dtype_name, causal, seed, kernel_
         cu = _cumsum(lengths[c][g])
         gen = torch.Generator().manual_seed(seed + 7919 * c + 31 * g)
         q, k, v, dout = _inputs(gen, cu[-1], hq, hkv, d, dtype)
+        sk = (2 * torch.randn(hq, generator=gen, dtype=torch.float64)).to(dtype).requires_grad_() if sinks else None
         qr, kr, vr = (x.detach().double().clone().requires_grad_() for x in (q, k, v))
-        ref = dense_attention(qr, kr, vr, cu, causal=causal, window=window)
-        ref_grads = torch.autograd.grad(ref, (qr, kr, vr), dout.double())
+        skr = sk.detach().double().clone().requires_grad_() if sinks else None
+        ref = dense_attention(qr, kr, vr, cu, causal=causal, window=window, sinks=skr)
+        ref_grads = torch.autograd.grad(ref, (qr, kr, vr) + ((skr,) if sinks else ()), dout.double())
         ql, cul = zigzag_shard(q, torch.tensor(cu, dtype=torch.int32), degree, cp_rank)
         kl, vl = zigzag_shard(k, cu, degree, cp_rank)[0], zigzag_shard(v, cu, degree, cp_rank)[0]
         ql, kl, vl = (x.detach().clone().requires_grad_() for x in (ql, kl, vl))
         # a kernel name (None: the default for the device), or a function returning a kernel object
         kernel = kernel_name() if callable(kernel_name) else kernel_name
-        out = ring_attention(ql, kl, vl, cul, ranks=group, causal=causal, kernel=kernel, timeout=30, window=window)
+        out = ring_attention(ql, kl, vl, cul, ranks=group, causal=causal, kernel=kernel, timeout=30, window=window,
+                             sinks=sk)
         assert out.dtype == dtype and out.shape == ql.shape
         out.backward(zigzag_shard(dout, cu, degree, cp_rank)[0])
         errs = {"call": c, "group": group}
+        if sinks:
+            errs["dsinks"], errs["dsinks_dense"] = sk.grad.double(), ref_grads[3]
         for name, got, want in (("out", out, ref), ("dq", ql.grad, ref_grads[0]),
                                 ("dk", kl.grad, ref_grads[1]), ("dv", vl.grad, ref_grads[2])):
             want_local = zigzag_shard(want.detach(), cu, degree, cp_rank)[0]
@@ -123,6 +131,50 @@ def test_fp64_sliding_window_matches_dense(pool4, degree):
         reports = pool4.run(ring_case, [groups], [_lengths_for(groups, 40 + degree + k, max_chunks=6)], (4, 2, 8),
                             "float64", True, 200 + degree + k, None, window)
         _assert_close(reports, "float64")
+
+
+def _assert_sink_grads(reports, groupings, tol):
+    """Each group's dsinks (summed over its ranks: each holds its queries' share) against the dense gradient."""
+    for c, groups in enumerate(groupings):
+        for group in groups:
+            mine = [next(e for e in reports[r] if e["call"] == c) for r in group]
+            total, dense = sum(e["dsinks"] for e in mine), mine[0]["dsinks_dense"]
+            err = (total - dense).abs().max().item() / max(dense.abs().max().item(), 1e-30)
+            assert err <= tol, f"group {group}: dsinks {total.tolist()} vs dense {dense.tolist()} ({err:.3g} > {tol})"
+
+
+@pytest.mark.parametrize("degree", [1, 2, 3, 4])
+def test_fp64_attention_sinks_match_dense(pool4, degree):
+    """Attention sinks (gpt-oss: a learned logit per head in every query's softmax, with no value), alone and with
+    sliding windows of 1 and 5 tokens (gpt-oss alternates windowed and full layers), causal and full masks: out, dq,
+    dk, dv on every rank and each group's sink gradient (summed over its ranks) equal dense fp64 attention whose
+    softmax has the sink appended as a column (``dense_attention(sinks=...)``, gpt-oss's own eager rule) to 1e-9. A
+    failure means a wrong rescaling by the sink or a backward that did not see it."""
+    groups = GROUPINGS[degree]
+    for k, (causal, window) in enumerate(((True, None), (False, None), (True, 1), (True, 5))):
+        reports = pool4.run(ring_case, [groups], [_lengths_for(groups, 60 + degree + k, max_chunks=4)], (4, 2, 8),
+                            "float64", causal, 300 + degree + k, None, window, True)
+        _assert_close(reports, "float64")
+        _assert_sink_grads(reports, [groups], 1e-9)
+
+
+@pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
+def test_low_precision_attention_sinks_match_dense(pool4, dtype_name):
+    """The same on a degree-3 and a degree-1 group in float32 and bfloat16 (the sink's gradient comes back in the
+    sink's dtype), to TOL of the largest dense entry (dsinks: 4× TOL, a sum over every query)."""
+    groups = GROUPINGS[3]
+    reports = pool4.run(ring_case, [groups], [_lengths_for(groups, 77, max_chunks=4)], (4, 2, 8), dtype_name, True,
+                        377, None, None, True)
+    _assert_close(reports, dtype_name)
+    _assert_sink_grads(reports, [groups], 4 * TOL[dtype_name])
+
+
+def test_sinks_of_the_wrong_shape_are_refused():
+    q = torch.zeros(4, 2, 8)
+    with pytest.raises(ValueError, match=r"sinks must be a floating \[H_q=2\] tensor"):
+        ring_attention(q, q, q, [0, 4], sinks=torch.zeros(3))
+    with pytest.raises(ValueError, match=r"sinks must be a floating"):
+        ring_attention(q, q, q, [0, 4], sinks=torch.zeros(2, dtype=torch.long))
 
 
 def test_a_window_without_a_causal_mask_is_refused():
