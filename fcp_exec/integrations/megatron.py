@@ -43,9 +43,10 @@ DataLoader's iterator (``dataloader_type="external"``) with ``FCPSampler(micro_b
 :func:`forward_step` prepares each batch as it comes (and says so if the counts differ).
 
 Refused with one clear error: tensor/pipeline/context/expert parallelism > 1 (FCP is the context parallelism
-here), a config without ``calculate_per_token_loss``, attention dropout, non-vanilla softmax (sinks), attention
-bias, yarn / multimodal RoPE, multi-latent attention and multi-token prediction. Sliding windows
-(``window_size=(left, 0)``, with ``window_attn_skip_freq``) run exactly (:mod:`fcp_exec.kernels.window`). Tested with
+here), a config without ``calculate_per_token_loss``, attention dropout, attention bias, yarn / multimodal RoPE,
+multi-latent attention and multi-token prediction. Sliding windows (``window_size=(left, 0)``, with
+``window_attn_skip_freq``) run exactly (:mod:`fcp_exec.kernels.window`), and so do attention sinks
+(``softmax_type="off-by-one"`` or ``"learnable"``, gpt-oss's: :func:`fcp_exec.ring_attention.add_sinks`). Tested with
 megatron-core 0.16 on CPU against the stock model (``tests/exec/test_megatron.py``); on one GPU (H200) the example
 trained in fp32 and bf16 (``Float16Module``), one process (BENCHMARKS.md); never across GPUs.
 """
@@ -109,9 +110,7 @@ class FCPCoreAttention(_MegatronModule):
         dropout = config.attention_dropout if attention_dropout is None else attention_dropout
         if dropout:
             raise ValueError(f"FCP ring attention has no attention dropout (attention_dropout={dropout}); set it to 0")
-        if getattr(config, "softmax_type", "vanilla") != "vanilla":
-            raise ValueError(f"softmax_type={config.softmax_type!r} (attention sinks) is not supported by FCP ring "
-                             "attention; use 'vanilla'")
+        self._softmax_offset(config)
         if attn_mask_type not in (AttnMaskType.causal, AttnMaskType.no_mask):
             raise ValueError(f"FCP ring attention computes causal or full attention per document, not {attn_mask_type}")
         self.causal = attn_mask_type == AttnMaskType.causal
@@ -119,6 +118,27 @@ class FCPCoreAttention(_MegatronModule):
         head_dim = config.kv_channels
         self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
         self.window = _layer_window(config, self.layer_number, self.causal)
+
+    def _softmax_offset(self, config) -> None:
+        """Megatron's ``softmax_type``: ``"off-by-one"`` (a zero logit per head in every softmax) or ``"learnable"``
+        (a learned one, the ``softmax_offset`` parameter, initialised by ``init_method`` where Megatron's
+        ``DotProductAttention`` does: same name, shape and RNG draw, so checkpoints and seeds carry over) — attention
+        sinks, passed to the ring as ``sinks``."""
+        kind = getattr(config, "softmax_type", "vanilla")
+        if kind == "vanilla":
+            self.softmax_offset = None
+            return
+        if kind not in ("off-by-one", "learnable"):
+            raise ValueError(f"softmax_type={kind!r} is not one FCP ring attention knows ('vanilla', 'off-by-one', "
+                             "'learnable')")
+        device = "cpu" if getattr(config, "use_cpu_initialization", False) else torch.cuda.current_device()
+        offset = torch.zeros(config.num_attention_heads, device=device, dtype=config.params_dtype)
+        if kind == "off-by-one":
+            self.register_buffer("softmax_offset", offset, persistent=False)
+            return
+        self.softmax_offset = nn.Parameter(offset)
+        if config.perform_initialization:
+            config.init_method(self.softmax_offset)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask=None,
                 attn_mask_type=None, attention_bias=None, packed_seq_params=None, **kwargs) -> torch.Tensor:
@@ -130,16 +150,17 @@ class FCPCoreAttention(_MegatronModule):
         if query.dim() != 4 or query.shape[1] != 1:
             raise ValueError(f"FCPCoreAttention takes one packed sequence [s, 1, heads, dim], got {tuple(query.shape)}")
         out = _ring(query[:, 0], key[:, 0], value[:, 0], packed_seq_params, self.causal, self.softmax_scale,
-                    self.window)
+                    self.window, self.softmax_offset)
         return out.reshape(out.shape[0], 1, -1)
 
 
 @torch.compiler.disable
-def _ring(q, k, v, params: FCPPackedSeqParams, causal: bool, scale: float, window: int | None) -> torch.Tensor:
+def _ring(q, k, v, params: FCPPackedSeqParams, causal: bool, scale: float, window: int | None,
+          sinks: torch.Tensor | None) -> torch.Tensor:
     from fcp_exec.ring_attention import ring_attention
 
     return ring_attention(q, k, v, params.ring, causal=causal, softmax_scale=scale, kernel=params.kernel,
-                          window=window)
+                          window=window, sinks=None if sinks is None else sinks.to(q.device))
 
 
 def _layer_window(config, layer_number: int, causal: bool) -> int | None:

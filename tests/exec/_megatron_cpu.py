@@ -26,6 +26,9 @@ MODELS = {
     "qwen3": ({}, {"qk_layernorm": True}, {}),
     "window": ({"window_size": (6, 0), "window_attn_skip_freq": 2}, {}, {}),  # layer 1 local (7 tokens), layer 2 global
     "recompute": ({"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}, {}, {}),
+    # gpt-oss's attention: a learned sink per head on every layer, a window on every other
+    "sinks": ({"softmax_type": "learnable", "window_size": (6, 0), "window_attn_skip_freq": 2}, {}, {}),
+    "off-by-one": ({"softmax_type": "off-by-one"}, {}, {}),  # a fixed zero logit per head in every softmax
     "gpt2": ({"normalization": "LayerNorm", "gated_linear_unit": False, "add_bias_linear": True}, {},
              {"position_embedding_type": "learned_absolute"}),
 }

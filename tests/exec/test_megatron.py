@@ -12,8 +12,9 @@ Megatron's).
 
 Models (float64, 2 layers): Llama-style (RoPE, GQA, RMSNorm, SwiGLU), Qwen3-style (+ QK layer norm), a sliding
 window on every other layer (``window_size=(6, 0)``, ``window_attn_skip_freq=2``), Llama with full activation
-recomputation (the ring attention runs again inside the backward) and GPT-2-style (learned absolute positions,
-LayerNorm, biases); Llama fed the DataLoader's iterator itself with a fixed 2 micro-batches per step (Megatron-LM's
+recomputation (the ring attention runs again inside the backward), GPT-2-style (learned absolute positions,
+LayerNorm, biases), attention sinks as gpt-oss has them (``softmax_type="learnable"``, a learned logit per head,
+with the sliding window on every other layer) and ``softmax_type="off-by-one"`` (a zero logit); Llama fed the DataLoader's iterator itself with a fixed 2 micro-batches per step (Megatron-LM's
 ``pretrain()``), ``forward_step`` preparing each batch; and Llama on a dataset whose sample 9 fails to read on every
 rank and sample 6 on one rank of its CP group only (agreed in the group: label-free on all of its ranks), against the
 stock model trained on the samples that were read; and Qwen3 on the samples' own labels (SFT: each document's first
@@ -44,7 +45,7 @@ from fcp_exec.launch import launch
 # megatron-core is imported only in the launched processes (not in the pytest worker)
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="needs megatron-core")
 
-NAMES = ("llama", "qwen3", "window", "recompute", "gpt2")
+NAMES = ("llama", "qwen3", "window", "recompute", "gpt2", "sinks", "off-by-one")
 RAW = "-loader"  # the same model fed the DataLoader's iterator directly (Megatron-LM's pretrain() with its own loop)
 SKIP = "-damaged"  # sample 9 fails to read on every rank, sample 6 (71 tokens: a group of 2+) on rank 1 only
 SFT = "-sft"  # the samples' own labels, the first third of each document (its prompt) masked
