@@ -21,7 +21,7 @@ still leaves its results), and printed as one line:
    must equal the explicit bf16 call bit for bit (autocast must not reach the kernel's fp32 math).
    ``window``: degree-1 ``ring_attention(..., window=W)`` (the sliding-window path every kernel shares) in
    float32 on the device against dense fp64 windowed attention, forward and backward, windows shorter and longer
-   than the documents.
+   than the documents. ``sinks``: the same with attention sinks (gpt-oss), with and without a window.
 2. ``ring``: the real schedule of ``fcp_exec.ring_attention`` for degrees 2, 4, 8 with one thread
    per virtual rank and an in-process communicator (see ``_gpu_check_ring.py`` for why and how):
    zigzag shard → forward/backward → unshard, against the fp64 reference; an fp64 run per
@@ -394,6 +394,7 @@ def kernel_section(res: Results, cfg, backends, deadline) -> None:
         else:
             res.run(name, "kernel", check_autocast, kernel, cfg.device, implementation=impl)
     res.run("window sliding-window path fp32 vs dense fp64", "kernel", check_window, cfg.device)
+    res.run("sinks attention sinks (gpt-oss) fp32 vs dense fp64", "kernel", check_sinks, cfg.device)
 
 
 def check_window(device) -> dict:
@@ -401,19 +402,34 @@ def check_window(device) -> dict:
     ``fcp_exec.testing.dense_attention(window=W)`` in float64: out and the input gradients within 1e-5 of the largest
     reference entry (absolute when that is below 1), for windows 1, 7, 64 and 300 over documents of 1, 0, 40 and 257
     tokens."""
+    return _degree1_vs_dense(device, 11, [(w, False) for w in (1, 7, 64, 300)])
+
+
+def check_sinks(device) -> dict:
+    """Degree-1 ``ring_attention(..., sinks=s)`` in float32 on ``device`` (the default kernel, and a 7-token window),
+    forward and backward, against ``fcp_exec.testing.dense_attention(sinks=s)`` in float64 (the sink as a softmax
+    column): out, the input gradients and the sinks' gradient within 1e-5 of the largest reference entry (absolute
+    below 1). The sinks are applied to the kernel's ``(out, lse)``, so this checks the device kernel's lse."""
+    return _degree1_vs_dense(device, 12, [(None, True), (7, True)])
+
+
+def _degree1_vs_dense(device, seed: int, cases) -> dict:
+    """``cases``: (window, with sinks) pairs, run on documents of 1, 0, 40 and 257 tokens (heads 4/2, dim 32)."""
     from fcp_exec import ring_attention
     from fcp_exec.testing import dense_attention
 
-    gen = torch.Generator(device="cpu").manual_seed(11)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
     cu = [0, 1, 1, 41, 298]
     q, k, v, dout = (torch.randn(298, h, 32, generator=gen, dtype=torch.float64) for h in (4, 2, 2, 4))
+    sinks = 2 * torch.randn(4, generator=gen, dtype=torch.float64)
     worst = 0.0
-    for window in (1, 7, 64, 300):
-        leaves = [x.to(device, torch.float32).requires_grad_() for x in (q, k, v)]
-        out = ring_attention(*leaves, cu, ranks=(0,), window=window)
+    for window, with_sinks in cases:
+        inputs = (q, k, v, sinks) if with_sinks else (q, k, v)
+        leaves = [x.to(device, torch.float32).requires_grad_() for x in inputs]
+        out = ring_attention(*leaves[:3], cu, ranks=(0,), window=window, sinks=leaves[3] if with_sinks else None)
         out.backward(dout.to(device, torch.float32))
-        ref_leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-        ref = dense_attention(*ref_leaves, cu, window=window)
+        ref_leaves = [x.clone().requires_grad_() for x in inputs]
+        ref = dense_attention(*ref_leaves[:3], cu, window=window, sinks=ref_leaves[3] if with_sinks else None)
         ref.backward(dout)
         for got, want in [(out, ref)] + [(a.grad, b.grad) for a, b in zip(leaves, ref_leaves)]:
             # relative to the largest reference entry, absolute below 1 (window 1: dq is exactly 0)

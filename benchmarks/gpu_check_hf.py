@@ -15,8 +15,9 @@ Sections, each entry printed as one line and written to ``DIR/results_hf.json`` 
    ``bf16=True`` / ``fp16=True`` do; float16's backward on the loss times 1,024, as under a loss scaler): within
    ``2 x stock's error + 1e-3`` (loss) / ``+ 1e-2`` (gradients), i.e. no less accurate than the stock model, up to
    a factor. Families: Qwen3 (QK norm), Llama and Mistral with a 64-token sliding window (the stock
-   model's own window mask against fcp's windowed ring attention: on a GPU the fused banded kernel), GQA 8/2, head
-   dim 64.
+   model's own window mask against fcp's windowed ring attention: on a GPU the fused banded kernel), and gpt-oss
+   (attention sinks, the 64-token window on every other layer, 4 experts; its stock model runs ``eager``, one
+   document per forward: that path does not unpack ``position_ids``), GQA 8/2, head dim 64.
 2. ``hf_timing``: a Qwen3-shaped model in bfloat16 (4 layers, hidden 2048, heads 16/8, head dim 128) on a packed
    micro-batch of 8 long-tailed documents (16,512 tokens): forward+backward of the stock model (``sdpa``, which on a
    packed batch attends through a dense block-diagonal mask) and of the fcp model (per-document varlen kernel),
@@ -45,14 +46,17 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [_HERE, os.path.dirname(_HERE)]
 from gpu_check import Results, elapsed_ms, positive  # noqa: E402  (benchmarks/ is not a package)
 
-FAMILIES = ("qwen3", "llama", "mistral")
+FAMILIES = ("qwen3", "llama", "mistral", "gpt_oss")
 WINDOW = 64  # Mistral's sliding window here: shorter than most test documents (fused band on a GPU at degree 1)
 
 
 def _config(family: str, *, hidden: int, layers: int, heads: tuple, head_dim: int, ffn: int, vocab: int):
     from transformers import AutoConfig
 
-    extra = {"llama": {"attention_bias": False}, "mistral": {"sliding_window": WINDOW}}.get(family, {})
+    extra = {"llama": {"attention_bias": False}, "mistral": {"sliding_window": WINDOW},
+             # gpt-oss: attention sinks on every layer, the window on every other; eager experts (fp64 reference)
+             "gpt_oss": {"sliding_window": WINDOW, "num_local_experts": 4, "num_experts_per_tok": 2,
+                         "experts_implementation": "eager"}}.get(family, {})
     return AutoConfig.for_model(family, vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn,
                                 num_hidden_layers=layers, num_attention_heads=heads[0], num_key_value_heads=heads[1],
                                 head_dim=head_dim, max_position_embeddings=65536, eos_token_id=0, pad_token_id=1,
@@ -104,13 +108,20 @@ def _errors(loss, grads, ref_loss, ref_grads) -> tuple[float, float, str]:
 FP16_SCALE = 1024.0  # float16's backward runs on a scaled loss (as under a GradScaler), unscaled after
 
 
-def _run_model(model, batch, device, dtype, fcp: bool):
+def _run_model(model, batch, device, dtype, fcp: bool, docs=None, total: int = 0):
+    """fcp's loss on the packed micro-batch, or the stock model's: packed (``position_ids`` restarting per document),
+    or with ``docs`` one document per forward (a model whose stock attention has no packed path: gpt-oss's eager)."""
     from fcp_exec.integrations import hf
 
     model.zero_grad(set_to_none=True)
     with torch.autocast(device.type, dtype=dtype, enabled=dtype in (torch.bfloat16, torch.float16)):
         if fcp:
             loss = hf.fcp_loss(model, batch)
+        elif docs is not None:
+            import torch.nn.functional as F
+
+            loss = sum(F.cross_entropy(model(input_ids=d[None].to(device), use_cache=False).logits[0, :-1].float(),
+                                       d[1:].to(device), reduction="sum") for d in docs if len(d) > 1) / total
         else:
             out = model(input_ids=batch["input_ids"].to(device)[None],
                         position_ids=batch["position_ids"].to(device)[None], use_cache=False)
@@ -145,7 +156,8 @@ def check_family(family: str, dtype_name: str, device, lens, perturb: bool = Fal
     dtype = getattr(torch, dtype_name)
     stock = copy.deepcopy(base).to(device, torch.float32)
     fcp = hf.apply_fcp(copy.deepcopy(stock), kernel=_kernel(device, perturb))
-    s_loss = _run_model(stock, batch, device, dtype, fcp=False)
+    per_doc = getattr(stock.config, "_attn_implementation", "sdpa") == "eager"  # its eager path does not unpack
+    s_loss = _run_model(stock, batch, device, dtype, fcp=False, docs=docs if per_doc else None, total=total)
     f_loss = _run_model(fcp, batch, device, dtype, fcp=True)
     s_l, s_g, _ = _errors(s_loss, _grads(stock), ref_loss, ref_grads)
     f_l, f_g, where = _errors(f_loss, _grads(fcp), ref_loss, ref_grads)

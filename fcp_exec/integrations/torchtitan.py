@@ -89,7 +89,8 @@ def apply_fcp(model: nn.Module, *, timeout: float | None = None) -> nn.Module:
     for m in found:
         inner = m.inner_attention
         if getattr(m, "sinks", None) is not None:
-            raise ValueError(f"{type(m).__name__} has attention sinks, which FCP's ring attention does not compute")
+            raise ValueError(f"{type(m).__name__} has attention sinks, which FCP's torchtitan adapter does not pass to "
+                             "the ring (gpt-oss trains with FCP through transformers or Megatron-core)")
         window = getattr(inner, "window_size", (-1, 0))  # VarlenAttention's (left, right); (-1, 0) is causal
         if tuple(window) != (-1, 0):
             raise ValueError(f"{type(inner).__name__} has window_size={tuple(window)}: FCP's torchtitan adapter "

@@ -50,6 +50,7 @@ def test_cpu_run_passes_and_records_every_check(tmp_path):
     ring_degrees = {int(c["name"].split("d=")[1].split()[0]) for c in checks if c["section"] == "ring"}
     assert ring_degrees == {2, 4, 8}
     assert [c["passed"] for c in checks if c["name"].startswith("window ")] == [True], "the sliding-window check ran"
+    assert [c["passed"] for c in checks if c["name"].startswith("sinks ")] == [True], "the attention-sinks check ran"
     empty_rows = [c for c in checks if c["section"] == "kernel" and c.get("num_empty_rows")]
     assert empty_rows, "some kernel case must have rows without keys (lse = -inf)"
     # versions: never claim a backend that did not run
@@ -81,14 +82,16 @@ def _run_hf(out: Path, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
 
 
 def test_hf_check_passes_on_cpu(tmp_path):
-    """The HF half (transformers Qwen3/Llama with fcp's attention vs the stock model vs a float64 reference) on CPU:
-    every entry within its stated tolerance, float32 tight (fcp within 1e-5 of the float64 reference)."""
+    """The HF half (transformers Qwen3/Llama/Mistral/gpt-oss with fcp's attention vs the stock model vs a float64
+    reference) on CPU: every entry within its stated tolerance, float32 tight (fcp within 1e-5 of the float64
+    reference)."""
     transformers_models()
     proc, doc = _run_hf(tmp_path)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     checks = doc["checks"]
     families = {c["name"].split("]")[0] for c in checks if c["section"] == "hf"}
-    assert families == {f"hf[{f},{d}" for f in ("qwen3", "llama", "mistral") for d in ("float32", "bfloat16", "float16")}
+    assert families == {f"hf[{f},{d}" for f in ("qwen3", "llama", "mistral", "gpt_oss")
+                        for d in ("float32", "bfloat16", "float16")}
     for c in checks:
         assert c["passed"] is True and 0 <= c["max_error"] <= c["tolerance"], c
         if "float32" in c["name"]:
