@@ -4,7 +4,9 @@ One document of ``--tokens`` tokens (8 query heads, 2 key/value heads, head dim 
 degree 1 (the kernels, no communication), medians of ``--repeats`` alternating runs: the CPU flash kernel with the
 causal mask (what a window at least as long as the document runs: ``attention_limits`` then passes no window) and
 the shared masked math path of ``fcp_exec.kernels.window`` for each ``--windows`` value (about ``L·2W`` scores, in
-unfused matmuls). Run: ``python benchmarks/bench_window.py``.
+unfused matmuls). Also the full causal kernel with attention sinks (gpt-oss: ``ring_attention(..., sinks=s)``, the
+result rescaled once and the sinks' gradient, both O(tokens · heads · dim)), and with ``--windows`` each window with
+sinks too. Run: ``python benchmarks/bench_window.py``.
 """
 
 from __future__ import annotations
@@ -21,15 +23,16 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-def _time(tokens: int, window: int | None, gen: torch.Generator) -> float:
+def _time(tokens: int, window: int | None, gen: torch.Generator, sinks: bool = False) -> float:
     from fcp_exec import ring_attention
 
     q = torch.randn(tokens, 8, 64, generator=gen).requires_grad_()
     k = torch.randn(tokens, 2, 64, generator=gen).requires_grad_()
     v = torch.randn(tokens, 2, 64, generator=gen).requires_grad_()
     dout = torch.randn(tokens, 8, 64, generator=gen)
+    s = torch.randn(8, generator=gen).requires_grad_() if sinks else None
     t0 = time.perf_counter()
-    out = ring_attention(q, k, v, [0, tokens], ranks=(0,), window=window)
+    out = ring_attention(q, k, v, [0, tokens], ranks=(0,), window=window, sinks=s)
     out.backward(dout)
     return time.perf_counter() - t0
 
@@ -43,17 +46,18 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     windows = [int(w) for w in opts.windows.split(",")]
     gen = torch.Generator().manual_seed(0)
-    runs: dict = {None: [], **{w: [] for w in windows}}
-    _time(256, None, gen), _time(256, 64, gen)  # warm-up
+    cases = [(w, sinks) for w in [None, *windows] for sinks in (False, True)]
+    runs: dict = {c: [] for c in cases}
+    _time(256, None, gen), _time(256, 64, gen, True)  # warm-up
     for _ in range(opts.repeats):
-        for w in runs:
-            runs[w].append(_time(opts.tokens, w, gen))
+        for c in cases:
+            runs[c].append(_time(opts.tokens, c[0], gen, c[1]))
     print(f"load average {os.getloadavg()[0]:.2f}; {opts.tokens} tokens, fwd+bwd, float32, degree 1")
-    full = statistics.median(runs[None])
-    print(f"full causal (cpu flash kernel): {1e3 * full:8.1f} ms")
-    for w in windows:
-        m = statistics.median(runs[w])
-        print(f"window {w:6d} (masked math path): {1e3 * m:8.1f} ms  ({m / full:.2f}x the full causal kernel)")
+    full = statistics.median(runs[(None, False)])
+    for w, sinks in cases:
+        m = statistics.median(runs[(w, sinks)])
+        what = "full causal (cpu flash kernel)" if w is None else f"window {w:6d} (masked math path)"
+        print(f"{what}{' + sinks' if sinks else ''}: {1e3 * m:8.1f} ms  ({m / full:.2f}x the full causal kernel)")
     return 0
 
 
