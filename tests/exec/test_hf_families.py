@@ -32,7 +32,7 @@ import functools
 import json
 
 import pytest
-from _requires import transformers_models
+from _requires import transformers_models, without_cpu_fsdp2
 import torch
 
 transformers_models()
@@ -44,6 +44,9 @@ from fcp_exec.train import TrainConfig, hf_preload, train_matrix  # noqa: E402
 FAMILIES = ("qwen2", "mistral", "phi3", "olmo2", "granite", "glm4", "smollm3", "gemma", "gemma3_text", "cohere",
             "qwen3_moe", "gpt_oss")
 ADAM_NOISE = ("gemma", "gemma3_text", "cohere")
+# gpt-oss's sinks are a parameter of their own (each rank's share of their gradient reduced like any weight's): DDP
+# and FSDP2, with activation checkpointing (the ring and its sinks run again inside the backward)
+SINK_REDUCERS = without_cpu_fsdp2([("gpt_oss", "ddp"), ("gpt_oss", "fsdp2")])
 ADAM_LOSS, ADAM_GRAD = 1e-9, 1e-5
 
 
@@ -78,6 +81,7 @@ def _windowed_cfg(family: str) -> TrainConfig:
 @functools.lru_cache(maxsize=None)
 def _matrix():
     cfgs = [H._cfg(f, "allreduce", False) for f in FAMILIES] + [_windowed_cfg(f) for f in WINDOWED]
+    cfgs += [H._cfg(f, reducer, True) for f, reducer in SINK_REDUCERS]
     try:
         per_rank = launch(train_matrix, 2, cfgs, timeout=900.0, pg_timeout=120.0, preload=hf_preload(cfgs))
     except Exception as exc:  # noqa: BLE001 - re-raised by every test that needs this launch
@@ -91,7 +95,8 @@ def test_family_trains_like_the_stock_model(family):
     cfgs, results = _matrix()
     if isinstance(results, Exception):
         raise results
-    [(cfg, res)] = [(c, r) for c, r in zip(cfgs, results) if c.model.endswith(f"/{family}-tiny.json")]
+    [(cfg, res)] = [(c, r) for c, r in zip(cfgs, results)
+                    if c.model.endswith(f"/{family}-tiny.json") and c.reducer == "allreduce"]
     steps = res["steps"]
     batches = tuple(tuple(s["sample_indices"]) for s in steps)
     ref = H._reference(family, batches)
@@ -103,6 +108,21 @@ def test_family_trains_like_the_stock_model(family):
                            gtol=ADAM_GRAD if noisy else H.TOL)
     assert any(2 in mb for mb in degrees) and any(1 in mb for mb in degrees), degrees
     assert any(sum(mb) < 2 for mb in degrees), f"no micro-batch with an idle rank in {degrees}"
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("family, reducer", SINK_REDUCERS)
+def test_attention_sinks_train_like_the_stock_model_with_ddp_and_fsdp2(family, reducer):
+    """gpt-oss with DDP and FSDP2 (its sinks then an FSDP2-sharded parameter, unsharded for the forward) and activation
+    checkpointing: every step and the evaluation equal the stock model's to 1e-12, parameters equal on both ranks."""
+    cfgs, results = _matrix()
+    if isinstance(results, Exception):
+        raise results
+    [(cfg, res)] = [(c, r) for c, r in zip(cfgs, results)
+                    if c.model.endswith(f"/{family}-tiny.json") and c.reducer == reducer]
+    assert cfg.grad_checkpointing
+    degrees = H._check_run(family, 2, cfg, res)
+    assert any(2 in mb for mb in degrees), degrees
 
 
 def test_sliding_windows_of_the_configs_are_really_there():
