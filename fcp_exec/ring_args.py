@@ -10,7 +10,18 @@ import torch
 
 from fcp_exec.kernels import AttentionKernel, default_kernel, get_kernel
 
-__all__ = ["autocast_inputs", "autocast_off", "checked_args"]
+__all__ = ["autocast_inputs", "autocast_off", "checked_args", "padded_values"]
+
+
+def padded_values(k, v):
+    """``(v, its head dim)`` with ``v`` zero-padded to ``k``'s head dim when it has fewer (multi-latent attention,
+    DeepSeek-V3: query/key heads of 192, value heads of 128): the padded columns of the output are exactly 0 and are
+    cut off after (``out[..., :dv]``), so attention and its gradients are unchanged; the ring then ships the padded
+    values (K/V traffic ``2·d_qk`` instead of ``d_qk + d_v`` per head). ``(v, None)`` otherwise."""
+    if isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor) and k.dim() == 3 and v.dim() == 3 \
+            and v.shape[:2] == k.shape[:2] and 0 < v.shape[2] < k.shape[2]:
+        return torch.nn.functional.pad(v, (0, k.shape[2] - v.shape[2])), v.shape[2]
+    return v, None
 
 
 def autocast_inputs(q, k, v):

@@ -41,6 +41,7 @@ from fcp_exec.kernels.window_band import band_backward, band_forward, plan_band
 from fcp_exec.ring_args import autocast_inputs as _autocast_inputs
 from fcp_exec.ring_args import autocast_off as _autocast_off
 from fcp_exec.ring_args import checked_args as _checked_args
+from fcp_exec.ring_args import padded_values as _padded_values
 from fcp_data.layout import check_cu_seqlens
 
 __all__ = ["RingBatch", "ring_attention"]
@@ -336,7 +337,8 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
                    sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of zigzag-sharded packed documents across the logical CP group ``ranks``.
 
-    ``q`` ``[T_local, H_q, D]``, ``k``/``v`` ``[T_local, H_kv, D]`` (GQA when ``H_kv < H_q``),
+    ``q`` ``[T_local, H_q, D]``, ``k``/``v`` ``[T_local, H_kv, D]`` (GQA when ``H_kv < H_q``; ``v`` may have a smaller
+    head dim than ``q``/``k``, multi-latent attention: zero-padded, :func:`fcp_exec.ring_args.padded_values`),
     ``cu_seqlens`` the *local* document boundaries (``zigzag_shard``'s second output; every local
     document length is even when ``degree > 1``), ``ranks`` the global ranks of this rank's CP
     group in ring order (this rank included; every member must make the same call with the same
@@ -363,6 +365,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
     rank's queries (a data-parallel reducer sums it over ranks like any weight's).
     """
     q, k, v = _autocast_inputs(q, k, v)
+    v, dv = _padded_values(k, v)
     scale, kernel = _checked_args(q, k, v, causal, softmax_scale, kernel)
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1 or not causal):
         raise ValueError(f"window must be an int >= 1 with causal=True (a sliding window), got {window!r}"
@@ -383,4 +386,5 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
     if check_shapes:
         rb.check(q, k, bool(causal), scale, window)
     with _autocast_off(q.device):
-        return _RingAttentionFn.apply(q, k, v, rb.plan(bool(causal), q.device), rb.comm, scale, kernel, window, sinks)
+        out = _RingAttentionFn.apply(q, k, v, rb.plan(bool(causal), q.device), rb.comm, scale, kernel, window, sinks)
+    return out if dv is None else out[..., :dv]

@@ -19,7 +19,7 @@ import weakref
 import torch
 
 from fcp_exec.kernels.base import lse_dtype_for
-from fcp_exec.ring_args import autocast_inputs, autocast_off, checked_args
+from fcp_exec.ring_args import autocast_inputs, autocast_off, checked_args, padded_values
 from fcp_exec.ring_attention import RingBatch, ring_backward, ring_forward
 
 __all__ = ["register", "ring_attention_op"]
@@ -107,8 +107,11 @@ _forward.register_autograd(_grads, setup_context=_setup)
 def ring_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: RingBatch, *, causal: bool = True,
                       softmax_scale: float | None = None) -> torch.Tensor:
     """:func:`fcp_exec.ring_attention.ring_attention` over ``ring`` through the op (module docstring): traceable
-    by ``torch.compile`` when ``ring`` was :func:`register`-ed outside the compiled code."""
+    by ``torch.compile`` when ``ring`` was :func:`register`-ed outside the compiled code. Values with a smaller head
+    dim than the keys (MLA) are padded (:func:`fcp_exec.ring_args.padded_values`)."""
     q, k, v = autocast_inputs(q, k, v)
+    v, dv = padded_values(k, v)
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
     handle = ring.op_handle if getattr(ring, "op_handle", None) is not None else register(ring)
-    return torch.ops.fcp.ring_attention(q, k, v, handle, bool(causal), scale)[0]
+    out = torch.ops.fcp.ring_attention(q, k, v, handle, bool(causal), scale)[0]
+    return out if dv is None else out[..., :dv]

@@ -4,8 +4,9 @@ Qwen2/2.5 (``qwen2``), Mistral (its 4,096-token sliding window, which every test
 OLMo 2, Granite (its attention, residual, embedding and logit multipliers), GLM-4, SmolLM3 (layers without rope),
 Gemma, Gemma 3 (text; sliding-window layers), Cohere (parallel attention + MLP, interleaved rope, logit scale) and
 Qwen3-MoE (4 experts, top-2; ``experts_implementation: "eager"`` in its config: the grouped-GEMM experts take no
-float64) and gpt-oss (MoE, attention sinks on every layer, a 128-token window on every other; its stock model has
-no SDPA path and runs ``eager``):
+float64), gpt-oss (MoE, attention sinks on every layer, a 128-token window on every other; its stock model has
+no SDPA path and runs ``eager``) and DeepSeek-V3 (multi-latent attention: value heads narrower than query/key heads,
+padded inside the ring; grouped top-k routing, a shared expert, a dense first layer):
 tiny random configs from ``examples/configs``, float64, 3 AdamW steps and one evaluation batch each, all in ONE
 launch, through the real pipeline (FCPSampler → FCPCollator → ``apply_fcp`` ring attention → ``train_step``, the
 allreduce reducer: DDP and FSDP2 do not depend on the model family and are ``test_hf_train.py``'s). Reference: the
@@ -42,12 +43,16 @@ from fcp_exec.launch import launch  # noqa: E402
 from fcp_exec.train import TrainConfig, hf_preload, train_matrix  # noqa: E402
 
 FAMILIES = ("qwen2", "mistral", "phi3", "olmo2", "granite", "glm4", "smollm3", "gemma", "gemma3_text", "cohere",
-            "qwen3_moe", "gpt_oss")
+            "qwen3_moe", "gpt_oss", "deepseek_v3")
 ADAM_NOISE = ("gemma", "gemma3_text", "cohere")
 # gpt-oss's sinks are a parameter of their own (each rank's share of their gradient reduced like any weight's): DDP
 # and FSDP2, with activation checkpointing (the ring and its sinks run again inside the backward)
 SINK_REDUCERS = without_cpu_fsdp2([("gpt_oss", "ddp"), ("gpt_oss", "fsdp2")])
 ADAM_LOSS, ADAM_GRAD = 1e-9, 1e-5
+# DeepSeek-V3's router scores in float32 (its own ``F.linear(hidden.float(), weight.float())``), so its weight's
+# gradient carries float32 rounding of sums taken in another order: step 0 within this of the largest entry
+# (measured 2.7e-10; the loss equal), later steps within ADAM_LOSS / ADAM_GRAD (measured 7.8e-11 / 7.0e-8)
+FP32_ROUTER = {"deepseek_v3": 1e-8}
 
 
 WINDOW = 16  # tokens: the synthetic documents run to 80, so most are longer
@@ -102,8 +107,9 @@ def test_family_trains_like_the_stock_model(family):
     ref = H._reference(family, batches)
     loss0, _, grads0, _ = ref[0]
     assert abs(steps[0]["loss"] - loss0) <= 1e-12 * abs(loss0), (family, steps[0]["loss"], loss0)
-    assert H._gap(steps[0]["grads"], grads0) <= 1e-12, (family, H._gap(steps[0]["grads"], grads0))
-    noisy = family in ADAM_NOISE
+    assert H._gap(steps[0]["grads"], grads0) <= FP32_ROUTER.get(family, 1e-12), (family, H._gap(steps[0]["grads"],
+                                                                                                 grads0))
+    noisy = family in ADAM_NOISE or family in FP32_ROUTER
     degrees = H._check_run(family, 2, cfg, res, tol=ADAM_LOSS if noisy else H.TOL,
                            gtol=ADAM_GRAD if noisy else H.TOL)
     assert any(2 in mb for mb in degrees) and any(1 in mb for mb in degrees), degrees

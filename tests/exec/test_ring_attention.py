@@ -34,9 +34,10 @@ def _cumsum(lengths):
     return cu
 
 
-def _inputs(gen, t, hq, hkv, d, dtype):
-    mk = (lambda h: torch.randn(t, h, d, generator=gen, dtype=torch.float64).to(dtype))
-    return mk(hq), mk(hkv), mk(hkv), mk(hq)
+def _inputs(gen, t, hq, hkv, d, dtype, dv=None):
+    mk = (lambda h, dim=d: torch.randn(t, h, dim, generator=gen, dtype=torch.float64).to(dtype))
+    dv = d if dv is None else dv
+    return mk(hq), mk(hkv), mk(hkv, dv), mk(hq, dv)
 
 
 def ring_case(rank, groupings, lengths, heads, dtype_name, causal, seed, kernel_name=None, window=None,
@@ -46,7 +47,7 @@ def ring_case(rank, groupings, lengths, heads, dtype_name, causal, seed, kernel_
     attention sinks (per-head logits drawn from the seed, N(0, 2²)); the report then holds this rank's share of
     their gradient and the dense one."""
     dtype = getattr(torch, dtype_name)
-    hq, hkv, d = heads
+    hq, hkv, d, *dv = heads  # a fourth entry: the value head dim (multi-latent attention: smaller than d)
     report = []
     for c, groups in enumerate(groupings):
         g = next(i for i, grp in enumerate(groups) if rank in grp)
@@ -54,7 +55,7 @@ def ring_case(rank, groupings, lengths, heads, dtype_name, causal, seed, kernel_
         degree, cp_rank = len(group), group.index(rank)
         cu = _cumsum(lengths[c][g])
         gen = torch.Generator().manual_seed(seed + 7919 * c + 31 * g)
-        q, k, v, dout = _inputs(gen, cu[-1], hq, hkv, d, dtype)
+        q, k, v, dout = _inputs(gen, cu[-1], hq, hkv, d, dtype, *dv)
         sk = (2 * torch.randn(hq, generator=gen, dtype=torch.float64)).to(dtype).requires_grad_() if sinks else None
         qr, kr, vr = (x.detach().double().clone().requires_grad_() for x in (q, k, v))
         skr = sk.detach().double().clone().requires_grad_() if sinks else None
@@ -67,7 +68,7 @@ def ring_case(rank, groupings, lengths, heads, dtype_name, causal, seed, kernel_
         kernel = kernel_name() if callable(kernel_name) else kernel_name
         out = ring_attention(ql, kl, vl, cul, ranks=group, causal=causal, kernel=kernel, timeout=30, window=window,
                              sinks=sk)
-        assert out.dtype == dtype and out.shape == ql.shape
+        assert out.dtype == dtype and out.shape == (*ql.shape[:2], vl.shape[2])
         out.backward(zigzag_shard(dout, cu, degree, cp_rank)[0])
         errs = {"call": c, "group": group}
         if sinks:
@@ -167,6 +168,20 @@ def test_low_precision_attention_sinks_match_dense(pool4, dtype_name):
                         377, None, None, True)
     _assert_close(reports, dtype_name)
     _assert_sink_grads(reports, [groups], 4 * TOL[dtype_name])
+
+
+@pytest.mark.parametrize("degree", [1, 2, 3])
+def test_fp64_values_with_a_smaller_head_dim_match_dense(pool4, degree):
+    """Multi-latent attention (DeepSeek-V3: q/k heads of 192, v heads of 128; here 12 and 8): v is zero-padded to
+    the q/k head dim inside ``ring_attention`` and the output cut back, causal and full, with attention sinks too:
+    out ``[T, H, 8]``, dq, dk and dv (``[T, H, 8]``) equal dense fp64 attention to 1e-9 on every rank."""
+    groups = GROUPINGS[degree]
+    for k, (causal, sinks) in enumerate(((True, False), (False, False), (True, True))):
+        reports = pool4.run(ring_case, [groups], [_lengths_for(groups, 80 + degree + k)], (4, 4, 12, 8), "float64",
+                            causal, 400 + degree + k, None, None, sinks)
+        _assert_close(reports, "float64")
+        if sinks:
+            _assert_sink_grads(reports, [groups], 1e-9)
 
 
 def test_sinks_of_the_wrong_shape_are_refused():
