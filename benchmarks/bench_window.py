@@ -6,7 +6,8 @@ causal mask (what a window at least as long as the document runs: ``attention_li
 the shared masked math path of ``fcp_exec.kernels.window`` for each ``--windows`` value (about ``L·2W`` scores, in
 unfused matmuls). Also the full causal kernel with attention sinks (gpt-oss: ``ring_attention(..., sinks=s)``, the
 result rescaled once and the sinks' gradient, both O(tokens · heads · dim)), and with ``--windows`` each window with
-sinks too. Run: ``python benchmarks/bench_window.py``.
+sinks too; and full causal attention with Gemma 2's logit soft-capping (the masked path over whole documents). Run:
+``python benchmarks/bench_window.py``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-def _time(tokens: int, window: int | None, gen: torch.Generator, sinks: bool = False) -> float:
+def _time(tokens: int, window: int | None, gen: torch.Generator, sinks: bool = False,
+          softcap: float | None = None) -> float:
     from fcp_exec import ring_attention
 
     q = torch.randn(tokens, 8, 64, generator=gen).requires_grad_()
@@ -32,7 +34,7 @@ def _time(tokens: int, window: int | None, gen: torch.Generator, sinks: bool = F
     dout = torch.randn(tokens, 8, 64, generator=gen)
     s = torch.randn(8, generator=gen).requires_grad_() if sinks else None
     t0 = time.perf_counter()
-    out = ring_attention(q, k, v, [0, tokens], ranks=(0,), window=window, sinks=s)
+    out = ring_attention(q, k, v, [0, tokens], ranks=(0,), window=window, sinks=s, softcap=softcap)
     out.backward(dout)
     return time.perf_counter() - t0
 
@@ -46,17 +48,18 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     windows = [int(w) for w in opts.windows.split(",")]
     gen = torch.Generator().manual_seed(0)
-    cases = [(w, sinks) for w in [None, *windows] for sinks in (False, True)]
+    cases = [(w, sinks, None) for w in [None, *windows] for sinks in (False, True)] + [(None, False, 50.0)]
     runs: dict = {c: [] for c in cases}
-    _time(256, None, gen), _time(256, 64, gen, True)  # warm-up
+    _time(256, None, gen), _time(256, 64, gen, True), _time(256, None, gen, False, 50.0)  # warm-up
     for _ in range(opts.repeats):
         for c in cases:
-            runs[c].append(_time(opts.tokens, c[0], gen, c[1]))
+            runs[c].append(_time(opts.tokens, *c[:1], gen, *c[1:]))
     print(f"load average {os.getloadavg()[0]:.2f}; {opts.tokens} tokens, fwd+bwd, float32, degree 1")
-    full = statistics.median(runs[(None, False)])
-    for w, sinks in cases:
-        m = statistics.median(runs[(w, sinks)])
+    full = statistics.median(runs[(None, False, None)])
+    for w, sinks, cap in cases:
+        m = statistics.median(runs[(w, sinks, cap)])
         what = "full causal (cpu flash kernel)" if w is None else f"window {w:6d} (masked math path)"
+        what = f"full causal, logits soft-capped at {cap:g} (masked math path)" if cap else what
         print(f"{what}{' + sinks' if sinks else ''}: {1e3 * m:8.1f} ms  ({m / full:.2f}x the full causal kernel)")
     return 0
 

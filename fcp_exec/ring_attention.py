@@ -35,8 +35,8 @@ import torch
 
 from fcp_exec.comm import RingComm
 from fcp_exec.kernels import AttentionKernel
-from fcp_exec.kernels.base import lse_dtype_for, merge_block
-from fcp_exec.kernels.window import windowed_backward, windowed_forward
+from fcp_exec.kernels.base import add_sinks, lse_dtype_for, merge_block, sink_grad
+from fcp_exec.kernels.window import NO_WINDOW, windowed_backward, windowed_forward
 from fcp_exec.kernels.window_band import band_backward, band_forward, plan_band
 from fcp_exec.ring_args import autocast_inputs as _autocast_inputs
 from fcp_exec.ring_args import autocast_off as _autocast_off
@@ -154,35 +154,37 @@ def _rows(x: torch.Tensor, idx):
     return x if idx is None else x.index_select(0, idx)
 
 
-def _block_forward(plan: _Plan, kernel, step: int, args, causal: bool, scale: float, max_q, max_k, window):
+def _block_forward(plan: _Plan, kernel, step: int, args, causal: bool, scale: float, max_q, max_k, window,
+                   softcap=None):
     """``(out, lse)`` of ``plan.block(step)`` (``args``: its q, k, v rows and bounds), by the kernel or, with a
     sliding window, by its fused banded kernel (whole documents at degree 1, per chunk pair above) or the masked
-    math path of :mod:`fcp_exec.kernels.window`."""
+    math path of :mod:`fcp_exec.kernels.window` (which alone soft-caps logits)."""
     if window is None:
         return kernel.forward(*args, causal, scale, max_q=max_q, max_k=max_k)
-    if plan.degree == 1 and kernel.fused_window(args[0]):
+    if softcap is None and plan.degree == 1 and kernel.fused_window(args[0]):
         return kernel.forward(*args, causal, scale, max_q=max_q, max_k=max_k, window=window)
-    if plan.degree > 1 and kernel.fused_band(args[0]):
+    if softcap is None and plan.degree > 1 and kernel.fused_band(args[0]):
         return band_forward(kernel, *args[:3], plan_band(plan, step, window), scale)
-    return windowed_forward(*args, scale, window, *plan.positions(step))
+    return windowed_forward(*args, scale, window, *plan.positions(step), softcap=softcap)
 
 
-def _block_backward(plan: _Plan, kernel, step: int, args, causal: bool, scale: float, max_q, max_k, window):
+def _block_backward(plan: _Plan, kernel, step: int, args, causal: bool, scale: float, max_q, max_k, window,
+                    softcap=None):
     """``(dq, dk, dv)`` of ``plan.block(step)`` against the final ``out``/``lse`` (as :func:`_block_forward`)."""
     if window is None:
         return kernel.backward(*args, causal, scale, max_q=max_q, max_k=max_k)
-    if plan.degree == 1 and kernel.fused_window(args[1]):
+    if softcap is None and plan.degree == 1 and kernel.fused_window(args[1]):
         return kernel.backward(*args, causal, scale, max_q=max_q, max_k=max_k, window=window)
-    if plan.degree > 1 and kernel.fused_band(args[1]):
+    if softcap is None and plan.degree > 1 and kernel.fused_band(args[1]):
         return band_backward(kernel, *args[:6], plan_band(plan, step, window), scale)
-    return windowed_backward(*args, scale, window, *plan.positions(step))
+    return windowed_backward(*args, scale, window, *plan.positions(step), softcap=softcap)
 
 
 def ring_forward(q, k, v, plan: _Plan, comm, scale: float, kernel: AttentionKernel, window: int | None = None,
-                 sinks: torch.Tensor | None = None):
+                 sinks: torch.Tensor | None = None, softcap: float | None = None):
     """``(out, lse)`` of the ring over ``plan``'s blocks (K/V passed around ``comm``); lse ``[H, T]`` in the
     accumulation dtype. The forward of :class:`_RingAttentionFn` and of ``torch.ops.fcp.ring_attention``. With
-    ``sinks`` (``[H]`` logits): the result of :func:`add_sinks`."""
+    ``sinks`` (``[H]`` logits): the result of :func:`fcp_exec.kernels.base.add_sinks`."""
     acc = lse_dtype_for(q.dtype)
     # step 0's block has every query row: its result starts the running result (no zero-fill, no merge)
     out_acc = torch.zeros(q.shape, dtype=acc, device=q.device) if not q.shape[0] else None
@@ -195,7 +197,7 @@ def ring_forward(q, k, v, plan: _Plan, comm, scale: float, kernel: AttentionKern
         q_rows, k_rows, cu_q, cu_k, causal, max_q, max_k = plan.block(step)
         if q.shape[0]:
             args = (_rows(q, q_rows), _rows(k_cur, k_rows), _rows(v_cur, k_rows), cu_q, cu_k)
-            out_b, lse_b = _block_forward(plan, kernel, step, args, causal, scale, max_q, max_k, window)
+            out_b, lse_b = _block_forward(plan, kernel, step, args, causal, scale, max_q, max_k, window, softcap)
             if out_acc is None:  # step 0: all rows
                 out_acc, lse_acc = out_b.to(acc), lse_b.to(acc)
             else:
@@ -207,27 +209,8 @@ def ring_forward(q, k, v, plan: _Plan, comm, scale: float, kernel: AttentionKern
     return out_acc.to(q.dtype), lse_acc
 
 
-def add_sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention sinks (gpt-oss's ``s_aux``): one extra logit ``sinks[h]`` per head in every query's softmax, with a
-    zero value. The ring's exact ``(out [T, H, D], lse [H, T])`` become ``lse' = logaddexp(lse, sink)`` and
-    ``out' = out · exp(lse − lse')``. The backward needs nothing else: with ``out'``/``lse'`` in place of
-    ``out``/``lse`` every kernel's backward yields the gradients of the softmax that includes the sink (its
-    probabilities are ``exp(s − lse')`` and ``rowsum(dO ∘ out')`` is that softmax's ``D`` term, the sink adding a
-    zero value), and the sink's own gradient is :func:`sink_grad`."""
-    new = torch.logaddexp(lse, sinks.to(lse.dtype)[:, None])
-    return out * torch.exp(lse - new).t().unsqueeze(-1), new
-
-
-def sink_grad(dout: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
-    """``dL/dsinks [H]`` of :func:`add_sinks` over this rank's queries: ``−Σ_t p_sink(t) · rowsum(dO ∘ out')(t)``
-    with ``p_sink = exp(sink − lse')``."""
-    acc = lse.dtype
-    d = (dout.to(acc) * out.to(acc)).sum(-1)  # [T, H]
-    return -(torch.exp(sinks.to(acc)[:, None] - lse) * d.t()).sum(1).to(sinks.dtype)
-
-
 def ring_backward(dout, q, k, v, out, lse, plan: _Plan, comm, scale: float, kernel: AttentionKernel,
-                  window: int | None = None):
+                  window: int | None = None, softcap: float | None = None):
     """``(dq, dk, dv)`` of :func:`ring_forward` (dK/dV travel back around the ring to their owners)."""
     dout = dout.contiguous()
     acc = lse.dtype
@@ -247,7 +230,7 @@ def ring_backward(dout, q, k, v, out, lse, plan: _Plan, comm, scale: float, kern
             lse_rows = lse if q_rows is None else lse.index_select(1, q_rows)
             args = (_rows(dout, q_rows), _rows(q, q_rows), _rows(k_cur, k_rows), _rows(v_cur, k_rows),
                     _rows(out, q_rows), lse_rows, cu_q, cu_k)
-            dq_b, dk_b, dv_b = _block_backward(plan, kernel, step, args, causal, scale, max_q, max_k, window)
+            dq_b, dk_b, dv_b = _block_backward(plan, kernel, step, args, causal, scale, max_q, max_k, window, softcap)
             if dq is None:  # degree 1: the one block's dQ
                 dq = dq_b.to(acc)
             elif q_rows is None:
@@ -276,19 +259,20 @@ def ring_backward(dout, q, k, v, out, lse, plan: _Plan, comm, scale: float, kern
 class _RingAttentionFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, plan: _Plan, comm, scale: float, kernel: AttentionKernel, window: int | None = None,
-                sinks: torch.Tensor | None = None):
-        out, lse = ring_forward(q, k, v, plan, comm, scale, kernel, window, sinks)
+                sinks: torch.Tensor | None = None, softcap: float | None = None):
+        out, lse = ring_forward(q, k, v, plan, comm, scale, kernel, window, sinks, softcap)
         ctx.save_for_backward(q, k, v, out, lse, sinks)
-        ctx.plan, ctx.comm, ctx.scale, ctx.kernel, ctx.window = plan, comm, scale, kernel, window
+        ctx.plan, ctx.comm, ctx.scale, ctx.kernel, ctx.window, ctx.softcap = plan, comm, scale, kernel, window, softcap
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse, sinks = ctx.saved_tensors
         with _autocast_off(dout.device):
-            grads = ring_backward(dout, q, k, v, out, lse, ctx.plan, ctx.comm, ctx.scale, ctx.kernel, ctx.window)
+            grads = ring_backward(dout, q, k, v, out, lse, ctx.plan, ctx.comm, ctx.scale, ctx.kernel, ctx.window,
+                                  ctx.softcap)
             dsinks = None if sinks is None or not ctx.needs_input_grad[8] else sink_grad(dout, out, lse, sinks)
-        return (*grads, None, None, None, None, None, dsinks)
+        return (*grads, None, None, None, None, None, dsinks, None)
 
 
 class RingBatch:
@@ -334,7 +318,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
                    causal: bool = True, softmax_scale: float | None = None,
                    kernel: AttentionKernel | str | None = None, timeout=None, group=None,
                    check_shapes: bool = True, window: int | None = None,
-                   sinks: torch.Tensor | None = None) -> torch.Tensor:
+                   sinks: torch.Tensor | None = None, softcap: float | None = None) -> torch.Tensor:
     """Attention of zigzag-sharded packed documents across the logical CP group ``ranks``.
 
     ``q`` ``[T_local, H_q, D]``, ``k``/``v`` ``[T_local, H_kv, D]`` (GQA when ``H_kv < H_q``; ``v`` may have a smaller
@@ -361,8 +345,10 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
     CUDA tensors) — one varlen call at degree 1, one call per pair of zigzag chunks at degree > 1
     (:mod:`fcp_exec.kernels.window_band`) — else by the shared masked math path of :mod:`fcp_exec.kernels.window`;
     ``None``: no window. ``sinks``: attention sinks (gpt-oss), a ``[H_q]`` tensor of per-head logits that join
-    every query's softmax with a zero value (:func:`add_sinks`); differentiable, its gradient summed over this
-    rank's queries (a data-parallel reducer sums it over ranks like any weight's).
+    every query's softmax with a zero value (:func:`fcp_exec.kernels.base.add_sinks`); differentiable, its gradient
+    summed over this rank's queries (a data-parallel reducer sums it over ranks like any weight's). ``softcap``: attention logit
+    soft-capping (Gemma 2: scores ``c·tanh(s/c)``; causal only), computed by the masked math path of
+    :mod:`fcp_exec.kernels.window` for every block (exact, unfused: slower than the kernels).
     """
     q, k, v = _autocast_inputs(q, k, v)
     v, dv = _padded_values(k, v)
@@ -370,6 +356,10 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1 or not causal):
         raise ValueError(f"window must be an int >= 1 with causal=True (a sliding window), got {window!r}"
                          f"{'' if causal else ' with causal=False'}")
+    if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float))
+                                or not 0 < softcap < float("inf") or not causal):
+        raise ValueError(f"softcap must be a finite number > 0 with causal=True (logit soft-capping), got "
+                         f"{softcap!r}{'' if causal else ' with causal=False'}")
     if sinks is not None and (not isinstance(sinks, torch.Tensor) or tuple(sinks.shape) != (q.shape[1],)
                               or not sinks.is_floating_point() or sinks.device != q.device):
         raise ValueError(f"sinks must be a floating [H_q={q.shape[1]}] tensor on {q.device}, got "
@@ -386,5 +376,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
     if check_shapes:
         rb.check(q, k, bool(causal), scale, window)
     with _autocast_off(q.device):
-        out = _RingAttentionFn.apply(q, k, v, rb.plan(bool(causal), q.device), rb.comm, scale, kernel, window, sinks)
+        span = window if window is not None or softcap is None else NO_WINDOW  # soft-capping: the masked path
+        out = _RingAttentionFn.apply(q, k, v, rb.plan(bool(causal), q.device), rb.comm, scale, kernel, span, sinks,
+                                     None if softcap is None else float(softcap))
     return out if dv is None else out[..., :dv]

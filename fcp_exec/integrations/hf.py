@@ -36,8 +36,9 @@ Typical use (see ``examples/``)::
 Tested with transformers 5.18 to 5.25 (model types :data:`SUPPORTED_MODEL_TYPES`; other causal LMs whose attention
 goes through ``AttentionInterface`` are accepted with a warning). A layer's sliding window shorter than a document
 is computed exactly (:mod:`fcp_exec.kernels.window`), and so are gpt-oss's attention sinks
-(:func:`fcp_exec.ring_attention.add_sinks`); logit soft-capping, attention dropout and KV caches are refused with a clear error (:func:`fcp_exec.integrations.hf_models.attention_limits`): this path is for
-training.
+(:func:`fcp_exec.kernels.base.add_sinks`), Gemma 2's logit soft-capping (the same masked path) and DeepSeek-V3's
+narrower value heads (padded); attention dropout and KV caches are refused with a clear error
+(:func:`fcp_exec.integrations.hf_models.attention_limits`): this path is for training.
 """
 
 from __future__ import annotations

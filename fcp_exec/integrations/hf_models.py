@@ -17,7 +17,7 @@ __all__ = ["SUPPORTED_MODEL_TYPES", "VL_MODEL_TYPES", "TILE_VL_MODEL_TYPES", "FR
 # tested against the stock model (tests/exec/test_hf_train.py, tests/exec/test_hf_families.py)
 SUPPORTED_MODEL_TYPES = ("qwen3", "llama", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen2", "mistral", "phi3", "olmo2",
                          "granite", "glm4", "smollm3", "gemma", "gemma3_text", "cohere", "qwen3_moe", "internvl",
-                         "llava_onevision", "gpt_oss", "deepseek_v3")
+                         "llava_onevision", "gpt_oss", "deepseek_v3", "gemma2")
 VL_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")  # Qwen-VL: 3-D rope positions, patches + grids
 TILE_VL_MODEL_TYPES = ("internvl",)  # fixed-size image tiles (video frames: one tile each), 1-D positions
 FRAME_VL_MODEL_TYPES = ("llava_onevision",)  # videos as square frames pooled by the model, 1-D positions
@@ -35,8 +35,8 @@ def leaves_parameters_unused(model: Any) -> bool:
 
 def attention_limits(module: nn.Module, dropout: float, kwargs: dict, ring: Any) -> int | None:
     """The sliding window ring attention must apply in this call, or None; one ``ValueError`` for what a layer asks
-    of its attention that ring attention does not compute: attention dropout, logit soft-capping (Gemma 2),
-    a KV cache (attention sinks, gpt-oss's ``s_aux``, it computes: :func:`ring_call` passes them on). The window comes from the call (Mistral, Phi-3 pass the config's) or
+    of its attention that ring attention does not compute: attention dropout, a KV cache (attention sinks, gpt-oss's
+    ``s_aux``, and logit soft-capping, Gemma 2's ``softcap``, it computes: :func:`ring_call` passes them on). The window comes from the call (Mistral, Phi-3 pass the config's) or
     the layer (Qwen2/3, Gemma 2/3). A window at least as long as every document of the micro-batch is plain causal
     attention (no token has more predecessors than the window): None then, so the fused kernels run (the check uses
     each document's padded length in the ring, ``ring.cu`` × degree, which can only over-estimate); a shorter one is
@@ -44,9 +44,6 @@ def attention_limits(module: nn.Module, dropout: float, kwargs: dict, ring: Any)
     if dropout:
         raise ValueError(f"fcp_ring attention does not implement attention dropout (got {dropout}); set the config's "
                          "attention_dropout to 0")
-    if kwargs.get("softcap"):
-        raise ValueError(f"fcp_ring attention does not implement attention logit soft-capping (softcap="
-                         f"{kwargs['softcap']}); set the config's attn_logit_softcapping to None")
     if kwargs.get("cache") is not None or kwargs.get("past_key_values") is not None:
         raise ValueError("fcp_ring attention is for training: call the model with use_cache=False")
     window = _window_of(module, kwargs)
@@ -64,9 +61,9 @@ def ring_call(module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     ``torch.ops.fcp.ring_attention`` (:mod:`fcp_exec.ring_op`: one graph node reading the micro-batch's registered
     handle, so a new micro-batch does not recompile); otherwise eagerly, outside any graph (:func:`_ring_eager`).
     Attention sinks (``s_aux``: a ``[H_q]`` logit per head, gpt-oss) join every query's softmax
-    (:func:`fcp_exec.ring_attention.add_sinks`)."""
+    (:func:`fcp_exec.kernels.base.add_sinks`); logit soft-capping (``softcap``, Gemma 2) runs on the masked path."""
     if torch.compiler.is_compiling() and kernel is None and not _window_of(module, kwargs) \
-            and kwargs.get("s_aux") is None:
+            and kwargs.get("s_aux") is None and not kwargs.get("softcap"):
         from fcp_exec.ring_op import ring_attention_op
 
         attention_limits(module, dropout, kwargs, ring)  # the refusals (no window: the ring's lengths are not read)
@@ -83,7 +80,8 @@ def _ring_eager(module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Te
 
     window = attention_limits(module, dropout, kwargs, ring)
     return ring_attention(q, k, v, ring, causal=bool(getattr(module, "is_causal", True)), softmax_scale=scaling,
-                          kernel=kernel, window=window, sinks=kwargs.get("s_aux"))
+                          kernel=kernel, window=window, sinks=kwargs.get("s_aux"),
+                          softcap=kwargs.get("softcap") or None)
 
 
 def _window_of(module: nn.Module, kwargs: dict) -> Any:

@@ -46,7 +46,7 @@ Refused with one clear error: tensor/pipeline/context/expert parallelism > 1 (FC
 here), a config without ``calculate_per_token_loss``, attention dropout, attention bias, yarn / multimodal RoPE,
 multi-latent attention and multi-token prediction. Sliding windows (``window_size=(left, 0)``, with
 ``window_attn_skip_freq``) run exactly (:mod:`fcp_exec.kernels.window`), and so do attention sinks
-(``softmax_type="off-by-one"`` or ``"learnable"``, gpt-oss's: :func:`fcp_exec.ring_attention.add_sinks`). Tested with
+(``softmax_type="off-by-one"`` or ``"learnable"``, gpt-oss's: :func:`fcp_exec.kernels.base.add_sinks`). Tested with
 megatron-core 0.16 on CPU against the stock model (``tests/exec/test_megatron.py``); on one GPU (H200) the example
 trained in fp32 and bf16 (``Float16Module``), one process (BENCHMARKS.md); never across GPUs.
 """

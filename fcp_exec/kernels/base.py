@@ -28,12 +28,14 @@ import torch
 
 __all__ = [
     "AttentionKernel",
+    "add_sinks",
     "check_block_inputs",
     "doc_bounds",
     "empty_rows_fixup",
     "expand_kv",
     "lse_dtype_for",
     "reduce_kv",
+    "sink_grad",
 ]
 
 
@@ -151,3 +153,22 @@ def merge_block(out_acc: torch.Tensor, lse_acc: torch.Tensor, out_b: torch.Tenso
     else:
         out_acc[sel] = merged
         lse_acc[:, sel] = new
+
+
+def add_sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention sinks (gpt-oss's ``s_aux``): one extra logit ``sinks[h]`` per head in every query's softmax, with a
+    zero value. The ring's exact ``(out [T, H, D], lse [H, T])`` become ``lse' = logaddexp(lse, sink)`` and
+    ``out' = out · exp(lse − lse')``. The backward needs nothing else: with ``out'``/``lse'`` in place of
+    ``out``/``lse`` every kernel's backward yields the gradients of the softmax that includes the sink (its
+    probabilities are ``exp(s − lse')`` and ``rowsum(dO ∘ out')`` is that softmax's ``D`` term, the sink adding a
+    zero value), and the sink's own gradient is :func:`sink_grad`."""
+    new = torch.logaddexp(lse, sinks.to(lse.dtype)[:, None])
+    return out * torch.exp(lse - new).t().unsqueeze(-1), new
+
+
+def sink_grad(dout: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """``dL/dsinks [H]`` of :func:`add_sinks` over this rank's queries: ``−Σ_t p_sink(t) · rowsum(dO ∘ out')(t)``
+    with ``p_sink = exp(sink − lse')``."""
+    acc = lse.dtype
+    d = (dout.to(acc) * out.to(acc)).sum(-1)  # [T, H]
+    return -(torch.exp(sinks.to(acc)[:, None] - lse) * d.t()).sum(1).to(sinks.dtype)

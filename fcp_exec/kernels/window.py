@@ -12,6 +12,9 @@ final ``out``/``lse`` (the kernel contract of :mod:`fcp_exec.kernels.base`); a d
 are all out of each other's window is skipped (``lse = -inf``, ``out = 0``, no gradient). Accumulation in float32
 (float64 for float64 inputs).
 
+Logit soft-capping (Gemma 2: scores ``c·tanh(s/c)`` before the mask and the softmax) runs here too, with or without
+a window (then :data:`NO_WINDOW`): the backward multiplies the score gradient by ``1 − tanh²(s/c)``.
+
 Cost: about ``L·2W`` scores per document instead of ``L²/2``, but in unfused matmuls (``benchmarks/bench_window.py``
 measures it against the fused causal kernel). Where a kernel has a fused banded kernel ring attention uses it
 instead: ``fused_window`` at degree 1 (the CUDA kernel's flash backends on fp16/bf16, the NPU's band mode),
@@ -24,9 +27,12 @@ import torch
 
 from fcp_exec.kernels.base import doc_bounds, expand_kv, lse_dtype_for, reduce_kv
 
-__all__ = ["windowed_forward", "windowed_backward", "check_window"]
+__all__ = ["NO_WINDOW", "windowed_forward", "windowed_backward", "check_window"]
 
 _CHUNK_ELEMS = 1 << 25
+# the window of a block that takes this path for its logit soft-capping alone (Gemma 2): longer than any document,
+# so the mask is plain causal by position
+NO_WINDOW = 1 << 40
 
 
 def check_window(window, pos_q, pos_k, q, k) -> int:
@@ -72,8 +78,18 @@ def _keys(pq: torch.Tensor, pk: torch.Tensor, window: int) -> torch.Tensor | Non
     return None if bool(near.all()) else near.nonzero().flatten()
 
 
-def windowed_forward(q, k, v, cu_q, cu_k, scale: float, window: int, pos_q, pos_k):
-    """``(out, lse)`` of one block with the sliding-window causal mask (module docstring)."""
+def _scores(qd, kc, scale: float, softcap: float | None):
+    """``(scores, tanh of the scores / softcap or None)`` of a chunk, soft-capped when ``softcap``."""
+    s = torch.matmul(qd, kc.transpose(1, 2)) * scale
+    if not softcap:
+        return s, None
+    t = torch.tanh(s / softcap)
+    return t * softcap, t
+
+
+def windowed_forward(q, k, v, cu_q, cu_k, scale: float, window: int, pos_q, pos_k, softcap: float | None = None):
+    """``(out, lse)`` of one block with the sliding-window causal mask (module docstring), the scores soft-capped at
+    ``softcap`` first when given."""
     window = check_window(window, pos_q, pos_k, q, k)
     h_q, acc = q.shape[1], lse_dtype_for(q.dtype)
     out = torch.zeros(q.shape, dtype=acc, device=q.device)
@@ -85,7 +101,7 @@ def windowed_forward(q, k, v, cu_q, cu_k, scale: float, window: int, pos_q, pos_
             sel = _keys(pos_q[a:b], pos_k[ks:ke], window)
             kc, vc, pk = (kd, vd, pos_k[ks:ke]) if sel is None else \
                 (kd.index_select(1, sel), vd.index_select(1, sel), pos_k[ks:ke].index_select(0, sel))
-            s = torch.matmul(q[a:b].transpose(0, 1).to(acc), kc.transpose(1, 2)) * scale
+            s, _ = _scores(q[a:b].transpose(0, 1).to(acc), kc, scale, softcap)
             s = s.masked_fill(~_allowed(pos_q[a:b], pk, window), float("-inf"))
             m = torch.logsumexp(s, dim=-1)  # [H, rows]; -inf where a row sees no key here
             p = torch.exp(s - torch.where(torch.isfinite(m), m, torch.zeros_like(m)).unsqueeze(-1))
@@ -94,7 +110,8 @@ def windowed_forward(q, k, v, cu_q, cu_k, scale: float, window: int, pos_q, pos_
     return out.to(q.dtype), lse
 
 
-def windowed_backward(dout, q, k, v, out, lse, cu_q, cu_k, scale: float, window: int, pos_q, pos_k):
+def windowed_backward(dout, q, k, v, out, lse, cu_q, cu_k, scale: float, window: int, pos_q, pos_k,
+                      softcap: float | None = None):
     """``(dq, dk, dv)`` of one windowed block against the final ``out``/``lse`` (module docstring)."""
     window = check_window(window, pos_q, pos_k, q, k)
     h_q, h_kv, acc = q.shape[1], k.shape[1], lse_dtype_for(q.dtype)
@@ -109,12 +126,14 @@ def windowed_backward(dout, q, k, v, out, lse, cu_q, cu_k, scale: float, window:
             kc, vc, pk = (kd, vd, pos_k[ks:ke]) if sel is None else \
                 (kd.index_select(1, sel), vd.index_select(1, sel), pos_k[ks:ke].index_select(0, sel))
             qd, do = q[a:b].transpose(0, 1).to(acc), dout[a:b].transpose(0, 1).to(acc)
-            s = torch.matmul(qd, kc.transpose(1, 2)) * scale
+            s, t = _scores(qd, kc, scale, softcap)
             s = s.masked_fill(~_allowed(pos_q[a:b], pk, window), float("-inf"))
             m = lse[:, a:b].to(acc)
             p = torch.exp(s - torch.where(torch.isfinite(m), m, torch.zeros_like(m)).unsqueeze(-1))
             delta = (do * out[a:b].transpose(0, 1).to(acc)).sum(-1, keepdim=True)
             ds = p * (torch.matmul(do, vc.transpose(1, 2)) - delta)
+            if t is not None:  # d(c·tanh(x/c))/dx
+                ds = ds * (1 - t * t)
             dq[a:b] = (torch.matmul(ds, kc) * scale).transpose(0, 1)
             dk_c = (torch.matmul(ds.transpose(1, 2), qd) * scale).transpose(0, 1)
             dv_c = torch.matmul(p.transpose(1, 2), do).transpose(0, 1)

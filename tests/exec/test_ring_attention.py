@@ -41,7 +41,7 @@ def _inputs(gen, t, hq, hkv, d, dtype, dv=None):
 
 
 def ring_case(rank, groupings, lengths, heads, dtype_name, causal, seed, kernel_name=None, window=None,
-              sinks=False):
+              sinks=False, softcap=None):
     """Worker: for each grouping (a list of groups covering the world) run the group containing
     this rank; return max errors per call. ``lengths[c][g]`` are the doc lengths of group g. ``sinks``: with
     attention sinks (per-head logits drawn from the seed, N(0, 2²)); the report then holds this rank's share of
@@ -59,7 +59,7 @@ def ring_case(rank, groupings, lengths, heads, dtype_name, causal, seed, kernel_
         sk = (2 * torch.randn(hq, generator=gen, dtype=torch.float64)).to(dtype).requires_grad_() if sinks else None
         qr, kr, vr = (x.detach().double().clone().requires_grad_() for x in (q, k, v))
         skr = sk.detach().double().clone().requires_grad_() if sinks else None
-        ref = dense_attention(qr, kr, vr, cu, causal=causal, window=window, sinks=skr)
+        ref = dense_attention(qr, kr, vr, cu, causal=causal, window=window, sinks=skr, softcap=softcap)
         ref_grads = torch.autograd.grad(ref, (qr, kr, vr) + ((skr,) if sinks else ()), dout.double())
         ql, cul = zigzag_shard(q, torch.tensor(cu, dtype=torch.int32), degree, cp_rank)
         kl, vl = zigzag_shard(k, cu, degree, cp_rank)[0], zigzag_shard(v, cu, degree, cp_rank)[0]
@@ -67,7 +67,7 @@ def ring_case(rank, groupings, lengths, heads, dtype_name, causal, seed, kernel_
         # a kernel name (None: the default for the device), or a function returning a kernel object
         kernel = kernel_name() if callable(kernel_name) else kernel_name
         out = ring_attention(ql, kl, vl, cul, ranks=group, causal=causal, kernel=kernel, timeout=30, window=window,
-                             sinks=sk)
+                             sinks=sk, softcap=softcap)
         assert out.dtype == dtype and out.shape == (*ql.shape[:2], vl.shape[2])
         out.backward(zigzag_shard(dout, cu, degree, cp_rank)[0])
         errs = {"call": c, "group": group}
@@ -182,6 +182,26 @@ def test_fp64_values_with_a_smaller_head_dim_match_dense(pool4, degree):
         _assert_close(reports, "float64")
         if sinks:
             _assert_sink_grads(reports, [groups], 1e-9)
+
+
+@pytest.mark.parametrize("degree", [1, 2, 3, 4])
+def test_fp64_logit_softcapping_matches_dense(pool4, degree):
+    """Attention logit soft-capping (Gemma 2: scores ``c·tanh(s/c)`` before the mask; c = 1.5 so that it bends most
+    scores of these N(0, 1) inputs), alone, with 5- and 40-token windows and with sinks: out, dq, dk, dv equal dense
+    fp64 attention with the same cap to 1e-9 on every rank. A failure means a score not capped, or a backward
+    without the cap's derivative."""
+    groups = GROUPINGS[degree]
+    for k, (window, sinks) in enumerate(((None, False), (5, False), (40, False), (None, True))):
+        reports = pool4.run(ring_case, [groups], [_lengths_for(groups, 90 + degree + k, max_chunks=5)], (4, 2, 8),
+                            "float64", True, 500 + degree + k, None, window, sinks, 1.5)
+        _assert_close(reports, "float64")
+
+
+def test_softcapping_needs_a_positive_cap_and_a_causal_mask():
+    q = torch.zeros(4, 2, 8)
+    for bad, causal in ((0.0, True), (-1.0, True), (float("inf"), True), (True, True), (30.0, False)):
+        with pytest.raises(ValueError, match=r"softcap must be a finite number > 0 with causal=True"):
+            ring_attention(q, q, q, [0, 4], softcap=bad, causal=causal)
 
 
 def test_sinks_of_the_wrong_shape_are_refused():
