@@ -10,7 +10,7 @@ import torch
 
 from fcp_exec.kernels import AttentionKernel, default_kernel, get_kernel
 
-__all__ = ["autocast_inputs", "autocast_off", "checked_args", "padded_values"]
+__all__ = ["autocast_inputs", "autocast_off", "check_mask_options", "checked_args", "padded_values"]
 
 
 def padded_values(k, v):
@@ -76,3 +76,19 @@ def checked_args(q, k, v, causal, softmax_scale, kernel) -> tuple[float, Attenti
     if not isinstance(kernel, AttentionKernel):
         raise ValueError(f"kernel must be an AttentionKernel or a kernel name, got {type(kernel).__name__} {kernel!r}")
     return scale, kernel
+
+
+def check_mask_options(q, causal: bool, window, sinks, softcap) -> None:
+    """:func:`ring_attention`'s ``window`` (an int >= 1), ``softcap`` (a finite number > 0) — both causal only — and
+    ``sinks`` (a floating ``[H_q]`` tensor on ``q``'s device): one ``ValueError`` for anything else."""
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1 or not causal):
+        raise ValueError(f"window must be an int >= 1 with causal=True (a sliding window), got {window!r}"
+                         f"{'' if causal else ' with causal=False'}")
+    if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float))
+                                or not 0 < softcap < float("inf") or not causal):
+        raise ValueError(f"softcap must be a finite number > 0 with causal=True (logit soft-capping), got "
+                         f"{softcap!r}{'' if causal else ' with causal=False'}")
+    if sinks is not None and (not isinstance(sinks, torch.Tensor) or tuple(sinks.shape) != (q.shape[1],)
+                              or not sinks.is_floating_point() or sinks.device != q.device):
+        raise ValueError(f"sinks must be a floating [H_q={q.shape[1]}] tensor on {q.device}, got "
+                         f"{tuple(sinks.shape) if isinstance(sinks, torch.Tensor) else type(sinks).__name__}")

@@ -40,6 +40,7 @@ from fcp_exec.kernels.window import NO_WINDOW, windowed_backward, windowed_forwa
 from fcp_exec.kernels.window_band import band_backward, band_forward, plan_band
 from fcp_exec.ring_args import autocast_inputs as _autocast_inputs
 from fcp_exec.ring_args import autocast_off as _autocast_off
+from fcp_exec.ring_args import check_mask_options as _check_mask_options
 from fcp_exec.ring_args import checked_args as _checked_args
 from fcp_exec.ring_args import padded_values as _padded_values
 from fcp_data.layout import check_cu_seqlens
@@ -353,17 +354,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
     q, k, v = _autocast_inputs(q, k, v)
     v, dv = _padded_values(k, v)
     scale, kernel = _checked_args(q, k, v, causal, softmax_scale, kernel)
-    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1 or not causal):
-        raise ValueError(f"window must be an int >= 1 with causal=True (a sliding window), got {window!r}"
-                         f"{'' if causal else ' with causal=False'}")
-    if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float))
-                                or not 0 < softcap < float("inf") or not causal):
-        raise ValueError(f"softcap must be a finite number > 0 with causal=True (logit soft-capping), got "
-                         f"{softcap!r}{'' if causal else ' with causal=False'}")
-    if sinks is not None and (not isinstance(sinks, torch.Tensor) or tuple(sinks.shape) != (q.shape[1],)
-                              or not sinks.is_floating_point() or sinks.device != q.device):
-        raise ValueError(f"sinks must be a floating [H_q={q.shape[1]}] tensor on {q.device}, got "
-                         f"{tuple(sinks.shape) if isinstance(sinks, torch.Tensor) else type(sinks).__name__}")
+    _check_mask_options(q, causal, window, sinks, softcap)
     if isinstance(cu_seqlens, RingBatch):
         rb = cu_seqlens
         if ranks is not None and tuple(int(r) for r in ranks) != rb.comm.ranks:
