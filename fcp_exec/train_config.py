@@ -16,6 +16,7 @@ from typing import Any
 from fcp_data.cost import CostModel
 from fcp_data.commands.argtypes import check_output_dir
 from fcp_data.sampler_config import MAX_COUNT
+from fcp_exec.integrations.hf_models import SUPPORTED_MODEL_TYPES
 from fcp_exec.optim import LR_SCHEDULES
 from fcp_exec.step import REDUCER_NAMES
 
@@ -54,9 +55,8 @@ class TrainConfig:
     """One training run of :func:`fcp_exec.train.train` (each field's ``metadata["help"]`` says what it is)."""
 
     model: str = _opt("tiny-llm", "tiny-llm, tiny-mllm, or hf:PATH — a local transformers config.json (random "
-                      "weights) or checkpoint folder (its weights, see --init) of a model type fcp is tested with: qwen3, llama, qwen2, "
-                      "mistral, phi3, olmo2, granite, glm4, smollm3, gemma, gemma3_text, cohere, qwen3_moe, "
-                      "qwen2_vl, qwen2_5_vl, qwen3_vl, internvl",
+                      "weights) or checkpoint folder (its weights, see --init) of a model type fcp is tested with: "
+                      + ", ".join(SUPPORTED_MODEL_TYPES),
                       metavar="tiny-llm|tiny-mllm|hf:CONFIG.json|hf:FOLDER")
     init: str = _opt("auto", "hf: models: 'pretrained' loads the weights of the --model folder (model.safetensors or "
                      "pytorch_model.bin, sharded or not; local files only), 'random' initialises from --seed, 'auto' "
