@@ -17,7 +17,8 @@ __all__ = ["SUPPORTED_MODEL_TYPES", "VL_MODEL_TYPES", "TILE_VL_MODEL_TYPES", "FR
 # tested against the stock model (tests/exec/test_hf_train.py, tests/exec/test_hf_families.py)
 SUPPORTED_MODEL_TYPES = ("qwen3", "llama", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen2", "mistral", "phi3", "olmo2",
                          "granite", "glm4", "smollm3", "gemma", "gemma3_text", "cohere", "qwen3_moe", "internvl",
-                         "llava_onevision", "gpt_oss", "deepseek_v3", "gemma2")
+                         "llava_onevision", "gpt_oss", "deepseek_v3", "gemma2", "mixtral", "qwen2_moe", "glm4_moe",
+                         "exaone4", "seed_oss", "olmoe")
 VL_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")  # Qwen-VL: 3-D rope positions, patches + grids
 TILE_VL_MODEL_TYPES = ("internvl",)  # fixed-size image tiles (video frames: one tile each), 1-D positions
 FRAME_VL_MODEL_TYPES = ("llava_onevision",)  # videos as square frames pooled by the model, 1-D positions

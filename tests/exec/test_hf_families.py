@@ -6,7 +6,9 @@ Gemma, Gemma 3 (text; sliding-window layers), Cohere (parallel attention + MLP, 
 Qwen3-MoE (4 experts, top-2; ``experts_implementation: "eager"`` in its config: the grouped-GEMM experts take no
 float64), gpt-oss (MoE, attention sinks on every layer, a 128-token window on every other; its stock model has
 no SDPA path and runs ``eager``) and DeepSeek-V3 (multi-latent attention: value heads narrower than query/key heads,
-padded inside the ring; grouped top-k routing, a shared expert, a dense first layer):
+padded inside the ring; grouped top-k routing, a shared expert, a dense first layer), and the MoE families Mixtral,
+Qwen2-MoE, GLM-4.5 (``glm4_moe``), OLMoE, and EXAONE 4 and Seed-OSS (``residual_dropout`` 0 in its config: dropout
+is random, no reference could match it):
 tiny random configs from ``examples/configs``, float64, 3 AdamW steps and one evaluation batch each, all in ONE
 launch, through the real pipeline (FCPSampler → FCPCollator → ``apply_fcp`` ring attention → ``train_step``, the
 allreduce reducer: DDP and FSDP2 do not depend on the model family and are ``test_hf_train.py``'s). Reference: the
@@ -43,7 +45,8 @@ from fcp_exec.launch import launch  # noqa: E402
 from fcp_exec.train import TrainConfig, hf_preload, train_matrix  # noqa: E402
 
 FAMILIES = ("qwen2", "mistral", "phi3", "olmo2", "granite", "glm4", "smollm3", "gemma", "gemma3_text", "cohere",
-            "qwen3_moe", "gpt_oss", "deepseek_v3", "gemma2")
+            "qwen3_moe", "gpt_oss", "deepseek_v3", "gemma2", "mixtral", "qwen2_moe", "glm4_moe", "exaone4", "seed_oss",
+            "olmoe")
 ADAM_NOISE = ("gemma", "gemma3_text", "cohere")
 # gpt-oss's sinks are a parameter of their own (each rank's share of their gradient reduced like any weight's): DDP
 # and FSDP2, with activation checkpointing (the ring and its sinks run again inside the backward)
@@ -52,7 +55,7 @@ ADAM_LOSS, ADAM_GRAD = 1e-9, 1e-5
 # DeepSeek-V3's router scores in float32 (its own ``F.linear(hidden.float(), weight.float())``), so its weight's
 # gradient carries float32 rounding of sums taken in another order: step 0 within this of the largest entry
 # (measured 2.7e-10; the loss equal), later steps within ADAM_LOSS / ADAM_GRAD (measured 7.8e-11 / 7.0e-8)
-FP32_ROUTER = {"deepseek_v3": 1e-8}
+FP32_ROUTER = {"deepseek_v3": 1e-8, "glm4_moe": 1e-8}  # GLM-4.5's router too (measured 8.2e-11)
 # Gemma 2's stock (eager) attention takes its softmax in float32 — the reference itself carries float32 rounding:
 # (loss, gradient) at step 0 within the first pair (measured 3e-10 / 2e-7; a cap of 0.05 left out moves them to
 # 1.2e-6 / 2.4e-3: the windowed variant's cap, WINDOWED), later steps and the evaluation after AdamW within the
