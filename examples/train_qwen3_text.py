@@ -49,7 +49,9 @@ def build_parser() -> ArgumentParser:
     p = ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 1)[1],
                        formatter_class=argparse.RawDescriptionHelpFormatter)  # --help: how to run it, what it does
     p.add_argument("--config", type=nonempty, default=str(Path(__file__).parent / "configs" / "qwen3-tiny.json"),
-                   help="a qwen3 or llama config.json (random weights) or checkpoint folder (its weights; default: a tiny Qwen3)")
+                   help="a config.json (random weights) or checkpoint folder (its weights) of a text model type fcp "
+                        "is tested with (qwen3, llama, mistral, gemma2, gpt_oss, deepseek_v3, ...: examples/configs; "
+                        "default: a tiny Qwen3)")
     p.add_argument("--data", type=nonempty, default=None,
                    help="a text length index (default: the bundled text samples)")
     p.add_argument("--reducer", choices=("allreduce", "ddp", "fsdp2", "fsdp1"), default="allreduce")
