@@ -347,8 +347,8 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
     (:mod:`fcp_exec.kernels.window_band`) — else by the shared masked math path of :mod:`fcp_exec.kernels.window`;
     ``None``: no window. ``sinks``: attention sinks (gpt-oss), a ``[H_q]`` tensor of per-head logits that join
     every query's softmax with a zero value (:func:`fcp_exec.kernels.base.add_sinks`); differentiable, its gradient
-    summed over this rank's queries (a data-parallel reducer sums it over ranks like any weight's). ``softcap``: attention logit
-    soft-capping (Gemma 2: scores ``c·tanh(s/c)``; causal only), computed by the masked math path of
+    summed over this rank's queries (a data-parallel reducer sums it over ranks like any weight's). ``softcap``:
+    attention logit soft-capping (Gemma 2: scores ``c·tanh(s/c)``; causal only), computed by the masked math path of
     :mod:`fcp_exec.kernels.window` for every block (exact, unfused: slower than the kernels).
     """
     q, k, v = _autocast_inputs(q, k, v)

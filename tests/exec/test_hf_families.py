@@ -178,9 +178,10 @@ def _config_with(tmp_path, family: str, **changes) -> str:
 @pytest.mark.parametrize("family", sorted(WINDOWED))
 def test_a_sliding_window_shorter_than_the_documents_trains_like_the_stock_model(family):
     """A 16-token sliding window over documents of up to 80 tokens — Mistral's passed per call, Gemma 3's on its
-    sliding layers (and gpt-oss's, with its sinks), Qwen2's on every layer (``use_sliding_window``) — trains like the stock model, whose own
-    sliding-window mask is the reference: the same checks as above (step 0 to 1e-12; Gemma 3 later steps within
-    ADAM_LOSS / ADAM_GRAD). Ignoring the window (full causal attention) fails at step 0."""
+    sliding layers (and gpt-oss's with its sinks, Gemma 2's with a cap of 0.05), Qwen2's on every layer
+    (``use_sliding_window``) — trains like the stock model, whose own sliding-window mask is the reference: the same
+    checks as above (step 0 to 1e-12, Gemma 2 to FP32_SOFTMAX; Gemma 3 later steps within ADAM_LOSS / ADAM_GRAD).
+    Ignoring the window (full causal attention) fails at step 0."""
     cfgs, results = _matrix()
     if isinstance(results, Exception):
         raise results

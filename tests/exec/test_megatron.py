@@ -14,7 +14,8 @@ Models (float64, 2 layers): Llama-style (RoPE, GQA, RMSNorm, SwiGLU), Qwen3-styl
 window on every other layer (``window_size=(6, 0)``, ``window_attn_skip_freq=2``), Llama with full activation
 recomputation (the ring attention runs again inside the backward), GPT-2-style (learned absolute positions,
 LayerNorm, biases), attention sinks as gpt-oss has them (``softmax_type="learnable"``, a learned logit per head,
-with the sliding window on every other layer) and ``softmax_type="off-by-one"`` (a zero logit); Llama fed the DataLoader's iterator itself with a fixed 2 micro-batches per step (Megatron-LM's
+with the sliding window on every other layer) and ``softmax_type="off-by-one"`` (a zero logit); Llama fed the
+DataLoader's iterator itself with a fixed 2 micro-batches per step (Megatron-LM's
 ``pretrain()``), ``forward_step`` preparing each batch; and Llama on a dataset whose sample 9 fails to read on every
 rank and sample 6 on one rank of its CP group only (agreed in the group: label-free on all of its ranks), against the
 stock model trained on the samples that were read; and Qwen3 on the samples' own labels (SFT: each document's first
