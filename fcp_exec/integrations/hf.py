@@ -54,7 +54,7 @@ from torch.nn import functional as F
 from fcp_exec.integrations.hf_models import (FRAME_VL_MODEL_TYPES, SUPPORTED_MODEL_TYPES,  # noqa: F401
                                              TILE_VL_MODEL_TYPES, VL_MODEL_TYPES, build_model,
                                              enable_gradient_checkpointing, has_weights, load_config, load_model,
-                                             require_hf_models, ring_call, tile_geometry)
+                                             other_token_mixing, require_hf_models, ring_call, tile_geometry)
 from fcp_exec.integrations.hf_vision import State, VisionCall, install_hooks
 from fcp_exec.ring_op import register
 from fcp_exec.step import denominator
@@ -135,6 +135,10 @@ def apply_fcp(model: nn.Module, *, kernel=None, timeout: float | None = None) ->
     if getattr(text_cfg, "output_router_logits", False):
         raise ValueError(f"{type(model).__name__} adds its MoE router's load-balancing loss (output_router_logits=True)"
                          ", which fcp_loss (cross-entropy over the global batch) does not compute; set it to False")
+    mixing = other_token_mixing(model)
+    if mixing:
+        raise ValueError(f"{type(model).__name__} cannot train with FCP: {mixing}; ring attention sees a document "
+                         "split over its CP group only inside full / sliding-window attention layers")
     if not (kernel is None or isinstance(kernel, AttentionKernel) or kernel in KERNEL_NAMES):
         raise ValueError(f"kernel must be an AttentionKernel or one of {', '.join(KERNEL_NAMES)}, got {kernel!r}")
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0):

@@ -3,6 +3,7 @@ attention features ring attention does not implement (refused per call, never si
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
@@ -11,7 +12,7 @@ from torch import nn
 from fcp_exec.compat import require_hf_models
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "VL_MODEL_TYPES", "TILE_VL_MODEL_TYPES", "FRAME_VL_MODEL_TYPES", "MLLM_MODEL_TYPES",
-           "UNUSED_PARAMETER_MODEL_TYPES", "leaves_parameters_unused", "attention_limits",
+           "UNUSED_PARAMETER_MODEL_TYPES", "leaves_parameters_unused", "attention_limits", "other_token_mixing",
            "build_model", "load_config", "ring_call", "tile_geometry"]
 
 # tested against the stock model (tests/exec/test_hf_train.py, tests/exec/test_hf_families.py)
@@ -32,6 +33,34 @@ def leaves_parameters_unused(model: Any) -> bool:
     """Whether ``model`` (a transformers model, or anything else: False) is of a type in
     :data:`UNUSED_PARAMETER_MODEL_TYPES`, i.e. DDP needs ``find_unused_parameters=True`` for it."""
     return getattr(getattr(model, "config", None), "model_type", None) in UNUSED_PARAMETER_MODEL_TYPES
+
+
+_ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention")
+# modules that mix tokens outside attention: state-space / linear-attention / convolution mixers of hybrid models
+_MIXER_NAMES = re.compile(r"Mamba|DeltaNet|LinearAttention|LightningAttention|Rwkv|RWKV|Retention|ShortConv")
+
+
+def other_token_mixing(model: nn.Module) -> str | None:
+    """Why ``model``'s language model mixes tokens other than through the attention calls ring attention computes —
+    or None. Ring attention sees the whole document only inside those calls; anything else would see this rank's
+    zigzag shard (and, packed, its neighbour documents) and train silently wrong, so :func:`apply_fcp` refuses it:
+    layer types other than full and sliding-window attention (Qwen3-Next's and Jamba's linear attention, Llama 4's
+    chunked attention, Falcon-H1's hybrid layers), bidirectional attention, and recurrent or convolutional token
+    mixers in the decoder (Mamba, gated DeltaNet, LFM2's short convolutions: an ``nn.Conv1d`` or such a class)."""
+    cfg = getattr(model.config, "text_config", None) or model.config
+    kinds = sorted({str(t) for t in (getattr(cfg, "layer_types", None) or ())} - set(_ATTENTION_LAYER_TYPES))
+    if kinds:
+        return f"its layer types {kinds} (FCP computes full and sliding-window attention layers)"
+    if getattr(cfg, "use_bidirectional_attention", False):
+        return "bidirectional attention (use_bidirectional_attention=True; FCP computes causal attention)"
+    try:
+        decoder = model.get_decoder()
+    except (AttributeError, NotImplementedError, ValueError):
+        decoder = model
+    for name, m in decoder.named_modules():
+        if name and (isinstance(m, nn.Conv1d) or _MIXER_NAMES.search(type(m).__name__)):
+            return f"its module {name} ({type(m).__name__}) mixes tokens outside attention"
+    return None
 
 
 def attention_limits(module: nn.Module, dropout: float, kwargs: dict, ring: Any) -> int | None:

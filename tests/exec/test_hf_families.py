@@ -213,3 +213,45 @@ def test_softcapping_and_sinks_are_not_refused_but_dropout_is():
     assert attention_limits(torch.nn.Module(), 0.0, {"softcap": 50.0, "s_aux": torch.zeros(2)}, None) is None
     with pytest.raises(ValueError, match=r"does not implement attention dropout \(got 0.1\)"):
         attention_limits(torch.nn.Module(), 0.1, {}, None)
+
+
+_SMALL = dict(vocab_size=2000, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=8)
+MIXING = [  # (model type, config changes, what the one-line refusal names)
+    ("qwen3_next", {}, r"layer types \['linear_attention'\]"),  # gated DeltaNet layers
+    ("jamba", {}, r"layer types \['linear_attention'\]"),  # Mamba layers
+    ("falcon_h1", {}, r"layer types \['hybrid'\]"),  # Mamba2 beside attention in every layer
+    ("lfm2", {"layer_types": ["conv", "full_attention"]}, r"layer types \['conv'\]"),  # short convolutions
+    ("llama4_text", {}, r"layer types \['chunked_attention'\]"),  # attention within 8,192-token chunks
+    ("gemma3_text", {"use_bidirectional_attention": True}, "bidirectional attention"),
+    ("rwkv", {"num_attention_heads": None, "num_key_value_heads": None, "head_dim": None, "intermediate_size": None},
+     r"its module \S+ \(Rwkv\w+\) mixes tokens outside attention"),  # no layer types: found by its modules
+]
+
+
+@pytest.mark.parametrize("model_type, changes, reason", MIXING, ids=[m[0] for m in MIXING])
+def test_models_that_mix_tokens_outside_attention_are_refused(model_type, changes, reason):
+    """Ring attention sees a document spread over a CP group only inside its attention calls: a model that mixes
+    tokens anywhere else (linear attention, state-space or convolution layers, chunked or bidirectional attention)
+    would train silently wrong (each rank's layer seeing its zigzag shard), so apply_fcp refuses it with one line
+    naming what it found — before, these were accepted with a "not tested" warning."""
+    from transformers import AutoConfig
+
+    from fcp_exec.integrations.hf import apply_fcp, build_model
+
+    kw = {k: v for k, v in {**_SMALL, **changes}.items() if v is not None}
+    model = build_model(AutoConfig.for_model(model_type, **kw), dtype=torch.float32)
+    with pytest.raises(ValueError, match=rf"cannot train with FCP: .*{reason}"):
+        apply_fcp(model)
+
+
+def test_no_tested_family_is_taken_for_one_that_mixes_tokens_elsewhere():
+    """The check's patterns (layer types, class names such as Mamba or ShortConv, ``nn.Conv1d``) flag none of the
+    model types fcp trains (every example config, vision models included)."""
+    from fcp_exec.integrations.hf import build_model
+    from fcp_exec.integrations.hf_models import other_token_mixing
+
+    configs = sorted(H.CONFIGS.glob("*-tiny.json"))
+    assert len(configs) >= 25
+    flagged = {p.name: other_token_mixing(build_model(p, dtype=torch.float32)) for p in configs}
+    assert not {k: v for k, v in flagged.items() if v}, flagged
