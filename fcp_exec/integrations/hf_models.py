@@ -157,7 +157,10 @@ _SIZE_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_at
 
 def stock_attention(auto, cfg) -> str:
     """The attention a stock model is built with: ``"sdpa"``, or ``"eager"`` for a model class without an SDPA
-    path (gpt-oss: SDPA has no attention sinks)."""
+    path (gpt-oss: SDPA has no attention sinks) and for a config that soft-caps attention logits (Gemma 2:
+    transformers 5.18 offers SDPA for it, which drops the cap)."""
+    if getattr(getattr(cfg, "text_config", None) or cfg, "attn_logit_softcapping", None):
+        return "eager"
     try:
         cls = auto._model_mapping[type(cfg)]
     except (KeyError, AttributeError):
