@@ -21,7 +21,8 @@ still leaves its results), and printed as one line:
    must equal the explicit bf16 call bit for bit (autocast must not reach the kernel's fp32 math).
    ``window``: degree-1 ``ring_attention(..., window=W)`` (the sliding-window path every kernel shares) in
    float32 on the device against dense fp64 windowed attention, forward and backward, windows shorter and longer
-   than the documents. ``sinks``: the same with attention sinks (gpt-oss), with and without a window.
+   than the documents. ``sinks``: the same with attention sinks (gpt-oss), with and without a window; ``softcap``:
+   logit soft-capping (Gemma 2; bf16 on a GPU, where flash-attn caps in its kernel).
 2. ``ring``: the real schedule of ``fcp_exec.ring_attention`` for degrees 2, 4, 8 with one thread
    per virtual rank and an in-process communicator (see ``_gpu_check_ring.py`` for why and how):
    zigzag shard → forward/backward → unshard, against the fp64 reference; an fp64 run per
@@ -395,6 +396,7 @@ def kernel_section(res: Results, cfg, backends, deadline) -> None:
             res.run(name, "kernel", check_autocast, kernel, cfg.device, implementation=impl)
     res.run("window sliding-window path fp32 vs dense fp64", "kernel", check_window, cfg.device)
     res.run("sinks attention sinks (gpt-oss) fp32 vs dense fp64", "kernel", check_sinks, cfg.device)
+    res.run("softcap logit soft-capping (Gemma 2) vs dense fp64", "kernel", check_softcap, cfg.device)
 
 
 def check_window(device) -> dict:
@@ -402,7 +404,7 @@ def check_window(device) -> dict:
     ``fcp_exec.testing.dense_attention(window=W)`` in float64: out and the input gradients within 1e-5 of the largest
     reference entry (absolute when that is below 1), for windows 1, 7, 64 and 300 over documents of 1, 0, 40 and 257
     tokens."""
-    return _degree1_vs_dense(device, 11, [(w, False) for w in (1, 7, 64, 300)])
+    return _degree1_vs_dense(device, 11, [(w, False, None) for w in (1, 7, 64, 300)])
 
 
 def check_sinks(device) -> dict:
@@ -410,11 +412,21 @@ def check_sinks(device) -> dict:
     forward and backward, against ``fcp_exec.testing.dense_attention(sinks=s)`` in float64 (the sink as a softmax
     column): out, the input gradients and the sinks' gradient within 1e-5 of the largest reference entry (absolute
     below 1). The sinks are applied to the kernel's ``(out, lse)``, so this checks the device kernel's lse."""
-    return _degree1_vs_dense(device, 12, [(None, True), (7, True)])
+    return _degree1_vs_dense(device, 12, [(None, True, None), (7, True, None)])
 
 
-def _degree1_vs_dense(device, seed: int, cases) -> dict:
-    """``cases``: (window, with sinks) pairs, run on documents of 1, 0, 40 and 257 tokens (heads 4/2, dim 32)."""
+def check_softcap(device) -> dict:
+    """Degree-1 ``ring_attention(..., softcap=1.5)``, with and without a 7-token window, against dense fp64 with the
+    cap: on a GPU in bfloat16 (where flash-attn caps in its kernel, ``fused_softcap``; else the masked path) within
+    3e-2, on CPU in float32 (the masked path) within 1e-5, of the largest reference entry (absolute below 1)."""
+    cuda = torch.device(device).type == "cuda"
+    return _degree1_vs_dense(device, 13, [(None, False, 1.5), (7, False, 1.5)],
+                             dtype=torch.bfloat16 if cuda else torch.float32, tol=3e-2 if cuda else 1e-5)
+
+
+def _degree1_vs_dense(device, seed: int, cases, dtype=torch.float32, tol: float = 1e-5) -> dict:
+    """``cases``: (window, with sinks, softcap) triples, run on documents of 1, 0, 40 and 257 tokens (heads 4/2,
+    dim 32) in ``dtype``."""
     from fcp_exec import ring_attention
     from fcp_exec.testing import dense_attention
 
@@ -423,21 +435,23 @@ def _degree1_vs_dense(device, seed: int, cases) -> dict:
     q, k, v, dout = (torch.randn(298, h, 32, generator=gen, dtype=torch.float64) for h in (4, 2, 2, 4))
     sinks = 2 * torch.randn(4, generator=gen, dtype=torch.float64)
     worst = 0.0
-    for window, with_sinks in cases:
+    for window, with_sinks, cap in cases:
         inputs = (q, k, v, sinks) if with_sinks else (q, k, v)
-        leaves = [x.to(device, torch.float32).requires_grad_() for x in inputs]
-        out = ring_attention(*leaves[:3], cu, ranks=(0,), window=window, sinks=leaves[3] if with_sinks else None)
-        out.backward(dout.to(device, torch.float32))
-        ref_leaves = [x.clone().requires_grad_() for x in inputs]
-        ref = dense_attention(*ref_leaves[:3], cu, window=window, sinks=ref_leaves[3] if with_sinks else None)
+        leaves = [x.to(device, dtype).requires_grad_() for x in inputs]
+        out = ring_attention(*leaves[:3], cu, ranks=(0,), window=window, sinks=leaves[3] if with_sinks else None,
+                             softcap=cap)
+        out.backward(dout.to(device, dtype))
+        ref_leaves = [x.to(dtype).double().requires_grad_() for x in inputs]  # the same rounded inputs
+        ref = dense_attention(*ref_leaves[:3], cu, window=window, sinks=ref_leaves[3] if with_sinks else None,
+                              softcap=cap)
         ref.backward(dout)
         for got, want in [(out, ref)] + [(a.grad, b.grad) for a, b in zip(leaves, ref_leaves)]:
             # relative to the largest reference entry, absolute below 1 (window 1: dq is exactly 0)
             err = float((got.detach().double().cpu() - want.detach()).abs().max()) / max(float(want.detach().abs().max()), 1.0)
             worst = max(worst, err)
-    ok = worst <= 1e-5
-    return {"passed": ok, "max_error": worst, "tolerance": 1e-5,
-            "reason": None if ok else f"largest relative difference {worst:.3e} > 1e-5"}
+    ok = worst <= tol
+    return {"passed": ok, "max_error": worst, "tolerance": tol,
+            "reason": None if ok else f"largest relative difference {worst:.3e} > {tol:g}"}
 
 
 def check_autocast(kernel, device) -> dict:

@@ -155,6 +155,16 @@ def _rows(x: torch.Tensor, idx):
     return x if idx is None else x.index_select(0, idx)
 
 
+def _fused_cap(plan: _Plan, kernel, q, window, softcap):
+    """The window a kernel that soft-caps logits itself runs a capped block with (None: no window), or False when
+    the block goes the masked way: no cap, or a real window it cannot take at this degree."""
+    if softcap is None or not kernel.fused_softcap(q):
+        return False
+    if window == NO_WINDOW:
+        return None
+    return window if plan.degree == 1 and kernel.fused_window(q) else False
+
+
 def _block_forward(plan: _Plan, kernel, step: int, args, causal: bool, scale: float, max_q, max_k, window,
                    softcap=None):
     """``(out, lse)`` of ``plan.block(step)`` (``args``: its q, k, v rows and bounds), by the kernel or, with a
@@ -162,6 +172,9 @@ def _block_forward(plan: _Plan, kernel, step: int, args, causal: bool, scale: fl
     math path of :mod:`fcp_exec.kernels.window` (which alone soft-caps logits)."""
     if window is None:
         return kernel.forward(*args, causal, scale, max_q=max_q, max_k=max_k)
+    fused = _fused_cap(plan, kernel, args[0], window, softcap)
+    if fused is not False:
+        return kernel.forward(*args, causal, scale, max_q=max_q, max_k=max_k, window=fused, softcap=softcap)
     if softcap is None and plan.degree == 1 and kernel.fused_window(args[0]):
         return kernel.forward(*args, causal, scale, max_q=max_q, max_k=max_k, window=window)
     if softcap is None and plan.degree > 1 and kernel.fused_band(args[0]):
@@ -174,6 +187,9 @@ def _block_backward(plan: _Plan, kernel, step: int, args, causal: bool, scale: f
     """``(dq, dk, dv)`` of ``plan.block(step)`` against the final ``out``/``lse`` (as :func:`_block_forward`)."""
     if window is None:
         return kernel.backward(*args, causal, scale, max_q=max_q, max_k=max_k)
+    fused = _fused_cap(plan, kernel, args[1], window, softcap)
+    if fused is not False:
+        return kernel.backward(*args, causal, scale, max_q=max_q, max_k=max_k, window=fused, softcap=softcap)
     if softcap is None and plan.degree == 1 and kernel.fused_window(args[1]):
         return kernel.backward(*args, causal, scale, max_q=max_q, max_k=max_k, window=window)
     if softcap is None and plan.degree > 1 and kernel.fused_band(args[1]):

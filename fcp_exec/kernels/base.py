@@ -66,6 +66,11 @@ class AttentionKernel(abc.ABC):
         zigzag chunks of a ring block of degree > 1 (:mod:`fcp_exec.kernels.window_band`). Default: no."""
         return False
 
+    def fused_softcap(self, q) -> bool:
+        """Whether ``forward``/``backward`` take ``softcap=c`` (attention logits ``c·tanh(s/c)``, flash-attn's
+        ``softcap``) for blocks like ``q``. Default: no — the masked path of :mod:`fcp_exec.kernels.window` caps."""
+        return False
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 

@@ -135,6 +135,15 @@ def _window_kwargs(params, window=None) -> dict:
     return {}
 
 
+def _softcap_kwargs(params, softcap) -> dict:
+    """flash-attn's ``softcap`` (0: none); a cap on a flash-attn without the argument (< 2.6) is an error."""
+    if "softcap" in params:
+        return {"softcap": float(softcap or 0.0)}
+    if softcap:
+        raise RuntimeError("this flash-attn has no softcap argument; use flash-attn >= 2.6")
+    return {}
+
+
 def _tf_window(window) -> dict:
     """torch's flash varlen ops take the window as keyword arguments (:func:`_band`); none: omitted."""
     if window is None:
@@ -196,11 +205,12 @@ class CudaKernel(AttentionKernel):
         return f"CudaKernel(backend={self.backend!r})"
 
     # ------------------------------------------------------------------ flash-attn
-    def _fa_forward(self, q, k, v, cu_q, cu_k, cq, ck, causal, scale, max_q, max_k, window=None):
+    def _fa_forward(self, q, k, v, cu_q, cu_k, cq, ck, causal, scale, max_q, max_k, window=None, softcap=None):
         fn = self._fa._flash_attn_varlen_forward
         params = _param_names(fn, _FA27_FWD)
-        kwargs = {"dropout_p": 0.0, "softmax_scale": scale, "causal": causal, **_window_kwargs(params, window)}
-        for name, value in (("softcap", 0.0), ("alibi_slopes", None), ("return_softmax", False)):
+        kwargs = {"dropout_p": 0.0, "softmax_scale": scale, "causal": causal, **_window_kwargs(params, window),
+                  **_softcap_kwargs(params, softcap)}
+        for name, value in (("alibi_slopes", None), ("return_softmax", False)):
             if name in params:
                 kwargs[name] = value
         d = q.shape[-1]
@@ -214,15 +224,15 @@ class CudaKernel(AttentionKernel):
         empty_rows_fixup(out, lse, cq, ck)
         return out, lse
 
-    def _fa_backward(self, dout, q, k, v, out, lse, cu_q, cu_k, cq, ck, causal, scale, max_q, max_k, window=None):
+    def _fa_backward(self, dout, q, k, v, out, lse, cu_q, cu_k, cq, ck, causal, scale, max_q, max_k, window=None,
+                     softcap=None):
         fn = self._fa._flash_attn_varlen_backward
         params = _param_names(fn, _FA27_BWD)
         d = q.shape[-1]
         qp, kp, vp = _pad8(q), _pad8(k), _pad8(v)
         dq, dk, dv = torch.empty_like(qp), torch.empty_like(kp), torch.empty_like(vp)
-        kwargs = {**_window_kwargs(params, window)}
-        for name, value in (("softcap", 0.0), ("alibi_slopes", None), ("deterministic", False),
-                            ("rng_state", None)):
+        kwargs = {**_window_kwargs(params, window), **_softcap_kwargs(params, softcap)}
+        for name, value in (("alibi_slopes", None), ("deterministic", False), ("rng_state", None)):
             if name in params:
                 kwargs[name] = value
         fn(_pad8(dout), qp, kp, vp, _pad8(out), lse.float().contiguous(), dq, dk, dv,
@@ -328,26 +338,37 @@ class CudaKernel(AttentionKernel):
         """... and a band ``window=(left, right)`` in their own convention."""
         return self._fused(q, q) is not None
 
-    def forward(self, q, k, v, cu_q, cu_k, causal, scale, *, max_q=None, max_k=None, window=None):
+    def fused_softcap(self, q) -> bool:
+        """flash-attn (>= 2.6) soft-caps logits itself (``softcap``); torch's flash varlen kernels do not."""
+        return self._fused(q, q) == "flash_attn"
+
+    def forward(self, q, k, v, cu_q, cu_k, causal, scale, *, max_q=None, max_k=None, window=None, softcap=None):
         cq, ck = doc_bounds(cu_q), doc_bounds(cu_k)
         h_q, _ = check_block_inputs(q, k, v, cq, ck, causal)
         fused = self._fused(q, k)
+        if softcap and fused != "flash_attn":
+            raise ValueError("CudaKernel: softcap= needs a flash-attn block (see fused_softcap)")
+        if fused == "flash_attn":
+            cu_q_t, cu_k_t, max_q, max_k = self._fa_bounds(cq, ck, max_q, max_k, q.device)
+            return self._fa_forward(q, k, v, cu_q_t, cu_k_t, cq, ck, causal, scale, max_q, max_k, window, softcap)
         if fused:
             cu_q_t, cu_k_t, max_q, max_k = self._fa_bounds(cq, ck, max_q, max_k, q.device)
-            fwd = self._fa_forward if fused == "flash_attn" else self._tf_forward
-            return fwd(q, k, v, cu_q_t, cu_k_t, cq, ck, causal, scale, max_q, max_k, window)
+            return self._tf_forward(q, k, v, cu_q_t, cu_k_t, cq, ck, causal, scale, max_q, max_k, window)
         if window is not None:
             raise ValueError("CudaKernel: window= needs a fused block (fp16/bf16 CUDA tensors; see fused_window)")
         return self._sdpa_forward(q, k, v, cq, ck, causal, scale, h_q)
 
-    def backward(self, dout, q, k, v, out, lse, cu_q, cu_k, causal, scale, *, max_q=None, max_k=None, window=None):
+    def backward(self, dout, q, k, v, out, lse, cu_q, cu_k, causal, scale, *, max_q=None, max_k=None, window=None,
+                 softcap=None):
         cq, ck = doc_bounds(cu_q), doc_bounds(cu_k)
         h_q, h_kv = check_block_inputs(q, k, v, cq, ck, causal)
         fused = self._fused(q, k)
+        if softcap and fused != "flash_attn":
+            raise ValueError("CudaKernel: softcap= needs a flash-attn block (see fused_softcap)")
         if fused == "flash_attn":
             cu_q_t, cu_k_t, max_q, max_k = self._fa_bounds(cq, ck, max_q, max_k, q.device)
             return self._fa_backward(dout, q, k, v, out, lse, cu_q_t, cu_k_t, cq, ck, causal, scale,
-                                     max_q, max_k, window)
+                                     max_q, max_k, window, softcap)
         if fused == "torch_flash":
             cu_q_t, cu_k_t, max_q, max_k = self._fa_bounds(cq, ck, max_q, max_k, q.device)
             return self._tf_backward(dout, q, k, v, out, lse, cu_q_t, cu_k_t, causal, scale, max_q, max_k, window)

@@ -8,7 +8,9 @@ Documented rule (flash-attn's README and docstrings): per document with ``Sq`` q
 sees key ``j`` iff ``i + Sk − Sq − left <= j <= i + Sk − Sq + right`` where ``(left, right)`` is
 ``(window_size_left, window_size_right)`` and ``-1`` is unbounded; ``causal=True`` sets ``right = 0`` (the mask is
 aligned to the bottom-right corner). The log-sum-exp is returned as float32 ``[H, T_q]``; a row that sees no key
-gets ``out = 0`` and ``lse = -inf``. GQA: query head ``h`` uses key/value head ``h // (H_q / H_kv)``.
+gets ``out = 0`` and ``lse = -inf``. GQA: query head ``h`` uses key/value head ``h // (H_q / H_kv)``. ``softcap > 0``
+caps the scaled scores, ``softcap·tanh(s/softcap)``, before the mask and the softmax (the log-sum-exp is of the capped
+scores; the backward includes the cap's derivative).
 """
 from __future__ import annotations
 
@@ -43,12 +45,20 @@ def visible(sq: int, sk: int, causal: bool, left: int, right: int) -> torch.Tens
     return m
 
 
-def _doc_probs(q, k, cq, ck, scale, causal, left, right):
+def _capped(s: torch.Tensor, softcap: float):
+    """``(scores, tanh(s / softcap) or None)``."""
+    if not softcap:
+        return s, None
+    t = torch.tanh(s / softcap)
+    return softcap * t, t
+
+
+def _doc_probs(q, k, cq, ck, scale, causal, left, right, softcap=0.0):
     """Per document: ``(rows, keys, p [H, sq, sk], lse [H, sq], k expanded)`` in float64."""
     for a, b, c, d in zip(cq[:-1], cq[1:], ck[:-1], ck[1:]):
         qd, kd = q[a:b].double(), k[c:d].double()
         kd = kd.repeat_interleave(q.shape[1] // k.shape[1], 1)
-        s = torch.einsum("ihd,jhd->hij", qd, kd) * scale
+        s = _capped(torch.einsum("ihd,jhd->hij", qd, kd) * scale, softcap)[0]
         s = s.masked_fill(~visible(b - a, d - c, causal, left, right), float("-inf"))
         lse = torch.logsumexp(s, dim=-1) if d > c else torch.full(s.shape[:2], float("-inf"), dtype=s.dtype)
         p = torch.exp(s - lse[..., None]).nan_to_num(0.0) if d > c else s
@@ -64,7 +74,8 @@ def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     groups = q.shape[1] // k.shape[1]
     out = torch.zeros(q.shape, dtype=torch.float64)
     lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=torch.float64)
-    for rows, keys, p, lse_d in _doc_probs(q, k, cq, ck, softmax_scale, causal, window_size_left, window_size_right):
+    for rows, keys, p, lse_d in _doc_probs(q, k, cq, ck, softmax_scale, causal, window_size_left, window_size_right,
+                                           softcap):
         if p.shape[-1]:
             out[rows] = torch.einsum("hij,jhd->ihd", p, v[keys].double().repeat_interleave(groups, 1))
         lse[:, rows] = lse_d
@@ -87,12 +98,14 @@ def varlen_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, c
             continue
         qd, kd = q[rows].double(), k[keys].double().repeat_interleave(groups, 1)
         vd, do, od = v[keys].double().repeat_interleave(groups, 1), dout[rows].double(), out[rows].double()
-        s = torch.einsum("ihd,jhd->hij", qd, kd) * softmax_scale
+        s, t = _capped(torch.einsum("ihd,jhd->hij", qd, kd) * softmax_scale, softcap)
         s = s.masked_fill(~visible(qd.shape[0], kd.shape[0], causal, window_size_left, window_size_right),
                           float("-inf"))
         p = torch.exp(s - lse_all[:, rows][..., None]).nan_to_num(0.0)
         dp = torch.einsum("ihd,jhd->hij", do, vd)
         ds = p * (dp - (do * od).sum(-1).t()[..., None])
+        if t is not None:
+            ds = ds * (1 - t * t)
         gq[rows] = torch.einsum("hij,jhd->ihd", ds, kd) * softmax_scale
         t = kd.shape[0]
         gk[keys] = (torch.einsum("hij,ihd->jhd", ds, qd) * softmax_scale).reshape(t, h_kv, groups, -1).sum(2)

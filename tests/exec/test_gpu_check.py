@@ -51,6 +51,7 @@ def test_cpu_run_passes_and_records_every_check(tmp_path):
     assert ring_degrees == {2, 4, 8}
     assert [c["passed"] for c in checks if c["name"].startswith("window ")] == [True], "the sliding-window check ran"
     assert [c["passed"] for c in checks if c["name"].startswith("sinks ")] == [True], "the attention-sinks check ran"
+    assert [c["passed"] for c in checks if c["name"].startswith("softcap ")] == [True], "the soft-capping check ran"
     empty_rows = [c for c in checks if c["section"] == "kernel" and c.get("num_empty_rows")]
     assert empty_rows, "some kernel case must have rows without keys (lse = -inf)"
     # versions: never claim a backend that did not run

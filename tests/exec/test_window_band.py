@@ -10,6 +10,9 @@
    stand-in of documented semantics (``_flash_reference.py``; so every block goes through ``band_forward`` /
    ``band_backward``) at degrees 2, 3 and 4 against dense float64 windowed attention: out, dq, dk, dv within 2e-6
    (the stand-in's log-sum-exp is float32, as flash-attn's).
+3. Logit soft-capping on the same stand-in (flash-attn's ``softcap``): ``ring_attention(..., softcap=c)`` sends every
+   block to the kernel with the cap (degrees 1–4; at degree 1 with a sliding window too) — the stand-in records each
+   call's ``softcap`` — and equals dense float64 capped attention within 2e-6.
 """
 from __future__ import annotations
 
@@ -101,3 +104,35 @@ def test_ring_with_a_fused_band_kernel_matches_dense(pool4, degree):
                             _stand_in_kernel, window)
         for rep in (r for per_rank in reports for r in per_rank):
             assert max(rep[n] for n in ("out", "dq", "dk", "dv")) <= 2e-6, (window, rep)
+
+
+_CALLS: list = []  # the stand-in's calls in this process (a worker's own)
+
+
+def _capping_kernel():
+    return CudaKernel(flash_attn_module=FR.module(_CALLS))
+
+
+def capped_case(rank, *args):
+    """``test_ring_attention.ring_case`` on the recording stand-in; also the set of ``softcap`` values it was called
+    with on this rank."""
+    import test_ring_attention as T
+
+    _CALLS.clear()
+    report = T.ring_case(rank, *args)
+    return report, sorted({c.get("softcap") for c in _CALLS})
+
+
+@pytest.mark.parametrize("degree", [1, 2, 3, 4])
+def test_softcapping_runs_in_a_kernel_that_caps_and_matches_dense(pool4, degree):
+    """Every block of a capped ring goes to flash-attn's ``softcap`` (no call without it), fwd and bwd; the result
+    equals dense fp64 attention with the cap within 2e-6. Degree 1 also with a 9-token window (flash's band)."""
+    groups = [tuple(range(degree))] + [(r,) for r in range(degree, 4)]
+    lengths = [[[2 * degree * 3, 0, 2 * degree * 7, 2 * degree] if len(g) > 1 else [6, 10] for g in groups]]
+    for k, window in enumerate((None, 9) if degree == 1 else (None,)):
+        out = pool4.run(capped_case, [groups], lengths, (4, 2, 8), "float64", True, 700 + 10 * degree + k,
+                        _capping_kernel, window, False, 1.5)
+        for report, caps in out:
+            assert caps == [1.5], caps  # every call capped: none went the masked way, none uncapped
+            for rep in report:
+                assert max(rep[n] for n in ("out", "dq", "dk", "dv")) <= 2e-6, (window, rep)
