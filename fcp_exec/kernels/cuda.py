@@ -346,7 +346,7 @@ class CudaKernel(AttentionKernel):
         cq, ck = doc_bounds(cu_q), doc_bounds(cu_k)
         h_q, _ = check_block_inputs(q, k, v, cq, ck, causal)
         fused = self._fused(q, k)
-        if softcap and fused != "flash_attn":
+        if softcap and fused != "flash_attn" and q.shape[0] and k.shape[0]:  # an empty block has nothing to cap
             raise ValueError("CudaKernel: softcap= needs a flash-attn block (see fused_softcap)")
         if fused == "flash_attn":
             cu_q_t, cu_k_t, max_q, max_k = self._fa_bounds(cq, ck, max_q, max_k, q.device)
@@ -363,7 +363,7 @@ class CudaKernel(AttentionKernel):
         cq, ck = doc_bounds(cu_q), doc_bounds(cu_k)
         h_q, h_kv = check_block_inputs(q, k, v, cq, ck, causal)
         fused = self._fused(q, k)
-        if softcap and fused != "flash_attn":
+        if softcap and fused != "flash_attn" and q.shape[0] and k.shape[0]:  # an empty block has nothing to cap
             raise ValueError("CudaKernel: softcap= needs a flash-attn block (see fused_softcap)")
         if fused == "flash_attn":
             cu_q_t, cu_k_t, max_q, max_k = self._fa_bounds(cq, ck, max_q, max_k, q.device)
