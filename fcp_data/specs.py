@@ -329,7 +329,8 @@ def plan_visual(spec: Spec, kind: str, *, height: int, width: int, num_frames: i
             if images_in_sample > 1:  # one square crop (padded, resized) + a newline
                 n, crops = (tile // int(v["patch_size"])) ** 2 + 1, 1
             else:
-                n = anyres.image_tokens((height, width), a["grid_pinpoints"], tile, int(v["patch_size"]), a["max_patches"])
+                n = anyres.image_tokens((height, width), a["grid_pinpoints"], tile, int(v["patch_size"]),
+                                        a["max_patches"])
                 crops = anyres.num_crops((height, width), a["grid_pinpoints"], tile)
             return VisualPlan(kind=kind, segments=(("token", tok, n),), num_visual_tokens=n, resized=(height, width),
                               grid_thw=(-crops, height, width))

@@ -67,10 +67,11 @@ def attention_limits(module: nn.Module, dropout: float, kwargs: dict, ring: Any)
     """The sliding window ring attention must apply in this call, or None; one ``ValueError`` for what a layer asks
     of its attention that ring attention does not compute: attention dropout, a KV cache (attention sinks, gpt-oss's
     ``s_aux``, and logit soft-capping, Gemma 2's ``softcap``, it computes: :func:`ring_call` passes them on). The
-    window comes from the call (Mistral, Phi-3 pass the config's) or the layer (Qwen2/3, Gemma 2/3). A window at least as long as every document of the micro-batch is plain causal
-    attention (no token has more predecessors than the window): None then, so the fused kernels run (the check uses
-    each document's padded length in the ring, ``ring.cu`` × degree, which can only over-estimate); a shorter one is
-    returned and computed exactly (:mod:`fcp_exec.kernels.window`)."""
+    window comes from the call (Mistral, Phi-3 pass the config's) or the layer (Qwen2/3, Gemma 2/3). A window at
+    least as long as every document of the micro-batch is plain causal attention (no token has more predecessors than
+    the window): None then, so the fused kernels run (the check uses each document's padded length in the ring,
+    ``ring.cu`` × degree, which can only over-estimate); a shorter one is returned and computed exactly
+    (:mod:`fcp_exec.kernels.window`)."""
     if dropout:
         raise ValueError(f"fcp_ring attention does not implement attention dropout (got {dropout}); set the config's "
                          "attention_dropout to 0")
@@ -214,8 +215,8 @@ def load_model(path, *, config=None, dtype=torch.float32, seed: int = 0, init: s
     """The model of a local ``path`` (a ``config.json`` or a checkpoint folder): its weights, read with
     ``from_pretrained`` (local files only, :func:`stock_attention`, in ``dtype``), when ``init`` is
     ``"pretrained"`` — or ``"auto"`` and the folder holds weights (:data:`WEIGHT_FILES`); else randomly initialised
-    from ``seed`` (:func:`build_model`). A checkpoint that lacks a tensor the model has, or holds one of another shape, is one
-    ``ValueError`` naming it (transformers would initialise it randomly and only log a warning)."""
+    from ``seed`` (:func:`build_model`). A checkpoint that lacks a tensor the model has, or holds one of another
+    shape, is one ``ValueError`` naming it (transformers would initialise it randomly and only log a warning)."""
     if init not in INIT_NAMES:
         raise ValueError(f"init must be one of {', '.join(INIT_NAMES)}, got {init!r}")
     require_hf_models()
