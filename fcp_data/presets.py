@@ -30,6 +30,23 @@ and for the LLM backbone with ``L`` layers, hidden ``h``, ``H`` query heads, ``G
   computed in vocabulary chunks. ``tokens_per_rank = usable_memory / bytes_per_token`` rounded down to a
   multiple of 1024, where ``usable_memory = memory · memory_fraction − static bytes``.
 
+**Any Hugging Face model** (``"hf:PATH"``, a config dict or ``model.config``; the named ``gpt-oss-20b``,
+``gpt-oss-120b``, ``Qwen3-30B-A3B``, ``Mixtral-8x7B``, ``Gemma-2-9B``): :mod:`fcp_data.hf_config` reads the
+architecture into the optional ``ModelConfig`` fields, and the formulas above change in three places:
+
+* ``alpha2`` uses ``active_params`` (MoE: the router, ``top-k`` routed and the shared experts per token; multi-latent
+  attention's low-rank projections) and memory ``stored_params`` (every expert; tied embeddings once).
+* **Sliding windows**: of ``L`` layers, ``window_layers`` attend to the last ``w`` keys only. Their attention is
+  ``4·H·hd·w`` FLOPs per token (``w`` keys per query), linear in the length and split over the ring like the
+  linear layers, so it goes to ``alpha2`` (``train_factor · 2·H·hd · 2w · window_layers / (peak · attention_efficiency)``)
+  and ``alpha1`` keeps the ``L − window_layers`` full layers (and so does ``alpha_blk = alpha1 · b0``). Exact for
+  documents much longer than ``w``; a document shorter than the window is over-charged (its windowed layers do
+  ``s²/2`` pairs, charged ``w·s``). The ring still ships every layer's K/V (``alpha3``, ``beta2``, ``gamma``: all
+  ``L``), and nothing hides a windowed layer's KV traffic (its attention is not in ``A``).
+* ``shard_weights=True`` (FSDP2 / ZeRO-3): weights, gradients and optimizer state sharded over ``dp_shards``
+  (``16·P/dp_shards``) plus two layers' bf16 weights and gradients gathered (``2·4·P/L``): what MoE models need to
+  fit one rank with TP = 1. A MoE layer's activation working set is taken as a dense layer's (``34·h``).
+
 For MLLMs (InternVL, Qwen3-VL) the preset covers the LLM backbone, which sees every text and visual
 token; the vision encoder runs per image/frame before the LLM, is data-parallel (not context-parallel)
 and is only charged for its weights/optimizer memory (v1; cost model v2 below adds its compute). Example:
@@ -88,7 +105,8 @@ from typing import Any
 
 from fcp_data.cost import CostModel
 
-__all__ = ["ModelConfig", "HardwareSpec", "MODELS", "HARDWARE", "preset_cost_model", "describe_presets", "model_heads"]
+__all__ = ["ModelConfig", "HardwareSpec", "MODELS", "HARDWARE", "preset_cost_model", "resolve_model", "describe_presets",
+           "model_heads"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -105,6 +123,11 @@ class ModelConfig:
     vision_params: float = 0.0
     patches_per_visual_token: int = 0  # ViT patches merged into one LLM visual token (0: no vision tower)
     kind: str = "llm"
+    # Models read from a Hugging Face config (fcp_data.hf_config) set these; 0 keeps the dense formulas below.
+    active_params: float = 0.0  # matmul parameters per token, LM head included (MoE: routed experts × top-k)
+    stored_params: float = 0.0  # LLM parameters held in memory (MoE: every expert; tied embeddings once)
+    window: int = 0  # sliding-window size of the windowed layers (keys a query sees, itself included)
+    window_layers: int = 0  # how many of the layers attend in a sliding window (the others attend fully)
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab"):
@@ -112,6 +135,11 @@ class ModelConfig:
                 raise ValueError(f"ModelConfig.{name} must be >= 1")
         if self.heads % self.kv_heads:
             raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
+        if min(self.active_params, self.stored_params, self.window, self.window_layers) < 0:
+            raise ValueError("ModelConfig active_params, stored_params, window and window_layers must be >= 0")
+        if self.window_layers > self.layers or bool(self.window) != bool(self.window_layers):
+            raise ValueError(f"ModelConfig: window_layers ({self.window_layers}) must be 1..layers ({self.layers}) "
+                             f"exactly when window ({self.window}) is set")
 
     @property
     def layer_params(self) -> int:
@@ -119,14 +147,14 @@ class ModelConfig:
         return h * a + 2 * h * self.kv_heads * self.head_dim + a * h + 3 * h * self.ffn
 
     @property
-    def matmul_params(self) -> int:
+    def matmul_params(self) -> float:
         """Parameters touched by a matmul per token: all layers plus the LM head."""
-        return self.layers * self.layer_params + self.hidden * self.vocab
+        return self.active_params or self.layers * self.layer_params + self.hidden * self.vocab
 
     @property
     def total_params(self) -> float:
         """Everything held in memory: layers, input embedding, LM head, vision encoder."""
-        return self.layers * self.layer_params + 2 * self.hidden * self.vocab + self.vision_params
+        return (self.stored_params or self.layers * self.layer_params + 2 * self.hidden * self.vocab) + self.vision_params
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -188,30 +216,56 @@ RING_STEPS = 7  # typical P2P rounds per layer and pass charged to beta2
 _ACTIVATION_WORKSET = 34  # bytes per token per hidden unit of the layer being recomputed (bf16, flash attention)
 
 
-def _lookup(table: dict, key: str, what: str):
+def _lookup(table: dict, key: str, what: str, more: tuple[str, ...] = ()):
+    valid = ", ".join((*table, *more))
     if not isinstance(key, str):
-        raise ValueError(f"{what} must be a name (str), got {type(key).__name__} {key!r}; valid: {', '.join(table)}")
+        raise ValueError(f"{what} must be a name (str), got {type(key).__name__} {key!r}; valid: {valid}")
     if key in table:
         return table[key]
     folded = {k.lower(): k for k in table}
     if key.lower() in folded:
         return table[folded[key.lower()]]
-    raise ValueError(f"unknown {what} {key!r}; valid: {', '.join(table)}")
+    raise ValueError(f"unknown {what} {key!r}; valid: {valid}")
 
 
-def preset_cost_model(model: str, hardware: str, *, dp_shards: int = 64, recompute: bool = True,
+def resolve_model(model: Any) -> tuple[str, ModelConfig]:
+    """``(label, ModelConfig)`` of a preset name, a ``ModelConfig``, or a Hugging Face config: ``"hf:PATH"`` (a
+    ``config.json`` or the folder holding it), a dict as in ``config.json``, or a ``transformers`` config object
+    (``model.config``), read by :func:`fcp_data.hf_config.hf_model_config`."""
+    if isinstance(model, ModelConfig):
+        return "custom", model
+    if not isinstance(model, (str, dict)) and not hasattr(model, "to_dict"):
+        raise ValueError(f"model preset must be a name (str) or a Hugging Face config (hf:PATH, a dict, model.config), "
+                         f"got {type(model).__name__} {model!r:.60}")
+    from fcp_data.hf_config import HF_PRESETS, hf_model_config
+
+    if isinstance(model, str) and not model[:3].lower() == "hf:":
+        if model.lower() in {k.lower() for k in HF_PRESETS}:
+            return model, hf_model_config(_lookup(HF_PRESETS, model, "model preset"))
+        return model, _lookup(MODELS, model, "model preset", more=(*HF_PRESETS, "hf:PATH"))
+
+    label = f"hf:{model[3:]}" if isinstance(model, str) else str(getattr(model, "model_type", None) or "hf-config")
+    if isinstance(model, dict):
+        label = str(model.get("model_type") or "hf-config")
+    return label, hf_model_config(model[3:] if isinstance(model, str) else model)
+
+
+def preset_cost_model(model: Any, hardware: str, *, dp_shards: int = 64, recompute: bool = True,
                       v2: bool = True, frozen_vision: bool = False, gamma_link: str = "intra",
-                      **overrides: Any) -> CostModel:
+                      shard_weights: bool = False, **overrides: Any) -> CostModel:
     """§4 coefficients of ``model`` on ``hardware`` (see the module docstring for the derivation).
 
+    ``model``: a preset name (``MODELS``), a ``ModelConfig`` or a Hugging Face config (:func:`resolve_model`).
     ``dp_shards``: ranks the optimizer state is sharded over; ``recompute``: full activation
     recomputation (else activations of every layer are kept: ``34·h`` bytes per layer and token, and
-    the training factor is 3). ``v2`` (default True): also derive the §4.1 terms ``gamma``, ``alpha_blk``,
-    ``alpha_vis`` (the v1 values are the same either way; ``v2=False`` leaves them at 0); with it, ``frozen_vision`` charges the vision tower forward
-    only and ``gamma_link`` ("intra" or "inter") picks the ring-step latency. ``overrides``: any §4 or
-    §4.1 key replaces the derived value.
+    the training factor is 3). ``shard_weights``: weights and gradients are sharded over ``dp_shards`` too
+    (FSDP2 / ZeRO-3; two layers' weights and gradients gathered at a time): what MoE models need. ``v2`` (default
+    True): also derive the §4.1 terms ``gamma``, ``alpha_blk``, ``alpha_vis`` (the v1 values are the same either
+    way; ``v2=False`` leaves them at 0); with it, ``frozen_vision`` charges the vision tower forward only and
+    ``gamma_link`` ("intra" or "inter") picks the ring-step latency. ``overrides``: any §4 or §4.1 key replaces
+    the derived value.
     """
-    m: ModelConfig = _lookup(MODELS, model, "model preset")
+    label, m = resolve_model(model)
     hw: HardwareSpec = _lookup(HARDWARE, hardware, "hardware preset")
     if dp_shards < 1:
         raise ValueError(f"dp_shards must be >= 1, got {dp_shards}")
@@ -220,22 +274,26 @@ def preset_cost_model(model: str, hardware: str, *, dp_shards: int = 64, recompu
     if not v2 and (frozen_vision or gamma_link != "intra"):
         raise ValueError("frozen_vision / gamma_link set the cost-model v2 terms; they need v2=True (the default)")
     train_factor = 4.0 if recompute else 3.0
-    attn_flops = 2.0 * m.heads * m.head_dim * m.layers  # causal forward FLOPs per token² (η=0)
-    alpha1 = train_factor * attn_flops / (hw.peak_flops * hw.attention_efficiency)
-    alpha2 = train_factor * 2.0 * m.matmul_params / (hw.peak_flops * hw.linear_efficiency)
+    attn_rate = hw.peak_flops * hw.attention_efficiency
+    pair_flops = 2.0 * m.heads * m.head_dim  # causal forward FLOPs per token² of one layer (η=0)
+    alpha1 = train_factor * pair_flops * (m.layers - m.window_layers) / attn_rate
+    # a windowed layer: each query sees `window` keys, 4·H·hd·window FLOPs per token, linear in s (split over d)
+    alpha_window = train_factor * pair_flops * 2.0 * m.window * m.window_layers / attn_rate
+    alpha2 = train_factor * 2.0 * m.matmul_params / (hw.peak_flops * hw.linear_efficiency) + alpha_window
     kv_bytes = 2.0 * m.layers * m.kv_heads * m.head_dim * 2.0  # K and V, bf16, all layers
     alpha3 = (4.0 if recompute else 3.0) * kv_bytes
     beta1 = 3 * m.layers * hw.launch_s * train_factor
     beta2 = train_factor * m.layers * RING_STEPS * hw.latency_s
-    static = 4.0 * m.total_params + 12.0 * m.total_params / dp_shards
+    static = _static_bytes(m, dp_shards, shard_weights)
     if recompute:
         per_token = 2.0 * m.hidden * m.layers + _ACTIVATION_WORKSET * m.hidden
     else:
         per_token = _ACTIVATION_WORKSET * m.hidden * m.layers
     usable = hw.memory * hw.memory_fraction - static
     if usable <= per_token * 1024:
-        raise ValueError(f"{model} does not fit on {hardware} with TP=1 (static {static / 1e9:.1f} GB of "
-                         f"{hw.memory / 1e9:.0f} GB); raise dp_shards or pick a larger device")
+        raise ValueError(f"{label} does not fit on {hardware} with TP=1 (static {static / 1e9:.1f} GB of "
+                         f"{hw.memory / 1e9:.0f} GB); raise dp_shards, shard the weights (shard_weights=True, "
+                         "FSDP2) or pick a larger device")
     tokens_per_rank = int(usable / per_token) // 1024 * 1024
     values = dict(
         alpha1=alpha1, alpha2=alpha2, alpha3=alpha3, beta1=beta1, beta2=beta2,
@@ -253,6 +311,15 @@ def preset_cost_model(model: str, hardware: str, *, dp_shards: int = 64, recompu
     return CostModel(**values)
 
 
+def _static_bytes(m: ModelConfig, dp_shards: int, shard_weights: bool) -> float:
+    """Weights + gradients (bf16) and fp32 master weights + Adam moments (sharded over ``dp_shards``); with
+    ``shard_weights`` all of it is sharded and two layers' weights and gradients are gathered at a time."""
+    if not shard_weights:
+        return 4.0 * m.total_params + 12.0 * m.total_params / dp_shards
+    layer = (m.total_params - m.vision_params) / m.layers
+    return 16.0 * m.total_params / dp_shards + 2 * 4.0 * layer
+
+
 def _v2_terms(m: ModelConfig, hw: HardwareSpec, alpha1: float, train_factor: float, *, frozen_vision: bool,
               gamma_link: str) -> dict[str, float]:
     """§4.1 terms (module docstring, "Cost model v2 terms")."""
@@ -264,22 +331,31 @@ def _v2_terms(m: ModelConfig, hw: HardwareSpec, alpha1: float, train_factor: flo
     return dict(gamma=gamma, alpha_blk=alpha_blk, alpha_vis=alpha_vis)
 
 
-def describe_presets() -> list[dict[str, Any]]:
-    """One row per (model, hardware): the derived §4 keys plus heads/kv_heads (for Ulysses) — `fcp presets`."""
+def describe_presets(models: tuple[Any, ...] | None = None) -> list[dict[str, Any]]:
+    """One row per (model, hardware) that fits: the derived §4 keys plus heads/kv_heads (for Ulysses), the model's
+    parameters (total and per token, billions) and whether its weights had to be sharded — `fcp presets`.
+    ``models``: names or Hugging Face configs (default every named preset)."""
+    from fcp_data.hf_config import HF_PRESETS
+
     rows = []
-    for name, m in MODELS.items():
+    for model in (models if models is not None else (*MODELS, *HF_PRESETS)):
+        label, m = resolve_model(model)
         for hw in HARDWARE:
-            try:
-                cm = preset_cost_model(name, hw)
-            except ValueError:
-                continue
-            rows.append({"model": name, "hardware": hw, "kind": m.kind, "heads": m.heads,
-                         "kv_heads": m.kv_heads, "params_b": round(m.total_params / 1e9, 2), **cm.to_dict()})
+            for sharded in (False, True):
+                try:
+                    cm = preset_cost_model(m, hw, shard_weights=sharded)
+                except ValueError:
+                    continue
+                rows.append({"model": label if label != "custom" else str(model), "hardware": hw, "kind": m.kind,
+                             "heads": m.heads, "kv_heads": m.kv_heads, "params_b": round(m.total_params / 1e9, 2),
+                             "active_b": round(m.matmul_params / 1e9, 2),
+                             "weights": "sharded" if sharded else "replicated", **cm.to_dict()})
+                break
     return rows
 
 
-def model_heads(model: str) -> tuple[int, int]:
-    """(query heads, KV heads) of a model preset — what the Ulysses baseline needs."""
-    m = _lookup(MODELS, model, "model preset")
+def model_heads(model: Any) -> tuple[int, int]:
+    """(query heads, KV heads) of a model preset or Hugging Face config — what the Ulysses baseline needs."""
+    m = resolve_model(model)[1]
     return m.heads, m.kv_heads
 

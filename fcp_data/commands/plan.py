@@ -35,7 +35,12 @@ def add_cost_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("cost model (one of)")
     g.add_argument("--cost", metavar="COST.json", help="cost model JSON with the DESIGN §4 keys (and optionally the "
                    "§4.1 keys gamma, alpha_blk, alpha_vis)")
-    g.add_argument("--preset", metavar="MODEL", help="model preset (see `fcp presets`), with --hardware")
+    g.add_argument("--preset", metavar="MODEL", help="model preset (see `fcp presets`), or hf:PATH: the model's Hugging "
+                   "Face config.json (or its folder; MoE, multi-latent attention, sliding windows, vision towers), "
+                   "with --hardware")
+    g.add_argument("--shard-weights", action="store_true",
+                   help="with --preset: weights and gradients sharded over the data-parallel ranks too (FSDP2 / "
+                        "ZeRO-3; what MoE models need to fit), not only the optimizer state")
     g.add_argument("--hardware", metavar="HW", help="hardware preset: ascend-910c, h100, h200, a100")
     g.add_argument("--cost-model", choices=("v1", "v2"), default="v2",
                    help="with --preset: v2 (default, DESIGN §4.1: ring-step latency, block overhead and vision work "
@@ -241,13 +246,14 @@ def load_cost(args: argparse.Namespace):
 
     if args.cost and (args.preset or args.hardware):
         raise UsageError("give either --cost FILE or --preset MODEL --hardware HW, not both")
-    if args.cost and getattr(args, "cost_model", "v2") != "v2":
-        raise UsageError("--cost-model applies to --preset; a cost JSON is v1 or v2 by its keys")
+    if args.cost and (getattr(args, "cost_model", "v2") != "v2" or getattr(args, "shard_weights", False)):
+        raise UsageError("--cost-model and --shard-weights apply to --preset; a cost JSON is v1 or v2 by its keys")
     if args.cost:
         return CostModel.load(args.cost)
     if not (args.preset and args.hardware):
         raise UsageError("a cost model is needed: --cost COST.json, or --preset MODEL --hardware HW (see `fcp presets`)")
-    return CostModel.preset(args.preset, args.hardware, v2=getattr(args, "cost_model", "v2") == "v2")
+    return CostModel.preset(args.preset, args.hardware, v2=getattr(args, "cost_model", "v2") == "v2",
+                            shard_weights=bool(getattr(args, "shard_weights", False)))
 
 
 # Literal copy of fcp_data.cost.MAX_RANKS so that building the parser imports no numpy (tested equal).

@@ -12,8 +12,11 @@ __all__ = ["register"]
 def run(args: argparse.Namespace) -> int:
     from fcp_data.presets import HARDWARE, describe_presets
 
-    rows = describe_presets()
-    for key, want in (("model", args.model), ("hardware", args.hardware)):
+    hf = bool(args.model) and args.model[:3].lower() == "hf:"
+    rows = describe_presets((args.model,) if hf else None)
+    if hf and not rows:
+        raise ValueError(f"{args.model} fits no hardware preset with TP = 1, not even with its weights sharded")
+    for key, want in (("model", None if hf else args.model), ("hardware", args.hardware)):
         if want:
             valid = list(dict.fromkeys(r[key] for r in rows))
             if want.lower() not in {v.lower() for v in valid}:
@@ -23,12 +26,14 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(rows))
         return 0
     print("Cost-model presets (DESIGN §4 + §4.1 v2 terms; derivation in fcp_data/presets.py). "
-          "Use: --preset MODEL --hardware HW")
+          "Use: --preset MODEL --hardware HW; 'weights sharded': add --shard-weights")
     print(f"hardware: {', '.join(f'{k} ({v.ranks_per_node}/node, {v.memory / 1e9:.0f} GB)' for k, v in HARDWARE.items())}")
-    print(f"{'model':<15} {'hardware':<12} {'params':>7} {'heads':>6} {'tokens/rank':>12} {'alpha1':>10} {'alpha2':>10} "
-          f"{'alpha3':>10} {'beta1':>8} {'beta2':>8} {'gamma':>8} {'alpha_blk':>10} {'alpha_vis':>10}")
+    print(f"{'model':<15} {'hardware':<12} {'params':>8} {'active':>7} {'weights':>10} {'heads':>7} {'tokens/rank':>12} "
+          f"{'alpha1':>10} {'alpha2':>10} {'alpha3':>10} {'beta1':>8} {'beta2':>8} {'gamma':>8} {'alpha_blk':>10} "
+          f"{'alpha_vis':>10}")
     for r in rows:
-        print(f"{r['model']:<15} {r['hardware']:<12} {r['params_b']:>6.2f}B {r['heads']:>3}/{r['kv_heads']:<2} "
+        print(f"{r['model']:<15} {r['hardware']:<12} {r['params_b']:>7.2f}B {r['active_b']:>6.2f}B {r['weights']:>10} "
+              f"{r['heads']:>3}/{r['kv_heads']:<3} "
               f"{r['tokens_per_rank']:>12} {r['alpha1']:>10.3e} {r['alpha2']:>10.3e} {r['alpha3']:>10.3e} "
               f"{r['beta1']:>8.4f} {r['beta2']:>8.4f} {r.get('gamma', 0.0):>8.4f} {r.get('alpha_blk', 0.0):>10.3e} "
               f"{r.get('alpha_vis', 0.0):>10.3e}")
@@ -38,13 +43,14 @@ def run(args: argparse.Namespace) -> int:
 EPILOG = """names are case-insensitive (qwen3-8b = Qwen3-8B). examples:
   fcp presets
   fcp presets --model Qwen3-8B --hardware h100 --json
+  fcp presets --model hf:path/to/config.json      # any Hugging Face model: MoE, MLA, sliding windows, vision
   fcp plan --lengths lengths.txt --ranks 8 --preset qwen3-8b --hardware h100"""
 
 
 def register(subparsers, summary: str) -> None:
     p = subparsers.add_parser("presets", help=summary, description=summary + ".", epilog=EPILOG,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=None, help="only this model")
+    p.add_argument("--model", default=None, help="only this model, or hf:PATH (a Hugging Face config.json or its folder)")
     p.add_argument("--hardware", default=None, help="only this hardware")
     p.add_argument("--json", action="store_true", help="print the rows as JSON (each with the §4 keys and the v2 keys)")
     p.set_defaults(func=run)

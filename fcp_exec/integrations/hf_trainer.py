@@ -118,8 +118,8 @@ class FCPTrainer(Trainer):
     ``train_dataset`` / ``eval_dataset``: an ``fcp_data.IndexedDataset`` (its index gives the sampler the lengths
     and, for Qwen-VL, the visual layout), or any map-style dataset of tokenized samples (dicts with ``input_ids``)
     with its ``train_lengths`` / ``eval_lengths`` (token count per sample; without them :func:`count_lengths` reads
-    every sample once). ``cost_model``: an ``fcp_data.CostModel`` (``fcp profile``; required). ``global_batch_size``:
-    sequences per optimizer step (default ``per_device_train_batch_size`` × world size × ``gradient_accumulation_steps``).
+    every sample once). ``cost_model``: an ``fcp_data.CostModel`` (required; ``fcp profile``'s fit, or this model's
+    ``CostModel.preset(model.config, "h100")``). ``global_batch_size``: sequences per optimizer step (default ``per_device_train_batch_size`` × world size × ``gradient_accumulation_steps``).
     ``sampler_kwargs``: more ``FCPSampler`` options (``on_overlong``, ``solver``, ``micro_batches``, ``visual_layout``
     ...); ``collator_kwargs``: more collator options (``sample_labels``, training on the samples' own ``labels``,
     default the index's ``has_labels``, else whether the first sample has ``labels``); ``dataset_kwargs``: ``FCPDataset`` options
@@ -141,7 +141,7 @@ class FCPTrainer(Trainer):
                              "evaluation set's predictions at once")
         if cost_model is None:
             raise ValueError("FCPTrainer needs cost_model= (fcp_data.CostModel.load('cost.json') from `fcp profile`, "
-                             "or CostModel.preset(model, hardware))")
+                             "or CostModel.preset(model.config, 'h100'): this model's preset on a hardware preset)")
         check_loss(type(self), args)
         check_fcp_kwargs(model, global_batch_size=global_batch_size, sampler_kwargs=sampler_kwargs, history=history,
                          collator_kwargs=collator_kwargs, dataset_kwargs=dataset_kwargs, pad_token_id=pad_token_id,

@@ -41,6 +41,7 @@ class FCPTitanDataLoader(BaseDataLoader):
         cost_model: str = ""
         """a cost-model JSON from `fcp profile`; "": the preset below"""
         preset: str = "qwen3-1.7b"
+        """a model preset (`fcp presets`) or hf:PATH (a Hugging Face config.json), with hardware below"""
         hardware: str = "h100"
         solver: str = "fcp"
         seed: int = 0

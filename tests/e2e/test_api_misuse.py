@@ -253,7 +253,7 @@ def test_collator_constructor_ids():
 def test_cost_model_preset_names_must_be_strings():
     """CostModel.preset(None, None) / (3, 4) gave AttributeError: 'NoneType' object has no attribute 'lower'."""
     for model, hw in ((None, "h100"), (3, "h100"), ("qwen3-8b", None)):
-        with pytest.raises(ValueError, match=r"preset must be a name \(str\), got"):
+        with pytest.raises(ValueError, match=r"preset must be a name \(str\)"):
             CostModel.preset(model, hw)
 
 

@@ -65,13 +65,17 @@ def test_from_dict_is_strict():
 
 
 def test_every_preset_is_valid_and_listed():
-    """Every Table 7/8 model on every hardware gives a valid CostModel (or a clear memory error)."""
+    """Every Table 7/8 model on every hardware gives a valid CostModel with replicated weights; the named Hugging
+    Face presets too (the MoE ones with their weights sharded, gpt-oss-120b on a 910C die with 7,168 tokens)."""
+    from fcp_data.hf_config import HF_PRESETS
+
     rows = describe_presets()
-    assert len(rows) == len(MODELS) * len(HARDWARE)
+    assert len(rows) == (len(MODELS) + len(HF_PRESETS)) * len(HARDWARE)
     for r in rows:
         cm = CostModel.from_dict({k: r[k] for k in COST_KEYS})
-        assert cm.tokens_per_rank % 1024 == 0 and cm.tokens_per_rank >= 8192
-        assert cm.bandwidth_intra > cm.bandwidth_inter
+        table = r["model"] in MODELS
+        assert cm.tokens_per_rank % 1024 == 0 and cm.tokens_per_rank >= (8192 if table else 4096)
+        assert cm.bandwidth_intra > cm.bandwidth_inter and (r["weights"] == "replicated" or not table)
 
 
 def test_preset_derivation_qwen3_8b_910c():
