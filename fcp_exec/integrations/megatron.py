@@ -10,7 +10,8 @@ FCP forms the context-parallel groups per micro-batch. Three pieces connect them
   The micro-batch's metadata travels in the model's ``packed_seq_params`` argument as :class:`FCPPackedSeqParams`
   (``qkv_format="sbhd"``, so Megatron's own packing paths stay off), which Megatron hands to every layer.
 * **Positions.** Megatron's rotary embedding numbers the tokens of the input ``0..s-1``; a rank's zigzag shard
-  holds pieces of documents, so :func:`apply_fcp` wraps ``model.rotary_pos_emb`` to return the frequencies at each
+  holds pieces of documents, so :func:`apply_fcp` wraps ``model.rotary_pos_emb`` (and the rotary module each
+  multi-latent-attention layer owns, :mod:`fcp_exec.integrations.megatron_rope`) to return the frequencies at each
   token's position within its document (the collator's ``position_ids``), for the forward that carries
   :class:`FCPPackedSeqParams` only. Learned absolute position embeddings read ``position_ids`` directly.
 * **Loss.** With ``TransformerConfig(calculate_per_token_loss=True)`` Megatron sums the loss of every micro-batch
@@ -43,8 +44,10 @@ DataLoader's iterator (``dataloader_type="external"``) with ``FCPSampler(micro_b
 :func:`forward_step` prepares each batch as it comes (and says so if the counts differ).
 
 Refused with one clear error: tensor/pipeline/context/expert parallelism > 1 (FCP is the context parallelism
-here), a config without ``calculate_per_token_loss``, attention dropout, attention bias, yarn / multimodal RoPE,
-multi-latent attention and multi-token prediction. Sliding windows (``window_size=(left, 0)``, with
+here), a config without ``calculate_per_token_loss``, attention dropout, attention bias, yarn / multimodal RoPE on
+GPT attention, multi-token prediction, and multi-latent attention with ``apply_rope_fusion``. Multi-latent attention
+(DeepSeek-V3's; ``MLATransformerConfig``, RoPE or YaRN) runs: its value heads, narrower than query/key heads, are
+padded inside the ring. Sliding windows (``window_size=(left, 0)``, with
 ``window_attn_skip_freq``) run exactly (:mod:`fcp_exec.kernels.window`), and so do attention sinks
 (``softmax_type="off-by-one"`` or ``"learnable"``, gpt-oss's: :func:`fcp_exec.kernels.base.add_sinks`). Tested with
 megatron-core 0.16 on CPU against the stock model (``tests/exec/test_megatron.py``); on one GPU (H200) the example
@@ -62,6 +65,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
+from fcp_exec.integrations.megatron_rope import wrap_rotaries
 from fcp_exec.step import is_idle
 from fcp_exec.step import next_global_batch as _take_global_batch
 from fcp_exec.step import prepare_micro_batch as _prepare
@@ -147,10 +151,12 @@ class FCPCoreAttention(_MegatronModule):
                              "**fcp_exec.integrations.megatron.batch_inputs(batch, model)[0] (or use forward_step)")
         if attention_bias is not None:
             raise ValueError("FCP ring attention takes no attention bias")
-        if query.dim() != 4 or query.shape[1] != 1:
+        if query.dim() == 4 and query.shape[1] == 1:
+            query, key, value = query[:, 0], key[:, 0], value[:, 0]
+        elif query.dim() != 3:  # multi-latent attention hands the packed layout [s, heads, dim]
             raise ValueError(f"FCPCoreAttention takes one packed sequence [s, 1, heads, dim], got {tuple(query.shape)}")
-        out = _ring(query[:, 0], key[:, 0], value[:, 0], packed_seq_params, self.causal, self.softmax_scale,
-                    self.window, self.softmax_offset)
+        out = _ring(query, key, value, packed_seq_params, self.causal, self.softmax_scale, self.window,
+                    self.softmax_offset)
         return out.reshape(out.shape[0], 1, -1)
 
 
@@ -195,47 +201,6 @@ def fcp_layer_spec(spec):
     return spec
 
 
-class _FCPRotary(nn.Module):
-    """``model.rotary_pos_emb`` at each token's position in its document while a forward carries
-    :class:`FCPPackedSeqParams` (``positions`` is set by the model's forward pre-hook); the wrapped module
-    otherwise."""
-
-    def __init__(self, base: nn.Module) -> None:
-        super().__init__()
-        self.base = base
-        self.positions: torch.Tensor | None = None
-
-    def __getattr__(self, name: str):
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            base = self.__dict__.get("_modules", {}).get("base")
-            if base is None:
-                raise
-            return getattr(base, name)  # get_rotary_seq_len, inv_freq, ... of Megatron's module
-
-    def forward(self, max_seq_len: int, *args, **kwargs):
-        emb = self.base(max_seq_len, *args, **kwargs)
-        if self.positions is None:
-            return emb
-        return emb[self.positions.to(emb.device)]
-
-
-def _positions_pre_hook(module: nn.Module, args, kwargs):
-    params = kwargs.get("packed_seq_params", args[6] if len(args) > 6 else None)
-    rotary = getattr(module, "rotary_pos_emb", None)
-    if isinstance(rotary, _FCPRotary):
-        rotary.positions = params.positions if isinstance(params, FCPPackedSeqParams) else None
-    return None
-
-
-def _positions_post_hook(module: nn.Module, args, kwargs, output):
-    rotary = getattr(module, "rotary_pos_emb", None)
-    if isinstance(rotary, _FCPRotary):
-        rotary.positions = None
-    return output
-
-
 def apply_fcp(model: nn.Module, *, kernel=None, timeout: float | None = None) -> nn.Module:
     """Check that ``model`` (a Megatron-core ``GPTModel`` built with :func:`fcp_layer_spec`, before Megatron's DDP)
     can run FCP micro-batches and make its rotary embedding follow each token's document position; returns the
@@ -256,11 +221,8 @@ def apply_fcp(model: nn.Module, *, kernel=None, timeout: float | None = None) ->
     if wrong:
         raise ValueError(f"the model's core attention is {', '.join(sorted(wrong))}: build it with "
                          "fcp_exec.integrations.megatron.fcp_layer_spec(<your layer or block spec>)")
-    kind = getattr(model, "position_embedding_type", "rope")
-    if kind == "rope" and not isinstance(model.rotary_pos_emb, _FCPRotary):
-        model.rotary_pos_emb = _FCPRotary(model.rotary_pos_emb)
-        model.register_forward_pre_hook(_positions_pre_hook, with_kwargs=True)
-        model.register_forward_hook(_positions_post_hook, with_kwargs=True, always_call=True)
+    if getattr(model, "position_embedding_type", "rope") == "rope":
+        wrap_rotaries(model)
     model._fcp_megatron = {"kernel": kernel, "timeout": timeout}
     return model
 
@@ -282,9 +244,13 @@ def _check_config(model: nn.Module) -> None:
     kind = getattr(model, "position_embedding_type", "rope")
     if kind not in ("rope", "learned_absolute", "none"):
         raise ValueError(f"position_embedding_type={kind!r} is not supported with FCP (rope, learned_absolute, none)")
-    for flag in ("multi_latent_attention", "mtp_num_layers"):
+    for flag in ("mtp_num_layers", "experimental_attention_variant"):
         if getattr(cfg, flag, None):
             raise ValueError(f"{flag}={getattr(cfg, flag)} is not supported with FCP")
+    if getattr(cfg, "multi_latent_attention", False) and getattr(cfg, "apply_rope_fusion", False):
+        raise ValueError("multi-latent attention with apply_rope_fusion=True numbers the tokens by Megatron's own "
+                         "context-parallel layout; set apply_rope_fusion=False (FCP's positions go through the unfused "
+                         "rotary path)")
 
 
 def batch_inputs(batch: dict, model: nn.Module) -> tuple[dict[str, Any], torch.Tensor]:

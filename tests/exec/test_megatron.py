@@ -14,7 +14,11 @@ Models (float64, 2 layers): Llama-style (RoPE, GQA, RMSNorm, SwiGLU), Qwen3-styl
 window on every other layer (``window_size=(6, 0)``, ``window_attn_skip_freq=2``), Llama with full activation
 recomputation (the ring attention runs again inside the backward), GPT-2-style (learned absolute positions,
 LayerNorm, biases), attention sinks as gpt-oss has them (``softmax_type="learnable"``, a learned logit per head,
-with the sliding window on every other layer) and ``softmax_type="off-by-one"`` (a zero logit); Llama fed the
+with the sliding window on every other layer) and ``softmax_type="off-by-one"`` (a zero logit), multi-latent attention
+as DeepSeek-V3 has it (``MLATransformerConfig``: low-rank q and kv projections, a shared rope key of 4 dims, value heads
+of 6 against query/key heads of 12; RoPE, and YaRN with its mscale — megatron-core 0.16's local spec has no core
+attention for it, only Transformer Engine's, so its reference is ``_megatron_cpu.DenseCoreAttention``, dense causal
+float64 softmax attention per document; the rest of the layer is Megatron's); Llama fed the
 DataLoader's iterator itself with a fixed 2 micro-batches per step (Megatron-LM's
 ``pretrain()``), ``forward_step`` preparing each batch; and Llama on a dataset whose sample 9 fails to read on every
 rank and sample 6 on one rank of its CP group only (agreed in the group: label-free on all of its ranks), against the
@@ -46,7 +50,7 @@ from fcp_exec.launch import launch
 # megatron-core is imported only in the launched processes (not in the pytest worker)
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="needs megatron-core")
 
-NAMES = ("llama", "qwen3", "window", "recompute", "gpt2", "sinks", "off-by-one")
+NAMES = ("llama", "qwen3", "window", "recompute", "gpt2", "sinks", "off-by-one", "mla", "mla-yarn")
 RAW = "-loader"  # the same model fed the DataLoader's iterator directly (Megatron-LM's pretrain() with its own loop)
 SKIP = "-damaged"  # sample 9 fails to read on every rank, sample 6 (71 tokens: a group of 2+) on rank 1 only
 SFT = "-sft"  # the samples' own labels, the first third of each document (its prompt) masked
@@ -294,6 +298,11 @@ def _misuse() -> dict:
         finally:
             calc.destroy_num_microbatches_calculator()
 
+    def mla_rope_fusion():  # Megatron's fused MLA rope numbers tokens by its own CP layout
+        model, config = mc.build_gpt("mla", fcp=True)
+        config.apply_rope_fusion = True
+        apply_fcp(model)
+
     def plain_forward():
         model = apply_fcp(mc.build_gpt("llama", fcp=True)[0])
         model(torch.arange(4)[None], torch.arange(4)[None], None)
@@ -301,6 +310,7 @@ def _misuse() -> dict:
     return {"stock spec": _error(stock_spec), "per micro-batch loss": _error(per_micro_batch_loss),
             "tensor parallel": _error(tensor_parallel), "dropout": _error(dropout),
             "window ahead": _error(window_ahead), "plain forward": _error(plain_forward),
+            "mla rope fusion": _error(mla_rope_fusion),
             "micro-batch count": _error(count_mismatch),
             "not applied": _error(lambda: batch_inputs(batch, mc.build_gpt("llama", fcp=True)[0])),
             "not a spec": _error(lambda: fcp_layer_spec(object()))}
@@ -312,6 +322,7 @@ MISUSE = {"stock spec": ("ValueError", "fcp_layer_spec"),
           "dropout": ("ValueError", "attention_dropout=0.1"),
           "window ahead": ("ValueError", "window_size=(left, 0)"),
           "plain forward": ("ValueError", "batch_inputs(batch, model)"),
+          "mla rope fusion": ("ValueError", "set apply_rope_fusion=False"),
           "micro-batch count": ("ValueError", "FCPSampler(micro_batches=3)"),
           "not applied": ("ValueError", "apply_fcp(model) before batch_inputs"),
           "not a spec": ("TypeError", "not a Megatron transformer layer spec")}
