@@ -47,7 +47,9 @@ Refused with one clear error: tensor/pipeline/context/expert parallelism > 1 (FC
 here), a config without ``calculate_per_token_loss``, attention dropout, attention bias, yarn / multimodal RoPE on
 GPT attention, multi-token prediction, and multi-latent attention with ``apply_rope_fusion``. Multi-latent attention
 (DeepSeek-V3's; ``MLATransformerConfig``, RoPE or YaRN) runs: its value heads, narrower than query/key heads, are
-padded inside the ring. Sliding windows (``window_size=(left, 0)``, with
+padded inside the ring. Mixture-of-experts layers get ``padding_mask`` (:func:`padding_mask`: pads, unread
+documents, idle dummies), so the auxiliary-loss-free expert bias counts what one process would; an auxiliary loss is
+Megatron's per micro-batch. Sliding windows (``window_size=(left, 0)``, with
 ``window_attn_skip_freq``) run exactly (:mod:`fcp_exec.kernels.window`), and so do attention sinks
 (``softmax_type="off-by-one"`` or ``"learnable"``, gpt-oss's: :func:`fcp_exec.kernels.base.add_sinks`). Tested with
 megatron-core 0.16 on CPU against the stock model (``tests/exec/test_megatron.py``); on one GPU (H200) the example
@@ -77,7 +79,7 @@ except ImportError:  # pragma: no cover - exercised where megatron-core is absen
     _PackedSeqParams, _MegatronModule = object, nn.Module
 
 __all__ = ["FCPCoreAttention", "FCPPackedSeqParams", "apply_fcp", "batch_inputs", "fcp_layer_spec", "forward_step",
-           "global_loss", "loss_func", "next_global_batch", "prepare_micro_batch"]
+           "global_loss", "loss_func", "next_global_batch", "padding_mask", "prepare_micro_batch"]
 
 _NEEDS = "pip install megatron-core (tested with 0.16)"
 
@@ -223,6 +225,10 @@ def apply_fcp(model: nn.Module, *, kernel=None, timeout: float | None = None) ->
                          "fcp_exec.integrations.megatron.fcp_layer_spec(<your layer or block spec>)")
     if getattr(model, "position_embedding_type", "rope") == "rope":
         wrap_rotaries(model)
+    for router in model.modules():
+        if getattr(router, "enable_expert_bias", False) and not hasattr(router, "_fcp_bias_counts"):
+            router._fcp_bias_counts = router._apply_expert_bias
+            router._apply_expert_bias = partial(_expert_bias_counts, router._fcp_bias_counts)
     model._fcp_megatron = {"kernel": kernel, "timeout": timeout}
     return model
 
@@ -277,7 +283,34 @@ def batch_inputs(batch: dict, model: nn.Module) -> tuple[dict[str, Any], torch.T
                                 kernel=opts["kernel"])
     kwargs = {"input_ids": ids[None], "position_ids": pos[None], "attention_mask": None,
               "labels": torch.where(loss_mask, labels, torch.zeros_like(labels))[None], "packed_seq_params": params}
+    if getattr(inner.config, "num_moe_experts", None):  # the routers count real tokens only (expert-bias updates)
+        kwargs["padding_mask"] = padding_mask(batch).to(device)[None]
     return kwargs, loss_mask
+
+
+def _expert_bias_counts(count, routing_map: torch.Tensor, padding_mask: torch.Tensor | None = None):
+    """Megatron-core 0.16's router counts ``routing_map & ~padding_mask`` with a ``[tokens]`` mask against the
+    ``[tokens, experts]`` map (a broadcast error): the mask, as a column."""
+    if padding_mask is not None and padding_mask.dim() == 1:
+        padding_mask = padding_mask[:, None]
+    return count(routing_map, padding_mask)
+
+
+def padding_mask(batch: dict) -> torch.Tensor:
+    """``[s]`` bool, True where a token of ``batch`` is no token of the data: the pads after each document (position
+    past its kept tokens), every token of a document that failed to read, and all of an idle rank's dummy. Megatron's
+    MoE routers leave them out of their token counts (``GPTModel(padding_mask=...)``), so the expert-bias update of a
+    global batch counts what one process training on the same documents counts."""
+    from fcp_data.read_errors import SKIPPED
+
+    pos = batch["position_ids"]
+    if batch.get("idle"):
+        return torch.ones(pos.shape[-1], dtype=torch.bool)
+    cu = torch.as_tensor(batch["cu_seqlens"], dtype=torch.long)
+    kept = torch.tensor([0 if status & SKIPPED else int(n) for n, status in zip(batch["sample_tokens"],
+                                                                                 batch["read_status"])],
+                        dtype=torch.long)
+    return pos >= torch.repeat_interleave(kept, cu[1:] - cu[:-1])
 
 
 def _unwrap(model: nn.Module) -> nn.Module:

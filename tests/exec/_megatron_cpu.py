@@ -52,8 +52,15 @@ MODELS = {
     "off-by-one": ({"softmax_type": "off-by-one"}, {}, {}),  # a fixed zero logit per head in every softmax
     "gpt2": ({"normalization": "LayerNorm", "gated_linear_unit": False, "add_bias_linear": True}, {},
              {"position_embedding_type": "learned_absolute"}),
+    "moe": ({"num_moe_experts": 4, "moe_router_topk": 2, "moe_aux_loss_coeff": 0.0, "moe_ffn_hidden_size": 16,
+             "moe_token_dispatcher_type": "allgather"}, {"num_experts": 4, "moe_grouped_gemm": False}, {}),
     # DeepSeek-V3's attention: low-rank q and kv projections, a shared rope key, value heads narrower than q/k
     "mla": (dict(_MLA, rope_type="rope"), {"multi_latent_attention": True}, {}),
+    "deepseek": (dict(_MLA, rope_type="rope", num_moe_experts=4, moe_router_topk=2, moe_aux_loss_coeff=0.0,
+                      moe_ffn_hidden_size=16, moe_token_dispatcher_type="allgather", moe_shared_expert_intermediate_size=16,
+                      moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True,
+                      moe_router_bias_update_rate=0.01, moe_router_dtype="fp64"),
+                 {"multi_latent_attention": True, "num_experts": 4, "moe_grouped_gemm": False}, {}),
     "mla-yarn": (dict(_MLA, rope_type="yarn", rotary_scaling_factor=4.0, original_max_position_embeddings=16,
                       mscale=0.9, mscale_all_dim=0.8), {"multi_latent_attention": True}, {}),
 }
@@ -70,6 +77,9 @@ def build_gpt(name: str, *, fcp: bool, max_len: int = 128, seed: int = 0):
     # megatron-core 0.16 without Transformer Engine stands MagicMocks in for TE's classes yet sets HAVE_TE, and
     # MLASelfAttention then fails on isinstance(linear_proj, TELinear): there is no TE here
     multi_latent_attention.HAVE_TE = False
+    from megatron.core.transformer.moe import moe_utils  # and its router GEMM would call TE's (NameError without it)
+
+    moe_utils.te_general_gemm = None
     over, spec_opts, model_opts = MODELS[name]
     base = dict(num_layers=2, hidden_size=32, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=64,
                 use_cpu_initialization=True, params_dtype=torch.float64, normalization="RMSNorm",
