@@ -22,6 +22,7 @@ import torch.distributed as dist
 from transformers import TrainingArguments
 
 from fcp_data import CostModel, IndexedDataset, bundled_index
+from fcp_data.presets import HARDWARE
 from fcp_exec.integrations.hf import load_config, load_model
 from fcp_exec.integrations.hf_trainer import FCPTrainer
 from fcp_exec.launch import init_distributed
@@ -39,7 +40,11 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--data", type=nonempty, default=None,
                    help="a text length index (default: the bundled text samples)")
     p.add_argument("--cost", type=nonempty, default=None,
-                   help="cost-model JSON from `fcp profile` (default: the qwen3-1.7b/h100 preset)")
+                   help="cost-model JSON from `fcp profile` (default: this model's own preset on --hardware, "
+                        "CostModel.preset(model.config, HW))")
+    p.add_argument("--hardware", choices=tuple(HARDWARE), default="h100",
+                   help="the hardware preset the model's cost model is derived for, without --cost "
+                        "(default h100; `fcp presets --model hf:CONFIG` lists the coefficients)")
     p.add_argument("--tokens-per-rank", type=positive_int, default=1024,
                    help="memory budget per rank; longer documents are cut")
     p.add_argument("--global-batch-size", type=positive_int, default=8, help="sequences per optimizer step")
@@ -76,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     rank = dist.get_rank()
     data = IndexedDataset(args.data or bundled_index("text"))
     config = load_config(args.config)  # FCPTrainer checks that the index fits it (vocabulary, ids, patches)
-    cost = CostModel.load(args.cost) if args.cost else CostModel.preset("qwen3-1.7b", "h100")
+    cost = CostModel.load(args.cost) if args.cost else CostModel.preset(config, args.hardware)
 
     targs = TrainingArguments(
         output_dir=args.output_dir or tempfile.mkdtemp(prefix="fcp-trainer-"), max_steps=args.max_steps,

@@ -34,6 +34,7 @@ from torch.utils.data import DataLoader
 
 from fcp_data import CostModel, FCPCollator, FCPDataset, FCPSampler, IndexedDataset, bundled_index
 from fcp_data.megatron_indexed import MegatronIndexedDocuments
+from fcp_data.presets import HARDWARE, ModelConfig
 from fcp_exec.integrations.megatron import apply_fcp, fcp_layer_spec, forward_step, global_loss, next_global_batch
 from fcp_exec.launch import init_distributed, settle_collectives
 from fcp_exec.script import (ArgumentParser, both_or_neither, count, nonempty, nonnegative_float, output_dir,
@@ -110,7 +111,9 @@ def build_parser() -> ArgumentParser:
                         "--vocab-size")
     p.add_argument("--vocab-size", type=positive_int, default=None, help="the model's vocabulary with --data-prefix")
     p.add_argument("--cost", type=nonempty, default=None,
-                   help="cost-model JSON from `fcp profile` (default: the qwen3-1.7b/h100 preset)")
+                   help="cost-model JSON from `fcp profile` (default: the preset of the model below on --hardware)")
+    p.add_argument("--hardware", choices=tuple(HARDWARE), default="h100",
+                   help="the hardware preset the model's cost model is derived for, without --cost (default h100)")
     p.add_argument("--tokens-per-rank", type=positive_int, default=1024,
                    help="memory budget per rank; longer documents are cut")
     p.add_argument("--global-batch-size", type=positive_int, default=8)
@@ -177,7 +180,9 @@ def main(argv: list[str] | None = None) -> None:
 
     # data: a length index → FCPSampler (plans CP groups per micro-batch) → FCPCollator (this rank's zigzag shard)
     data, lengths, vocab_size, pad, labels = load_data(args, rank)
-    cost = CostModel.load(args.cost) if args.cost else CostModel.preset("qwen3-1.7b", "h100")
+    shape = ModelConfig(layers=args.layers, hidden=args.hidden, heads=args.heads, kv_heads=args.groups,
+                        head_dim=args.hidden // args.heads, ffn=args.ffn, vocab=vocab_size)
+    cost = CostModel.load(args.cost) if args.cost else CostModel.preset(shape, args.hardware)
     cost = cost.replace(tokens_per_rank=args.tokens_per_rank)
     sampler = FCPSampler(lengths, cost_model=cost, global_batch_size=args.global_batch_size, seed=0,
                          on_overlong="truncate")

@@ -27,6 +27,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from fcp_data import CostModel, FCPDataset, FCPSampler, IndexedDataset, bundled_index
+from fcp_data.presets import HARDWARE
 from fcp_exec.checkpoint import load_checkpoint, save_checkpoint, save_hf_model
 from fcp_exec.integrations.hf import apply_fcp, fcp_loss, load_config, load_model
 from fcp_exec.integrations.hf_positions import hf_collator
@@ -56,7 +57,11 @@ def build_parser() -> ArgumentParser:
                    help="a length index built with the model's spec (default: bundled samples)")
     p.add_argument("--reducer", choices=("allreduce", "ddp", "fsdp2", "fsdp1"), default="allreduce")
     p.add_argument("--cost", type=nonempty, default=None,
-                   help="cost-model JSON from `fcp profile` (default: qwen3-vl-2b/h100 preset)")
+                   help="cost-model JSON from `fcp profile` (default: this model's own preset on --hardware, "
+                        "CostModel.preset(model.config, HW))")
+    p.add_argument("--hardware", choices=tuple(HARDWARE), default="h100",
+                   help="the hardware preset the model's cost model is derived for, without --cost "
+                        "(default h100; `fcp presets --model hf:CONFIG` lists the coefficients)")
     p.add_argument("--tokens-per-rank", type=positive_int, default=1152,
                    help="memory budget per rank; a video longer than all ranks together is skipped (it cannot be cut)")
     p.add_argument("--global-batch-size", type=positive_int, default=8)
@@ -99,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     spec = {"qwen2_vl": "qwen2-vl", "qwen3_vl": "qwen3-vl", "internvl": "internvl3",
             "llava_onevision": "llava-onevision"}.get(config.model_type, "qwen2.5-vl")
     data = IndexedDataset(args.data or bundled_index(spec))  # input_ids with placeholders, pixel patches (tiles), grids
-    cost = CostModel.load(args.cost) if args.cost else CostModel.preset("qwen3-vl-2b", "h100")
+    cost = CostModel.load(args.cost) if args.cost else CostModel.preset(config, args.hardware)
     # the sampler counts label tokens exactly, visual placeholders excluded, from the index (no data is read)
     sampler = FCPSampler(data.index, cost_model=cost.replace(tokens_per_rank=args.tokens_per_rank),
                          global_batch_size=args.global_batch_size, seed=0, on_overlong="drop", exclude=args.exclude)

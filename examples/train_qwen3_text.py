@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from fcp_data import CostModel, FCPCollator, FCPDataset, FCPSampler, IndexedDataset, bundled_index
+from fcp_data.presets import HARDWARE
 from fcp_exec.checkpoint import load_checkpoint, save_checkpoint, save_hf_model
 from fcp_exec.integrations.hf import apply_fcp, fcp_loss, load_config, load_model
 from fcp_exec.integrations.hf_data import check_data_fits
@@ -56,7 +57,10 @@ def build_parser() -> ArgumentParser:
                    help="a text length index (default: the bundled text samples)")
     p.add_argument("--reducer", choices=("allreduce", "ddp", "fsdp2", "fsdp1"), default="allreduce")
     p.add_argument("--cost", type=nonempty, default=None,
-                   help="cost-model JSON from `fcp profile` (default: the qwen3-1.7b/h100 preset)")
+                   help="cost-model JSON from `fcp profile` (default: this model's own preset on --hardware, "
+                        "CostModel.preset(model.config, HW))")
+    p.add_argument("--hardware", choices=tuple(HARDWARE), default="h100",
+                   help="the hardware preset the model's cost model is derived for, without --cost (default h100)")
     p.add_argument("--tokens-per-rank", type=positive_int, default=1024,
                    help="memory budget per rank; longer documents are cut")
     p.add_argument("--global-batch-size", type=positive_int, default=8)
@@ -98,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
     data = IndexedDataset(args.data or bundled_index("text"))
     config = load_config(args.config)
     check_data_fits(config, vocab_size=data.spec.tokenizer().get_vocab_size(), what="the index")
-    cost = CostModel.load(args.cost) if args.cost else CostModel.preset("qwen3-1.7b", "h100")
+    cost = CostModel.load(args.cost) if args.cost else CostModel.preset(config, args.hardware)
     sampler = FCPSampler(data.index, cost_model=cost.replace(tokens_per_rank=args.tokens_per_rank),
                          global_batch_size=args.global_batch_size, seed=0, on_overlong="truncate")
     loader = DataLoader(FCPDataset(data), batch_sampler=sampler, num_workers=2,
