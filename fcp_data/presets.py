@@ -41,8 +41,11 @@ architecture into the optional ``ModelConfig`` fields, and the formulas above ch
   linear layers, so it goes to ``alpha2`` (``train_factor · 2·H·hd · 2w · window_layers / (peak · attention_efficiency)``)
   and ``alpha1`` keeps the ``L − window_layers`` full layers (and so does ``alpha_blk = alpha1 · b0``). Exact for
   documents much longer than ``w``; a document shorter than the window is over-charged (its windowed layers do
-  ``s²/2`` pairs, charged ``w·s``). The ring still ships every layer's K/V (``alpha3``, ``beta2``, ``gamma``: all
-  ``L``), and nothing hides a windowed layer's KV traffic (its attention is not in ``A``).
+  ``s²/2`` pairs, charged ``w·s``). A windowed layer does not ring: where every document of the group has zigzag
+  chunks of at least ``w − 1`` tokens each rank swaps the last ``w − 1`` K/V rows of its chunks with its two
+  neighbours (:mod:`fcp_exec.ring_halo`), a few rows per document in one round, so ``alpha3`` and ``gamma`` count
+  the full layers only and ``beta2`` charges a windowed layer two hand-shakes. Optimistic where a group holds a
+  document shorter than ``2·d·(w − 1)`` tokens: that call falls back to the ring.
 * ``shard_weights=True`` (FSDP2 / ZeRO-3): weights, gradients and optimizer state sharded over ``dp_shards``
   (``16·P/dp_shards``) plus two layers' bf16 weights and gradients gathered (``2·4·P/L``): what MoE models need to
   fit one rank with TP = 1. A MoE layer's activation working set is taken as a dense layer's (``34·h``).
@@ -280,10 +283,11 @@ def preset_cost_model(model: Any, hardware: str, *, dp_shards: int = 64, recompu
     # a windowed layer: each query sees `window` keys, 4·H·hd·window FLOPs per token, linear in s (split over d)
     alpha_window = train_factor * pair_flops * 2.0 * m.window * m.window_layers / attn_rate
     alpha2 = train_factor * 2.0 * m.matmul_params / (hw.peak_flops * hw.linear_efficiency) + alpha_window
-    kv_bytes = 2.0 * m.layers * m.kv_heads * m.head_dim * 2.0  # K and V, bf16, all layers
+    full_layers = m.layers - m.window_layers  # windowed layers swap K/V tails with 2 neighbours, no ring (halo)
+    kv_bytes = 2.0 * full_layers * m.kv_heads * m.head_dim * 2.0  # K and V, bf16, the ring's layers
     alpha3 = (4.0 if recompute else 3.0) * kv_bytes
     beta1 = 3 * m.layers * hw.launch_s * train_factor
-    beta2 = train_factor * m.layers * RING_STEPS * hw.latency_s
+    beta2 = train_factor * (full_layers * RING_STEPS + m.window_layers * 2) * hw.latency_s
     static = _static_bytes(m, dp_shards, shard_weights)
     if recompute:
         per_token = 2.0 * m.hidden * m.layers + _ACTIVATION_WORKSET * m.hidden
@@ -324,7 +328,7 @@ def _v2_terms(m: ModelConfig, hw: HardwareSpec, alpha1: float, train_factor: flo
               gamma_link: str) -> dict[str, float]:
     """§4.1 terms (module docstring, "Cost model v2 terms")."""
     latency = hw.latency_s if gamma_link == "intra" else hw.latency_inter_s
-    gamma = train_factor * m.layers * (latency + hw.launch_s)
+    gamma = train_factor * (m.layers - m.window_layers) * (latency + hw.launch_s)  # windowed layers: one round
     alpha_blk = alpha1 * hw.attention_half_block
     vis_factor = 2.0 if frozen_vision else 6.0
     alpha_vis = vis_factor * m.vision_params * m.patches_per_visual_token / (hw.peak_flops * hw.linear_efficiency)

@@ -176,3 +176,23 @@ class RingComm:
             desc += [(peer, False), (src, True)]
         PendingExchange(list(dist.batch_isend_irecv(ops)), list(recv.values()), [t], self, what, desc).wait()
         return recv
+
+    def swap_with_neighbours(self, to_next: Sequence[torch.Tensor], to_prev: Sequence[torch.Tensor], *, tag: int,
+                             what: str) -> PendingExchange:
+        """Post: send ``to_next`` to the next rank and ``to_prev`` to the previous one, receive same-shaped tensors
+        (what the previous rank sends forward, then what the next rank sends back): :meth:`PendingExchange.wait`
+        returns ``[*from_prev, *from_next]``. Tags ``tag + i`` forward, ``tag + len(to_next) + i`` back (distinct:
+        at degree 2 both neighbours are one rank)."""
+        if self.degree == 1:
+            raise RuntimeError("swap_with_neighbours on a CP group of degree 1; there is no neighbour")
+        ops, recv, send, peers = [], [], [], []
+        for i, (t, dst, src) in enumerate([(t, self.next_rank, self.prev_rank) for t in to_next]
+                                          + [(t, self.prev_rank, self.next_rank) for t in to_prev]):
+            t = t.contiguous()
+            buf = torch.empty_like(t)
+            send.append(t)
+            recv.append(buf)
+            ops += [dist.P2POp(dist.isend, t, dst, self.group, tag=tag + i),
+                    dist.P2POp(dist.irecv, buf, src, self.group, tag=tag + i)]
+            peers += [(dst, False), (src, True)]
+        return PendingExchange(list(dist.batch_isend_irecv(ops)), recv, send, self, what, peers)

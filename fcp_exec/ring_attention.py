@@ -15,7 +15,7 @@ diagonal if ``b == a`` and not at all if ``b > a``; per document pair this gives
   the *second halves* of the queries against all keys, no mask.
 
 The same holds for every document at once (only chunk sizes differ), so each step is one varlen kernel call (with
-a sliding window: see ``ring_attention``). With a full mask every step is all queries against all keys. Partial
+a sliding window: see ``ring_attention``; a window no longer than the chunks needs no ring, :mod:`fcp_exec.ring_halo`). With a full mask every step is all queries against all keys. Partial
 results are merged in fp32 (fp64 for fp64 inputs) by log-sum-exp. Backward re-runs each block against the final
 ``out``/``lse``; dQ stays local while dK/dV travel round the ring with the key/value blocks and arrive back at
 their owner after ``d`` hops. The next block's send/recv is posted before the current block is computed.
@@ -36,13 +36,14 @@ import torch
 from fcp_exec.comm import RingComm
 from fcp_exec.kernels import AttentionKernel
 from fcp_exec.kernels.base import add_sinks, lse_dtype_for, merge_block, sink_grad
-from fcp_exec.kernels.window import NO_WINDOW, windowed_backward, windowed_forward
-from fcp_exec.kernels.window_band import band_backward, band_forward, plan_band
+from fcp_exec.kernels.window import NO_WINDOW
 from fcp_exec.ring_args import autocast_inputs as _autocast_inputs
 from fcp_exec.ring_args import autocast_off as _autocast_off
 from fcp_exec.ring_args import check_mask_options as _check_mask_options
 from fcp_exec.ring_args import checked_args as _checked_args
 from fcp_exec.ring_args import padded_values as _padded_values
+from fcp_exec.ring_blocks import block_backward, block_forward, local_backward, local_forward
+from fcp_exec.ring_halo import halo_backward, halo_forward, halo_plan
 from fcp_data.layout import check_cu_seqlens
 
 __all__ = ["RingBatch", "ring_attention"]
@@ -155,54 +156,17 @@ def _rows(x: torch.Tensor, idx):
     return x if idx is None else x.index_select(0, idx)
 
 
-def _fused_cap(plan: _Plan, kernel, q, window, softcap):
-    """The window a kernel that soft-caps logits itself runs a capped block with (None: no window), or False when
-    the block goes the masked way: no cap, or a real window it cannot take at this degree."""
-    if softcap is None or not kernel.fused_softcap(q):
-        return False
-    if window == NO_WINDOW:
-        return None
-    return window if plan.degree == 1 and kernel.fused_window(q) else False
-
-
-def _block_forward(plan: _Plan, kernel, step: int, args, causal: bool, scale: float, max_q, max_k, window,
-                   softcap=None):
-    """``(out, lse)`` of ``plan.block(step)`` (``args``: its q, k, v rows and bounds), by the kernel or, with a
-    sliding window, by its fused banded kernel (whole documents at degree 1, per chunk pair above) or the masked
-    math path of :mod:`fcp_exec.kernels.window` (which alone soft-caps logits)."""
-    if window is None:
-        return kernel.forward(*args, causal, scale, max_q=max_q, max_k=max_k)
-    fused = _fused_cap(plan, kernel, args[0], window, softcap)
-    if fused is not False:
-        return kernel.forward(*args, causal, scale, max_q=max_q, max_k=max_k, window=fused, softcap=softcap)
-    if softcap is None and plan.degree == 1 and kernel.fused_window(args[0]):
-        return kernel.forward(*args, causal, scale, max_q=max_q, max_k=max_k, window=window)
-    if softcap is None and plan.degree > 1 and kernel.fused_band(args[0]):
-        return band_forward(kernel, *args[:3], plan_band(plan, step, window), scale)
-    return windowed_forward(*args, scale, window, *plan.positions(step), softcap=softcap)
-
-
-def _block_backward(plan: _Plan, kernel, step: int, args, causal: bool, scale: float, max_q, max_k, window,
-                    softcap=None):
-    """``(dq, dk, dv)`` of ``plan.block(step)`` against the final ``out``/``lse`` (as :func:`_block_forward`)."""
-    if window is None:
-        return kernel.backward(*args, causal, scale, max_q=max_q, max_k=max_k)
-    fused = _fused_cap(plan, kernel, args[1], window, softcap)
-    if fused is not False:
-        return kernel.backward(*args, causal, scale, max_q=max_q, max_k=max_k, window=fused, softcap=softcap)
-    if softcap is None and plan.degree == 1 and kernel.fused_window(args[1]):
-        return kernel.backward(*args, causal, scale, max_q=max_q, max_k=max_k, window=window)
-    if softcap is None and plan.degree > 1 and kernel.fused_band(args[1]):
-        return band_backward(kernel, *args[:6], plan_band(plan, step, window), scale)
-    return windowed_backward(*args, scale, window, *plan.positions(step), softcap=softcap)
-
-
 def ring_forward(q, k, v, plan: _Plan, comm, scale: float, kernel: AttentionKernel, window: int | None = None,
                  sinks: torch.Tensor | None = None, softcap: float | None = None):
     """``(out, lse)`` of the ring over ``plan``'s blocks (K/V passed around ``comm``); lse ``[H, T]`` in the
     accumulation dtype. The forward of :class:`_RingAttentionFn` and of ``torch.ops.fcp.ring_attention``. With
     ``sinks`` (``[H]`` logits): the result of :func:`fcp_exec.kernels.base.add_sinks`."""
     acc = lse_dtype_for(q.dtype)
+    halo = halo_plan(plan, window, q.device)
+    if halo is not None:  # every document longer than the window: its neighbours' tails, no ring
+        out_acc, lse_acc = halo_forward(q, k, v, plan, halo, comm, scale, softcap, lambda: local_forward(
+            q, k, v, plan, kernel, scale, window, softcap))
+        return _sunk(out_acc, lse_acc, sinks, q.dtype)
     # step 0's block has every query row: its result starts the running result (no zero-fill, no merge)
     out_acc = torch.zeros(q.shape, dtype=acc, device=q.device) if not q.shape[0] else None
     lse_acc = torch.full((q.shape[1], 0), float("-inf"), dtype=acc, device=q.device) if not q.shape[0] else None
@@ -214,16 +178,20 @@ def ring_forward(q, k, v, plan: _Plan, comm, scale: float, kernel: AttentionKern
         q_rows, k_rows, cu_q, cu_k, causal, max_q, max_k = plan.block(step)
         if q.shape[0]:
             args = (_rows(q, q_rows), _rows(k_cur, k_rows), _rows(v_cur, k_rows), cu_q, cu_k)
-            out_b, lse_b = _block_forward(plan, kernel, step, args, causal, scale, max_q, max_k, window, softcap)
+            out_b, lse_b = block_forward(plan, kernel, step, args, causal, scale, max_q, max_k, window, softcap)
             if out_acc is None:  # step 0: all rows
                 out_acc, lse_acc = out_b.to(acc), lse_b.to(acc)
             else:
                 merge_block(out_acc, lse_acc, out_b, lse_b, q_rows)
         if pending is not None:
             k_cur, v_cur = pending.wait()
+    return _sunk(out_acc, lse_acc, sinks, q.dtype)
+
+
+def _sunk(out, lse, sinks, dtype):
     if sinks is not None:
-        out_acc, lse_acc = add_sinks(out_acc, lse_acc, sinks)
-    return out_acc.to(q.dtype), lse_acc
+        out, lse = add_sinks(out.to(lse.dtype), lse, sinks)
+    return out.to(dtype), lse
 
 
 def ring_backward(dout, q, k, v, out, lse, plan: _Plan, comm, scale: float, kernel: AttentionKernel,
@@ -231,6 +199,10 @@ def ring_backward(dout, q, k, v, out, lse, plan: _Plan, comm, scale: float, kern
     """``(dq, dk, dv)`` of :func:`ring_forward` (dK/dV travel back around the ring to their owners)."""
     dout = dout.contiguous()
     acc = lse.dtype
+    halo = halo_plan(plan, window, q.device)
+    if halo is not None:
+        return halo_backward(dout, q, k, v, out, lse, plan, halo, comm, scale, softcap, lambda: local_backward(
+            dout, q, k, v, out, lse, plan, kernel, scale, window, softcap))
     dq = torch.zeros(q.shape, dtype=acc, device=q.device) if plan.degree > 1 or not q.shape[0] else None
     k_cur, v_cur = k, v
     dkv_pending = None
@@ -247,7 +219,7 @@ def ring_backward(dout, q, k, v, out, lse, plan: _Plan, comm, scale: float, kern
             lse_rows = lse if q_rows is None else lse.index_select(1, q_rows)
             args = (_rows(dout, q_rows), _rows(q, q_rows), _rows(k_cur, k_rows), _rows(v_cur, k_rows),
                     _rows(out, q_rows), lse_rows, cu_q, cu_k)
-            dq_b, dk_b, dv_b = _block_backward(plan, kernel, step, args, causal, scale, max_q, max_k, window, softcap)
+            dq_b, dk_b, dv_b = block_backward(plan, kernel, step, args, causal, scale, max_q, max_k, window, softcap)
             if dq is None:  # degree 1: the one block's dQ
                 dq = dq_b.to(acc)
             elif q_rows is None:
@@ -361,6 +333,8 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
     where it has a fused banded kernel (``kernel.fused_window``: flash-attn / torch's flash varlen on fp16/bf16
     CUDA tensors) — one varlen call at degree 1, one call per pair of zigzag chunks at degree > 1
     (:mod:`fcp_exec.kernels.window_band`) — else by the shared masked math path of :mod:`fcp_exec.kernels.window`;
+    at degree > 1 with every document's zigzag chunks at least ``window − 1`` rows long there is no ring: each rank
+    swaps its chunks' last ``window − 1`` K/V rows with its two neighbours (:mod:`fcp_exec.ring_halo`);
     ``None``: no window. ``sinks``: attention sinks (gpt-oss), a ``[H_q]`` tensor of per-head logits that join
     every query's softmax with a zero value (:func:`fcp_exec.kernels.base.add_sinks`); differentiable, its gradient
     summed over this rank's queries (a data-parallel reducer sums it over ranks like any weight's). ``softcap``:

@@ -136,7 +136,11 @@ def test_windowed_layers_are_charged_the_pairs_they_compute():
     full, win = preset_cost_model(base, "h100", v2=False), preset_cost_model(half, "h100", v2=False)
     per_layer = full.alpha1 / 8  # s/token² of one full causal layer: s² ≈ 2 × its pairs
     assert win.alpha1 == pytest.approx(4 * per_layer, rel=1e-12)
-    assert win.alpha3 == full.alpha3 and win.beta2 == full.beta2  # the ring still ships every layer's K/V
+    # a windowed layer swaps K/V tails with its neighbours (fcp_exec.ring_halo): the ring's traffic is the full
+    # layers', and a windowed layer pays two hand-shakes instead of the ring's steps
+    assert win.alpha3 == pytest.approx(full.alpha3 / 2, rel=1e-12)
+    hw = HARDWARE["h100"]
+    assert win.beta2 == pytest.approx(4.0 * (4 * 7 + 4 * 2) * hw.latency_s, rel=1e-12)
     for s in (4 * w, 16 * w, 64 * w):
         charged = win.alpha2 * s - full.alpha2 * s  # four windowed layers
         exact = 4 * per_layer * 2 * _exact_window_pairs(s, w)

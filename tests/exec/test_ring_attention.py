@@ -15,6 +15,8 @@ import torch
 
 from fcp_exec import ring_attention, zigzag_index, zigzag_shard
 from fcp_exec.launch import WorkerFailure, WorkerPool
+from fcp_exec.ring_attention import _Plan
+from fcp_exec.ring_halo import halo_plan
 from fcp_exec.testing import dense_attention
 
 # max |ring − dense| allowed, relative to max |dense| of the same tensor (fp64: absolute).
@@ -179,6 +181,29 @@ def test_fp64_values_with_a_smaller_head_dim_match_dense(pool4, degree):
     for k, (causal, sinks) in enumerate(((True, False), (False, False), (True, True))):
         reports = pool4.run(ring_case, [groups], [_lengths_for(groups, 80 + degree + k)], (4, 4, 12, 8), "float64",
                             causal, 400 + degree + k, None, None, sinks)
+        _assert_close(reports, "float64")
+        if sinks:
+            _assert_sink_grads(reports, [groups], 1e-9)
+
+
+@pytest.mark.parametrize("degree", [2, 3, 4])
+def test_fp64_windows_shorter_than_the_chunks_run_as_a_halo_and_match_dense(pool4, degree):
+    """Every document's zigzag chunks at least ``window − 1`` rows long (an empty document too): each rank exchanges
+    the K/V tails of its chunks with its two neighbours instead of running the ring (``fcp_exec.ring_halo``; the
+    plan says so for every group here). Windows 2, 5 and 9 tokens, alone, with sinks and with soft-capping: out, dq,
+    dk, dv equal dense fp64 windowed attention to 1e-9 on every rank. A failure means a tail from the wrong chunk or
+    neighbour, or its dK/dV not returned to its owner."""
+    groups = GROUPINGS[degree]
+    for k, (window, sinks, cap) in enumerate(((2, False, None), (5, False, None), (9, True, None), (5, False, 1.5))):
+        gen = torch.Generator().manual_seed(600 + degree + k)
+        lengths = [[2 * len(g) * (window - 1 + int(torch.randint(0, 3 * window, (1,), generator=gen)))
+                    for _ in range(3)] + [0] for g in groups]
+        for g, lens in zip(groups, lengths):
+            for r in range(len(g) if len(g) > 1 else 0):  # (degree 1 has no ring to replace)
+                assert halo_plan(_Plan(_cumsum([n // len(g) for n in lens]), len(g), r, True, "cpu"), window,
+                                 "cpu") is not None
+        reports = pool4.run(ring_case, [groups], [lengths], (4, 2, 8), "float64", True, 700 + degree + k, None,
+                            window, sinks, cap)
         _assert_close(reports, "float64")
         if sinks:
             _assert_sink_grads(reports, [groups], 1e-9)
