@@ -1,7 +1,7 @@
-"""Sliding-window layers at ring degree 2: the halo exchange (``fcp_exec.ring_halo``) against the ring it replaces.
+"""Sliding-window layers at ring degree > 1: the halo exchange (``fcp_exec.ring_halo``) against the ring it replaces.
 
-Two gloo processes (one CP group of degree 2), one document of ``--tokens`` tokens zigzag-sharded over them (8 query
-heads, 2 key/value heads, head dim 64, float32), ``ring_attention(..., window=W)`` forward + backward for each
+``--degree`` gloo processes (one CP group, default 2), one document of ``--tokens`` tokens zigzag-sharded over them
+(8 query heads, 2 key/value heads, head dim 64, float32), ``ring_attention(..., window=W)`` forward + backward for each
 ``--windows`` value, with the halo (the default where every chunk is at least ``W − 1`` rows) and with
 ``FCP_WINDOW_HALO=0`` (the ring: the whole K/V shard travels, and dK/dV back), alternating, medians of ``--repeats``
 (the slower rank's time of each call). Also the K/V bytes each rank sends per call, forward + backward. Both paths
@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-def _call(rank: int, tokens: int, window: int, halo: bool, seed: int) -> float:
+def _call(rank: int, degree: int, tokens: int, window: int, halo: bool, seed: int) -> float:
     import torch.distributed as dist
 
     from fcp_exec import ring_attention, zigzag_shard
@@ -33,12 +33,12 @@ def _call(rank: int, tokens: int, window: int, halo: bool, seed: int) -> float:
     os.environ["FCP_WINDOW_HALO"] = "1" if halo else "0"
     gen = torch.Generator().manual_seed(seed)
     full = [torch.randn(tokens, h, 64, generator=gen) for h in (8, 2, 2, 8)]
-    q, k, v, dout = (zigzag_shard(x, [0, tokens], 2, rank)[0] for x in full)
-    cu = zigzag_shard(full[0], [0, tokens], 2, rank)[1]
+    q, k, v, dout = (zigzag_shard(x, [0, tokens], degree, rank)[0] for x in full)
+    cu = zigzag_shard(full[0], [0, tokens], degree, rank)[1]
     q, k, v = (x.clone().requires_grad_() for x in (q, k, v))
     dist.barrier()
     t0 = time.perf_counter()
-    out = ring_attention(q, k, v, cu, ranks=(0, 1), window=window, timeout=120)
+    out = ring_attention(q, k, v, cu, ranks=tuple(range(degree)), window=window, timeout=120)
     out.backward(dout)
     return time.perf_counter() - t0
 
@@ -50,24 +50,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=16384, help="document length (default 16384)")
     ap.add_argument("--windows", default="128,1024", help="comma-separated windows (default 128,1024)")
     ap.add_argument("--repeats", type=int, default=5, help="alternating pairs per window (default 5)")
+    ap.add_argument("--degree", type=int, default=2, help="CP degree = processes (default 2; more than the cores "
+                    "oversubscribes them)")
     args = ap.parse_args(argv)
-    print(f"one document of {args.tokens} tokens, degree 2 (2 gloo processes), 8/2 heads × 64, float32, fwd + bwd; "
-          f"load {os.getloadavg()[0]:.1f}\n")
+    d = args.degree
+    print(f"one document of {args.tokens} tokens, degree {d} ({d} gloo processes, {os.cpu_count()} cores), 8/2 heads "
+          f"× 64, float32, fwd + bwd; load {os.getloadavg()[0]:.1f}\n")
     print("| window | ring [s] | halo [s] | ring / halo | K/V bytes sent per rank: ring / halo |")
     print("|---:|---:|---:|---:|---|")
-    with WorkerPool(2, backend="gloo", pg_timeout=300) as pool:
+    with WorkerPool(d, backend="gloo", pg_timeout=300) as pool:
         for w in (int(x) for x in args.windows.split(",")):
             times = {True: [], False: []}
             for rep in range(args.repeats + 1):
                 for halo in ((True, False) if rep % 2 else (False, True)):
-                    t = max(pool.run(_call, args.tokens, w, halo, rep))
+                    t = max(pool.run(_call, d, args.tokens, w, halo, rep))
                     if rep:  # the first pair warms up
                         times[halo].append(t)
             ring, halo = statistics.median(times[False]), statistics.median(times[True])
             row = 2 * 64 * 4  # one K/V row of 2 heads × 64, float32
-            shard = args.tokens // 2
-            # the ring: K, V forward; K, V again and dK, dV at both backward steps (the last returns them home)
-            ring_bytes = (2 + 2 + 4) * shard * row
+            shard = args.tokens // d
+            # the ring: K, V at d-1 forward steps; K, V again at d-1 backward steps and dK, dV at all d (home)
+            ring_bytes = (2 * (d - 1) + 2 * (d - 1) + 2 * d) * shard * row
             # the halo: K, V tails to both neighbours forward, again in the backward, then their dK, dV back
             halo_bytes = 3 * 4 * (w - 1) * row
             print(f"| {w} | {ring:.3f} | {halo:.3f} | {ring / halo:.2f}× | {ring_bytes / 1e6:.1f} MB / "
