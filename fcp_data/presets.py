@@ -44,8 +44,9 @@ architecture into the optional ``ModelConfig`` fields, and the formulas above ch
   ``s²/2`` pairs, charged ``w·s``). A windowed layer does not ring: where every document of the group has zigzag
   chunks of at least ``w − 1`` tokens each rank swaps the last ``w − 1`` K/V rows of its chunks with its two
   neighbours (:mod:`fcp_exec.ring_halo`), a few rows per document in one round, so ``alpha3`` and ``gamma`` count
-  the full layers only and ``beta2`` charges a windowed layer two hand-shakes. Optimistic where a group holds a
-  document shorter than ``2·d·(w − 1)`` tokens: that call falls back to the ring.
+  the full layers only and ``beta2`` charges a windowed layer two hand-shakes. A document shorter than
+  ``2·d·(w − 1)`` tokens in such a group goes round a ring of the short documents' rows only: that traffic (small
+  documents, at most ``d − 1`` steps) is not charged.
 * ``shard_weights=True`` (FSDP2 / ZeRO-3): weights, gradients and optimizer state sharded over ``dp_shards``
   (``16·P/dp_shards``) plus two layers' bf16 weights and gradients gathered (``2·4·P/L``): what MoE models need to
   fit one rank with TP = 1. A MoE layer's activation working set is taken as a dense layer's (``34·h``).

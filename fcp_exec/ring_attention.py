@@ -43,7 +43,7 @@ from fcp_exec.ring_args import check_mask_options as _check_mask_options
 from fcp_exec.ring_args import checked_args as _checked_args
 from fcp_exec.ring_args import padded_values as _padded_values
 from fcp_exec.ring_blocks import block_backward, block_forward, local_backward, local_forward
-from fcp_exec.ring_halo import halo_backward, halo_forward, halo_plan
+from fcp_exec.ring_halo import halo_backward, halo_forward, halo_plan, split_documents
 from fcp_data.layout import check_cu_seqlens
 
 __all__ = ["RingBatch", "ring_attention"]
@@ -117,6 +117,10 @@ class _Plan:
             self.first = cat(first).to(device)
             self.second = cat(second).to(device)
 
+    def sub(self, cu: list[int]) -> "_Plan":
+        """The plan of some of this call's documents (``cu``: their local bounds, packed)."""
+        return _Plan(cu, self.degree, self.cp_rank, self.causal, self.device)
+
     def positions(self, step: int):
         """``(pos_q, pos_k)``: the position in its document of every query and key row of ``block(step)`` (the
         zigzag layout: this rank's chunks ``cp_rank`` and ``2·degree−1−cp_rank`` of each padded document, the key
@@ -162,6 +166,15 @@ def ring_forward(q, k, v, plan: _Plan, comm, scale: float, kernel: AttentionKern
     accumulation dtype. The forward of :class:`_RingAttentionFn` and of ``torch.ops.fcp.ring_attention``. With
     ``sinks`` (``[H]`` logits): the result of :func:`fcp_exec.kernels.base.add_sinks`."""
     acc = lse_dtype_for(q.dtype)
+    parts = split_documents(plan, window, plan.sub)
+    if parts is not None:  # documents long enough for a halo next to shorter ones: each kind on its own
+        out_acc = torch.zeros((*q.shape[:2], v.shape[2]), dtype=q.dtype, device=q.device)
+        lse_acc = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=acc, device=q.device)
+        for rows, sub in parts:
+            out_r, lse_r = ring_forward(q[rows], k[rows], v[rows], sub, comm, scale, kernel, window, None, softcap)
+            out_acc.index_copy_(0, rows, out_r)
+            lse_acc.index_copy_(1, rows, lse_r)
+        return _sunk(out_acc, lse_acc, sinks, q.dtype)
     halo = halo_plan(plan, window, q.device)
     if halo is not None:  # every document longer than the window: its neighbours' tails, no ring
         out_acc, lse_acc = halo_forward(q, k, v, plan, halo, comm, scale, softcap, lambda: local_forward(
@@ -199,6 +212,15 @@ def ring_backward(dout, q, k, v, out, lse, plan: _Plan, comm, scale: float, kern
     """``(dq, dk, dv)`` of :func:`ring_forward` (dK/dV travel back around the ring to their owners)."""
     dout = dout.contiguous()
     acc = lse.dtype
+    parts = split_documents(plan, window, plan.sub)
+    if parts is not None:
+        grads = [torch.zeros_like(x) for x in (q, k, v)]
+        for rows, sub in parts:
+            got = ring_backward(dout[rows], q[rows], k[rows], v[rows], out[rows], lse[:, rows], sub, comm, scale,
+                                kernel, window, softcap)
+            for g, part in zip(grads, got):
+                g.index_copy_(0, rows, part)
+        return tuple(grads)
     halo = halo_plan(plan, window, q.device)
     if halo is not None:
         return halo_backward(dout, q, k, v, out, lse, plan, halo, comm, scale, softcap, lambda: local_backward(

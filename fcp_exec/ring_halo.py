@@ -12,7 +12,8 @@ the received rows (the masked math path of :mod:`fcp_exec.kernels.window`, at mo
 document), merged by log-sum-exp. The backward re-runs both blocks against the final ``out``/``lse`` and sends the
 received rows' dK/dV back to their owners the same way. Per layer and pass the traffic is ``2·(W − 1)`` rows per
 document instead of ``(d − 1)/d`` of the shard, in one round instead of ``d − 1``; every rank of the group derives
-the same choice from the shared ``cu_seqlens`` (:func:`halo_plan`).
+the same choice from the shared ``cu_seqlens`` (:func:`halo_plan`). A group that also holds shorter documents splits
+the call (:func:`split_documents`): the long documents' rows as a halo, the short ones' as a ring of their rows only.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch
 from fcp_exec.kernels.base import merge_block
 from fcp_exec.kernels.window import windowed_backward, windowed_forward
 
-__all__ = ["HaloPlan", "halo_plan", "halo_forward", "halo_backward"]
+__all__ = ["HaloPlan", "halo_plan", "halo_forward", "halo_backward", "split_documents"]
 
 _TAG_FWD, _TAG_BWD = 12, 16  # K/V tails, then their dK/dV (the ring's tags are 0-3, its header 8-9)
 
@@ -65,6 +66,25 @@ def halo_plan(plan, window: int | None, device) -> HaloPlan | None:
     if any(0 < (b - a) // 2 < window - 1 for a, b in zip(cu[:-1], cu[1:])):
         return None
     return HaloPlan(cu, plan.degree, plan.cp_rank, window, device)
+
+
+def split_documents(plan, window: int | None, make_plan):
+    """A window over documents of both kinds: ``[(rows, plan)]`` of the documents whose chunks hold ``W − 1`` rows
+    (run as a halo) and of the others (a ring of their rows only), ``make_plan(cu)`` building each part's plan; None
+    where all are of one kind (or there is no window, the degree is 1 or the halo is switched off)."""
+    if window is None or plan.degree < 2 or not plan.causal or os.environ.get("FCP_WINDOW_HALO", "1") == "0":
+        return None
+    docs = [(a, b) for a, b in zip(plan.cu[:-1], plan.cu[1:]) if b > a]
+    long_docs = [(a, b) for a, b in docs if (b - a) // 2 >= window - 1]
+    if not long_docs or len(long_docs) == len(docs):
+        return None
+    parts = []
+    for part in (long_docs, [d for d in docs if d not in long_docs]):
+        cu = [0]
+        for a, b in part:
+            cu.append(cu[-1] + b - a)
+        parts.append((torch.cat([torch.arange(a, b) for a, b in part]).to(plan.device), make_plan(cu)))
+    return parts
 
 
 def _post(halo: HaloPlan, k, v, comm):

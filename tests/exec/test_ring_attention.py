@@ -16,7 +16,7 @@ import torch
 from fcp_exec import ring_attention, zigzag_index, zigzag_shard
 from fcp_exec.launch import WorkerFailure, WorkerPool
 from fcp_exec.ring_attention import _Plan
-from fcp_exec.ring_halo import halo_plan
+from fcp_exec.ring_halo import halo_plan, split_documents
 from fcp_exec.testing import dense_attention
 
 # max |ring − dense| allowed, relative to max |dense| of the same tensor (fp64: absolute).
@@ -204,6 +204,25 @@ def test_fp64_windows_shorter_than_the_chunks_run_as_a_halo_and_match_dense(pool
                                  "cpu") is not None
         reports = pool4.run(ring_case, [groups], [lengths], (4, 2, 8), "float64", True, 700 + degree + k, None,
                             window, sinks, cap)
+        _assert_close(reports, "float64")
+        if sinks:
+            _assert_sink_grads(reports, [groups], 1e-9)
+
+
+@pytest.mark.parametrize("degree", [2, 3, 4])
+def test_fp64_long_and_short_documents_split_into_a_halo_and_a_ring(pool4, degree):
+    """A group holding documents long enough for the halo and shorter ones (chunks of 1..W−2 rows): the long ones'
+    rows run as a halo, the short ones' as a ring of their rows only (``split_documents``: two parts for every group
+    here). Windows 5 and 9, with sinks: equal to dense fp64 windowed attention to 1e-9."""
+    groups = GROUPINGS[degree]
+    for k, (window, sinks) in enumerate(((5, False), (9, True))):
+        lengths = [[2 * len(g) * h for h in (window + 3, 1, window - 2, 2 * window, 0)] for g in groups]
+        for g, lens in zip(groups, lengths):
+            if len(g) > 1:
+                plan = _Plan(_cumsum([n // len(g) for n in lens]), len(g), 0, True, "cpu")
+                assert len(split_documents(plan, window, plan.sub)) == 2
+        reports = pool4.run(ring_case, [groups], [lengths], (4, 2, 8), "float64", True, 800 + degree + k, None,
+                            window, sinks)
         _assert_close(reports, "float64")
         if sinks:
             _assert_sink_grads(reports, [groups], 1e-9)
