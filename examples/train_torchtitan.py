@@ -24,8 +24,9 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from fcp_data import CostModel, FCPCollator, FCPDataset, FCPSampler, IndexedDataset, bundled_index
+from fcp_data.presets import HARDWARE, ModelConfig
 from fcp_exec.checkpoint import load_checkpoint, save_checkpoint
-from fcp_exec.integrations.torchtitan import apply_fcp, fcp_loss
+from fcp_exec.integrations.torchtitan import apply_fcp, fcp_loss, model_shape
 from fcp_exec.launch import init_distributed, settle_collectives
 from fcp_exec.optim import check_finite, clip_grad_norm, lr_at, set_lr
 from fcp_exec.script import (ArgumentParser, both_or_neither, count, nonempty, nonnegative_float, output_dir,
@@ -34,8 +35,9 @@ from fcp_exec.skips import leave_out_later
 from fcp_exec.step import eval_step, make_reducer, train_step
 
 
-def build_model(model: str, flavor: str, layers: int | None, vocab: int, device: torch.device) -> torch.nn.Module:
-    """torchtitan's ``model`` / ``flavor`` (its first ``layers`` blocks when given), with FCP's attention."""
+def build_model(model: str, flavor: str, layers: int | None, vocab: int, device: torch.device):
+    """torchtitan's ``model`` / ``flavor`` (its first ``layers`` blocks when given), with FCP's attention, and its
+    shape for the cost model (``model_shape``)."""
     from torchtitan.models.common.attention import ScaledDotProductAttention
 
     family = importlib.import_module(f"torchtitan.models.{model}")
@@ -52,7 +54,7 @@ def build_model(model: str, flavor: str, layers: int | None, vocab: int, device:
         layer.attention.inner_attention = ScaledDotProductAttention.Config()
     torch.manual_seed(0)
     with torch.device(device):
-        return apply_fcp(cfg.build())
+        return apply_fcp(cfg.build()), model_shape(cfg)
 
 
 def forever(loader: DataLoader):
@@ -73,7 +75,9 @@ def build_parser() -> ArgumentParser:
                    help="a text length index (default: the bundled text samples)")
     p.add_argument("--reducer", choices=("allreduce", "ddp", "fsdp2"), default="fsdp2")
     p.add_argument("--cost", type=nonempty, default=None,
-                   help="cost-model JSON from `fcp profile` (default: the qwen3-1.7b/h100 preset)")
+                   help="cost-model JSON from `fcp profile` (default: this model's own preset on --hardware)")
+    p.add_argument("--hardware", choices=tuple(HARDWARE), default="h100",
+                   help="the hardware preset the model's cost model is derived for, without --cost (default h100)")
     p.add_argument("--tokens-per-rank", type=positive_int, default=1024,
                    help="memory budget per rank; longer documents are cut")
     p.add_argument("--global-batch-size", type=positive_int, default=8)
@@ -106,17 +110,16 @@ def main(argv: list[str] | None = None) -> None:
     device = init_distributed()  # set_device, NCCL/HCCL/gloo by device, eager init + a warm-up barrier
     rank = dist.get_rank()
     data = IndexedDataset(args.data or bundled_index("text"))
-    cost = (CostModel.load(args.cost) if args.cost else CostModel.preset("qwen3-1.7b", "h100")).replace(
-        tokens_per_rank=args.tokens_per_rank)
-
     def loader_of(seed: int, workers: int) -> tuple[FCPSampler, DataLoader]:
         sampler = FCPSampler(data.index, cost_model=cost, global_batch_size=args.global_batch_size, seed=seed,
                              on_overlong="truncate")
         return sampler, DataLoader(FCPDataset(data), batch_sampler=sampler, num_workers=workers,
                                    collate_fn=FCPCollator(pad_token_id=data.pad_token_id, sample_labels=data.has_labels))
 
+    model, shape = build_model(args.model, args.flavor, args.layers, data.spec.tokenizer().get_vocab_size(), device)
+    cost = (CostModel.load(args.cost) if args.cost else CostModel.preset(ModelConfig(**shape), args.hardware)).replace(
+        tokens_per_rank=args.tokens_per_rank)
     sampler, loader = loader_of(0, 2)
-    model = build_model(args.model, args.flavor, args.layers, data.spec.tokenizer().get_vocab_size(), device)
     model, reducer = make_reducer(args.reducer, model)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
 

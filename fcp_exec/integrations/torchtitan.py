@@ -41,7 +41,7 @@ from fcp_exec.ring_attention import RingBatch
 from fcp_exec.ring_op import register, ring_attention_op
 from fcp_exec.step import denominator
 
-__all__ = ["FCPInnerAttention", "TESTED_MODELS", "apply_fcp", "batch_inputs", "fcp_loss"]
+__all__ = ["FCPInnerAttention", "TESTED_MODELS", "apply_fcp", "batch_inputs", "fcp_loss", "model_shape"]
 
 
 class FCPInnerAttention(nn.Module):
@@ -126,3 +126,24 @@ def fcp_loss(model: nn.Module, batch: dict) -> torch.Tensor:
     labels = batch["labels"].to(logits.device)
     logits = logits if logits.dtype == torch.float64 else logits.float()  # bf16/fp16 logits: the loss in float32
     return F.cross_entropy(logits, labels, ignore_index=-100, reduction="sum") / denominator(batch)
+
+
+def model_shape(model: Any) -> dict | None:
+    """The ``fcp_data.presets.ModelConfig`` fields of a torchtitan decoder config (its first layer's attention and
+    feed-forward widths; tied embeddings counted once), or None where it is not a dense decoder of that form (a MoE:
+    set the dataloader's ``preset`` or ``cost_model``)."""
+    layers = getattr(model, "layers", None)
+    try:
+        attn, ffn = layers[0].attention, layers[0].feed_forward
+        heads, kv, dim = int(attn.n_heads), int(attn.n_kv_heads or attn.n_heads), int(model.dim)
+        head_dim = int(attn.head_dim or dim // heads)
+        width, vocab = int(ffn.w1.out_features), int(model.vocab_size)
+    except (AttributeError, IndexError, TypeError):
+        return None
+    if any(getattr(layer, "moe", None) is not None for layer in layers):
+        return None
+    out = dict(layers=len(layers), hidden=dim, heads=heads, kv_heads=kv, head_dim=head_dim, ffn=width, vocab=vocab)
+    if getattr(model, "enable_weight_tying", False):
+        per_layer = 2 * dim * heads * head_dim + 2 * dim * kv * head_dim + 3 * dim * width
+        out["stored_params"] = float(len(layers) * per_layer + dim * vocab)
+    return out

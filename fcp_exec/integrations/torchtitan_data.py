@@ -41,8 +41,12 @@ class FCPTitanDataLoader(BaseDataLoader):
         cost_model: str = ""
         """a cost-model JSON from `fcp profile`; "": the preset below"""
         preset: str = "qwen3-1.7b"
-        """a model preset (`fcp presets`) or hf:PATH (a Hugging Face config.json), with hardware below"""
+        """a model preset (`fcp presets`) or hf:PATH (a Hugging Face config.json), with hardware below; "": the
+        trained model's own shape (model_shape)"""
         hardware: str = "h100"
+        model_shape: str = ""
+        """the trained model's shape as JSON (fcp_config fills it from the model config: its preset where preset is
+        "")"""
         solver: str = "fcp"
         seed: int = 0
         drop_last: bool = False
@@ -209,5 +213,12 @@ class _Cut(torch.utils.data.Dataset):
 def _cost_model(config: FCPTitanDataLoader.Config, seq_len: int):
     from fcp_data import CostModel
 
-    cost = CostModel.load(config.cost_model) if config.cost_model else CostModel.preset(config.preset, config.hardware)
+    if config.cost_model:
+        cost = CostModel.load(config.cost_model)
+    elif config.preset or not config.model_shape:
+        cost = CostModel.preset(config.preset or "qwen3-1.7b", config.hardware)
+    else:
+        from fcp_data.presets import ModelConfig
+
+        cost = CostModel.preset(ModelConfig(**json.loads(config.model_shape)), config.hardware)
     return cost.replace(tokens_per_rank=int(config.tokens_per_rank or seq_len))

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
@@ -68,7 +69,7 @@ except ImportError as e:  # pragma: no cover - the message is the point
     raise ImportError(f"fcp_exec.integrations.torchtitan_trainer needs torchtitan's Trainer ({e}): pip install "
                       "'torchtitan>=0.3' with its dependencies (tensorboard, tyro, torchdata)") from None
 
-from fcp_exec.integrations.torchtitan import apply_fcp, batch_inputs
+from fcp_exec.integrations.torchtitan import apply_fcp, batch_inputs, model_shape
 from fcp_exec.integrations.torchtitan_data import FCPTitanDataLoader, PreTokenized
 from fcp_exec.skips import leave_out_later
 from fcp_exec.step import denominator, eval_step, next_global_batch
@@ -330,6 +331,9 @@ def fcp_config(config: Any, **dataloader: Any) -> FCPTitanTrainer.Config:
                         f"{', '.join(sorted(names))}")
     vocab = int(getattr(config.model_spec.model, "vocab_size", 0) or 0) if config.model_spec is not None else 0
     dataloader.setdefault("vocab_size", vocab)
+    shape = model_shape(config.model_spec.model) if config.model_spec is not None else None
+    if shape is not None and "preset" not in dataloader and "cost_model" not in dataloader:
+        dataloader.update(preset="", model_shape=json.dumps(shape))
     fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(Trainer.Config) if f.init}
     fields["training"] = dataclasses.replace(config.training, disable_cuda_graphs=True)
     fields["parallelism"] = dataclasses.replace(config.parallelism, spmd_backend="partial_dtensor")

@@ -1,0 +1,49 @@
+"""The cost model ``fcp_config`` derives from the torchtitan model being trained (``integrations.torchtitan.model_shape``):
+its matmul parameters equal the weights of the model's linear layers exactly (torchtitan's Qwen3 and Llama 3
+flavors, built on the meta device), its total parameters within 0.1 % (norms left out); a MoE gives no shape."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("torchtitan") is None, reason="needs torchtitan")
+
+
+@pytest.mark.parametrize("family, flavor", [("qwen3", "debugmodel"), ("llama3", "debugmodel"), ("qwen3", "0.6B"),
+                                            ("llama3", "8B")])
+def test_model_shape_counts_the_torchtitan_model_s_matmuls(family, flavor):
+    import importlib
+
+    import torch
+
+    from fcp_data.presets import ModelConfig
+    from fcp_exec.integrations.torchtitan import model_shape
+
+    cfg = importlib.import_module(f"torchtitan.models.{family}").model_registry(flavor).model
+    m = ModelConfig(**model_shape(cfg))
+    with torch.device("meta"):
+        model = cfg.build()
+    linear = sum(mod.weight.numel() for mod in model.modules() if isinstance(mod, torch.nn.Linear))
+    assert m.matmul_params == linear
+    assert abs(m.total_params / sum(p.numel() for p in model.parameters()) - 1) < 1e-3
+
+
+def test_fcp_config_plans_with_the_trained_model_unless_told_otherwise():
+    from torchtitan.models.qwen3.config_registry import qwen3_debugmodel
+
+    from fcp_data import CostModel
+    from fcp_data.presets import ModelConfig
+    from fcp_exec.integrations.torchtitan_data import _cost_model
+    from fcp_exec.integrations.torchtitan import model_shape
+    from fcp_exec.integrations.torchtitan_trainer import fcp_config
+
+    base = qwen3_debugmodel()
+    derived = fcp_config(base, dataset_path="x").dataloader
+    assert derived.preset == "" and json.loads(derived.model_shape) == model_shape(base.model_spec.model)
+    want = CostModel.preset(ModelConfig(**model_shape(base.model_spec.model)), "h100").replace(tokens_per_rank=512)
+    assert _cost_model(derived, 512) == want
+    named = fcp_config(base, dataset_path="x", preset="qwen3-8b").dataloader
+    assert _cost_model(named, 512) == CostModel.preset("qwen3-8b", "h100").replace(tokens_per_rank=512)
