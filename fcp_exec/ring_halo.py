@@ -62,10 +62,12 @@ def halo_plan(plan, window: int | None, device) -> HaloPlan | None:
     (``FCP_WINDOW_HALO=0`` in the environment: always the ring, for comparisons; set alike on every rank)."""
     if window is None or plan.degree < 2 or not plan.causal or os.environ.get("FCP_WINDOW_HALO", "1") == "0":
         return None
-    cu = plan.cu
-    if any(0 < (b - a) // 2 < window - 1 for a, b in zip(cu[:-1], cu[1:])):
-        return None
-    return HaloPlan(cu, plan.degree, plan.cp_rank, window, device)
+    cache = plan.__dict__.setdefault("_halo_plans", {})  # the plan lives for a micro-batch: every layer reuses it
+    if window not in cache:
+        cu = plan.cu
+        short = any(0 < (b - a) // 2 < window - 1 for a, b in zip(cu[:-1], cu[1:]))
+        cache[window] = None if short else HaloPlan(cu, plan.degree, plan.cp_rank, window, device)
+    return cache[window]
 
 
 def split_documents(plan, window: int | None, make_plan):
@@ -74,17 +76,23 @@ def split_documents(plan, window: int | None, make_plan):
     where all are of one kind (or there is no window, the degree is 1 or the halo is switched off)."""
     if window is None or plan.degree < 2 or not plan.causal or os.environ.get("FCP_WINDOW_HALO", "1") == "0":
         return None
-    docs = [(a, b) for a, b in zip(plan.cu[:-1], plan.cu[1:]) if b > a]
-    long_docs = [(a, b) for a, b in docs if (b - a) // 2 >= window - 1]
-    if not long_docs or len(long_docs) == len(docs):
-        return None
-    parts = []
-    for part in (long_docs, [d for d in docs if d not in long_docs]):
-        cu = [0]
-        for a, b in part:
-            cu.append(cu[-1] + b - a)
-        parts.append((torch.cat([torch.arange(a, b) for a, b in part]).to(plan.device), make_plan(cu)))
-    return parts
+    cache = plan.__dict__.setdefault("_halo_splits", {})
+    if window not in cache:
+        docs = [(a, b) for a, b in zip(plan.cu[:-1], plan.cu[1:]) if b > a]
+        long_docs = [(a, b) for a, b in docs if (b - a) // 2 >= window - 1]
+        cache[window] = None
+        if long_docs and len(long_docs) < len(docs):
+            short_docs = [(a, b) for a, b in docs if (b - a) // 2 < window - 1]
+            cache[window] = [_part(part, plan.device, make_plan) for part in (long_docs, short_docs)]
+    return cache[window]
+
+
+def _part(docs: list[tuple[int, int]], device, make_plan):
+    """(local rows, plan) of some documents (their local bounds ``(a, b)``), packed in their order."""
+    cu = [0]
+    for a, b in docs:
+        cu.append(cu[-1] + b - a)
+    return torch.cat([torch.arange(a, b) for a, b in docs]).to(device), make_plan(cu)
 
 
 def _post(halo: HaloPlan, k, v, comm):
@@ -128,7 +136,7 @@ def halo_backward(dout, q, k, v, out, lse, plan, halo: HaloPlan, comm, scale: fl
     dq, dk, dv = local_block()
     k_h, v_h = _received(halo, pending, k, v)
     if not k_h.shape[0]:
-        return dq, dk, dv
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
     acc = lse.dtype
     dq_h, dk_h, dv_h = windowed_backward(dout, q, k_h, v_h, out, lse, plan.cu, halo.cu_k, scale, halo.window,
                                          plan.positions(0)[0], halo.key_pos, softcap=softcap)

@@ -275,11 +275,16 @@ def test_fp64_reference_kernel_degree3(pool4):
 @pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
 def test_low_precision_matches_dense(pool4, dtype_name):
     """fp32 within 5e-6 and bf16 within 2e-2 relative to max |dense| (measured: 3e-7 and 5e-3) at
-    degrees 3 and 1 at once; fp32 accumulation keeps the ring as accurate as one process."""
+    degrees 3 and 1 at once; fp32 accumulation keeps the ring as accurate as one process. And a 5-token window over
+    documents of both kinds at degree 4 (a halo and a ring of the short ones' rows): the same tolerances, gradients
+    in the inputs' dtype."""
     groups = GROUPINGS[3]
     reports = pool4.run(ring_case, [groups], [_lengths_for(groups, 11, max_chunks=6)], (4, 4, 16),
                         dtype_name, True, 13)
     _assert_close(reports, dtype_name)
+    lengths = [[8 * h for h in (9, 2, 4, 14)]]
+    _assert_close(pool4.run(ring_case, [GROUPINGS[4]], [lengths], (4, 2, 16), dtype_name, True, 17, None, 5),
+                  dtype_name)
 
 
 def autocast_case(rank, groups, lengths, seed, kernel=None):
