@@ -61,6 +61,7 @@ HF_PRESETS: dict[str, dict[str, Any]] = {
 }
 
 _MAX_CONFIG_BYTES = 1 << 22
+_MAX_LAYERS, _MAX_INT = 100_000, 1 << 31  # per-layer loops stay short; a width beyond int32 is no model's
 _EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 _TOP_K_KEYS = ("num_experts_per_tok", "experts_per_token", "moe_topk", "top_k")
 _ALL_WINDOWED = ("mistral", "mixtral", "qwen2", "qwen2_moe", "starcoder2", "phi3")  # one window on every layer
@@ -98,7 +99,7 @@ def _resolved(raw: dict[str, Any]) -> dict[str, Any]:
         from transformers import AutoConfig
     except Exception:  # noqa: BLE001 - optional: without transformers the file is taken as written
         return raw
-    if not raw.get("model_type"):
+    if not raw.get("model_type") or not _plain_sizes(raw):
         return raw
     fields = {k: v for k, v in raw.items() if k != "model_type"}
     try:
@@ -107,14 +108,39 @@ def _resolved(raw: dict[str, Any]) -> dict[str, Any]:
         return raw
 
 
+def _plain_sizes(cfg: Any, depth: int = 0) -> bool:
+    """Whether every number in ``cfg`` (nested) is of a size a model has: a config class builds per-layer lists from
+    ``num_hidden_layers`` when constructed, so an absurd value must not reach it (it is refused later, in one line)."""
+    if depth > 4:
+        return False
+    if isinstance(cfg, Mapping):
+        layers = cfg.get("num_hidden_layers", 1)
+        if isinstance(layers, int) and not isinstance(layers, bool) and not 0 <= layers <= _MAX_LAYERS:
+            return False
+        return all(_plain_sizes(v, depth + 1) for v in cfg.values())
+    if isinstance(cfg, (list, tuple)):
+        return len(cfg) <= _MAX_LAYERS and all(_plain_sizes(v, depth + 1) for v in cfg)
+    return not isinstance(cfg, (int, float)) or isinstance(cfg, bool) or abs(cfg) <= _MAX_INT * _MAX_INT
+
+
 def hf_model_config(source: Any) -> ModelConfig:
     """:class:`ModelConfig` of a Hugging Face model config (module docstring); ``ValueError`` naming the missing
-    or invalid key when the config is not a decoder LLM's."""
+    or invalid key when the config is not a decoder LLM's (one line, whatever the file holds)."""
     cfg = load_hf_config(source)
     text = cfg.get("text_config") or cfg.get("llm_config") or cfg
     if not isinstance(text, Mapping):
         raise ValueError("the config's text_config is not an object")
-    kind = str(cfg.get("model_type") or text.get("model_type") or "?")
+    kind = str(cfg.get("model_type") or text.get("model_type") or "?")[:60]
+    try:
+        return _derive(cfg, text, kind)
+    except (TypeError, ValueError, OverflowError, ZeroDivisionError, KeyError, AttributeError, IndexError) as e:
+        if isinstance(e, ValueError) and str(e).startswith(("the ", "ModelConfig")):
+            raise
+        raise ValueError(f"the {kind} config is not one fcp can derive a preset from: {type(e).__name__}: "
+                         f"{str(e)[:200]}") from None
+
+
+def _derive(cfg: Mapping, text: Mapping, kind: str) -> ModelConfig:
     layers, hidden, heads = (_int(text, k, kind) for k in ("num_hidden_layers", "hidden_size", "num_attention_heads"))
     vocab = _int(text, "vocab_size", kind)
     attn, head_dim, kv_heads = _attention(text, hidden, heads, kind)
@@ -137,8 +163,9 @@ def _int(cfg: Mapping, key: str, kind: str, default: int | None = None) -> int:
     value = cfg.get(key, default)
     if value is None:
         raise ValueError(f"the {kind} config has no {key!r}: not a decoder language model fcp can derive a preset for")
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"the {kind} config's {key} must be a positive integer, got {value!r}")
+    top = _MAX_LAYERS if key == "num_hidden_layers" else _MAX_INT
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
+        raise ValueError(f"the {kind} config's {key} must be an integer in 1..{top}, got {value!r:.60}")
     return value
 
 

@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests._requires import transformers_models
 
@@ -175,11 +177,39 @@ def test_named_presets_are_unchanged_by_the_new_fields():
       "num_key_value_heads": 3}, "no multiple of num_key_value_heads"),
     ({"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 100, "intermediate_size": 8,
       "num_experts": 4}, "4 experts but no top-k"),
-    ({"num_hidden_layers": "2", "hidden_size": 64}, "num_hidden_layers must be a positive integer"),
+    ({"num_hidden_layers": "2", "hidden_size": 64}, r"num_hidden_layers must be an integer in 1\.\.100000"),
+    ({"num_hidden_layers": 10 ** 12, "hidden_size": 64}, "must be an integer in 1..100000"),  # no 1e12-layer loop
 ])
 def test_configs_that_are_no_decoder_llm_are_one_clear_error(bad, match):
     with pytest.raises(ValueError, match=match):
         hf_model_config(bad)
+
+
+HOSTILE = (None, 0, -3, 1.5, 10 ** 40, "x", "7", [], [3], {}, {"a": 1}, True, float("nan"))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from([p.name for p in CONFIGS] + sorted(HF_PRESETS)), data=st.data())
+def test_hostile_values_in_any_key_give_a_preset_or_one_value_error(name, data):
+    """Any key of a real config (text, vision or top level) set to a hostile value: a ModelConfig or one ValueError
+    — never another exception or a hang (the first line of a CLI error)."""
+    base = json.loads((ROOT / "examples" / "configs" / name).read_text()) if name.endswith(".json") \
+        else dict(HF_PRESETS[name])
+    cfg = json.loads(json.dumps(base))
+    for _ in range(data.draw(st.integers(1, 3))):
+        where = cfg
+        for sub in ("text_config", "vision_config"):
+            if isinstance(cfg.get(sub), dict) and data.draw(st.booleans()):
+                where = cfg[sub]
+                break
+        keys = sorted(where) + ["layer_types", "sliding_window_pattern", "num_experts", "mlp_only_layers"]
+        where[data.draw(st.sampled_from(keys))] = data.draw(st.sampled_from(HOSTILE))
+    try:
+        m = hf_model_config(cfg)
+    except ValueError as e:
+        assert "\n" not in str(e) and len(str(e)) < 600
+    else:
+        assert isinstance(m, ModelConfig) and m.active_params > 0 and m.stored_params > 0
 
 
 def test_unreadable_configs_are_one_clear_error(tmp_path):
