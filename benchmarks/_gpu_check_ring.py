@@ -172,6 +172,28 @@ class ThreadRingComm:
         self.hub.box(self.next_rank, tag).put([t.detach().contiguous().clone() for t in tensors])
         return _Exchange(self, tag, what)
 
+    def swap_with_neighbours(self, to_next, to_prev, *, tag: int, what: str) -> "_Swap":
+        """``RingComm.swap_with_neighbours``: ``to_next`` into the next rank's mailbox, ``to_prev`` into the previous
+        one's (a separate mailbox: at degree 2 both are one rank); ``wait()`` gives ``[*from_prev, *from_next]``."""
+        if self.degree == 1:
+            raise RuntimeError("swap_with_neighbours on a CP group of degree 1; there is no neighbour")
+        self.hub.box(self.next_rank, tag).put([t.detach().contiguous().clone() for t in to_next])
+        self.hub.box(self.prev_rank, tag + _BACK).put([t.detach().contiguous().clone() for t in to_prev])
+        return _Swap(_Exchange(self, tag, what), _Exchange(self, tag + _BACK, what))
+
+
+_BACK = 1000  # mailbox tag offset of what travels to the previous rank
+
+
+class _Swap:
+    __slots__ = ("_parts",)
+
+    def __init__(self, *parts):
+        self._parts = parts
+
+    def wait(self) -> list:
+        return [t for part in self._parts for t in part.wait()]
+
 
 class _Ctx:
     """Stand-in for the autograd context: what ``_RingAttentionFn`` stores and reads back."""
