@@ -152,6 +152,8 @@ def _derive(cfg: Mapping, text: Mapping, kind: str) -> ModelConfig:
     tied = bool(cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))
     window, window_layers = _windows(text, layers, kind)
     vision, patches = _vision(cfg, hidden)
+    if vision < 0 or patches < 0:
+        raise ValueError(f"the {kind} config's vision_config gives a negative size ({vision:.3g} parameters)")
     return ModelConfig(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
                        ffn=max(dense_ffn, 1), vocab=vocab, vision_params=float(vision), patches_per_visual_token=patches,
                        kind="mllm" if vision else "llm", active_params=active + hidden * vocab,

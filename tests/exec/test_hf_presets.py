@@ -209,7 +209,7 @@ def test_hostile_values_in_any_key_give_a_preset_or_one_value_error(name, data):
     except ValueError as e:
         assert "\n" not in str(e) and len(str(e)) < 600
     else:
-        assert isinstance(m, ModelConfig) and m.active_params > 0 and m.stored_params > 0
+        assert isinstance(m, ModelConfig) and m.active_params > 0 and m.stored_params > 0 and m.vision_params >= 0
 
 
 def test_unreadable_configs_are_one_clear_error(tmp_path):
