@@ -248,10 +248,10 @@ def resolve_model(model: Any) -> tuple[str, ModelConfig]:
             return model, hf_model_config(_lookup(HF_PRESETS, model, "model preset"))
         return model, _lookup(MODELS, model, "model preset", more=(*HF_PRESETS, "hf:PATH"))
 
-    label = f"hf:{model[3:]}" if isinstance(model, str) else str(getattr(model, "model_type", None) or "hf-config")
-    if isinstance(model, dict):
-        label = str(model.get("model_type") or "hf-config")
-    return label, hf_model_config(model[3:] if isinstance(model, str) else model)
+    if isinstance(model, str):
+        return f"hf:{model[3:]}", hf_model_config(model[3:])
+    kind = model.get("model_type") if isinstance(model, dict) else getattr(model, "model_type", None)
+    return str(kind or "hf-config"), hf_model_config(model)
 
 
 def preset_cost_model(model: Any, hardware: str, *, dp_shards: int = 64, recompute: bool = True,

@@ -56,11 +56,16 @@ class HaloPlan:
         self.cu_k, self.window = cu_k, window
 
 
+def _windowed_ring(plan, window: int | None) -> bool:
+    """A causal ring of degree > 1 with a window, the halo not switched off (``FCP_WINDOW_HALO=0``)."""
+    return window is not None and plan.degree > 1 and plan.causal and os.environ.get("FCP_WINDOW_HALO", "1") != "0"
+
+
 def halo_plan(plan, window: int | None, device) -> HaloPlan | None:
     """The halo plan of a causal ring ``plan`` (:class:`fcp_exec.ring_attention._Plan`) for ``window``, or None where
     the ring is needed: no window, degree 1, full attention, or a document whose chunks are shorter than ``W − 1``
     (``FCP_WINDOW_HALO=0`` in the environment: always the ring, for comparisons; set alike on every rank)."""
-    if window is None or plan.degree < 2 or not plan.causal or os.environ.get("FCP_WINDOW_HALO", "1") == "0":
+    if not _windowed_ring(plan, window):
         return None
     cache = plan.__dict__.setdefault("_halo_plans", {})  # the plan lives for a micro-batch: every layer reuses it
     if window not in cache:
@@ -74,7 +79,7 @@ def split_documents(plan, window: int | None, make_plan):
     """A window over documents of both kinds: ``[(rows, plan)]`` of the documents whose chunks hold ``W − 1`` rows
     (run as a halo) and of the others (a ring of their rows only), ``make_plan(cu)`` building each part's plan; None
     where all are of one kind (or there is no window, the degree is 1 or the halo is switched off)."""
-    if window is None or plan.degree < 2 or not plan.causal or os.environ.get("FCP_WINDOW_HALO", "1") == "0":
+    if not _windowed_ring(plan, window):
         return None
     cache = plan.__dict__.setdefault("_halo_splits", {})
     if window not in cache:

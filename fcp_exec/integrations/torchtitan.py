@@ -143,7 +143,8 @@ def model_shape(model: Any) -> dict | None:
     if any(getattr(layer, "moe", None) is not None for layer in layers):
         return None
     out = dict(layers=len(layers), hidden=dim, heads=heads, kv_heads=kv, head_dim=head_dim, ffn=width, vocab=vocab)
-    if getattr(model, "enable_weight_tying", False):
-        per_layer = 2 * dim * heads * head_dim + 2 * dim * kv * head_dim + 3 * dim * width
-        out["stored_params"] = float(len(layers) * per_layer + dim * vocab)
+    if getattr(model, "enable_weight_tying", False):  # the embedding is the LM head: held once
+        from fcp_data.presets import ModelConfig
+
+        out["stored_params"] = float(ModelConfig(**out).matmul_params)
     return out
