@@ -56,7 +56,8 @@ from fcp_exec.skips import agree_skips
 
 __all__ = ["REDUCER_NAMES", "AllReduceReducer", "DDPReducer", "FSDP2Reducer", "StepResult", "autocast_loss",
            "denominator", "eval_step", "fill_num_tokens_global", "idle_batch", "is_idle", "make_reducer", "reducer_for",
-           "mixed_precision", "next_global_batch", "prepare_micro_batch", "rescale_skipped", "train_step"]
+           "mixed_precision", "next_global_batch", "padding_mask", "prepare_micro_batch", "rescale_skipped",
+           "train_step"]
 
 def is_idle(batch: dict) -> bool:
     """True when the plan gave this rank no CP group (or no token) in this micro-batch."""
@@ -81,6 +82,24 @@ def idle_batch(batch: dict, *, pad_token_id: int = 0, ignore_index: int = -100) 
     for key in ("pixel_values", "grid_thw", "second_per_grid_ts"):
         out.pop(key, None)
     return out
+
+
+def padding_mask(batch: dict) -> torch.Tensor:
+    """``[tokens]`` bool, True where a token of ``batch`` is no token of the data: the pads after each document
+    (position past its kept tokens), every token of a document that failed to read, and all of an idle rank's dummy.
+    Mixture-of-experts routers leave them out of their token counts (Megatron's ``GPTModel(padding_mask=...)``, the
+    Hugging Face load-balancing loss of :mod:`fcp_exec.integrations.hf_router`), so they count what one process
+    training on the same documents counts."""
+    from fcp_data.read_errors import SKIPPED
+
+    pos = batch["position_ids"]
+    if batch.get("idle"):
+        return torch.ones(pos.shape[-1], dtype=torch.bool)
+    cu = torch.as_tensor(batch["cu_seqlens"], dtype=torch.long)
+    kept = torch.tensor([0 if status & SKIPPED else int(n) for n, status in zip(batch["sample_tokens"],
+                                                                                 batch["read_status"])],
+                        dtype=torch.long)
+    return pos >= torch.repeat_interleave(kept, cu[1:] - cu[:-1])
 
 
 # ---------------------------------------------------------------------------------------------- reducers
@@ -206,7 +225,7 @@ def train_step(model: nn.Module, micro_batches: Iterable[dict], loss_fn: Callabl
     if grad_scaler is not None and hasattr(reducer, "check_grad_scaler"):  # FSDP1: a scaler that sees every shard
         reducer.check_grad_scaler(grad_scaler)
     first, it, num_mb = _open_step(micro_batches, model, ignore_index,
-                                   exact=bool(getattr(reducer, "exact_denominator", False)))
+                                   exact=bool(getattr(reducer, "exact_denominator", False)) or _whole_step_loss(model))
     res, totals = StepResult(loss=0.0, num_tokens=0), torch.zeros(3, dtype=torch.float64)
     for m, run, idle in _runs(model, first, it, num_mb, res, totals, pad_token_id, ignore_index, to_device):
         with reducer.sync_context(model, last=m == num_mb - 1):
@@ -231,7 +250,7 @@ def eval_step(model: nn.Module, micro_batches: Iterable[dict], loss_fn: Callable
     (samples' own labels counted first; skipped samples taken out of the denominator). The same arguments as
     :func:`train_step` without the reducer; the model keeps its mode (call ``model.eval()`` first as usual).
     Build the validation loader with its own ``FCPSampler`` (every rank computes its plans, like training's)."""
-    first, it, num_mb = _open_step(micro_batches, model, ignore_index)
+    first, it, num_mb = _open_step(micro_batches, model, ignore_index, exact=_whole_step_loss(model))
     res, totals = StepResult(loss=0.0, num_tokens=0), torch.zeros(3, dtype=torch.float64)
     with torch.no_grad():
         for _, run, idle in _runs(model, first, it, num_mb, res, totals, pad_token_id, ignore_index, to_device):
@@ -239,6 +258,18 @@ def eval_step(model: nn.Module, micro_batches: Iterable[dict], loss_fn: Callable
             if not idle:
                 totals[0] += loss.detach().to(device="cpu", dtype=torch.float64)
     return _close_step(model, totals, first, res, grads=False)
+
+
+def _whole_step_loss(model: nn.Module) -> bool:
+    """True for a model (or the model inside its wrappers) whose loss holds a term over all tokens of a micro-batch on
+    every rank (a Hugging Face MoE load-balancing loss, :mod:`fcp_exec.integrations.hf_router`): its gradient cannot be
+    rescaled afterwards, so failed reads leave the denominator before the step's first forward."""
+    seen: nn.Module | None = model
+    while seen is not None:
+        if getattr(seen, "fcp_exact_denominator", False):
+            return True
+        seen = getattr(seen, "module", None) or getattr(seen, "_orig_mod", None)
+    return False
 
 
 def _open_step(micro_batches: Iterable[dict], model: nn.Module, ignore_index: int,

@@ -69,7 +69,7 @@ def _full_grad(p: torch.Tensor):
 
 def _gather_step(res, seen: list[tuple[int, ...]], world: int) -> dict[str, Any]:
     """One all-gather of a step's facts from every rank: each micro-batch's CP-group degrees (idle ranks excluded),
-    the samples any rank skipped (once each, by index) and the sample indices of the whole global batch."""
+    the samples any rank skipped (once each, by index), the sample indices of the global batch and per micro-batch."""
     mine = (res.groups, list(res.skipped), seen)
     if world > 1:
         import torch.distributed as dist
@@ -84,7 +84,8 @@ def _gather_step(res, seen: list[tuple[int, ...]], world: int) -> dict[str, Any]
         degrees.append(sorted((len(g) for g in uniq), reverse=True))
     by_index = {rec["index"]: rec for _, recs, _ in allg for rec in recs}
     return {"degrees": degrees, "skipped_samples": [by_index[i] for i in sorted(by_index)],
-            "sample_indices": sorted({i for _, _, s in allg for b in s for i in b})}
+            "sample_indices": sorted({i for _, _, s in allg for b in s for i in b}),
+            "micro_batch_indices": [sorted({i for _, _, s in allg for i in s[m]}) for m in range(len(seen))]}
 
 
 def _recording(batches, seen: list):
@@ -197,8 +198,7 @@ class Trainer:
         finally:
             self.model.train(was_training)
         facts = _gather_step(res, seen, self.world)
-        return {"loss": res.loss, "num_tokens": res.num_tokens, "skipped_samples": facts["skipped_samples"],
-                "sample_indices": facts["sample_indices"]}
+        return {"loss": res.loss, "num_tokens": res.num_tokens, **{k: v for k, v in facts.items() if k != "degrees"}}
 
     def _model(self, hf_config):
         """The model (HF: stock transformers model with ``fcp_ring`` attention; else a built-in tiny model) on this
@@ -333,8 +333,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     records = []
     while tr.num_steps < cfg.steps:  # from 0, or from a checkpoint's step (--resume)
         rec = tr.step()
-        if not cfg.return_grads:
-            rec.pop("sample_indices", None)
+        for key in () if cfg.return_grads else ("sample_indices", "micro_batch_indices"):
+            rec.pop(key, None)
         records.append(rec)
         if rank == 0 and (cfg.json_lines or cfg.verbose):
             print(format_step(rec, cfg.json_lines), file=sys.stdout, flush=True)

@@ -55,13 +55,14 @@ from fcp_exec.integrations.hf_models import (FRAME_VL_MODEL_TYPES, SUPPORTED_MOD
                                              TILE_VL_MODEL_TYPES, VL_MODEL_TYPES, build_model,
                                              enable_gradient_checkpointing, has_weights, load_config, load_model,
                                              other_token_mixing, require_hf_models, ring_call, tile_geometry)
+from fcp_exec.integrations.hf_router import router_loss, router_loss_of
 from fcp_exec.integrations.hf_vision import State, VisionCall, install_hooks
 from fcp_exec.ring_op import register
 from fcp_exec.step import denominator
 
 __all__ = ["ATTENTION_NAME", "SUPPORTED_MODEL_TYPES", "VL_MODEL_TYPES", "FCPAttentionContext", "apply_fcp",
-           "batch_inputs", "fcp_attention_forward", "fcp_loss", "hf_loss_kwargs", "lm_loss", "model_type_of",
-           "register_attention", "unwrap", "load_config", "build_model", "load_model", "has_weights",
+           "batch_inputs", "fcp_attention_forward", "fcp_loss", "hf_loss_kwargs", "lm_loss", "model_loss",
+           "model_type_of", "register_attention", "unwrap", "load_config", "build_model", "load_model", "has_weights",
            "enable_gradient_checkpointing"]
 
 ATTENTION_NAME = "fcp_ring"
@@ -132,9 +133,7 @@ def apply_fcp(model: nn.Module, *, kernel=None, timeout: float | None = None) ->
     require_hf_models()  # transformers < 5.18 would train a VL model without its images
     model_type = model_type_of(model)
     text_cfg = getattr(model.config, "text_config", model.config)  # a VL model's language model, else the model's
-    if getattr(text_cfg, "output_router_logits", False):
-        raise ValueError(f"{type(model).__name__} adds its MoE router's load-balancing loss (output_router_logits=True)"
-                         ", which fcp_loss (cross-entropy over the global batch) does not compute; set it to False")
+    router = router_loss_of(text_cfg, model_type, type(model).__name__)
     mixing = other_token_mixing(model)
     if mixing:
         raise ValueError(f"{type(model).__name__} cannot train with FCP: {mixing}; ring attention sees a document "
@@ -152,7 +151,9 @@ def apply_fcp(model: nn.Module, *, kernel=None, timeout: float | None = None) ->
     model.set_attn_implementation({"text_config": ATTENTION_NAME} if is_vl else ATTENTION_NAME)
     if getattr(text_cfg, "_attn_implementation", None) != ATTENTION_NAME:
         raise RuntimeError(f"could not set the attention implementation of {type(model).__name__} to {ATTENTION_NAME!r}")
-    state = State(model_type=model_type, kernel=kernel, timeout=timeout, is_vl=is_vl, tiles=tiles, frames=frames)
+    state = State(model_type=model_type, kernel=kernel, timeout=timeout, is_vl=is_vl, tiles=tiles, frames=frames,
+                  router=router)
+    model.fcp_exact_denominator = router is not None  # train_step: failed reads out before the first forward
     if is_vl:
         cfg = model.config
         state.image_token_id = int(cfg.image_token_id)
@@ -220,9 +221,19 @@ def lm_loss(logits: torch.Tensor, batch: dict) -> torch.Tensor:
 
 def fcp_loss(model: nn.Module, batch: dict) -> torch.Tensor:
     """``loss_fn`` for :func:`fcp_exec.step.train_step`: forward ``batch`` through ``model`` and return
-    :func:`lm_loss` of its logits."""
-    out = model(**batch_inputs(batch, model))
-    return lm_loss(out.logits, batch)
+    :func:`model_loss` of its output."""
+    return model_loss(model, model(**batch_inputs(batch, model)), batch)
+
+
+def model_loss(model: nn.Module, out: Any, batch: dict) -> torch.Tensor:
+    """The loss the stock model adds up, this rank's share: :func:`lm_loss` of ``out.logits``, plus the MoE router's
+    load-balancing loss when the model's config asks for it (``output_router_logits=True``:
+    :func:`fcp_exec.integrations.hf_router.router_loss`, one all-reduce: every rank calls it for the micro-batch)."""
+    loss = lm_loss(out.logits, batch)
+    state: State | None = getattr(unwrap(model), "_fcp_state", None)
+    if state is not None and state.router is not None:
+        loss = loss + router_loss(getattr(out, "router_logits", None), batch, state.router).to(loss.dtype)
+    return loss
 
 
 def hf_loss_kwargs(batch: dict) -> dict[str, Any]:

@@ -128,14 +128,14 @@ def evaluate_dataset(trainer: Any, data: Any, prefix: str, collector: Prediction
     ``collector``, each micro-batch's logits go to it from the same forward."""
     from transformers.trainer_utils import speed_metrics
 
-    from fcp_exec.integrations.hf import batch_inputs, lm_loss
+    from fcp_exec.integrations.hf import batch_inputs, model_loss
     from fcp_exec.step import eval_step
 
     def loss_fn(model, batch):
         out = model(**batch_inputs(batch, model))
         if collector is not None:
             collector.add(out.logits[0], batch)
-        return lm_loss(out.logits, batch)
+        return model_loss(model, out, batch)
 
     loader = trainer._fcp_loader(data, "eval", trainer._data_seed() + 1)
     count = len(loader) if trainer.fcp_eval_batches is None else min(trainer.fcp_eval_batches, len(loader))

@@ -45,6 +45,7 @@ class State:
     image_token_id: int | None = None
     video_token_id: int | None = None
     merge: int = 1
+    router: Any = None  # the MoE load-balancing loss (hf_router.RouterLoss), None without one
     active: Any = field(default=None, repr=False)  # the VisionCall of the forward in progress, else None
 
 

@@ -68,7 +68,7 @@ import torch
 from torch import nn
 
 from fcp_exec.integrations.megatron_rope import wrap_rotaries
-from fcp_exec.step import is_idle
+from fcp_exec.step import is_idle, padding_mask
 from fcp_exec.step import next_global_batch as _take_global_batch
 from fcp_exec.step import prepare_micro_batch as _prepare
 
@@ -294,23 +294,6 @@ def _expert_bias_counts(count, routing_map: torch.Tensor, padding_mask: torch.Te
     if padding_mask is not None and padding_mask.dim() == 1:
         padding_mask = padding_mask[:, None]
     return count(routing_map, padding_mask)
-
-
-def padding_mask(batch: dict) -> torch.Tensor:
-    """``[s]`` bool, True where a token of ``batch`` is no token of the data: the pads after each document (position
-    past its kept tokens), every token of a document that failed to read, and all of an idle rank's dummy. Megatron's
-    MoE routers leave them out of their token counts (``GPTModel(padding_mask=...)``), so the expert-bias update of a
-    global batch counts what one process training on the same documents counts."""
-    from fcp_data.read_errors import SKIPPED
-
-    pos = batch["position_ids"]
-    if batch.get("idle"):
-        return torch.ones(pos.shape[-1], dtype=torch.bool)
-    cu = torch.as_tensor(batch["cu_seqlens"], dtype=torch.long)
-    kept = torch.tensor([0 if status & SKIPPED else int(n) for n, status in zip(batch["sample_tokens"],
-                                                                                 batch["read_status"])],
-                        dtype=torch.long)
-    return pos >= torch.repeat_interleave(kept, cu[1:] - cu[:-1])
 
 
 def _unwrap(model: nn.Module) -> nn.Module:

@@ -196,13 +196,20 @@ def test_a_sliding_window_shorter_than_the_documents_trains_like_the_stock_model
     H._check_run(path, 2, cfg, res, tol=ltol, gtol=gtol)
 
 
-def test_an_moe_router_loss_is_refused_not_dropped(tmp_path):
-    """A Qwen3-MoE with ``output_router_logits=True`` adds the router's load-balancing loss to its own loss; fcp_loss
-    computes the cross-entropy only, so apply_fcp refuses the model instead of training without that term."""
-    from fcp_exec.integrations.hf import apply_fcp, build_model
+def test_an_moe_router_loss_fcp_does_not_compute_is_refused_not_dropped():
+    """Phi-3.5-MoE with ``output_router_logits=True`` adds its router's load-balancing loss to its own loss; fcp computes
+    that loss over the global batch for five families (``test_hf_router_loss.py``), not this one, so apply_fcp refuses
+    the model instead of training without the term."""
+    import transformers
 
-    model = build_model(_config_with(tmp_path, "qwen3_moe", output_router_logits=True)[3:], dtype=torch.float64)
-    with pytest.raises(ValueError, match=r"load-balancing loss \(output_router_logits=True\)"):
+    from fcp_exec.integrations.hf import apply_fcp
+
+    cfg = transformers.AutoConfig.for_model("phimoe", **dict(_SMALL, num_hidden_layers=1), num_local_experts=4,
+                                            num_experts_per_tok=2, output_router_logits=True)
+    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    with pytest.raises(ValueError, match=r"PhimoeForCausalLM adds its MoE router's load-balancing loss "
+                                         r"\(output_router_logits=True\), which fcp computes over the global batch for "
+                                         r"mixtral, .* only; set it to False"):
         apply_fcp(model)
 
 
