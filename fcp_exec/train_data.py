@@ -178,8 +178,8 @@ def _bundled_index(model: str, cache_dir: str | None, spec: str | None = None) -
     return bundled_index(spec, cache_dir)
 
 
-HF_SPECS = {"qwen2_vl": "qwen2-vl", "qwen2_5_vl": "qwen2.5-vl", "qwen3_vl": "qwen3-vl", "internvl": "internvl3",
-            "llava_onevision": "llava-onevision"}
+HF_SPECS = {"qwen2_vl": "qwen2-vl", "qwen2_5_vl": "qwen2.5-vl", "qwen3_vl": "qwen3-vl", "qwen3_vl_moe": "qwen3-vl",
+            "internvl": "internvl3", "llava_onevision": "llava-onevision"}
 
 
 def _check_llava_index(config, base: Any, what: str) -> None:

@@ -28,9 +28,10 @@ rest of the global batch; it is listed in the step's "skipped_samples", one warn
 with one line, exit 2; --on-read-error raise stops at the first.
 
 --model hf:PATH takes a local transformers config.json (random weights) or checkpoint folder (its weights;
-nothing is downloaded) of a qwen3,
-llama, qwen2_vl, qwen2_5_vl or qwen3_vl model; text models train on the bundled text samples, Qwen-VL models
-on the bundled videos/images (indexed with the family's spec), --data synthetic on generated documents.
+nothing is downloaded) of a model type fcp was tested with (qwen3, llama, qwen2_vl, qwen2_5_vl, qwen3_vl,
+qwen3_vl_moe, internvl, llava_onevision, the MoE and other text families; another one is refused with the list);
+text models train on the bundled text samples, VL models on the bundled videos/images (indexed with the family's
+spec), --data synthetic on generated documents.
 
 examples:
   fcp train --model tiny-llm --nproc 2 --steps 5

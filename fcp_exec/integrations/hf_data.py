@@ -26,6 +26,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from fcp_exec.integrations.hf_models import QWEN3_VL_MODEL_TYPES
+
 __all__ = ["SyntheticHFDocs", "check_data_fits", "patch_dim", "reference_loss", "reference_step", "special_ids"]
 
 _LAYOUTS = (
@@ -72,7 +74,7 @@ class SyntheticHFDocs:
         tc = _text_cfg(config)
         self.vocab = int(tc.vocab_size)
         self.is_vl = hasattr(config, "vision_config") and hasattr(config, "image_token_id")
-        self.qwen3 = config.model_type == "qwen3_vl"
+        self.qwen3 = config.model_type in QWEN3_VL_MODEL_TYPES
         self.tiles = config.model_type == "internvl"  # every visual entry: t tiles of the vision tower's image size
         self.frames = config.model_type == "llava_onevision"  # videos of t frames, AnyRes / single-crop images
         self.ids = special_ids(config) if self.is_vl else {}
@@ -191,13 +193,19 @@ def check_data_fits(config, *, vocab_size: int | None = None, ids: dict[str, int
 
 
 def _doc_forward(model: nn.Module, sample: dict, is_vl: bool) -> torch.Tensor:
+    return doc_output(model, sample, is_vl).logits[0]
+
+
+def doc_output(model: nn.Module, sample: dict, is_vl: bool) -> Any:
+    """The stock ``model``'s output on one document alone (batch of one), its images and videos as the model's own
+    processor would pass them: the reference forward of :func:`reference_step`."""
     ids = torch.as_tensor(sample["input_ids"], dtype=torch.long)
     if not is_vl or sample.get("grid_thw") is None:
-        return model(input_ids=ids[None], use_cache=False).logits[0]
+        return model(input_ids=ids[None], use_cache=False)
     cfg = model.config
     if cfg.model_type == "internvl":  # the document's tiles, its <IMG_CONTEXT> tokens in order
         pv = torch.as_tensor(sample["pixel_values"]).to(next(model.parameters()).dtype)
-        return model(input_ids=ids[None], pixel_values=pv, use_cache=False).logits[0]
+        return model(input_ids=ids[None], pixel_values=pv, use_cache=False)
     if cfg.model_type == "llava_onevision":
         return _llava_forward(model, ids, sample)
     tt = torch.zeros_like(ids, dtype=torch.int32)
@@ -225,17 +233,17 @@ def _doc_forward(model: nn.Module, sample: dict, is_vl: bool) -> torch.Tensor:
         kw["video_grid_thw"] = grids[vid]
         if sample.get("second_per_grid_ts") is not None and cfg.model_type == "qwen2_5_vl":
             kw["second_per_grid_ts"] = torch.as_tensor(sample["second_per_grid_ts"], dtype=torch.float64)
-    return model(input_ids=ids[None], use_cache=False, **kw).logits[0]
+    return model(input_ids=ids[None], use_cache=False, **kw)
 
 
-def _llava_forward(model: nn.Module, ids: torch.Tensor, sample: dict) -> torch.Tensor:
+def _llava_forward(model: nn.Module, ids: torch.Tensor, sample: dict) -> Any:
     """The stock LLaVA-OneVision forward of one document, its images and videos as its processor gives them
     (``hf_llava.processor_inputs``: padded crops, ``image_sizes``, ``batch_num_images``, ``pixel_values_videos``)."""
     from fcp_exec.integrations.hf_llava import processor_inputs
 
     dtype = next(model.parameters()).dtype
     kw = {k: v.to(dtype) if v.is_floating_point() else v for k, v in processor_inputs(sample).items()}
-    return model(input_ids=ids[None], use_cache=False, **kw).logits[0]
+    return model(input_ids=ids[None], use_cache=False, **kw)
 
 
 def _reference_labels(samples: Sequence[dict], ignore_ids: Sequence[int]) -> tuple[list[torch.Tensor], int]:

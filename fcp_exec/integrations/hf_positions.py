@@ -20,7 +20,7 @@ image/video in one run of placeholders; Qwen3-VL holds a video as one run per te
 (``"<t seconds>"`` text between them) and splits its video grids itself, so a video row there covers
 ``t`` runs. A sample whose placeholders do not fit its grid rows is a ``ValueError`` that says so.
 
-Supported ``model_type``: ``qwen2_vl``, ``qwen2_5_vl``, ``qwen3_vl``. transformers is imported only when
+Supported ``model_type``: ``qwen2_vl``, ``qwen2_5_vl``, ``qwen3_vl``, ``qwen3_vl_moe``. transformers is imported only when
 an ``HFRopeIndex`` is built or called, never by importing this module's package.
 """
 
@@ -43,8 +43,9 @@ MODEL_CLASSES: dict[str, tuple[str, str]] = {
     "qwen2_vl": ("transformers.models.qwen2_vl.modeling_qwen2_vl", "Qwen2VLModel"),
     "qwen2_5_vl": ("transformers.models.qwen2_5_vl.modeling_qwen2_5_vl", "Qwen2_5_VLModel"),
     "qwen3_vl": ("transformers.models.qwen3_vl.modeling_qwen3_vl", "Qwen3VLModel"),
+    "qwen3_vl_moe": ("transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe", "Qwen3VLMoeModel"),
 }
-_FRAME_GROUP_RUNS = ("qwen3_vl",)  # videos appear as one placeholder run per temporal frame group
+_FRAME_GROUP_RUNS = ("qwen3_vl", "qwen3_vl_moe")  # videos appear as one placeholder run per temporal frame group
 _SECONDS_PER_GRID = ("qwen2_5_vl",)  # get_rope_index takes second_per_grid_ts
 
 
@@ -81,7 +82,7 @@ class HFRopeIndex:
     the installed transformers' ``get_rope_index``.
 
     ``config``: a ``Qwen2VLConfig``/``Qwen2_5_VLConfig``/``Qwen3VLConfig`` (``model_type`` ``qwen2_vl``,
-    ``qwen2_5_vl``, ``qwen3_vl``). ``model_class``: the class whose ``get_rope_index`` is called (default:
+    ``qwen2_5_vl``, ``qwen3_vl``, ``qwen3_vl_moe``). ``model_class``: the class whose ``get_rope_index`` is called (default:
     the family's ``…Model`` class; :meth:`from_model` passes the model's own). Picklable: it holds the config
     and the class's import path; the host object is rebuilt in each process.
 

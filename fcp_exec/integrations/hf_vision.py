@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from fcp_exec.integrations import hf_llava as llava
+from fcp_exec.integrations.hf_models import QWEN3_VL_MODEL_TYPES
 
 __all__ = ["State", "VisionCall", "install_hooks", "encode_tiles"]
 
@@ -111,7 +112,7 @@ def _share_encoder(state: State, module: nn.Module, table: torch.Tensor, pv: tor
                    dummy: Callable[[], torch.Tensor]) -> Callable[[int, int], torch.Tensor]:
     """``encode_share(f_lo, f_hi)`` for :func:`fcp_exec.vision_exchange.exchange_rows`: rows of table frames
     ``[f_lo, f_hi)`` in order."""
-    deepstack = state.model_type == "qwen3_vl"
+    deepstack = state.model_type in QWEN3_VL_MODEL_TYPES
 
     def encode_share(f_lo: int, f_hi: int) -> torch.Tensor:
         if f_hi <= f_lo:
@@ -147,7 +148,7 @@ def _vision_pre_hook(module: nn.Module, args, kwargs):
             rows = llava.encode_frames(module, torch.zeros((1, 3, *_square(module)), dtype=dtype, device=device))
         else:
             rows = _encode(visual, _dummy_frame(visual, state.merge, dtype, device), [(1, state.merge, state.merge)],
-                           state.model_type == "qwen3_vl")
+                           state.model_type in QWEN3_VL_MODEL_TYPES)
         dummy_rows.append(rows)
         return rows
 
@@ -196,7 +197,7 @@ def _mm_outputs(state: State, module: nn.Module, call: VisionCall, rows: torch.T
 
 
 def _encoder_output(state: State, main: torch.Tensor, extra: torch.Tensor, hidden: int):
-    if state.model_type == "qwen3_vl":
+    if state.model_type in QWEN3_VL_MODEL_TYPES:
         from transformers.models.qwen3_vl.modeling_qwen3_vl import BaseModelOutputWithDeepstackFeatures
 
         return BaseModelOutputWithDeepstackFeatures(pooler_output=(main,),

@@ -31,7 +31,8 @@ from fcp_exec.integrations.hf_positions import HFRopeIndex, hf_collator  # noqa:
 from fcp_data.layout import zigzag_unshard  # noqa: E402
 
 IMG, VID, VS, VE, PAD = 100, 101, 102, 103, 0
-FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
+QWEN3 = ("qwen3_vl", "qwen3_vl_moe")  # one placeholder run per temporal frame group
 TOKENS_PER_SECOND = 2  # Qwen2.5-VL's released value
 
 
@@ -50,15 +51,18 @@ def _config(family: str, image_token_id: int = IMG, video_token_id: int = VID, v
             depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=16, spatial_merge_size=2,
             tokens_per_second=TOKENS_PER_SECOND, fullatt_block_indexes=[0]), **ids)
     text3 = dict(text, head_dim=8, rope_parameters=dict(rope, mrope_interleaved=True))
-    return transformers.Qwen3VLConfig(text_config=text3, vision_config=dict(
-        depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=16, spatial_merge_size=2,
-        num_position_embeddings=16, deepstack_visual_indexes=[]), **ids)
+    if family == "qwen3_vl_moe":
+        text3.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=8)
+    return (transformers.Qwen3VLMoeConfig if family == "qwen3_vl_moe" else transformers.Qwen3VLConfig)(
+        text_config=text3, vision_config=dict(
+            depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=16, spatial_merge_size=2,
+            num_position_embeddings=16, deepstack_visual_indexes=[]), **ids)
 
 
 @functools.lru_cache(maxsize=None)
 def _model(family: str):
     cls = {"qwen2_vl": transformers.Qwen2VLModel, "qwen2_5_vl": transformers.Qwen2_5_VLModel,
-           "qwen3_vl": transformers.Qwen3VLModel}[family]
+           "qwen3_vl": transformers.Qwen3VLModel, "qwen3_vl_moe": transformers.Qwen3VLMoeModel}[family]
     torch.manual_seed(0)
     return cls(_config(family)).eval()
 
@@ -88,7 +92,7 @@ def _doc(family: str, items) -> dict:
             continue
         videos.append(it[1])
         spg.append(it[2])
-        if family == "qwen3_vl":  # Qwen3VLProcessor.replace_video_token inside the template's own pair
+        if family in QWEN3:  # Qwen3VLProcessor.replace_video_token inside the template's own pair
             ids.append(VS)
             for g in range(t):
                 ids += _text(4, 100 + g) + [VS] + [VID] * (h * w // 4) + [VE]  # "<x.x seconds>" as 4 text tokens
@@ -180,7 +184,7 @@ def _builtin_agrees(family: str, items) -> bool:
     """The fcp_data.mrope docstring's statement for transformers >= 5.3: equal iff every run has t <= max(h, w)/m
     (Qwen3-VL: one run per frame group, so always), and Qwen2.5-VL videos' temporal index is unscaled."""
     for it in items:
-        if it[0] == "text" or family == "qwen3_vl":
+        if it[0] == "text" or family in QWEN3:
             continue
         t, h, w = it[1]
         if t > max(h, w) // 2:
@@ -216,7 +220,7 @@ def test_builtin_rule_agrees_exactly_where_documented(family):
         agree = torch.equal(builtin, _reference(family, doc))
         assert agree == _builtin_agrees(family, items), (family, items, agree)
         seen.add(agree)
-    assert seen == ({True} if family == "qwen3_vl" else {True, False})
+    assert seen == ({True} if family in QWEN3 else {True, False})
 
 
 def test_text_after_video_advances_by_max_hw_not_block_max():
@@ -237,7 +241,7 @@ def test_text_after_video_advances_by_max_hw_not_block_max():
 def test_mismatches_are_clear_errors():
     """Wrong placeholder ids, grid rows that do not fit the runs, a Qwen2-layout video under Qwen3-VL, a wrong
     second_per_grid_ts count and an unsupported config are ValueErrors that say what to fix."""
-    fn2, fn25, fn3 = (HFRopeIndex(_config(f)) for f in FAMILIES)
+    fn2, fn25, fn3 = (HFRopeIndex(_config(f)) for f in FAMILIES[:3])
     doc = _doc("qwen2_vl", VIDEOS[(2, 4, 4)])
     other = {"input_ids": torch.where(doc["sample"]["input_ids"] == VID, 201, doc["sample"]["input_ids"]),
              "grid_thw": doc["sample"]["grid_thw"]}

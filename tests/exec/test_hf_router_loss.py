@@ -34,12 +34,12 @@ transformers_models()
 
 import test_hf_train as H  # noqa: E402 - the tiny configs, the common run settings, _gap
 from fcp_exec.integrations import hf  # noqa: E402
-from fcp_exec.integrations.hf_data import _reference_labels  # noqa: E402
+from fcp_exec.integrations.hf_data import _reference_labels, doc_output, special_ids  # noqa: E402
 from fcp_exec.launch import launch  # noqa: E402
 from fcp_exec.train import TrainConfig, hf_preload, train_matrix  # noqa: E402
 from fcp_exec.train_data import load_train_data  # noqa: E402
 
-FAMILIES = ("qwen3_moe", "mixtral", "qwen2_moe", "olmoe", "gpt_oss")
+FAMILIES = ("qwen3_moe", "mixtral", "qwen2_moe", "olmoe", "gpt_oss", "qwen3_vl_moe")
 WRAPPED = without_cpu_fsdp2([("qwen3_moe", "ddp"), ("qwen3_moe", "fsdp2")])  # activation checkpointing on
 COEF = 0.5
 STOCK_FP32 = 1e-6  # the stock aux_loss (router sums in float32) against the float64 sums of _aux_float64
@@ -54,7 +54,7 @@ def _configs() -> dict[str, str]:
     out = {}
     for family in FAMILIES:
         raw = json.loads((H.CONFIGS / f"{family}-tiny.json").read_text())
-        raw.update(output_router_logits=True, router_aux_loss_coef=COEF)
+        raw.get("text_config", raw).update(output_router_logits=True, router_aux_loss_coef=COEF)
         out[family] = f"{folder}/{family}-router.json"
         with open(out[family], "w") as f:
             json.dump(raw, f)
@@ -102,25 +102,16 @@ def _run(family: str, reducer: str = "allreduce", data: str = "synthetic") -> tu
     return cfg, res
 
 
-def _padded(samples: list[dict], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    longest = max(len(s["input_ids"]) for s in samples)
-    ids = torch.full((len(samples), longest), pad, dtype=torch.long)
-    mask = torch.zeros((len(samples), longest), dtype=torch.long)
-    for b, s in enumerate(samples):
-        ids[b, :len(s["input_ids"])] = torch.as_tensor(s["input_ids"], dtype=torch.long)
-        mask[b, :len(s["input_ids"])] = 1
-    return ids, mask
-
-
-def _aux_float64(router_logits, mask: torch.Tensor, config) -> torch.Tensor:
-    """The stock ``load_balancing_loss_func`` of a padded batch, summed in float64 (the stock one sums the router
-    probabilities in float32): ``E · Σ_e (n_e / R) · (P_e / R)`` over the rows of every MoE layer where ``mask`` is 1."""
-    experts = getattr(config, "num_local_experts", None) or config.num_experts
-    keep = mask.reshape(-1).bool()
+def _aux_float64(router_logits, config) -> torch.Tensor:
+    """transformers' ``load_balancing_loss_func`` over every row of ``router_logits`` (one ``[rows, E]`` tensor per
+    MoE layer), summed in float64 (the stock one sums the router probabilities in float32):
+    ``E · Σ_e (n_e / R) · (P_e / R)``."""
+    cfg = getattr(config, "text_config", config)
+    experts = getattr(cfg, "num_local_experts", None) or cfg.num_experts
     counts, probs, rows = torch.zeros(experts, dtype=torch.float64), 0.0, 0
     for logits in router_logits:
-        weights = torch.softmax(logits, dim=-1)[keep]
-        top = torch.topk(weights, config.num_experts_per_tok, dim=-1).indices
+        weights = torch.softmax(logits.reshape(-1, experts), dim=-1)
+        top = torch.topk(weights, cfg.num_experts_per_tok, dim=-1).indices
         counts += torch.bincount(top.reshape(-1), minlength=experts).double()
         probs, rows = probs + weights.sum(0), rows + weights.shape[0]
     return experts * (counts / rows * probs / rows).sum()
@@ -135,29 +126,45 @@ def _read(data, i: int) -> dict | None:
     return sample if len(sample["input_ids"]) == data.lengths[i] else None
 
 
+def _ignore_ids(config) -> tuple[int, ...]:
+    """A VL model's image/video placeholder ids (no labels there), as the reference of ``test_hf_train``."""
+    if not hasattr(config, "vision_config"):
+        return ()
+    ids = special_ids(config)
+    return tuple(ids[k] for k in ("image", "video") if k in ids)
+
+
+def _micro_batch_aux(outs: list, config) -> torch.Tensor:
+    """The stock loss of a micro-batch's documents as one batch, from each document's own forward: the rows of every
+    MoE layer over all documents (a padded batch's real tokens: ``test_a_padded_batch_balances_like_its_documents``).
+    Each document's float64 sum is checked against the stock model's own ``aux_loss`` of it, to STOCK_FP32."""
+    for out in outs:
+        exact, stock = float(_aux_float64(out.router_logits, config).detach()), float(out.aux_loss.detach())
+        assert abs(exact - stock) <= STOCK_FP32 * abs(stock), (exact, stock)
+    layers = range(len(outs[0].router_logits))
+    return _aux_float64([torch.cat([o.router_logits[k] for o in outs]) for k in layers], config)
+
+
 def _stock_loss(model, data, micro_batches: list[list[int]], aux: str = "batch"):
-    """``(loss, label tokens)`` of one step (module docstring), differentiable. ``aux``: "batch" (the stock model's
-    loss), "none" (cross-entropy only) or "document" (each document's own aux, averaged: what ranks that balance their
-    own tokens would compute, roughly)."""
+    """``(loss, label tokens)`` of one step (module docstring), differentiable: every document through the stock model
+    alone (its images and videos too). ``aux``: "batch" (the stock model's loss of each micro-batch as one batch),
+    "none" (cross-entropy only) or "document" (each document's own aux, averaged: balance over fewer tokens)."""
+    config = model.config
+    is_vl, ignore = hasattr(config, "vision_config"), _ignore_ids(config)
     samples = [[s for s in (_read(data, i) for i in mb) if s is not None] for mb in micro_batches]
     samples = [mb for mb in samples if mb]  # a micro-batch none of whose documents was read adds 0 to the mean
-    num = _reference_labels([s for mb in samples for s in mb], ())[1]
+    num = _reference_labels([s for mb in samples for s in mb], ignore)[1]
     ce, total = 0.0, 0.0
     for mb in samples:
-        ids, mask = _padded(mb, pad=int(model.config.pad_token_id or 0))
-        out = model(input_ids=ids, attention_mask=mask, use_cache=False)
-        labels, _ = _reference_labels(mb, ())
-        for b, lab in enumerate(labels):
-            ce = ce + torch.nn.functional.cross_entropy(out.logits[b, :lab.shape[0]], lab, reduction="sum")
+        outs = [doc_output(model, s, is_vl) for s in mb]
+        for out, lab in zip(outs, _reference_labels(mb, ignore)[0]):
+            ce = ce + torch.nn.functional.cross_entropy(out.logits[0, :-1], lab, ignore_index=-100, reduction="sum")
         if aux == "batch":
-            exact = _aux_float64(out.router_logits, mask, model.config)
-            stock = float(out.aux_loss.detach())
-            assert abs(float(exact.detach()) - stock) <= STOCK_FP32 * abs(stock), (float(exact.detach()), stock)
-            total = total + exact
+            total = total + _micro_batch_aux(outs, config)
         elif aux == "document":
-            total = total + sum(model(input_ids=ids[b:b + 1, :int(mask[b].sum())], use_cache=False).aux_loss
-                                for b in range(len(mb))) / len(mb)
-    return ce / num + model.config.router_aux_loss_coef * total / len(micro_batches), num
+            total = total + sum(out.aux_loss for out in outs) / len(outs)
+    coef = getattr(config, "text_config", config).router_aux_loss_coef
+    return ce / num + coef * total / len(micro_batches), num
 
 
 @functools.lru_cache(maxsize=None)
@@ -329,3 +336,27 @@ def test_fcp_trainer_trains_the_router_loss_like_the_stock_model(tmp_path):
     want = sum(loss * num for loss, num, _ in evals) / sum(num for _, num, _ in evals)
     assert got["eval"]["eval_num_tokens"] == sum(num for _, num, _ in evals)
     assert abs(got["eval"]["eval_loss"] - want) <= LOSS_TOL * want, (got["eval"]["eval_loss"], want)
+
+
+def test_a_padded_batch_balances_like_its_documents():
+    """The reference's premise: the stock model's ``aux_loss`` of a right-padded batch with its attention mask (what
+    a stock Trainer computes for a micro-batch) equals the float64 loss over the rows of its documents run one by one
+    (the routers see the same tokens), to the stock model's float32 sums; with the pads counted it would differ."""
+    family = "qwen3_moe"
+    config = hf.load_config(_configs()[family])
+    data = load_train_data(f"hf:{_configs()[family]}", "synthetic", max_tokens=H.COMMON["max_tokens"], seed=0,
+                           num_synthetic=H.COMMON["num_synthetic"], hf_config=config)
+    model = hf.build_model(config, dtype=torch.float64, seed=0)
+    samples = [data.dataset[i] for i in (1, 4, 7)]
+    assert len({len(s["input_ids"]) for s in samples}) == 3  # pads in two of the three rows
+    with torch.no_grad():
+        longest = max(len(s["input_ids"]) for s in samples)
+        ids = torch.full((3, longest), int(config.pad_token_id), dtype=torch.long)
+        mask = torch.zeros((3, longest), dtype=torch.long)
+        for b, s in enumerate(samples):
+            ids[b, :len(s["input_ids"])], mask[b, :len(s["input_ids"])] = torch.as_tensor(s["input_ids"]), 1
+        batch = model(input_ids=ids, attention_mask=mask, use_cache=False)
+        joined = _micro_batch_aux([doc_output(model, s, False) for s in samples], config)
+        padded = _aux_float64(batch.router_logits, config)  # every row, pads too
+    assert abs(float(joined) - float(batch.aux_loss)) <= STOCK_FP32 * float(batch.aux_loss)
+    assert abs(float(padded) - float(batch.aux_loss)) > 10 * STOCK_FP32 * float(batch.aux_loss)  # measured 1.8e-4
