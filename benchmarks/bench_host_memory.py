@@ -19,6 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from _alternating import alternating_pairs
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -42,15 +44,10 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.pairs < 1 or args.steps < 2 or args.max_tokens < 16:
         p.error("--pairs >= 1, --steps >= 2 and --max-tokens >= 16")
-    totals: dict[bool, list[float]] = {False: [], True: []}
     print(f"fcp train --model tiny-llm --nproc 2 --data synthetic --max-tokens {args.max_tokens} --steps {args.steps}; "
           f"load {os.getloadavg()[0]:.1f}")
-    for i in range(args.pairs):
-        for keep in ((False, True) if i % 2 == 0 else (True, False)):
-            times = run_once(keep, args)
-            totals[keep].append(sum(times[1:]))
-            print(f"  pair {i + 1} FCP_KEEP_FREED_MEMORY={int(keep)}: steps 1..{len(times) - 1} total "
-                  f"{totals[keep][-1]:.2f} s, median step {statistics.median(times[1:]) * 1e3:.0f} ms", flush=True)
+    totals = alternating_pairs(lambda keep: run_once(keep, args), args.pairs,
+                               lambda keep: f"FCP_KEEP_FREED_MEMORY={int(keep)}")
     med = {k: statistics.median(v) for k, v in totals.items()}
     ratios = [d / k for d, k in zip(totals[False], totals[True])]
     print(f"median total: glibc defaults {med[False]:.2f} s, keep freed memory {med[True]:.2f} s; per-pair ratio "

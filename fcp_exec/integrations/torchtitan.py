@@ -21,9 +21,13 @@ With FCP every rank is data-parallel to torchtitan, and FCP forms the CP groups 
 * **Loss.** :func:`fcp_loss` is the token-sum cross-entropy of this rank's shards over the global batch's label
   tokens (``num_tokens_global``), the share :func:`fcp_exec.step.train_step` sums over ranks.
 
-Tested on CPU (``tests/exec/test_torchtitan.py``): torchtitan's Qwen3 and Llama 3 models with FCP on 2 gloo
-processes (all-reduce, DDP, FSDP2) equal torchtitan's stock model trained in one process, one document per forward
-with its SDPA causal attention. torchtitan's own ``Trainer`` runs these pieces through
+* **MoE.** A layer that balances its experts by a routing bias (``load_balance_coeff``) counts the tokens routed to
+  each expert; :mod:`fcp_exec.integrations.torchtitan_moe` keeps FCP's pads and idle dummies out of those counts.
+
+Tested on CPU (``tests/exec/test_torchtitan.py``): torchtitan's Qwen3 and Llama 3 models and Qwen3's MoE debug model
+with FCP on 2 gloo processes (all-reduce, DDP, FSDP2) equal torchtitan's stock model trained in one process, one
+document per forward with its SDPA causal attention (the MoE's bfloat16 experts to bf16 rounding; its tokens per
+expert exactly). torchtitan's own ``Trainer`` runs these pieces through
 :mod:`fcp_exec.integrations.torchtitan_trainer` (``fcp_config``). Not tested: its tensor/pipeline/expert parallelism (FCP is the CP; tensor parallelism would split the heads
 inside the ring); refused with one error: other decoders (gpt-oss, DeepSeek-V3, Qwen3.5, ...), attention sinks,
 sliding or bidirectional windows.
@@ -39,7 +43,8 @@ from torch import nn
 
 from fcp_exec.ring_attention import RingBatch
 from fcp_exec.ring_op import register, ring_attention_op
-from fcp_exec.step import denominator
+from fcp_exec.integrations.torchtitan_moe import exclude_padding, moe_shape
+from fcp_exec.step import denominator, padding_mask
 
 __all__ = ["FCPInnerAttention", "TESTED_MODELS", "apply_fcp", "batch_inputs", "fcp_loss", "model_shape"]
 
@@ -97,6 +102,7 @@ def apply_fcp(model: nn.Module, *, timeout: float | None = None) -> nn.Module:
                              "computes causal attention over whole documents only, (-1, 0)")
         if not isinstance(inner, FCPInnerAttention):
             m.inner_attention = FCPInnerAttention(timeout)
+    exclude_padding(model)  # MoE layers that balance their experts count the data's tokens only (torchtitan_moe)
     model._fcp_torchtitan = True
     model._fcp_own_state_dict = True  # fcp_exec.checkpoint: its fused QKV renames keys on save (wq/wk/wv)
     return model
@@ -115,6 +121,8 @@ def batch_inputs(batch: dict, model: nn.Module) -> dict[str, Any]:
     timeout = next(m.inner_attention.timeout for m in _attentions(inner))
     ring = RingBatch(batch["cu_seqlens"], tuple(int(r) for r in batch["ranks"]), timeout=timeout)
     register(ring)  # its op handle, made here in eager code (a compiled model then only reads it)
+    if getattr(inner, "_fcp_pad_hooks", False):
+        ring.fcp_pads = padding_mask(batch).to(device)  # read by torchtitan_moe's hooks in this forward
     return {"tokens": batch["input_ids"].to(device)[None], "positions": batch["position_ids"].to(device)[None],
             "attention_masks": ring}
 
@@ -129,22 +137,32 @@ def fcp_loss(model: nn.Module, batch: dict) -> torch.Tensor:
 
 
 def model_shape(model: Any) -> dict | None:
-    """The ``fcp_data.presets.ModelConfig`` fields of a torchtitan decoder config (its first layer's attention and
-    feed-forward widths; tied embeddings counted once), or None where it is not a dense decoder of that form (a MoE:
-    set the dataloader's ``preset`` or ``cost_model``)."""
+    """The ``fcp_data.presets.ModelConfig`` fields of a torchtitan decoder config (its first layer's attention widths,
+    its feed-forward or MoE layers; tied embeddings counted once), or None where it is not a decoder of that form. A
+    MoE (router gate, top-k routed experts, shared experts per token: :func:`~fcp_exec.integrations.torchtitan_moe.
+    moe_shape`) gives ``active_params`` per token and ``stored_params`` held (every expert)."""
+    from fcp_data.presets import ModelConfig
+
     layers = getattr(model, "layers", None)
     try:
-        attn, ffn = layers[0].attention, layers[0].feed_forward
+        attn = layers[0].attention
         heads, kv, dim = int(attn.n_heads), int(attn.n_kv_heads or attn.n_heads), int(model.dim)
         head_dim = int(attn.head_dim or dim // heads)
-        width, vocab = int(ffn.w1.out_features), int(model.vocab_size)
+        vocab = int(model.vocab_size)
+        ffns = [getattr(layer, "feed_forward", None) for layer in layers]
+        width = next((int(f.w1.out_features) for f in ffns if f is not None), 0)
     except (AttributeError, IndexError, TypeError):
         return None
+    out = dict(layers=len(layers), hidden=dim, heads=heads, kv_heads=kv, head_dim=head_dim, ffn=max(width, 1),
+               vocab=vocab)
+    tied = bool(getattr(model, "enable_weight_tying", False))  # the embedding is the LM head: held once
     if any(getattr(layer, "moe", None) is not None for layer in layers):
-        return None
-    out = dict(layers=len(layers), hidden=dim, heads=heads, kv_heads=kv, head_dim=head_dim, ffn=width, vocab=vocab)
-    if getattr(model, "enable_weight_tying", False):  # the embedding is the LM head: held once
-        from fcp_data.presets import ModelConfig
-
+        experts = moe_shape(layers, dim)
+        if experts is None:
+            return None
+        attention = len(layers) * (ModelConfig(**dict(out, ffn=1)).layer_params - 3 * dim)  # without its ffn
+        out["active_params"] = float(attention + experts["active"] + dim * vocab)
+        out["stored_params"] = float(attention + experts["stored"] + dim * vocab * (1 if tied else 2))
+    elif tied:
         out["stored_params"] = float(ModelConfig(**out).matmul_params)
     return out

@@ -36,8 +36,9 @@ dataloader is an :class:`FCPTitanDataLoader` (every field stays overridable on t
   100 --validator.steps 10``; data: ``--validator.dataloader.dataset_path``, by default the training data sampled
   with another seed): the global-batch mean loss through :func:`fcp_exec.step.eval_step`.
 * **Refused with one error:** tensor, pipeline, context and expert parallelism (FCP is the context parallelism;
-  every rank is data-parallel to torchtitan), CUDA graphs (the micro-batches change shape every step), MoE layers'
-  auxiliary-loss-free load balancing (its token counts would include FCP's padding and idle ranks' dummies), the
+  every rank is data-parallel to torchtitan), CUDA graphs (the micro-batches change shape every step), ``torch.compile``
+  with MoE layers' auxiliary-loss-free load balancing (eager runs keep FCP's padding and idle ranks' dummies out of its
+  token counts: :mod:`fcp_exec.integrations.torchtitan_moe`), the
   ``spmd_types`` / ``full_dtensor`` backends (``fcp_config`` sets ``partial_dtensor``) and torchtitan's own
   validator (it feeds its own batches).
 
@@ -285,6 +286,12 @@ def _check_config(config: Any) -> None:
     if not isinstance(config.dataloader, FCPTitanDataLoader.Config):
         raise ValueError(f"FCPTitanTrainer: dataloader is {type(config.dataloader).__name__}, not "
                          "FCPTitanDataLoader.Config (build the config with fcp_config)")
+    balanced = [i for i, layer in enumerate(getattr(config.model_spec.model, "layers", []))
+                if getattr(getattr(layer, "moe", None), "load_balance_coeff", None) is not None]
+    if balanced and config.compile.enable and "model" in config.compile.components:
+        raise ValueError(f"FCPTitanTrainer: MoE layer {balanced[0]} balances its experts (load_balance_coeff), whose "
+                         "counts FCP keeps free of its padding with hooks that run eagerly only: disable "
+                         "compile.enable, or set load_balance_coeff=None on every MoE layer")
 
 
 def _fcp_model_spec(spec: Any, timeout: float | None) -> Any:
@@ -294,12 +301,6 @@ def _fcp_model_spec(spec: Any, timeout: float | None) -> Any:
         return spec
     from torchtitan.models.common.attention import FlexAttention, ScaledDotProductAttention, VarlenAttention
 
-    balanced = [i for i, layer in enumerate(getattr(spec.model, "layers", []))
-                if getattr(getattr(layer, "moe", None), "load_balance_coeff", None) is not None]
-    if balanced:
-        raise ValueError(f"FCPTitanTrainer: MoE layer {balanced[0]} balances its experts without an auxiliary loss "
-                         "(load_balance_coeff), from token counts that would include FCP's padding and idle ranks' "
-                         "dummy tokens: set load_balance_coeff=None on every MoE layer")
     model = copy.deepcopy(spec.model)
     for _, _, parent, attr in list(model.traverse((FlexAttention.Config, VarlenAttention.Config))):
         window = getattr(getattr(parent, attr), "window_size", None)

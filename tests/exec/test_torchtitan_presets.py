@@ -1,6 +1,8 @@
 """The cost model ``fcp_config`` derives from the torchtitan model being trained (``integrations.torchtitan.model_shape``):
 its matmul parameters equal the weights of the model's linear layers exactly (torchtitan's Qwen3 and Llama 3
-flavors, built on the meta device), its total parameters within 0.1 % (norms left out); a MoE gives no shape."""
+flavors, built on the meta device), its total parameters within 0.1 % (norms left out); of a MoE (Qwen3's debug MoE and
+30B-A3B) the weights a token multiplies — attention, router, top-k of the experts, the LM head — and the weights held,
+exactly."""
 
 from __future__ import annotations
 
@@ -47,3 +49,25 @@ def test_fcp_config_plans_with_the_trained_model_unless_told_otherwise():
     assert _cost_model(derived, 512) == want
     named = fcp_config(base, dataset_path="x", preset="qwen3-8b").dataloader
     assert _cost_model(named, 512) == CostModel.preset("qwen3-8b", "h100").replace(tokens_per_rank=512)
+
+
+@pytest.mark.parametrize("flavor", ["debugmodel_moe", "30B-A3B"])
+def test_a_moe_shape_counts_the_weights_a_token_uses_and_the_weights_held(flavor):
+    import torch
+    from torchtitan.models.qwen3 import model_registry
+
+    from fcp_data.presets import ModelConfig
+    from fcp_exec.integrations.torchtitan import model_shape
+
+    cfg = model_registry(flavor).model
+    m = ModelConfig(**model_shape(cfg))
+    with torch.device("meta"):
+        model = cfg.build()
+    linear = sum(mod.weight.numel() for mod in model.modules() if isinstance(mod, torch.nn.Linear))
+    experts = sum(p.numel() for n, p in model.named_parameters() if "inner_experts" in n)
+    router = cfg.layers[0].moe.router
+    assert experts and m.matmul_params == linear + experts * router.top_k // router.num_experts
+    assert m.total_params == linear + experts + model.tok_embeddings.weight.numel()
+    if flavor == "30B-A3B":  # the published sizes: 30.5B parameters, 3.3B activated (with the input embedding)
+        assert abs(m.total_params / 30.5e9 - 1) < 0.01
+        assert abs((m.matmul_params + model.tok_embeddings.weight.numel()) / 3.3e9 - 1) < 0.02

@@ -35,6 +35,7 @@ import pytest
 import torch
 
 from fcp_exec.launch import launch
+from test_torchtitan import _small_moe  # the MoE debug model cut to a CPU size (same folder)
 
 pytestmark = pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("torchtitan", "triton", "tensorboard")),
                                 reason="torchtitan's Trainer (with the triton its model code and the tensorboard its "
@@ -46,19 +47,31 @@ STEPS, SEQ_LEN, TOKENS_PER_RANK, GBS, LR, VAL_BATCHES = 4, 128, 96, 4, 2e-3, 2
 # loss takes float64 logits instead (that much is float32 rounding amplified by 4 AdamW steps). A lost rank, a
 # gradient summed twice or a wrong denominator is off by O(1e-2) or more.
 LOSS_TOL, NORM_TOL, PARAM_TOL = 1e-6, 1e-5, 5e-6
+# the MoE debug model's experts run in bfloat16 (test_moe_expert_bias_balancing_trains_like_...): losses within MOE_TOL
+# (measured 6e-8 … 2.3e-6), final parameters within MOE_PARAM_TOL of the largest (measured 2.5e-3: AdamW turns the bf16
+# rounding of ~0 gradient entries into lr-sized steps)
+MOE_TOL, MOE_PARAM_TOL = 1e-4, 1e-2
+# ... and so a token near a tie between two experts may pick the other one after a step (measured: one token, step 4,
+# its two choices swapped between experts 2 and 3 of layer 0); the first step's counts are exact (same weights)
+FLIPS, COEFF = 2, 1e-3  # tokens allowed to flip per step and layer; the debug model's load_balance_coeff
 
 
 def _config(steps: int, dump: str, interval: int = 0, damaged: bool = False, bf16: bool = False,
-            compiled: bool = False, tokens_per_rank: int = TOKENS_PER_RANK):
+            compiled: bool = False, tokens_per_rank: int = TOKENS_PER_RANK, moe: bool = False):
     """torchtitan's qwen3_debugmodel config cut to 2 layers in float64, through fcp_config (``damaged``: over
-    :func:`damaged_text`)."""
+    :func:`damaged_text`; ``moe``: its MoE debug model instead, cut to 8 experts, top 2, expert bias balancing on)."""
     from torchtitan.components.optimizer import default_adamw
+    from torchtitan.models.qwen3 import model_registry
     from torchtitan.models.qwen3.config_registry import qwen3_debugmodel
 
     from fcp_data import bundled_index
     from fcp_exec.integrations.torchtitan_trainer import fcp_config
 
     cfg = qwen3_debugmodel()
+    if moe:
+        cfg.model_spec = model_registry("debugmodel_moe")
+        for layer in cfg.model_spec.model.layers:
+            _small_moe(layer.moe)
     cfg.model_spec.model.layers = cfg.model_spec.model.layers[:2]
     precision = dict(dtype="float32", mixed_precision_param="bfloat16", mixed_precision_reduce="float32") if bf16 \
         else dict(dtype="float64", mixed_precision_param="float64", mixed_precision_reduce="float64")
@@ -111,21 +124,55 @@ def _float64() -> None:
     torchtitan.config.TORCH_DTYPE_MAP.setdefault("float64", torch.float64)  # the same dict object everywhere
 
 
-def _stock_model():
-    """The stock debugmodel (2 layers, SDPA, RoPE over SEQ_LEN positions), float64, seed 0."""
+def _stock_model(moe: bool = False):
+    """The stock debugmodel (2 layers, SDPA, RoPE over SEQ_LEN positions), float64, seed 0 (``moe``: the MoE one)."""
     from torchtitan.models.common.attention import ScaledDotProductAttention
     from torchtitan.models.qwen3 import model_registry
 
-    cfg = model_registry("debugmodel").model
+    cfg = model_registry("debugmodel_moe" if moe else "debugmodel").model
     cfg.layers = cfg.layers[:2]
     for layer in cfg.layers:
         layer.attention.inner_attention = ScaledDotProductAttention.Config()
         layer.attention.rope = dataclasses.replace(layer.attention.rope, max_seq_len=SEQ_LEN)
+        if moe:
+            _small_moe(layer.moe)
     torch.manual_seed(0)
     model = cfg.build().to(torch.float64)
     with torch.no_grad():
         model.init_weights(buffer_device=None)
     return model
+
+
+def _counting(optimizers, model, log: list) -> None:
+    """``optimizers.step`` first appends every MoE layer's tokens per expert, summed over the ranks and halved where
+    the layer's block recomputes its forward (torchtitan's own rule) — what torchtitan's load-balancing pre-hook is
+    about to read — to ``log``."""
+    import torch.distributed as dist
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl
+
+    step = optimizers.step
+
+    def counted(*args, **kwargs):
+        seen = []
+        for block in model.layers.values():
+            if getattr(getattr(block, "moe", None), "expert_bias_E", None) is None:
+                continue
+            counts = block.moe.tokens_per_expert_E.detach().clone()
+            if getattr(block, "checkpoint_impl", None) is CheckpointImpl.NO_REENTRANT:
+                counts = counts // 2
+            if dist.is_initialized():
+                dist.all_reduce(counts)
+            seen.append([int(c) for c in counts.tolist()])
+        log.append(seen)
+        return step(*args, **kwargs)
+
+    optimizers.step = counted
+
+
+def _expert_biases(model) -> list[list[float]]:
+    """Every MoE layer's routing bias (torchtitan's load balancing moves it before each optimizer step)."""
+    return [layer.moe.expert_bias_E.tolist() for layer in model.layers.values()
+            if getattr(getattr(layer, "moe", None), "expert_bias_E", None) is not None]
 
 
 def _params(model) -> dict[str, np.ndarray]:
@@ -148,15 +195,18 @@ def _load_params(model, path: str) -> None:
 
 
 def _train(steps: int, dump: str, initial: str, interval: int = 0, damaged: bool = False, bf16: bool = False,
-           compiled: bool = False, tokens_per_rank: int = TOKENS_PER_RANK) -> dict:
+           compiled: bool = False, tokens_per_rank: int = TOKENS_PER_RANK, moe: bool = False) -> dict:
     """One FCPTitanTrainer run on this rank (inside the launch): its logged steps, batches and final parameters."""
     import torch.distributed as dist
     from fcp_exec.integrations.torchtitan_cpu import torchtitan_on_cpu
 
     torchtitan_on_cpu()
     _float64()
-    trainer = _config(steps, dump, interval, damaged, bf16, compiled, tokens_per_rank).build()
+    trainer = _config(steps, dump, interval, damaged, bf16, compiled, tokens_per_rank, moe).build()
     _load_params(trainer.model_parts[0], initial)
+    expert_counts: list = []
+    if moe:
+        _counting(trainer.optimizers, trainer.model_parts[0], expert_counts)
     logged, groups, per_step = [], [], []
     log = trainer.metrics_processor.log
 
@@ -201,7 +251,8 @@ def _train(steps: int, dump: str, initial: str, interval: int = 0, damaged: bool
     out = {"graphs": int(counters["stats"]["unique_graphs"]), "logged": logged, "params": _params(trainer.model_parts[0]), "groups": groups, "validated": validated,
            "fcp_metrics": fcp_metrics, "per_step": per_step, "excluded_later": saved.get("excluded_later"),
            "batches": [[int(i) for i in sampler.global_batch_indices(s)] for s in range(steps)],
-           "val_batches": [[int(i) for i in val.global_batch_indices(k)] for k in range(VAL_BATCHES)]}
+           "val_batches": [[int(i) for i in val.global_batch_indices(k)] for k in range(VAL_BATCHES)],
+           "expert_bias": _expert_biases(trainer.model_parts[0]), "expert_counts": expert_counts}
     trainer.close()
     dist.barrier()
     return out
@@ -228,10 +279,12 @@ def runs(tmp_path_factory):
 
 
 def _reference(initial: str, batches: list[list[int]], val_batches: list[list[int]],
-               skip: frozenset = frozenset()) -> tuple[list, dict, dict]:
+               skip: frozenset = frozenset(), moe: bool = False) -> tuple[list, dict, dict]:
     """The stock model over ``batches`` (without the samples ``skip``) in this process: per step (loss, gradient
     norm), the final parameters and the validation loss over ``val_batches`` after steps 1 and STEPS (the
-    validator's freq)."""
+    validator's freq). ``moe``: the MoE model, its expert biases moved by torchtitan's own optimizer pre-hook
+    (``register_moe_load_balancing_hook``, which needs a process group: run it in a launched process); the
+    parameters then carry the biases too, under ``expert_bias``."""
     import tempfile
 
     import torch.nn.functional as F
@@ -239,10 +292,21 @@ def _reference(initial: str, batches: list[list[int]], val_batches: list[list[in
     from fcp_data import IndexedDataset, bundled_index
 
     _float64()
-    cfg = _config(len(batches), tempfile.mkdtemp())
-    model = _stock_model()
+    cfg = _config(len(batches), tempfile.mkdtemp(), moe=moe)
+    model = _stock_model(moe)
     _load_params(model, initial)
     optimizers = cfg.optimizer.build(model_parts=[model])
+    if moe:
+        from torchtitan.components.optimizer.optimizer import register_moe_load_balancing_hook
+        from torchtitan.distributed.parallel_dims import ParallelDims
+
+        from fcp_exec.integrations.torchtitan_cpu import torchtitan_on_cpu
+
+        torchtitan_on_cpu()  # its mesh on the CPU
+        register_moe_load_balancing_hook(optimizers, [model], ParallelDims(
+            dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=1, ep=1, world_size=1, spmd_backend="partial_dtensor"))
+        expert_counts: list = []
+        _counting(optimizers, model, expert_counts)
     schedulers = cfg.lr_scheduler.build(optimizers=optimizers, training_steps=len(batches))
     data = IndexedDataset(bundled_index("text"))
 
@@ -260,10 +324,15 @@ def _reference(initial: str, batches: list[list[int]], val_batches: list[list[in
         out.append((float(loss.detach()), float(norm)))
         optimizers.step()
         schedulers.step()
-        if step in (1, STEPS):
+        if step in (1, STEPS):  # in eval mode, as the validator runs it (an MoE counts its tokens in training only)
+            model.eval()
             with torch.no_grad():
                 validated[step] = float(mean_loss([i for b in val_batches for i in b]))
-    return out, _params(model), validated
+            model.train()
+    params = _params(model)
+    if moe:
+        params["expert_bias"], params["expert_counts"] = _expert_biases(model), expert_counts
+    return out, params, validated
 
 
 def _check_against_reference(runs: dict, name: str, skip: frozenset = frozenset()) -> None:
@@ -341,9 +410,10 @@ def test_misuse_is_one_clear_error(tmp_path):
             dataclasses.replace(cfg, **change)
     from torchtitan.models.qwen3.config_registry import qwen3_moe_debug
 
-    moe = fcp_config(qwen3_moe_debug(), dataset_path="unused")
-    with pytest.raises(ValueError, match="MoE layer 0 balances its experts without an auxiliary loss"):
-        moe.build()
+    moe = qwen3_moe_debug()
+    moe.compile = dataclasses.replace(moe.compile, enable=True, components=["model", "loss"])
+    with pytest.raises(ValueError, match="MoE layer 0 balances its experts .* hooks that run eagerly only"):
+        fcp_config(moe, dataset_path="unused")
     with pytest.raises(ValueError, match="on_overlong must be one of error, truncate, drop, got 'cut'"):
         _loader(tmp_path, on_overlong="cut")
     with pytest.raises(ValueError, match="set dataset_path"):
@@ -490,3 +560,38 @@ def test_a_two_rank_checkpoint_resumes_on_one_rank(runs):
     scale = max(float(np.abs(v).max()) for v in full["params"].values())
     worst = max(float(np.abs(one["params"][k] - v).max()) for k, v in full["params"].items()) / scale
     assert worst <= PARAM_TOL, f"parameters after resuming on 1 rank differ by {worst:.2e} of the largest"
+
+
+@pytest.mark.timeout(900)
+def test_moe_expert_bias_balancing_trains_like_the_stock_model(tmp_path):
+    """torchtitan's Qwen3 MoE debug model (8 experts, top 2, ``load_balance_coeff`` 1e-3: the routing bias moves
+    ± 1e-3 per step toward balance, from the tokens per expert summed over the ranks) under ``Trainer.train()`` with
+    FCP on 2 processes: the tokens per expert torchtitan's update reads before every step (summed over the ranks,
+    halved where selective checkpointing counted twice) equal the stock model's trained in one process with
+    torchtitan's own bias update — exactly at the first step, and later up to FLIPS tokens near a tie per layer, the
+    routed totals exactly (FCP's pads and idle dummies counted, they differ from the first step on) —, the expert
+    biases after 4 steps within what FLIPS flips can move (measured: equal), and the losses and parameters agree within the bf16 tolerances of its experts
+    (torchtitan computes them in bfloat16, whose weight gradients sum in another order: MOE_TOL, MOE_PARAM_TOL)."""
+    initial = str(tmp_path / "initial.pt")
+    torch.save({n: p.detach() for n, p in _stock_model(moe=True).named_parameters()}, initial)
+    got = launch(_train, 2, STEPS, str(tmp_path / "moe"), initial, 0, False, False, False, TOKENS_PER_RANK, True,
+                 timeout=600.0, pg_timeout=120.0, preload=("torchtitan.trainer",))[0]
+    ref_steps, ref_params, _ = launch(_reference, 1, initial, got["batches"], got["val_batches"], frozenset(), True,
+                                      timeout=600.0, pg_timeout=120.0, preload=("torchtitan.trainer",))[0]
+    counts = ref_params.pop("expert_counts")
+    assert len(got["expert_counts"]) == len(counts) == STEPS
+    assert got["expert_counts"][0] == counts[0], f"step 1: tokens per expert {got['expert_counts'][0]} != {counts[0]}"
+    for k, (mine, theirs) in enumerate(zip(got["expert_counts"], counts), 1):
+        for layer, (a, b) in enumerate(zip(mine, theirs)):
+            assert sum(a) == sum(b), f"step {k} layer {layer}: {sum(a)} routed tokens, stock {sum(b)}"
+            assert sum(abs(x - y) for x, y in zip(a, b)) <= 2 * FLIPS, f"step {k} layer {layer}: {a} vs {b}"
+    biases = ref_params.pop("expert_bias")
+    worst = max(abs(x - y) for a, b in zip(got["expert_bias"], biases) for x, y in zip(a, b))
+    assert worst <= 2 * FLIPS * COEFF, f"expert biases differ by {worst} from the stock model's"
+    assert any(b != 0.0 for layer in got["expert_bias"] for b in layer), "no bias moved"
+    for (step, loss, _), (ref_loss, _) in zip(got["logged"], ref_steps):
+        assert abs(loss - ref_loss) <= MOE_TOL * abs(ref_loss), f"step {step}: loss {loss!r} vs {ref_loss!r}"
+    scale = max(float(np.abs(v).max()) for v in ref_params.values())
+    worst = max(float(np.abs(got["params"][k] - v).max()) for k, v in ref_params.items()) / scale
+    assert worst <= MOE_PARAM_TOL, f"final parameters differ by {worst:.2e} of the largest"
+    assert any(len(g) == 2 for g in got["groups"]), "no degree-2 ring ran"
