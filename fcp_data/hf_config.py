@@ -24,7 +24,7 @@ With ``transformers`` installed a config (file or dict with a ``model_type``) is
 ``AutoConfig`` (the family's defaults for keys the file leaves out, e.g. Gemma's window pattern); without it the file
 is read as written, with the window rules of the families fcp tests (a key the file leaves at its class default,
 such as EXAONE 4's window, is then unknown: install transformers). Checked in
-``tests/plan/test_hf_presets.py`` against the parameter counts and the matmul FLOPs (``torch.utils.flop_counter``)
+``tests/exec/test_hf_presets.py`` against the parameter counts and the matmul FLOPs (``torch.utils.flop_counter``)
 of the real Hugging Face models built from every example config, and against published totals of full-size models.
 """
 
@@ -39,8 +39,9 @@ from fcp_data.presets import ModelConfig
 __all__ = ["hf_model_config", "load_hf_config", "HF_PRESETS"]
 
 # Named presets read from the public config.json of each model (the keys the derivation uses). Their totals and
-# per-token matmul parameters match the published counts (tests/plan/test_hf_presets.py): gpt-oss-20b 20.9B / 3.6B
-# active, gpt-oss-120b 116.8B / 5.1B, Qwen3-30B-A3B 30.5B / 3.3B, Mixtral-8x7B 46.7B / 12.9B, Gemma-2-9B 9.2B.
+# per-token matmul parameters match the published counts (tests/exec/test_hf_presets.py): gpt-oss-20b 20.9B / 3.6B
+# active, gpt-oss-120b 116.8B / 5.1B, Qwen3-30B-A3B 30.5B / 3.3B, Qwen3-VL-30B-A3B 31.1B, Mixtral-8x7B 46.7B / 12.9B,
+# Gemma-2-9B 9.2B.
 # The MoE models need their weights sharded (shard_weights=True, FSDP2) to fit one rank with TP = 1.
 HF_PRESETS: dict[str, dict[str, Any]] = {
     "gpt-oss-20b": dict(model_type="gpt_oss", num_hidden_layers=24, hidden_size=2880, intermediate_size=2880,
@@ -52,6 +53,13 @@ HF_PRESETS: dict[str, dict[str, Any]] = {
     "Qwen3-30B-A3B": dict(model_type="qwen3_moe", num_hidden_layers=48, hidden_size=2048, intermediate_size=6144,
                           moe_intermediate_size=768, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
                           num_experts=128, num_experts_per_tok=8, vocab_size=151936, tie_word_embeddings=False),
+    # Qwen3-VL's video MLLM on the Qwen3-30B-A3B language model (its vision tower: SigLIP-2 size, deepstack at 8/16/24)
+    "Qwen3-VL-30B-A3B": dict(model_type="qwen3_vl_moe", tie_word_embeddings=False, text_config=dict(
+        model_type="qwen3_vl_moe_text", num_hidden_layers=48, hidden_size=2048, intermediate_size=6144,
+        moe_intermediate_size=768, num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128,
+        num_experts_per_tok=8, vocab_size=151936, tie_word_embeddings=False), vision_config=dict(
+        depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, patch_size=16, temporal_patch_size=2,
+        spatial_merge_size=2, in_channels=3, out_hidden_size=2048, deepstack_visual_indexes=[8, 16, 24])),
     "Mixtral-8x7B": dict(model_type="mixtral", num_hidden_layers=32, hidden_size=4096, intermediate_size=14336,
                          num_attention_heads=32, num_key_value_heads=8, num_local_experts=8, num_experts_per_tok=2,
                          vocab_size=32000, sliding_window=None, tie_word_embeddings=False),

@@ -28,11 +28,12 @@ def run(args: argparse.Namespace) -> int:
     print("Cost-model presets (DESIGN §4 + §4.1 v2 terms; derivation in fcp_data/presets.py). "
           "Use: --preset MODEL --hardware HW; 'weights sharded': add --shard-weights")
     print(f"hardware: {', '.join(f'{k} ({v.ranks_per_node}/node, {v.memory / 1e9:.0f} GB)' for k, v in HARDWARE.items())}")
-    print(f"{'model':<15} {'hardware':<12} {'params':>8} {'active':>7} {'weights':>10} {'heads':>7} {'tokens/rank':>12} "
+    w = max([15, *(len(r["model"]) for r in rows)])  # a long hf: path or preset name widens the column
+    print(f"{'model':<{w}} {'hardware':<12} {'params':>8} {'active':>7} {'weights':>10} {'heads':>7} {'tokens/rank':>12} "
           f"{'alpha1':>10} {'alpha2':>10} {'alpha3':>10} {'beta1':>8} {'beta2':>8} {'gamma':>8} {'alpha_blk':>10} "
           f"{'alpha_vis':>10}")
     for r in rows:
-        print(f"{r['model']:<15} {r['hardware']:<12} {r['params_b']:>7.2f}B {r['active_b']:>6.2f}B {r['weights']:>10} "
+        print(f"{r['model']:<{w}} {r['hardware']:<12} {r['params_b']:>7.2f}B {r['active_b']:>6.2f}B {r['weights']:>10} "
               f"{r['heads']:>3}/{r['kv_heads']:<3} "
               f"{r['tokens_per_rank']:>12} {r['alpha1']:>10.3e} {r['alpha2']:>10.3e} {r['alpha3']:>10.3e} "
               f"{r['beta1']:>8.4f} {r['beta2']:>8.4f} {r.get('gamma', 0.0):>8.4f} {r.get('alpha_blk', 0.0):>10.3e} "

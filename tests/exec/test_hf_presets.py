@@ -100,7 +100,7 @@ def test_windows_and_mla_come_from_the_config():
 # Published totals / parameters per token (the model cards; OpenAI's active counts leave the input embedding out,
 # Qwen's and Mistral's count it: taken out here)
 PUBLISHED = {"gpt-oss-20b": (20.91e9, 3.61e9), "gpt-oss-120b": (116.83e9, 5.13e9),
-             "Qwen3-30B-A3B": (30.5e9, 3.3e9 - 151936 * 2048),
+             "Qwen3-30B-A3B": (30.5e9, 3.3e9 - 151936 * 2048), "Qwen3-VL-30B-A3B": (31.1e9, 3.3e9 - 151936 * 2048),
              "Mixtral-8x7B": (46.7e9, 12.9e9 - 32000 * 4096), "Gemma-2-9B": (9.24e9, None)}
 
 
