@@ -11,7 +11,9 @@ r"""Train a Qwen2.5-VL model with FCP on videos and images: the pattern to copy 
 
 ``--config`` is a config.json (random weights) or a checkpoint folder, whose weights are loaded (``load_model``).
 InternVL works the same way (``--config examples/configs/internvl-tiny.json``, an index built with ``--spec internvl3``),
-and LLaVA-OneVision videos (``--config examples/configs/llava_onevision-tiny.json``, ``--spec llava-onevision``).
+and LLaVA-OneVision videos (``--config examples/configs/llava_onevision-tiny.json``, ``--spec llava-onevision``);
+Qwen3-VL and Qwen3-VL-MoE with ``--spec qwen3-vl`` (``examples/configs/qwen3_vl_moe-tiny.json``; with
+``output_router_logits`` in its text config the router's load-balancing loss is trained too, over the global batch).
 A CP group's frames are encoded once, split over its ranks by whole frames, and every visual row is sent to the
 rank that holds its placeholder token; 3-D rope positions come from the installed transformers' own
 ``get_rope_index`` (hf_collator). Labels whose target is a visual placeholder are left out of the loss.
@@ -37,6 +39,7 @@ from fcp_exec.script import (ArgumentParser, both_or_neither, count, nonempty, n
                              positive_int, run_main)
 from fcp_exec.skips import leave_out_later
 from fcp_exec.step import make_reducer, train_step
+from fcp_exec.train_data import HF_SPECS
 
 
 def forever(loader: DataLoader):
@@ -101,8 +104,9 @@ def main(argv: list[str] | None = None) -> None:
     rank = dist.get_rank()
 
     config = load_config(args.config)
-    spec = {"qwen2_vl": "qwen2-vl", "qwen3_vl": "qwen3-vl", "internvl": "internvl3",
-            "llava_onevision": "llava-onevision"}.get(config.model_type, "qwen2.5-vl")
+    if config.model_type not in HF_SPECS:  # the bundled videos are indexed with each family's own token rule
+        raise ValueError(f"--config: a {config.model_type} model has no video spec; use one of {', '.join(HF_SPECS)}")
+    spec = HF_SPECS[config.model_type]
     data = IndexedDataset(args.data or bundled_index(spec))  # input_ids with placeholders, pixel patches (tiles), grids
     cost = CostModel.load(args.cost) if args.cost else CostModel.preset(config, args.hardware)
     # the sampler counts label tokens exactly, visual placeholders excluded, from the index (no data is read)

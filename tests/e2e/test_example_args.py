@@ -123,6 +123,17 @@ def test_an_input_error_during_the_run_is_one_line(tmp_path):
         f"with `fcp index ... --out {tmp_path / 'missing'}`")
 
 
+def test_the_video_example_names_a_model_without_a_video_spec(tmp_path):
+    """A text model's config in the video example was trained on the Qwen2.5-VL index (the spec fell back to it): now
+    one line naming the families that have a spec, exit 2."""
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "train_qwen2_5_vl_video.py"), "--config",
+                        str(ROOT / "examples" / "configs" / "qwen3-tiny.json"), "--steps", "1"], capture_output=True,
+                       text=True, timeout=300, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines()[-1].startswith(
+        "train_qwen2_5_vl_video.py: error: --config: a qwen3 model has no video spec; use one of qwen2_vl, "), r.stderr
+
+
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_help_says_how_to_run_it(name, capsys):
     """--help carries the script's docstring: the torchrun command lines (a continued line kept whole) and what the
