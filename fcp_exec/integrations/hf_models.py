@@ -11,9 +11,9 @@ from torch import nn
 
 from fcp_exec.compat import require_hf_models
 
-__all__ = ["SUPPORTED_MODEL_TYPES", "VL_MODEL_TYPES", "QWEN3_VL_MODEL_TYPES", "TILE_VL_MODEL_TYPES", "FRAME_VL_MODEL_TYPES", "MLLM_MODEL_TYPES",
-           "UNUSED_PARAMETER_MODEL_TYPES", "leaves_parameters_unused", "attention_limits", "other_token_mixing",
-           "build_model", "load_config", "ring_call", "tile_geometry"]
+__all__ = ["SUPPORTED_MODEL_TYPES", "VL_MODEL_TYPES", "QWEN3_VL_MODEL_TYPES", "TILE_VL_MODEL_TYPES",
+           "FRAME_VL_MODEL_TYPES", "MLLM_MODEL_TYPES", "UNUSED_PARAMETER_MODEL_TYPES", "leaves_parameters_unused",
+           "attention_limits", "other_token_mixing", "build_model", "load_config", "ring_call", "tile_geometry"]
 
 # tested against the stock model (tests/exec/test_hf_train.py, tests/exec/test_hf_families.py)
 SUPPORTED_MODEL_TYPES = ("qwen3", "llama", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen2", "mistral", "phi3", "olmo2",

@@ -20,8 +20,8 @@ image/video in one run of placeholders; Qwen3-VL holds a video as one run per te
 (``"<t seconds>"`` text between them) and splits its video grids itself, so a video row there covers
 ``t`` runs. A sample whose placeholders do not fit its grid rows is a ``ValueError`` that says so.
 
-Supported ``model_type``: ``qwen2_vl``, ``qwen2_5_vl``, ``qwen3_vl``, ``qwen3_vl_moe``. transformers is imported only when
-an ``HFRopeIndex`` is built or called, never by importing this module's package.
+Supported ``model_type``: ``qwen2_vl``, ``qwen2_5_vl``, ``qwen3_vl``, ``qwen3_vl_moe``. transformers is imported
+only when an ``HFRopeIndex`` is built or called, never by importing this module's package.
 """
 
 from __future__ import annotations
@@ -81,10 +81,10 @@ class HFRopeIndex:
     """``position_fn`` for :class:`~fcp_data.collator.FCPCollator`: Qwen-VL 3-D positions of one document from
     the installed transformers' ``get_rope_index``.
 
-    ``config``: a ``Qwen2VLConfig``/``Qwen2_5_VLConfig``/``Qwen3VLConfig`` (``model_type`` ``qwen2_vl``,
-    ``qwen2_5_vl``, ``qwen3_vl``, ``qwen3_vl_moe``). ``model_class``: the class whose ``get_rope_index`` is called (default:
-    the family's ``…Model`` class; :meth:`from_model` passes the model's own). Picklable: it holds the config
-    and the class's import path; the host object is rebuilt in each process.
+    ``config``: a ``Qwen2VLConfig``/``Qwen2_5_VLConfig``/``Qwen3VLConfig``/``Qwen3VLMoeConfig`` (``model_type``
+    ``qwen2_vl``, ``qwen2_5_vl``, ``qwen3_vl``, ``qwen3_vl_moe``). ``model_class``: the class whose
+    ``get_rope_index`` is called (default: the family's ``…Model`` class; :meth:`from_model` passes the model's own).
+    Picklable: it holds the config and the class's import path; the host object is rebuilt in each process.
 
     ``__call__(sample, input_ids) -> LongTensor [3, n]``; :meth:`rope_inputs` shows the keyword arguments
     it passes (batch of one).

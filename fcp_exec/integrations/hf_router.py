@@ -1,8 +1,9 @@
 """The load-balancing loss of a Hugging Face mixture-of-experts model (``output_router_logits=True``) under FCP.
 
-Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, gpt-oss and Qwen3-VL-MoE add ``router_aux_loss_coef · aux`` to their loss when their config
-sets ``output_router_logits=True``; ``aux`` is transformers' Switch-Transformer loss over every routed row of the
-batch the model sees (the rows of all its MoE layers together, padding left out by the attention mask)::
+Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, gpt-oss and Qwen3-VL-MoE add ``router_aux_loss_coef · aux`` to their loss
+when their config sets ``output_router_logits=True``; ``aux`` is transformers' Switch-Transformer loss over every
+routed row of the batch the model sees (the rows of all its MoE layers together, padding left out by the attention
+mask)::
 
     aux = E · Σ_e (n_e / R) · (P_e / R)
 
@@ -16,9 +17,10 @@ gradient flows through ``P`` alone, so do their gradients (summed over ranks by 
 
 A global batch of M micro-batches gets the mean of their M losses (Megatron-core's convention for its auxiliary losses:
 a micro-batch's own balance, every rank's tokens of it; one none of whose documents was read counts 0); with one
-micro-batch it is the stock model's loss on the whole global batch. Tokens that are no data — pads after a document, a document that failed to read, an idle rank's dummy —
-are left out (:func:`fcp_exec.step.padding_mask`); a step with such a loss takes failed reads out of the cross-entropy's
-denominator before its first forward (``fcp_exact_denominator`` on the model), so no gradient is rescaled afterwards.
+micro-batch it is the stock model's loss on the whole global batch. Tokens that are no data — pads after a document,
+a document that failed to read, an idle rank's dummy — are left out (:func:`fcp_exec.step.padding_mask`); a step with
+such a loss takes failed reads out of the cross-entropy's denominator before its first forward
+(``fcp_exact_denominator`` on the model), so no gradient is rescaled afterwards.
 """
 
 from __future__ import annotations
@@ -54,9 +56,9 @@ def router_loss_of(text_cfg: Any, model_type: str, model_name: str) -> RouterLos
     if not getattr(text_cfg, "output_router_logits", False):
         return None
     if model_type not in ROUTER_LOSS_MODEL_TYPES:
-        raise ValueError(f"{model_name} adds its MoE router's load-balancing loss (output_router_logits=True), which fcp "
-                         f"computes over the global batch for {', '.join(ROUTER_LOSS_MODEL_TYPES)} only; set it to "
-                         "False to train without it")
+        raise ValueError(f"{model_name} adds its MoE router's load-balancing loss (output_router_logits=True), "
+                         f"which fcp computes over the global batch for {', '.join(ROUTER_LOSS_MODEL_TYPES)} only; "
+                         "set it to False to train without it")
     experts = getattr(text_cfg, "num_local_experts", None) or getattr(text_cfg, "num_experts", None)
     top_k, coef = getattr(text_cfg, "num_experts_per_tok", None), getattr(text_cfg, "router_aux_loss_coef", None)
     if not experts or not top_k or coef is None:

@@ -185,7 +185,7 @@ def _stock(family: str, steps: tuple, evals: tuple, aux: str = "batch", source: 
         opt.zero_grad(set_to_none=True)
         loss, num = _stock_loss(model, data, [list(mb) for mb in mbs], aux)
         loss.backward()
-        out.append((float(loss), num, {n: p.grad.detach().numpy().copy() for n, p in model.named_parameters()
+        out.append((float(loss.detach()), num, {n: p.grad.detach().numpy().copy() for n, p in model.named_parameters()
                                        if p.grad is not None}))
         opt.step()
     model.eval()
