@@ -197,17 +197,18 @@ def test_a_sliding_window_shorter_than_the_documents_trains_like_the_stock_model
 
 
 def test_an_moe_router_loss_fcp_does_not_compute_is_refused_not_dropped():
-    """Phi-3.5-MoE with ``output_router_logits=True`` adds its router's load-balancing loss to its own loss; fcp computes
-    that loss over the global batch for five families (``test_hf_router_loss.py``), not this one, so apply_fcp refuses
-    the model instead of training without the term."""
+    """JetMoE with ``output_router_logits=True`` adds its router's load-balancing loss to its own loss; fcp computes
+    that loss over the global batch for the families of ``test_hf_router_loss.py``, not this one (its attention is a
+    mixture of experts too), so apply_fcp refuses the model instead of training without the term."""
     import transformers
 
     from fcp_exec.integrations.hf import apply_fcp
 
-    cfg = transformers.AutoConfig.for_model("phimoe", **dict(_SMALL, num_hidden_layers=1), num_local_experts=4,
+    cfg = transformers.AutoConfig.for_model("jetmoe", vocab_size=2000, hidden_size=32, num_hidden_layers=1,
+                                            num_key_value_heads=2, kv_channels=8, num_local_experts=4,
                                             num_experts_per_tok=2, output_router_logits=True)
     model = transformers.AutoModelForCausalLM.from_config(cfg)
-    with pytest.raises(ValueError, match=r"PhimoeForCausalLM adds its MoE router's load-balancing loss "
+    with pytest.raises(ValueError, match=r"JetMoeForCausalLM adds its MoE router's load-balancing loss "
                                          r"\(output_router_logits=True\), which fcp computes over the global batch for "
                                          r"mixtral, .* only; set it to False"):
         apply_fcp(model)

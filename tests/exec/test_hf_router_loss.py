@@ -1,24 +1,24 @@
 """Hugging Face mixture-of-experts models with their router's load-balancing loss (``output_router_logits=True``)
 trained with FCP on 2 gloo processes against the stock model in one process.
 
-Families: Qwen3-MoE, Mixtral, Qwen2-MoE, OLMoE and gpt-oss (the five whose causal LM adds transformers'
-``load_balancing_loss_func``), their tiny configs from ``examples/configs`` with ``output_router_logits=True`` and
-``router_aux_loss_coef`` 0.5 (the loss then moves the router's weights visibly; the families' defaults are 0.001–0.02);
-float64, 3 AdamW steps and one evaluation batch, through the real pipeline (FCPSampler → FCPCollator → ``apply_fcp``
-→ ``train_step``; the allreduce reducer, and Qwen3-MoE with DDP and with FSDP2 under activation checkpointing), in ONE
-launch. The sampler's ``auto`` micro-batches put 1–3 micro-batches in a step.
+Families: Qwen3-MoE, Mixtral, Qwen2-MoE, OLMoE, gpt-oss, Qwen3-VL-MoE (with images and videos), Phi-3.5-MoE and
+Granite MoE (every family whose model adds transformers' ``load_balancing_loss_func`` and that fcp trains), their
+tiny configs from ``examples/configs`` with ``output_router_logits=True`` and ``router_aux_loss_coef`` 0.5 (the loss
+then moves the router's weights visibly; the families' defaults are 0.001–0.02); float64, 3 AdamW steps and one
+evaluation batch, through the real pipeline (FCPSampler → FCPCollator → ``apply_fcp`` → ``train_step``; the allreduce
+reducer, Qwen3-MoE also with DDP and with FSDP2 under activation checkpointing, and over an index with documents that
+fail to read), in ONE launch; and ``FCPTrainer`` (steps and ``evaluate()``) in another. The sampler's ``auto``
+micro-batches put 2 micro-batches in every step here, with degree-2 groups and idle ranks.
 
-Reference (:func:`_stock`): the stock model (``sdpa``; gpt-oss ``eager``), one process, every micro-batch's documents
-as ONE right-padded batch with its attention mask — the stock model's own ``aux_loss`` of that batch (its
-load-balancing loss over the batch's real tokens) — plus the cross-entropy of every document over the global batch's
-label tokens in float64: ``loss = CE + coef · mean over the step's micro-batches of aux`` (a micro-batch none of
-whose documents was read counting 0).
-
-Tolerances: transformers (5.24+) sums the router probabilities in float32 (``routing_weights.float()``), so the
-reference's aux loss and its gradient carry float32 rounding: step 0's loss within LOSS_TOL relative and every
-gradient within GRAD_TOL of the largest entry; later steps (AdamW turns that rounding into O(lr) differences where a
-gradient is ~0) within the looser pair. Leaving the loss out (or computing each rank's aux over its own tokens only)
-misses step 0's loss by far more (``test_the_load_balancing_loss_is_really_there``)."""
+Reference (:func:`_stock`): the stock model (``sdpa``; gpt-oss ``eager``) in one process, each document alone (its
+images and videos too), its logits giving the cross-entropy over the global batch's label tokens, and per micro-batch
+the load-balancing loss over the rows of all its documents (:func:`_aux_float64`: transformers' formula summed in
+float64 — the stock sums run in float32 — checked against the stock model's own ``aux_loss`` of each document to
+STOCK_FP32; ``test_a_padded_batch_balances_like_its_documents`` checks that the rows of the documents are what a
+padded batch's real tokens give): ``loss = CE + coef · mean over the step's micro-batches of aux`` (a micro-batch none
+of whose documents was read counting 0). Losses and gradients of every step and the evaluation within 1e-12 (measured
+≤ 3.7e-14; Granite MoE's float32 router: FP32_ROUTER). Leaving the loss out, or balancing each document alone, misses step 0's loss by far more
+(``test_the_load_balancing_loss_is_really_there``)."""
 
 from __future__ import annotations
 
@@ -39,12 +39,16 @@ from fcp_exec.launch import launch  # noqa: E402
 from fcp_exec.train import TrainConfig, hf_preload, train_matrix  # noqa: E402
 from fcp_exec.train_data import load_train_data  # noqa: E402
 
-FAMILIES = ("qwen3_moe", "mixtral", "qwen2_moe", "olmoe", "gpt_oss", "qwen3_vl_moe")
+FAMILIES = ("qwen3_moe", "mixtral", "qwen2_moe", "olmoe", "gpt_oss", "qwen3_vl_moe", "phimoe", "granitemoe")
 WRAPPED = without_cpu_fsdp2([("qwen3_moe", "ddp"), ("qwen3_moe", "fsdp2")])  # activation checkpointing on
 COEF = 0.5
 STOCK_FP32 = 1e-6  # the stock aux_loss (router sums in float32) against the float64 sums of _aux_float64
 LOSS_TOL, GRAD_TOL = 1e-12, 1e-12  # step 0
 LATER_LOSS_TOL, LATER_GRAD_TOL = 1e-12, 1e-12  # after AdamW steps
+# Granite MoE scores its router in float32 (``F.linear(...).float()``) in a float64 model: the stock model's own
+# routing, and so both sides' sums, carry float32 rounding — losses within 1e-8, gradients within 1e-6 of the largest
+# entry at every step (measured 3.6e-9 / 1.2e-7; each document balanced alone misses by 2.1e-6)
+FP32_ROUTER = {"granitemoe": (1e-8, 1e-6)}
 
 
 @functools.lru_cache(maxsize=None)
@@ -204,14 +208,15 @@ def _check(family: str, res: dict, what: str, source: str = "synthetic") -> None
     steps, evals = res["steps"], res["eval"]
     ref = _stock(family, _as_key(steps), _as_key(evals), source=source)
     for k, (s, (loss, num, grads)) in enumerate(zip(steps, ref)):
-        ltol, gtol = (LOSS_TOL, GRAD_TOL) if k == 0 else (LATER_LOSS_TOL, LATER_GRAD_TOL)
+        ltol, gtol = FP32_ROUTER.get(family) or ((LOSS_TOL, GRAD_TOL) if k == 0 else (LATER_LOSS_TOL, LATER_GRAD_TOL))
         assert s["num_tokens"] == num, f"{what} step {k}: denominator {s['num_tokens']} != {num}"
         assert abs(s["loss"] - loss) <= ltol * abs(loss), f"{what} step {k}: loss {s['loss']!r} vs stock {loss!r}"
         gap = H._gap(s["grads"], grads)
         assert gap <= gtol, f"{what} step {k}: gradients differ by {gap:.2e} of the largest entry"
     for e, (loss, num, _) in zip(evals, ref[len(steps):]):
         assert e["num_tokens"] == num, f"{what} eval: denominator"
-        assert abs(e["loss"] - loss) <= LATER_LOSS_TOL * abs(loss), f"{what} eval: loss {e['loss']!r} vs {loss!r}"
+        ltol = FP32_ROUTER.get(family, (LATER_LOSS_TOL,))[0]
+        assert abs(e["loss"] - loss) <= ltol * abs(loss), f"{what} eval: loss {e['loss']!r} vs {loss!r}"
     assert len(set(res["checksums"])) == 1, f"{what}: parameters differ across ranks"
 
 
