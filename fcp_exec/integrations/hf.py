@@ -240,6 +240,7 @@ def hf_loss_kwargs(batch: dict) -> dict[str, Any]:
     """Arguments that make HF's own loss (``model(..., **hf_loss_kwargs(batch)).loss``) equal :func:`lm_loss`
     (up to HF's float32 upcast): ``labels`` (only so that HF computes a loss), ``shift_labels`` — the
     collator's labels, already shifted — and ``num_items_in_batch`` = ``num_tokens_global`` (a sum, not a
-    local mean)."""
+    local mean). Not for a model with a router load-balancing loss (``output_router_logits=True``): HF's loss then adds
+    each rank's own aux over its shard, pads included; :func:`model_loss` adds the global one."""
     labels = batch["labels"][None]
     return {"labels": labels, "shift_labels": labels, "num_items_in_batch": denominator(batch)}
