@@ -9,9 +9,9 @@ its config (the text model's, ``text_config``/``llm_config`` for a vision-langua
   attention projections (grouped-query: ``h·H·hd + 2·h·G·hd + H·hd·h``; multi-latent attention, DeepSeek-V2/V3: the
   low-rank ``q_a/q_b``, ``kv_a/kv_b`` and ``o`` projections), a gated MLP (``3·h·F``) or a mixture of experts — the
   router (``h·E``), ``top-k`` routed experts of ``3·h·F_e`` per token (all ``E`` in memory) and any shared experts;
-  the dense layers of a MoE (``first_k_dense_replace``, ``mlp_only_layers``, ``decoder_sparse_step``) keep the dense
-  MLP; the LM head per token, the embedding in memory once more unless tied. Norms and biases are left out (< 0.1 %
-  of a real model).
+  the dense layers of a MoE (``first_k_dense_replace``, ``mlp_only_layers``, ``decoder_sparse_step``, ERNIE's
+  ``moe_layer_start_index``/``_end_index``/``_interval``) keep the dense MLP; the LM head per token, the embedding in
+  memory once more unless tied. Norms and biases are left out (< 0.1 % of a real model).
 * **Attention**: ``H`` heads of ``hd``; with multi-latent attention fcp's ring runs ``H`` K/V heads of the query/key
   head dim (the values are zero-padded to it, :func:`fcp_exec.ring_args.padded_values`), so the preset charges that.
 * **Sliding windows** (``layer_types``, else ``sliding_window`` with the family's rule): a windowed layer's attention
@@ -71,7 +71,7 @@ HF_PRESETS: dict[str, dict[str, Any]] = {
 _MAX_CONFIG_BYTES = 1 << 22
 _MAX_LAYERS, _MAX_INT = 100_000, 1 << 31  # per-layer loops stay short; a width beyond int32 is no model's
 _EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
-_TOP_K_KEYS = ("num_experts_per_tok", "experts_per_token", "moe_topk", "top_k")
+_TOP_K_KEYS = ("num_experts_per_tok", "experts_per_token", "moe_topk", "moe_k", "top_k")
 _ALL_WINDOWED = ("mistral", "mixtral", "qwen2", "qwen2_moe", "starcoder2", "phi3")  # one window on every layer
 
 
@@ -209,7 +209,7 @@ def _mlp(text: Mapping, layer: int, h: int, dense_ffn: int, kind: str) -> tuple[
                          f"({'/'.join(_TOP_K_KEYS)})")
     expert_ffn = int(text.get("moe_intermediate_size") or dense_ffn)
     gated_shared = int(text.get("shared_expert_intermediate_size") or 0)  # Qwen2-MoE: behind a 1-wide sigmoid gate
-    shared = gated_shared + int(text.get("n_shared_experts") or 0) * expert_ffn
+    shared = gated_shared + int(text.get("n_shared_experts") or text.get("moe_num_shared_experts") or 0) * expert_ffn
     router, one = h * experts + (h if gated_shared else 0), 3.0 * h * expert_ffn
     return router + top_k * one + 3.0 * h * shared, router + experts * one + 3.0 * h * shared
 
@@ -217,6 +217,11 @@ def _mlp(text: Mapping, layer: int, h: int, dense_ffn: int, kind: str) -> tuple[
 def _is_moe_layer(text: Mapping, layer: int) -> bool:
     if layer < int(text.get("first_k_dense_replace") or 0) or layer in (text.get("mlp_only_layers") or ()):
         return False
+    if "moe_layer_start_index" in text:  # ERNIE-4.5: start <= layer <= end (-1: the last), every interval-th
+        end = text.get("moe_layer_end_index")
+        end = 1 << 30 if end is None or int(end) < 0 else int(end)
+        return (int(text["moe_layer_start_index"] or 0) <= layer <= end
+                and (layer + 1) % int(text.get("moe_layer_interval") or 1) == 0)
     step = int(text.get("decoder_sparse_step") or text.get("moe_layer_freq") or 1)
     return (layer + 1) % step == 0
 

@@ -1,8 +1,8 @@
 """Hugging Face mixture-of-experts models with their router's load-balancing loss (``output_router_logits=True``)
 trained with FCP on 2 gloo processes against the stock model in one process.
 
-Families: Qwen3-MoE, Mixtral, Qwen2-MoE, OLMoE, gpt-oss, Qwen3-VL-MoE (with images and videos), Phi-3.5-MoE and
-Granite MoE (every family whose model adds transformers' ``load_balancing_loss_func`` and that fcp trains), their
+Families: Qwen3-MoE, Mixtral, Qwen2-MoE, OLMoE, gpt-oss, Qwen3-VL-MoE (with images and videos), Phi-3.5-MoE,
+Granite MoE and ERNIE-4.5-MoE (every family whose model adds transformers' ``load_balancing_loss_func`` and that fcp trains), their
 tiny configs from ``examples/configs`` with ``output_router_logits=True`` and ``router_aux_loss_coef`` 0.5 (the loss
 then moves the router's weights visibly; the families' defaults are 0.001–0.02); float64, 3 AdamW steps and one
 evaluation batch, through the real pipeline (FCPSampler → FCPCollator → ``apply_fcp`` → ``train_step``; the allreduce
@@ -17,7 +17,7 @@ float64 — the stock sums run in float32 — checked against the stock model's 
 STOCK_FP32; ``test_a_padded_batch_balances_like_its_documents`` checks that the rows of the documents are what a
 padded batch's real tokens give): ``loss = CE + coef · mean over the step's micro-batches of aux`` (a micro-batch none
 of whose documents was read counting 0). Losses and gradients of every step and the evaluation within 1e-12 (measured
-≤ 3.7e-14; Granite MoE's float32 router: FP32_ROUTER). Leaving the loss out, or balancing each document alone, misses step 0's loss by far more
+≤ 3.7e-14; the float32 routers of Granite MoE and ERNIE-4.5-MoE: FP32_ROUTER). Leaving the loss out, or balancing each document alone, misses step 0's loss by far more
 (``test_the_load_balancing_loss_is_really_there``)."""
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ from fcp_exec.launch import launch  # noqa: E402
 from fcp_exec.train import TrainConfig, hf_preload, train_matrix  # noqa: E402
 from fcp_exec.train_data import load_train_data  # noqa: E402
 
-FAMILIES = ("qwen3_moe", "mixtral", "qwen2_moe", "olmoe", "gpt_oss", "qwen3_vl_moe", "phimoe", "granitemoe")
+FAMILIES = ("qwen3_moe", "mixtral", "qwen2_moe", "olmoe", "gpt_oss", "qwen3_vl_moe", "phimoe", "granitemoe",
+            "ernie4_5_moe")
 WRAPPED = without_cpu_fsdp2([("qwen3_moe", "ddp"), ("qwen3_moe", "fsdp2")])  # activation checkpointing on
 COEF = 0.5
 STOCK_FP32 = 1e-6  # the stock aux_loss (router sums in float32) against the float64 sums of _aux_float64
@@ -48,7 +49,8 @@ LATER_LOSS_TOL, LATER_GRAD_TOL = 1e-12, 1e-12  # after AdamW steps
 # Granite MoE scores its router in float32 (``F.linear(...).float()``) in a float64 model: the stock model's own
 # routing, and so both sides' sums, carry float32 rounding — losses within 1e-8, gradients within 1e-6 of the largest
 # entry at every step (measured 3.6e-9 / 1.2e-7; each document balanced alone misses by 2.1e-6)
-FP32_ROUTER = {"granitemoe": (1e-8, 1e-6)}
+# ERNIE-4.5-MoE too (its router in float32; measured 7.9e-9 / 2.0e-7; per-document balance misses by 1.1e-4)
+FP32_ROUTER = {"granitemoe": (1e-8, 1e-6), "ernie4_5_moe": (4e-8, 1e-6)}
 
 
 @functools.lru_cache(maxsize=None)
