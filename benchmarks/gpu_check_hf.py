@@ -18,7 +18,10 @@ Sections, each entry printed as one line and written to ``DIR/results_hf.json`` 
    model's own window mask against fcp's windowed ring attention: on a GPU the fused banded kernel), and gpt-oss
    (attention sinks, the 64-token window on every other layer, 4 experts; its stock model runs ``eager``, one
    document per forward: that path does not unpack ``position_ids``), GQA 8/2, head dim 64.
-2. ``hf_timing``: a Qwen3-shaped model in bfloat16 (4 layers, hidden 2048, heads 16/8, head dim 128) on a packed
+2. ``hf_router[qwen3_moe]``: an MoE router's load-balancing loss (``output_router_logits=True``) on the device —
+   fcp's share on one rank (the whole loss) of the packed micro-batch against the stock model's own ``aux_loss`` of
+   the same documents as one right-padded batch, float32, within 1e-5 (``--perturb`` counts the stock side's pads).
+3. ``hf_timing``: a Qwen3-shaped model in bfloat16 (4 layers, hidden 2048, heads 16/8, head dim 128) on a packed
    micro-batch of 8 long-tailed documents (16,512 tokens): forward+backward of the stock model (``sdpa``, which on a
    packed batch attends through a dense block-diagonal mask) and of the fcp model (per-document varlen kernel),
    alternating, CUDA events, median of ``--iters``; also their loss difference. Then the same with a Mistral-shaped
@@ -56,7 +59,10 @@ def _config(family: str, *, hidden: int, layers: int, heads: tuple, head_dim: in
     extra = {"llama": {"attention_bias": False}, "mistral": {"sliding_window": WINDOW},
              # gpt-oss: attention sinks on every layer, the window on every other; eager experts (fp64 reference)
              "gpt_oss": {"sliding_window": WINDOW, "num_local_experts": 4, "num_experts_per_tok": 2,
-                         "experts_implementation": "eager"}}.get(family, {})
+                         "experts_implementation": "eager"},
+             # the router's load-balancing loss on (check_router)
+             "qwen3_moe": {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 128,
+                           "output_router_logits": True, "router_aux_loss_coef": 1.0}}.get(family, {})
     return AutoConfig.for_model(family, vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn,
                                 num_hidden_layers=layers, num_attention_heads=heads[0], num_key_value_heads=heads[1],
                                 head_dim=head_dim, max_position_embeddings=65536, eos_token_id=0, pad_token_id=1,
@@ -169,6 +175,31 @@ def check_family(family: str, dtype_name: str, device, lens, perturb: bool = Fal
             "stock_errors": {"loss": s_l, "grad": s_g}, "tokens": sum(lens), "kernel": repr(fcp._fcp_state.kernel)}
 
 
+def check_router(device, lens, perturb: bool = False) -> dict:
+    """An MoE router's load-balancing loss on this device (``fcp_exec.integrations.hf_router``: top-k, bincount and
+    sums where the model runs): fcp's share on one rank — the whole loss — of a packed micro-batch against the stock
+    model's own ``aux_loss`` of the same documents as one right-padded batch with its attention mask, float32 both.
+    ``perturb``: the pads counted too (must fail)."""
+    from fcp_exec.integrations import hf
+    from fcp_exec.integrations.hf_router import router_loss
+
+    cfg = _config("qwen3_moe", hidden=256, layers=2, heads=(8, 2), head_dim=64, ffn=512, vocab=2000)
+    stock = hf.build_model(cfg, dtype=torch.float32, seed=0).to(device)
+    fcp = hf.apply_fcp(copy.deepcopy(stock), kernel=_kernel(device, False))
+    batch, docs, _ = _batch(lens, 2000, seed=3)
+    ids = torch.ones((len(docs), max(lens)), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for b, d in enumerate(docs):
+        ids[b, :len(d)], mask[b, :len(d)] = d, 1
+    with torch.no_grad():
+        want = float(stock(input_ids=ids.to(device), attention_mask=(mask if not perturb else torch.ones_like(mask))
+                           .to(device), use_cache=False).aux_loss)
+        out = fcp(**hf.batch_inputs(batch, fcp))
+        got = float(router_loss(out.router_logits, batch, fcp._fcp_state.router)) / cfg.router_aux_loss_coef
+    return {"errors": {"aux": abs(got - want) / abs(want)}, "tolerances": {"aux": 1e-5}, "fcp": got, "stock": want,
+            "tokens": sum(lens)}
+
+
 def timing(device, lens, dims, iters: int, family: str = "qwen3", window: int | None = None) -> dict:
     from fcp_exec.integrations import hf
 
@@ -224,6 +255,8 @@ def main(argv=None) -> int:
         for dtype_name in ("float32",) if args.quick else ("float32", "bfloat16", "float16"):
             res.run(f"hf[{family},{dtype_name}] fcp vs stock vs fp64 reference, documents {list(lens)}", "hf",
                     check_family, family, dtype_name, device, lens, args.perturb)
+    res.run(f"hf_router[qwen3_moe] fcp's load-balancing loss vs the stock model's, documents {list(lens)}",
+            "hf_router", check_router, device, lens, args.perturb)
     if not args.quick:
         if cuda:
             dims = dict(hidden=2048, layers=4, heads=(16, 8), head_dim=128, ffn=6144, vocab=32000)

@@ -84,8 +84,8 @@ def _run_hf(out: Path, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
 
 def test_hf_check_passes_on_cpu(tmp_path):
     """The HF half (transformers Qwen3/Llama/Mistral/gpt-oss with fcp's attention vs the stock model vs a float64
-    reference) on CPU: every entry within its stated tolerance, float32 tight (fcp within 1e-5 of the float64
-    reference)."""
+    reference; Qwen3-MoE's router load-balancing loss vs the stock model's) on CPU: every entry within its stated
+    tolerance, float32 tight (fcp within 1e-5 of the float64 reference)."""
     transformers_models()
     proc, doc = _run_hf(tmp_path)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -98,14 +98,18 @@ def test_hf_check_passes_on_cpu(tmp_path):
         if "float32" in c["name"]:
             assert c["tolerance"] <= 1e-4 and c["stock_errors"]["grad"] < 1e-4, c
     assert [c["section"] for c in checks].count("hf_timing") == 2
+    assert [c["section"] for c in checks].count("hf_router") == 1
 
 
 def test_hf_check_fails_on_a_perturbed_kernel(tmp_path):
+    """--perturb scales fcp's attention output (the family entry) and counts the pads in the router check's stock
+    side: both fail by far."""
     transformers_models()
     proc, doc = _run_hf(tmp_path, "--quick", "--perturb")
     assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-4000:]
-    (c,) = doc["checks"]
-    assert c["passed"] is False and c["max_error"] > 100 * c["tolerance"], c
+    assert [c["section"] for c in doc["checks"]] == ["hf", "hf_router"]
+    for c in doc["checks"]:
+        assert c["passed"] is False and c["max_error"] > 100 * c["tolerance"], c
 
 
 def test_window_check_passes_on_cpu(tmp_path):
