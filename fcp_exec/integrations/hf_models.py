@@ -20,7 +20,7 @@ SUPPORTED_MODEL_TYPES = ("qwen3", "llama", "qwen2_vl", "qwen2_5_vl", "qwen3_vl",
                          "granite", "glm4", "smollm3", "gemma", "gemma3_text", "cohere", "qwen3_moe", "internvl",
                          "llava_onevision", "gpt_oss", "deepseek_v3", "gemma2", "mixtral", "qwen2_moe", "glm4_moe",
                          "exaone4", "seed_oss", "olmoe", "qwen3_vl_moe", "phimoe", "granitemoe",
-                         "ernie4_5_moe")
+                         "ernie4_5_moe", "flex_olmo")
 VL_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")  # Qwen-VL: 3-D rope positions, patches + grids
 QWEN3_VL_MODEL_TYPES = ("qwen3_vl", "qwen3_vl_moe")  # deepstack features, one placeholder run per frame group
 TILE_VL_MODEL_TYPES = ("internvl",)  # fixed-size image tiles (video frames: one tile each), 1-D positions

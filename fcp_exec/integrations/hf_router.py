@@ -1,7 +1,7 @@
 """The load-balancing loss of a Hugging Face mixture-of-experts model (``output_router_logits=True``) under FCP.
 
-Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, gpt-oss, Qwen3-VL-MoE, Phi-3.5-MoE, Granite MoE and ERNIE-4.5-MoE add
-``router_aux_loss_coef · aux`` to their loss when their config sets ``output_router_logits=True``; ``aux`` is
+Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, FlexOlmo, gpt-oss, Qwen3-VL-MoE, Phi-3.5-MoE, Granite MoE and ERNIE-4.5-MoE
+add ``router_aux_loss_coef · aux`` to their loss when their config sets ``output_router_logits=True``; ``aux`` is
 transformers' Switch-Transformer loss over every routed row of the batch the model sees (the rows of all its MoE layers
 together, padding left out by the attention mask)::
 
@@ -39,7 +39,7 @@ __all__ = ["ROUTER_LOSS_MODEL_TYPES", "RouterLoss", "router_loss", "router_loss_
 
 # the families whose model adds transformers' load_balancing_loss_func (one formula in all of them, 5.18–5.25)
 ROUTER_LOSS_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss", "qwen3_vl_moe", "phimoe",
-                           "granitemoe", "ernie4_5_moe")
+                           "granitemoe", "ernie4_5_moe", "flex_olmo")
 
 
 @dataclass(frozen=True, slots=True)

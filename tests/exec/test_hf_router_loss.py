@@ -1,8 +1,8 @@
 """Hugging Face mixture-of-experts models with their router's load-balancing loss (``output_router_logits=True``)
 trained with FCP on 2 gloo processes against the stock model in one process.
 
-Families: Qwen3-MoE, Mixtral, Qwen2-MoE, OLMoE, gpt-oss, Qwen3-VL-MoE (with images and videos), Phi-3.5-MoE,
-Granite MoE and ERNIE-4.5-MoE (every family whose model adds transformers' ``load_balancing_loss_func`` and that fcp trains), their
+Families: Qwen3-MoE, Mixtral, Qwen2-MoE, OLMoE, FlexOlmo, gpt-oss, Qwen3-VL-MoE (with images and videos),
+Phi-3.5-MoE, Granite MoE and ERNIE-4.5-MoE (every family whose model adds transformers' ``load_balancing_loss_func`` and that fcp trains), their
 tiny configs from ``examples/configs`` with ``output_router_logits=True`` and ``router_aux_loss_coef`` 0.5 (the loss
 then moves the router's weights visibly; the families' defaults are 0.001–0.02); float64, 3 AdamW steps and one
 evaluation batch, through the real pipeline (FCPSampler → FCPCollator → ``apply_fcp`` → ``train_step``; the allreduce
@@ -40,7 +40,7 @@ from fcp_exec.train import TrainConfig, hf_preload, train_matrix  # noqa: E402
 from fcp_exec.train_data import load_train_data  # noqa: E402
 
 FAMILIES = ("qwen3_moe", "mixtral", "qwen2_moe", "olmoe", "gpt_oss", "qwen3_vl_moe", "phimoe", "granitemoe",
-            "ernie4_5_moe")
+            "ernie4_5_moe", "flex_olmo")
 WRAPPED = without_cpu_fsdp2([("qwen3_moe", "ddp"), ("qwen3_moe", "fsdp2")])  # activation checkpointing on
 COEF = 0.5
 STOCK_FP32 = 1e-6  # the stock aux_loss (router sums in float32) against the float64 sums of _aux_float64
