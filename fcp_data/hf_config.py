@@ -36,7 +36,7 @@ from typing import Any, Mapping
 
 from fcp_data.presets import ModelConfig
 
-__all__ = ["hf_model_config", "load_hf_config", "HF_PRESETS"]
+__all__ = ["hf_model_config", "load_hf_config", "moe_experts", "HF_PRESETS"]
 
 # Named presets read from the public config.json of each model (the keys the derivation uses). Their totals and
 # per-token matmul parameters match the published counts (tests/exec/test_hf_presets.py): gpt-oss-20b 20.9B / 3.6B
@@ -196,14 +196,21 @@ def _attention(text: Mapping, h: int, heads: int, kind: str) -> tuple[float, int
     return float(2 * h * heads * head_dim + 2 * h * kv_heads * head_dim), head_dim, kv_heads
 
 
+def moe_experts(text: Mapping) -> tuple[int, int]:
+    """``(experts, top-k)`` of a (text) model config dict, from the first key of each family's naming that is set
+    (Mixtral's ``num_local_experts``, DeepSeek's ``n_routed_experts``, ERNIE's ``moe_num_experts`` / ``moe_k``, ...);
+    0 where none is."""
+    experts = next((int(text[k]) for k in _EXPERT_KEYS if text.get(k)), 0)
+    return experts, next((int(text[k]) for k in _TOP_K_KEYS if text.get(k)), 0)
+
+
 def _mlp(text: Mapping, layer: int, h: int, dense_ffn: int, kind: str) -> tuple[float, float]:
     """(matmul parameters per token, parameters held) of layer ``layer``'s MLP or mixture of experts."""
-    experts = next((int(text[k]) for k in _EXPERT_KEYS if text.get(k)), 0)
+    experts, top_k = moe_experts(text)
     if not experts or not _is_moe_layer(text, layer):
         if not dense_ffn:
             raise ValueError(f"the {kind} config has no 'intermediate_size'")
         return 3.0 * h * dense_ffn, 3.0 * h * dense_ffn
-    top_k = next((int(text[k]) for k in _TOP_K_KEYS if text.get(k)), 0)
     if not 1 <= top_k <= experts:
         raise ValueError(f"the {kind} config has {experts} experts but no top-k in 1..{experts} "
                          f"({'/'.join(_TOP_K_KEYS)})")

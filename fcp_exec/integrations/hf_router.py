@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 from torch.nn import functional as F
 
+from fcp_data.hf_config import moe_experts
 from fcp_data.sampler_inputs import dist_rank_and_world
 from fcp_exec.step import padding_mask
 
@@ -60,8 +61,8 @@ def router_loss_of(text_cfg: Any, model_type: str, model_name: str) -> RouterLos
         raise ValueError(f"{model_name} adds its MoE router's load-balancing loss (output_router_logits=True), "
                          f"which fcp computes over the global batch for {', '.join(ROUTER_LOSS_MODEL_TYPES)} only; "
                          "set it to False to train without it")
-    experts = getattr(text_cfg, "num_local_experts", None) or getattr(text_cfg, "num_experts", None)
-    top_k, coef = getattr(text_cfg, "num_experts_per_tok", None), getattr(text_cfg, "router_aux_loss_coef", None)
+    experts, top_k = moe_experts(text_cfg.to_dict())  # the presets' reading of the config
+    coef = getattr(text_cfg, "router_aux_loss_coef", None)
     if not experts or not top_k or coef is None:
         raise ValueError(f"{model_name} sets output_router_logits=True but its config lacks the number of experts, "
                          "num_experts_per_tok or router_aux_loss_coef")
