@@ -1,4 +1,4 @@
-r"""Train a torchtitan decoder (Qwen3 or Llama 3) with FCP on a text length index: the loop to copy.
+r"""Train a torchtitan decoder (Qwen3, Llama 3 or DeepSeek-V3) with FCP on a text length index: the loop to copy.
 
     torchrun --standalone --nproc-per-node 2 examples/train_torchtitan.py --steps 5          # CPU, gloo
     torchrun --nproc-per-node 8 examples/train_torchtitan.py --model llama3 --flavor 8B --data my-index \
@@ -35,22 +35,25 @@ from fcp_exec.skips import leave_out_later
 from fcp_exec.step import eval_step, make_reducer, train_step
 
 
-def build_model(model: str, flavor: str, layers: int | None, vocab: int, device: torch.device):
-    """torchtitan's ``model`` / ``flavor`` (its first ``layers`` blocks when given), with FCP's attention, and its
-    shape for the cost model (``model_shape``)."""
+def build_model(model: str, flavor: str, layers: int | None, vocab: int, device: torch.device, mtp: int = 0):
+    """torchtitan's ``model`` / ``flavor`` (its first ``layers`` blocks when given; DeepSeek-V3 with ``mtp``
+    multi-token-prediction modules), with FCP's attention, and its shape for the cost model (``model_shape``)."""
     from torchtitan.models.common.attention import ScaledDotProductAttention
 
     family = importlib.import_module(f"torchtitan.models.{model}")
-    flavors = getattr(family, f"{model}_configs", {})
+    flavors = getattr(family, f"{model.replace('_', '')}_configs", {})
     if flavor not in flavors:
         raise ValueError(f"torchtitan's {model} has no flavor {flavor!r}; its flavors: {', '.join(flavors)}")
-    cfg = family.model_registry(flavor).model
+    if mtp and model != "deepseek_v3":
+        raise ValueError(f"--mtp-layers is DeepSeek-V3's (torchtitan's {model} has no multi-token prediction)")
+    cfg = (family.model_registry(flavor, num_mtp_layers=mtp) if mtp else family.model_registry(flavor)).model
     if vocab > cfg.vocab_size:
         raise ValueError(f"the index's token ids go up to {vocab - 1} but {model} {flavor} has vocab_size "
                          f"{cfg.vocab_size}: index the data with the model's tokenizer")
     if layers:
         cfg.layers = cfg.layers[:layers]
-    for layer in cfg.layers:  # the inner attention FCP replaces: SDPA's config builds nothing (flex would compile)
+    for layer in cfg.layers + list(getattr(cfg, "mtp_layers", [])):  # the inner attention FCP replaces: SDPA's
+        # config builds nothing (flex would compile)
         layer.attention.inner_attention = ScaledDotProductAttention.Config()
     torch.manual_seed(0)
     with torch.device(device):
@@ -67,7 +70,11 @@ def build_parser() -> ArgumentParser:
     """The options (a bad value is one line on stderr and exit 2, before any work starts)."""
     p = ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 1)[1],
                        formatter_class=argparse.RawDescriptionHelpFormatter)  # --help: how to run it, what it does
-    p.add_argument("--model", choices=("qwen3", "llama3"), default="qwen3", help="a torchtitan model family")
+    p.add_argument("--model", choices=("qwen3", "llama3", "deepseek_v3"), default="qwen3",
+                   help="a torchtitan model family (DeepSeek-V3: multi-latent attention, MoE; with --mtp-layers)")
+    p.add_argument("--mtp-layers", type=count, default=0,
+                   help="DeepSeek-V3's multi-token-prediction modules (each token's look-ahead tokens come from the "
+                        "collator; the loss adds torchtitan's MTPLoss terms, mtp_scale 0.3)")
     p.add_argument("--flavor", type=nonempty, default="debugmodel",
                    help="its registry flavor (debugmodel, 0.6B, 8B, ...)")
     p.add_argument("--layers", type=count, default=2, help="keep the first N blocks (0: all; the CPU default is 2)")
@@ -114,9 +121,11 @@ def main(argv: list[str] | None = None) -> None:
         sampler = FCPSampler(data.index, cost_model=cost, global_batch_size=args.global_batch_size, seed=seed,
                              on_overlong="truncate")
         return sampler, DataLoader(FCPDataset(data), batch_sampler=sampler, num_workers=workers,
-                                   collate_fn=FCPCollator(pad_token_id=data.pad_token_id, sample_labels=data.has_labels))
+                                   collate_fn=FCPCollator(pad_token_id=data.pad_token_id, sample_labels=data.has_labels,
+                                                          future_tokens=args.mtp_layers))
 
-    model, shape = build_model(args.model, args.flavor, args.layers, data.spec.tokenizer().get_vocab_size(), device)
+    model, shape = build_model(args.model, args.flavor, args.layers, data.spec.tokenizer().get_vocab_size(), device,
+                               args.mtp_layers)
     cost = (CostModel.load(args.cost) if args.cost else CostModel.preset(ModelConfig(**shape), args.hardware)).replace(
         tokens_per_rank=args.tokens_per_rank)
     sampler, loader = loader_of(0, 2)

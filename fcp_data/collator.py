@@ -50,6 +50,11 @@ Batch dict (all tensors on CPU, 1-D unless stated)::
     epoch, global_batch, micro_batch, num_micro_batches   ints: where this micro-batch sits in the epoch
     plan_digest      int                  the global batch plan's digest (:func:`fcp_data.slots.plan_digest`),
                                           compared across ranks before a step (``fcp_exec.lockstep``)
+  multi-token prediction (``future_tokens=D``; :mod:`fcp_data.lookahead`):
+    future_ids       LongTensor [D, L]    per local token, the token k = 1..D places ahead in its document
+                                          (``pad_token_id`` past its end) — the depth-k MTP module's input
+    future_labels    LongTensor [D, L]    that token's label (``ignore_index`` past the end): depth k's target
+    future_valid     BoolTensor [D, L]    whether that token exists
   multimodal (``visual_token_id`` set):
     visual_pos       LongTensor [V]       local positions of visual placeholder tokens
     visual_index     LongTensor [V]       row of each in the group's visual embeddings, i.e. the order of
@@ -88,9 +93,10 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from fcp_data.collator_inputs import (as_ids, check_pairs, check_sample_keys, no_stop_iteration, sample_labels_of,
-                                     token_ids)
-from fcp_data.layout import zigzag_index
+from fcp_data.collator_inputs import (as_ids, check_pairs, check_sample_keys, grid_of, no_stop_iteration,
+                                     sample_labels_of, token_ids)
+from fcp_data.layout import local_positions, zigzag_index
+from fcp_data.lookahead import lookahead
 from fcp_data.mrope import qwen_vl_mrope_positions
 from fcp_data.read_errors import LAYOUT_UNKNOWN, SKIPPED, VISUAL, SkippedSample
 from fcp_data.strict import flag, token_id
@@ -116,14 +122,15 @@ class FCPCollator:
     untruncated document, replacing the built-in Qwen-VL rule (implies ``mrope=True``; module docstring);
     ``sample_labels``: train on each sample's own ``labels`` (SFT prompt masks; module docstring);
     ``signed_grids``: a grid row's first entry may be negative (LLaVA-OneVision marks an image's row ``(−crops, H, W)``,
-    :mod:`fcp_exec.integrations.hf_llava`).
+    :mod:`fcp_exec.integrations.hf_llava`); ``future_tokens``: look-ahead depth for multi-token prediction (the
+    ``future_*`` entries; 0: none).
     """
 
     def __init__(self, *, pad_token_id: int = 0, ignore_index: int = -100,
                  visual_token_id: int | Sequence[int] | None = None, spatial_merge_size: int = 2,
                  mrope: bool = False, strict_lengths: bool = True, mask_visual_labels: bool = True,
                  position_fn: Callable[[dict, torch.Tensor], torch.Tensor] | None = None,
-                 sample_labels: bool = False, signed_grids: bool = False) -> None:
+                 sample_labels: bool = False, signed_grids: bool = False, future_tokens: int = 0) -> None:
         self.pad_token_id = token_id("pad_token_id", pad_token_id, minimum=0)  # a row of the embedding
         self.ignore_index = token_id("ignore_index", ignore_index)
         self.visual_ids: tuple[int, ...] = token_ids(visual_token_id)
@@ -142,11 +149,15 @@ class FCPCollator:
         self.strict_lengths = flag("strict_lengths", strict_lengths)
         self.mask_visual_labels = flag("mask_visual_labels", mask_visual_labels) and bool(self.visual_ids)
         self.sample_labels = flag("sample_labels", sample_labels)
+        if isinstance(future_tokens, bool) or not isinstance(future_tokens, int) or future_tokens < 0:
+            raise ValueError(f"future_tokens must be an int >= 0 (the look-ahead depth), got {future_tokens!r}")
+        self.future_tokens = future_tokens
 
     def __repr__(self) -> str:
         return (f"FCPCollator(pad_token_id={self.pad_token_id}, ignore_index={self.ignore_index}, "
                 f"visual_token_id={self.visual_ids or None}, mrope={self.mrope}, "
-                f"mask_visual_labels={self.mask_visual_labels}, sample_labels={self.sample_labels}"
+                f"mask_visual_labels={self.mask_visual_labels}, sample_labels={self.sample_labels}, "
+                f"future_tokens={self.future_tokens}"
                 + (f", position_fn={self.position_fn!r})" if self.position_fn is not None else ")"))
 
     # ------------------------------------------------------------------ helpers
@@ -199,6 +210,9 @@ class FCPCollator:
             out["visual_pos"], out["visual_index"] = z.clone(), z.clone()
         if self.mrope:
             out["mrope_position_ids"] = torch.zeros((3, 0), dtype=torch.long)
+        if self.future_tokens:
+            out.update({k: torch.zeros((self.future_tokens, 0), dtype=torch.bool if k == "future_valid" else torch.long)
+                        for k in ("future_ids", "future_labels", "future_valid")})
         return out
 
     def _document_positions(self, sample: dict, full: torch.Tensor, grid: torch.Tensor | None,
@@ -252,9 +266,15 @@ class FCPCollator:
         if self.sample_labels:
             out["num_label_tokens_local"] = int((out["labels"] != self.ignore_index).sum())
         if self.visual_ids:
-            out["visual_pos"], out["visual_index"] = _local_visual(acc, idx)
+            out["visual_pos"], out["visual_index"] = local_positions(torch.cat(acc.vis_global), torch.cat(acc.vis_rows),
+                                                                         idx, acc.start)
             if self.mrope:
                 out["mrope_position_ids"] = take(torch.cat(acc.mrope_parts, dim=1))
+        if self.future_tokens:
+            kept = torch.repeat_interleave(torch.tensor(acc.kept_lens), torch.tensor(acc.padded_lens))
+            future = lookahead(input_ids, labels, positions, kept, self.future_tokens, pad_token_id=self.pad_token_id,
+                               ignore_index=self.ignore_index)
+            out["future_ids"], out["future_labels"], out["future_valid"] = (take(t) for t in future)
         if acc.pixel_values:
             out["pixel_values"] = torch.cat(acc.pixel_values, dim=0)
         if acc.grids:
@@ -292,16 +312,8 @@ class FCPCollator:
         acc.kept_lens.append(n)
         acc.live.append(not status & SKIPPED)
         acc.planned.append(self._planned_labels(slot))
-        grid = sample.get("grid_thw")
+        grid = grid_of(sample, slot.index, self.signed_grids)
         if grid is not None:
-            try:
-                grid = torch.as_tensor(grid, dtype=torch.long).reshape(-1, 3)
-            except (TypeError, ValueError, RuntimeError) as e:
-                raise ValueError(f"sample {slot.index}: grid_thw must be n rows of (t, h, w) integers, got "
-                                 f"{type(sample['grid_thw']).__name__} ({str(e).splitlines()[0][:120]})") from None
-            if (grid[:, 1:] < 1).any() or (grid[:, 0] == 0).any() or (not self.signed_grids and (grid < 1).any()):
-                what = "needs h, w >= 1 and t != 0" if self.signed_grids else "entries must be >= 1"
-                raise ValueError(f"sample {slot.index}: grid_thw {what}, got {grid.tolist()}")
             acc.grids.append(grid)
         if sample.get("pixel_values") is not None:
             acc.pixel_values.append(torch.as_tensor(sample["pixel_values"]))
@@ -385,15 +397,3 @@ class _Packed:
     grids: list = field(default_factory=list)
     vis_offset: int = 0
     start: int = 0
-
-
-def _local_visual(acc: _Packed, idx: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """This rank's visual token positions (local, after zigzag) and their rows in the batch's visual features."""
-    gpos, rows = torch.cat(acc.vis_global), torch.cat(acc.vis_rows)
-    if idx is None:
-        return gpos, rows
-    inv = torch.full((acc.start,), -1, dtype=torch.long)
-    inv[idx] = torch.arange(idx.numel(), dtype=torch.long)
-    local = inv[gpos]
-    keep = local >= 0
-    return local[keep], rows[keep]

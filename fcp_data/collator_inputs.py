@@ -119,3 +119,20 @@ def sample_labels_of(sample: dict, full: torch.Tensor, index: int, ignore_index:
         raise ValueError(f"sample {index}: labels must be token ids >= 0 or ignore_index ({ignore_index}), got "
                          f"{int(lab[bad][0])}")
     return lab
+
+
+def grid_of(sample: dict, index: int, signed: bool) -> torch.Tensor | None:
+    """A sample's ``grid_thw`` as ``[n, 3]`` longs (None without one): ``(t, h, w)`` rows, every entry ``>= 1``, or
+    with ``signed`` (LLaVA-OneVision's image rows ``(-crops, H, W)``) ``h, w >= 1`` and ``t != 0``."""
+    grid = sample.get("grid_thw")
+    if grid is None:
+        return None
+    try:
+        grid = torch.as_tensor(grid, dtype=torch.long).reshape(-1, 3)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise ValueError(f"sample {index}: grid_thw must be n rows of (t, h, w) integers, got "
+                         f"{type(sample['grid_thw']).__name__} ({str(e).splitlines()[0][:120]})") from None
+    if (grid[:, 1:] < 1).any() or (grid[:, 0] == 0).any() or (not signed and (grid < 1).any()):
+        what = "needs h, w >= 1 and t != 0" if signed else "entries must be >= 1"
+        raise ValueError(f"sample {index}: grid_thw {what}, got {grid.tolist()}")
+    return grid

@@ -172,3 +172,16 @@ def zigzag_unshard(shards: Sequence[torch.Tensor], cu_seqlens, degree: int) -> t
     for r, shard in enumerate(shards):
         out.index_copy_(0, zigzag_index(cu, degree, r).to(out.device), shard)
     return out
+
+
+def local_positions(gpos: torch.Tensor, rows: torch.Tensor, idx: torch.Tensor | None,
+                    total: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The packed (global) positions ``gpos`` that this rank holds, as local positions after the zigzag take ``idx``
+    (``zigzag_index``; None: degree 1, nothing moves) of ``total`` packed tokens, with their ``rows``."""
+    if idx is None:
+        return gpos, rows
+    inv = torch.full((total,), -1, dtype=torch.long)
+    inv[idx] = torch.arange(idx.numel(), dtype=torch.long)
+    local = inv[gpos]
+    keep = local >= 0
+    return local[keep], rows[keep]

@@ -115,6 +115,11 @@ def _mask_documents(out: dict, docs: list[int], ignore_index: int) -> None:
         masked += int((labels[lo:hi] != ignore_index).sum())
         labels[lo:hi] = ignore_index
     out["labels"] = labels
+    if "future_labels" in out:  # multi-token prediction's targets (fcp_data.lookahead): none for these documents either
+        future = out["future_labels"].clone()
+        for j in docs:
+            future[:, int(cu[j]):int(cu[j + 1])] = ignore_index
+        out["future_labels"] = future
     if "num_label_tokens_local" in out:
         out["num_label_tokens_local"] = int(out["num_label_tokens_local"]) - masked
     elif int(out["cp_rank"]) == 0:

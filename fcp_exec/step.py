@@ -79,6 +79,11 @@ def idle_batch(batch: dict, *, pad_token_id: int = 0, ignore_index: int = -100) 
     for key in ("visual_pos", "visual_index"):
         if key in batch:
             out[key] = torch.zeros(0, dtype=torch.long)
+    if "future_ids" in batch:  # multi-token prediction (fcp_data.lookahead): no token ahead, no target
+        depth = int(batch["future_ids"].shape[0])
+        out.update(future_ids=torch.full((depth, 2), int(pad_token_id), dtype=torch.long),
+                   future_labels=torch.full((depth, 2), int(ignore_index), dtype=torch.long),
+                   future_valid=torch.zeros((depth, 2), dtype=torch.bool))
     for key in ("pixel_values", "grid_thw", "second_per_grid_ts"):
         out.pop(key, None)
     return out

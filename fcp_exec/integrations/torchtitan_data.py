@@ -57,6 +57,8 @@ class FCPTitanDataLoader(BaseDataLoader):
         """go on with the next epoch at the end of one (False: the run stops there)"""
         vocab_size: int = 0
         """the model's vocabulary (fcp_config fills it): a sample holding a larger id is recorded and skipped"""
+        future_tokens: int = 0
+        """look-ahead tokens per token for multi-token prediction (fcp_config fills it: the model's MTP depth)"""
 
     def __init__(self, config: Config, *, dp_world_size: int, dp_rank: int, seq_len: int, tokenizer: Any = None,
                  local_batch_size: int = 1, snapshot_every_n_steps: int | None = None) -> None:
@@ -82,7 +84,8 @@ class FCPTitanDataLoader(BaseDataLoader):
                                   drop_last=config.drop_last, on_overlong=config.on_overlong, solver=config.solver,
                                   micro_batches=config.micro_batches or "auto", exclude=exclude)
         self.pad_token_id = int(getattr(data, "pad_token_id", 0) or 0)
-        collate = FCPCollator(pad_token_id=self.pad_token_id, sample_labels=bool(getattr(data, "has_labels", False)))
+        collate = FCPCollator(pad_token_id=self.pad_token_id, sample_labels=bool(getattr(data, "has_labels", False)),
+                              future_tokens=config.future_tokens)
         self.loader = DataLoader(FCPDataset(data, vocab_size=config.vocab_size or None), batch_sampler=self.sampler,
                                  num_workers=config.num_workers, collate_fn=collate)
         self.trainer_bound, self._last = False, None

@@ -26,6 +26,11 @@ dataloader is an :class:`FCPTitanDataLoader` (every field stays overridable on t
   (every rank runs every micro-batch, so FSDP2 stays in lock-step). torchtitan already normalises the loss by the
   global count of label tokens and sums gradients over ranks (FSDP2's divide factor 1): with FCP that is the
   single-process gradient of the global batch.
+* **DeepSeek-V3's multi-token prediction** (``deepseek_v3_debugmodel_mtp`` and any config with ``mtp_layers`` and
+  ``MTPLoss``): ``fcp_config`` gives the loader one look-ahead token per MTP module (``future_tokens``), the trainer
+  hands each micro-batch's look-ahead targets to torchtitan's loss (:class:`~fcp_exec.integrations.torchtitan_mtp.
+  FCPMTPLoss`: its ``mtp_scale`` and cross-entropy), and the model's MTP modules read their inputs from the collator
+  (:mod:`fcp_exec.integrations.torchtitan_mtp`). gpt-oss's sliding windows (varlen or flex configs) move into the ring.
 * **torch.compile.** ``--compile.enable`` is torchtitan's own: each block compiled with ``fullgraph=True``, the ring
   inside as one opaque op (``torch.ops.fcp.ring_attention``, :mod:`fcp_exec.ring_op`), activation checkpointing
   included; a new micro-batch is a new op input, not a recompilation (dynamic shapes after the first lengths).
@@ -47,7 +52,9 @@ Tested on CPU (``tests/exec/test_torchtitan_trainer.py``, torchtitan 0.3.0, thro
 model on 2 gloo processes with its own FSDP2, selective activation checkpointing, optimizer, schedule, clipping,
 checkpointer and this validator equals the stock model trained in one process on the same global batches — eager,
 compiled (``-m slow``), over data with failed reads (against the stock model without them), and within bf16
-tolerances under torchtitan's bf16 policy; a run resumed from its checkpoint equals the run that did not stop.
+tolerances under torchtitan's bf16 policy; a run resumed from its checkpoint equals the run that did not stop; the
+Qwen3 MoE debug model with its expert-bias balancing and ``deepseek_v3_debugmodel_mtp`` (MLA, MTP) within the
+tolerances of their bfloat16 experts.
 Never run on a GPU.
 """
 
@@ -72,6 +79,7 @@ except ImportError as e:  # pragma: no cover - the message is the point
 
 from fcp_exec.integrations.torchtitan import apply_fcp, batch_inputs, model_shape
 from fcp_exec.integrations.torchtitan_data import FCPTitanDataLoader, PreTokenized
+from fcp_exec.integrations.torchtitan_mtp import FCPMTPLoss, mtp_depth
 from fcp_exec.skips import leave_out_later
 from fcp_exec.step import denominator, eval_step, next_global_batch
 
@@ -98,13 +106,17 @@ class FCPTitanValidator(BaseValidator):
         if config.steps == 0 or config.steps < -1:
             raise ValueError(f"FCPTitanValidator: steps must be >= 1 or -1 (the whole epoch), got {config.steps}")
         self.loss_fn = _ChunkPadding(loss_fn) if _is_chunked(loss_fn) else loss_fn
+        if hasattr(loss_fn, "mtp_scale"):  # torchtitan's MTPLoss (the model's MTP depth is checked by the trainer)
+            self.loss_fn = FCPMTPLoss(loss_fn)
         self.metrics_processor, self.seq_len, self.loader, self._start = metrics_processor, seq_len, None, None
 
     def _batch_loss(self, model: torch.nn.Module, batch: dict) -> torch.Tensor:
         kwargs = batch_inputs(batch, model)
+        if isinstance(self.loss_fn, FCPMTPLoss):
+            self.loss_fn.targets = batch["future_labels"].to(kwargs["tokens"].device)
         pred = model(kwargs["tokens"], positions=kwargs["positions"], attention_masks=kwargs["attention_masks"])
-        total = torch.tensor(float(denominator(batch)), device=pred.device)
-        return self.loss_fn(pred, batch["labels"].to(pred.device)[None], total)[0]
+        total = torch.tensor(float(denominator(batch)), device=kwargs["tokens"].device)
+        return self.loss_fn(pred, batch["labels"].to(kwargs["tokens"].device)[None], total)[0]
 
     def _counted(self, batches: Iterator[dict]) -> Iterator[dict]:
         for batch in batches:  # torchtitan's validation throughput counts this rank's tokens
@@ -169,6 +181,7 @@ class FCPTitanTrainer(Trainer):
                 m.set_force_sum_reduction_for_comms(True)
         if _is_chunked(self.loss_fn):
             self.loss_fn = _ChunkPadding(self.loss_fn)
+        self.loss_fn = _mtp_loss(self.loss_fn, self.model_parts[0], self.dataloader)
 
     def batch_generator(self, data_iterable: Iterable[dict]) -> Iterator[dict]:
         """The loader's micro-batches as they come (torchtitan's data-loading metrics kept)."""
@@ -192,6 +205,8 @@ class FCPTitanTrainer(Trainer):
             kwargs = batch_inputs(b, model)
             inputs = {"input": kwargs["tokens"], "positions": kwargs["positions"],
                       "attention_masks": kwargs["attention_masks"]}
+            if isinstance(self.loss_fn, FCPMTPLoss):  # each MTP depth's targets, for the loss of this micro-batch
+                inputs["fcp_future_labels"] = b["future_labels"].to(self.device)
             pairs.append((inputs, b["labels"][None]))
             self.ntokens_seen += 0 if b.get("idle") else int(b["input_ids"].numel())
         self.gradient_accumulation_steps = len(pairs)
@@ -205,8 +220,25 @@ class FCPTitanTrainer(Trainer):
 
     def post_dataloading_process(self, input_dict: dict[str, Any], labels: torch.Tensor):
         """``(tokens, labels, model kwargs)``: the ring and positions are FCP's already (no mask building, no CP
-        sharding: FCP sharded the documents)."""
-        return input_dict["input"], labels, {k: v for k, v in input_dict.items() if k != "input"}
+        sharding: FCP sharded the documents); an MTP model's look-ahead targets go to its loss (FCPMTPLoss)."""
+        if "fcp_future_labels" in input_dict:
+            self.loss_fn.targets = input_dict["fcp_future_labels"]
+        return input_dict["input"], labels, {k: v for k, v in input_dict.items() if k not in ("input", "fcp_future_labels")}
+
+
+def _mtp_loss(loss_fn: Any, model: torch.nn.Module, loader: FCPTitanDataLoader) -> Any:
+    """``loss_fn``, or for a model with MTP modules its ``MTPLoss`` as :class:`FCPMTPLoss` (each depth's targets
+    from the collator, not shifted along the shard); the loader must then give that many look-ahead tokens."""
+    depth = mtp_depth(model)
+    if not depth:
+        return loss_fn
+    if not hasattr(loss_fn, "mtp_scale"):
+        raise ValueError(f"FCPTitanTrainer: the model has {depth} MTP modules but the loss is "
+                         f"{type(loss_fn).__name__}, not torchtitan's MTPLoss (its list of predictions needs it)")
+    if loader.config.future_tokens < depth:
+        raise ValueError(f"FCPTitanTrainer: the model has {depth} MTP modules but dataloader.future_tokens is "
+                         f"{loader.config.future_tokens} (fcp_config sets it from the model)")
+    return FCPMTPLoss(loss_fn)
 
 
 def fcp_step_metrics(batches: list[dict]) -> dict[str, float]:
@@ -303,10 +335,12 @@ def _fcp_model_spec(spec: Any, timeout: float | None) -> Any:
 
     model = copy.deepcopy(spec.model)
     for _, _, parent, attr in list(model.traverse((FlexAttention.Config, VarlenAttention.Config))):
-        window = getattr(getattr(parent, attr), "window_size", None)
-        if window is not None and tuple(window) != (-1, 0):
-            raise ValueError(f"FCPTitanTrainer: an attention has window_size={tuple(window)}; FCP's torchtitan "
-                             "adapter computes causal attention over whole documents only")
+        window = tuple(getattr(getattr(parent, attr), "window_size", None) or (-1, 0))
+        size = getattr(parent, "sliding_window_size", None)  # gpt-oss: the layer's window, read by apply_fcp
+        if window != (-1, 0) and (size is None or window != (size - 1, 0)):
+            raise ValueError(f"FCPTitanTrainer: an attention has window_size={window}; FCP's torchtitan adapter "
+                             "computes causal attention over whole documents or a sliding window its config names "
+                             "(sliding_window_size)")
         setattr(parent, attr, ScaledDotProductAttention.Config())
     parallelize = spec.parallelize_fn
 
@@ -332,6 +366,8 @@ def fcp_config(config: Any, **dataloader: Any) -> FCPTitanTrainer.Config:
                         f"{', '.join(sorted(names))}")
     vocab = int(getattr(config.model_spec.model, "vocab_size", 0) or 0) if config.model_spec is not None else 0
     dataloader.setdefault("vocab_size", vocab)
+    mtp = getattr(config.model_spec.model, "mtp_layers", None) if config.model_spec is not None else None
+    dataloader.setdefault("future_tokens", len(mtp or ()))  # DeepSeek-V3's MTP modules: their look-ahead tokens
     shape = model_shape(config.model_spec.model) if config.model_spec is not None else None
     if shape is not None and "preset" not in dataloader and "cost_model" not in dataloader:
         dataloader.update(preset="", model_shape=json.dumps(shape))

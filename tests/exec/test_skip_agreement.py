@@ -4,7 +4,8 @@ Reference: the same micro-batch collated with the document failing on *every* ra
 step is proven equal to training on the rest of the global batch in ``tests/exec/test_hf_train.py``). After the
 agreement, on 2 real gloo processes, each rank's labels, ``num_skipped_labels`` and ``num_label_tokens_local``
 equal the reference's exactly — whichever rank failed (the group's CP rank 0, which counts the sampler's labels,
-or the other), with the sampler's label count and with the samples' own labels. A visual document packed as plain
+or the other), with the sampler's label count and with the samples' own labels; so do the multi-token-prediction
+targets (``future_labels``, ``FCPCollator(future_tokens=2)``). A visual document packed as plain
 pads on one rank (no skeleton) and read with pixels on the other raises the same ``SampleReadError`` on both ranks
 instead of hanging in the frame exchange. End to end (tiny-mllm, 3 steps): ``tests/exec/test_read_skip.py``.
 """
@@ -40,7 +41,7 @@ def _collate(rank: int, failed: set[int], *, sft: bool = False, visual: bool = F
     meta = MicroBatchMeta(epoch=0, global_batch=5, micro_batch=0, num_micro_batches=1, num_tokens_global=200,
                           ranks=(0, 1), cp_rank=rank)
     coll = FCPCollator(pad_token_id=PAD, ignore_index=IGNORE, visual_token_id=VIS if visual else None,
-                       spatial_merge_size=1, mask_visual_labels=False, sample_labels=sft)
+                       spatial_merge_size=1, mask_visual_labels=False, sample_labels=sft, future_tokens=2)
     items = []
     for i, n in enumerate(LENGTHS):
         slot = SampleSlot(index=100 + i, num_tokens=n, length=n, meta=meta)
@@ -59,7 +60,7 @@ CASES = [  # (name, documents failed per global rank, sft)
     ("cp rank 1 fails, own labels", {0: set(), 1: {1}}, True),
     ("cp rank 0 fails, own labels", {0: {1, 3}, 1: {3}}, True),
 ]
-KEYS = ("labels", "num_skipped_labels", "num_label_tokens_local", "input_ids", "cu_seqlens")
+KEYS = ("labels", "future_labels", "num_skipped_labels", "num_label_tokens_local", "input_ids", "cu_seqlens")
 
 
 def _agree_on_two_ranks() -> dict:
@@ -92,7 +93,7 @@ def test_a_partial_failure_equals_the_failure_on_every_rank():
     for rank, out in enumerate(res):
         for name, _, _ in CASES:
             got = out[name]
-            for key in ("labels", "num_skipped_labels", "num_label_tokens_local"):
+            for key in ("labels", "future_labels", "num_skipped_labels", "num_label_tokens_local"):
                 a, b = got[key]
                 same = torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
                 assert same, (name, rank, key, a, b)

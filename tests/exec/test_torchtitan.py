@@ -1,14 +1,19 @@
 """torchtitan's decoder models trained with FCP on 2 real gloo processes equal torchtitan's stock model in one process.
 
-Models: torchtitan's own ``debugmodel`` configs of Qwen3 (q/k norm, fused QKV, cos/sin RoPE) and Llama 3 (complex
-RoPE, GQA), cut to 2 layers, float64, built with the same seed on every side. FCP side: :func:`apply_fcp` (ring
+Models: torchtitan's own ``debugmodel`` configs of Qwen3 (q/k norm, fused QKV, cos/sin RoPE), Llama 3 (complex
+RoPE, GQA), Qwen3's MoE, DeepSeek-V3 (multi-latent attention: 192-wide queries and keys, 128-wide values; YaRN RoPE;
+a dense and a MoE layer; two multi-token-prediction modules, their look-ahead tokens from ``FCPCollator(future_tokens=
+2)``) and gpt-oss (attention sinks, a sliding window on layer 0 cut to WINDOW tokens so that it bites), cut to 2
+layers, float64, built with the same seed on every side. FCP side: :func:`apply_fcp` (ring
 attention as each ``GQAttention``'s inner attention), ``FCPSampler`` → ``FCPDataset`` → ``FCPCollator`` over 12
 synthetic documents of 9–71 tokens with 48 tokens per rank (documents longer than that need a degree-2 ring; global
 batches of 4), :func:`fcp_exec.step.train_step` (Qwen3 with the all-reduce and FSDP2 reducers, Llama 3 with DDP,
 and Qwen3 sharded by torchtitan's own ``apply_fsdp_to_decoder`` — what its ``parallelize_fn`` calls — then
 :func:`fcp_exec.step.reducer_for`), SGD, 3 steps.
-Reference: the stock torchtitan model (its SDPA inner attention, causal) in one process, one document per forward
-(positions from 0), the same global batches, Σ cross-entropy / label tokens, the same SGD. (SGD, not AdamW: AdamW's
+Reference: the stock torchtitan model (its SDPA inner attention, causal; gpt-oss's windows and sinks by
+:class:`_DenseSinkWindow`, its flex/varlen contract in dense float64 through the model's own ``out_transform``) in one
+process, one document per forward (positions from 0), the same global batches, Σ cross-entropy / label tokens
+(DeepSeek-V3: torchtitan's own ``MTPLoss`` of each document, its token shift over the whole document), the same SGD. (SGD, not AdamW: AdamW's
 first update, about lr · sign(g) / (1 + eps/|g|), turns rounding-level differences of small gradient entries into a
 1e-9 difference at the next step — measured with AdamW: step-0 gradients within 1.5e-15 of the reference, step 1
 within 1.1e-9, on the tied embedding first. SGD keeps every step at rounding level, so 1e-12 holds at every step —
@@ -42,36 +47,79 @@ LENGTHS = [37, 12, 64, 9, 50, 23, 71, 18, 40, 33, 15, 58]
 # every family and every reducer at least once (the reducers themselves are tested on every model elsewhere);
 # "titan-fsdp2": torchtitan's own FSDP2 (apply_fsdp_to_decoder, what its parallelize_fn calls), then reducer_for
 RUNS = (("qwen3", "allreduce"), ("qwen3", "fsdp2"), ("llama3", "ddp"), ("qwen3", "titan-fsdp2"),
-        ("qwen3_moe", "allreduce"))
+        ("qwen3_moe", "allreduce"), ("deepseek_v3", "fsdp2"), ("gpt_oss", "ddp"))
+MOE_FAMILIES = ("qwen3_moe", "deepseek_v3", "gpt_oss")  # their experts compute in bfloat16 (_tolerances)
+FLAVORS = {"qwen3_moe": ("qwen3", "debugmodel_moe")}
+MTP_DEPTH = 2  # DeepSeek-V3's multi-token prediction modules (two depths: the loss takes their mean)
+WINDOW = 16  # gpt-oss's sliding window on its even layers, cut from 128 so that it bites on these documents
 BF16_RUN = ("llama3", "titan-fsdp2-bf16")  # torchtitan's usual policy: bf16 compute, fp32 reductions
 STEPS, GBS, TOKENS_PER_RANK, LR, TOL = 3, 4, 48, 0.1, 1e-12
-MOE_EXPERT_TOL, MOE_LOSS_TOL = 2e-3, 1e-6  # qwen3_moe: its experts in bfloat16 (_tolerances)
+MOE_EXPERT_TOL, MOE_LOSS_TOL = 2e-3, 1e-5  # MOE_FAMILIES: their experts in bfloat16 (_tolerances)
 
 
 def _model(family: str, fcp: bool, dtype: torch.dtype = torch.float64):
     """torchtitan's debugmodel of ``family`` with 2 layers and its SDPA inner attention, in ``dtype``, seed 0 (the
-    float32 and float64 models hold the same values)."""
+    float32 and float64 models hold the same values). DeepSeek-V3 (MLA; a dense and a MoE layer) with MTP_DEPTH MTP
+    modules; gpt-oss (attention sinks, a WINDOW-token sliding window on layer 0): the reference side computes its
+    attention with :class:`_DenseSinkWindow` (torchtitan's own kernels for it are flex, compiled, or CUDA varlen)."""
     import importlib
 
     from torchtitan.models.common.attention import ScaledDotProductAttention
 
-    module, flavor = ("qwen3", "debugmodel_moe") if family == "qwen3_moe" else (family, "debugmodel")
-    cfg = importlib.import_module(f"torchtitan.models.{module}").model_registry(flavor).model
+    module, flavor = FLAVORS.get(family, (family, "debugmodel"))
+    registry = importlib.import_module(f"torchtitan.models.{module}").model_registry
+    cfg = (registry(flavor, num_mtp_layers=MTP_DEPTH) if family == "deepseek_v3" else registry(flavor)).model
     cfg.layers = cfg.layers[:2]
-    for layer in cfg.layers:  # the registry offers flex/varlen only (compiled / CUDA); SDPA causal is the reference
+    for layer in cfg.layers + list(getattr(cfg, "mtp_layers", [])):
+        # the registry offers flex/varlen only (compiled / CUDA); SDPA causal is the reference
         layer.attention.inner_attention = ScaledDotProductAttention.Config()
-        if family == "qwen3_moe":
+        if getattr(layer.attention, "sliding_window_size", None) is not None:
+            layer.attention.sliding_window_size = WINDOW
+        if family in MOE_FAMILIES and layer.moe is not None:
             _small_moe(layer.moe)
     torch.manual_seed(0)
     model = cfg.build().to(dtype)
-    if family == "qwen3_moe":  # its experts are allocated empty: torchtitan's own initialisation, seeded
+    if family in MOE_FAMILIES:  # experts are allocated empty: torchtitan's own initialisation, seeded
         with torch.no_grad():
             model.init_weights(buffer_device=None)
+    if family == "gpt_oss":  # its experts return bfloat16, which only a bf16 model adds: cast back, as Qwen3's do
+        for layer in model.layers.values():
+            experts = layer.moe.routed_experts.inner_experts
+            experts.forward = functools.partial(_in_dtype_of_input, experts.forward)
     if fcp:
         from fcp_exec.integrations.torchtitan import apply_fcp
 
         apply_fcp(model)
+    elif family == "gpt_oss":
+        for key, layer in model.layers.items():
+            layer.attention.inner_attention = _DenseSinkWindow(cfg.layers[int(key)].attention.sliding_window_size)
     return model
+
+
+def _in_dtype_of_input(forward, x, *args):
+    return forward(x, *args).to(x.dtype)
+
+
+class _DenseSinkWindow(torch.nn.Module):
+    """The reference inner attention for gpt-oss: torchtitan's contract as its flex/varlen kernels compute it, dense in
+    float64 — a query ``i`` sees keys ``j <= i`` with ``i - j < window`` (flex's ``get_sliding_window_mask_mod``,
+    varlen's ``window_size=(window - 1, 0)``), and the output goes through the model's own ``out_transform`` with the
+    row's log-sum-exp (gpt-oss's ``_apply_sinks``)."""
+
+    def __init__(self, window: int | None) -> None:
+        super().__init__()
+        self.window = window
+
+    def forward(self, q, k, v, *, attention_masks=None, scale=None, enable_gqa=False, out_transform=None):
+        b, n, h, _ = q.shape
+        k, v = (t.repeat_interleave(h // t.shape[2], dim=2) for t in (k, v))
+        scores = torch.einsum("bqhd,bkhd->bhqk", q.double(), k.double()) * scale
+        i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+        allowed = (j <= i) & ((i - j < self.window) if self.window is not None else True)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        lse = torch.logsumexp(scores, dim=-1)  # [B, H, L]
+        out = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(scores, dim=-1), v.double()).to(q.dtype)
+        return out if out_transform is None else out_transform(out, lse.transpose(1, 2).to(q.dtype))
 
 
 def _small_moe(moe, experts: int = 8, top_k: int = 2, hidden: int = 32) -> None:
@@ -90,7 +138,8 @@ def _expert_counts(model) -> list[list[int]]:
     import torch.distributed as dist
 
     out = []
-    for layer in getattr(model, "module", model).layers.values():
+    inner = getattr(model, "module", model)
+    for layer in list(inner.layers.values()) + list(getattr(inner, "mtp_layers", None) or []):
         counts = getattr(getattr(layer, "moe", None), "tokens_per_expert_E", None)
         if counts is None:
             continue
@@ -136,7 +185,7 @@ def _fcp_run(family: str, reducer: str) -> dict:
     cost = CostModel.preset("qwen3-1.7b", "h100").replace(tokens_per_rank=TOKENS_PER_RANK)
     sampler = FCPSampler(LENGTHS, num_ranks=2, rank=dist.get_rank(), cost_model=cost, global_batch_size=GBS, seed=0)
     loader = DataLoader(FCPDataset([{"input_ids": d} for d in docs]), batch_sampler=sampler,
-                        collate_fn=FCPCollator(pad_token_id=0))
+                        collate_fn=FCPCollator(pad_token_id=0, future_tokens=MTP_DEPTH if family == "deepseek_v3" else 0))
     if reducer.startswith("titan-fsdp2"):
         from torch.distributed.device_mesh import init_device_mesh
         from torchtitan.distributed.fsdp import apply_fsdp_to_decoder
@@ -194,20 +243,37 @@ def _reference(family: str, batches: tuple[tuple[int, ...], ...]) -> list[tuple[
     for batch in batches:
         opt.zero_grad(set_to_none=True)
         num = sum(len(docs[i]) - 1 for i in batch)
-        loss = sum(F.cross_entropy(model(docs[i][None])[0, :-1], docs[i][1:], reduction="sum") for i in batch) / num
+        if family == "deepseek_v3":
+            loss = sum(_mtp_reference_loss(model, docs[i]) for i in batch) / num
+        else:
+            loss = sum(F.cross_entropy(model(docs[i][None])[0, :-1], docs[i][1:], reduction="sum") for i in batch) / num
         loss.backward()
         out.append((float(loss.detach()), num, _grads(model), _expert_counts(model)))
         opt.step()
     return out
 
 
+def _mtp_reference_loss(model, doc: torch.Tensor) -> torch.Tensor:
+    """torchtitan's ``MTPLoss`` (mtp_scale 0.3, the mean over depths) of one document through the stock MTP decoder
+    (its own token shift over the whole document), Σ-reduced in float64 (its ``fn`` casts to float32)."""
+    import torch.nn.functional as F
+    from torchtitan.models.deepseek_v3.mtp import MTPLoss
+
+    loss = MTPLoss(MTPLoss.Config(mtp_scale=0.3))
+    loss.fn = lambda pred, labels, **_: F.cross_entropy(pred.flatten(0, 1), labels.flatten(0, 1), reduction="sum")
+    labels = torch.cat([doc[1:], torch.tensor([-100])])[None]
+    return loss(model(doc[None]), labels, positions=torch.arange(len(doc))[None])[0]
+
+
 def _tolerances(family: str, step: int) -> dict:
     """``{parameter-name filter: (loss tol, gradient tol)}``. The MoE's experts compute in bfloat16 (torchtitan's
     ``GroupedExperts`` casts x and its weights), so their weights' gradients sum bf16 products in another order when a
-    micro-batch packs several documents: within MOE_EXPERT_TOL of the largest entry at step 0 (measured 3.0e-4), every
-    other gradient and the loss to TOL; after a step the experts' rounding reaches everything (measured: losses 1.5e-7,
-    gradients 3.3e-4). The tokens per expert stay exactly the stock model's at every step."""
-    if family != "qwen3_moe":
+    micro-batch packs several documents: within MOE_EXPERT_TOL of the largest entry at step 0 (measured 3.0e-4 Qwen3,
+    7.8e-6 DeepSeek-V3, 2.9e-4 gpt-oss), every other gradient and the loss to TOL (measured ≤ 6.6e-16); after a step
+    the experts' rounding reaches everything (measured: losses 1.5e-7 Qwen3, 9.5e-10 DeepSeek-V3, 2.8e-6 gpt-oss, whose
+    expert biases add in bfloat16; gradients ≤ 5.0e-4). The tokens per expert stay exactly the stock model's at every
+    step."""
+    if family not in MOE_FAMILIES:
         return {lambda n: True: (TOL, TOL)}
     if step == 0:
         return {lambda n: "inner_experts" in n: (TOL, MOE_EXPERT_TOL), lambda n: "inner_experts" not in n: (TOL, TOL)}
@@ -236,6 +302,7 @@ def test_torchtitan_model_with_fcp_equals_the_stock_model(runs, family, reducer)
 
 def test_misuse_is_one_clear_error():
     from fcp_exec.integrations.torchtitan import apply_fcp, batch_inputs
+    from fcp_exec.ring_attention import RingBatch
 
     with pytest.raises(ValueError, match="not a torchtitan decoder"):
         apply_fcp(torch.nn.Linear(2, 2))
@@ -245,19 +312,27 @@ def test_misuse_is_one_clear_error():
     apply_fcp(model)
     with pytest.raises(ValueError, match="takes an FCP micro-batch"):
         model(torch.zeros(1, 4, dtype=torch.long))
-    # what a sliding-window VarlenAttention holds (torchtitan's varlen kernel needs CUDA: a stand-in with its attribute)
-    model.layers["0"].attention.inner_attention = type("VarlenLike", (torch.nn.Module,), {"window_size": (127, 0)})()
-    with pytest.raises(ValueError, match=r"window_size=\(127, 0\)"):
+    # what a bidirectional VarlenAttention holds (torchtitan's varlen kernel needs CUDA: a stand-in with its attribute)
+    model.layers["0"].attention.inner_attention = type("VarlenLike", (torch.nn.Module,), {"window_size": (-1, -1)})()
+    with pytest.raises(ValueError, match=r"window_size=\(-1, -1\)"):
         apply_fcp(model)
-    model.layers["0"].attention.sinks = torch.nn.Parameter(torch.zeros(2))
-    with pytest.raises(ValueError, match="attention sinks"):
-        apply_fcp(model)
+    windowed = type("VarlenLike", (torch.nn.Module,), {"window_size": (127, 0)})()
+    model.layers["0"].attention.inner_attention = windowed  # a sliding window: 128 keys per query in the ring
+    assert apply_fcp(model).layers["0"].attention.inner_attention.window == 128
+    with pytest.raises(ValueError, match="sinks as out_transform"):
+        model.layers["0"].attention.inner_attention(*[torch.zeros(1, 4, 2, 8)] * 3, attention_masks=RingBatch(
+            torch.tensor([0, 4]), (0,)), out_transform=lambda out, lse: out)
+    deepseek = _model("deepseek_v3", fcp=False)
+    with pytest.raises(ValueError, match=r"FCPCollator\(future_tokens=2\)"):
+        batch_inputs({"ranks": (0,), "cu_seqlens": torch.tensor([0, 4]), "input_ids": torch.zeros(4).long()},
+                     apply_fcp(deepseek))
 
     class OtherDecoder(type(model)):  # a decoder FCP was not tested with (its class name is what is checked)
         pass
 
     model.__class__ = OtherDecoder
-    with pytest.raises(ValueError, match="takes Qwen3Model and Llama3Model, not OtherDecoder"):
+    with pytest.raises(ValueError, match="takes Qwen3Model, Llama3Model, DeepSeekV3Model, GptOssModel, not "
+                                         "OtherDecoder"):
         apply_fcp(model)
 
 

@@ -71,3 +71,41 @@ def test_a_moe_shape_counts_the_weights_a_token_uses_and_the_weights_held(flavor
     if flavor == "30B-A3B":  # the published sizes: 30.5B parameters, 3.3B activated (with the input embedding)
         assert abs(m.total_params / 30.5e9 - 1) < 0.01
         assert abs((m.matmul_params + model.tok_embeddings.weight.numel()) / 3.3e9 - 1) < 0.02
+
+
+@pytest.mark.parametrize("family, flavor, mtp", [("deepseek_v3", "debugmodel", 0), ("deepseek_v3", "debugmodel", 2),
+                                                 ("deepseek_v3", "671B", 0), ("gpt_oss", "debugmodel", 0),
+                                                 ("gpt_oss", "120b", 0)])
+def test_mla_mtp_and_sliding_windows_are_in_the_shape(family, flavor, mtp):
+    """DeepSeek-V3 (multi-latent attention, a dense first layer, shared experts; ``mtp`` MTP modules: one more block,
+    eh_proj and LM head per token each) and gpt-oss (sliding windows on half its layers): the weights a token multiplies
+    and the weights held, exactly against the model built on the meta device; the published sizes (DeepSeek-V3 671B
+    with 37B activated; gpt-oss-120b 116.8B with 5.1B active, its windows 128 tokens on 18 of 36 layers)."""
+    import importlib
+
+    import torch
+
+    from fcp_data.presets import ModelConfig
+    from fcp_exec.integrations.torchtitan import model_shape
+
+    registry = importlib.import_module(f"torchtitan.models.{family}").model_registry
+    cfg = (registry(flavor, num_mtp_layers=mtp) if mtp else registry(flavor)).model
+    shape = model_shape(cfg)
+    m = ModelConfig(**shape)
+    with torch.device("meta"):
+        model = cfg.build()
+    linear = sum(mod.weight.numel() for mod in model.modules() if isinstance(mod, torch.nn.Linear))
+    experts = sum(p.numel() for n, p in model.named_parameters() if "inner_experts" in n and p.dim() == 3)
+    router = next(layer.moe.router for layer in cfg.layers if getattr(layer, "moe", None) is not None)
+    lm_head = model.lm_head.weight.numel()
+    assert m.matmul_params == linear + experts * router.top_k // router.num_experts + mtp * lm_head
+    assert m.total_params == linear + experts + model.tok_embeddings.weight.numel()
+    assert m.layers == len(cfg.layers) + mtp
+    if family == "deepseek_v3":
+        assert (m.heads, m.kv_heads, m.head_dim) == (cfg.layers[0].attention.n_heads,) * 2 + (192,)
+    if flavor == "671B":
+        assert abs(m.total_params / 671e9 - 1) < 0.01
+        assert abs((m.matmul_params + model.tok_embeddings.weight.numel()) / 37e9 - 1) < 0.02
+    if flavor == "120b":
+        assert abs(m.total_params / 116.8e9 - 1) < 0.01 and abs(m.matmul_params / 5.1e9 - 1) < 0.02
+        assert (shape["window"], shape["window_layers"]) == (128, 18)

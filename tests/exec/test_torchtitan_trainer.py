@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import types
 
 import numpy as np
 import pytest
@@ -57,9 +58,11 @@ FLIPS, COEFF = 2, 1e-3  # tokens allowed to flip per step and layer; the debug m
 
 
 def _config(steps: int, dump: str, interval: int = 0, damaged: bool = False, bf16: bool = False,
-            compiled: bool = False, tokens_per_rank: int = TOKENS_PER_RANK, moe: bool = False):
+            compiled: bool = False, tokens_per_rank: int = TOKENS_PER_RANK, family: str = "qwen3"):
     """torchtitan's qwen3_debugmodel config cut to 2 layers in float64, through fcp_config (``damaged``: over
-    :func:`damaged_text`; ``moe``: its MoE debug model instead, cut to 8 experts, top 2, expert bias balancing on)."""
+    :func:`damaged_text`; ``family`` "qwen3_moe": its MoE debug model instead, cut to 8 experts, top 2, expert bias
+    balancing on; "deepseek_v3": torchtitan's ``deepseek_v3_debugmodel_mtp`` — MLA, a dense and a MoE layer cut as
+    above, one multi-token-prediction module, its ``MTPLoss``)."""
     from torchtitan.components.optimizer import default_adamw
     from torchtitan.models.qwen3 import model_registry
     from torchtitan.models.qwen3.config_registry import qwen3_debugmodel
@@ -68,11 +71,17 @@ def _config(steps: int, dump: str, interval: int = 0, damaged: bool = False, bf1
     from fcp_exec.integrations.torchtitan_trainer import fcp_config
 
     cfg = qwen3_debugmodel()
-    if moe:
+    if family == "qwen3_moe":
         cfg.model_spec = model_registry("debugmodel_moe")
-        for layer in cfg.model_spec.model.layers:
+    elif family == "deepseek_v3":
+        from torchtitan.models.deepseek_v3.config_registry import deepseek_v3_debugmodel_mtp
+
+        cfg = deepseek_v3_debugmodel_mtp()
+    model_cfg = cfg.model_spec.model
+    model_cfg.layers = model_cfg.layers[:2]
+    for layer in model_cfg.layers + list(getattr(model_cfg, "mtp_layers", [])):
+        if getattr(layer, "moe", None) is not None:
             _small_moe(layer.moe)
-    cfg.model_spec.model.layers = cfg.model_spec.model.layers[:2]
     precision = dict(dtype="float32", mixed_precision_param="bfloat16", mixed_precision_reduce="float32") if bf16 \
         else dict(dtype="float64", mixed_precision_param="float64", mixed_precision_reduce="float64")
     cfg.training = dataclasses.replace(cfg.training, seq_len=SEQ_LEN, steps=steps, **precision)
@@ -124,17 +133,19 @@ def _float64() -> None:
     torchtitan.config.TORCH_DTYPE_MAP.setdefault("float64", torch.float64)  # the same dict object everywhere
 
 
-def _stock_model(moe: bool = False):
-    """The stock debugmodel (2 layers, SDPA, RoPE over SEQ_LEN positions), float64, seed 0 (``moe``: the MoE one)."""
+def _stock_model(family: str = "qwen3"):
+    """The stock debugmodel of ``family`` (_config; 2 layers, SDPA, RoPE over SEQ_LEN positions), float64, seed 0."""
     from torchtitan.models.common.attention import ScaledDotProductAttention
+    from torchtitan.models.deepseek_v3 import model_registry as deepseek
     from torchtitan.models.qwen3 import model_registry
 
-    cfg = model_registry("debugmodel_moe" if moe else "debugmodel").model
+    cfg = (deepseek("debugmodel", num_mtp_layers=1) if family == "deepseek_v3" else
+           model_registry("debugmodel_moe" if family == "qwen3_moe" else "debugmodel")).model
     cfg.layers = cfg.layers[:2]
-    for layer in cfg.layers:
+    for layer in cfg.layers + list(getattr(cfg, "mtp_layers", [])):
         layer.attention.inner_attention = ScaledDotProductAttention.Config()
         layer.attention.rope = dataclasses.replace(layer.attention.rope, max_seq_len=SEQ_LEN)
-        if moe:
+        if getattr(layer, "moe", None) is not None:
             _small_moe(layer.moe)
     torch.manual_seed(0)
     model = cfg.build().to(torch.float64)
@@ -195,14 +206,15 @@ def _load_params(model, path: str) -> None:
 
 
 def _train(steps: int, dump: str, initial: str, interval: int = 0, damaged: bool = False, bf16: bool = False,
-           compiled: bool = False, tokens_per_rank: int = TOKENS_PER_RANK, moe: bool = False) -> dict:
+           compiled: bool = False, tokens_per_rank: int = TOKENS_PER_RANK, family: str = "qwen3") -> dict:
     """One FCPTitanTrainer run on this rank (inside the launch): its logged steps, batches and final parameters."""
     import torch.distributed as dist
     from fcp_exec.integrations.torchtitan_cpu import torchtitan_on_cpu
 
     torchtitan_on_cpu()
     _float64()
-    trainer = _config(steps, dump, interval, damaged, bf16, compiled, tokens_per_rank, moe).build()
+    trainer = _config(steps, dump, interval, damaged, bf16, compiled, tokens_per_rank, family).build()
+    moe = family == "qwen3_moe"
     _load_params(trainer.model_parts[0], initial)
     expert_counts: list = []
     if moe:
@@ -279,7 +291,7 @@ def runs(tmp_path_factory):
 
 
 def _reference(initial: str, batches: list[list[int]], val_batches: list[list[int]],
-               skip: frozenset = frozenset(), moe: bool = False) -> tuple[list, dict, dict]:
+               skip: frozenset = frozenset(), family: str = "qwen3") -> tuple[list, dict, dict]:
     """The stock model over ``batches`` (without the samples ``skip``) in this process: per step (loss, gradient
     norm), the final parameters and the validation loss over ``val_batches`` after steps 1 and STEPS (the
     validator's freq). ``moe``: the MoE model, its expert biases moved by torchtitan's own optimizer pre-hook
@@ -292,8 +304,8 @@ def _reference(initial: str, batches: list[list[int]], val_batches: list[list[in
     from fcp_data import IndexedDataset, bundled_index
 
     _float64()
-    cfg = _config(len(batches), tempfile.mkdtemp(), moe=moe)
-    model = _stock_model(moe)
+    cfg = _config(len(batches), tempfile.mkdtemp(), family=family)
+    model, moe = _stock_model(family), family == "qwen3_moe"
     _load_params(model, initial)
     optimizers = cfg.optimizer.build(model_parts=[model])
     if moe:
@@ -313,6 +325,10 @@ def _reference(initial: str, batches: list[list[int]], val_batches: list[list[in
     def mean_loss(indices: list[int]) -> torch.Tensor:
         docs = [data[i]["input_ids"][:SEQ_LEN] for i in indices if i not in skip]
         num = sum(len(d) - 1 for d in docs)
+        if family == "deepseek_v3":  # torchtitan's own MTPLoss (float32 logits), its token shift over each document
+            loss = cfg.loss.build()
+            return sum(loss(model(d[None]), torch.cat([d[1:], torch.tensor([-100])])[None],
+                            positions=torch.arange(len(d))[None])[0] for d in docs) / num
         return sum(F.cross_entropy(model(d[None])[0, :-1].float(), d[1:], reduction="sum") for d in docs) / num
 
     out, validated = [], {}
@@ -429,6 +445,38 @@ def test_misuse_is_one_clear_error(tmp_path):
         next(iter(loader))
     with pytest.raises(ValueError, match="saved by another dataloader"):
         loader.load_state_dict({"dp_rank_0": b""})
+
+
+def test_gpt_oss_windows_and_mtp_depth_reach_the_run(tmp_path):
+    """What FCPTitanTrainer does to a model spec before torchtitan builds it: gpt-oss's varlen configs (sliding windows
+    ``(127, 0)`` on its even layers) become SDPA configs whose windows ``apply_fcp`` puts in the ring from the layer's
+    ``sliding_window_size`` (128 keys; the odd layers causal); a varlen window its config does not name is refused.
+    DeepSeek-V3's MTP config gives the loader one look-ahead token per MTP module, and a model with MTP modules but
+    no ``MTPLoss`` is one error."""
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+    from torchtitan.models.deepseek_v3.config_registry import deepseek_v3_debugmodel, deepseek_v3_debugmodel_mtp
+    from torchtitan.models.gpt_oss.config_registry import gpt_oss_debugmodel
+
+    from fcp_exec.integrations import torchtitan_trainer as tt
+    from fcp_exec.integrations.torchtitan import apply_fcp
+    from fcp_exec.integrations.torchtitan_trainer import fcp_config
+
+    spec = fcp_config(gpt_oss_debugmodel(), dataset_path=str(tmp_path)).model_spec
+    fcp_spec = tt._fcp_model_spec(spec, None)
+    inner = [layer.attention.inner_attention for layer in fcp_spec.model.layers]
+    assert all(isinstance(c, ScaledDotProductAttention.Config) for c in inner), inner
+    model = apply_fcp(fcp_spec.model.build())
+    assert [layer.attention.inner_attention.window for layer in model.layers.values()] == [128, None, 128, None]
+    spec.model.layers[0].attention.sliding_window_size = 64  # varlen's (127, 0) no longer matches its config
+    with pytest.raises(ValueError, match=r"window_size=\(127, 0\)"):
+        tt._fcp_model_spec(spec, None)
+    assert fcp_config(deepseek_v3_debugmodel_mtp(), dataset_path=str(tmp_path)).dataloader.future_tokens == 1
+    assert fcp_config(deepseek_v3_debugmodel(), dataset_path=str(tmp_path)).dataloader.future_tokens == 0
+    mtp = deepseek_v3_debugmodel_mtp()
+    mtp.loss = deepseek_v3_debugmodel().loss  # the chunked cross-entropy: no list of predictions
+    loader = types.SimpleNamespace(config=fcp_config(mtp, dataset_path=str(tmp_path)).dataloader)
+    with pytest.raises(ValueError, match="not torchtitan's MTPLoss"):
+        tt._mtp_loss(mtp.loss.build(), apply_fcp(_stock_model("deepseek_v3")), loader)
 
 
 def test_documents_past_seq_len_are_cut_or_left_out(tmp_path):
@@ -573,10 +621,10 @@ def test_moe_expert_bias_balancing_trains_like_the_stock_model(tmp_path):
     biases after 4 steps within what FLIPS flips can move (measured: equal), and the losses and parameters agree within the bf16 tolerances of its experts
     (torchtitan computes them in bfloat16, whose weight gradients sum in another order: MOE_TOL, MOE_PARAM_TOL)."""
     initial = str(tmp_path / "initial.pt")
-    torch.save({n: p.detach() for n, p in _stock_model(moe=True).named_parameters()}, initial)
-    got = launch(_train, 2, STEPS, str(tmp_path / "moe"), initial, 0, False, False, False, TOKENS_PER_RANK, True,
+    torch.save({n: p.detach() for n, p in _stock_model("qwen3_moe").named_parameters()}, initial)
+    got = launch(_train, 2, STEPS, str(tmp_path / "moe"), initial, 0, False, False, False, TOKENS_PER_RANK, "qwen3_moe",
                  timeout=600.0, pg_timeout=120.0, preload=("torchtitan.trainer",))[0]
-    ref_steps, ref_params, _ = launch(_reference, 1, initial, got["batches"], got["val_batches"], frozenset(), True,
+    ref_steps, ref_params, _ = launch(_reference, 1, initial, got["batches"], got["val_batches"], frozenset(), "qwen3_moe",
                                       timeout=600.0, pg_timeout=120.0, preload=("torchtitan.trainer",))[0]
     counts = ref_params.pop("expert_counts")
     assert len(got["expert_counts"]) == len(counts) == STEPS
@@ -591,6 +639,39 @@ def test_moe_expert_bias_balancing_trains_like_the_stock_model(tmp_path):
     assert any(b != 0.0 for layer in got["expert_bias"] for b in layer), "no bias moved"
     for (step, loss, _), (ref_loss, _) in zip(got["logged"], ref_steps):
         assert abs(loss - ref_loss) <= MOE_TOL * abs(ref_loss), f"step {step}: loss {loss!r} vs {ref_loss!r}"
+    scale = max(float(np.abs(v).max()) for v in ref_params.values())
+    worst = max(float(np.abs(got["params"][k] - v).max()) for k, v in ref_params.items()) / scale
+    assert worst <= MOE_PARAM_TOL, f"final parameters differ by {worst:.2e} of the largest"
+    assert any(len(g) == 2 for g in got["groups"]), "no degree-2 ring ran"
+
+
+@pytest.mark.timeout(900)
+def test_deepseek_v3_with_multi_token_prediction_trains_like_the_stock_model(tmp_path):
+    """torchtitan's ``deepseek_v3_debugmodel_mtp`` (multi-latent attention, YaRN RoPE, a dense and a MoE layer, one
+    MTP module, ``MTPLoss`` with mtp_scale 0.3) under ``Trainer.train()`` with FCP on 2 processes — which torchtitan
+    itself refuses with context parallelism ("MTP does not support context parallelism yet"): its MTP module reads each
+    token's look-ahead token from ``FCPCollator(future_tokens=1)`` (``fcp_config`` sets it from the model) instead of
+    shifting a shard. Against the stock model trained in one process with torchtitan's own ``MTPLoss`` and token
+    shift over each whole document: the first step's loss within LOSS_TOL, every later one, the validation losses and
+    the final parameters within the MoE tolerances (its experts compute in bfloat16: MOE_TOL, MOE_PARAM_TOL); a
+    degree-2 ring ran. Measured: step 1 equal, later losses within 3.7e-7, validation 5.1e-7, parameters 1.5e-3 of
+    the largest (expert weights); with the MTP module shifting its shard instead (the bug this guards against) step 1
+    is 2.0e-5 off and step 2 8.0e-4."""
+    initial = str(tmp_path / "initial.pt")
+    torch.save({n: p.detach() for n, p in _stock_model("deepseek_v3").named_parameters()}, initial)
+    got = launch(_train, 2, STEPS, str(tmp_path / "dsv3"), initial, 0, False, False, False, TOKENS_PER_RANK,
+                 "deepseek_v3", timeout=600.0, pg_timeout=120.0, preload=("torchtitan.trainer",))[0]
+    ref_steps, ref_params, ref_val = launch(_reference, 1, initial, got["batches"], got["val_batches"], frozenset(),
+                                            "deepseek_v3", timeout=600.0, pg_timeout=120.0,
+                                            preload=("torchtitan.trainer",))[0]
+    assert len(got["logged"]) == len(ref_steps) == STEPS
+    for (step, loss, _), (ref_loss, _) in zip(got["logged"], ref_steps):
+        tol = LOSS_TOL if step == 1 else MOE_TOL  # the same weights at step 1: float32 rounding only
+        assert abs(loss - ref_loss) <= tol * abs(ref_loss), f"step {step}: loss {loss!r} vs {ref_loss!r}"
+    assert [s for s, _ in got["validated"]] == sorted(ref_val)
+    for step, loss in got["validated"]:
+        assert abs(loss - ref_val[step]) <= MOE_TOL * abs(ref_val[step]), f"validation after step {step}"
+    assert any("mtp_layers.0" in k for k in ref_params), "the MTP module is not trained"
     scale = max(float(np.abs(v).max()) for v in ref_params.values())
     worst = max(float(np.abs(got["params"][k] - v).max()) for k, v in ref_params.items()) / scale
     assert worst <= MOE_PARAM_TOL, f"final parameters differ by {worst:.2e} of the largest"
