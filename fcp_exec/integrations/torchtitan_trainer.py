@@ -167,6 +167,7 @@ class FCPTitanTrainer(Trainer):
     def __init__(self, config: Config) -> None:
         _check_config(config)
         _public_set_timeout()
+        _stacks_when_stopped()
         config.model_spec = _fcp_model_spec(config.model_spec, config.ring_timeout or None)
         super().__init__(config)
         if not isinstance(self.dataloader, FCPTitanDataLoader):
@@ -263,6 +264,18 @@ def _log_fcp(loader: FCPTitanDataLoader, seq_len: int) -> None:
                 f"per step: {c.micro_batches or 'planned per global batch'}, solver {c.solver}")
 
 
+def _stacks_when_stopped() -> None:
+    """A rank that torchrun stops with SIGTERM (after a peer failed, e.g. timed out waiting for this one) first writes
+    where each of its threads was to stderr (``faulthandler``), then stops as before: the other side of a hang."""
+    import faulthandler
+    import signal
+
+    try:
+        faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
+    except (AttributeError, ValueError, RuntimeError, OSError):  # no SIGTERM (Windows) or no usable stderr
+        pass
+
+
 def _public_set_timeout() -> None:
     """torchtitan 0.3's ``Trainer.train`` calls ``torch.distributed.set_timeout`` after the first step, which torch
     releases up to 2.13 have only as the private ``_set_pg_timeout`` (same arguments): that one, where it is missing."""
@@ -355,8 +368,10 @@ def fcp_config(config: Any, **dataloader: Any) -> FCPTitanTrainer.Config:
     """torchtitan's ``Trainer.Config`` ``config`` as an :class:`FCPTitanTrainer.Config` (``config`` is not changed):
     its dataloader an :class:`FCPTitanDataLoader.Config` of ``dataloader`` (its fields; ``vocab_size`` from the
     model), the tokenizer :class:`PreTokenized`, the validator :class:`FCPTitanValidator` (``config``'s enable, freq
-    and steps; the training data with seed + 1), CUDA graphs off, the ``partial_dtensor`` SPMD backend. Everything else — model, optimizer, schedule, FSDP2, checkpointing, metrics — stays
-    ``config``'s."""
+    and steps; the training data with seed + 1, read in the training process: no DataLoader worker is forked in the
+    middle of a run, when the trainer's threads may hold locks a forked child would inherit), CUDA graphs off, the
+    ``partial_dtensor`` SPMD backend. Everything else — model, optimizer, schedule, FSDP2, checkpointing, metrics —
+    stays ``config``'s."""
     if not isinstance(config, Trainer.Config):
         raise TypeError(f"fcp_config takes torchtitan's Trainer.Config, got {type(config).__name__}")
     names = {f.name for f in dataclasses.fields(FCPTitanDataLoader.Config)}
@@ -378,5 +393,6 @@ def fcp_config(config: Any, **dataloader: Any) -> FCPTitanTrainer.Config:
     fields["dataloader"] = train = FCPTitanDataLoader.Config(**dataloader)
     v = config.validator
     fields["validator"] = FCPTitanValidator.Config(enable=v.enable, freq=v.freq, steps=getattr(v, "steps", 1),
-                                                   dataloader=dataclasses.replace(train, seed=train.seed + 1))
+                                                   dataloader=dataclasses.replace(train, seed=train.seed + 1,
+                                                                                  num_workers=0))
     return FCPTitanTrainer.Config(**fields)

@@ -47,7 +47,7 @@ def _titan(tmp_path: Path, *args: str, config: str = "qwen3_debug_fcp") -> tuple
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
     out = r.stdout + r.stderr
-    assert r.returncode == 0, out[-4000:]
+    assert r.returncode == 0, out[-30000:]
     assert "FCP: global batches of 8 documents" in out, out[-4000:]
     return [(int(m[1]), m[2], m[3]) for m in STEP.finditer(out)], [(int(m[1]), m[2]) for m in VALIDATE.finditer(out)]
 

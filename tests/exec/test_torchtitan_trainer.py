@@ -451,8 +451,8 @@ def test_gpt_oss_windows_and_mtp_depth_reach_the_run(tmp_path):
     """What FCPTitanTrainer does to a model spec before torchtitan builds it: gpt-oss's varlen configs (sliding windows
     ``(127, 0)`` on its even layers) become SDPA configs whose windows ``apply_fcp`` puts in the ring from the layer's
     ``sliding_window_size`` (128 keys; the odd layers causal); a varlen window its config does not name is refused.
-    DeepSeek-V3's MTP config gives the loader one look-ahead token per MTP module, and a model with MTP modules but
-    no ``MTPLoss`` is one error."""
+    DeepSeek-V3's MTP config gives the loaders one look-ahead token per MTP module (the validator's loader reads in
+    the training process), and a model with MTP modules but no ``MTPLoss`` is one error."""
     from torchtitan.models.common.attention import ScaledDotProductAttention
     from torchtitan.models.deepseek_v3.config_registry import deepseek_v3_debugmodel, deepseek_v3_debugmodel_mtp
     from torchtitan.models.gpt_oss.config_registry import gpt_oss_debugmodel
@@ -470,7 +470,10 @@ def test_gpt_oss_windows_and_mtp_depth_reach_the_run(tmp_path):
     spec.model.layers[0].attention.sliding_window_size = 64  # varlen's (127, 0) no longer matches its config
     with pytest.raises(ValueError, match=r"window_size=\(127, 0\)"):
         tt._fcp_model_spec(spec, None)
-    assert fcp_config(deepseek_v3_debugmodel_mtp(), dataset_path=str(tmp_path)).dataloader.future_tokens == 1
+    mtp_cfg = fcp_config(deepseek_v3_debugmodel_mtp(), dataset_path=str(tmp_path))
+    assert mtp_cfg.dataloader.future_tokens == mtp_cfg.validator.dataloader.future_tokens == 1
+    # the validation data is read in the training process: nothing is forked in the middle of a run
+    assert mtp_cfg.dataloader.num_workers == 2 and mtp_cfg.validator.dataloader.num_workers == 0
     assert fcp_config(deepseek_v3_debugmodel(), dataset_path=str(tmp_path)).dataloader.future_tokens == 0
     mtp = deepseek_v3_debugmodel_mtp()
     mtp.loss = deepseek_v3_debugmodel().loss  # the chunked cross-entropy: no list of predictions
