@@ -467,6 +467,12 @@ def test_gpt_oss_windows_and_mtp_depth_reach_the_run(tmp_path):
     assert all(isinstance(c, ScaledDotProductAttention.Config) for c in inner), inner
     model = apply_fcp(fcp_spec.model.build())
     assert [layer.attention.inner_attention.window for layer in model.layers.values()] == [128, None, 128, None]
+    compiled = gpt_oss_debugmodel()
+    compiled.compile = dataclasses.replace(compiled.compile, enable=True, components=["model", "loss"])
+    for layer in compiled.model_spec.model.layers:  # (its expert-bias balancing alone is refused under compile too)
+        layer.moe.load_balance_coeff = None
+    with pytest.raises(ValueError, match="layer 0's attention has sinks or a sliding window"):
+        fcp_config(compiled, dataset_path=str(tmp_path))
     spec.model.layers[0].attention.sliding_window_size = 64  # varlen's (127, 0) no longer matches its config
     with pytest.raises(ValueError, match=r"window_size=\(127, 0\)"):
         tt._fcp_model_spec(spec, None)
