@@ -13,6 +13,7 @@ first ``--docs`` documents, truncated at ``--cap``); ``input_ids`` are made by t
    the same lists materialised beforehand, timing only the data path (read, collate, worker IPC).
 
     .venv/bin/python benchmarks/bench_collator.py
+    .venv/bin/python benchmarks/bench_collator.py --future-tokens 0,1,3 --collator-only   # MTP look-ahead cost
 """
 
 from __future__ import annotations
@@ -62,10 +63,15 @@ def _groups(lengths: np.ndarray, budget: int, count: int) -> list[list[int]]:
     return out
 
 
-def bench_collator(lengths: np.ndarray, tokens_per_rank: int, repeats: int) -> None:
+def bench_collator(lengths: np.ndarray, tokens_per_rank: int, repeats: int, depths: tuple[int, ...] = (0,)) -> None:
+    """Packed tokens per second of one collate call per degree; with several look-ahead ``depths``
+    (``FCPCollator(future_tokens=d)``, multi-token prediction) side by side, interleaved call by call."""
     torch.set_num_threads(1)
-    data, collate = GeneratedText(lengths), FCPCollator(pad_token_id=0)
-    print("collator alone (1 thread): degree | packed tokens/s (median) | local tokens/s | docs/call")
+    data = GeneratedText(lengths)
+    collates = {d: FCPCollator(pad_token_id=0, future_tokens=d) for d in depths}
+    head = " | ".join(f"future_tokens={d}" for d in depths)
+    print(f"collator alone (1 thread): degree | packed tokens/s (median): {head} | local tokens/s | docs/call"
+          + (" | ratio to future_tokens=0" if len(depths) > 1 else ""))
     for degree in (1, 2, 4, 8):
         budget = degree * tokens_per_rank
         calls = []
@@ -77,16 +83,22 @@ def bench_collator(lengths: np.ndarray, tokens_per_rank: int, repeats: int) -> N
                                   num_tokens_global=1, epoch=0, global_batch=0, micro_batch=0, num_micro_batches=1)
                 items.append((data[i], slot))
             calls.append(items)
-        rates, local_rates, docs = [], [], []
+        rates: dict[int, list[float]] = {d: [] for d in depths}
+        local_rates, docs = [], []
         for _ in range(repeats):
             for items in calls:
-                t = time.perf_counter()
-                out = collate(items)
-                dt = time.perf_counter() - t
-                rates.append(sum(s.num_tokens for _, s in items) / dt)
-                local_rates.append(out["input_ids"].numel() / dt)
-                docs.append(len(items))
-        print(f"  {degree} | {np.median(rates) / 1e6:8.1f} M | {np.median(local_rates) / 1e6:8.1f} M | {np.median(docs):.0f}")
+                for d, collate in collates.items():
+                    t = time.perf_counter()
+                    out = collate(items)
+                    dt = time.perf_counter() - t
+                    rates[d].append(sum(s.num_tokens for _, s in items) / dt)
+                    if d == depths[0]:
+                        local_rates.append(out["input_ids"].numel() / dt)
+                        docs.append(len(items))
+        med = {d: float(np.median(r)) for d, r in rates.items()}
+        ratio = " | " + " / ".join(f"{med[d] / med[depths[0]]:.2f}" for d in depths[1:]) if len(depths) > 1 else ""
+        print(f"  {degree} | " + " | ".join(f"{med[d] / 1e6:8.1f} M" for d in depths)
+              + f" | {np.median(local_rates) / 1e6:8.1f} M | {np.median(docs):.0f}{ratio}")
 
 
 def bench_loader(lengths: np.ndarray, args) -> None:
@@ -126,12 +138,18 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--model", default="Qwen3-1.7B")
     ap.add_argument("--hardware", default="h100")
+    ap.add_argument("--future-tokens", default="0",
+                    help="comma-separated look-ahead depths for the collator-alone rows (multi-token prediction), "
+                         "side by side; the first is the baseline of the ratios, e.g. 0,1,3")
+    ap.add_argument("--collator-only", action="store_true", help="skip the DataLoader part")
     args = ap.parse_args()
+    depths = tuple(int(d) for d in args.future_tokens.split(","))
     lengths = np.minimum(load_lengths(args.workload)[: args.docs], args.cap)
     print(f"{lengths.size} Wikipedia lengths truncated at {args.cap} (mean {lengths.mean():.0f} tokens); "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads available")
-    bench_collator(lengths, args.tokens_per_rank, args.repeats)
-    bench_loader(lengths, args)
+    bench_collator(lengths, args.tokens_per_rank, args.repeats, depths)
+    if not args.collator_only:
+        bench_loader(lengths, args)
 
 
 if __name__ == "__main__":

@@ -272,9 +272,9 @@ class FCPCollator:
                 out["mrope_position_ids"] = take(torch.cat(acc.mrope_parts, dim=1))
         if self.future_tokens:
             kept = torch.repeat_interleave(torch.tensor(acc.kept_lens), torch.tensor(acc.padded_lens))
-            future = lookahead(input_ids, labels, positions, kept, self.future_tokens, pad_token_id=self.pad_token_id,
-                               ignore_index=self.ignore_index)
-            out["future_ids"], out["future_labels"], out["future_valid"] = (take(t) for t in future)
+            out["future_ids"], out["future_labels"], out["future_valid"] = lookahead(
+                input_ids, labels, positions, kept, self.future_tokens, pad_token_id=self.pad_token_id,
+                ignore_index=self.ignore_index, index=idx)
         if acc.pixel_values:
             out["pixel_values"] = torch.cat(acc.pixel_values, dim=0)
         if acc.grids:

@@ -23,17 +23,32 @@ __all__ = ["lookahead"]
 
 
 def lookahead(input_ids: torch.Tensor, labels: torch.Tensor, positions: torch.Tensor, kept: torch.Tensor,
-              depth: int, *, pad_token_id: int, ignore_index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(ids, labels, valid)``, each ``[depth, T]``, for packed documents (module docstring). ``input_ids``,
+              depth: int, *, pad_token_id: int, ignore_index: int,
+              index: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(ids, labels, valid)``, each ``[depth, L]``, for packed documents (module docstring). ``input_ids``,
     ``labels``, ``positions`` ``[T]``: the packed (padded, not yet sharded) tokens, their shifted labels and their
-    positions inside their documents; ``kept`` ``[T]``: the kept tokens of each token's document."""
+    positions inside their documents; ``kept`` ``[T]``: the kept tokens of each token's document; ``index``: the
+    packed positions of this rank's tokens (``fcp_data.layout.zigzag_index``; None: all ``T``), whose look-ahead is
+    computed — and only theirs."""
+    if index is None:  # degree 1: every token is this rank's, and shifted slices are the cheapest gather
+        return _sliced(input_ids, labels, positions, kept, depth, int(pad_token_id), int(ignore_index))
+    ahead = torch.arange(1, depth + 1)[:, None]
+    valid = positions[index][None] + ahead < kept[index][None]
+    src = torch.where(valid, index[None] + ahead, 0)  # inside the same document wherever valid
+    ids = torch.where(valid, input_ids[src], int(pad_token_id))
+    out_labels = torch.where(valid, labels[src], int(ignore_index))
+    return ids, out_labels, valid
+
+
+def _sliced(input_ids: torch.Tensor, labels: torch.Tensor, positions: torch.Tensor, kept: torch.Tensor, depth: int,
+            pad: int, ignore: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     total = int(input_ids.numel())
-    ids = input_ids.new_full((depth, total), int(pad_token_id))
-    out_labels = labels.new_full((depth, total), int(ignore_index))
+    ids = input_ids.new_full((depth, total), pad)
+    out_labels = labels.new_full((depth, total), ignore)
     valid = torch.zeros((depth, total), dtype=torch.bool)
-    for k in range(1, depth + 1):
-        ok = positions + k < kept  # then t + k is in the same document: no roll wraps around
-        ids[k - 1] = torch.where(ok, torch.roll(input_ids, -k), ids[k - 1])
-        out_labels[k - 1] = torch.where(ok, torch.roll(labels, -k), out_labels[k - 1])
-        valid[k - 1] = ok
+    for k in range(1, min(depth, total - 1) + 1):
+        ok = positions[: total - k] + k < kept[: total - k]
+        valid[k - 1, : total - k] = ok
+        ids[k - 1, : total - k] = torch.where(ok, input_ids[k:], pad)
+        out_labels[k - 1, : total - k] = torch.where(ok, labels[k:], ignore)
     return ids, out_labels, valid
