@@ -149,9 +149,9 @@ class FCPCollator:
         self.strict_lengths = flag("strict_lengths", strict_lengths)
         self.mask_visual_labels = flag("mask_visual_labels", mask_visual_labels) and bool(self.visual_ids)
         self.sample_labels = flag("sample_labels", sample_labels)
-        if isinstance(future_tokens, bool) or not isinstance(future_tokens, int) or future_tokens < 0:
+        if isinstance(future_tokens, bool) or not hasattr(future_tokens, "__index__") or future_tokens.__index__() < 0:
             raise ValueError(f"future_tokens must be an int >= 0 (the look-ahead depth), got {future_tokens!r}")
-        self.future_tokens = future_tokens
+        self.future_tokens = future_tokens.__index__()
 
     def __repr__(self) -> str:
         return (f"FCPCollator(pad_token_id={self.pad_token_id}, ignore_index={self.ignore_index}, "

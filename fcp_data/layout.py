@@ -20,6 +20,7 @@ import torch
 
 __all__ = [
     "check_cu_seqlens",
+    "local_positions",
     "zigzag_chunk_ids",
     "zigzag_index",
     "zigzag_shard",

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["FCPMTPLoss", "install", "mtp_depth", "mtp_loss"]
+__all__ = ["FCPMTPLoss", "install", "mtp_depth", "mtp_loss", "trainer_loss"]
 
 
 def mtp_depth(model: nn.Module) -> int:
@@ -111,3 +111,19 @@ class FCPMTPLoss:
         loss = mtp_loss(pred, labels, self.targets, self.mtp_scale,
                         lambda logits, target: fn(logits, target, global_vocab_size=vocab))
         return (loss if global_valid_tokens is None else loss / global_valid_tokens), {}
+
+
+def trainer_loss(loss_fn: Any, model: nn.Module, future_tokens: int) -> Any:
+    """The loss a torchtitan ``Trainer`` under FCP calls: ``loss_fn``, or for a model with MTP modules its ``MTPLoss``
+    as :class:`FCPMTPLoss` (each depth's targets from the collator, not shifted along the shard); the loader must then
+    give that many look-ahead tokens (``future_tokens``)."""
+    depth = mtp_depth(model)
+    if not depth:
+        return loss_fn
+    if not hasattr(loss_fn, "mtp_scale"):
+        raise ValueError(f"FCPTitanTrainer: the model has {depth} MTP modules but the loss is "
+                         f"{type(loss_fn).__name__}, not torchtitan's MTPLoss (its list of predictions needs it)")
+    if future_tokens < depth:
+        raise ValueError(f"FCPTitanTrainer: the model has {depth} MTP modules but dataloader.future_tokens is "
+                         f"{future_tokens} (fcp_config sets it from the model)")
+    return FCPMTPLoss(loss_fn)

@@ -80,7 +80,7 @@ except ImportError as e:  # pragma: no cover - the message is the point
 
 from fcp_exec.integrations.torchtitan import apply_fcp, batch_inputs, model_shape
 from fcp_exec.integrations.torchtitan_data import FCPTitanDataLoader, PreTokenized
-from fcp_exec.integrations.torchtitan_mtp import FCPMTPLoss, mtp_depth
+from fcp_exec.integrations.torchtitan_mtp import FCPMTPLoss, trainer_loss
 from fcp_exec.skips import leave_out_later
 from fcp_exec.step import denominator, eval_step, next_global_batch
 
@@ -183,7 +183,7 @@ class FCPTitanTrainer(Trainer):
                 m.set_force_sum_reduction_for_comms(True)
         if _is_chunked(self.loss_fn):
             self.loss_fn = _ChunkPadding(self.loss_fn)
-        self.loss_fn = _mtp_loss(self.loss_fn, self.model_parts[0], self.dataloader)
+        self.loss_fn = trainer_loss(self.loss_fn, self.model_parts[0], self.dataloader.config.future_tokens)
 
     def batch_generator(self, data_iterable: Iterable[dict]) -> Iterator[dict]:
         """The loader's micro-batches as they come (torchtitan's data-loading metrics kept)."""
@@ -226,21 +226,6 @@ class FCPTitanTrainer(Trainer):
         if "fcp_future_labels" in input_dict:
             self.loss_fn.targets = input_dict["fcp_future_labels"]
         return input_dict["input"], labels, {k: v for k, v in input_dict.items() if k not in ("input", "fcp_future_labels")}
-
-
-def _mtp_loss(loss_fn: Any, model: torch.nn.Module, loader: FCPTitanDataLoader) -> Any:
-    """``loss_fn``, or for a model with MTP modules its ``MTPLoss`` as :class:`FCPMTPLoss` (each depth's targets
-    from the collator, not shifted along the shard); the loader must then give that many look-ahead tokens."""
-    depth = mtp_depth(model)
-    if not depth:
-        return loss_fn
-    if not hasattr(loss_fn, "mtp_scale"):
-        raise ValueError(f"FCPTitanTrainer: the model has {depth} MTP modules but the loss is "
-                         f"{type(loss_fn).__name__}, not torchtitan's MTPLoss (its list of predictions needs it)")
-    if loader.config.future_tokens < depth:
-        raise ValueError(f"FCPTitanTrainer: the model has {depth} MTP modules but dataloader.future_tokens is "
-                         f"{loader.config.future_tokens} (fcp_config sets it from the model)")
-    return FCPMTPLoss(loss_fn)
 
 
 def fcp_step_metrics(batches: list[dict]) -> dict[str, float]:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import types
 
 import numpy as np
 import pytest
@@ -459,6 +458,7 @@ def test_gpt_oss_windows_and_mtp_depth_reach_the_run(tmp_path):
 
     from fcp_exec.integrations import torchtitan_trainer as tt
     from fcp_exec.integrations.torchtitan import apply_fcp
+    from fcp_exec.integrations.torchtitan_mtp import trainer_loss
     from fcp_exec.integrations.torchtitan_trainer import fcp_config
 
     spec = fcp_config(gpt_oss_debugmodel(), dataset_path=str(tmp_path)).model_spec
@@ -483,9 +483,10 @@ def test_gpt_oss_windows_and_mtp_depth_reach_the_run(tmp_path):
     assert fcp_config(deepseek_v3_debugmodel(), dataset_path=str(tmp_path)).dataloader.future_tokens == 0
     mtp = deepseek_v3_debugmodel_mtp()
     mtp.loss = deepseek_v3_debugmodel().loss  # the chunked cross-entropy: no list of predictions
-    loader = types.SimpleNamespace(config=fcp_config(mtp, dataset_path=str(tmp_path)).dataloader)
     with pytest.raises(ValueError, match="not torchtitan's MTPLoss"):
-        tt._mtp_loss(mtp.loss.build(), apply_fcp(_stock_model("deepseek_v3")), loader)
+        trainer_loss(mtp.loss.build(), apply_fcp(_stock_model("deepseek_v3")), 1)
+    with pytest.raises(ValueError, match="dataloader.future_tokens is 0"):
+        trainer_loss(deepseek_v3_debugmodel_mtp().loss.build(), apply_fcp(_stock_model("deepseek_v3")), 0)
 
 
 def test_documents_past_seq_len_are_cut_or_left_out(tmp_path):
