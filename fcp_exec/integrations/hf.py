@@ -92,9 +92,9 @@ def fcp_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Ten
     Under ``torch.compile`` (``TrainingArguments(torch_compile=True)``) the ring is one opaque node of the graph,
     ``torch.ops.fcp.ring_attention`` (:func:`~fcp_exec.integrations.hf_models.ring_call`): its plan and peer exchange
     depend on each micro-batch's documents and CP group, which it reads from the micro-batch's registered handle, so
-    a new micro-batch does not recompile and the model compiles without a graph break at its attention. A layer with
-    a sliding window, attention sinks or a non-default kernel runs the ring eagerly there instead (one graph break
-    each)."""
+    a new micro-batch does not recompile and the model compiles without a graph break at its attention, sliding
+    windows and attention sinks included (arguments of the op). Logit soft-capping (Gemma 2) or a non-default kernel
+    runs the ring eagerly there instead (one graph break each)."""
     if fcp_context is None:
         raise ValueError("attention implementation 'fcp_ring' needs fcp_context=...: call the model with "
                          "**fcp_exec.integrations.hf.batch_inputs(batch, model)")

@@ -65,6 +65,14 @@ def other_token_mixing(model: nn.Module) -> str | None:
     return None
 
 
+def _refusals(dropout: float, kwargs: dict) -> None:
+    if dropout:
+        raise ValueError(f"fcp_ring attention does not implement attention dropout (got {dropout}); set the config's "
+                         "attention_dropout to 0")
+    if kwargs.get("cache") is not None or kwargs.get("past_key_values") is not None:
+        raise ValueError("fcp_ring attention is for training: call the model with use_cache=False")
+
+
 def attention_limits(module: nn.Module, dropout: float, kwargs: dict, ring: Any) -> int | None:
     """The sliding window ring attention must apply in this call, or None; one ``ValueError`` for what a layer asks
     of its attention that ring attention does not compute: attention dropout, a KV cache (attention sinks, gpt-oss's
@@ -74,11 +82,7 @@ def attention_limits(module: nn.Module, dropout: float, kwargs: dict, ring: Any)
     the window): None then, so the fused kernels run (the check uses each document's padded length in the ring,
     ``ring.cu`` × degree, which can only over-estimate); a shorter one is returned and computed exactly
     (:mod:`fcp_exec.kernels.window`)."""
-    if dropout:
-        raise ValueError(f"fcp_ring attention does not implement attention dropout (got {dropout}); set the config's "
-                         "attention_dropout to 0")
-    if kwargs.get("cache") is not None or kwargs.get("past_key_values") is not None:
-        raise ValueError("fcp_ring attention is for training: call the model with use_cache=False")
+    _refusals(dropout, kwargs)
     window = _window_of(module, kwargs)
     if not window:
         return None
@@ -90,25 +94,27 @@ def attention_limits(module: nn.Module, dropout: float, kwargs: dict, ring: Any)
 def ring_call(module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: Any, kernel: Any,
               scaling: float | None, dropout: float, kwargs: dict) -> torch.Tensor:
     """Ring attention for one transformers attention call (``[T, H, D]`` q, k, v of this rank's shard). Under
-    ``torch.compile``, a layer that asks for nothing more (no sliding window, the default kernel) runs it as the op
-    ``torch.ops.fcp.ring_attention`` (:mod:`fcp_exec.ring_op`: one graph node reading the micro-batch's registered
-    handle, so a new micro-batch does not recompile); otherwise eagerly, outside any graph (:func:`_ring_eager`).
+    ``torch.compile`` it runs as the op ``torch.ops.fcp.ring_attention`` (:mod:`fcp_exec.ring_op`: one graph node
+    reading the micro-batch's registered handle, so a new micro-batch does not recompile; a sliding window and
+    attention sinks are its arguments), except with logit soft-capping or a non-default kernel: eagerly then, outside
+    any graph (:func:`_ring_eager`).
     Attention sinks (``s_aux``: a ``[H_q]`` logit per head, gpt-oss) join every query's softmax
     (:func:`fcp_exec.kernels.base.add_sinks`); logit soft-capping (``softcap``, Gemma 2) runs on the masked path."""
-    if torch.compiler.is_compiling() and kernel is None and not _window_of(module, kwargs) \
-            and kwargs.get("s_aux") is None and not kwargs.get("softcap"):
+    if torch.compiler.is_compiling() and kernel is None and not kwargs.get("softcap"):
         from fcp_exec.ring_op import ring_attention_op
 
-        attention_limits(module, dropout, kwargs, ring)  # the refusals (no window: the ring's lengths are not read)
-        return ring_attention_op(q, k, v, ring, causal=bool(getattr(module, "is_causal", True)), softmax_scale=scaling)
+        _refusals(dropout, kwargs)  # the ring's lengths are not read here: the op decides whether a window acts
+        window = _window_of(module, kwargs)
+        return ring_attention_op(q, k, v, ring, causal=bool(getattr(module, "is_causal", True)), softmax_scale=scaling,
+                                 window=int(window) if window else None, sinks=kwargs.get("s_aux"))
     return _ring_eager(module, q, k, v, ring, kernel, scaling, dropout, kwargs)
 
 
 @torch.compiler.disable
 def _ring_eager(module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: Any, kernel: Any,
                 scaling: float | None, dropout: float, kwargs: dict) -> torch.Tensor:
-    """:func:`fcp_exec.ring_attention.ring_attention` with the layer's window: under ``torch.compile`` a graph break
-    (the window's masked path depends on the micro-batch's lengths, which would recompile the graph for each)."""
+    """:func:`fcp_exec.ring_attention.ring_attention` with the layer's window, sinks and soft-capping: under
+    ``torch.compile`` a graph break (logit soft-capping and non-default kernels are not the op's)."""
     from fcp_exec.ring_attention import ring_attention
 
     window = attention_limits(module, dropout, kwargs, ring)

@@ -29,8 +29,8 @@ With FCP every rank is data-parallel to torchtitan, and FCP forms the CP groups 
   shard, and :func:`fcp_loss` adds torchtitan's ``MTPLoss`` terms (:mod:`fcp_exec.integrations.torchtitan_mtp`) —
   MTP under context parallelism, which torchtitan's own CP refuses.
 * **gpt-oss.** Attention sinks (its ``out_transform``, ``out · sigmoid(lse − sink)``) and the sliding windows of its
-  even layers (``sliding_window_size``, varlen's ``window_size=(W − 1, 0)``) run inside the ring (eager: the window
-  and sink paths of :func:`fcp_exec.ring_attention.ring_attention`).
+  even layers (``sliding_window_size``, varlen's ``window_size=(W − 1, 0)``) run inside the ring (the op
+  ``torch.ops.fcp.ring_attention`` with its window and sinks: a compiled block keeps them, fullgraph).
 
 Tested on CPU (``tests/exec/test_torchtitan.py``): torchtitan's Qwen3 and Llama 3 models, Qwen3's MoE debug model,
 DeepSeek-V3 (MLA, two MTP modules) and gpt-oss (sinks, a sliding window) with FCP on 2 gloo processes (all-reduce,
@@ -51,7 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fcp_exec.ring_attention import RingBatch, ring_attention
+from fcp_exec.ring_attention import RingBatch
 from fcp_exec.ring_op import register, ring_attention_op
 from fcp_exec.integrations.torchtitan_moe import exclude_padding, moe_shape
 from fcp_exec.integrations.torchtitan_mtp import install as install_mtp
@@ -67,7 +67,8 @@ class FCPInnerAttention(nn.Module):
     ``attention_masks``. ``window``: a causal sliding window of that many keys (``i - j < window``: torchtitan's
     ``sliding_window_size``, its varlen ``window_size=(window - 1, 0)``); ``out_transform``: gpt-oss's attention sinks
     only (its ``_apply_sinks``, whose ``out · sigmoid(lse − sink)`` is the sink's logit in the softmax, computed by the
-    ring: :func:`fcp_exec.kernels.base.add_sinks`)."""
+    ring: :func:`fcp_exec.kernels.base.add_sinks`) — :func:`apply_fcp` links the attention module whose ``sinks``
+    they are (``sink_owner``, read at every call: FSDP2 swaps the parameter object)."""
 
     def __init__(self, timeout: float | None = None, window: int | None = None) -> None:
         super().__init__()
@@ -83,23 +84,16 @@ class FCPInnerAttention(nn.Module):
                              "it with batch_inputs(batch, model), whose attention_masks is the batch's RingBatch")
         if q.shape[0] != 1:
             raise ValueError(f"FCP micro-batches are one packed row per rank, got batch size {q.shape[0]}")
-        sinks = None if out_transform is None else _sinks_of(out_transform)
-        if self.window is None and sinks is None:
-            # one opaque op (fcp_exec.ring_op): torch.compile takes the whole block, fullgraph, with the ring inside
-            return ring_attention_op(q[0], k[0], v[0], attention_masks, causal=is_causal, softmax_scale=scale)[None]
-        return ring_attention(q[0], k[0], v[0], attention_masks, causal=is_causal, softmax_scale=scale,
-                              window=self.window, sinks=sinks)[None]
-
-
-def _sinks_of(out_transform: Any) -> torch.Tensor:
-    """The per-head sink logits behind gpt-oss's ``out_transform`` (``Attention._apply_sinks``); anything else is
-    refused (an arbitrary transform of (out, lse) is not what the ring computes)."""
-    owner = getattr(out_transform, "__self__", None)
-    sinks = getattr(owner, "sinks", None)
-    if getattr(out_transform, "__name__", "") != "_apply_sinks" or not isinstance(sinks, torch.Tensor):
-        raise ValueError(f"FCP's ring attention takes gpt-oss's attention sinks as out_transform, not {out_transform!r}")
-    local = getattr(sinks, "to_local", None)  # a DTensor (tensor parallelism): its own local heads
-    return local() if callable(local) else sinks
+        sinks = None
+        if out_transform is not None:  # gpt-oss's sinks (apply_fcp checked that this is what out_transform applies)
+            owner = self.__dict__.get("sink_owner")
+            if owner is None:
+                raise ValueError("FCP's ring attention takes gpt-oss's attention sinks as out_transform, not another "
+                                 "transform of (out, lse)")
+            sinks = owner.sinks
+        # one opaque op (fcp_exec.ring_op): torch.compile takes the whole block, fullgraph, with the ring inside
+        return ring_attention_op(q[0], k[0], v[0], attention_masks, causal=is_causal, softmax_scale=scale,
+                                 window=self.window, sinks=sinks)[None]
 
 
 def _attentions(model: nn.Module) -> list[nn.Module]:
@@ -128,7 +122,9 @@ def apply_fcp(model: nn.Module, *, timeout: float | None = None) -> nn.Module:
     for m in found:
         inner = m.inner_attention
         if not isinstance(inner, FCPInnerAttention):
-            m.inner_attention = FCPInnerAttention(timeout, _window(m, inner, windows.get(id(m))))
+            m.inner_attention = inner = FCPInnerAttention(timeout, _window(m, inner, windows.get(id(m))))
+        if isinstance(getattr(m, "sinks", None), torch.Tensor) and callable(getattr(m, "_apply_sinks", None)):
+            inner.__dict__["sink_owner"] = m  # gpt-oss: its out_transform is _apply_sinks (not a submodule: no cycle)
     install_mtp(model)
     exclude_padding(model)  # MoE layers that balance their experts count the data's tokens only (torchtitan_moe)
     model._fcp_torchtitan = True

@@ -52,7 +52,7 @@ def exclude_padding(model: nn.Module) -> int:
 
 def _subtract_pads(model: nn.Module, moe: nn.Module):
     def hook(router: nn.Module, args: tuple, output: Any) -> None:
-        if not moe.training:
+        if not moe.training or moe.load_balance_coeff is None:  # torchtitan counts in training, when it balances
             return
         pads = getattr(model, "_fcp_pads", None)
         if pads is None:

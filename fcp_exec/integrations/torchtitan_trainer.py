@@ -43,8 +43,7 @@ dataloader is an :class:`FCPTitanDataLoader` (every field stays overridable on t
 * **Refused with one error:** tensor, pipeline, context and expert parallelism (FCP is the context parallelism;
   every rank is data-parallel to torchtitan), CUDA graphs (the micro-batches change shape every step), ``torch.compile``
   with MoE layers' auxiliary-loss-free load balancing (eager runs keep FCP's padding and idle ranks' dummies out of its
-  token counts: :mod:`fcp_exec.integrations.torchtitan_moe`), ``torch.compile`` of gpt-oss's blocks (its sinks and
-  windows run the ring eagerly, not inside a fullgraph block), the
+  token counts: :mod:`fcp_exec.integrations.torchtitan_moe`), the
   ``spmd_types`` / ``full_dtensor`` backends (``fcp_config`` sets ``partial_dtensor``) and torchtitan's own
   validator (it feeds its own batches).
 
@@ -323,12 +322,6 @@ def _check_config(config: Any) -> None:
         raise ValueError(f"FCPTitanTrainer: MoE layer {balanced[0]} balances its experts (load_balance_coeff), whose "
                          "counts FCP keeps free of its padding with hooks that run eagerly only: disable "
                          "compile.enable, or set load_balance_coeff=None on every MoE layer")
-    eager = [i for i, layer in enumerate(getattr(config.model_spec.model, "layers", []))
-             if hasattr(getattr(layer, "attention", None), "sliding_window_size")]  # gpt-oss: sinks, windows
-    if eager and config.compile.enable and "model" in config.compile.components:
-        raise ValueError(f"FCPTitanTrainer: layer {eager[0]}'s attention has sinks or a sliding window, which FCP's "
-                         "ring computes eagerly, not inside torch.compile's fullgraph blocks: disable compile.enable "
-                         "or leave \"model\" out of compile.components")
 
 
 def _fcp_model_spec(spec: Any, timeout: float | None) -> Any:

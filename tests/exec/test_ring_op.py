@@ -3,7 +3,8 @@ process (degree 1; degree 2 under torchtitan's compiled blocks is tests/exec/tes
 
 Reference: :func:`fcp_exec.ring_attention.ring_attention` on the same RingBatch (float64: outputs and gradients
 equal to 1e-12). ``torch.library.opcheck`` checks the op's schema, fake (meta) implementation, autograd registration
-and AOT dispatch with dynamic shapes — what torch.compile relies on; a fake output of the wrong shape or a missing
+and AOT dispatch with dynamic shapes — what torch.compile relies on —, with gpt-oss's sliding window and attention
+sinks too (their gradient included); a fake output of the wrong shape or a missing
 autograd formula fails it. And a compiled function with ``fullgraph=True`` around the op runs without a graph break
 over documents of new lengths, equal to eager."""
 
@@ -24,37 +25,56 @@ def _inputs(cu: list[int], seed: int = 0, heads: tuple[int, int] = (4, 2), dim: 
     return q, k, v
 
 
-@pytest.mark.parametrize("causal", [True, False])
-def test_op_equals_ring_attention(causal):
+# (causal, window, with sinks): plain, non-causal, gpt-oss's sliding window and sinks, each alone and together; the
+# window of 3 is shorter than every document (the windowed path), that of 30 longer than all (the plain causal path)
+CASES = [(True, None, False), (False, None, False), (True, 3, False), (True, None, True), (True, 3, True),
+         (True, 30, True)]
+
+
+@pytest.mark.parametrize("causal, window, sunk", CASES)
+def test_op_equals_ring_attention(causal, window, sunk):
     cu = [0, 5, 12, 20]
     ring = RingBatch(torch.tensor(cu, dtype=torch.int32), (0,))
     q, k, v = _inputs(cu)
-    out = ring_attention_op(q, k, v, ring, causal=causal, softmax_scale=0.3)
+    sinks = torch.linspace(-0.5, 1.5, q.shape[1], dtype=torch.float64).requires_grad_() if sunk else None
+    leaves = [t for t in (q, k, v, sinks) if t is not None]
+    out = ring_attention_op(q, k, v, ring, causal=causal, softmax_scale=0.3, window=window, sinks=sinks)
     (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).reshape(out.shape)).sum().backward()
-    grads = [t.grad.clone() for t in (q, k, v)]
-    for t in (q, k, v):
+    grads = [t.grad.clone() for t in leaves]
+    for t in leaves:
         t.grad = None
-    ref = ring_attention(q, k, v, ring, causal=causal, softmax_scale=0.3)
+    ref = ring_attention(q, k, v, ring, causal=causal, softmax_scale=0.3, window=window, sinks=sinks)
     (ref * torch.linspace(-1, 1, ref.numel(), dtype=ref.dtype).reshape(ref.shape)).sum().backward()
     assert torch.allclose(out, ref, rtol=0, atol=1e-12)
-    for got, want in zip(grads, (q.grad, k.grad, v.grad)):
+    for got, want in zip(grads, (t.grad for t in leaves)):
         assert torch.allclose(got, want, rtol=0, atol=1e-12)
+    if window == 3 or sunk:  # the options acted: the plain op differs
+        plain = ring_attention_op(q, k, v, ring, causal=causal, softmax_scale=0.3)
+        assert (plain - out).abs().max() > 1e-3
 
 
-def test_opcheck():
+@pytest.mark.parametrize("window, sunk", [(0, False), (3, True)])
+def test_opcheck(window, sunk):
     cu = [0, 6, 10]
     ring = RingBatch(torch.tensor(cu, dtype=torch.int32), (0,))
     q, k, v = _inputs(cu, seed=1)
-    torch.library.opcheck(torch.ops.fcp.ring_attention.default, (q, k, v, register(ring), True, 0.35))
+    sinks = torch.linspace(-0.5, 1.5, q.shape[1], dtype=torch.float64).requires_grad_() if sunk else None
+    torch.library.opcheck(torch.ops.fcp.ring_attention.default, (q, k, v, register(ring), True, 0.35, window, sinks))
 
 
 def test_fullgraph_compile_without_recompiling_per_micro_batch():
     """Three micro-batches of other lengths through one compiled function (fullgraph: a graph break would raise);
     each equals eager; the handle is an input, so new RingBatches do not add graphs beyond dynamic shapes."""
-    torch._dynamo.reset()
+    from torch._dynamo.utils import counters
 
-    def attend(q, k, v, ring):
-        return ring_attention_op(q * 1.5, k, v, ring).sum(-1)
+    torch._dynamo.reset()
+    counters.clear()  # Dynamo's counters are process-wide: an earlier test's graphs would count here
+
+    sinks = torch.linspace(-0.5, 1.5, 4, dtype=torch.float64)
+
+    def attend(q, k, v, ring):  # a plain layer and a gpt-oss one (window, sinks) in one graph
+        return ring_attention_op(q * 1.5, k, v, ring).sum(-1) + ring_attention_op(q, k, v, ring, window=3,
+                                                                                  sinks=sinks).sum(-1)
 
     compiled = torch.compile(attend, fullgraph=True, backend="aot_eager")
     for seed, cu in enumerate(([0, 4, 10], [0, 6, 14, 16], [0, 12])):
@@ -63,7 +83,5 @@ def test_fullgraph_compile_without_recompiling_per_micro_batch():
         q, k, v = _inputs(cu, seed=seed)
         got, want = compiled(q, k, v, ring), attend(q, k, v, ring)
         assert torch.allclose(got, want, rtol=0, atol=1e-12), seed
-    from torch._dynamo.utils import counters
-
     assert sum(counters["graph_break"].values()) == 0
     assert counters["stats"]["unique_graphs"] <= 2, dict(counters["stats"])  # static first, then dynamic

@@ -471,7 +471,11 @@ def test_gpt_oss_windows_and_mtp_depth_reach_the_run(tmp_path):
     compiled.compile = dataclasses.replace(compiled.compile, enable=True, components=["model", "loss"])
     for layer in compiled.model_spec.model.layers:  # (its expert-bias balancing alone is refused under compile too)
         layer.moe.load_balance_coeff = None
-    with pytest.raises(ValueError, match="layer 0's attention has sinks or a sliding window"):
+    # its sinks and windows are arguments of the ring op: compiled blocks keep them (test_torchtitan.py's
+    # test_gpt_oss_blocks_compile_fullgraph_with_sinks_and_windows); only the balancing's eager hooks are refused
+    assert fcp_config(compiled, dataset_path=str(tmp_path)).compile.enable
+    compiled.model_spec.model.layers[0].moe.load_balance_coeff = 1e-3
+    with pytest.raises(ValueError, match="MoE layer 0 balances its experts"):
         fcp_config(compiled, dataset_path=str(tmp_path))
     spec.model.layers[0].attention.sliding_window_size = 64  # varlen's (127, 0) no longer matches its config
     with pytest.raises(ValueError, match=r"window_size=\(127, 0\)"):
