@@ -47,7 +47,7 @@ LENGTHS = [37, 12, 64, 9, 50, 23, 71, 18, 40, 33, 15, 58]
 # every family and every reducer at least once (the reducers themselves are tested on every model elsewhere);
 # "titan-fsdp2": torchtitan's own FSDP2 (apply_fsdp_to_decoder, what its parallelize_fn calls), then reducer_for
 RUNS = (("qwen3", "allreduce"), ("qwen3", "fsdp2"), ("llama3", "ddp"), ("qwen3", "titan-fsdp2"),
-        ("qwen3_moe", "allreduce"), ("deepseek_v3", "fsdp2"), ("gpt_oss", "ddp"))
+        ("qwen3_moe", "allreduce"), ("deepseek_v3", "fsdp2"), ("gpt_oss", "ddp"), ("gpt_oss", "titan-fsdp2"))
 MOE_FAMILIES = ("qwen3_moe", "deepseek_v3", "gpt_oss")  # their experts compute in bfloat16 (_tolerances)
 FLAVORS = {"qwen3_moe": ("qwen3", "debugmodel_moe")}
 MTP_DEPTH = 2  # DeepSeek-V3's multi-token prediction modules (two depths: the loss takes their mean)
