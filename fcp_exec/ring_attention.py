@@ -308,6 +308,15 @@ class RingBatch:
     def degree(self) -> int:
         return self.comm.degree
 
+    def acting_window(self, window: int | None) -> int | None:
+        """``window`` (keys per query) if some document of the micro-batch is longer than it (its padded length in
+        the ring, ``cu`` × degree, which can only over-estimate), else None: plain causal attention gives the same
+        result, on the faster fused path."""
+        if not window or window <= 0:
+            return None
+        longest = max((b - a for a, b in zip(self.cu[:-1], self.cu[1:])), default=0) * self.degree
+        return int(window) if longest > int(window) else None
+
     def plan(self, causal: bool, device) -> "_Plan":
         key = (bool(causal), str(device))
         plan = self._plans.get(key)

@@ -51,15 +51,6 @@ def _ring(handle: torch.Tensor) -> RingBatch:
     return ring
 
 
-def _span(ring: RingBatch, window: int) -> int | None:
-    """The window the ring computes: none (``window <= 0``, or no document of the micro-batch longer than it — the
-    plain causal path then gives the same result faster), else ``window`` keys per query."""
-    if window <= 0:
-        return None
-    longest = max((b - a for a, b in zip(ring.cu[:-1], ring.cu[1:])), default=0) * ring.comm.degree
-    return int(window) if longest > window else None
-
-
 @torch.library.custom_op("fcp::ring_attention", mutates_args=())
 def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, handle: torch.Tensor, causal: bool,
              scale: float, window: int = 0, sinks: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,7 +58,7 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, handle: torch.Te
     scale, kernel = checked_args(q, k, v, causal, scale, None)
     if ring.cu[-1] != q.shape[0]:
         raise ValueError(f"cu_seqlens ends at {ring.cu[-1]} but the tensor has {q.shape[0]} tokens")
-    span = _span(ring, window)
+    span = ring.acting_window(window)  # none where no document is longer than it
     ring.check(q, k, causal, scale, span)
     with autocast_off(q.device):
         out, lse = ring_forward(q, k, v, ring.plan(causal, q.device), ring.comm, scale, kernel, span, sinks)
@@ -87,7 +78,7 @@ def _backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
     scale, kernel = checked_args(q, k, v, causal, scale, None)
     with autocast_off(q.device):
         dq, dk, dv = ring_backward(dout.contiguous(), q, k, v, out, lse, ring.plan(causal, q.device), ring.comm,
-                                   scale, kernel, _span(ring, window))
+                                   scale, kernel, ring.acting_window(window))
         dsinks = q.new_zeros(0) if sinks is None else sink_grad(dout, out, lse, sinks)
     return dq, dk, dv, dsinks
 

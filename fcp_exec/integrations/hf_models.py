@@ -84,11 +84,7 @@ def attention_limits(module: nn.Module, dropout: float, kwargs: dict, ring: Any)
     (:mod:`fcp_exec.kernels.window`)."""
     _refusals(dropout, kwargs)
     window = _window_of(module, kwargs)
-    if not window:
-        return None
-    cu, degree = ring.cu, ring.degree
-    longest = max((b - a for a, b in zip(cu[:-1], cu[1:])), default=0) * degree
-    return int(window) if longest > int(window) else None
+    return ring.acting_window(window) if window else None
 
 
 def ring_call(module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: Any, kernel: Any,

@@ -48,14 +48,13 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from fcp_exec.ring_attention import RingBatch
 from fcp_exec.ring_op import register, ring_attention_op
 from fcp_exec.integrations.torchtitan_moe import exclude_padding, moe_shape
 from fcp_exec.integrations.torchtitan_mtp import install as install_mtp
-from fcp_exec.integrations.torchtitan_mtp import mtp_depth, mtp_loss
+from fcp_exec.integrations.torchtitan_mtp import ce_sum, mtp_depth, mtp_loss
 from fcp_exec.step import denominator, padding_mask
 
 __all__ = ["FCPInnerAttention", "TESTED_MODELS", "apply_fcp", "batch_inputs", "fcp_loss", "model_shape"]
@@ -192,10 +191,7 @@ def fcp_loss(model: nn.Module, batch: dict, *, mtp_scale: float = 0.3) -> torch.
     out = model(**batch_inputs(batch, model))
     if isinstance(out, list):
         return mtp_loss(out, batch["labels"], batch["future_labels"], mtp_scale) / denominator(batch)
-    logits = out[0]
-    labels = batch["labels"].to(logits.device)
-    logits = logits if logits.dtype == torch.float64 else logits.float()  # bf16/fp16 logits: the loss in float32
-    return F.cross_entropy(logits, labels, ignore_index=-100, reduction="sum") / denominator(batch)
+    return ce_sum(out[0], batch["labels"]) / denominator(batch)
 
 
 def model_shape(model: Any) -> dict | None:

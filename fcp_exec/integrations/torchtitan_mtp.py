@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["FCPMTPLoss", "install", "mtp_depth", "mtp_loss", "trainer_loss"]
+__all__ = ["FCPMTPLoss", "ce_sum", "install", "mtp_depth", "mtp_loss", "trainer_loss"]
 
 
 def mtp_depth(model: nn.Module) -> int:
@@ -69,18 +69,20 @@ def _forward(self: nn.Module, tokens: torch.Tensor, positions: torch.Tensor | No
     return [self.lm_head(o) if self.lm_head is not None else o for o in outputs]
 
 
-def _ce_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def ce_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Σ cross-entropy of ``logits`` ``[..., V]`` on ``labels`` (``-100`` ignored): in float64 for float64 logits,
+    else float32."""
     logits = logits.reshape(-1, logits.shape[-1])
     logits = logits if logits.dtype == torch.float64 else logits.float()  # bf16/fp16 logits: the loss in float32
     return F.cross_entropy(logits, labels.reshape(-1).to(logits.device), ignore_index=-100, reduction="sum")
 
 
 def mtp_loss(pred: list[torch.Tensor], labels: torch.Tensor, future_labels: torch.Tensor, mtp_scale: float,
-             ce: Any = _ce_sum) -> torch.Tensor:
+             ce: Any = ce_sum) -> torch.Tensor:
     """torchtitan's ``MTPLoss`` before its division by the label tokens: Σ cross-entropy of the main logits on
     ``labels`` ``+ mtp_scale ·`` the mean over depths of Σ cross-entropy of depth ``k``'s logits on
     ``future_labels[k-1]`` (``[D, L]``, :mod:`fcp_data.lookahead`). ``ce(logits [1, L, V], labels [1, L])``: the
-    Σ-reduced cross-entropy (default: in float64 for float64 logits, else float32)."""
+    Σ-reduced cross-entropy (default :func:`ce_sum`)."""
     depths = len(pred) - 1
     if depths < 1 or future_labels.shape[0] < depths:
         raise ValueError(f"{depths} MTP predictions for {future_labels.shape[0]} look-ahead targets per token: build "
