@@ -35,6 +35,7 @@ from torch.utils.data import DataLoader
 from fcp_data import CostModel, FCPCollator, FCPDataset, FCPSampler, IndexedDataset, bundled_index
 from fcp_data.megatron_indexed import MegatronIndexedDocuments
 from fcp_data.presets import HARDWARE, ModelConfig
+from fcp_data.workers import worker_context
 from fcp_exec.integrations.megatron import apply_fcp, fcp_layer_spec, forward_step, global_loss, next_global_batch
 from fcp_exec.launch import init_distributed, settle_collectives
 from fcp_exec.script import (ArgumentParser, both_or_neither, count, nonempty, nonnegative_float, output_dir,
@@ -187,8 +188,10 @@ def main(argv: list[str] | None = None) -> None:
     sampler = FCPSampler(lengths, cost_model=cost, global_batch_size=args.global_batch_size, seed=0,
                          on_overlong="truncate")
     # vocab_size: a sample with an id the model has no row for is recorded and skipped, not an embedding error
-    loader = DataLoader(FCPDataset(data, vocab_size=vocab_size), batch_sampler=sampler, num_workers=2,
-                        collate_fn=FCPCollator(pad_token_id=pad, sample_labels=labels))
+    dataset, collate = FCPDataset(data, vocab_size=vocab_size), FCPCollator(pad_token_id=pad, sample_labels=labels)
+    # worker_context: a forkserver where this Python's fork can deadlock a worker of a multi-threaded rank
+    loader = DataLoader(dataset, batch_sampler=sampler, num_workers=2, collate_fn=collate,
+                        multiprocessing_context=worker_context(2, dataset, collate))
 
     # model: FCP's core attention in the layer spec, then Megatron's own DDP, finalize and optimizer
     model, config = build_model(args, vocab_size, on_cpu)

@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader
 
 from fcp_data import CostModel, FCPDataset, FCPSampler, IndexedDataset, bundled_index
 from fcp_data.presets import HARDWARE
+from fcp_data.workers import worker_context
 from fcp_exec.checkpoint import load_checkpoint, save_checkpoint, save_hf_model
 from fcp_exec.integrations.hf import apply_fcp, fcp_loss, load_config, load_model
 from fcp_exec.integrations.hf_positions import hf_collator
@@ -112,8 +113,11 @@ def main(argv: list[str] | None = None) -> None:
     # the sampler counts label tokens exactly, visual placeholders excluded, from the index (no data is read)
     sampler = FCPSampler(data.index, cost_model=cost.replace(tokens_per_rank=args.tokens_per_rank),
                          global_batch_size=args.global_batch_size, seed=0, on_overlong="drop", exclude=args.exclude)
-    loader = DataLoader(FCPDataset(data, errors_path=args.read_errors_out), batch_sampler=sampler, num_workers=2,
-                        collate_fn=hf_collator(config, pad_token_id=data.pad_token_id, sample_labels=data.has_labels))
+    dataset = FCPDataset(data, errors_path=args.read_errors_out)
+    collate = hf_collator(config, pad_token_id=data.pad_token_id, sample_labels=data.has_labels)
+    # worker_context: a forkserver where this Python's fork can deadlock a worker of a multi-threaded rank
+    loader = DataLoader(dataset, batch_sampler=sampler, num_workers=2, collate_fn=collate,
+                        multiprocessing_context=worker_context(2, dataset, collate))
 
     model = apply_fcp(load_model(args.config, config=config, seed=0).to(device))
     model, reducer = make_reducer(args.reducer, model)

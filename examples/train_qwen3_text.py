@@ -26,6 +26,7 @@ from torch.utils.data import DataLoader
 
 from fcp_data import CostModel, FCPCollator, FCPDataset, FCPSampler, IndexedDataset, bundled_index
 from fcp_data.presets import HARDWARE
+from fcp_data.workers import worker_context
 from fcp_exec.checkpoint import load_checkpoint, save_checkpoint, save_hf_model
 from fcp_exec.integrations.hf import apply_fcp, fcp_loss, load_config, load_model
 from fcp_exec.integrations.hf_data import check_data_fits
@@ -105,8 +106,10 @@ def main(argv: list[str] | None = None) -> None:
     cost = CostModel.load(args.cost) if args.cost else CostModel.preset(config, args.hardware)
     sampler = FCPSampler(data.index, cost_model=cost.replace(tokens_per_rank=args.tokens_per_rank),
                          global_batch_size=args.global_batch_size, seed=0, on_overlong="truncate")
-    loader = DataLoader(FCPDataset(data), batch_sampler=sampler, num_workers=2,
-                        collate_fn=FCPCollator(pad_token_id=data.pad_token_id, sample_labels=data.has_labels))
+    dataset, collate = FCPDataset(data), FCPCollator(pad_token_id=data.pad_token_id, sample_labels=data.has_labels)
+    # worker_context: a forkserver where this Python's fork can deadlock a worker of a multi-threaded rank
+    loader = DataLoader(dataset, batch_sampler=sampler, num_workers=2, collate_fn=collate,
+                        multiprocessing_context=worker_context(2, dataset, collate))
 
     # model: ring attention through transformers' AttentionInterface, then the reducer's wrapper
     model = apply_fcp(load_model(args.config, config=config, seed=0).to(device))

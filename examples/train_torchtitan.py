@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader
 
 from fcp_data import CostModel, FCPCollator, FCPDataset, FCPSampler, IndexedDataset, bundled_index
 from fcp_data.presets import HARDWARE, ModelConfig
+from fcp_data.workers import worker_context
 from fcp_exec.checkpoint import load_checkpoint, save_checkpoint
 from fcp_exec.integrations.torchtitan import apply_fcp, fcp_loss, model_shape
 from fcp_exec.launch import init_distributed, settle_collectives
@@ -120,9 +121,11 @@ def main(argv: list[str] | None = None) -> None:
     def loader_of(seed: int, workers: int) -> tuple[FCPSampler, DataLoader]:
         sampler = FCPSampler(data.index, cost_model=cost, global_batch_size=args.global_batch_size, seed=seed,
                              on_overlong="truncate")
-        return sampler, DataLoader(FCPDataset(data), batch_sampler=sampler, num_workers=workers,
-                                   collate_fn=FCPCollator(pad_token_id=data.pad_token_id, sample_labels=data.has_labels,
-                                                          future_tokens=args.mtp_layers))
+        dataset = FCPDataset(data)
+        collate = FCPCollator(pad_token_id=data.pad_token_id, sample_labels=data.has_labels,
+                              future_tokens=args.mtp_layers)
+        return sampler, DataLoader(dataset, batch_sampler=sampler, num_workers=workers, collate_fn=collate,
+                                   multiprocessing_context=worker_context(workers, dataset, collate))
 
     model, shape = build_model(args.model, args.flavor, args.layers, data.spec.tokenizer().get_vocab_size(), device,
                                args.mtp_layers)

@@ -19,6 +19,7 @@ _LAZY = {
     "plan_batch": "fcp_data.plan",
     "bundled_path": "fcp_data._resources",
     "bundled_index": "fcp_data._resources",
+    "worker_context": "fcp_data.workers",
 }
 
 __all__ = ["CostModel", "CPGroup", "MicroBatchPlan", "Plan", *_LAZY]

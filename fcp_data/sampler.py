@@ -61,10 +61,10 @@ Every rank builds the same plan from ``(seed, epoch, lengths, config)`` with no 
   DataLoader with workers pulls ``prefetch_factor · num_workers`` lists ahead of the training loop, so
   ``sampler.state_dict()`` is that far ahead of what was trained on (without workers it is exact): checkpoint
   ``sampler.state_after(last batch or train_step's result)`` (:mod:`fcp_exec.checkpoint` does), or use torchdata's
-  ``StatefulDataLoader`` (it snapshots the sampler iterator per batch). A
-  DataLoader started after ``load_state_dict`` yields exactly the remaining lists, with or without workers.
-  A DataLoader with ``persistent_workers`` (and any ``StatefulDataLoader``) keeps its last iterator — and
-  so an idle planning thread — until its next ``iter()`` or its deletion.
+  ``StatefulDataLoader`` (it snapshots the sampler iterator per batch). A DataLoader started after
+  ``load_state_dict`` yields exactly the remaining lists, with or without workers. A DataLoader with
+  ``persistent_workers`` (and any ``StatefulDataLoader``) keeps its last iterator (and an idle planning thread)
+  until its next ``iter()`` or deletion. Workers: ``multiprocessing_context=worker_context(...)`` (fcp_data.workers).
 * **Epochs.** As with ``DistributedSampler``, call ``set_epoch(e)`` (an ``int``) before each epoch. Without
   it, ``iter()`` after a finished epoch starts the next one (position above).
 """

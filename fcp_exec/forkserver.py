@@ -40,10 +40,21 @@ def _children_alive() -> bool:
                for p in multiprocessing.active_children())
 
 
+def _adopt() -> None:
+    """A forkserver that :func:`fcp_data.workers.worker_context` started (for a DataLoader's workers) is fcp's too."""
+    global _served, _pid
+    from fcp_data.workers import started_forkserver
+
+    started = started_forkserver()
+    if _pid is None and started is not None and started[0] == _running_pid():
+        _pid, _served = started
+
+
 def set_preload(ctx, preload: Sequence[str]) -> tuple[tuple[str, ...], int | None]:
     """Set the preload of ``ctx`` (a forkserver context) for the next start; restart fcp's running forkserver
     when it lacks some of ``preload`` (:func:`stop` refuses while a process it forked is alive). Returns the
     preload set and the pid of the forkserver running now (None: none), for :func:`note_started`."""
+    _adopt()
     preload = [*preload, *_from_env()]
     wanted = tuple(dict.fromkeys([*preload, *_served]))  # a restart keeps what the old server had
     if not set(preload) <= set(_served):
@@ -57,6 +68,7 @@ def stop() -> bool:
     model's) and forget what it preloaded; True if one was stopped. Not while a process it forked is alive (an fcp
     rank, a DataLoader worker): their exit statuses reach the parent through it."""
     global _pid, _served
+    _adopt()
     halt = getattr(forkserver._forkserver, "_stop", None)
     if halt is None or _pid is None or _running_pid() != _pid or _children_alive():
         return False

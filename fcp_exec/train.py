@@ -174,9 +174,10 @@ class Trainer:
                              solver_options=None if degree is None else {"degree": degree},
                              visual_layout=data.visual_layout, exclude=exclude)
         dataset = FCPDataset(data.dataset, on_error=cfg.on_read_error, errors_path=cfg.read_errors_out)
-        return sampler, DataLoader(dataset, batch_sampler=sampler, collate_fn=collator or self._collator,
+        collate = collator or self._collator
+        return sampler, DataLoader(dataset, batch_sampler=sampler, collate_fn=collate,
                                    num_workers=cfg.num_workers, persistent_workers=cfg.num_workers > 0,
-                                   multiprocessing_context=dataloader_context(cfg.num_workers))
+                                   multiprocessing_context=dataloader_context(cfg.num_workers, dataset, collate))
 
     def evaluate(self) -> dict[str, Any]:
         """The mean loss of the next global batch of a second sampler (seed + 1) over ``cfg.eval_data`` (default: the

@@ -223,7 +223,7 @@ class FCPTrainer(Trainer):
         loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collate,
                             num_workers=workers, persistent_workers=workers > 0 and self.args.dataloader_persistent_workers,
                             pin_memory=bool(self.args.dataloader_pin_memory) and torch.cuda.is_available(),
-                            multiprocessing_context=dataloader_context(workers))
+                            multiprocessing_context=dataloader_context(workers, dataset, collate))
         return GlobalBatchLoader(loader, sampler)
 
     def _sampler(self, source: Any, seed: int, sampler_kwargs: dict) -> Any:

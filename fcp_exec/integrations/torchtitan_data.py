@@ -13,6 +13,8 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import DataLoader
 
+from fcp_exec.launch import dataloader_context
+
 try:
     from torchtitan.components.dataloader import BaseDataLoader
     from torchtitan.components.tokenizer import BaseTokenizer
@@ -86,8 +88,9 @@ class FCPTitanDataLoader(BaseDataLoader):
         self.pad_token_id = int(getattr(data, "pad_token_id", 0) or 0)
         collate = FCPCollator(pad_token_id=self.pad_token_id, sample_labels=bool(getattr(data, "has_labels", False)),
                               future_tokens=config.future_tokens)
-        self.loader = DataLoader(FCPDataset(data, vocab_size=config.vocab_size or None), batch_sampler=self.sampler,
-                                 num_workers=config.num_workers, collate_fn=collate)
+        dataset = FCPDataset(data, vocab_size=config.vocab_size or None)
+        self.loader = DataLoader(dataset, batch_sampler=self.sampler, num_workers=config.num_workers, collate_fn=collate,
+                                 multiprocessing_context=dataloader_context(config.num_workers, dataset, collate))
         self.trainer_bound, self._last = False, None
 
     def __iter__(self) -> Iterator[dict]:

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _procs import run as run_process
 from _requires import CPU_FSDP2, needs_cpu_fsdp2, transformers_models
 
 transformers_models()
@@ -28,8 +29,7 @@ LN_VOCAB = math.log(2000)
 
 
 def _fcp(*argv: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fcp_cli", *argv], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)
+    return run_process([sys.executable, "-m", "fcp_cli", *argv], timeout=timeout, cwd=ROOT)
 
 
 def _check_losses(losses: list[float]) -> None:
@@ -74,7 +74,7 @@ def _torchrun(tmp_path: Path, script: str, *args: str) -> subprocess.CompletedPr
            ["-m", "torch.distributed.run"]), "--standalone", "--nproc-per-node", "2",
            str(ROOT / "examples" / script), *args]
     env = {**os.environ, "TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=tmp_path, env=env)
+    r = run_process(cmd, timeout=180, cwd=tmp_path, env=env)  # a hang fails with every process's stacks
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     return r
 

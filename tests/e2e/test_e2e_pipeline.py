@@ -124,16 +124,20 @@ def test_launcher_results_and_errors():
 _HELD: list = []  # what a failed rank still holds when the pool kills it (a trainer whose loader has workers)
 
 
-def _loader_workers_then_fail(folder: str, fork: bool):
-    """Start a persistent 2-worker DataLoader, write its worker pids, raise (the pool is then killed). ``fork``: the
-    context fcp's own loaders use in a launched rank (:func:`fcp_exec.launch.dataloader_context`)."""
+def _loader_workers_then_fail(folder: str, fcp_context: bool):
+    """Start a persistent 2-worker DataLoader, write its worker pids, raise (the pool is then killed).
+    ``fcp_context``: the context fcp's own loaders use in a launched rank (:func:`fcp_exec.launch.dataloader_context`:
+    "fork", or a forkserver where this Python's fork can deadlock a worker)."""
     import torch.distributed as dist
     from torch.utils.data import DataLoader
 
+    from fcp_data.workers import fork_may_deadlock
     from fcp_exec.launch import dataloader_context
 
-    ctx = dataloader_context(2) if fork else None
-    assert ctx == ("fork" if fork else None) and dataloader_context(0) is None
+    ctx = dataloader_context(2) if fcp_context else None
+    if fcp_context:
+        assert (ctx.get_start_method() == "forkserver") if fork_may_deadlock() else ctx == "fork", ctx
+    assert dataloader_context(0) is None
     it = iter(DataLoader(list(range(16)), batch_size=2, num_workers=2, persistent_workers=True,
                          multiprocessing_context=ctx))
     next(it)
@@ -144,17 +148,20 @@ def _loader_workers_then_fail(folder: str, fork: bool):
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-@pytest.mark.parametrize("fork", [False, True])
-def test_a_failed_launch_leaves_no_dataloader_worker_behind(tmp_path, fork):
+@pytest.mark.parametrize("fcp_context", [False, True])
+def test_a_failed_launch_leaves_no_dataloader_worker_behind(tmp_path, fcp_context):
     """Found in this suite: a rank that failed while its DataLoader had workers was killed with them running; its
     workers (forked by the rank's own forkserver, which they keep alive) waited forever, 300 MB each, and every
     later launch added more. Each rank now leads a process group that the launcher kills whole — with the default
-    context and with the fork context fcp's own loaders use in a launched rank (None outside one)."""
+    context and with the context fcp's own loaders use in a launched rank (None outside one where forking is
+    safe)."""
+    from fcp_data.workers import fork_may_deadlock
     from fcp_exec.launch import dataloader_context
 
-    assert dataloader_context(2) is None  # this process is no launched rank
+    if not fork_may_deadlock():  # else it is worker_context's forkserver (and would start one in this process)
+        assert dataloader_context(2) is None  # this process is no launched rank
     with pytest.raises(WorkerFailure, match="failed with DataLoader workers running"):
-        launch(_loader_workers_then_fail, 2, str(tmp_path), fork, timeout=120)
+        launch(_loader_workers_then_fail, 2, str(tmp_path), fcp_context, timeout=120)
     pids = [int(x) for r in (0, 1) for x in (tmp_path / f"rank-{r}.txt").read_text().split()]
     assert len(pids) == 4
     deadline = time.monotonic() + 10

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _procs import run as run_process
 from _requires import transformers_models
 
 transformers_models()
@@ -99,9 +100,8 @@ def _run(argv: list[str], tmp_path: Path, torchrun: bool = False, **env: str) ->
                                                             "LOCAL_RANK")}
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1"] if torchrun \
         else [sys.executable]
-    return subprocess.run([*launcher, str(ROOT / "examples" / "train_qwen3_text.py"), *argv], capture_output=True,
-                          text=True, timeout=300, cwd=tmp_path,
-                          env={**base, "TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1", **env})
+    return run_process([*launcher, str(ROOT / "examples" / "train_qwen3_text.py"), *argv], timeout=300, cwd=tmp_path,
+                       env={**base, "TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1", **env})
 
 
 def test_plain_python_is_a_world_of_one_like_torchrun(tmp_path):

@@ -17,11 +17,11 @@ import math
 import os
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from _procs import run as run_process
 
 pytestmark = pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("torchtitan", "triton", "tensorboard")),
                                 reason="needs torchtitan's Trainer (torchtitan, triton, tensorboard): make test installs "
@@ -45,7 +45,7 @@ def _titan(tmp_path: Path, *args: str, config: str = "qwen3_debug_fcp") -> tuple
            "--debug.seed", "0", *args]
     env = {**os.environ, "TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    r = run_process(cmd, timeout=300, cwd=ROOT, env=env)  # a hang fails with every process's stacks
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-30000:]
     assert "FCP: global batches of 8 documents" in out, out[-4000:]

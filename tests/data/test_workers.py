@@ -1,0 +1,107 @@
+"""fcp_data.workers: the DataLoader's start method in a multi-threaded rank (CPython's fork deadlock gh-112275).
+
+The deadlock itself is a race (a few forks in a thousand, ``benchmarks/fork_deadlock.py``), so the test checks the
+mechanism that removes it: on an affected interpreter the workers are not forked from the threaded process (their
+parent is the forkserver) while C threads enter Python throughout, and they deliver exactly the batches that the
+loader without workers does."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+from _procs import run as run_process
+
+from fcp_data.workers import fork_may_deadlock, worker_context
+
+
+@pytest.mark.parametrize("version, implementation, affected", [
+    ((3, 11, 7), "cpython", True), ((3, 11, 9), "cpython", True), ((3, 11, 10), "cpython", False),
+    ((3, 10, 14), "cpython", True), ((3, 10, 15), "cpython", False), ((3, 9, 19), "cpython", True),
+    ((3, 8, 20), "cpython", False), ((3, 7, 17), "cpython", True), ((3, 12, 0), "cpython", False),
+    ((3, 13, 1), "cpython", False), ((3, 10, 13), "pypy", False)])
+def test_fork_may_deadlock_names_the_interpreters_without_the_fix(version, implementation, affected):
+    assert fork_may_deadlock(version, implementation) is affected
+
+
+def test_worker_context_without_workers_or_with_a_named_method():
+    assert worker_context(0) is None
+    assert worker_context(2, start_method="spawn").get_start_method() == "spawn"
+    with pytest.raises(ValueError, match="start method 'threads' is not available here"):
+        worker_context(2, start_method="threads")
+
+
+_SCRIPT = textwrap.dedent("""
+    import ctypes, os, threading
+    import torch
+    from torch.utils.data import DataLoader
+    from fcp_data import CostModel, FCPCollator, FCPDataset, FCPSampler, IndexedDataset, bundled_index
+    from fcp_data.presets import ModelConfig
+    from fcp_data.workers import fork_may_deadlock, started_forkserver, worker_context
+    from fcp_exec import forkserver as fcp_forkserver
+
+    libc = ctypes.CDLL(None)
+    entry = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(lambda arg: None)
+    entered, stop = [0], False
+
+    def churn():  # C threads entering Python: what makes a fork unsafe on an affected interpreter
+        tid = ctypes.c_ulong()
+        while not stop:
+            libc.pthread_create(ctypes.byref(tid), None, entry, None)
+            libc.pthread_join(tid, None)
+            entered[0] += 1
+
+    def ppid(pid):
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+
+    if __name__ == "__main__":
+        for _ in range(2):
+            threading.Thread(target=churn, daemon=True).start()
+        data = IndexedDataset(bundled_index("text"))
+        shape = ModelConfig(layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128, vocab=32000)
+        cost = CostModel.preset(shape, "a100").replace(tokens_per_rank=1024)
+        dataset, collate = FCPDataset(data), FCPCollator(pad_token_id=data.pad_token_id)
+        ctx = worker_context(2, dataset, collate)
+        assert (ctx is not None) is fork_may_deadlock(), ctx
+        if ctx is not None:
+            assert ctx.get_start_method() == "forkserver"
+            fcp_forkserver._adopt()
+            assert fcp_forkserver._pid == started_forkserver()[0] is not None, "fcp_exec.forkserver adopts it"
+        epochs = []
+        for workers, context in ((0, None), (2, ctx)):
+            sampler = FCPSampler(data.index, 2, 0, cost_model=cost, global_batch_size=4096, seed=0,
+                                 on_overlong="truncate")
+            loader = DataLoader(dataset, batch_sampler=sampler, num_workers=workers, collate_fn=collate,
+                                multiprocessing_context=context, timeout=60 if workers else 0)
+            for epoch in range(3):  # new workers every epoch
+                it = iter(loader)
+                batches = list(it) if not workers else [next(it)]
+                if workers:
+                    parents = {ppid(w.pid) for w in it._workers}
+                    assert (os.getpid() not in parents) is (ctx is not None), (os.getpid(), parents)
+                    batches += list(it)
+                epochs.append(batches)
+        stop = True
+        for plain, loaded in zip(epochs[:3], epochs[3:]):
+            assert len(plain) == len(loaded) > 0
+            for a, b in zip(plain, loaded):
+                assert a.keys() == b.keys()
+                for k in a:
+                    assert (torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k]), k
+        assert entered[0] > 100, entered
+        print("ok", len(epochs[0]), "batches per epoch;", entered[0], "C-thread entries;", ctx)
+""")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc and calls pthread_create")
+def test_loader_workers_of_a_threaded_process_deliver_the_same_batches_and_are_not_forked_from_it(tmp_path):
+    """In a fresh process (a forkserver started here would stay for the rest of the suite) with two C threads
+    entering Python throughout: ``worker_context``'s loader yields exactly the batches of the loader without workers
+    over three epochs (new workers each), and on an affected interpreter none of its workers is a child of the
+    threaded process."""
+    script = tmp_path / "threaded_rank.py"
+    script.write_text(_SCRIPT)
+    r = run_process([sys.executable, str(script)], timeout=240, cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.startswith("ok"), r.stdout[-2000:] + r.stderr[-4000:]
