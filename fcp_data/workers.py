@@ -55,6 +55,14 @@ def _modules(objects) -> list[str]:
     return out
 
 
+def _main_module() -> list[str]:
+    """The main module's name where it ran as ``python -m NAME`` (``torchrun -m torchtitan.train``): the forkserver
+    imports only a main *script* as ``__main__``, and each worker would run the module again (its imports included)
+    when it starts; imported once in the server, a worker's run of it costs its own statements only."""
+    name = getattr(getattr(sys.modules.get("__main__"), "__spec__", None), "name", None)
+    return [name] if name and name != "__main__" and not name.endswith(".__main__") else []
+
+
 def worker_context(num_workers: int, *objects, start_method: str | None = None):
     """The ``multiprocessing_context`` for a DataLoader with ``num_workers`` workers in this process (module
     docstring): None where torch's default is safe (no workers, or an interpreter without the fork deadlock), else a
@@ -71,7 +79,7 @@ def worker_context(num_workers: int, *objects, start_method: str | None = None):
         return None
     ctx = multiprocessing.get_context("forkserver")
     if getattr(forkserver._forkserver, "_forkserver_pid", None) is None:
-        preload = ["__main__", "torch", "fcp_data.sampler", "fcp_data.collator", *_modules(objects)]
+        preload = ["__main__", *_main_module(), "torch", "fcp_data.sampler", "fcp_data.collator", *_modules(objects)]
         preload = list(dict.fromkeys(preload))
         ctx.set_forkserver_preload(preload)
         forkserver.ensure_running()  # its imports run now, beside whatever this rank does before its first batch

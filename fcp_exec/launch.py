@@ -194,15 +194,11 @@ _LAUNCHED_RANK = False  # True in a rank that _worker_main runs (forked by this 
 
 
 def dataloader_context(num_workers: int, *objects: Any) -> Any:
-    """The ``multiprocessing_context`` for a DataLoader with ``num_workers`` workers in this process, given its
-    dataset and collate function (``objects``). Where this interpreter's fork can deadlock a worker of a
-    multi-threaded process (CPython gh-112275), :func:`fcp_data.workers.worker_context`'s preloaded forkserver.
-    Otherwise ``"fork"`` in a rank this launcher started through its forkserver, else None (the default). Such a
-    rank's default start method is the forkserver's, and its own forkserver preloads nothing, so every worker imported
-    torch (and transformers for a Hugging Face dataset) again — 2 s per iteration with 2 workers, 34 → 21 s for the
-    checkpoint tests (`tests/exec/test_train_checkpoint.py`, 2 alternating pairs) — where a ``torchrun`` rank on
-    Linux forks its workers. Forked, the workers are children of the rank, so torch's watchdog also ends them with
-    it."""
+    """The ``multiprocessing_context`` for a DataLoader with ``num_workers`` workers in this process (``objects``: its
+    dataset and collate function): :func:`fcp_data.workers.worker_context`'s preloaded forkserver where this
+    interpreter's fork can deadlock a worker (CPython gh-112275); else ``"fork"`` in a rank this launcher started
+    (its default start method is the forkserver's, whose own server preloads nothing: every worker imported torch
+    again, 2 s per iteration with 2 workers; forked, the workers also end with the rank), else None (the default)."""
     from fcp_data.workers import worker_context
 
     safe = worker_context(num_workers, *objects)

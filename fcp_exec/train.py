@@ -7,8 +7,7 @@ global batch; for tiny-mllm labels whose target is a visual placeholder are igno
 and the sampler counts the rest exactly from ``TrainData.visual_layout``), backward (gradients accumulate over micro-batches). Then one all-reduce SUM of a flat
 buffer holding every parameter's gradient (zeros where a parameter was not used on this rank: idle
 ranks, ranks without visual tokens) and the loss, and an AdamW step. The all-reduced gradient is exactly
-the single-process gradient of the global-batch mean loss, and the reported loss is that mean, identical
-on all ranks.
+the single-process gradient of the global-batch mean loss, and the reported loss is that mean, identical on all ranks.
 
 ``train(config)`` runs on one rank of an initialised process group (or alone, without one);
 ``run_training(config, nproc)`` starts the ranks (:func:`fcp_exec.launch.launch`, torchrun-aware) and
@@ -174,10 +173,10 @@ class Trainer:
                              solver_options=None if degree is None else {"degree": degree},
                              visual_layout=data.visual_layout, exclude=exclude)
         dataset = FCPDataset(data.dataset, on_error=cfg.on_read_error, errors_path=cfg.read_errors_out)
-        collate = collator or self._collator
-        return sampler, DataLoader(dataset, batch_sampler=sampler, collate_fn=collate,
-                                   num_workers=cfg.num_workers, persistent_workers=cfg.num_workers > 0,
-                                   multiprocessing_context=dataloader_context(cfg.num_workers, dataset, collate))
+        collate, workers = collator or self._collator, cfg.num_workers
+        return sampler, DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, num_workers=workers,
+                                   persistent_workers=workers > 0,
+                                   multiprocessing_context=dataloader_context(workers, dataset, collate))
 
     def evaluate(self) -> dict[str, Any]:
         """The mean loss of the next global batch of a second sampler (seed + 1) over ``cfg.eval_data`` (default: the

@@ -89,8 +89,9 @@ class FCPTitanDataLoader(BaseDataLoader):
         collate = FCPCollator(pad_token_id=self.pad_token_id, sample_labels=bool(getattr(data, "has_labels", False)),
                               future_tokens=config.future_tokens)
         dataset = FCPDataset(data, vocab_size=config.vocab_size or None)
-        self.loader = DataLoader(dataset, batch_sampler=self.sampler, num_workers=config.num_workers, collate_fn=collate,
-                                 multiprocessing_context=dataloader_context(config.num_workers, dataset, collate))
+        workers = config.num_workers
+        self.loader = DataLoader(dataset, batch_sampler=self.sampler, num_workers=workers, collate_fn=collate,
+                                 multiprocessing_context=dataloader_context(workers, dataset, collate))
         self.trainer_bound, self._last = False, None
 
     def __iter__(self) -> Iterator[dict]:
