@@ -56,7 +56,7 @@ def load_data(args, rank: int):
 def build_model(args, vocab_size: int, on_cpu: bool):
     """A Llama-style GPTModel (RoPE, GQA, RMSNorm, SwiGLU) whose core attention is FCP's ring attention."""
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec, get_gpt_mtp_block_spec
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     config = TransformerConfig(
@@ -64,14 +64,17 @@ def build_model(args, vocab_size: int, on_cpu: bool):
         num_query_groups=args.groups, ffn_hidden_size=args.ffn, normalization="RMSNorm", gated_linear_unit=True,
         add_bias_linear=False, attention_dropout=0.0, hidden_dropout=0.0,
         calculate_per_token_loss=True,  # the global-batch mean over tokens, whatever each rank holds
+        mtp_num_layers=args.mtp_layers or None, mtp_loss_scaling_factor=0.1,  # DeepSeek-V3's multi-token prediction
         use_cpu_initialization=on_cpu, bf16=args.bf16, fp16=args.fp16,
         params_dtype=torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32,
         # the fused kernels are CUDA-only; on GPUs leave Megatron's defaults (or use the Transformer-Engine spec)
         **({"masked_softmax_fusion": False, "bias_dropout_fusion": False, "apply_rope_fusion": False,
             "bias_activation_fusion": False} if on_cpu else {}))
+    spec = fcp_layer_spec(get_gpt_layer_local_spec())
+    mtp = get_gpt_mtp_block_spec(config, spec, use_transformer_engine=False) if args.mtp_layers else None
     torch.manual_seed(0)
-    model = GPTModel(config, fcp_layer_spec(get_gpt_layer_local_spec()), vocab_size=vocab_size,
-                     max_sequence_length=args.tokens_per_rank * dist.get_world_size(), position_embedding_type="rope")
+    model = GPTModel(config, spec, vocab_size=vocab_size, position_embedding_type="rope", mtp_block_spec=mtp,
+                     max_sequence_length=args.tokens_per_rank * dist.get_world_size())
     model = apply_fcp(model.float())  # .float(): Megatron's torch-norm fallback keeps its weights in fp32
     if not on_cpu:  # as Megatron-LM's get_model: the torch-norm fallback's weights are created on the CPU
         model.cuda(torch.cuda.current_device())
@@ -125,6 +128,8 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--heads", type=positive_int, default=4)
     p.add_argument("--groups", type=positive_int, default=2, help="key/value heads (GQA)")
     p.add_argument("--ffn", type=positive_int, default=128)
+    p.add_argument("--mtp-layers", type=count, default=0,
+                   help="multi-token prediction modules (DeepSeek-V3's; the collator hands each token the tokens ahead)")
     half = p.add_mutually_exclusive_group()
     half.add_argument("--bf16", action="store_true", help="bf16 weights and activations, fp32 main weights in the "
                       "optimizer (Megatron's Float16Module and mixed-precision optimizer; needs CUDA)")
@@ -188,7 +193,8 @@ def main(argv: list[str] | None = None) -> None:
     sampler = FCPSampler(lengths, cost_model=cost, global_batch_size=args.global_batch_size, seed=0,
                          on_overlong="truncate")
     # vocab_size: a sample with an id the model has no row for is recorded and skipped, not an embedding error
-    dataset, collate = FCPDataset(data, vocab_size=vocab_size), FCPCollator(pad_token_id=pad, sample_labels=labels)
+    dataset = FCPDataset(data, vocab_size=vocab_size)
+    collate = FCPCollator(pad_token_id=pad, sample_labels=labels, future_tokens=args.mtp_layers)  # MTP: tokens ahead
     # worker_context: a forkserver where this Python's fork can deadlock a worker of a multi-threaded rank
     loader = DataLoader(dataset, batch_sampler=sampler, num_workers=2, collate_fn=collate,
                         multiprocessing_context=worker_context(2, dataset, collate))
@@ -239,7 +245,7 @@ def main(argv: list[str] | None = None) -> None:
     val_sampler = FCPSampler(lengths, cost_model=cost, global_batch_size=args.global_batch_size, seed=1,
                              on_overlong="truncate")
     val_batches = iter(DataLoader(FCPDataset(data, vocab_size=vocab_size), batch_sampler=val_sampler,
-                                  collate_fn=FCPCollator(pad_token_id=pad, sample_labels=labels)))
+                                  collate_fn=collate))
     model.eval()
     for k in range(min(args.eval_batches, val_sampler.num_global_batches())):
         mbs = next_global_batch(val_batches, model, pad_token_id=pad)

@@ -45,7 +45,9 @@ DataLoader's iterator (``dataloader_type="external"``) with ``FCPSampler(micro_b
 
 Refused with one clear error: tensor/pipeline/context/expert parallelism > 1 (FCP is the context parallelism
 here), a config without ``calculate_per_token_loss``, attention dropout, attention bias, yarn / multimodal RoPE on
-GPT attention, multi-token prediction, and multi-latent attention with ``apply_rope_fusion``. Multi-latent attention
+GPT attention, and multi-latent attention with ``apply_rope_fusion``. Multi-token prediction (``mtp_num_layers``)
+takes its look-ahead from the collator (``FCPCollator(future_tokens=mtp_num_layers)``,
+:mod:`fcp_exec.integrations.megatron_mtp`), not from rolls across Megatron's CP ranks. Multi-latent attention
 (DeepSeek-V3's; ``MLATransformerConfig``, RoPE or YaRN) runs: its value heads, narrower than query/key heads, are
 padded inside the ring. Mixture-of-experts layers get ``padding_mask`` (:func:`padding_mask`: pads, unread
 documents, idle dummies), so the auxiliary-loss-free expert bias counts what one process would; an auxiliary loss is
@@ -94,11 +96,13 @@ class FCPPackedSeqParams(_PackedSeqParams):  # type: ignore[misc, valid-type]
     """Megatron's ``packed_seq_params`` for one FCP micro-batch: ``qkv_format="sbhd"`` (Megatron's own packed
     path stays off), ``max_seqlen_q``/``max_seqlen_kv`` one past the largest position (the rotary table's length),
     and FCP's ``ring`` (:class:`fcp_exec.ring_attention.RingBatch`), ``positions`` (``[s]``, each token's position
-    in its document) and ``kernel``."""
+    in its document) and ``kernel``; ``fcp_mtp``: the micro-batch's look-ahead for multi-token prediction
+    (:class:`fcp_exec.integrations.megatron_mtp.MTPRolls`)."""
 
     ring: Any = None
     positions: torch.Tensor | None = None
     kernel: Any = None
+    fcp_mtp: Any = None
 
 
 class FCPCoreAttention(_MegatronModule):
@@ -229,6 +233,10 @@ def apply_fcp(model: nn.Module, *, kernel=None, timeout: float | None = None) ->
         if getattr(router, "enable_expert_bias", False) and not hasattr(router, "_fcp_bias_counts"):
             router._fcp_bias_counts = router._apply_expert_bias
             router._apply_expert_bias = partial(_expert_bias_counts, router._fcp_bias_counts)
+    if getattr(model.config, "mtp_num_layers", None):  # its rolls along the sequence: from the collator's look-ahead
+        from fcp_exec.integrations.megatron_mtp import install
+
+        install()
     model._fcp_megatron = {"kernel": kernel, "timeout": timeout}
     return model
 
@@ -250,9 +258,9 @@ def _check_config(model: nn.Module) -> None:
     kind = getattr(model, "position_embedding_type", "rope")
     if kind not in ("rope", "learned_absolute", "none"):
         raise ValueError(f"position_embedding_type={kind!r} is not supported with FCP (rope, learned_absolute, none)")
-    for flag in ("mtp_num_layers", "experimental_attention_variant"):
-        if getattr(cfg, flag, None):
-            raise ValueError(f"{flag}={getattr(cfg, flag)} is not supported with FCP")
+    if getattr(cfg, "experimental_attention_variant", None):
+        raise ValueError(f"experimental_attention_variant={cfg.experimental_attention_variant} is not supported with "
+                         "FCP")
     if getattr(cfg, "multi_latent_attention", False) and getattr(cfg, "apply_rope_fusion", False):
         raise ValueError("multi-latent attention with apply_rope_fusion=True numbers the tokens by Megatron's own "
                          "context-parallel layout; set apply_rope_fusion=False (FCP's positions go through the unfused "
@@ -283,6 +291,16 @@ def batch_inputs(batch: dict, model: nn.Module) -> tuple[dict[str, Any], torch.T
                                 kernel=opts["kernel"])
     kwargs = {"input_ids": ids[None], "position_ids": pos[None], "attention_mask": None,
               "labels": torch.where(loss_mask, labels, torch.zeros_like(labels))[None], "packed_seq_params": params}
+    depth = int(getattr(inner.config, "mtp_num_layers", None) or 0)
+    if depth:  # multi-token prediction: the tokens and labels ahead of each token, from the collator
+        if "future_ids" not in batch or int(batch["future_ids"].shape[0]) < depth:
+            raise ValueError(f"the model predicts {depth} tokens ahead (mtp_num_layers): build the collator with "
+                             f"FCPCollator(future_tokens={depth})")
+        from fcp_exec.integrations.megatron_mtp import MTPRolls
+
+        kwargs["loss_mask"] = loss_mask[None]
+        params.fcp_mtp = MTPRolls(kwargs["input_ids"], kwargs["position_ids"], kwargs["labels"], kwargs["loss_mask"],
+                                  tuple(batch[k] for k in ("future_ids", "future_labels", "future_valid")))
     if getattr(inner.config, "num_moe_experts", None):  # the routers count real tokens only (expert-bias updates)
         kwargs["padding_mask"] = padding_mask(batch).to(device)[None]
     return kwargs, loss_mask

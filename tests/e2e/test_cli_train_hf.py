@@ -178,7 +178,8 @@ def test_megatron_example_trains_on_a_megatron_indexed_dataset(tmp_path):
     """`--data-prefix`: the Megatron example on a .bin/.idx written by megatron-core's own IndexedDatasetBuilder
     (what tools/preprocess_data.py writes; 40 documents of 20–1,500 tokens, one of 3 sequences, one holding a token id
     past the model's vocabulary), 2 steps, finite losses near ln(vocab), the bad document skipped with its reason, not
-    an embedding error inside Megatron; and `fcp simulate --lengths PREFIX.idx` plans on the same documents."""
+    an embedding error inside Megatron; and `fcp simulate --lengths PREFIX.idx` plans on the same documents. With one
+    multi-token-prediction module (`--mtp-layers 1`: the collator's look-ahead, fcp_exec/integrations/megatron_mtp)."""
     import numpy as np
     import torch
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
@@ -194,7 +195,7 @@ def test_megatron_example_trains_on_a_megatron_indexed_dataset(tmp_path):
         builder.add_document(torch.tensor(ids), lengths)
     builder.finalize(f"{prefix}.idx")
     run = _torchrun(tmp_path, "train_megatron_gpt.py", "--data-prefix", str(prefix), "--vocab-size", "2000",
-                    "--steps", "7", "--eval-batches", "0", "--tokens-per-rank", "512")
+                    "--steps", "7", "--eval-batches", "0", "--tokens-per-rank", "512", "--mtp-layers", "1")
     steps = _lines(run, "step ")
     assert [ln.split()[1] for ln in steps] == [str(k) for k in range(7)], run.stdout
     _check_losses([float(ln.split(" loss ")[1].split()[0]) for ln in steps])

@@ -61,6 +61,8 @@ MODELS = {
                       moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True,
                       moe_router_bias_update_rate=0.01, moe_router_dtype="fp64"),
                  {"multi_latent_attention": True, "num_experts": 4, "moe_grouped_gemm": False}, {}),
+    # DeepSeek-V3's multi-token prediction: two MTP modules (each a transformer layer), the loss scaled by 0.3
+    "mtp": ({"mtp_num_layers": 2, "mtp_loss_scaling_factor": 0.3}, {}, {}),
     "mla-yarn": (dict(_MLA, rope_type="yarn", rotary_scaling_factor=4.0, original_max_position_embeddings=16,
                       mscale=0.9, mscale_all_dim=0.8), {"multi_latent_attention": True}, {}),
 }
@@ -94,6 +96,10 @@ def build_gpt(name: str, *, fcp: bool, max_len: int = 128, seed: int = 0):
         spec = fcp_layer_spec(spec)
     elif over.get("multi_latent_attention"):
         spec.submodules.self_attention.submodules.core_attention = DenseCoreAttention
+    if config.mtp_num_layers:  # the MTP modules' layers from the same (FCP or stock) layer spec
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_mtp_block_spec
+
+        model_opts = dict(model_opts, mtp_block_spec=get_gpt_mtp_block_spec(config, spec, use_transformer_engine=False))
     torch.manual_seed(seed)
     model = GPTModel(config, spec, vocab_size=VOCAB, max_sequence_length=max_len,
                      **{"position_embedding_type": "rope", **model_opts})

@@ -21,7 +21,11 @@ attention for it, only Transformer Engine's, so its reference is ``_megatron_cpu
 float64 softmax attention per document; the rest of the layer is Megatron's), a mixture of experts (4 experts, top-2,
 the all-gather dispatcher, no auxiliary loss) and DeepSeek-V3's combination (multi-latent attention, a sigmoid router
 with the auxiliary-loss-free expert bias, a shared expert: the routers count real tokens only, pads and idle dummies
-masked by ``padding_mask``, so the bias updates equal the one-process run's); Llama fed the
+masked by ``padding_mask``, so the bias updates equal the one-process run's) and DeepSeek-V3's multi-token prediction
+(``mtp_num_layers=2``, ``mtp_loss_scaling_factor=0.3``: each MTP module a transformer layer with FCP's core attention;
+the tokens and labels ahead from ``FCPCollator(future_tokens=2)`` where Megatron rolls them along the sequence, the
+reference rolling each whole document itself, its loss mask handed to the model; rolling this rank's shard instead
+misses step 0's gradient norm by 8.4e-4 relative); Llama fed the
 DataLoader's iterator itself with a fixed 2 micro-batches per step (Megatron-LM's
 ``pretrain()``), ``forward_step`` preparing each batch; and Llama on a dataset whose sample 9 fails to read on every
 rank and sample 6 on one rank of its CP group only (agreed in the group: label-free on all of its ranks), against the
@@ -53,7 +57,8 @@ from fcp_exec.launch import launch
 # megatron-core is imported only in the launched processes (not in the pytest worker)
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="needs megatron-core")
 
-NAMES = ("llama", "qwen3", "window", "recompute", "gpt2", "sinks", "off-by-one", "mla", "mla-yarn", "moe", "deepseek")
+NAMES = ("llama", "qwen3", "window", "recompute", "gpt2", "sinks", "off-by-one", "mla", "mla-yarn", "moe", "deepseek",
+         "mtp")
 RAW = "-loader"  # the same model fed the DataLoader's iterator directly (Megatron-LM's pretrain() with its own loop)
 SKIP = "-damaged"  # sample 9 fails to read on every rank, sample 6 (71 tokens: a group of 2+) on rank 1 only
 SFT = "-sft"  # the samples' own labels, the first third of each document (its prompt) masked
@@ -124,7 +129,7 @@ def _train_fcp() -> dict:
         sft = name.endswith(SFT)
         items = [dict(d, labels=_prompt_masked(d["input_ids"])) for d in data] if sft else data
         dataset = FCPDataset(_Damaged(items, rank) if name.endswith(SKIP) else items)
-        collate = FCPCollator(pad_token_id=0, sample_labels=sft)
+        collate = FCPCollator(pad_token_id=0, sample_labels=sft, future_tokens=config.mtp_num_layers or 0)
         batches = iter(DataLoader(dataset, batch_sampler=sampler, collate_fn=collate))
         schedule = get_forward_backward_func()
         run = {"loss": [], "norm": [], "indices": [], "degrees": [], "skipped": []}
@@ -188,7 +193,7 @@ def _reference_step(data_iterator, model):
     own = _prompt_masked(doc) if sft else doc
     targets = torch.cat([own[1:], own.new_full((1,), -100)])  # token t predicts t + 1; the last predicts nothing
     mask = targets != -100
-    out = model(doc[None], torch.arange(n)[None], None, labels=targets.clamp(min=0)[None])
+    out = model(doc[None], torch.arange(n)[None], None, labels=targets.clamp(min=0)[None], loss_mask=mask[None])
     return out, lambda t: loss_func(mask, t)
 
 
@@ -314,10 +319,14 @@ def _misuse() -> dict:
         model = apply_fcp(mc.build_gpt("llama", fcp=True)[0])
         model(torch.arange(4)[None], torch.arange(4)[None], None)
 
+    def mtp_without_lookahead():  # a collator without future_tokens for a model with mtp_num_layers=2
+        model = apply_fcp(mc.build_gpt("mtp", fcp=True)[0])
+        batch_inputs(dict(batch, future_ids=torch.zeros(1, 4, dtype=torch.long)), model)
+
     return {"stock spec": _error(stock_spec), "per micro-batch loss": _error(per_micro_batch_loss),
             "tensor parallel": _error(tensor_parallel), "dropout": _error(dropout),
             "window ahead": _error(window_ahead), "plain forward": _error(plain_forward),
-            "mla rope fusion": _error(mla_rope_fusion),
+            "mla rope fusion": _error(mla_rope_fusion), "mtp without look-ahead": _error(mtp_without_lookahead),
             "micro-batch count": _error(count_mismatch),
             "not applied": _error(lambda: batch_inputs(batch, mc.build_gpt("llama", fcp=True)[0])),
             "not a spec": _error(lambda: fcp_layer_spec(object()))}
@@ -330,6 +339,7 @@ MISUSE = {"stock spec": ("ValueError", "fcp_layer_spec"),
           "window ahead": ("ValueError", "window_size=(left, 0)"),
           "plain forward": ("ValueError", "batch_inputs(batch, model)"),
           "mla rope fusion": ("ValueError", "set apply_rope_fusion=False"),
+          "mtp without look-ahead": ("ValueError", "FCPCollator(future_tokens=2)"),
           "micro-batch count": ("ValueError", "FCPSampler(micro_batches=3)"),
           "not applied": ("ValueError", "apply_fcp(model) before batch_inputs"),
           "not a spec": ("TypeError", "not a Megatron transformer layer spec")}
