@@ -39,7 +39,7 @@ class MTPRolls:
         f_ids, f_labels, f_valid = (t.to(ids.device) for t in future)
         self.depth = int(f_ids.shape[0])
         self._future = (f_ids, f_labels, f_valid)
-        self._labels, self._ignore = labels, int(ignore_index)
+        self._labels, self._positions, self._ignore = labels, positions, int(ignore_index)
         self._known: dict[int, tuple[str, int, torch.Tensor]] = {}  # id(tensor) -> (kind, depth, tensor): held
         for kind, t in (("input_ids", ids), ("position_ids", positions), ("loss_mask", loss_mask)):
             self._note(kind, 0, t)
@@ -72,16 +72,13 @@ class MTPRolls:
         if kind == "input_ids":
             out = torch.where(f_valid, f_ids, 0).to(tensor.dtype)
         elif kind == "position_ids":
-            out = torch.where(f_valid, self._position0() + depth, 0).to(tensor.dtype)
+            out = torch.where(f_valid, self._positions + depth, 0).to(tensor.dtype)
         elif kind == "labels":
             out = torch.where(f_labels != self._ignore, f_labels, 0).to(tensor.dtype)
         else:  # its sum is the count GPTModel divides the logged MTP loss by: at least 1 (an idle rank's dummy has 0)
             out = (f_labels != self._ignore).to(tensor.dtype)
             return self._note(kind, depth, out), out.sum().clamp(min=1)
         return self._note(kind, depth, out), out.sum()
-
-    def _position0(self) -> torch.Tensor:
-        return next(t for kind, depth, t in self._known.values() if kind == "position_ids" and depth == 0)
 
 
 def _fcp_roll(original: Callable, kinds: tuple[str, ...]) -> Callable:
