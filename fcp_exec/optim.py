@@ -19,10 +19,10 @@ from collections.abc import Iterable
 import torch
 
 from fcp_exec.compat import total_norm
+from fcp_exec.names import LR_SCHEDULES
 
 __all__ = ["LR_SCHEDULES", "TrainingDiverged", "check_finite", "lr_at", "clip_grad_norm", "set_lr"]
 
-LR_SCHEDULES = ("constant", "linear", "cosine")
 
 
 def lr_at(step: int, *, lr: float, steps: int, warmup_steps: int = 0, schedule: str = "constant",

@@ -31,11 +31,10 @@ from torch import nn
 from fcp_data.sampler_inputs import dist_rank_and_world
 from fcp_exec.compat import (HSDP_RELEASE, MissingDependency, check_fsdp2_device, fsdp2_api,
                              fsdp_divide_factor_setter, torch_release, undo_fsdp_gradient_average)
+from fcp_exec.names import REDUCER_NAMES
 
 __all__ = ["REDUCER_NAMES", "AllReduceReducer", "DDPReducer", "DeepSpeedReducer", "FSDP1Reducer", "FSDP2Reducer",
            "fsdp1_roots", "full_view", "grad_scaler_class", "make_reducer", "mixed_precision", "reducer_for"]
-
-REDUCER_NAMES = ("allreduce", "ddp", "fsdp2", "fsdp1")
 
 
 class AllReduceReducer:

@@ -16,9 +16,7 @@ from typing import Any
 from fcp_data.cost import CostModel
 from fcp_data.commands.argtypes import check_output_dir
 from fcp_data.sampler_config import MAX_COUNT
-from fcp_exec.integrations.hf_models import SUPPORTED_MODEL_TYPES
-from fcp_exec.optim import LR_SCHEDULES
-from fcp_exec.step import REDUCER_NAMES
+from fcp_exec.names import LR_SCHEDULES, REDUCER_NAMES, SUPPORTED_MODEL_TYPES
 
 __all__ = ["TrainConfig", "AMP_NAMES", "DTYPE_NAMES", "builtin_cost_model", "format_degrees", "format_step",
            "parse_planner"]

@@ -10,17 +10,12 @@ import torch
 from torch import nn
 
 from fcp_exec.compat import require_hf_models
+from fcp_exec.names import SUPPORTED_MODEL_TYPES
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "VL_MODEL_TYPES", "QWEN3_VL_MODEL_TYPES", "TILE_VL_MODEL_TYPES",
            "FRAME_VL_MODEL_TYPES", "MLLM_MODEL_TYPES", "UNUSED_PARAMETER_MODEL_TYPES", "leaves_parameters_unused",
            "attention_limits", "other_token_mixing", "build_model", "load_config", "ring_call", "tile_geometry"]
 
-# tested against the stock model (tests/exec/test_hf_train.py, test_hf_families.py, test_hf_router_loss.py)
-SUPPORTED_MODEL_TYPES = ("qwen3", "llama", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen2", "mistral", "phi3", "olmo2",
-                         "granite", "glm4", "smollm3", "gemma", "gemma3_text", "cohere", "qwen3_moe", "internvl",
-                         "llava_onevision", "gpt_oss", "deepseek_v3", "gemma2", "mixtral", "qwen2_moe", "glm4_moe",
-                         "exaone4", "seed_oss", "olmoe", "qwen3_vl_moe", "phimoe", "granitemoe",
-                         "ernie4_5_moe", "flex_olmo")
 VL_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")  # Qwen-VL: 3-D rope positions, patches + grids
 QWEN3_VL_MODEL_TYPES = ("qwen3_vl", "qwen3_vl_moe")  # deepstack features, one placeholder run per frame group
 TILE_VL_MODEL_TYPES = ("internvl",)  # fixed-size image tiles (video frames: one tile each), 1-D positions

@@ -7,13 +7,14 @@ loader without workers does."""
 
 from __future__ import annotations
 
+import importlib
 import sys
 import textwrap
 
 import pytest
 from _procs import run as run_process
 
-from fcp_data.workers import fork_may_deadlock, worker_context
+from fcp_data.workers import _imported_under, _modules, fork_may_deadlock, worker_context
 
 
 @pytest.mark.parametrize("version, implementation, affected", [
@@ -30,6 +31,35 @@ def test_worker_context_without_workers_or_with_a_named_method():
     assert worker_context(2, start_method="spawn").get_start_method() == "spawn"
     with pytest.raises(ValueError, match="start method 'threads' is not available here"):
         worker_context(2, start_method="threads")
+
+
+def test_the_modules_a_worker_imports_are_found_inside_the_objects():
+    """What a worker imports to unpickle the dataset and collate function: the module of every class, function and
+    instance inside them (not only their own types'), up to the size limit; never ``__main__``; an object that does
+    not pickle names its own type's module and raises nothing (the DataLoader reports it)."""
+    import decimal
+    import fractions
+    import functools
+    import json
+
+    collate = functools.partial(json.dumps, cls=json.JSONEncoder)
+    dataset = [{"price": decimal.Decimal("1.5")}, fractions.Fraction(1, 3)]
+    found = _modules([collate, dataset])
+    assert {"functools", "json", "json.encoder", "decimal", "fractions"} <= set(found), found
+    assert "__main__" not in found and "builtins" not in found
+    early, late = decimal.Decimal("2"), fractions.Fraction(2, 3)
+    capped = _modules([[early, bytes(1 << 18), late]], limit=1 << 16)  # stops 64 KiB in, keeps what it met
+    assert "decimal" in capped and "fractions" not in capped, capped
+    assert _modules([lambda x: x]) == [__name__]  # a lambda does not pickle: its module only
+
+
+def test_the_imported_modules_of_a_package_are_listed_without_aliases():
+    importlib.import_module("json.decoder")  # imported, so listed
+
+    listed = _imported_under(["json.decoder", "os"])
+    assert {"json", "json.decoder", "json.scanner", "os"} <= set(listed)
+    assert "os.path" not in listed  # an alias of posixpath (its spec names posixpath)
+    assert not any(m.partition(".")[0] not in ("json", "os") for m in listed)
 
 
 _SCRIPT = textwrap.dedent("""
@@ -67,6 +97,10 @@ _SCRIPT = textwrap.dedent("""
         assert (ctx is not None) is fork_may_deadlock(), ctx
         if ctx is not None:
             assert ctx.get_start_method() == "forkserver"
+            preload = started_forkserver()[1]
+            # FCPDataset's own type is fcp_data.slots; the index reader inside it and torch's modules the rank has
+            # imported are preloaded too (a worker would import them when it unpickles and runs the dataset)
+            assert {"fcp_data.slots", "fcp_data.readers", "torch.utils.data"} <= set(preload), preload
             fcp_forkserver._adopt()
             assert fcp_forkserver._pid == started_forkserver()[0] is not None, "fcp_exec.forkserver adopts it"
         epochs = []

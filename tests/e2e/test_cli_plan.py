@@ -45,6 +45,33 @@ def test_solver_choices_match_registry():
     assert tuple(BASELINES) == ("static-cp", "ulysses", "megatron-dynamic", "fcp-pow2")
 
 
+def test_top_level_help_and_version_import_no_command():
+    """`fcp --help` and `fcp --version` list the commands from their summaries without importing any command's
+    module (torch and the executor took 3 s there); a command whose module fails to import is an error when it is
+    used, never dropped from the list."""
+    script = ("import sys\n"
+              "from fcp_cli.main import main\n"
+              "for argv in (['--help'], ['--version']):\n"
+              "    try:\n"
+              "        main(argv)\n"
+              "    except SystemExit:\n"
+              "        pass\n"
+              "print('torch' in sys.modules, 'fcp_exec.commands.train' in sys.modules)\n")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "train" in r.stdout and "simulate" in r.stdout and "fcp 0" in r.stdout, r.stdout
+    assert r.stdout.splitlines()[-1] == "False False", r.stdout
+    broken = ("import fcp_cli.main as m\n"
+              "m.COMMANDS = m.COMMANDS + (('ghost', 'fcp_data.commands.no_such_module', 'a broken command'),)\n"
+              "m._NAMES = m._NAMES | {'ghost'}\n"
+              "m.main(['--help'])\n")
+    r = subprocess.run([sys.executable, "-c", broken], capture_output=True, text=True, timeout=120)
+    assert "ghost" in r.stdout and "a broken command" in r.stdout, r.stdout
+    r = subprocess.run([sys.executable, "-c", broken.replace("['--help']", "['ghost']")], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode != 0 and "No module named 'fcp_data.commands.no_such_module'" in r.stderr, r.stderr[-2000:]
+
+
 def test_plan_table_and_json(capsys, lengths_file):
     rc, out, _ = _run(capsys, ["plan", "--lengths", str(lengths_file), "--ranks", "16", *PRESET])
     assert rc == 0 and "⟨" in out and "makespan" in out and "solve" in out
