@@ -197,10 +197,16 @@ def run(args) -> int:
 
     cfg = config_from_args(args, model)
     nproc, backend = check_launch(args.nproc, args.backend)
-    check_resume(cfg.resume, cfg.steps)
-    preflight(cfg, nproc, load_hf_config(hf_path) if hf_path else None)
     if cfg.reducer != "allreduce" and nproc == 1 and backend is None and not in_torchrun():
         backend = default_backend()  # DDP/FSDP2 need a process group even for one rank: start one worker
+    if (nproc > 1 or backend is not None) and not in_torchrun():  # run_training will launch ranks
+        from fcp_exec import forkserver
+        from fcp_exec.launch import _TRAIN_PRELOAD
+        from fcp_exec.train import hf_preload
+
+        forkserver.start(_TRAIN_PRELOAD + hf_preload([cfg]))  # its imports overlap the checks and data loading below
+    check_resume(cfg.resume, cfg.steps)
+    preflight(cfg, nproc, load_hf_config(hf_path) if hf_path else None)
     res = run_training(cfg, nproc, backend=backend)
     if not args.json:
         steps = res["steps"]

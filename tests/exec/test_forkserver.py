@@ -57,6 +57,19 @@ def test_an_idle_forkserver_is_restarted_with_the_modules_a_launch_needs():
     assert server3 == server2 and seen3["sched"], (server2, server3)
 
 
+def test_a_forkserver_started_ahead_serves_the_launch_that_follows():
+    """``start`` (``fcp train`` calls it before its checks and data loading) runs the server with the preload at once;
+    the launch that then asks for the same modules forks from that server, which has them, without a restart."""
+    forkserver.start(("pyclbr",))
+    early = mp_forkserver._forkserver._forkserver_pid
+    assert early is not None and forkserver._pid == early and "pyclbr" in forkserver._served
+    seen1, server1 = _fork(("pyclbr",))
+    assert server1 == early and seen1["pyclbr"], (early, server1, seen1)
+    forkserver.start(("pyclbr",))  # already running with it: left alone
+    assert mp_forkserver._forkserver._forkserver_pid == early
+    assert forkserver.stop()  # the next cases start from a server without pyclbr
+
+
 def test_a_forkserver_with_a_live_child_is_left_running():
     """A live process the server forked — here one fcp did not start, as a DataLoader's forkserver workers would be
     — keeps the server running: it is never stopped under them, and stop() refuses too."""
