@@ -19,9 +19,9 @@ worker would import to unpickle them (found by pickling them, :func:`_modules`) 
 this rank has imported already (what a worker reaches lazily, :func:`_imported_under`). Preloading only the
 objects' own types, each worker of the video example imported ``transformers`` and ``torch._dynamo`` itself, at
 every epoch: its loader's first batch after new workers took 3.1 s, now 0.85 s (1.1 s with ``fork``); the
-server's own start stays (4.3 s to the first batch against 1.2 s with ``fork``; ``benchmarks/bench_worker_start.py``). The dataset and the
-collate function are then pickled to each worker (cheap for an index over files or a memory-mapped dataset; a
-dataset that holds all its samples in memory is copied), and the main script needs the usual
+server's own start stays (4.3 s to the first batch against 1.2 s with ``fork``; ``benchmarks/bench_worker_start.py``).
+The dataset and the collate function are then pickled to each worker (cheap for an index over files or a
+memory-mapped dataset; a dataset that holds all its samples in memory is copied), and the main script needs the usual
 ``if __name__ == "__main__":`` guard. ``persistent_workers=True`` starts them once per run instead of once per epoch.
 """
 
@@ -131,8 +131,8 @@ def worker_context(num_workers: int, *objects, start_method: str | None = None):
     """The ``multiprocessing_context`` for a DataLoader with ``num_workers`` workers in this process (module
     docstring): None where torch's default is safe (no workers, or an interpreter without the fork deadlock), else a
     ``forkserver`` context that preloads the main script, torch, fcp's sampler and collator and what unpickling
-    ``objects`` (pass the dataset and the collate function) and running them needs. ``start_method`` forces a method ("fork", "spawn",
-    "forkserver") and returns its context. A forkserver that is already running keeps its preload."""
+    ``objects`` (pass the dataset and the collate function) and running them needs. ``start_method`` forces a method
+    ("fork", "spawn", "forkserver") and returns its context. A forkserver that is already running keeps its preload."""
     global _started
     if start_method is not None:
         if start_method not in multiprocessing.get_all_start_methods():
