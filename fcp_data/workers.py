@@ -77,11 +77,15 @@ class _ModuleRecorder(pickle.Pickler):
         self.modules: dict[str, None] = {}
 
     def reducer_override(self, obj):
-        owner = obj if inspect.isclass(obj) or inspect.isroutine(obj) else type(obj)
-        module = getattr(owner, "__module__", None)
-        if isinstance(module, str):
-            self.modules[module] = None
+        self.modules[_module_of(obj)] = None
         return NotImplemented
+
+
+def _module_of(obj) -> str:
+    """The module defining ``obj`` (a class or function: its own; an instance: its type's); "builtins" if none."""
+    owner = obj if inspect.isclass(obj) or inspect.isroutine(obj) else type(obj)
+    module = getattr(owner, "__module__", None)
+    return module if isinstance(module, str) else "builtins"
 
 
 def _modules(objects, limit: int = _PICKLE_LIMIT) -> list[str]:
@@ -92,14 +96,11 @@ def _modules(objects, limit: int = _PICKLE_LIMIT) -> list[str]:
     that do not pickle name their own type's module only: the DataLoader reports their error itself."""
     found: dict[str, None] = {}
     for obj in objects:
-        owner = obj if inspect.isclass(obj) or inspect.isroutine(obj) else type(obj)
-        found[getattr(owner, "__module__", None) or "builtins"] = None
+        found[_module_of(obj)] = None
         recorder = _ModuleRecorder(limit)
         try:
             recorder.dump(obj)
-        except _Stop:
-            pass
-        except Exception:  # noqa: BLE001 - not picklable: the DataLoader raises its own error for it
+        except Exception:  # noqa: BLE001 - past the limit (_Stop), or not picklable: the DataLoader reports that
             pass
         found.update(recorder.modules)
     return [m for m in found if m not in ("__main__", "__mp_main__", "builtins")]
