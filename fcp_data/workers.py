@@ -33,6 +33,8 @@ import pickle
 import sys
 from multiprocessing import forkserver
 
+from fcp_data.frozen_heap import preload_with_freeze
+
 __all__ = ["fork_may_deadlock", "worker_context", "started_forkserver"]
 
 _PICKLE_LIMIT = 64 << 20  # bytes of the objects' pickle looked at for the modules they need
@@ -146,7 +148,7 @@ def worker_context(num_workers: int, *objects, start_method: str | None = None):
     if getattr(forkserver._forkserver, "_forkserver_pid", None) is None:
         needed = ["torch", "fcp_data.sampler", "fcp_data.collator", *_modules(objects)]
         preload = list(dict.fromkeys(["__main__", *_main_module(), *needed, *_imported_under(needed)]))
-        ctx.set_forkserver_preload(preload)
+        ctx.set_forkserver_preload(preload_with_freeze(preload))  # fcp_data.frozen_heap: the server's heap frozen
         forkserver.ensure_running()  # its imports run now, beside whatever this rank does before its first batch
         _started = (forkserver._forkserver._forkserver_pid, tuple(preload))
     return ctx

@@ -17,6 +17,8 @@ import os
 from multiprocessing import forkserver
 from typing import Sequence
 
+from fcp_data.frozen_heap import preload_with_freeze
+
 __all__ = ["set_preload", "note_started", "start", "stop"]
 
 _served: tuple[str, ...] = ()  # what the forkserver fcp started preloads, in import order
@@ -59,7 +61,7 @@ def set_preload(ctx, preload: Sequence[str]) -> tuple[tuple[str, ...], int | Non
     wanted = tuple(dict.fromkeys([*preload, *_served]))  # a restart keeps what the old server had
     if not set(preload) <= set(_served):
         stop()
-    ctx.set_forkserver_preload(list(wanted))
+    ctx.set_forkserver_preload(preload_with_freeze(wanted))
     return wanted, _running_pid()
 
 

@@ -1,0 +1,60 @@
+"""The forkservers fcp starts freeze their heap after their preload: collect the server's garbage, then
+:func:`gc.freeze`, so that every process forked from it leaves those objects out of its garbage collections.
+
+Why: a server that preloaded torch, transformers and ``torch._dynamo`` holds ~370,000 objects that the garbage
+collector tracks; each process it forks (an fcp rank, a DataLoader worker) inherits them, and each full collection
+there walks all of them — and writes their headers, so the first one also copies every page of the inherited heap
+(copy-on-write). Hugging Face's ``Trainer`` runs ``gc.collect()`` at the start of every ``train()`` (through
+Accelerate's ``free_memory``): 0.30 s in a fresh rank of such a server, 0.8 s in a rank that has trained a while;
+with the heap frozen, 0.15 ms in the fresh rank. Frozen objects are still freed by reference counting; only reference
+cycles among the preloaded modules' objects are never collected (the recipe of the :func:`gc.freeze` documentation:
+freeze in the parent right before forking).
+
+The servers preload :data:`MODULE` (``fcp_data._freeze_heap``, which nothing else imports: a module runs its body
+once, and the freeze must follow every other import) last; its body calls :func:`freeze_if_forkserver`, which
+freezes only when ``multiprocessing.forkserver.main``'s preload loop itself imports it — imported anywhere else it
+does nothing, so an accidental import cannot pin a process's garbage. ``FCP_GC_FREEZE=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import os
+import sys
+
+__all__ = ["MODULE", "in_forkserver", "freeze_if_forkserver", "preload_with_freeze"]
+
+MODULE = "fcp_data._freeze_heap"  # what a forkserver's preload lists, last
+_OWN = (__file__, os.path.join(os.path.dirname(__file__), "_freeze_heap.py"))
+
+
+def in_forkserver() -> bool:
+    """Whether :data:`MODULE` is being imported by ``multiprocessing.forkserver.main``'s preload loop itself: the
+    first caller outside these two files and the import machinery is that function."""
+    frame = sys._getframe(1)
+    while frame is not None and (frame.f_code.co_filename in _OWN
+                                 or frame.f_code.co_filename.startswith("<frozen importlib")):
+        frame = frame.f_back
+    return (frame is not None and frame.f_code.co_name == "main"
+            and frame.f_code.co_filename.replace("\\", "/").endswith("multiprocessing/forkserver.py"))
+
+
+def freeze_if_forkserver() -> bool:
+    """Collect, then move every tracked object to the permanent generation — in a forkserver only (module docstring).
+    Returns whether it froze."""
+    if os.environ.get("FCP_GC_FREEZE", "1") == "0" or not in_forkserver():
+        return False
+    gc.collect()
+    gc.freeze()
+    # The server's own exit (its parent gone) unfreezes first, so that the interpreter's last collection frees the
+    # cycles as without the freeze (else nanobind-bound libraries, triton's, report "leaked" objects on stderr).
+    # Its forked children leave by os._exit and do not run this.
+    atexit.register(gc.unfreeze)
+    return True
+
+
+def preload_with_freeze(preload) -> list[str]:
+    """``preload`` with :data:`MODULE` at its end (the freeze must follow every other import)."""
+    return [m for m in preload if m != MODULE] + [MODULE]
+

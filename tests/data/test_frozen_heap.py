@@ -1,0 +1,109 @@
+"""The forkservers fcp starts freeze their heap (:mod:`fcp_data.frozen_heap`), on real processes.
+
+Reference: the interpreter's own counts in the forked process — ``gc.get_freeze_count()`` (objects in the permanent
+generation, left out of every collection) and ``len(gc.get_objects())`` (what a full collection walks). Each case runs
+in a fresh interpreter (a process has one forkserver, and one started here would stay for the rest of the suite).
+A failure means every process forked from fcp's servers walks (and copies, page by page) the server's whole heap at
+each full collection again — 0.3–0.8 s and ~90 MB per rank with transformers preloaded
+(``benchmarks/bench_frozen_heap.py``) — or that the server's exit prints "leaked" reports of nanobind libraries.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import textwrap
+
+import pytest
+
+from _procs import run as run_process
+
+_BARE = textwrap.dedent("""
+    import gc, json, multiprocessing as mp, sys
+    import fcp_data._freeze_heap as freeze_module
+    import fcp_data.frozen_heap as frozen_heap
+
+    def child(q):
+        q.put([gc.get_freeze_count(), len(gc.get_objects()), sorted(m for m in ("json", "triton") if m in sys.modules)])
+
+    if __name__ == "__main__":
+        assert not freeze_module.frozen and gc.get_freeze_count() == 0, "imported outside a forkserver: no freeze"
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(frozen_heap.preload_with_freeze(["__main__", frozen_heap.MODULE, "json", "triton"]))
+        q = ctx.Queue()
+        p = ctx.Process(target=child, args=(q,))
+        p.start()
+        print(json.dumps(q.get(timeout=120)))
+        p.join(60)
+""")
+
+
+def _bare(tmp_path, freeze: str) -> tuple[list, str]:
+    script = tmp_path / "bare.py"
+    script.write_text(_BARE)
+    r = run_process([sys.executable, str(script)], timeout=180, cwd=tmp_path, env=dict(os.environ, FCP_GC_FREEZE=freeze))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    return json.loads(r.stdout.strip().splitlines()[-1]), r.stderr
+
+
+def test_a_preload_ending_in_the_module_freezes_the_server_and_its_exit_reports_no_leak(tmp_path):
+    """The module is moved to the end of the preload (after triton, a nanobind library); the child finds the
+    server's objects frozen and walks only its own few; the server's exit (the parent's end) prints no nanobind
+    "leaked" report, which it does when the heap stays frozen at exit."""
+    pytest.importorskip("triton")
+    (frozen, tracked, imported), stderr = _bare(tmp_path, "1")
+    assert imported == ["json", "triton"], imported
+    assert frozen > 20_000 and tracked < frozen / 10, (frozen, tracked)
+    assert "leaked" not in stderr, stderr[-3000:]
+
+
+def test_fcp_gc_freeze_0_leaves_the_heap_as_cpython_does(tmp_path):
+    pytest.importorskip("triton")
+    (frozen, tracked, _), _ = _bare(tmp_path, "0")
+    assert frozen == 0 and tracked > 20_000, (frozen, tracked)
+
+
+_WIRED = textwrap.dedent("""
+    import gc, json, sys
+    from torch.utils.data import DataLoader
+    from fcp_data.workers import worker_context
+    from fcp_exec.launch import launch
+
+    class Counts:
+        def __len__(self):
+            return 2
+        def __getitem__(self, i):
+            return gc.get_freeze_count()
+
+    def rank_count():
+        return gc.get_freeze_count()
+
+    if __name__ == "__main__":
+        if sys.argv[1] == "workers":
+            ctx = worker_context(2, Counts())
+            if ctx is None:  # an interpreter without the fork deadlock: torch's default (fork), no server
+                print(json.dumps(None))
+            else:
+                loader = DataLoader(Counts(), batch_size=None, num_workers=2, multiprocessing_context=ctx, timeout=120)
+                print(json.dumps(list(loader)))
+        else:
+            print(json.dumps(launch(rank_count, 2, timeout=120.0)))
+""")
+
+
+@pytest.mark.parametrize("who", ["workers", "ranks"])
+def test_dataloader_workers_and_launched_ranks_fork_from_a_frozen_server(tmp_path, who):
+    """``worker_context``'s server (on an interpreter with the fork deadlock) and the launcher's, each the first
+    server of a fresh process: every worker / rank finds at least the server's torch import frozen."""
+    script = tmp_path / "wired.py"
+    script.write_text(_WIRED)
+    r = run_process([sys.executable, str(script), who], timeout=240, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    counts = json.loads(r.stdout.strip().splitlines()[-1])
+    from fcp_data.workers import fork_may_deadlock
+
+    if who == "workers" and not fork_may_deadlock():
+        assert counts is None
+        return
+    assert len(counts) == 2 and min(counts) > 50_000, counts
