@@ -1,11 +1,13 @@
-"""What freezing the forkserver's heap (:mod:`fcp_data.frozen_heap`) buys the processes it forks.
+"""What freezing the parent's heap at a fork (:mod:`fcp_data.frozen_heap`) buys the processes fcp forks.
 
-Two kinds of process are forked from a forkserver fcp starts: the ranks of :func:`fcp_exec.launch.launch`
-(``fcp train``, notebooks, tests; preload: torch, fcp's training stack, ``transformers.modeling_utils``) and a
-DataLoader's workers (:func:`fcp_data.workers.worker_context`, on an interpreter with CPython's fork deadlock). In
-each, the probe times a full ``gc.collect()`` (Hugging Face's ``Trainer`` runs one at every ``train()``) and reads the
-process's private dirty memory (``/proc/self/smaps_rollup``) before and after it: a collection writes the header of
-every object it walks, so walking the inherited heap copies its pages (copy-on-write). Each run is a fresh
+Three kinds of forked process: the ranks of :func:`fcp_exec.launch.launch` (``fcp train``, notebooks, tests;
+forkserver preload: torch, fcp's training stack, ``transformers.modeling_utils``), a DataLoader's workers from
+:func:`fcp_data.workers.worker_context`'s forkserver (an interpreter with CPython's fork deadlock), and a DataLoader's
+workers forked from a rank that holds a tiny Hugging Face Qwen3 (``fork``: what ``worker_context`` gives elsewhere,
+:func:`fcp_data.frozen_heap.frozen_fork_context`). In each, the probe times a full ``gc.collect()`` (Hugging Face's
+``Trainer`` runs one at every ``train()``) and reads the process's private dirty memory (``/proc/self/smaps_rollup``)
+before and after it: a collection writes the header of every object it walks, so walking the inherited heap copies
+its pages (copy-on-write). Each run is a fresh
 interpreter with ``FCP_GC_FREEZE=0`` (CPython's default: nothing frozen) or ``1`` (as shipped), interleaved
 ``--runs`` times; printed: medians per mode and the ratios measured in the same run.
 
@@ -26,6 +28,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("0", "1")  # FCP_GC_FREEZE
 KEYS = ("first_s", "second_s", "copied_mb", "frozen")
+KINDS = ("rank", "worker", "fork")
+TITLES = {"rank": "launched rank (forked from fcp's forkserver)",
+          "worker": "DataLoader worker (forked from worker_context's forkserver)",
+          "fork": "DataLoader worker forked from a rank holding a tiny Qwen3 (frozen_fork_context)"}
 
 
 def _private_mb() -> float:
@@ -69,14 +75,24 @@ def child(kind: str) -> dict:
     else:
         from torch.utils.data import DataLoader
 
+        from fcp_data.frozen_heap import frozen_fork_context
         from fcp_data.workers import worker_context
 
-        dataset = ProbeDataset()
-        ctx = worker_context(2, dataset)
-        if ctx is None:
-            raise SystemExit("worker_context returns no forkserver on this interpreter: nothing to measure")
+        dataset, held = ProbeDataset(), []  # held: the rank's model, alive while its workers run
+        if kind == "fork":
+            from transformers import AutoModelForCausalLM
+
+            from fcp_exec.integrations.hf import load_config
+
+            held.append(AutoModelForCausalLM.from_config(load_config(str(ROOT / "examples/configs/qwen3-tiny.json"))))
+            ctx = frozen_fork_context()
+        else:
+            ctx = worker_context(2, dataset)
+            if ctx is None or ctx.get_start_method() != "forkserver":
+                raise SystemExit("worker_context returns no forkserver on this interpreter: nothing to measure")
         loader = DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context=ctx, timeout=300)
         per_rank = list(loader)
+        held.clear()
     return {k: statistics.median(float(r[k]) for r in per_rank) for k in KEYS}
 
 
@@ -93,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=int, default=5, help="runs of each mode and kind, interleaved (default 5)")
-    p.add_argument("--child", choices=("rank", "worker"), help=argparse.SUPPRESS)
+    p.add_argument("--child", choices=KINDS, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         print(json.dumps(child(args.child)))
@@ -102,14 +118,14 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--runs must be at least 1")
     print(f"python {sys.version.split()[0]}, {args.runs} runs per mode; load average at start "
           f"{os.getloadavg()[0]:.2f}")
-    for kind in ("rank", "worker"):
+    for kind in KINDS:
         results: dict[str, list[dict]] = {m: [] for m in MODES}
         for i in range(args.runs):
             for mode in MODES:
                 results[mode].append(run_once(kind, mode))
             print(f"{kind}: run {i + 1}/{args.runs} done", file=sys.stderr)
         med = {m: {k: statistics.median(r[k] for r in rs) for k in KEYS} for m, rs in results.items()}
-        print(f"\n{kind} (forked from fcp's forkserver)")
+        print(f"\n{TITLES[kind]}")
         print(f"{'FCP_GC_FREEZE':<14} {'1st gc.collect':>15} {'2nd gc.collect':>15} {'memory copied':>14} "
               f"{'frozen objects':>15}")
         for m in MODES:

@@ -11,11 +11,13 @@ s; its first DataLoader worker was stuck in ``_PyThreadState_DeleteExcept``. ``b
 reproduces it with four C threads entering Python: 9–15 of 3,000 forks deadlocked on 3.11.7 (three runs), 0–1 on
 3.10.13, none on 3.12.1.
 
-:func:`worker_context` is the ``multiprocessing_context`` to give such a DataLoader: None (torch's default) where
-forking is safe; on an affected interpreter, ``forkserver``: the workers are forked by a single-threaded server
-process, started at once (its imports overlap the model's construction) with the main script, torch, fcp's data
-side and the modules the objects passed (the dataset, the collate function) need imported once: every module a
-worker would import to unpickle them (found by pickling them, :func:`_modules`) and every module of those packages
+:func:`worker_context` is the ``multiprocessing_context`` to give such a DataLoader: where forking is safe, torch's
+default (``fork`` on Linux, as :func:`~fcp_data.frozen_heap.frozen_fork_context`: each worker forked with the rank's
+heap frozen, so that its garbage collections do not walk and copy it); on an affected interpreter, ``forkserver``: the
+workers are forked by a single-threaded server process, started at once (its imports overlap the model's
+construction) with the main script, torch, fcp's data side and the modules the objects passed (the dataset, the
+collate function) need imported once (its heap then frozen, :mod:`fcp_data.frozen_heap`): every module a worker
+would import to unpickle them (found by pickling them, :func:`_modules`) and every module of those packages
 this rank has imported already (what a worker reaches lazily, :func:`_imported_under`). Preloading only the
 objects' own types, each worker of the video example imported ``transformers`` and ``torch._dynamo`` itself, at
 every epoch: its loader's first batch after new workers took 3.1 s, now 0.85 s (1.1 s with ``fork``); the
@@ -33,7 +35,7 @@ import pickle
 import sys
 from multiprocessing import forkserver
 
-from fcp_data.frozen_heap import preload_with_freeze
+from fcp_data.frozen_heap import frozen_fork_context, preload_with_freeze
 
 __all__ = ["fork_may_deadlock", "worker_context", "started_forkserver"]
 
@@ -130,20 +132,33 @@ def _main_module() -> list[str]:
     return [name] if name and name != "__main__" and not name.endswith(".__main__") else []
 
 
+def _default_start_method() -> str | None:
+    """The start method a DataLoader given no context would use, without fixing it (``get_start_method()`` would)."""
+    method = multiprocessing.get_start_method(allow_none=True)
+    if method is None:
+        default = getattr(multiprocessing.context._default_context, "_default_context", None)
+        method = default.get_start_method() if default is not None else None
+    return method
+
+
 def worker_context(num_workers: int, *objects, start_method: str | None = None):
     """The ``multiprocessing_context`` for a DataLoader with ``num_workers`` workers in this process (module
-    docstring): None where torch's default is safe (no workers, or an interpreter without the fork deadlock), else a
-    ``forkserver`` context that preloads the main script, torch, fcp's sampler and collator and what unpickling
-    ``objects`` (pass the dataset and the collate function) and running them needs. ``start_method`` forces a method
-    ("fork", "spawn", "forkserver") and returns its context. A forkserver that is already running keeps its preload."""
+    docstring): None without workers; on an interpreter with the fork deadlock a ``forkserver`` context that preloads
+    the main script, torch, fcp's sampler and collator and what unpickling ``objects`` (pass the dataset and the
+    collate function) and running them needs; elsewhere torch's default — ``fork`` as
+    :func:`~fcp_data.frozen_heap.frozen_fork_context` (the workers leave the rank's heap out of their collections)
+    where the default start method is ``fork``, else None. ``start_method`` forces a method ("fork", "spawn",
+    "forkserver") and returns its plain context. A forkserver that is already running keeps its preload."""
     global _started
     if start_method is not None:
         if start_method not in multiprocessing.get_all_start_methods():
             raise ValueError(f"start method {start_method!r} is not available here (available: "
                              f"{', '.join(multiprocessing.get_all_start_methods())})")
         return multiprocessing.get_context(start_method)
-    if num_workers <= 0 or not fork_may_deadlock() or "forkserver" not in multiprocessing.get_all_start_methods():
+    if num_workers <= 0:
         return None
+    if not fork_may_deadlock() or "forkserver" not in multiprocessing.get_all_start_methods():
+        return frozen_fork_context() if _default_start_method() == "fork" else None
     ctx = multiprocessing.get_context("forkserver")
     if getattr(forkserver._forkserver, "_forkserver_pid", None) is None:
         needed = ["torch", "fcp_data.sampler", "fcp_data.collator", *_modules(objects)]

@@ -5,8 +5,7 @@ Two ways to use it, one mechanism (:class:`WorkerPool`):
 * ``launch(fn, nproc, *args)`` runs ``fn(*args)`` once on every rank and returns the per-rank results.
   **Under torchrun** (``RANK``, ``WORLD_SIZE`` and ``MASTER_ADDR`` in the environment) the current process is
   one rank: the process group is initialised from the environment (``env://``), ``fn`` runs here and the
-  result list holds only this rank's value (at its index; other entries ``None``). **Otherwise** it is a
-  one-shot :class:`WorkerPool` of ``nproc`` processes.
+  result list holds only this rank's value (at its index; other entries ``None``). **Otherwise**: a one-shot pool.
 * ``WorkerPool(n)`` keeps ``n`` processes, each with its process group, and runs many functions on them:
   ``pool.run(fn, *args)`` calls ``fn(rank, *args)`` on every rank (tests and benchmarks reuse one pool for
   many cases, so the start-up is paid once).
@@ -17,12 +16,11 @@ with them, :mod:`fcp_exec.forkserver`); they rendezvous on a ``TCPStore`` the pa
 race). A worker's exception is re-raised here as :class:`WorkerFailure` with each failing rank's traceback (peers
 get 2 s to report theirs: the first error is often a peer's symptom); ``timeout`` bounds the start-up and every run:
 a hanging or dying worker makes the pool kill all workers and raise ``TimeoutError`` / :class:`WorkerFailure`, never
-hang. Tasks and results are pickled before they are queued, so one that cannot cross processes is an error at once.
-After a failure it restarts on the next ``run`` (a failed ring leaves stale messages); workers go with the parent.
+hang. Tasks and results are pickled before they are queued (one that cannot cross processes fails at once); after a
+failure the pool restarts on the next ``run`` (a failed ring leaves stale messages); workers end with the parent.
 
-Backend: NCCL with CUDA (one device per local rank), HCCL with ``torch_npu``, else gloo, where every worker gets
-``max(1, cpu_count // nproc)`` torch threads; a CPU worker keeps freed memory (:mod:`fcp_exec.host_memory`: no page
-faults on every large tensor). Workers inherit stdout/stderr (rank 0 streams its output).
+Backend: NCCL with CUDA (one device per local rank), HCCL with ``torch_npu``, else gloo (a worker: ``max(1, cpu_count
+// nproc)`` torch threads, freed memory kept: :mod:`fcp_exec.host_memory`). Workers inherit stdout/stderr.
 """
 
 from __future__ import annotations
@@ -39,6 +37,7 @@ import weakref
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable, Sequence
 
+from fcp_data.frozen_heap import frozen_fork_context
 from fcp_data.sampler_inputs import dist_rank_and_world as dist_info  # the one rank/world helper
 from fcp_exec.devices import (check_devices, collective_dtype, current_device, default_backend, init_distributed,
                                settle_collectives)
@@ -196,9 +195,10 @@ _LAUNCHED_RANK = False  # True in a rank that _worker_main runs (forked by this 
 def dataloader_context(num_workers: int, *objects: Any) -> Any:
     """The ``multiprocessing_context`` for a DataLoader with ``num_workers`` workers in this process (``objects``: its
     dataset and collate function): :func:`fcp_data.workers.worker_context`'s preloaded forkserver where this
-    interpreter's fork can deadlock a worker (CPython gh-112275); else ``"fork"`` in a rank this launcher started
-    (its default start method is the forkserver's, whose own server preloads nothing: every worker imported torch
-    again, 2 s per iteration with 2 workers; forked, the workers also end with the rank), else None (the default)."""
+    interpreter's fork can deadlock a worker (CPython gh-112275); else ``fork`` (with the heap frozen:
+    :func:`fcp_data.frozen_heap.frozen_fork_context`) in a rank this launcher started (its default start method is
+    the forkserver's, whose server preloads nothing: every worker imported torch again, 2 s per iteration with 2
+    workers; forked, the workers also end with the rank), else worker_context's (torch's default)."""
     from fcp_data.workers import worker_context
 
     safe = worker_context(num_workers, *objects)
@@ -209,7 +209,7 @@ def dataloader_context(num_workers: int, *objects: Any) -> Any:
     if multiprocessing.get_start_method(allow_none=True) != "forkserver" or "fork" not in \
             multiprocessing.get_all_start_methods():
         return None
-    return "fork"
+    return frozen_fork_context()
 
 
 def _lead_group() -> None:

@@ -107,3 +107,75 @@ def test_dataloader_workers_and_launched_ranks_fork_from_a_frozen_server(tmp_pat
         assert counts is None
         return
     assert len(counts) == 2 and min(counts) > 50_000, counts
+
+
+_FORKED = textwrap.dedent("""
+    import gc, json, os, sys
+    import torch
+    from torch.utils.data import DataLoader
+    from fcp_data.frozen_heap import frozen_fork_context
+
+    class Counts:
+        def __len__(self):
+            return 4
+        def __getitem__(self, i):
+            return {"i": i, "frozen": gc.get_freeze_count(), "tracked": len(gc.get_objects()), "pid": os.getpid()}
+
+    if __name__ == "__main__":
+        held = [[str(k)] for k in range(50_000)]  # the rank's own Python objects (a dataset's lists, a model's modules)
+        if sys.argv[1] == "prefrozen":
+            gc.freeze()  # the process's own freeze: fcp must not undo it
+        before = gc.get_freeze_count()
+        ctx = frozen_fork_context()
+        loader = DataLoader(Counts(), batch_size=None, num_workers=2, multiprocessing_context=ctx, timeout=120)
+        items = list(loader)
+        plain = list(DataLoader(Counts(), batch_size=None, num_workers=0))
+        print(json.dumps({"method": ctx.get_start_method(), "before": before, "after": gc.get_freeze_count(),
+                          "tracked": len(gc.get_objects()), "items": items,
+                          "same_order": [x["i"] for x in items] == [x["i"] for x in plain], "me": os.getpid()}))
+""")
+
+
+def _forked(tmp_path, mode: str, freeze: str = "1") -> dict:
+    script = tmp_path / "forked.py"
+    script.write_text(_FORKED)
+    r = run_process([sys.executable, str(script), mode], timeout=180, cwd=tmp_path,
+                    env=dict(os.environ, FCP_GC_FREEZE=freeze))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_workers_forked_by_the_frozen_fork_context_leave_the_rank_heap_out_of_their_collections(tmp_path):
+    """The workers (forked: not the parent's pid) find the parent's heap frozen — its 50,000 lists and torch — and
+    track only their own objects; the parent is unfrozen right after each start (freeze count back to 0, its
+    objects tracked again) and the items come in the order a loader without workers gives."""
+    out = _forked(tmp_path, "plain")
+    assert out["method"] == "fork" and out["same_order"] and out["before"] == out["after"] == 0, out
+    assert out["tracked"] > 100_000, out["tracked"]
+    for item in out["items"]:
+        assert item["pid"] != out["me"] and item["frozen"] > 100_000 and item["tracked"] < item["frozen"] / 10, item
+
+
+def test_a_process_that_froze_its_heap_itself_keeps_it_frozen(tmp_path):
+    """(The count drops a little where frozen objects are freed by reference counting: 0.99 of it stays.)"""
+    out = _forked(tmp_path, "prefrozen")
+    assert out["before"] > 100_000 and out["after"] >= 0.99 * out["before"], ("fcp unfroze a heap the process had "
+                                                                              "frozen itself", out["before"], out["after"])
+    assert all(item["frozen"] >= 0.99 * out["before"] for item in out["items"]), out["items"]
+
+
+def test_fcp_gc_freeze_0_forks_the_workers_unfrozen(tmp_path):
+    out = _forked(tmp_path, "plain", freeze="0")
+    assert out["same_order"] and all(item["frozen"] == 0 and item["tracked"] > 100_000 for item in out["items"]), out
+
+
+def test_worker_context_is_the_frozen_fork_where_forking_is_safe_and_fork_is_the_default(monkeypatch):
+    import fcp_data.workers as workers
+    from fcp_data.frozen_heap import frozen_fork_context
+
+    monkeypatch.setattr(workers, "fork_may_deadlock", lambda *a: False)
+    monkeypatch.setattr(workers, "_default_start_method", lambda: "fork")
+    assert workers.worker_context(2) is frozen_fork_context() is not None
+    assert workers.worker_context(0) is None
+    monkeypatch.setattr(workers, "_default_start_method", lambda: "spawn")  # macOS; 3.14's forkserver alike
+    assert workers.worker_context(2) is None, "another default start method stays torch's"

@@ -94,8 +94,8 @@ _SCRIPT = textwrap.dedent("""
         cost = CostModel.preset(shape, "a100").replace(tokens_per_rank=1024)
         dataset, collate = FCPDataset(data), FCPCollator(pad_token_id=data.pad_token_id)
         ctx = worker_context(2, dataset, collate)
-        assert (ctx is not None) is fork_may_deadlock(), ctx
-        if ctx is not None:
+        assert ctx.get_start_method() == ("forkserver" if fork_may_deadlock() else "fork"), ctx
+        if fork_may_deadlock():
             assert ctx.get_start_method() == "forkserver"
             preload = started_forkserver()[1]
             # FCPDataset's own type is fcp_data.slots; the index reader inside it and torch's modules the rank has
@@ -114,7 +114,7 @@ _SCRIPT = textwrap.dedent("""
                 batches = list(it) if not workers else [next(it)]
                 if workers:
                     parents = {ppid(w.pid) for w in it._workers}
-                    assert (os.getpid() not in parents) is (ctx is not None), (os.getpid(), parents)
+                    assert (os.getpid() not in parents) is fork_may_deadlock(), (os.getpid(), parents)
                     batches += list(it)
                 epochs.append(batches)
         stop = True

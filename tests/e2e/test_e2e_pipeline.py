@@ -136,7 +136,7 @@ def _loader_workers_then_fail(folder: str, fcp_context: bool):
 
     ctx = dataloader_context(2) if fcp_context else None
     if fcp_context:
-        assert (ctx.get_start_method() == "forkserver") if fork_may_deadlock() else ctx == "fork", ctx
+        assert ctx.get_start_method() == ("forkserver" if fork_may_deadlock() else "fork"), ctx
     assert dataloader_context(0) is None
     it = iter(DataLoader(list(range(16)), batch_size=2, num_workers=2, persistent_workers=True,
                          multiprocessing_context=ctx))
@@ -153,13 +153,12 @@ def test_a_failed_launch_leaves_no_dataloader_worker_behind(tmp_path, fcp_contex
     """Found in this suite: a rank that failed while its DataLoader had workers was killed with them running; its
     workers (forked by the rank's own forkserver, which they keep alive) waited forever, 300 MB each, and every
     later launch added more. Each rank now leads a process group that the launcher kills whole — with the default
-    context and with the context fcp's own loaders use in a launched rank (None outside one where forking is
-    safe)."""
-    from fcp_data.workers import fork_may_deadlock
+    context and with the context fcp's own loaders use in a launched rank (outside one, worker_context's)."""
+    from fcp_data.workers import fork_may_deadlock, worker_context
     from fcp_exec.launch import dataloader_context
 
     if not fork_may_deadlock():  # else it is worker_context's forkserver (and would start one in this process)
-        assert dataloader_context(2) is None  # this process is no launched rank
+        assert dataloader_context(2) is worker_context(2)  # this process is no launched rank
     with pytest.raises(WorkerFailure, match="failed with DataLoader workers running"):
         launch(_loader_workers_then_fail, 2, str(tmp_path), fcp_context, timeout=120)
     pids = [int(x) for r in (0, 1) for x in (tmp_path / f"rank-{r}.txt").read_text().split()]
