@@ -55,6 +55,10 @@ def in_forkserver() -> bool:
             and frame.f_code.co_filename.replace("\\", "/").endswith("multiprocessing/forkserver.py"))
 
 
+def _enabled() -> bool:
+    return os.environ.get("FCP_GC_FREEZE", "1") != "0"
+
+
 def freeze_if_forkserver() -> bool:
     """Collect, then move every tracked object to the permanent generation — in a forkserver only (module docstring).
     Returns whether it froze."""
@@ -74,11 +78,18 @@ def preload_with_freeze(preload) -> list[str]:
     return [m for m in preload if m != MODULE] + [MODULE]
 
 
-def _enabled() -> bool:
-    return os.environ.get("FCP_GC_FREEZE", "1") != "0"
-
-
 _FORK_LOCK = threading.Lock()  # two loaders starting workers in two threads: one freeze window at a time
+
+
+def _new_fork_lock() -> None:
+    """The child of a fork made under :data:`_FORK_LOCK` inherits it held by a thread it does not have: a fresh one,
+    so that a worker can start workers of its own (a nested loader) instead of waiting forever."""
+    global _FORK_LOCK
+    _FORK_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_fork_lock)
 
 if hasattr(mp_context, "ForkContext"):  # POSIX
     class _FrozenForkProcess(mp_context.ForkProcess):

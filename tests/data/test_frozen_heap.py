@@ -179,3 +179,41 @@ def test_worker_context_is_the_frozen_fork_where_forking_is_safe_and_fork_is_the
     assert workers.worker_context(0) is None
     monkeypatch.setattr(workers, "_default_start_method", lambda: "spawn")  # macOS; 3.14's forkserver alike
     assert workers.worker_context(2) is None, "another default start method stays torch's"
+
+
+_NESTED = textwrap.dedent("""
+    import gc, json, os
+    from fcp_data.frozen_heap import frozen_fork_context
+
+    def grandchild(q):
+        q.put(["grandchild", os.getpid(), gc.get_freeze_count()])
+
+    def child(q):
+        ctx = frozen_fork_context()  # a worker starting workers of its own (a nested loader, a reader pool)
+        p = ctx.Process(target=grandchild, args=(q,))
+        p.start()
+        p.join(60)
+        q.put(["child", os.getpid(), p.exitcode])
+
+    if __name__ == "__main__":
+        ctx = frozen_fork_context()
+        q = ctx.Queue()
+        p = ctx.Process(target=child, args=(q,))
+        p.start()
+        got = sorted((q.get(timeout=30) for _ in range(2)), key=lambda x: x[0])
+        p.join(60)
+        print(json.dumps({"got": got, "exitcode": p.exitcode, "me": os.getpid()}))
+""")
+
+
+def test_a_forked_worker_can_fork_workers_of_its_own(tmp_path):
+    """The parent's fork happens under a lock; the child inherits it held by a thread it does not have. Without a
+    fresh lock in the child, its own first frozen fork waits forever (this test then fails after 30–60 s)."""
+    script = tmp_path / "nested.py"
+    script.write_text(_NESTED)
+    r = run_process([sys.executable, str(script)], timeout=60, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    (child, child_pid, grand_exit), (grand, grand_pid, grand_frozen) = out["got"]
+    assert out["exitcode"] == 0 and grand_exit == 0, out
+    assert len({out["me"], child_pid, grand_pid}) == 3 and grand_frozen > 0, out
