@@ -14,12 +14,15 @@ from _procs import run as run_process
 def test_a_hung_torchrun_fails_with_the_stacks_of_its_ranks(tmp_path):
     script = tmp_path / "waits.py"
     script.write_text(textwrap.dedent("""
-        import os, time
+        import os, sys, time
 
         def wait_for_godot():
             time.sleep(600)
 
-        print("rank", os.environ["RANK"], "waits", flush=True)
+        # one write: under PYTHONUNBUFFERED=1 print("rank", r, "waits") writes each piece on its own, and the two
+        # ranks' pieces interleave on the shared pipe ("rank rank 1 0 waits waits": a CI failure of this test)
+        sys.stdout.write(f"rank {os.environ['RANK']} waits\\n")
+        sys.stdout.flush()
         wait_for_godot()
     """))
     torchrun = Path(sys.executable).with_name("torchrun")
@@ -29,7 +32,9 @@ def test_a_hung_torchrun_fails_with_the_stacks_of_its_ranks(tmp_path):
         run_process(cmd, timeout=15, cwd=tmp_path)
     report = str(failed.value)
     assert "did not finish within 15 s" in report
-    assert "rank 0 waits" in report and "rank 1 waits" in report, report[-3000:]
+    # on a failure, the captured stdout (where the ranks print) and the end of the stderr (their stacks)
+    stdout, _, stderr = report.partition("--- stderr ---")
+    assert "rank 0 waits" in report and "rank 1 waits" in report, stdout[-3000:] + stderr[-1500:]
     assert report.count("in wait_for_godot") == 2, report  # both ranks' stacks, from faulthandler
 
 
