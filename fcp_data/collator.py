@@ -94,7 +94,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from fcp_data.collator_inputs import (as_ids, check_pairs, check_sample_keys, grid_of, no_stop_iteration,
-                                     sample_labels_of, token_ids)
+                                     pixels_of, sample_labels_of, token_ids)
 from fcp_data.layout import local_positions, zigzag_index
 from fcp_data.lookahead import lookahead
 from fcp_data.mrope import qwen_vl_mrope_positions
@@ -137,7 +137,7 @@ class FCPCollator:
         if isinstance(spatial_merge_size, bool) or not hasattr(spatial_merge_size, "__index__") or spatial_merge_size < 1:
             raise ValueError(f"spatial_merge_size must be an int >= 1, got {spatial_merge_size!r}")
         self.spatial_merge_size = int(spatial_merge_size)
-        self.signed_grids = bool(signed_grids)
+        self.signed_grids = flag("signed_grids", signed_grids)
         if position_fn is not None and not callable(position_fn):
             raise TypeError(f"position_fn must be a callable (sample, input_ids) -> LongTensor [3, n], got {position_fn!r}")
         self.position_fn = position_fn
@@ -315,9 +315,10 @@ class FCPCollator:
         grid = grid_of(sample, slot.index, self.signed_grids)
         if grid is not None:
             acc.grids.append(grid)
-        if sample.get("pixel_values") is not None:
-            acc.pixel_values.append(torch.as_tensor(sample["pixel_values"]))
-        if not status & SKIPPED and (grid is not None or sample.get("pixel_values") is not None):
+        pixels = pixels_of(sample, slot.index)
+        if pixels is not None:
+            acc.pixel_values.append(pixels)
+        if not status & SKIPPED and (grid is not None or pixels is not None):
             status |= VISUAL
         acc.status.append(status)
         if self.visual_ids:

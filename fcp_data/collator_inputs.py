@@ -136,3 +136,18 @@ def grid_of(sample: dict, index: int, signed: bool) -> torch.Tensor | None:
         what = "needs h, w >= 1 and t != 0" if signed else "entries must be >= 1"
         raise ValueError(f"sample {index}: grid_thw {what}, got {grid.tolist()}")
     return grid
+
+
+def pixels_of(sample: dict, index: int) -> torch.Tensor | None:
+    """A sample's ``pixel_values`` as a tensor (None without them); anything that is not an array is this sample's
+    error."""
+    pixels = sample.get("pixel_values")
+    if pixels is None or isinstance(pixels, torch.Tensor):
+        return pixels
+    try:
+        if isinstance(pixels, (str, bytes)):
+            raise TypeError(f"a {type(pixels).__name__}")
+        return torch.as_tensor(pixels)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise ValueError(f"sample {index}: pixel_values must be an array of numbers, got {type(pixels).__name__} "
+                         f"({str(e).splitlines()[0][:120]})") from None

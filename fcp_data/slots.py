@@ -193,13 +193,17 @@ class FCPDataset:
     So is a tokenized sample (a dict with ``input_ids``) that the model cannot take (``MalformedSampleError``): ids
     that are not 1-D integers, ``labels`` of another length, or — with ``vocab_size`` (the model's) — a token id or label
     outside ``[0, vocab_size)``, which would otherwise end the run inside the embedding (on a GPU, as a device-side
-    assert). A sample that passes reaches the collator as it was read.
+    assert), a negative label other than ``ignore_index`` (the collator's: pass the same value to both), fewer tokens
+    than the sampler planned to keep (also with ``strict_lengths=False``), a ``grid_thw`` that is not rows of three
+    integers or ``pixel_values`` that are not an array, and ``None`` in place of a sample. A sample that passes reaches
+    the collator as it was read.
     """
 
     def __init__(self, base: Any, *, on_error: str = "skip", retries: int = 1, max_consecutive_errors: int = 8,
                  max_error_rate: float = 0.01, errors_path: Any = None, strict_lengths: bool = True,
-                 vocab_size: int | None = None) -> None:
+                 vocab_size: int | None = None, ignore_index: int = -100) -> None:
         from fcp_data.read_errors import ON_ERROR, ReadErrorBudget
+        from fcp_data.strict import token_id
 
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error must be one of {', '.join(ON_ERROR)}, got {on_error!r}")
@@ -211,6 +215,7 @@ class FCPDataset:
         if vocab_size is not None and (isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1):
             raise ValueError(f"vocab_size must be an int >= 1 or None, got {vocab_size!r}")
         self.vocab_size = vocab_size
+        self.ignore_index = token_id("ignore_index", ignore_index)
         self.base = base
         self.on_error = on_error
         self.strict_lengths = strict_lengths
@@ -227,7 +232,7 @@ class FCPDataset:
         error: Exception | None = None
         for _ in range(self.retries + 1):
             try:
-                sample = _checked(self.base[slot.index], slot, self.strict_lengths, self.vocab_size)
+                sample = _checked(self.base[slot.index], slot, self.strict_lengths, self.vocab_size, self.ignore_index)
             except Exception as e:  # noqa: BLE001 - any failure of one sample is that sample's, within the budget
                 error = e
                 continue
@@ -275,29 +280,42 @@ class MalformedSampleError(ValueError):
     """A sample read fine but is not a tokenized sample the model can take (:class:`FCPDataset`)."""
 
 
-def _checked(sample: Any, slot: SampleSlot, strict_lengths: bool, vocab_size: int | None) -> Any:
+def _checked(sample: Any, slot: SampleSlot, strict_lengths: bool, vocab_size: int | None, ignore_index: int) -> Any:
     """``sample`` unchanged, or the exception that makes it a failed read: :class:`MalformedSampleError`,
     :class:`StaleSampleError` (FCPDataset's docstring). A custom collator still gets the types it was read with."""
-    from fcp_data.collator_inputs import as_ids
+    from fcp_data.collator_inputs import as_ids, grid_of, pixels_of
 
-    if not isinstance(sample, dict) or sample.get("input_ids") is None:
+    if sample is None:
+        raise MalformedSampleError("is None (the dataset returned no sample)")
+    if not isinstance(sample, dict) or "input_ids" not in sample:
         return sample  # not a tokenized sample: the collator's to read (FCPDataset serves any base)
     try:
+        if sample["input_ids"] is None:
+            raise ValueError("input_ids is None")
         ids = as_ids(sample["input_ids"], slot.index)
         labels = None if sample.get("labels") is None else as_ids(sample["labels"], slot.index, "labels")
+        grid_of(sample, slot.index, signed=True)  # rows the collator can read (without signed_grids it wants t >= 1)
+        pixels_of(sample, slot.index)
     except ValueError as e:
         raise MalformedSampleError(str(e).removeprefix(f"sample {slot.index}: ")) from None
     if labels is not None and labels.shape != ids.shape:
         raise MalformedSampleError(f"has {len(labels)} labels for {len(ids)} input_ids (they must align)")
-    if vocab_size is not None:
-        for key, t, low in (("input_ids", ids, 0), ("labels", labels, -100)):
-            bad = None if t is None else t[(t >= vocab_size) | ((t < 0) & (t != low))]
+    if labels is not None and bool(((labels < 0) & (labels != ignore_index)).any()):
+        bad = labels[(labels < 0) & (labels != ignore_index)]
+        raise MalformedSampleError(f"has label {int(bad[0])}: labels are token ids >= 0 or the ignore index "
+                                   f"{ignore_index} (FCPDataset(ignore_index=...), the collator's)")
+    if vocab_size is not None:  # negative labels other than the ignore index are refused above
+        for key, bad in (("input_ids", ids[(ids < 0) | (ids >= vocab_size)]),
+                         ("labels", None if labels is None else labels[labels >= vocab_size])):
             if bad is not None and len(bad):
                 raise MalformedSampleError(f"has {key} {int(bad[0])} outside the model's vocabulary [0, {vocab_size})"
-                                           + (" (or the ignore index -100)" if key == "labels" else ""))
+                                           + (f" (or the ignore index {ignore_index})" if key == "labels" else ""))
     if strict_lengths and len(ids) != slot.length:
         raise StaleSampleError(f"has {len(ids)} tokens but the sampler planned it with {slot.length}: its data "
                                "changed since the length index was built (rebuild the index if many samples say so; "
                                "lengths that are estimates on purpose need FCPDataset(strict_lengths=False) and "
                                "FCPCollator(strict_lengths=False))")
+    if len(ids) < slot.num_tokens:
+        raise StaleSampleError(f"has {len(ids)} tokens, fewer than the {slot.num_tokens} the sampler planned to keep "
+                               "(lengths that are estimates must not exceed the samples' real lengths)")
     return sample

@@ -25,7 +25,8 @@ def check_fcp_kwargs(model: Any, *, global_batch_size: Any, sampler_kwargs: Any,
     """Types and ranges of FCPTrainer's keyword arguments (found by a fuzz of each: a negative ``pad_token_id``
     was an ``IndexError`` inside the embedding at the first step, a huge one or a huge ``history`` an
     ``OverflowError``; ``global_batch_size=0`` or ``1.5``, ``eval_batches=-1`` and ``sampler_kwargs=0`` were
-    silently taken; a list of options failed as "'int' object is not iterable")."""
+    silently taken; a list of options failed as "'int' object is not iterable"; a collator's ``ignore_index`` other
+    than -100 ended the run at the first step)."""
     if global_batch_size is not None and not (_is_int(global_batch_size) and global_batch_size >= 1):
         raise ValueError(f"FCPTrainer: global_batch_size must be an integer >= 1 (sequences per optimizer step) or "
                          f"None, got {global_batch_size!r}")
@@ -33,6 +34,10 @@ def check_fcp_kwargs(model: Any, *, global_batch_size: Any, sampler_kwargs: Any,
                         ("dataset_kwargs", dataset_kwargs)):
         if value is not None and not isinstance(value, Mapping):
             raise TypeError(f"FCPTrainer: {name} must be a dict of options or None, got {type(value).__name__}")
+    ignore = (collator_kwargs or {}).get("ignore_index", -100)
+    if ignore != -100:
+        raise ValueError(f"FCPTrainer: collator_kwargs ignore_index={ignore!r} is not supported: its loss, like the "
+                         "Hugging Face models', ignores the labels -100 (set the samples' masked labels to -100)")
     if pad_token_id is not None:
         embeddings = getattr(model, "get_input_embeddings", lambda: None)()
         vocab = getattr(embeddings, "num_embeddings", None)

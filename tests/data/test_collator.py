@@ -314,3 +314,7 @@ def test_sample_labels_with_visual_tokens_idle_ranks_and_errors():
         FCPCollator()([({"input_ids": [1, 2, 3], "labels": [IGN, 2, 3]}, slot)])
     with pytest.raises(TypeError, match="sample_labels must be True or False"):
         FCPCollator(sample_labels="yes")
+    with pytest.raises(TypeError, match="signed_grids must be True or False"):  # was bool("no"): True
+        FCPCollator(signed_grids="no")
+    with pytest.raises(ValueError, match=r"sample 0: pixel_values must be an array of numbers, got str"):
+        collate([({"input_ids": [1, 2, 3], "pixel_values": "abc"}, slot)])  # was torch's bare TypeError

@@ -226,6 +226,15 @@ def test_a_sample_whose_length_changed_since_indexing_is_a_failed_read():
     ({"input_ids": "abcd"}, "input_ids must be a 1-D integer tensor or list, got str"),
     ({"input_ids": [1.5, 2.0, 3.0, 4.0]}, "input_ids must be a 1-D integer tensor or list, got shape (4,) dtype torch.float32"),
     ({"input_ids": [[1, 2], [3, 4]]}, "input_ids must be a 1-D integer tensor or list, got shape (2, 2)"),
+    # found by a review of the data API: each of these passed FCPDataset and ended the run in the collator
+    ({"input_ids": None}, "input_ids is None"),
+    ({"input_ids": [1, 2, 3, 4], "labels": [-5, 2, 3, 4]}, "has label -5: labels are token ids >= 0 or the ignore "
+                                                           "index -100"),
+    ({"input_ids": [1, 2, 3, 4], "grid_thw": "abc"}, "grid_thw must be n rows of (t, h, w) integers, got str"),
+    ({"input_ids": [1, 2, 3, 4], "grid_thw": [[0, 2, 2]]}, "grid_thw needs h, w >= 1 and t != 0, got [[0, 2, 2]]"),
+    ({"input_ids": [1, 2, 3, 4], "pixel_values": "abc"}, "pixel_values must be an array of numbers, got str"),
+    ({"input_ids": [1, 2, 3, 4], "pixel_values": [[1.0], [2.0, 3.0]]}, "pixel_values must be an array of numbers, "
+                                                                      "got list"),
 ])
 def test_a_sample_the_model_cannot_take_is_a_failed_read(sample, detail):
     """A tokenized sample that reads but cannot be trained on — token ids or labels outside the model's vocabulary
@@ -245,3 +254,42 @@ def test_a_sample_the_model_cannot_take_is_a_failed_read(sample, detail):
     if "outside" in detail:  # no vocabulary given: the ids are not judged
         assert isinstance(FCPDataset([sample])[_slot(0, meta, n=4, length=4)][0], dict)
     assert FCPDataset([5])[_slot(0, meta, n=4, length=4)][0] == 5  # not a tokenized sample: the collator's to read
+
+
+def test_a_none_sample_is_a_failed_read_and_other_objects_are_the_collators():
+    meta = _meta(1, 0)
+    sk, _ = FCPDataset([None])[_slot(0, meta, n=4, length=4)]
+    assert isinstance(sk, SkippedSample) and sk.reason == "MalformedSampleError" and sk.detail.startswith("is None")
+    assert FCPDataset([{"text": "abc"}])[_slot(0, meta, n=4, length=4)][0] == {"text": "abc"}  # a custom collator's
+
+
+@pytest.mark.parametrize("vocab_size", [None, 50])
+def test_the_ignore_index_is_the_collators(vocab_size):
+    """Labels masked with the collator's own ``ignore_index`` pass when the dataset is told the same value; any other
+    negative label is this sample's error (the collator would end the run on it). Before: with ``vocab_size`` only -100
+    passed, so a collator with ``ignore_index=-1`` lost every sample; without it, a label of -5 ended the run."""
+    meta = _meta(1, 0)
+    sample = {"input_ids": [1, 2, 3, 4], "labels": [-1, -1, 3, 4]}
+    ok, _ = FCPDataset([sample], vocab_size=vocab_size, ignore_index=-1)[_slot(0, meta, n=4, length=4)]
+    assert ok is sample
+    sk, _ = FCPDataset([sample], vocab_size=vocab_size)[_slot(0, meta, n=4, length=4)]
+    assert isinstance(sk, SkippedSample) and "ignore index -100" in sk.detail, sk
+    batch = FCPCollator(pad_token_id=PAD, ignore_index=-1, sample_labels=True)([(ok, _slot(0, meta, n=4, length=4))])
+    assert batch["labels"].tolist() == [-1, 3, 4, -1] and batch["skipped_samples"] == ()  # shifted: next-token targets
+    with pytest.raises(TypeError, match="ignore_index must be an int token id"):
+        FCPDataset([sample], ignore_index=1.5)
+
+
+def test_a_sample_shorter_than_its_kept_tokens_is_a_failed_read_with_loose_lengths_too():
+    """``strict_lengths=False`` (lengths that are estimates): a sample longer or shorter than its index length passes
+    while it holds the tokens the sampler planned to keep; one with fewer is this sample's error (before: the collator
+    raised "fewer than the slot's" and ended the run)."""
+    meta = _meta(1, 0)
+    base = Flaky(3)  # every sample has 10 tokens
+    loose = FCPDataset(base, strict_lengths=False)
+    assert isinstance(loose[_slot(0, meta, n=10, length=12)][0], dict)  # the index said 12: it holds the 10 kept
+    sk, _ = loose[_slot(1, meta, n=11, length=12)]
+    assert isinstance(sk, SkippedSample) and sk.reason == "StaleSampleError", sk
+    assert sk.detail.startswith("has 10 tokens, fewer than the 11 the sampler planned to keep"), sk.detail
+    batch = FCPCollator(pad_token_id=PAD, strict_lengths=False)([(sk, _slot(1, meta, n=11, length=12))])
+    assert batch["input_ids"].numel() == 12 and len(batch["skipped_samples"]) == 1  # the planned 11, padded to 2

@@ -1311,6 +1311,7 @@ def test_sampler_kwargs_exclude_leaves_samples_out_of_training_not_evaluation(tm
     ({"sampler_kwargs": 0}, "sampler_kwargs must be a dict of options or None, got int"),
     ({"collator_kwargs": [("sample_labels", True)]}, "collator_kwargs must be a dict of options or None, got list"),
     ({"dataset_kwargs": "on_error=raise"}, "dataset_kwargs must be a dict of options or None, got str"),
+    ({"collator_kwargs": {"ignore_index": -1}}, r"collator_kwargs ignore_index=-1 is not supported: its loss"),
 ])
 def test_fcp_trainer_refuses_what_it_cannot_train(tmp_path, kw, message):
     with pytest.raises((ValueError, TypeError), match=message):
