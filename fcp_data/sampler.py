@@ -305,10 +305,10 @@ class FCPSampler:
 
     # ------------------------------------------------------------------ iteration
     def __len__(self) -> int:
-        """Number of lists of the current epoch: O(1) for an int ``micro_batches``; with ``"auto"`` it
-        plans the epoch's not yet planned global batches once (counts cached per epoch; the first
-        ``_KEEP_PLANS`` plans are kept for the iteration, which then does not plan them again)."""
-        epoch = self.epoch
+        """Number of lists of the epoch the next iterator yields (the next one at an epoch's end): O(1) for an int
+        ``micro_batches``; with ``"auto"`` it plans the epoch's not yet planned global batches once (counts cached per
+        epoch; the first ``_KEEP_PLANS`` plans are kept for the iteration, which then does not plan them again)."""
+        epoch = self._position[0] + (self._position[1] >= self.num_global_batches(self._position[0]))
         if self.micro_batches != "auto":
             _, bounds = self._epoch_layout(epoch)
             return int(np.minimum(np.diff(bounds), int(self.micro_batches)).sum())

@@ -217,6 +217,19 @@ def test_len_matches_iteration_for_fixed_micro_batches_and_constructor_checks():
     assert [_key(x) for x in fresh] == [_key(x) for x in lists]
 
 
+def test_len_at_an_epochs_end_is_the_next_epochs():
+    """After an epoch ends without set_epoch, iter() goes on with the next epoch, and len() counts that one (found by
+    a review: len() still counted the finished epoch, so a DataLoader's len() was off by one in every later epoch whose
+    "auto" plans hold another number of micro-batches)."""
+    s = _sampler(_lengths(300, seed=3), num_ranks=4, global_batch_size=16)
+    counts = []
+    for _ in range(4):
+        n = len(s)
+        counts.append((n, sum(1 for _ in s)))
+    assert all(n == got for n, got in counts), counts
+    assert len({got for _, got in counts}) > 1, f"every epoch has the same length here: the test shows nothing {counts}"
+
+
 def _counting(sampler) -> list:
     """Record the global batches ``sampler`` plans (its real planner still runs)."""
     calls, plan = [], sampler.plan_global_batch
