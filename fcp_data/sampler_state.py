@@ -121,8 +121,10 @@ def check_state(sampler: Any, state: dict[str, Any]) -> tuple[int, int, int]:
     if not isinstance(theirs, dict) or set(theirs) != set(mine):
         got = sorted(theirs) if isinstance(theirs, dict) else theirs
         raise ValueError(f"FCPSampler state config has keys {got}, expected {sorted(mine)}")
-    num_g = sampler.num_global_batches(e) if e >= 0 else -1
-    if e < 0 or not 0 <= g <= num_g or m < 0 or (g == num_g and m):
+    if not 0 <= e < 2**62:  # set_epoch's range: plan digests and seeds hold the epoch in an int64
+        raise ValueError(f"FCPSampler state epoch {e} is out of range [0, 2**62)")
+    num_g = sampler.num_global_batches(e)
+    if not 0 <= g <= num_g or not 0 <= m < _max_micro_batches(sampler, e, g):
         raise ValueError(f"FCPSampler state position (epoch {e}, global batch {g}, micro-batch {m}) is out of range "
                          f"(epoch {e} has {num_g} global batches; a finished epoch is global batch {num_g}, "
                          "micro-batch 0): load a state saved by FCPSampler.state_dict() with this config")
@@ -145,6 +147,16 @@ def check_state(sampler: Any, state: dict[str, Any]) -> tuple[int, int, int]:
         logger.info("fcp: resuming at epoch %d, global batch %d under a new %s (the epoch's global batches are the "
                     "same)", e, g, ", ".join(diffs))
     return e, g, m
+
+
+def _max_micro_batches(sampler: Any, epoch: int, g: int) -> int:
+    """An upper bound on the micro-batches of global batch ``g`` (1 past the epoch's end: only micro-batch 0): its
+    sequences, at most ``micro_batches`` when that is an int (exact then; ``"auto"`` would need its plan)."""
+    _, bounds = sampler._epoch_layout(epoch)
+    if g >= len(bounds) - 1:
+        return 1
+    size = int(bounds[g + 1] - bounds[g])
+    return size if sampler.micro_batches == "auto" else min(size, int(sampler.micro_batches))
 
 
 def _check_late(sampler: Any, value: Any) -> None:

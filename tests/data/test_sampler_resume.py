@@ -297,6 +297,9 @@ def test_load_then_state_dict_round_trips_before_iterating():
     ("epoch", -1, ValueError, "out of range"),
     ("global_batch", 99, ValueError, "out of range"),
     ("micro_batch", -1, ValueError, "out of range"),
+    # found by a review: accepted, then failed at the first next() (past the 3 micro-batches) or as an OverflowError
+    ("micro_batch", 3, ValueError, "out of range"),
+    ("epoch", 2**62, ValueError, "out of range"),
     ("version", 4, ValueError, "version 4"),
 ])
 def test_state_is_validated_by_type(field, value, error, match):
