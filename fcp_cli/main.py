@@ -128,9 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         command = getattr(args, "command", None)
         after = command in argv and unknown[0] in argv and argv.index(unknown[0]) > argv.index(command)
         (parser.commands[command] if after else parser).error(f"unrecognized arguments: {' '.join(unknown)}")
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
+    if not getattr(args, "func", None):  # `fcp` alone: a usage error on stderr, like any other (`fcp --help` lists them)
+        parser.error(f"a command is required: one of {', '.join(name for name, _, _ in COMMANDS)}")
     empty = _empty_value(parser.commands[args.command], args)
     if empty:
         parser.commands[args.command].error(empty)

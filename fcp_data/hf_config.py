@@ -31,6 +31,7 @@ of the real Hugging Face models built from every example config, and against pub
 from __future__ import annotations
 
 import json
+import stat
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -88,8 +89,11 @@ def load_hf_config(source: Any) -> dict[str, Any]:
     if path.is_dir():
         path = path / "config.json"
     try:
-        if path.stat().st_size > _MAX_CONFIG_BYTES:
-            raise ValueError(f"{path}: {path.stat().st_size} bytes is no config.json (limit {_MAX_CONFIG_BYTES})")
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode):  # a FIFO would block the read forever, /dev/zero fill the memory
+            raise ValueError(f"{path} is not a regular file (a Hugging Face config.json)")
+        if info.st_size > _MAX_CONFIG_BYTES:
+            raise ValueError(f"{path}: {info.st_size} bytes is no config.json (limit {_MAX_CONFIG_BYTES})")
         raw = json.loads(path.read_text(encoding="utf-8"))
     except OSError as e:
         raise ValueError(f"cannot read the Hugging Face config {path}: {e.strerror or e}") from None

@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -75,21 +76,23 @@ def load_npy_vector(p: Path) -> np.ndarray:
 
 def _load(p: Path, column: str | int | None) -> np.ndarray:
     suffix = p.suffix.lower()
+    if column is not None and suffix != ".csv":  # .npy and .idx included: a column asked for is never ignored
+        raise ValueError(f"--column applies to .csv files only, got {p}")
     if suffix == ".idx":  # a Megatron indexed dataset: its documents' token counts
         from fcp_data.megatron_indexed import megatron_document_lengths
 
-        if column is not None:
-            raise ValueError(f"--column applies to .csv files only, got {p}")
         lengths = megatron_document_lengths(p)
-        if np.any(lengths == 0):
-            import warnings
+        if np.any(lengths == 0):  # one line on stderr (the logging module's last resort), not a Python warning
+            import logging
 
-            warnings.warn(f"{p}: {int(np.sum(lengths == 0))} empty document(s) of {lengths.size} left out", stacklevel=3)
+            logging.getLogger("fcp_data").warning("%s: %d empty document(s) of %d left out", p,
+                                                  int(np.sum(lengths == 0)), lengths.size)
             lengths = lengths[lengths > 0]
         return _check(lengths, str(p))
     if suffix == ".npy":
         arr = load_npy_vector(p)
         if np.issubdtype(arr.dtype, np.floating):
+            arr = arr.astype(np.float64)  # float16 compared with MAX_SEQUENCE_TOKENS overflows (4 warning lines)
             bad = np.flatnonzero(~np.isfinite(arr) | (arr != np.round(arr)))
             if bad.size:
                 raise ValueError(f"{p}: entry {bad[0]} is {arr[bad[0]]}, not a whole token count")
@@ -101,8 +104,6 @@ def _load(p: Path, column: str | int | None) -> np.ndarray:
         return _check(arr.astype(np.int64), str(p))
     if suffix == ".csv":
         return _load_csv(p, column)
-    if column is not None:
-        raise ValueError(f"--column applies to .csv files only, got {p}")
     values = []
     with p.open(encoding="utf-8-sig") as f:
         for lineno, line in enumerate(f, 1):
@@ -163,6 +164,15 @@ class CapReport:
     def __post_init__(self) -> None:
         if self.mode not in OVERLONG_MODES:
             raise ValueError(f"overlong mode must be one of {', '.join(OVERLONG_MODES)}, got {self.mode!r}")
+
+    def to_input(self, plan: dict[str, Any]) -> dict[str, Any]:
+        """``plan`` (a ``Plan.to_dict()`` made on the capped lengths) with every ``seq_ids`` indexing the input
+        lengths, as DESIGN §6 says they do (after ``drop`` the planner numbered the kept sequences only)."""
+        kept = self.kept.tolist()
+        for mb in plan["micro_batches"]:
+            for g in mb["groups"]:
+                g["seq_ids"] = [kept[i] for i in g["seq_ids"]]
+        return plan
 
     def summary(self) -> str:
         if not self.num_overlong:

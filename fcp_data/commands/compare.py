@@ -15,12 +15,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from fcp_data.commands.plan import add_input_args, parse_micro_batches, positive_seconds
 from fcp_data.commands.plots import check_plot_path, plot_bars_and_gantts
-from fcp_data.commands.solver_args import BASELINES, parse_baselines, parse_solvers, solvers_epilog
+from fcp_data.commands.solver_args import (BASELINES, check_options_apply, parse_baselines, parse_solvers,
+                                          solvers_epilog)
 
 __all__ = ["register"]
+
+_DEFAULT_TIME_LIMIT = 30.0  # seconds of the ILP (the exact solvers that take --time-limit) when not given
 
 
 def run(args: argparse.Namespace) -> int:
@@ -28,6 +32,8 @@ def run(args: argparse.Namespace) -> int:
     from fcp_data.plan import get_solver, plan_batch
 
     names = _chosen_solvers(args)
+    check_options_apply(args, names)  # an option for solvers that do not run: refused, not ignored
+    args.time_limit = _DEFAULT_TIME_LIMIT if args.time_limit is None else args.time_limit
     if args.plot:
         check_plot_path(args.plot)  # before any solving: a bad path fails at once
     lengths, cm, report, visual, etas = load_inputs(args)
@@ -41,19 +47,19 @@ def run(args: argparse.Namespace) -> int:
             if name == "fcp":
                 raise
             results[name] = str(e)  # a reference or baseline that cannot plan this batch: reported, not fatal
+    ok = {k: v for k, v in results.items() if not isinstance(v, str)}
+    if not ok:  # with --json too: exit 2, not a JSON object of errors
+        raise ValueError("no solver could plan this batch: " + "; ".join(f"{k}: {v}" for k, v in results.items()))
+    if report.num_overlong:  # beside --json on stderr: its stdout stays one JSON object
+        print(report.summary(), file=sys.stderr if args.json else sys.stdout)
     if args.json:
-        out = {k: (v.to_dict() if not isinstance(v, str) else {"error": v}) for k, v in results.items()}
+        out = {k: (report.to_input(v.to_dict()) if not isinstance(v, str) else {"error": v}) for k, v in results.items()}
         for k in out:
             if get_solver(k).exact and "error" not in out[k]:
                 out[k].setdefault("optimal", False)
         print(json.dumps(out))
         return 0
-    ok = {k: v for k, v in results.items() if not isinstance(v, str)}
-    if not ok:
-        raise ValueError("no solver could plan this batch: " + "; ".join(f"{k}: {v}" for k, v in results.items()))
     best = min(p.makespan for p in ok.values())
-    if report.num_overlong:
-        print(report.summary())
     print(f"{len(lengths)} sequences, {int(lengths.sum())} tokens on {args.ranks} ranks")
     print(f"{'solver':<17} {'makespan [s]':>13} {'vs best':>8} {'solve [ms]':>11} {'optimal':>8}  groups")
     for name, p in results.items():
@@ -72,17 +78,18 @@ def run(args: argparse.Namespace) -> int:
 def _plot(args: argparse.Namespace, plans: dict) -> None:
     """Makespans of every solver that planned, next to the Gantt charts of FCP's plan and of the reference it is
     measured against: the best exact solver's (``--ilp``/``--exhaustive``), else the best baseline's, else the best
-    other solver's."""
+    other solver's (``--solvers`` without ``fcp``: the two best by that order)."""
     from fcp_data.plan import get_solver
 
     def rank(n: str) -> tuple:
         spec = get_solver(n)
         return (0 if spec.exact else 1 if spec.baseline else 2, plans[n].makespan, n)
 
-    other = min((n for n in plans if n != "fcp"), key=rank, default=None)
-    gantts = [("FCP", plans["fcp"])] + ([(other, plans[other])] if other else [])
+    main = "fcp" if "fcp" in plans else min(plans, key=rank)  # --solvers without fcp: the reference first
+    other = min((n for n in plans if n != main), key=rank, default=None)
+    gantts = [("FCP" if main == "fcp" else main, plans[main])] + ([(other, plans[other])] if other else [])
     plot_bars_and_gantts(args.plot, {n: p.makespan for n, p in plans.items()}, "makespan [s]",
-                         f"{args.ranks} ranks, {len(plans['fcp'].micro_batches)} micro-batch(es)", gantts)
+                         f"{args.ranks} ranks, {len(plans[main].micro_batches)} micro-batch(es)", gantts)
 
 
 def _chosen_solvers(args: argparse.Namespace) -> list[str]:
@@ -122,7 +129,7 @@ def register(subparsers, summary: str) -> None:
                    help=f"baselines to run (default all: {','.join(BASELINES)})")
     p.add_argument("--solvers", type=parse_solvers, default=None, metavar="a,b,...",
                    help="run exactly these registered solvers instead of the default set (see the list below)")
-    p.add_argument("--time-limit", type=positive_seconds, default=30.0,
+    p.add_argument("--time-limit", type=positive_seconds, default=None,
                    help="ILP time budget in seconds for the whole batch, all micro-batches and 'auto' candidates "
                         "together (default 30)")
     p.add_argument("--micro-batches", type=parse_micro_batches, default=1, metavar="auto|M",

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
-from fcp_data.commands.solver_args import (BASELINES, SOLVER_CHOICES, parse_baselines, parse_solvers, solver_options,
-                                          solvers_epilog, add_robust_arg)
-from fcp_data.plan.registry import get_solver, solver_specs
+from fcp_data.commands.solver_args import (BASELINES, SOLVER_CHOICES, add_robust_arg, check_options_apply,
+                                          parse_baselines, parse_solvers, solver_options, solvers_epilog)
+from fcp_data.plan.registry import solver_specs
 
 __all__ = ["register", "add_input_args", "add_source_args", "add_cost_args", "add_visual_args", "load_cost",
            "load_inputs", "load_visual", "check_source", "load_source", "Workload", "source_visual", "solver_options",
@@ -208,7 +209,7 @@ def source_visual(args: argparse.Namespace, work: Workload, lengths, report):
     """Visual tokens aligned with the capped ``lengths``: the index's (dropped or clipped with their sequence,
     as ``--visual``), else :func:`load_visual`."""
     if getattr(args, "index", None) is None:
-        return load_visual(args, work.lengths.size, lengths, report)
+        return load_visual(args, work.lengths, lengths, report)
     if work.visual is None:
         return None
     import numpy as np
@@ -216,9 +217,9 @@ def source_visual(args: argparse.Namespace, work: Workload, lengths, report):
     return np.minimum(work.visual[report.kept], lengths)
 
 
-def load_visual(args: argparse.Namespace, num_raw: int, lengths, report):
-    """The ``--visual`` counts (float64, aligned with the capped ``lengths``) or None; ``num_raw``: the
-    number of sequences in the lengths file, before ``--on-overlong``."""
+def load_visual(args: argparse.Namespace, raw, lengths, report):
+    """The ``--visual`` counts (float64, aligned with the capped ``lengths``) or None; ``raw``: the lengths file's
+    sequences, before ``--on-overlong`` (each count is checked against its own sequence before it follows the cap)."""
     if getattr(args, "visual", None) is None:
         if getattr(args, "visual_column", None) is not None:
             from fcp_data.commands import UsageError
@@ -230,14 +231,14 @@ def load_visual(args: argparse.Namespace, num_raw: int, lengths, report):
     from fcp_data.plan.inputs import validate_visual
 
     v = np.asarray(_load_counts(args.visual, args.visual_column), dtype=np.float64)
-    if v.size != num_raw:
-        raise ValueError(f"--visual {args.visual} has {v.size} entries but --lengths has {num_raw}; give one count per "
+    if v.size != len(raw):
+        raise ValueError(f"--visual {args.visual} has {v.size} entries but --lengths has {len(raw)}; give one count per "
                          "sequence (0 for text)")
-    v = np.minimum(v[report.kept], lengths)  # follows --on-overlong: dropped or clipped with its sequence
-    bad = np.flatnonzero(~np.isfinite(v) | (v < 0))
+    bad = np.flatnonzero(~np.isfinite(v) | (v < 0) | (v > raw))  # before the cap's clipping could hide it
     if bad.size:
-        raise ValueError(f"--visual {args.visual}: entry {int(report.kept[bad[0]])} is {v[bad[0]]}; counts are >= 0")
-    return validate_visual(v, lengths)
+        raise ValueError(f"--visual {args.visual}: entry {int(bad[0])} is {v[bad[0]]:g}; a count is >= 0 and at most "
+                         f"its sequence's {int(raw[bad[0]])} tokens")
+    return validate_visual(np.minimum(v[report.kept], lengths), lengths)  # dropped or clipped with its sequence
 
 
 def load_cost(args: argparse.Namespace):
@@ -355,21 +356,14 @@ def format_plan(plan, lengths, cost_model) -> str:
 def run(args: argparse.Namespace) -> int:
     from fcp_data.plan import plan_batch
 
-    if args.time_limit is not None and not get_solver(args.solver).time_limited:
-        from fcp_data.commands import UsageError
-
-        limited = " or ".join(s.name for s in solver_specs() if s.time_limited)
-        raise UsageError(f"--time-limit applies to --solver {limited} only (got --solver {args.solver})")
+    check_options_apply(args, [args.solver])
     lengths, cm, report, visual, etas = load_inputs(args)
     opts = solver_options(args).get(args.solver, {})
     plan = plan_batch(lengths, num_ranks=args.ranks, cost_model=cm, solver=args.solver, etas=etas,
                       micro_batches=args.micro_batches, visual=visual, **opts)
-    if args.json:
-        print(json.dumps(plan.to_dict()))
-    else:
-        if report.num_overlong:
-            print(report.summary())
-        print(format_plan(plan, lengths, cm))
+    if report.num_overlong:  # beside --json on stderr: its stdout stays one JSON object
+        print(report.summary(), file=sys.stderr if args.json else sys.stdout)
+    print(json.dumps(report.to_input(plan.to_dict())) if args.json else format_plan(plan, lengths, cm))
     return 0
 
 

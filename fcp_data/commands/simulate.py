@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from fcp_data.commands.plan import add_cost_args, add_source_args, add_visual_args
 from fcp_data.commands.plots import check_plot_path, plot_bars_and_gantts
@@ -75,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
         plot_simulation(args.plot, means, first["fcp"], f"{args.ranks} ranks, GBS {args.global_batch_size}",
                         (f"{best}, same step", first[best]) if best else None)
     if args.json:
+        if report.num_overlong:  # on stderr: stdout stays one JSON object
+            print(report.summary(), file=sys.stderr)
         print(json.dumps({n: {"mean_step_s": means[n], "steps": times[n]} for n in solvers}))
         return 0
     if args.index is not None:

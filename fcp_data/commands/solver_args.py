@@ -15,7 +15,7 @@ from typing import Any
 from fcp_data.plan.registry import BASELINE_NAMES, SOLVER_NAMES, solver_specs
 
 __all__ = ["SOLVER_CHOICES", "BASELINES", "solver_options", "parse_baselines", "parse_solvers", "solvers_epilog",
-           "add_robust_arg"]
+           "add_robust_arg", "check_options_apply"]
 
 # live views of the registry: a solver registered later (FCP_SOLVER_PLUGINS) is a valid choice too
 SOLVER_CHOICES = SOLVER_NAMES
@@ -39,6 +39,19 @@ def solver_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         pool["robust_tol"] = args.robust_tol
     out = {s.name: {k: v for k, v in pool.items() if k in s.options} for s in solver_specs()}
     return {name: opts for name, opts in out.items() if opts}
+
+
+def check_options_apply(args: argparse.Namespace, names) -> None:
+    """``--time-limit`` / ``--robust-tol`` given while none of the solvers ``names`` that run takes it (its registry
+    spec does not declare the option): a ``UsageError``, never an option silently ignored."""
+    from fcp_data.commands import UsageError
+
+    given = (("time_limit", "--time-limit", getattr(args, "time_limit", None) is not None),
+             ("robust_tol", "--robust-tol", bool(getattr(args, "robust_tol", 0.0))))
+    for key, flag, on in given:
+        takers = [s.name for s in solver_specs() if key in s.options]
+        if on and not set(takers) & set(names):
+            raise UsageError(f"{flag} applies to {' / '.join(takers)} only; the solvers run here: {', '.join(names)}")
 
 
 def _tolerance(text: str) -> float:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from fcp_data.cost import MAX_RANKS  # a limit of --degrees and --packed-docs (fcp_data.cost imports no torch)
+
 __all__ = ["register"]
 
 EPILOG = """Runs forward + backward of the model with ring attention on --nproc real processes over a grid
@@ -25,13 +27,17 @@ examples:
   fcp profile --nproc 8 --layer-like qwen3-8b --dtype bfloat16 --out qwen3-8b-h200.json   (on GPUs)"""
 
 
-def _ints(text: str) -> tuple[int, ...]:
+_MAX_PROFILE_TOKENS = 1 << 24  # one profiled document (16.7M tokens: 2M per rank on 8 ranks); more fails to allocate
+_MAX_SWEEPS = 1000  # --reps, --warmup: each sweep times the whole grid
+
+
+def _ints(text: str, limit: int = _MAX_PROFILE_TOKENS) -> tuple[int, ...]:
     try:
         vals = tuple(int(v) for v in text.split(",") if v.strip())
     except ValueError:
         raise ValueError(f"expected comma-separated integers, got {text!r}") from None
-    if not vals or min(vals) < 1:
-        raise ValueError(f"expected positive integers, got {text!r}")
+    if not vals or min(vals) < 1 or max(vals) > limit:
+        raise ValueError(f"expected integers in [1, {limit}], got {text!r}")
     return vals
 
 
@@ -163,16 +169,19 @@ def _check_numbers(args) -> None:
 
     from fcp_data.commands import UsageError
 
-    if args.reps < 1:
-        raise UsageError(f"--reps must be >= 1, got {args.reps}")
-    if args.warmup < 0:
-        raise UsageError(f"--warmup must be >= 0, got {args.warmup}")
+    if not 1 <= args.reps <= _MAX_SWEEPS:
+        raise UsageError(f"--reps must be in [1, {_MAX_SWEEPS}], got {args.reps}")
+    if not 0 <= args.warmup <= _MAX_SWEEPS:
+        raise UsageError(f"--warmup must be in [0, {_MAX_SWEEPS}], got {args.warmup}")
     if args.tokens_per_rank is not None and args.tokens_per_rank < 1:
         raise UsageError(f"--tokens-per-rank must be >= 1, got {args.tokens_per_rank}")
     for flag, path in (("--out", args.out), ("--report", args.report)):
-        if path and (Path(path).is_dir() or not Path(path).resolve().parent.is_dir()):
-            why = "is a directory" if Path(path).is_dir() else "its folder does not exist"
-            raise UsageError(f"{flag} {path}: {why}")
+        try:
+            bad = path and (Path(path).is_dir() or not Path(path).resolve().parent.is_dir())
+        except (OSError, RuntimeError):  # RuntimeError: a symlink loop (Path.resolve before Python 3.13)
+            raise UsageError(f"{flag} {path}: the path cannot be resolved (a symlink loop?)") from None
+        if bad:
+            raise UsageError(f"{flag} {path}: {'is a directory' if Path(path).is_dir() else 'its folder does not exist'}")
 
 
 def run(args) -> int:
@@ -186,8 +195,8 @@ def run(args) -> int:
     model, hf_path = resolve_model(args.model)
     _check_numbers(args)
     seq_lens = _ints(args.seq_lens)
-    degrees = _ints(args.degrees) if args.degrees else None
-    packed_docs = () if args.packed_docs.strip().lower() in ("none", "") else _ints(args.packed_docs)
+    degrees = _ints(args.degrees, MAX_RANKS) if args.degrees else None
+    packed_docs = () if args.packed_docs.strip().lower() in ("none", "") else _ints(args.packed_docs, MAX_RANKS)
     packed_lens = _ints(args.packed_lens) if packed_docs else ()
     out = Path(args.out)
     if args.plot:

@@ -191,6 +191,52 @@ def test_json_stdout_is_pure_with_reports(capsys, tmp_path):
         json.loads(out)
 
 
+def test_json_seq_ids_index_the_input_after_a_drop(capsys, tmp_path):
+    """DESIGN §6: ``seq_ids`` index the input lengths. After ``--on-overlong drop`` they numbered the kept sequences
+    (input 1, dropped, appeared in the plan), and with --json nothing said that sequences were dropped."""
+    import json
+
+    p = tmp_path / "l.txt"
+    p.write_text("1000\n2000000\n4000\n3000000\n500\n")
+    for argv in (["plan", "--json"], ["compare", "--solvers", "fcp,static-cp", "--json"]):
+        rc, out, err = _run(capsys, [*argv, "--lengths", str(p), "--ranks", "2", *PRESET, "--on-overlong", "drop"])
+        plans = json.loads(out)
+        for plan in [plans] if argv[0] == "plan" else plans.values():
+            ids = sorted(i for mb in plan["micro_batches"] for g in mb["groups"] for i in g["seq_ids"])
+            assert ids == [0, 2, 4], (argv[0], ids)
+        assert rc == 0 and err == "2 sequence(s) dropped (over) 172032 tokens\n", err
+
+
+def test_compare_plot_without_fcp(capsys, tmp_path, lengths):
+    """--solvers without fcp and --plot: a KeyError traceback after the table (the plot assumed an FCP plan)."""
+    out = tmp_path / "p.png"
+    rc, _, err = _run(capsys, ["compare", "--lengths", str(lengths), "--ranks", "4", *PRESET, "--solvers",
+                               "static-cp,ulysses", "--plot", str(out)])
+    assert rc == 0 and err == "" and out.stat().st_size > 0, err
+
+
+def test_a_hf_config_that_is_no_regular_file(capsys, tmp_path, lengths):
+    """`--preset hf:FIFO` blocked forever in the read (a FIFO's size is 0), `hf:/dev/zero` read until the kernel killed
+    the process for memory."""
+    import os
+
+    fifo = tmp_path / "config.json"
+    os.mkfifo(fifo)
+    for source in (fifo, "/dev/zero"):
+        _one_line_error(capsys, ["presets", "--model", f"hf:{source}"], "is not a regular file")
+        _one_line_error(capsys, ["plan", "--lengths", str(lengths), "--ranks", "4", "--preset", f"hf:{source}",
+                                 "--hardware", "h100"], "is not a regular file")
+
+
+def test_no_command_is_a_usage_error(capsys):
+    """`fcp` alone printed the whole help on stdout (exit 2, nothing on stderr)."""
+    with pytest.raises(SystemExit) as e:
+        main([])
+    out, err = capsys.readouterr()
+    assert e.value.code == 2 and out == "" and err.count("\n") == 1, (out, err)
+    assert "a command is required: one of plan, compare" in err, err
+
+
 def test_version_flag(capsys):
     """`fcp --version` prints the installed package version (the same as fcp_data.__version__)."""
     import fcp_data
@@ -345,7 +391,14 @@ def test_profile_bad_options(capsys, tmp_path, bad_configs):
     _one_line_error(capsys, [*base, "--degrees", "4", "--nproc", "1"], "a degree cannot exceed the 1 process")
     _one_line_error(capsys, [*base, "--layer-like", "nope"], "unknown --layer-like preset 'nope'")
     _one_line_error(capsys, [*base, "--nproc", "100000"], "more than 4 processes per CPU core")
-    _one_line_error(capsys, [*base, "--reps", "0"], "--reps must be >= 1")
+    _one_line_error(capsys, [*base, "--reps", "0"], r"--reps must be in \[1, 1000\]")
+    # found by a review: a 10^15-token document reached the workers (a 40-line allocation traceback); a symlink loop
+    # as --out was a RuntimeError traceback from Path.resolve
+    _one_line_error(capsys, [*base, "--seq-lens", "1000000000000000"], r"expected integers in \[1, 16777216\]")
+    _one_line_error(capsys, [*base, "--warmup", "100000"], r"--warmup must be in \[0, 1000\]")
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    _one_line_error(capsys, ["profile", "--out", str(tmp_path / "a")], "cannot be resolved")
     _one_line_error(capsys, ["profile", "--out", str(tmp_path)], "is a directory")
     from fcp_exec.compat import hf_models_problem
 

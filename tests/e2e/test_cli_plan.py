@@ -176,7 +176,7 @@ def test_overlong_truncate_and_drop(capsys, tmp_path):
     p = tmp_path / "l.txt"
     p.write_text("12\n999999999\n40\n")
     rc, out, _ = _run(capsys, ["plan", "--lengths", str(p), "--ranks", "4", *PRESET, "--on-overlong", "drop", "--json"])
-    assert rc == 0 and sorted(Plan.from_dict(json.loads(out)).seq_ids) == [0, 1]
+    assert rc == 0 and sorted(Plan.from_dict(json.loads(out)).seq_ids) == [0, 2]  # the input's (DESIGN §6), not [0, 1]
     rc, out, _ = _run(capsys, ["plan", "--lengths", str(p), "--ranks", "4", *PRESET, "--on-overlong", "truncate",
                                "--micro-batches", "auto"])
     assert rc == 0 and "truncated" in out

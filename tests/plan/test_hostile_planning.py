@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -134,7 +135,23 @@ CASES = [
     Case("--micro-batches 0", P + ["--ranks", "8", "--micro-batches", "0", *PRESET], 2, "must be >= 1"),
     Case("--micro-batches beyond the sequences", P + ["--ranks", "8", "--micro-batches", "1000000000000", *PRESET], 2,
          "cannot split"),
-    Case("--time-limit without ilp", P + ["--ranks", "8", "--time-limit", "5", *PRESET], 2, "--solver ilp only"),
+    Case("--time-limit without ilp", P + ["--ranks", "8", "--time-limit", "5", *PRESET], 2,
+         "--time-limit applies to ilp only"),
+    # found by a review of the CLI: each of these options was silently ignored (exit 0)
+    Case("compare --time-limit without the ilp", C + ["--ranks", "8", "--baselines", "static-cp", "--time-limit", "1",
+                                                      *PRESET], 2, "--time-limit applies to ilp only"),
+    Case("--robust-tol with a baseline", P + ["--ranks", "8", "--solver", "static-cp", "--robust-tol", "0.1", *PRESET],
+         2, "--robust-tol applies to fcp / fcp-dp only"),
+    Case("--column of a .npy", P + ["--ranks", "8", "--column", "foo", *PRESET], 2, "--column applies to .csv",
+         lengths="npy_int", suffix=".npy"),
+    Case("--visual count above its sequence (was clipped)", P + ["--ranks", "8", "--visual", "{visual}", *PRESET], 2,
+         "entry 1 is 5000; a count is >= 0 and at most its sequence's 2000", lengths="1000\n2000\n",
+         extra_files={"visual": "0\n5000\n"}),
+    Case("--visual count inf", P + ["--ranks", "8", "--visual", "{visual}", *PRESET], 2, "entry 1 is inf",
+         lengths="1000\n2000\n", extra_files={"visual": "0\ninf\n"}),
+    Case("compare --json where no solver plans (was exit 0)", C + ["--ranks", "8", "--solvers", "exhaustive", "--json",
+                                                                   *PRESET], 2, "no solver could plan", lengths="100\n" * 9),
+    Case("float16 npy", P + ["--ranks", "8", *PRESET], 0, "", lengths="npy_f16", suffix=".npy"),
     Case("--time-limit nan", C + ["--ranks", "8", "--time-limit", "nan", *PRESET], 2, "seconds"),
     Case("--time-limit inf", P + ["--ranks", "8", "--solver", "ilp", "--time-limit", "inf", *PRESET], 2, "finite"),
     Case("--heads 0", C + ["--ranks", "8", "--heads", "0", *PRESET], 2, "--heads must be >= 1"),
@@ -163,7 +180,8 @@ CASES = [
 
 def _special(name: str, path: Path) -> None:
     arrays = {"npy_uint64": np.array([5, 2 ** 64 - 1], dtype=np.uint64), "npy_2d": np.ones((2, 2), dtype=np.int64),
-              "npy_nan": np.array([1.0, np.nan])}
+              "npy_nan": np.array([1.0, np.nan]), "npy_int": np.array([1000, 2000]),
+              "npy_f16": np.array([1000, 60000], dtype=np.float16)}
     if name == "npy_object":
         np.save(path, np.array([{"a": 1}], dtype=object), allow_pickle=True)
     else:
@@ -181,7 +199,10 @@ def _materialise(case: Case, tmp: Path) -> list[str]:
     cost = tmp / "cost.json"
     if case.cost is not None:
         cost.write_text(case.cost if isinstance(case.cost, str) else json.dumps(case.cost))
-    return [a.format(lengths=lengths, cost=cost) for a in case.argv]
+    extra = {name: tmp / f"{name}.txt" for name in case.extra_files}
+    for name, path in extra.items():
+        path.write_text(case.extra_files[name])
+    return [a.format(lengths=lengths, cost=cost, **extra) for a in case.argv]
 
 
 def _run(argv, capsys) -> tuple[int, str, str]:
@@ -191,6 +212,15 @@ def _run(argv, capsys) -> tuple[int, str, str]:
         rc = e.code
     out, err = capsys.readouterr()
     return rc, out, err
+
+
+def test_a_float16_npy_plans_without_warnings(tmp_path, capsys):
+    """A float16 array compared with the plausibility limit overflowed in numpy: 4 RuntimeWarning lines on stderr."""
+    case = next(c for c in CASES if c.name == "float16 npy")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rc, out, err = _run(_materialise(case, tmp_path), capsys)
+    assert rc == 0 and err == "" and "makespan" in out, (rc, err)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
