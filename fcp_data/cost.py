@@ -334,6 +334,8 @@ class CostModel:
     @classmethod
     def load(cls, path: str | Path) -> "CostModel":
         """Read a cost JSON (the §4 keys); every problem is a one-line ``ValueError`` naming the file."""
+        if not isinstance(path, (str, Path)) or not str(path).strip():
+            raise ValueError(f"CostModel.load needs the path of a cost JSON, got {path!r}")
         p = Path(path)
         try:
             size = p.stat().st_size

@@ -88,8 +88,10 @@ class SamplerConfig:
                              f"got {self.prefetch!r}")
         put(self, "prefetch", int(self.prefetch))
         mb = self.micro_batches
-        if not (mb == "auto" or (isinstance(mb, int) and not isinstance(mb, bool) and 1 <= mb <= MAX_COUNT)):
+        if not (isinstance(mb, str) and mb == "auto" or (isinstance(mb, (int, np.integer)) and not isinstance(mb, bool)
+                                                         and 1 <= mb <= MAX_COUNT)):
             raise ValueError(f"micro_batches must be 'auto' or an int from 1 to {MAX_COUNT}, got {mb!r}")
+        put(self, "micro_batches", mb if isinstance(mb, str) else int(mb))  # a numpy int, as num_ranks takes one
         if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or self.seed < 0:
             raise ValueError(f"seed must be an integer >= 0 (numpy seeds its generator with [seed, epoch]), "
                              f"got {self.seed!r}")

@@ -158,20 +158,25 @@ def data_digest(lengths: np.ndarray, etas: np.ndarray | None, visual: np.ndarray
     return h.hexdigest()
 
 
-def apply_overlong(lengths: np.ndarray, capacity: int, on_overlong: str, num_ranks: int,
-                   tokens_per_rank: int) -> tuple[np.ndarray, int, int]:
-    """``(kept sample ids, num_truncated, num_dropped)`` under the ``on_overlong`` policy for samples over
-    ``capacity = num_ranks·tokens_per_rank`` tokens: ``"error"`` raises naming the first, ``"drop"`` leaves them
-    out, ``"truncate"`` keeps them (one warning logged for either)."""
+def apply_overlong(lengths: np.ndarray, on_overlong: str, num_ranks: int, tokens_per_rank: int,
+                   solver_options: dict[str, Any]) -> tuple[int, np.ndarray, int, int]:
+    """``(capacity, kept sample ids, num_truncated, num_dropped)`` under the ``on_overlong`` policy for samples over
+    ``capacity`` tokens, the most one sequence's group holds: ``num_ranks·tokens_per_rank``, or
+    ``degree·tokens_per_rank`` for a solver held to one ``degree`` (``solver_options``; such a sample failed at its
+    first global batch before). ``"error"`` raises naming the first, ``"drop"`` leaves them out, ``"truncate"`` keeps
+    them (one warning logged for either)."""
+    group = ("degree", int(solver_options["degree"])) if "degree" in solver_options else ("num_ranks", num_ranks)
+    capacity = group[1] * tokens_per_rank
     over = np.flatnonzero(lengths > capacity)
     if not over.size:
-        return np.arange(lengths.size, dtype=np.int64), 0, 0
-    what = (f"{over.size} sample(s) longer than num_ranks·tokens_per_rank = {num_ranks}·{tokens_per_rank} = {capacity} "
-            f"tokens (the most one micro-batch holds), first: sample {int(over[0])} with {int(lengths[over[0]])} tokens")
+        return capacity, np.arange(lengths.size, dtype=np.int64), 0, 0
+    what = (f"{over.size} sample(s) longer than {group[0]}·tokens_per_rank = {group[1]}·{tokens_per_rank} = {capacity} "
+            f"tokens (the most one {'group of that degree' if group[0] == 'degree' else 'micro-batch'} holds), first: "
+            f"sample {int(over[0])} with {int(lengths[over[0]])} tokens")
     if on_overlong == "error":
         raise ValueError(f"{what}; pass on_overlong='truncate' or 'drop', or raise tokens_per_rank")
     if on_overlong == "drop":
         logger.warning("FCPSampler drops %s", what)
-        return np.flatnonzero(lengths <= capacity).astype(np.int64), 0, int(over.size)
+        return capacity, np.flatnonzero(lengths <= capacity).astype(np.int64), 0, int(over.size)
     logger.warning("FCPSampler truncates %s", what)
-    return np.arange(lengths.size, dtype=np.int64), int(over.size), 0
+    return capacity, np.arange(lengths.size, dtype=np.int64), int(over.size), 0

@@ -227,6 +227,8 @@ class LengthIndex:
 
     @classmethod
     def load(cls, path: str | Path, mmap: bool = True) -> "LengthIndex":
+        if not isinstance(path, (str, Path)) or not str(path).strip():
+            raise ValueError(f"a length index is the path of the folder `fcp index --out` wrote, got {path!r}")
         p = Path(path)
         mf = p / "manifest.json"
         if not mf.exists():

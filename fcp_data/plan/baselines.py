@@ -95,6 +95,8 @@ def _fixed_degree(name: str, lengths, etas, num_ranks, cost_model, degrees, time
 def _only(name: str, degrees: list[int], degree: int | None) -> list[int]:
     if degree is None:
         return degrees
+    if isinstance(degree, bool) or not isinstance(degree, (int, np.integer)):
+        raise ValueError(f"{name}: degree must be an int (the ring degree of every group), got {degree!r}")
     if degree not in degrees:
         raise ValueError(f"{name}: degree {degree} is not allowed here; valid degrees: {degrees}")
     return [int(degree)]

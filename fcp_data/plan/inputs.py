@@ -16,6 +16,9 @@ __all__ = ["validate_inputs", "validate_lengths", "validate_etas", "validate_vis
 def validate_lengths(lengths) -> np.ndarray:
     """Checked int64 token counts (1-D, non-empty, whole, ``0 < s ≤ MAX_SEQUENCE_TOKENS``); the one length
     check of the planner, the sampler and the CLI loaders. ``ValueError`` naming the offending entry."""
+    if not hasattr(lengths, "__len__"):  # a generator or an iterator is a 0-d object array to numpy
+        raise ValueError(f"lengths must be a 1-D sequence of token counts (a list or an array), got "
+                         f"{type(lengths).__name__}")
     try:
         arr = np.asarray(lengths)
     except (ValueError, TypeError, OverflowError) as e:
@@ -24,7 +27,8 @@ def validate_lengths(lengths) -> np.ndarray:
         raise ValueError(f"lengths must be a 1-D sequence of token counts, got shape {arr.shape}")
     if arr.size == 0:
         raise ValueError("no sequences to plan: lengths is empty")
-    if not np.issubdtype(arr.dtype, np.number) or np.issubdtype(arr.dtype, np.complexfloating):
+    if not np.issubdtype(arr.dtype, np.number) or np.issubdtype(arr.dtype, np.complexfloating) or \
+            np.issubdtype(arr.dtype, np.timedelta64):  # durations are numbers to numpy, not token counts
         raise ValueError(f"lengths must be integers, got dtype {arr.dtype}")
     if np.issubdtype(arr.dtype, np.floating):
         bad = np.flatnonzero(~np.isfinite(arr) | (arr != np.round(arr)))

@@ -270,6 +270,21 @@ def test_len_plans_are_the_iterations_plans(monkeypatch, keep):
         assert len(s) == len(expected[1]) and [_key(x) for x in iter(s)] == expected[1]  # epoch 1: same again
 
 
+def test_a_fixed_degree_holds_sequences_of_its_group_only():
+    """static-cp held to degree 2: a sequence over 2·tokens_per_rank fits the ranks (8·512) but no group of degree
+    2. It was accepted, and the first global batch holding one failed mid-epoch, at every retry (found by a review);
+    now the over-long policy applies to the group's capacity: refused at construction, or truncated to it."""
+    lengths = _lengths(150, cap=1024)
+    lengths[[3, 70]] = [1500, 3000]  # over 2·512, under 8·512
+    with pytest.raises(ValueError, match=r"longer than degree·tokens_per_rank = 2·512 = 1024 tokens .* sample 3 "):
+        _sampler(lengths, solver="static-cp", solver_options={"degree": 2}, on_overlong="error")
+    s = _sampler(lengths, solver="static-cp", solver_options={"degree": 2}, on_overlong="truncate")
+    assert s.num_truncated == 2 and s.num_tokens.max() == 1024
+    lists = list(s)
+    assert lists and all(lst.ranks == () or len(lst.ranks) == 2 for lst in lists)
+    assert _sampler(lengths, solver="static-cp", on_overlong="error").num_tokens.max() == 3000  # no degree: N ranks
+
+
 def test_solver_options_reach_the_planner_and_the_fingerprint():
     """solver_options={"degree": 2} with static-cp: every global batch's plan equals plan_batch(..., degree=2)
     called directly (the reference) and every group has degree 2; the options are part of the state's

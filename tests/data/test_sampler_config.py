@@ -83,3 +83,25 @@ def test_config_is_frozen_and_read_through_the_sampler():
         s.config.seed = 6
     with pytest.raises(AttributeError):
         s.not_an_option  # noqa: B018
+
+
+@pytest.mark.parametrize("call, match", [
+    # found by a review of the data API: a bare pathlib TypeError, "file . is a directory", a self-contradicting
+    # "degree 2 is not allowed; valid degrees: [1, 2]" (the str "2"), "got shape ()", and durations taken as lengths
+    (lambda: CostModel.load(None), "CostModel.load needs the path of a cost JSON, got None"),
+    (lambda: CostModel.load(""), "CostModel.load needs the path of a cost JSON, got ''"),
+    (lambda: __import__("fcp_data").IndexedDataset(None), "a length index is the path of the folder"),
+    (lambda: FCPSampler(LENGTHS, **BASE, solver="static-cp", solver_options={"degree": "2"}),
+     "degree must be an int .* got '2'"),
+    (lambda: FCPSampler((int(x) for x in LENGTHS), **BASE), "a list or an array\\), got generator"),
+    (lambda: FCPSampler(LENGTHS.astype("timedelta64[s]"), **BASE), "lengths must be integers, got dtype timedelta64"),
+])
+def test_bad_arguments_name_themselves(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_micro_batches_takes_a_numpy_int_as_the_other_counts_do():
+    s = FCPSampler(LENGTHS, num_ranks=np.int64(4), rank=np.int64(1), cost_model=CM,
+                   global_batch_size=np.int64(16), micro_batches=np.int64(2))
+    assert type(s.micro_batches) is int and s.micro_batches == 2 and len(s) == len(list(s))
