@@ -25,12 +25,15 @@ __all__ = ["load_lengths", "apply_cap", "CapReport", "draw_batches", "OVERLONG_M
 OVERLONG_MODES = ("error", "truncate", "drop")
 
 
-def _check(values: np.ndarray, where: str) -> np.ndarray:
+def _check(values: np.ndarray, where: str, lines: list[int] | None = None) -> np.ndarray:
+    """``values`` as int64, all > 0; ``lines``: the file's line number of each value (a text or CSV file: the error
+    names the line, comments and blank lines counted), else the entry's 0-based position."""
     if values.size == 0:
         raise ValueError(f"{where}: no sequence lengths found (the file is empty)")
     bad = np.flatnonzero(values <= 0)
     if bad.size:
-        raise ValueError(f"{where}: lengths must be > 0; entry {bad[0]} is {values[bad[0]]} (remove empty sequences)")
+        at = f"{where}:{lines[bad[0]]}: " if lines else f"{where}: entry {bad[0]}: "
+        raise ValueError(f"{at}lengths must be > 0, got {values[bad[0]]} (remove empty sequences)")
     return values.astype(np.int64)
 
 
@@ -104,18 +107,21 @@ def _load(p: Path, column: str | int | None) -> np.ndarray:
         return _check(arr.astype(np.int64), str(p))
     if suffix == ".csv":
         return _load_csv(p, column)
-    values = []
+    values, lines = [], []
     with p.open(encoding="utf-8-sig") as f:
         for lineno, line in enumerate(f, 1):
             text = line.split("#", 1)[0].strip()
             if text:
                 values.append(_parse_int(text, f"{p}:{lineno}"))
-    return _check(np.asarray(values, dtype=np.int64), str(p))
+                lines.append(lineno)
+    return _check(np.asarray(values, dtype=np.int64), str(p), lines)
 
 
 def _load_csv(p: Path, column: str | int | None) -> np.ndarray:
     with p.open(newline="", encoding="utf-8-sig") as f:
-        rows = [r for r in csv.reader(f) if any(c.strip() for c in r)]
+        reader = csv.reader(f)  # line_num: the file's line of the row just read (blank rows and quoted newlines counted)
+        numbered = [(reader.line_num, r) for r in reader if any(c.strip() for c in r)]
+    rows = [r for _, r in numbered]
     if not rows:
         raise ValueError(f"{p}: no sequence lengths found (the file is empty)")
     header = [c.strip() for c in rows[0]]
@@ -133,13 +139,13 @@ def _load_csv(p: Path, column: str | int | None) -> np.ndarray:
         if not has_header or column not in header:
             raise ValueError(f"{p}: no column named {column!r}; columns: {', '.join(header) if has_header else '(no header)'}")
         idx = header.index(column)
-    start = 2 if has_header else 1
+    lines = [n for n, _ in numbered[1 if has_header else 0:]]
     values = []
-    for n, row in enumerate(body):
+    for line, row in zip(lines, body):
         if idx >= len(row):
-            raise ValueError(f"{p}:{n + start}: row has no column {idx}")
-        values.append(_parse_int(row[idx].strip(), f"{p}:{n + start}"))
-    return _check(np.asarray(values, dtype=np.int64), str(p))
+            raise ValueError(f"{p}:{line}: row has no column {idx}")
+        values.append(_parse_int(row[idx].strip(), f"{p}:{line}"))
+    return _check(np.asarray(values, dtype=np.int64), str(p), lines)
 
 
 def _is_number(text: str) -> bool:

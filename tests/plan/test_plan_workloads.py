@@ -27,8 +27,8 @@ def test_load_txt_npy_csv(tmp_path):
 @pytest.mark.parametrize("content,match", [
     ("", "empty"),
     ("10\nabc\n", r"a.txt:2: 'abc' is not a number"),
-    ("10\n0\n", "must be > 0; entry 1"),
-    ("10\n-5\n", "must be > 0"),
+    ("10\n0\n", r"a.txt:2: lengths must be > 0, got 0"),
+    ("# header\n\n10\n-5\n", r"a.txt:4: lengths must be > 0, got -5"),  # the file's line (was "entry 1")
     ("10\n2.5\n", "not a whole token count"),
 ])
 def test_load_errors(tmp_path, content, match):
@@ -36,6 +36,20 @@ def test_load_errors(tmp_path, content, match):
     p.write_text(content)
     with pytest.raises(ValueError, match=match):
         load_lengths(p)
+
+
+def test_csv_errors_name_the_files_line(tmp_path):
+    """Blank rows counted: the error named line 3 for the fifth line of this file (a review of the CLI)."""
+    p = tmp_path / "a.csv"
+    p.write_text("a\n1000\n\n\n2000x\n")
+    with pytest.raises(ValueError, match=r"a.csv:5: '2000x' is not a number"):
+        load_lengths(p)
+    p.write_text("a\n1000\n\n\n0\n")
+    with pytest.raises(ValueError, match=r"a.csv:5: lengths must be > 0, got 0"):
+        load_lengths(p)
+    np.save(tmp_path / "z.npy", np.array([5, 0]))
+    with pytest.raises(ValueError, match=r"z.npy: entry 1: lengths must be > 0, got 0"):  # no lines in a .npy
+        load_lengths(tmp_path / "z.npy")
 
 
 def test_load_csv_errors(tmp_path):
