@@ -21,9 +21,10 @@ import argparse
 import json
 import sys
 
-from fcp_data.commands.plan import add_cost_args, add_source_args, add_visual_args
+from fcp_data.commands.plan import add_cost_args, add_source_args, add_visual_args, positive_seconds
 from fcp_data.commands.plots import check_plot_path, plot_bars_and_gantts
-from fcp_data.commands.solver_args import BASELINES, parse_baselines, parse_solvers, solvers_epilog
+from fcp_data.commands.solver_args import (BASELINES, check_options_apply, parse_baselines, parse_solvers,
+                                          solvers_epilog)
 from fcp_data.plan.simulate import simulate
 
 __all__ = ["register", "plot_simulation", "check_plot_path", "MAX_STEPS"]  # check_plot_path: from .plots
@@ -58,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
     if args.solvers is not None and args.baselines is not None:
         raise UsageError("give either --baselines or --solvers (the solvers to compare with FCP), not both")
     others = args.solvers if args.solvers is not None else BASELINES if args.baselines is None else args.baselines
+    check_options_apply(args, ["fcp", *others])  # --time-limit without a time-limited solver: refused, not ignored
     solvers = ["fcp"] + [b for b in others if b != "fcp"]
     if args.plot:
         check_plot_path(args.plot)
@@ -118,6 +120,9 @@ def register(subparsers, summary: str) -> None:
                    help=f"baselines to compare with FCP (default all: {','.join(BASELINES)})")
     p.add_argument("--solvers", type=parse_solvers, default=None, metavar="a,b,...",
                    help="registered solvers to compare with FCP instead of --baselines (see the list below)")
+    p.add_argument("--time-limit", type=positive_seconds, default=None, metavar="S",
+                   help="budget in seconds of a time-limited solver (--solvers ilp) per global batch (default: the "
+                        "solver's own, 30 for the ILP: S × --steps bounds the run)")
     p.add_argument("--plot", metavar="OUT.png", help="write a bar chart of the mean step times and Gantt charts of "
                    "the first step under FCP and under the fastest other solver")
     p.add_argument("--json", action="store_true", help='print {"<solver>": {"mean_step_s": ..., "steps": [...]}}')

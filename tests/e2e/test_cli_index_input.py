@@ -72,8 +72,9 @@ def test_plan_index_equals_lengths_and_visual(capsys, work, ranks, overlong, mb)
     # and visual tokens are really used: without --visual the plan's times differ
     text_only = _json(capsys, ["plan", "--lengths", work["as_files"][1], *common])
     assert text_only["makespan"] < by_index["makespan"]
-    n = len(work["lengths"]) - (overlong == "drop")
-    assert sorted(i for mb_ in by_index["micro_batches"] for g in mb_["groups"] for i in g["seq_ids"]) == list(range(n))
+    dropped = [int(max(range(len(work["lengths"])), key=lambda i: work["lengths"][i]))] if overlong == "drop" else []
+    ids = sorted(i for mb_ in by_index["micro_batches"] for g in mb_["groups"] for i in g["seq_ids"])
+    assert ids == [i for i in range(len(work["lengths"])) if i not in dropped]  # the input's indices (DESIGN §6)
 
 
 def test_compare_index_equals_lengths_and_visual(capsys, work):

@@ -140,6 +140,8 @@ CASES = [
     # found by a review of the CLI: each of these options was silently ignored (exit 0)
     Case("compare --time-limit without the ilp", C + ["--ranks", "8", "--baselines", "static-cp", "--time-limit", "1",
                                                       *PRESET], 2, "--time-limit applies to ilp only"),
+    Case("simulate --time-limit without the ilp", S + ["--ranks", "8", "--global-batch-size", "2", "--time-limit", "1",
+                                                       *PRESET], 2, "--time-limit applies to ilp only"),
     Case("--robust-tol with a baseline", P + ["--ranks", "8", "--solver", "static-cp", "--robust-tol", "0.1", *PRESET],
          2, "--robust-tol applies to fcp / fcp-dp only"),
     Case("--column of a .npy", P + ["--ranks", "8", "--column", "foo", *PRESET], 2, "--column applies to .csv",
