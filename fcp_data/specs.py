@@ -159,6 +159,9 @@ def load_spec(name_or_path: str | Path, tokenizer: str | Path | None = None) -> 
         raise ValueError(f"spec {p} is not valid JSON: {e}") from None
     if not isinstance(raw, dict):
         raise ValueError(f"spec {p} must be a JSON object, got {type(raw).__name__}")
+    from fcp_data.index.spec_check import check_spec
+
+    check_spec(raw, p)  # every key, type and range, here: a wrong value would crash or miscount every sample later
     text = dict(raw.get("text") or {})
     if tokenizer:  # an explicit tokenizer must exist: falling back to the spec's would count the wrong tokens
         tok = Path(tokenizer)
@@ -166,9 +169,9 @@ def load_spec(name_or_path: str | Path, tokenizer: str | Path | None = None) -> 
             raise FileNotFoundError(f"tokenizer {tok} not found; pass a tokenizer.json file")
     else:
         tok = p.parent / text.get("tokenizer", "tiny-bpe.json")
-        if not tok.exists():
+        if not tok.is_file():
             tok = data_path("tokenizers") / text.get("tokenizer", "tiny-bpe.json")
-        if not tok.exists():
+        if not tok.is_file():
             raise FileNotFoundError(f"spec {p.name}: tokenizer {tok} not found; pass --tokenizer path/to/tokenizer.json")
     h = hashlib.sha256(json.dumps(raw, sort_keys=True).encode())
     h.update(tok.read_bytes())

@@ -57,7 +57,7 @@ def register(subparsers, summary: str) -> None:
                    help="jsonl/Parquet field holding a conversation [{role, content}, ...] (or ShareGPT's [{from, value}, "
                         "...]): rendered by --chat-template, labels train the assistant turns only "
                         "(see fcp_data/chat.py)")
-    p.add_argument("--chat-template", default="chatml", metavar="NAME|PATH",
+    p.add_argument("--chat-template", default=None, metavar="NAME|PATH",  # None: refused alone, chatml with --chat-field
                    help="template of --chat-field: chatml (default: Qwen), llama3, or the model's own Jinja template "
                         "(its folder, tokenizer_config.json or chat_template.jinja; {%% generation %%} blocks say "
                         "what to train, else each assistant content and its end-of-turn marker). Index with the "
@@ -164,6 +164,9 @@ def run(args) -> int:
     print(f"index written to {out}")
     if args.plot and manifest["num_samples"]:
         _plot(args.out, args.plot)
+    elif args.plot:  # a chart of no lengths says nothing; say so instead of leaving the user to find no file
+        print(f"fcp index: note: no plot written to {safe_key(args.plot)}: the index has no samples "
+              f"({manifest['num_errors']} errors of {manifest['num_seen']} seen)", file=sys.stderr)
     _warn_unused_key_field(args.out, args.key_field)
     if rc:
         print(f"fcp index: error rate {manifest['error_rate']:.2%} exceeds --max-error-rate {args.max_error_rate:.2%}",

@@ -8,7 +8,9 @@ Folders are walked without trusting them: symlinks are followed, but a link back
 (``symlink_loop``), a second link to a folder already walked (``duplicate_dir``), a dangling link
 (``broken_link``), an unreadable folder or file and anything that is not a regular file (fifo, socket,
 device: ``not_a_file``) become entries with a reason, which the indexer records as errors. Hidden names
-(starting with ``.``) are skipped, as before.
+(starting with ``.``) are skipped, as before. An input path that is itself a symlink loop is kept like a missing
+one (an ``unreadable_shard`` record; a run none of whose inputs exist is refused). :func:`prepare_out` refuses an
+``--out`` that cannot be the index folder, in words, before anything is written.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ from typing import Iterator
 
 from fcp_data.index.probe import split_key
 
-__all__ = ["expand_inputs", "make_tasks", "walk_folder", "source_stamp", "count_brace_paths", "MAX_INPUT_PATHS",
-           "DIR_CHUNK"]
+__all__ = ["expand_inputs", "make_tasks", "walk_folder", "source_stamp", "count_brace_paths", "unreadable_reason",
+           "prepare_out", "MAX_INPUT_PATHS", "DIR_CHUNK"]
 
 DIR_CHUNK = 256  # samples per task for folder inputs
 MAX_INPUT_PATHS = 1_000_000  # brace ranges expanding to more paths are refused (use a glob)
@@ -74,9 +76,9 @@ def _brace_paths(item: str) -> list[str]:
 def expand_inputs(inputs: list[str]) -> list[dict]:
     """Sources ``[{"path", "kind"}]`` (kind ``jsonl``/``parquet``/``tar``/``dir``) from paths, globs and brace ranges.
 
-    A brace-expanded or explicit path that does not exist is kept (it becomes an ``unreadable_shard``
-    error, counted); a glob that matches nothing is a ValueError, and so is a brace range of more than
-    ``MAX_INPUT_PATHS`` paths (counted before anything is expanded).
+    A brace-expanded or explicit path that does not exist, or a symlink loop, is kept (it becomes an
+    ``unreadable_shard`` error, counted); a glob that matches nothing is a ValueError, and so is a brace range of
+    more than ``MAX_INPUT_PATHS`` paths (counted before anything is expanded).
     """
     sources: list[dict] = []
     for item in inputs:
@@ -98,12 +100,67 @@ def expand_inputs(inputs: list[str]) -> list[dict]:
                     kind = "tar" if ".tar" in pp.name else "parquet" if ".parquet" in pp.name else "jsonl"
                 else:
                     raise ValueError(f"input {p!r}: not a .jsonl, .parquet or .arrow file, a .tar shard or a folder")
-                sources.append({"path": str(pp.resolve()), "kind": kind})
+                sources.append({"path": _absolute(pp), "kind": kind})
             if len(sources) > MAX_INPUT_PATHS:
                 raise ValueError(f"the inputs name more than {MAX_INPUT_PATHS:,} shards; index them in several runs")
     if not sources:
         raise ValueError("no inputs given; pass jsonl files, tar shards (globs or {000..009} ranges) or folders")
     return sources
+
+
+def _absolute(p: Path) -> str:
+    """``p`` with its links resolved; a symlink loop cannot be resolved (pathlib raises RuntimeError) and is kept
+    as its absolute path, so that its task records it as an ``unreadable_shard`` like a missing file."""
+    try:
+        return str(p.resolve())
+    except (RuntimeError, OSError):
+        return os.path.abspath(p)
+
+
+def unreadable_reason(path: str | Path) -> str:
+    """Why an input cannot be opened, in words (for a run none of whose inputs can be read)."""
+    try:
+        os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return "a symlink loop"
+        if e.errno == errno.ENOENT:
+            return "a dangling symlink" if os.path.islink(path) else "not found"
+        return os.strerror(e.errno or 0).lower()
+    return "readable"
+
+
+def prepare_out(out: Path, sources: list[dict]) -> Path:
+    """``out`` created as the index folder, or a ValueError that says in words why it cannot be: a file, a link
+    that leads nowhere, a path under a file, or a folder overlapping an input folder (inside one, the next run
+    reads the index's own files as samples; containing one, a rebuild's cleanup of ``parts/``/``records/`` runs
+    among the inputs)."""
+    try:
+        real = out.resolve()
+    except (RuntimeError, OSError):  # pathlib: RuntimeError "Symlink loop" (3.11), OSError ELOOP (later)
+        raise ValueError(f"--out {out} is a symlink loop (a link that leads back to itself); give a folder") from None
+    if os.path.islink(out) and not out.exists():
+        raise ValueError(f"--out {out} is a symlink to {os.readlink(out)}, which does not exist; create that folder "
+                         "or give another --out")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file; give a folder for the index")
+    for src in (Path(s["path"]) for s in sources if s["kind"] == "dir"):
+        if real == src or src in real.parents:
+            where = "is the input folder" if real == src else "is inside the input folder"
+            raise ValueError(f"--out {out} {where} {src}: a later run would index the index's own files; put the "
+                             "index outside its inputs")
+        if real in src.parents:
+            raise ValueError(f"--out {out} contains the input folder {src}: the index's files and folders would mix "
+                             "with the inputs; put the index outside its inputs")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        blocker = next((p for p in reversed(out.absolute().parents) if p.exists() and not p.is_dir()), None)
+        if e.errno == errno.ENOTDIR and blocker is not None:
+            raise ValueError(f"--out {out}: {blocker} is a file, not a folder, so the index folder cannot be "
+                             "created under it") from None
+        raise ValueError(f"--out {out}: cannot create the index folder ({e.strerror or e})") from None
+    return out
 
 
 def source_stamp(path: str | Path) -> list:

@@ -17,6 +17,7 @@ import numpy as np
 
 from fcp_data.index.build import expand_inputs, make_tasks, part_path, task_fingerprint
 from fcp_data.index.format import COLUMNS, FORMAT_NAME, FORMAT_VERSION, KIND_IMAGE, KIND_TEXT, KIND_VIDEO
+from fcp_data.index.inputs import prepare_out, unreadable_reason
 from fcp_data.index.limits import Limits
 from fcp_data.index.store import build_lock, commit_index
 
@@ -127,7 +128,7 @@ def _check_sft(prompt_field, chat_field, chat_template, media_root, text_field: 
                                      (text_field, key_field)):
         raise ValueError(f"--prompt-field must be a jsonl/Parquet field name other than --text-field {text_field!r} and "
                          f"--key-field {key_field!r}, got {prompt_field!r}")
-    if chat_field is None and chat_template != "chatml":
+    if chat_field is None and chat_template is not None:  # even chatml, the default: given alone it would do nothing
         raise ValueError("--chat-template is the template of --chat-field conversations; give both")
     if chat_field is not None:
         from fcp_data.chat import resolve_template
@@ -136,7 +137,7 @@ def _check_sft(prompt_field, chat_field, chat_template, media_root, text_field: 
             raise ValueError("--chat-field and --prompt-field are two formats of SFT lines; give one")
         if not isinstance(chat_field, str) or not chat_field or chat_field == key_field:
             raise ValueError(f"--chat-field must be a jsonl/Parquet field name other than --key-field, got {chat_field!r}")
-        chat_template = resolve_template(chat_template)
+        chat_template = resolve_template("chatml" if chat_template is None else chat_template)
     if media_root is not None:
         if not chat_field:
             raise ValueError("--media-root is for the images and videos of --chat-field conversations; give both")
@@ -150,7 +151,7 @@ def build_index(inputs: list[str], spec: str, out: str | Path, *, tokenizer: str
                 engine: str = "local", address: str | None = None, resume: bool = False, probe: str = "av",
                 text_field: str = "text", key_field: str = "id", max_error_rate: float = 0.01,
                 progress: bool = True, dir_chunk: int | None = None, limits: Limits | dict | None = None,
-                prompt_field: str | None = None, chat_field: str | None = None, chat_template: str | dict = "chatml",
+                prompt_field: str | None = None, chat_field: str | None = None, chat_template: str | dict | None = None,
                 media_root: str | None = None) -> tuple[dict, int]:
     """Build (or resume) the index of ``inputs`` into ``out``; returns (manifest, exit code 0/1).
 
@@ -158,9 +159,9 @@ def build_index(inputs: list[str], spec: str, out: str | Path, *, tokenizer: str
     a sample past one is an error record. The index in ``out`` is replaced all-or-nothing. ``prompt_field``: jsonl
     SFT samples — a sample is the tokens of its prompt then of its ``text_field`` (the response), and
     :class:`~fcp_data.readers.IndexedDataset` gives it ``labels`` that mask the prompt. ``chat_field``: jsonl
-    conversations rendered by ``chat_template`` (:mod:`fcp_data.chat`), trained on the assistant turns; a
-    conversation may name images and videos (:mod:`fcp_data.chat_media`), a relative path found under
-    ``media_root`` (default: the jsonl file's folder).
+    conversations rendered by ``chat_template`` (:mod:`fcp_data.chat`; ``chatml`` when None, and refused without
+    ``chat_field``), trained on the assistant turns; a conversation may name images and videos
+    (:mod:`fcp_data.chat_media`), a relative path found under ``media_root`` (default: the jsonl file's folder).
     """
     from fcp_data import __version__
     from fcp_data.index.build import DIR_CHUNK
@@ -185,16 +186,14 @@ def build_index(inputs: list[str], spec: str, out: str | Path, *, tokenizer: str
     limits = limits if isinstance(limits, Limits) else Limits.from_dict(limits)
     sp = load_spec(spec, tokenizer)
     sp.tokenizer()  # a broken tokenizer.json fails here, once, not in every worker
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} is a file; give a folder for the index")
     sources = expand_inputs(list(inputs))
     if any(s["kind"] == "parquet" for s in sources) and importlib.util.find_spec("pyarrow") is None:
         raise ValueError("reading .parquet/.arrow needs pyarrow: pip install 'fcp[parquet]' (or pyarrow)")
     if not any(Path(s["path"]).exists() for s in sources):
-        raise ValueError(f"none of the inputs exist: {', '.join(s['path'] for s in sources[:3])}"
-                         f"{' ...' if len(sources) > 3 else ''}")
-    out.mkdir(parents=True, exist_ok=True)
+        raise ValueError("none of the inputs exist: " + ", ".join(f"{s['path']} ({unreadable_reason(s['path'])})"
+                                                                 for s in sources[:3])
+                         + (" ..." if len(sources) > 3 else ""))
+    out = prepare_out(Path(out), sources)
     with build_lock(out):
         return _build_locked(inputs, sources, sp, out, probe=probe, text_field=text_field, key_field=key_field,
                              prompt_field=prompt_field, chat=(chat_field, chat_template if chat_field else None, media_root),

@@ -204,3 +204,83 @@ def test_smart_resize_bounds():
         rh, rw = smart_resize(h, w, 28, 4 * 784, 16384 * 784)
         assert rh % 28 == 0 and rw % 28 == 0 and rh * rw <= 16384 * 784
         assert rh * rw >= 4 * 784 or math.isclose(rh * rw, 4 * 784, rel_tol=0.5)
+
+
+_DELETE = object()
+BAD_SPECS = [  # (bundled spec copied, key set to the value, what the one-line error must say)
+    ("text", "text", [1], "text must be a JSON object, got [1]"),
+    ("text", "text.tokenizer", 5, "text.tokenizer must be a non-empty string, got 5"),
+    ("text", "eta", "abc", "eta must be 0 (causal) or 1 (full attention), got 'abc'"),
+    ("text", "text.append_eos", "no", "text.append_eos must be true or false, got 'no'"),
+    ("text", "bogus", 1, "unknown key bogus"),
+    ("text", "vision", {"patch_size": 14}, "a text spec has no vision section"),
+    ("text", "family", "gpt", "family must be one of qwen-vl, internvl, llava-video, text, got 'gpt'"),
+    ("text", "text.eos_token", _DELETE, "text.eos_token is missing (text.append_eos is true)"),
+    ("qwen2-vl", "vision.merge_size", -1, "vision.merge_size must be a whole number >= 1, got -1"),
+    ("qwen2-vl", "vision.patch_size", 0, "vision.patch_size must be a whole number >= 1, got 0"),
+    ("qwen2-vl", "vision.patch_size", 14.5, "vision.patch_size must be a whole number >= 1, got 14.5"),
+    ("qwen2-vl", "vision.patch_size", True, "vision.patch_size must be a whole number >= 1, got True"),
+    ("qwen2-vl", "vision.image.max_pixels", "big", "vision.image.max_pixels must be a number > 0, got 'big'"),
+    ("qwen2-vl", "vision.image.min_pixels", 1e9, "vision.image.min_pixels must be <= vision.image.max_pixels"),
+    ("qwen2-vl", "vision.video.max_pixels", 100, "vision.video.max_pixels must be >= (patch_size * merge_size)^2"),
+    ("qwen2-vl", "vision.video.fps", float("nan"), "vision.video.fps must be a number > 0, got nan"),
+    ("qwen2-vl", "vision.image.resize", "lanczos", "vision.image.resize must be one of transformers, qwen-vl-utils"),
+    ("qwen2-vl", "vision.timestamp", True, "unknown key vision.timestamp"),
+    ("qwen2-vl", "vision.image_std", [0.5, 0, 0.5], "vision.image_std must be a list of 3 numbers"),
+    ("qwen2-vl", "vision.tokens.video_pad", _DELETE, "vision.tokens.video_pad is missing"),
+    ("qwen2-vl", "vision.video.min_frames", 1000, "vision.video.min_frames must be <= vision.video.max_frames"),
+    ("internvl3", "vision.image.max_tiles", 0, "vision.image.max_tiles must be a whole number >= 1, got 0"),
+    ("internvl3", "vision.video.tiles_per_frame", 2, "vision.video.tiles_per_frame must be 1"),
+    ("internvl3", "vision.video.num_frames_note", 5, "vision.video.num_frames_note is a comment and must be a string"),
+    ("llava-video", "vision.tokens", {}, "vision.tokens.image is missing"),
+    ("llava-video", "vision.image.anyres", {"grid_pinpoints": [[384, 384]], "max_patches": 9},
+     "vision.image needs one of tokens_per_image"),
+    ("llava-onevision", "vision.patch_size", _DELETE, "vision.patch_size is missing (vision.image.anyres"),
+    ("llava-onevision", "vision.image.anyres.grid_pinpoints", [[384]], "vision.image.anyres.grid_pinpoints must be"),
+]
+
+
+def _spec_copy(tmp_path, name: str, key: str, value) -> str:
+    """A copy of bundled spec ``name`` (same tokenizer) with ``key`` (dotted) set to ``value`` or deleted."""
+    import copy
+    import json
+
+    raw = copy.deepcopy(load_spec(name).raw)
+    *parents, last = key.split(".")
+    d = raw
+    for k in parents:
+        d = d[k]
+    if value is _DELETE:
+        del d[last]
+    else:
+        d[last] = value
+    path = tmp_path / f"{name}-{key}.json"
+    path.write_text(json.dumps(raw))
+    return str(path)
+
+
+@pytest.mark.parametrize("name,key,value,needle", BAD_SPECS,
+                         ids=[f"{c[0]}:{c[1]}={'<deleted>' if c[2] is _DELETE else repr(c[2])}"[:60] for c in BAD_SPECS])
+def test_a_spec_is_checked_whole_when_it_loads(tmp_path, name, key, value, needle):
+    """A wrong type, range or key is one ValueError at load that names the spec file and the key — not a TypeError
+    at load, not every sample failing later (``patch_size: 0`` divided by zero), not other counts without a word
+    (``merge_size: -1``) or a key ignored (``append_eos: "no"``, a typo)."""
+    path = _spec_copy(tmp_path, name, key, value)
+    with pytest.raises(ValueError) as err:
+        load_spec(path)
+    msg = str(err.value)
+    assert msg.startswith(f"spec {path}: ") and needle in msg and "\n" not in msg, msg
+
+
+def test_every_problem_of_a_spec_is_named_and_comments_are_allowed(tmp_path):
+    import json
+
+    raw = dict(load_spec("qwen2-vl").raw, eta="x", typo=1)
+    raw["vision"] = dict(raw["vision"], merge_size=0, my_note="a comment anywhere")
+    (tmp_path / "s.json").write_text(json.dumps(raw))
+    with pytest.raises(ValueError) as err:
+        load_spec(tmp_path / "s.json")
+    msg = str(err.value)
+    assert "eta must be" in msg and "unknown key typo" in msg and "vision.merge_size" in msg and "my_note" not in msg
+    for name in list_specs():  # the bundled specs' comments (description, reference, *_note) pass
+        load_spec(_spec_copy(tmp_path, name, "reference_note", "a comment"))
