@@ -59,6 +59,8 @@ class _Rows:
         self.errors: list[dict] = []
 
     def add(self, key: str, members: list[tuple[str, int, int]], **vals) -> None:
+        if vals.get("num_tokens", 0) < 1:  # text that tokenizes to nothing: no sample to train (LengthIndex refuses 0)
+            raise ProbeError("empty_sample", "0 tokens")
         for k, dt in COLUMNS.items():
             r = _INT_RANGE.get(np.dtype(dt))
             if r is not None and not r.min <= vals.get(k, 0) <= r.max:

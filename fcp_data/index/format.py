@@ -214,6 +214,10 @@ def _check_columns(cols: dict[str, np.ndarray], m: dict, p: Path) -> None:
         if a.size and (int(a.min()) < 0 or (hi is not None and int(a.max()) >= hi)):
             raise ValueError(f"{p}: {name}.npy has values outside [0, {'∞' if hi is None else hi}); the index is "
                              "damaged, rebuild it")
+    empty = np.flatnonzero(cols["num_tokens"] == 0)[:1]  # fcp index records an empty sample as an error, not a row
+    if empty.size:
+        raise ValueError(f"{p}: num_tokens.npy holds 0 tokens for sample {int(empty[0])}; the index is damaged, "
+                         "rebuild it")
 
 
 class LengthIndex:

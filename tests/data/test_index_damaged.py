@@ -56,6 +56,8 @@ def test_manifest_field_of_the_wrong_type(built, tmp_path, field, value, says):
     ("num_visual_tokens", lambda a: a - 1, "num_visual_tokens.npy has values outside"),
     ("key_ptr", lambda a: a[::-1].copy(), "key_ptr.npy is not a pointer array"),
     ("member_ptr", lambda a: a + 1, "member_ptr.npy is not a pointer array"),
+    # a 0-token row loaded, then FCPSampler refused the whole dataset over it (a review of the data API)
+    ("num_tokens", lambda a: np.where(np.arange(a.size) == 5, 0, a), "holds 0 tokens for sample 5"),
 ])
 def test_damaged_column(built, tmp_path, column, damage, says):
     d, m = _copy(built, tmp_path)
@@ -71,3 +73,16 @@ def test_an_intact_index_still_loads_and_reads(built):
     ix = LengthIndex.load(built)
     ds = IndexedDataset(built)
     assert len(ix) == len(ds) == 320 and int(ds[5]["input_ids"].numel()) == int(ix.num_tokens[5])
+
+
+def test_a_row_of_0_tokens_is_an_empty_sample_error_at_build():
+    """What the index builder would write for a text that tokenizes to nothing is an ``empty_sample`` error, not a
+    row the loader refuses (the check beside every row the builder adds)."""
+    from fcp_data.index.build import _Rows
+    from fcp_data.index.probe import ProbeError
+
+    rows = _Rows()
+    with pytest.raises(ProbeError, match="0 tokens"):
+        rows.add("k", [("txt", 0, 1)], num_tokens=0)
+    rows.add("k", [("txt", 0, 1)], num_tokens=1)
+    assert rows.keys == ["k"]

@@ -256,7 +256,8 @@ def rebuild_over_a_format_1_index(d: Path, media):
     def check(capsys):
         out = d / "ix"
         cols = {k: np.zeros(1, dt) for k, dt in {**COLUMNS, **RAGGED}.items()}
-        cols.update(key_ptr=np.array([0, 1]), key_bytes=np.frombuffer(b"k", np.uint8), member_ptr=np.array([0, 0]))
+        cols.update(key_ptr=np.array([0, 1]), key_bytes=np.frombuffer(b"k", np.uint8), member_ptr=np.array([0, 0]),
+                    num_tokens=np.ones(1, COLUMNS["num_tokens"]))  # a sample has tokens (0 is a damaged index)
         write_columns(out, cols)
         (out / "manifest.json").write_text(json.dumps({"format": FORMAT_NAME, "version": 1, "num_samples": 1,
                                                        "num_errors": 0, "spec": {"name": "x"}, "exts": ["txt"],
