@@ -10,7 +10,8 @@ EPILOG = """inputs: jsonl text files, .parquet and .arrow files (Hugging Face da
 line, image/video cells {bytes, path} from their bytes), webdataset .tar shards (paths, globs, brace ranges like
 'shard-{000000..000099}.tar' — quote them; at most 1,000,000 paths), and folders of video/image files
 (+ .txt captions; symlinks followed, loops and dangling links recorded as errors).
-exit codes: 0 ok, 1 error rate above --max-error-rate, 2 bad usage or a crashed worker (rerun with --resume).
+exit codes: 0 ok, 1 error rate above --max-error-rate (an index already in OUT is then kept, not replaced; the
+run's errors go to OUT/errors-rejected.jsonl), 2 bad usage or a crashed worker (rerun with --resume).
 bad samples: every per-sample failure (decode, probe, parse, tokenise, a --max-* limit) is recorded in
 OUT/errors.jsonl with its key and reason and counted (indexed + errors = seen); the run goes on.
 limits: each --max-* flag bounds one sample; a sample past a limit is an error record, never a crash.
@@ -136,6 +137,7 @@ def run(args) -> int:
 
     from fcp_data.index import build_index, summarize
     from fcp_data.index.limits import Limits, safe_key
+    from fcp_data.index.merge import REJECTED_ERRORS
 
     out = safe_key(args.out)  # printable even when the path is not UTF-8
     if args.plot:
@@ -158,9 +160,16 @@ def run(args) -> int:
         print(f"fcp index: error: {safe_key(str(e))}", file=sys.stderr)
         return 2
     print(summarize(manifest))
+    kept = manifest.get("kept_previous", False)  # over --max-error-rate with an index there: that one is kept
     if manifest["num_errors"]:
-        errors_path = Path(args.out) / manifest["data"] / "errors.jsonl"
-        print(f"first error of each reason (all in {out}/errors.jsonl): " + "; ".join(_first_errors(errors_path)))
+        errors_path = Path(args.out) / (REJECTED_ERRORS if kept else f"{manifest['data']}/errors.jsonl")
+        print(f"first error of each reason (all in {safe_key(str(errors_path))}): "
+              + "; ".join(_first_errors(errors_path)))
+    if kept:
+        print(f"fcp index: error: error rate {manifest['error_rate']:.2%} exceeds --max-error-rate "
+              f"{args.max_error_rate:.2%}: the index already in {out} is kept, not replaced (raise --max-error-rate "
+              "to write this one)", file=sys.stderr)
+        return rc
     print(f"index written to {out}")
     if args.plot and manifest["num_samples"]:
         _plot(args.out, args.plot)

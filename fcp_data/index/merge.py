@@ -257,5 +257,23 @@ def _build_locked(inputs, sources, sp, out: Path, *, probe, text_field, key_fiel
     }
     if n + len(errors) != seen:
         raise AssertionError(f"accounting broken: {n} indexed + {len(errors)} errors != {seen} seen")
+    return _commit_or_keep(out, cols, errors, manifest, max_error_rate)
+
+
+REJECTED_ERRORS = "errors-rejected.jsonl"  # beside a kept index: the errors of the run that did not replace it
+
+
+def _commit_or_keep(out: Path, cols: dict, errors: list[dict], manifest: dict, max_error_rate: float
+                    ) -> tuple[dict, int]:
+    """Commit the run's index (exit code 1 when its error rate exceeds ``max_error_rate``) — unless it exceeds the
+    rate and ``out`` holds an index already: a failed run (a wrong ``--text-field``, a missing mount: every sample an
+    error) must not destroy a good index. That one is kept; the run's errors go to :data:`REJECTED_ERRORS` in
+    ``out`` and its manifest comes back with ``"kept_previous": True`` (and no ``data``)."""
+    from fcp_data.index.format import atomic_write_bytes
+
+    if manifest["error_rate"] > max_error_rate and (out / "manifest.json").is_file():
+        atomic_write_bytes(out / REJECTED_ERRORS, "".join(json.dumps(e) + "\n" for e in errors).encode())
+        return {**manifest, "kept_previous": True}, 1
+    (out / REJECTED_ERRORS).unlink(missing_ok=True)  # an earlier rejected run's: this index replaces it
     manifest = commit_index(out, cols, errors, manifest)
     return manifest, (1 if manifest["error_rate"] > max_error_rate else 0)

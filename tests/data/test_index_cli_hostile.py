@@ -86,8 +86,8 @@ def test_plot_of_an_index_without_samples_says_why_no_plot_was_written(tmp_path)
     assert r.returncode == 0 and "no plot written to" in r.stderr and "no samples" in r.stderr, r.stderr
     (tmp_path / "bad.jsonl").write_text("{nope\n[1]\n")
     for rate, rc in (("1", 0), ("0.5", 1)):
-        r = run_cli([str(tmp_path / "bad.jsonl"), "--spec", "text", "--out", str(tmp_path / "b"), "--plot", str(plot),
-                     "--max-error-rate", rate])
+        r = run_cli([str(tmp_path / "bad.jsonl"), "--spec", "text", "--out", str(tmp_path / f"b{rate}"), "--plot",
+                     str(plot), "--max-error-rate", rate])
         assert r.returncode == rc and "no plot written" in r.stderr and "2 errors of 2 seen" in r.stderr, r.stderr
     assert not plot.exists()
 
@@ -130,3 +130,23 @@ def test_bad_out_paths_are_one_line_in_words(tmp_path):
                         (tmp_path / "dangling", "which does not exist")):
         err = one_line_error(run_cli([t, "--spec", "text", "--out", str(out)]), f"--out {out}", needle)
         assert "Errno" not in err, err
+
+
+def test_a_failed_run_keeps_the_index_it_would_replace(tmp_path):
+    """A rerun over a good index whose every sample fails (here a wrong --text-field; a missing mount alike) wrote its
+    empty index over the good one (a review of the CLI). Over --max-error-rate with an index there, that index is
+    kept and the run's errors go beside it; within the rate, or into a new folder, the index is written as before."""
+    from fcp_data.index import LengthIndex
+
+    data, out = tmp_path / "d.jsonl", tmp_path / "ix"
+    data.write_text("".join(f'{{"id": "s{i}", "text": "hello world {i}"}}\n' for i in range(5)))
+    assert run_cli([str(data), "--spec", "text", "--out", str(out)]).returncode == 0
+    good = LengthIndex.load(out).num_tokens.tolist()
+    r = run_cli([str(data), "--spec", "text", "--out", str(out), "--text-field", "body"])
+    assert r.returncode == 1 and "is kept, not replaced" in r.stderr and "index written" not in r.stdout, r.stderr
+    assert LengthIndex.load(out).num_tokens.tolist() == good
+    assert len((out / "errors-rejected.jsonl").read_text().splitlines()) == 5
+    r = run_cli([str(data), "--spec", "text", "--out", str(out), "--text-field", "body", "--max-error-rate", "1"])
+    assert r.returncode == 0 and len(LengthIndex.load(out)) == 0 and not (out / "errors-rejected.jsonl").exists()
+    r = run_cli([str(data), "--spec", "text", "--out", str(tmp_path / "new"), "--text-field", "body"])
+    assert r.returncode == 1 and "index written" in r.stdout and len(LengthIndex.load(tmp_path / "new")) == 0
