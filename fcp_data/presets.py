@@ -108,6 +108,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fcp_data.cost import CostModel
+from fcp_data.strict import did_you_mean
 
 __all__ = ["ModelConfig", "HardwareSpec", "MODELS", "HARDWARE", "preset_cost_model", "resolve_model", "describe_presets",
            "model_heads"]
@@ -229,7 +230,7 @@ def _lookup(table: dict, key: str, what: str, more: tuple[str, ...] = ()):
     folded = {k.lower(): k for k in table}
     if key.lower() in folded:
         return table[folded[key.lower()]]
-    raise ValueError(f"unknown {what} {key!r}; valid: {valid}")
+    raise ValueError(f"unknown {what} {key!r}{did_you_mean(key, (*table, *more))}; valid: {valid}")
 
 
 def resolve_model(model: Any) -> tuple[str, ModelConfig]:

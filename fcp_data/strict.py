@@ -7,7 +7,7 @@ from __future__ import annotations
 import operator
 from typing import Any
 
-__all__ = ["flag", "strict_keys", "token_id"]
+__all__ = ["flag", "strict_keys", "token_id", "did_you_mean"]
 
 _INT64 = 2**63
 
@@ -46,3 +46,15 @@ def strict_keys(d: Any, required: tuple[str, ...], optional: tuple[str, ...] = (
         expected = ", ".join(required) + (f"; optional: {', '.join(optional)}" if optional else "")
         raise ValueError(f"{what} keys: {'; '.join(parts)} (expected: {expected})")
     return {k: d[k] for k in (*required, *optional) if k in d}
+
+
+def did_you_mean(name: Any, choices) -> str:
+    """`` (did you mean 'X'?)`` for the choice closest to a misspelt ``name`` (case ignored), or ``""``: the hint an
+    "unknown name; valid: ..." message ends with."""
+    import difflib
+
+    if not isinstance(name, str):
+        return ""
+    folded = {str(c).lower(): str(c) for c in choices}
+    close = difflib.get_close_matches(name.lower(), folded, n=1, cutoff=0.6)
+    return f" (did you mean {folded[close[0]]!r}?)" if close else ""

@@ -11,6 +11,7 @@ __all__ = ["register"]
 
 def run(args: argparse.Namespace) -> int:
     from fcp_data.presets import HARDWARE, describe_presets
+    from fcp_data.strict import did_you_mean
 
     hf = bool(args.model) and args.model[:3].lower() == "hf:"
     rows = describe_presets((args.model,) if hf else None)
@@ -20,7 +21,7 @@ def run(args: argparse.Namespace) -> int:
         if want:
             valid = list(dict.fromkeys(r[key] for r in rows))
             if want.lower() not in {v.lower() for v in valid}:
-                raise ValueError(f"unknown {key} {want!r}; valid: {', '.join(valid)}")
+                raise ValueError(f"unknown {key} {want!r}{did_you_mean(want, valid)}; valid: {', '.join(valid)}")
             rows = [r for r in rows if r[key].lower() == want.lower()]
     if args.json:
         print(json.dumps(rows))

@@ -13,6 +13,7 @@ import argparse
 from typing import Any
 
 from fcp_data.plan.registry import BASELINE_NAMES, SOLVER_NAMES, solver_specs
+from fcp_data.strict import did_you_mean
 
 __all__ = ["SOLVER_CHOICES", "BASELINES", "solver_options", "parse_baselines", "parse_solvers", "solvers_epilog",
            "add_robust_arg", "check_options_apply"]
@@ -77,7 +78,8 @@ def parse_baselines(text: str) -> tuple[str, ...]:
     names = tuple(t.strip() for t in text.split(",") if t.strip())
     bad = [n for n in names if n not in BASELINES]
     if bad:
-        raise argparse.ArgumentTypeError(f"unknown baseline(s) {', '.join(bad)}; valid: {', '.join(BASELINES)}")
+        raise argparse.ArgumentTypeError(f"unknown baseline(s) {', '.join(bad)}{did_you_mean(bad[0], BASELINES)}; "
+                                         f"valid: {', '.join(BASELINES)}")
     return names
 
 
@@ -86,7 +88,8 @@ def parse_solvers(text: str) -> tuple[str, ...]:
     names = tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
     bad = [n for n in names if n not in SOLVER_NAMES]
     if bad or not names:
-        raise argparse.ArgumentTypeError(f"unknown solver(s) {', '.join(bad) or repr(text)}; valid: "
+        hint = did_you_mean(bad[0], SOLVER_NAMES) if bad else ""
+        raise argparse.ArgumentTypeError(f"unknown solver(s) {', '.join(bad) or repr(text)}{hint}; valid: "
                                          f"{', '.join(SOLVER_NAMES)}")
     return names
 

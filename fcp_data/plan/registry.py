@@ -40,6 +40,7 @@ from fcp_data.cost import MAX_RANKS, CostModel, sequence_terms
 from fcp_data.plan import baselines, exhaustive
 from fcp_data.plan.placement import placed_times
 from fcp_data.plan.types import MicroBatchPlan
+from fcp_data.strict import did_you_mean
 
 __all__ = ["SolverSpec", "register_solver", "unregister_solver", "get_solver", "solver_specs", "solver_names",
            "SolverNames", "SolverCalls", "SOLVER_NAMES", "BASELINE_NAMES", "InvalidPlanError", "check_micro_batch",
@@ -186,7 +187,7 @@ def get_solver(name: str) -> SolverSpec:
     load_plugins()
     spec = _REGISTRY.get(name) if isinstance(name, str) else None
     if spec is None:
-        raise ValueError(f"unknown solver {name!r}; valid: {', '.join(_REGISTRY)}")
+        raise ValueError(f"unknown solver {name!r}{did_you_mean(name, _REGISTRY)}; valid: {', '.join(_REGISTRY)}")
     return spec
 
 

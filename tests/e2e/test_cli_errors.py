@@ -237,6 +237,21 @@ def test_no_command_is_a_usage_error(capsys):
     assert "a command is required: one of plan, compare" in err, err
 
 
+def test_a_misspelt_name_gets_a_suggestion(capsys, lengths):
+    """Unknown preset, hardware, solver and baseline names listed the valid ones only (a review of the CLI)."""
+    base = ["plan", "--lengths", str(lengths), "--ranks", "4"]
+    _one_line_error(capsys, [*base, "--preset", "Qwen3-8", "--hardware", "h100"], r"did you mean 'Qwen3-8B'\?")
+    _one_line_error(capsys, [*base, "--preset", "qwen3-8b", "--hardware", "h10"], r"did you mean 'h100'\?")
+    _one_line_error(capsys, ["compare", "--lengths", str(lengths), "--ranks", "4", *PRESET, "--baselines",
+                             "static_cp"], r"did you mean 'static-cp'\?")
+    _one_line_error(capsys, ["presets", "--hardware", "a10"], r"did you mean 'a100'\?")
+    from fcp_data.plan import get_solver
+
+    with pytest.raises(ValueError, match=r"did you mean 'fcp-pow2'\?"):
+        get_solver("fcp_pow2")
+    _one_line_error(capsys, [*base, *PRESET[:2], "--hardware", "nothing-like-it"], r"preset 'nothing-like-it'; valid")
+
+
 def test_version_flag(capsys):
     """`fcp --version` prints the installed package version (the same as fcp_data.__version__)."""
     import fcp_data
