@@ -95,6 +95,19 @@ def group_aggregates(lengths: Iterable[float], etas: Iterable[float] | None = No
     return float(s.sum()), float(((1.0 + e) * s * s).sum())
 
 
+class _DuplicateKey(ValueError):
+    """A JSON object holding one key twice (:func:`_no_duplicate_keys`)."""
+
+
+def _no_duplicate_keys(pairs: list) -> dict:
+    """A JSON object whose keys are all different: ``{"alpha1": 1, "alpha1": 2}`` silently kept the last value."""
+    seen = dict(pairs)
+    if len(seen) != len(pairs):
+        dup = next(k for k in seen if sum(1 for kk, _ in pairs if kk == k) > 1)
+        raise _DuplicateKey(f"key {dup!r} appears twice")
+    return seen
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CostModel:
     """Coefficients of the §4 cost model.
@@ -344,14 +357,14 @@ class CostModel:
             if size > _MAX_COST_FILE_BYTES:
                 raise ValueError(f"cost model file {p} has {size} bytes; a cost JSON is a few hundred bytes "
                                  f"(at most {_MAX_COST_FILE_BYTES}) — is this the right file?")
-            data = json.loads(p.read_text())
+            data = json.loads(p.read_text(encoding="utf-8-sig"), object_pairs_hook=_no_duplicate_keys)  # a BOM: Windows
         except FileNotFoundError:
             raise ValueError(f"cost model file not found: {p}") from None
         except IsADirectoryError:
             raise ValueError(f"cost model file {p} is a directory; pass the JSON file inside it") from None
         except OSError as e:
             raise ValueError(f"cost model file {p} cannot be read: {e.strerror or e}") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        except (json.JSONDecodeError, UnicodeDecodeError, _DuplicateKey) as e:
             raise ValueError(f"cost model file {p} is not valid JSON: {e}") from None
         except RecursionError:
             raise ValueError(f"cost model file {p} is nested too deeply to be a cost model; it must be one flat "

@@ -157,6 +157,22 @@ def test_lengths_with_utf8_bom(capsys, tmp_path):
     assert load_lengths(tmp_path / "l.csv", "len").tolist() == [100, 200]
 
 
+def test_cost_json_with_a_bom_loads_and_with_a_key_twice_is_refused(tmp_path):
+    """A cost JSON saved with a BOM was refused while lengths files took one; a key given twice silently kept the
+    last value (a review of the CLI)."""
+    import json
+
+    from fcp_data.cost import CostModel
+
+    cm = CostModel.preset("qwen3-8b", "h100")
+    text = json.dumps(cm.to_dict())
+    (tmp_path / "bom.json").write_bytes(b"\xef\xbb\xbf" + text.encode())
+    assert CostModel.load(tmp_path / "bom.json") == cm
+    (tmp_path / "dup.json").write_text(text.replace('{"alpha1": ', '{"alpha1": 1.0, "alpha1": ', 1))
+    with pytest.raises(ValueError, match=r"dup.json is not valid JSON: key 'alpha1' appears twice"):
+        CostModel.load(tmp_path / "dup.json")
+
+
 def test_index_crashed_worker_is_one_line(tmp_path):
     """A worker that dies (OOM-killed) used to end `fcp index --workers 2` with a BrokenProcessPool traceback;
     now one line says to rerun with --resume, and exit code 2."""
