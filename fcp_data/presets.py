@@ -107,7 +107,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from fcp_data.cost import CostModel
+from fcp_data.cost import COST_KEYS_V2, CostModel
 from fcp_data.strict import did_you_mean
 
 __all__ = ["ModelConfig", "HardwareSpec", "MODELS", "HARDWARE", "preset_cost_model", "resolve_model", "describe_presets",
@@ -355,7 +355,8 @@ def describe_presets(models: tuple[Any, ...] | None = None) -> list[dict[str, An
                 rows.append({"model": label if label != "custom" else str(model), "hardware": hw, "kind": m.kind,
                              "heads": m.heads, "kv_heads": m.kv_heads, "params_b": round(m.total_params / 1e9, 2),
                              "active_b": round(m.matmul_params / 1e9, 2),
-                             "weights": "sharded" if sharded else "replicated", **cm.to_dict()})
+                             "weights": "sharded" if sharded else "replicated", **cm.to_dict(),
+                             **{k: getattr(cm, k) for k in COST_KEYS_V2}})  # the v2 keys at 0 too
                 break
     return rows
 

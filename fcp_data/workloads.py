@@ -56,7 +56,7 @@ def load_lengths(path: str | Path, column: str | int | None = None) -> np.ndarra
     if p.is_dir():
         raise ValueError(f"lengths file {p} is a directory; pass a .txt, .npy or .csv file")
     if not p.exists():
-        raise FileNotFoundError(f"lengths file not found: {p}")
+        raise FileNotFoundError(f"lengths file not found: {str(p)!r}")  # quoted: a blank name shows
     if not p.is_file():
         raise ValueError(f"lengths file {p} is not a regular file (a device, pipe or socket); pass a .txt, .npy or "
                          ".csv file")

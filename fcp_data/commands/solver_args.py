@@ -70,7 +70,7 @@ def add_robust_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--robust-tol", type=_tolerance, default=0.0, metavar="TOL",
                    help="fcp/fcp-dp robust mode: among plans within (1+TOL) of the best predicted makespan, run the "
                         "one of least mean regret when every cost coefficient may be off by up to 20 %% (plans once "
-                        "per scenario, ~30x slower; default 0 = off; see BENCHMARKS.md 'Robustness')")
+                        "per scenario, ~30x slower; TOL in [0, 1), default 0 = off; see BENCHMARKS.md 'Robustness')")
 
 
 def parse_baselines(text: str) -> tuple[str, ...]:

@@ -98,7 +98,7 @@ def validate_visual(visual, lengths: np.ndarray) -> np.ndarray | None:
     if bad.size:
         i = int(bad[0])
         raise ValueError(f"visual tokens must be whole numbers with 0 <= v <= the sequence's length; sequence {i} has "
-                         f"v={v[i]!r} and {int(lengths[i])} tokens")
+                         f"v={float(v[i]):g} and {int(lengths[i])} tokens")
     return v
 
 

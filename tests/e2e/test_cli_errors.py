@@ -74,7 +74,9 @@ def test_presets_unknown_filter_and_case(capsys):
         _one_line_error(capsys, ["presets", "--model", "nope", *extra], "valid: Qwen3-1.7B")
         _one_line_error(capsys, ["presets", "--hardware", "tpu", *extra], "valid: ascend-910c")
     rc, out, _ = _run(capsys, ["presets", "--model", "QWEN3-8B", "--hardware", "H100", "--json"])
-    assert rc == 0 and [r["model"] for r in __import__("json").loads(out)] == ["Qwen3-8B"]
+    rows = __import__("json").loads(out)
+    assert rc == 0 and [r["model"] for r in rows] == ["Qwen3-8B"]
+    assert rows[0]["alpha_vis"] == 0.0 and rows[0]["gamma"] > 0  # every v2 key, as --help says (0 was left out)
 
 
 def test_compare_time_limit_must_be_positive(capsys, lengths):
