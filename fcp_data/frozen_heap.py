@@ -2,7 +2,8 @@
 
 Two ways: the forkservers fcp starts freeze their heap after their preload (collect the server's garbage, then
 freeze), and :func:`frozen_fork_context` — what :func:`fcp_data.workers.worker_context` gives a DataLoader where
-forking is safe — forks each worker with the parent's heap frozen for the moment of the fork.
+forking is safe — forks each worker with the parent's heap frozen for the moment of the fork. Those servers import
+their preload guarded (:data:`GUARD`).
 
 Why: a server that preloaded torch, transformers and ``torch._dynamo`` holds ~370,000 objects that the garbage
 collector tracks; each process it forks (an fcp rank, a DataLoader worker) inherits them, and each full collection
@@ -18,6 +19,13 @@ once, and the freeze must follow every other import) last; its body calls :func:
 freezes only when ``multiprocessing.forkserver.main``'s preload loop itself imports it — imported anywhere else it
 does nothing, so an accidental import cannot pin a process's garbage.
 
+They preload :data:`GUARD` (``fcp_data._guarded_preload``) first: :func:`import_guarded` imports the modules listed
+after it one by one and takes those whose import raised off the server's list. ``multiprocessing.forkserver.main``
+skips a module that raises ImportError only; any other error — a module of the dataset's package that parses
+``sys.argv`` at import (``SystemExit`` in the server, whose argv is ``['-c']``), or one that needs the program's run
+time state (RuntimeError) — ended the server, and the DataLoader or the launch failed with "unexpected EOF". Skipped,
+such a module is imported by each worker that needs it, as without the preload.
+
 A DataLoader worker forked from a rank inherits the rank's heap the same way (torch, transformers, the model's
 Python objects: 385,000 objects in a rank holding a tiny Qwen3; its worker's first full collection took 250 ms and
 copied 97 MB, frozen 0.7 ms and 0.6 MB; ``benchmarks/bench_frozen_heap.py``). :class:`FrozenForkContext` freezes
@@ -32,31 +40,68 @@ from __future__ import annotations
 
 import atexit
 import gc
+import importlib
 import multiprocessing.context as mp_context
 import os
 import sys
 import threading
 
-__all__ = ["MODULE", "in_forkserver", "freeze_if_forkserver", "preload_with_freeze", "FrozenForkContext",
-           "frozen_fork_context"]
+__all__ = ["MODULE", "GUARD", "in_forkserver", "freeze_if_forkserver", "import_guarded", "preload_with_freeze",
+           "FrozenForkContext", "frozen_fork_context"]
 
 MODULE = "fcp_data._freeze_heap"  # what a forkserver's preload lists, last
-_OWN = (__file__, os.path.join(os.path.dirname(__file__), "_freeze_heap.py"))
+GUARD = "fcp_data._guarded_preload"  # what it lists first
+_OWN = tuple(os.path.join(os.path.dirname(__file__), f) for f in ("frozen_heap.py", "_freeze_heap.py",
+                                                                   "_guarded_preload.py")) + (__file__,)
 
 
-def in_forkserver() -> bool:
-    """Whether :data:`MODULE` is being imported by ``multiprocessing.forkserver.main``'s preload loop itself: the
-    first caller outside these two files and the import machinery is that function."""
+def _preload_loop():
+    """The frame of ``multiprocessing.forkserver.main`` when it is the first caller outside these three files and
+    the import machinery (its preload loop imports :data:`MODULE` or :data:`GUARD`); else None."""
     frame = sys._getframe(1)
     while frame is not None and (frame.f_code.co_filename in _OWN
                                  or frame.f_code.co_filename.startswith("<frozen importlib")):
         frame = frame.f_back
-    return (frame is not None and frame.f_code.co_name == "main"
-            and frame.f_code.co_filename.replace("\\", "/").endswith("multiprocessing/forkserver.py"))
+    if (frame is not None and frame.f_code.co_name == "main"
+            and frame.f_code.co_filename.replace("\\", "/").endswith("multiprocessing/forkserver.py")):
+        return frame
+    return None
+
+
+def in_forkserver() -> bool:
+    """Whether :data:`MODULE` is being imported by ``multiprocessing.forkserver.main``'s preload loop itself."""
+    return _preload_loop() is not None
+
+
+def import_guarded() -> list[str]:
+    """In a forkserver's preload loop (its import of :data:`GUARD`): import the modules listed after it, one at a
+    time, catching whatever their import raises, and take the failed ones off the loop's own list (its ``preload``
+    argument, changed in place after the loop's position), which then finds the others imported; returns the failed.
+    :data:`MODULE` is left to the loop (the freeze follows every import). Elsewhere it does nothing."""
+    frame = _preload_loop()
+    preload = frame.f_locals.get("preload") if frame is not None else None
+    if not isinstance(preload, list) or GUARD not in preload:
+        return []
+    after = preload.index(GUARD) + 1
+    failed = []
+    for name in preload[after:]:
+        if name in ("__main__", MODULE):
+            continue
+        try:
+            importlib.import_module(name)
+        except ImportError:  # what the loop itself skips, silently
+            failed.append(name)
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - what would end the server (module docstring)
+            failed.append(name)
+            print(f"fcp: the forkserver skips preloading {name} ({type(exc).__name__}: {exc}); the processes it starts "
+                  "import it themselves where they need it", file=sys.stderr, flush=True)
+    preload[after:] = [m for m in preload[after:] if m not in failed]
+    return failed
 
 
 def _enabled() -> bool:
-    return os.environ.get("FCP_GC_FREEZE", "1") != "0"
+    """``FCP_GC_FREEZE``: off for 0, false, no or off (as ``FCP_JIT``, :mod:`fcp_data.jit`)."""
+    return os.environ.get("FCP_GC_FREEZE", "1").strip() not in ("0", "false", "no", "off")
 
 
 def freeze_if_forkserver() -> bool:
@@ -74,8 +119,9 @@ def freeze_if_forkserver() -> bool:
 
 
 def preload_with_freeze(preload) -> list[str]:
-    """``preload`` with :data:`MODULE` at its end (the freeze must follow every other import)."""
-    return [m for m in preload if m != MODULE] + [MODULE]
+    """``preload`` with :data:`GUARD` at its start (its modules imported one at a time, those that raise skipped) and
+    :data:`MODULE` at its end (the freeze must follow every other import)."""
+    return [GUARD] + [m for m in preload if m not in (GUARD, MODULE)] + [MODULE]
 
 
 _FORK_LOCK = threading.Lock()  # two loaders starting workers in two threads: one freeze window at a time

@@ -15,7 +15,8 @@ finished its epoch or was superseded by a newer ``iter()``) lets it finish the s
 ``depth`` plans, which is how the next epoch's first global batches get planned — and end by itself; an
 iterator that continues from the window's head (:attr:`PlanWindow.head`) attaches (:meth:`attach`) and
 takes those plans. :meth:`close` (idempotent; an iterator's ``close()``, re-positioning or garbage collection)
-cancels what is not started and joins the thread (at most one planning call). The thread holds the
+cancels what is not started and joins the thread (at most one planning call; garbage collection does not wait for
+it, :meth:`SamplerIterator.__del__`). The thread holds the
 window, never an iterator, so an abandoned iterator is collected — and closes its window.
 ``depth = 0`` means no thread: :meth:`take` plans synchronously and reports the planning time as the wait.
 At interpreter exit every window still open is closed (``atexit``, before Python stops its daemon threads): a
@@ -156,9 +157,12 @@ class PlanWindow:
             self._attached = False
             self._cond.notify_all()
 
-    def close(self) -> None:
-        """Cancel the plans not started and join the worker (at most one planning call); idempotent."""
-        _OPEN.discard(self)
+    def close(self, join: bool = True) -> None:
+        """Cancel the plans not started and join the worker (at most one planning call); idempotent. ``join=False``
+        only tells the worker to end (it does after the plan in progress; until then the window stays in
+        :data:`_OPEN`, so that an exit meanwhile still joins it)."""
+        if join:
+            _OPEN.discard(self)
         with self._cond:
             self._closed, self._attached = True, False
             for _, fut in self._todo:
@@ -167,7 +171,7 @@ class PlanWindow:
             self._futures.clear()
             thread = self.thread
             self._cond.notify_all()
-        if thread is not None and thread is not threading.current_thread():
+        if join and thread is not None and thread is not threading.current_thread():
             thread.join()
 
     def _next_job(self) -> tuple[Key, Future] | None:
@@ -278,16 +282,20 @@ class SamplerIterator:
         if window is not None:
             window.detach() if self._shared else window.close()
 
-    def close(self) -> None:
-        """Stop planning for this iterator: its window is closed (and dropped by the sampler)."""
+    def close(self, join: bool = True) -> None:
+        """Stop planning for this iterator: its window is closed (and dropped by the sampler); ``join``: wait for the
+        plan in progress."""
         window, self._window = self._window, None
         if window is not None:
-            window.close()
+            window.close(join)
             if self._shared:
                 self._sampler._drop_window(window)
 
     def __del__(self) -> None:  # abandoned mid-epoch (or done, then it holds no window)
+        """Close without waiting for the planner: the cycle collector may free this iterator in any thread, at any
+        allocation — also in one holding the sampler's layout lock that the planning in progress waits for, where a
+        join would wait forever. The thread ends by itself after that plan."""
         try:
-            self.close()
+            self.close(join=False)
         except Exception:
             pass

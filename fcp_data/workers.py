@@ -31,13 +31,15 @@ from __future__ import annotations
 
 import inspect
 import multiprocessing
+import operator
+import os
 import pickle
 import sys
 from multiprocessing import forkserver
 
 from fcp_data.frozen_heap import frozen_fork_context, preload_with_freeze
 
-__all__ = ["fork_may_deadlock", "worker_context", "started_forkserver"]
+__all__ = ["fork_may_deadlock", "worker_context", "started_forkserver", "preload_from_env"]
 
 _PICKLE_LIMIT = 64 << 20  # bytes of the objects' pickle looked at for the modules they need
 _started: tuple[int, tuple[str, ...]] | None = None  # (pid, preload) of the forkserver worker_context started
@@ -132,6 +134,13 @@ def _main_module() -> list[str]:
     return [name] if name and name != "__main__" and not name.endswith(".__main__") else []
 
 
+def preload_from_env() -> list[str]:
+    """``FCP_FORKSERVER_PRELOAD``: more modules, comma-separated, for every forkserver fcp starts — this module's
+    and the launcher's (:mod:`fcp_exec.forkserver`) — e.g. the package of the function the workers run, which each
+    worker would otherwise import when it unpickles the task."""
+    return [m.strip() for m in os.environ.get("FCP_FORKSERVER_PRELOAD", "").split(",") if m.strip()]
+
+
 def _default_start_method() -> str | None:
     """The start method a DataLoader given no context would use, without fixing it (``get_start_method()`` would)."""
     method = multiprocessing.get_start_method(allow_none=True)
@@ -155,14 +164,17 @@ def worker_context(num_workers: int, *objects, start_method: str | None = None):
             raise ValueError(f"start method {start_method!r} is not available here (available: "
                              f"{', '.join(multiprocessing.get_all_start_methods())})")
         return multiprocessing.get_context(start_method)
-    if num_workers <= 0:
+    if isinstance(num_workers, bool) or not hasattr(type(num_workers), "__index__"):  # an int, or numpy's
+        raise TypeError(f"num_workers must be an int, got {num_workers!r}")
+    if operator.index(num_workers) <= 0:
         return None
     if not fork_may_deadlock() or "forkserver" not in multiprocessing.get_all_start_methods():
         return frozen_fork_context() if _default_start_method() == "fork" else None
     ctx = multiprocessing.get_context("forkserver")
     if getattr(forkserver._forkserver, "_forkserver_pid", None) is None:
         needed = ["torch", "fcp_data.sampler", "fcp_data.collator", *_modules(objects)]
-        preload = list(dict.fromkeys(["__main__", *_main_module(), *needed, *_imported_under(needed)]))
+        preload = list(dict.fromkeys(["__main__", *_main_module(), *needed, *_imported_under(needed),
+                                      *preload_from_env()]))
         ctx.set_forkserver_preload(preload_with_freeze(preload))  # fcp_data.frozen_heap: the server's heap frozen
         forkserver.ensure_running()  # its imports run now, beside whatever this rank does before its first batch
         _started = (forkserver._forkserver._forkserver_pid, tuple(preload))

@@ -8,27 +8,29 @@ alive (their exit statuses reach the parent through the server: fcp's ranks, but
 Any other forkserver (started by user code) is left alone; so is ours while a process of it lives: the workers then
 import what is missing themselves, as before.
 Restarting relies on ``ForkServer._stop`` (CPython ≥ 3.8, used by its own tests); without it nothing changes.
+``_stop`` closes the server's alive-pipe and waits for it to exit, without a timeout; a process this one *forked*
+(a plain DataLoader's worker, torch's default on Linux) holds a copy of that pipe, so the server never saw its end
+and the next launch hung. :func:`stop` waits a moment, then terminates the server itself (:func:`_halt`).
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
+import threading
 from multiprocessing import forkserver
 from typing import Sequence
 
 from fcp_data.frozen_heap import preload_with_freeze
+from fcp_data.workers import preload_from_env, started_forkserver
 
 __all__ = ["set_preload", "note_started", "start", "stop"]
 
 _served: tuple[str, ...] = ()  # what the forkserver fcp started preloads, in import order
 _pid: int | None = None  # that forkserver's pid (None: fcp started none, or it was stopped)
-
-
-def _from_env() -> list[str]:
-    """``FCP_FORKSERVER_PRELOAD``: more modules, comma-separated, for every forkserver fcp starts (e.g. the package
-    of the function the workers run, which each worker would otherwise import when it unpickles the task)."""
-    return [m.strip() for m in os.environ.get("FCP_FORKSERVER_PRELOAD", "").split(",") if m.strip()]
+_STOP_WAIT_S = 2.0  # a server told to stop exits at once, unless a forked process holds its alive-pipe
+_from_env = preload_from_env  # FCP_FORKSERVER_PRELOAD, which worker_context's forkserver honours too
 
 
 def _running_pid() -> int | None:
@@ -45,8 +47,6 @@ def _children_alive() -> bool:
 def _adopt() -> None:
     """A forkserver that :func:`fcp_data.workers.worker_context` started (for a DataLoader's workers) is fcp's too."""
     global _served, _pid
-    from fcp_data.workers import started_forkserver
-
     started = started_forkserver()
     if _pid is None and started is not None and started[0] == _running_pid():
         _pid, _served = started
@@ -88,11 +88,43 @@ def stop() -> bool:
     if halt is None or _pid is None or _running_pid() != _pid or _children_alive():
         return False
     try:
-        halt()
+        _halt(halt, _pid)
     except OSError:  # its socket file already gone (a cleaned temp dir): the server is stopped all the same
         pass
     _pid, _served = None, ()
     return True
+
+
+def _halt(halt, pid: int) -> None:
+    """``halt()`` (``ForkServer._stop``: close the alive-pipe, wait for the server's exit) with that wait bounded:
+    after :data:`_STOP_WAIT_S` the server is sent SIGTERM, 2 s later SIGKILL (module docstring). None of its
+    children is alive (:func:`stop` checked), so ending it loses nothing. A pidfd (Linux) names that very process
+    even once ``halt`` has reaped it, so a recycled pid is never signalled."""
+    try:
+        handle = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        handle = None
+    done = threading.Event()
+    watchdog = threading.Thread(target=_end_unless, args=(done, pid, handle), name="fcp-forkserver-stop",
+                                daemon=True)
+    watchdog.start()
+    try:
+        halt()
+    finally:
+        done.set()
+        watchdog.join(5.0)
+        if handle is not None:
+            os.close(handle)
+
+
+def _end_unless(done: threading.Event, pid: int, handle: int | None) -> None:
+    for sig, wait_s in ((signal.SIGTERM, _STOP_WAIT_S), (signal.SIGKILL, 2.0)):
+        if done.wait(wait_s):
+            return
+        try:
+            signal.pidfd_send_signal(handle, sig) if handle is not None else os.kill(pid, sig)
+        except OSError:  # already gone
+            return
 
 
 def note_started(preload: Sequence[str], before: int | None) -> None:

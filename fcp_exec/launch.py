@@ -17,7 +17,8 @@ race). A worker's exception is re-raised here as :class:`WorkerFailure` with eac
 get 2 s to report theirs: the first error is often a peer's symptom); ``timeout`` bounds the start-up and every run:
 a hanging or dying worker makes the pool kill all workers and raise ``TimeoutError`` / :class:`WorkerFailure`, never
 hang. Tasks and results are pickled before they are queued (one that cannot cross processes fails at once); after a
-failure the pool restarts on the next ``run`` (a failed ring leaves stale messages); workers end with the parent.
+failure the pool restarts on the next ``run`` (a failed ring leaves stale messages); workers end with the parent
+(how, and how results come back: :mod:`fcp_exec.launch_procs`).
 
 Backend: NCCL with CUDA (one device per local rank), HCCL with ``torch_npu``, else gloo (a worker: ``max(1, cpu_count
 // nproc)`` torch threads, freed memory kept: :mod:`fcp_exec.host_memory`). Workers inherit stdout/stderr.
@@ -30,7 +31,6 @@ import datetime
 import multiprocessing.util  # registers its exit hook before ours, so atexit runs _close_all first
 import os
 import queue
-import signal
 import time
 import traceback
 import weakref
@@ -44,6 +44,8 @@ from fcp_exec.devices import (check_devices, collective_dtype, current_device, d
 from fcp_exec.compat import HF_MODELS_RELEASE, torch_release
 from fcp_exec import forkserver
 from fcp_exec.host_memory import keep_freed_memory
+from fcp_exec.launch_procs import (ResultPipes, check_backend, check_seconds, lead_group, next_task, report,
+                                   start_all, stop, watch_parent)
 
 __all__ = ["launch", "WorkerPool", "WorkerFailure", "resolve_nproc", "default_backend", "current_device",
            "in_torchrun", "dist_info", "init_distributed", "collective_dtype", "check_devices", "settle_collectives",
@@ -108,43 +110,34 @@ def _pickled(obj: Any, what: str) -> bytes:
                         "function (not a lambda or a nested function) and picklable arguments and results") from None
 
 
-def _next_task(tasks):
-    """The next ``(task id, fn, args)``, or None when told to stop or when the parent process is gone."""
-    parent = multiprocessing.parent_process()
-    while True:
-        try:
-            return tasks.get(timeout=5.0)
-        except queue.Empty:
-            if parent is not None and not parent.is_alive():
-                return None
-
-
 def _worker_main(rank: int, world: int, port: int, backend: str, pg_timeout: float, threads: int | None,
                  tasks, results) -> None:
-    """One rank: join the process group on the parent's store, then run tasks until told to stop."""
+    """One rank: join the process group on the parent's store, then run tasks until told to stop (or until the
+    parent is gone: :func:`~fcp_exec.launch_procs.watch_parent`). ``results``: this rank's pipe to the parent."""
     import torch.distributed as dist
 
     global _LAUNCHED_RANK
     _LAUNCHED_RANK = True
-    _lead_group()
+    lead_group()
+    watch_parent()
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
                       MASTER_ADDR=_HOST, MASTER_PORT=str(port))
     try:
         store = dist.TCPStore(_HOST, port, None, False, timeout=datetime.timedelta(seconds=pg_timeout))
         keep_freed_memory(current_device())  # CPU ranks only; before init_distributed starts gloo's threads
         init_distributed(backend, pg_timeout, threads, store=store)
-        results.put((rank, -1, "ok", _pickled(None, "start-up")))
-        while (task := _next_task(tasks)) is not None:
+        report(results, -1, "ok", _pickled(None, "start-up"))
+        while (task := next_task(tasks)) is not None:
             task_id, blob = task
             try:
                 fn, args = ForkingPickler.loads(blob)
                 value = fn(rank, *args)
                 name = getattr(args[0] if fn is _without_rank else fn, "__qualname__", fn)
-                results.put((rank, task_id, "ok", _pickled(value, f"the value {name} returned")))
+                report(results, task_id, "ok", _pickled(value, f"the value {name} returned"))
             except BaseException as e:  # noqa: BLE001 - every failure must reach the parent
-                results.put((rank, task_id, "err", _failure(e)))
+                report(results, task_id, "err", _failure(e))
     except BaseException as e:  # noqa: BLE001 - start-up failures (and a task that cannot be unpickled)
-        results.put((rank, -1, "err", _failure(e)))
+        report(results, -1, "err", _failure(e))
     finally:
         if dist.is_initialized():
             try:
@@ -153,40 +146,29 @@ def _worker_main(rank: int, world: int, port: int, backend: str, pg_timeout: flo
                 pass
 
 
-def _spawn(world: int, worker_args: tuple, preload: Sequence[str]):
-    """Start ``world`` workers: ``(processes, task queues, result queue)``. Through the forkserver when there is
-    one, by ``spawn`` if there is none or its socket vanished (e.g. its temp dir was cleaned)."""
+def _spawn(world: int, worker_args: tuple, preload: Sequence[str], timeout: float):
+    """Start ``world`` workers within ``timeout`` s: ``(processes, task queues, result pipes)``. Through the forkserver
+    when there is one, by ``spawn`` if there is none or its socket vanished (e.g. its temp dir was cleaned)."""
     import torch.multiprocessing as mp
 
     for method in (["forkserver"] if "forkserver" in mp.get_all_start_methods() else []) + ["spawn"]:
-        ctx = mp.get_context(method)
+        ctx, before = mp.get_context(method), None
         if method == "forkserver":
             preload, before = forkserver.set_preload(ctx, preload)
-        results, tasks = ctx.Queue(), [ctx.Queue() for _ in range(world)]
+        results, tasks = ResultPipes(ctx, world), [ctx.Queue() for _ in range(world)]
         procs = [ctx.Process(target=_worker_main, name=f"fcp-rank-{r}", daemon=False,  # ranks may start DataLoader workers
-                             args=(r, world, *worker_args, tasks[r], results)) for r in range(world)]
+                             args=(r, world, *worker_args, tasks[r], results.writers[r])) for r in range(world)]
         try:
-            for p in procs:
-                p.start()
+            start_all(procs, timeout, before)
             if method == "forkserver":
                 forkserver.note_started(preload, before)
+            results.started()
             return procs, tasks, results
-        except OSError:
-            _stop(procs)
-            if method == "spawn":
+        except BaseException as e:
+            stop(procs)
+            results.abandon()
+            if method == "spawn" or not isinstance(e, OSError) or isinstance(e, TimeoutError):
                 raise
-
-
-def _stop(procs) -> None:
-    """Kill the ranks still alive, each with everything it started (its process group, :func:`_lead_group`), and
-    whatever a rank that already ended left in its group."""
-    for p in procs:
-        if p.pid is not None and p.is_alive():
-            p.kill()
-        _kill_group(p.pid)
-    for p in procs:
-        if p.pid is not None:
-            p.join(5.0)
 
 
 _LAUNCHED_RANK = False  # True in a rank that _worker_main runs (forked by this launcher's forkserver)
@@ -212,34 +194,6 @@ def dataloader_context(num_workers: int, *objects: Any) -> Any:
     return frozen_fork_context()
 
 
-def _lead_group() -> None:
-    """Make this rank the leader of a process group of its own, which its children join: the launcher kills the
-    group, not only the rank. A DataLoader's workers of a rank started by the forkserver are forked by a forkserver of
-    the rank's own and keep it alive (they hold its alive-pipe), so a killed rank's workers — 300 MB each — would
-    otherwise wait forever (torch's watchdog checks their parent: that forkserver, still alive)."""
-    try:
-        os.setpgid(0, 0)
-    except OSError:  # not permitted (e.g. a session leader): the rank alone is killed, as before
-        pass
-
-
-def _kill_group(pid: int | None) -> None:
-    """SIGKILL the process group a rank leads (nothing when it leads none or the group is empty)."""
-    if pid is None or not hasattr(os, "killpg"):
-        return
-    try:
-        if os.getpgid(pid) != pid:
-            return
-    except ProcessLookupError:  # the rank is gone: its group, if any member is left, still has its id
-        pass
-    except OSError:
-        return
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 _LIVE: weakref.WeakSet = weakref.WeakSet()
 
 
@@ -261,6 +215,9 @@ class WorkerPool:
         if world_size > max_local_ranks():  # 10**9 started processes until "Too many open files"
             raise ValueError(f"nproc={world_size} is more processes than this machine can run (at most "
                              f"{max_local_ranks()}: 8 per CPU core this process may use, at least 64)")
+        pg_timeout = check_seconds("pg_timeout", pg_timeout, finite=True)  # before any process starts
+        start_timeout = check_seconds("start_timeout", start_timeout)
+        check_backend(backend)
         self.world_size = world_size
         self.backend = backend or default_backend()
         check_devices(self.backend, world_size)
@@ -285,9 +242,10 @@ class WorkerPool:
         self._store = dist.TCPStore(_HOST, 0, None, True, wait_for_workers=False,
                                     timeout=datetime.timedelta(seconds=self.pg_timeout))
         worker_args = (self._store.port, self.backend, self.pg_timeout, self.num_threads)
-        self._procs, self._tasks, self._results = _spawn(self.world_size, worker_args, self.preload)
+        deadline = time.monotonic() + self.start_timeout
+        self._procs, self._tasks, self._results = _spawn(self.world_size, worker_args, self.preload, self.start_timeout)
         _LIVE.add(self)
-        self._collect(-1, self.start_timeout, what="start-up (init_process_group)")
+        self._collect(-1, max(0.0, deadline - time.monotonic()), what="start-up (init_process_group)")
         return self
 
     def close(self, timeout: float = 10.0) -> None:
@@ -303,7 +261,7 @@ class WorkerPool:
         self._kill()
 
     def _kill(self) -> None:
-        _stop(self._procs)
+        stop(self._procs)
         for q in self._tasks:  # end each queue's feeder thread now, not whenever the queue is collected
             q.cancel_join_thread()
             q.close()
@@ -340,14 +298,15 @@ class WorkerPool:
                 break
             try:
                 rank, tid, status, payload = self._results.get(timeout=max(0.01, min(0.5, limit - time.monotonic())))
-            except queue.Empty:
-                errors.update((r, ("exit", f"exit code {p.exitcode}", f"rank {r} exit code {p.exitcode} (died "
-                                            "without reporting)")) for r, p in enumerate(self._procs)
-                              if not p.is_alive() and r not in values and r not in errors)
+            except queue.Empty:  # a rank that ended, its pipe held open by a child of it: gone all the same
+                errors.update((r, self._died(r)) for r in self._results.silent(self._procs, values.keys() | errors))
             else:
-                if tid != task_id and not (tid == -1 and status == "err"):
+                if status == "eof":  # the rank's pipe ended: the rank is gone, after everything it sent
+                    if rank not in values and rank not in errors:
+                        errors[rank] = self._died(rank)
+                elif tid != task_id and not (tid == -1 and status == "err"):
                     continue  # a stale reply from an earlier, failed task
-                if status != "ok":
+                elif status != "ok":
                     errors[rank] = payload
                 else:
                     try:
@@ -365,6 +324,11 @@ class WorkerPool:
         raise TimeoutError(f"{what}: ranks {missing} did not finish within {timeout:g} s (workers killed; the pool "
                            "restarts on the next run)")
 
+    def _died(self, rank: int) -> tuple[str, str, str]:
+        p = self._procs[rank]
+        p.join(1.0)  # its exit status follows its pipe's end
+        return "exit", f"exit code {p.exitcode}", f"rank {rank} exit code {p.exitcode} (died without reporting)"
+
 
 def _without_rank(rank: int, fn: Callable[..., Any], *args: Any) -> Any:
     return fn(*args)
@@ -377,6 +341,9 @@ def launch(fn: Callable[..., Any], nproc: int, *args: Any, backend: str | None =
     lacks them is restarted), e.g. ``transformers.modeling_utils`` (~3 s per rank otherwise)."""
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise ValueError(f"nproc must be a positive int, got {nproc!r}")
+    check_seconds("timeout", timeout)
+    check_seconds("pg_timeout", pg_timeout, finite=True)
+    check_backend(backend)
     if in_torchrun():
         return _in_torchrun(fn, nproc, args, backend, pg_timeout)
     _pickled((fn, args), f"{getattr(fn, '__qualname__', fn)!s} with its arguments")  # before any process starts

@@ -41,6 +41,14 @@ def _signal(pids: list[int], sig: int) -> None:
         except ProcessLookupError:
             pass
 
+def running(pid: int) -> bool:
+    """The process exists and is not a zombie (an orphan's zombie may wait for a reaper in a container; Linux /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
 
 def run(cmd: list[str], *, timeout: float, env: dict | None = None, **kwargs) -> subprocess.CompletedProcess:
     """``subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, **kwargs)``; on a timeout,

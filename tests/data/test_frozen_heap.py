@@ -217,3 +217,26 @@ def test_a_forked_worker_can_fork_workers_of_its_own(tmp_path):
     (child, child_pid, grand_exit), (grand, grand_pid, grand_frozen) = out["got"]
     assert out["exitcode"] == 0 and grand_exit == 0, out
     assert len({out["me"], child_pid, grand_pid}) == 3 and grand_frozen > 0, out
+
+
+@pytest.mark.parametrize("value, enabled", [("0", False), ("false", False), ("no", False), ("off", False),
+                                            (" 0 ", False), ("0\n", False), ("1", True), ("", True), ("yes", True)])
+def test_fcp_gc_freeze_is_read_as_fcp_jit_is(monkeypatch, value, enabled):
+    """Found in review: only the exact string "0" turned the freeze off ("false", "off", " 0" left it on), while
+    ``FCP_JIT`` (:mod:`fcp_data.jit`) accepts them all."""
+    from fcp_data.frozen_heap import _enabled
+
+    monkeypatch.setenv("FCP_GC_FREEZE", value)
+    assert _enabled() is enabled
+
+
+def test_the_preload_guard_comes_first_and_does_nothing_outside_a_forkserver():
+    """The guard (:data:`fcp_data.frozen_heap.GUARD`) leads every preload and the freeze ends it, each once; imported
+    outside a forkserver's preload loop (here), it imports nothing."""
+    import importlib
+
+    from fcp_data import frozen_heap
+
+    preload = frozen_heap.preload_with_freeze(["__main__", frozen_heap.MODULE, "json", frozen_heap.GUARD])
+    assert preload == [frozen_heap.GUARD, "__main__", "json", frozen_heap.MODULE]
+    assert frozen_heap.import_guarded() == [] and importlib.import_module(frozen_heap.GUARD).skipped == []

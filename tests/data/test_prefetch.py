@@ -147,6 +147,59 @@ def test_close_cancels_what_is_not_started_and_joins():
     assert not thread.is_alive() and len(rec.calls) <= 1
 
 
+class _OneWindowSampler:
+    """What :class:`SamplerIterator` calls on its sampler, no more: 4 global batches per epoch, a private window of
+    depth 2 over ``plan``."""
+
+    def __init__(self, plan):
+        self.plan, self.planner_waits, self.num_speculative_hits = plan, [], 0
+
+    def num_global_batches(self, epoch):
+        return 4
+
+    def _moved(self, owner, position):
+        pass
+
+    def _window_at(self, key, owner):
+        return PlanWindow(self.plan, self.num_global_batches, key, 2), False, 0
+
+    def _record_count(self, epoch, g, count):
+        pass
+
+
+def test_an_iterator_freed_while_its_planner_waits_for_the_freeing_thread_does_not_deadlock():
+    """Found in review: ``SamplerIterator.__del__`` joined the planner thread. The cycle collector frees an abandoned
+    iterator in whichever thread allocates — also one holding the sampler's layout lock (``len()`` of a new epoch),
+    which the planner's next plan waits for: both waited forever. Here the thread holding the lock drops the
+    iterator while the planner waits for that lock; it must return, and the planner end once it gets the lock."""
+    from fcp_data.prefetch import SamplerIterator
+
+    layout_lock, waiting = threading.Lock(), threading.Event()
+
+    def plan(epoch, g):
+        if g > 0:  # every plan but the first needs the layout lock
+            waiting.set()
+            with layout_lock:
+                pass
+        return [[g]]
+
+    planner = []
+
+    def drop_under_the_lock():
+        with layout_lock:
+            it = SamplerIterator(_OneWindowSampler(plan), 0, 0, 0)
+            assert next(it) == [0]
+            planner.append(it.planner_thread)
+            assert waiting.wait(10)  # the planner waits for the lock this thread holds
+            del it  # freed here, as a collection in this thread would
+
+    dropper = threading.Thread(target=drop_under_the_lock, daemon=True)
+    dropper.start()
+    dropper.join(10)
+    assert not dropper.is_alive(), "freeing the iterator waited for its planner, which waits for the freeing thread"
+    assert _wait_for(lambda: not planner[0].is_alive())
+
+
 CM = CostModel(alpha1=2e-10, alpha2=5e-7, alpha3=2e4, beta1=1e-3, beta2=2e-4, bandwidth_intra=2e11,
                bandwidth_inter=2.5e10, ranks_per_node=4, tokens_per_rank=512)
 
@@ -159,7 +212,8 @@ def _sampler(prefetch):
 @pytest.mark.usefixtures("no_local_search")
 def test_abandoned_iterator_is_freed_without_the_cycle_collector_and_closes_its_window():
     """An iterator dropped mid-epoch is freed by reference counting alone (nothing holds it: no cycle through
-    the window or its thread) and closes its window (the thread is joined, nothing is planned after); the next
+    the window or its thread) and closes its window (its thread ends after the plan in progress, not waited for:
+    :func:`test_an_iterator_freed_while_its_planner_waits_for_the_freeing_thread_does_not_deadlock`); the next
     iterator continues from the position on a new window, with the lists of prefetch=0 (the reference)."""
     import gc
 
@@ -177,7 +231,8 @@ def test_abandoned_iterator_is_freed_without_the_cycle_collector_and_closes_its_
         assert thread is not None and thread.is_alive()
         del it
         assert alive() is None  # freed at once ...
-        assert window.closed and not thread.is_alive() and s._window is None  # ... and its planning stopped
+        assert window.closed and s._window is None  # ... and its planning stopped
+        assert _wait_for(lambda: not thread.is_alive())
     finally:
         gc.enable()
     assert s.state_dict()["global_batch"] == 2

@@ -8,6 +8,8 @@ loader without workers does."""
 from __future__ import annotations
 
 import importlib
+import json
+import os
 import sys
 import textwrap
 
@@ -139,3 +141,81 @@ def test_loader_workers_of_a_threaded_process_deliver_the_same_batches_and_are_n
     script.write_text(_SCRIPT)
     r = run_process([sys.executable, str(script)], timeout=240, cwd=tmp_path)
     assert r.returncode == 0 and r.stdout.startswith("ok"), r.stdout[-2000:] + r.stderr[-4000:]
+
+
+@pytest.mark.parametrize("num_workers", ["2", None, 2.0, True])
+def test_worker_context_refuses_a_worker_count_that_is_no_int(num_workers):
+    """Found in review: a bare "'<=' not supported" TypeError; now one naming the argument."""
+    with pytest.raises(TypeError, match="num_workers must be an int"):
+        worker_context(num_workers)
+
+
+_PACKAGE = {
+    "__init__.py": "",
+    # parses the program's command line at import: in the forkserver (argv ['-c']) argparse raises SystemExit
+    "cli.py": "import argparse\np = argparse.ArgumentParser()\np.add_argument('--run-dir', required=True)\n"
+              "ARGS = p.parse_args()\n",
+    "needs_setup.py": "import os\nif 'FCP_PROBE_SET_UP' not in os.environ:\n    raise RuntimeError('not set up')\n",
+    "data.py": textwrap.dedent("""
+        import sys
+
+        class Probe:
+            def __len__(self):
+                return 4
+
+            def __getitem__(self, i):
+                return i, "tabnanny" in sys.modules
+    """),
+}
+
+_LOADER = textwrap.dedent("""
+    import json, os
+    from torch.utils.data import DataLoader
+    import fcp_probe_pkg.cli, fcp_probe_pkg.data
+    os.environ["FCP_PROBE_SET_UP"] = "1"
+    import fcp_probe_pkg.needs_setup
+    from fcp_data.workers import started_forkserver, worker_context
+
+    if __name__ == "__main__":
+        ctx = worker_context(2, fcp_probe_pkg.data.Probe())
+        items = list(DataLoader(fcp_probe_pkg.data.Probe(), batch_size=None, num_workers=2, multiprocessing_context=ctx,
+                                timeout=60))
+        print(json.dumps({"items": items, "preload": started_forkserver()[1]}))
+""")
+
+
+@pytest.fixture(scope="module")
+def preloaded_loader(tmp_path_factory):
+    """One loader run in a fresh process whose dataset's package has two modules that import only in this process
+    (one parses the command line, one needs state the program set up), with ``FCP_FORKSERVER_PRELOAD=tabnanny``."""
+    if not fork_may_deadlock():
+        pytest.skip("worker_context starts no forkserver on this interpreter")
+    root = tmp_path_factory.mktemp("loader")
+    (root / "fcp_probe_pkg").mkdir()
+    for name, text in _PACKAGE.items():
+        (root / "fcp_probe_pkg" / name).write_text(text)
+    (root / "loader.py").write_text(_LOADER)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])),
+               FCP_FORKSERVER_PRELOAD="tabnanny")
+    env.pop("FCP_PROBE_SET_UP", None)
+    return run_process([sys.executable, str(root / "loader.py"), "--run-dir", str(root)], timeout=120, cwd=root, env=env)
+
+
+def test_a_module_of_the_dataset_package_that_fails_in_the_server_is_skipped(preloaded_loader):
+    """Found in review: worker_context preloads every module of the dataset's package the rank imported; one whose
+    import raises in the server other than ImportError (SystemExit from argparse, RuntimeError) ended the server,
+    and the loader failed with "EOFError: unexpected EOF". Now the server skips it and the loader yields every item."""
+    r = preloaded_loader
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert [i for i, _ in out["items"]] == [0, 1, 2, 3]
+    assert {"fcp_probe_pkg.cli", "fcp_probe_pkg.needs_setup"} <= set(out["preload"]), out["preload"]
+
+
+def test_the_environment_adds_modules_to_worker_contexts_forkserver(preloaded_loader):
+    """Found in review: ``FCP_FORKSERVER_PRELOAD`` ("for every forkserver fcp starts") reached the launcher's
+    forkserver only; the workers of worker_context's imported the module themselves."""
+    r = preloaded_loader
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert "tabnanny" in out["preload"] and all(seen for _, seen in out["items"]), out

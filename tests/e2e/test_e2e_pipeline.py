@@ -13,6 +13,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from _procs import running
 
 from fcp_data.cost import CostModel
 from fcp_exec.launch import WorkerFailure, WorkerPool, _without_rank, launch
@@ -164,9 +165,9 @@ def test_a_failed_launch_leaves_no_dataloader_worker_behind(tmp_path, fcp_contex
     pids = [int(x) for r in (0, 1) for x in (tmp_path / f"rank-{r}.txt").read_text().split()]
     assert len(pids) == 4
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(_running(p) for p in pids):
+    while time.monotonic() < deadline and any(running(p) for p in pids):
         time.sleep(0.2)
-    assert not [p for p in pids if _running(p)], "DataLoader workers outlived their killed rank"
+    assert not [p for p in pids if running(p)], "DataLoader workers outlived their killed rank"
 
 
 def _returns_a_lambda():
@@ -195,15 +196,6 @@ def test_launcher_refuses_what_cannot_cross_processes():
         assert pool.run(_without_rank, _ok, 2.0, timeout=60) == [6.0, 6.0]
 
 
-def _running(pid: int) -> bool:
-    """The process exists and is not a zombie (an orphan's zombie may wait for a reaper in a container)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_pool_workers_leave_when_their_parent_is_killed():
@@ -216,9 +208,9 @@ def test_pool_workers_leave_when_their_parent_is_killed():
     pids = [int(x) for x in r.stdout.split()]
     assert r.returncode == -9 and len(pids) == 2, r.stderr[-2000:]
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and any(_running(p) for p in pids):
+    while time.monotonic() < deadline and any(running(p) for p in pids):
         time.sleep(0.5)
-    assert not any(_running(p) for p in pids)
+    assert not any(running(p) for p in pids)
 
 
 def test_short_real_profile_gives_loadable_cost_model(tmp_path):

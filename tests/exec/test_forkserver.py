@@ -142,3 +142,51 @@ def test_a_server_whose_socket_file_vanished_is_still_replaced():
     os.unlink(address)
     seen, server = _fork(("pyclbr",))
     assert server != server0 and seen["pyclbr"]
+
+
+def test_stopping_a_server_that_a_forked_child_keeps_open_is_bounded(monkeypatch):
+    """Found in review: a child this process *forked* (a plain DataLoader's worker, torch's default on Linux) holds a
+    copy of the server's alive-pipe, so the server never saw it close, and ``stop`` (a launch with a new preload)
+    waited for its exit forever. Now it waits a moment, then ends the server itself; the next fork has a new
+    server, and the forked child is untouched."""
+    import threading
+    import time
+
+    monkeypatch.setattr(forkserver, "_STOP_WAIT_S", 0.5, raising=False)
+    _, server0 = _fork(("tabnanny",))
+    forked_ctx = mp.get_context("fork")
+    release = forked_ctx.Queue()
+    child = forked_ctx.Process(target=wait, args=(release,))
+    child.start()
+    done: list = []
+    stopper = threading.Thread(target=lambda: done.append(forkserver.stop()), daemon=True)
+    start = time.monotonic()
+    try:
+        stopper.start()
+        stopper.join(20)
+        assert done == [True], "stop() still waiting for the server after 20 s"
+        assert time.monotonic() - start < 10 and child.is_alive()
+    finally:
+        release.put(None)  # without the fix: the child's end lets the server exit and stop() return
+        child.join(30)
+        stopper.join(30)
+    assert child.exitcode == 0
+    seen, server = _fork(("tabnanny",))
+    assert server != server0 and seen["tabnanny"]
+
+
+@pytest.mark.parametrize("failure", ["raise RuntimeError('needs the program to set it up first')",
+                                     "import argparse; argparse.ArgumentParser().parse_args(['--no-such-flag'])"],
+                         ids=["RuntimeError", "SystemExit"])
+def test_a_preloaded_module_that_raises_is_skipped_not_the_end_of_the_server(tmp_path, monkeypatch, failure):
+    """Found in review: ``multiprocessing.forkserver.main`` skips a preloaded module that raises ImportError only;
+    one raising anything else (RuntimeError; SystemExit from a module that parses ``sys.argv``) ended the server
+    during its preload, and the launch failed with "unexpected EOF". Now it is skipped (the workers import it
+    themselves) and the modules after it are preloaded all the same."""
+    (tmp_path / "fcp_probe_raises.py").write_text(failure + "\n")
+    # the server starts with this process's environment (and, from Python 3.12 on, its sys.path)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    forkserver.stop()
+    seen, server = _fork(("fcp_probe_raises", "sched"))
+    assert seen["sched"] and server == mp_forkserver._forkserver._forkserver_pid
