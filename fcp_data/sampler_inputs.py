@@ -132,7 +132,7 @@ def load_exclusions(exclude: Any, num_samples: int) -> np.ndarray:
     if isinstance(exclude, (str, os.PathLike)):
         source = f"exclude file {os.fspath(exclude)}"
         if not os.path.isfile(exclude):
-            raise ValueError(f"{source}: no such file")
+            raise ValueError(f"{source}: {'a directory, not a file' if os.path.isdir(exclude) else 'no such file'}")
         exclude = _read_exclusions(os.fspath(exclude))
     try:
         values = list(exclude)

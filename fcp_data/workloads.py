@@ -119,8 +119,11 @@ def _load(p: Path, column: str | int | None) -> np.ndarray:
 
 def _load_csv(p: Path, column: str | int | None) -> np.ndarray:
     with p.open(newline="", encoding="utf-8-sig") as f:
-        reader = csv.reader(f)  # line_num: the file's line of the row just read (blank rows and quoted newlines counted)
-        numbered = [(reader.line_num, r) for r in reader if any(c.strip() for c in r)]
+        reader = csv.reader(f, strict=True)  # line_num: the file's line of the row just read (quoted newlines counted)
+        try:
+            numbered = [(reader.line_num, r) for r in reader if any(c.strip() for c in r)]
+        except csv.Error as e:  # an unterminated quote read the whole file as one cell: "the file is empty"
+            raise ValueError(f"{p}:{reader.line_num}: not a valid CSV row ({e})") from None
     rows = [r for _, r in numbered]
     if not rows:
         raise ValueError(f"{p}: no sequence lengths found (the file is empty)")

@@ -98,15 +98,18 @@ def _load_counts(path: str, column) -> list[int]:
             cells = [(f"{p}:{i}", line.split("#", 1)[0].strip()) for i, line in enumerate(f, 1)]
             cells = [c for c in cells if c[1]]
         else:
-            rows = [r for r in csv.reader(f) if any(c.strip() for c in r)]
+            try:
+                rows = [r for r in csv.reader(f, strict=True) if any(c.strip() for c in r)]
+            except csv.Error as e:
+                raise ValueError(f"{p}: not a valid CSV ({e})") from None
             header = [c.strip() for c in rows[0]] if rows else []
             has_header = bool(rows) and not all(c.lstrip("-").replace(".", "", 1).isdigit() for c in header)
             if column is None and len(header) != 1:
                 raise ValueError(f"{p} has {len(header)} columns; choose one with --visual-column")
             idx = 0 if column is None else int(column) if str(column).isdigit() else \
                 header.index(column) if has_header and column in header else None
-            if idx is None:
-                raise ValueError(f"{p}: no column named {column!r}; columns: {', '.join(header)}")
+            if idx is None or idx >= len(header):
+                raise ValueError(f"{p}: no column {column!r}; the columns: {', '.join(header)}")
             body = rows[1:] if has_header else rows
             cells = [(f"{p}:{i + 1 + has_header}", r[idx].strip() if idx < len(r) else "") for i, r in enumerate(body)]
     out = []

@@ -151,6 +151,11 @@ CASES = [
          extra_files={"visual": "0\n5000\n"}),
     Case("--visual count inf", P + ["--ranks", "8", "--visual", "{visual}", *PRESET], 2, "entry 1 is inf",
          lengths="1000\n2000\n", extra_files={"visual": "0\ninf\n"}),
+    Case("--visual-column past the columns (was \"'' is not a count\")", P + ["--ranks", "8", "--visual", "{visual}",
+                                                                          "--visual-column", "9", *PRESET], 2,
+         "no column '9'; the columns: a, b", lengths="1000\n2000\n", extra_files={"visual.csv": "a,b\n0,0\n5,5\n"}),
+    Case("csv with an unterminated quote (was 'the file is empty')", P + ["--ranks", "8", *PRESET], 2,
+         "not a valid CSV row", lengths='"a\n1000\n2000\n', suffix=".csv"),
     Case("compare --json where no solver plans (was exit 0)", C + ["--ranks", "8", "--solvers", "exhaustive", "--json",
                                                                    *PRESET], 2, "no solver could plan", lengths="100\n" * 9),
     Case("float16 npy", P + ["--ranks", "8", *PRESET], 0, "", lengths="npy_f16", suffix=".npy"),
@@ -201,9 +206,10 @@ def _materialise(case: Case, tmp: Path) -> list[str]:
     cost = tmp / "cost.json"
     if case.cost is not None:
         cost.write_text(case.cost if isinstance(case.cost, str) else json.dumps(case.cost))
-    extra = {name: tmp / f"{name}.txt" for name in case.extra_files}
-    for name, path in extra.items():
-        path.write_text(case.extra_files[name])
+    extra = {}  # "{name}" in argv: the file name, or name.txt when it has no suffix
+    for name, text in case.extra_files.items():
+        extra[name.split(".")[0]] = tmp / (name if "." in name else f"{name}.txt")
+        extra[name.split(".")[0]].write_text(text)
     return [a.format(lengths=lengths, cost=cost, **extra) for a in case.argv]
 
 
