@@ -95,6 +95,7 @@ def test_config_is_frozen_and_read_through_the_sampler():
      "degree must be an int .* got '2'"),
     (lambda: FCPSampler((int(x) for x in LENGTHS), **BASE), "a list or an array\\), got generator"),
     (lambda: FCPSampler(LENGTHS.astype("timedelta64[s]"), **BASE), "lengths must be integers, got dtype timedelta64"),
+    (lambda: FCPSampler(LENGTHS, **BASE, exclude="/"), "exclude file /: a directory, not a file"),  # was "no such file"
 ])
 def test_bad_arguments_name_themselves(call, match):
     with pytest.raises(ValueError, match=match):
