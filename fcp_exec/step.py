@@ -160,12 +160,19 @@ def denominator(batch: dict) -> int:
     return max(int(n), 1)
 
 
+_NEEDED = ("ranks", "micro_batch", "num_micro_batches", "num_tokens_global")  # what a step reads (the model: the rest)
+
+
 def _next_micro_batch(it: Iterator[dict], m: int, num_mb: int) -> dict:
     """Micro-batch ``m`` of the global batch from ``it``; a clear error when it ends early or is out of place."""
     try:
         batch = next(it)
     except StopIteration:
         raise RuntimeError(f"the micro-batches ended after {m} of {num_mb}; pass one whole global batch") from None
+    missing = [k for k in _NEEDED if k not in batch] if isinstance(batch, dict) else None
+    if missing is None or missing:
+        raise ValueError(f"micro-batch {m} is not an FCPCollator batch (a dict with {', '.join(_NEEDED)}): "
+                         + (f"got a {type(batch).__name__}" if missing is None else f"it lacks {', '.join(missing)}"))
     if int(batch["micro_batch"]) != m:
         if m > 0 and int(batch["micro_batch"]) == 0:  # the loader moved on to the next global batch
             raise RuntimeError(f"micro-batch {m} of {num_mb} never came: the loader went on with micro-batch 0 of the "
@@ -286,6 +293,11 @@ def _open_step(micro_batches: Iterable[dict], model: nn.Module, ignore_index: in
     it = iter(micro_batches)
     first = _next_micro_batch(it, 0, 1)
     num_mb = int(first["num_micro_batches"])
+    listed = isinstance(micro_batches, (list, tuple))  # an iterator (a DataLoader's) is read num_mb batches far
+    if num_mb < 1 or (listed and len(micro_batches) != num_mb):  # a list's other batches went untrained, silently
+        got = f"{len(micro_batches)} batches" if listed else "batches"
+        raise ValueError(f"micro_batches holds {got} of a global batch of num_micro_batches={num_mb}: a step takes "
+                         "exactly one global batch (fcp_exec.step.next_global_batch reads one from the loader)")
     dev = next(model.parameters()).device
     check_plan_agreement(first, dev)  # before any collective of the step: ranks that planned apart would hang
     labelled = first.get("num_tokens_global") is None
@@ -299,6 +311,15 @@ def _open_step(micro_batches: Iterable[dict], model: nn.Module, ignore_index: in
             buffered = _take_out_skipped(buffered, dev)
         first, it = buffered[0], iter(buffered[1:])
     return first, it, num_mb
+
+
+def _check_denominator(batch: dict, ignore_index: int) -> None:
+    """``num_tokens_global`` below 0, or 0 while the batch holds labels, is refused: :func:`denominator` divides by at
+    least 1, so such a step trained on the un-normalised loss sum (gradients tens of times too large)."""
+    n, labels = batch.get("num_tokens_global"), batch.get("labels")
+    if n is not None and (int(n) < 0 or (int(n) == 0 and labels is not None and bool((labels != ignore_index).any()))):
+        raise ValueError(f"num_tokens_global={int(n)} but micro-batch {batch['micro_batch']} holds label tokens: it "
+                         "counts the global batch's labels (the sampler's, or fill_num_tokens_global's)")
 
 
 def _take_out_skipped(batches: list[dict], device) -> list[dict]:
@@ -322,6 +343,7 @@ def _runs(model: nn.Module, first: dict, it: Iterator[dict], num_mb: int, res: S
     for m in range(num_mb):
         batch = first if m == 0 else _next_micro_batch(it, m, num_mb)
         batch = agree_skips(batch, dev, ignore_index=ignore_index)  # the group agrees on its failed reads
+        _check_denominator(batch, ignore_index)
         res.groups.append(tuple(batch["ranks"]))
         res.skipped.extend(batch.get("skipped_samples", ()))
         totals[1] += int(batch.get("num_skipped_labels", 0))

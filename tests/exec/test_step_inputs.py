@@ -60,3 +60,31 @@ def test_a_whole_global_batch_steps(epoch):
 def test_a_global_batch_cut_short_or_entered_midway_is_an_error_that_says_which(epoch, stream, match):
     with pytest.raises(RuntimeError, match=match):
         _step([epoch[k] for k in stream])
+
+
+def _step_list(batches):
+    model = build_model("tiny-llm", seed=0, dtype=torch.float64)
+    return train_step(model, batches, lambda m, b: _forward_loss(m, b, False), AllReduceReducer())
+
+
+@pytest.mark.parametrize("make, error, match", [
+    # found by a review of the executor: each trained part of the list, or an un-normalised loss, without a word
+    (lambda e: list(e), ValueError, r"micro_batches holds 7 batches of a global batch of num_micro_batches=3"),
+    (lambda e: [dict(b, num_micro_batches=2) for b in e[:3]], ValueError, r"holds 3 batches .*num_micro_batches=2"),
+    (lambda e: [dict(b, num_micro_batches=0) for b in e[:1]], ValueError, r"num_micro_batches=0"),
+    (lambda e: [dict(b, num_tokens_global=0) for b in e[:3]], ValueError, r"num_tokens_global=0 but micro-batch 0"),
+    (lambda e: [dict(b, num_tokens_global=-5) for b in e[:3]], ValueError, r"num_tokens_global=-5"),
+    (lambda e: [{k: v for k, v in b.items() if k != "ranks"} for b in e[:3]], ValueError, r"it lacks ranks"),
+    (lambda e: [e[0]["input_ids"]], ValueError, r"not an FCPCollator batch .* got a Tensor"),
+])
+def test_a_list_that_is_not_one_global_batch_is_refused(epoch, make, error, match):
+    with pytest.raises(error, match=match):
+        _step_list(make(epoch))
+
+
+def test_an_iterator_is_read_one_global_batch_far(epoch):
+    """A DataLoader iterator (it has a len()) is read num_micro_batches batches far, the rest left for the next step."""
+    it = iter(epoch)
+    res = _step_list(it)
+    assert res.num_tokens == sum(LENGTHS[i] - 1 for b in epoch[:3] for i in b["sample_indices"])
+    assert int(next(it)["global_batch"]) == 1
