@@ -122,8 +122,8 @@ class RingComm:
                 missing = [r for r in self.ranks if r not in members]
                 if missing:
                     raise ValueError(f"ranks {missing} of CP group {self.ranks} are not in the base group")
-        elif self.degree == 1:
-            self.rank = self.ranks[0]
+        elif self.degree == 1:  # no process group: a world of one, this process rank 0 (as everywhere in fcp)
+            self.rank = 0
         else:
             raise ValueError(
                 f"CP group {self.ranks} has degree {self.degree} but torch.distributed is not "

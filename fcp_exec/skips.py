@@ -40,6 +40,7 @@ import torch.distributed as dist
 from fcp_data.read_errors import LAYOUT_UNKNOWN, SKIPPED, VISUAL, SampleReadError
 from fcp_data.sampler_exclude import ExclusionRefused
 from fcp_data.sampler_inputs import dist_rank_and_world
+from fcp_exec.comm import validate_ranks
 
 logger = logging.getLogger("fcp_exec")
 
@@ -56,6 +57,9 @@ def agree_skips(batch: dict, device: torch.device | str | None = None, *, ignore
     ranks = tuple(batch.get("ranks") or ())
     if len(ranks) < 2 or batch.get("skips_agreed") or "read_status" not in batch:
         return batch
+    ranks = validate_ranks(ranks)  # duplicates or negatives: one error here, not an IndexError in a p2p of torch's
+    if not 0 <= int(batch["cp_rank"]) < len(ranks):
+        raise ValueError(f"cp_rank {batch['cp_rank']} is outside the CP group ranks={list(ranks)}")
     own = torch.tensor(batch["read_status"], dtype=torch.int64)
     statuses = _exchange(own, ranks, int(batch["cp_rank"]), device)
     out = dict(batch, skips_agreed=True)

@@ -182,11 +182,14 @@ def batch_inputs(batch: dict, model: nn.Module) -> dict[str, Any]:
 
     device = next(inner.parameters()).device
     ids = batch["input_ids"].to(device)
-    ring = batch.get("_fcp_ring")
-    if ring is None:  # its op handle is made here, in eager code: a compiled model only reads it (fcp_exec.ring_op).
-        ring = RingBatch(batch["cu_seqlens"], tuple(int(r) for r in batch["ranks"]), timeout=state.timeout)
+    if batch.get("cu_seqlens") is None:
+        raise ValueError("the batch has no cu_seqlens (FCPCollator's document boundaries): batch_inputs needs them")
+    ring, key = batch.get("_fcp_ring"), (id(batch["cu_seqlens"]), tuple(int(r) for r in batch["ranks"]))
+    if ring is None or batch.get("_fcp_ring_key") != key:  # a copy of a run batch with other cu_seqlens or ranks
+        # its op handle is made here, in eager code: a compiled model only reads it (fcp_exec.ring_op).
+        ring = RingBatch(batch["cu_seqlens"], key[1], timeout=state.timeout)
         register(ring)  # The batch keeps the ring alive until its backward: a compiled graph holds only the handle
-        batch["_fcp_ring"] = ring
+        batch["_fcp_ring"], batch["_fcp_ring_key"] = ring, key
     ctx = FCPAttentionContext(ring=ring, kernel=state.kernel)
     out: dict[str, Any] = {"input_ids": ids[None], "fcp_context": ctx, "use_cache": False}
     if state.is_vl:

@@ -211,3 +211,32 @@ def test_caption_labels_reach_the_training_data(tmp_path):
     trained = (s["labels"] != -100).nonzero().flatten()
     assert trained.numel() > 0 and int(trained[0]) > int(index.num_visual_tokens[int(data.dataset.keep[i])])
     assert torch.equal(s["labels"][trained], s["input_ids"][trained]) and int(trained[-1]) == s["labels"].numel() - 1
+
+
+@torch.no_grad()
+def test_a_copy_of_a_run_batch_with_other_boundaries_or_ranks_gets_its_own_ring(qwen3):
+    """batch_inputs caches the ring in the batch; a dict copy of a batch that ran, with other cu_seqlens or ranks (or
+    none), kept using the old ring without a word (found by a review of the executor). The reference: the loss of the
+    same batch without the cached ring."""
+    _, model, _ = qwen3
+    docs = [torch.randint(10, 2000, (n,)) for n in (20, 16, 6)]  # even lengths: no padding inside the batch
+    batch = _text_batch(docs)
+    before = float(hf.fcp_loss(model, batch))  # caches the ring in the batch
+    merged = _text_batch([torch.cat(docs[:2]), docs[2]])  # the same tokens, the first two documents as one
+    edited = dict(batch, cu_seqlens=merged["cu_seqlens"], position_ids=merged["position_ids"])  # the cache copied too
+    fresh = {k: v for k, v in edited.items() if not k.startswith("_fcp_ring")}
+    assert torch.equal(edited["input_ids"], merged["input_ids"])
+    assert float(hf.fcp_loss(model, edited)) == pytest.approx(float(hf.fcp_loss(model, fresh)), rel=1e-12)
+    assert abs(float(hf.fcp_loss(model, fresh)) - before) > 1e-6 * before  # other boundaries: another loss
+    with pytest.raises(ValueError, match=r"this process is rank 0, which is not in its CP group ranks=\[3\]"):
+        hf.fcp_loss(model, dict(batch, ranks=(3,)))
+    with pytest.raises(ValueError, match="the batch has no cu_seqlens"):
+        hf.fcp_loss(model, {k: v for k, v in batch.items() if k != "cu_seqlens"})
+
+
+def test_agree_skips_refuses_duplicate_ranks_before_any_message():
+    """ranks=(0, 0) reached torch's point-to-point code and failed there with an IndexError."""
+    from fcp_exec.skips import agree_skips
+
+    with pytest.raises(ValueError, match="ranks has duplicates"):
+        agree_skips({"ranks": (0, 0), "cp_rank": 0, "read_status": (0,)})

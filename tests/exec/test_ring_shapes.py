@@ -128,3 +128,16 @@ def ring_order_case(rank):
     except (ValueError, RuntimeError) as exc:
         return type(exc).__name__, str(exc)
     return "no error", ""
+
+
+def test_a_group_without_this_process_is_refused_without_a_process_group():
+    """No process group: a world of one, this process rank 0. ``ranks=[1]`` ran as if this process were rank 1 (found
+    by a review of the executor); with a process group the same mistake was refused already."""
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()
+    q = torch.randn(8, 2, 4, dtype=torch.float64)
+    cu = torch.tensor([0, 8])
+    with pytest.raises(ValueError, match=r"this process is rank 0, which is not in its CP group ranks=\[1\]"):
+        ring_attention(q, q, q, cu, ranks=[1])
+    assert ring_attention(q, q, q, cu, ranks=[0]).shape == q.shape
