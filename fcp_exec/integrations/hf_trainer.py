@@ -78,7 +78,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from fcp_exec.devices import settle_collectives
-from fcp_exec.integrations.hf_trainer_args import check_fcp_kwargs, check_loss, run_args
+from fcp_exec.integrations.hf_trainer_args import check_fcp_kwargs, check_loss, given_lengths, run_args
 from fcp_exec.integrations.hf_trainer_data import (GlobalBatch, GlobalBatchLoader, _has_labels, _is_indexed,
                                                    load_skip_exclusions, save_skip_exclusions,
                                                    count_lengths, input_tokens)
@@ -257,7 +257,7 @@ class FCPTrainer(Trainer):
         patches), else counted once per dataset (:func:`count_lengths`)."""
         owner = self.train_dataset if which == "train" else self.eval_dataset
         if self._lengths[which] is not None and data is owner:
-            return self._lengths[which]
+            return given_lengths(self._lengths[which], data, which)
         if _is_indexed(data):
             if self._counted.get(id(data), (None,))[0] is not data:  # once per index: the model can read it
                 from fcp_exec.train_data import check_index_fits

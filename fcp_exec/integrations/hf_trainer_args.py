@@ -34,6 +34,14 @@ def check_fcp_kwargs(model: Any, *, global_batch_size: Any, sampler_kwargs: Any,
                         ("dataset_kwargs", dataset_kwargs)):
         if value is not None and not isinstance(value, Mapping):
             raise TypeError(f"FCPTrainer: {name} must be a dict of options or None, got {type(value).__name__}")
+    owned = sorted(set(sampler_kwargs or {}) & set(_SAMPLER_OWNED))  # contradicting the world, silently
+    if owned:
+        raise ValueError(f"FCPTrainer: sampler_kwargs {', '.join(owned)} are FCPTrainer's own ("
+                         + "; ".join(f"{k}: {_SAMPLER_OWNED[k]}" for k in owned) + ")")
+    collator_pad = (collator_kwargs or {}).get("pad_token_id")
+    if pad_token_id is not None and collator_pad is not None and collator_pad != pad_token_id:
+        raise ValueError(f"FCPTrainer: pad_token_id={pad_token_id!r} and collator_kwargs pad_token_id={collator_pad!r}: "
+                         "give it once")
     ignore = (collator_kwargs or {}).get("ignore_index", -100)
     if ignore != -100:
         raise ValueError(f"FCPTrainer: collator_kwargs ignore_index={ignore!r} is not supported: its loss, like the "
@@ -50,6 +58,21 @@ def check_fcp_kwargs(model: Any, *, global_batch_size: Any, sampler_kwargs: Any,
     if history is not None and not (_is_int(history) and 0 <= history <= _MAX_HISTORY):
         raise ValueError(f"FCPTrainer: history must be an integer in [0, {_MAX_HISTORY}] (steps kept in fcp_steps) or "
                          f"None (all), got {history!r}")
+
+
+_SAMPLER_OWNED = {"num_ranks": "the world size", "rank": "this process's rank",
+                  "global_batch_size": "its global_batch_size argument", "global_batch_tokens": "global_batch_size",
+                  "seed": "TrainingArguments' data_seed, else seed", "cost_model": "its cost_model argument",
+                  "lengths_or_index": "the dataset, with train_lengths / eval_lengths"}
+
+
+def given_lengths(lengths: Any, data: Any, which: str) -> Any:
+    """``{which}_lengths`` as given, once it has one entry per sample of its dataset (fewer left the rest of the
+    dataset out of training without a word; more planned samples that do not exist)."""
+    if hasattr(data, "__len__") and len(lengths) != len(data):
+        raise ValueError(f"FCPTrainer: {which}_lengths has {len(lengths)} entries but the {which} dataset has "
+                         f"{len(data)} samples: give one token count per sample")
+    return lengths
 
 
 def check_loss(cls: type, args: Any) -> None:

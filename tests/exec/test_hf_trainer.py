@@ -1272,6 +1272,13 @@ def _trainer(tmp_path, **kw):
     return FCPTrainer(model=build_model(copy.deepcopy(config), dtype=torch.float64, seed=0), args=args, **kw)
 
 
+def test_train_lengths_of_another_size_than_the_dataset_are_refused(tmp_path):
+    """train_lengths with 5 entries for a 12-sample dataset planned 5 samples: the other 7 never trained (a review)."""
+    _, data = _data("qwen3")
+    with pytest.raises(ValueError, match=r"train_lengths has 5 entries but the train dataset has 12 samples"):
+        _trainer(tmp_path, train_lengths=data.lengths[:5]).get_train_dataloader()
+
+
 def test_data_seed_orders_the_data_and_seed_does_otherwise(tmp_path):
     """The Trainer's ``data_seed`` (its seed for data samplers) sets the sampler's seed; without it, ``seed`` does."""
     order = [list(_trainer(tmp_path, args=a, cost_model=_cost(MAX_TOKENS)).get_train_dataloader().sampler
@@ -1312,6 +1319,10 @@ def test_sampler_kwargs_exclude_leaves_samples_out_of_training_not_evaluation(tm
     ({"collator_kwargs": [("sample_labels", True)]}, "collator_kwargs must be a dict of options or None, got list"),
     ({"dataset_kwargs": "on_error=raise"}, "dataset_kwargs must be a dict of options or None, got str"),
     ({"collator_kwargs": {"ignore_index": -1}}, r"collator_kwargs ignore_index=-1 is not supported: its loss"),
+    # found by a review of the executor: a sampler planning as rank 1 of 2 in a world of 1 trained half of each batch
+    ({"sampler_kwargs": {"num_ranks": 2, "rank": 1}}, r"sampler_kwargs num_ranks, rank are FCPTrainer's own"),
+    ({"sampler_kwargs": {"seed": 3}}, r"sampler_kwargs seed are FCPTrainer's own \(seed: TrainingArguments' data_seed"),
+    ({"pad_token_id": 1, "collator_kwargs": {"pad_token_id": 5}}, r"pad_token_id=1 and collator_kwargs pad_token_id=5"),
 ])
 def test_fcp_trainer_refuses_what_it_cannot_train(tmp_path, kw, message):
     with pytest.raises((ValueError, TypeError), match=message):
