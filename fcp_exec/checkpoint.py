@@ -20,7 +20,10 @@ hooks rename its parameters (torchtitan's fused QKV) is marked by its adapter an
 
 from __future__ import annotations
 
+import copy
 import json
+import numbers
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -72,22 +75,44 @@ def _restore(model, optimizer, state: dict) -> None:
         set_optimizer_state_dict(model, optimizer, state["optim"])
 
 
+def _check_save_args(path: Path, step: Any, sampler, grad_scaler) -> int:
+    """Refuse what :func:`save_checkpoint` could not save before anything is written (a half checkpoint otherwise)."""
+    for folder in (path, *path.parents):  # the first one that exists must be a folder
+        if folder.exists():
+            if not folder.is_dir():
+                what = "a file of that name exists" if folder == path else f"Not a directory: {folder} is a file"
+                raise OSError(f"checkpoint {path} could not be written: {what}")
+            break
+    if isinstance(step, bool) or not isinstance(step, numbers.Integral):
+        raise TypeError(f"save_checkpoint: step must be an int (the number of steps trained), got {step!r}")
+    if step < 0:
+        raise ValueError(f"save_checkpoint: step must be >= 0 (the number of steps trained), got {step}")
+    if not callable(getattr(sampler, "state_after", None)):
+        raise TypeError("save_checkpoint: sampler must be the run's FCPSampler (its state_after(last) is saved), got "
+                        f"{type(sampler).__name__}")
+    if grad_scaler is not None and not callable(getattr(grad_scaler, "state_dict", None)):
+        raise TypeError(f"save_checkpoint: grad_scaler must be a GradScaler or None, got {type(grad_scaler).__name__}")
+    return int(step)
+
+
 def save_checkpoint(path: str | Path, step: int, model, optimizer, sampler, last: Any, *, grad_scaler=None) -> Path:
     """Write a checkpoint of ``step`` steps to folder ``path`` (created) on every rank (a collective): model and
     optimizer state, and this rank's ``sampler.state_after(last)`` (``last``: ``train_step``'s result, or the last
-    batch the loop consumed), and fp16's ``grad_scaler`` state (its scale and growth tracker). Returns ``path``."""
+    batch the loop consumed), and fp16's ``grad_scaler`` state (its scale and growth tracker). Returns ``path``.
+    Arguments that cannot be saved (``step`` not an int >= 0, no sampler, ``last`` not a batch or result, ``path``
+    a file) are refused before anything is written."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
     path = Path(path)
+    state = {"step": _check_save_args(path, step, sampler, grad_scaler), "sampler": sampler.state_after(last)}
+    if grad_scaler is not None:
+        state["grad_scaler"] = dict(grad_scaler.state_dict())  # floats and ints
     model_sd, optim_sd = _states(model, optimizer)
     try:
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))
     except (OSError, ValueError, CheckpointException) as e:  # DCP wraps every rank's error (a BaseException)
         raise OSError(f"checkpoint {path} could not be written: {_first_line(e)}") from e
-    state = {"step": int(step), "sampler": sampler.state_after(last)}
-    if grad_scaler is not None:
-        state["grad_scaler"] = dict(grad_scaler.state_dict())  # floats and ints
     if _rank() == 0:  # a folder saved before by more ranks: their states are not this checkpoint's
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         for old in path.glob("sampler-rank*.json"):
@@ -128,33 +153,114 @@ def checkpoint_step(path: str | Path, rank: int = 0) -> int:
     return _saved(Path(path), rank)["step"]
 
 
+def _damaged(f: Path, why: str) -> ValueError:
+    return ValueError(f"checkpoint file {f} is damaged or truncated ({why})")
+
+
+def _read_metadata(path: Path) -> Any:
+    """The ``torch.distributed.checkpoint`` metadata of ``path``, whose data files all hold what it points at (their
+    sizes, a cheap test: a truncated or missing file is found here, not halfway through loading it)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    f = path / ".metadata"
+    try:
+        meta = FileSystemReader(str(path)).read_metadata()
+        keys, where = meta.state_dict_metadata, meta.storage_data
+        if not isinstance(keys, dict) or not isinstance(where, dict):
+            raise TypeError("no state dict metadata")
+        ends: dict[str, int] = {}
+        for info in where.values():
+            ends[info.relative_path] = max(ends.get(info.relative_path, 0), int(info.offset) + int(info.length))
+    except (pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError, ValueError, IndexError,
+            KeyError, MemoryError) as e:
+        raise _damaged(f, f"{type(e).__name__}: {e}"[:200]) from None
+    for name, end in sorted(ends.items()):
+        data = path / name
+        size = data.stat().st_size if data.is_file() else None
+        if size is None or size < end:
+            got = "missing" if size is None else f"{size} bytes"
+            raise _damaged(data, f"{got}, .metadata has data up to byte {end}")
+    return meta
+
+
+def _check_keys(path: Path, state: dict, meta: Any) -> None:
+    """The checkpoint's keys are those this model and optimizer load, as ``torch.distributed.checkpoint`` flattens
+    them (it reads only the keys asked for: a model with a subset of the saved keys would load without a word)."""
+    try:
+        from torch.distributed.checkpoint._nested_dict import flatten_state_dict  # private: in torch 2.4 ... 2.13
+    except ImportError:  # a torch that moved it: its own load still refuses missing keys (not extra ones)
+        return
+    mine, saved = set(flatten_state_dict(state)[0]), set(meta.state_dict_metadata)
+    missing, extra = sorted(mine - saved), sorted(saved - mine)
+    if not missing and not extra:
+        return
+    parts = [f"Missing key in checkpoint state_dict: {', '.join(missing[:3])}"
+             + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")] if missing else []
+    if extra:
+        parts.append(f"{len(extra)} key(s) of the checkpoint are not in this model and optimizer: "
+                     f"{', '.join(extra[:3])}" + (" …" if len(extra) > 3 else ""))
+    raise ValueError(f"checkpoint {path} does not fit this model and optimizer (saved from another model or "
+                     f"config?): {'; '.join(parts)}")
+
+
+def _rank_state(path: Path, sampler, grad_scaler) -> dict:
+    """This rank's saved state (rank 0's for a rank the saving run did not have: the same position), checked against
+    rank 0's and loaded into a copy of ``sampler``: a state the sampler refuses is found before anything changed."""
+    first = _saved(path)  # rank 0's sampler state: every checkpoint has it
+    own = _sampler_file(path, _rank())
+    saved = _saved(path, _rank()) if own.is_file() else first
+    where = ("epoch", "global_batch", "micro_batch")
+    if not isinstance(saved.get("sampler"), dict) or not isinstance(first.get("sampler"), dict):
+        raise ValueError(f"checkpoint {own}: its sampler state is not a dict (not written by save_checkpoint)")
+    if saved["step"] != first["step"] or [saved["sampler"].get(k) for k in where] != [first["sampler"].get(k) for k in where]:
+        raise ValueError(f"checkpoint {path}: {own.name} is at step {saved['step']} and another position than "
+                         f"sampler-rank0.json (step {first['step']}): files of two different saves")
+    if not callable(getattr(sampler, "load_state_dict", None)):
+        raise TypeError(f"load_checkpoint: sampler must be the run's FCPSampler, got {type(sampler).__name__}")
+    if grad_scaler is not None and not callable(getattr(grad_scaler, "load_state_dict", None)):
+        raise TypeError(f"load_checkpoint: grad_scaler must be a GradScaler or None, got {type(grad_scaler).__name__}")
+    if not isinstance(saved.get("grad_scaler") or {}, dict):
+        raise ValueError(f"checkpoint {own}: its grad_scaler state is not a dict (not written by save_checkpoint)")
+    # into a copy: FCPSampler.load_state_dict sets the state's later exclusions before checking it (check_state
+    # alone would refuse a state with exclude_later's), and the sampler itself changes only once the model is loaded
+    try:
+        copy.deepcopy(sampler).load_state_dict(saved["sampler"])
+    except (TypeError, ValueError) as e:
+        name = own.name if own.is_file() else "sampler-rank0.json"
+        raise type(e)(f"checkpoint {path / name} does not fit this sampler: {e}") from None
+    return saved
+
+
 def load_checkpoint(path: str | Path, model, optimizer, sampler, *, grad_scaler=None) -> int:
     """Restore what :func:`save_checkpoint` wrote into ``model``, ``optimizer`` and this rank's ``sampler`` (on
     every rank, before iterating the DataLoader), and into ``grad_scaler`` the saved scale (a checkpoint of a run
-    without one leaves it at its initial scale); returns the step to continue at."""
+    without one leaves it at its initial scale); returns the step to continue at.
+
+    Everything that can be checked before reading the model is, and a refused load changes nothing: a folder that is
+    not a complete checkpoint, a sampler state this ``sampler`` refuses (another seed, data or batch size), a
+    ``.metadata`` that does not unpickle, a data file (``*.distcp``) missing or shorter than ``.metadata`` says, keys
+    of another model or optimizer (missing or extra) are each one ``ValueError`` naming the file. What only
+    ``torch.distributed.checkpoint``'s read finds — a data file damaged inside at its full size — is a ``ValueError``
+    too, but leaves ``model`` and ``optimizer`` in an undefined state (partly loaded): build them again."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
     path = Path(path)
-    first = _saved(path)  # rank 0's sampler state: every checkpoint has it
+    saved = _rank_state(path, sampler, grad_scaler)
+    meta = _read_metadata(path)
     model_sd, optim_sd = _states(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd}
+    _check_keys(path, state, meta)
     try:
         dcp.load(state, checkpoint_id=str(path))
         _restore(model, optimizer, state)
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP wraps every rank's error (a BaseException)
         raise ValueError(f"checkpoint {path} does not fit this model and optimizer (another model or config?): "
                          f"{_first_line(e)}") from e
-    own = _sampler_file(path, _rank())  # a rank the saving run did not have takes rank 0's (same position)
-    saved = _saved(path, _rank()) if own.is_file() else first
-    where = ("epoch", "global_batch", "micro_batch")
-    if saved["step"] != first["step"] or [saved["sampler"].get(k) for k in where] != [first["sampler"].get(k) for k in where]:
-        raise ValueError(f"checkpoint {path}: {own.name} is at step {saved['step']} and another position than "
-                         f"sampler-rank0.json (step {first['step']}): files of two different saves")
     sampler.load_state_dict(saved["sampler"])
     if grad_scaler is not None and saved.get("grad_scaler"):
         grad_scaler.load_state_dict(saved["grad_scaler"])
-    return first["step"]
+    return saved["step"]
 
 
 def save_hf_model(model, path) -> Path:
