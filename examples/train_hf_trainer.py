@@ -48,8 +48,9 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--tokens-per-rank", type=positive_int, default=1024,
                    help="memory budget per rank; longer documents are cut")
     p.add_argument("--global-batch-size", type=positive_int, default=8, help="sequences per optimizer step")
-    p.add_argument("--max-steps", type=positive_int, default=4)
-    p.add_argument("--lr", type=nonnegative_float, default=1e-3)
+    p.add_argument("--max-steps", type=positive_int, default=4,
+                   help="optimizer steps to train (TrainingArguments.max_steps; default 4)")
+    p.add_argument("--lr", type=nonnegative_float, default=1e-3, help="peak learning rate (default 1e-3)")
     half = p.add_mutually_exclusive_group()
     half.add_argument("--bf16", action="store_true", help="bf16 autocast (on a GPU or NPU)")
     half.add_argument("--fp16", action="store_true",

@@ -120,14 +120,16 @@ def build_parser() -> ArgumentParser:
                    help="the hardware preset the model's cost model is derived for, without --cost (default h100)")
     p.add_argument("--tokens-per-rank", type=positive_int, default=1024,
                    help="memory budget per rank; longer documents are cut")
-    p.add_argument("--global-batch-size", type=positive_int, default=8)
-    p.add_argument("--steps", type=positive_int, default=5)
-    p.add_argument("--lr", type=nonnegative_float, default=1e-3)
-    p.add_argument("--layers", type=positive_int, default=2)
-    p.add_argument("--hidden", type=positive_int, default=64)
-    p.add_argument("--heads", type=positive_int, default=4)
+    p.add_argument("--global-batch-size", type=positive_int, default=8,
+                   help="sequences per optimizer step, over all ranks (default 8)")
+    p.add_argument("--steps", type=positive_int, default=5,
+                   help="optimizer steps to train, counted from 0 (a resumed run goes on to this step; default 5)")
+    p.add_argument("--lr", type=nonnegative_float, default=1e-3, help="peak learning rate (default 1e-3)")
+    p.add_argument("--layers", type=positive_int, default=2, help="transformer layers of the GPT model (default 2)")
+    p.add_argument("--hidden", type=positive_int, default=64, help="hidden size, a multiple of --heads (default 64)")
+    p.add_argument("--heads", type=positive_int, default=4, help="attention heads, a multiple of --groups (default 4)")
     p.add_argument("--groups", type=positive_int, default=2, help="key/value heads (GQA)")
-    p.add_argument("--ffn", type=positive_int, default=128)
+    p.add_argument("--ffn", type=positive_int, default=128, help="feed-forward hidden size (default 128)")
     p.add_argument("--mtp-layers", type=count, default=0,
                    help="multi-token prediction modules (DeepSeek-V3's; the collator hands each token the tokens ahead)")
     half = p.add_mutually_exclusive_group()
@@ -154,6 +156,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     both_or_neither(p, args, "checkpoint", "checkpoint_every")  # one without the other would save nothing
     if args.data_prefix and (args.data or not args.vocab_size):
         p.error("--data-prefix takes --vocab-size (the token ids' range) and excludes --data")
+    if args.vocab_size and not args.data_prefix:  # the bundled index's tokenizer sets the vocabulary otherwise
+        p.error("--vocab-size is the vocabulary of --data-prefix data; without --data-prefix it would be ignored")
+    if args.hidden % args.heads or args.heads % args.groups:  # else a shape error deep inside the attention
+        p.error(f"--hidden {args.hidden} must be a multiple of --heads {args.heads}, and --heads a multiple of "
+                f"--groups {args.groups}")
 
     if args.distributed_optimizer and (args.checkpoint or args.resume):
         p.error("--distributed-optimizer with --checkpoint/--resume: this example saves optimizer.state_dict(), which "
@@ -215,10 +222,16 @@ def main(argv: list[str] | None = None) -> None:
     start = 0
     if args.resume:
         state = read_checkpoint(args.resume, device)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+        try:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+        except (RuntimeError, ValueError, KeyError) as e:  # another --hidden/--layers: one line, not torch's traceback
+            raise ValueError(f"--resume {args.resume} does not fit this model and optimizer (other --hidden, --layers, "
+                             f"...?): {str(e).strip().splitlines()[0][:300]}") from None
         sampler.load_state_dict(state["sampler"])
         start = int(state["step"])
+    if start >= args.steps:  # a run that trains nothing must not end as if it had
+        raise ValueError(f"--resume {args.resume} is at step {start}; --steps {args.steps} leaves nothing to train")
     batches = forever(loader)
     for step in range(start, args.steps):
         mbs = next_global_batch(batches, model, pad_token_id=pad)  # this rank's micro-batches

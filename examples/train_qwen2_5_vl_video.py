@@ -59,7 +59,8 @@ def build_parser() -> ArgumentParser:
                    "weights) or checkpoint folder (its weights)")
     p.add_argument("--data", type=nonempty, default=None,
                    help="a length index built with the model's spec (default: bundled samples)")
-    p.add_argument("--reducer", choices=("allreduce", "ddp", "fsdp2", "fsdp1"), default="allreduce")
+    p.add_argument("--reducer", choices=("allreduce", "ddp", "fsdp2", "fsdp1"), default="allreduce",
+                   help="how gradients are synchronised: allreduce (fcp's own), ddp, fsdp2 or fsdp1 (default allreduce)")
     p.add_argument("--cost", type=nonempty, default=None,
                    help="cost-model JSON from `fcp profile` (default: this model's own preset on --hardware, "
                         "CostModel.preset(model.config, HW))")
@@ -68,8 +69,10 @@ def build_parser() -> ArgumentParser:
                         "(default h100; `fcp presets --model hf:CONFIG` lists the coefficients)")
     p.add_argument("--tokens-per-rank", type=positive_int, default=1152,
                    help="memory budget per rank; a video longer than all ranks together is skipped (it cannot be cut)")
-    p.add_argument("--global-batch-size", type=positive_int, default=8)
-    p.add_argument("--steps", type=positive_int, default=5)
+    p.add_argument("--global-batch-size", type=positive_int, default=8,
+                   help="sequences per optimizer step, over all ranks (default 8)")
+    p.add_argument("--steps", type=positive_int, default=5,
+                   help="optimizer steps to train, counted from 0 (a resumed run goes on to this step; default 5)")
     p.add_argument("--lr", type=nonnegative_float, default=1e-3,
                    help="peak learning rate (cosine decay to lr/10 after warm-up)")
     p.add_argument("--warmup-steps", type=count, default=1, help="linear learning-rate warm-up steps")
@@ -124,6 +127,8 @@ def main(argv: list[str] | None = None) -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
 
     start = load_checkpoint(Path(args.resume), model, opt, sampler) if args.resume else 0
+    if start >= args.steps:  # a run that trains nothing must not end as if it had
+        raise ValueError(f"--resume {args.resume} is at step {start}; --steps {args.steps} leaves nothing to train")
     batches = forever(loader)
     for step in range(start, args.steps):
         res = train_step(model, batches, fcp_loss, reducer, pad_token_id=data.pad_token_id)

@@ -29,13 +29,13 @@ from fcp_data.presets import HARDWARE
 from fcp_data.workers import worker_context
 from fcp_exec.checkpoint import load_checkpoint, save_checkpoint, save_hf_model
 from fcp_exec.integrations.hf import apply_fcp, fcp_loss, load_config, load_model
-from fcp_exec.integrations.hf_data import check_data_fits
 from fcp_exec.launch import init_distributed, settle_collectives
 from fcp_exec.optim import check_finite, clip_grad_norm, lr_at, set_lr
 from fcp_exec.script import (ArgumentParser, both_or_neither, count, nonempty, nonnegative_float, output_dir,
                              positive_int, run_main)
 from fcp_exec.skips import leave_out_later
 from fcp_exec.step import eval_step, make_reducer, train_step
+from fcp_exec.train_data import check_index_fits
 
 
 def forever(loader: DataLoader):
@@ -56,7 +56,8 @@ def build_parser() -> ArgumentParser:
                         "default: a tiny Qwen3)")
     p.add_argument("--data", type=nonempty, default=None,
                    help="a text length index (default: the bundled text samples)")
-    p.add_argument("--reducer", choices=("allreduce", "ddp", "fsdp2", "fsdp1"), default="allreduce")
+    p.add_argument("--reducer", choices=("allreduce", "ddp", "fsdp2", "fsdp1"), default="allreduce",
+                   help="how gradients are synchronised: allreduce (fcp's own), ddp, fsdp2 or fsdp1 (default allreduce)")
     p.add_argument("--cost", type=nonempty, default=None,
                    help="cost-model JSON from `fcp profile` (default: this model's own preset on --hardware, "
                         "CostModel.preset(model.config, HW))")
@@ -64,8 +65,10 @@ def build_parser() -> ArgumentParser:
                    help="the hardware preset the model's cost model is derived for, without --cost (default h100)")
     p.add_argument("--tokens-per-rank", type=positive_int, default=1024,
                    help="memory budget per rank; longer documents are cut")
-    p.add_argument("--global-batch-size", type=positive_int, default=8)
-    p.add_argument("--steps", type=positive_int, default=5)
+    p.add_argument("--global-batch-size", type=positive_int, default=8,
+                   help="sequences per optimizer step, over all ranks (default 8)")
+    p.add_argument("--steps", type=positive_int, default=5,
+                   help="optimizer steps to train, counted from 0 (a resumed run goes on to this step; default 5)")
     p.add_argument("--lr", type=nonnegative_float, default=1e-3,
                    help="peak learning rate (cosine decay to lr/10 after warm-up)")
     p.add_argument("--warmup-steps", type=count, default=1, help="linear learning-rate warm-up steps")
@@ -102,7 +105,10 @@ def main(argv: list[str] | None = None) -> None:
     # data: a length index → FCPSampler (plans CP groups per micro-batch) → FCPCollator (this rank's zigzag shard)
     data = IndexedDataset(args.data or bundled_index("text"))
     config = load_config(args.config)
-    check_data_fits(config, vocab_size=data.spec.tokenizer().get_vocab_size(), what="the index")
+    check_index_fits(config, data, "the index")  # its vocabulary; images/videos a text model cannot take
+    val_data = IndexedDataset(args.eval_data) if args.eval_data else data  # checked now, not after the training
+    if args.eval_data:
+        check_index_fits(config, val_data, "the --eval-data index")
     cost = CostModel.load(args.cost) if args.cost else CostModel.preset(config, args.hardware)
     sampler = FCPSampler(data.index, cost_model=cost.replace(tokens_per_rank=args.tokens_per_rank),
                          global_batch_size=args.global_batch_size, seed=0, on_overlong="truncate")
@@ -117,6 +123,8 @@ def main(argv: list[str] | None = None) -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
 
     start = load_checkpoint(Path(args.resume), model, opt, sampler) if args.resume else 0
+    if start >= args.steps:  # a run that trains nothing must not end as if it had
+        raise ValueError(f"--resume {args.resume} is at step {start}; --steps {args.steps} leaves nothing to train")
     batches = forever(loader)
     for step in range(start, args.steps):
         # one global batch: every micro-batch forward/backward, loss = Σ token losses / num_tokens_global
@@ -139,7 +147,6 @@ def main(argv: list[str] | None = None) -> None:
     batches.close()  # stops the DataLoader's workers now, not during interpreter shutdown
 
     # validation: its own sampler and loader the same way; eval_step = the forwards only, the global-batch mean loss
-    val_data = IndexedDataset(args.eval_data) if args.eval_data else data
     val_sampler = FCPSampler(val_data.index, cost_model=cost.replace(tokens_per_rank=args.tokens_per_rank),
                              global_batch_size=args.global_batch_size, seed=1, on_overlong="truncate")
     val_loader = DataLoader(FCPDataset(val_data), batch_sampler=val_sampler,

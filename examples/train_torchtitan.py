@@ -81,15 +81,18 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--layers", type=count, default=2, help="keep the first N blocks (0: all; the CPU default is 2)")
     p.add_argument("--data", type=nonempty, default=None,
                    help="a text length index (default: the bundled text samples)")
-    p.add_argument("--reducer", choices=("allreduce", "ddp", "fsdp2"), default="fsdp2")
+    p.add_argument("--reducer", choices=("allreduce", "ddp", "fsdp2"), default="fsdp2",
+                   help="how gradients are synchronised: allreduce (fcp's own), ddp or fsdp2 (default fsdp2)")
     p.add_argument("--cost", type=nonempty, default=None,
                    help="cost-model JSON from `fcp profile` (default: this model's own preset on --hardware)")
     p.add_argument("--hardware", choices=tuple(HARDWARE), default="h100",
                    help="the hardware preset the model's cost model is derived for, without --cost (default h100)")
     p.add_argument("--tokens-per-rank", type=positive_int, default=1024,
                    help="memory budget per rank; longer documents are cut")
-    p.add_argument("--global-batch-size", type=positive_int, default=8)
-    p.add_argument("--steps", type=positive_int, default=5)
+    p.add_argument("--global-batch-size", type=positive_int, default=8,
+                   help="sequences per optimizer step, over all ranks (default 8)")
+    p.add_argument("--steps", type=positive_int, default=5,
+                   help="optimizer steps to train, counted from 0 (a resumed run goes on to this step; default 5)")
     p.add_argument("--lr", type=nonnegative_float, default=1e-3,
                    help="peak learning rate (cosine decay to lr/10 after warm-up)")
     p.add_argument("--warmup-steps", type=count, default=1, help="linear learning-rate warm-up steps")
@@ -136,6 +139,8 @@ def main(argv: list[str] | None = None) -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
 
     start = load_checkpoint(Path(args.resume), model, opt, sampler) if args.resume else 0
+    if start >= args.steps:  # a run that trains nothing must not end as if it had
+        raise ValueError(f"--resume {args.resume} is at step {start}; --steps {args.steps} leaves nothing to train")
     batches = forever(loader)
     for step in range(start, args.steps):
         res = train_step(model, batches, fcp_loss, reducer, pad_token_id=data.pad_token_id)

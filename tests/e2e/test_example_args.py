@@ -90,6 +90,9 @@ def test_every_option_refuses_what_it_cannot_take(name, capsys):
     ("train_megatron_gpt", ["--checkpoint", "ck"], "--checkpoint needs --checkpoint-every"),
     ("train_megatron_gpt", ["--data-prefix", "p"], "--data-prefix takes --vocab-size"),
     ("train_hf_trainer", ["--save-steps", "2"], "--save-steps needs --output-dir"),
+    # found by a review of the examples: --vocab-size was ignored; heads that do not divide failed deep in the model
+    ("train_megatron_gpt", ["--vocab-size", "100"], "without --data-prefix it would be ignored"),
+    ("train_megatron_gpt", ["--heads", "3", "--groups", "1"], "--hidden 64 must be a multiple of --heads 3"),
 ])
 def test_options_that_only_work_together(name, argv, says, capsys):
     assert says in _refused(_example(name), argv, capsys)
@@ -121,6 +124,20 @@ def test_an_input_error_during_the_run_is_one_line(tmp_path):
     assert r.stderr.strip().splitlines()[-1] == (
         f"train_qwen3_text.py: error: {tmp_path / 'missing'} is not a length index (no manifest.json); build one "
         f"with `fcp index ... --out {tmp_path / 'missing'}`")
+
+
+def test_a_resume_that_leaves_nothing_to_train_and_a_video_index_for_a_text_model_are_one_line(tmp_path):
+    """Found by a review of the examples: `--resume DIR/step-K` with `--steps` <= K trained nothing and exited 0; the
+    text example trained a Qwen3 on the video index, its visual placeholders as text, where `fcp train` refuses."""
+    from fcp_data import bundled_index
+
+    first = _run(["--steps", "1", "--checkpoint", "ck", "--checkpoint-every", "1", "--eval-batches", "0"], tmp_path)
+    assert first.returncode == 0, first.stderr[-2000:]
+    again = _run(["--steps", "1", "--resume", "ck/step-1", "--eval-batches", "0"], tmp_path)
+    assert again.returncode == 2 and again.stderr.strip().splitlines()[-1].endswith(
+        "--resume ck/step-1 is at step 1; --steps 1 leaves nothing to train"), again.stderr[-2000:]
+    video = _run(["--steps", "1", "--data", str(bundled_index("qwen2.5-vl"))], tmp_path)
+    assert video.returncode == 2 and "holds images/videos but qwen3 is a text model" in video.stderr, video.stderr[-2000:]
 
 
 def test_the_video_example_names_a_model_without_a_video_spec(tmp_path):
