@@ -167,6 +167,7 @@ class TrainConfig:
         self._check_amp()
         self._check_optim()
         self._check_outputs()
+        self._check_unused()
         if self.eval_steps < 0:
             raise ValueError(f"eval_steps must be >= 0, got {self.eval_steps}")
         if self.checkpoint_every < 0 or bool(self.checkpoint) != bool(self.checkpoint_every):
@@ -189,6 +190,20 @@ class TrainConfig:
         parse_planner(self.planner)
         if self.tokens_per_rank is not None and self.tokens_per_rank < 1:
             raise ValueError(f"tokens_per_rank must be >= 1, got {self.tokens_per_rank}")
+
+    def _check_unused(self) -> None:
+        """An option that has no effect in the combination given is refused, not ignored (a review found four)."""
+        unused = [(self.lr_schedule == "constant" and self.min_lr != 0.0, "--min-lr is the last step's rate under "
+                   "--lr-schedule linear or cosine; the constant schedule has none"),
+                  (self.num_synthetic is not None and self.data != "synthetic",
+                   "--num-synthetic sets the documents of --data synthetic"),
+                  (self.retry_skipped and self.on_read_error == "raise", "--retry-skipped reads skipped samples again, "
+                   "but --on-read-error raise ends the run at the first one"),
+                  (self.init == "random" and not self.model.startswith("hf:"),
+                   "--init applies to hf: models (the tiny models always start from --seed)")]
+        for bad, why in unused:
+            if bad:
+                raise ValueError(f"{why}: it would have no effect here")
 
     def _check_outputs(self) -> None:
         """The checkpoint and --save-model folders can be written: found before the run, not at the first save."""

@@ -372,6 +372,11 @@ def test_train_bad_options(capsys):
     _one_line_error(capsys, [*base, "--max-grad-norm", "nan"], "max_grad_norm must be finite and >= 0")
     _one_line_error(capsys, [*base, "--warmup-steps", "-2"], "warmup_steps must be >= 0")
     _one_line_error(capsys, [*base, "--lr-schedule", "cosine", "--min-lr", "0.5"], r"min_lr must be finite, >= 0 and <= lr")
+    # options with no effect in the combination given were taken silently (a review of fcp train)
+    _one_line_error(capsys, [*base, "--min-lr", "1e-4"], r"the constant schedule has none: it would have no effect")
+    _one_line_error(capsys, [*base, "--num-synthetic", "5"], r"--num-synthetic sets the documents of --data synthetic")
+    _one_line_error(capsys, [*base, "--retry-skipped", "--on-read-error", "raise"], r"--retry-skipped reads skipped")
+    _one_line_error(capsys, [*base, "--init", "random"], r"--init applies to hf: models")
 
 
 def test_train_bad_checkpoint_options(capsys, tmp_path):

@@ -69,7 +69,7 @@ def _configs() -> dict[str, str]:
 
 def _cfg(family: str, reducer: str = "allreduce", gc: bool = False, data: str = "synthetic") -> TrainConfig:
     return TrainConfig(model=f"hf:{_configs()[family]}", reducer=reducer, grad_checkpointing=gc,
-                       **dict(H.COMMON, data=data))
+                       **dict(H.COMMON, data=data, num_synthetic=H.COMMON["num_synthetic"] if data == "synthetic" else None))
 
 
 @functools.lru_cache(maxsize=None)

@@ -209,7 +209,7 @@ def _damaged(family: str) -> tuple[str, list[str], int, int]:
 def _skip_cfg(family: str, reducer: str) -> TrainConfig:
     path, _, max_tokens, tokens_per_rank = _damaged(family)
     return TrainConfig(model=f"hf:{CONFIGS / f'{family}-tiny.json'}", reducer=reducer,
-                       **dict(COMMON, data=path, max_tokens=max_tokens, tokens_per_rank=tokens_per_rank))
+                       **dict(COMMON, data=path, num_synthetic=None, max_tokens=max_tokens, tokens_per_rank=tokens_per_rank))
 
 
 def _matrix_cfgs(nproc: int) -> list[TrainConfig]:
