@@ -161,6 +161,9 @@ def test_help_says_how_to_run_it(name, capsys):
     assert e.value.code == 0
     assert f"torchrun --standalone --nproc-per-node 2 examples/{name}.py" in out
     assert f"torchrun --nproc-per-node 8 examples/{name}.py" in out and " \\\n" in out
+    bare = [a.option_strings[-1] for a in _example(name).build_parser()._actions
+            if a.option_strings and a.dest != "help" and not (a.help or "").strip()]
+    assert not bare, f"options without --help text: {bare}"  # 17 had none (a review of the examples)
 
 
 def test_a_torchtitan_flavor_it_does_not_have_is_named(tmp_path):
