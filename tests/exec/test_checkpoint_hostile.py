@@ -16,22 +16,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from _pattern_text import LENGTHS, PatternText
 from torch.utils.data import DataLoader
 
 from fcp_data import CostModel, FCPCollator, FCPDataset, FCPSampler
 from fcp_exec.checkpoint import load_checkpoint, save_checkpoint
 
 pytestmark = pytest.mark.timeout(300)
-
-LENGTHS = [37, 12, 64, 9, 50, 23, 71, 18, 40, 33, 15, 58]
-
-
-class _Text:
-    def __len__(self) -> int:
-        return len(LENGTHS)
-
-    def __getitem__(self, i: int) -> dict:
-        return {"input_ids": (torch.arange(LENGTHS[i]) * (i + 3)) % 40 + 2}
 
 
 class _Tiny(torch.nn.Module):
@@ -55,7 +46,7 @@ def _trained(layers: int, seed: int = 0):
     opt.step()
     opt.zero_grad()
     sampler = _sampler()
-    last = next(iter(DataLoader(FCPDataset(_Text()), batch_sampler=sampler, collate_fn=FCPCollator(pad_token_id=0))))
+    last = next(iter(DataLoader(FCPDataset(PatternText()), batch_sampler=sampler, collate_fn=FCPCollator(pad_token_id=0))))
     return model, opt, sampler, last
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _pattern_text import LENGTHS, PatternText
 from torch.utils.data import DataLoader
 
 from fcp_data import CostModel, FCPCollator, FCPDataset, FCPSampler
@@ -17,23 +18,13 @@ from fcp_exec.models import build_model
 from fcp_exec.step import AllReduceReducer, train_step
 from fcp_exec.train import _forward_loss
 
-LENGTHS = [37, 12, 64, 9, 50, 23, 71, 18, 40, 33, 15, 58]
-
-
-class _Text:
-    def __len__(self) -> int:
-        return len(LENGTHS)
-
-    def __getitem__(self, i: int) -> dict:
-        return {"input_ids": (torch.arange(LENGTHS[i]) * (i + 3)) % 40 + 2}
-
 
 @pytest.fixture(scope="module")
 def epoch():
     """One rank's micro-batches of an epoch: global batch 0 has 3 micro-batches, 1 and 2 have 2."""
     cost = CostModel.preset("qwen3-1.7b", "h100").replace(tokens_per_rank=80)
     sampler = FCPSampler(LENGTHS, num_ranks=1, rank=0, global_batch_size=4, seed=0, cost_model=cost)
-    mbs = list(DataLoader(FCPDataset(_Text()), batch_sampler=sampler, collate_fn=FCPCollator(pad_token_id=0)))
+    mbs = list(DataLoader(FCPDataset(PatternText()), batch_sampler=sampler, collate_fn=FCPCollator(pad_token_id=0)))
     assert [(int(b["global_batch"]), int(b["micro_batch"]), int(b["num_micro_batches"])) for b in mbs] == \
         [(0, 0, 3), (0, 1, 3), (0, 2, 3), (1, 0, 2), (1, 1, 2), (2, 0, 2), (2, 1, 2)]
     return mbs
