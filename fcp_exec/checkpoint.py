@@ -95,19 +95,46 @@ def _check_save_args(path: Path, step: Any, sampler, grad_scaler) -> int:
     return int(step)
 
 
+def _agreed(check, path: Path, what: str) -> Any:
+    """``check()`` (this rank's checks before a collective read or write), agreed over the default process group: a
+    rank whose check failed raises its own error, every other rank a ``ValueError`` naming it. No rank enters
+    ``torch.distributed.checkpoint``'s collectives alone, to wait there for peers that refused (a trainer that catches
+    the refusal and goes on, e.g. to start afresh, would otherwise hang until the backend's timeout)."""
+    err = out = None
+    try:
+        out = check()
+    except (OSError, TypeError, ValueError) as e:
+        err = e
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        every: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(every, None if err is None else f"{type(err).__name__}: {err}")
+        failed = [(r, m) for r, m in enumerate(every) if m is not None]
+        if failed and err is None:
+            more = f" (and {len(failed) - 1} more rank(s))" if len(failed) > 1 else ""
+            raise ValueError(f"checkpoint {path} was not {what}: rank {failed[0][0]} refused it{more}: {failed[0][1]}")
+    if err is not None:
+        raise err
+    return out
+
+
 def save_checkpoint(path: str | Path, step: int, model, optimizer, sampler, last: Any, *, grad_scaler=None) -> Path:
     """Write a checkpoint of ``step`` steps to folder ``path`` (created) on every rank (a collective): model and
     optimizer state, and this rank's ``sampler.state_after(last)`` (``last``: ``train_step``'s result, or the last
     batch the loop consumed), and fp16's ``grad_scaler`` state (its scale and growth tracker). Returns ``path``.
     Arguments that cannot be saved (``step`` not an int >= 0, no sampler, ``last`` not a batch or result, ``path``
-    a file) are refused before anything is written."""
+    a file) are refused before anything is written, on every rank when one rank refuses."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
     path = Path(path)
-    state = {"step": _check_save_args(path, step, sampler, grad_scaler), "sampler": sampler.state_after(last)}
-    if grad_scaler is not None:
-        state["grad_scaler"] = dict(grad_scaler.state_dict())  # floats and ints
+
+    def check() -> dict:
+        state = {"step": _check_save_args(path, step, sampler, grad_scaler), "sampler": sampler.state_after(last)}
+        if grad_scaler is not None:
+            state["grad_scaler"] = dict(grad_scaler.state_dict())  # floats and ints
+        return state
+
+    state = _agreed(check, path, "written")
     model_sd, optim_sd = _states(model, optimizer)
     try:
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))
@@ -236,7 +263,8 @@ def load_checkpoint(path: str | Path, model, optimizer, sampler, *, grad_scaler=
     every rank, before iterating the DataLoader), and into ``grad_scaler`` the saved scale (a checkpoint of a run
     without one leaves it at its initial scale); returns the step to continue at.
 
-    Everything that can be checked before reading the model is, and a refused load changes nothing: a folder that is
+    Everything that can be checked before reading the model is, on every rank, and agreed between the ranks (when one
+    refuses, every rank raises, none waits in the collective read), and a refused load changes nothing: a folder that is
     not a complete checkpoint, a sampler state this ``sampler`` refuses (another seed, data or batch size), a
     ``.metadata`` that does not unpickle, a data file (``*.distcp``) missing or shorter than ``.metadata`` says, keys
     of another model or optimizer (missing or extra) are each one ``ValueError`` naming the file. What only
@@ -246,11 +274,10 @@ def load_checkpoint(path: str | Path, model, optimizer, sampler, *, grad_scaler=
     from torch.distributed.checkpoint.api import CheckpointException
 
     path = Path(path)
-    saved = _rank_state(path, sampler, grad_scaler)
-    meta = _read_metadata(path)
+    saved, meta = _agreed(lambda: (_rank_state(path, sampler, grad_scaler), _read_metadata(path)), path, "loaded")
     model_sd, optim_sd = _states(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd}
-    _check_keys(path, state, meta)
+    _agreed(lambda: _check_keys(path, state, meta), path, "loaded")
     try:
         dcp.load(state, checkpoint_id=str(path))
         _restore(model, optimizer, state)

@@ -151,3 +151,49 @@ def test_save_refuses_bad_arguments_before_writing(tmp_path, bad, error, match):
     with pytest.raises(error, match=match):
         save_checkpoint(path, args.pop("step"), model, opt, args.pop("sampler"), args.pop("last"), **args)
     assert not path.exists()
+
+
+def _refused_on_one_rank(folder: str) -> dict:
+    """On 2 ranks: a save whose ``step`` rank 1 alone refuses, then a good save, then a load whose sampler state only
+    rank 1's file spoils; each refusal caught (a trainer that goes on after it), then one all-reduce that must still
+    meet its peer."""
+    import json
+
+    import torch.distributed as dist
+
+    rank, out = dist.get_rank(), {}
+    model, opt, sampler, last = _trained(2)
+    try:
+        save_checkpoint(Path(folder) / "bad", 3 if rank == 0 else -3, model, opt, sampler, last)
+    except (TypeError, ValueError) as e:
+        out["save"] = f"{type(e).__name__}: {e}"
+    good = save_checkpoint(Path(folder) / "step-3", 3, model, opt, sampler, last)
+    if rank == 1:  # rank 1's sampler state of another save (a node that kept an older copy)
+        f = good / "sampler-rank1.json"
+        f.write_text(json.dumps({**json.loads(f.read_text()), "step": 5}))
+    dist.barrier()
+    try:
+        load_checkpoint(good, *_trained(2, seed=1)[:3])
+    except ValueError as e:
+        out["load"] = str(e)
+    total = torch.tensor([rank + 1.0])
+    dist.all_reduce(total)
+    out["all_reduce"] = float(total)
+    return out
+
+
+def test_a_refusal_on_one_rank_is_a_refusal_on_every_rank(tmp_path):
+    """When one rank refuses a save or a load (its own arguments, its own sampler file), every rank raises before
+    ``torch.distributed.checkpoint``'s collectives, the others naming that rank (before: rank 0 went into DCP's
+    collective save or load alone, to wait for a peer that had left — a hang, or collectives paired out of order)."""
+    from fcp_exec.launch import launch
+
+    r0, r1 = launch(_refused_on_one_rank, 2, str(tmp_path), backend="gloo", timeout=240.0, pg_timeout=60.0)
+    assert r1["save"].startswith("ValueError: save_checkpoint: step must be >= 0"), r1
+    assert r0["save"].startswith(f"ValueError: checkpoint {tmp_path / 'bad'} was not written: rank 1 refused it: "
+                                 "ValueError: save_checkpoint: step must be >= 0"), r0
+    assert "sampler-rank1.json is at step 5" in r1["load"], r1
+    assert r0["load"].startswith(f"checkpoint {tmp_path / 'step-3'} was not loaded: rank 1 refused it: ValueError: "), r0
+    assert "sampler-rank1.json is at step 5" in r0["load"], r0
+    assert r0["all_reduce"] == r1["all_reduce"] == 3.0
+    assert not (tmp_path / "bad").exists()
