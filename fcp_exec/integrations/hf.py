@@ -184,12 +184,14 @@ def batch_inputs(batch: dict, model: nn.Module) -> dict[str, Any]:
     ids = batch["input_ids"].to(device)
     if batch.get("cu_seqlens") is None:
         raise ValueError("the batch has no cu_seqlens (FCPCollator's document boundaries): batch_inputs needs them")
-    ring, key = batch.get("_fcp_ring"), (id(batch["cu_seqlens"]), tuple(int(r) for r in batch["ranks"]))
-    if ring is None or batch.get("_fcp_ring_key") != key:  # a copy of a run batch with other cu_seqlens or ranks
+    ring, ranks, held = batch.get("_fcp_ring"), tuple(int(r) for r in batch["ranks"]), batch.get("_fcp_ring_key")
+    cu = torch.as_tensor(batch["cu_seqlens"])
+    if ring is None or held is None or held[1] != ranks or not torch.equal(held[0], cu.cpu()):
+        # first use, or a copy of a run batch with other cu_seqlens or ranks (values compared: edited in place too)
         # its op handle is made here, in eager code: a compiled model only reads it (fcp_exec.ring_op).
-        ring = RingBatch(batch["cu_seqlens"], key[1], timeout=state.timeout)
+        ring = RingBatch(batch["cu_seqlens"], ranks, timeout=state.timeout)
         register(ring)  # The batch keeps the ring alive until its backward: a compiled graph holds only the handle
-        batch["_fcp_ring"], batch["_fcp_ring_key"] = ring, key
+        batch["_fcp_ring"], batch["_fcp_ring_key"] = ring, (cu.detach().cpu().clone(), ranks)
     ctx = FCPAttentionContext(ring=ring, kernel=state.kernel)
     out: dict[str, Any] = {"input_ids": ids[None], "fcp_context": ctx, "use_cache": False}
     if state.is_vl:
