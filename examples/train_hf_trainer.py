@@ -15,6 +15,7 @@ and checkpoints are the Trainer's. ``--config``: a config.json (random weights) 
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 from pathlib import Path
 
@@ -26,7 +27,8 @@ from fcp_data.presets import HARDWARE
 from fcp_exec.integrations.hf import load_config, load_model
 from fcp_exec.integrations.hf_trainer import FCPTrainer
 from fcp_exec.launch import init_distributed
-from fcp_exec.script import ArgumentParser, count, nonempty, nonnegative_float, output_dir, positive_int, run_main
+from fcp_exec.script import (ArgumentParser, count, hardware_or_cost, nonempty, nonnegative_float, output_dir,
+                              positive_int, run_main)
 
 
 def build_parser() -> ArgumentParser:
@@ -42,7 +44,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--cost", type=nonempty, default=None,
                    help="cost-model JSON from `fcp profile` (default: this model's own preset on --hardware, "
                         "CostModel.preset(model.config, HW))")
-    p.add_argument("--hardware", choices=tuple(HARDWARE), default="h100",
+    p.add_argument("--hardware", choices=tuple(HARDWARE), default=None,
                    help="the hardware preset the model's cost model is derived for, without --cost "
                         "(default h100; `fcp presets --model hf:CONFIG` lists the coefficients)")
     p.add_argument("--tokens-per-rank", type=positive_int, default=1024,
@@ -70,13 +72,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line, with the checks that involve two options."""
     p = build_parser()
     args = p.parse_args(argv)
+    hardware_or_cost(p, args)  # --hardware beside --cost would be dropped without a word
     if args.save_steps and not args.output_dir:  # checkpoints in a temporary folder nobody knows of
         p.error("--save-steps needs --output-dir (where the checkpoints go)")
     return args
 
 
+def resumed_step(folder: str) -> int:
+    """The step a Trainer checkpoint folder was saved at (its ``trainer_state.json``); one clear error otherwise."""
+    f = Path(folder) / "trainer_state.json"
+    try:
+        step = json.loads(f.read_text())["global_step"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"--resume {folder} is not a Trainer checkpoint (OUTPUT/checkpoint-K): {f.name} cannot be "
+                         f"read ({type(e).__name__})") from None
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"--resume {folder}: {f.name} has global_step {step!r}, not a step count")
+    return step
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    # the stock Trainer resumed at max_steps trains one more step at learning rate 0: refused, like every example
+    if args.resume and (start := resumed_step(args.resume)) >= args.max_steps:
+        raise ValueError(f"--resume {args.resume} is at step {start}; --max-steps {args.max_steps} leaves nothing "
+                         "to train")
 
     device = init_distributed()  # the process group first (NCCL/HCCL/gloo by device): Accelerate joins it
     rank = dist.get_rank()

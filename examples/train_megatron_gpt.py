@@ -38,8 +38,8 @@ from fcp_data.presets import HARDWARE, ModelConfig
 from fcp_data.workers import worker_context
 from fcp_exec.integrations.megatron import apply_fcp, fcp_layer_spec, forward_step, global_loss, next_global_batch
 from fcp_exec.launch import init_distributed, settle_collectives
-from fcp_exec.script import (ArgumentParser, both_or_neither, count, nonempty, nonnegative_float, output_dir,
-                             positive_int, run_main)
+from fcp_exec.script import (ArgumentParser, both_or_neither, count, hardware_or_cost, nonempty, nonnegative_float,
+                             output_dir, positive_int, run_main)
 from fcp_exec.skips import leave_out_later
 
 
@@ -116,7 +116,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--vocab-size", type=positive_int, default=None, help="the model's vocabulary with --data-prefix")
     p.add_argument("--cost", type=nonempty, default=None,
                    help="cost-model JSON from `fcp profile` (default: the preset of the model below on --hardware)")
-    p.add_argument("--hardware", choices=tuple(HARDWARE), default="h100",
+    p.add_argument("--hardware", choices=tuple(HARDWARE), default=None,
                    help="the hardware preset the model's cost model is derived for, without --cost (default h100)")
     p.add_argument("--tokens-per-rank", type=positive_int, default=1024,
                    help="memory budget per rank; longer documents are cut")
@@ -153,6 +153,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line, with the checks that involve two options."""
     p = build_parser()
     args = p.parse_args(argv)
+    hardware_or_cost(p, args)  # --hardware beside --cost would be dropped without a word
     both_or_neither(p, args, "checkpoint", "checkpoint_every")  # one without the other would save nothing
     if args.data_prefix and (args.data or not args.vocab_size):
         p.error("--data-prefix takes --vocab-size (the token ids' range) and excludes --data")

@@ -36,8 +36,8 @@ from fcp_exec.integrations.hf import apply_fcp, fcp_loss, load_config, load_mode
 from fcp_exec.integrations.hf_positions import hf_collator
 from fcp_exec.launch import init_distributed, settle_collectives
 from fcp_exec.optim import check_finite, clip_grad_norm, lr_at, set_lr
-from fcp_exec.script import (ArgumentParser, both_or_neither, count, nonempty, nonnegative_float, output_dir,
-                             positive_int, run_main)
+from fcp_exec.script import (ArgumentParser, both_or_neither, count, hardware_or_cost, nonempty, nonnegative_float,
+                             output_dir, positive_int, run_main)
 from fcp_exec.skips import leave_out_later
 from fcp_exec.step import make_reducer, train_step
 from fcp_exec.train_data import HF_SPECS
@@ -64,7 +64,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--cost", type=nonempty, default=None,
                    help="cost-model JSON from `fcp profile` (default: this model's own preset on --hardware, "
                         "CostModel.preset(model.config, HW))")
-    p.add_argument("--hardware", choices=tuple(HARDWARE), default="h100",
+    p.add_argument("--hardware", choices=tuple(HARDWARE), default=None,
                    help="the hardware preset the model's cost model is derived for, without --cost "
                         "(default h100; `fcp presets --model hf:CONFIG` lists the coefficients)")
     p.add_argument("--tokens-per-rank", type=positive_int, default=1152,
@@ -97,6 +97,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line, with the checks that involve two options."""
     p = build_parser()
     args = p.parse_args(argv)
+    hardware_or_cost(p, args)  # --hardware beside --cost would be dropped without a word
     both_or_neither(p, args, "checkpoint", "checkpoint_every")  # one without the other would save nothing
     return args
 

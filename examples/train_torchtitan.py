@@ -30,8 +30,8 @@ from fcp_exec.checkpoint import load_checkpoint, save_checkpoint
 from fcp_exec.integrations.torchtitan import apply_fcp, fcp_loss, model_shape
 from fcp_exec.launch import init_distributed, settle_collectives
 from fcp_exec.optim import check_finite, clip_grad_norm, lr_at, set_lr
-from fcp_exec.script import (ArgumentParser, both_or_neither, count, nonempty, nonnegative_float, output_dir,
-                             positive_int, run_main)
+from fcp_exec.script import (ArgumentParser, both_or_neither, count, hardware_or_cost, nonempty, nonnegative_float,
+                             output_dir, positive_int, run_main)
 from fcp_exec.skips import leave_out_later
 from fcp_exec.step import eval_step, make_reducer, train_step
 
@@ -52,6 +52,9 @@ def build_model(model: str, flavor: str, layers: int | None, vocab: int, device:
         raise ValueError(f"the index's token ids go up to {vocab - 1} but {model} {flavor} has vocab_size "
                          f"{cfg.vocab_size}: index the data with the model's tokenizer")
     if layers:
+        if layers > len(cfg.layers):  # a slice would keep all of them without a word
+            raise ValueError(f"--layers {layers}: torchtitan's {model} {flavor!r} has {len(cfg.layers)} blocks "
+                             f"(give 1 … {len(cfg.layers)}, or 0 for all)")
         cfg.layers = cfg.layers[:layers]
     for layer in cfg.layers + list(getattr(cfg, "mtp_layers", [])):  # the inner attention FCP replaces: SDPA's
         # config builds nothing (flex would compile)
@@ -85,7 +88,7 @@ def build_parser() -> ArgumentParser:
                    help="how gradients are synchronised: allreduce (fcp's own), ddp or fsdp2 (default fsdp2)")
     p.add_argument("--cost", type=nonempty, default=None,
                    help="cost-model JSON from `fcp profile` (default: this model's own preset on --hardware)")
-    p.add_argument("--hardware", choices=tuple(HARDWARE), default="h100",
+    p.add_argument("--hardware", choices=tuple(HARDWARE), default=None,
                    help="the hardware preset the model's cost model is derived for, without --cost (default h100)")
     p.add_argument("--tokens-per-rank", type=positive_int, default=1024,
                    help="memory budget per rank; longer documents are cut")
@@ -111,6 +114,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line, with the checks that involve two options."""
     p = build_parser()
     args = p.parse_args(argv)
+    hardware_or_cost(p, args)  # --hardware beside --cost would be dropped without a word
     both_or_neither(p, args, "checkpoint", "checkpoint_every")  # one without the other would save nothing
     return args
 

@@ -11,15 +11,16 @@ import sys
 import traceback
 from collections.abc import Callable
 
-from fcp_data.commands.argtypes import (ArgumentParser, both_or_neither, check_output_dir, count, nonempty,
-                                        nonnegative_float, one_line, output_dir, positive_float, positive_int)
+from fcp_data.commands.argtypes import (ArgumentParser, both_or_neither, check_output_dir, count, hardware_or_cost,
+                                        nonempty, nonnegative_float, one_line, output_dir, positive_float,
+                                        positive_int)
 from fcp_data.read_errors import SampleReadError
 from fcp_exec.compat import MissingDependency
 from fcp_exec.devices import settle_collectives
 from fcp_exec.optim import TrainingDiverged
 
 __all__ = ["ArgumentParser", "positive_int", "count", "nonnegative_float", "positive_float", "nonempty",
-           "output_dir", "check_output_dir", "both_or_neither", "one_line", "run_main"]
+           "output_dir", "check_output_dir", "both_or_neither", "hardware_or_cost", "one_line", "run_main"]
 
 
 def _user_error(e: BaseException) -> bool:

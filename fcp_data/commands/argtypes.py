@@ -118,3 +118,14 @@ def both_or_neither(parser: argparse.ArgumentParser, args: argparse.Namespace, f
         flag = "--" + (second if a else first).replace("_", "-")
         given = "--" + (first if a else second).replace("_", "-")
         parser.error(f"{given} needs {flag} too")
+
+
+def hardware_or_cost(parser: argparse.ArgumentParser, args: argparse.Namespace, default: str = "h100") -> None:
+    """``parser.error`` when ``--hardware`` is given beside ``--cost`` (the cost-model file would be used and the
+    hardware dropped without a word); otherwise ``args.hardware`` defaults to ``default`` (declare the option with
+    ``default=None`` so that a given one can be told apart)."""
+    if args.cost and args.hardware is not None:
+        parser.error(f"--hardware {args.hardware} has no effect with --cost {args.cost} (the cost-model file holds the "
+                     "hardware's coefficients): give one of them")
+    if args.hardware is None:
+        args.hardware = default

@@ -79,7 +79,8 @@ def test_every_option_refuses_what_it_cannot_take(name, capsys):
             else:
                 assert opt in _refused(module, argv, capsys)
     args = module.parse_args([])  # the defaults are a valid run
-    assert all(getattr(args, a.dest) == a.default for a in options)
+    resolved = {"hardware": "h100"}  # declared None so that a --hardware given beside --cost can be told apart
+    assert all(getattr(args, a.dest) == resolved.get(a.dest, a.default) for a in options)
 
 
 @pytest.mark.parametrize("name, argv, says", [
@@ -93,6 +94,9 @@ def test_every_option_refuses_what_it_cannot_take(name, capsys):
     # found by a review of the examples: --vocab-size was ignored; heads that do not divide failed deep in the model
     ("train_megatron_gpt", ["--vocab-size", "100"], "without --data-prefix it would be ignored"),
     ("train_megatron_gpt", ["--heads", "3", "--groups", "1"], "--hidden 64 must be a multiple of --heads 3"),
+    # the cost-model file won and --hardware was dropped without a word (a review of the examples), in every example
+    *[(name, ["--cost", "c.json", "--hardware", "h200"], "--hardware h200 has no effect with --cost c.json")
+      for name in EXAMPLES],
 ])
 def test_options_that_only_work_together(name, argv, says, capsys):
     assert says in _refused(_example(name), argv, capsys)
@@ -173,6 +177,9 @@ def test_a_torchtitan_flavor_it_does_not_have_is_named(tmp_path):
     module = _example("train_torchtitan")
     with pytest.raises(ValueError, match=r"torchtitan's qwen3 has no flavor 'abc'; its flavors: debugmodel"):
         module.build_model("qwen3", "abc", 2, 2000, torch.device("cpu"))
+    # --layers above the flavor's depth kept every block without a word (a review of the examples)
+    with pytest.raises(ValueError, match=r"--layers 99: torchtitan's qwen3 'debugmodel' has \d+ blocks"):
+        module.build_model("qwen3", "debugmodel", 99, 2000, torch.device("cpu"))
 
 
 class _Crafted:
@@ -196,3 +203,20 @@ def test_megatron_resume_reads_only_its_own_checkpoints(tmp_path):
     state = {"step": 2, "model": {"w": torch.ones(2)}, "optimizer": {}, "sampler": {"epoch": 0}}
     torch.save(state, good)
     assert module.read_checkpoint(str(good), torch.device("cpu"))["step"] == 2
+
+
+def test_the_trainer_example_refuses_a_resume_that_leaves_nothing_to_train(tmp_path):
+    """Found by a review of the examples: `--resume OUTPUT/checkpoint-2 --max-steps 2` ran a third step at learning
+    rate 0 (the stock Trainer's own behaviour at max_steps) and exited 0; refused now, before any process group, like
+    the other examples; a folder that is not a Trainer checkpoint is named."""
+    import json
+
+    module = _example("train_hf_trainer")
+    ck = tmp_path / "checkpoint-2"
+    ck.mkdir()
+    (ck / "trainer_state.json").write_text(json.dumps({"global_step": 2}))
+    with pytest.raises(ValueError, match=f"^--resume {ck} is at step 2; --max-steps 2 leaves nothing to train$"):
+        module.main(["--max-steps", "2", "--resume", str(ck)])
+    with pytest.raises(ValueError, match=f"^--resume {tmp_path} is not a Trainer checkpoint"):
+        module.main(["--resume", str(tmp_path)])
+    assert module.resumed_step(str(ck)) == 2
