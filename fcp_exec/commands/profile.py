@@ -69,7 +69,8 @@ def register(subparsers, summary: str) -> None:
                         "run measured, 5 in 3 of 5 (BENCHMARKS.md)")
     p.add_argument("--warmup", type=int, default=2, help="untimed sweeps over the whole grid first (default 2)")
     p.add_argument("--dtype", choices=("float32", "float64", "bfloat16"), default="float32",
-                   help="parameter and activation dtype of the timed model (default float32; bfloat16 on GPUs/NPUs)")
+                   help="parameter and activation dtype of the timed model (default float32 on every device; pass "
+                        "bfloat16 on GPUs/NPUs)")
     p.add_argument("--tokens-per-rank", type=int, default=None,
                    help="memory budget to write (default: half the memory per process / activation bytes per token)")
     p.add_argument("--fit", choices=("v1", "v2"), default="v2",
