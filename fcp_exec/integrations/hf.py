@@ -175,7 +175,7 @@ def batch_inputs(batch: dict, model: nn.Module) -> dict[str, Any]:
     state: State | None = getattr(inner, "_fcp_state", None)
     if state is None:
         raise ValueError("call fcp_exec.integrations.hf.apply_fcp(model) before batch_inputs (and before DDP/FSDP2)")
-    if not batch.get("ranks"):
+    if batch.get("ranks") is None or len(batch["ranks"]) == 0:  # a tuple, list or tensor (not its truth value)
         raise ValueError("this rank is idle in this micro-batch (ranks == ()); train_step runs fcp_exec.step.idle_batch "
                          "instead — or skip the forward when not using DDP/FSDP2")
     from fcp_exec.ring_attention import RingBatch

@@ -164,7 +164,7 @@ def batch_inputs(batch: dict, model: nn.Module) -> dict[str, Any]:
     inner = getattr(model, "module", model)
     if not getattr(inner, "_fcp_torchtitan", False):
         raise ValueError("call fcp_exec.integrations.torchtitan.apply_fcp(model) before batch_inputs (and before DDP/FSDP2)")
-    if not batch.get("ranks"):
+    if batch.get("ranks") is None or len(batch["ranks"]) == 0:  # a tuple, list or tensor (not its truth value)
         raise ValueError("this rank is idle in this micro-batch (ranks == ()); train_step runs fcp_exec.step.idle_batch "
                          "instead")
     depth = mtp_depth(inner)

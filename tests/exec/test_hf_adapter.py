@@ -229,8 +229,7 @@ def test_a_copy_of_a_run_batch_with_other_boundaries_or_ranks_gets_its_own_ring(
     assert float(hf.fcp_loss(model, edited)) == pytest.approx(float(hf.fcp_loss(model, fresh)), rel=1e-12)
     assert abs(float(hf.fcp_loss(model, fresh)) - before) > 1e-6 * before  # other boundaries: another loss
     # the same tensor object edited in place after a forward (the cache was keyed by id(cu_seqlens): kept)
-    own = dict(batch, cu_seqlens=batch["cu_seqlens"].clone(), position_ids=batch["position_ids"].clone())
-    own = {k: v for k, v in own.items() if not k.startswith("_fcp_ring")}
+    own = {k: v.clone() if torch.is_tensor(v) else v for k, v in batch.items() if not k.startswith("_fcp_ring")}
     assert float(hf.fcp_loss(model, own)) == pytest.approx(before, rel=1e-12)
     tokens = torch.cat(docs)
     moved = _text_batch([tokens[:10], tokens[10:36], tokens[36:]])  # 3 documents again, other boundaries
@@ -240,6 +239,10 @@ def test_a_copy_of_a_run_batch_with_other_boundaries_or_ranks_gets_its_own_ring(
             own[k].copy_(v)
     assert torch.equal(own["cu_seqlens"], moved["cu_seqlens"]) and not torch.equal(own["cu_seqlens"], batch["cu_seqlens"])
     assert float(hf.fcp_loss(model, own)) == pytest.approx(float(hf.fcp_loss(model, moved)), rel=1e-12)
+    # ranks as a tensor (validate_ranks takes one): tensor([0]) was falsy, so the rank was called idle
+    tensor_ranks = {k: v for k, v in batch.items() if not k.startswith("_fcp_ring")}
+    tensor_ranks["ranks"] = torch.tensor(list(batch["ranks"]))
+    assert float(hf.fcp_loss(model, tensor_ranks)) == pytest.approx(before, rel=1e-12)
     with pytest.raises(ValueError, match=r"this process is rank 0, which is not in its CP group ranks=\[3\]"):
         hf.fcp_loss(model, dict(batch, ranks=(3,)))
     with pytest.raises(ValueError, match="the batch has no cu_seqlens"):
