@@ -85,8 +85,8 @@ def _media_part(p: Any) -> ChatMedia | None:
 
 
 def has_media(obj: dict, chat_field: str) -> bool:
-    """Whether a chat line names an image or a video (either spelling)."""
-    if any(obj.get(k) is not None for k in _KINDS):
+    """Whether a chat line names an image or a video (either spelling); an empty list names none, like null."""
+    if any(obj.get(k) is not None and obj.get(k) != [] for k in _KINDS):
         return True
     turns = obj.get(chat_field)
     return isinstance(turns, list) and any(

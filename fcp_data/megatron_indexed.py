@@ -20,8 +20,9 @@ Multimodal datasets (a ``sequence_modes`` array) are not read.
 
 Hostile files: a wrong header, version or dtype code, an ``.idx`` shorter than its counts, boundaries that are not a
 non-decreasing run from 0 to S, negative lengths: one ``ValueError`` naming the file when opened. Documents whose
-bytes lie past the end of the ``.bin`` (a truncated copy) are counted and named in one warning when opened, and
-reading one raises ``OSError``, which ``FCPDataset`` records as a failed read and skips. Empty documents (0 tokens)
+bytes lie past the end of the ``.bin`` (a truncated copy, an empty file) are counted and named in one warning when
+opened, and reading one raises ``OSError``, which ``FCPDataset`` records as a failed read and skips. A ``.bin`` longer
+than its ``.idx`` describes is read, with a warning naming both sizes. Empty documents (0 tokens)
 are left out of the samples (``document_ids`` maps a sample to its document) and counted in a warning.
 """
 
@@ -58,13 +59,18 @@ def is_megatron_index(path: str | Path) -> bool:
         return False
 
 
+def _map(path: Path) -> np.ndarray:
+    """The bytes of ``path`` by memory map; an empty file (which ``mmap`` refuses) as an empty array."""
+    return np.memmap(path, mode="r", dtype=np.uint8) if path.stat().st_size else np.zeros(0, dtype=np.uint8)
+
+
 class _Index:
     """The parsed, validated ``.idx`` (module docstring)."""
 
     def __init__(self, idx: Path) -> None:
         if not idx.is_file():
             raise FileNotFoundError(f"Megatron index not found: {idx} (pass the prefix of PREFIX.bin / PREFIX.idx)")
-        raw = np.memmap(idx, mode="r", dtype=np.uint8)
+        raw = _map(idx)
         where = f"{idx}: not a readable Megatron indexed dataset"
         if raw.size < _FIXED or bytes(raw[:len(_HEADER)]) != _HEADER:
             raise ValueError(f"{where} (no MMIDIDX header)")
@@ -116,7 +122,7 @@ class MegatronIndexedDocuments:
         index = _Index(idx)
         if not bin_path.is_file():
             raise FileNotFoundError(f"Megatron data file not found: {bin_path} (next to {idx})")
-        self._bin = np.memmap(bin_path, mode="r", dtype=np.uint8)
+        self._bin = _map(bin_path)  # empty: every document lies past its end (warned below, skipped when read)
         lengths = index.document_lengths()
         self.document_ids = np.flatnonzero(lengths > 0)
         self.num_tokens = lengths[self.document_ids]
@@ -133,6 +139,10 @@ class MegatronIndexedDocuments:
             warnings.warn(f"{bin_path}: {len(self._beyond)} document(s) lie past the end of the file ({self._bin.size} "
                           f"bytes; a truncated copy?), first: sample {first} (document {self.document_ids[first]}); "
                           "reading them fails (FCPDataset skips them)", stacklevel=2)
+        used = int((index.seq_pointers + index.seq_lengths.astype(np.int64) * self.dtype.itemsize).max(initial=0))
+        if self._bin.size > used:
+            warnings.warn(f"{bin_path}: {self._bin.size} bytes, but {idx} describes {used}: {self._bin.size - used} "
+                          "bytes no document points to (a .bin of another .idx?)", stacklevel=2)
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
@@ -142,7 +152,7 @@ class MegatronIndexedDocuments:
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self._bin = np.memmap(Path(self.path_prefix + ".bin"), mode="r", dtype=np.uint8)
+        self._bin = _map(Path(self.path_prefix + ".bin"))
 
     def __len__(self) -> int:
         return int(self.num_tokens.size)

@@ -44,7 +44,9 @@ import numpy as np
 import torch
 
 from fcp_data.index.format import KIND_IMAGE, KIND_TEXT, KIND_VIDEO, LengthIndex
-from fcp_data.index.probe import IMAGE_EXTS, TEXT_EXTS, VIDEO_EXTS
+from fcp_data.index.limits import record_mismatch
+from fcp_data.index.probe import IMAGE_EXTS, TEXT_EXTS, VIDEO_EXTS, member_path
+from fcp_data.slots import StaleSampleError
 from fcp_data.specs import Spec, load_spec, plan_visual, segments_to_ids
 from fcp_data.strict import flag
 
@@ -179,17 +181,25 @@ class IndexedDataset(torch.utils.data.Dataset):
     def _record(self, i: int, members: dict) -> dict | None:
         """Sample ``i``'s record — its jsonl line or Parquet row as a dict — or None for a tar/folder sample."""
         if "jsonl" in members:
-            return json.loads(self.read_member(i, "jsonl").decode("utf-8"))
-        if "parquet" in members:
-            return self._handle(int(self.index.shard[i]), parquet=True).row(members["parquet"][0])
-        return None
+            obj, row = json.loads(self.read_member(i, "jsonl").decode("utf-8")), None
+        elif "parquet" in members:
+            row = members["parquet"][0]
+            obj = self._handle(int(self.index.shard[i]), parquet=True).row(row)
+        else:
+            return None
+        stem = Path(self.index.sources[int(self.index.shard[i])]["path"]).stem  # as indexed: the key's stem
+        why = record_mismatch(obj, self.index.keys[i], self.index.manifest.get("key_field", "id"), stem, row)
+        if why:
+            raise StaleSampleError(f"sample {self.index.keys[i]!r}: the record at its offset is another one ({why}): "
+                                   "the file changed since indexing")
+        return obj
 
     def read_member(self, i: int, ext: str) -> bytes:
         """Bytes of member ``ext`` of sample ``i`` (a seek + read in a tar/jsonl; a file read in a folder)."""
         shard = int(self.index.shard[i])
         off, size = self.index.members(i)[ext]
         if self.index.sources[shard]["kind"] == "dir":
-            return (self._source_path(shard) / f"{self.index.keys[i]}.{ext}").read_bytes()
+            return member_path(self._source_path(shard), self.index.keys[i], ext).read_bytes()
         f = self._handle(shard)
         f.seek(off)
         data = f.read(size)
@@ -250,7 +260,7 @@ class IndexedDataset(torch.utils.data.Dataset):
         ext = next(e for e in (VIDEO_EXTS if kind == KIND_VIDEO else IMAGE_EXTS) if e in members)
         shard = int(self.index.shard[i])
         src = self.read_member(i, ext) if self.index.sources[shard]["kind"] != "dir" else \
-            self._source_path(shard) / f"{self.index.keys[i]}.{ext}"
+            member_path(self._source_path(shard), self.index.keys[i], ext)
         visual, out = self._vision(i, kind, src)
         text = self._text_ids(caption)
         out["input_ids"] = torch.tensor(visual + text, dtype=torch.long)
@@ -271,7 +281,11 @@ class IndexedDataset(torch.utils.data.Dataset):
         pixels of the plan's shape, nothing read)."""
         from fcp_data.video import vision_inputs, zero_vision_inputs
 
-        pixel_values, grid_thw = vision_inputs(self.spec, plan, src) if decode else zero_vision_inputs(self.spec, plan)
+        if decode:  # a video's frame count as indexed: another count means the file changed
+            frames = geom["num_frames"] if geom["kind"] == KIND_VIDEO else None
+            pixel_values, grid_thw = vision_inputs(self.spec, plan, src, frames)
+        else:
+            pixel_values, grid_thw = zero_vision_inputs(self.spec, plan)
         out = {"pixel_values": pixel_values, "grid_thw": grid_thw}
         if geom["kind"] == KIND_VIDEO and self.spec.family == "qwen-vl":
             from fcp_data.video import qwen_second_per_grid

@@ -13,6 +13,12 @@ plan the length index counted, so the produced patches always match the index's 
   tokens = t·h·w / 4 after the 0.5 pixel shuffle).
 - LLaVA-Video: frames resized to 384×384: ``pixel_values [frames, 3, 384, 384]``, ``grid_thw [[frames, 14, 15]]``
   (14×14 pooled patches + one newline token per row = 210 per frame).
+
+Video frames are decoded :data:`DECODE_CHUNK_BYTES` at a time and resized before the next chunk, so one read of a
+long high-resolution video holds about a chunk of full-size frames plus its resized output, never every sampled frame
+at full size (nor their float32 copy); the values are those of a one-batch decode. A video whose frame count is more
+than a frame or two (or 1 %) from the indexed one is a :class:`~fcp_data.slots.StaleSampleError` (it changed since
+indexing), never its last frame repeated to fill the plan. 16-bit greyscale images are scaled to 8 bits.
 """
 
 from __future__ import annotations
@@ -26,8 +32,8 @@ import torch
 
 from fcp_data.specs import Spec, VisualPlan
 
-__all__ = ["VideoDecodeError", "decode_frames", "decode_image", "qwen_patchify", "qwen_second_per_grid", "vision_inputs",
-           "zero_vision_inputs"]
+__all__ = ["VideoDecodeError", "decode_frames", "iter_frames", "decode_image", "qwen_patchify", "qwen_second_per_grid",
+           "vision_inputs", "zero_vision_inputs"]
 
 
 _QUIET = []
@@ -37,10 +43,22 @@ class VideoDecodeError(RuntimeError):
     """A video whose frames cannot be decoded (damaged data, often behind a readable header)."""
 
 
-def decode_frames(src: bytes | str | Path, indices) -> np.ndarray:
-    """Frames ``indices`` of a video as uint8 ``[T, H, W, 3]`` (decord; nothing else is decoded). A video that
-    cannot be decoded raises :class:`VideoDecodeError` with decord's message, less its time stamp and source line;
-    libav's own per-packet error lines are silenced (``FCPDataset`` records the failure once)."""
+DECODE_CHUNK_BYTES = 64 << 20  # decoded frames held at once by a read (then resized and let go): bounds its peak memory
+
+
+def _stale(msg: str) -> Exception:
+    from fcp_data.slots import StaleSampleError
+
+    return StaleSampleError(f"{msg}: it changed since indexing")
+
+
+def iter_frames(src: bytes | str | Path, indices, num_frames: int | None = None, chunk_bytes: int = DECODE_CHUNK_BYTES):
+    """Frames ``indices`` of a video as uint8 ``[t, H, W, 3]`` chunks of about ``chunk_bytes`` (the first chunk is one
+    frame, which sizes the rest), so a long high-resolution video is never held whole. ``num_frames``: the frame
+    count the index recorded; a video more than max(2, 1 %) frames from it raises
+    :class:`~fcp_data.slots.StaleSampleError` (within that, decoders' counts differ: the last frame stands in). An
+    undecodable video raises :class:`VideoDecodeError` with decord's message, less its time stamp and source line;
+    libav's own per-packet error lines are silenced."""
     import decord
 
     if not _QUIET:
@@ -48,18 +66,38 @@ def decode_frames(src: bytes | str | Path, indices) -> np.ndarray:
         _QUIET.append(True)
     try:
         vr = decord.VideoReader(io.BytesIO(src) if isinstance(src, (bytes, bytearray)) else str(src), num_threads=1)
+        # decoders may count a frame or two apart from the header the index read (edit lists, a trailing frame):
+        # within that tolerance the last frame stands in; a larger difference is another file than the indexed one
+        if num_frames is not None and abs(len(vr) - int(num_frames)) > max(2, int(num_frames) // 100):
+            raise _stale(f"the video has {len(vr)} frames, not the {int(num_frames)} indexed")
         idx = [min(int(i), len(vr) - 1) for i in indices]
-        return vr.get_batch(idx).asnumpy()
+        pos, step = 0, 1
+        while pos < len(idx):
+            batch = vr.get_batch(idx[pos:pos + step]).asnumpy()
+            yield batch
+            pos += step
+            step = max(1, int(chunk_bytes) // max(batch[0].nbytes, 1))
     except decord.DECORDError as e:
         lines = str(e).strip().splitlines()
         msg = re.sub(r"^\[\d{2}:\d{2}:\d{2}\] \S+:\d+: ", "", lines[0] if lines else "")
         raise VideoDecodeError(f"cannot decode the video's frames ({msg})") from None
 
 
+def decode_frames(src: bytes | str | Path, indices, num_frames: int | None = None) -> np.ndarray:
+    """Frames ``indices`` of a video as uint8 ``[T, H, W, 3]`` (decord; nothing else is decoded; see
+    :func:`iter_frames`, which a reader uses to hold only a chunk at a time)."""
+    return np.concatenate(list(iter_frames(src, indices, num_frames)))
+
+
 def decode_image(src: bytes | str | Path):
+    """An image as 8-bit RGB. A 16-bit greyscale image (PNG: pillow mode ``I;16``/``I``) is scaled to 8 bits
+    (``>> 8``) first: pillow's ``convert("RGB")`` clips it at 255, turning most of it white."""
     from PIL import Image
 
     im = Image.open(io.BytesIO(src) if isinstance(src, (bytes, bytearray)) else str(src))
+    if im.mode.startswith("I;16") or im.mode == "I":
+        a = np.asarray(im).astype(np.int64) >> 8
+        im = Image.fromarray(np.clip(a, 0, 255).astype(np.uint8), mode="L")
     return im.convert("RGB")
 
 
@@ -122,17 +160,28 @@ def _pil_resize(arr_or_img, size_wh: tuple[int, int]) -> np.ndarray:
     return np.asarray(im.resize(size_wh, Image.BICUBIC), dtype=np.uint8)
 
 
-def vision_inputs(spec: Spec, plan: VisualPlan, src: bytes | str | Path) -> tuple[torch.Tensor, torch.Tensor]:
-    """(``pixel_values``, ``grid_thw [1, 3]``) of one image or video following ``plan``."""
+def _qwen_video(plan: VisualPlan, src, num_frames: int | None, chunk_bytes: int) -> torch.Tensor:
+    """A video's sampled frames resized to the plan's size, decoded and resized a chunk at a time: uint8
+    ``[T, C, H, W]`` (the bicubic resize clamps and rounds to 0..255, so uint8 holds its values exactly)."""
+    parts = []
+    for chunk in iter_frames(src, plan.frame_indices, num_frames, chunk_bytes):
+        x = _resize_bicubic(torch.from_numpy(chunk).permute(0, 3, 1, 2).float(), plan.resized)
+        parts.append(x.to(torch.uint8))
+        del chunk, x
+    return torch.cat(parts)
+
+
+def vision_inputs(spec: Spec, plan: VisualPlan, src: bytes | str | Path, num_frames: int | None = None, *,
+                  chunk_bytes: int = DECODE_CHUNK_BYTES) -> tuple[torch.Tensor, torch.Tensor]:
+    """(``pixel_values``, ``grid_thw [1, 3]``) of one image or video following ``plan``. ``num_frames``: a video's
+    frame count as indexed (another count is a :class:`~fcp_data.slots.StaleSampleError`). Video frames are decoded
+    ``chunk_bytes`` at a time and resized before the next chunk (:func:`iter_frames`)."""
     v, fam = spec.vision, spec.family
-    if plan.kind == "video":
-        frames = decode_frames(src, plan.frame_indices)  # [T, H, W, 3]
-    else:
+    if plan.kind != "video":
         img = decode_image(src)
     if fam == "qwen-vl":
-        x = torch.from_numpy(frames).permute(0, 3, 1, 2).float() if plan.kind == "video" else \
-            torch.from_numpy(np.asarray(img, dtype=np.float32)).permute(2, 0, 1)[None]
-        x = _resize_bicubic(x, plan.resized)
+        x = _qwen_video(plan, src, num_frames, chunk_bytes) if plan.kind == "video" else \
+            _resize_bicubic(torch.from_numpy(np.asarray(img, dtype=np.float32)).permute(2, 0, 1)[None], plan.resized)
         if plan.kind == "image":  # an image is one frame repeated over the temporal patch
             x = x.expand(v["temporal_patch_size"], -1, -1, -1)
         x = _normalize(x, v["image_mean"], v["image_std"])
@@ -152,8 +201,11 @@ def vision_inputs(spec: Spec, plan: VisualPlan, src: bytes | str | Path) -> tupl
         if len(tiles) != -grid[0] or tuple(img.size[::-1]) != tuple(grid[1:]):
             raise ValueError(f"image of {img.size[1]}x{img.size[0]} px, {len(tiles)} crops differs from the planned "
                              f"{grid[1]}x{grid[2]}, {-grid[0]}: the file changed since indexing")
-    else:  # an InternVL video frame is one tile; LLaVA-Video resizes each frame (or the image) to one square
-        tiles = [_pil_resize(f, (size, size)) for f in frames] if plan.kind == "video" else [_pil_resize(img, (size, size))]
+    elif plan.kind == "video":  # an InternVL video frame is one tile; LLaVA-Video resizes each frame to one square
+        tiles = [_pil_resize(f, (size, size)) for c in iter_frames(src, plan.frame_indices, num_frames, chunk_bytes)
+                 for f in c]
+    else:
+        tiles = [_pil_resize(img, (size, size))]
     return _tiles_to_tensor(tiles, v["image_mean"], v["image_std"]), torch.tensor([grid], dtype=torch.long)
 
 

@@ -27,10 +27,10 @@ import numpy as np
 from fcp_data.chat_media import has_media
 from fcp_data.index.format import COLUMNS, KIND_TEXT, atomic_write_bytes
 from fcp_data.index.inputs import DIR_CHUNK, expand_inputs, make_tasks
-from fcp_data.index.limits import Limits, clean_detail, json_depth_exceeds, safe_key
+from fcp_data.index.limits import Limits, clean_detail, json_depth_exceeds, record_key, safe_key
 from fcp_data.index.media_chat import index_media_chat, probe_plan
 from fcp_data.index.probe import (IMAGE_EXTS, TEXT_EXTS, VIDEO_EXTS, MemberFile, ProbeError, iter_dir_samples,
-                                  iter_tar_samples)
+                                  iter_tar_samples, split_key)
 from fcp_data.index.textbatch import TextBatch
 
 __all__ = ["expand_inputs", "make_tasks", "index_task", "task_fingerprint", "part_path", "EXIT_AFTER_ENV",
@@ -184,8 +184,7 @@ def index_record(obj, key: str, start: int, size: int, cfg: dict, task: dict, sp
     """One parsed record (a jsonl line, a Parquet row): its key field names it; a chat with an image or video is
     probed and added at once, text goes to ``batch``; a failure is one error record."""
     try:
-        if isinstance(obj, dict) and isinstance(obj.get(cfg["key_field"]), (str, int)):
-            key = str(obj[cfg["key_field"]])  # before the checks: an error is recorded under this key
+        key = record_key(obj, cfg["key_field"]) or key  # before the checks: an error is recorded under this key
         if cfg.get("chat_field") and isinstance(obj, dict) and has_media(obj, cfg["chat_field"]):
             index_media_chat(key, start, size, obj, cfg, task, spec, rows, ext)  # probed and added here
             return
@@ -309,14 +308,15 @@ def _index_container(task: dict, cfg: dict, spec, rows: _Rows) -> int:
     else:
         fh, limit = io.BytesIO(), Limits.from_dict(cfg.get("limits")).max_text_bytes
         samples = iter_dir_samples(path, task["entries"])
+        names = {split_key(e[0]): e[0] for e in task["entries"]}  # (key, lower-cased ext) → the file's own name
 
         def reader(key, members):
             def read(ext):
-                with open(path / f"{key}.{ext}", "rb") as f:
+                with open(path / names.get((key, ext), f"{key}.{ext}"), "rb") as f:
                     return f.read(limit + 1)
 
             def open_member(ext):  # a path: FFmpeg and pillow open the file themselves
-                return contextlib.nullcontext(path / f"{key}.{ext}")
+                return contextlib.nullcontext(path / names.get((key, ext), f"{key}.{ext}"))
             return read, open_member
     with fh:
         for key, members, problem in samples:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass
 
-__all__ = ["Limits", "json_depth_exceeds", "clean_detail", "safe_key", "INT32_MAX"]
+__all__ = ["Limits", "json_depth_exceeds", "clean_detail", "safe_key", "record_key", "record_mismatch", "INT32_MAX"]
 
 INT32_MAX = 2**31 - 1
 LIMIT_MAX = 2**62  # an integer limit must fit the index-sized integers of the readers (read(limit + 1))
@@ -109,3 +109,22 @@ def safe_key(key: str) -> str:
         return key
     except UnicodeEncodeError:
         return key.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def record_key(obj, key_field: str) -> str | None:
+    """The key a record (a jsonl line, a Parquet row) names itself by: its ``key_field`` when that is a string or an
+    integer, else None (``fcp index`` then keys it ``<file stem>:<line or row>``)."""
+    if isinstance(obj, dict) and isinstance(obj.get(key_field), (str, int)):
+        return str(obj[key_field])
+    return None
+
+
+def record_mismatch(obj, indexed: str, key_field: str, stem: str, row: int | None = None) -> str | None:
+    """Why the record read back at a sample's recorded offset is not the one indexed under the key ``indexed``
+    (None: it is, as far as its key tells). A record with a key field must carry that key; one without must have
+    been keyed ``<stem>:<n>`` (jsonl: any line number — the offset does not tell it; Parquet: its ``row``)."""
+    own = record_key(obj, key_field)
+    if own is not None:
+        return None if safe_key(own) == indexed else f"its {key_field!r} is {safe_key(own)!r}"
+    want = re.escape(stem) + ":" + (str(row) if row is not None else r"\d+")
+    return None if re.fullmatch(want, indexed) else f"it has no {key_field!r} field"

@@ -35,7 +35,7 @@ def probe_plan(kind: str, src, spec, probe: str, limits: Limits, images_in_sampl
         except ValueError as e:
             raise ProbeError("unsupported_video", str(e)) from None
         if probe == "decode":
-            check_video_frames(src, plan.frame_indices)
+            check_video_frames(src, plan.frame_indices, h.num_frames)
         return plan, dict(kind=KIND_VIDEO, num_frames=h.num_frames, fps=h.fps, height=h.height, width=h.width)
     ih, iw = probe_image(src, limits.max_image_pixels)
     try:

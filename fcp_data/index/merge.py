@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
 import sys
 import time
@@ -193,13 +194,46 @@ def build_index(inputs: list[str], spec: str, out: str | Path, *, tokenizer: str
         raise ValueError("none of the inputs exist: " + ", ".join(f"{s['path']} ({unreadable_reason(s['path'])})"
                                                                  for s in sources[:3])
                          + (" ..." if len(sources) > 3 else ""))
+    new_top = _first_missing(Path(out))  # the first folder this run creates: removed again if it is refused
+    before = set(os.listdir(out)) if Path(out).is_dir() else set()
     out = prepare_out(Path(out), sources)
-    with build_lock(out):
-        return _build_locked(inputs, sources, sp, out, probe=probe, text_field=text_field, key_field=key_field,
-                             prompt_field=prompt_field, chat=(chat_field, chat_template if chat_field else None, media_root),
-                             limits=limits, resume=resume, engine=engine, address=address, workers=workers,
-                             progress=progress, dir_chunk=dir_chunk or DIR_CHUNK, max_error_rate=max_error_rate,
-                             version=__version__)
+    try:
+        with build_lock(out):
+            return _build_locked(inputs, sources, sp, out, probe=probe, text_field=text_field, key_field=key_field,
+                                 prompt_field=prompt_field, chat=(chat_field, chat_template if chat_field else None,
+                                                                  media_root),
+                                 limits=limits, resume=resume, engine=engine, address=address, workers=workers,
+                                 progress=progress, dir_chunk=dir_chunk or DIR_CHUNK, max_error_rate=max_error_rate,
+                                 version=__version__)
+    except NothingToIndex:
+        _undo_refused(out, new_top, before)
+        raise
+
+
+class NothingToIndex(ValueError):
+    """The inputs hold no sample at all (empty folders, empty or blank files): the run is refused, nothing kept."""
+
+
+def _first_missing(out: Path) -> Path | None:
+    """The topmost folder of the path ``out`` that does not exist yet (None when ``out`` exists)."""
+    top = None
+    for p in [out.absolute(), *out.absolute().parents]:
+        if os.path.lexists(p):
+            break
+        top = p
+    return top
+
+
+def _undo_refused(out: Path, new_top: Path | None, before: set[str]) -> None:
+    """Take back what a refused run wrote: the folder it created (with any parents it created), else the entries
+    it added to an existing ``out`` (its lock, ``parts/``, ``records/``); an index already there is not touched."""
+    if new_top is not None:
+        shutil.rmtree(new_top, ignore_errors=True)
+        return
+    for name in set(os.listdir(out)) - before:
+        if name in (".lock", "parts", "records"):
+            p = out / name
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
 
 
 def _build_locked(inputs, sources, sp, out: Path, *, probe, text_field, key_field, prompt_field, chat, limits, resume,
@@ -208,7 +242,7 @@ def _build_locked(inputs, sources, sp, out: Path, *, probe, text_field, key_fiel
 
     tasks = make_tasks(sources, dir_chunk)
     if not tasks:
-        raise ValueError(f"no samples found in {', '.join(s['path'] for s in sources[:3])}: the folders are empty")
+        raise NothingToIndex(f"no samples found in {', '.join(s['path'] for s in sources[:3])}: the folders are empty")
     cfg = {"spec_path": sp.path, "tokenizer": sp.tokenizer_path, "spec_fingerprint": sp.fingerprint, "probe": probe,
            "text_field": text_field, "key_field": key_field, "prompt_field": prompt_field, "chat_field": chat[0],
            "chat_template": chat[1], "media_root": chat[2], "out": str(out.resolve()), "limits": limits.to_dict()}
@@ -241,6 +275,9 @@ def _build_locked(inputs, sources, sp, out: Path, *, probe, text_field, key_fiel
     finally:
         bar.close()
     info, cols, errors, seen = merge_parts(out, tasks)
+    if not seen:  # empty or blank files, empty shards: no sample, not even a bad one (nothing is committed)
+        raise NothingToIndex(f"no samples found in {', '.join(s['path'] for s in sources[:3])}"
+                             f"{' ...' if len(sources) > 3 else ''}: the inputs are empty")
     by_reason = Counter(e["reason"] for e in errors)
     n = len(info["num_tokens"])
     manifest = {

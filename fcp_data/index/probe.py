@@ -17,8 +17,10 @@ and a detail that is the same in every run (no object addresses).
 
 from __future__ import annotations
 
+import errno
 import io
 import math
+import os
 import tarfile
 import warnings
 from dataclasses import dataclass
@@ -27,7 +29,8 @@ from typing import Iterator
 
 __all__ = ["VideoHeader", "ProbeError", "MemberFile", "probe_video", "probe_image", "full_decode_frames",
            "check_video_frames",
-           "iter_tar_samples", "iter_dir_samples", "split_key", "VIDEO_EXTS", "IMAGE_EXTS", "TEXT_EXTS", "PROBES"]
+           "iter_tar_samples", "iter_dir_samples", "split_key", "member_path", "VIDEO_EXTS", "IMAGE_EXTS", "TEXT_EXTS",
+           "PROBES"]
 
 VIDEO_EXTS = ("mp4", "avi", "mkv", "webm", "mov", "m4v")
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp")
@@ -206,18 +209,23 @@ def check_image_data(src) -> None:
         raise ProbeError("corrupt_image", f"the image data is damaged: {type(e).__name__}: {e}") from None
 
 
-def check_video_frames(src, frame_indices) -> None:
-    """Decode the frames ``frame_indices`` of a video exactly as the reader will (``--probe decode``): a video whose
-    header is fine but whose frame data is damaged is ``corrupt_video`` now, not a failed read in training."""
-    from fcp_data.video import decode_frames
+def check_video_frames(src, frame_indices, num_frames: int | None = None) -> None:
+    """Decode the frames ``frame_indices`` of a video exactly as the reader will (``--probe decode``), a chunk at a
+    time: a video whose header is fine but whose frame data is damaged, or whose decoder sees another frame count than
+    the header's ``num_frames``, is ``corrupt_video`` now, not a failed read in training."""
+    from fcp_data.video import iter_frames
 
     if hasattr(src, "read"):  # decord takes bytes or a path, not a file object
         src.seek(0)
         src = src.read()
     try:
-        decode_frames(src, frame_indices)
+        for _ in iter_frames(src, frame_indices, num_frames):
+            pass
     except Exception as e:  # VideoDecodeError, or anything else decord raises on bad data
         first = str(e).strip().splitlines()
+        if type(e).__name__ == "StaleSampleError":  # here: the decoder and the header disagree
+            what = str(e).split(":")[0].replace(" indexed", " of its header")
+            raise ProbeError("corrupt_video", f"{what} (decord disagrees)") from None
         raise ProbeError("corrupt_video", f"frame data: {first[0][:200] if first else type(e).__name__}") from None
 
 
@@ -234,6 +242,28 @@ def split_key(name: str) -> tuple[str, str]:
     d, _, base = name.rpartition("/")
     stem, dot, ext = base.partition(".")
     return (f"{d}/{stem}" if d else stem), ext.lower()
+
+
+def member_path(root: str | Path, key: str, ext: str) -> Path:
+    """The file of member ``ext`` of folder sample ``key``. The index stores extensions lower-cased (they classify
+    members), while the file may be named ``IMG_0001.JPG``: ``key.ext`` when it exists, else ``key.EXT``, else the
+    one file of the folder named ``key.`` plus ``ext`` in any case. None: ``FileNotFoundError`` naming ``key.ext``."""
+    p = Path(root) / f"{key}.{ext}"
+    if p.exists():
+        return p
+    up = Path(root) / f"{key}.{ext.upper()}"
+    if up.exists():
+        return up
+    d, _, stem = key.rpartition("/")
+    folder = Path(root) / d if d else Path(root)
+    try:
+        hits = [n for n in os.listdir(folder) if n.startswith(f"{stem}.") and n[len(stem) + 1:].lower() == ext]
+    except OSError:
+        hits = []
+    if len(hits) == 1:
+        return folder / hits[0]
+    why = "no such file" if not hits else f"{len(hits)} files whose names differ only in case"
+    raise FileNotFoundError(errno.ENOENT, why, str(p))
 
 
 def _clean_end(tf: tarfile.TarFile, file_size: int) -> int | None:
@@ -316,6 +346,8 @@ def iter_dir_samples(root: Path, entries: list[list]) -> Iterator[tuple[str, dic
             if isinstance(a, str):
                 problem = problem or f"{a}: {rel.encode('utf-8', 'backslashreplace').decode()}: {b}"
             else:
+                if ext in cur:  # a.jpg and a.JPG: extensions are compared lower-cased
+                    problem = problem or f"duplicate_member: two .{ext} files (names differing only in case)"
                 cur[ext] = (0, int(a))
         try:
             key.encode("utf-8")

@@ -78,12 +78,14 @@ def test_a_spec_with_wrong_values_is_one_line_naming_the_file_and_key(tmp_path, 
 
 def test_plot_of_an_index_without_samples_says_why_no_plot_was_written(tmp_path):
     """Before, --plot wrote nothing for an index of 0 samples and said nothing. The run's exit status is unchanged:
-    0 for an empty file, 1 for all-bad input above --max-error-rate, 0 with --max-error-rate 1."""
+    1 for all-bad input above --max-error-rate, 0 with --max-error-rate 1. An empty file is refused (exit 2, one
+    line): there is nothing to index."""
     pytest.importorskip("matplotlib")
     plot = tmp_path / "p.png"
     (tmp_path / "empty.jsonl").write_text("")
     r = run_cli([str(tmp_path / "empty.jsonl"), "--spec", "text", "--out", str(tmp_path / "a"), "--plot", str(plot)])
-    assert r.returncode == 0 and "no plot written to" in r.stderr and "no samples" in r.stderr, r.stderr
+    assert r.returncode == 2 and "no samples found" in r.stderr and not plot.exists(), r.stderr
+    assert not (tmp_path / "a").exists()
     (tmp_path / "bad.jsonl").write_text("{nope\n[1]\n")
     for rate, rc in (("1", 0), ("0.5", 1)):
         r = run_cli([str(tmp_path / "bad.jsonl"), "--spec", "text", "--out", str(tmp_path / f"b{rate}"), "--plot",

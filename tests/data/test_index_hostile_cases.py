@@ -54,8 +54,6 @@ GOOD = {"id": "ok", "text": "a good line"}
 
 # ---------------------------------------------------------------- jsonl
 CASES.update({
-    "empty_jsonl_file": text_case(b"", 0, {}),
-    "blank_lines_only": text_case(b"\n  \n\t\r\n", 0, {}),
     "line_is_an_array": text_case(jl([1, 2], GOOD), 1, {"bad_json": 1}),
     "line_is_null": text_case(jl(b"null", GOOD), 1, {"bad_json": 1}),
     "int_id_of_5000_digits": text_case(jl(b'{"id": ' + b"7" * 5000 + b', "text": "x"}', GOOD), 1, {"bad_json": 1}),
@@ -227,6 +225,11 @@ def _argv(d: Path, *extra: str, inputs=None) -> list[str]:
     return ["index", *(inputs or [str(d / "t.jsonl")]), "--spec", "text", "--out", str(d / "ix"), "--no-progress", *extra]
 
 
+def _file_argv(d: Path, data: bytes) -> list[str]:
+    (d / "e.jsonl").write_bytes(data)
+    return _argv(d, inputs=[str(d / "e.jsonl")])
+
+
 CASES.update({
     "seven_nested_brace_ranges": usage_error(lambda d: _argv(d, inputs=[str(d / ("{0..9}" * 7 + ".tar"))]), "expands to"),
     "max_frames_zero": usage_error(lambda d: _argv(d, "--max-frames", "0"), "--max-frames"),
@@ -235,6 +238,9 @@ CASES.update({
     "glob_matching_nothing": usage_error(lambda d: _argv(d, inputs=[str(d / "none-*.tar")]), "matches no file"),
     "out_is_a_file": usage_error(lambda d: (d / "ix").write_text("x") and _argv(d), "is a file"),
     "empty_folder": usage_error(lambda d: (d / "e").mkdir() or _argv(d, inputs=[str(d / "e")]), "no samples"),
+    # nothing to index is refused like an empty folder (before, a 0-sample index was committed, exit 0)
+    "empty_jsonl_file": usage_error(lambda d: _file_argv(d, b""), "no samples"),
+    "blank_lines_only": usage_error(lambda d: _file_argv(d, b"\n  \n\t\r\n"), "no samples"),
 })
 
 
