@@ -24,7 +24,6 @@ through autograd, errors written as JSON.
 """
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import math
@@ -38,6 +37,8 @@ import threading
 import time
 
 import torch
+
+from _args import count, nonempty, output_file, parser, positive_float, positive_int, run
 
 __all__ = ["ThreadHub", "ThreadRingComm", "multiprocess_checks", "reference_attention", "rel_error",
            "ring_inputs", "ring_section", "run_ring_threads"]
@@ -401,18 +402,32 @@ def multiprocess_checks(res, cfg, deadline, tol) -> None:
 
 
 # ---------------------------------------------------------------------------- multi-process worker
+def build_parser():
+    """The worker's command line (``multiprocess_checks`` starts it; not for a user to run)."""
+    ap = parser("One rank of gpu_check.py's multi-process check (started by gpu_check.py).")
+    ap.add_argument("--worker", action="store_true", help="run as one rank of the multi-process check")
+    ap.add_argument("--rank", type=count, required=True, help="this process's rank, below --world")
+    ap.add_argument("--world", type=positive_int, required=True, help="processes in the group")
+    ap.add_argument("--init", type=nonempty, required=True, help="init_method URL, e.g. file:///tmp/x")
+    ap.add_argument("--backend", choices=("nccl", "gloo"), required=True, help="process-group backend")
+    ap.add_argument("--device", choices=("cuda", "cpu"), required=True, help="where the ring runs")
+    ap.add_argument("--result", type=output_file, required=True, help="JSON file this rank writes its report to")
+    ap.add_argument("--pg-timeout", type=positive_float, default=60.0, help="process-group timeout [s]")
+    return ap
+
+
+def parse_args(argv=None):
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if args.rank >= args.world:
+        ap.error(f"--rank {args.rank} must be below --world {args.world}")
+    args.result = str(args.result)
+    return args
+
+
 def _worker(argv=None) -> int:
     """One rank of the multi-process check: ``ring_attention`` through autograd on a real group."""
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--worker", action="store_true")
-    ap.add_argument("--rank", type=int, required=True)
-    ap.add_argument("--world", type=int, required=True)
-    ap.add_argument("--init", required=True, help="init_method URL, e.g. file:///tmp/x")
-    ap.add_argument("--backend", choices=("nccl", "gloo"), required=True)
-    ap.add_argument("--device", choices=("cuda", "cpu"), required=True)
-    ap.add_argument("--result", required=True)
-    ap.add_argument("--pg-timeout", type=float, default=60.0)
-    args = ap.parse_args(argv)
+    args = parse_args(argv)
     import torch.distributed as dist
 
     from fcp_exec import ring_attention
@@ -494,4 +509,4 @@ def _write_json(doc, path: str) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(_worker())
+    run(_worker)

@@ -22,7 +22,6 @@ the ratio of the sums).
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time
@@ -32,6 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _args import count, parser, positive_int, run  # noqa: E402
 from fcp_data.plan import plan_batch  # noqa: E402
 from fcp_data.plan.bfd import bfd_groups  # noqa: E402
 from fcp_data.plan.microbatch import plan_micro_batches  # noqa: E402
@@ -72,11 +72,15 @@ def auto(L: np.ndarray, N: int, cm, skip_tight: bool) -> float:
     return float(sum(mb.makespan for mb in mbs))
 
 
+def build_parser():
+    ap = parser(__doc__)
+    ap.add_argument("--instances", type=positive_int, default=300, help="random tight global batches")
+    ap.add_argument("--seed", type=count, default=1, help="random seed of the instances")
+    return ap
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--instances", type=int, default=300)
-    ap.add_argument("--seed", type=int, default=1)
-    args = ap.parse_args(argv)
+    args = build_parser().parse_args(argv)
     rng = np.random.default_rng(args.seed)
     rows = []
     for i in range(args.instances):
@@ -107,4 +111,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run(main)

@@ -18,7 +18,6 @@ first ``--docs`` documents, truncated at ``--cap``); ``input_ids`` are made by t
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 
@@ -26,6 +25,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from _args import (count_list, existing_file, hardware_preset, model_preset, parser, positive_int,
+                   run)
 from fcp_data.collator import FCPCollator
 from fcp_data.presets import preset_cost_model
 from fcp_data.sampler import FCPDataset, FCPSampler, SampleSlot
@@ -127,23 +128,50 @@ def bench_loader(lengths: np.ndarray, args) -> None:
         print(f"  {mode}: 2 workers vs 0: {res[mode, 2] / res[mode, 0]:.2f}x")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workload", default=str(DEFAULT_WORKLOAD))
-    ap.add_argument("--docs", type=int, default=16384)
-    ap.add_argument("--cap", type=int, default=32768)
-    ap.add_argument("--tokens-per-rank", type=int, default=16384)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--ranks", type=int, default=8)
-    ap.add_argument("--batch", type=int, default=128)
-    ap.add_argument("--model", default="Qwen3-1.7B")
-    ap.add_argument("--hardware", default="h100")
-    ap.add_argument("--future-tokens", default="0",
+def build_parser():
+    ap = parser(__doc__.splitlines()[0])
+    ap.add_argument("--workload", type=existing_file, default=str(DEFAULT_WORKLOAD),
+                    help="one document length per line (default: ../shared/workloads/wikipedia_flexsp.txt next to "
+                         "the repository)")
+    ap.add_argument("--docs", type=positive_int, default=16384, help="first documents of the workload used")
+    ap.add_argument("--cap", type=positive_int, default=32768, help="documents truncated at this many tokens")
+    ap.add_argument("--tokens-per-rank", type=positive_int, default=16384,
+                    help="tokens per rank: the collator's groups fill degree × this; the loader's preset budget")
+    ap.add_argument("--repeats", type=positive_int, default=3, help="passes over the collator-alone calls")
+    # the DataLoader part's options: None when not given, so that --collator-only can refuse them (else ignored)
+    ap.add_argument("--ranks", type=positive_int, default=None,
+                    help="ranks of the DataLoader part, rank 0 measured (default 8)")
+    ap.add_argument("--batch", type=positive_int, default=None,
+                    help="global batch size (sequences) of the DataLoader part (default 128)")
+    ap.add_argument("--model", type=model_preset, default=None,
+                    help="model preset of the DataLoader part (default Qwen3-1.7B)")
+    ap.add_argument("--hardware", type=hardware_preset, default=None,
+                    help="hardware preset of the DataLoader part (default h100)")
+    ap.add_argument("--future-tokens", type=count_list, default="0",
                     help="comma-separated look-ahead depths for the collator-alone rows (multi-token prediction), "
                          "side by side; the first is the baseline of the ratios, e.g. 0,1,3")
     ap.add_argument("--collator-only", action="store_true", help="skip the DataLoader part")
-    args = ap.parse_args()
-    depths = tuple(int(d) for d in args.future_tokens.split(","))
+    return ap
+
+
+LOADER_DEFAULTS = {"ranks": 8, "batch": 128, "model": "Qwen3-1.7B", "hardware": "h100"}
+
+
+def parse_args(argv=None):
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    given = [f"--{k}" for k in LOADER_DEFAULTS if getattr(args, k) is not None]
+    if args.collator_only and given:
+        ap.error(f"{', '.join(given)} set the DataLoader part, which --collator-only skips")
+    for k, v in LOADER_DEFAULTS.items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    depths = tuple(args.future_tokens)
     lengths = np.minimum(load_lengths(args.workload)[: args.docs], args.cap)
     print(f"{lengths.size} Wikipedia lengths truncated at {args.cap} (mean {lengths.mean():.0f} tokens); "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads available")
@@ -153,4 +181,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -15,7 +15,6 @@ Run: ``python benchmarks/bench_compile.py`` (about a minute on 2 cores).
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -27,6 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "exec"))
 sys.path.insert(0, str(ROOT / "tests"))  # _requires
+
+from _args import parser, positive_int, run  # noqa: E402
 
 
 def _run(steps: int, compile_backend: str | None) -> dict:
@@ -69,12 +70,19 @@ def _pair(steps: int, backend: str) -> tuple[dict, dict]:
     return _run(steps, None), _run(steps, backend)
 
 
+BACKENDS = ("inductor", "aot_eager", "eager")  # torch_compile_backend values that run on the CPU
+
+
+def build_parser():
+    p = parser(__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=positive_int, default=20, help="training steps per run")
+    p.add_argument("--pairs", type=positive_int, default=2, help="eager / compiled pairs, run alternating")
+    p.add_argument("--backend", choices=BACKENDS, default="inductor", help="torch_compile_backend of the compiled run")
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--pairs", type=int, default=2)
-    p.add_argument("--backend", default="inductor", help="torch_compile_backend (inductor, aot_eager, eager)")
-    opts = p.parse_args(argv)
+    opts = build_parser().parse_args(argv)
     from fcp_exec.launch import launch
 
     print(f"load average {os.getloadavg()[0]:.2f}; {opts.steps} steps, backend {opts.backend}")
@@ -89,4 +97,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run(main)

@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from _args import parser, positive_int, run
+
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("0", "1")  # FCP_GC_FREEZE
 KEYS = ("first_s", "second_s", "copied_mb", "frozen")
@@ -105,17 +107,18 @@ def run_once(kind: str, mode: str) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def build_parser():
+    p = parser(__doc__.split("\n\n")[0])
+    p.add_argument("--runs", type=positive_int, default=5, help="runs of each mode and kind, interleaved (default 5)")
+    p.add_argument("--child", choices=KINDS, help=argparse.SUPPRESS)  # the probe in a fresh interpreter (run_once)
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--runs", type=int, default=5, help="runs of each mode and kind, interleaved (default 5)")
-    p.add_argument("--child", choices=KINDS, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    args = build_parser().parse_args(argv)
     if args.child:
         print(json.dumps(child(args.child)))
         return 0
-    if args.runs < 1:
-        p.error("--runs must be at least 1")
     print(f"python {sys.version.split()[0]}, {args.runs} runs per mode; load average at start "
           f"{os.getloadavg()[0]:.2f}")
     for kind in KINDS:
@@ -138,4 +141,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

@@ -15,7 +15,6 @@ Usage: ``python benchmarks/bench_groups.py [--world 4] [--iters 20]``
 """
 from __future__ import annotations
 
-import argparse
 import random
 import statistics
 import time
@@ -23,6 +22,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from _args import count, parser, positive_int, run
 from fcp_exec.comm import RingComm
 from fcp_exec.launch import WorkerPool
 
@@ -63,12 +63,16 @@ def bench_worker(rank: int, iters: int, seed: int) -> dict:
     return {"logical": logical, "new_group": new_group, "exchange": exchange}
 
 
+def build_parser():
+    ap = parser(__doc__.splitlines()[0])
+    ap.add_argument("--world", type=positive_int, default=4, help="gloo CPU processes")
+    ap.add_argument("--iters", type=positive_int, default=20, help="micro-batches, each a fresh random partition")
+    ap.add_argument("--seed", type=count, default=0, help="random seed of the partitions (the same on every rank)")
+    return ap
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--world", type=int, default=4)
-    ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
+    args = build_parser().parse_args(argv)
     with WorkerPool(args.world, backend="gloo", pg_timeout=120) as pool:
         results = pool.run(bench_worker, args.iters, args.seed, timeout=600)
     logical = [x for r in results for x in r["logical"]]
@@ -86,4 +90,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run(main)

@@ -22,7 +22,6 @@ under the aware model (``fcp_data.plan.simulate``, what ``fcp simulate --preset 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
 import time
@@ -33,6 +32,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import _args  # noqa: E402
+from _args import WIKIPEDIA, existing_file, names, parser, positive_int  # noqa: E402
 from fcp_data.hf_config import HF_PRESETS, hf_model_config  # noqa: E402
 from fcp_data.plan.microbatch import plan_micro_batches  # noqa: E402
 from fcp_data.plan.placement import placed_times  # noqa: E402
@@ -114,12 +115,19 @@ def run(name: str, lengths: np.ndarray, batches: list) -> list[str]:
             f"{time.perf_counter() - t0:.0f} s |"]
 
 
+def build_parser():
+    ap = parser(__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=positive_int, default=20, help="global batches per model (default 20)")
+    ap.add_argument("--models", type=names(HF_PRESETS, "model (fcp_data.hf_config.HF_PRESETS)"),
+                    default=",".join(MODELS), help=f"comma-separated HF_PRESETS names (default {','.join(MODELS)})")
+    ap.add_argument("--workload", type=existing_file, default=str(WIKIPEDIA),
+                    help="one sequence length per line (default: ../shared/workloads/wikipedia_flexsp.txt next to "
+                         "the repository)")
+    return ap
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=20, help="global batches per model (default 20)")
-    ap.add_argument("--models", default=",".join(MODELS), help=f"comma-separated (default {','.join(MODELS)})")
-    ap.add_argument("--workload", default=str(REPO.parent / "shared" / "workloads" / "wikipedia_flexsp.txt"))
-    args = ap.parse_args(argv)
+    args = build_parser().parse_args(argv)
     lengths, _ = apply_cap(load_lengths(args.workload), CAP, "truncate")
     batches = draw_batches(len(lengths), 512, args.steps, 0)
     print(f"Wikipedia GBS 512, {args.steps} batches, {RANKS} × {HW} (8 per node), weights sharded (FSDP2), "
@@ -127,11 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     print("| model | window × windowed/all layers | params per token / total | tokens per rank | aware: step | "
           "blind preset: step (loss) | FCP vs static CP / FCP-pow2 | CPU |")
     print("|---|---|---|---:|---:|---|---|---:|")
-    for name in args.models.split(","):
-        for line in run(name.strip(), lengths, batches):
+    for name in args.models:
+        for line in run(name, lengths, batches):
             print(line, flush=True)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    _args.run(main)

@@ -16,7 +16,6 @@ Run: ``python benchmarks/bench_hf_step.py`` (about 1–2 minutes on 2 cores; pri
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import os
@@ -28,6 +27,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from _args import count, parser, positive_int, positive_int_list, run  # noqa: E402
 
 CONFIG = dict(model_type="qwen3", vocab_size=2000, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
               num_attention_heads=8, num_key_value_heads=2, head_dim=16, max_position_embeddings=32768,
@@ -128,16 +129,21 @@ def part2(nproc: int, steps: int, warmup: int) -> dict:
     return out
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--lens", default="2048,512,512,256,128,128,64,64", help="part 1 document lengths")
-    ap.add_argument("--reps", type=int, default=7)
-    ap.add_argument("--nproc", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=8, help="part 2 timed steps per reducer")
-    ap.add_argument("--warmup", type=int, default=2)
-    args = ap.parse_args()
+def build_parser():
+    ap = parser(__doc__.split("\n")[0])
+    ap.add_argument("--lens", type=positive_int_list, default="2048,512,512,256,128,128,64,64",
+                    help="part 1 document lengths (comma-separated)")
+    ap.add_argument("--reps", type=positive_int, default=7, help="part 1 forward+backward passes per model (median)")
+    ap.add_argument("--nproc", type=positive_int, default=2, help="part 2 gloo processes")
+    ap.add_argument("--steps", type=positive_int, default=8, help="part 2 timed steps per reducer")
+    ap.add_argument("--warmup", type=count, default=2, help="part 2 untimed steps per reducer first")
+    return ap
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     load = os.getloadavg()[0]
-    p1 = part1([int(x) for x in args.lens.split(",")], args.reps)
+    p1 = part1(list(args.lens), args.reps)
     print(f"## HF adapter on this machine (load {load:.1f}, {os.cpu_count()} cores)\n")
     print(f"Part 1: one packed micro-batch, {p1['docs']} documents, {p1['tokens']} tokens, Qwen3 4 layers × 128, fp32, "
           f"forward+backward, median of {args.reps}")
@@ -158,4 +164,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

@@ -15,7 +15,6 @@ Run: ``python benchmarks/bench_hf_trainer.py`` (about 20 s on 2 cores).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import tempfile
@@ -24,6 +23,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from _args import parser, positive_int, run  # noqa: E402
 
 CONFIG = ROOT / "examples" / "configs" / "qwen3-tiny.json"
 
@@ -103,15 +104,20 @@ def _work(opts) -> dict:
     return out
 
 
+def build_parser():
+    p = parser(__doc__.split("\n")[0])
+    p.add_argument("--nproc", type=positive_int, default=2, help="gloo processes (default 2)")
+    p.add_argument("--steps", type=positive_int, default=12, help="steps per block (default 12)")
+    p.add_argument("--blocks", type=positive_int, default=5, help="blocks of each, alternating (default 5)")
+    p.add_argument("--tokens-per-rank", type=positive_int, default=1024,
+                   help="planner memory budget per rank (default 1024)")
+    p.add_argument("--gbs", type=positive_int, default=8, help="global batch size (default 8; 6 steps per epoch)")
+    p.add_argument("--logging-steps", type=positive_int, default=10, help="the Trainer logs every N steps (default 10)")
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--nproc", type=int, default=2, help="gloo processes (default 2)")
-    p.add_argument("--steps", type=int, default=12, help="steps per block (default 12)")
-    p.add_argument("--blocks", type=int, default=5, help="blocks of each, alternating (default 5)")
-    p.add_argument("--tokens-per-rank", type=int, default=1024, help="planner memory budget per rank (default 1024)")
-    p.add_argument("--gbs", type=int, default=8, help="global batch size (default 8; 6 steps per epoch)")
-    p.add_argument("--logging-steps", type=int, default=10, help="the Trainer logs every N steps (default 10)")
-    opts = p.parse_args(argv)
+    opts = build_parser().parse_args(argv)
     from fcp_data import bundled_path
     from fcp_data.index import build_index
     from fcp_exec.launch import launch
@@ -132,4 +138,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run(main)

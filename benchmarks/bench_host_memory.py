@@ -11,7 +11,6 @@ cores). Long documents (``--max-tokens``) put thousands of tokens on a rank, whe
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -20,6 +19,7 @@ import sys
 from pathlib import Path
 
 from _alternating import alternating_pairs
+from _args import count, parser, positive_int, run
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,15 +35,28 @@ def run_once(keep: bool, args) -> list[float]:
     return [json.loads(line)["step_time_s"] for line in out.stdout.splitlines() if line.startswith("{")]
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--pairs", type=int, default=3, help="alternating pairs of runs (default 3)")
-    p.add_argument("--steps", type=int, default=12, help="steps per run (default 12; step 0 is not counted)")
-    p.add_argument("--max-tokens", type=int, default=8192, help="longest synthetic document (default 8192)")
-    p.add_argument("--seed", type=int, default=0)
+def build_parser():
+    p = parser(__doc__.split("\n\n")[0])
+    p.add_argument("--pairs", type=positive_int, default=3, help="alternating pairs of runs (default 3)")
+    p.add_argument("--steps", type=positive_int, default=12,
+                   help="steps per run, at least 2 (default 12; step 0 is not counted)")
+    p.add_argument("--max-tokens", type=positive_int, default=8192,
+                   help="longest synthetic document, at least 16 (default 8192)")
+    p.add_argument("--seed", type=count, default=0, help="fcp train --seed (the same in every run)")
+    return p
+
+
+def parse_args(argv=None):
+    p = build_parser()
     args = p.parse_args(argv)
-    if args.pairs < 1 or args.steps < 2 or args.max_tokens < 16:
-        p.error("--pairs >= 1, --steps >= 2 and --max-tokens >= 16")
+    if args.steps < 2 or args.max_tokens < 16:
+        p.error(f"--steps {args.steps} / --max-tokens {args.max_tokens}: need --steps >= 2 (step 0 is not counted) "
+                "and --max-tokens >= 16")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     print(f"fcp train --model tiny-llm --nproc 2 --data synthetic --max-tokens {args.max_tokens} --steps {args.steps}; "
           f"load {os.getloadavg()[0]:.1f}")
     totals = alternating_pairs(lambda keep: run_once(keep, args), args.pairs,
@@ -56,4 +69,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

@@ -9,7 +9,6 @@ Ratios are measured side by side in the same run on the same files.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import statistics
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from _args import parser, positive_int, run
 from fcp_data._resources import data_path
 from fcp_data.index import LengthIndex, build_index
 from fcp_data.index.format import COLUMNS, FORMAT_NAME, FORMAT_VERSION, write_columns
@@ -158,16 +158,30 @@ def bench_load(root: Path, rows: int) -> dict:
             "disk_mb": sum(p.stat().st_size for p in out.iterdir()) / 1e6}
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--num-videos", type=int, default=300)
-    ap.add_argument("--rows", type=int, default=10_000_000)
-    ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+def build_parser():
+    ap = parser(__doc__.splitlines()[0])
+    ap.add_argument("--num-videos", type=positive_int, default=300, help="generated videos")
+    ap.add_argument("--rows", type=positive_int, default=10_000_000,
+                    help="rows of the synthetic index whose load is timed, at most 10000000")
+    ap.add_argument("--workers", type=positive_int, nargs="+", default=[1, 2],
+                    help="worker counts of the index-build rows (default 1 2)")
     ap.add_argument("--sizes", choices=sorted(SIZES), default="small",
                     help="resolution mix of the generated videos (default: small, as the bundled samples)")
     ap.add_argument("--probes-only", action="store_true", help="only the probe vs full-decode section")
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--json", action="store_true", help="print the results as JSON instead of the report")
+    return ap
+
+
+def parse_args(argv=None):
+    ap = build_parser()
     args = ap.parse_args(argv)
+    if args.rows > 10_000_000:
+        ap.error(f"--rows {args.rows}: at most 10000000 (the synthetic keys are clip-NNNNNNN, 12 bytes each)")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     with tempfile.TemporaryDirectory() as d:
         root = Path(d)
         t = time.perf_counter()
@@ -204,4 +218,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run(main)

@@ -17,7 +17,6 @@ Run: ``python benchmarks/bench_megatron_data.py`` (needs megatron-core for the w
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import tempfile
@@ -30,6 +29,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from _args import parser, positive_int, run  # noqa: E402
 
 
 def _write(prefix: Path, docs: int, max_len: int, seed: int) -> int:
@@ -56,13 +57,26 @@ def _median(fn, repeats: int) -> tuple[float, object]:
     return statistics.median(times), out
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--docs", type=int, default=200_000, help="documents in the corpus (default 200,000)")
-    p.add_argument("--max-len", type=int, default=4_000, help="longest document, tokens (default 4,000)")
-    p.add_argument("--reads", type=int, default=20_000, help="documents read per timing (default 20,000)")
-    p.add_argument("--repeats", type=int, default=5)
-    args = p.parse_args()
+def build_parser():
+    p = parser(__doc__.split("\n")[0])
+    p.add_argument("--docs", type=positive_int, default=200_000, help="documents in the corpus (default 200,000)")
+    p.add_argument("--max-len", type=positive_int, default=4_000,
+                   help="longest document, tokens, above 20 (default 4,000)")
+    p.add_argument("--reads", type=positive_int, default=20_000, help="documents read per timing (default 20,000)")
+    p.add_argument("--repeats", type=positive_int, default=5, help="runs of each timing (median)")
+    return p
+
+
+def parse_args(argv=None):
+    p = build_parser()
+    args = p.parse_args(argv)
+    if args.max_len <= 20:
+        p.error(f"--max-len {args.max_len}: documents are 20 to --max-len tokens; give more than 20")
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
     warnings.simplefilter("ignore")
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
@@ -110,4 +124,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

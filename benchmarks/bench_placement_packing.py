@@ -18,7 +18,6 @@ Prints, per set: instances, how many got faster / slower, the largest gain, the 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import sys
@@ -32,6 +31,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import fcp_data.plan.solvers as solvers  # noqa: E402
+from _args import WIKIPEDIA, count, existing_file, parser, positive_int, run  # noqa: E402
 from bench_plan_quality import random_instance  # noqa: E402
 from fcp_data.cost import CostModel  # noqa: E402
 from fcp_data.plan.solvers import fcp_micro_batch  # noqa: E402
@@ -71,15 +71,22 @@ def _row(name: str, rows: list) -> None:
           f"{r.mean():+.3%} | {np.median(t_off) * 1e3:.0f} / {np.median(t_on) * 1e3:.0f} |", flush=True)
 
 
+def build_parser():
+    ap = parser(__doc__.split("\n")[0])
+    ap.add_argument("--per-bin", type=positive_int, default=20, help="tight instances per bin and cost-model version")
+    ap.add_argument("--batches", type=positive_int, default=30, help="Wikipedia batches per rank count")
+    ap.add_argument("--seed", type=count, default=0, help="random seed of the instances and batches")
+    ap.add_argument("--workload", type=existing_file, default=str(WIKIPEDIA),
+                    help="one sequence length per line, at least 512 of them (default: "
+                         "../shared/workloads/wikipedia_flexsp.txt next to the repository)")
+    return ap
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--per-bin", type=int, default=20, help="tight instances per bin and cost-model version")
-    ap.add_argument("--batches", type=int, default=30, help="Wikipedia batches per rank count")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--workload", default=str(REPO.parent / "shared" / "workloads" / "wikipedia_flexsp.txt"))
-    args = ap.parse_args(argv)
-    if args.per_bin < 1 or args.batches < 1:
-        ap.error("need --per-bin >= 1 and --batches >= 1")
+    args = build_parser().parse_args(argv)
+    workload, _ = apply_cap(load_lengths(args.workload), 131072, "truncate")  # read first: a bad file before the work
+    if workload.size < 8 * 64:
+        raise ValueError(f"--workload {args.workload}: {workload.size} lengths; the Wikipedia rows draw 512")
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores\n")
     print("| instances | n | faster | slower | largest gain | mean change | CPU median off / on [ms] |")
     print("|---|---:|---:|---:|---:|---:|---|")
@@ -89,7 +96,6 @@ def main(argv=None) -> int:
             rows = [_both(*random_instance(rng, lo, hi, v2, max_ranks=64, max_sequences=32)) for _ in range(args.per_bin)]
             _row(f"tight {'v2' if v2 else 'v1'} {lo:.0%}–{hi:.0%}", rows)
     cm = CostModel.preset("Qwen3-8B", "ascend-910c")
-    workload, _ = apply_cap(load_lengths(args.workload), 131072, "truncate")
     for N in (64, 40, 56):
         wrng = np.random.default_rng(args.seed + N)
         rows = []
@@ -101,4 +107,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

@@ -19,7 +19,6 @@ by side: today's (``fcp_micro_batch(..., search=False)``, the planner before iss
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -29,6 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _args import count, parser, positive_float, positive_int, run  # noqa: E402
 from fcp_data.cost import CostModel  # noqa: E402
 from fcp_data.plan import plan_batch  # noqa: E402
 from fcp_data.plan.solvers import fcp_micro_batch  # noqa: E402
@@ -96,17 +96,19 @@ def _stats(g: list) -> str:
     return f"{a.mean():.3f} % | {a.max():.2f} %"
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--per-bin", type=int, default=30, help="instances per tightness bin and cost-model version")
-    ap.add_argument("--time-limit", type=float, default=20.0, help="ILP time limit per instance [s]")
-    ap.add_argument("--seed", type=int, default=0)
+def build_parser():
+    ap = parser(__doc__)
+    ap.add_argument("--per-bin", type=positive_int, default=30,
+                    help="instances per tightness bin and cost-model version")
+    ap.add_argument("--time-limit", type=positive_float, default=20.0, help="ILP time limit per instance [s]")
+    ap.add_argument("--seed", type=count, default=0, help="random seed of the instances")
     ap.add_argument("--models", choices=("v1", "v2", "both"), default="both", help="cost-model terms of the presets")
     ap.add_argument("--quick", action="store_true", help="6 instances per bin, ILP limit 5 s")
-    args = ap.parse_args(argv)
-    if args.per_bin < 1 or args.time_limit <= 0:
-        print("error: --per-bin must be >= 1 and --time-limit > 0", file=sys.stderr)
-        return 2
+    return ap
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     per_bin, limit = (6, 5.0) if args.quick else (args.per_bin, args.time_limit)
     versions = {"v1": (False,), "v2": (True,), "both": (False, True)}[args.models]
     for v2 in versions:
@@ -126,4 +128,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

@@ -24,7 +24,6 @@ Rows: ``robust_tol = 0`` (the default planner) and the robust choice (``robust_t
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -34,6 +33,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from _args import (WIKIPEDIA, existing_file, fraction_list, parser, positive_float_list,  # noqa: E402
+                   positive_int, run)
 from fcp_data.cost import CostModel  # noqa: E402
 from fcp_data.plan.microbatch import plan_micro_batches  # noqa: E402
 from fcp_data.plan.placement import placed_times  # noqa: E402
@@ -142,27 +143,27 @@ def measure(draws: list, ref: list, true_cm: CostModel, eps: float, tol: float, 
             f"{m_changed / len(diffs) * 100:.0f} % |")
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workload", default=str(REPO.parent / "shared" / "workloads" / "wikipedia_flexsp.txt"))
-    ap.add_argument("--batches", type=int, default=12, help="global batches of 512")
-    ap.add_argument("--trials", type=int, default=4, help="perturbations per batch and noise level")
-    ap.add_argument("--noise", default="0.05,0.2,0.5", help="noise levels ε (comma-separated)")
-    ap.add_argument("--robust-tol", default="0.01", help="tolerances of the robust choice (comma-separated)")
-    ap.add_argument("--models", choices=("v1", "v2", "both"), default="both")
+def build_parser():
+    ap = parser(__doc__)
+    ap.add_argument("--workload", type=existing_file, default=str(WIKIPEDIA),
+                    help="one sequence length per line (default: ../shared/workloads/wikipedia_flexsp.txt next to "
+                         "the repository)")
+    ap.add_argument("--batches", type=positive_int, default=12, help="global batches of 512")
+    ap.add_argument("--trials", type=positive_int, default=4, help="perturbations per batch and noise level")
+    ap.add_argument("--noise", type=fraction_list, default="0.05,0.2,0.5",
+                    help="noise levels ε (comma-separated, each in [0, 1))")
+    ap.add_argument("--robust-tol", type=positive_float_list, default="0.01",
+                    help="tolerances of the robust choice (comma-separated, each > 0)")
+    ap.add_argument("--models", choices=("v1", "v2", "both"), default="both", help="cost-model terms of the preset")
     ap.add_argument("--explain", action="store_true", help="also print the worst pairs and what flipped")
     ap.add_argument("--quick", action="store_true", help="3 batches, 2 trials")
-    args = ap.parse_args(argv)
-    try:
-        noise = [float(x) for x in args.noise.split(",")]
-        tols = [float(x) for x in args.robust_tol.split(",")]
-        raw = load_lengths(args.workload)
-    except (ValueError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    if args.batches < 1 or args.trials < 1 or not all(0 <= e < 1 for e in noise) or not all(t > 0 for t in tols):
-        print("error: --batches/--trials must be >= 1, noise levels in [0, 1), --robust-tol > 0", file=sys.stderr)
-        return 2
+    return ap
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    noise, tols = args.noise, args.robust_tol
+    raw = load_lengths(args.workload)
     batches, trials = (3, 2) if args.quick else (args.batches, args.trials)
     pool, _ = apply_cap(raw, CAP, "truncate")
     draws = [pool[ids] for ids in draw_batches(pool.size, 512, batches, 0)]
@@ -183,4 +184,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

@@ -2,8 +2,11 @@
 
 Prints markdown tables. Run from the repository root::
 
-    .venv/bin/python benchmarks/bench_planner.py                      # everything (~5-8 min on 2 cores)
+    .venv/bin/python benchmarks/bench_planner.py                      # latency,scaling,quality,simulate (~5-8 min)
     .venv/bin/python benchmarks/bench_planner.py --only latency,scaling
+
+Without --only the four sections latency, scaling, quality and simulate run (~5-8 min on 2 cores); memory, auto,
+digest and nscaling run only when --only names them.
 
 Sections:
   latency   512 sequences drawn from the Wikipedia workload (capped at 128K) on 64 ranks as one
@@ -48,6 +51,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from _args import (WIKIPEDIA, count, count_list, existing_file, int_pairs, names, parser,  # noqa: E402
+                   positive_float, positive_int, positive_int_list, run)
 from fcp_data.cost import CostModel  # noqa: E402
 from fcp_data.plan import plan_batch  # noqa: E402
 from fcp_data.workloads import apply_cap, load_lengths  # noqa: E402
@@ -298,28 +303,40 @@ def bench_digest(workload: np.ndarray, seed: int, count: int) -> None:
                 print(i, n, N, s, mb, f"{p.makespan:.6f}", hashlib.sha1(key.encode()).hexdigest()[:16], flush=True)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workload", default=str(REPO.parent / "shared" / "workloads" / "wikipedia_flexsp.txt"))
-    ap.add_argument("--only", default="latency,scaling,quality,simulate")
-    ap.add_argument("--reps", type=int, default=30, help="batches per latency / scaling cell")
-    ap.add_argument("--instances", type=int, default=200, help="quality instances (each solved by the ILP)")
-    ap.add_argument("--time-limit", type=float, default=30.0, help="ILP time limit per instance [s]")
-    ap.add_argument("--steps", type=int, default=20, help="simulated steps per model")
-    ap.add_argument("--nscaling-sizes", default="25000,50000,100000,200000,400000",
+SECTIONS = ("latency", "scaling", "quality", "simulate", "memory", "auto", "digest", "nscaling")
+DEFAULT_SECTIONS = "latency,scaling,quality,simulate"
+
+
+def build_parser():
+    ap = parser(__doc__)
+    ap.add_argument("--workload", type=existing_file, default=str(WIKIPEDIA),
+                    help="one sequence length per line (default: ../shared/workloads/wikipedia_flexsp.txt next to "
+                         "the repository)")
+    ap.add_argument("--only", type=names(SECTIONS, "section"), default=DEFAULT_SECTIONS,
+                    help=f"comma-separated sections to run, of {', '.join(SECTIONS)} (default {DEFAULT_SECTIONS})")
+    ap.add_argument("--reps", type=positive_int, default=30, help="batches per latency / scaling cell")
+    ap.add_argument("--instances", type=positive_int, default=200, help="quality instances (each solved by the ILP)")
+    ap.add_argument("--time-limit", type=positive_float, default=30.0, help="ILP time limit per instance [s]")
+    ap.add_argument("--steps", type=positive_int, default=20, help="simulated steps per model")
+    ap.add_argument("--nscaling-sizes", type=positive_int_list, default="25000,50000,100000,200000,400000",
                     help="sequence counts of the nscaling section")
-    ap.add_argument("--sizes", default=",".join(f"{n}x{r}" for n, r in SIZES), help="memory section: n x ranks list")
+    ap.add_argument("--sizes", type=int_pairs, default=",".join(f"{n}x{r}" for n, r in SIZES),
+                    help="memory section: comma-separated sequences x ranks")
     ap.add_argument("--v1", action="store_true", help="memory section: v1 preset instead of v2")
-    ap.add_argument("--auto-steps", type=int, default=50, help="auto section: global batches")
-    ap.add_argument("--digest-seed", type=int, default=0, help="digest section: random seed")
-    ap.add_argument("--digest-count", type=int, default=45, help="digest section: instances")
-    ap.add_argument("--_size", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
+    ap.add_argument("--auto-steps", type=positive_int, default=50, help="auto section: global batches")
+    ap.add_argument("--digest-seed", type=count, default=0, help="digest section: random seed")
+    ap.add_argument("--digest-count", type=positive_int, default=45, help="digest section: instances")
+    ap.add_argument("--_size", type=count_list, help=argparse.SUPPRESS)  # memory section: n,ranks,reps,v2 of a child
+    return ap
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     if args._size:
-        n, ranks, reps, v2 = (int(x) for x in args._size.split(","))
+        n, ranks, reps, v2 = args._size
         _size_child(args.workload, n, ranks, reps, bool(v2))
         return 0
-    only = set(args.only.split(","))
+    only = set(args.only)
     workload = None
     if only & {"latency", "scaling", "simulate", "auto", "digest"}:
         raw = load_lengths(args.workload)
@@ -339,8 +356,7 @@ def main(argv=None) -> int:
     if "simulate" in only:
         bench_simulate(workload, args.steps)
     if "memory" in only:
-        sizes = [tuple(int(x) for x in s.split("x")) for s in args.sizes.split(",")]
-        bench_memory(args.workload, sizes, args.reps, not args.v1)
+        bench_memory(args.workload, args.sizes, args.reps, not args.v1)
     if only & {"latency", "memory"}:
         print(f"\nspeed reference at the end: {speed_reference():.2f} s (this host's speed can change ~3x within a minute)")
     if "auto" in only:
@@ -348,9 +364,9 @@ def main(argv=None) -> int:
     if "digest" in only:
         bench_digest(workload, args.digest_seed, args.digest_count)
     if "nscaling" in only:
-        bench_nscaling(args.workload, [int(v) for v in args.nscaling_sizes.split(",")])
+        bench_nscaling(args.workload, args.nscaling_sizes)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

@@ -17,7 +17,6 @@ Medians of ``--repeats`` runs; ratios from the same run. Run: ``python benchmark
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -29,6 +28,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from _args import parser, positive_int, run  # noqa: E402
 
 IMG, VID, MERGE = 4, 5, 2
 
@@ -76,13 +77,18 @@ def _dataset(rows: int, dim: int, folder: str):
     return datasets.load_from_disk(os.path.join(folder, "saved"))
 
 
+def build_parser():
+    p = parser(__doc__.split("\n\n")[0])
+    p.add_argument("--rows", type=positive_int, default=20_000, help="processor-format samples in the dataset")
+    p.add_argument("--dim", type=positive_int, default=64, help="values per patch row (Qwen2.5-VL: 1176)")
+    p.add_argument("--read-rows", type=positive_int, default=500,
+                   help="rows read one by one for the per-row comparisons")
+    p.add_argument("--repeats", type=positive_int, default=5, help="runs of each measurement (median)")
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rows", type=int, default=20_000, help="processor-format samples in the dataset")
-    p.add_argument("--dim", type=int, default=64, help="values per patch row (Qwen2.5-VL: 1176)")
-    p.add_argument("--read-rows", type=int, default=500, help="rows read one by one for the per-row comparisons")
-    p.add_argument("--repeats", type=int, default=5)
-    opts = p.parse_args(argv)
+    opts = build_parser().parse_args(argv)
     from fcp_exec.integrations.hf_samples import fcp_sample, placeholder_spans
     from fcp_exec.integrations.hf_trainer_data import count_lengths
 
@@ -120,4 +126,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run(main)

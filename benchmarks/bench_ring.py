@@ -15,13 +15,13 @@ Usage: ``python benchmarks/bench_ring.py [--tokens 8192] [--iters 5] [--dtype fl
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
 import torch
 import torch.distributed as dist
 
+from _args import parser, positive_int, run
 from fcp_exec import ring_attention, zigzag_shard
 from fcp_exec.kernels import CpuFlashKernel
 from fcp_exec.launch import WorkerPool
@@ -93,13 +93,31 @@ def bench_worker(rank: int, tokens: int, heads: tuple, dtype_name: str, iters: i
     return res
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tokens", type=int, default=8192)
-    ap.add_argument("--heads", type=int, nargs=3, default=(8, 2, 64), metavar=("HQ", "HKV", "D"))
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float64"])
-    ap.add_argument("--iters", type=int, default=3)
+def build_parser():
+    ap = parser(__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=positive_int, default=8192,
+                    help="tokens of the packed batch, a multiple of 4 (every document is: a zigzag over 2 ranks)")
+    ap.add_argument("--heads", type=positive_int, nargs=3, default=(8, 2, 64), metavar=("HQ", "HKV", "D"),
+                    help="query heads, key/value heads (dividing HQ) and head dim (default 8 2 64)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float64"], help="tensor dtype")
+    ap.add_argument("--iters", type=positive_int, default=3,
+                    help="timed forward+backward passes (median), after 1 warm-up")
+    return ap
+
+
+def parse_args(argv=None):
+    ap = build_parser()
     args = ap.parse_args(argv)
+    hq, hkv, _ = args.heads
+    if args.tokens % 4:
+        ap.error(f"--tokens {args.tokens}: a multiple of 4 (every document is: a zigzag over 2 ranks)")
+    if hq % hkv:
+        ap.error(f"--heads {hq} {hkv}: the key/value heads must divide the query heads")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     with WorkerPool(2, backend="gloo", pg_timeout=600, num_threads=1) as pool:
         r0, r1 = pool.run(bench_worker, args.tokens, tuple(args.heads), args.dtype, args.iters, timeout=3000)
     t = r0["tokens"]
@@ -120,4 +138,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run(main)

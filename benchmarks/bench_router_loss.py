@@ -13,7 +13,6 @@ on 2 cores).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -23,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 from _alternating import alternating_pairs
+from _args import parser, positive_int, run
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -48,16 +48,29 @@ def run_once(config: Path, args) -> list[float]:
     return [json.loads(line)["step_time_s"] for line in out.stdout.splitlines() if line.startswith("{")]
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--pairs", type=int, default=3, help="alternating pairs of runs (default 3)")
-    p.add_argument("--steps", type=int, default=10, help="steps per run (default 10; step 0 is not counted)")
-    p.add_argument("--hidden", type=int, default=128, help="hidden size, a multiple of 16 (default 128)")
-    p.add_argument("--layers", type=int, default=4, help="decoder layers, every one MoE (default 4)")
-    p.add_argument("--max-tokens", type=int, default=1024, help="longest synthetic document (default 1024)")
+def build_parser():
+    p = parser(__doc__.split("\n\n")[0])
+    p.add_argument("--pairs", type=positive_int, default=3, help="alternating pairs of runs (default 3)")
+    p.add_argument("--steps", type=positive_int, default=10,
+                   help="steps per run, at least 2 (default 10; step 0 is not counted)")
+    p.add_argument("--hidden", type=positive_int, default=128, help="hidden size, a multiple of 16 (default 128)")
+    p.add_argument("--layers", type=positive_int, default=4, help="decoder layers, every one MoE (default 4)")
+    p.add_argument("--max-tokens", type=positive_int, default=1024, help="longest synthetic document (default 1024)")
+    return p
+
+
+def parse_args(argv=None):
+    p = build_parser()
     args = p.parse_args(argv)
-    if args.pairs < 1 or args.steps < 2 or args.hidden < 16 or args.hidden % 16 or args.layers < 1:
-        p.error("--pairs >= 1, --steps >= 2, --hidden a multiple of 16, --layers >= 1")
+    if args.steps < 2:
+        p.error(f"--steps {args.steps}: at least 2 (step 0 warms up and is not counted)")
+    if args.hidden % 16:
+        p.error(f"--hidden {args.hidden}: a multiple of 16 (8 heads of an even head dim)")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     print(f"fcp train --model hf:qwen3_moe (hidden {args.hidden}, {args.layers} MoE layers, 8 experts top 2) --nproc 2 "
           f"--data synthetic --max-tokens {args.max_tokens} --steps {args.steps}; load {os.getloadavg()[0]:.1f}")
     with tempfile.TemporaryDirectory() as tmp:
@@ -72,4 +85,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

@@ -13,12 +13,13 @@ was planned before the first ``next()``), so it is reported apart.
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 
 import numpy as np
 
+from _args import (count, existing_file, hardware_preset, model_preset, nonnegative_float, parser,
+                   positive_int, run)
 from fcp_data.presets import preset_cost_model
 from fcp_data.sampler import FCPSampler
 from fcp_data.workloads import load_lengths
@@ -44,18 +45,35 @@ def _stats(x: list[float]) -> str:
     return f"median {np.median(a):7.2f} ms  p90 {np.percentile(a, 90):7.2f} ms  max {a.max():7.2f} ms  sum {a.sum():8.1f} ms"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workload", default=str(DEFAULT_WORKLOAD))
-    ap.add_argument("--cap", type=int, default=131072)
-    ap.add_argument("--ranks", type=int, default=64)
-    ap.add_argument("--batch", type=int, default=512)
-    ap.add_argument("--model", default="Qwen3-8B")
-    ap.add_argument("--hardware", default="ascend-910c")
-    ap.add_argument("--steps", type=int, default=16)
-    ap.add_argument("--step-time", type=float, default=0.5)
-    ap.add_argument("--prefetch", type=int, default=2)
-    args = ap.parse_args()
+def build_parser():
+    ap = parser(__doc__.splitlines()[0])
+    ap.add_argument("--workload", type=existing_file, default=str(DEFAULT_WORKLOAD),
+                    help="one document length per line (default: ../shared/workloads/wikipedia_flexsp.txt next to "
+                         "the repository)")
+    ap.add_argument("--cap", type=positive_int, default=131072, help="documents truncated at this many tokens")
+    ap.add_argument("--ranks", type=positive_int, default=64, help="ranks (rank 0's lists are consumed)")
+    ap.add_argument("--batch", type=positive_int, default=512, help="global batch size (sequences)")
+    ap.add_argument("--model", type=model_preset, default="Qwen3-8B", help="model preset of the cost model")
+    ap.add_argument("--hardware", type=hardware_preset, default="ascend-910c", help="hardware preset of the cost model")
+    ap.add_argument("--steps", type=positive_int, default=16,
+                    help="global batches consumed per setting, at least 2 (the first is reported apart)")
+    ap.add_argument("--step-time", type=nonnegative_float, default=0.5,
+                    help="simulated training step [s] per global batch (a sleep)")
+    ap.add_argument("--prefetch", type=count, default=2,
+                    help="background prefetch depth compared with prefetch=0")
+    return ap
+
+
+def parse_args(argv=None):
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if args.steps < 2:
+        ap.error(f"--steps {args.steps}: at least 2 (the first global batch's wait is reported apart from the rest)")
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
 
     lengths = np.minimum(load_lengths(args.workload), args.cap)
     cm = preset_cost_model(args.model, args.hardware)
@@ -89,4 +107,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -12,7 +12,6 @@ Run: ``python benchmarks/bench_sampler_len.py [--ranks 64 --batch 512 --batches 
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -23,6 +22,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _args import existing_file, parser, positive_int, run  # noqa: E402
 from fcp_data import sampler as sampler_module  # noqa: E402
 from fcp_data.cost import CostModel  # noqa: E402
 from fcp_data.sampler import FCPSampler  # noqa: E402
@@ -47,16 +47,20 @@ def _epoch(lengths, cm, args, *, call_len: bool, keep: int) -> float:
     return dt
 
 
+def build_parser():
+    ap = parser(__doc__.split("\n\n")[0])
+    ap.add_argument("--workload", type=existing_file, default=str(WORKLOAD),
+                    help="one token count per line (default: ../shared/workloads/wikipedia_flexsp.txt next to the "
+                         "repository)")
+    ap.add_argument("--ranks", type=positive_int, default=64, help="ranks of the sampler (rank 0 iterated)")
+    ap.add_argument("--batch", type=positive_int, default=512, help="documents per global batch")
+    ap.add_argument("--batches", type=positive_int, default=8, help="global batches in the epoch")
+    ap.add_argument("--reps", type=positive_int, default=3, help="repetitions of the three cases (median)")
+    return ap
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--workload", default=str(WORKLOAD), help="one token count per line")
-    ap.add_argument("--ranks", type=int, default=64)
-    ap.add_argument("--batch", type=int, default=512, help="documents per global batch")
-    ap.add_argument("--batches", type=int, default=8, help="global batches in the epoch")
-    ap.add_argument("--reps", type=int, default=3)
-    args = ap.parse_args(argv)
-    if min(args.ranks, args.batch, args.batches, args.reps) < 1:
-        ap.error("--ranks, --batch, --batches and --reps must be >= 1")
+    args = build_parser().parse_args(argv)
     lengths = np.loadtxt(args.workload, dtype=np.int64, max_rows=args.batch * args.batches)
     cm = CostModel.preset("qwen3-8b", "ascend-910c")
     cases = {"len() + epoch, plans kept": dict(call_len=True, keep=sampler_module._KEEP_PLANS),
@@ -79,4 +83,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

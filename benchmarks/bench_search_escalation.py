@@ -24,7 +24,6 @@ grouping (``ESCALATE_ENUMERATE``) switched off, and prints how many instances it
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -35,6 +34,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _args import count, parser, positive_int, run  # noqa: E402
 from bench_plan_quality import random_instance  # noqa: E402
 from fcp_data.plan.microbatch import split_lower_bound  # noqa: E402
 import fcp_data.plan.solvers as solvers  # noqa: E402
@@ -59,21 +59,33 @@ def _ablated(L, e, N, cm, name: str, value) -> tuple[float, float]:
         setattr(solvers, name, saved)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--per-bin", type=int, default=20, help="instances per tightness bin and cost-model version")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--max-sequences", type=int, default=32)
-    ap.add_argument("--max-ranks", type=int, default=64)
+def build_parser():
+    ap = parser(__doc__.split("\n")[0])
+    ap.add_argument("--per-bin", type=positive_int, default=20,
+                    help="instances per tightness bin and cost-model version")
+    ap.add_argument("--seed", type=count, default=0, help="random seed of the instances")
+    ap.add_argument("--max-sequences", type=positive_int, default=32, help="most sequences of an instance, at least 3")
+    ap.add_argument("--max-ranks", type=positive_int, default=64, help="most ranks of an instance, at least 2")
     ap.add_argument("--ablate-enumeration", action="store_true",
                     help="also plan without the second search's enumeration of every grouping (ESCALATE_ENUMERATE = 0)")
     ap.add_argument("--ablate-units", action="store_true",
                     help="also plan without the third search from wider BFD bins (ESCALATE_UNITS = 1: the planner before it)")
     ap.add_argument("--ablate-placed", action="store_true",
                     help="also plan without the descent on the placed makespan (PLACED_MAX_EVALS = 0: the planner before it)")
+    return ap
+
+
+def parse_args(argv=None):
+    ap = build_parser()
     args = ap.parse_args(argv)
-    if args.per_bin < 1 or args.max_sequences < 3 or args.max_ranks < 2:
-        ap.error("need --per-bin >= 1, --max-sequences >= 3, --max-ranks >= 2")
+    if args.max_sequences < 3 or args.max_ranks < 2:
+        ap.error(f"--max-sequences {args.max_sequences} / --max-ranks {args.max_ranks}: need --max-sequences >= 3 "
+                 "and --max-ranks >= 2")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; {args.per_bin} instances per bin and "
           f"model version, 4-{args.max_sequences} sequences, 2-{args.max_ranks} ranks\n")
     print("| model | tightness | off: mean / max gap | on: mean / max gap | on worse than off | on / LB median | "
@@ -121,4 +133,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

@@ -15,7 +15,6 @@ Run: ``python benchmarks/bench_sft_index.py [--conversations 2000] [--repeats 5]
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import statistics
@@ -30,6 +29,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "data"))
 from test_chat_templates import QWEN, _model_dir, _plain  # noqa: E402  (the test's template and model folder)
 
+from _args import parser, positive_int, run  # noqa: E402
 from fcp_data import IndexedDataset  # noqa: E402
 from fcp_data._resources import data_path  # noqa: E402
 from fcp_data.index import build_index  # noqa: E402
@@ -147,11 +147,15 @@ def _table(title: str, res: dict) -> str:
     return "\n".join(lines)
 
 
+def build_parser():
+    p = parser(__doc__.splitlines()[0])
+    p.add_argument("--conversations", type=positive_int, default=2000, help="text conversations (default 2000)")
+    p.add_argument("--repeats", type=positive_int, default=5, help="alternating repetitions (default 5)")
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--conversations", type=int, default=2000, help="text conversations (default 2000)")
-    p.add_argument("--repeats", type=int, default=5, help="alternating repetitions (default 5)")
-    args = p.parse_args(argv)
+    args = build_parser().parse_args(argv)
     with tempfile.TemporaryDirectory() as d:
         root = Path(d)
         (root / "text").mkdir()
@@ -167,4 +171,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run(main)

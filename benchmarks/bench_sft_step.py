@@ -11,7 +11,6 @@ Run: ``python benchmarks/bench_sft_step.py`` (about a minute on 2 cores; prints 
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -21,18 +20,24 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from _args import count, parser, positive_int, run  # noqa: E402
 
-def main() -> int:
+
+def build_parser():
+    ap = parser(__doc__.split("\n")[0])
+    ap.add_argument("--nproc", type=positive_int, default=2, help="gloo processes")
+    ap.add_argument("--steps", type=positive_int, default=12, help="timed steps per side")
+    ap.add_argument("--warmup", type=count, default=2, help="untimed steps per side first")
+    return ap
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     from bench_hf_step import _write_config, bench_worker  # the same tiny Qwen3 config and alternating loop
 
     from fcp_exec.launch import launch
     from fcp_exec.train import TrainConfig
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--nproc", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=12, help="timed steps per side")
-    ap.add_argument("--warmup", type=int, default=2)
-    args = ap.parse_args()
     path = _write_config()
     cfgs = [TrainConfig(model=f"hf:{path}", data="synthetic", reducer="allreduce", steps=1, global_batch_size=8,
                         num_synthetic=64, max_tokens=96, tokens_per_rank=48, dtype="float32", prefetch=2,
@@ -55,4 +60,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

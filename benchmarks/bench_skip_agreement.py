@@ -13,7 +13,6 @@ Run: ``python benchmarks/bench_skip_agreement.py`` (about a minute on 2 cores; p
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -21,6 +20,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from _args import parser, positive_int, run  # noqa: E402
 
 
 def _latency(docs: int, calls: int) -> float:
@@ -73,12 +74,16 @@ def _bench(docs: int, calls: int, steps: int) -> dict:
     return out
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--docs", type=int, default=8, help="documents in the batch of part 1")
-    p.add_argument("--calls", type=int, default=500, help="agree_skips calls timed in part 1")
-    p.add_argument("--steps", type=int, default=10, help="timed steps per mode in part 2")
-    args = p.parse_args()
+def build_parser():
+    p = parser(__doc__.split("\n")[0])
+    p.add_argument("--docs", type=positive_int, default=8, help="documents in the batch of part 1")
+    p.add_argument("--calls", type=positive_int, default=500, help="agree_skips calls timed in part 1")
+    p.add_argument("--steps", type=positive_int, default=10, help="timed steps per mode in part 2")
+    return p
+
+
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
     from fcp_exec.launch import launch
 
     res = launch(_bench, 2, args.docs, args.calls, args.steps)[0]
@@ -91,4 +96,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -21,7 +21,6 @@ Run: ``python benchmarks/bench_vision_split.py`` (about a minute on 2 cores; pri
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -30,6 +29,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from _args import parser, positive_int, positive_int_list, run  # noqa: E402
 CONFIG = ROOT / "examples" / "configs" / "llava_onevision-tiny.json"
 
 
@@ -111,24 +112,30 @@ def _bench(frames_list: list[int], reps: int, hidden: int, layers: int) -> dict:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 1)[1],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--frames", default="4,8,16,32", help="video lengths in frames (comma-separated)")
-    ap.add_argument("--reps", type=int, default=7, help="timed steps per mode and length")
-    ap.add_argument("--vision-hidden", type=int, default=128, help="vision tower width (the config's is 16)")
-    ap.add_argument("--vision-layers", type=int, default=2, help="vision tower depth (the config's is 1)")
+def build_parser():
+    ap = parser(__doc__.split("\n")[0], epilog=__doc__.split("\n", 1)[1])
+    ap.add_argument("--frames", type=positive_int_list, default="4,8,16,32",
+                    help="video lengths in frames (comma-separated, each at least 2)")
+    ap.add_argument("--reps", type=positive_int, default=7, help="timed steps per mode and length")
+    ap.add_argument("--vision-hidden", type=positive_int, default=128,
+                    help="vision tower width, a multiple of 4 (the config's is 16)")
+    ap.add_argument("--vision-layers", type=positive_int, default=2, help="vision tower depth (the config's is 1)")
+    return ap
+
+
+def parse_args(argv=None):
+    ap = build_parser()
     args = ap.parse_args(argv)
-    try:
-        frames = [int(x) for x in args.frames.split(",")]
-    except ValueError:
-        print(f"error: --frames must be comma-separated integers, got {args.frames!r}", file=sys.stderr)
-        return 2
-    if not frames or min(frames) < 2 or args.reps < 1 or args.vision_hidden < 4 or args.vision_hidden % 4 or \
-            args.vision_layers < 1:
-        print("error: --frames >= 2 each, --reps >= 1, --vision-hidden a multiple of 4, --vision-layers >= 1",
-              file=sys.stderr)
-        return 2
+    if min(args.frames) < 2:
+        ap.error(f"--frames {','.join(map(str, args.frames))}: each at least 2 (a degree-2 group splits the frames)")
+    if args.vision_hidden % 4:
+        ap.error(f"--vision-hidden {args.vision_hidden}: a multiple of 4 (4 attention heads)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    frames = args.frames
     from fcp_exec.launch import launch
 
     load = os.getloadavg()[0]
@@ -147,4 +154,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

@@ -12,7 +12,6 @@ sinks too; and full causal attention with Gemma 2's logit soft-capping (the mask
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -22,6 +21,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from _args import parser, positive_int, positive_int_list, run  # noqa: E402
 
 
 def _time(tokens: int, window: int | None, gen: torch.Generator, sinks: bool = False,
@@ -39,14 +40,18 @@ def _time(tokens: int, window: int | None, gen: torch.Generator, sinks: bool = F
     return time.perf_counter() - t0
 
 
+def build_parser():
+    p = parser(__doc__.split("\n\n")[0])
+    p.add_argument("--tokens", type=positive_int, default=4096, help="length of the one document")
+    p.add_argument("--windows", type=positive_int_list, default="512,4096", help="comma-separated sliding windows")
+    p.add_argument("--repeats", type=positive_int, default=5, help="alternating runs of every case (median)")
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--tokens", type=int, default=4096)
-    p.add_argument("--windows", default="512,4096", help="comma-separated sliding windows")
-    p.add_argument("--repeats", type=int, default=5)
-    opts = p.parse_args(argv)
+    opts = build_parser().parse_args(argv)
     torch.set_num_threads(max(1, os.cpu_count() or 1))
-    windows = [int(w) for w in opts.windows.split(",")]
+    windows = list(opts.windows)
     gen = torch.Generator().manual_seed(0)
     cases = [(w, sinks, None) for w in [None, *windows] for sinks in (False, True)] + [(None, False, 50.0)]
     runs: dict = {c: [] for c in cases}
@@ -65,4 +70,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run(main)

@@ -13,7 +13,6 @@ compute the same result (``tests/exec/test_ring_attention.py`` holds both to den
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -23,6 +22,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from _args import parser, positive_int, positive_int_list, run  # noqa: E402
 
 
 def _call(rank: int, degree: int, tokens: int, window: int, halo: bool, seed: int) -> float:
@@ -43,23 +44,39 @@ def _call(rank: int, degree: int, tokens: int, window: int, halo: bool, seed: in
     return time.perf_counter() - t0
 
 
+def build_parser():
+    ap = parser(__doc__.split("\n\n")[0])
+    ap.add_argument("--tokens", type=positive_int, default=16384,
+                    help="document length, a multiple of 2 × --degree (default 16384)")
+    ap.add_argument("--windows", type=positive_int_list, default="128,1024",
+                    help="comma-separated windows (default 128,1024)")
+    ap.add_argument("--repeats", type=positive_int, default=5, help="alternating pairs per window (default 5)")
+    ap.add_argument("--degree", type=positive_int, default=2, help="CP degree = processes, at least 2 (default 2; more "
+                    "than the cores oversubscribes them)")
+    return ap
+
+
+def parse_args(argv=None):
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if args.degree < 2:
+        ap.error(f"--degree {args.degree}: at least 2 (the halo exchange runs between ranks)")
+    if args.tokens % (2 * args.degree):
+        ap.error(f"--tokens {args.tokens}: a multiple of 2 × --degree = {2 * args.degree} (the zigzag's chunks)")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     from fcp_exec.launch import WorkerPool
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tokens", type=int, default=16384, help="document length (default 16384)")
-    ap.add_argument("--windows", default="128,1024", help="comma-separated windows (default 128,1024)")
-    ap.add_argument("--repeats", type=int, default=5, help="alternating pairs per window (default 5)")
-    ap.add_argument("--degree", type=int, default=2, help="CP degree = processes (default 2; more than the cores "
-                    "oversubscribes them)")
-    args = ap.parse_args(argv)
     d = args.degree
     print(f"one document of {args.tokens} tokens, degree {d} ({d} gloo processes, {os.cpu_count()} cores), 8/2 heads "
           f"× 64, float32, fwd + bwd; load {os.getloadavg()[0]:.1f}\n")
     print("| window | ring [s] | halo [s] | ring / halo | K/V bytes sent per rank: ring / halo |")
     print("|---:|---:|---:|---:|---|")
     with WorkerPool(d, backend="gloo", pg_timeout=300) as pool:
-        for w in (int(x) for x in args.windows.split(",")):
+        for w in args.windows:
             times = {True: [], False: []}
             for rep in range(args.repeats + 1):
                 for halo in ((True, False) if rep % 2 else (False, True)):
@@ -79,4 +96,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run(main)

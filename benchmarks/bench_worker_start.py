@@ -21,12 +21,13 @@ epoch 1; then the ratios to ``fork`` measured in the same run.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+from _args import existing_file, parser, positive_int, run
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("fork", "forkserver-types", "worker_context")
@@ -88,15 +89,17 @@ def run_mode(mode: str, config: str) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def build_parser():
+    p = parser(__doc__.split("\n\n")[0])
+    p.add_argument("--runs", type=positive_int, default=5, help="runs of each mode, interleaved (default 5)")
+    p.add_argument("--config", type=existing_file, default=str(ROOT / "examples" / "configs" / "qwen2_5_vl-tiny.json"),
+                   help="the model config whose collate function the workers run (default "
+                        "examples/configs/qwen2_5_vl-tiny.json)")
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--runs", type=int, default=5, help="runs of each mode, interleaved (default 5)")
-    p.add_argument("--config", default=str(ROOT / "examples" / "configs" / "qwen2_5_vl-tiny.json"),
-                   help="the model config whose collate function the workers run (default Qwen2.5-VL tiny)")
-    args = p.parse_args(argv)
-    if args.runs < 1:
-        p.error("--runs must be at least 1")
+    args = build_parser().parse_args(argv)
     results: dict[str, list[dict]] = {m: [] for m in MODES}
     for i in range(args.runs):
         for mode in MODES:
@@ -116,4 +119,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

@@ -23,7 +23,6 @@ Run: ``python benchmarks/e2e_cpu.py`` (about 2–4 minutes on 2 cores).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -32,6 +31,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from _args import count, existing_file, parser, positive_int, positive_int_list, run  # noqa: E402
 
 PLANNERS = ("fcp", "static-cp:2", "static-cp:1")
 
@@ -56,21 +57,41 @@ def bench_worker(cfgs: list, warmup: int, rounds: int) -> dict:
     return out
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--long", type=int, default=4096)
-    ap.add_argument("--num-short", type=int, default=24)
-    ap.add_argument("--rounds", type=int, default=10, help="timed steps per planner (default 10)")
-    ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--tokens-per-rank", type=int, default=None,
+def build_parser():
+    ap = parser(__doc__.split("\n")[0])
+    ap.add_argument("--long", type=positive_int, default=4096, help="tokens of the one long document per pattern")
+    ap.add_argument("--num-short", type=count, default=24, help="short documents (32-512 tokens) per pattern")
+    ap.add_argument("--rounds", type=positive_int, default=10, help="timed steps per planner (default 10)")
+    ap.add_argument("--warmup", type=count, default=1, help="untimed steps per planner first")
+    ap.add_argument("--tokens-per-rank", type=positive_int, default=None,
                     help="memory budget E (default --long, so data parallelism fits; below --long DP is skipped)")
-    ap.add_argument("--cost", default=None, help="cost JSON; default: fit one now with the profiler")
-    ap.add_argument("--profile-lens", default="256,512,1024,2048,4096")
-    ap.add_argument("--profile-reps", type=int, default=3, help="repetitions per profile point (median kept)")
+    ap.add_argument("--cost", type=existing_file, default=None,
+                    help="cost JSON (fcp profile --out); default: fit one now with the profiler")
+    # the profiler's options: None when not given, so that --cost can refuse them (they would be ignored)
+    ap.add_argument("--profile-lens", type=positive_int_list, default=None,
+                    help="single-document lengths the profiler times, comma-separated (default 256,512,1024,2048,4096; "
+                         "not with --cost)")
+    ap.add_argument("--profile-reps", type=positive_int, default=None,
+                    help="repetitions per profile point, median kept (default 3; not with --cost)")
     ap.add_argument("--shuffled", action="store_true",
                     help="many copies of the pattern shuffled together (global batches hold 0..k long documents, "
                          "plans prefetched inside the epoch) instead of the same 1-long + N-short batch every step")
-    args = ap.parse_args()
+    return ap
+
+
+def parse_args(argv=None):
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    given = [f"--{k.replace('_', '-')}" for k in ("profile_lens", "profile_reps") if getattr(args, k) is not None]
+    if args.cost and given:
+        ap.error(f"{' and '.join(given)} set the profiler, which --cost {args.cost} replaces: give one of them")
+    args.profile_lens = args.profile_lens or [256, 512, 1024, 2048, 4096]
+    args.profile_reps = args.profile_reps or 3
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
 
     from fcp_data.cost import CostModel
     from fcp_data.plan import plan_batch
@@ -88,7 +109,7 @@ def main() -> int:
         cost = CostModel.load(args.cost)
         print(f"cost model from {args.cost}")
     else:
-        lens = tuple(int(v) for v in args.profile_lens.split(","))
+        lens = tuple(args.profile_lens)
         fit, raw = run_profile(nproc, seq_lens=lens, reps=args.profile_reps)
         cost = fit.cost_model
         print(f"## cost model fitted on this machine ({time.perf_counter() - t0:.0f} s)")
@@ -158,4 +179,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

@@ -16,13 +16,14 @@ A rare event: a count of 0 is evidence, not proof.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _args import parser, positive_int, run
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,14 +38,19 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
+EXAMPLES = tuple(sorted(p.name for p in (ROOT / "examples").glob("*.py")))
+
+
+def build_parser():
+    ap = parser(__doc__)
+    ap.add_argument("--runs", type=positive_int, default=60, help="runs of each variant (default 60)")
+    ap.add_argument("--example", choices=EXAMPLES, default="train_megatron_gpt.py", metavar="SCRIPT",
+                    help=f"a script in examples/: {', '.join(EXAMPLES)}")
+    return ap
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--runs", type=int, default=60, help="runs of each variant (default 60)")
-    ap.add_argument("--example", default="train_megatron_gpt.py", help="a script in examples/")
-    args = ap.parse_args(argv)
-    if args.runs < 1 or not (ROOT / "examples" / args.example).is_file():
-        print("error: --runs must be >= 1 and --example a script in examples/", file=sys.stderr)
-        return 2
+    args = build_parser().parse_args(argv)
     codes: dict[str, collections.Counter] = {"before": collections.Counter(), "after": collections.Counter()}
     start = time.time()
     with tempfile.TemporaryDirectory(prefix="fcp-exit-probe-") as d:
@@ -66,4 +72,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

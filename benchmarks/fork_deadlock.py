@@ -20,11 +20,12 @@ Python takes it, without the GIL, while it makes its thread state — leaves the
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import subprocess
 import sys
 import time
+
+from _args import interpreter, parser, positive_int, run
 
 PROBE = r"""
 import ctypes, os, signal, sys, threading, time
@@ -96,16 +97,20 @@ def loader_cost(epochs: int) -> dict[str, tuple[float, float]]:
     return {m: (t[0], statistics.median(t[1:]) if len(t) > 1 else float("nan")) for m, t in times.items()}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--python", action="append", default=[], help="another interpreter for measurement 1 (repeat)")
-    p.add_argument("--forks", type=int, default=3000, help="forks per interpreter in measurement 1 (default 3000)")
-    p.add_argument("--threads", type=int, default=4, help="C threads entering Python (default 4)")
-    p.add_argument("--epochs", type=int, default=20, help="DataLoader epochs per method in measurement 2")
-    args = p.parse_args()
-    if min(args.forks, args.threads, args.epochs) < 1:
-        p.error("--forks, --threads and --epochs must be >= 1")
+def build_parser():
+    p = parser(__doc__.split("\n\n")[0])
+    p.add_argument("--python", type=interpreter, action="append", default=[],
+                   help="another interpreter for measurement 1, a path or a name on PATH (repeat; default: this "
+                        "one only)")
+    p.add_argument("--forks", type=positive_int, default=3000,
+                   help="forks per interpreter in measurement 1 (default 3000)")
+    p.add_argument("--threads", type=positive_int, default=4, help="C threads entering Python (default 4)")
+    p.add_argument("--epochs", type=positive_int, default=20, help="DataLoader epochs per method in measurement 2")
+    return p
+
+
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
     print(f"1. os.fork under {args.threads} C threads entering Python, {args.forks} forks each")
     for python in [sys.executable, *args.python]:
         version, hung = probe(python, args.forks, args.threads)
@@ -119,4 +124,4 @@ def main() -> None:
         print(f"   {method:15s} first epoch {first:.3f} s, later epochs median {later:.3f} s", flush=True)
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -31,7 +31,6 @@ The in-suite version (planning commands and ``fcp index``, in-process) is ``test
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import os
@@ -46,6 +45,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from _args import names, output_file, parser, positive_float, run  # noqa: E402
 
 HOSTILE = ["", "-1", "0", "nan", "inf", "-inf", "1e400", "abc", "MISSING", "DIR", "BIN", "BADJSON", "LIST",
            "1.5", "99999999999999999999", "\x00", "é", "3,", ",", "auto,1"]
@@ -440,24 +441,28 @@ def fuzz_api(files: dict, limit: float, progress) -> tuple[int, list]:
     return tried, bad
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--areas", default="options,index,cost,api,examples",
-                    help="comma-separated: options, index, cost, api, examples")
-    ap.add_argument("--commands", default="plan,compare,simulate,index,train,profile",
-                    help="the commands whose options are fuzzed (area options)")
-    ap.add_argument("--limit", type=float, default=120.0, help="seconds a case may take before it counts as a hang")
+AREAS = ("options", "index", "cost", "api", "examples")
+
+
+def build_parser():
+    ap = parser(__doc__)
+    ap.add_argument("--areas", type=names(AREAS, "area"), default=",".join(AREAS),
+                    help=f"comma-separated, of {', '.join(AREAS)}")
+    ap.add_argument("--commands", type=names(BASE, "command"), default="plan,compare,simulate,index,train,profile",
+                    help="the commands whose options are fuzzed (area options), comma-separated")
+    ap.add_argument("--limit", type=positive_float, default=120.0,
+                    help="seconds a case may take before it counts as a hang")
     ap.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
-    ap.add_argument("--accepted", metavar="FILE", help="write the cases that exited 0, one per line, to FILE: the "
-                    "harness cannot tell a value rightly taken from one that should have been refused; read them")
-    args = ap.parse_args(argv)
-    areas, commands = args.areas.split(","), args.commands.split(",")
-    unknown = [a for a in areas if a not in ("options", "index", "cost", "api", "examples")]
-    unknown += [c for c in commands if c not in BASE]
-    if unknown or not args.limit > 0:
-        print(f"error: unknown area/command {unknown} (or --limit <= 0)", file=sys.stderr)
-        return 2
-    accepted = Path(args.accepted).resolve() if args.accepted else None
+    ap.add_argument("--accepted", metavar="FILE", type=output_file, default=None,
+                    help="write the cases that exited 0, one per line, to FILE (default: not written): the harness "
+                         "cannot tell a value rightly taken from one that should have been refused; read them")
+    return ap
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    areas, commands = args.areas, args.commands
+    accepted = args.accepted.resolve() if args.accepted else None
     files = workdir()
     fresh_cwd(files)  # a value taken as an output path lands in the scratch folder
     start = time.time()
@@ -494,4 +499,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

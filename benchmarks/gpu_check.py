@@ -65,6 +65,7 @@ import torch
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [_HERE, os.path.dirname(_HERE)]  # the helper module, and fcp_exec of this checkout
+from _args import names, output_dir, parser, positive_float, positive_int, run  # noqa: E402
 from fcp_exec.kernels.base import AttentionKernel  # noqa: E402
 from _gpu_check_ring import (  # noqa: E402  (benchmarks/ is not a package)
     multiprocess_checks,
@@ -84,19 +85,6 @@ TOL = {
 MASKS = ("causal", "full", "q_all_k_first_half", "q_second_half_k_all")
 _SHORT = {"float64": "fp64", "float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
-
-def positive(kind=int):
-    """An argparse ``type``: a number of ``kind`` above 0 (else argparse's one-line error and exit 2)."""
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not value > 0 or value != value or value == float("inf"):
-            raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text}")
-        return value
-    parse.__name__ = f"positive {kind.__name__}"
-    return parse
 
 
 class Results:
@@ -618,24 +606,38 @@ def _config(args) -> argparse.Namespace:
         mp_worlds=() if quick else ((2, 3) if cuda else (2,)), mp_timeout=args.mp_timeout)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True, help="folder for results.json and versions.json")
-    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
+SECTIONS = ("kernel", "ring", "timing", "multiprocess")
+
+
+def build_parser():
+    ap = parser(__doc__.splitlines()[0])
+    ap.add_argument("--out", type=output_dir, required=True, help="folder for results.json and versions.json")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu",
+                    help="where the checks run (default cuda when torch sees a GPU, else cpu)")
     ap.add_argument("--quick", action="store_true", help="fewer cases (the test's perturbed run)")
     ap.add_argument("--perturb", action="store_true", help="break every kernel on purpose (must fail)")
-    ap.add_argument("--sections", default="kernel,ring,timing,multiprocess",
-                    help="comma list of kernel, ring, timing, multiprocess (versions always run)")
-    ap.add_argument("--long-doc", type=positive(), help="the long document of the kernel cases (GPU 4099, CPU 600)")
-    ap.add_argument("--timing-tokens", type=positive(), nargs="+", help="GPU: 32768 131072; CPU: 512 1024")
-    ap.add_argument("--timing-heads", type=positive(), nargs=3, metavar=("HQ", "HKV", "D"))
-    ap.add_argument("--iters", type=positive(), help="timed iterations per size (GPU 5, CPU 2)")
-    ap.add_argument("--peak-tflops", type=positive(float), help="dense bf16 peak if the device is not in the table")
-    ap.add_argument("--mp-timeout", type=positive(float), default=90.0, help="hard limit per multi-process attempt (s)")
-    ap.add_argument("--time-limit", type=positive(float), help="soft limit: later checks are skipped (GPU 400 s, CPU 110 s)")
-    ap.add_argument("--threads", type=positive(), help="torch CPU threads (default 1 with --device cpu: the small "
-                    "cases gain nothing from more, and the ring's threads would oversubscribe the cores)")
-    args = ap.parse_args(argv)
+    ap.add_argument("--sections", type=names(SECTIONS, "section"), default=",".join(SECTIONS),
+                    help=f"comma list of {', '.join(SECTIONS)} (versions always run)")
+    ap.add_argument("--long-doc", type=positive_int,
+                    help="the long document of the kernel cases (default: GPU 4099, CPU 600)")
+    ap.add_argument("--timing-tokens", type=positive_int, nargs="+",
+                    help="timed document lengths (default: GPU 32768 131072; CPU 512 1024, 256 with --quick)")
+    ap.add_argument("--timing-heads", type=positive_int, nargs=3, metavar=("HQ", "HKV", "D"),
+                    help="heads and head dim of the timing (default: GPU 32 8 128, CPU 4 1 64)")
+    ap.add_argument("--iters", type=positive_int, help="timed iterations per size (default: GPU 5, CPU 2)")
+    ap.add_argument("--peak-tflops", type=positive_float,
+                    help="dense bf16 peak if the device is not in the table (default: the table's)")
+    ap.add_argument("--mp-timeout", type=positive_float, default=90.0, help="hard limit per multi-process attempt (s)")
+    ap.add_argument("--time-limit", type=positive_float,
+                    help="soft limit: later checks are skipped (default: GPU 400 s, CPU 110 s)")
+    ap.add_argument("--threads", type=positive_int, help="torch CPU threads (default 1 with --device cpu: the small "
+                    "cases gain nothing from more, and the ring's threads would oversubscribe the cores; torch's "
+                    "own on a GPU)")
+    return ap
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     t0 = time.monotonic()
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu_check: --device cuda but torch.cuda.is_available() is False", file=sys.stderr)
@@ -644,10 +646,7 @@ def main(argv=None) -> int:
     if args.threads or args.device == "cpu":
         torch.set_num_threads(args.threads or 1)
     perturb = args.perturb or os.environ.get("FCP_GPU_CHECK_PERTURB", "") not in ("", "0")
-    sections = {s.strip() for s in args.sections.split(",") if s.strip()}
-    unknown = sections - {"kernel", "ring", "timing", "multiprocess"}
-    if unknown:
-        ap.error(f"unknown --sections {sorted(unknown)}; choose from kernel, ring, timing, multiprocess")
+    sections = set(args.sections)
     cfg = _config(args)
     res = Results(args.out, {"script": "benchmarks/gpu_check.py", "argv": sys.argv[1:] if argv is None else argv,
                              "device": args.device, "perturbed": perturb, "quick": args.quick})
@@ -700,4 +699,4 @@ def _run(res: Results, cfg, sections, perturb: bool, t0: float) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main, bug_status=2)

@@ -35,19 +35,18 @@ Exit code: 0 all passed, 1 a check failed, 2 the script could not run.
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import os
 import statistics
 import sys
 import time
-import traceback
 
 import torch
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [_HERE, os.path.dirname(_HERE)]
-from gpu_check import Results, elapsed_ms, positive  # noqa: E402  (benchmarks/ is not a package)
+from _args import output_dir, parser, positive_int, run  # noqa: E402
+from gpu_check import Results, elapsed_ms  # noqa: E402  (benchmarks/ is not a package)
 
 FAMILIES = ("qwen3", "llama", "mistral", "gpt_oss")
 WINDOW = 64  # Mistral's sliding window here: shorter than most test documents (fused band on a GPU at degree 1)
@@ -225,14 +224,19 @@ def timing(device, lens, dims, iters: int, family: str = "qwen3", window: int | 
             "reason": None if ok else f"fcp and stock losses {diff:.2e} apart (relative)"}
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True, help="folder for results_hf.json")
-    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
+def build_parser():
+    ap = parser(__doc__.splitlines()[0])
+    ap.add_argument("--out", type=output_dir, required=True, help="folder for results_hf.json")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu",
+                    help="where the checks run (default cuda when torch sees a GPU, else cpu)")
     ap.add_argument("--quick", action="store_true", help="float32 and one family only, no timing")
-    ap.add_argument("--iters", type=positive(), help="timed iterations (GPU 5, CPU 1)")
+    ap.add_argument("--iters", type=positive_int, help="timed iterations (default: GPU 5, CPU 1)")
     ap.add_argument("--perturb", action="store_true", help="scale fcp's attention output by 1.05 (must fail)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu_check_hf: --device cuda but torch.cuda.is_available() is False", file=sys.stderr)
         return 2
@@ -281,8 +285,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except Exception:  # noqa: BLE001 - a bug of this script, not a failed check
-        traceback.print_exc()
-        sys.exit(2)
+    run(main, bug_status=2)  # exit 1 is a failed check; a bug of this script is its traceback and exit 2

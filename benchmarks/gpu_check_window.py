@@ -19,7 +19,6 @@ Writes ``DIR/results_window.json`` (``gpu_check.py``'s entry format). Exit 0 all
 """
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -29,7 +28,8 @@ import torch
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [_HERE, os.path.dirname(_HERE)]
-from gpu_check import TOL, Results, elapsed_ms, positive  # noqa: E402  (benchmarks/ is not a package)
+from _args import output_dir, parser, positive_int, run  # noqa: E402
+from gpu_check import TOL, Results, elapsed_ms  # noqa: E402  (benchmarks/ is not a package)
 
 
 def check(kernel, dtype_name: str, window: int, lens, device) -> dict:
@@ -117,13 +117,18 @@ def timing(kernels: dict, tokens: int, heads, device, iters: int, dtype) -> dict
             "iters": iters, "vs_full_causal": {n: m / med["full causal"] for n, m in med.items()}}
 
 
+def build_parser():
+    ap = parser(__doc__.splitlines()[0])
+    ap.add_argument("--out", type=output_dir, required=True, help="folder for results_window.json")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu",
+                    help="where the checks run (default cuda when torch sees a GPU, else cpu)")
+    ap.add_argument("--tokens", type=positive_int, help="timing document (default: GPU 32768, CPU 1024)")
+    ap.add_argument("--iters", type=positive_int, help="timed iterations (default: GPU 5, CPU 1)")
+    return ap
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True, help="folder for results_window.json")
-    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--tokens", type=positive(), help="timing document (GPU 32768, CPU 1024)")
-    ap.add_argument("--iters", type=positive(), help="timed iterations (GPU 5, CPU 1)")
-    args = ap.parse_args(argv)
+    args = build_parser().parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu_check_window: --device cuda but torch.cuda.is_available() is False", file=sys.stderr)
         return 2
@@ -165,4 +170,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main, bug_status=2)  # exit 1 is a failed check

@@ -17,7 +17,6 @@ syncs mean the host waits on the GPU inside the step. Prints a report; ``--out``
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -28,7 +27,8 @@ import torch
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [_HERE, os.path.dirname(_HERE)]
-from gpu_check import _count_host_syncs, positive  # noqa: E402  (benchmarks/ is not a package)
+from _args import output_file, parser, positive_int, run  # noqa: E402
+from gpu_check import _count_host_syncs  # noqa: E402  (benchmarks/ is not a package)
 
 
 def _cells(device, preset: str, dtype, cells):
@@ -67,13 +67,21 @@ def _kernel_time(fn, device) -> tuple[float, int, list]:
     return ms, len(kernels), table
 
 
+def build_parser():
+    from fcp_data.presets import MODELS
+
+    ap = parser(__doc__.splitlines()[0])
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu",
+                    help="where the layer runs (default cuda when torch sees a GPU, else cpu)")
+    ap.add_argument("--preset", choices=tuple(MODELS), default="Qwen3-1.7B", metavar="PRESET",
+                    help=f"layer shape: a model preset of `fcp presets` ({', '.join(MODELS)})")
+    ap.add_argument("--iters", type=positive_int, default=10, help="timed steps per cell (median), after 3 warm-up")
+    ap.add_argument("--out", type=output_file, default=None, help="also write the report as JSON (default: print only)")
+    return ap
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--preset", default="Qwen3-1.7B", help="layer shape (a preset of `fcp presets`)")
-    ap.add_argument("--iters", type=positive(), default=10)
-    ap.add_argument("--out", help="also write the report as JSON")
-    args = ap.parse_args(argv)
+    args = build_parser().parse_args(argv)
     device = torch.device(args.device)
     cuda = device.type == "cuda"
     dtype = torch.bfloat16 if cuda else torch.float32
@@ -108,4 +116,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

@@ -15,10 +15,9 @@ Exit code 0 when every run finished, 1 when one raised (its error printed), 2 fo
 
 from __future__ import annotations
 
-import argparse
-import sys
-
 import torch
+
+from _args import names, parser, run
 
 LENGTHS = [37, 12, 64, 9, 50, 23, 71, 18, 40, 33, 15, 58, 44, 27, 61, 30]
 
@@ -72,16 +71,17 @@ def _probe(dtype_name: str, hsdp: bool) -> dict:
     return out
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser():
+    ap = parser(__doc__.split("\n\n")[0], epilog=__doc__)
     ap.add_argument("--hsdp", action="store_true", help="also HSDP (a 2×2 mesh), bypassing fcp's refusal below 2.8")
-    ap.add_argument("--dtypes", default="float64,float32", help="comma-separated (default float64,float32)")
-    args = ap.parse_args(argv)
-    dtypes = args.dtypes.split(",")
-    for d in dtypes:
-        if d not in ("float64", "float32"):
-            ap.error(f"--dtypes takes float64 and/or float32, got {d!r}")
+    ap.add_argument("--dtypes", type=names(("float64", "float32"), "dtype"), default="float64,float32",
+                    help="comma-separated, of float64, float32 (default float64,float32)")
+    return ap
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    dtypes = args.dtypes
     from fcp_exec.launch import launch
 
     print(f"torch {torch.__version__}, 4 gloo ranks")
@@ -96,4 +96,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

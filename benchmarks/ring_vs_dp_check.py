@@ -13,7 +13,6 @@ Exit 0 equal, 1 different (or no ring formed), 2 a run failed.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -21,7 +20,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-from gpu_check import positive  # noqa: E402  (benchmarks/ is not a package)
+from _args import nonempty, parser, positive_float, positive_int, run  # noqa: E402  (benchmarks/ is not a package)
 
 
 def _train(args, tokens_per_rank: int) -> list[dict]:
@@ -45,20 +44,34 @@ def _train(args, tokens_per_rank: int) -> list[dict]:
     return steps
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--nproc", type=positive(), default=2, help="processes (one per GPU under NCCL)")
-    ap.add_argument("--backend", default=None, help="nccl, gloo, ... (default: the device's)")
-    ap.add_argument("--model", default="hf:" + os.path.join(ROOT, "examples", "configs", "qwen3-tiny.json"))
-    ap.add_argument("--steps", type=positive(), default=3)
-    ap.add_argument("--global-batch-size", type=positive(), default=8)
-    ap.add_argument("--max-tokens", type=positive(), default=1024, help="cap on a sample's tokens (both runs)")
-    ap.add_argument("--tol", type=positive(float), default=1e-6, help="relative loss difference allowed per step (float32 "
-                    "rounding measured 3e-8 on CPU; a ring that reads the wrong key chunk differed by 6e-5)")
-    ap.add_argument("--timeout", type=positive(float), default=600.0)
+def build_parser():
+    ap = parser(__doc__.splitlines()[0])
+    ap.add_argument("--nproc", type=positive_int, default=2, help="processes, at least 2 (one per GPU under NCCL)")
+    ap.add_argument("--backend", choices=("nccl", "gloo", "hccl"), default=None,
+                    help="fcp train --backend (default: the device's)")
+    ap.add_argument("--model", type=nonempty,
+                    default="hf:" + os.path.join(ROOT, "examples", "configs", "qwen3-tiny.json"),
+                    help="fcp train --model: a preset or hf:CONFIG (default hf:examples/configs/qwen3-tiny.json)")
+    ap.add_argument("--steps", type=positive_int, default=3, help="training steps of each run")
+    ap.add_argument("--global-batch-size", type=positive_int, default=8, help="fcp train --global-batch-size")
+    ap.add_argument("--max-tokens", type=positive_int, default=1024, help="cap on a sample's tokens (both runs)")
+    ap.add_argument("--tol", type=positive_float, default=1e-6,
+                    help="relative loss difference allowed per step (float32 rounding measured 3e-8 on CPU; a ring "
+                         "that reads the wrong key chunk differed by 6e-5)")
+    ap.add_argument("--timeout", type=positive_float, default=600.0, help="seconds each fcp train run may take")
+    return ap
+
+
+def parse_args(argv=None):
+    ap = build_parser()
     args = ap.parse_args(argv)
     if args.nproc < 2:
         ap.error("--nproc must be at least 2 (a ring needs two processes)")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     ring_budget = -(-args.max_tokens // args.nproc)  # the longest sample needs every rank
     ring = _train(args, ring_budget)
     flat = _train(args, 4 * args.max_tokens)  # every sample fits one rank
@@ -78,4 +91,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

@@ -38,12 +38,15 @@ import sys
 import time
 from pathlib import Path
 
+from _args import nonempty, output_dir, output_file, parser, positive_int, run
+
 ROOT = Path(__file__).resolve().parent.parent
 EXTRAS = "ilp,video,text,parquet,plot,hf,fast"
 TEST_DEPS = ("pytest-xdist", "hypothesis", "pytest-timeout", "peft", "datasets")
 
 
-def _releases(text: str) -> list:
+def releases(text: str) -> list:
+    """argparse type: comma-separated releases ``X.Y.Z``."""
     out = [x.strip() for x in text.split(",")]
     for x in out:
         if not re.fullmatch(r"\d+\.\d+\.\d+", x):
@@ -113,26 +116,30 @@ def run_suite(venv: Path, tests: list, workers: int) -> dict:
             "failures": failed, "skip_reasons": dict(sorted(skips.items(), key=lambda kv: -kv[1]))}
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("--torch", type=_releases, default=["2.4.1", "2.5.1", "2.6.0", "2.7.1", "2.8.0"],
+def build_parser():
+    ap = parser(__doc__.split("\n\n")[0], epilog=__doc__)
+    ap.add_argument("--torch", type=releases, default=["2.4.1", "2.5.1", "2.6.0", "2.7.1", "2.8.0"],
                     help="comma-separated torch releases (default 2.4.1,2.5.1,2.6.0,2.7.1,2.8.0)")
-    ap.add_argument("--transformers", type=_releases, default=None,
+    ap.add_argument("--transformers", type=releases, default=None,
                     help="comma-separated transformers releases, each run with each --torch release (default: the "
                          "newest pip resolves)")
-    ap.add_argument("--venv-dir", type=Path, default=Path("/tmp/fcp-torch-compat"),
+    ap.add_argument("--venv-dir", type=output_dir, default="/tmp/fcp-torch-compat",
                     help="where the venvs live (one per release, kept between runs)")
-    ap.add_argument("--tests", nargs="*", default=["tests"],
+    ap.add_argument("--tests", type=nonempty, nargs="*", default=["tests"],
                     help="pytest paths (default: the whole suite); 'hf': the files that mention transformers")
-    ap.add_argument("--workers", type=int, default=2, help="pytest-xdist workers (default 2)")
-    ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
-    args = ap.parse_args(argv)
+    ap.add_argument("--workers", type=positive_int, default=2, help="pytest-xdist workers (default 2)")
+    ap.add_argument("--out", type=output_file, default=None,
+                    help="write the results as JSON here (default: not written)")
+    return ap
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     if args.tests == ["hf"]:
         args.tests = hf_test_files()
     results = []
     for release, tf in [(r, t) for r in args.torch for t in (args.transformers or [None])]:
-        venv = args.venv_dir / (f"torch-{release}" + (f"-transformers-{tf}" if tf else ""))
+        venv = Path(args.venv_dir) / (f"torch-{release}" + (f"-transformers-{tf}" if tf else ""))
         try:
             install(venv, release, tf)
         except RuntimeError as e:
@@ -153,4 +160,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

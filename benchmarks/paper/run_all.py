@@ -4,18 +4,22 @@ replicated in simulation on cost model v2 (DESIGN §4 + §4.1, the preset defaul
 comparisons), every number from this one run.
 
     .venv/bin/python benchmarks/paper/run_all.py            # or: make evaluation
-    .venv/bin/python benchmarks/paper/run_all.py --quick    # fewer steps (smoke run)
+    .venv/bin/python benchmarks/paper/run_all.py --quick --out /tmp/eval/EVALUATION.md   # fewer steps (smoke run)
+
+A smoke run (``--quick``) or a partial one (``--only``) must name its ``--out``: the default is the committed report.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(1, str(HERE.parent))  # benchmarks/: the shared command line (_args)
+
+from _args import count, existing_dir, nonempty, output_file, parser, positive_int, run  # noqa: E402
 
 from common import REPO, Ctx, Section, machine_info, md_table  # noqa: E402
 
@@ -25,34 +29,76 @@ import exp_v2  # noqa: E402
 import exp_video  # noqa: E402
 
 
+# the experiments in report order (``--only`` matches substrings of these names)
+NAMES = ("Figure 3 (text)", "Figures 4/6 (video)", "Real video (v2)", "Figure 3 v1 vs v2 (text)", "Figure 5 (scaling)",
+         "Tables 1-2 (overheads)", "Tables 4-5 (robustness)", "Table 6 (case study)", "Extreme heterogeneity",
+         "Beyond the paper")
+REPORT = REPO / "docs" / "EVALUATION.md"
+
+
 def _experiments(ctx: Ctx):
     """(name, progress units, runner) in report order."""
     s = max(1, ctx.steps // 4)
-    return [
-        ("Figure 3 (text)", exp_text.units_figure3(ctx), exp_text.run_figure3),
-        ("Figures 4/6 (video)", exp_video.units_figure4_6(ctx), exp_video.run_figure4_6),
-        ("Real video (v2)", exp_v2.units_real_video(ctx), exp_v2.run_real_video),
-        ("Figure 3 v1 vs v2 (text)", exp_v2.units_text_v1v2(ctx), exp_v2.run_text_v1v2),
-        ("Figure 5 (scaling)", exp_text.units_figure5(ctx), exp_text.run_figure5),
-        ("Tables 1-2 (overheads)", 25, exp_misc.run_overheads),
-        ("Tables 4-5 (robustness)", 2 * 5 * ctx.steps, exp_misc.run_robustness),
-        ("Table 6 (case study)", 4, exp_video.run_table6),
-        ("Extreme heterogeneity", 12, exp_misc.run_extreme),
-        ("Beyond the paper", 2 * (s + 1), exp_misc.run_beyond),
+    parts = [
+        (exp_text.units_figure3(ctx), exp_text.run_figure3),
+        (exp_video.units_figure4_6(ctx), exp_video.run_figure4_6),
+        (exp_v2.units_real_video(ctx), exp_v2.run_real_video),
+        (exp_v2.units_text_v1v2(ctx), exp_v2.run_text_v1v2),
+        (exp_text.units_figure5(ctx), exp_text.run_figure5),
+        (25, exp_misc.run_overheads),
+        (2 * 5 * ctx.steps, exp_misc.run_robustness),
+        (4, exp_video.run_table6),
+        (12, exp_misc.run_extreme),
+        (2 * (s + 1), exp_misc.run_beyond),
     ]
+    return [(name, units, fn) for name, (units, fn) in zip(NAMES, parts, strict=True)]
+
+
+def _selected(only: str | None) -> list[str]:
+    """The experiment names ``--only`` keeps (all without it)."""
+    if not only:
+        return list(NAMES)
+    keys = [k.strip().lower() for k in only.split(",")]
+    return [n for n in NAMES if any(k in n.lower() for k in keys)]
+
+
+def build_parser():
+    ap = parser(__doc__)
+    ap.add_argument("--workload-dir", type=existing_dir, default=str(REPO / ".." / "shared" / "workloads"),
+                    help="folder holding wikipedia_flexsp.txt (default: ../shared/workloads next to the repo)")
+    ap.add_argument("--out", type=output_file, default=None,
+                    help="the report; figures go to figures/ beside it (default docs/EVALUATION.md, the committed "
+                         "report: required with --quick or --only, so that a smoke or partial run does not replace it)")
+    ap.add_argument("--seed", type=count, default=0, help="random seed of the global batches")
+    ap.add_argument("--steps", type=positive_int, default=12, help="global batches per text cell (default 12)")
+    ap.add_argument("--video-steps", type=positive_int, default=3, help="global batches per video cell (default 3)")
+    ap.add_argument("--quick", action="store_true", help="2 text / 1 video steps: a smoke run, not the report")
+    ap.add_argument("--only", type=nonempty, default=None,
+                    help="comma-separated substrings of experiment names to run (default: every experiment): "
+                         + "; ".join(NAMES))
+    return ap
+
+
+def parse_args(argv=None):
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if args.only is not None:
+        keys = [k.strip() for k in args.only.split(",")]
+        unmatched = [k for k in keys if not k or not any(k.lower() in n.lower() for n in NAMES)]
+        if unmatched:
+            ap.error(f"--only {args.only!r}: {', '.join(map(repr, unmatched))} matches no experiment; the experiments: "
+                     + "; ".join(NAMES))
+    if args.out is None:
+        if args.quick or args.only is not None:
+            given = " and ".join(f for f, on in (("--quick", args.quick), ("--only", args.only is not None)) if on)
+            ap.error(f"{given} needs --out FILE: the default is the committed report {REPORT.relative_to(REPO)}, "
+                     "which a smoke or partial run must not replace")
+        args.out = REPORT
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workload-dir", type=Path, default=REPO / ".." / "shared" / "workloads",
-                    help="folder holding wikipedia_flexsp.txt (default: ../shared/workloads next to the repo)")
-    ap.add_argument("--out", type=Path, default=REPO / "docs" / "EVALUATION.md")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--steps", type=int, default=12, help="global batches per text cell (default 12)")
-    ap.add_argument("--video-steps", type=int, default=3, help="global batches per video cell (default 3)")
-    ap.add_argument("--quick", action="store_true", help="2 text / 1 video steps: a smoke run, not the report")
-    ap.add_argument("--only", default="", help="comma-separated substrings of experiment names to run")
-    args = ap.parse_args(argv)
+    args = parse_args(argv)
     from tqdm import tqdm
 
     figures = args.out.parent / "figures"
@@ -61,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     ctx = Ctx(workload_dir=args.workload_dir.resolve(), figures=figures, seed=args.seed, steps=steps,
               video_steps=vsteps, quick=args.quick)
     ctx.wikipedia()
-    exps = [e for e in _experiments(ctx) if not args.only or any(k.strip().lower() in e[0].lower() for k in args.only.split(","))]
+    wanted = _selected(args.only)
+    exps = [e for e in _experiments(ctx) if e[0] in wanted]
     sections: list[tuple[Section, float]] = []
     t_all = time.perf_counter()
     with tqdm(total=sum(e[1] for e in exps), unit="batch", dynamic_ncols=True) as bar:
@@ -125,4 +172,4 @@ def _report(ctx: Ctx, args, sections, wall: float) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

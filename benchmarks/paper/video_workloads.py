@@ -60,7 +60,6 @@ timestamp strings per video) on one core of a shared 2-core EPYC; no on-disk cac
 
 from __future__ import annotations
 
-import argparse
 import csv
 import hashlib
 import math
@@ -366,11 +365,29 @@ def stats_table(cases=TABLE_CASES, *, seed: int = 0, video_dir: Path | None = No
     return "\n".join(lines), times
 
 
+def _cli():
+    """benchmarks/_args (the shared command line), imported only when this module runs as a script."""
+    bench = str(Path(__file__).resolve().parents[1])
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+    import _args
+
+    return _args
+
+
+def build_parser():
+    a = _cli()
+    count, existing_dir, parser = a.count, a.existing_dir, a.parser
+    ap = parser("Statistics of the real video workloads (docs/VIDEO_WORKLOADS.md).")
+    ap.add_argument("--seed", type=count, default=0, help="random seed of the resolution mixes")
+    ap.add_argument("--video-dir", type=existing_dir, default=None,
+                    help="folder with activitynet_captions.csv and youcook2.csv (default: $FCP_WORKLOAD_DIR/video if "
+                         "set, else ../shared/workloads/video next to the repository)")
+    return ap
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="Statistics of the real video workloads (docs/VIDEO_WORKLOADS.md).")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--video-dir", type=Path, default=None, help="folder with activitynet_captions.csv and youcook2.csv")
-    args = ap.parse_args(argv)
+    args = build_parser().parse_args(argv)
     t0 = time.perf_counter()
     table, _ = stats_table(seed=args.seed, video_dir=args.video_dir)
     print(table)
@@ -380,4 +397,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    _cli().run(main)
