@@ -34,6 +34,9 @@ def _as_long_list(cu_seqlens) -> list[int]:
             raise ValueError(f"cu_seqlens must be 1-D, got shape {tuple(cu_seqlens.shape)}")
         if cu_seqlens.dtype.is_floating_point or cu_seqlens.dtype == torch.bool:
             raise ValueError(f"cu_seqlens must hold integers, got dtype {cu_seqlens.dtype}")
+        if cu_seqlens.is_meta:
+            raise ValueError("cu_seqlens must hold real integers: it is a tensor on the meta device, which has no data "
+                             "(pass the collator's CPU cu_seqlens)")
         return [int(v) for v in cu_seqlens.tolist()]
     what = "cu_seqlens must be a 1-D sequence of integer token offsets"
     if isinstance(cu_seqlens, (str, bytes)):
@@ -54,11 +57,13 @@ def _as_long_list(cu_seqlens) -> list[int]:
     return out
 
 
-def check_cu_seqlens(cu_seqlens, *, num_tokens: int | None = None, multiple: int = 1) -> list[int]:
+def check_cu_seqlens(cu_seqlens, *, num_tokens: int | None = None, multiple: int = 1,
+                     local_degree: int | None = None) -> list[int]:
     """Validate document boundaries and return them as a list of ints.
 
     ``cu_seqlens`` must start at 0 and never decrease; when ``num_tokens`` is given it must end
-    there; every document length must be a multiple of ``multiple``.
+    there; every document length must be a multiple of ``multiple``. ``local_degree``: ``cu_seqlens`` are one rank's
+    local bounds in a CP group of that degree (``zigzag_shard``'s second output), named so in the error.
     """
     cu = _as_long_list(cu_seqlens)
     if len(cu) < 1 or cu[0] != 0:
@@ -70,6 +75,8 @@ def check_cu_seqlens(cu_seqlens, *, num_tokens: int | None = None, multiple: int
                 f"cu_seqlens decreases at document {i} ({cu[i]} -> {cu[i + 1]}); "
                 "it must be the running sum of document lengths")
         if length % multiple:
+            if local_degree is not None:
+                raise ValueError(_odd_local(i, cu, length, multiple, local_degree))
             raise ValueError(
                 f"document {i} (tokens {cu[i]}..{cu[i + 1]}) has length {length}, not divisible by "
                 f"2*degree={multiple}; pad every document to a multiple of {multiple} "
@@ -79,6 +86,13 @@ def check_cu_seqlens(cu_seqlens, *, num_tokens: int | None = None, multiple: int
             f"cu_seqlens ends at {cu[-1]} but the tensor has {num_tokens} tokens; "
             "they must describe the same packed sequence")
     return cu
+
+
+def _odd_local(i: int, cu: list[int], length: int, multiple: int, degree: int) -> str:
+    return (f"local document {i} (tokens {cu[i]}..{cu[i + 1]}) has length {length}, not divisible by {multiple}: at "
+            f"degree {degree} every rank holds 2 zigzag chunks of each document (whose padded global length is a "
+            f"multiple of 2*degree={2 * degree}), so every local document length must be even; pass the local "
+            "cu_seqlens that fcp_data.layout.zigzag_shard returns for the padded documents")
 
 
 def _as_int(v) -> int | None:

@@ -5,12 +5,15 @@ kernel, and how an enclosing ``torch.autocast`` is honoured."""
 from __future__ import annotations
 
 import contextlib
+import struct
+import zlib
 
 import torch
 
 from fcp_exec.kernels import AttentionKernel, default_kernel, get_kernel
 
-__all__ = ["autocast_inputs", "autocast_off", "check_mask_options", "checked_args", "padded_values"]
+__all__ = ["autocast_inputs", "autocast_off", "check_mask_options", "check_peers", "checked_args", "padded_values",
+           "peer_header"]
 
 
 def padded_values(k, v):
@@ -51,7 +54,11 @@ def checked_args(q, k, v, causal, softmax_scale, kernel) -> tuple[float, Attenti
     if k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
         raise ValueError(f"shapes do not match: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}; "
                          "need q [T, H_q, D] and k, v [T, H_kv, D]")
-    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
+    if q.shape[1] < 1 or k.shape[1] < 1:
+        raise ValueError(f"q has {q.shape[1]} heads and k/v have {k.shape[1]}: need H_q >= 1 query heads and "
+                         f"H_kv >= 1 key/value heads (q [T, H_q, D], k/v [T, H_kv, D]), got q {tuple(q.shape)}, "
+                         f"k {tuple(k.shape)}")
+    if q.shape[1] % k.shape[1]:
         raise ValueError(f"H_q={q.shape[1]} must be a multiple of H_kv={k.shape[1]}")
     if q.dtype != k.dtype or q.dtype != v.dtype:
         raise ValueError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
@@ -92,3 +99,68 @@ def check_mask_options(q, causal: bool, window, sinks, softcap) -> None:
                               or not sinks.is_floating_point() or sinks.device != q.device):
         raise ValueError(f"sinks must be a floating [H_q={q.shape[1]}] tensor on {q.device}, got "
                          f"{tuple(sinks.shape) if isinstance(sinks, torch.Tensor) else type(sinks).__name__}")
+
+
+_HEADER_MAGIC = 0x46435032  # "FCP2": the peer runs this check (same header layout: 14 integers)
+_HEADER_TAG = 8  # K/V use tags 0-1, dK/dV 2-3
+_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+# a window this long (more tokens than any shard holds) is the plain causal mask: longer ones are sent as this one
+# (the header holds ``causal + 2·window`` in an int64), so a window up to any Python int agrees with itself
+WINDOW_CAP = 1 << 40
+
+
+def _crc(values) -> int:
+    return zlib.crc32(struct.pack(f"<{len(values)}q", *values))
+
+
+def _bits(x: float) -> int:
+    return struct.unpack("<q", struct.pack("<d", x))[0]
+
+
+def peer_header(q, k, cu: list[int], causal: bool, scale: float, ranks, window: int | None = None,
+                sinks: torch.Tensor | None = None, softcap: float | None = None) -> list[int]:
+    """The 14 integers every rank of a CP group swaps with its ring neighbours before the first block travels: local
+    tokens, heads, head dim, dtype, mask (causal, sliding window), softmax scale, degree, checksums of ``ranks`` and of
+    the local ``cu_seqlens``, the soft-capping value (0: none) and attention sinks (0: none, else 1 + a checksum of
+    their values: one small device-to-host copy)."""
+    code = _DTYPES.index(q.dtype) + 1 if q.dtype in _DTYPES else 99
+    values = [] if sinks is None else sinks.detach().double().tolist()  # (no numpy view: FSDP2 frees the storage)
+    sunk = 0 if sinks is None else 1 + zlib.crc32(struct.pack(f"<{len(values)}d", *values))
+    return [_HEADER_MAGIC, q.shape[0], q.shape[1], k.shape[1], q.shape[2], code,
+            int(causal) + 2 * min(window or 0, WINDOW_CAP), _bits(scale), len(ranks), _crc(list(ranks)), len(cu) - 1,
+            _crc(cu), 0 if softcap is None else _bits(float(softcap)), sunk]
+
+
+def _describe(h: list[int]) -> str:
+    dtype = str(_DTYPES[h[5] - 1]).replace("torch.", "") if 1 <= h[5] <= len(_DTYPES) else f"dtype#{h[5]}"
+    scale = struct.unpack("<d", struct.pack("<q", h[7]))[0]
+    mask = ("causal" if h[6] & 1 else "full") + (f" sliding-window {h[6] >> 1}" if h[6] >> 1 else "")
+    cap = f"softcap {struct.unpack('<d', struct.pack('<q', h[12]))[0]:.6g}" if h[12] else "no softcap"
+    sinks = f"sinks (crc {h[13] - 1:08x})" if h[13] else "no sinks"
+    return (f"q [{h[1]}, {h[2]}, {h[4]}] k/v [{h[1]}, {h[3]}, {h[4]}] {dtype}, {mask} mask, "
+            f"scale {scale:.6g}, {cap}, {sinks}, degree {h[8]}, {h[10]} local documents (cu_seqlens crc {h[11]:08x})")
+
+
+_FIELDS = ((1, "local tokens"), (2, "query heads"), (3, "key/value heads"), (4, "head dim"), (5, "dtype"),
+           (6, "mask"), (7, "softmax scale"), (8, "degree"), (9, "ranks (ring order)"), (10, "documents"),
+           (11, "local cu_seqlens"), (12, "softcap"), (13, "sinks"))
+
+
+def check_peers(comm, mine: list[int], device) -> None:
+    """Swap :func:`peer_header` s with both ring neighbours of ``comm`` (a :class:`fcp_exec.comm.RingComm`) and raise
+    ``ValueError`` on any difference."""
+    got = comm.exchange_with_neighbours(torch.tensor(mine, dtype=torch.int64, device=device),
+                                        tag=_HEADER_TAG, what="the shape header")
+    for peer, t in got.items():
+        theirs = t.tolist()
+        if theirs == mine:
+            continue
+        if theirs[0] != _HEADER_MAGIC:
+            raise ValueError(f"ring attention: rank {comm.rank} (cp_rank {comm.cp_rank} of CP group {comm.ranks}) got "
+                             f"no shape header from peer rank {peer}; do all ranks run the same fcp version?")
+        diff = [name for i, name in _FIELDS if theirs[i] != mine[i]]
+        raise ValueError(
+            f"ring attention: rank {comm.rank} (cp_rank {comm.cp_rank} of CP group {list(comm.ranks)}) and peer rank "
+            f"{peer} differ in {', '.join(diff)}: rank {comm.rank} has {_describe(mine)}; rank {peer} has "
+            f"{_describe(theirs)}. Every rank of a CP group must call ring_attention with the same ranks, dtype, mask "
+            "(window, softcap, sinks) and local shapes and cu_seqlens (zigzag_shard of the same padded documents)")

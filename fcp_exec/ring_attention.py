@@ -20,16 +20,13 @@ results are merged in fp32 (fp64 for fp64 inputs) by log-sum-exp. Backward re-ru
 ``out``/``lse``; dQ stays local while dK/dV travel round the ring with the key/value blocks and arrive back at
 their owner after ``d`` hops. The next block's send/recv is posted before the current block is computed.
 
-Before the first block travels, every rank swaps a 12-integer header (local tokens, heads, head dim, dtype,
-mask, softmax scale, degree, checksums of ``ranks`` and of the local ``cu_seqlens``) with both ring
-neighbours — one batched P2P round trip — and raises ``ValueError`` naming the peer and both shapes when
-they differ. Without it a shard-size mismatch is a receive of the wrong size: gloo aborts the process
-(``gloo::EnforceNotMet``), NCCL/HCCL may hang or read garbage.
+Before the first block travels, every rank swaps a 14-integer header (local tokens, heads, head dim, dtype,
+mask, softmax scale, degree, checksums of ``ranks`` and of the local ``cu_seqlens``, soft-capping, attention sinks:
+:func:`fcp_exec.ring_args.peer_header`) with both ring neighbours — one batched P2P round trip — and raises
+``ValueError`` naming the peer and both shapes when they differ. Without it a shard-size mismatch is a receive of
+the wrong size: gloo aborts the process (``gloo::EnforceNotMet``), NCCL/HCCL may hang or read garbage.
 """
 from __future__ import annotations
-
-import struct
-import zlib
 
 import torch
 
@@ -41,60 +38,15 @@ from fcp_exec.ring_args import autocast_inputs as _autocast_inputs
 from fcp_exec.ring_args import autocast_off as _autocast_off
 from fcp_exec.ring_args import check_mask_options as _check_mask_options
 from fcp_exec.ring_args import checked_args as _checked_args
+from fcp_exec.ring_args import WINDOW_CAP as _WINDOW_CAP
+from fcp_exec.ring_args import check_peers as _check_peers
 from fcp_exec.ring_args import padded_values as _padded_values
+from fcp_exec.ring_args import peer_header as _header
 from fcp_exec.ring_blocks import block_backward, block_forward, local_backward, local_forward
 from fcp_exec.ring_halo import halo_backward, halo_forward, halo_plan, split_documents
 from fcp_data.layout import check_cu_seqlens
 
 __all__ = ["RingBatch", "ring_attention"]
-
-
-_HEADER_MAGIC = 0x46435031  # "FCP1": the peer runs this check (same header layout)
-_HEADER_TAG = 8  # K/V use tags 0-1, dK/dV 2-3
-_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
-
-
-def _crc(values) -> int:
-    return zlib.crc32(struct.pack(f"<{len(values)}q", *values))
-
-
-def _header(q, k, cu: list[int], causal: bool, scale: float, ranks, window: int | None = None) -> list[int]:
-    code = _DTYPES.index(q.dtype) + 1 if q.dtype in _DTYPES else 99
-    scale_bits = struct.unpack("<q", struct.pack("<d", scale))[0]
-    return [_HEADER_MAGIC, q.shape[0], q.shape[1], k.shape[1], q.shape[2], code, int(causal) + 2 * (window or 0),
-            scale_bits, len(ranks), _crc(list(ranks)), len(cu) - 1, _crc(cu)]
-
-
-def _describe(h: list[int]) -> str:
-    dtype = str(_DTYPES[h[5] - 1]).replace("torch.", "") if 1 <= h[5] <= len(_DTYPES) else f"dtype#{h[5]}"
-    scale = struct.unpack("<d", struct.pack("<q", h[7]))[0]
-    mask = ("causal" if h[6] & 1 else "full") + (f" sliding-window {h[6] >> 1}" if h[6] >> 1 else "")
-    return (f"q [{h[1]}, {h[2]}, {h[4]}] k/v [{h[1]}, {h[3]}, {h[4]}] {dtype}, {mask} mask, "
-            f"scale {scale:.6g}, degree {h[8]}, {h[10]} local documents (cu_seqlens crc {h[11]:08x})")
-
-
-_FIELDS = ((1, "local tokens"), (2, "query heads"), (3, "key/value heads"), (4, "head dim"), (5, "dtype"),
-           (6, "mask"), (7, "softmax scale"), (8, "degree"), (9, "ranks (ring order)"), (10, "documents"),
-           (11, "local cu_seqlens"))
-
-
-def _check_peers(comm: RingComm, mine: list[int], device) -> None:
-    """Swap shape headers with both ring neighbours and raise ``ValueError`` on any difference."""
-    got = comm.exchange_with_neighbours(torch.tensor(mine, dtype=torch.int64, device=device),
-                                        tag=_HEADER_TAG, what="the shape header")
-    for peer, t in got.items():
-        theirs = t.tolist()
-        if theirs == mine:
-            continue
-        if theirs[0] != _HEADER_MAGIC:
-            raise ValueError(f"ring attention: rank {comm.rank} (cp_rank {comm.cp_rank} of CP group {comm.ranks}) got "
-                             f"no shape header from peer rank {peer}; do all ranks run the same fcp version?")
-        diff = [name for i, name in _FIELDS if theirs[i] != mine[i]]
-        raise ValueError(
-            f"ring attention: rank {comm.rank} (cp_rank {comm.cp_rank} of CP group {list(comm.ranks)}) and peer rank "
-            f"{peer} differ in {', '.join(diff)}: rank {comm.rank} has {_describe(mine)}; rank {peer} has "
-            f"{_describe(theirs)}. Every rank of a CP group must call ring_attention with the same ranks, dtype, mask "
-            "and local shapes and cu_seqlens (zigzag_shard of the same padded documents)")
 
 
 class _Plan:
@@ -298,9 +250,10 @@ class RingBatch:
 
     def __init__(self, cu_seqlens, ranks, *, group=None, timeout=None) -> None:
         self.comm = RingComm(ranks, group=group, timeout=timeout)
-        if isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.device.type != "cpu":
+        if isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.device.type not in ("cpu", "meta"):
             cu_seqlens = cu_seqlens.cpu()  # once per micro-batch; pass the collator's CPU tensor to avoid even this
-        self.cu = check_cu_seqlens(cu_seqlens, multiple=2 if self.comm.degree > 1 else 1)
+        degree = self.comm.degree
+        self.cu = check_cu_seqlens(cu_seqlens, multiple=2 if degree > 1 else 1, local_degree=degree)
         self._plans: dict = {}
         self._checked: set = set()
 
@@ -324,13 +277,15 @@ class RingBatch:
             plan = self._plans[key] = _Plan(self.cu, self.comm.degree, self.comm.cp_rank, bool(causal), device)
         return plan
 
-    def check(self, q, k, causal: bool, scale: float, window: int | None = None) -> None:
+    def check(self, q, k, causal: bool, scale: float, window: int | None = None, sinks=None, softcap=None) -> None:
         if self.comm.degree == 1:
             return
-        key = (tuple(q.shape), tuple(k.shape), q.dtype, bool(causal), scale, str(q.device), window)
+        key = (tuple(q.shape), tuple(k.shape), q.dtype, bool(causal), scale, str(q.device), window, sinks is None,
+               softcap)
         if key in self._checked:
             return
-        _check_peers(self.comm, _header(q, k, self.cu, bool(causal), scale, self.comm.ranks, window), q.device)
+        _check_peers(self.comm, _header(q, k, self.cu, bool(causal), scale, self.comm.ranks, window, sinks, softcap),
+                     q.device)
         self._checked.add(key)
 
 
@@ -376,6 +331,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
     v, dv = _padded_values(k, v)
     scale, kernel = _checked_args(q, k, v, causal, softmax_scale, kernel)
     _check_mask_options(q, causal, window, sinks, softcap)
+    window = window if window is None else min(window, _WINDOW_CAP)  # longer than any document: the same mask
     if isinstance(cu_seqlens, RingBatch):
         rb = cu_seqlens
         if ranks is not None and tuple(int(r) for r in ranks) != rb.comm.ranks:
@@ -386,7 +342,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
         raise ValueError(f"cu_seqlens ends at {rb.cu[-1]} but the tensor has {q.shape[0]} tokens; "
                          "they must describe the same packed sequence")
     if check_shapes:
-        rb.check(q, k, bool(causal), scale, window)
+        rb.check(q, k, bool(causal), scale, window, sinks, softcap)
     with _autocast_off(q.device):
         span = window if window is not None or softcap is None else NO_WINDOW  # soft-capping: the masked path
         out = _RingAttentionFn.apply(q, k, v, rb.plan(bool(causal), q.device), rb.comm, scale, kernel, span, sinks,

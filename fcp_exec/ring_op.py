@@ -21,7 +21,8 @@ from typing import Optional
 import torch
 
 from fcp_exec.kernels.base import lse_dtype_for, sink_grad
-from fcp_exec.ring_args import autocast_inputs, autocast_off, check_mask_options, checked_args, padded_values
+from fcp_exec.ring_args import (WINDOW_CAP, autocast_inputs, autocast_off, check_mask_options, checked_args,
+                              padded_values)
 from fcp_exec.ring_attention import RingBatch, ring_backward, ring_forward
 
 __all__ = ["register", "ring_attention_op"]
@@ -59,7 +60,7 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, handle: torch.Te
     if ring.cu[-1] != q.shape[0]:
         raise ValueError(f"cu_seqlens ends at {ring.cu[-1]} but the tensor has {q.shape[0]} tokens")
     span = ring.acting_window(window)  # none where no document is longer than it
-    ring.check(q, k, causal, scale, span)
+    ring.check(q, k, causal, scale, span, sinks)
     with autocast_off(q.device):
         out, lse = ring_forward(q, k, v, ring.plan(causal, q.device), ring.comm, scale, kernel, span, sinks)
     return out.clone() if out.data_ptr() == q.data_ptr() else out, lse
@@ -123,5 +124,6 @@ def ring_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: R
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
     check_mask_options(q, causal, window, sinks, None)
     handle = ring.op_handle if getattr(ring, "op_handle", None) is not None else register(ring)
-    out = torch.ops.fcp.ring_attention(q, k, v, handle, bool(causal), scale, int(window or 0), sinks)[0]
+    window = min(int(window or 0), WINDOW_CAP)  # longer than any document: the same mask, and it fits the op's int
+    out = torch.ops.fcp.ring_attention(q, k, v, handle, bool(causal), scale, window, sinks)[0]
     return out if dv is None else out[..., :dv]

@@ -61,8 +61,8 @@ __all__ = ["REDUCER_NAMES", "AllReduceReducer", "DDPReducer", "FSDP2Reducer", "S
 
 def is_idle(batch: dict) -> bool:
     """True when the plan gave this rank no CP group (or no token) in this micro-batch."""
-    ids = batch.get("input_ids")
-    return not batch.get("ranks") or ids is None or ids.numel() == 0
+    ids, ranks = batch.get("input_ids"), batch.get("ranks")  # ranks: a tuple, list or tensor (never its truth value)
+    return ranks is None or len(ranks) == 0 or ids is None or ids.numel() == 0
 
 
 def idle_batch(batch: dict, *, pad_token_id: int = 0, ignore_index: int = -100) -> dict:

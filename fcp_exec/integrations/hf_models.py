@@ -64,7 +64,8 @@ def _refusals(dropout: float, kwargs: dict) -> None:
     if dropout:
         raise ValueError(f"fcp_ring attention does not implement attention dropout (got {dropout}); set the config's "
                          "attention_dropout to 0")
-    if kwargs.get("cache") is not None or kwargs.get("past_key_values") is not None:
+    # transformers 5 hands the layer's cache to the layer, not to attention; the attention call gets ``use_cache``
+    if kwargs.get("cache") is not None or kwargs.get("past_key_values") is not None or kwargs.get("use_cache"):
         raise ValueError("fcp_ring attention is for training: call the model with use_cache=False")
 
 
@@ -91,6 +92,9 @@ def ring_call(module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     any graph (:func:`_ring_eager`).
     Attention sinks (``s_aux``: a ``[H_q]`` logit per head, gpt-oss) join every query's softmax
     (:func:`fcp_exec.kernels.base.add_sinks`); logit soft-capping (``softcap``, Gemma 2) runs on the masked path."""
+    if k.shape[0] != q.shape[0]:  # a KV cache handed to the model (use_cache=False too) put earlier tokens' keys first
+        raise ValueError(f"fcp_ring attention is for training: call the model with use_cache=False and no "
+                         f"past_key_values (its KV cache gave {k.shape[0]} keys for {q.shape[0]} queries)")
     if torch.compiler.is_compiling() and kernel is None and not kwargs.get("softcap"):
         from fcp_exec.ring_op import ring_attention_op
 

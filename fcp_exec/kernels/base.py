@@ -97,7 +97,9 @@ def check_block_inputs(q, k, v, cu_q: list[int], cu_k: list[int], causal: bool) 
     if q.shape[2] != k.shape[2]:
         raise ValueError(f"q and k head dims differ: {q.shape[2]} vs {k.shape[2]}")
     h_q, h_kv = q.shape[1], k.shape[1]
-    if h_kv == 0 or h_q % h_kv:
+    if h_q < 1 or h_kv < 1:
+        raise ValueError(f"q has {h_q} heads and k/v have {h_kv}: need H_q >= 1 and H_kv >= 1")
+    if h_q % h_kv:
         raise ValueError(f"H_q={h_q} must be a multiple of H_kv={h_kv} (GQA)")
     if len(cu_q) != len(cu_k):
         raise ValueError(f"cu_q and cu_k describe {len(cu_q) - 1} and {len(cu_k) - 1} documents")

@@ -9,6 +9,11 @@ Two ways to cover packed documents, measured against each other in ``benchmarks/
 The aten kernel returns the log-sum-exp ``[B, H, L]`` (float32, float64 for float64 inputs) and its
 backward accepts an externally supplied ``out``/``logsumexp``, which is what ring attention needs.
 It has no native GQA: key/value heads are repeated and their gradients summed.
+
+Non-finite inputs (a NaN or an infinity in q, k, v — or, backward, in ``dout``, ``out`` or a NaN ``lse``) go to the
+fp64 math of :class:`~fcp_exec.kernels.reference.ReferenceKernel` for that call: the aten kernel returns ``out = 0``,
+``lse = 0`` for a NaN query row of a short document, and ``block_diag``'s additive ``-inf`` mask turns a NaN score into
+NaN for every document; the math propagates NaN exactly as dense attention does. Finite input takes the fast path.
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ from fcp_exec.kernels.base import (
     lse_dtype_for,
     reduce_kv,
 )
+from fcp_exec.kernels.reference import ReferenceKernel
 
 __all__ = ["CpuFlashKernel"]
 
@@ -29,6 +35,11 @@ __all__ = ["CpuFlashKernel"]
 def _bhld(x: torch.Tensor) -> torch.Tensor:
     """``[L, H, D] -> [1, H, L, D]`` view."""
     return x.transpose(0, 1).unsqueeze(0)
+
+
+def _all_finite(*ts: torch.Tensor) -> bool:
+    """Whether every tensor holds only finite values (one host sync)."""
+    return bool(torch.stack([torch.isfinite(t).all() for t in ts]).all())
 
 
 def _block_diag_mask(cu_q: list[int], cu_k: list[int], causal: bool, dtype, device) -> torch.Tensor:
@@ -75,6 +86,8 @@ class CpuFlashKernel(AttentionKernel):
         lse = torch.full((h_q, q.shape[0]), float("-inf"), dtype=lse_dtype_for(q.dtype), device=q.device)
         if q.shape[0] == 0 or k.shape[0] == 0:
             return out, lse
+        if not _all_finite(q, k, v):  # NaN/inf: the math path propagates them as dense attention does
+            return ReferenceKernel().forward(q, k, v, cq, ck, causal, scale)
         ke, ve = expand_kv(k, h_q), expand_kv(v, h_q)
         if self.mode == "block_diag" and not self._has_keyless_rows(cq, ck):
             mask = _block_diag_mask(cq, ck, causal, q.dtype, q.device)
@@ -92,6 +105,8 @@ class CpuFlashKernel(AttentionKernel):
     def backward(self, dout, q, k, v, out, lse, cu_q, cu_k, causal, scale, *, max_q=None, max_k=None):
         cq, ck = doc_bounds(cu_q), doc_bounds(cu_k)
         h_q, h_kv = check_block_inputs(q, k, v, cq, ck, causal)
+        if q.shape[0] and k.shape[0] and not (_all_finite(dout, q, k, v, out) and not bool(torch.isnan(lse).any())):
+            return ReferenceKernel().backward(dout, q, k, v, out, lse, cq, ck, causal, scale)
         bwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
         lse = lse.to(lse_dtype_for(q.dtype))
         ke, ve = expand_kv(k, h_q), expand_kv(v, h_q)
