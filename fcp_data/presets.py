@@ -104,6 +104,8 @@ magnitude, meant to be replaced by ``fcp profile`` fits:
 
 from __future__ import annotations
 
+import math
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,6 +114,24 @@ from fcp_data.strict import did_you_mean
 
 __all__ = ["ModelConfig", "HardwareSpec", "MODELS", "HARDWARE", "preset_cost_model", "resolve_model", "describe_presets",
            "model_heads"]
+
+
+def _is_bool(v: Any) -> bool:
+    return type(v).__name__ in ("bool", "bool_")  # Python's and numpy's
+
+
+def _whole(name: str, v: Any, low: int) -> int:
+    """``v`` as an int ``>= low`` (numpy ints too); a bool, float, str or None is one ``ValueError`` naming ``name``."""
+    if _is_bool(v) or not hasattr(v, "__index__") or getattr(v, "ndim", 0) != 0 or operator.index(v) < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
+    return operator.index(v)
+
+
+def _check_flags(**flags: Any) -> None:
+    """Each flag of :func:`preset_cost_model` a real bool (``bool("no")`` is True: no guessing)."""
+    for name, v in flags.items():
+        if not _is_bool(v):
+            raise ValueError(f"{name} must be True or False, got {v!r}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -135,9 +155,17 @@ class ModelConfig:
     window_layers: int = 0  # how many of the layers attend in a sliding window (the others attend fully)
 
     def __post_init__(self) -> None:
-        for name in ("layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"ModelConfig.{name} must be >= 1")
+        for name in ("layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab", "patches_per_visual_token",
+                     "window", "window_layers"):
+            low = 1 if name in ("layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab") else 0
+            object.__setattr__(self, name, _whole(f"ModelConfig.{name}", getattr(self, name), low))
+        for name in ("vision_params", "active_params", "stored_params"):
+            v = getattr(self, name)
+            if _is_bool(v) or not hasattr(v, "__float__") or not 0 <= float(v) < math.inf:
+                raise ValueError(f"ModelConfig.{name} must be a finite number >= 0 (parameters), got {v!r}")
+            object.__setattr__(self, name, float(v))
+        if not isinstance(self.kind, str):
+            raise ValueError(f"ModelConfig.kind must be a str ('llm' or 'mllm'), got {self.kind!r}")
         if self.heads % self.kv_heads:
             raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
         if min(self.active_params, self.stored_params, self.window, self.window_layers) < 0:
@@ -272,8 +300,8 @@ def preset_cost_model(model: Any, hardware: str, *, dp_shards: int = 64, recompu
     """
     label, m = resolve_model(model)
     hw: HardwareSpec = _lookup(HARDWARE, hardware, "hardware preset")
-    if dp_shards < 1:
-        raise ValueError(f"dp_shards must be >= 1, got {dp_shards}")
+    dp_shards = _whole("dp_shards", dp_shards, 1)
+    _check_flags(recompute=recompute, v2=v2, frozen_vision=frozen_vision, shard_weights=shard_weights)
     if gamma_link not in ("intra", "inter"):
         raise ValueError(f"gamma_link must be 'intra' or 'inter', got {gamma_link!r}")
     if not v2 and (frozen_vision or gamma_link != "intra"):

@@ -143,8 +143,9 @@ class FCPSampler:
         self.visual_layout = visual_layout
         self.lengths = lengths
         self.excluded = load_exclusions(exclude, lengths.size)
-        self.capacity, over_kept, self.num_truncated, self.num_dropped = apply_overlong(  # a fixed degree: its group's
-            lengths, self.on_overlong, self.num_ranks, self.cost_model.tokens_per_rank, self.solver_options)
+        self.capacity, over_kept, self.num_truncated, self.num_dropped = apply_overlong(  # the solver's largest group
+            lengths, self.on_overlong, self.num_ranks, self.cost_model.tokens_per_rank, self.solver_options,
+            self.solver)
         self.num_tokens = np.minimum(lengths, self.capacity)
         kept = np.setdiff1d(over_kept, self.excluded, assume_unique=True)
         if kept.size == 0:

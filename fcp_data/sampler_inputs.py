@@ -159,20 +159,21 @@ def data_digest(lengths: np.ndarray, etas: np.ndarray | None, visual: np.ndarray
 
 
 def apply_overlong(lengths: np.ndarray, on_overlong: str, num_ranks: int, tokens_per_rank: int,
-                   solver_options: dict[str, Any]) -> tuple[int, np.ndarray, int, int]:
+                   solver_options: dict[str, Any], solver: str | None = None) -> tuple[int, np.ndarray, int, int]:
     """``(capacity, kept sample ids, num_truncated, num_dropped)`` under the ``on_overlong`` policy for samples over
-    ``capacity`` tokens, the most one sequence's group holds: ``num_ranks·tokens_per_rank``, or
-    ``degree·tokens_per_rank`` for a solver held to one ``degree`` (``solver_options``; such a sample failed at its
-    first global batch before). ``"error"`` raises naming the first, ``"drop"`` leaves them out, ``"truncate"`` keeps
-    them (one warning logged for either)."""
-    group = ("degree", int(solver_options["degree"])) if "degree" in solver_options else ("num_ranks", num_ranks)
+    ``capacity`` tokens, the most one sequence's group holds: ``D·tokens_per_rank`` with ``D`` the largest degree
+    the solver gives a group (:meth:`~fcp_data.plan.registry.SolverSpec.largest_degree`: ``num_ranks``, a fixed
+    ``degree`` option, the largest power of two for fcp-pow2 / megatron-dynamic, the largest Ulysses degree dividing
+    the head count). ``solver``: the sampler's solver (None: any degree up to ``num_ranks``). ``"error"`` raises naming the first, ``"drop"`` leaves them out, ``"truncate"`` keeps them (one
+    warning logged for either)."""
+    group = _largest_group(num_ranks, solver_options, solver)
     capacity = group[1] * tokens_per_rank
     over = np.flatnonzero(lengths > capacity)
     if not over.size:
         return capacity, np.arange(lengths.size, dtype=np.int64), 0, 0
+    holds = {"degree": "group of that degree", "num_ranks": "micro-batch"}.get(group[0], f"group {group[2]}")
     what = (f"{over.size} sample(s) longer than {group[0]}·tokens_per_rank = {group[1]}·{tokens_per_rank} = {capacity} "
-            f"tokens (the most one {'group of that degree' if group[0] == 'degree' else 'micro-batch'} holds), first: "
-            f"sample {int(over[0])} with {int(lengths[over[0]])} tokens")
+            f"tokens (the most one {holds} holds), first: sample {int(over[0])} with {int(lengths[over[0]])} tokens")
     if on_overlong == "error":
         raise ValueError(f"{what}; pass on_overlong='truncate' or 'drop', or raise tokens_per_rank")
     if on_overlong == "drop":
@@ -180,3 +181,17 @@ def apply_overlong(lengths: np.ndarray, on_overlong: str, num_ranks: int, tokens
         return capacity, np.flatnonzero(lengths <= capacity).astype(np.int64), 0, int(over.size)
     logger.warning("FCPSampler truncates %s", what)
     return capacity, np.arange(lengths.size, dtype=np.int64), int(over.size), 0
+
+
+def _largest_group(num_ranks: int, options: dict[str, Any], solver: str | None) -> tuple[str, int, str]:
+    """``(what, degree, description)`` of the largest group one sequence can get (:func:`apply_overlong`)."""
+    if options.get("degree") is not None:  # None: no fixed degree (the solver picks the best)
+        return "degree", int(options["degree"]), ""
+    if solver is None:
+        return "num_ranks", int(num_ranks), ""
+    from fcp_data.plan.registry import get_solver
+
+    d = get_solver(solver).largest_degree(int(num_ranks), options)
+    if d >= num_ranks:
+        return "num_ranks", int(num_ranks), ""
+    return "D", d, f"of solver {solver!r} on {num_ranks} ranks (D = {d}, its largest degree)"

@@ -28,6 +28,7 @@ import numpy as np
 from fcp_data.cost import CostModel
 from fcp_data.cost import sequence_terms
 from fcp_data.plan.bfd import group_terms_of
+from fcp_data.plan.inputs import OptionError, require_arrays
 from fcp_data.plan.lpt import labels_to_groups, lpt_groups, lpt_labels
 from fcp_data.plan.placement import build_micro_batch
 from fcp_data.plan.types import MicroBatchPlan
@@ -67,8 +68,16 @@ def ulysses_time(S, Q, ranks: list[tuple[int, ...]], cost_model: CostModel, B=No
     return comp + comm
 
 
-def _infeasible(name: str, lengths: np.ndarray, num_ranks: int, cost_model: CostModel, why: str) -> ValueError:
+def _infeasible(name: str, lengths: np.ndarray, num_ranks: int, cost_model: CostModel, why: str,
+                top: int | None = None) -> ValueError:
+    """No plan; ``top``: the largest degree ``name`` allows here — a sequence it cannot hold is named (no split helps)."""
     i = int(np.argmax(lengths))
+    E = cost_model.tokens_per_rank
+    if top is not None and int(lengths[i]) > top * E:
+        return ValueError(f"{name}: sequence {i} ({int(lengths[i])} tokens) alone needs {cost_model.min_degree(float(lengths[i]))} "
+                          f"ranks at tokens_per_rank={E}, but the largest degree {name} allows on {num_ranks} ranks is "
+                          f"{top} ({top * E} tokens); more micro-batches cannot help: truncate or drop it, or use more "
+                          "ranks (of a degree it allows)")
     return ValueError(f"{name}: no feasible plan on {num_ranks} ranks ({why}); longest sequence {i} has "
                       f"{int(lengths[i])} tokens, tokens_per_rank={cost_model.tokens_per_rank}; "
                       "use more micro-batches or more ranks")
@@ -88,7 +97,8 @@ def _fixed_degree(name: str, lengths, etas, num_ranks, cost_model, degrees, time
         if best is None or mb.makespan < best.makespan:
             best = mb
     if best is None:
-        raise _infeasible(name, lengths, num_ranks, cost_model, f"no degree in {list(degrees)} holds the batch")
+        raise _infeasible(name, lengths, num_ranks, cost_model, f"no degree in {list(degrees)} holds the batch",
+                          top=max(degrees, default=0))
     return best
 
 
@@ -96,15 +106,16 @@ def _only(name: str, degrees: list[int], degree: int | None) -> list[int]:
     if degree is None:
         return degrees
     if isinstance(degree, bool) or not isinstance(degree, (int, np.integer)):
-        raise ValueError(f"{name}: degree must be an int (the ring degree of every group), got {degree!r}")
+        raise OptionError(f"{name}: degree must be an int (the ring degree of every group), got {degree!r}")
     if degree not in degrees:
-        raise ValueError(f"{name}: degree {degree} is not allowed here; valid degrees: {degrees}")
+        raise OptionError(f"{name}: degree {degree} is not allowed here; valid degrees: {degrees}")
     return [int(degree)]
 
 
 def static_cp(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: CostModel, *,
               degree: int | None = None, visual: np.ndarray | None = None, **_: object) -> MicroBatchPlan:
     """Best fixed ring degree ``d | num_ranks`` (Megatron-LM CP), or exactly ``degree`` when given."""
+    require_arrays("static_cp", lengths, etas, num_ranks, cost_model)
     degrees = _only("static-cp", [d for d in range(1, num_ranks + 1) if num_ranks % d == 0], degree)
     return _fixed_degree("static-cp", lengths, etas, num_ranks, cost_model, degrees, visual=visual)
 
@@ -119,6 +130,7 @@ def ulysses(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: C
             **_: object) -> MicroBatchPlan:
     """Best fixed power-of-two Ulysses degree dividing ``num_heads`` and ``num_ranks`` (DeepSpeed), or
     exactly ``degree`` when given."""
+    require_arrays("ulysses", lengths, etas, num_ranks, cost_model)
     if num_heads < 1 or num_kv_heads < 1 or num_heads % num_kv_heads:
         raise ValueError(f"ulysses needs num_heads a multiple of num_kv_heads >= 1, got {num_heads}, {num_kv_heads}")
     degrees = _only("ulysses", ulysses_degrees(num_ranks, num_heads), degree)
@@ -135,6 +147,7 @@ def megatron_dynamic(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost
     (FCP's candidate): None instead of the plan when its makespan cannot be below ``below`` — its configuration's
     time, with every group of at most a node inside one, is a lower bound of the placed makespan when the inter-node
     bandwidth does not exceed the intra-node one (a group that crosses nodes only gets slower)."""
+    require_arrays("megatron_dynamic", lengths, etas, num_ranks, cost_model)
     E = cost_model.tokens_per_rank
     n = lengths.size
     work = work_proxy(lengths, etas, cost_model, visual)
@@ -146,7 +159,8 @@ def megatron_dynamic(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost
     cur = None if int(deg[deg > 1].sum()) > num_ranks else ev(deg)
     if cur is None:
         raise _infeasible("megatron-dynamic", lengths, num_ranks, cost_model,
-                          f"power-of-two degrees of the long sequences need {int(deg[deg > 1].sum())} ranks")
+                          f"power-of-two degrees of the long sequences need {int(deg[deg > 1].sum())} ranks",
+                          top=1 << (int(num_ranks).bit_length() - 1))
     while True:  # greedy balance: give the slowest group's heaviest sequence twice the ranks
         slow = int(np.argmax(cur[3]))
         members = np.flatnonzero(cur[1] == slow)

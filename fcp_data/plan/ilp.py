@@ -34,6 +34,7 @@ import numpy as np
 
 from fcp_data.cost import CostModel
 from fcp_data.plan.bfd import group_terms_of
+from fcp_data.plan.inputs import check_count_option, check_seconds_option
 from fcp_data.plan.placement import build_micro_batch
 from fcp_data.plan.types import MicroBatchPlan
 
@@ -68,14 +69,14 @@ def solve_ilp(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model:
               **_: object) -> tuple[MicroBatchPlan, bool]:
     """Solve one micro-batch exactly (or best found within ``time_limit`` s); ``(plan, optimal)``."""
     n, N = int(lengths.size), int(num_ranks)
+    max_sequences = check_count_option("max_sequences", max_sequences)
+    time_limit = check_seconds_option("time_limit", time_limit)
     if n > max_sequences:
         raise ValueError(f"the ILP is a reference for small cases (≤ {max_sequences} sequences per micro-batch), got {n}")
     binaries = min(n, N) * (n + 1) * N
     if binaries > MAX_ILP_BINARIES:
         raise ValueError(f"the ILP for {n} sequences on {N} ranks has {binaries} binary variables (at most "
                          f"{MAX_ILP_BINARIES}); it is a reference for small cases — use fewer ranks or sequences")
-    if not (isinstance(time_limit, (int, float)) and not isinstance(time_limit, bool) and time_limit > 0):
-        raise ValueError(f"time_limit must be a positive number of seconds, got {time_limit!r}")
     cp = _import_cvxpy()
     prob, z, y, m = _build(cp, lengths, etas, N, cost_model, visual)
     try:

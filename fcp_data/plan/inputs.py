@@ -10,7 +10,47 @@ import numpy as np
 from fcp_data.cost import MAX_RANKS, MAX_SEQUENCE_TOKENS, CostModel
 from fcp_data.plan.bfd import bfd_groups
 
-__all__ = ["validate_inputs", "validate_lengths", "validate_etas", "validate_visual", "does_not_fit"]
+__all__ = ["validate_inputs", "validate_lengths", "validate_etas", "validate_visual", "does_not_fit", "MAX_ETA",
+           "OptionError", "check_count_option", "check_seconds_option", "require_arrays"]
+
+# η is the share of the key/query pairs attended beyond the causal half (DESIGN §4: 0 causal, 1 full attention),
+# so 1 is the most a mask can add; a larger value is a unit or data error, not a mask
+MAX_ETA = 1.0
+
+
+class OptionError(ValueError):
+    """A solver option's value is invalid: the micro-batch planner re-raises it instead of reading it as "this split
+    does not fit" (and trying other splits)."""
+
+
+def check_count_option(name: str, value, top: int | None = None, why: str = "") -> int:
+    """``value`` as an int ``1 ≤ value ≤ top`` (a numpy int is fine, a bool, float, str or None is not); else one
+    :class:`OptionError` naming ``name``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1 or \
+            (top is not None and value > top):
+        limit = f"from 1 to {top}{why}" if top is not None else ">= 1"
+        raise OptionError(f"{name} must be an int {limit}, got {value!r}")
+    return int(value)
+
+
+def check_seconds_option(name: str, value) -> float:
+    """``value`` as a positive number of seconds (numpy numbers are fine, a bool is not); else :class:`OptionError`."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)) or \
+            not value > 0:
+        raise OptionError(f"{name} must be a positive number of seconds, got {value!r}")
+    return float(value)
+
+
+def require_arrays(name: str, lengths, etas, num_ranks, cost_model) -> None:
+    """The one-micro-batch solvers (:func:`~fcp_data.plan.solvers.fcp_micro_batch`, the baselines) take what
+    :func:`validate_inputs` returns: an int64 and a float64 array of one size, an int ``num_ranks`` and a
+    :class:`CostModel`; anything else is one ``TypeError`` pointing at ``plan_batch`` (a cheap type check only)."""
+    if not (isinstance(lengths, np.ndarray) and lengths.dtype.kind in "iu" and isinstance(etas, np.ndarray)
+            and etas.shape == lengths.shape and isinstance(num_ranks, (int, np.integer))
+            and isinstance(cost_model, CostModel)):
+        raise TypeError(f"{name} plans one checked micro-batch: lengths an integer array, etas an array of the same "
+                        "shape, num_ranks an int, cost_model a CostModel (as validate_inputs returns them); for raw "
+                        "input call plan_batch")
 
 
 def validate_lengths(lengths) -> np.ndarray:
@@ -27,6 +67,7 @@ def validate_lengths(lengths) -> np.ndarray:
         raise ValueError(f"lengths must be a 1-D sequence of token counts, got shape {arr.shape}")
     if arr.size == 0:
         raise ValueError("no sequences to plan: lengths is empty")
+    _check_python_entries(lengths, arr)
     if not np.issubdtype(arr.dtype, np.number) or np.issubdtype(arr.dtype, np.complexfloating) or \
             np.issubdtype(arr.dtype, np.timedelta64):  # durations are numbers to numpy, not token counts
         raise ValueError(f"lengths must be integers, got dtype {arr.dtype}")
@@ -46,6 +87,22 @@ def validate_lengths(lengths) -> np.ndarray:
     return arr
 
 
+def _check_python_entries(lengths, arr: np.ndarray) -> None:
+    """A list's bools (numpy makes ``[True, 1]`` an int array; a bool array is refused) and ints beyond int64
+    (numpy makes them an object array) are refused naming the entry."""
+    if isinstance(lengths, (list, tuple)):
+        for i, x in enumerate(lengths):
+            if isinstance(x, (bool, np.bool_)):
+                raise ValueError(f"lengths must be integer token counts; sequence {i} is {x!r} (a bool)")
+    if arr.dtype == object:
+        for i, x in enumerate(arr.tolist()):
+            if isinstance(x, int) and not isinstance(x, bool) and x > MAX_SEQUENCE_TOKENS:
+                raise ValueError(f"sequence {i} has {x} tokens, more than any real sequence "
+                                 f"(at most {MAX_SEQUENCE_TOKENS}); check the lengths")
+            if isinstance(x, int) and not isinstance(x, bool) and x <= 0:
+                raise ValueError(f"lengths must be > 0; sequence {i} has {x} tokens (drop empty sequences)")
+
+
 def validate_etas(etas, lengths: np.ndarray) -> np.ndarray:
     """Checked float64 mask factors, one per sequence (None → zeros: causal)."""
     if etas is None:
@@ -56,8 +113,11 @@ def validate_etas(etas, lengths: np.ndarray) -> np.ndarray:
         raise ValueError(f"etas must be numbers, one η per sequence (0 causal, 1 full attention): {exc}") from None
     if e.shape != lengths.shape:
         raise ValueError(f"etas has shape {e.shape} but lengths has {lengths.shape}; give one η per sequence")
-    if not np.all(np.isfinite(e)) or np.any(e < 0):
-        raise ValueError("etas must be finite and >= 0 (0 causal, 1 full attention)")
+    bad = np.flatnonzero(~(e >= 0) | ~(e <= MAX_ETA))  # NaN fails both
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"etas must be finite and >= 0 and at most {MAX_ETA:g} (the mask factor: 0 causal, 1 full "
+                         f"attention, twice the causal work); sequence {i} has η={float(e[i])!r}")
     return e
 
 
@@ -102,10 +162,20 @@ def validate_visual(visual, lengths: np.ndarray) -> np.ndarray | None:
     return v
 
 
-def does_not_fit(lengths: np.ndarray, num_ranks: int, cost_model: CostModel) -> ValueError:
-    """The error for a micro-batch no candidate fits: how many ranks its stage-1 bins need."""
-    total = int(lengths.sum())
-    need = sum(cost_model.min_degree(float(lengths[g].sum())) for g in map(np.asarray, bfd_groups(lengths, cost_model.tokens_per_rank)))
+def does_not_fit(lengths: np.ndarray, num_ranks: int, cost_model: CostModel, pow2: bool = False) -> ValueError:
+    """The error for a micro-batch no candidate fits: how many ranks its stage-1 bins need (``pow2``: each a
+    power-of-two group, as fcp-pow2 forms them; a sequence no power-of-two group on ``num_ranks`` holds is named)."""
+    total, E = int(lengths.sum()), cost_model.tokens_per_rank
+    top = 1 << (int(num_ranks).bit_length() - 1)  # the largest power of two <= num_ranks
+    if pow2 and int(lengths.max()) > top * E:
+        i = int(np.argmax(lengths))
+        need = 1 << (cost_model.min_degree(float(lengths[i])) - 1).bit_length()
+        return ValueError(f"sequence {i} ({int(lengths[i])} tokens) alone needs a power-of-two group of {need} ranks "
+                          f"at tokens_per_rank={E}, but {num_ranks} ranks hold power-of-two groups of at most {top} "
+                          f"({top * E} tokens); truncate or drop it, use {need} ranks, or a solver with any degree (fcp)")
+    degrees = [cost_model.min_degree(float(lengths[g].sum())) for g in map(np.asarray, bfd_groups(lengths, E))]
+    need = sum(1 << (d - 1).bit_length() for d in degrees) if pow2 else sum(degrees)
+    kind = " power-of-two" if pow2 else ""
     return ValueError(f"the micro-batch ({lengths.size} sequences, {total} tokens) does not fit on {num_ranks} "
-                      f"ranks: its groups need {need} ranks at tokens_per_rank={cost_model.tokens_per_rank}; "
+                      f"ranks: its{kind} groups need {need} ranks at tokens_per_rank={E}; "
                       "split it into more micro-batches (micro_batches='auto')")

@@ -33,6 +33,8 @@ from fcp_data.cost import CostModel, sequence_terms
 from fcp_data.plan.allocate import TimeTable
 from fcp_data.plan.baselines import work_proxy
 from fcp_data.plan.bfd import bfd_groups
+from fcp_data.plan.fixed_split import fallback_methods, fallback_splits
+from fcp_data.plan.inputs import OptionError
 from fcp_data.plan.lpt import lpt_exact
 from fcp_data.plan.types import CPGroup, MicroBatchPlan
 
@@ -168,7 +170,7 @@ def _solve_split(split: list[np.ndarray], solve_one: SolveOne, swallow: bool = T
     for j, ids in enumerate(split):
         try:
             mb, opt = solve_one(ids, left=len(split) - j)
-        except TimeBudgetExceeded:
+        except (TimeBudgetExceeded, OptionError):
             raise
         except ValueError as e:
             if not swallow:
@@ -185,23 +187,42 @@ def _solve_split(split: list[np.ndarray], solve_one: SolveOne, swallow: bool = T
 
 
 def _plan_fixed(lengths, etas, num_ranks, cost_model, solve_one, micro_batches, visual, lo):
-    """Exactly ``micro_batches`` micro-batches (an int), or a ``ValueError`` that says what to change."""
+    """Exactly ``micro_batches`` micro-batches (an int), or a ``ValueError`` that says what to change. When the
+    work-balanced split finds none, or its split does not plan, the fallback splits of
+    :mod:`~fcp_data.plan.fixed_split` are tried (only where this used to refuse: a split that plans is kept)."""
     n = lengths.size
     if isinstance(micro_batches, bool) or not isinstance(micro_batches, (int, np.integer)) or micro_batches < 1:
         raise ValueError(f"micro_batches must be a positive int or 'auto', got {micro_batches!r}")
     M = int(micro_batches)
     if M > n:
         raise ValueError(f"cannot split {n} sequences into {M} micro-batches (each needs at least one); use fewer")
+    cap = num_ranks * cost_model.tokens_per_rank
     if M == 1:  # the hot path: the solver itself reports infeasibility
-        split = [np.arange(n, dtype=np.int64)] if lengths.sum() <= num_ranks * cost_model.tokens_per_rank else None
+        if lengths.sum() <= cap:
+            return _solve_split([np.arange(n, dtype=np.int64)], solve_one, swallow=False)
+        split, errors, tried = None, [], []
     else:
-        split = split_micro_batches(lengths, etas, num_ranks, cost_model, M, visual)
-    solved = _solve_split(split, solve_one, swallow=False) if split is not None else None
-    if solved is None:
-        raise ValueError(f"the batch ({n} sequences, {int(lengths.sum())} tokens) does not fit in {M} micro-batch(es) "
-                         f"on {num_ranks} ranks × {cost_model.tokens_per_rank} tokens_per_rank (at least {lo} "
-                         "needed by memory); use micro_batches='auto' (--micro-batches auto) or a larger M")
-    return solved
+        split, errors, tried = split_micro_batches(lengths, etas, num_ranks, cost_model, M, visual), [], ["work-balanced (LPT)"]
+        if split is not None and (solved := _solve_split(split, solve_one, errors=errors)) is not None:
+            return solved
+        if (found := _fallback(lengths, M, cap, solve_one, tried)) is not None:
+            return found
+    why = f" (tried splits: {', '.join(tried)})" if tried else ""
+    if errors:  # the work-balanced split exists but does not plan: the solver's reason, as before
+        raise ValueError(f"{errors[0]}{why}")
+    raise ValueError(f"the batch ({n} sequences, {int(lengths.sum())} tokens) does not fit in {M} micro-batch(es) "
+                     f"on {num_ranks} ranks × {cost_model.tokens_per_rank} tokens_per_rank (at least {lo} "
+                     f"needed by memory){why}; use micro_batches='auto' (--micro-batches auto) or a larger M")
+
+
+def _fallback(lengths, M: int, cap: float, solve_one, tried: list[str]):
+    """The first fallback split (:func:`~fcp_data.plan.fixed_split.fallback_splits`) that plans, or None; ``tried``
+    gets each method looked at."""
+    tried += fallback_methods(lengths.size)
+    for _, split in fallback_splits(lengths, M, cap):
+        if (solved := _solve_split(split, solve_one)) is not None:
+            return solved
+    return None
 
 
 def plan_micro_batches(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_model: CostModel,

@@ -36,9 +36,10 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from fcp_data.cost import MAX_RANKS, CostModel, sequence_terms
+from fcp_data.cost import MAX_RANKS
 from fcp_data.plan import baselines, exhaustive
-from fcp_data.plan.placement import placed_times
+from fcp_data.plan.inputs import OptionError
+from fcp_data.plan.plan_check import InvalidPlanError, check_micro_batch
 from fcp_data.plan.types import MicroBatchPlan
 from fcp_data.strict import did_you_mean
 
@@ -53,12 +54,7 @@ PLUGINS_ENV = "FCP_SOLVER_PLUGINS"
 TIME_LIMIT_OPTION = "time_limit"
 _RESERVED = ("lengths", "etas", "num_ranks", "cost_model", "visual", "solver", "micro_batches")
 _NAME = re.compile(r"[a-z0-9][a-z0-9_.-]*\Z")  # no ':' (fcp train's NAME:D) and no ',' (CLI lists)
-_TIME_RTOL = 1e-6
 MAX_DP_RANKS = 512  # fcp-dp runs Algorithm 1, O(K·N²) per grouping: a reference, not a production solver
-
-
-class InvalidPlanError(ValueError):
-    """A registered solver returned a plan the executor cannot run (or times off the cost model)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -72,7 +68,8 @@ class SolverSpec:
     one CP degree for every group, chosen by the ``degree`` option (``fcp simulate`` sweeps it,
     ``fcp train --planner NAME:D`` fixes it); ``degree_choices(num_ranks, options)``: the degrees swept (default:
     the divisors of ``num_ranks``); ``baseline``: a system FCP is compared against (the default
-    ``--baselines``); ``max_ranks``: the most ranks it plans; ``options``: keyword options it accepts besides
+    ``--baselines``); ``max_degree(num_ranks, options)``: the largest degree one group can get (a flexible solver held to
+    some degrees: powers of two; default ``num_ranks``; :meth:`largest_degree`); ``max_ranks``: the most ranks it plans; ``options``: keyword options it accepts besides
     ``visual`` (anything else is a ``TypeError``; ``time_limit`` is the whole-call budget); ``validate``:
     check every plan it returns (:func:`check_micro_batch`).
     """
@@ -85,6 +82,7 @@ class SolverSpec:
     fixed_degree: bool = False
     degree_choices: Callable[[int, Mapping[str, Any]], Sequence[int]] | None = None
     baseline: bool = False
+    max_degree: Callable[[int, Mapping[str, Any]], int] | None = None
     max_ranks: int = MAX_RANKS
     options: tuple[str, ...] = ()
     validate: bool = True
@@ -109,6 +107,8 @@ class SolverSpec:
             raise ValueError(f"solver {self.name!r}: a fixed-degree solver takes the option 'degree'")
         if self.degree_choices is not None and not (self.fixed_degree and callable(self.degree_choices)):
             raise ValueError(f"solver {self.name!r}: degree_choices is a function, for fixed_degree=True only")
+        if self.max_degree is not None and not callable(self.max_degree):
+            raise ValueError(f"solver {self.name!r}: max_degree is a function (num_ranks, options) -> int")
         if TIME_LIMIT_OPTION in self.options and self.deterministic:
             raise ValueError(f"solver {self.name!r} takes a {TIME_LIMIT_OPTION}: its plans depend on wall-clock "
                              "time, register it with deterministic=False")
@@ -126,6 +126,15 @@ class SolverSpec:
         if self.degree_choices is None:
             return tuple(d for d in range(1, num_ranks + 1) if num_ranks % d == 0)
         return tuple(int(d) for d in self.degree_choices(num_ranks, dict(options or {})))
+
+    def largest_degree(self, num_ranks: int, options: Mapping[str, Any] | None = None) -> int:
+        """The largest CP degree one group of this solver gets on ``num_ranks`` ranks: a fixed-degree solver's
+        ``degree`` option (None: not fixed) or the largest it sweeps, else ``max_degree`` (default ``num_ranks``)."""
+        opts = dict(options or {})
+        if self.fixed_degree:
+            fixed = opts.get("degree")
+            return int(fixed) if fixed is not None else max(self.degrees(num_ranks, opts), default=0)
+        return int(num_ranks if self.max_degree is None else self.max_degree(num_ranks, opts))
 
 
 def _check_signature(spec: SolverSpec) -> None:
@@ -148,12 +157,13 @@ _REGISTRY: dict[str, SolverSpec] = {}
 def register_solver(name: str, solve: SolveFn, *, help: str, exact: bool = False, deterministic: bool = True,
                     fixed_degree: bool = False, degree_choices: Callable[[int, Mapping[str, Any]], Sequence[int]] | None = None,
                     baseline: bool = False, max_ranks: int = MAX_RANKS, options: Sequence[str] = (),
-                    validate: bool = True, replace: bool = False) -> SolverSpec:
+                    validate: bool = True, replace: bool = False,
+                    max_degree: Callable[[int, Mapping[str, Any]], int] | None = None) -> SolverSpec:
     """Register a solver under ``name`` (fields: :class:`SolverSpec`) and return its spec. A name that is
     registered already is a ``ValueError`` unless ``replace=True``; the order of registration is the order
     of ``SOLVER_NAMES`` (a replaced solver keeps its place)."""
     spec = SolverSpec(name=name, solve=solve, help=help, exact=bool(exact), deterministic=bool(deterministic),
-                      fixed_degree=bool(fixed_degree), degree_choices=degree_choices, baseline=bool(baseline),
+                      fixed_degree=bool(fixed_degree), degree_choices=degree_choices, baseline=bool(baseline), max_degree=max_degree,
                       max_ranks=max_ranks, options=tuple(options), validate=bool(validate))
     if name in _REGISTRY and not replace:
         raise ValueError(f"a solver named {name!r} is registered already; pass replace=True to replace it, or "
@@ -272,53 +282,6 @@ SOLVER_NAMES = SolverNames()
 BASELINE_NAMES = SolverNames(baseline=True)
 
 
-def check_micro_batch(spec: SolverSpec, result: Any, lengths: np.ndarray, etas: np.ndarray, num_ranks: int,
-                      cost_model: CostModel, visual: np.ndarray | None = None) -> tuple[MicroBatchPlan, bool | None]:
-    """``result`` of ``spec.solve`` on one micro-batch, checked (module doc); :class:`InvalidPlanError`
-    names the solver and the first broken invariant."""
-    def bad(why: str) -> InvalidPlanError:
-        return InvalidPlanError(f"solver {spec.name!r} returned an invalid plan for a micro-batch of {lengths.size} "
-                                f"sequences on {num_ranks} ranks: {why}")
-
-    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], MicroBatchPlan)
-            and (result[1] is None or isinstance(result[1], bool))):
-        raise bad(f"expected (MicroBatchPlan, True|False|None), got {type(result).__name__}")
-    mb, optimal = result
-    if not mb.groups:
-        raise bad("no CP group")
-    ids = np.fromiter(mb.seq_ids, dtype=np.int64, count=len(mb.seq_ids))
-    if ids.size and (ids.min() < 0 or ids.max() >= lengths.size):
-        raise bad(f"seq_id {int(ids.min() if ids.min() < 0 else ids.max())} is not in 0..{lengths.size - 1}")
-    counts = np.bincount(ids, minlength=lengths.size)
-    if (counts != 1).any():
-        k = int(np.flatnonzero(counts != 1)[0])
-        raise bad(f"sequence {k} is {'missing' if counts[k] == 0 else f'in {int(counts[k])} places'}; every "
-                  "sequence must be in exactly one group")
-    used = [r for g in mb.groups for r in g.ranks]
-    if len(set(used)) != len(used):
-        raise bad("ranks overlap: a rank is in two CP groups of one micro-batch")
-    top = max(used)
-    if top >= num_ranks:
-        raise bad(f"rank {top} does not exist (ranks are 0..{num_ranks - 1})")
-    s, q, b, v = sequence_terms(lengths, etas, visual)
-    for g in mb.groups:
-        if not g.seq_ids:
-            raise bad(f"the group on ranks {g.ranks} holds no sequence")
-        tokens = float(s[list(g.seq_ids)].sum())
-        if tokens > g.degree * cost_model.tokens_per_rank:
-            raise bad(f"the group on ranks {g.ranks} holds {tokens:.0f} tokens, more than its memory "
-                      f"{g.degree} × tokens_per_rank = {g.degree * cost_model.tokens_per_rank}")
-    agg = [np.array([float(x[list(g.seq_ids)].sum()) for g in mb.groups]) for x in (s, q, b, v)]
-    want = placed_times(agg[0], agg[1], [g.ranks for g in mb.groups], cost_model, agg[2], agg[3])
-    for g, t in zip(mb.groups, want):
-        if not abs(g.time - t) <= _TIME_RTOL * max(abs(t), 1e-300):
-            raise bad(f"the group on ranks {g.ranks} reports time {g.time!r} s but the cost model gives {float(t)!r} "
-                      "s on those ranks (fcp_data.plan.placement.placed_times)")
-    if not abs(mb.makespan - max(g.time for g in mb.groups)) <= _TIME_RTOL * max(mb.makespan, 1e-300):
-        raise bad(f"makespan {mb.makespan!r} is not the slowest group's time {max(g.time for g in mb.groups)!r}")
-    return mb, optimal
-
-
 # ---------------------------------------------------------------- the built-in solvers (DESIGN §5)
 
 def _check_fcp_options(opts: Mapping[str, Any]) -> None:
@@ -326,12 +289,12 @@ def _check_fcp_options(opts: Mapping[str, Any]) -> None:
     its truth value or compared silently (``robust_tol=-1`` or NaN would just switch the robust mode off)."""
     for name in ("search", "escalate"):
         if name in opts and not isinstance(opts[name], (bool, np.bool_)):
-            raise ValueError(f"{name} must be True or False, got {opts[name]!r}")
+            raise OptionError(f"{name} must be True or False, got {opts[name]!r}")
     if "robust_tol" in opts:
         tol = opts["robust_tol"]
         if isinstance(tol, (bool, np.bool_)) or not isinstance(tol, (int, float, np.integer, np.floating)) \
                 or not 0 <= tol < math.inf:
-            raise ValueError(f"robust_tol must be a finite number >= 0 (a share of the best predicted makespan, "
+            raise OptionError(f"robust_tol must be a finite number >= 0 (a share of the best predicted makespan, "
                              f"e.g. 0.01; 0 turns the robust choice off), got {tol!r}")
 
 
@@ -362,6 +325,10 @@ def _ulysses_degrees(num_ranks: int, options: Mapping[str, Any]) -> list[int]:
     return baselines.ulysses_degrees(num_ranks, options.get("num_heads", 32))
 
 
+def _pow2_floor(num_ranks: int, options: Mapping[str, Any]) -> int:
+    return 1 << (int(num_ranks).bit_length() - 1)  # the largest power of two <= num_ranks
+
+
 _FCP_OPTIONS = ("search", "robust_tol", "escalate")  # fcp_micro_batch: stage-1 local search, robust choice, longer search
 
 _BUILTINS = (
@@ -379,8 +346,10 @@ _BUILTINS = (
                degree_choices=_ulysses_degrees, options=("num_heads", "num_kv_heads", "degree"), validate=False,
                help="DeepSpeed-Ulysses: one power-of-two all-to-all degree dividing N and the head count"),
     SolverSpec(name="megatron-dynamic", solve=_plain(baselines.megatron_dynamic), baseline=True, validate=False,
+               max_degree=_pow2_floor,
                help="Megatron dynamic CP: power-of-two degree per long sequence, greedy balance"),
     SolverSpec(name="fcp-pow2", solve=_fcp(degrees="pow2", with_baselines=False), baseline=True, validate=False,
+               max_degree=_pow2_floor,
                help="FCP restricted to power-of-two degrees (FlexSP-like)"),
 )
 _REGISTRY.update((s.name, s) for s in _BUILTINS)

@@ -28,6 +28,8 @@ Cost: one FCP call per scenario (``ROBUST_SCENARIOS`` + 1 solves), and a plans Ã
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
 from fcp_data.cost import CostModel, sequence_terms
@@ -58,8 +60,21 @@ def scenario_models(cost_model: CostModel, delta: float = ROBUST_DELTA, count: i
     slices = np.stack([rng.permutation(count) for _ in ROBUST_KEYS], axis=1) if count else np.zeros((0, width))
     factors = 1 - delta + 2 * delta * (slices + rng.uniform(size=slices.shape)) / max(count, 1)
     keys = [k for k in ROBUST_KEYS if getattr(cost_model, k)]
-    return [cost_model.replace(**{k: getattr(cost_model, k) * float(row[ROBUST_KEYS.index(k)]) for k in keys})
+    return [_scenario(cost_model, {k: getattr(cost_model, k) * float(row[ROBUST_KEYS.index(k)]) for k in keys})
             for row in factors]
+
+
+def _scenario(cost_model: CostModel, changes: dict[str, float]) -> CostModel:
+    """``cost_model`` with ``changes``. A user's model near the range limit (:meth:`CostModel._check_range`,
+    ``MAX_GROUP_SECONDS``) can leave it only by the perturbation (at most ``1 + delta`` times its times, so nothing
+    overflows): that scenario keeps its values without the check rather than failing a model the user gave validly."""
+    try:
+        return cost_model.replace(**changes)
+    except ValueError:
+        model = copy.copy(cost_model)
+        for k, v in changes.items():  # finite, >= 0 (or > 0 for a bandwidth): factors of valid values
+            object.__setattr__(model, k, float(v))
+        return model
 
 
 def _plan_terms(plan: MicroBatchPlan, s, q, b, v, cost_model: CostModel) -> tuple:
@@ -107,7 +122,10 @@ def robust_choice(plans: list, lengths: np.ndarray, etas: np.ndarray, cost_model
         return int(window[0])
     scen = [cost_model] + (scenario_models(cost_model) if models is None else list(models))
     table = scenario_table(plans, lengths, etas, scen, visual)
-    regret = (table[window] / table.min(axis=0) - 1).mean(axis=1)
+    best = table.min(axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):  # a scenario whose best time is 0 (all-zero coefficients)
+        ratio = np.where(table[window] == best, 1.0, table[window] / best)  # the best plan has no regret, even 0/0
+    regret = (ratio - 1).mean(axis=1)
     return int(window[np.lexsort((window, spans[window], regret))[0]])
 
 

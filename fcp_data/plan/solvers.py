@@ -43,7 +43,7 @@ from fcp_data.plan.allocate import allocate_fast, pow2_mask, time_table
 from fcp_data.plan.allocate_dp import allocate_dp
 from fcp_data.plan.baselines import megatron_dynamic, work_proxy
 from fcp_data.plan.bfd import bfd_groups, candidate_units, group_terms_of
-from fcp_data.plan.inputs import does_not_fit, validate_inputs, validate_visual
+from fcp_data.plan.inputs import check_seconds_option, does_not_fit, require_arrays, validate_inputs, validate_visual
 from fcp_data.plan.lpt import labels_to_groups, lpt_labels
 from fcp_data.plan.microbatch import TimeBudgetExceeded, plan_micro_batches
 from fcp_data.plan.placed_search import PLACED_MAX_EVALS, placed_descent
@@ -111,6 +111,7 @@ def fcp_micro_batch(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_
     ``escalate``: let the search run a second, longer time where its plan stays more than
     :data:`~fcp_data.plan.search.ESCALATE_GAP` above the micro-batch lower bound (the robust mode's scenario plans
     are made without it: they only widen its candidate set)."""
+    require_arrays("fcp_micro_batch", lengths, etas, num_ranks, cost_model)
     alloc = {"fast": allocate_fast, "dp": allocate_dp}[allocator]
     pow2 = pow2_mask(num_ranks)
     # Tracks, each with its own incumbent so that pruning in one never changes another: "pow2" is exactly
@@ -128,7 +129,7 @@ def fcp_micro_batch(lengths: np.ndarray, etas: np.ndarray, num_ranks: int, cost_
             if (mb := megatron_dynamic(lengths, etas, num_ranks, cost_model, visual=visual, below=below)) is not None:
                 plans.append((mb, False))
     if not plans:
-        raise does_not_fit(lengths, num_ranks, cost_model)
+        raise does_not_fit(lengths, num_ranks, cost_model, pow2=degrees == "pow2")
     if pool is not None:
         plan, refined = _robust_pick(plans, pool, lengths, etas, num_ranks, cost_model, visual, robust_tol,
                                      dict(allocator=allocator, degrees=degrees, with_baselines=with_baselines, search=search,
@@ -348,10 +349,8 @@ def plan_batch(lengths, *, num_ranks: int, cost_model: CostModel, etas=None, sol
                          f"which plans up to {MAX_RANKS} ranks")
     deadline = limit = None
     if spec.time_limited:
-        limit = solver_options.pop(TIME_LIMIT_OPTION, DEFAULT_TIME_LIMIT)
-        if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit > 0:
-            raise ValueError(f"time_limit must be a positive number of seconds, got {limit!r}")
-        deadline = t0 + float(limit)
+        limit = check_seconds_option(TIME_LIMIT_OPTION, solver_options.pop(TIME_LIMIT_OPTION, DEFAULT_TIME_LIMIT))
+        deadline = t0 + limit
     broken: list[InvalidPlanError] = []
 
     def solve_one(ids: np.ndarray, left: int = 1):
