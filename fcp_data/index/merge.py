@@ -1,6 +1,10 @@
 """Drive a whole ``fcp index`` run: plan tasks, skip finished ones on ``--resume``, run an engine with a
 progress bar, merge the per-shard parts (in task order) into the final columns and commit them with the
 manifest and errors all-or-nothing (``store.commit_index``), holding the folder's build lock throughout.
+
+A run writes its Parquet row copies into ``OUT/records.run/``; only a committed run's replace ``OUT/records/``
+(moved in by ``commit_index``). A rejected or refused run removes its ``records.run/``; an interrupted or failed
+one keeps it (with ``parts/``) for ``--resume``. The index already in ``OUT`` reads exactly its own rows throughout.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from fcp_data.index.build import expand_inputs, make_tasks, part_path, task_fing
 from fcp_data.index.format import COLUMNS, FORMAT_NAME, FORMAT_VERSION, KIND_IMAGE, KIND_TEXT, KIND_VIDEO
 from fcp_data.index.inputs import prepare_out, unreadable_reason
 from fcp_data.index.limits import Limits
-from fcp_data.index.store import build_lock, commit_index
+from fcp_data.index.store import RECORDS_RUN, build_lock, commit_index, recover_records
 
 __all__ = ["build_index", "merge_parts", "summarize", "token_percentiles"]
 
@@ -226,19 +230,31 @@ def _first_missing(out: Path) -> Path | None:
 
 def _undo_refused(out: Path, new_top: Path | None, before: set[str]) -> None:
     """Take back what a refused run wrote: the folder it created (with any parents it created), else the entries
-    it added to an existing ``out`` (its lock, ``parts/``, ``records/``); an index already there is not touched."""
+    it added to an existing ``out`` (its lock, ``parts/``); an index already there is not touched."""
     if new_top is not None:
         shutil.rmtree(new_top, ignore_errors=True)
         return
     for name in set(os.listdir(out)) - before:
-        if name in (".lock", "parts", "records"):
+        if name in (".lock", "parts", RECORDS_RUN):
             p = out / name
             shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+
+
+def _prepare_run(out: Path, resume: bool) -> None:
+    """Clear ``parts/`` and ``records.run/`` (this run's Arrow copies of Parquet rows, index/parquet.py) unless
+    resuming; ``records/``, the committed index's copies, is never touched here."""
+    for d in ("parts", RECORDS_RUN):
+        if not resume and (out / d).exists():
+            shutil.rmtree(out / d)
+        for stale in (out / d).glob(".*.tmp*"):  # a killed run's half-written temp files (we hold the lock)
+            stale.unlink(missing_ok=True)
+    (out / "parts").mkdir(parents=True, exist_ok=True)
 
 
 def _build_locked(inputs, sources, sp, out: Path, *, probe, text_field, key_field, prompt_field, chat, limits, resume,
                   engine, address, workers, progress, dir_chunk, max_error_rate, version) -> tuple[dict, int]:
     from fcp_data.index.engines import run_local, run_ray
+    from fcp_data.index.parquet import records_ready
 
     tasks = make_tasks(sources, dir_chunk)
     if not tasks:
@@ -246,13 +262,10 @@ def _build_locked(inputs, sources, sp, out: Path, *, probe, text_field, key_fiel
     cfg = {"spec_path": sp.path, "tokenizer": sp.tokenizer_path, "spec_fingerprint": sp.fingerprint, "probe": probe,
            "text_field": text_field, "key_field": key_field, "prompt_field": prompt_field, "chat_field": chat[0],
            "chat_template": chat[1], "media_root": chat[2], "out": str(out.resolve()), "limits": limits.to_dict()}
-    for d in ("parts", "records"):  # records: Arrow copies of Parquet rows, made by their tasks (index/parquet.py)
-        if not resume and (out / d).exists():
-            shutil.rmtree(out / d)
-        for stale in (out / d).glob(".*.tmp*"):  # a killed run's half-written temp files (we hold the lock)
-            stale.unlink(missing_ok=True)
-    (out / "parts").mkdir(parents=True, exist_ok=True)
-    todo = [t for t in tasks if not (resume and _part_done(part_path(out, t["id"]), task_fingerprint(t, cfg)))]
+    recover_records(out)  # a build killed inside the swap of records/: put back the committed index's
+    _prepare_run(out, resume)
+    todo = [t for t in tasks if not (resume and _part_done(part_path(out, t["id"]), task_fingerprint(t, cfg))
+                                     and records_ready(out, t))]
 
     from tqdm import tqdm
 
@@ -276,6 +289,7 @@ def _build_locked(inputs, sources, sp, out: Path, *, probe, text_field, key_fiel
         bar.close()
     info, cols, errors, seen = merge_parts(out, tasks)
     if not seen:  # empty or blank files, empty shards: no sample, not even a bad one (nothing is committed)
+        shutil.rmtree(out / RECORDS_RUN, ignore_errors=True)  # (an empty file's empty copy); records/ is untouched
         raise NothingToIndex(f"no samples found in {', '.join(s['path'] for s in sources[:3])}"
                              f"{' ...' if len(sources) > 3 else ''}: the inputs are empty")
     by_reason = Counter(e["reason"] for e in errors)
@@ -310,7 +324,8 @@ def _commit_or_keep(out: Path, cols: dict, errors: list[dict], manifest: dict, m
 
     if manifest["error_rate"] > max_error_rate and (out / "manifest.json").is_file():
         atomic_write_bytes(out / REJECTED_ERRORS, "".join(json.dumps(e) + "\n" for e in errors).encode())
+        shutil.rmtree(out / RECORDS_RUN, ignore_errors=True)  # its row copies; records/ stays the kept index's
         return {**manifest, "kept_previous": True}, 1
     (out / REJECTED_ERRORS).unlink(missing_ok=True)  # an earlier rejected run's: this index replaces it
-    manifest = commit_index(out, cols, errors, manifest)
+    manifest = commit_index(out, cols, errors, manifest, records=out / RECORDS_RUN)
     return manifest, (1 if manifest["error_rate"] > max_error_rate else 0)

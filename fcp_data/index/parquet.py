@@ -9,7 +9,14 @@ memory-maps: a row is a zero-copy slice (as Hugging Face datasets' Arrow cache d
 uncompressed size; the Parquet file is not read after indexing (the index holds the snapshot it counted). Rows
 whose copy was deleted are read from the Parquet file again, keeping its last decoded row groups. A big file is
 indexed by several tasks (whole row groups, about ``TASK_ROWS`` rows each), each writing the copy of its rows
-(``OUT/records/<source>-<first row>.arrow``).
+(``<source>-<first row>.arrow``).
+
+A run's tasks write their copies into ``OUT/records.run/``, never into the committed ``OUT/records/``: the run's
+index takes them along when it is committed (``store.commit_index``); a run that is rejected (``--max-error-rate``)
+or refused leaves the index there reading exactly its own rows, and its ``records.run/`` is removed. An interrupted
+run's ``records.run/`` stays for ``--resume`` (a non-resume run clears it). Each copy carries its task's identity
+(schema metadata ``fcp_task``): ``--resume`` reuses a finished task only with a copy of that very task, from
+``records.run/`` or (hard-linked) from the committed ``records/``; otherwise the task runs again.
 
 The index addresses a row by its position in the file (the member ``parquet`` holds ``(row, 1)``). A row without a
 ``--key-field`` is keyed ``<file stem>:<row>`` (0-based). A file pyarrow cannot open is one ``unreadable_shard``
@@ -18,13 +25,15 @@ error; a row group it cannot decode is one error per row of it (null rows hold i
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 from collections import OrderedDict
 from pathlib import Path
 
-__all__ = ["index_parquet", "parquet_pieces", "ParquetRows", "records_path", "records_of", "BATCH_ROWS",
-           "TASK_ROWS"]
+__all__ = ["index_parquet", "parquet_pieces", "ParquetRows", "records_path", "records_of", "records_ready",
+           "BATCH_ROWS", "TASK_ROWS"]
 
 BATCH_ROWS = 256  # rows per record batch of the records file (a read slices one batch)
 TASK_ROWS = 50_000  # rows per indexing task of a Parquet/Arrow file (whole row groups; a big file is shared)
@@ -81,9 +90,53 @@ def _too_large(obj: dict, limits) -> str | None:
     return None
 
 
-def records_path(out: str | Path, source: int, first_row: int = 0) -> Path:
-    """The Arrow copy, inside index ``out``, of source ``source``'s rows from ``first_row`` (one file per task)."""
-    return Path(out) / "records" / f"{source:06d}-{first_row:012d}.arrow"
+def records_path(out: str | Path, source: int, first_row: int = 0, folder: str = "records") -> Path:
+    """The Arrow copy, inside index ``out``, of source ``source``'s rows from ``first_row`` (one file per task);
+    ``folder``: ``records`` (the committed index's) or ``records.run`` (the running build's)."""
+    return Path(out) / folder / f"{source:06d}-{first_row:012d}.arrow"
+
+
+_TASK_META = b"fcp_task"
+
+
+def _task_id(task: dict) -> str:
+    return hashlib.sha256(json.dumps(task, sort_keys=True).encode()).hexdigest()
+
+
+def _copy_of(path: Path) -> str | None:
+    """The identity of the task that wrote the copy ``path`` (None: no such copy, or not one of ours)."""
+    try:
+        import pyarrow as pa
+
+        with pa.memory_map(str(path)) as f:
+            meta = pa.ipc.open_file(f).schema.metadata or {}
+    except Exception:  # noqa: BLE001 - missing, half-written or foreign: not reusable
+        return None
+    return meta.get(_TASK_META, b"").decode() or None
+
+
+def records_ready(out: str | Path, task: dict) -> bool:
+    """For ``--resume``: whether the finished ``task`` has its copy of its rows in the run's ``records.run/``, taking
+    the committed index's copy (hard link, else a copy) when that one is the same task's. Not a Parquet task: True."""
+    from fcp_data.index.store import RECORDS, RECORDS_RUN
+
+    if task["kind"] != "parquet":
+        return True
+    want, at = _task_id(task), (task["source"], task.get("first_row", 0))
+    run, done = records_path(out, *at, RECORDS_RUN), records_path(out, *at, RECORDS)
+    if _copy_of(run) == want:
+        return True
+    if _copy_of(done) != want:
+        return False
+    run.parent.mkdir(parents=True, exist_ok=True)
+    tmp = run.parent / f".{run.name}.tmp{os.getpid()}"
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(done, tmp)
+    except OSError:  # no hard links here
+        shutil.copyfile(done, tmp)
+    os.replace(tmp, run)
+    return True
 
 
 def records_of(out: str | Path, source: int) -> list[tuple[int, Path]]:
@@ -131,7 +184,10 @@ def index_parquet(task: dict, cfg: dict, spec, rows) -> int:
     batch = TextBatch(task, spec, rows, eos=not cfg.get("chat_field"), ext="parquet")
     g0, g1 = task.get("row_groups", (0, -1))
     first = row = task.get("first_row", 0)
-    with _RecordsWriter(records_path(cfg["out"], task["source"], first), pf.schema_arrow) as copy:
+    from fcp_data.index.store import RECORDS_RUN
+
+    with _RecordsWriter(records_path(cfg["out"], task["source"], first, RECORDS_RUN), pf.schema_arrow,
+                        _task_id(task)) as copy:
         for rg in range(g0, pf.metadata.num_row_groups if g1 < 0 else g1):
             row = _index_row_group(pf, rg, row, path, limits, cfg, task, spec, rows, batch, copy)
     batch.flush()
@@ -167,13 +223,15 @@ class _RecordsWriter:
     """The records file, written to a temporary name and renamed when every row group is in (before the task's
     part file, so a resumed build never trusts a half-written copy)."""
 
-    def __init__(self, path: Path, schema) -> None:
+    def __init__(self, path: Path, schema, task_id: str) -> None:
         import pyarrow as pa
 
         self.path, self.schema, self.pa = path, schema, pa
         path.parent.mkdir(parents=True, exist_ok=True)
+        path.unlink(missing_ok=True)  # an earlier try's copy: never left beside a part that does not match it
         self.tmp = path.parent / f".{path.name}.tmp{os.getpid()}"
-        self.writer = pa.ipc.new_file(str(self.tmp), schema)
+        tagged = schema.with_metadata({**(schema.metadata or {}), _TASK_META: task_id.encode()})
+        self.writer = pa.ipc.new_file(str(self.tmp), tagged)
 
     def write(self, table) -> None:
         for b in table.cast(self.schema).to_batches(max_chunksize=BATCH_ROWS):
