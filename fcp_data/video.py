@@ -52,7 +52,7 @@ def _stale(msg: str) -> Exception:
     return StaleSampleError(f"{msg}: it changed since indexing")
 
 
-def iter_frames(src: bytes | str | Path, indices, num_frames: int | None = None, chunk_bytes: int = DECODE_CHUNK_BYTES):
+def iter_frames(src: bytes | str | Path, indices, num_frames: int | None = None, chunk_bytes: int | None = None):
     """Frames ``indices`` of a video as uint8 ``[t, H, W, 3]`` chunks of about ``chunk_bytes`` (the first chunk is one
     frame, which sizes the rest), so a long high-resolution video is never held whole. ``num_frames``: the frame
     count the index recorded; a video more than max(2, 1 %) frames from it raises
@@ -76,7 +76,7 @@ def iter_frames(src: bytes | str | Path, indices, num_frames: int | None = None,
             batch = vr.get_batch(idx[pos:pos + step]).asnumpy()
             yield batch
             pos += step
-            step = max(1, int(chunk_bytes) // max(batch[0].nbytes, 1))
+            step = max(1, int(chunk_bytes or DECODE_CHUNK_BYTES) // max(batch[0].nbytes, 1))
     except decord.DECORDError as e:
         lines = str(e).strip().splitlines()
         msg = re.sub(r"^\[\d{2}:\d{2}:\d{2}\] \S+:\d+: ", "", lines[0] if lines else "")
@@ -160,7 +160,7 @@ def _pil_resize(arr_or_img, size_wh: tuple[int, int]) -> np.ndarray:
     return np.asarray(im.resize(size_wh, Image.BICUBIC), dtype=np.uint8)
 
 
-def _qwen_video(plan: VisualPlan, src, num_frames: int | None, chunk_bytes: int) -> torch.Tensor:
+def _qwen_video(plan: VisualPlan, src, num_frames: int | None, chunk_bytes: int | None) -> torch.Tensor:
     """A video's sampled frames resized to the plan's size, decoded and resized a chunk at a time: uint8
     ``[T, C, H, W]`` (the bicubic resize clamps and rounds to 0..255, so uint8 holds its values exactly)."""
     parts = []
@@ -172,10 +172,11 @@ def _qwen_video(plan: VisualPlan, src, num_frames: int | None, chunk_bytes: int)
 
 
 def vision_inputs(spec: Spec, plan: VisualPlan, src: bytes | str | Path, num_frames: int | None = None, *,
-                  chunk_bytes: int = DECODE_CHUNK_BYTES) -> tuple[torch.Tensor, torch.Tensor]:
+                  chunk_bytes: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(``pixel_values``, ``grid_thw [1, 3]``) of one image or video following ``plan``. ``num_frames``: a video's
     frame count as indexed (another count is a :class:`~fcp_data.slots.StaleSampleError`). Video frames are decoded
-    ``chunk_bytes`` at a time and resized before the next chunk (:func:`iter_frames`)."""
+    ``chunk_bytes`` (default :data:`DECODE_CHUNK_BYTES`, read at the call) at a time and resized before the next
+    chunk (:func:`iter_frames`)."""
     v, fam = spec.vision, spec.family
     if plan.kind != "video":
         img = decode_image(src)
