@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from fcp_data.cost import MAX_RANKS  # a limit of --degrees and --packed-docs (fcp_data.cost imports no torch)
 
 __all__ = ["register"]
@@ -175,15 +177,73 @@ def _check_numbers(args) -> None:
         raise UsageError(f"--reps must be in [1, {_MAX_SWEEPS}], got {args.reps}")
     if not 0 <= args.warmup <= _MAX_SWEEPS:
         raise UsageError(f"--warmup must be in [0, {_MAX_SWEEPS}], got {args.warmup}")
-    if args.tokens_per_rank is not None and args.tokens_per_rank < 1:
-        raise UsageError(f"--tokens-per-rank must be >= 1, got {args.tokens_per_rank}")
-    for flag, path in (("--out", args.out), ("--report", args.report)):
+    from fcp_data.cost import MAX_TOKENS_PER_RANK
+
+    if args.tokens_per_rank is not None and not 1 <= args.tokens_per_rank <= MAX_TOKENS_PER_RANK:
+        raise UsageError(f"--tokens-per-rank must be in [1, {MAX_TOKENS_PER_RANK}], got {args.tokens_per_rank}")
+    seen: dict[Path, str] = {}
+    for flag, path in (("--out", args.out), ("--report", args.report), ("--plot", args.plot)):
+        if not path:
+            continue
         try:
-            bad = path and (Path(path).is_dir() or not Path(path).resolve().parent.is_dir())
+            bad = Path(path).is_dir() or not Path(path).resolve().parent.is_dir()
+            where = Path(path).resolve()
         except (OSError, RuntimeError):  # RuntimeError: a symlink loop (Path.resolve before Python 3.13)
             raise UsageError(f"{flag} {path}: the path cannot be resolved (a symlink loop?)") from None
         if bad:
             raise UsageError(f"{flag} {path}: {'is a directory' if Path(path).is_dir() else 'its folder does not exist'}")
+        if where in seen:  # the later write would replace the earlier one (a cost model lost to its report)
+            raise UsageError(f"{flag} {path} is the file {seen[where]} writes too: give them different files")
+        seen[where] = flag
+        _check_writable(flag, Path(path))
+
+
+def _check_writable(flag: str, path: Path) -> None:
+    """Open ``path`` for appending (nothing written; a file this creates is removed again), so that a file that
+    cannot be written fails now, not after minutes of timing (``os.access`` says yes to root on /sys)."""
+    from fcp_data.commands import UsageError
+
+    existed = path.exists()
+    try:
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError as e:
+        raise UsageError(f"{flag} {path} cannot be written: {e.strerror or e}") from None
+    finally:
+        if not existed:
+            path.unlink(missing_ok=True)
+
+
+def _check_builds(hf_path: str) -> None:
+    """Build the model of an ``hf:`` config on the meta device (no memory, no weights) before any process starts:
+    a config that parses but cannot build (0 key/value heads) is one line here, not a rank's traceback."""
+    import torch
+
+    from fcp_data.commands import UsageError
+    from fcp_exec.integrations import hf
+
+    config = hf.load_config(hf_path)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if getattr(text, "num_hidden_layers", None) == 0:
+        raise UsageError(f"--model hf:{hf_path}: num_hidden_layers is 0, no attention to time")
+    try:
+        with torch.device("meta"):
+            hf.apply_fcp(hf.build_model(config))
+    except Exception as e:  # noqa: BLE001 - whatever transformers raises on a config it cannot build
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise UsageError(f"--model hf:{hf_path}: the model cannot be built from this config "
+                         f"({type(e).__name__}: {first[:200]})") from None
+
+
+def _check_fit(cost_model) -> None:
+    """A fit whose compute terms are all 0 says a group's time does not grow with its tokens: the measured times did
+    not (a grid too short for this machine's noise). Such a model would plan every split alike: refused, not
+    written."""
+    from fcp_data.commands import UsageError
+
+    if not (cost_model.alpha1 > 0 or cost_model.alpha2 > 0 or getattr(cost_model, "alpha_blk", 0.0) > 0):
+        raise UsageError("the measured times do not grow with the tokens (every compute coefficient fitted 0), so no "
+                         "cost model is written: give longer --seq-lens, more --reps, or a quieter machine")
 
 
 def run(args) -> int:
@@ -204,7 +264,7 @@ def run(args) -> int:
     if args.plot:
         from fcp_data.commands.plots import check_plot_path
 
-        check_plot_path(args.plot)
+        check_plot_path(args.plot)  # matplotlib and the suffix (its file: _check_numbers)
     if args.layer_like:
         from fcp_data.presets import MODELS
 
@@ -223,6 +283,7 @@ def run(args) -> int:
         raise UsageError("the grid needs at least 3 (length, degree) points; give more --seq-lens")
     if hf_path:
         load_hf_config(hf_path)  # a bad or unsupported config: one line here, not a worker traceback
+        _check_builds(hf_path)
     what = f"one layer like {args.layer_like}" if args.layer_like else args.model
     packed = (f", packed groups of {list(packed_docs)} documents of {list(packed_lens)} tokens" if packed_docs
               else "")
@@ -235,6 +296,7 @@ def run(args) -> int:
                            warmup=args.warmup)
     _print_results(fit, raw, args.layer_like)
     written = fit if args.fit == "v2" else fit.v1
+    _check_fit(written.cost_model)
     # the v2 keys always appear (0: not fitted, or a v1 model)
     out.write_text(json.dumps(_full_dict(written.cost_model), indent=2) + "\n")
     print(f"cost model ({args.fit}) written to {args.out}")

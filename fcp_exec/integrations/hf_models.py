@@ -184,7 +184,7 @@ def build_model(config, *, dtype=torch.float32, seed: int = 0) -> nn.Module:
     auto = AutoModelForImageTextToText if cfg.model_type in MLLM_MODEL_TYPES else AutoModelForCausalLM
     try:
         return auto.from_config(cfg, attn_implementation=stock_attention(auto, cfg), dtype=dtype)
-    except (RuntimeError, ValueError, TypeError) as e:  # e.g. a negative hidden_size reaches torch as a tensor shape
+    except (RuntimeError, ValueError, TypeError, ZeroDivisionError) as e:  # e.g. a negative hidden_size, 0 kv heads
         raise ValueError(f"cannot build a {cfg.model_type} model from this config: {str(e).splitlines()[0]}") from None
 
 

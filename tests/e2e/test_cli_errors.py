@@ -445,6 +445,52 @@ def test_profile_bad_options(capsys, tmp_path, bad_configs):
                     "'gpt2' is not supported" if problem is None else re.escape(problem))
 
 
+
+def test_profile_refuses_before_timing_what_it_could_only_write_or_build_after(capsys, tmp_path, monkeypatch):
+    """Found by a review of `fcp profile`: an --out/--report/--plot that cannot be written (a missing /proc entry), the
+    same file for --out and --report (the report replaced the cost model), a --tokens-per-rank above the cost model's
+    bound and an hf: config that parses but does not build (0 key/value heads: a rank's ZeroDivisionError traceback)
+    or has no layers were each found after minutes of timing, or never; now one line before any process starts.
+    The timing itself is made to fail the test if it is reached."""
+    import json
+
+    import fcp_exec.profiler as profiler
+
+    monkeypatch.setattr(profiler, "run_profile", lambda *a, **k: pytest.fail("timed before refusing"))
+    out = str(tmp_path / "c.json")
+    base = ["profile", "--nproc", "1", "--seq-lens", "64,128,256", "--packed-docs", "none"]
+    _one_line_error(capsys, [*base, "--out", "/proc/self/no/x.json"], "its folder does not exist")
+    _one_line_error(capsys, [*base, "--out", "/proc/self/x.json"], r"--out /proc/self/x.json cannot be written")
+    _one_line_error(capsys, [*base, "--out", out, "--report", out], "--report .* is the file --out writes too")
+    _one_line_error(capsys, [*base, "--out", out, "--tokens-per-rank", str(2 ** 41)],
+                    r"--tokens-per-rank must be in \[1, 1099511627776\]")
+    assert not (tmp_path / "c.json").exists()  # the write probe leaves nothing behind
+    cfg = json.loads((CONFIGS / "qwen3-tiny.json").read_text())
+    (tmp_path / "kv0.json").write_text(json.dumps({**cfg, "num_key_value_heads": 0}))
+    (tmp_path / "l0.json").write_text(json.dumps({**cfg, "num_hidden_layers": 0}))
+    _one_line_error(capsys, [*base, "--out", out, "--model", f"hf:{tmp_path / 'kv0.json'}"],
+                    "the model cannot be built from this config")
+    _one_line_error(capsys, [*base, "--out", out, "--model", f"hf:{tmp_path / 'l0.json'}"],
+                    "num_hidden_layers is 0")
+
+
+def test_profile_refuses_a_fit_that_does_not_grow_with_tokens():
+    """Equal times at every length (a grid too short for the machine's noise) fitted every compute coefficient 0 and
+    the cost model was written: a group of 100 tokens then cost what one of 300,000 does. Refused, not written."""
+    from fcp_data.commands import UsageError
+    from fcp_exec.commands.profile import _check_fit
+    from fcp_exec.profile_fit import ProfilePoint, fit_cost_model
+
+    points = [ProfilePoint(seq_len=s, degree=d, time_s=0.05) for d in (1, 2) for s in (64, 128, 256, 512)]
+    fit = fit_cost_model(points, bandwidth_intra=1e9, ranks_per_node=2, tokens_per_rank=4096, alpha3_default=100.0,
+                         version=2)
+    assert fit.cost_model.alpha1 == fit.cost_model.alpha2 == fit.cost_model.alpha_blk == 0.0
+    with pytest.raises(UsageError, match="the measured times do not grow with the tokens"):
+        _check_fit(fit.cost_model)
+    grow = [ProfilePoint(seq_len=s, degree=1, time_s=1e-3 + 2e-6 * s) for s in (64, 128, 256, 512)]
+    _check_fit(fit_cost_model(grow, bandwidth_intra=1e9, tokens_per_rank=4096).cost_model)  # a real fit passes
+
+
 def test_argparse_errors_are_one_line(capsys):
     """argparse's usage + error (two lines and more) is one line too, and still exit code 2."""
     for argv in (["train", "--nproc", "x"], ["train", "--reducer", "nope"], ["nope"]):
