@@ -246,7 +246,7 @@ def _check_config(model: nn.Module) -> None:
     if cfg is None or not hasattr(cfg, "calculate_per_token_loss"):
         raise TypeError(f"{type(model).__name__} is not a Megatron-core model (no TransformerConfig at .config)")
     sizes = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "context_parallel_size": 1,
-             "expert_model_parallel_size": 1}
+             "expert_model_parallel_size": 1, "expert_tensor_parallel_size": 1}  # ETP: None (= TP) or a size
     bad = [f"{k}={getattr(cfg, k)}" for k in sizes if int(getattr(cfg, k, 1) or 1) != 1]
     if bad:
         raise ValueError(f"FCP forms the context-parallel groups itself and runs every rank as data-parallel: "

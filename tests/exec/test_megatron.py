@@ -292,6 +292,11 @@ def _misuse() -> dict:
         config.tensor_model_parallel_size = 2
         apply_fcp(model)
 
+    def expert_tensor_parallel():  # Megatron allows ETP != TP; FCP runs every rank as data-parallel
+        model, config = mc.build_gpt("llama", fcp=True)
+        config.expert_tensor_parallel_size = 2
+        apply_fcp(model)
+
     def dropout():
         mc.MODELS["dropout"] = ({"attention_dropout": 0.1}, {}, {})
         mc.build_gpt("dropout", fcp=True)
@@ -325,6 +330,7 @@ def _misuse() -> dict:
 
     return {"stock spec": _error(stock_spec), "per micro-batch loss": _error(per_micro_batch_loss),
             "tensor parallel": _error(tensor_parallel), "dropout": _error(dropout),
+            "expert tensor parallel": _error(expert_tensor_parallel),
             "window ahead": _error(window_ahead), "plain forward": _error(plain_forward),
             "mla rope fusion": _error(mla_rope_fusion), "mtp without look-ahead": _error(mtp_without_lookahead),
             "micro-batch count": _error(count_mismatch),
@@ -335,6 +341,7 @@ def _misuse() -> dict:
 MISUSE = {"stock spec": ("ValueError", "fcp_layer_spec"),
           "per micro-batch loss": ("ValueError", "calculate_per_token_loss=True"),
           "tensor parallel": ("ValueError", "tensor_model_parallel_size=2 must be 1"),
+          "expert tensor parallel": ("ValueError", "expert_tensor_parallel_size=2 must be 1"),
           "dropout": ("ValueError", "attention_dropout=0.1"),
           "window ahead": ("ValueError", "window_size=(left, 0)"),
           "plain forward": ("ValueError", "batch_inputs(batch, model)"),
