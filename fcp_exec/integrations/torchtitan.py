@@ -114,6 +114,10 @@ def apply_fcp(model: nn.Module, *, timeout: float | None = None) -> nn.Module:
     if not found:
         raise ValueError(f"{type(model).__name__} has no module with an inner_attention (torchtitan's GQAttention): "
                          "not a torchtitan decoder model")
+    sharded = next((n for n, p in model.named_parameters() if hasattr(p, "device_mesh")), None)  # a DTensor
+    if sharded is not None:  # its attention would already see tensor-parallel heads or FSDP2's hooks in place
+        raise ValueError(f"{type(model).__name__} is already parallelized ({sharded} is a DTensor): call apply_fcp "
+                         "on the plain model, before FSDP2/DDP (FCP runs every rank data-parallel: no tensor parallel)")
     if type(model).__name__ not in TESTED_MODELS:
         raise ValueError(f"FCP's torchtitan adapter takes {', '.join(TESTED_MODELS)}, not {type(model).__name__}: "
                          "another decoder may mix tokens outside its attention modules, which would see one shard")

@@ -312,6 +312,31 @@ def test_torchtitan_model_with_fcp_equals_the_stock_model(runs, family, reducer)
     assert res["checksum"] == runs[1][(family, reducer)]["checksum"], f"{family} {reducer}: ranks differ"
 
 
+def _apply_after_sharding() -> str:
+    """One rank: a qwen3 debug model whose parameters were made DTensors (tensor parallel / FSDP2) before apply_fcp."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from fcp_exec.integrations.torchtitan import apply_fcp
+
+    model = _model("qwen3", fcp=False)
+    fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
+    try:
+        apply_fcp(model)
+    except ValueError as e:
+        return str(e)
+    return "applied"
+
+
+def test_apply_fcp_after_parallelizing_is_refused():
+    """Found by a review: apply_fcp took a model whose parameters were already DTensors (sharded or tensor-parallel)
+    without a word; it must run on the plain model."""
+    from fcp_exec.launch import launch
+
+    msg = launch(_apply_after_sharding, 1, backend="gloo", timeout=300.0)[0]
+    assert "is already parallelized" in msg and "is a DTensor" in msg, msg
+
+
 def test_misuse_is_one_clear_error():
     from fcp_exec.integrations.torchtitan import apply_fcp, batch_inputs
     from fcp_exec.ring_attention import RingBatch
