@@ -22,10 +22,11 @@ Translation between our contract (:mod:`fcp_exec.kernels.base`) and the document
   ``attention_in`` = the global ``out``.
 
 * Limits (documented for torch_npu TND): the cumulative ``actual_seq_*`` values of one call may not exceed
-  1M (1,048,576) tokens, so a block holding more is split into calls over whole documents, each within the
-  limit (one document longer than that is a ``ValueError``); float32 in TND needs a recent torch_npu/CANN
-  (older releases document float16/bfloat16 only), so a float32 call that the installed op rejects is re-raised
-  as a ``ValueError`` saying so.
+  1,000,000 tokens (op_plugin's ``MAX_SEQUENCE_LENGTH``) and a call holds at most 2,048 sequences
+  (aclnnFlashAttentionVarLenScore: 1 to 2K), so a block holding more is split into calls over whole documents,
+  each within both (one document longer than that is a ``ValueError``); float32 in TND needs a recent
+  torch_npu/CANN (older releases document float16/bfloat16 only), so a float32 call that the installed op rejects
+  for its dtype is re-raised as a ``ValueError`` saying so (any other error keeps its own message).
 
 It cannot run without an NPU; ``tests/exec/test_npu_contract.py`` checks the translation against a
 reference implementation of the documented semantics injected as ``module``.
@@ -36,13 +37,18 @@ import torch
 
 from fcp_exec.kernels.base import AttentionKernel, check_block_inputs, doc_bounds
 
-__all__ = ["NpuKernel", "NPU_BAND_SPARSE_MODE", "NPU_CAUSAL_SPARSE_MODE", "NPU_MASK_SIZE", "NPU_MAX_SEQ_TOKENS"]
+__all__ = ["NpuKernel", "NPU_BAND_SPARSE_MODE", "NPU_CAUSAL_SPARSE_MODE", "NPU_MASK_SIZE", "NPU_MAX_SEQ_TOKENS",
+           "NPU_MAX_SEQS_PER_CALL"]
 
 NPU_CAUSAL_SPARSE_MODE = 3
 NPU_BAND_SPARSE_MODE = 4
 NPU_MASK_SIZE = 2048
 _MAX_TOKENS = 2147483647
-NPU_MAX_SEQ_TOKENS = 1 << 20  # cumulative actual_seq_qlen / kvlen of one TND call
+# one TND call: torch_npu's op_plugin checks every cumulative end of actual_seq_qlen / actual_seq_kvlen against
+# MAX_SEQUENCE_LENGTH = 1000000 ("The sequence length should not greater than 1M"), and aclnnFlashAttentionVarLenScore
+# takes 1 to 2K sequences (the length of actualSeqQLen)
+NPU_MAX_SEQ_TOKENS = 1_000_000
+NPU_MAX_SEQS_PER_CALL = 2048
 
 
 class NpuKernel(AttentionKernel):
@@ -50,6 +56,7 @@ class NpuKernel(AttentionKernel):
 
     name = "npu"
     max_tokens_per_call = NPU_MAX_SEQ_TOKENS
+    max_seqs_per_call = NPU_MAX_SEQS_PER_CALL
 
     def __init__(self, module=None):
         if module is None:
@@ -86,9 +93,9 @@ class NpuKernel(AttentionKernel):
 
     def _calls(self, cq: list[int], ck: list[int]):
         """Documents with both queries and keys, split into calls whose cumulative lengths stay within
-        ``max_tokens_per_call``: per call ``(q_rows, k_rows, ends_q, ends_k)`` with row indices into the block
+        ``max_tokens_per_call`` and that hold at most ``max_seqs_per_call`` documents: per call ``(q_rows, k_rows, ends_q, ends_k)`` with row indices into the block
         (``None`` = all rows, when one call covers every document) and the cumulative ends without the leading 0."""
-        limit = int(self.max_tokens_per_call)
+        limit, most = int(self.max_tokens_per_call), int(self.max_seqs_per_call)
         keep = [i for i in range(len(cq) - 1) if cq[i + 1] > cq[i] and ck[i + 1] > ck[i]]
         calls, cur, tq, tk = [], [], 0, 0
         for i in keep:
@@ -96,7 +103,7 @@ class NpuKernel(AttentionKernel):
             if nq > limit or nk > limit:
                 raise ValueError(f"a document of {max(nq, nk)} tokens in one attention block exceeds npu_fusion_attention's "
                                  f"{limit} cumulative TND tokens per call; use a higher CP degree for it")
-            if cur and (tq + nq > limit or tk + nk > limit):
+            if cur and (tq + nq > limit or tk + nk > limit or len(cur) >= most):
                 calls.append(cur)
                 cur, tq, tk = [], 0, 0
             cur.append(i)
@@ -123,7 +130,7 @@ class NpuKernel(AttentionKernel):
         try:
             return fn(q, *args, **kwargs)
         except RuntimeError as e:
-            if q.dtype == torch.float32:
+            if q.dtype == torch.float32 and "float" in str(e).lower():  # only an error about the dtype is one
                 raise ValueError(f"npu_fusion_attention rejected float32 in TND layout ({e}); this needs a recent "
                                  "torch_npu/CANN — train in bfloat16/float16 or upgrade") from e
             raise

@@ -7,7 +7,10 @@ what the documentation forbids or what this reference does not model:
 
 * ``actual_seq_qlen`` / ``actual_seq_kvlen``: required for TND; ``int[]`` of cumulative sequence
   ends without a leading 0 (doc example: lengths ``2 2 2 2 2`` → ``2 4 6 8 10``); the last entry
-  is ``T``; every sequence length is at least 1 (documented range 1..512k).
+  is ``T``; a sequence may be empty (the docs: "supports the S length of 0 in a batch … [2,2,0,2,2] →
+  [2,4,4,6,8]"); every cumulative end is at most 1,000,000 (torch_npu's op_plugin: MAX_SEQUENCE_LENGTH, "The
+  sequence length should not greater than 1M") and a call holds 1 to 2K sequences (aclnnFlashAttentionVarLenScore:
+  "The length of actualSeqQLenOptional ranges from 1 to 2K").
 * ``head_num`` = N1 = ``query.shape[1]``; key/value heads N2 must divide N1 (GQA).
 * ``sparse_mode``: 0 = defaultMask (with no ``atten_mask``: no mask), 2 = leftUpCausal,
   3 = rightDownCausal, 4 = band; for 2/3/4 ``atten_mask`` must be the optimised compressed 2048×2048 bool
@@ -30,6 +33,8 @@ from __future__ import annotations
 import torch
 
 MASK_SIZE = 2048
+MAX_SEQ_LEN = 1_000_000  # torch_npu op_plugin (FlashAttention): MAX_SEQUENCE_LENGTH, checked per cumulative end
+MAX_SEQS = 2048  # aclnnFlashAttentionVarLenScore: actualSeqQLen holds 1 to 2K entries
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -46,12 +51,15 @@ class DocumentedNPUFusionAttention:
             raise TypeError(f"{name} must be a list of Python ints (int[]), got {type(ends).__name__}")
         if not ends or ends[-1] != total:
             raise ValueError(f"{name} must end at T={total}, got {list(ends)[-3:]}")
+        if len(ends) > MAX_SEQS:
+            raise ValueError(f"{name}: {len(ends)} sequences in one call, the documented range is 1 to 2K")
         prev = 0
         lengths = []
         for e in ends:
-            if e - prev < 1:
-                raise ValueError(f"{name}: every sequence length must be >= 1 (no leading 0, no empty "
-                                 f"sequence), got ends {list(ends)}")
+            if e < prev:
+                raise ValueError(f"{name}: cumulative ends must not decrease, got ends {list(ends)}")
+            if e > MAX_SEQ_LEN:
+                raise RuntimeError("The sequence length should not greater than 1M")  # op_plugin's TORCH_CHECK
             lengths.append(e - prev)
             prev = e
         return lengths

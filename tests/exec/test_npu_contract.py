@@ -80,12 +80,12 @@ def test_unequal_lengths_and_keyless_documents():
 
 
 def test_reference_refuses_what_the_docs_forbid():
-    """The fake is strict: a leading 0 in actual_seq_qlen or a causal call without the 2048 mask
-    is refused, so the translation tests above cannot pass by accident."""
+    """The fake is strict: cumulative ends that decrease or a causal call without the 2048 mask are refused, so the
+    translation tests above cannot pass by accident. (A leading 0 is an empty first sequence, which the docs allow.)"""
     fake = DocumentedNPUFusionAttention()
     q = torch.randn(4, 2, 4)
-    with pytest.raises(ValueError, match="no leading 0"):
-        fake.npu_fusion_attention(q, q, q, 2, "TND", actual_seq_qlen=[0, 4], actual_seq_kvlen=[0, 4])
+    with pytest.raises(ValueError, match="must not decrease"):
+        fake.npu_fusion_attention(q, q, q, 2, "TND", actual_seq_qlen=[3, 2, 4], actual_seq_kvlen=[3, 2, 4])
     with pytest.raises(ValueError, match="2048x2048"):
         fake.npu_fusion_attention(q, q, q, 2, "TND", actual_seq_qlen=[4], actual_seq_kvlen=[4], sparse_mode=3,
                                   atten_mask=torch.ones(4, 4, dtype=torch.bool).triu(1))
@@ -142,6 +142,40 @@ def test_blocks_over_the_tnd_token_limit_are_split_into_calls(causal):
     kernel.max_tokens_per_call = 8
     with pytest.raises(ValueError, match="exceeds"):
         kernel.forward(q, k, v, cu, cu, causal, 0.3)
+
+
+def test_calls_keep_the_documented_limits_of_one_call():
+    """CONTRACT (found by a review): one TND call takes cumulative ends up to 1,000,000 (torch_npu's op_plugin, not
+    2**20 as fcp had) and 1 to 2K sequences (aclnnFlashAttentionVarLenScore; fcp had no such cut). With the kernel's
+    own limits, a block of two 520,000-token documents and one of 3,000 two-token documents are cut into calls
+    within both (the documented-semantics fake refuses either limit: checked too); the calls cover every document."""
+    from fcp_exec.kernels.npu import NPU_MAX_SEQ_TOKENS, NPU_MAX_SEQS_PER_CALL
+
+    assert (NPU_MAX_SEQ_TOKENS, NPU_MAX_SEQS_PER_CALL) == (1_000_000, 2048)
+    kernel = NpuKernel(module=DocumentedNPUFusionAttention())
+    for cu in ([0, 520_000, 1_040_000], list(range(0, 6001, 2)), [0, 999_999, 1_000_001, 1_999_999]):
+        calls = kernel._calls(cu, cu)
+        assert sum(len(ends) for _, _, ends, _ in calls) == len(cu) - 1
+        assert all(ends[-1] <= 1_000_000 and len(ends) <= 2048 for _, _, ends, _ in calls), [c[2][-1] for c in calls]
+    fake = DocumentedNPUFusionAttention()
+    with pytest.raises(RuntimeError, match="should not greater than 1M"):
+        fake._ends("actual_seq_qlen", [520_000, 1_040_000], 1_040_000)
+    with pytest.raises(ValueError, match="1 to 2K"):
+        fake._ends("actual_seq_qlen", list(range(2, 6001, 2)), 6000)
+    assert fake._ends("actual_seq_qlen", [2, 4, 4, 6, 8], 8) == [2, 2, 0, 2, 2]  # the docs' empty sequence
+
+
+def test_an_op_error_on_float32_is_not_called_a_dtype_problem():
+    """A review found every RuntimeError of a float32 call re-labelled "rejected float32 in TND layout"; an error that
+    is not about the dtype (the 1M length check) keeps its own message."""
+    class _Raises(DocumentedNPUFusionAttention):
+        def npu_fusion_attention(self, *a, **k):
+            raise RuntimeError("The sequence length should not greater than 1M")
+
+    kernel = NpuKernel(module=_Raises())
+    q, k, v, _ = _data([0, 4], [0, 4], 2, 1, 8, seed=0)
+    with pytest.raises(RuntimeError, match="should not greater than 1M"):
+        kernel.forward(q.float(), k.float(), v.float(), [0, 4], [0, 4], True, 0.3)
 
 
 @pytest.mark.parametrize("window", [1, 4, 11, 50])
