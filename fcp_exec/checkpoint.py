@@ -103,7 +103,7 @@ def _agreed(check, path: Path, what: str) -> Any:
     err = out = None
     try:
         out = check()
-    except (OSError, TypeError, ValueError) as e:
+    except Exception as e:  # noqa: BLE001 - any failure is agreed first (re-raised below with its own type)
         err = e
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         every: list[Any] = [None] * dist.get_world_size()
