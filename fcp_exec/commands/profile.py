@@ -220,9 +220,10 @@ def _check_builds(hf_path: str) -> None:
     import torch
 
     from fcp_data.commands import UsageError
+    from fcp_exec.commands.train import load_hf_config
     from fcp_exec.integrations import hf
 
-    config = hf.load_config(hf_path)
+    config = load_hf_config(hf_path)  # UsageError unless fcp supports its model type
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     if getattr(text, "num_hidden_layers", None) == 0:
         raise UsageError(f"--model hf:{hf_path}: num_hidden_layers is 0, no attention to time")
@@ -252,7 +253,7 @@ def run(args) -> int:
 
     from fcp_data.commands import UsageError
     from fcp_exec.commands import check_launch
-    from fcp_exec.commands.train import load_hf_config, resolve_model
+    from fcp_exec.commands.train import resolve_model
 
     model, hf_path = resolve_model(args.model)
     _check_numbers(args)
@@ -281,8 +282,7 @@ def run(args) -> int:
     cells = profile_grid(seq_lens, packed_docs, packed_lens)
     if len(cells) * len(degrees or range(args.nproc)) < 3:
         raise UsageError("the grid needs at least 3 (length, degree) points; give more --seq-lens")
-    if hf_path:
-        load_hf_config(hf_path)  # a bad or unsupported config: one line here, not a worker traceback
+    if hf_path:  # a bad or unsupported config, or one that does not build: one line here, not a worker traceback
         _check_builds(hf_path)
     what = f"one layer like {args.layer_like}" if args.layer_like else args.model
     packed = (f", packed groups of {list(packed_docs)} documents of {list(packed_lens)} tokens" if packed_docs
