@@ -39,7 +39,8 @@ from fcp_exec.profile_timing import VISION_FRAMES, VISION_GRID, sweep_times, tim
 
 __all__ = ["ProfilePoint", "FitResult", "fit_cost_model", "nnls_small", "format_fit", "plot_fit", "run_profile",
            "profile_worker", "ping_bandwidth", "kv_bytes_per_token", "profile_grid", "fit_errors", "fit_alpha_vis",
-           "time_vision", "VISION_FRAMES", "VISION_GRID", "sweep_times", "timing_estimate"]
+           "time_vision", "VISION_FRAMES", "VISION_GRID", "sweep_times", "timing_estimate",
+           "PLACEHOLDER_BANDWIDTH"]
 
 _NAMES = COEFFICIENTS
 
@@ -192,6 +193,8 @@ def _device_memory(device) -> float:
 
 DEFAULT_PACKED_DOCS = (1, 4, 16)
 DEFAULT_PACKED_LENS = (64, 128, 256)
+# written for the bandwidths when one process measured none and the user gave none (fcp profile warns)
+PLACEHOLDER_BANDWIDTH = 1e10
 
 
 def profile_grid(seq_lens, packed_docs=DEFAULT_PACKED_DOCS, packed_lens=DEFAULT_PACKED_LENS) -> list[tuple[int, int]]:
@@ -311,13 +314,17 @@ def run_profile(nproc: int, *, model: str = "tiny-llm", layer_like: str | None =
                 seq_lens=(256, 512, 1024, 2048), degrees=None, reps: int = 9, dtype: str = "float32",
                 tokens_per_rank: int | None = None, backend: str | None = None,
                 packed_docs=DEFAULT_PACKED_DOCS, packed_lens=DEFAULT_PACKED_LENS,
-                version: int = 2, warmup: int = 2) -> tuple[FitResult, dict]:
+                version: int = 2, warmup: int = 2, bandwidth: float | None = None,
+                bandwidth_inter: float | None = None) -> tuple[FitResult, dict]:
     """Measure on ``nproc`` processes (:func:`fcp_exec.launch.launch`) and fit (``version`` 2: the §4.1 model,
     whose ``.v1`` is the §4 fit of the same points; 1: §4 only). With ``layer_like`` the
     measured layer's coefficients are multiplied by the preset's layer count (the written model is for
     the whole backbone, LM head not included). ``tokens_per_rank`` defaults to half the device memory
     (per process) over the estimated activation bytes per token, rounded down to 64. ``raw["alpha_vis"]`` is
-    the vision-tower slope (0 without a timed vision tower)."""
+    the vision-tower slope (0 without a timed vision tower). ``bandwidth`` / ``bandwidth_inter`` (bytes/s) are
+    written instead of the measured / the intra-node value; ``raw["bandwidth_source"]`` says which was written:
+    ``"given"``, ``"measured"`` or ``"placeholder"`` (one process, none given: ``PLACEHOLDER_BANDWIDTH``, which no
+    degree-1 plan reads but a plan for more ranks would)."""
     from fcp_exec.launch import launch
 
     raw = next(r for r in launch(profile_worker, nproc, model, layer_like, tuple(seq_lens), degrees, reps, warmup,
@@ -331,9 +338,11 @@ def run_profile(nproc: int, *, model: str = "tiny-llm", layer_like: str | None =
         layers = MODELS[layer_like].layers
     if tokens_per_rank is None:
         tokens_per_rank = max(64, int(0.5 * raw["memory_bytes"] / (raw["bytes_per_token"] * layers)) // 64 * 64)
-    bandwidth = raw["bandwidth"] or 1e10  # one process: no ring, the value is never used by a degree-1 plan
+    raw["bandwidth_source"] = "given" if bandwidth else "measured" if raw["bandwidth"] else "placeholder"
+    bandwidth = bandwidth or raw["bandwidth"] or PLACEHOLDER_BANDWIDTH
     raw["alpha_vis"] = fit_alpha_vis(raw.get("vision") or ())
-    fit = fit_cost_model(points, bandwidth_intra=bandwidth, ranks_per_node=max(1, raw["world"]),
+    fit = fit_cost_model(points, bandwidth_intra=bandwidth, bandwidth_inter=bandwidth_inter,
+                         ranks_per_node=max(1, raw["world"]),
                          tokens_per_rank=tokens_per_rank, alpha3_default=raw["alpha3_default"], version=version,
                          alpha_vis=raw["alpha_vis"])
     raw["layers_scaled"] = layers

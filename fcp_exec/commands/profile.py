@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fcp_data.commands.argtypes import positive_float
 from fcp_data.cost import MAX_RANKS  # a limit of --degrees and --packed-docs (fcp_data.cost imports no torch)
 
 __all__ = ["register"]
@@ -82,6 +83,13 @@ def register(subparsers, summary: str) -> None:
     p.add_argument("--report", default=None,
                    help="also write a JSON report: measured points, both fits' coefficients, predictions and errors")
     p.add_argument("--plot", default=None, help="PNG of measured vs fitted times")
+    p.add_argument("--bandwidth", type=positive_float, default=None, metavar="B/s",
+                   help="P2P bandwidth inside a node to write (bytes/s), instead of the one measured between ranks 0 "
+                        "and 1. With --nproc 1 nothing is measured: pass your interconnect's (`fcp presets` lists the "
+                        "hardware presets'), else a placeholder of 1e10 is written and a warning says so")
+    p.add_argument("--bandwidth-inter", type=positive_float, default=None, metavar="B/s",
+                   help="bandwidth between nodes to write (bytes/s; default: the intra-node one — one profile runs "
+                        "inside one node and cannot measure it)")
     p.add_argument("--backend", default=None, help="torch.distributed backend (default nccl/hccl/gloo by device)")
     p.set_defaults(func=run)
 
@@ -107,6 +115,7 @@ def _report(fit, raw, written: str) -> dict:
     ev, cpu_pts = alpha_blk_evidence(fit.points), _cpu_points(fit, raw)
     ev_cpu = alpha_blk_evidence(cpu_pts) if cpu_pts else None
     return {"written": written, "points": [p.to_dict() for p in fit.points], "bandwidth": raw["bandwidth"],
+            "bandwidth_source": raw.get("bandwidth_source"),
             "rep_times_s": raw.get("rep_times"), "rep_cpu_times_s": raw.get("rep_cpu_times"),
             "alpha3_analytic": raw.get("alpha3_default"),
             "degree_slopes": {str(d): c for d, c in degree_slopes(fit.points).items()},
@@ -165,6 +174,19 @@ def _print_results(fit, raw, layer_like) -> None:
     print(format_fit(fit))
     _print_cpu_evidence(fit, raw)
     _print_spread(raw.get("rep_times"))
+
+
+def _warn_bandwidth(raw, *, written_to: str, inter_given: bool) -> None:
+    """One stderr line when the written bandwidth was not measured nor given (one process), and what to pass."""
+    import sys
+
+    from fcp_exec.profiler import PLACEHOLDER_BANDWIDTH
+
+    if raw["bandwidth_source"] == "placeholder":
+        print(f"warning: one process measures no bandwidth: {written_to} holds a placeholder of "
+              f"{PLACEHOLDER_BANDWIDTH:.0e} B/s for bandwidth_intra{'' if inter_given else '/bandwidth_inter'} "
+              "(harmless for degree-1 plans, wrong for rings); pass --bandwidth B/s (your interconnect's) or "
+              "profile with --nproc 2 or more", file=sys.stderr)
 
 
 def _check_numbers(args) -> None:
@@ -248,9 +270,6 @@ def _check_fit(cost_model) -> None:
 
 
 def run(args) -> int:
-    import json
-    from pathlib import Path
-
     from fcp_data.commands import UsageError
     from fcp_exec.commands import check_launch
     from fcp_exec.commands.train import resolve_model
@@ -261,7 +280,6 @@ def run(args) -> int:
     degrees = _ints(args.degrees, MAX_RANKS) if args.degrees else None
     packed_docs = () if args.packed_docs.strip().lower() in ("none", "") else _ints(args.packed_docs, MAX_RANKS)
     packed_lens = _ints(args.packed_lens) if packed_docs else ()
-    out = Path(args.out)
     if args.plot:
         from fcp_data.commands.plots import check_plot_path
 
@@ -277,7 +295,7 @@ def run(args) -> int:
     if degrees and max(degrees) > args.nproc:
         raise UsageError(f"--degrees {args.degrees}: a degree cannot exceed the {args.nproc} process(es); pass "
                          f"--nproc {max(degrees)} or drop the larger degrees")
-    from fcp_exec.profiler import plot_fit, profile_grid, run_profile
+    from fcp_exec.profiler import profile_grid, run_profile
 
     cells = profile_grid(seq_lens, packed_docs, packed_lens)
     if len(cells) * len(degrees or range(args.nproc)) < 3:
@@ -293,17 +311,27 @@ def run(args) -> int:
     fit, raw = run_profile(args.nproc, model=model, layer_like=args.layer_like, seq_lens=seq_lens,
                            degrees=degrees, reps=args.reps, dtype=args.dtype, tokens_per_rank=args.tokens_per_rank,
                            backend=backend, packed_docs=packed_docs, packed_lens=packed_lens, version=2,
-                           warmup=args.warmup)
+                           warmup=args.warmup, bandwidth=args.bandwidth, bandwidth_inter=args.bandwidth_inter)
     _print_results(fit, raw, args.layer_like)
+    _write(fit, raw, args)
+    return 0
+
+
+def _write(fit, raw, args) -> None:
+    """The cost JSON (refused when its compute terms are all 0), the bandwidth warning, the report and the plot."""
+    import json
+
+    from fcp_exec.profiler import plot_fit
+
     written = fit if args.fit == "v2" else fit.v1
     _check_fit(written.cost_model)
     # the v2 keys always appear (0: not fitted, or a v1 model)
-    out.write_text(json.dumps(_full_dict(written.cost_model), indent=2) + "\n")
+    Path(args.out).write_text(json.dumps(_full_dict(written.cost_model), indent=2) + "\n")
     print(f"cost model ({args.fit}) written to {args.out}")
+    _warn_bandwidth(raw, written_to=args.out, inter_given=args.bandwidth_inter is not None)
     if args.report:
         Path(args.report).write_text(json.dumps(_report(fit, raw, args.fit), indent=2) + "\n")
         print(f"report written to {args.report}")
     if args.plot:
         plot_fit(fit, args.plot)
         print(f"plot written to {args.plot}")
-    return 0

@@ -271,6 +271,7 @@ def test_profile_cli_tiny_mllm_writes_v2_keys(tmp_path):
     assert CostModel.load(out).alpha_vis == data["alpha_vis"]
     report = json.loads(rep.read_text())
     assert report["written"] == "v2" and len(report["points"]) == 6 and len(report["vision"]) == 3
+    assert report["bandwidth_source"] == "measured" and report["bandwidth"] > 0
     for v in ("v1", "v2"):
         e = report["fits"][v]["errors"]
         assert e["n_points"] == 6 and 0 <= e["mean"] <= e["max"]
@@ -460,3 +461,34 @@ def test_internvl_vision_is_timed_per_tile():
     assert tuple(rows.shape) == (12, net.config.text_config.hidden_size)
     got = time_vision(tower, torch.device("cpu"), torch.float32, reps=1, warmup=0, frames=(1, 4))
     assert [n for n, _ in got] == [4, 16] and all(t > 0 for _, t in got)
+
+
+def test_one_process_profile_says_its_bandwidth_is_a_placeholder_or_writes_the_given_one(tmp_path, monkeypatch, capsys):
+    """Found by a review: `fcp profile --nproc 1` measures no bandwidth and wrote 1e10 B/s into the cost JSON, marked
+    nowhere but a console line about "not identifiable" — a plan for more ranks then used an invented interconnect.
+    Now a warning on stderr names the placeholder and the report says ``bandwidth_source``; ``--bandwidth`` /
+    ``--bandwidth-inter`` write the user's values instead (no warning). The timings are synthetic (a known §4 model on
+    one rank, through the launcher's place), so the fit always succeeds; the bandwidth bookkeeping is the real code."""
+    import json
+
+    import fcp_exec.launch
+    from fcp_cli.main import main
+
+    grid = [(s, 1) for s in (64, 128, 256)]
+    raw = {"points": [p.to_dict() for p in _points(TRUE, grid)], "rep_times": None, "rep_cpu_times": None,
+           "bandwidth": 0.0, "alpha3_default": 100.0, "bytes_per_token": 1e3, "memory_bytes": 1e9, "world": 1,
+           "layers": 1, "vision": []}
+    monkeypatch.setattr(fcp_exec.launch, "launch", lambda *a, **k: [dict(raw)])
+    out, rep = tmp_path / "c.json", tmp_path / "r.json"
+    base = ["profile", "--nproc", "1", "--seq-lens", "64,128,256", "--packed-docs", "none", "--backend", "gloo",
+            "--out", str(out), "--report", str(rep)]
+    assert main(base) == 0
+    err = capsys.readouterr().err
+    assert "placeholder of 1e+10 B/s for bandwidth_intra/bandwidth_inter" in err and "--bandwidth" in err, err
+    assert json.loads(rep.read_text())["bandwidth_source"] == "placeholder"
+    assert main([*base, "--bandwidth", "5e10", "--bandwidth-inter", "2.5e10"]) == 0
+    assert "placeholder" not in capsys.readouterr().err
+    written = json.loads(out.read_text())
+    assert (written["bandwidth_intra"], written["bandwidth_inter"]) == (5e10, 2.5e10)
+    assert json.loads(rep.read_text())["bandwidth_source"] == "given"
+    assert CostModel.load(out).bandwidth_inter == 2.5e10
