@@ -85,8 +85,8 @@ from fcp_data.sampler_config import SamplerConfig
 from fcp_data.prefetch import PlanWindow, SamplerIterator
 from fcp_data.sampler_state import check_int, check_state, make_state, state_after
 from fcp_data.sampler_exclude import exclude_later, kept_at, late_from_state, set_late
-from fcp_data.sampler_inputs import (apply_overlong, check_lengths, check_visual, data_digest, dist_rank_and_world,
-                                    load_exclusions)
+from fcp_data.sampler_inputs import (apply_overlong, check_epoch_possible, check_lengths, check_visual, data_digest,
+                                    dist_rank_and_world, load_exclusions)
 from fcp_data.slots import FCPDataset, MicroBatchMeta, SampleSlot, SlotList, plan_digest
 from fcp_data.visual_layout import IndexVisualLayout, SpanVisualLayout
 
@@ -153,13 +153,9 @@ class FCPSampler:
         if self.excluded.size:
             logger.warning("FCPSampler leaves out %d excluded sample(s) (exclude=), first: sample %d",
                            self.excluded.size, int(self.excluded[0]))
-        if self.drop_last and self.global_batch_size is not None and kept.size < self.global_batch_size:
-            raise ValueError(f"drop_last=True with global_batch_size={self.global_batch_size} but only {kept.size} "
-                             "samples: every epoch would be empty; lower global_batch_size or pass drop_last=False")
-        total = int(np.minimum(lengths, self.capacity)[kept].sum())
-        if self.drop_last and self.global_batch_tokens is not None and total < self.global_batch_tokens:
-            raise ValueError(f"drop_last=True with global_batch_tokens={self.global_batch_tokens} but the data holds "
-                             f"only {total} tokens: every epoch would be empty; lower it or pass drop_last=False")
+        check_epoch_possible(self.num_tokens[kept], drop_last=self.drop_last, global_batch_size=self.global_batch_size,
+                             global_batch_tokens=self.global_batch_tokens, micro_batches=self.micro_batches,
+                             num_ranks=self.num_ranks, tokens_per_rank=self.cost_model.tokens_per_rank)
         self._kept = kept
         self._data_digest = data_digest(lengths, self.etas, self.visual, self.excluded)
 

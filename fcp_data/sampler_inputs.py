@@ -195,3 +195,31 @@ def _largest_group(num_ranks: int, options: dict[str, Any], solver: str | None) 
     if d >= num_ranks:
         return "num_ranks", int(num_ranks), ""
     return "D", d, f"of solver {solver!r} on {num_ranks} ranks (D = {d}, its largest degree)"
+
+
+def check_epoch_possible(tokens: np.ndarray, *, drop_last: bool, global_batch_size: int | None,
+                         global_batch_tokens: int | None, micro_batches: str | int, num_ranks: int,
+                         tokens_per_rank: int) -> None:
+    """Refuse at construction what every global batch would fail on later (in a DataLoader worker, mid-run).
+    ``tokens``: the kept samples' planned tokens. ``drop_last`` with fewer samples / tokens than one batch (every
+    epoch empty); an int ``micro_batches`` that even the ``global_batch_size`` shortest samples overflow: ``M``
+    micro-batches hold at most ``M·num_ranks·tokens_per_rank`` tokens (a bound the plan's padding only tightens), so
+    no batch of that size can be planned."""
+    if drop_last and global_batch_size is not None and tokens.size < global_batch_size:
+        raise ValueError(f"drop_last=True with global_batch_size={global_batch_size} but only {tokens.size} "
+                         "samples: every epoch would be empty; lower global_batch_size or pass drop_last=False")
+    total = int(tokens.sum())
+    if drop_last and global_batch_tokens is not None and total < global_batch_tokens:
+        raise ValueError(f"drop_last=True with global_batch_tokens={global_batch_tokens} but the data holds "
+                         f"only {total} tokens: every epoch would be empty; lower it or pass drop_last=False")
+    if micro_batches == "auto" or global_batch_size is None:
+        return
+    size = min(global_batch_size, tokens.size)
+    m = min(int(micro_batches), size)  # the sampler plans min(M, batch size) micro-batches
+    least = int(np.partition(tokens, size - 1)[:size].sum())
+    if least > m * num_ranks * tokens_per_rank:
+        need = -(-least // (num_ranks * tokens_per_rank))
+        raise ValueError(f"micro_batches={micro_batches}: even the {size} shortest samples hold {least} tokens, more "
+                         f"than {m} micro-batch(es) on {num_ranks} ranks × {tokens_per_rank} tokens_per_rank hold "
+                         f"({m * num_ranks * tokens_per_rank}), so no global batch of {global_batch_size} could be "
+                         f"planned; use micro_batches='auto' or at least {need}")

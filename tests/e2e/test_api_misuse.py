@@ -60,6 +60,24 @@ def test_sampler_rejects_at_construction(kw, match):
         _sampler(**kw)
 
 
+def test_micro_batches_no_global_batch_can_fit_are_refused_at_construction():
+    """An int ``micro_batches`` too small for any global batch was accepted and failed at the first batch, on the
+    planning thread (in a DataLoader worker, after the model was built). Now refused at construction when even the
+    ``global_batch_size`` shortest samples exceed ``M·num_ranks·tokens_per_rank`` — a bound, so never a config that
+    could plan: at the boundary (exactly full) it is accepted, and the refused batch does not plan either."""
+    from fcp_data.plan import plan_batch
+
+    tight = CM.replace(tokens_per_rank=100)  # 4 ranks: one micro-batch holds 400 tokens; the 8 shortest hold 800
+    with pytest.raises(ValueError, match=r"micro_batches=1: even the 8 shortest samples hold 800 tokens.*"
+                                         r"\(400\).*micro_batches='auto' or at least 2"):
+        _sampler(cost_model=tight, micro_batches=1)
+    with pytest.raises(ValueError, match="does not fit in 1 micro-batch"):  # the reference: the planner refuses too
+        plan_batch([100] * 8, num_ranks=4, cost_model=tight, micro_batches=1)
+    assert plan_batch([100] * 8, num_ranks=4, cost_model=tight, micro_batches=2).micro_batches
+    _sampler(cost_model=tight, micro_batches=2)  # exactly full for the shortest batch: not refused
+    _sampler(cost_model=tight, micro_batches="auto")
+
+
 def test_sampler_takes_numpy_and_torch_integer_ranks():
     """Integers computed with numpy or torch (``dist.get_world_size()`` as a tensor) are ints; the lists equal those
     of a sampler built with plain ints."""
