@@ -19,7 +19,7 @@ Every rank builds the same plan from ``(seed, epoch, lengths, config)`` with no 
   them): ``"error"`` raises ``ValueError`` at construction naming the first one; ``"truncate"`` keeps the
   first ``num_ranks · tokens_per_rank`` tokens (the slot's ``num_tokens``; the collator cuts the sample);
   ``"drop"`` removes them from every epoch. ``num_truncated``/``num_dropped`` count them and one warning
-  is logged.
+  is logged (with a visual layout, one more for cuts inside an image's placeholders).
 * **Excluded samples** (``exclude=``: indices, or a file of them, e.g. the read errors an earlier run recorded:
   :func:`fcp_data.sampler_inputs.load_exclusions`) are left out of every epoch (``excluded``; one warning logged);
   ``exclude_later(indices, epoch)`` leaves samples out of a later epoch on (:mod:`fcp_data.sampler_exclude`).
@@ -86,7 +86,7 @@ from fcp_data.prefetch import PlanWindow, SamplerIterator
 from fcp_data.sampler_state import check_int, check_state, make_state, state_after
 from fcp_data.sampler_exclude import exclude_later, kept_at, late_from_state, set_late
 from fcp_data.sampler_inputs import (apply_overlong, check_epoch_possible, check_lengths, check_visual, data_digest,
-                                    dist_rank_and_world, load_exclusions)
+                                    dist_rank_and_world, load_exclusions, warn_cut_visual)
 from fcp_data.slots import FCPDataset, MicroBatchMeta, SampleSlot, SlotList, plan_digest
 from fcp_data.visual_layout import IndexVisualLayout, SpanVisualLayout
 
@@ -147,6 +147,8 @@ class FCPSampler:
             lengths, self.on_overlong, self.num_ranks, self.cost_model.tokens_per_rank, self.solver_options,
             self.solver)
         self.num_tokens = np.minimum(lengths, self.capacity)
+        if self.num_truncated and visual_layout is not None:
+            warn_cut_visual(visual_layout, over_kept[lengths[over_kept] > self.capacity], self.capacity)
         kept = np.setdiff1d(over_kept, self.excluded, assume_unique=True)
         if kept.size == 0:
             raise ValueError("no sample is left after dropping over-long and excluded ones")

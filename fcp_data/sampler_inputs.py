@@ -223,3 +223,17 @@ def check_epoch_possible(tokens: np.ndarray, *, drop_last: bool, global_batch_si
                          f"than {m} micro-batch(es) on {num_ranks} ranks × {tokens_per_rank} tokens_per_rank hold "
                          f"({m * num_ranks * tokens_per_rank}), so no global batch of {global_batch_size} could be "
                          f"planned; use micro_batches='auto' or at least {need}")
+
+
+def warn_cut_visual(layout: Any, truncated: np.ndarray, capacity: int) -> None:
+    """One warning naming how many truncated samples are cut inside an image's or video's placeholder run (the
+    collator still hands the vision tower the whole image; only its first placeholders receive embeddings), and
+    the first of them — ``on_overlong="truncate"`` alone says nothing of what it cut."""
+    from fcp_data.visual_layout import cut_through_placeholders
+
+    cut = cut_through_placeholders(layout, truncated, capacity)
+    if cut:
+        logger.warning("FCPSampler: %d of the %d truncated sample(s) are cut inside an image's or video's placeholder "
+                       "tokens (the model sees part of it), first: sample %d; on_overlong='drop' leaves them out",
+                       len(cut), truncated.size, cut[0])
+

@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["SpanVisualLayout", "IndexVisualLayout", "row_plan", "segment_runs"]
+__all__ = ["SpanVisualLayout", "IndexVisualLayout", "row_plan", "segment_runs", "cut_through_placeholders"]
 
 
 class SpanVisualLayout:
@@ -132,3 +132,20 @@ def segment_runs(spec: Any, segments: Any, start: int) -> tuple[list[tuple[int, 
             runs.append((pos, c))
         pos += c
     return runs, pos - start
+
+
+def cut_through_placeholders(layout: Any, samples: Sequence[int], n: int) -> list[int]:
+    """The samples of ``samples`` whose cut to ``n`` tokens falls inside a run of visual placeholders (tokens
+    ``n − 1`` and ``n`` both placeholders: the model then sees part of an image or video), from the layout's counts
+    alone (any visual layout). A sample the layout cannot place (a stale index) is left to the planning thread,
+    which reports it."""
+    cut = []
+    for i in samples:
+        try:
+            before, at, after = (layout(int(i), k) for k in (n - 1, n, n + 1))
+        except ValueError:
+            continue
+        if n >= 2 and at - before >= 1 and after - at >= 1:
+            cut.append(int(i))
+    return cut
+

@@ -319,3 +319,33 @@ def test_solver_options_reach_the_planner_and_the_fingerprint():
     for bad in ([("degree", 2)], {"micro_batches": 2}, {"degree": [2]}):
         with pytest.raises(ValueError, match="solver_options"):
             _sampler(lengths, solver="static-cp", solver_options=bad)
+
+
+def test_truncation_inside_an_image_placeholder_run_is_named_in_a_warning(caplog):
+    """Found by a review: ``on_overlong="truncate"`` cut samples inside an image's or video's run of placeholder
+    tokens (the model then sees part of the image) with only the generic "truncates" warning. Now one warning counts
+    those samples and names the first; a cut at a run's edge, a text sample and a run past the cut are not named.
+    Reference: the placeholder positions written out, cut iff tokens n−1 and n are both placeholders."""
+    import logging
+
+    from fcp_data.visual_layout import SpanVisualLayout, cut_through_placeholders
+
+    lengths = np.full(40, 100, dtype=np.int64)
+    lengths[[1, 2, 3, 4, 5]] = 5000  # capacity 8 · 512 = 4096
+    spans = [()] * 40
+    spans[1], spans[2], spans[3], spans[5] = [(4000, 200)], [(4096, 100)], [(3996, 100)], [(10, 50), (4090, 20)]
+    with caplog.at_level(logging.WARNING, logger="fcp_data"):
+        _sampler(lengths, visual_layout=SpanVisualLayout(spans), global_batch_size=8)
+    cut = [r.getMessage() for r in caplog.records if "placeholder" in r.getMessage()]
+    assert len(cut) == 1 and "2 of the 5 truncated sample(s)" in cut[0] and "first: sample 1;" in cut[0], cut
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="fcp_data"):
+        _sampler(lengths, global_batch_size=8)  # no layout: nothing to say beyond the truncation itself
+    assert not [r for r in caplog.records if "placeholder" in r.getMessage()]
+    rng = np.random.default_rng(0)
+    for _ in range(300):  # the counting rule against the positions themselves
+        runs = [(int(a), int(c)) for a, c in zip(rng.integers(0, 60, 3), rng.integers(0, 8, 3))]
+        n = int(rng.integers(1, 70))
+        pos = {p for a, c in runs for p in range(a, a + c)}
+        want = [0] if (n - 1 >= 1 and n - 1 in pos and n in pos) else []
+        assert cut_through_placeholders(SpanVisualLayout([runs]), [0], n) == want, (runs, n)
