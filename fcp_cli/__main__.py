@@ -1,7 +1,5 @@
 """``python -m fcp_cli ...`` is the ``fcp`` command."""
 
-import sys
+from fcp_cli.main import console
 
-from fcp_cli.main import main
-
-sys.exit(main())
+console()

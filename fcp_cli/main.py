@@ -113,6 +113,24 @@ def _empty_value(parser: argparse.ArgumentParser, args: argparse.Namespace) -> s
     return None
 
 
+def console() -> None:
+    """The ``fcp`` command (console script and ``python -m fcp_cli``): :func:`main`, then the process exit. A run
+    interrupted after Ray was imported (``fcp index --engine ray``) leaves without Python's exit handlers (``os._exit``,
+    streams flushed): a terminal's Ctrl-C reaches the whole process group, Ray's local GCS and raylet die with it, and
+    Ray's own exit handler then crashed the process (SIGSEGV, exit 139, in 4 of 5 interrupts measured) instead of
+    exiting 130. Everything fcp cleans up (staging folders, workers) was already cleaned up when :func:`main`
+    returned."""
+    rc = main()
+    if rc == 130 and "ray" in sys.modules:  # ray.is_initialized() already says False there: imported is enough
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(rc)
+    sys.exit(rc)
+
+
 def main(argv: list[str] | None = None) -> int:
     from fcp_data.plan.registry import load_plugins
 
