@@ -282,8 +282,8 @@ def load_checkpoint(path: str | Path, model, optimizer, sampler, *, grad_scaler=
         dcp.load(state, checkpoint_id=str(path))
         _restore(model, optimizer, state)
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP wraps every rank's error (a BaseException)
-        raise ValueError(f"checkpoint {path} does not fit this model and optimizer (another model or config?): "
-                         f"{_first_line(e)}") from e
+        raise ValueError(f"checkpoint {path} does not fit this model and optimizer (another model or config?), or a "
+                         f"data file of it is damaged inside: {_first_line(e)}") from e
     sampler.load_state_dict(saved["sampler"])
     if grad_scaler is not None and saved.get("grad_scaler"):
         grad_scaler.load_state_dict(saved["grad_scaler"])
