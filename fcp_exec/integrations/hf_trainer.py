@@ -56,8 +56,10 @@ Trainer's own):
 
 Refused with one clear error (not silently changed): ``gradient_accumulation_steps`` > 1 together with an explicit
 ``global_batch_size`` (they say the same thing twice), ``model_init``, ``batch_eval_metrics``,
-``label_smoothing_factor`` and any ``compute_loss`` override but TRL ``SFTTrainer``'s plain NLL (``class
-FCPSFTTrainer(FCPTrainer, SFTTrainer)``: TRL prepares the data, FCP trains).
+``label_smoothing_factor``, ``compute_loss_func``, ``data_collator`` (FCP collates: labels to mask go in the samples),
+``include_for_metrics`` and any ``compute_loss`` override but TRL ``SFTTrainer``'s plain NLL (``class
+FCPSFTTrainer(FCPTrainer, SFTTrainer)``: TRL prepares the data, FCP trains). ``dataloader_drop_last`` is the training
+sampler's ``drop_last``; ``evaluate("name")`` evaluates that dataset of a dict ``eval_dataset``.
 ``fp16=True`` trains through Accelerate's loss scaler (every micro-batch's backward scaled, overflowing steps skipped
 on every rank alike); on a CPU Accelerate has no fp16 and trains in fp32, as the stock Trainer does there.
 Tested on CPU/gloo (``test_hf_trainer.py``): DDP, one process, bf16 autocast, fp16 with a loss scaler, LoRA, TRL SFT,
@@ -78,7 +80,8 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from fcp_exec.devices import settle_collectives
-from fcp_exec.integrations.hf_trainer_args import check_fcp_kwargs, check_loss, given_lengths, run_args
+from fcp_exec.integrations.hf_trainer_args import (check_fcp_kwargs, check_loss, check_trainer_kwargs, eval_by_name,
+                                                   given_lengths, run_args)
 from fcp_exec.integrations.hf_trainer_data import (GlobalBatch, GlobalBatchLoader, _has_labels, _is_indexed,
                                                    load_skip_exclusions, save_skip_exclusions,
                                                    count_lengths, input_tokens)
@@ -133,15 +136,7 @@ class FCPTrainer(Trainer):
                  sampler_kwargs: dict | None = None, collator_kwargs: dict | None = None,
                  dataset_kwargs: dict | None = None, pad_token_id: int | None = None, eval_batches: int | None = None,
                  history: int = 10_000, **kwargs: Any) -> None:
-        if model is None or kwargs.get("model_init") is not None:
-            raise ValueError("FCPTrainer needs model= (model_init is not supported: apply_fcp must see the model "
-                             "before Accelerate wraps it)")
-        if kwargs.get("compute_metrics") is not None and getattr(args, "batch_eval_metrics", False):
-            raise ValueError("FCPTrainer: batch_eval_metrics=True is not supported; compute_metrics gets the whole "
-                             "evaluation set's predictions at once")
-        if cost_model is None:
-            raise ValueError("FCPTrainer needs cost_model= (fcp_data.CostModel.load('cost.json') from `fcp profile`, "
-                             "or CostModel.preset(model.config, 'h100'): this model's preset on a hardware preset)")
+        check_trainer_kwargs(model, args, cost_model, kwargs)
         check_loss(type(self), args)
         check_fcp_kwargs(model, global_batch_size=global_batch_size, sampler_kwargs=sampler_kwargs, history=history,
                          collator_kwargs=collator_kwargs, dataset_kwargs=dataset_kwargs, pad_token_id=pad_token_id,
@@ -198,6 +193,8 @@ class FCPTrainer(Trainer):
         ckw, skw = dict(self._collator_kwargs), dict(self._sampler_kwargs)
         if which != "train":  # sampler_kwargs["exclude"]: indices into the training data
             skw.pop("exclude", None)
+        else:  # TrainingArguments' dataloader_drop_last: the sampler's drop_last (the last, smaller global batch)
+            skw.setdefault("drop_last", bool(self.args.dataloader_drop_last))
         ckw.setdefault("sample_labels", _has_labels(data))
         ckw.setdefault("pad_token_id", self._pad_id(data))
         self._pads[which] = int(ckw["pad_token_id"])  # the idle ranks' dummy documents
@@ -364,6 +361,8 @@ class FCPTrainer(Trainer):
         ``compute_metrics`` of the whole-document predictions (:mod:`~fcp_exec.integrations.hf_predict`) when given. A
         dict of datasets (the Trainer's convention) is evaluated one by one, prefixed ``{prefix}_{name}``."""
         data = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if isinstance(eval_dataset, str):  # the stock API: the name of one dataset of a dict eval_dataset
+            data, metric_key_prefix = eval_by_name(self.eval_dataset, eval_dataset), f"{metric_key_prefix}_{eval_dataset}"
         if data is None:
             raise ValueError("FCPTrainer: evaluation requires an eval_dataset")
         if isinstance(data, dict):
@@ -371,7 +370,8 @@ class FCPTrainer(Trainer):
             for name, one in data.items():
                 metrics.update(self.evaluate(one, ignore_keys, f"{metric_key_prefix}_{name}"))
             return metrics
-        metrics = self._fcp_evaluate(data, metric_key_prefix, self.compute_metrics is not None)[0]
+        metrics = self._fcp_evaluate(data, metric_key_prefix,  # prediction_loss_only: the loss, as the stock Trainer
+                                     self.compute_metrics is not None and not self.args.prediction_loss_only)[0]
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics

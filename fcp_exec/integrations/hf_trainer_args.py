@@ -75,6 +75,40 @@ def given_lengths(lengths: Any, data: Any, which: str) -> Any:
     return lengths
 
 
+def check_trainer_kwargs(model: Any, args: Any, cost_model: Any, kwargs: dict) -> None:
+    """The Trainer arguments FCPTrainer would otherwise ignore without a word, refused (each one ``ValueError``)."""
+    if model is None or kwargs.get("model_init") is not None:
+        raise ValueError("FCPTrainer needs model= (model_init is not supported: apply_fcp must see the model "
+                         "before Accelerate wraps it)")
+    if kwargs.get("compute_metrics") is not None and getattr(args, "batch_eval_metrics", False):
+        raise ValueError("FCPTrainer: batch_eval_metrics=True is not supported; compute_metrics gets the whole "
+                         "evaluation set's predictions at once")
+    if cost_model is None:
+        raise ValueError("FCPTrainer needs cost_model= (fcp_data.CostModel.load('cost.json') from `fcp profile`, "
+                         "or CostModel.preset(model.config, 'h100'): this model's preset on a hardware preset)")
+    if kwargs.get("compute_loss_func") is not None:
+        raise ValueError("FCPTrainer: compute_loss_func= would never be called: FCPTrainer computes the loss itself "
+                         "(cross-entropy over the global batch's label tokens); put per-token masking into the "
+                         "samples' labels (-100) instead")
+    if kwargs.get("data_collator") is not None:
+        raise ValueError("FCPTrainer: data_collator= would never be called: FCPTrainer collates each rank's share of "
+                         "a micro-batch itself (options: collator_kwargs=); labels a collator would mask (a "
+                         "completion-only recipe) belong in the samples' labels (-100), trained with "
+                         "collator_kwargs={'sample_labels': True}")
+    if getattr(args, "include_for_metrics", None):
+        raise ValueError(f"FCPTrainer: include_for_metrics={list(args.include_for_metrics)} is not supported: "
+                         "compute_metrics gets the whole documents' predictions and labels only (EvalPrediction's "
+                         "inputs and losses would stay None)")
+
+
+def eval_by_name(eval_dataset: Any, name: str) -> Any:
+    """``evaluate("name")``: that dataset of a dict ``eval_dataset`` (the stock Trainer's convention)."""
+    if not isinstance(eval_dataset, dict) or name not in eval_dataset:
+        have = f"its names: {', '.join(map(str, eval_dataset))}" if isinstance(eval_dataset, dict) else "none"
+        raise ValueError(f"FCPTrainer: evaluate({name!r}) names a dataset of a dict eval_dataset; {have}")
+    return eval_dataset[name]
+
+
 def check_loss(cls: type, args: Any) -> None:
     """FCPTrainer computes the loss itself (Σ cross-entropy over the global batch's label tokens, ``fcp_loss``): a
     loss the Trainer class or its arguments would compute otherwise is refused, not silently replaced. TRL's

@@ -134,9 +134,23 @@ def _read_lengths(data: Any, which: str) -> np.ndarray:
             raise ValueError(f"FCPTrainer: {which} sample {i} has no input_ids ({type(sample).__name__}); the sampler "
                              f"needs token counts: tokenize the dataset first, or pass an fcp_data.IndexedDataset "
                              f"(`fcp index ... --out DIR`) or {which}_lengths=")
+        if _nested(ids):  # [1, L] from a tokenizer's return_tensors="pt": len() is 1, every sample read as "stale"
+            raise ValueError(f"FCPTrainer: {which} sample {i}'s input_ids are nested (a batch of token lists, shape "
+                             f"{tuple(np.shape(ids)) if hasattr(ids, 'shape') else (len(ids), '...')}), not one token "
+                             "list: tokenize without return_tensors (or take [0] of a batch of one)")
         mask = sample.get("attention_mask")  # padded: its attended tokens (hf_samples.strip_padding)
         out[i] = len(ids) if mask is None else int(np.asarray(mask).sum())
     return out
+
+
+def _nested(ids: Any) -> bool:
+    """Whether ``input_ids`` hold token lists rather than tokens (a tensor or array of 2+ dims, a list of lists); a
+    malformed sample of another kind (a string, a scalar) is left to FCPDataset, which records and skips it."""
+    if getattr(ids, "ndim", None) is not None:
+        return ids.ndim >= 2
+    if not isinstance(ids, (list, tuple)) or not ids:
+        return False
+    return isinstance(ids[0], (list, tuple)) or getattr(ids[0], "ndim", 0) >= 1  # a 0-d tensor is one token
 
 
 def _arrow_lengths(data: Any) -> np.ndarray | None:

@@ -1272,6 +1272,42 @@ def _trainer(tmp_path, **kw):
     return FCPTrainer(model=build_model(copy.deepcopy(config), dtype=torch.float64, seed=0), args=args, **kw)
 
 
+def test_dataloader_drop_last_drops_the_last_smaller_global_batch(tmp_path):
+    """TrainingArguments(dataloader_drop_last=True) was ignored (a review: 9 samples, batches of 2 gave 5 steps with a
+    last batch of 1): it is the training sampler's drop_last now, unless sampler_kwargs says otherwise; evaluation
+    keeps every sample. Reference: the batch sizes of the stock rule, ⌊12 / 5⌋ = 2 full batches, then 2 left."""
+    _, data = _data("qwen3")
+
+    def sizes(**kw):
+        sampler = _trainer(tmp_path, cost_model=_cost(MAX_TOKENS), global_batch_size=5, **kw).get_train_dataloader().sampler
+        return [len(sampler.global_batch_indices(g)) for g in range(sampler.num_global_batches())]
+
+    assert len(data.lengths) == 12 and sizes() == [5, 5, 2]
+    assert sizes(args={"dataloader_drop_last": True}) == [5, 5]
+    assert sizes(args={"dataloader_drop_last": True}, sampler_kwargs={"drop_last": False}) == [5, 5, 2]
+
+
+def test_evaluate_by_name_and_prediction_loss_only_as_the_stock_trainer(tmp_path):
+    """A review: ``evaluate("a")`` (the stock API: one dataset of a dict ``eval_dataset``) read the string as a
+    dataset ("eval sample 0 has no input_ids (str)"), and ``prediction_loss_only=True`` still ran compute_metrics.
+    Now ``evaluate("a")`` equals the dict's ``eval_a_*`` loss, an unknown name is one error listing the names, and
+    prediction_loss_only gives the loss without calling compute_metrics."""
+    _, data = _data("qwen3")
+    calls = []
+    evals = {"a": data.dataset, "b": [data.dataset[i] for i in range(6)]}
+    tr = _trainer(tmp_path, eval_dataset=evals, cost_model=_cost(MAX_TOKENS),
+                  compute_metrics=lambda p: calls.append(1) or {"m": 1.0})
+    both = tr.evaluate()
+    one = tr.evaluate("a")
+    assert one["eval_a_loss"] == pytest.approx(both["eval_a_loss"], rel=1e-12) and "eval_b_loss" not in one
+    with pytest.raises(ValueError, match=r"evaluate\('c'\) names a dataset of a dict eval_dataset; its names: a, b"):
+        tr.evaluate("c")
+    assert len(calls) == 3 and one["eval_a_m"] == 1.0
+    quiet = _trainer(tmp_path, eval_dataset=data.dataset, cost_model=_cost(MAX_TOKENS), args={"prediction_loss_only": True},
+                     compute_metrics=lambda p: calls.append(1) or {"m": 1.0}).evaluate()
+    assert "eval_loss" in quiet and "eval_m" not in quiet and len(calls) == 3
+
+
 def test_train_lengths_of_another_size_than_the_dataset_are_refused(tmp_path):
     """train_lengths with 5 entries for a 12-sample dataset planned 5 samples: the other 7 never trained (a review)."""
     _, data = _data("qwen3")
@@ -1323,6 +1359,11 @@ def test_sampler_kwargs_exclude_leaves_samples_out_of_training_not_evaluation(tm
     ({"sampler_kwargs": {"num_ranks": 2, "rank": 1}}, r"sampler_kwargs num_ranks, rank are FCPTrainer's own"),
     ({"sampler_kwargs": {"seed": 3}}, r"sampler_kwargs seed are FCPTrainer's own \(seed: TrainingArguments' data_seed"),
     ({"pad_token_id": 1, "collator_kwargs": {"pad_token_id": 5}}, r"pad_token_id=1 and collator_kwargs pad_token_id=5"),
+    # found by a review of FCPTrainer: each was accepted and never used (a loss or a label mask silently not applied)
+    ({"compute_loss_func": lambda outputs, labels, num_items_in_batch=None: outputs.loss},
+     "compute_loss_func= would never be called"),
+    ({"data_collator": lambda items: items}, r"data_collator= would never be called.*collator_kwargs=\{'sample_labels'"),
+    ({"args": {"include_for_metrics": ["inputs"]}}, r"include_for_metrics=\['inputs'\] is not supported"),
 ])
 def test_fcp_trainer_refuses_what_it_cannot_train(tmp_path, kw, message):
     with pytest.raises((ValueError, TypeError), match=message):
@@ -1335,6 +1376,9 @@ def test_fcp_trainer_refuses_what_it_cannot_train(tmp_path, kw, message):
     ([{"input_ids": [1, 2]}, {"input_ids": []}] * 3, r"3 train sample\(s\) have no tokens \(first: sample 1\)"),
     ([{"input_ids": [1, 2]}, {"input_ids": [3] * 999}] * 3,
      r"longer than num_ranks·tokens_per_rank .* \(FCPTrainer\(sampler_kwargs=\{'on_overlong': 'truncate'\}\)\)"),
+    # a review: return_tensors="pt" samples ([1, L]) counted 1 token each, every sample was then skipped as "stale"
+    ([{"input_ids": torch.arange(2, 12).reshape(1, 10)}] * 4, r"train sample 0's input_ids are nested .*shape \(1, 10\)"),
+    ([{"input_ids": [[2, 3, 4]]}] * 4, r"train sample 0's input_ids are nested"),
 ])
 def test_fcp_trainer_needs_token_counts(tmp_path, dataset, message):
     """Neither an fcp index nor lengths, and samples that do not say their tokens, samples without a token, or
