@@ -24,12 +24,15 @@ every epoch: its loader's first batch after new workers took 3.1 s, now 0.85 s (
 server's own start stays (4.3 s to the first batch against 1.2 s with ``fork``; ``benchmarks/bench_worker_start.py``).
 The dataset and the collate function are then pickled to each worker (cheap for an index over files or a
 memory-mapped dataset; a dataset that holds all its samples in memory is copied), and the main script needs the usual
-``if __name__ == "__main__":`` guard. ``persistent_workers=True`` starts them once per run instead of once per epoch.
+``if __name__ == "__main__":`` guard — a script that runs its work at import without one
+(:func:`main_script_unguarded`) would run again inside the server, so its workers are forked as torch does, with one
+warning. ``persistent_workers=True`` starts them once per run instead of once per epoch.
 """
 
 from __future__ import annotations
 
 import inspect
+import logging
 import multiprocessing
 import operator
 import os
@@ -39,9 +42,12 @@ from multiprocessing import forkserver
 
 from fcp_data.frozen_heap import frozen_fork_context, preload_with_freeze
 
-__all__ = ["fork_may_deadlock", "worker_context", "started_forkserver", "preload_from_env"]
+__all__ = ["fork_may_deadlock", "worker_context", "started_forkserver", "preload_from_env", "main_script_unguarded"]
+
+logger = logging.getLogger("fcp_data")
 
 _PICKLE_LIMIT = 64 << 20  # bytes of the objects' pickle looked at for the modules they need
+_warned: set[str] = set()  # main scripts main_script_unguarded named in a warning (once each)
 _started: tuple[int, tuple[str, ...]] | None = None  # (pid, preload) of the forkserver worker_context started
 
 # the first release of each older branch with the gh-112275 fix (the releases of 2024-09-07); 3.12 has it
@@ -168,7 +174,14 @@ def worker_context(num_workers: int, *objects, start_method: str | None = None):
         raise TypeError(f"num_workers must be an int, got {num_workers!r}")
     if operator.index(num_workers) <= 0:
         return None
-    if not fork_may_deadlock() or "forkserver" not in multiprocessing.get_all_start_methods():
+    unguarded = fork_may_deadlock() and main_script_unguarded()
+    if unguarded and unguarded not in _warned:  # the forkserver would import it and run the training again in the server: torch's default instead
+        logger.warning("fcp: %s runs its work at import (no `if __name__ == \"__main__\":` guard), so its DataLoader "
+                       "workers are forked from this process, as torch does, not started by a forkserver; on this "
+                       "Python (%s) such a fork can deadlock (CPython gh-112275): add the guard", unguarded,
+                       ".".join(map(str, sys.version_info[:3])))
+        _warned.add(unguarded)
+    if unguarded or not fork_may_deadlock() or "forkserver" not in multiprocessing.get_all_start_methods():
         return frozen_fork_context() if _default_start_method() == "fork" else None
     ctx = multiprocessing.get_context("forkserver")
     if getattr(forkserver._forkserver, "_forkserver_pid", None) is None:
@@ -179,6 +192,27 @@ def worker_context(num_workers: int, *objects, start_method: str | None = None):
         forkserver.ensure_running()  # its imports run now, beside whatever this rank does before its first batch
         _started = (forkserver._forkserver._forkserver_pid, tuple(preload))
     return ctx
+
+
+def main_script_unguarded() -> str | None:
+    """The main script's path when importing it runs work — a top-level statement that calls something, beyond
+    imports, definitions and assignments of literals — and it has no top-level ``if __name__ == "__main__":``; None
+    when it is guarded, does nothing at import, or cannot be read (``python -c``, an interactive session)."""
+    import ast
+
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    try:
+        tree = ast.parse(open(path, encoding="utf-8").read()) if path else None
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        tree = None
+    if tree is None:
+        return None
+    quiet = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    for node in tree.body:
+        if isinstance(node, ast.If) and "__name__" in ast.unparse(node.test) and "__main__" in ast.unparse(node.test):
+            return None
+    calls = any(not isinstance(node, quiet) and any(isinstance(n, ast.Call) for n in ast.walk(node)) for node in tree.body)
+    return str(path) if calls else None
 
 
 def started_forkserver() -> tuple[int, tuple[str, ...]] | None:

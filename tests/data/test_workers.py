@@ -219,3 +219,54 @@ def test_the_environment_adds_modules_to_worker_contexts_forkserver(preloaded_lo
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert "tabnanny" in out["preload"] and all(seen for _, seen in out["items"]), out
+
+
+_UNGUARDED = textwrap.dedent("""
+    import torch
+    from torch.utils.data import DataLoader
+    from fcp_data import CostModel, FCPCollator, FCPDataset, FCPSampler, IndexedDataset, bundled_index
+    from fcp_data.presets import ModelConfig
+    from fcp_data.workers import worker_context
+
+    data = IndexedDataset(bundled_index("text"))
+    shape = ModelConfig(layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128, vocab=32000)
+    cost = CostModel.preset(shape, "a100").replace(tokens_per_rank=1024)
+    dataset, collate = FCPDataset(data), FCPCollator(pad_token_id=data.pad_token_id)
+    runs = []
+    for workers in (0, 2):
+        sampler = FCPSampler(data.index, 2, 0, cost_model=cost, global_batch_size=4096, seed=0, on_overlong="truncate")
+        loader = DataLoader(dataset, batch_sampler=sampler, num_workers=workers, collate_fn=collate, timeout=60 if
+                            workers else 0, multiprocessing_context=worker_context(workers, dataset, collate))
+        runs.append([b["input_ids"] for b in loader])
+    assert len(runs[0]) == len(runs[1]) > 0 and all(torch.equal(a, b) for a, b in zip(*runs))
+    print("ok", len(runs[0]))
+""")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork and forkserver: Linux")
+def test_a_main_script_without_a_main_guard_gets_workers_and_a_warning_not_a_crash(tmp_path):
+    """Found by a review of FCPTrainer: a training script without ``if __name__ == "__main__":`` and
+    ``dataloader_num_workers=2`` crashed ("DataLoader worker exited unexpectedly", the script's training run again
+    inside the forkserver that imports the main script) where the stock Trainer (plain fork) trains. Now
+    ``worker_context`` sees the unguarded script (its AST: a top-level call, no guard) and forks the workers as torch
+    does, with one warning naming the script and the deadlock that fork risks on this Python; the batches equal those
+    of the loader without workers. A guarded script is not named (the AST check, below)."""
+    from fcp_data.workers import main_script_unguarded
+
+    script = tmp_path / "unguarded.py"
+    script.write_text(_UNGUARDED)
+    r = run_process([sys.executable, str(script)], timeout=240, cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.startswith("ok"), r.stdout[-2000:] + r.stderr[-4000:]
+    assert ("runs its work at import (no `if __name__" in r.stderr) is fork_may_deadlock(), r.stderr[-2000:]
+    main = sys.modules["__main__"]
+    for text, unguarded in (("import os\nx = 1\ndef f():\n    f()\n", False), ("print(1)\n", True),
+                            ("import os\nif __name__ == '__main__':\n    print(1)\n", False),
+                            ("t = Trainer()\nif __name__ == '__main__':\n    t.train()\n", False),
+                            ("class A:\n    pass\nA().run()\n", True)):
+        (tmp_path / "m.py").write_text(text)
+        old = getattr(main, "__file__", None)
+        main.__file__ = str(tmp_path / "m.py")
+        try:
+            assert (main_script_unguarded() is not None) is unguarded, text
+        finally:
+            main.__file__ = old
