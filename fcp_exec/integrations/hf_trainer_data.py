@@ -168,11 +168,15 @@ def _arrow_lengths(data: Any) -> np.ndarray | None:
 
 
 def _has_labels(data: Any) -> bool:
-    """Whether the samples carry their own ``labels`` (SFT): an fcp index says so; another dataset's first sample."""
+    """Whether the samples carry their own ``labels`` (SFT): an fcp index says so; a list or tuple if any of its samples
+    does (a sample without them trains on its ``input_ids``); another dataset's first sample."""
     if hasattr(data, "has_labels"):
         return bool(data.has_labels)
+    labeled = None
+    if isinstance(data, (list, tuple)):  # in memory: any sample's labels count, not only the first's (a review)
+        labeled = next((s for s in data if isinstance(s, dict) and s.get("labels") is not None), None)
     try:
-        first = data[0]
+        first = data[0] if labeled is None else labeled
     except Exception:  # noqa: BLE001 - an unreadable first sample: the collator's own labels, as by default
         return False
     if not isinstance(first, dict):

@@ -1425,6 +1425,10 @@ def test_a_plain_list_of_tokenized_samples_with_labels_trains_on_its_labels(tmp_
     assert abs(speed["samples_per_second"] / speed["steps_per_second"] - len(listed) / -(-len(listed) // GBS)) < 0.1
     assert [int((row != -100).sum()) for row in out.label_ids] == labels, out.label_ids
     assert out.metrics["test_loss"] == one and out.metrics["test_num_tokens"] == sum(labels), out.metrics
+    # only later samples carry labels (a review: decided on sample 0 alone, the collator then refused sample 1 and
+    # named FCPCollator(sample_labels=True), a class the user never builds): the first trains on its input_ids
+    mixed = [{"input_ids": listed[0]["input_ids"]}] + listed[1:]
+    assert trainer.evaluate(mixed)["eval_num_tokens"] == len(listed[0]["input_ids"]) - 1 + sum(labels[1:])
     trainer.args.prediction_loss_only = True
     assert trainer.predict(listed).predictions is None
 
