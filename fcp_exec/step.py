@@ -41,6 +41,7 @@ every rank skips the same steps.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Sequence
 
@@ -370,6 +371,10 @@ def _close_step(model: nn.Module, totals: torch.Tensor, first: dict, res: StepRe
         d = res.num_tokens
         scale = rescale_skipped(model, d, gone) if grads else _skip_factor(d, gone)
         res.loss, res.num_tokens = res.loss * scale, d - gone
+        if res.num_tokens == 0:  # every label token was a failed read's: loss 0 is not a result (a review)
+            logging.getLogger("fcp_exec").warning("fcp: epoch %d global batch %d: every labelled sample failed to read "
+                                                  "(%d skips on all ranks): nothing %s", res.epoch, res.global_batch,
+                                                  res.num_skipped_global, "trained" if grads else "evaluated")
     return res
 
 

@@ -1706,3 +1706,19 @@ def _pad(arrays: list) -> np.ndarray:
 
     return pad_stack(arrays)
 
+
+
+def test_a_step_whose_samples_all_fail_to_read_says_it_trained_nothing(tmp_path, caplog):
+    """A review: every sample failing to read (ids past the vocabulary: a tokenizer with added tokens, embeddings not
+    resized) in a run shorter than the read-error budget (8 failures in a row end a run) returned loss 0.0 per step
+    and train_loss 0.0 without a word beyond the per-sample skips. Now each such step logs that it trained nothing."""
+    import logging
+
+    bad = [{"input_ids": [5, 6, 2500, 7] * 3} for _ in range(6)]  # 2500: past the tiny vocabulary (2000), skipped
+    with caplog.at_level(logging.WARNING, logger="fcp_exec"):
+        tr = _trainer(tmp_path, train_dataset=bad, train_lengths=None, cost_model=_cost(MAX_TOKENS),
+                      global_batch_size=2, args={"max_steps": 2})
+        tr.train()
+    assert [r.num_tokens for r in tr.fcp_steps] == [0, 0]
+    said = [r.getMessage() for r in caplog.records if "every labelled sample failed to read" in r.getMessage()]
+    assert len(said) == 2 and "nothing trained" in said[0] and "global batch 0" in said[0], said
