@@ -31,6 +31,7 @@ warning. ``persistent_workers=True`` starts them once per run instead of once pe
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import multiprocessing
@@ -175,7 +176,7 @@ def worker_context(num_workers: int, *objects, start_method: str | None = None):
     if operator.index(num_workers) <= 0:
         return None
     unguarded = fork_may_deadlock() and main_script_unguarded()
-    if unguarded and unguarded not in _warned:  # the forkserver would import it and run the training again in the server: torch's default instead
+    if unguarded and unguarded not in _warned:  # a forkserver would run its training again: torch's default instead
         logger.warning("fcp: %s runs its work at import (no `if __name__ == \"__main__\":` guard), so its DataLoader "
                        "workers are forked from this process, as torch does, not started by a forkserver; on this "
                        "Python (%s) such a fork can deadlock (CPython gh-112275): add the guard", unguarded,
@@ -198,21 +199,30 @@ def main_script_unguarded() -> str | None:
     """The main script's path when importing it runs work — a top-level statement that calls something, beyond
     imports, definitions and assignments of literals — and it has no top-level ``if __name__ == "__main__":``; None
     when it is guarded, does nothing at import, or cannot be read (``python -c``, an interactive session)."""
-    import ast
-
     path = getattr(sys.modules.get("__main__"), "__file__", None)
     try:
-        tree = ast.parse(open(path, encoding="utf-8").read()) if path else None
+        st = os.stat(path) if path else None
+    except (OSError, ValueError):
+        return None
+    return _unguarded(str(path), st.st_mtime_ns, st.st_size) if st else None
+
+
+@functools.lru_cache(maxsize=8)
+def _unguarded(path: str, mtime_ns: int, size: int) -> str | None:
+    """:func:`main_script_unguarded` for the script at ``path`` as of ``mtime_ns`` / ``size``: parsed once per
+    version of the file (a loader per epoch asks)."""
+    import ast
+
+    try:
+        tree = ast.parse(open(path, encoding="utf-8").read())
     except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
-        tree = None
-    if tree is None:
         return None
     quiet = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
     for node in tree.body:
         if isinstance(node, ast.If) and "__name__" in ast.unparse(node.test) and "__main__" in ast.unparse(node.test):
             return None
     calls = any(not isinstance(node, quiet) and any(isinstance(n, ast.Call) for n in ast.walk(node)) for node in tree.body)
-    return str(path) if calls else None
+    return path if calls else None
 
 
 def started_forkserver() -> tuple[int, tuple[str, ...]] | None:
