@@ -4,8 +4,7 @@ Input: the list a DataLoader builds from ``FCPDataset`` — ``(sample, slot)`` p
 slot order (an idle rank's list is empty but still carries the micro-batch's metadata: the
 :class:`fcp_data.slots.MicroBatchMeta` its list and slots share, read once). Per document, in slot order:
 
-1. ``input_ids`` is cut to ``slot.num_tokens`` (the sampler truncates over-long samples this way);
-2. it is padded with ``pad_token_id`` to a multiple of ``2·degree``;
+1. ``input_ids`` is cut to ``slot.num_tokens`` (the sampler's truncation); 2. padded with ``pad_token_id`` to 2·degree·k;
 3. labels are already shifted: ``labels[t] = input_ids[t+1]`` inside the document, ``ignore_index`` at
    the document's last kept token and on every pad, so a document of ``n`` tokens has ``n − 1`` label
    tokens — exactly what ``slot.num_tokens_global`` counts over the global batch. With
@@ -49,7 +48,8 @@ Batch dict (all tensors on CPU, 1-D unless stated)::
     sample_tokens    tuple[int, ...]      per document: its tokens kept (before the padding to 2·degree)
     epoch, global_batch, micro_batch, num_micro_batches   ints: where this micro-batch sits in the epoch
     plan_digest      int                  the global batch plan's digest (:func:`fcp_data.slots.plan_digest`),
-                                          compared across ranks before a step (``fcp_exec.lockstep``)
+                                          compared across ranks before a step (``fcp_exec.lockstep``), which also
+    num_ranks, sampler_rank  int | None   compares the sampler's world and rank with the process group's
   multi-token prediction (``future_tokens=D``; :mod:`fcp_data.lookahead`):
     future_ids       LongTensor [D, L]    per local token, the token k = 1..D places ahead in its document
                                           (``pad_token_id`` past its end) — the depth-k MTP module's input
@@ -105,7 +105,7 @@ __all__ = ["FCPCollator", "qwen_vl_mrope_positions"]
 
 # the batch-dict entries taken from the micro-batch's MicroBatchMeta (num_text_labels_global: see _denominator)
 _META = ("epoch", "global_batch", "micro_batch", "num_micro_batches", "num_tokens_global", "ranks", "cp_rank",
-         "num_text_labels_global", "plan_digest")
+         "num_text_labels_global", "plan_digest", "num_ranks", "sampler_rank")
 
 
 class FCPCollator:

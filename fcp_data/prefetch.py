@@ -28,20 +28,27 @@ global batch's per-rank lists from the sampler's window; it is stateful (``state
 which is the hook torchdata's ``StatefulDataLoader`` uses to resume a batch sampler without replaying it.
 The iterator created last by the sampler (its *owner* generation) reports each new position to the sampler,
 which is how ``FCPSampler.state_dict()`` stays exact after a ``break`` or the end of an epoch (the state
-itself: :mod:`fcp_data.sampler_state`).
+itself: :mod:`fcp_data.sampler_state`). A new ``iter()`` that continues where an iterator left off mid-epoch logs
+a warning (:func:`warn_continued`): DataLoader workers had taken lists ahead that the loop never received. An
+iterator whose epoch ``exclude_later`` (or a loaded state) changed afterwards refuses to go on (:meth:`stale_from`).
+The state an iterator gives (torchdata snapshots it when it hands a list to a worker, ahead of the loop) carries
+the sampler's later exclusions as they are when it is saved, not as they were at the snapshot.
 """
 
 from __future__ import annotations
 
 import atexit
 import collections
+import logging
 import threading
 import time
 import weakref
 from concurrent.futures import Future
 from typing import Any, Callable
 
-__all__ = ["PlanWindow", "SamplerIterator"]
+__all__ = ["PlanWindow", "SamplerIterator", "warn_continued"]
+
+logger = logging.getLogger("fcp_data.sampler")
 
 _OPEN: "weakref.WeakSet[PlanWindow]" = weakref.WeakSet()  # windows not closed yet, closed at interpreter exit
 
@@ -209,6 +216,7 @@ class SamplerIterator:
         self._window: PlanWindow | None = None
         self._shared = False  # whether _window is the sampler's (kept for the next iterator) or this one's
         self._adopted = 0  # plans this iterator found scheduled when it attached (speculative hits to count)
+        self._stale: str | None = None  # why this iterator cannot go on (its epoch changed under it)
         self._reset(epoch, global_batch, micro_batch)
 
     def _reset(self, epoch: int, g: int, m: int) -> None:
@@ -246,10 +254,19 @@ class SamplerIterator:
             self._adopted -= 1
             self._sampler.num_speculative_hits += 1
         self._sampler.planner_waits.append(wait)
+        self._sampler.planner_wait_total += wait
         self._sampler._record_count(self._epoch, self._g, len(lists))
         return lists
 
+    def stale_from(self, epoch: int, why: str) -> None:
+        """Epochs ``epoch`` and later were changed (``why``): if this iterator is in one, mid-way, it stops there."""
+        if self._epoch >= epoch and self._g < self._num_g:
+            self._stale = f"{why} changed epoch {self._epoch} while this iterator was in it"
+
     def __next__(self):
+        if self._stale is not None:
+            raise RuntimeError(f"FCPSampler: {self._stale} (an iterator retired by set_epoch or load_state_dict); "
+                               "iterate the sampler again for that epoch's new global batches")
         if self._g >= self._num_g:
             self._release()  # the window plans on into the next epoch for the next iterator
             raise StopIteration
@@ -264,15 +281,19 @@ class SamplerIterator:
         self._m += 1
         if self._m == len(self._lists):
             self._g, self._m = self._g + 1, 0
-        self._sampler._moved(self._owner, self.position)  # before the hand-over: a `break` keeps it
+        self._sampler._moved(self._owner, self.position, True)  # before the hand-over: a `break` keeps it
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        return self._sampler._state(self._epoch, self._g, self._m)
+        """The state at this iterator's position; its ``excluded_later`` is the sampler's live list (module doc)."""
+        return dict(self._sampler._state(self._epoch, self._g, self._m), excluded_later=self._sampler._late_live)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Re-position this iterator (its planning stops; the new position is planned afresh)."""
-        e, g, m = self._sampler.check_state(state)
+        """Re-position this iterator (its planning stops; the new position is planned afresh), taking over the
+        state's later exclusions as ``FCPSampler.load_state_dict`` does."""
+        from fcp_data.sampler_exclude import load_late
+
+        e, g, m = load_late(self._sampler, state, loading=self)
         self._reset(e, g, m)
 
     def _release(self) -> None:
@@ -299,3 +320,14 @@ class SamplerIterator:
             self.close(join=False)
         except Exception:
             pass
+
+
+def warn_continued(position: tuple[int, int, int]) -> None:
+    """One warning when a new ``iter()`` continues, mid-epoch, where the sampler's previous iterator handed out its
+    last list — after a ``break`` or an error in the loop: with DataLoader workers, that iterator had handed out lists
+    the loop never received (up to ``num_workers · prefetch_factor``), which the continuation does not yield again."""
+    e, g, m = position
+    logger.warning("FCPSampler: a new iterator continues epoch %d at global batch %d, micro-batch %d, where the previous "
+                   "one stopped mid-epoch; the lists DataLoader workers had taken ahead of the loop are not yielded "
+                   "again. To go on right after the last batch the loop received, call sampler.load_state_dict("
+                   "sampler.state_after(batch)) before iter()", e, g, m)

@@ -35,8 +35,9 @@ Every rank builds the same plan from ``(seed, epoch, lengths, config)`` with no 
 * **Micro-batches.** ``micro_batches="auto"`` lets the planner choose the count per global batch (fewest
   that fit, a few more tried, smallest summed makespan); an int ``M`` asks for exactly ``M`` per global
   batch (``min(M, size)`` for a last batch with fewer sequences) and raises if they do not fit in memory.
-* **len()** is the number of lists of the current epoch, equal on all ranks and exactly the number
-  iterated; O(1) for an int ``micro_batches``. With ``"auto"`` the micro-batch count of a global batch is known only after
+* **len()** is the number of lists of the current epoch, equal on all ranks and what an iterator from its start
+  yields (after a mid-epoch ``load_state_dict``, the next iterator yields the rest of it); O(1) for an int
+  ``micro_batches``. With ``"auto"`` the micro-batch count of a global batch is known only after
   planning it, so the first ``len()`` of an epoch plans every global batch of the epoch (in the calling
   thread; cached per epoch, and batches already planned by an iterator are not planned again). Iteration
   itself never needs ``len()``.
@@ -49,7 +50,8 @@ Every rank builds the same plan from ``(seed, epoch, lengths, config)`` with no 
   traceback. ``close()`` on the iterator, re-positioning it or its garbage collection stops the thread;
   when the epoch ends, or the iterator is superseded by a newer ``iter()``, the thread plans what is
   scheduled (at most ``prefetch`` global batches) and ends by itself. ``planner_waits`` holds the seconds
-  the consumer waited for each global batch's plan. ``prefetch=0`` plans in the consumer's thread.
+  the consumer waited for the plans of the latest 100,000 global batches (``planner_wait_total``: the whole
+  run's). ``prefetch=0`` plans in the consumer's thread.
 * **Across epochs.** The window runs on past the last global batch of epoch ``e`` into the first
   ``prefetch`` global batches of epoch ``e+1`` (whose order is a pure function of ``(seed, e+1)``), so
   that the first step of the next epoch does not wait either (with one global batch per epoch, every
@@ -71,6 +73,7 @@ Every rank builds the same plan from ``(seed, epoch, lengths, config)`` with no 
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import threading
@@ -82,12 +85,13 @@ import numpy as np
 from fcp_data.cost import CostModel
 from fcp_data.plan.types import Plan
 from fcp_data.sampler_config import SamplerConfig
-from fcp_data.prefetch import PlanWindow, SamplerIterator
+from fcp_data.prefetch import PlanWindow, SamplerIterator, warn_continued
 from fcp_data.sampler_state import check_int, check_state, make_state, state_after
-from fcp_data.sampler_exclude import exclude_later, kept_at, late_from_state, set_late
+from fcp_data.sampler_exclude import exclude_later, kept_at, load_late
 from fcp_data.sampler_inputs import (apply_overlong, check_epoch_possible, check_lengths, check_visual, data_digest,
-                                    dist_rank_and_world, load_exclusions, warn_cut_visual)
-from fcp_data.slots import FCPDataset, MicroBatchMeta, SampleSlot, SlotList, plan_digest
+                                    dist_rank_and_world, load_exclusions, warn_cut_visual,
+                                    warn_drop_last)
+from fcp_data.slots import FCPDataset, MicroBatchMeta, SampleSlot, SlotList, rank_lists
 from fcp_data.visual_layout import IndexVisualLayout, SpanVisualLayout
 
 __all__ = ["FCPSampler", "SampleSlot", "SlotList", "MicroBatchMeta", "FCPDataset", "dist_rank_and_world",
@@ -95,6 +99,7 @@ __all__ = ["FCPSampler", "SampleSlot", "SlotList", "MicroBatchMeta", "FCPDataset
 
 logger = logging.getLogger(__name__)
 _KEEP_PLANS = 256  # plans len() keeps for the iteration (a few MB at 512 sequences per global batch)
+_KEEP_WAITS = 100_000  # planner_waits: the latest global batches' waits (bounded over a long run)
 _CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplerConfig))
 
 
@@ -118,14 +123,18 @@ class FCPSampler:
         self._position = (0, 0, 0)  # (epoch, global_batch, micro_batch) of the next list (module doc)
         self._owner = 0  # generation of the iterator that moves the position; bumped to retire it
         self._live: weakref.ref | None = None  # that iterator, to release the plan window when retired
+        self._handed_out = False  # whether the owner iterator yielded a list since the position was set
         self._layouts: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._layout_lock = threading.Lock()
         self._counts: dict[int, dict[int, int]] = {}
         self._planned: dict[tuple[int, int], Any] = {}  # plans len() made, taken by the iteration (at most _KEEP_PLANS)
-        self.planner_waits: list[float] = []
+        self.planner_waits: collections.deque[float] = collections.deque(maxlen=_KEEP_WAITS)
+        self.planner_wait_total = 0.0  # seconds over every global batch (planner_waits keeps the latest)
+        self._iterators: weakref.WeakSet = weakref.WeakSet()  # live iterators (exclude_later: prefetch.stale_from)
         self.num_speculative_hits = 0
         self._window: PlanWindow | None = None  # plans ahead of the owner iterator, across epochs (prefetch.py)
         self._late: tuple = ()  # exclude_later's (first epoch, indices) (sampler_exclude.py)
+        self._late_live: list = []  # their JSON form, updated in place (iterator states hold it: prefetch.py)
 
     def _init_data(self, lengths_or_index: Any, etas: Any, visual: Any, visual_layout: Any, exclude: Any) -> None:
         """Lengths, η, visual tokens and layout of the data; the over-long policy, exclusions; the data digest."""
@@ -182,7 +191,7 @@ class FCPSampler:
             raise ValueError(f"set_epoch(epoch): epoch must be in [0, 2**62), got {epoch}")
         if epoch != self._position[0]:
             self._retire_iterator()
-            self._position = (epoch, 0, 0)
+            self._position, self._handed_out = (epoch, 0, 0), False
             if self._window is not None and self._window.head != (epoch, 0):
                 self._discard_window()  # stale: plans of an epoch that is not next
 
@@ -216,6 +225,8 @@ class FCPSampler:
             if self.drop_last and len(starts) > 1 and csum[starts[-1]] - csum[starts[-2]] < budget:
                 starts.pop()
             bounds = np.asarray(starts, dtype=np.int64)
+        if self.drop_last:
+            warn_drop_last(self, epoch, order, bounds)
         return order, bounds
 
     def num_global_batches(self, epoch: int | None = None) -> int:
@@ -251,24 +262,8 @@ class FCPSampler:
         plan = self._planned.pop((epoch, g), None)
         if plan is None:
             plan = self.plan_global_batch(g, epoch)
-        toks = self.num_tokens[ids]
-        total = int(np.maximum(toks - 1, 0).sum())
-        text_total, vis = None, np.zeros(ids.size, dtype=np.int64)
-        if self.visual_layout is not None:
-            vis = np.array([int(self.visual_layout(int(i), int(n))) for i, n in zip(ids, toks)], dtype=np.int64)
-            text_total = total - int(vis.sum())
-        num_mb, digest, out = len(plan.micro_batches), plan_digest(epoch, g, ids, toks, plan), []
-        for m, mb in enumerate(plan.micro_batches):
-            group = mb.group_of_rank(self.rank)
-            ranks = () if group is None else tuple(group.ranks)
-            meta = MicroBatchMeta(epoch=epoch, global_batch=g, micro_batch=m, num_micro_batches=num_mb,
-                                  num_tokens_global=total, num_text_labels_global=text_total, ranks=ranks,
-                                  cp_rank=ranks.index(self.rank) if ranks else -1, plan_digest=digest)  # shared
-            seqs = () if group is None else group.seq_ids
-            slots = [SampleSlot(index=int(ids[s]), num_tokens=int(toks[s]), length=int(self.lengths[ids[s]]), meta=meta,
-                                visual_targets=int(vis[s])) for s in seqs]
-            out.append(SlotList(slots, meta=meta))
-        return out
+        return rank_lists(plan, epoch, g, ids, self.num_tokens[ids], self.lengths[ids], self.visual_layout,
+                          rank=self.rank, num_ranks=self.num_ranks, num_samples=self.lengths.size)
 
     def _window_at(self, key: tuple[int, int], owner: int) -> tuple[PlanWindow, bool, int]:
         """The plan window an iterator starting at ``key`` takes from: ``(window, shared, adopted)``. The owner
@@ -299,6 +294,8 @@ class FCPSampler:
             old.close()
 
     def _record_count(self, epoch: int, g: int, count: int) -> None:
+        if epoch not in self._counts:  # a cache: the counts of epochs long past are not kept over a long run
+            self._counts = {e: c for e, c in self._counts.items() if e >= epoch - 1}
         self._counts.setdefault(epoch, {})[g] = count
 
     # ------------------------------------------------------------------ iteration
@@ -329,10 +326,14 @@ class FCPSampler:
         if g >= self.num_global_batches(e):  # epoch e is finished: never replay it
             logger.info("FCPSampler: epoch %d is finished, iterating epoch %d (call set_epoch(e) to choose)", e, e + 1)
             e, g, m = e + 1, 0, 0
-            self._position = (e, g, m)
+            self._position, self._handed_out = (e, g, m), False
+        if self._handed_out:  # the previous iterator yielded lists up to here: a continuation mid-epoch
+            warn_continued(self._position)
         self._retire_iterator()
+        self._handed_out = False
         it = SamplerIterator(self, e, g, m, owner=self._owner)
         self._live = weakref.ref(it)
+        self._iterators.add(it)
         return it
 
     def _retire_iterator(self) -> None:
@@ -345,10 +346,11 @@ class FCPSampler:
         if it is not None:
             it._release()
 
-    def _moved(self, owner: int, position: tuple[int, int, int]) -> None:
-        """Called by an iterator after each yield (and re-position): the position follows its owner."""
+    def _moved(self, owner: int, position: tuple[int, int, int], handed: bool = False) -> None:
+        """Called by an iterator after each yield (``handed``) and re-position: the position follows its owner."""
         if owner == self._owner:
             self._position = position
+            self._handed_out = self._handed_out or handed
 
     # ------------------------------------------------------------------ state
     def _state(self, epoch: int, g: int, m: int) -> dict[str, Any]:
@@ -369,17 +371,10 @@ class FCPSampler:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Set the position (the next ``iter()`` starts there; a finished epoch: at the next epoch) and the state's
         later exclusions (``exclude_later``)."""
-        late, old = late_from_state(state.get("excluded_later", []) if isinstance(state, dict) else [],
-                                    self.lengths.size), self._late
-        set_late(self, late)  # before the check: the epochs' global batches depend on them
-        try:
-            e, g, m = self.check_state(state)
-        except (TypeError, ValueError):
-            set_late(self, old)
-            raise
+        e, g, m = load_late(self, state)  # before the check: the epochs' global batches depend on them
         self._retire_iterator()
         self._discard_window()
-        self._position = (e, g, m)
+        self._position, self._handed_out = (e, g, m), False
 
     def exclude_later(self, indices: Any, epoch: int, *, same_num_global_batches: bool = False) -> int:
         """Leave ``indices`` out of ``epoch`` and every later one; every rank calls it alike, before ``epoch`` begins
@@ -390,9 +385,9 @@ class FCPSampler:
     def __getstate__(self) -> dict[str, Any]:
         d = self.__dict__.copy()
         d["_live"] = d["_window"] = None  # an iterator weakref and a thread belong to this process
-        del d["_layout_lock"]
+        del d["_layout_lock"], d["_iterators"]
         return d
 
     def __setstate__(self, d: dict[str, Any]) -> None:
         self.__dict__.update(d)
-        self._layout_lock = threading.Lock()
+        self._layout_lock, self._iterators = threading.Lock(), weakref.WeakSet()

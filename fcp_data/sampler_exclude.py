@@ -35,7 +35,7 @@ from fcp_data.strict import flag
 
 logger = logging.getLogger("fcp_data")
 
-__all__ = ["ExclusionRefused", "exclude_later", "kept_at", "late_from_state", "late_to_state", "set_late"]
+__all__ = ["ExclusionRefused", "exclude_later", "kept_at", "late_from_state", "late_to_state", "load_late", "set_late"]
 
 
 class ExclusionRefused(ValueError):
@@ -97,6 +97,7 @@ def exclude_later(sampler: Any, indices: Any, epoch: int, *, same_num_global_bat
     late = dict(sampler._late)
     late[epoch] = np.union1d(late.get(epoch, np.zeros(0, dtype=np.int64)), new)
     set_late(sampler, tuple(sorted(late.items())), epoch, same_num_global_batches=same_num_global_batches)
+    _stale(sampler, epoch, "exclude_later")
     logger.warning("FCPSampler leaves %d more sample(s) out of epoch %d and later (exclude_later), first: sample %d",
                    new.size, epoch, int(new[0]))
     return int(new.size)
@@ -128,9 +129,35 @@ def set_late(sampler: Any, late: Late, first: int = 0, *, same_num_global_batche
         sampler._window.forget_from(first)
 
 
+def load_late(sampler: Any, state: Any, loading: Any = None) -> tuple[int, int, int]:
+    """Take over ``state``'s later exclusions (they decide the epochs' global batches), then check the state:
+    ``(epoch, global_batch, micro_batch)``; a refused state leaves the sampler's exclusions as they were. Other
+    iterators than ``loading`` (the one being re-positioned, if any) stop where new exclusions changed their epoch."""
+    late, old = late_from_state(state.get("excluded_later", []) if isinstance(state, dict) else [],
+                                sampler.lengths.size), sampler._late
+    set_late(sampler, late)
+    try:
+        position = sampler.check_state(state)
+    except (TypeError, ValueError):
+        set_late(sampler, old)
+        raise
+    if late_to_state(late) != late_to_state(old):
+        _stale(sampler, 0, "a loaded state's exclusions", loading)
+    return position
+
+
+def _stale(sampler: Any, first: int, why: str, keep: Any = None) -> None:
+    """Iterators other than ``keep`` in epoch ``first`` or later, mid-way, stop: their epoch changed (the owner
+    iterator's epoch is never one ``exclude_later`` may change)."""
+    for it in list(sampler._iterators):
+        if it is not keep:
+            it.stale_from(first, why)
+
+
 def _swap(sampler: Any, late: Late, first: int) -> None:
     with sampler._layout_lock:
         sampler._late = late
+        sampler._late_live[:] = late_to_state(late)  # in place: iterator states hold this list (prefetch.py)
         for cache in (sampler._layouts, sampler.__dict__.get("_batch_digests", {}), sampler._counts):
             for k in [k for k in cache if k >= first]:
                 del cache[k]

@@ -134,6 +134,9 @@ def load_exclusions(exclude: Any, num_samples: int) -> np.ndarray:
         if not os.path.isfile(exclude):
             raise ValueError(f"{source}: {'a directory, not a file' if os.path.isdir(exclude) else 'no such file'}")
         exclude = _read_exclusions(os.fspath(exclude))
+    if hasattr(exclude, "tolist") and not isinstance(exclude, (list, tuple)):  # a numpy array or torch tensor
+        exclude = exclude.tolist()
+        exclude = [exclude] if isinstance(exclude, int) else exclude
     try:
         values = list(exclude)
     except TypeError:
@@ -237,3 +240,14 @@ def warn_cut_visual(layout: Any, truncated: np.ndarray, capacity: int) -> None:
                        "tokens (the model sees part of it), first: sample %d; on_overlong='drop' leaves them out",
                        len(cut), truncated.size, cut[0])
 
+
+def warn_drop_last(sampler: Any, epoch: int, order: np.ndarray, bounds: np.ndarray) -> None:
+    """Once per sampler: how many samples (and tokens) ``drop_last=True`` leaves out of ``epoch`` — the samples after
+    its last global batch; each epoch leaves others out (its own order)."""
+    left = order[int(bounds[-1]):]
+    if not left.size or getattr(sampler, "_warned_drop_last", False):
+        return
+    sampler._warned_drop_last = True
+    logger.warning("FCPSampler(drop_last=True) leaves the last, incomplete global batch out of each epoch: %d of %d "
+                   "samples (%d tokens) in epoch %d, other samples in other epochs", left.size, order.size,
+                   int(sampler.num_tokens[left].sum()), epoch)

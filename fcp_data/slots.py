@@ -18,13 +18,16 @@ written against the earlier flat classes keeps working.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 from fcp_data.strict import flag
 
+logger = logging.getLogger("fcp_data")
+
 __all__ = ["MicroBatchMeta", "SampleSlot", "SlotList", "FCPDataset", "MalformedSampleError", "StaleSampleError",
-           "plan_digest"]
+           "plan_digest", "rank_lists"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -37,7 +40,10 @@ class MicroBatchMeta:
     the same without labels whose target is a visual placeholder (:mod:`fcp_data.visual_layout`; ``None`` when
     the sampler has no visual layout); ``ranks``: this rank's CP group (global ranks in ring order, ``()`` when
     the rank is idle); ``cp_rank``: this rank's position in ``ranks`` (``-1`` when idle); ``plan_digest``: the
-    global batch's :func:`plan_digest`, the same on every rank that planned it alike (0: not known).
+    global batch's :func:`plan_digest`, the same on every rank that planned it alike (0: not known);
+    ``num_samples``: how many samples the sampler's lengths describe, which :class:`FCPDataset` checks against its
+    dataset's size; ``num_ranks`` and ``sampler_rank``: the world the sampler planned for and its rank in it, which
+    ``fcp_exec.lockstep`` checks against the process group (each ``None``: not known, e.g. a list built by hand).
     """
 
     epoch: int
@@ -49,14 +55,18 @@ class MicroBatchMeta:
     ranks: tuple[int, ...] = ()
     cp_rank: int = -1
     plan_digest: int = 0
+    num_samples: int | None = None
+    num_ranks: int | None = None
+    sampler_rank: int | None = None
 
     def __post_init__(self) -> None:
         put = object.__setattr__  # frozen: normalise once (numpy integers become ints), here
         for name in ("epoch", "global_batch", "micro_batch", "num_micro_batches", "num_tokens_global", "cp_rank",
                      "plan_digest"):
             put(self, name, int(getattr(self, name)))
-        if self.num_text_labels_global is not None:
-            put(self, "num_text_labels_global", int(self.num_text_labels_global))
+        for name in ("num_text_labels_global", "num_samples", "num_ranks", "sampler_rank"):
+            if getattr(self, name) is not None:
+                put(self, name, int(getattr(self, name)))
         put(self, "ranks", tuple(int(r) for r in self.ranks))
         if len(set(self.ranks)) != len(self.ranks) or (self.ranks and min(self.ranks) < 0):
             raise ValueError(f"ranks must be distinct non-negative global ranks, got {self.ranks}")
@@ -220,6 +230,7 @@ class FCPDataset:
         self.on_error = on_error
         self.strict_lengths = strict_lengths
         self.retries = retries
+        self._size_checked = False  # the sampler's number of samples compared with len(base) (_check_size)
         self.budget = ReadErrorBudget(max_consecutive_errors=max_consecutive_errors, max_error_rate=max_error_rate,
                                       errors_path=errors_path)
 
@@ -228,7 +239,9 @@ class FCPDataset:
 
     def __getitem__(self, slot: SampleSlot) -> tuple[Any, SampleSlot]:
         if not isinstance(slot, SampleSlot):
-            raise TypeError(f"FCPDataset is indexed by SampleSlot (from FCPSampler), got {type(slot).__name__}")
+            hint = (" — a whole micro-batch: pass FCPSampler as the DataLoader's batch_sampler=, not sampler="
+                    if isinstance(slot, SlotList) else "")
+            raise TypeError(f"FCPDataset is indexed by SampleSlot (from FCPSampler), got {type(slot).__name__}{hint}")
         error: Exception | None = None
         for _ in range(self.retries + 1):
             try:
@@ -249,8 +262,56 @@ class FCPDataset:
         return skipped, slot
 
     def __getitems__(self, slots: Sequence[SampleSlot]) -> list:
+        if isinstance(slots, SlotList):
+            _check_size(self, slots.meta.num_samples)
         items = [self[s] for s in slots]
         return SlotList(items, meta=slots.meta) if isinstance(slots, SlotList) else items
+
+
+def _check_size(dataset: "FCPDataset", num_samples: int | None) -> None:
+    """The sampler's lengths and the dataset must describe the same samples: with fewer samples than the sampler
+    plans, every read past the end would fail (as if the data were damaged) — an error; with more, the rest is never
+    read — one warning (per process: DataLoader workers say it too), since lengths of a prefix may be on purpose."""
+    try:
+        size = len(dataset.base)
+    except TypeError:  # a dataset without len(): nothing to compare
+        return
+    if num_samples is None or size == num_samples or dataset._size_checked:
+        return
+    dataset._size_checked = True
+    what = (f"FCPDataset: the sampler plans {num_samples} samples but the dataset has {size}: the lengths given to "
+            "FCPSampler must be the dataset's, one per sample in order")
+    if size < num_samples:
+        raise ValueError(what)
+    logger.warning("%s; samples %d..%d are never read (for a subset, pass torch.utils.data.Subset(dataset, indices) "
+                   "with the lengths of those samples)", what, num_samples, size - 1)
+
+
+def rank_lists(plan: Any, epoch: int, g: int, ids: Any, toks: Any, lengths: Any, visual_layout: Any, *, rank: int,
+               num_ranks: int, num_samples: int) -> list[SlotList]:
+    """``rank``'s :class:`SlotList` for each micro-batch of global batch ``g``'s ``plan`` (``ids``: its dataset
+    indices, ``toks``: tokens kept, ``lengths``: their index lengths; ``num_ranks``: the plan's world,
+    ``num_samples``: the sampler's): one shared meta per micro-batch."""
+    import numpy as np
+
+    total = int(np.maximum(toks - 1, 0).sum())
+    text_total, vis = None, np.zeros(len(ids), dtype=np.int64)
+    if visual_layout is not None:
+        vis = np.array([int(visual_layout(int(i), int(n))) for i, n in zip(ids, toks)], dtype=np.int64)
+        text_total = total - int(vis.sum())
+    num_mb, digest, out = len(plan.micro_batches), plan_digest(epoch, g, ids, toks, plan), []
+    for m, mb in enumerate(plan.micro_batches):
+        group = mb.group_of_rank(rank)
+        ranks = () if group is None else tuple(group.ranks)
+        meta = MicroBatchMeta(epoch=epoch, global_batch=g, micro_batch=m, num_micro_batches=num_mb,
+                              num_tokens_global=total, num_text_labels_global=text_total, ranks=ranks,
+                              cp_rank=ranks.index(rank) if ranks else -1, plan_digest=digest, num_samples=num_samples,
+                              num_ranks=num_ranks, sampler_rank=rank)
+        seqs = () if group is None else group.seq_ids
+        slots = [SampleSlot(index=int(ids[s]), num_tokens=int(toks[s]), length=int(lengths[s]), meta=meta,
+                            visual_targets=int(vis[s])) for s in seqs]
+        out.append(SlotList(slots, meta=meta))
+    return out
 
 
 class StaleSampleError(ValueError):

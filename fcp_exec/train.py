@@ -265,7 +265,7 @@ class Trainer:
         from fcp_exec.step import train_step
 
         t0 = time.perf_counter()
-        waits_before = len(self.sampler.planner_waits)
+        waits_before = self.sampler.planner_wait_total
         self.opt.zero_grad(set_to_none=True)
         seen: list[tuple[int, ...]] = []
         res = self.last_result = train_step(self.model, _recording(self._batches(), seen), self.loss_fn, self.reducer,
@@ -293,9 +293,8 @@ class Trainer:
         facts = _gather_step(res, seen, self.world)  # sample_indices: the whole global batch, from every rank
         if not c.retry_skipped:  # what any rank skipped is not read again in later epochs (every rank alike)
             leave_out_later(self.sampler, res)
-        waits = self.sampler.planner_waits[waits_before:]
         rec = {"step": self.num_steps, "loss": res.loss, "num_tokens": res.num_tokens,
-               "step_time_s": time.perf_counter() - t0, "planner_wait_s": float(sum(waits)),
+               "step_time_s": time.perf_counter() - t0, "planner_wait_s": self.sampler.planner_wait_total - waits_before,
                "num_idle": res.num_idle, "lr": lr, "grad_norm": grad_norm, **facts}
         if scale is not None:
             rec["loss_scale"], rec["skipped_step"] = scale, float(self.scaler.get_scale()) < scale

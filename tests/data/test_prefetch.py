@@ -152,12 +152,12 @@ class _OneWindowSampler:
     depth 2 over ``plan``."""
 
     def __init__(self, plan):
-        self.plan, self.planner_waits, self.num_speculative_hits = plan, [], 0
+        self.plan, self.planner_waits, self.num_speculative_hits, self.planner_wait_total = plan, [], 0, 0.0
 
     def num_global_batches(self, epoch):
         return 4
 
-    def _moved(self, owner, position):
+    def _moved(self, owner, position, handed=False):
         pass
 
     def _window_at(self, key, owner):

@@ -7,7 +7,9 @@ step completing; for the disagreeing cases — rank 1 with one sample's length c
 node), another global batch size, another seed, another cost model — every rank raises ``PlanMismatchError``
 naming both ranks' digests, at the first global batch whose plans differ, within the launch's 120 s limit (without
 the check the ranks wait on each other's ring transfers and all-reduces until gloo's timeout). ``plan_digest``
-itself: equal for equal plans, different when any sample, token count, micro-batch or CP group differs.
+itself: equal for equal plans, different when any sample, token count, micro-batch or CP group differs. A sampler
+built for another world than the process group's (``num_ranks=4`` on 2 processes; ``rank=0`` in both) agrees on the
+digest, but would train only part of the global batch (a wrong loss, no error) or hang: every rank raises too.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from fcp_exec.launch import launch
 
 LENGTHS = [37, 12, 64, 9, 50, 23, 71, 18, 40, 33, 15, 58]
 CASES = ("agree", "lengths", "global batch size", "seed", "cost model")
+WORLD_CASES = ("num_ranks 4", "rank 0 everywhere")
 
 
 def _cost(tokens_per_rank: int = 64) -> CostModel:
@@ -41,7 +44,8 @@ def _one_step(case: str) -> tuple[str, str]:
     lengths = list(LENGTHS)
     if case == "lengths" and odd:
         lengths[5] += 3
-    sampler = FCPSampler(lengths, num_ranks=2, rank=rank, global_batch_size=5 if case == "global batch size" and odd
+    sampler = FCPSampler(lengths, num_ranks=4 if case == "num_ranks 4" else 2,
+                         rank=0 if case == "rank 0 everywhere" else rank, global_batch_size=5 if case == "global batch size" and odd
                          else 4, seed=1 if case == "seed" and odd else 0,
                          cost_model=_cost(80 if case == "cost model" and odd else 64))
     data = [{"input_ids": (torch.arange(n) % 40) + 2} for n in lengths]
@@ -59,7 +63,7 @@ def _one_step(case: str) -> tuple[str, str]:
 
 
 def _all_cases() -> dict:
-    return {case: _one_step(case) for case in CASES}
+    return {case: _one_step(case) for case in CASES + WORLD_CASES}
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +84,32 @@ def test_ranks_that_plan_apart_stop_with_one_error_each(outcomes, case):
     assert got[1][1] == msg, "both ranks name the same disagreement"
     assert "the ranks planned different global batches" in msg and "ranks 0: " in msg and "ranks 1: " in msg, msg
     assert "same data (the same index or lengths" in msg, msg
+
+
+@pytest.mark.parametrize("case", WORLD_CASES)
+def test_a_sampler_planned_for_another_world_stops_every_rank(outcomes, case):
+    got = [o[case] for o in outcomes]
+    assert [kind for kind, _ in got] == ["mismatch", "mismatch"], got
+    wrong = [1] if case == "rank 0 everywhere" else [0, 1]  # the ranks whose own sampler is wrong name the cause
+    for r, (_, msg) in enumerate(got):
+        if r in wrong:
+            planned = "rank 0 of 2" if case == "rank 0 everywhere" else f"rank {r} of 4"
+            assert f"planned this batch for {planned} ranks, but this process is rank {r} of 2" in msg, msg
+            assert "num_ranks and rank left out" in msg, msg
+        else:
+            assert "another rank's FCPSampler was built for another world" in msg, msg
+
+
+def test_a_sampler_for_several_ranks_in_one_process_is_refused():
+    """Without a process group the check is local: a batch planned for rank 0 of 4 would train a quarter of the
+    global batch and divide by all of its tokens."""
+    from fcp_exec.lockstep import PlanMismatchError, check_plan_agreement
+
+    check_plan_agreement({"plan_digest": 5, "num_ranks": 1, "sampler_rank": 0})
+    check_plan_agreement({"plan_digest": 5})  # a batch built by hand: nothing to compare
+    with pytest.raises(PlanMismatchError, match="planned this batch for rank 0 of 4 ranks, but this process is rank 0 "
+                                                "of 1"):
+        check_plan_agreement({"plan_digest": 5, "num_ranks": 4, "sampler_rank": 0})
 
 
 def _plan(groups_per_mb) -> Plan:
