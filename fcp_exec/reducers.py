@@ -4,7 +4,8 @@ A reducer has ``sync_context(model, last)`` (entered around each micro-batch's b
 when ``last``) and ``finish(model)`` (after the last micro-batch). All three SUM over ranks (each rank's loss is
 already its share of the global-batch mean):
 
-* :class:`AllReduceReducer` — a plain module; one flat all-reduce after the last micro-batch.
+* :class:`AllReduceReducer` — a plain module (rank 0's parameters and buffers broadcast first, once, as DDP does);
+  one flat all-reduce after the last micro-batch.
 * :class:`DDPReducer` — ``DistributedDataParallel``; a SUM comm hook instead of its average.
 * :class:`FSDP2Reducer` — ``fully_shard``; divide factor 1 on every FSDP module.
 * :class:`FSDP1Reducer` — ``FullyShardedDataParallel`` (FSDP1, Accelerate's default FSDP); a SUM comm hook on every
@@ -31,6 +32,7 @@ from torch import nn
 from fcp_data.sampler_inputs import dist_rank_and_world
 from fcp_exec.compat import (HSDP_RELEASE, MissingDependency, check_fsdp2_device, fsdp2_api,
                              fsdp_divide_factor_setter, torch_release, undo_fsdp_gradient_average)
+from fcp_exec.grads import broadcast_module_states, mark_replaced
 from fcp_exec.names import REDUCER_NAMES
 
 __all__ = ["REDUCER_NAMES", "AllReduceReducer", "DDPReducer", "DeepSpeedReducer", "FSDP1Reducer", "FSDP2Reducer",
@@ -39,9 +41,16 @@ __all__ = ["REDUCER_NAMES", "AllReduceReducer", "DDPReducer", "DeepSpeedReducer"
 
 class AllReduceReducer:
     """No wrapper: after the last micro-batch, one flat all-reduce SUM of every parameter's gradient (zeros
-    where a parameter got none), copied back into ``.grad``."""
+    where a parameter got none), copied back into ``.grad``. Given the ``model`` (as :func:`make_reducer` and
+    :func:`reducer_for` do), rank 0's parameters and buffers are broadcast to every rank first, once per model, as
+    DDP does (:func:`fcp_exec.grads.broadcast_module_states`): ranks initialised apart train the same weights."""
 
     name = "allreduce"
+    sets_aside_grads = True  # train_step reduces only its own gradients (accumulation over steps: fcp_exec.grads)
+
+    def __init__(self, model: nn.Module | None = None) -> None:
+        if model is not None:
+            broadcast_module_states(model)
 
     def sync_context(self, model: nn.Module, last: bool):
         return contextlib.nullcontext()
@@ -75,6 +84,7 @@ class DDPReducer:
     """``DistributedDataParallel`` with SUM gradients, synchronised in the last micro-batch's backward only."""
 
     name = "ddp"
+    sets_aside_grads = True
 
     def __init__(self, ddp_model: nn.Module) -> None:
         from torch.nn.parallel import DistributedDataParallel
@@ -102,6 +112,7 @@ class FSDP2Reducer:
     sync only in the last micro-batch. Needs torch>=2.5 (2.4 has no divide factor to set)."""
 
     name = "fsdp2"
+    sets_aside_grads = True
 
     def __init__(self, model: nn.Module) -> None:
         mods = _fsdp_modules(model)
@@ -293,14 +304,15 @@ def make_reducer(name: str, model: nn.Module, *, find_unused_parameters: bool | 
     them; gradients still SUM over every rank). ``fsdp1``: :func:`_wrap_fsdp1`. ``find_unused_parameters`` (ddp
     only): None — True for a transformers model type whose own forward leaves parameters without a gradient
     (``UNUSED_PARAMETER_MODEL_TYPES``: LLaVA-OneVision's vision post_layernorm), else False. Needs an initialised
-    process group for ddp, fsdp2 and fsdp1."""
+    process group for ddp, fsdp2 and fsdp1. ``allreduce`` broadcasts rank 0's parameters and buffers (as DDP does).
+    Build the optimizer *after* this call: ``fsdp2`` replaces the parameters with sharded ones."""
     if name not in REDUCER_NAMES:
         raise ValueError(f"unknown reducer {name!r}; choose one of {', '.join(REDUCER_NAMES)}")
     if (mp_policy is not None or mesh is not None) and name != "fsdp2":
         what = "mp_policy is FSDP2's mixed precision" if mp_policy is not None else "mesh is FSDP2's device mesh"
         raise ValueError(f"{what}: it needs reducer 'fsdp2', got {name!r}")
     if name == "allreduce":
-        return model, AllReduceReducer()
+        return model, AllReduceReducer(model)
     if not (dist.is_available() and dist.is_initialized()):
         raise ValueError(f"reducer {name!r} needs an initialised process group (torchrun or fcp_exec.launch)")
     if name == "ddp":
@@ -319,9 +331,11 @@ def make_reducer(name: str, model: nn.Module, *, find_unused_parameters: bool | 
     check_fsdp2_device(next(model.parameters()).device)
     fully_shard = fsdp2_api()[0]
     kw = {k: v for k, v in (("mp_policy", mp_policy), ("mesh", mesh)) if v is not None}
+    old = list(model.parameters())
     for unit in (shard_units if shard_units is not None else _shard_units(model)):
         fully_shard(unit, **kw)
     fully_shard(model, **kw)
+    mark_replaced(old, model)  # an optimizer built before holds them: its first step() says so
     return model, FSDP2Reducer(model)
 
 
@@ -353,7 +367,9 @@ def reducer_for(model: nn.Module):
     """The reducer for a model that is already wrapped: ``DistributedDataParallel`` → :class:`DDPReducer` (its comm
     hook becomes a SUM: call once per wrapped model), ``fully_shard``-ed → :class:`FSDP2Reducer`,
     ``FullyShardedDataParallel`` (FSDP1) → :class:`FSDP1Reducer`, a DeepSpeed
-    engine → :class:`DeepSpeedReducer` (step the engine after ``train_step``), else :class:`AllReduceReducer`. For a loop whose model Accelerate (or another trainer) prepared::
+    engine → :class:`DeepSpeedReducer` (step the engine after ``train_step``), else :class:`AllReduceReducer` (rank 0's
+    parameters and buffers broadcast to every rank, once per model). For a loop whose model Accelerate (or another
+    trainer) prepared::
 
         model, opt = accelerator.prepare(apply_fcp(model), opt)
         reducer = reducer_for(model)
@@ -371,4 +387,4 @@ def reducer_for(model: nn.Module):
         return FSDP2Reducer(inner)
     if fsdp1_roots(inner):
         return FSDP1Reducer(inner)
-    return AllReduceReducer()
+    return AllReduceReducer(inner)

@@ -54,11 +54,12 @@ from fcp_exec.lockstep import check_plan_agreement
 from fcp_exec.reducers import (REDUCER_NAMES, AllReduceReducer, DDPReducer, FSDP2Reducer,  # noqa: F401 - re-exported
                                make_reducer, mixed_precision, reducer_for)
 from fcp_exec.skips import agree_skips
+from fcp_exec.step_checks import EpochEnded, autocast_active, check_loss, in_step, next_micro_batch
 
-__all__ = ["REDUCER_NAMES", "AllReduceReducer", "DDPReducer", "FSDP2Reducer", "StepResult", "autocast_loss",
-           "denominator", "eval_step", "fill_num_tokens_global", "idle_batch", "is_idle", "make_reducer", "reducer_for",
-           "mixed_precision", "next_global_batch", "padding_mask", "prepare_micro_batch", "rescale_skipped",
-           "train_step"]
+__all__ = ["REDUCER_NAMES", "AllReduceReducer", "DDPReducer", "EpochEnded", "FSDP2Reducer", "StepResult",
+           "autocast_loss", "denominator", "eval_step", "fill_num_tokens_global", "idle_batch", "is_idle",
+           "make_reducer", "reducer_for", "mixed_precision", "next_global_batch", "padding_mask", "prepare_micro_batch",
+           "rescale_skipped", "train_step"]
 
 def is_idle(batch: dict) -> bool:
     """True when the plan gave this rank no CP group (or no token) in this micro-batch."""
@@ -161,29 +162,6 @@ def denominator(batch: dict) -> int:
     return max(int(n), 1)
 
 
-_NEEDED = ("ranks", "micro_batch", "num_micro_batches", "num_tokens_global")  # what a step reads (the model: the rest)
-
-
-def _next_micro_batch(it: Iterator[dict], m: int, num_mb: int) -> dict:
-    """Micro-batch ``m`` of the global batch from ``it``; a clear error when it ends early or is out of place."""
-    try:
-        batch = next(it)
-    except StopIteration:
-        raise RuntimeError(f"the micro-batches ended after {m} of {num_mb}; pass one whole global batch") from None
-    missing = [k for k in _NEEDED if k not in batch] if isinstance(batch, dict) else None
-    if missing is None or missing:
-        raise ValueError(f"micro-batch {m} is not an FCPCollator batch (a dict with {', '.join(_NEEDED)}): "
-                         + (f"got a {type(batch).__name__}" if missing is None else f"it lacks {', '.join(missing)}"))
-    if int(batch["micro_batch"]) != m:
-        if m > 0 and int(batch["micro_batch"]) == 0:  # the loader moved on to the next global batch
-            raise RuntimeError(f"micro-batch {m} of {num_mb} never came: the loader went on with micro-batch 0 of the "
-                               "next global batch, so its epoch ended early (a DataLoader ends an epoch at a "
-                               "StopIteration raised by its dataset, collate_fn or batch sampler)")
-        raise RuntimeError(f"expected micro-batch {m} of the global batch, got {batch['micro_batch']}; "
-                           "start train_step at a global-batch boundary")
-    return batch
-
-
 def prepare_micro_batch(batch: dict, device: torch.device | str, *, pad_token_id: int = 0,
                         ignore_index: int = -100) -> dict:
     """One collator batch made ready for a forward of the trainer's own (a loop without :func:`train_step`): on a
@@ -200,9 +178,9 @@ def next_global_batch(batches: Iterator[dict], device: torch.device | str, *, pa
                       ignore_index: int = -100) -> list[dict]:
     """This rank's micro-batches of the next global batch from an ``FCPSampler`` DataLoader iterator, each made ready
     by :func:`prepare_micro_batch`. Every rank calls it for the same global batch."""
-    first = _next_micro_batch(batches, 0, 1)
+    first = next_micro_batch(batches, 0, 1)
     num_mb = int(first["num_micro_batches"])
-    return [prepare_micro_batch(first if m == 0 else _next_micro_batch(batches, m, num_mb), device,
+    return [prepare_micro_batch(first if m == 0 else next_micro_batch(batches, m, num_mb), device,
                                 pad_token_id=pad_token_id, ignore_index=ignore_index) for m in range(num_mb)]
 
 
@@ -230,7 +208,15 @@ def train_step(model: nn.Module, micro_batches: Iterable[dict], loss_fn: Callabl
     ``FCPCollator(sample_labels=True)`` (``num_tokens_global`` None) are all read first and their labels counted
     over the global batch (:func:`fill_num_tokens_global`). A document that failed to read on some ranks of its CP
     group loses its labels on all of them before its forward (:func:`fcp_exec.skips.agree_skips`; ``ignore_index``:
-    the collator's). ``grad_scaler``: fp16's loss scaler (module docstring); the result's loss is unscaled."""
+    the collator's). ``grad_scaler``: fp16's loss scaler (module docstring); the result's loss is unscaled.
+
+    Gradient accumulation: several ``train_step`` calls (global batches) before one ``opt.step()`` leave the *sum* of
+    their gradients, as ``loss.backward()`` per batch would (divide the learning rate, or the gradients, by their
+    number for their mean). The gradients already in ``.grad`` when a step starts are set aside, the step reduces
+    only its own and adds them back (:mod:`fcp_exec.grads`; the all-reduce, DDP and FSDP2 reducers; DeepSpeed
+    accumulates in its engine: step it once per ``train_step``). A step inside ``torch.autocast`` clears autocast's
+    weight-cast cache around every micro-batch (:func:`fcp_exec.step_checks.autocast_active`); :func:`autocast_loss`
+    is the usual way. The loader's epoch ending is :class:`EpochEnded`."""
     backward = getattr(reducer, "backward", None)  # DeepSpeed: through the engine
     if grad_scaler is not None and backward is not None:
         raise ValueError("train_step: grad_scaler with a DeepSpeed engine; DeepSpeed scales fp16 losses itself "
@@ -240,18 +226,21 @@ def train_step(model: nn.Module, micro_batches: Iterable[dict], loss_fn: Callabl
     first, it, num_mb = _open_step(micro_batches, model, ignore_index,
                                    exact=bool(getattr(reducer, "exact_denominator", False)) or _whole_step_loss(model))
     res, totals = StepResult(loss=0.0, num_tokens=0), torch.zeros(3, dtype=torch.float64)
-    for m, run, idle in _runs(model, first, it, num_mb, res, totals, pad_token_id, ignore_index, to_device):
-        with reducer.sync_context(model, last=m == num_mb - 1):
-            loss = loss_fn(model, run)
-            if idle:
-                loss = loss * 0.0
-            if backward is not None:
-                backward(model, loss)
-            else:
-                (loss if grad_scaler is None else grad_scaler.scale(loss)).backward()
-        totals[0] += loss.detach().to(device="cpu", dtype=torch.float64)
-    reducer.finish(model)
-    return _close_step(model, totals, first, res, grads=True)
+    amp = autocast_active(model)
+    with in_step(model, reducer):  # gradients of earlier steps set aside, added back at the end
+        for m, run, idle in _runs(model, first, it, num_mb, res, totals, pad_token_id, ignore_index, to_device, amp):
+            with reducer.sync_context(model, last=m == num_mb - 1):
+                loss = loss_fn(model, run)
+                check_loss(loss, grads=True)
+                if idle:
+                    loss = loss * 0.0
+                if backward is not None:
+                    backward(model, loss)
+                else:
+                    (loss if grad_scaler is None else grad_scaler.scale(loss)).backward()
+            totals[0] += loss.detach().to(device="cpu", dtype=torch.float64)
+        reducer.finish(model)
+        return _close_step(model, totals, first, res, grads=True)
 
 
 def eval_step(model: nn.Module, micro_batches: Iterable[dict], loss_fn: Callable[[nn.Module, dict], torch.Tensor], *,
@@ -265,9 +254,11 @@ def eval_step(model: nn.Module, micro_batches: Iterable[dict], loss_fn: Callable
     Build the validation loader with its own ``FCPSampler`` (every rank computes its plans, like training's)."""
     first, it, num_mb = _open_step(micro_batches, model, ignore_index, exact=_whole_step_loss(model))
     res, totals = StepResult(loss=0.0, num_tokens=0), torch.zeros(3, dtype=torch.float64)
-    with torch.no_grad():
-        for _, run, idle in _runs(model, first, it, num_mb, res, totals, pad_token_id, ignore_index, to_device):
+    with torch.no_grad(), in_step(model):
+        for _, run, idle in _runs(model, first, it, num_mb, res, totals, pad_token_id, ignore_index, to_device,
+                                  autocast_active(model)):
             loss = loss_fn(model, run)
+            check_loss(loss, grads=False)
             if not idle:
                 totals[0] += loss.detach().to(device="cpu", dtype=torch.float64)
     return _close_step(model, totals, first, res, grads=False)
@@ -292,7 +283,7 @@ def _open_step(micro_batches: Iterable[dict], model: nn.Module, ignore_index: in
     so are all batches with ``exact`` (a reducer whose gradients cannot be rescaled afterwards), whose failed reads
     then leave the denominator before the first forward (:func:`_take_out_skipped`)."""
     it = iter(micro_batches)
-    first = _next_micro_batch(it, 0, 1)
+    first = next_micro_batch(it, 0, 1)
     num_mb = int(first["num_micro_batches"])
     listed = isinstance(micro_batches, (list, tuple))  # an iterator (a DataLoader's) is read num_mb batches far
     if num_mb < 1 or (listed and len(micro_batches) != num_mb):  # a list's other batches went untrained, silently
@@ -303,7 +294,7 @@ def _open_step(micro_batches: Iterable[dict], model: nn.Module, ignore_index: in
     check_plan_agreement(first, dev)  # before any collective of the step: ranks that planned apart would hang
     labelled = first.get("num_tokens_global") is None
     if labelled or exact:  # count over the global batch first
-        buffered = [first] + [_next_micro_batch(it, m, num_mb) for m in range(1, num_mb)]
+        buffered = [first] + [next_micro_batch(it, m, num_mb) for m in range(1, num_mb)]
         # a document that failed to read on some rank of its group loses its labels everywhere before the count
         buffered = [agree_skips(b, dev, ignore_index=ignore_index) for b in buffered]
         if labelled:
@@ -336,13 +327,16 @@ def _take_out_skipped(batches: list[dict], device) -> list[dict]:
 
 
 def _runs(model: nn.Module, first: dict, it: Iterator[dict], num_mb: int, res: StepResult, totals: torch.Tensor,
-          pad_token_id: int, ignore_index: int, to_device) -> Iterator[tuple[int, dict, bool]]:
+          pad_token_id: int, ignore_index: int, to_device, amp: bool = False) -> Iterator[tuple[int, dict, bool]]:
     """``(m, batch to run, idle)`` for every micro-batch (an idle rank's dummy in its place), recording the groups,
     idle micro-batches and skipped samples in ``res``, the skipped label tokens in ``totals[1]``, the skip records in
-    ``totals[2]``."""
+    ``totals[2]``. ``amp``: inside ``torch.autocast``, whose weight-cast cache is cleared before every micro-batch
+    and after the last (a later micro-batch would reuse the casts of an earlier one's parameters)."""
     dev = next(model.parameters()).device
     for m in range(num_mb):
-        batch = first if m == 0 else _next_micro_batch(it, m, num_mb)
+        if amp:
+            torch.clear_autocast_cache()
+        batch = first if m == 0 else next_micro_batch(it, m, num_mb)
         batch = agree_skips(batch, dev, ignore_index=ignore_index)  # the group agrees on its failed reads
         _check_denominator(batch, ignore_index)
         res.groups.append(tuple(batch["ranks"]))
@@ -353,6 +347,8 @@ def _runs(model: nn.Module, first: dict, it: Iterator[dict], num_mb: int, res: S
         res.num_idle += idle
         run = idle_batch(batch, pad_token_id=pad_token_id) if idle else batch
         yield m, (to_device(run) if to_device is not None else run), idle
+    if amp:
+        torch.clear_autocast_cache()
 
 
 def _close_step(model: nn.Module, totals: torch.Tensor, first: dict, res: StepResult, grads: bool) -> StepResult:

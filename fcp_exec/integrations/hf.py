@@ -10,9 +10,10 @@ forward carries its own context, so nothing can leak from one micro-batch into t
 Typical use (see ``examples/``)::
 
     model = apply_fcp(AutoModelForCausalLM.from_config(cfg))        # or a Qwen2/2.5/3-VL model
-    collate = hf_collator(model)                                     # positions from the model's own rule
+    collate = hf_collator(model)    # VL: positions from the model's own rule; text: FCPCollator(pad_token_id=...)
     loader = DataLoader(FCPDataset(ds), batch_sampler=FCPSampler(...), collate_fn=collate)
     model, reducer = make_reducer("fsdp2", model)                   # or "ddp" / "allreduce"
+    opt = torch.optim.AdamW(model.parameters())                      # after make_reducer: FSDP2 shards them
     for step in range(steps):
         res = train_step(model, loader_iter, fcp_loss, reducer); opt.step(); opt.zero_grad()
 
@@ -55,6 +56,7 @@ from fcp_exec.integrations.hf_models import (FRAME_VL_MODEL_TYPES, SUPPORTED_MOD
                                              TILE_VL_MODEL_TYPES, VL_MODEL_TYPES, build_model,
                                              enable_gradient_checkpointing, has_weights, load_config, load_model,
                                              other_token_mixing, require_hf_models, ring_call, tile_geometry)
+from fcp_exec.integrations.hf_checks import check_call, check_model_and_batch, refuse_wrapped
 from fcp_exec.integrations.hf_router import router_loss, router_loss_of
 from fcp_exec.integrations.hf_vision import State, VisionCall, install_hooks
 from fcp_exec.ring_op import register
@@ -130,6 +132,7 @@ def apply_fcp(model: nn.Module, *, kernel=None, timeout: float | None = None) ->
     attention as FCP ring attention; returns the same model. ``kernel``: an attention kernel or its name
     (default: by device); ``timeout``: seconds bounding every ring P2P wait (None: the process group's)."""
     from fcp_exec.kernels import KERNEL_NAMES, AttentionKernel
+    refuse_wrapped(model)
     require_hf_models()  # transformers < 5.18 would train a VL model without its images
     model_type = model_type_of(model)
     text_cfg = getattr(model.config, "text_config", model.config)  # a VL model's language model, else the model's
@@ -163,6 +166,9 @@ def apply_fcp(model: nn.Module, *, kernel=None, timeout: float | None = None) ->
         if getattr(model, "_fcp_state", None) is None:
             install_hooks(model)
     model._fcp_state = state
+    if not getattr(model, "_fcp_call_check", False):
+        model.register_forward_pre_hook(check_call, with_kwargs=True, prepend=True)
+        model._fcp_call_check = True
     return model
 
 
@@ -171,6 +177,7 @@ def batch_inputs(batch: dict, model: nn.Module) -> dict[str, Any]:
     have gone through :func:`apply_fcp` (DDP-wrapped or not). The micro-batch's ``RingBatch`` (its plan, made once)
     is kept in ``batch["_fcp_ring"]``: a second forward of the batch reuses it, and a compiled model's backward finds
     it through the op handle while the batch lives."""
+    check_model_and_batch(model, batch, "batch_inputs(batch, model)")
     inner = unwrap(model)
     state: State | None = getattr(inner, "_fcp_state", None)
     if state is None:
@@ -227,6 +234,7 @@ def lm_loss(logits: torch.Tensor, batch: dict) -> torch.Tensor:
 def fcp_loss(model: nn.Module, batch: dict) -> torch.Tensor:
     """``loss_fn`` for :func:`fcp_exec.step.train_step`: forward ``batch`` through ``model`` and return
     :func:`model_loss` of its output."""
+    check_model_and_batch(model, batch, "fcp_loss(model, batch)")
     return model_loss(model, model(**batch_inputs(batch, model)), batch)
 
 

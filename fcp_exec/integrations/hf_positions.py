@@ -256,13 +256,18 @@ def hf_collator(config_or_model: Any, **collator_kwargs: Any) -> FCPCollator:
     vision config, ``pad_token_id`` from the config (text pad id, else EOS) unless given, and
     ``position_fn=HFRopeIndex(...)``. Other keywords go to ``FCPCollator``. An InternVL model (1-D positions) gets
     ``visual_token_id=image_token_id`` and ``spatial_merge_size = 1 / downsample_ratio`` (a tile's grid row counts
-    its vision patches) and the collator's own per-document positions."""
+    its vision patches) and the collator's own per-document positions. A text model (a config without
+    ``vision_config``, e.g. an ``AutoModelForCausalLM``'s) gets the plain text collator,
+    ``FCPCollator(pad_token_id=...)``."""
     fixed = ("visual_token_id", "spatial_merge_size", "position_fn", "mrope", "signed_grids")
     clash = sorted(k for k in collator_kwargs if k in fixed)
     if clash:
         raise TypeError(f"hf_collator sets {', '.join(clash)} from the model config; build FCPCollator directly to "
                         "choose them yourself")
     config = getattr(config_or_model, "config", config_or_model)
+    if getattr(config, "vision_config", None) is None and getattr(config, "image_token_id", None) is None:
+        collator_kwargs.setdefault("pad_token_id", _pad_id(config))  # a text model: 1-D per-document positions
+        return FCPCollator(**collator_kwargs)
     if getattr(config, "model_type", None) == "internvl":
         collator_kwargs.setdefault("pad_token_id", _pad_id(config))
         from fcp_exec.integrations.hf_models import tile_geometry
