@@ -100,6 +100,21 @@ def _worker_user_error(e: RuntimeError) -> str | None:
     return found
 
 
+def _worker_died(e: RuntimeError) -> str | None:
+    """One line for a :class:`fcp_exec.launch.WorkerFailure` in which a rank died without reporting (killed by a
+    signal: the OOM killer, a scheduler, a user): the dead rank is the cause, the others' errors (a collective whose
+    peer vanished) its symptoms. None when no rank died that way."""
+    errors = getattr(e, "errors", None)
+    if not isinstance(errors, dict):
+        return None
+    dead = [(rank, message) for rank, (kind, message, _tb) in sorted(errors.items()) if kind == "exit"]
+    if not dead:
+        return None
+    rank, message = dead[0]
+    message = message if message.startswith("rank ") else f"rank {rank} died without reporting ({message})"
+    return f"{message}; the other ranks stopped (--debug shows every rank's traceback)"
+
+
 def _empty_value(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str | None:
     """The first option (or positional argument) given an empty string, e.g. ``--cost ''`` from an unset shell
     variable: taken as "not given" it would silently run with the default, so it is refused instead."""
@@ -173,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except (UsageError, ValueError) as e:
         return user_error(str(e))
+    except TimeoutError:  # a launcher's deadline (a run that hung): not a bad input, keeps its traceback
+        raise
     except OSError as e:  # unreadable/unwritable paths (a directory, no permission, a full disk)
         return user_error(str(e))
     except FloatingPointError as e:  # fcp_exec.optim.TrainingDiverged in a one-process run: the settings, not a bug
@@ -190,9 +207,15 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(e, SampleReadError):
             return user_error(str(e))
         msg = _worker_user_error(e)
-        if msg is None:
+        if msg is not None:
+            return user_error(msg)
+        died = _worker_died(e)
+        if died is None:
             raise
-        return user_error(msg)
+        if debug:
+            traceback.print_exc()
+        print(f"fcp {args.command}: error: {one_line(died)}", file=sys.stderr)
+        return 1  # a failure, not a bad input (exit 2)
     return int(rc or 0)
 
 

@@ -20,6 +20,7 @@ hooks rename its parameters (torchtitan's fused QKV) is marked by its adapter an
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import numbers
@@ -314,10 +315,38 @@ def save_hf_model(model, path) -> Path:
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=offload))
     if _rank() == 0:
         path.mkdir(parents=True, exist_ok=True)
-        inner.save_pretrained(path, state_dict=state)
+        with stdout_to_stderr():  # `fcp train --json`: stdout holds JSON objects only
+            inner.save_pretrained(path, state_dict=state)
     if distributed:
         dist.barrier()
     return path
+
+
+@contextlib.contextmanager
+def stdout_to_stderr():
+    """Send what this process writes to its standard output (file descriptor 1: Python's ``print`` and a library's
+    logging handler that kept the original ``sys.stdout`` alike) to standard error meanwhile: transformers'
+    ``save_pretrained`` imports DeepSpeed when installed, whose logger prints "[WARNING] ... Setting accelerator to CPU"
+    on stdout, which ``fcp train --json`` keeps for JSON objects."""
+    import os
+    import sys
+
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no descriptor 1 (a closed stdout): nothing to protect
+        yield
+        return
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        try:
+            sys.stdout.flush()
+        except (OSError, ValueError):
+            pass
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def fsdp1_optimizer_template(model, optimizer) -> None:

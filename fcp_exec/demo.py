@@ -134,7 +134,12 @@ def main(argv: list[str] | None = None) -> int:
 
     t_start = time.perf_counter()
     out = Path(args.out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a file of that name (FileExistsError), no permission: one line, not a traceback
+        why = "is a file, not a folder" if out.exists() and not out.is_dir() else f"cannot be created ({e.strerror})"
+        print(f"python -m fcp_exec.demo: error: --out {args.out} {why}", file=sys.stderr)
+        return 2
     print("FCP demo — Flexible Context Parallelism on the bundled samples")
     print(f"python {sys.version.split()[0]}, torch {torch.__version__}, {os.cpu_count()} CPU cores; "
           f"outputs in {_rel(out)}/")

@@ -15,6 +15,7 @@ and the next launch hung. :func:`stop` waits a moment, then terminates the serve
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -69,13 +70,35 @@ def start(preload: Sequence[str]) -> None:
     """Start fcp's forkserver now with ``preload`` (restarting an idle one of fcp's that lacks some of it) and return
     without waiting for its imports: the launch that follows finds it running. ``fcp train`` calls it before its
     checks and its data loading, which then overlap the server's imports (torch, fcp's training stack and, for a
-    Hugging Face model, transformers: ~5 s of one core) instead of preceding them."""
+    Hugging Face model, transformers: ~5 s of one core) instead of preceding them. A Ctrl-C meanwhile interrupts the
+    command alone: the server ignores SIGINT (:func:`_sigint_ignored`) and a rank whose start it cut short exits
+    without a traceback (:mod:`fcp_exec._forkserver_quiet`)."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return
     ctx = multiprocessing.get_context("forkserver")
-    wanted, before = set_preload(ctx, preload)
-    forkserver.ensure_running()
+    wanted, before = set_preload(ctx, [*preload, "fcp_exec._forkserver_quiet"])
+    with _sigint_ignored():
+        forkserver.ensure_running()
     note_started(wanted, before)
+
+
+@contextlib.contextmanager
+def _sigint_ignored():
+    """SIGINT ignored in this process meanwhile (main thread only; elsewhere nothing changes). A server started in it
+    inherits the ignored SIGINT through its ``exec``, from its first instruction: a terminal's Ctrl-C reaches the
+    whole process group, and the server — still importing its preload, seconds long, before multiprocessing makes it
+    ignore SIGINT itself — printed a KeyboardInterrupt traceback under ``fcp train: interrupted``. The command
+    (this process) is interrupted as before and the server ends with it; the processes the server forks (fcp's ranks,
+    which lead process groups of their own and are ended by their launcher, and their DataLoader workers) inherit the
+    ignored SIGINT too. Starting the server takes milliseconds (a fork and an exec): a Ctrl-C within them is lost."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def stop() -> bool:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import math
 import multiprocessing.util  # registers its exit hook before ours, so atexit runs _close_all first
 import os
 import queue
@@ -60,6 +61,7 @@ _HF_PRELOAD = "transformers fcp_exec.integrations.hf fcp_exec.integrations.hf_po
 _TRAIN_PRELOAD = _PRELOAD + tuple(("fcp_exec.train fcp_exec.ring_attention fcp_exec.models fcp_data.sampler "
                                    "fcp_data.collator fcp_data.plan").split()
                                   + (_HF_PRELOAD.split() if torch_release() >= HF_MODELS_RELEASE else []))
+_START_TIMEOUT_S = 300.0  # launch(timeout=math.inf): how long the ranks may take to start and join the process group
 _GRACE_S = 2.0  # after the first failure, how long the other ranks may still report theirs
 
 
@@ -327,7 +329,20 @@ class WorkerPool:
     def _died(self, rank: int) -> tuple[str, str, str]:
         p = self._procs[rank]
         p.join(1.0)  # its exit status follows its pipe's end
-        return "exit", f"exit code {p.exitcode}", f"rank {rank} exit code {p.exitcode} (died without reporting)"
+        return "exit", _death(rank, p.exitcode), f"rank {rank} exit code {p.exitcode} (died without reporting)"
+
+
+def _death(rank: int, code: int | None) -> str:
+    """How a rank that reported nothing ended, in words: "rank 1 was killed by SIGKILL (out of memory?)"."""
+    import signal
+
+    if code is not None and code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"rank {rank} was killed by {name}" + (" (out of memory?)" if -code == signal.SIGKILL else "")
+    return f"rank {rank} ended with exit code {code} without reporting an error"
 
 
 def _without_rank(rank: int, fn: Callable[..., Any], *args: Any) -> Any:
@@ -337,8 +352,10 @@ def _without_rank(rank: int, fn: Callable[..., Any], *args: Any) -> Any:
 def launch(fn: Callable[..., Any], nproc: int, *args: Any, backend: str | None = None,
            timeout: float = 1800.0, pg_timeout: float = 300.0, preload: Sequence[str] = ()) -> list:
     """Run ``fn(*args)`` on ``nproc`` ranks (module docstring); returns the results by rank. ``timeout`` bounds
-    the whole run (start-up included). ``preload``: more modules the forkserver imports once (an idle one that
-    lacks them is restarted), e.g. ``transformers.modeling_utils`` (~3 s per rank otherwise)."""
+    the whole run (start-up included); ``math.inf``: no deadline for the run (a training run takes as long as it takes;
+    a hung collective still ends at ``pg_timeout``), the start-up bounded by :data:`_START_TIMEOUT_S`. ``preload``: more
+    modules the forkserver imports once (an idle one that lacks them is restarted), e.g.
+    ``transformers.modeling_utils`` (~3 s per rank otherwise)."""
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise ValueError(f"nproc must be a positive int, got {nproc!r}")
     check_seconds("timeout", timeout)
@@ -348,8 +365,8 @@ def launch(fn: Callable[..., Any], nproc: int, *args: Any, backend: str | None =
         return _in_torchrun(fn, nproc, args, backend, pg_timeout)
     _pickled((fn, args), f"{getattr(fn, '__qualname__', fn)!s} with its arguments")  # before any process starts
     deadline = time.monotonic() + timeout
-    with WorkerPool(nproc, backend=backend, pg_timeout=pg_timeout, start_timeout=timeout,
-                    preload=_TRAIN_PRELOAD + tuple(preload)) as pool:
+    with WorkerPool(nproc, backend=backend, pg_timeout=pg_timeout, preload=_TRAIN_PRELOAD + tuple(preload),
+                    start_timeout=timeout if math.isfinite(timeout) else _START_TIMEOUT_S) as pool:
         return pool.run(_without_rank, fn, *args, timeout=max(0.0, deadline - time.monotonic()))
 
 

@@ -26,10 +26,11 @@ from typing import Any
 import torch
 
 from fcp_data.cost import CostModel
-from fcp_exec.launch import current_device, dataloader_context, dist_info, launch
+from fcp_exec.launch import current_device, dataloader_context, dist_info
 from fcp_exec.reducers import full_view, grad_scaler_class
 from fcp_exec.train_config import (DTYPE_NAMES, TrainConfig, builtin_cost_model, format_degrees, format_step,
                                    parse_planner)
+from fcp_exec.train_launch import hf_preload, run_training
 
 __all__ = ["TrainConfig", "Trainer", "train", "train_matrix", "run_training", "builtin_cost_model", "format_degrees", "parse_planner",
            "hf_preload"]
@@ -375,25 +376,3 @@ def train_matrix(cfgs: list[TrainConfig]) -> list[dict[str, Any]]:
     """:func:`train` for several configurations in turn on one process group (the HF equivalence tests run
     every reducer × checkpointing combination in one launch)."""
     return [train(c) for c in cfgs]
-
-
-def run_training(cfg: TrainConfig, nproc: int, *, backend: str | None = None, timeout: float = 1800.0) -> dict[str, Any]:
-    """Start ``nproc`` ranks (or join torchrun's) and train; returns rank 0's result with
-    ``checksums`` (every rank's parameter checksum, which must agree) added."""
-    if nproc == 1 and backend is None:
-        from fcp_exec.launch import in_torchrun
-
-        if not in_torchrun():
-            res = train(cfg)
-            res["checksums"] = [res["param_checksum"]]
-            return res
-    results = launch(train, nproc, cfg, backend=backend, timeout=timeout, preload=hf_preload([cfg]))
-    first = dict(next(r for r in results if r is not None))
-    first["checksums"] = [r["param_checksum"] for r in results if r is not None]
-    return first
-
-
-def hf_preload(cfgs) -> tuple[str, ...]:
-    """Modules worth importing once in the launcher's forkserver for these configurations (or ``--model`` strings):
-    transformers' model machinery when any of them is an ``hf:`` model (else nothing: the tiny models do not need it)."""
-    return ("transformers.modeling_utils",) if any(getattr(c, "model", c).startswith("hf:") for c in cfgs) else ()

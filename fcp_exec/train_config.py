@@ -23,6 +23,7 @@ __all__ = ["TrainConfig", "AMP_NAMES", "DTYPE_NAMES", "builtin_cost_model", "for
 
 DTYPE_NAMES = ("float32", "float64", "bfloat16")
 AMP_NAMES = ("none", "bfloat16", "float16")
+_FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max, without importing torch here
 
 
 def max_workers() -> int:
@@ -206,7 +207,12 @@ class TrainConfig:
                 raise ValueError(f"{why}: it would have no effect here")
 
     def _check_outputs(self) -> None:
-        """The checkpoint and --save-model folders can be written: found before the run, not at the first save."""
+        """The checkpoint and --save-model folders can be written: found before the run, not at the first save; the
+        --cache-dir is a folder (or nothing yet), not a file."""
+        import os
+
+        if self.cache_dir and os.path.exists(self.cache_dir) and not os.path.isdir(self.cache_dir):
+            raise ValueError(f"--cache-dir {self.cache_dir} is a file, not a folder; give a folder (made if missing)")
         for name in ("checkpoint", "save_model"):
             if getattr(self, name):
                 check_output_dir(getattr(self, name), f"--{name.replace('_', '-')}")
@@ -233,8 +239,9 @@ class TrainConfig:
                                                     or self.amp != "none"):
             raise ValueError("--fsdp-mixed-precision is FSDP2's policy over float32 parameters: give --reducer fsdp2, "
                              f"--dtype float32 and no --amp (got {self.reducer}, {self.dtype}, --amp {self.amp})")
-        if not (math.isfinite(self.initial_loss_scale) and self.initial_loss_scale > 0):
-            raise ValueError(f"initial_loss_scale must be finite and > 0, got {self.initial_loss_scale}")
+        if not (math.isfinite(self.initial_loss_scale) and 0 < self.initial_loss_scale <= _FLOAT32_MAX):
+            raise ValueError(f"initial_loss_scale must be finite, > 0 and at most float32's largest value "
+                             f"({_FLOAT32_MAX:.4g}: the scaler holds it in float32), got {self.initial_loss_scale}")
         if not 1 <= self.loss_scale_window <= MAX_COUNT:
             raise ValueError(f"loss_scale_window must be >= 1 (and at most {MAX_COUNT}), got {self.loss_scale_window}")
         if self.amp != "float16" and (self.initial_loss_scale, self.loss_scale_window) != (2.0 ** 16, 2000):
@@ -253,9 +260,14 @@ def builtin_cost_model(max_tokens: int, num_ranks: int, dtype: str = "float32") 
     scale = 2.0 if dtype == "float64" else 1.0
     e = max_tokens if num_ranks == 1 else -(-max_tokens // 2)
     e = -(-e // 8) * 8
-    return CostModel(alpha1=5e-8 * scale, alpha2=7e-5 * scale, beta1=1e-2, alpha3=3.6e5 * scale, beta2=8e-3,
-                     bandwidth_intra=2.9e9, bandwidth_inter=2.9e9, ranks_per_node=max(num_ranks, 1),
-                     tokens_per_rank=e)
+    try:
+        return CostModel(alpha1=5e-8 * scale, alpha2=7e-5 * scale, beta1=1e-2, alpha3=3.6e5 * scale, beta2=8e-3,
+                         bandwidth_intra=2.9e9, bandwidth_inter=2.9e9, ranks_per_node=max(num_ranks, 1),
+                         tokens_per_rank=e)
+    except ValueError as err:  # the only input here is max_tokens: name it, not the cost model nobody passed
+        raise ValueError(f"--max-tokens {max_tokens} is beyond what the built-in cost model can plan (a group of "
+                         f"{e} tokens per rank: {str(err).split(';')[0]}); give a smaller --max-tokens, or --cost with "
+                         "your machine's model") from None
 
 
 def format_degrees(degrees: list[list[int]]) -> str:

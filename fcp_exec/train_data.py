@@ -164,6 +164,11 @@ def _labels_note(base) -> str:
     return ", SFT labels (assistant turns)" if getattr(base, "chat_field", None) else ", SFT labels (prompt masked)"
 
 
+def _dropped_note(dropped: int) -> str:
+    """The multimodal samples left out for ``max_tokens``, for the run's one-line data description."""
+    return f", {dropped} left out (longer than --max-tokens)" if dropped else ""
+
+
 def _cap(base: Any, lengths: np.ndarray, visual: np.ndarray, max_tokens: int) -> tuple[CappedDataset, np.ndarray, int]:
     keep = np.flatnonzero(~(visual & (lengths > max_tokens)))
     return CappedDataset(base, keep, max_tokens), np.minimum(lengths[keep], max_tokens), int(lengths.size - keep.size)
@@ -272,7 +277,8 @@ def load_train_data(model: str, data: str | None = None, *, max_tokens: int = 23
         spans = base.placeholder_spans()
         return TrainData(dataset=ds, lengths=lengths, pad_token_id=_SYN_PAD, visual_token_ids=(_SYN_PLACEHOLDER,),
                          visual_layout=SpanVisualLayout([spans[int(k)] for k in ds.keep]),
-                         description=f"synthetic video: {len(ds)} samples, up to {max_tokens} tokens",
+                         description=f"synthetic video: {len(ds)} samples, up to {max_tokens} tokens"
+                                     + _dropped_note(dropped),
                          num_dropped=dropped, patch_dim=base.patch_dim)
     from fcp_data.readers import IndexedDataset
 
@@ -298,7 +304,7 @@ def load_train_data(model: str, data: str | None = None, *, max_tokens: int = 23
                      visual_token_ids=tuple(base.placeholder_ids), num_dropped=dropped,
                      description=f"{what} (spec {base.spec.name}): {capped.size} samples, {int(capped.sum())} tokens, "
                                  f"max {int(capped.max())} (cap {max_tokens})"
-                                 + _labels_note(base))
+                                 + _dropped_note(dropped) + _labels_note(base))
 
 
 def _load_hf_data(config, data: str | None, *, max_tokens: int, seed: int, cache_dir: str | None,
@@ -318,14 +324,16 @@ def _load_hf_data(config, data: str | None, *, max_tokens: int, seed: int, cache
         sft = ", SFT labels with masked prompts" if prompt_mask else ""
         if not is_vl:
             return TrainData(has_labels=prompt_mask, dataset=ds, lengths=lengths, pad_token_id=pad, num_dropped=dropped,
-                             description=f"synthetic text for {config.model_type}: {len(ds)} documents{sft}")
+                             description=f"synthetic text for {config.model_type}: {len(ds)} documents{sft}"
+                                         + _dropped_note(dropped))
         ids = special_ids(config)
         spans = base.placeholder_spans()
         return TrainData(dataset=ds, lengths=lengths, pad_token_id=pad,
                          visual_token_ids=tuple(ids[k] for k in ("image", "video") if k in ids),
                          has_labels=prompt_mask,
                          visual_layout=SpanVisualLayout([spans[int(k)] for k in ds.keep]), num_dropped=dropped,
-                         description=f"synthetic images/videos for {config.model_type}: {len(ds)} documents{sft}")
+                         description=f"synthetic images/videos for {config.model_type}: {len(ds)} documents{sft}"
+                                     + _dropped_note(dropped))
     from fcp_data.readers import IndexedDataset
 
     path = Path(data) if data else _bundled_index("hf", cache_dir, HF_SPECS.get(config.model_type, "text"))
@@ -343,4 +351,4 @@ def _load_hf_data(config, data: str | None, *, max_tokens: int, seed: int, cache
                      visual_token_ids=tuple(base.placeholder_ids) if is_vl else (), num_dropped=dropped,
                      description=f"{what} (spec {base.spec.name}): {capped.size} samples, {int(capped.sum())} tokens, "
                                  f"max {int(capped.max())} (cap {max_tokens})"
-                                 + _labels_note(base))
+                                 + _dropped_note(dropped) + _labels_note(base))

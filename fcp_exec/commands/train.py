@@ -9,7 +9,7 @@ sampler built on it) — so a bad input is one line and exit code 2, not a worke
 from __future__ import annotations
 
 __all__ = ["register", "config_from_args", "resolve_model", "load_hf_config", "check_index_path", "check_resume",
-           "preflight"]
+           "preflight", "check_data", "report"]
 
 EPILOG = """Each step is one global batch: its plan-annotated micro-batches run on the CP groups the planner
 formed (ring attention inside each group), gradients are summed over all ranks by the --reducer, then AdamW.
@@ -18,8 +18,11 @@ collectives stay in lock-step. Printed per step: loss (global-batch mean), label
 (⟨degree⟩×count per micro-batch), step time and the time the loop waited for the planner. --json prints one
 object per step on stdout ({"step", "loss", "num_tokens", "degrees", "step_time_s", "skipped_samples"}, with
 --amp float16 also "loss_scale" and "skipped_step"; "degrees"
-lists each micro-batch's CP-group degrees, idle ranks = nproc − Σ degrees), then, with --eval-steps N, one
-{"eval", "loss", "num_tokens"} object per evaluated global batch, and nothing else there.
+lists each micro-batch's CP-group degrees, idle ranks = nproc − Σ degrees), with --checkpoint one
+{"checkpoint", "resumes_at_step"} object after each saved checkpoint, then, with --eval-steps N, one
+{"eval", "loss", "num_tokens"} object per evaluated global batch, then, with --save-model, one {"saved_model"}
+object, and nothing else there (warnings and errors go to stderr; ranks whose parameters differ at the end: one
+line there and exit code 1).
 
 A sample that fails to read (a video damaged behind a readable header, a file gone or edited since `fcp index`)
 is retried once, then skipped: its slot runs as padding without labels and the step's loss is the mean over the
@@ -61,7 +64,8 @@ def register(subparsers, summary: str) -> None:
                    help="processes to start (default 2; under torchrun its WORLD_SIZE, no processes are started)")
     p.add_argument("--cost", default=None, help="cost-model JSON (DESIGN §4, e.g. from `fcp profile`); default: "
                                                 "a built-in CPU model with tokens_per_rank = max-tokens/2")
-    p.add_argument("--json", action="store_true", help="one JSON object per step on stdout, nothing else")
+    p.add_argument("--json", action="store_true", help="one JSON object per step on stdout, nothing else but the "
+                                                        "checkpoint, eval and saved_model objects listed below")
     p.add_argument("--backend", default=None, help="torch.distributed backend: gloo, nccl, hccl (default by device)")
     p.set_defaults(func=run)
 
@@ -145,7 +149,9 @@ def check_resume(path: str | None, steps: int) -> None:
 def preflight(cfg, nproc: int, hf_config=None):
     """Load ``cfg``'s data once and build rank 0's sampler on it, exactly as every rank will, so that data/config
     mismatches (vocabulary, special tokens, a text index for a vision model, samples that no plan can hold, a
-    planner the sampler refuses) are a ``ValueError`` here, in the parent. Returns the data."""
+    planner the sampler refuses, label options the data gives nothing to act on) are a ``ValueError`` here, in the
+    parent; what the run will quietly adapt (samples left out, a global batch larger than the data) is one warning
+    line on stderr (:func:`check_data`). Returns the data."""
     from fcp_data import CostModel, FCPSampler
     from fcp_exec.train import builtin_cost_model, parse_planner
     from fcp_exec.train_data import load_train_data
@@ -157,15 +163,45 @@ def preflight(cfg, nproc: int, hf_config=None):
     out = None
     for which in [cfg.data] + ([cfg.eval_data] if cfg.eval_data else []):  # the evaluation data passes the same checks
         data = load_train_data(cfg.model, which, max_tokens=cfg.max_tokens, seed=cfg.seed, cache_dir=cfg.cache_dir,
-                               num_synthetic=cfg.num_synthetic, lengths=cfg.synthetic_lengths, hf_config=hf_config)
+                               num_synthetic=cfg.num_synthetic, lengths=cfg.synthetic_lengths, hf_config=hf_config,
+                               prompt_mask=cfg.sample_labels, caption_labels=cfg.caption_labels)
         if cfg.model == "tiny-mllm" and not data.visual_token_ids:
             raise ValueError("tiny-mllm needs a multimodal dataset (an index built with a vision spec, e.g. qwen2-vl)")
-        FCPSampler(data.lengths, num_ranks=nproc, rank=0, cost_model=cost, global_batch_size=cfg.global_batch_size,
-                   seed=cfg.seed, solver=solver, prefetch=0, visual_layout=data.visual_layout,
-                   solver_options=None if degree is None else {"degree": degree},
-                   exclude=cfg.exclude if which is cfg.data else None)
+        sampler = FCPSampler(data.lengths, num_ranks=nproc, rank=0, cost_model=cost,
+                             global_batch_size=cfg.global_batch_size, seed=cfg.seed, solver=solver, prefetch=0,
+                             visual_layout=data.visual_layout, exclude=cfg.exclude if which is cfg.data else None,
+                             solver_options=None if degree is None else {"degree": degree})
+        if out is None:
+            check_data(cfg, data, sampler)
         out = out or data
     return out
+
+
+def check_data(cfg, data, sampler) -> None:
+    """The training data against the options that depend on it: ``--sample-labels`` / ``--caption-labels`` on data
+    without labels / image-video samples are refused (they would change nothing); samples left out for
+    ``--max-tokens`` (named in the data line of a text-mode run; a stderr line under ``--json``) and a
+    ``--global-batch-size`` beyond the samples there are (each step takes them all) are a warning line on stderr."""
+    import os
+    import sys
+
+    what = cfg.data or "the bundled samples"
+    if cfg.caption_labels and not getattr(getattr(data.dataset, "base", None), "caption_labels", False):
+        raise ValueError(f"--caption-labels masks the visual block of an index's image/video samples, but {what} has "
+                         "no image/video samples of an index: it would have no effect here")
+    if cfg.sample_labels and not data.has_labels:
+        raise ValueError(f"--sample-labels trains on each sample's own labels, but {what} carries none (an SFT index "
+                         "built from prompt/response or chat fields does): it would have no effect here")
+    if int(os.environ.get("RANK", "0") or 0) != 0:  # under torchrun every rank runs the checks; rank 0 tells
+        return
+    if cfg.json_lines and data.num_dropped:
+        print(f"fcp train: warning: {data.num_dropped} sample(s) of {what} left out (longer than --max-tokens "
+              f"{cfg.max_tokens})", file=sys.stderr, flush=True)
+    kept = getattr(sampler, "_kept", None)
+    num = len(data.lengths) if kept is None else int(kept.size)
+    if cfg.global_batch_size > num:
+        print(f"fcp train: warning: --global-batch-size {cfg.global_batch_size} is more than the {num} sample(s) of "
+              f"{what}: each step takes all {num}", file=sys.stderr, flush=True)
 
 
 def config_from_args(args, model: str | None = None):
@@ -182,8 +218,6 @@ def config_from_args(args, model: str | None = None):
 
 
 def run(args) -> int:
-    import json
-
     model, hf_path = resolve_model(args.model)
     check_index_path(args.data)
     check_index_path(args.eval_data, "--eval-data")
@@ -208,22 +242,38 @@ def run(args) -> int:
     check_resume(cfg.resume, cfg.steps)
     preflight(cfg, nproc, load_hf_config(hf_path) if hf_path else None)
     res = run_training(cfg, nproc, backend=backend)
-    if not args.json:
-        steps = res["steps"]
-        times = sorted(s["step_time_s"] for s in steps)
-        waits = [s["planner_wait_s"] for s in steps]
-        idle = sum(s.get("num_idle", 0) for s in steps)
-        agree = len(set(res["checksums"])) == 1
-        print(f"done: {len(steps)} steps, median step {times[len(times) // 2] * 1e3:.1f} ms, "
-              f"planner wait total {sum(waits) * 1e3:.1f} ms, rank 0 idle in {idle} micro-batch(es); parameters "
-              f"identical on all {len(res['checksums'])} ranks: {'yes' if agree else 'NO'}")
-        skipped = [rec for s in steps for rec in s.get("skipped_samples", ())]
-        if skipped:
-            where = "; ".join(f"{r['key'] or r['index']}: {r['reason']}: {r['detail'][:80]}" for r in skipped[:3])
-            later = "read again in later epochs" if cfg.retry_skipped else "left out of later epochs"
-            print(f"skipped {len(skipped)} sample(s) that failed to read (left out of the loss, {later}; "
-                  f"--read-errors-out FILE lists them): {where}{' …' if len(skipped) > 3 else ''}")
+    return report(res, cfg)
+
+
+def report(res: dict, cfg) -> int:
+    """After the run: the summary line (text mode) and the check that every rank ended with the same parameters, in
+    both modes (under --json a disagreement is one line on stderr; stdout keeps its JSON objects). Printed by rank 0
+    only (under torchrun every rank gets here, each with every rank's checksum); 1 when the ranks disagree."""
+    import json
+    import sys
+
+    agree = len(set(res["checksums"])) == 1
+    if res.get("rank", 0) != 0:
+        return 0 if agree else 1
+    if cfg.json_lines:
         if not agree:
-            print(json.dumps(res["checksums"]))
-            return 1
+            print(f"fcp train: error: the ranks' parameters differ after training (checksums by rank: "
+                  f"{json.dumps(res['checksums'])})", file=sys.stderr)
+        return 0 if agree else 1
+    steps = res["steps"]
+    times = sorted(s["step_time_s"] for s in steps)
+    waits = [s["planner_wait_s"] for s in steps]
+    idle = sum(s.get("num_idle", 0) for s in steps)
+    print(f"done: {len(steps)} steps, median step {times[len(times) // 2] * 1e3:.1f} ms, "
+          f"planner wait total {sum(waits) * 1e3:.1f} ms, rank 0 idle in {idle} micro-batch(es); parameters "
+          f"identical on all {len(res['checksums'])} ranks: {'yes' if agree else 'NO'}")
+    skipped = [rec for s in steps for rec in s.get("skipped_samples", ())]
+    if skipped:
+        where = "; ".join(f"{r['key'] or r['index']}: {r['reason']}: {r['detail'][:80]}" for r in skipped[:3])
+        later = "read again in later epochs" if cfg.retry_skipped else "left out of later epochs"
+        print(f"skipped {len(skipped)} sample(s) that failed to read (left out of the loss, {later}; "
+              f"--read-errors-out FILE lists them): {where}{' …' if len(skipped) > 3 else ''}")
+    if not agree:
+        print(json.dumps(res["checksums"]))
+        return 1
     return 0

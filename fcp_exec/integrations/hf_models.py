@@ -143,6 +143,7 @@ def load_config(path) -> Any:
         raise ValueError(f"{p}: a transformers config.json needs a 'model_type' (one of {', '.join(SUPPORTED_MODEL_TYPES)})")
     raw = dict(raw)
     raw.pop("architectures", None)
+    _check_pad_token(raw, p)
     try:
         cfg = AutoConfig.for_model(raw.pop("model_type"), **raw)
     except Exception as e:  # noqa: BLE001 -- also huggingface_hub's StrictDataclassError (a field of the wrong type)
@@ -152,7 +153,21 @@ def load_config(path) -> Any:
             v = getattr(sub, name, None) if sub is not None else None
             if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
                 raise ValueError(f"{p}: transformers cannot build this config: {name} must be an int, got {v!r}")
+    _check_pad_token(cfg, p)
     return cfg
+
+
+def _check_pad_token(cfg, where) -> None:
+    """A ``pad_token_id`` outside the vocabulary fails inside ``nn.Embedding`` (an AssertionError on every rank):
+    refused here, with the fix. ``cfg``: the config, or its raw JSON dict (checked before transformers warns)."""
+    def get(obj, name):
+        return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
+
+    for sub in (cfg, get(cfg, "text_config")):
+        pad, vocab = get(sub, "pad_token_id"), get(sub, "vocab_size")
+        if isinstance(pad, int) and not isinstance(pad, bool) and isinstance(vocab, int) and not -vocab <= pad < vocab:
+            raise ValueError(f"{where}: pad_token_id {pad} is outside the vocabulary (vocab_size {vocab}); set it to "
+                             f"a token id below {vocab}, or leave it out")
 
 
 _SIZE_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
@@ -184,7 +199,8 @@ def build_model(config, *, dtype=torch.float32, seed: int = 0) -> nn.Module:
     auto = AutoModelForImageTextToText if cfg.model_type in MLLM_MODEL_TYPES else AutoModelForCausalLM
     try:
         return auto.from_config(cfg, attn_implementation=stock_attention(auto, cfg), dtype=dtype)
-    except (RuntimeError, ValueError, TypeError, ZeroDivisionError) as e:  # e.g. a negative hidden_size, 0 kv heads
+    except (RuntimeError, ValueError, TypeError, ZeroDivisionError, AssertionError) as e:  # e.g. a negative
+        # hidden_size, 0 kv heads, a padding index outside the embedding
         raise ValueError(f"cannot build a {cfg.model_type} model from this config: {str(e).splitlines()[0]}") from None
 
 
