@@ -20,7 +20,6 @@ hooks rename its parameters (torchtitan's fused QKV) is marked by its adapter an
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import numbers
@@ -307,6 +306,7 @@ def save_hf_model(model, path) -> Path:
     inner = getattr(inner, "_orig_mod", inner)
     if not hasattr(inner, "save_pretrained"):
         raise TypeError(f"save_hf_model needs a transformers model, got {type(inner).__name__}")
+    from fcp_exec.devices import stdout_to_stderr
     from fcp_exec.reducers import fsdp1_roots
 
     distributed = dist.is_available() and dist.is_initialized()
@@ -320,33 +320,6 @@ def save_hf_model(model, path) -> Path:
     if distributed:
         dist.barrier()
     return path
-
-
-@contextlib.contextmanager
-def stdout_to_stderr():
-    """Send what this process writes to its standard output (file descriptor 1: Python's ``print`` and a library's
-    logging handler that kept the original ``sys.stdout`` alike) to standard error meanwhile: transformers'
-    ``save_pretrained`` imports DeepSpeed when installed, whose logger prints "[WARNING] ... Setting accelerator to CPU"
-    on stdout, which ``fcp train --json`` keeps for JSON objects."""
-    import os
-    import sys
-
-    sys.stdout.flush()
-    try:
-        saved = os.dup(1)
-    except OSError:  # no descriptor 1 (a closed stdout): nothing to protect
-        yield
-        return
-    try:
-        os.dup2(2, 1)
-        yield
-    finally:
-        try:
-            sys.stdout.flush()
-        except (OSError, ValueError):
-            pass
-        os.dup2(saved, 1)
-        os.close(saved)
 
 
 def fsdp1_optimizer_template(model, optimizer) -> None:

@@ -109,17 +109,18 @@ def init_distributed(backend: str | None = None, timeout_s: float = 300.0, num_t
     accelerator = device.type in ("cuda", "npu") and backend in ("nccl", "hccl")
     if accelerator:
         kwargs["device_id"] = device
-    with _native_stdout_to_stderr():  # gloo of torch 2.8 prints "[Gloo] Rank 0 is connected to ..." on stdout
+    with stdout_to_stderr():  # gloo of torch 2.8 prints "[Gloo] Rank 0 is connected to ..." on stdout
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
         dist.barrier(**({"device_ids": [device.index]} if accelerator else {}))
     return device
 
 
 @contextlib.contextmanager
-def _native_stdout_to_stderr():
-    """File descriptor 1 onto 2 for the block: what native code prints there (torch 2.8's gloo announces every
-    connection on stdout) goes to stderr, so ``fcp train --json`` and a user's own machine-readable stdout keep only
-    their lines. Python's own ``sys.stdout`` is flushed first and writes nothing inside."""
+def stdout_to_stderr():
+    """File descriptor 1 onto 2 for the block: what is printed there — by native code (torch 2.8's gloo announces every
+    connection on stdout) or by a library's logging handler that kept the original ``sys.stdout`` (DeepSpeed's, which
+    transformers' ``save_pretrained`` imports) — goes to stderr, so ``fcp train --json`` and a user's own
+    machine-readable stdout keep only their lines. ``sys.stdout`` is flushed before and after."""
     try:
         sys.stdout.flush()
         saved = os.dup(1)
@@ -130,6 +131,10 @@ def _native_stdout_to_stderr():
         os.dup2(2, 1)
         yield
     finally:
+        try:
+            sys.stdout.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
         os.dup2(saved, 1)
         os.close(saved)
 
