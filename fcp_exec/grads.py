@@ -56,9 +56,9 @@ def add_back(kept: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
 
 
 def broadcast_module_states(model: nn.Module, src: int = 0) -> None:
-    """Make every rank's parameters and buffers rank ``src``'s, bit for bit (their bytes broadcast in buckets of at
-    most 256 MiB), as ``DistributedDataParallel`` does when it wraps a model. Once per model (a collective: every rank
-    calls it); nothing in a world of one."""
+    """Make every rank's parameters and buffers rank ``src``'s, bit for bit (their bytes, viewed as int8 — a dtype NCCL
+    and HCCL broadcast, unlike uint8 on HCCL — in buckets of at most 256 MiB), as ``DistributedDataParallel`` does when
+    it wraps a model. Once per model (a collective: every rank calls it); nothing in a world of one."""
     if dist_rank_and_world()[1] == 1 or getattr(model, "_fcp_states_broadcast", False):
         return
     tensors = [t for t in list(model.parameters()) + list(model.buffers()) if t.device.type != "meta" and t.numel()]
@@ -80,7 +80,7 @@ def broadcast_module_states(model: nn.Module, src: int = 0) -> None:
 
 
 def _broadcast_bucket(tensors: list[torch.Tensor], src: int) -> None:
-    flat = torch.cat([t.detach().contiguous().reshape(-1).view(torch.uint8) for t in tensors])
+    flat = torch.cat([t.detach().contiguous().reshape(-1).view(torch.int8) for t in tensors])
     dist.broadcast(flat, src=src)
     offset = 0
     for t in tensors:
