@@ -278,6 +278,9 @@ def test_the_forkserver_ignores_ctrl_c_while_it_imports(tmp_path):
     env = _env()
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    # as a terminal starts it: SIGINT at its default (a background job of a non-interactive shell, e.g. CI, inherits
+    # it ignored, and Python then installs no KeyboardInterrupt handler)
+    r = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env,
+                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.split() == ["ignored", "True"], (r.stdout, r.stderr, time.monotonic() - t0)
