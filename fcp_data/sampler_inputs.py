@@ -21,7 +21,7 @@ from fcp_data.cost import CostModel
 logger = logging.getLogger("fcp_data")
 
 __all__ = ["dist_rank_and_world", "check_lengths", "check_visual", "check_solver_options", "load_exclusions",
-           "data_digest", "apply_overlong"]
+           "check_exclusion_keys", "data_digest", "apply_overlong"]
 
 
 def dist_rank_and_world() -> tuple[int, int]:
@@ -99,10 +99,11 @@ def check_solver_options(options: Any, solver: str, num_ranks: int, cost_model: 
     return out
 
 
-def _read_exclusions(path: str) -> list[int]:
+def _read_exclusions(path: str, records: list | None = None) -> list[int]:
     """Sample indices from a file: JSON lines with an ``"index"`` (the read-error records of
     ``FCPDataset(errors_path=...)`` / ``fcp train --read-errors-out``), or one integer per line; ``#`` comments and
-    blank lines are ignored."""
+    blank lines are ignored. ``records`` (a list) receives ``(line, index, key)`` of each record that names its
+    sample's ``"key"``."""
     out = []
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
@@ -117,9 +118,33 @@ def _read_exclusions(path: str) -> list[int]:
             if isinstance(value, dict):
                 if "index" not in value:
                     raise ValueError(f"exclude file {path}, line {n}: a JSON record without \"index\"")
+                if records is not None and value.get("key") is not None:
+                    records.append((n, value["index"], str(value["key"])))
                 value = value["index"]
             out.append(value)
     return out
+
+
+def check_exclusion_keys(exclude: Any, key_of: Any) -> None:
+    """The records of an exclude file against the data's sample keys (``key_of(i)``: sample ``i``'s key, or None
+    where the data does not name it): a record whose ``"key"`` is not its index's sample's was written for another
+    index (rebuilt, reordered, another shard set) and would leave out the wrong samples — a ``ValueError`` naming
+    the first. Indices outside the data are :func:`load_exclusions`' to report; other ``exclude`` values pass."""
+    if not isinstance(exclude, (str, os.PathLike)) or not os.path.isfile(exclude):
+        return
+    records: list = []
+    _read_exclusions(os.fspath(exclude), records)
+    for n, index, key in records:
+        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+            continue
+        try:
+            actual = key_of(index)
+        except (IndexError, KeyError):
+            continue
+        if actual is not None and str(actual) != key:
+            raise ValueError(f"exclude file {os.fspath(exclude)}, line {n}: sample {index} is {str(actual)!r} in this "
+                             f"data but the record names {key!r}: the file was written for another index (rebuilt or "
+                             "reordered?), its indices would leave out other samples")
 
 
 def load_exclusions(exclude: Any, num_samples: int) -> np.ndarray:

@@ -192,6 +192,12 @@ def check_data(cfg, data, sampler) -> None:
     if cfg.sample_labels and not data.has_labels:
         raise ValueError(f"--sample-labels trains on each sample's own labels, but {what} carries none (an SFT index "
                          "built from prompt/response or chat fields does): it would have no effect here")
+    if cfg.exclude:  # read-error records of another index would leave out other samples
+        from fcp_data.read_errors import sample_key
+        from fcp_data.sampler_inputs import check_exclusion_keys
+
+        base = getattr(data.dataset, "base", data.dataset)
+        check_exclusion_keys(cfg.exclude, lambda i: sample_key(base, i))
     if int(os.environ.get("RANK", "0") or 0) != 0:  # under torchrun every rank runs the checks; rank 0 tells
         return
     if cfg.json_lines and data.num_dropped:

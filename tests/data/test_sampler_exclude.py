@@ -8,6 +8,7 @@ write (several records per sample: one per rank and epoch) or plain indices; eve
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -220,3 +221,32 @@ def test_same_num_global_batches_refuses_exactly_what_would_change_an_epochs_len
     assert s.exclude_later([free], 2) == 1 and s.num_global_batches(2) == n - 1
     with pytest.raises(TypeError, match="same_num_global_batches must be True or False"):
         s.exclude_later([free + 1], 3, same_num_global_batches="yes")
+
+
+def test_an_errors_file_of_another_index_is_refused(tmp_path):
+    """A read-errors file names each sample by index and key; given an index whose sample at that position has
+    another key (the data rebuilt or reordered since), its indices would leave out other samples, silently. Reference:
+    the index's own keys — a file that matches them is taken, one record off is one error naming its line."""
+    from fcp_data import LengthIndex
+    from fcp_data.index import build_index
+
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"id": f"d{i}", "text": "word " * (5 + 3 * i)}) + "\n" for i in range(12)))
+    build_index([str(docs)], "text", tmp_path / "ix", progress=False)
+    index = LengthIndex.load(tmp_path / "ix")
+    keys = [index.keys[i] for i in range(len(index.keys))]
+    good = tmp_path / "good.jsonl"
+    good.write_text("".join(json.dumps({"index": i, "key": keys[i], "reason": "X"}) + "\n" for i in (2, 5))
+                    + json.dumps({"index": 7, "key": None}) + "\n3\n")
+    cm = CM.replace(tokens_per_rank=4096)
+    s = FCPSampler(index, num_ranks=2, rank=0, cost_model=cm, global_batch_size=4, exclude=good)
+    assert s.excluded.tolist() == [2, 3, 5, 7]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"index": 2, "key": keys[2]}) + "\n" + json.dumps({"index": 5, "key": keys[4]}) + "\n")
+    message = (rf"line 2: sample 5 is {re.escape(repr(keys[5]))} in this data but the record names "
+               rf"{re.escape(repr(keys[4]))}: the file was written for another index")
+    with pytest.raises(ValueError, match=message):
+        FCPSampler(index, num_ranks=2, rank=0, cost_model=cm, global_batch_size=4, exclude=bad)
+    # plain lengths name no sample: the same file is taken as indices (nothing to compare against)
+    t = FCPSampler(index.num_tokens, num_ranks=2, rank=0, cost_model=cm, global_batch_size=4, exclude=bad)
+    assert t.excluded.tolist() == [2, 5]

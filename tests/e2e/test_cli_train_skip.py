@@ -50,6 +50,11 @@ def test_train_skips_damaged_videos_and_reports_them(tmp_path):
     r = _fcp(*common, "--steps", "1", "--exclude", str(bad))
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
     assert r.stderr.strip().splitlines()[-1].startswith("fcp train: error:") and "99 is not a sample index" in r.stderr
+    other = tmp_path / "other_index.jsonl"  # a record of another index: its sample here has another key
+    other.write_text(json.dumps({**lines[0], "key": "not-" + lines[0]["key"]}) + "\n")
+    r = _fcp(*common, "--steps", "1", "--exclude", str(other))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert "the file was written for another index" in r.stderr.strip().splitlines()[-1], r.stderr[-3000:]
 
     r = _fcp(*common, "--steps", "3", "--on-read-error", "raise")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
