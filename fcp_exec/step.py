@@ -50,6 +50,7 @@ import torch.distributed as dist
 from torch import nn
 
 from fcp_data.sampler_inputs import dist_rank_and_world
+from fcp_exec.grads import scale_own
 from fcp_exec.lockstep import check_plan_agreement
 from fcp_exec.reducers import (REDUCER_NAMES, AllReduceReducer, DDPReducer, FSDP2Reducer,  # noqa: F401 - re-exported
                                make_reducer, mixed_precision, reducer_for)
@@ -213,8 +214,9 @@ def train_step(model: nn.Module, micro_batches: Iterable[dict], loss_fn: Callabl
     Gradient accumulation: several ``train_step`` calls (global batches) before one ``opt.step()`` leave the *sum* of
     their gradients, as ``loss.backward()`` per batch would (divide the learning rate, or the gradients, by their
     number for their mean). The gradients already in ``.grad`` when a step starts are set aside, the step reduces
-    only its own and adds them back (:mod:`fcp_exec.grads`; the all-reduce, DDP and FSDP2 reducers; DeepSpeed
-    accumulates in its engine: step it once per ``train_step``). A step inside ``torch.autocast`` clears autocast's
+    only its own and adds them back (:mod:`fcp_exec.grads`; the all-reduce, DDP and FSDP2 reducers; FSDP1 adds its
+    reduced shards itself, and a skipped read rescales only the step's part; DeepSpeed accumulates in its engine:
+    step it once per ``train_step``). A step inside ``torch.autocast`` clears autocast's
     weight-cast cache around every micro-batch (:func:`fcp_exec.step_checks.autocast_active`); :func:`autocast_loss`
     is the usual way. The loader's epoch ending is :class:`EpochEnded`."""
     backward = getattr(reducer, "backward", None)  # DeepSpeed: through the engine
@@ -382,12 +384,8 @@ def rescale_skipped(model: nn.Module, num_tokens_global: int, skipped_labels: in
     of your own all-reduces that sum and calls it after the last backward, before clipping and the optimizer.
     Returns the factor (1 when nothing was skipped or nothing is left)."""
     scale = _skip_factor(num_tokens_global, skipped_labels)
-    if scale == 1.0:
-        return scale
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.grad is not None:
-                p.grad.mul_(scale)
+    if scale != 1.0:  # inside a train_step only its own gradients (FSDP1 accumulates earlier steps' in place)
+        scale_own(model, scale)
     return scale
 
 

@@ -2,11 +2,12 @@
 DeepSpeed"): the mistakes and patterns a review of such a loop found silently wrong or answered with an error from deep
 inside. Multi-rank parts run on 2 real gloo processes (one launch, tiny-llm); the rest in one process.
 
-* **Accumulation over steps** (allreduce, ddp, fsdp2; float64): two ``train_step`` calls before one optimizer step
+* **Accumulation over steps** (allreduce, ddp, fsdp1, fsdp2; float64): two ``train_step`` calls before one optimizer step
   leave exactly the sum of the two steps' gradients run apart (each from zeroed gradients): 1e-12 relative to the
   largest entry (measured: 0 — the same sums in the same order), also when a sample of the second step fails to read
   (that step's rescale must leave the first step's gradients alone). Before the fix the all-reduce and DDP reducers
-  summed the first step's already-reduced gradients over the ranks again (2× them on 2 ranks).
+  summed the first step's already-reduced gradients over the ranks again (2× them on 2 ranks); FSDP1's skipped-read
+  rescale scaled the first step's gradients too (16.6 % off).
 * **A step inside ``torch.autocast``** (FSDP2, bf16 over float32 parameters, CPU): the gradients equal the same step
   with autocast around each micro-batch's forward (:func:`~fcp_exec.step.autocast_loss`, which opens a fresh region —
   and cast cache — per micro-batch) within 2e-2 relative per parameter (a few bf16 roundings, 2**-8 each, of the same
@@ -47,7 +48,7 @@ from fcp_exec.train import _forward_loss
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "examples" / "configs"
 FSDP2 = torch_release() >= CPU_FSDP2_RELEASE
-ACCUM_REDUCERS = ("allreduce", "ddp") + (("fsdp2",) if FSDP2 else ())
+ACCUM_REDUCERS = ("allreduce", "ddp", "fsdp1") + (("fsdp2",) if FSDP2 else ())
 TOL = 1e-12
 AMP_TOL = 2e-2
 
