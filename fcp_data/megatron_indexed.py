@@ -18,8 +18,10 @@ A sample here is a **document** (its sequences concatenated — one sequence per
 preprocessed with ``--split-sentences``), tokens as stored (the EOD token too, where ``--append-eod`` added it).
 Multimodal datasets (a ``sequence_modes`` array) are not read.
 
-Hostile files: a wrong header, version or dtype code, an ``.idx`` shorter than its counts, boundaries that are not a
-non-decreasing run from 0 to S, negative lengths: one ``ValueError`` naming the file when opened. Documents whose
+Hostile files: a wrong header, version or dtype code (a float dtype too: token ids are integers), an ``.idx`` shorter
+than its counts (longer: a warning; longer by one mode byte per sequence: a multimodal dataset, refused), boundaries
+that are not a non-decreasing run from 0 to S, negative lengths, offsets that are not whole tokens or lie beyond any
+file: one ``ValueError`` naming the file when opened. Documents whose
 bytes lie past the end of the ``.bin`` (a truncated copy, an empty file) are counted and named in one warning when
 opened, and reading one raises ``OSError``, which ``FCPDataset`` records as a failed read and skips. A ``.bin`` longer
 than its ``.idx`` describes is read, with a warning naming both sizes. Empty documents (0 tokens)
@@ -39,7 +41,9 @@ __all__ = ["MegatronIndexedDocuments", "is_megatron_index", "megatron_document_l
 _HEADER = b"MMIDIDX\x00\x00"
 _DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64, 7: np.float32,
            8: np.uint16}
+_FLOAT_CODES = (6, 7)
 _FIXED = len(_HEADER) + 8 + 1 + 8 + 8
+_MAX_OFFSET = 1 << 56  # bytes; ~64 PiB, far beyond any .bin, far below int64 overflow with any int32 length
 
 
 def _paths(path_prefix: str | Path) -> tuple[Path, Path]:
@@ -79,9 +83,18 @@ class _Index:
             raise ValueError(f"{where} (index version {version}; version 1 is read)")
         if code not in _DTYPES:
             raise ValueError(f"{where} (token dtype code {code} is none of {sorted(_DTYPES)})")
+        if code in _FLOAT_CODES:  # a float array, not token ids: casting would truncate them silently
+            raise ValueError(f"{where} (token dtype code {code} is {np.dtype(_DTYPES[code]).name}: token ids are "
+                             "integers)")
         need = _FIXED + seqs * 4 + seqs * 8 + docs * 8
         if seqs > raw.size or docs > raw.size or raw.size < need:
             raise ValueError(f"{where} (truncated: {raw.size} bytes, its counts need {need})")
+        if seqs and raw.size == need + seqs:  # one mode byte per sequence follows: megatron-core's multimodal layout
+            raise ValueError(f"{where} (a multimodal dataset: {seqs} sequence modes follow its counts; fcp reads "
+                             "text datasets)")
+        if raw.size > need:
+            warnings.warn(f"{idx}: {raw.size - need} byte(s) after what its counts describe ({need} bytes), ignored",
+                          stacklevel=3)
         self.dtype = np.dtype(_DTYPES[code])
         off = _FIXED
         self.seq_lengths = np.frombuffer(raw, dtype=np.int32, count=seqs, offset=off)
@@ -92,6 +105,11 @@ class _Index:
             raise ValueError(f"{where} (document boundaries are not a non-decreasing run from 0 to {seqs})")
         if np.any(self.seq_lengths < 0) or np.any(self.seq_pointers < 0):
             raise ValueError(f"{where} (negative sequence lengths or offsets)")
+        if np.any(self.seq_pointers % self.dtype.itemsize):  # mid-token: every id read would be garbage
+            raise ValueError(f"{where} (a sequence offset that is not a multiple of the token size, "
+                             f"{self.dtype.itemsize} bytes)")
+        if np.any(self.seq_pointers > _MAX_OFFSET):  # no file is this large; its end would overflow int64
+            raise ValueError(f"{where} (a sequence offset beyond {_MAX_OFFSET} bytes)")
         inner = np.ones(max(int(seqs) - 1, 0), dtype=bool)  # pairs (k, k+1) inside one document
         starts = b[1:-1][(b[1:-1] > 0) & (b[1:-1] < seqs)]
         inner[starts - 1] = False
@@ -160,6 +178,9 @@ class MegatronIndexedDocuments:
     def __getitem__(self, i: int) -> dict:
         import torch
 
+        if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
+            raise TypeError(f"MegatronIndexedDocuments is indexed by an int sample index, got {type(i).__name__} "
+                            f"{i!r}")
         n = len(self)
         if not -n <= int(i) < n:
             raise IndexError(f"sample {i} out of range for {n} documents")

@@ -56,7 +56,10 @@ def load_lengths(path: str | Path, column: str | int | None = None) -> np.ndarra
     if p.is_dir():
         raise ValueError(f"lengths file {p} is a directory; pass a .txt, .npy or .csv file")
     if not p.exists():
-        raise FileNotFoundError(f"lengths file not found: {str(p)!r}")  # quoted: a blank name shows
+        hint = ""
+        if p.with_name(p.name + ".idx").is_file():  # a Megatron prefix: its .idx holds the counts
+            hint = f" (a Megatron indexed dataset's prefix? pass {p.name}.idx)"
+        raise FileNotFoundError(f"lengths file not found: {str(p)!r}{hint}")  # quoted: a blank name shows
     if not p.is_file():
         raise ValueError(f"lengths file {p} is not a regular file (a device, pipe or socket); pass a .txt, .npy or "
                          ".csv file")
@@ -81,10 +84,14 @@ def _load(p: Path, column: str | int | None) -> np.ndarray:
     suffix = p.suffix.lower()
     if column is not None and suffix != ".csv":  # .npy and .idx included: a column asked for is never ignored
         raise ValueError(f"--column applies to .csv files only, got {p}")
+    if suffix == ".bin" and p.with_suffix(".idx").is_file():  # Megatron's token file: its .idx has the counts
+        raise ValueError(f"{p}: a Megatron indexed dataset's tokens; its lengths are in {p.with_suffix('.idx').name}")
     if suffix == ".idx":  # a Megatron indexed dataset: its documents' token counts
         from fcp_data.megatron_indexed import megatron_document_lengths
 
         lengths = megatron_document_lengths(p)
+        if not np.any(lengths > 0):
+            raise ValueError(f"{p}: a Megatron indexed dataset without tokens ({lengths.size} document(s), none with a token)")
         if np.any(lengths == 0):  # one line on stderr (the logging module's last resort), not a Python warning
             import logging
 

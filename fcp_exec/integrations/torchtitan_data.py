@@ -160,7 +160,9 @@ def _open_dataset(config: FCPTitanDataLoader.Config) -> tuple[Any, Any]:
     if not config.dataset_path:
         raise ValueError("FCPTitanDataLoader: set dataset_path (an fcp length index or a Megatron PREFIX) or dataset")
     path = config.dataset_path
-    if Path(path + ".idx").is_file():
+    from fcp_data.megatron_indexed import is_megatron_index
+
+    if Path(path + ".idx").is_file() or (Path(path).suffix in (".idx", ".bin") and is_megatron_index(path)):
         from fcp_data.megatron_indexed import MegatronIndexedDocuments
 
         docs = MegatronIndexedDocuments(path)

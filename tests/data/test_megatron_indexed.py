@@ -125,6 +125,11 @@ HOSTILE = {
     "last boundary": (dict(seq_lengths=[10, 20, 5], doc_bounds=[0, 1, 2]), "non-decreasing run from 0 to 3"),
     "not contiguous": (dict(GOOD, pointers=[0, 20, 100]), "not contiguous"),
     "negative length": (dict(seq_lengths=[10, -20, 5], doc_bounds=[0, 1, 3]), "negative"),
+    # the ids would be cast (1.7 -> 1) or read across token boundaries (garbage), silently
+    "float tokens": (dict(GOOD, code=7), "dtype code 7 is float32: token ids are integers"),
+    "float64 tokens": (dict(GOOD, code=6), "dtype code 6 is float64"),
+    "mid-token offset": (dict(seq_lengths=[3], doc_bounds=[0, 1], pointers=[1]), "not a multiple of the token size"),
+    "offset overflow": (dict(seq_lengths=[10], doc_bounds=[0, 1], pointers=[2**63 - 4]), "offset beyond"),
 }
 
 
@@ -171,3 +176,29 @@ def test_a_truncated_bin_skips_the_documents_past_its_end(tmp_path):
     skipped = [r["index"] for b in batches for r in b.get("skipped_samples", ())]
     assert skipped == [1] and sorted(i for b in batches for i in b["sample_indices"]) == [0, 1]
     assert load_lengths(tmp_path / "h.idx").tolist() == [10, 25]  # the counts come from the .idx alone
+
+
+def test_a_multimodal_index_and_odd_inputs_are_named(tmp_path):
+    """megatron-core's multimodal layout (one mode byte per sequence after the counts) was read as text, an image
+    sequence joined into its document; an index with other bytes after its counts reads with a warning; a prefix
+    without ``.idx`` / the ``.bin`` / an index of empty documents given as lengths say what to pass; a sample index
+    that is not an int (``docs[0.9]``, ``docs["1"]``, ``docs[True]``) is a TypeError, not a document."""
+    full = _raw_index(**GOOD)
+    prefix = _write_raw(tmp_path, full + bytes([0, 1, 0]))
+    with pytest.raises(ValueError, match="a multimodal dataset: 3 sequence modes"):
+        MegatronIndexedDocuments(prefix)
+    _write_raw(tmp_path, full + b"\0" * 5)
+    with pytest.warns(UserWarning, match="5 byte.*after what its counts describe"):
+        data = MegatronIndexedDocuments(prefix)
+    assert data[1]["input_ids"].tolist() == list(range(10, 35))  # document 1: sequences 1-2, tokens 10..34
+    for bad in (0.9, "1", True):
+        with pytest.raises(TypeError, match="indexed by an int sample index"):
+            data[bad]
+    assert data[np.int64(0)]["input_ids"].tolist() == list(range(10))
+    with pytest.raises(FileNotFoundError, match=r"prefix\? pass h.idx"):
+        load_lengths(tmp_path / "h")
+    with pytest.raises(ValueError, match="its lengths are in h.idx"):
+        load_lengths(tmp_path / "h.bin")
+    _write_raw(tmp_path, _raw_index(seq_lengths=[0, 0], doc_bounds=[0, 1, 2]))
+    with pytest.raises(ValueError, match=r"without tokens \(2 document\(s\), none with a token\)"):
+        load_lengths(tmp_path / "h.idx")

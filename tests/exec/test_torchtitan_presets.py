@@ -109,3 +109,27 @@ def test_mla_mtp_and_sliding_windows_are_in_the_shape(family, flavor, mtp):
     if flavor == "120b":
         assert abs(m.total_params / 116.8e9 - 1) < 0.01 and abs(m.matmul_params / 5.1e9 - 1) < 0.02
         assert (shape["window"], shape["window_layers"]) == (128, 18)
+
+
+def test_dataset_path_takes_a_megatron_prefix_its_idx_or_its_bin(tmp_path):
+    """``FCPTitanDataLoader(dataset_path=...)`` with a Megatron dataset's ``PREFIX.idx`` or ``PREFIX.bin`` (as users copy
+    them from Megatron's own config) opens the same documents as ``PREFIX``; it said "not a length index, build one with
+    fcp index". Reference: :class:`MegatronIndexedDocuments` of the prefix."""
+    import struct
+
+    import numpy as np
+
+    from fcp_data.megatron_indexed import MegatronIndexedDocuments
+    from fcp_exec.integrations.torchtitan_data import FCPTitanDataLoader, _open_dataset
+
+    seq = np.array([4, 3], dtype=np.int32)
+    (tmp_path / "c.idx").write_bytes(b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, 8, 2, 3) + seq.tobytes()
+                                     + np.array([0, 8], dtype=np.int64).tobytes()
+                                     + np.array([0, 1, 2], dtype=np.int64).tobytes())
+    (tmp_path / "c.bin").write_bytes(np.arange(7, dtype=np.uint16).tobytes())
+    want = MegatronIndexedDocuments(tmp_path / "c")
+    for path in ("c", "c.idx", "c.bin"):
+        config = FCPTitanDataLoader.Config(dataset_path=str(tmp_path / path))
+        docs, lengths = _open_dataset(config)
+        assert isinstance(docs, MegatronIndexedDocuments) and docs.path_prefix == want.path_prefix, path
+        assert lengths.num_tokens.tolist() == [4, 3] and docs[1]["input_ids"].tolist() == [4, 5, 6]
