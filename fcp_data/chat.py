@@ -8,20 +8,24 @@ once and gives ``labels`` = the token where it overlaps a trained span, else -10
 Hugging Face's ``apply_chat_template(..., return_assistant_tokens_mask=True)`` gives for a template whose
 ``{% generation %}`` block holds the assistant's content and end-of-turn marker.
 
-Templates (``TEMPLATES``):
+Templates (``TEMPLATES``), generic layouts rather than any model's exact template:
 
 =========  ==========================================================================================
-``chatml``  Qwen2/2.5/3(-VL): ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per turn; trained:
-            an assistant's ``{content}<|im_end|>``
-``llama3``  Llama 3: ``<|begin_of_text|>`` then ``<|start_header_id|>{role}<|end_header_id|>\\n\\n{content}<|eot_id|>``
-            per turn; trained: an assistant's ``{content}<|eot_id|>``
+``chatml``  ChatML: ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per turn; trained: an assistant's
+            ``{content}<|im_end|>`` (Qwen's own templates add a default system prompt and write tool calls and
+            results their own way)
+``llama3``  Llama 3's layout: ``<|begin_of_text|>`` then ``<|start_header_id|>{role}<|end_header_id|>\\n\\n{content}
+            <|eot_id|>`` per turn, contents not trimmed; trained: an assistant's ``{content}<|eot_id|>``
 =========  ==========================================================================================
 
-Or the model's own Jinja template (``--chat-template`` a model folder, its ``tokenizer_config.json`` or
-``chat_template.jinja``): :mod:`fcp_data.chat_jinja`.
+They write a turn's role and text only: a turn carrying what they cannot write (``tool_calls``, a ShareGPT
+``function_call``, ``reasoning_content`` ...) is refused (``unsupported_turn``) rather than trained without it;
+such data takes the model's own Jinja template (``--chat-template`` a model folder, its ``tokenizer_config.json``
+or ``chat_template.jinja``): :mod:`fcp_data.chat_jinja`.
 
 The special tokens must be in the tokenizer (``fcp index --tokenizer`` the model's own ``tokenizer.json``); with a
-tokenizer that lacks them they are split into ordinary tokens, and index and reader still agree.
+tokenizer that lacks them they are split into ordinary tokens (``fcp index`` warns, :func:`split_markers`), and
+index and reader still agree.
 """
 
 from __future__ import annotations
@@ -29,8 +33,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ROLES", "TEMPLATES", "ChatFormatError", "ChatTemplate", "render_chat", "resolve_template", "template_label",
-           "trained_token_mask"]
+__all__ = ["ROLES", "TEMPLATES", "UNRENDERED_KEYS", "ChatFormatError", "ChatTemplate", "render_chat",
+           "resolve_template", "split_markers", "template_label", "template_markers", "trained_token_mask",
+           "turn_dicts"]
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -96,7 +101,9 @@ def template_label(value: str | dict) -> str:
 
 # ShareGPT / LLaVA ("from", "value") speaker names, as their loaders map them
 _SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system",
-                   "tool": "tool", "function": "tool", "observation": "tool"}
+                   "tool": "tool", "function": "tool", "observation": "tool", "function_call": "assistant"}
+# what a turn may carry besides its text that the built-in templates cannot write (the model's own template can)
+UNRENDERED_KEYS = ("tool_calls", "function_call", "reasoning_content", "thinking", "reasoning")
 
 
 def _content(content: Any, k: int) -> str:
@@ -107,9 +114,13 @@ def _content(content: Any, k: int) -> str:
     if content is None:
         return ""
     if isinstance(content, list) and all(isinstance(p, dict) for p in content):
-        kinds = {p.get("type") for p in content}
+        untyped = next((i for i, p in enumerate(content) if not isinstance(p.get("type"), str)), None)
+        if untyped is not None:
+            raise ChatFormatError("bad_messages", f"turn {k}: content part {untyped} has no \"type\" (a text part is "
+                                                  "{\"type\": \"text\", \"text\": ...})")
+        kinds = {p["type"] for p in content}
         if kinds - {"text"}:
-            raise ChatFormatError("bad_messages", f"turn {k} has {', '.join(sorted(map(str, kinds - {'text'})))} "
+            raise ChatFormatError("bad_messages", f"turn {k} has {', '.join(sorted(kinds - {'text'}))} "
                                                   "parts: only text conversations are indexed")
         if all(isinstance(p.get("text"), str) for p in content):
             return "".join(p["text"] for p in content)
@@ -117,31 +128,64 @@ def _content(content: Any, k: int) -> str:
                                           f"{type(content).__name__}")
 
 
-def _turn(m: Any, k: int) -> tuple[str, str]:
-    """``(role, content)`` of one turn: ``{"role", "content"}`` (OpenAI / HF) or ``{"from", "value"}`` (ShareGPT)."""
-    # a key holding None is absent (a Parquet/Arrow struct gives every turn every field of the column)
+def _function_calls(value: Any, k: int) -> list[dict]:
+    """A ShareGPT ``function_call`` turn's value (``{"name": ..., "arguments": ...}`` as JSON, or a list of them)
+    as OpenAI-style ``tool_calls``."""
+    import json
+
+    try:
+        calls = json.loads(value) if isinstance(value, str) else value
+    except json.JSONDecodeError:
+        calls = None
+    calls = [calls] if isinstance(calls, dict) else calls
+    if not isinstance(calls, list) or not calls or not all(isinstance(c, dict) and isinstance(c.get("name"), str)
+                                                           and "arguments" in c for c in calls):
+        raise ChatFormatError("bad_messages", f"turn {k}: a function_call turn's value must be a JSON object "
+                                              "{\"name\": ..., \"arguments\": ...} (or a list of them)")
+    return [{"type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}} for c in calls]
+
+
+def turn_dict(m: Any, k: int) -> dict:
+    """One turn as the template sees it: ``{"role", "content"}`` with the content's text (:func:`_content`) and a
+    role/content turn's other keys in their order — except those holding None, which are absent (a Parquet/Arrow
+    struct gives every turn every field of the column; transformers drops them too). A ShareGPT turn
+    (``from``/``value``) has no other keys; its ``function_call`` turn becomes an assistant turn with
+    ``tool_calls``."""
     if isinstance(m, dict) and m.get("role") is not None:
-        role, content = m["role"], m.get("content")
+        out = {key: v for key, v in m.items() if v is not None}
+        content = m.get("content")
     elif isinstance(m, dict) and m.get("from") is not None:
         role = _SHAREGPT_ROLES.get(m["from"], m["from"]) if isinstance(m["from"], str) else m["from"]
-        content = m.get("value")
+        out, content = {"role": role}, m.get("value")
+        if m["from"] == "function_call":
+            out["tool_calls"], content = _function_calls(content, k), None
     else:
         raise ChatFormatError("bad_messages", f"turn {k} must be an object with 'role' and 'content' (or ShareGPT's "
                                               "'from' and 'value')")
-    if role not in ROLES:
-        raise ChatFormatError("bad_messages", f"turn {k} has role {role!r}; use one of {', '.join(ROLES)}")
-    return role, _content(content, k)
+    if out["role"] not in ROLES:
+        raise ChatFormatError("bad_messages", f"turn {k} has role {out['role']!r}; use one of {', '.join(ROLES)}")
+    out["content"] = _content(content, k)
+    return out
 
 
-def _messages(messages: Any) -> list[tuple[str, str]]:
-    """``(role, content)`` of each turn; a :class:`ChatFormatError` says what is wrong."""
+def turn_dicts(messages: Any) -> list[dict]:
+    """Each turn as :func:`turn_dict` gives it; a :class:`ChatFormatError` says what is wrong."""
     if not isinstance(messages, list) or not messages:
         raise ChatFormatError("bad_messages", f"messages must be a non-empty list of turns, got "
                                               f"{type(messages).__name__}")
-    turns = [_turn(m, k) for k, m in enumerate(messages)]
-    if not any(role == "assistant" for role, _ in turns):
+    turns = [turn_dict(m, k) for k, m in enumerate(messages)]
+    if not any(t["role"] == "assistant" for t in turns):
         raise ChatFormatError("no_assistant_turn", "no assistant turn: nothing to train on")
     return turns
+
+
+def _unrendered(turn: dict, k: int, name: str) -> None:
+    """Refuse a turn carrying what built-in template ``name`` cannot write (it would train the turn without it)."""
+    keys = [key for key in UNRENDERED_KEYS if turn.get(key) not in (None, "", [], {})]
+    if keys:
+        raise ChatFormatError("unsupported_turn", f"turn {k} has {' and '.join(keys)}, which the built-in {name} "
+                                                  "template cannot write: index with the model's own template, "
+                                                  "--chat-template MODEL_DIR")
 
 
 def render_chat(messages: Any, name: str | dict = "chatml") -> tuple[str, list[tuple[int, int]]]:
@@ -153,14 +197,37 @@ def render_chat(messages: Any, name: str | dict = "chatml") -> tuple[str, list[t
         return render(messages, name)
     t = template(name)
     parts, spans, pos = [t.begin], [], len(t.begin)
-    for role, content in _messages(messages):
-        head = t.header.format(role=role)
-        body = content + t.end_trained
+    for k, turn in enumerate(turn_dicts(messages)):
+        _unrendered(turn, k, name)
+        head = t.header.format(role=turn["role"])
+        body = turn["content"] + t.end_trained
         parts += [head, body, t.end_tail]
-        if role == "assistant":
+        if turn["role"] == "assistant":
             spans.append((pos + len(head), pos + len(head) + len(body)))
         pos += len(head) + len(body) + len(t.end_tail)
     return "".join(parts), spans
+
+
+def template_markers(value: str | dict) -> list[str]:
+    """The special tokens a template writes: a built-in's ``<|...|>`` markers; for a model's template, its
+    ``<|...|>`` / ``<｜...｜>`` literals and the tokenizer_config tokens it names (``bos_token`` ...)."""
+    import re
+
+    if isinstance(value, dict):
+        source = value["jinja"]
+        named = [v for k, v in sorted(value.get("special_tokens", {}).items())
+                 if re.search(rf"\b{re.escape(k)}\b", source)]
+    else:
+        t = template(value)
+        source, named = t.begin + t.header + t.end_trained, []
+    found = re.findall(r"<[|｜][^<>|｜\s'\"\\]{1,64}[|｜]>", source)
+    return list(dict.fromkeys(found + [v for v in named if v]))
+
+
+def split_markers(value: str | dict, tokenizer) -> list[str]:
+    """The markers of :func:`template_markers` that ``tokenizer`` (a ``tokenizers.Tokenizer``) does not encode as
+    one token: the model would see them spelled out in ordinary tokens."""
+    return [m for m in template_markers(value) if len(tokenizer.encode(m, add_special_tokens=False).ids) != 1]
 
 
 def trained_token_mask(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[bool]:

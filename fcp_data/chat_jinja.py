@@ -9,25 +9,26 @@ The conversation is rendered as ``transformers``' ``apply_chat_template(messages
 same Jinja options (``trim_blocks``, ``lstrip_blocks``, loop controls, a sandbox), ``raise_exception``, ``tojson``,
 ``strftime_now``, ``add_generation_prompt=False`` and the tokenizer's special tokens (``bos_token``, ``eos_token``,
 ...) as variables. Each turn's ``content`` is the text :mod:`fcp_data.chat` reads (text parts joined; ShareGPT
-``from``/``value`` turns become ``{"role", "content"}``); a role/content turn keeps its other keys (``tool_calls``,
-``reasoning_content`` ...) for the template to render. One deliberate difference: ``strftime_now`` formats the date
-the index was built, not the time of reading, so a template that prints today's date gives the reader the tokens
-the index counted.
+``from``/``value`` turns become ``{"role", "content"}``, a ``function_call`` turn an assistant turn with
+``tool_calls``); a role/content turn keeps its other keys (``tool_calls``, ``reasoning_content`` ...) for the
+template to render, less those holding None, and its reasoning under each of transformers 5's names for it
+(``reasoning_content``, ``thinking``). One deliberate difference: ``strftime_now`` formats the date the index was
+built, not the time of reading, so a template that prints today's date gives the reader the tokens the index counted.
 
 What is trained (the character spans :func:`render` returns; :func:`fcp_data.chat.trained_token_mask` turns them
 into token labels):
 
 * a template with ``{% generation %}`` blocks: the text they produce (transformers'
   ``return_assistant_tokens_mask``);
-* any other template: each assistant turn's content and the text the template writes after it up to the end of
-  the turn (e.g. ``<|im_end|>``, with any tool calls it renders there; trailing whitespace such as a newline is not
-  trained), found by rendering the conversation
-  with marked contents: the marks must come back in order, once per assistant turn, and the text without them must
-  equal the plain rendering. Trimming is fine (Llama 3 trims each content: the marks are placed inside the
-  whitespace); a template that rewrites or drops an assistant's content (Qwen3 moves a ``<think>...</think>`` part of
-  the content elsewhere) fails that check for the lines it rewrites, recorded as ``template_changed_content``: give
-  such a template ``{% generation %}`` blocks. A template that raises (``raise_exception``: "roles must alternate
-  ...") records ``template_error``.
+* any other template: each assistant turn from its content — or from the end of the turn's header (the text the
+  template writes before an assistant content there, else its generation prompt) when it writes the turn's reasoning
+  or tool calls first or the turn has no content: ``<think>`` and ``<tool_call>`` are trained — to the end of the
+  turn (e.g. ``<|im_end|>``; trailing whitespace not). Found by rendering the conversation with the assistants' own
+  texts marked (content, reasoning, tool call names): each must come back at most once (a content exactly once), in
+  order, and the text without the marks must equal the plain rendering. Trimming is fine (the marks are placed
+  inside the whitespace); a template that rewrites or drops an assistant's content (Qwen3 moves a
+  ``<think>...</think>`` part of the content elsewhere) fails that check, recorded as ``template_changed_content``:
+  give such a template ``{% generation %}`` blocks. A template that raises records ``template_error``.
 """
 
 from __future__ import annotations
@@ -42,9 +43,15 @@ from typing import Any
 
 __all__ = ["load_template", "render", "label"]
 
-# noncharacters U+FDD0..U+FDD3 (never in text a tokenizer should see): generation-block and assistant-content marks
-_GEN_A, _GEN_B, _MARK_A, _MARK_B = "\ufdd0", "\ufdd1", "\ufdd2", "\ufdd3"
-_MARKS = re.compile("[\ufdd0-\ufdd3]")
+# noncharacters (never in text a tokenizer should see): a generation block's output, or an assistant's own text
+# (content, reasoning, a tool call's name), is written _OPEN + an id (hex digits U+FDE0..U+FDEF) + _SEP + the text +
+# _CLOSE
+_OPEN, _CLOSE, _SEP = "\ufdd2", "\ufdd3", "\ufdd4"
+_DIGIT0 = 0xFDE0
+_MARKS = re.compile("[\ufdd0-\ufdef]")
+_PIECE = re.compile("\ufdd2([\ufde0-\ufdef]+)\ufdd4|\ufdd3")
+_REASONING = ("reasoning_content", "thinking", "reasoning")  # the names transformers passes a turn's reasoning under
+_DATA_SUFFIXES = (".jsonl", ".ndjson", ".parquet", ".arrow", ".csv", ".tsv", ".tar", ".idx", ".bin")
 _GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 
@@ -85,6 +92,22 @@ def _special_tokens(cfg: dict) -> dict[str, str]:
     return out
 
 
+def _read_jinja(p: Path) -> str:
+    """A ``.jinja`` (or other text) file's template; a data file or a text that never reads ``messages`` is
+    refused (a jsonl given by mistake would render every line as itself)."""
+    if p.suffix.lower() in _DATA_SUFFIXES:
+        raise TemplateError(f"chat template {p}: a {p.suffix} file is data, not a chat template; give the model "
+                            "folder, its tokenizer_config.json or chat_template.jinja")
+    try:
+        source = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise TemplateError(f"chat template {p}: not a readable text file ({e})") from None
+    if not re.search(r"\{[{%]", source) or not re.search(r"\bmessages\b", source):
+        raise TemplateError(f"chat template {p}: not a Jinja chat template (no {{{{ }}}} or {{% %}} reading "
+                            "`messages`); give the model folder, its tokenizer_config.json or chat_template.jinja")
+    return source
+
+
 def load_template(path: str | Path) -> dict:
     """Read a model's chat template (see the module docstring for ``path``); returns the JSON-able dict the index
     stores. A missing file, a folder without a template or a Jinja syntax error: :class:`TemplateError`."""
@@ -101,16 +124,13 @@ def load_template(path: str | Path) -> dict:
     if p.suffix == ".json":
         source, cfg = _from_config(p)
     else:
-        try:
-            source = p.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise TemplateError(f"chat template {p}: not a readable text file ({e})") from None
+        source = _read_jinja(p)
         try:  # the special tokens of the tokenizer_config.json beside it (transformers 5 keeps the template apart)
             cfg = _read_config(cfg_file) if cfg_file.is_file() else {}
         except TemplateError:
             cfg = {}
     if _MARKS.search(source):
-        raise TemplateError(f"chat template {p}: holds characters U+FDD0..U+FDD3, which fcp uses as marks")
+        raise TemplateError(f"chat template {p}: holds characters U+FDD0..U+FDEF, which fcp uses as marks")
     _compile(source)
     # the build date, only for a template that prints dates (else --resume on another day would rebuild every part)
     date = datetime.date.today().isoformat() if "strftime_now" in source else None
@@ -139,7 +159,7 @@ def _compile(source: str):
             return nodes.CallBlock(self.call_method("_mark", []), [], [], body).set_lineno(lineno)
 
         def _mark(self, caller):
-            return _GEN_A + caller() + _GEN_B
+            return _tag(0) + caller() + _CLOSE
 
     def raise_exception(message):
         raise jinja2.exceptions.TemplateError(message)
@@ -156,96 +176,216 @@ def _compile(source: str):
         raise TemplateError(f"chat template: Jinja syntax error on line {e.lineno}: {e.message}") from None
 
 
-def _render(tpl: dict, messages: list[dict]) -> str:
+def _render(tpl: dict, messages: list[dict], generation_prompt: bool = False) -> str:
     import jinja2
 
     from fcp_data.chat import ChatFormatError
 
     day = datetime.date.fromisoformat(tpl["date"]) if tpl.get("date") else datetime.date.today()
     try:
-        return _compile(tpl["jinja"]).render(messages=messages, add_generation_prompt=False,
+        return _compile(tpl["jinja"]).render(messages=messages, add_generation_prompt=generation_prompt,
                                              strftime_now=day.strftime, **tpl["special_tokens"])
     except Exception as e:  # noqa: BLE001 - the template is the user's code run on one line: that line fails
         kind = "" if isinstance(e, jinja2.exceptions.TemplateError) else f"{type(e).__name__}: "
         raise ChatFormatError("template_error", f"the chat template refused this conversation: {kind}{e}") from None
 
 
-def _unmark(marked: str, a: str, b: str) -> tuple[str, list[tuple[int, int]]]:
-    """``marked`` without the marks ``a``/``b`` and the spans they enclosed (in the unmarked text)."""
-    text, spans, pos, start = [], [], 0, None
-    for piece in re.split(f"([{a}{b}])", marked):
-        if piece == a and start is None:
-            start = pos
-        elif piece == b and start is not None:
-            spans.append((start, pos))
-            start = None
-        elif piece in (a, b):
-            raise ValueError("unbalanced marks")
-        else:
-            text.append(piece)
-            pos += len(piece)
-    if start is not None:
-        raise ValueError("unbalanced marks")
-    return "".join(text), spans
+def _changed(what: str):
+    from fcp_data.chat import ChatFormatError
+
+    return ChatFormatError("template_changed_content", f"the chat template {what}; add {{% generation %}} blocks to "
+                                                       "it to say what to train")
 
 
 def render(messages: Any, tpl: dict) -> tuple[str, list[tuple[int, int]]]:
     """The conversation's text under the model's template and the ``[start, end)`` character spans trained on."""
-    from fcp_data.chat import ChatFormatError, _messages
+    from fcp_data.chat import ChatFormatError, turn_dicts
 
-    turns = [_extras(m) | {"role": r, "content": c} for m, (r, c) in zip(messages, _messages(messages))]
+    turns = [_aliased(t) for t in turn_dicts(messages)]
     if any(_MARKS.search(json.dumps(t, ensure_ascii=False)) for t in turns):
-        raise ChatFormatError("bad_messages", "the conversation holds characters U+FDD0..U+FDD3 (noncharacters)")
+        raise ChatFormatError("bad_messages", "the conversation holds characters U+FDD0..U+FDEF (noncharacters)")
     if _GENERATION_TAG.search(tpl["jinja"]):
-        text, spans = _unmark(_render(tpl, turns), _GEN_A, _GEN_B)
-        return text, [s for s in spans if s[1] > s[0]]
-    plain = _render(tpl, turns)
-    for wrap in (_wrap_all, _wrap_core):
-        marked = _render(tpl, [dict(t, content=wrap(t["content"])) if t["role"] == "assistant" else t for t in turns])
         try:
-            text, spans = _unmark(marked, _MARK_A, _MARK_B)
+            text, found = _pieces(_render(tpl, turns))
         except ValueError:
+            raise ChatFormatError("template_error", "the chat template nests its {% generation %} blocks") from None
+        return text, [(a, b) for _, a, b in found if b > a]
+    plain = _render(tpl, turns)
+    for bare, wrap in _attempts(turns):
+        marked, pieces = _marked(turns, wrap, bare)
+        try:
+            text, found = _pieces(_render(tpl, marked))
+        except (ValueError, ChatFormatError):
             continue
-        if text == plain and len(spans) == sum(t["role"] == "assistant" for t in turns):
-            return plain, _with_turn_ends(tpl, turns, wrap, plain, spans)
-    raise ChatFormatError("template_changed_content", "the chat template rewrites or drops an assistant turn's "
-                                                      "content; add {% generation %} blocks to it to say what to train")
+        by_turn = _by_turn(found, pieces, turns) if text == plain else None
+        if by_turn is not None:
+            return plain, _spans(tpl, turns, marked, pieces, by_turn, plain)
+    raise _changed("rewrites or drops an assistant turn's content")
 
 
-def _extras(m: dict) -> dict:
-    """A role/content turn's other keys (``tool_calls``, ``reasoning_content``, ``name`` ...), which the template may
-    render; a ShareGPT turn has none."""
-    return {k: v for k, v in m.items() if k not in ("role", "content")} if m.get("role") is not None else {}
+def _aliased(turn: dict) -> dict:
+    """A turn's reasoning under each name templates read, as transformers 5 passes it: the first of
+    ``reasoning_content`` / ``thinking`` / ``reasoning`` also as ``reasoning_content`` and (unless given)
+    ``thinking``."""
+    r = next((turn[k] for k in _REASONING if turn.get(k) is not None), None)
+    return turn if r is None else {"thinking": r, **turn, "reasoning_content": r}
 
 
-def _wrap_all(content: str) -> str:
-    return _MARK_A + content + _MARK_B
+def _attempts(turns: list[dict]) -> list[tuple[bool, Any]]:
+    """How to mark: every content (even empty) first — a template that writes its contents as they are — then,
+    for a conversation with an assistant turn of no content but reasoning or tool calls, those bare (a marked
+    empty content is no longer empty: ``{% if message.content %}`` would change its mind); each with the marks
+    around the whole text, then inside its outer whitespace (a template that trims it keeps them)."""
+    out = [(False, _wrap_all), (False, _wrap_core)]
+    own = lambda t: t.get("tool_calls") or any(isinstance(t.get(k), str) and t[k] for k in _REASONING)  # noqa: E731
+    if any(t["role"] == "assistant" and not t["content"] and own(t) for t in turns):
+        out += [(True, _wrap_all), (True, _wrap_core)]
+    return out
 
 
-def _wrap_core(content: str) -> str:
-    """Marks inside the content's outer whitespace (a template that trims it keeps the marks)."""
-    core = content.strip()
-    lead = content[: len(content) - len(content.lstrip())]
-    return lead + _MARK_A + core + _MARK_B + content[len(lead) + len(core):]
+def _tag(i: int) -> str:
+    return _OPEN + "".join(chr(_DIGIT0 + int(d, 16)) for d in format(i, "x")) + _SEP
 
 
-def _with_turn_ends(tpl: dict, turns: list[dict], wrap, plain: str,
-                    spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Each content span extended over the end-of-turn text the template writes after it: what follows the last
-    assistant content when the conversation is cut right after that turn, without trailing whitespace."""
+def _wrap_all(text: str, tag: str) -> str:
+    return tag + text + _CLOSE
+
+
+def _wrap_core(text: str, tag: str) -> str:
+    """Marks inside the text's outer whitespace (a template that trims it keeps the marks)."""
+    core = text.strip()
+    lead = text[: len(text) - len(text.lstrip())]
+    return lead + tag + core + _CLOSE + text[len(lead) + len(core):]
+
+
+def _mark_call(call: Any, mark) -> Any:
+    """A tool call with its function's name marked (``{"function": {"name": ...}}`` or ``{"name": ...}``)."""
+    if not isinstance(call, dict):
+        return call
+    fn = call.get("function")
+    if isinstance(fn, dict) and isinstance(fn.get("name"), str) and fn["name"]:
+        return {**call, "function": {**fn, "name": mark(fn["name"])}}
+    if isinstance(call.get("name"), str) and call["name"]:
+        return {**call, "name": mark(call["name"])}
+    return call
+
+
+def _marked(turns: list[dict], wrap, bare: bool) -> tuple[list[dict], list[tuple[int, str]]]:
+    """The turns with each assistant's own text marked — its reasoning, its content and, when ``bare``, its tool
+    calls' names, an empty content left bare where the turn has any of those — and per mark id ``(turn, kind)``."""
+    out, pieces = [], []
+
+    def add(j: int, kind: str, text: str, how) -> str:
+        pieces.append((j, kind))
+        return how(text, _tag(len(pieces) - 1))
+
+    for j, t in enumerate(turns):
+        if t["role"] == "assistant":
+            t, n = dict(t), len(pieces)
+            for key in _REASONING:
+                if isinstance(t.get(key), str) and t[key]:
+                    t[key] = add(j, "reasoning", t[key], wrap)
+            if bare and isinstance(t.get("tool_calls"), list):
+                t["tool_calls"] = [_mark_call(c, lambda s, j=j: add(j, "tool", s, _wrap_all)) for c in t["tool_calls"]]
+            if t["content"] or not bare or len(pieces) == n:
+                t["content"] = add(j, "content", t["content"], wrap)
+        out.append(t)
+    return out, pieces
+
+
+def _id(digits: str) -> int:
+    return int("".join(format(ord(c) - _DIGIT0, "x") for c in digits), 16)
+
+
+def _pieces(marked: str) -> tuple[str, list[tuple[int, int, int]]]:
+    """``marked`` without the marks and each marked text's ``(id, start, end)`` in it, in order; ValueError when
+    the marks do not pair up (a template that cut or took apart a marked text)."""
+    parts = _PIECE.split(marked)  # text, id digits (None: a close mark), text, ...
+    text, found, pos, opened = parts[::2], [], len(parts[0]), None
+    for k in range(1, len(parts), 2):
+        if parts[k] is None and opened is not None:
+            found.append((*opened, pos))
+            opened = None
+        elif parts[k] is not None and opened is None:
+            opened = (_id(parts[k]), pos)
+        else:
+            raise ValueError("unbalanced marks")
+        pos += len(parts[k + 1])
+    out = "".join(text)
+    if opened is not None or _MARKS.search(out):
+        raise ValueError("unbalanced marks")
+    return out, found
+
+
+def _turn_end(marked: str, pieces: list[tuple[int, str]], j: int) -> str | None:
+    """What follows the last marked text of ``marked`` (a conversation cut right after assistant turn ``j``),
+    without trailing whitespace — None unless that text is turn ``j``'s."""
+    close = marked.rfind(_CLOSE)
+    opened = marked.rfind(_OPEN, 0, close)
+    sep = marked.find(_SEP, opened, close)
+    if min(close, opened, sep) < 0 or not _PIECE.fullmatch(marked[opened: sep + 1]):
+        return None
+    end = marked[close + 1:]
+    return end.rstrip() if pieces[_id(marked[opened + 1: sep])][0] == j and not _MARKS.search(end) else None
+
+
+def _by_turn(found: list[tuple[int, int, int]], pieces: list[tuple[int, str]],
+             turns: list[dict]) -> dict[int, list[tuple[str, int, int]]] | None:
+    """The written marked texts per assistant turn, ``(kind, start, end)`` in order — None unless each was written
+    at most once, each marked content exactly once, the turns in order and every assistant turn something."""
+    ids = [i for i, _, _ in found]
+    if len(set(ids)) != len(ids) or any(i >= len(pieces) for i in ids):
+        return None
+    if any(kind == "content" and i not in ids for i, (_, kind) in enumerate(pieces)):
+        return None
+    order = [pieces[i][0] for i in ids]
+    if order != sorted(order) or set(order) != {j for j, t in enumerate(turns) if t["role"] == "assistant"}:
+        return None
+    out: dict[int, list[tuple[str, int, int]]] = {}
+    for i, a, b in found:
+        out.setdefault(pieces[i][0], []).append((pieces[i][1], a, b))
+    return out
+
+
+def _spans(tpl: dict, turns: list[dict], marked: list[dict], pieces: list[tuple[int, str]],
+           by_turn: dict[int, list[tuple[str, int, int]]], plain: str) -> list[tuple[int, int]]:
+    """Each assistant turn's trained span: from its content — or, when the template writes something of its own
+    before the turn's first marked text (``<think>`` before the reasoning, ``<tool_call>`` before a call), from the
+    end of the turn's header — to its end of turn: what follows the turn's last marked text when the conversation is
+    cut right after the turn, without trailing whitespace."""
+    out, lo = [], 0
+    for j in sorted(by_turn):
+        first, last = by_turn[j][0], by_turn[j][-1]
+        a = first[1] if first[0] == "content" else _after_header(tpl, turns[:j], plain, lo, first[1])
+        end = _turn_end(_render(tpl, marked[: j + 1]), pieces, j)
+        if end is None or not plain.startswith(end, last[2]):
+            raise _changed("ends an assistant turn differently in the middle of a conversation")
+        lo = last[2] + len(end)
+        out.append((a, lo))
+    return [s for s in out if s[1] > s[0]]
+
+
+def _after_header(tpl: dict, before: list[dict], plain: str, lo: int, q: int) -> int:
+    """Where an assistant turn that follows the turns ``before`` starts, its first marked text at ``q`` of ``plain``
+    (and nothing of it before ``lo``): after the last place in between that the template writes an assistant's
+    header — the text before an assistant content at that point of the conversation, or the generation prompt."""
     from fcp_data.chat import ChatFormatError
 
-    out, k = [], 0
-    for j, t in enumerate(turns):
-        if t["role"] != "assistant":
-            continue
-        cut = [dict(u, content=wrap(u["content"])) if u["role"] == "assistant" else u for u in turns[: j + 1]]
-        end = _render(tpl, cut).rsplit(_MARK_B, 1)[-1].rstrip()
-        a, b = spans[k]
-        if _MARKS.search(end) or not plain.startswith(end, b):
-            raise ChatFormatError("template_changed_content", "the chat template ends an assistant turn differently "
-                                                              "in the middle of a conversation; add {% generation %} "
-                                                              "blocks to it to say what to train")
-        out.append((a, b + len(end)))
-        k += 1
-    return [s for s in out if s[1] > s[0]]
+    def rendered(messages: list[dict], prompt: bool = False) -> str | None:
+        try:
+            return _render(tpl, messages, generation_prompt=prompt)
+        except ChatFormatError:
+            return None
+
+    base = rendered(before) or ""
+    heads = []
+    probe = rendered(before + [{"role": "assistant", "content": _OPEN}])
+    if probe is not None and probe.startswith(base) and probe.count(_OPEN) == 1:
+        heads.append(probe[len(base): probe.index(_OPEN)])
+    prompt = rendered(before, prompt=True)
+    if prompt is not None and prompt.startswith(base):
+        heads.append(prompt[len(base):])
+    ends = [k + len(h) for h in heads if h and (k := plain.rfind(h, lo, q)) >= 0]
+    if not ends:
+        raise _changed("writes an assistant turn without content and without the header it writes before one")
+    return max(ends)

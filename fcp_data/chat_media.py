@@ -4,7 +4,8 @@ A line names its media in one of two ways:
 
 * LLaVA: a top-level ``"video": "clips/a.mp4"`` or ``"image": "imgs/b.jpg"`` (or a list of paths: multi-image
   data) and one ``<video>`` / ``<image>`` tag per entry in the turns' text where each goes, in order (no tag at
-  all: the entries go before the first user turn's text, as LLaVA's loaders put them);
+  all: the entries go before the first user turn's text, as LLaVA's loaders put them); a line whose entries are
+  videos only may mark them with ``<image>`` too, as LLaVA-Video-178K's lines do;
 * parts (transformers / OpenAI style): content parts ``{"type": "video", "video": "clips/a.mp4"}`` (or
   ``"image"``; the path also as ``"path"`` or ``"url"``) among the text parts, as many as the turn has.
 
@@ -19,8 +20,10 @@ for a video/image sample). Labels: the assistant turns as for a text conversatio
 block is never trained. The sample's ``grid_thw`` has one row per media in order of position, ``pixel_values``
 are theirs concatenated.
 
-Recorded per line: a tag count that differs from the entries (``media_tag_mismatch``), more than ``MAX_MEDIA``
-media (``too_many_media``), a URL (``unsupported_media``), a file that is missing (``missing_media``).
+Recorded per line: a tag count that differs from the entries, a tag of a kind the line has no entry of, a tag
+whose entry is null (``media_tag_mismatch``), more than ``MAX_MEDIA`` media (``too_many_media``), a URL
+(``unsupported_media``), a file that is missing (``missing_media``), a visual placeholder token in the text itself
+(``placeholder_in_text``: a literal ``<|image_pad|>``, or ``<image>`` under a spec whose placeholder it is).
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MAX_MEDIA", "ChatMedia", "find_media", "has_media", "mark", "media_path", "split_render", "token_labels"]
+__all__ = ["MAX_MEDIA", "ChatMedia", "check_text", "check_text_ids", "find_media", "has_media", "mark", "media_path",
+           "split_render", "token_labels"]
 
 MAX_MEDIA = 256  # images/videos in one conversation
 _MARK0 = 0xF0000  # media k is marked by chr(_MARK0 + k) (Supplementary Private Use Area-A)
@@ -115,6 +119,9 @@ def _top_level(obj: dict) -> dict[str, list[ChatMedia]]:
                 media.append(_embedded(kind, item))
             elif isinstance(item, str) and item:
                 media.append(ChatMedia(kind, item))
+            elif item == "":
+                raise _err("bad_messages", f"{kind!r} holds an empty string, not a file path (leave the key out, or "
+                                           f"null, on a line without {'an' if kind == 'image' else 'a'} {kind})")
             else:
                 raise _err("bad_messages", f"{kind!r} must hold file paths, got {type(item).__name__}")
         out[kind] = media
@@ -127,6 +134,10 @@ class _Placer:
     def __init__(self, top: dict[str, list[ChatMedia]]) -> None:
         self.top, self.used = top, {k: 0 for k in top}
         self.media: list[ChatMedia] = []
+        # tag -> the kind whose entries it places: LLaVA-Video's lines (only videos) mark the video with <image>
+        self.tags = {_TAGS[k]: k for k in top}
+        if list(top) == ["video"]:
+            self.tags["<image>"] = "video"
 
     def _new(self, m: ChatMedia) -> str:
         self.media.append(m)
@@ -135,18 +146,23 @@ class _Placer:
         return mark(len(self.media) - 1)
 
     def text(self, t: str) -> str:
-        """``t`` with each top-level kind's tags replaced by the marks of its next entries."""
-        tags = [k for k in self.top if _TAGS[k] in t]
+        """``t`` with each top-level kind's tags replaced by the marks of its next entries (a line with top-level
+        entries and a tag of a kind it has none of is a ``media_tag_mismatch``, not literal text)."""
+        stray = next((g for k, g in _TAGS.items() if self.top and g not in self.tags and g in t), None)
+        if stray is not None:
+            have = ", ".join(f"{len(v)} {k!r}" for k, v in self.top.items())
+            raise _err("media_tag_mismatch", f"a tag {stray} on a line whose entries are {have} only")
+        tags = [g for g in self.tags if g in t]
         if not tags:
             return t
-        pattern = re.compile("|".join(re.escape(_TAGS[k]) for k in tags))
+        pattern = re.compile("|".join(re.escape(g) for g in tags))
 
         def sub(m: re.Match) -> str:
-            kind = next(k for k in tags if _TAGS[k] == m.group(0))
+            kind = self.tags[m.group(0)]
             n = self.used[kind]
             if n >= len(self.top[kind]):
-                raise _err("media_tag_mismatch", f"more {_TAGS[kind]} tags than {kind!r} entries "
-                                                 f"({len(self.top[kind])})")
+                raise _err("media_tag_mismatch", f"more {' / '.join(g for g in self.tags if self.tags[g] == kind)} "
+                                                 f"tags than {kind!r} entries ({len(self.top[kind])})")
             self.used[kind] = n + 1
             return self._new(self.top[kind][n])
         return pattern.sub(sub, t)
@@ -277,6 +293,41 @@ def split_render(messages: list, template, n: int) -> tuple[list[str], list[list
     return pieces, piece_spans
 
 
+def check_text_ids(spec, ids: list[int]) -> None:
+    """Token ids of conversation text (never of a visual block): a visual placeholder among them is a
+    ``placeholder_in_text`` error — a literal ``<|image_pad|>``, or LLaVA's ``<image>`` where it is the placeholder
+    itself, would be one more image/video position than any pixels give (the model then fails, or fills it with
+    another position's features)."""
+    if not spec.is_multimodal:
+        return
+    found = set(spec.placeholder_ids).intersection(ids)
+    if found:
+        names = ", ".join(repr(t) for t, i in zip(spec.placeholder_tokens, spec.placeholder_ids) if i in found)
+        raise _err("placeholder_in_text", f"the conversation's text holds {sum(ids.count(i) for i in found)} "
+                                          f"{names} token(s), the visual placeholder of spec {spec.name!r}: "
+                                          "give images/videos as tags or parts, not as their placeholder")
+
+
+def check_text(spec, obj: dict, chat_field: str, text: str) -> None:
+    """A text-only conversation (no image/video entry) under a multimodal spec: a LLaVA tag kept by an entry that is
+    null or empty (its media dropped) is a ``media_tag_mismatch``; a placeholder token in the rendered ``text`` a
+    ``placeholder_in_text`` (:func:`check_text_ids`)."""
+    if not spec.is_multimodal:
+        return
+    turns = _all_text(obj.get(chat_field))
+    for kind in (k for k in _KINDS if k in obj):
+        tag = next((g for g in _TAGS.values() if g in turns), None)
+        if tag is not None:
+            raise _err("media_tag_mismatch", f"a tag {tag} but {kind!r} is {_json_name(obj[kind])}: the line has no "
+                                             "image or video for it (dropped?)")
+    if any(t in text for t in spec.placeholder_tokens):
+        check_text_ids(spec, spec.tokenizer().encode(text, add_special_tokens=False).ids)
+
+
+def _json_name(v: Any) -> str:
+    return "null" if v is None else "empty" if v in ([], "") else type(v).__name__
+
+
 def token_labels(spec, pieces: list[str], spans: list, blocks: list[list[int]]) -> tuple[list[int], list[int]]:
     """``(input_ids, labels)``: each text piece tokenised on its own (so every placeholder count is exact) and the
     visual blocks between them; labels keep the trained spans' tokens, -100 elsewhere (never a visual block)."""
@@ -287,6 +338,7 @@ def token_labels(spec, pieces: list[str], spans: list, blocks: list[list[int]]) 
     for k, (text, sp) in enumerate(zip(pieces, spans)):
         if text:
             enc = tok.encode(text, add_special_tokens=False)
+            check_text_ids(spec, enc.ids)
             ids += enc.ids
             labels += [t if m else -100 for t, m in zip(enc.ids, trained_token_mask(enc.offsets, sp))]
         if k < len(blocks):

@@ -28,7 +28,8 @@ Sample dicts (the contract with :class:`~fcp_data.collator.FCPCollator`, DESIGN 
 
 Always ``len(input_ids) == index.num_tokens[i]`` and ``(input_ids ∈ placeholder_ids).sum() ==
 index.num_visual_tokens[i]``. The collator finds visual positions with ``dataset.placeholder_ids``
-(also ``image_token_id``/``video_token_id`` for Qwen-VL). ``dataset.pad_token_id`` is the spec's pad id.
+(also ``image_token_id``/``video_token_id`` for Qwen-VL). ``dataset.pad_token_id``: the spec's pad, else the model's
+(:mod:`fcp_data.text_tokens`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fcp_data import text_tokens
 from fcp_data.index.format import KIND_IMAGE, KIND_TEXT, KIND_VIDEO, LengthIndex
 from fcp_data.index.limits import record_mismatch
 from fcp_data.index.probe import IMAGE_EXTS, TEXT_EXTS, VIDEO_EXTS, member_path
@@ -124,8 +126,8 @@ class IndexedDataset(torch.utils.data.Dataset):
         t = self.spec.vision.get("tokens", {})
         self.image_token_id = self.spec.token_id(t["image_pad"]) if "image_pad" in t else None
         self.video_token_id = self.spec.token_id(t["video_pad"]) if "video_pad" in t else None
-        self.pad_token_id = self.spec.token_id(self.spec.text.get("pad_token", self.spec.text["eos_token"]))
-        self.eos_token_id = self.spec.eos_id
+        self.pad_token_id = text_tokens.pad_id(self.spec)  # the spec's, else the model's (fcp_data.text_tokens)
+        self.eos_token_id = None if self.chat_field and not text_tokens.has_eos(self.spec) else self.spec.eos_id
 
     def __len__(self) -> int:
         return len(self.index)
@@ -377,9 +379,11 @@ class IndexedDataset(torch.utils.data.Dataset):
         masking the prompt; or a conversation (:mod:`fcp_data.chat`), labels on the assistant turns."""
         if self.chat_field:
             from fcp_data.chat import render_chat, trained_token_mask
+            from fcp_data.chat_media import check_text_ids
 
             text, spans = render_chat(obj[self.chat_field], self.chat_template)
             enc = self.spec.tokenizer().encode(text, add_special_tokens=False)
+            check_text_ids(self.spec, enc.ids)  # a visual placeholder in text-only chat: no pixels back it
             mask = trained_token_mask(enc.offsets, spans)
             return {"input_ids": torch.tensor(enc.ids, dtype=torch.long),
                     "labels": torch.tensor([t if m else -100 for t, m in zip(enc.ids, mask)], dtype=torch.long)}

@@ -40,10 +40,12 @@ from pathlib import Path
 
 import numpy as np
 
+from fcp_data import text_tokens
 from fcp_data._resources import data_path
 
 __all__ = ["Spec", "VisualPlan", "load_spec", "list_specs", "smart_resize", "qwen_num_frames", "torch_linspace_round",
-           "internvl_grid", "internvl_frame_indices", "llava_frame_indices", "plan_visual"]
+           "internvl_grid", "internvl_frame_indices", "llava_frame_indices", "plan_visual", "segments_to_ids",
+           "count_segments"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -89,8 +91,8 @@ class Spec:
         return int(tid)
 
     @property
-    def eos_id(self) -> int | None:
-        return self.token_id(self.text["eos_token"]) if self.text.get("append_eos") else None
+    def eos_id(self) -> int | None:  # the spec's EOS, else its tokenizer_config.json's (fcp_data.text_tokens)
+        return text_tokens.eos_id(self)
 
     @property
     def placeholder_tokens(self) -> tuple[str, ...]:
@@ -174,7 +176,8 @@ def load_spec(name_or_path: str | Path, tokenizer: str | Path | None = None) -> 
         if not tok.is_file():
             raise FileNotFoundError(f"spec {p.name}: tokenizer {tok} not found; pass --tokenizer path/to/tokenizer.json")
     h = hashlib.sha256(json.dumps(raw, sort_keys=True).encode())
-    h.update(tok.read_bytes())
+    tok_bytes = tok.read_bytes()
+    h.update(tok_bytes + text_tokens.fingerprint_extra(text, tok, tok_bytes))  # b"" unless the EOS comes from beside
     return Spec(name=str(raw.get("name", p.stem)), family=str(raw.get("family", "")), eta=float(raw.get("eta", 0.0)),
                 text=text, vision=dict(raw.get("vision") or {}), path=str(p.resolve()), tokenizer_path=str(tok.resolve()),
                 fingerprint=h.hexdigest(), raw=raw)
@@ -394,6 +397,3 @@ def segments_to_ids(spec: Spec, segments) -> list[int]:
 
 def count_segments(spec: Spec, segments) -> int:
     return sum(len(spec.encode(s[1])) if s[0] == "text" else int(s[2]) for s in segments)
-
-
-__all__ += ["segments_to_ids", "count_segments"]

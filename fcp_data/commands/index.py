@@ -59,10 +59,11 @@ def register(subparsers, summary: str) -> None:
                         "...]): rendered by --chat-template, labels train the assistant turns only "
                         "(see fcp_data/chat.py)")
     p.add_argument("--chat-template", default=None, metavar="NAME|PATH",  # None: refused alone, chatml with --chat-field
-                   help="template of --chat-field: chatml (default: Qwen), llama3, or the model's own Jinja template "
-                        "(its folder, tokenizer_config.json or chat_template.jinja; {%% generation %%} blocks say "
-                        "what to train, else each assistant content and its end-of-turn marker). Index with the "
-                        "model's own --tokenizer so its special tokens are single tokens")
+                   help="template of --chat-field: chatml (generic ChatML, the default), llama3 (role and text only: "
+                        "tool calls and reasoning are refused) or the model's own Jinja template (its folder, "
+                        "tokenizer_config.json or chat_template.jinja; {%% generation %%} blocks say what to train, "
+                        "else each assistant turn up to its end-of-turn marker). Index with the model's own "
+                        "--tokenizer so its special tokens are single tokens")
     p.add_argument("--media-root", default=None, metavar="DIR",
                    help="folder that the relative image/video paths of --chat-field lines are under (LLaVA's "
                         "'video': 'a.mp4' or a {'type': 'video', 'video': ...} part; default: the jsonl's folder)")

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fcp_data import text_tokens
 from fcp_data.chat_media import has_media
 from fcp_data.index.format import COLUMNS, KIND_TEXT, atomic_write_bytes
 from fcp_data.index.inputs import DIR_CHUNK, expand_inputs, make_tasks
@@ -188,20 +189,20 @@ def index_record(obj, key: str, start: int, size: int, cfg: dict, task: dict, sp
         if cfg.get("chat_field") and isinstance(obj, dict) and has_media(obj, cfg["chat_field"]):
             index_media_chat(key, start, size, obj, cfg, task, spec, rows, ext)  # probed and added here
             return
-        text = _jsonl_text(obj, cfg)
+        text = _jsonl_text(obj, cfg, spec)
     except Exception as e:
         rows.record(key, str(task["path"]), e)
         return
     batch.add(key, start, size, text)
 
 
-def _jsonl_text(obj, cfg: dict) -> str | tuple[str, str]:
+def _jsonl_text(obj, cfg: dict, spec=None) -> str | tuple[str, str]:
     """The text of one parsed JSON line, or ``(prompt, response)`` with a ``prompt_field``; a ``ProbeError`` says
     why the line is not a sample."""
     if not isinstance(obj, dict):
         raise ProbeError("bad_json", f"line is a JSON {type(obj).__name__}, not an object")
     if cfg.get("chat_field"):
-        return _chat_text(obj, cfg)
+        return _chat_text(obj, cfg, spec)
     text = obj.get(cfg["text_field"])
     if not isinstance(text, str):
         raise ProbeError("missing_field", f"no string field {cfg['text_field']!r}")
@@ -217,14 +218,18 @@ def _jsonl_text(obj, cfg: dict) -> str | tuple[str, str]:
     return prompt, text
 
 
-def _chat_text(obj: dict, cfg: dict) -> str:
-    """The rendered conversation of a chat-format line (:mod:`fcp_data.chat`)."""
+def _chat_text(obj: dict, cfg: dict, spec=None) -> str:
+    """The rendered conversation of a chat-format line (:mod:`fcp_data.chat`); under a multimodal spec, checked for
+    a visual placeholder in its text and a LLaVA tag without its media (:func:`fcp_data.chat_media.check_text`)."""
     from fcp_data.chat import ChatFormatError, render_chat
+    from fcp_data.chat_media import check_text
 
     if cfg["chat_field"] not in obj:
         raise ProbeError("missing_field", f"no field {cfg['chat_field']!r} (--chat-field)")
     try:
         text, _ = render_chat(obj[cfg["chat_field"]], cfg.get("chat_template") or "chatml")
+        if spec is not None:
+            check_text(spec, obj, cfg["chat_field"], text)
     except ChatFormatError as e:
         raise ProbeError(e.reason, str(e)) from None
     _check_text(text)
@@ -361,6 +366,8 @@ def index_task(task: dict, cfg: dict) -> dict:
     if os.environ.get(SLEEP_ENV):
         time.sleep(float(os.environ[SLEEP_ENV]))
     spec = load_spec(cfg["spec_path"], cfg.get("tokenizer"))
+    # what the reader will need (an EOS after text and captions; conversations end their turns): refused, not indexed
+    text_tokens.check_tokens(spec, eos=not cfg.get("chat_field") or task["kind"] in ("tar", "dir"))
     rows, seen = _index_rows(task, cfg, spec)
     n = len(rows.keys)
     if n + len(rows.errors) != seen:  # internal invariant of the accounting

@@ -88,6 +88,7 @@ def expand_inputs(inputs: list[str]) -> list[dict]:
                 raise ValueError(f"input {pat!r} matches no file; check the path or quote the glob")
             for p in paths:
                 pp = Path(p)
+                _not_megatron(pp)
                 if pp.is_dir():
                     kind = "dir"
                 elif pp.name.endswith((".jsonl", ".json.l", ".ndjson")):
@@ -106,6 +107,21 @@ def expand_inputs(inputs: list[str]) -> list[dict]:
     if not sources:
         raise ValueError("no inputs given; pass jsonl files, tar shards (globs or {000..009} ranges) or folders")
     return sources
+
+
+def _not_megatron(p: Path) -> None:
+    """A Megatron indexed dataset (``PREFIX.idx`` / ``.bin``, or the prefix) is tokenized already: a ValueError
+    that points to the reader that takes it as it is."""
+    from fcp_data.megatron_indexed import is_megatron_index
+
+    if p.name.endswith((".jsonl", ".json.l", ".ndjson", ".tar", ".parquet", ".arrow")) or p.is_dir() \
+            or not is_megatron_index(p):
+        return
+    prefix = str(p.with_suffix("")) if p.suffix in (".idx", ".bin") else str(p)
+    raise ValueError(f"input {str(p)!r} is a Megatron indexed dataset (tokenized already, its lengths in the .idx): "
+                     f"train on it with fcp_data.megatron_indexed.MegatronIndexedDocuments({prefix!r}) and plan "
+                     f"with fcp plan/simulate --lengths {prefix}.idx; fcp index is for jsonl, Parquet, tar shards "
+                     "and folders")
 
 
 def _absolute(p: Path) -> str:

@@ -70,20 +70,23 @@ def index_media_chat(key: str, start: int, size: int, obj: dict, cfg: dict, task
     the blocks, add the row (its member is the record; the files are found again from it). The index's kind and
     geometry columns are the first media's (video if the line has one); ``num_visual_tokens`` is the total."""
     from fcp_data.chat import ChatFormatError
-    from fcp_data.chat_media import find_media, split_render
+    from fcp_data.chat_media import check_text_ids, find_media, split_render
     from fcp_data.specs import count_segments
 
     if not spec.is_multimodal:
         raise ProbeError("bad_messages", f"the line has an image or video; index it with a multimodal --spec "
                                          f"(this one, {spec.name!r}, is text only)")
+    tok = spec.tokenizer()
     try:
         media, messages = find_media(obj, cfg["chat_field"])
         plans = media_plans(media, task["path"], cfg, spec)
         pieces, _ = split_render(messages, cfg.get("chat_template") or "chatml", len(media))
+        texts = [tok.encode(t, add_special_tokens=False).ids for t in pieces if t]
+        for ids in texts:
+            check_text_ids(spec, ids)  # a placeholder in the text: one more visual position than the pixels give
     except ChatFormatError as e:
         raise ProbeError(e.reason, str(e)) from None
-    tok = spec.tokenizer()
-    n_text = sum(len(tok.encode(t, add_special_tokens=False).ids) for t in pieces if t)
+    n_text = sum(len(ids) for ids in texts)
     n_blocks = sum(count_segments(spec, plan.segments) for plan, _ in plans)
     first = next((v for _, v in plans if v["kind"] == KIND_VIDEO), plans[0][1])
     rows.add(key, [(ext, start, size)], num_tokens=n_text + n_blocks, eta=spec.eta, shard=task["source"],

@@ -152,6 +152,24 @@ def _check_sft(prompt_field, chat_field, chat_template, media_root, text_field: 
     return chat_template, media_root
 
 
+def _load_tokenizer(sp, chat_field, chat_template) -> None:
+    """The spec's tokenizer loaded (a broken tokenizer.json fails here, once, not in every worker) and its EOS / pad
+    found (:func:`fcp_data.text_tokens.check_tokens`: one error before ``--out`` is made); one line on
+    stderr when it spells the chat template's markers out in ordinary tokens (no --tokenizer, or another model's):
+    the index is consistent, but not in the model's format."""
+    from fcp_data.chat import split_markers, template_label
+    from fcp_data.text_tokens import check_tokens
+
+    tok = sp.tokenizer()
+    check_tokens(sp, eos=chat_field is None)  # before --out is made: a tokenizer the reader could not pad with
+    split = split_markers(chat_template, tok) if chat_field is not None else []
+    if split:
+        print(f"fcp index: warning: tokenizer {Path(sp.tokenizer_path).name} has no token for "
+              f"{', '.join(split[:4])}{' ...' if len(split) > 4 else ''} of the {template_label(chat_template)} "
+              "chat template: each is indexed as several ordinary tokens, which the model never saw; give --tokenizer "
+              "the model's tokenizer.json (or --chat-template its folder)", file=sys.stderr)
+
+
 def build_index(inputs: list[str], spec: str, out: str | Path, *, tokenizer: str | None = None, workers: int = 1,
                 engine: str = "local", address: str | None = None, resume: bool = False, probe: str = "av",
                 text_field: str = "text", key_field: str = "id", max_error_rate: float = 0.01,
@@ -190,7 +208,7 @@ def build_index(inputs: list[str], spec: str, out: str | Path, *, tokenizer: str
     chat_template, media_root = _check_sft(prompt_field, chat_field, chat_template, media_root, text_field, key_field)
     limits = limits if isinstance(limits, Limits) else Limits.from_dict(limits)
     sp = load_spec(spec, tokenizer)
-    sp.tokenizer()  # a broken tokenizer.json fails here, once, not in every worker
+    _load_tokenizer(sp, chat_field, chat_template)
     sources = expand_inputs(list(inputs))
     if any(s["kind"] == "parquet" for s in sources) and importlib.util.find_spec("pyarrow") is None:
         raise ValueError("reading .parquet/.arrow needs pyarrow: pip install 'fcp[parquet]' (or pyarrow)")

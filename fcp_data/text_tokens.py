@@ -1,0 +1,110 @@
+"""The EOS and pad tokens of a spec, resolved against the tokenizer in use.
+
+A spec names them: ``text.eos_token`` (appended to each text sample, SFT response and caption when
+``text.append_eos``) and ``text.pad_token`` (the collator's padding; the EOS when the spec names none). The bundled
+specs name ``<|endoftext|>`` and ``<|pad|>``, tokens of the bundled tokenizer. A model's own tokenizer.json
+(``--tokenizer``, ``--chat-template MODEL_DIR``) may lack them — Qwen2.5/Qwen3 have no ``<|pad|>``, Llama 3 has
+neither — and then the ``eos_token`` / ``pad_token`` of the ``tokenizer_config.json`` beside that tokenizer.json
+take their place, the tokens ``transformers.AutoTokenizer`` gives the model (a model without a pad token pads with
+its EOS, as trainers pad Llama). A token the spec names and the tokenizer has always wins, so every index that read
+before reads the same ids. An EOS taken from tokenizer_config.json is trained on, so it is part of the spec's
+fingerprint (:func:`fingerprint_extra`); a pad never is (pads carry no label).
+
+Neither there: :func:`check_tokens` refuses at index time, in one line, what the reader could not read
+(``fcp index`` exits 2) — a tokenizer with no EOS for text, prompt/response or caption samples, or no pad at all.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+__all__ = ["config_tokens", "resolve", "eos_id", "pad_id", "has_eos", "check_tokens", "fingerprint_extra"]
+
+CONFIG = "tokenizer_config.json"
+
+
+def config_tokens(tokenizer_path: str | Path) -> dict[str, str]:
+    """``eos_token`` / ``pad_token`` of the tokenizer_config.json beside ``tokenizer_path`` (a string, or an
+    AddedToken dict's content); ``{}`` without a readable one."""
+    try:
+        cfg = json.loads((Path(tokenizer_path).parent / CONFIG).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    out = {}
+    for k in ("eos_token", "pad_token"):
+        v = cfg.get(k) if isinstance(cfg, dict) else None
+        v = v.get("content") if isinstance(v, dict) else v
+        if isinstance(v, str) and v:
+            out[k] = v
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def resolve(tokenizer_path: str, eos: str | None, pad: str | None) -> tuple[str | None, str | None]:
+    """``(eos, pad)``: the tokens the tokenizer has, by the rule of the module docstring (None: none found)."""
+    from fcp_data.specs import _load_tokenizer
+
+    tok = _load_tokenizer(tokenizer_path)
+    has = lambda t: t is not None and tok.token_to_id(t) is not None  # noqa: E731
+    cfg = config_tokens(tokenizer_path)
+    e = eos if has(eos) else cfg.get("eos_token") if has(cfg.get("eos_token")) else None
+    want = pad if pad is not None else eos  # the old rule: the spec's pad, else its EOS
+    p = want if has(want) else cfg.get("pad_token") if has(cfg.get("pad_token")) else e
+    return e, p
+
+
+def _missing(spec, what: str) -> ValueError:
+    t = spec.text
+    named = " / ".join(repr(t[k]) for k in ("pad_token", "eos_token") if t.get(k)) if what == "pad" else \
+        repr(t.get("eos_token"))
+    use = "the padding token" if what == "pad" else "the end-of-text token appended to each text, response and caption"
+    return ValueError(f"spec {spec.name!r}: the tokenizer {spec.tokenizer_path} has no {what} token ({use}): not "
+                      f"{named} (the spec's), and no {CONFIG} beside it names one it has; put the model's {CONFIG} "
+                      f"beside its tokenizer.json, or give a spec file (--spec FILE.json) whose text.{what}_token is "
+                      "one of its tokens")
+
+
+def eos_id(spec) -> int | None:
+    """The id appended after text (None when the spec appends none); a ValueError when the tokenizer has none."""
+    if not spec.text.get("append_eos"):
+        return None
+    e, _ = resolve(spec.tokenizer_path, spec.text.get("eos_token"), spec.text.get("pad_token"))
+    if e is None:
+        raise _missing(spec, "eos")
+    return spec.token_id(e)
+
+
+def pad_id(spec) -> int:
+    """The collator's padding id; a ValueError when the tokenizer has no pad and no EOS."""
+    _, p = resolve(spec.tokenizer_path, spec.text.get("eos_token"), spec.text.get("pad_token"))
+    if p is None:
+        raise _missing(spec, "pad")
+    return spec.token_id(p)
+
+
+def has_eos(spec) -> bool:
+    """Whether the spec's EOS resolves (an index of conversations, which append none, reads without one)."""
+    return resolve(spec.tokenizer_path, spec.text.get("eos_token"), spec.text.get("pad_token"))[0] is not None
+
+
+def check_tokens(spec, eos: bool) -> None:
+    """Index time: the reader of this index will find its pad token, and its EOS when ``eos`` (text samples,
+    prompt/response and captions append one; conversations end their turns themselves). A ValueError, one line."""
+    if eos:
+        eos_id(spec)
+    pad_id(spec)
+
+
+def fingerprint_extra(text: dict, tokenizer_path: Path, tokenizer_bytes: bytes) -> bytes:
+    """What the spec's fingerprint adds when its appended EOS is not in the tokenizer.json (whose bytes are hashed
+    already) but comes from the tokenizer_config.json beside it: that token; else nothing (every fingerprint that
+    existed stays as it was)."""
+    eos = text.get("eos_token")
+    if not text.get("append_eos") or not isinstance(eos, str):
+        return b""
+    if any(json.dumps(eos, ensure_ascii=a).encode() in tokenizer_bytes for a in (False, True)):
+        return b""
+    got = config_tokens(tokenizer_path).get("eos_token")
+    return f"\0eos from {CONFIG}: {got}".encode() if got else b""

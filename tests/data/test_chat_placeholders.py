@@ -1,0 +1,357 @@
+"""Placeholder tokens written by a conversation's text, LLaVA tags, and the pad/EOS tokens of a model's own tokenizer.
+
+References, computed without fcp's splice code: a video's visual-token count from its own frames (PyAV's frame
+count and rate under LLaVA-NeXT's sampling rule × 210 tokens per frame; Qwen's grid t·h·w / merge²), the same
+conversation spelled with LLaVA's ``<video>`` tag (its ids held to transformers' chat template by
+``test_chat_media.py``), and ``transformers.AutoTokenizer`` on the model folder (its ``pad_token_id`` /
+``eos_token_id``, ``apply_chat_template``). A failure means a video SFT run trains with one visual position more
+than its pixels give (silently wrong features, or an error mid-training), or an index built with a model's own
+tokenizer cannot be read.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from test_index_sft import CHATML, LLAMA3, WORDS, _write, assert_sample_equals_hf
+from test_media_hostile import make_video
+
+from fcp_cli.main import main as cli_main
+from fcp_data import CostModel, FCPCollator, FCPDataset, FCPSampler, IndexedDataset
+from fcp_data._resources import data_path
+from fcp_data.index import build_index
+
+ANSWER = {"from": "gpt", "value": "A grey square brightens."}
+
+
+def _video(tmp_path, name: str = "v.mp4", n: int = 24, fps: int = 8):
+    (tmp_path / "media").mkdir(exist_ok=True)
+    return make_video(tmp_path / "media" / name, n, fps=fps)
+
+
+def _frames(path) -> tuple[int, float]:
+    """The video's own frame count and average rate, decoded by PyAV."""
+    import av
+
+    with av.open(str(path)) as c:
+        s = c.streams.video[0]
+        n = sum(1 for _ in c.decode(s))
+        return n, float(s.average_rate)
+
+
+def _placeholders(data: IndexedDataset, s: dict) -> tuple[int, list[tuple[int, int]]]:
+    """Placeholder count and runs ``(start, length)`` of a sample's ids."""
+    hit = torch.isin(s["input_ids"], torch.tensor(data.placeholder_ids)).tolist() + [False]
+    runs, start = [], None
+    for k, h in enumerate(hit):
+        if h and start is None:
+            start = k
+        elif not h and start is not None:
+            runs.append((start, k - start))
+            start = None
+    return sum(n for _, n in runs), runs
+
+
+def _expected_visual_tokens(spec: str, video, s: dict) -> int:
+    n, fps = _frames(video)
+    if spec == "llava-video":  # LLaVA-NeXT load_video: every round(avg_fps / 1 fps)-th frame, 210 tokens each
+        frames = len(range(0, n, max(1, round(fps))))
+        assert s["pixel_values"].shape[0] == frames
+        return frames * 210
+    t, h, w = s["grid_thw"][0].tolist()  # Qwen: patches t·h·w merged 2×2
+    assert t == (min(max(n / fps * 2, 4), n) // 2 * 2) // 2  # qwen-vl-utils: frames at 2 fps, pairs per patch
+    return t * h * w // 4
+
+
+@pytest.mark.parametrize("spec", ["llava-video", "qwen2.5-vl"])
+def test_llava_video_image_tag_places_the_video_once(tmp_path, spec):
+    """LLaVA-Video-178K marks a video's place with ``<image>``: the sample equals the same line with ``<video>``
+    (ids, labels, pixels), its placeholders are exactly the video's own count in one run, none trained. Before, the
+    tag was a second placeholder (llava-video: 631 for 630) or literal text after a prepended video (Qwen)."""
+    video = _video(tmp_path)
+    lines = [{"id": tag, "video": "media/v.mp4", "conversations": [
+        {"from": "human", "value": f"<{tag}>\nWhat happens in the video?"}, ANSWER]} for tag in ("image", "video")]
+    _write(tmp_path / "chat.jsonl", lines)
+    manifest, rc = build_index([str(tmp_path / "chat.jsonl")], spec, tmp_path / "idx", chat_field="conversations",
+                               progress=False)
+    assert rc == 0 and manifest["num_samples"] == 2, manifest["errors_by_reason"]
+    data = IndexedDataset(tmp_path / "idx")
+    keys = list(data.index.keys)
+    tagged_image, tagged_video = (data[keys.index(k)] for k in ("image", "video"))
+    for k in tagged_video:
+        assert torch.equal(tagged_image[k], tagged_video[k]), k
+    want = _expected_visual_tokens(spec, video, tagged_image)
+    count, runs = _placeholders(data, tagged_image)
+    assert count == want == int(data.index.num_visual_tokens[keys.index("image")]), (count, want)
+    assert len(runs) == 1 and runs[0][1] == want
+    assert int(data.index.num_tokens[keys.index("image")]) == len(tagged_image["input_ids"])
+    labels = tagged_image["labels"]
+    assert not bool(torch.isin(labels, torch.tensor(data.placeholder_ids)).any()) and int((labels != -100).sum()) > 0
+
+
+def _image(tmp_path, name: str = "a.png", h: int = 56, w: int = 84) -> str:
+    from PIL import Image
+
+    (tmp_path / "media").mkdir(exist_ok=True)
+    rng = np.random.default_rng(0)
+    Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(tmp_path / "media" / name)
+    return f"media/{name}"
+
+
+def _conv(text: str) -> list[dict]:
+    return [{"from": "human", "value": text}, ANSWER]
+
+
+@pytest.mark.parametrize("spec", ["qwen2.5-vl", "llava-video"])
+def test_placeholders_in_text_and_stray_tags_are_recorded(tmp_path, spec):
+    """One reason per line, never an extra placeholder: a literal placeholder token in the text (with an image,
+    and in a text-only line), an ``<image>`` tag whose ``"image"`` is null, a ``<video>`` tag on a line of images
+    only, an empty path. Every indexed sample's placeholders equal its grid's count (Qwen: t·h·w/4; LLaVA-Video:
+    729 per image) and a Qwen batch collates with M-RoPE."""
+    img = _image(tmp_path)
+    literal = "<|image_pad|>" if spec == "qwen2.5-vl" else "<image>"
+    parts = [{"role": "user", "content": [{"type": "image", "image": img}, {"type": "text", "text": f"is {literal}?"}]},
+             {"role": "assistant", "content": "no"}]
+    lines = [{"id": "ok", "image": img, "conversations": _conv("<image>\nWhat is it?")},
+             {"id": "pad_with_image", "image": img, "conversations": _conv(f"<image>\nWhat is {literal} here?")},
+             {"id": "pad_in_part", "conversations": parts},
+             {"id": "pad_text_only", "conversations": _conv(f"What is {literal}?")},
+             {"id": "tag_image_null", "image": None, "conversations": _conv("<image>\nDescribe it.")},
+             {"id": "video_tag_images", "image": img, "conversations": _conv("<video>\nDescribe.")},
+             {"id": "empty_path", "image": "", "conversations": _conv("Hello?")}]
+    _write(tmp_path / "chat.jsonl", lines)
+    manifest, rc = build_index([str(tmp_path / "chat.jsonl")], spec, tmp_path / "idx", chat_field="conversations",
+                               progress=False, max_error_rate=1.0)
+    errors = {json.loads(x)["key"]: json.loads(x) for x in (tmp_path / "idx" / "errors.jsonl").read_text().splitlines()}
+    reasons = {k: e["reason"] for k, e in errors.items()}
+    with_image = "placeholder_in_text" if spec == "qwen2.5-vl" else "media_tag_mismatch"  # llava: a 2nd <image> tag
+    assert reasons == {"pad_with_image": with_image, "pad_in_part": "placeholder_in_text",
+                       "pad_text_only": "placeholder_in_text", "tag_image_null": "media_tag_mismatch",
+                       "video_tag_images": "media_tag_mismatch", "empty_path": "bad_messages"}, reasons
+    assert "empty string, not a file path" in errors["empty_path"]["detail"]
+    assert literal in errors["pad_in_part"]["detail"] and "<video>" in errors["video_tag_images"]["detail"]
+    data = IndexedDataset(tmp_path / "idx")
+    assert list(data.index.keys) == ["ok"]
+    s = data[0]
+    count, runs = _placeholders(data, s)
+    if spec == "qwen2.5-vl":
+        t, h, w = s["grid_thw"][0].tolist()
+        assert count == t * h * w // 4 == (56 // 28) * (84 // 28)  # 56x84 needs no resize: 2x3 merged patches
+        collate = FCPCollator(sample_labels=True, pad_token_id=data.pad_token_id, visual_token_id=data.placeholder_ids,
+                              mrope=True)
+        sampler = FCPSampler(data, num_ranks=1, rank=0, global_batch_size=1, seed=0, prefetch=0,
+                             cost_model=CostModel.preset("qwen3-1.7b", "h100"))
+        for lst in sampler:
+            assert collate(FCPDataset(data).__getitems__(lst))["sample_indices"] == (0,)
+    else:
+        assert count == 729 and len(runs) == 1
+
+
+def test_reader_refuses_a_placeholder_in_text_of_an_older_index(tmp_path, monkeypatch):
+    """An index built before the check holds the line with a literal ``<|image_pad|>`` (7 placeholders for a grid
+    of 6): reading it is now a ``placeholder_in_text`` error, which FCPDataset records and skips, instead of a
+    sample the M-RoPE collator refuses mid-training."""
+    import fcp_data.chat_media as chat_media
+    from fcp_data.read_errors import SkippedSample
+    from fcp_data.slots import MicroBatchMeta, SampleSlot
+
+    img = _image(tmp_path)
+    _write(tmp_path / "chat.jsonl", [{"id": "pad", "image": img, "conversations": _conv("<image> is <|image_pad|>?")}])
+    monkeypatch.setattr(chat_media, "check_text_ids", lambda spec, ids: None, raising=False)  # an older fcp
+    manifest, rc = build_index([str(tmp_path / "chat.jsonl")], "qwen2.5-vl", tmp_path / "idx",
+                               chat_field="conversations", progress=False)
+    monkeypatch.undo()
+    assert rc == 0 and manifest["num_samples"] == 1
+    data = IndexedDataset(tmp_path / "idx")
+    with pytest.raises(ValueError, match=r"holds 1 '<\|image_pad\|>' token"):
+        data[0]
+    n = int(data.index.num_tokens[0])
+    meta = MicroBatchMeta(epoch=0, global_batch=0, micro_batch=0, num_micro_batches=1, num_tokens_global=n - 1,
+                          ranks=(0,), cp_rank=0)
+    got, _ = FCPDataset(data, max_consecutive_errors=5)[SampleSlot(index=0, num_tokens=n, length=n, meta=meta)]
+    assert isinstance(got, SkippedSample) and "image_pad" in got.detail
+
+
+# ------------------------------------------------------------------ a model's own tokenizer (no <|pad|>)
+
+def _model_folder(tmp_path, name: str, drop: set[str], add: tuple[str, ...], config: dict | None,
+                  template: str | None = None):
+    """A model folder as the Hub ships it: tokenizer.json (the bundled tiny BPE without ``drop``, with ``add`` as
+    special tokens), tokenizer_config.json (``config``, when given) and chat_template.jinja."""
+    from tokenizers import AddedToken, Tokenizer
+
+    tok = Tokenizer.from_file(str(data_path("tokenizers") / "tiny-bpe.json"))
+    tok.add_special_tokens([AddedToken(t, special=True) for t in add])
+    raw = json.loads(tok.to_str())
+    raw["added_tokens"] = [a for a in raw["added_tokens"] if a["content"] not in drop]
+    for t in drop:
+        raw["model"]["vocab"].pop(t)
+    d = tmp_path / name
+    d.mkdir()
+    (d / "tokenizer.json").write_text(json.dumps(raw), encoding="utf-8")
+    if config is not None:
+        (d / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", **config}))
+    if template is not None:
+        (d / "chat_template.jinja").write_text(template)
+    return d
+
+
+def _conversations(n: int) -> list[dict]:
+    rng = np.random.default_rng(3)
+    say = lambda k: " ".join(rng.choice(WORDS, k))  # noqa: E731
+    return [{"id": f"c{i}", "messages": [{"role": "user", "content": say(int(rng.integers(1, 9)))},
+                                         {"role": "assistant", "content": say(int(rng.integers(1, 12)))}]}
+            for i in range(n)]
+
+
+def _collated_labels(data: IndexedDataset) -> int:
+    """Label tokens an epoch on one rank trains (FCPSampler + FCPCollator(sample_labels=True)), checked against the
+    samples' own; the pad id the collator packs with is the dataset's."""
+    want = sum(int((data[i]["labels"][1:] != -100).sum()) for i in range(len(data)))
+    cost = CostModel.preset("qwen3-1.7b", "h100").replace(tokens_per_rank=512)
+    got = 0
+    for lst in FCPSampler(data.index, num_ranks=1, rank=0, cost_model=cost, global_batch_size=4, seed=0, prefetch=0):
+        b = FCPCollator(sample_labels=True, pad_token_id=data.pad_token_id)(FCPDataset(data).__getitems__(lst))
+        got += b["num_label_tokens_local"]
+    assert got == want > 0
+    return got
+
+
+def test_qwen_like_model_folder_without_pad_indexes_reads_and_trains(tmp_path, capsys):
+    """The README's flow ``--spec text --chat-template MODEL_DIR`` with a Qwen-like folder (``<|endoftext|>``,
+    ``<|im_start|>``, ``<|im_end|>``, no ``<|pad|>``): the index reads (before: "token '<|pad|>' is not in ...;
+    add it as a special token"), pads with the model's own pad token (transformers' ``pad_token_id``), its ids and
+    labels equal transformers' chat template, an epoch collates every label, and ``fcp train`` trains a step on it."""
+    transformers = pytest.importorskip("transformers")
+    model = _model_folder(tmp_path, "qwen", {"<|pad|>"}, ("<|im_start|>", "<|im_end|>"),
+                          {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}, CHATML)
+    rows = _conversations(8)
+    _write(tmp_path / "chat.jsonl", rows)
+    rc = cli_main(["index", str(tmp_path / "chat.jsonl"), "--spec", "text", "--chat-field", "messages",
+                   "--chat-template", str(model), "--out", str(tmp_path / "idx"), "--no-progress"])
+    assert rc == 0
+    hf = transformers.AutoTokenizer.from_pretrained(str(model))
+    data = IndexedDataset(tmp_path / "idx")
+    assert data.pad_token_id == hf.pad_token_id == hf.convert_tokens_to_ids("<|endoftext|>")
+    for r in rows:
+        assert_sample_equals_hf(data, r, hf, CHATML)
+    _collated_labels(data)
+    config = json.loads((Path(__file__).resolve().parents[2] / "examples" / "configs" / "qwen3-tiny.json").read_text())
+    (tmp_path / "qwen3.json").write_text(json.dumps({**config, "vocab_size": 2048}))  # the folder's ids reach 2002
+    capsys.readouterr()
+    assert cli_main(["train", "--model", f"hf:{tmp_path / 'qwen3.json'}", "--data", str(tmp_path / "idx"), "--nproc",
+                     "1", "--steps", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "done: 1 steps" in out and "skipped" not in out, out
+
+
+def test_llama_like_model_folder_appends_the_models_eos(tmp_path):
+    """A Llama-3-like folder (neither ``<|endoftext|>`` nor ``<|pad|>``; eos ``<|eot_id|>``, no pad token):
+    prompt/response lines index (before: every line of the file one ``shard_failed``, exit 1) and read as prompt
+    ids, response ids and the model's EOS (transformers' ``eos_token_id``), padded with that EOS; conversations
+    under the llama3 template read as transformers renders them. The EOS read from tokenizer_config.json is part of
+    the index's identity: another one there afterwards is refused, not appended silently."""
+    transformers = pytest.importorskip("transformers")
+    model = _model_folder(tmp_path, "llama", {"<|pad|>", "<|endoftext|>"},
+                          ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
+                           "<|end_of_text|>"), {"eos_token": "<|eot_id|>", "bos_token": "<|begin_of_text|>"})
+    hf = transformers.AutoTokenizer.from_pretrained(str(model))
+    rows = [{"id": f"p{i}", "prompt": " ".join(WORDS[i:i + 3]), "text": " ".join(WORDS[i + 3:i + 9])} for i in range(6)]
+    _write(tmp_path / "sft.jsonl", rows)
+    rc = cli_main(["index", str(tmp_path / "sft.jsonl"), "--spec", "text", "--prompt-field", "prompt", "--tokenizer",
+                   str(model / "tokenizer.json"), "--out", str(tmp_path / "idx"), "--no-progress"])
+    assert rc == 0
+    data = IndexedDataset(tmp_path / "idx")
+    assert hf.pad_token_id is None and data.pad_token_id == hf.eos_token_id == hf.convert_tokens_to_ids("<|eot_id|>")
+    for i, r in enumerate(rows):
+        p, a = hf.encode(r["prompt"], add_special_tokens=False), hf.encode(r["text"], add_special_tokens=False)
+        s = data[list(data.index.keys).index(r["id"])]
+        assert s["input_ids"].tolist() == p + a + [hf.eos_token_id] and s["labels"].tolist() == [-100] * len(p) + a + [
+            hf.eos_token_id] and int(data.index.num_tokens[i]) == len(p) + len(a) + 1, r["id"]
+    _collated_labels(data)
+    chats = _conversations(4)
+    _write(tmp_path / "chat.jsonl", chats)
+    assert cli_main(["index", str(tmp_path / "chat.jsonl"), "--spec", "text", "--chat-field", "messages",
+                     "--chat-template", "llama3", "--tokenizer", str(model / "tokenizer.json"), "--out",
+                     str(tmp_path / "chat_idx"), "--no-progress"]) == 0
+    chat = IndexedDataset(tmp_path / "chat_idx")
+    for r in chats:
+        assert_sample_equals_hf(chat, r, hf, LLAMA3)
+    (model / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|end_of_text|>"}))
+    from fcp_data import text_tokens
+
+    text_tokens.resolve.cache_clear()  # a new process would read the file again
+    with pytest.raises(ValueError, match="differs from the one the index was built with"):
+        IndexedDataset(tmp_path / "idx")
+
+
+def test_a_tokenizer_without_eos_or_pad_is_refused_at_index_time(tmp_path, capsys):
+    """A bare tokenizer.json (no tokenizer_config.json beside it) with neither ``<|endoftext|>`` nor ``<|pad|>``:
+    ``fcp index`` says so in one line and exits 2 — before, the conversations indexed (exit 0) into an index that no
+    reader could open, and prompt/response lines failed as ``shard_failed`` with exit 1."""
+    model = _model_folder(tmp_path, "bare", {"<|pad|>", "<|endoftext|>"},
+                          ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"), None)
+    _write(tmp_path / "sft.jsonl", [{"id": "p", "prompt": "a b", "text": "c d"}])
+    _write(tmp_path / "chat.jsonl", _conversations(2))
+    cases = [(["sft.jsonl", "--prompt-field", "prompt"], "has no eos token"),
+             (["chat.jsonl", "--chat-field", "messages", "--chat-template", "llama3"], "has no pad token")]
+    for k, (args, match) in enumerate(cases):
+        capsys.readouterr()
+        rc = cli_main(["index", str(tmp_path / args[0]), *args[1:], "--spec", "text", "--tokenizer",
+                       str(model / "tokenizer.json"), "--out", str(tmp_path / f"idx{k}"), "--no-progress"])
+        out, err = capsys.readouterr()
+        assert rc == 2 and err.count("\n") == 1 and err.startswith("fcp index: error:") and match in err, (rc, err)
+        assert "tokenizer_config.json" in err and not (tmp_path / f"idx{k}").exists()  # refused before --out is made
+
+
+def test_bundled_specs_keep_their_tokens_and_fingerprints(tmp_path):
+    """Indexes that read before read the same (this test passes on the code before the fallback too): the bundled
+    specs' EOS/pad are their own tokens and a fingerprint is still sha256(spec JSON, tokenizer bytes) — also with a
+    model's tokenizer_config.json (naming other tokens) beside a tokenizer that has the spec's tokens."""
+    import hashlib
+
+    from fcp_data.specs import load_spec
+
+    for name in ("text", "qwen2.5-vl", "llava-video"):
+        sp = load_spec(name)
+        assert sp.eos_id == sp.tokenizer().token_to_id("<|endoftext|>")
+        raw = json.loads((data_path("tokenizers") / f"{name}.json").read_text())
+        h = hashlib.sha256(json.dumps(raw, sort_keys=True).encode())
+        h.update((data_path("tokenizers") / "tiny-bpe.json").read_bytes())
+        assert sp.fingerprint == h.hexdigest()
+    d = tmp_path / "m"
+    d.mkdir()
+    shutil.copy(data_path("tokenizers") / "tiny-bpe.json", d / "tokenizer.json")
+    (d / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>", "pad_token": "<|im_end|>"}))
+    _write(tmp_path / "t.jsonl", [{"id": "t", "text": "the quick fox"}])
+    build_index([str(tmp_path / "t.jsonl")], "text", tmp_path / "idx", tokenizer=str(d / "tokenizer.json"),
+                progress=False)
+    data = IndexedDataset(tmp_path / "idx")
+    tok = data.spec.tokenizer()
+    assert data.pad_token_id == tok.token_to_id("<|pad|>") and data.eos_token_id == tok.token_to_id("<|endoftext|>")
+    assert data[0]["input_ids"].tolist() == tok.encode("the quick fox").ids + [tok.token_to_id("<|endoftext|>")]
+    assert data.spec.fingerprint == load_spec("text", d / "tokenizer.json").fingerprint == load_spec("text").fingerprint
+
+
+def test_fcp_index_given_a_megatron_dataset_points_to_its_reader(tmp_path, capsys):
+    """``fcp index PREFIX.idx`` (or .bin, or the prefix): one line naming MegatronIndexedDocuments, exit 2 —
+    before, "not a .jsonl, .parquet or .arrow file" (or the prefix read as a missing jsonl)."""
+    import struct
+
+    seq = np.asarray([10, 20, 5], dtype=np.int32)
+    ptr = np.concatenate([[0], np.cumsum(seq.astype(np.int64) * 2)[:-1]])
+    (tmp_path / "corpus.idx").write_bytes(b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, 8, 3, 3) + seq.tobytes()
+                                          + ptr.tobytes() + np.asarray([0, 1, 3], dtype=np.int64).tobytes())
+    (tmp_path / "corpus.bin").write_bytes(np.arange(35, dtype=np.uint16).tobytes())
+    for given in ("corpus.idx", "corpus.bin", "corpus"):
+        capsys.readouterr()
+        rc = cli_main(["index", str(tmp_path / given), "--spec", "text", "--out", str(tmp_path / "out"),
+                       "--no-progress"])
+        _, err = capsys.readouterr()
+        assert rc == 2 and err.count("\n") == 1, (given, err)
+        assert "MegatronIndexedDocuments" in err and f"--lengths {tmp_path / 'corpus'}.idx" in err, err
