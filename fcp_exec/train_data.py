@@ -292,6 +292,7 @@ def load_train_data(model: str, data: str | None = None, *, max_tokens: int = 23
     if model == "tiny-mllm" and not base.placeholder_ids:
         raise ValueError(f"index {path} was built with the text spec {base.spec.name!r}; tiny-mllm needs an index "
                          "built with a vision spec (e.g. `fcp index ... --spec qwen2-vl`), or use --model tiny-llm")
+    _check_tiny_vocab(model, base, path)
     ds, capped, dropped = _cap(base, lengths, visual, max_tokens)
     if capped.size == 0:
         raise ValueError(f"no sample of {path} fits max_tokens={max_tokens}; raise --max-tokens")
@@ -305,6 +306,18 @@ def load_train_data(model: str, data: str | None = None, *, max_tokens: int = 23
                      description=f"{what} (spec {base.spec.name}): {capped.size} samples, {int(capped.sum())} tokens, "
                                  f"max {int(capped.max())} (cap {max_tokens})"
                                  + _dropped_note(dropped) + _labels_note(base))
+
+
+def _check_tiny_vocab(model: str, base: Any, path: Path) -> None:
+    """An index whose tokenizer has more ids than the tiny models' embedding (the bundled tokenizer's 2,000) would
+    end the run in the embedding at its first such id: one error naming the fix."""
+    from fcp_exec.models.tiny_llm import TinyLLMConfig
+
+    have, vocab = TinyLLMConfig().vocab_size, base.spec.tokenizer().get_vocab_size()
+    if vocab > have:
+        raise ValueError(f"index {path} was built with a tokenizer of {vocab} ids but {model} embeds {have} (the "
+                         f"bundled tokenizer's); train it with --model hf:CONFIG (a model whose vocab_size is at least "
+                         f"{vocab}) or index with the bundled tokenizer")
 
 
 def _load_hf_data(config, data: str | None, *, max_tokens: int, seed: int, cache_dir: str | None,

@@ -284,3 +284,27 @@ def test_the_forkserver_ignores_ctrl_c_while_it_imports(tmp_path):
                        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.split() == ["ignored", "True"], (r.stdout, r.stderr, time.monotonic() - t0)
+
+
+def test_an_index_of_a_larger_vocabulary_than_the_tiny_models_is_one_line(tmp_path, capsys):
+    """An index built with a model's own tokenizer (more ids than tiny-llm's embedding of the bundled tokenizer's
+    2,000) given to ``fcp train --model tiny-llm`` ended in an ``IndexError`` traceback in the embedding at the first
+    such id: one line naming the fix, exit 2, before any rank starts. Reference: the same data with the bundled
+    tokenizer trains (checked by the rest of the suite; here only the refusal)."""
+    from tokenizers import AddedToken, Tokenizer
+
+    from fcp_data._resources import data_path
+    from fcp_data.index import build_index
+
+    tok = Tokenizer.from_file(str(data_path("tokenizers") / "tiny-bpe.json"))
+    tok.add_special_tokens([AddedToken(f"<|extra_{i}|>", special=True) for i in range(300)])
+    tok.save(str(tmp_path / "tokenizer.json"))
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"id": f"d{i}", "text": "some words here <|extra_299|> " * (3 + i)}) + "\n"
+                            for i in range(6)))
+    build_index([str(docs)], "text", tmp_path / "ix", tokenizer=str(tmp_path / "tokenizer.json"), progress=False)
+    capsys.readouterr()
+    rc = main(["train", "--model", "tiny-llm", "--data", str(tmp_path / "ix"), "--nproc", "1", "--steps", "1"])
+    out, err = capsys.readouterr()
+    assert rc == 2 and err.count("\n") == 1 and err.startswith("fcp train: error:"), (rc, err[-2000:])
+    assert "tokenizer of 2300 ids but tiny-llm embeds 2000" in err and "--model hf:CONFIG" in err, err
