@@ -318,3 +318,21 @@ def test_sample_labels_with_visual_tokens_idle_ranks_and_errors():
         FCPCollator(signed_grids="no")
     with pytest.raises(ValueError, match=r"sample 0: pixel_values must be an array of numbers, got str"):
         collate([({"input_ids": [1, 2, 3], "pixel_values": "abc"}, slot)])  # was torch's bare TypeError
+
+
+# Low-value gap found by mutation testing in fcp_data/mrope.py: a placeholder run that holds the *remaining* frame
+# groups of a partly consumed video and then the next image (no separator between them; the module docstring's rule
+# "a run takes as many whole frame groups of the current image as it holds", then goes on with the next image). With
+# ``k = min(run // per, t)`` instead of ``t - frames_done`` the run over-consumes the video and the document is refused.
+# Reference: positions derived by hand from the docstring rule (merge 2).
+MROPE_V = 101
+
+
+def test_run_with_the_last_frame_group_of_a_video_then_an_image():
+    ids = torch.tensor([1, 2] + [MROPE_V] * 4 + [3] + [MROPE_V] * 8)
+    grid = torch.tensor([[2, 4, 4], [1, 4, 4]])  # a 2-frame-group video, then an image; 4 tokens per frame group
+    got = qwen_vl_mrope_positions(ids, grid, torch.tensor([MROPE_V]), 2)
+    t = [0, 1, 2, 2, 2, 2, 4, 5, 5, 5, 5, 7, 7, 7, 7]
+    h = [0, 1, 2, 2, 3, 3, 4, 5, 5, 6, 6, 7, 7, 8, 8]
+    w = [0, 1, 2, 3, 2, 3, 4, 5, 6, 5, 6, 7, 8, 7, 8]
+    assert got.tolist() == [t, h, w], got.tolist()

@@ -326,3 +326,39 @@ def test_reader_second_per_grid_ts_matches_transformers_and_feeds_positions(tmp_
     cu = [0, keep + (-keep) % 4]
     full = zigzag_unshard([o["mrope_position_ids"].T for o in outs], cu, 2).T
     assert torch.equal(full[:, :keep], ref[:, 0, :keep])
+
+
+# Gap found by mutation testing in fcp_exec/integrations/hf_positions.py: a Qwen2.5-VL video sample WITHOUT
+# ``second_per_grid_ts`` (a reader or dataset that does not record it). ``HFRopeIndex`` fills 1.0 per video, which is
+# what the installed ``Qwen2_5_VLModel.get_rope_index`` itself assumes when it is given none; every test document in
+# tests/exec/test_hf_positions.py carries the value, so a different default (mutation: 0.5) passed. Reference: the
+# real model's ``get_rope_index`` on the same document with ``second_per_grid_ts=None``; integers, exact.
+SPG_IMG, SPG_VID, SPG_VS, SPG_VE = 100, 101, 102, 103
+
+
+def _spg_config():
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]}
+    text = dict(vocab_size=512, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                num_key_value_heads=1, bos_token_id=1, eos_token_id=2, rope_parameters=rope)
+    return transformers.Qwen2_5_VLConfig(
+        text_config=text, vision_config=dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2,
+                                             out_hidden_size=16, spatial_merge_size=2, tokens_per_second=2,
+                                             fullatt_block_indexes=[0]),
+        image_token_id=SPG_IMG, video_token_id=SPG_VID, vision_start_token_id=SPG_VS, vision_end_token_id=SPG_VE)
+
+
+@pytest.mark.parametrize("grids", [[(4, 4, 4)], [(3, 4, 8), (2, 4, 4)]])
+def test_video_without_second_per_grid_ts_matches_installed_model(grids):
+    ids = [10, 11, 12]
+    for t, h, w in grids:
+        ids += [SPG_VS] + [SPG_VID] * (t * h * w // 4) + [SPG_VE] + [20, 21]
+    ids = torch.tensor(ids)
+    sample = {"input_ids": ids, "grid_thw": torch.tensor(grids)}  # no second_per_grid_ts
+    config = _spg_config()
+    torch.manual_seed(0)
+    model = transformers.Qwen2_5_VLModel(config).eval()
+    with torch.no_grad():
+        ref, _ = model.get_rope_index(ids[None], mm_token_type_ids=2 * (ids == SPG_VID).int()[None],
+                                      video_grid_thw=torch.tensor(grids), second_per_grid_ts=None)
+    got = HFRopeIndex(config)(sample, ids)
+    assert torch.equal(got, ref[:, 0]), (got - ref[:, 0]).abs().max()

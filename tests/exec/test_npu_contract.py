@@ -199,3 +199,38 @@ def test_degree1_sliding_window_takes_the_band_mode(window):
         [(op, NPU_BAND_SPARSE_MODE, window - 1, 0, (2048, 2048)) for op in ("forward", "grad")]
     with pytest.raises(ValueError, match="window=W"):
         NpuKernel(module=fake).forward(q, k, v, cu, cu, False, 0.3, window=3)
+
+
+# Gap found by mutation testing in fcp_exec/kernels/npu.py ``_calls``: the per-call TND limit (cumulative
+# ``actual_seq_*`` <= max_tokens_per_call) must hold for the KEY side too. tests/exec/test_npu_contract.py checks it
+# only with equal query and key lengths (and asserts only ``actual_seq_qlen``), so dropping ``tk + nk > limit`` from
+# the split condition passed. A ring block of degree > 1 has unequal sides (the second halves of the queries against
+# all keys: keys = 2 × queries). Here: limit lowered to 12, non-causal block with 2-row query documents against 6-row
+# key documents (24 keys in all): every recorded call keeps both sides within 12, and out/lse/dq/dk/dv still equal
+# the float64 reference kernel to 1e-5 (float32 through the documented-semantics fake); and with the real limit a
+# block of 2 queries against two 600,000-key documents is split (``_calls`` only, no compute).
+
+
+def test_key_side_of_a_call_stays_within_the_limit():
+    fake = DocumentedNPUFusionAttention()
+    kernel = NpuKernel(module=fake)
+    kernel.max_tokens_per_call = 12
+    cu_q, cu_k = [0, 2, 4, 6, 8], [0, 6, 12, 18, 24]
+    g = torch.Generator().manual_seed(0)
+    q, dout = (torch.randn(8, 4, 8, generator=g, dtype=torch.float64).float() for _ in range(2))
+    k, v = (torch.randn(24, 2, 8, generator=g, dtype=torch.float64).float() for _ in range(2))
+    out, lse = kernel.forward(q, k, v, cu_q, cu_k, False, 0.3)
+    ref_out, ref_lse = ReferenceKernel().forward(q.double(), k.double(), v.double(), cu_q, cu_k, False, 0.3)
+    assert (out.double() - ref_out).abs().max() <= 1e-5 and (lse.double() - ref_lse).abs().max() <= 1e-5
+    grads = kernel.backward(dout, q, k, v, out, lse, cu_q, cu_k, False, 0.3)
+    ref_grads = ReferenceKernel().backward(dout.double(), q.double(), k.double(), v.double(), ref_out, ref_lse,
+                                           cu_q, cu_k, False, 0.3)
+    for got, want in zip(grads, ref_grads):
+        assert (got.double() - want).abs().max() <= 1e-5
+    ends = [(c["actual_seq_qlen"][-1], c["actual_seq_kvlen"][-1]) for c in fake.calls]
+    assert len(ends) >= 4 and all(eq <= 12 and ek <= 12 for eq, ek in ends), ends
+
+
+def test_real_limit_splits_on_keys():
+    calls = NpuKernel(module=DocumentedNPUFusionAttention())._calls([0, 1, 2], [0, 600_000, 1_200_000])
+    assert [c[3][-1] for c in calls] == [600_000, 600_000], [c[3] for c in calls]

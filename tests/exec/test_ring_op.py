@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from fcp_exec.ring_attention import RingBatch, ring_attention
+from fcp_exec.launch import WorkerPool
 from fcp_exec.ring_op import register, ring_attention_op
 
 
@@ -85,3 +86,43 @@ def test_fullgraph_compile_without_recompiling_per_micro_batch():
         assert torch.allclose(got, want, rtol=0, atol=1e-12), seed
     assert sum(counters["graph_break"].values()) == 0
     assert counters["stats"]["unique_graphs"] <= 2, dict(counters["stats"])  # static first, then dynamic
+
+
+# Gap found by mutation testing: ``torch.ops.fcp.ring_attention`` (fcp_exec/ring_op.py) with a sliding window at
+# ring degree > 1. The op decides per micro-batch whether the window binds (``RingBatch.acting_window``: the longest
+# *padded global* document, local length × degree, against the window). tests/exec/test_ring_op.py runs the op at
+# degree 1 only, so a rule that compared the *local* length (mutation ``longest // self.degree > window``) dropped
+# the window whenever the local shard was no longer than the window but the document was — silently plain causal
+# attention. Here: 2 gloo ranks, documents of 24 and 12 tokens (local 12 and 6), window 16 (> 12 local, < 24
+# global) and 5; out, dq, dk, dv of each rank equal dense float64 windowed attention's rows to 1e-10.
+
+WINDOW_TOL = 1e-10
+
+
+def _window_case(rank, window, cu):
+    from fcp_exec import zigzag_shard
+    from fcp_exec.ring_attention import RingBatch
+    from fcp_exec.ring_op import ring_attention_op
+    from fcp_exec.testing import dense_attention
+
+    g = torch.Generator().manual_seed(5)
+    t = cu[-1]
+    q, k, v, dout = (torch.randn(t, h, 8, generator=g, dtype=torch.float64) for h in (4, 2, 2, 4))
+    qr, kr, vr = (x.clone().requires_grad_() for x in (q, k, v))
+    ref = dense_attention(qr, kr, vr, cu, causal=True, window=window)
+    want = (ref, *torch.autograd.grad(ref, (qr, kr, vr), dout))
+    shard = (lambda x: zigzag_shard(x, cu, 2, rank)[0])
+    cul = zigzag_shard(q, torch.tensor(cu, dtype=torch.int32), 2, rank)[1]
+    ql, kl, vl = (shard(x).clone().requires_grad_() for x in (q, k, v))
+    ring = RingBatch(cul, (0, 1), timeout=30)
+    out = ring_attention_op(ql, kl, vl, ring, window=window)
+    got = (out, *torch.autograd.grad(out, (ql, kl, vl), shard(dout)))
+    return [(got_i - shard(w.detach())).abs().max().item() for got_i, w in zip(got, want)]
+
+
+@pytest.mark.parametrize("window", [16, 5])
+def test_op_window_at_degree_2_matches_dense(window):
+    with WorkerPool(2, backend="gloo", pg_timeout=60) as pool:
+        errs = pool.run(_window_case, window, [0, 24, 36], timeout=120)
+    for rank, e in enumerate(errs):
+        assert max(e) <= WINDOW_TOL, (rank, dict(zip(("out", "dq", "dk", "dv"), e)))

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 
 from fcp_data import CostModel, FCPCollator, FCPDataset, FCPSampler
 from fcp_exec.models import build_model
-from fcp_exec.step import AllReduceReducer, train_step
+from fcp_exec.step import AllReduceReducer, fill_num_tokens_global, train_step
 from fcp_exec.train import _forward_loss
 
 
@@ -79,3 +79,41 @@ def test_an_iterator_is_read_one_global_batch_far(epoch):
     res = _step_list(it)
     assert res.num_tokens == sum(LENGTHS[i] - 1 for b in epoch[:3] for i in b["sample_indices"])
     assert int(next(it)["global_batch"]) == 1
+
+
+# Gaps found by mutation testing in fcp_exec/step.py (one process, tiny-llm, the real sampler/collator):
+# 
+# * an idle micro-batch (the plan gave this rank no CP group: ``ranks == ()``) runs ``loss_fn`` on the two-token dummy
+#   and its loss is multiplied by 0 (train_step's documented contract). With fcp's own losses the dummy's loss is 0
+#   anyway (no label token), so ``loss * 0.0`` -> ``loss * 1.0`` passed every fast test; a user loss with a term that
+#   does not vanish on a label-free batch (a weight penalty, a z-loss) then trains the idle rank's dummy. Reference:
+#   a step whose every micro-batch is idle leaves every gradient exactly 0 and reports loss 0.
+# * ``fill_num_tokens_global`` (``FCPCollator(sample_labels=True)``) must sum ``num_label_tokens_local`` over ALL
+#   micro-batches of the step (mutation: only the last one's count) — checked directly, world of one.
+
+
+def _first_global_batch():
+    cost = CostModel.preset("qwen3-1.7b", "h100").replace(tokens_per_rank=80)
+    sampler = FCPSampler(LENGTHS, num_ranks=1, rank=0, global_batch_size=4, seed=0, cost_model=cost)
+    mbs = list(DataLoader(FCPDataset(PatternText()), batch_sampler=sampler, collate_fn=FCPCollator(pad_token_id=0)))
+    return [b for b in mbs if int(b["global_batch"]) == 0]
+
+
+def _penalised(model, batch):
+    penalty = sum(p.square().sum() for p in model.parameters())
+    return _forward_loss(model, batch, False) + 1e-3 * penalty
+
+
+def test_idle_micro_batches_contribute_nothing_even_with_a_non_vanishing_loss():
+    batches = [dict(b, ranks=()) for b in _first_global_batch()]
+    model = build_model("tiny-llm", seed=0, dtype=torch.float64)
+    res = train_step(model, batches, _penalised, AllReduceReducer())
+    assert res.num_idle == len(batches) and res.loss == 0.0, (res.num_idle, res.loss)
+    worst = max(float(p.grad.abs().max()) for p in model.parameters() if p.grad is not None)
+    assert worst == 0.0, worst
+
+
+def test_fill_num_tokens_global_sums_every_micro_batch():
+    batches = [{"num_label_tokens_local": n, "num_tokens_global": None} for n in (3, 5, 0, 7)]
+    assert fill_num_tokens_global(batches) == 15
+    assert [b["num_tokens_global"] for b in batches] == [15] * 4
