@@ -89,7 +89,7 @@ from fcp_data.prefetch import PlanWindow, SamplerIterator, warn_continued
 from fcp_data.sampler_state import check_int, check_state, make_state, state_after
 from fcp_data.sampler_exclude import exclude_later, kept_at, load_late
 from fcp_data.sampler_inputs import (apply_overlong, check_epoch_possible, check_lengths, check_visual, data_digest,
-                                    check_exclusion_keys, dist_rank_and_world, load_exclusions, warn_cut_visual,
+                                    dist_rank_and_world, load_exclusions, resolve_exclusions, warn_cut_visual,
                                     warn_drop_last)
 from fcp_data.slots import FCPDataset, MicroBatchMeta, SampleSlot, SlotList, rank_lists
 from fcp_data.visual_layout import IndexVisualLayout, SpanVisualLayout
@@ -151,9 +151,9 @@ class FCPSampler:
             visual_layout = IndexVisualLayout(lengths_or_index, reader=reader)
         self.visual_layout = visual_layout
         self.lengths = lengths
-        self.excluded = load_exclusions(exclude, lengths.size)
         if hasattr(lengths_or_index, "manifest") and hasattr(lengths_or_index, "keys"):  # an index names its samples
-            check_exclusion_keys(exclude, lengths_or_index.keys.__getitem__)
+            exclude = resolve_exclusions(exclude, lengths_or_index.keys.__getitem__, lengths_or_index.keys.index_of)
+        self.excluded = load_exclusions(exclude, lengths.size)
         self.capacity, over_kept, self.num_truncated, self.num_dropped = apply_overlong(  # the solver's largest group
             lengths, self.on_overlong, self.num_ranks, self.cost_model.tokens_per_rank, self.solver_options,
             self.solver)

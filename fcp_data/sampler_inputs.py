@@ -21,7 +21,7 @@ from fcp_data.cost import CostModel
 logger = logging.getLogger("fcp_data")
 
 __all__ = ["dist_rank_and_world", "check_lengths", "check_visual", "check_solver_options", "load_exclusions",
-           "check_exclusion_keys", "data_digest", "apply_overlong"]
+           "resolve_exclusions", "data_digest", "apply_overlong"]
 
 
 def dist_rank_and_world() -> tuple[int, int]:
@@ -99,11 +99,10 @@ def check_solver_options(options: Any, solver: str, num_ranks: int, cost_model: 
     return out
 
 
-def _read_exclusions(path: str, records: list | None = None) -> list[int]:
-    """Sample indices from a file: JSON lines with an ``"index"`` (the read-error records of
-    ``FCPDataset(errors_path=...)`` / ``fcp train --read-errors-out``), or one integer per line; ``#`` comments and
-    blank lines are ignored. ``records`` (a list) receives ``(line, index, key)`` of each record that names its
-    sample's ``"key"``."""
+def _read_exclusions(path: str) -> list[tuple[int, Any, str | None]]:
+    """``(line, value, key)`` of each entry of a file: JSON lines with an ``"index"`` (the read-error records of
+    ``FCPDataset(errors_path=...)`` / ``fcp train --read-errors-out``; ``key``: the record's ``"key"``, None when it
+    names none), or one integer per line (key None); ``#`` comments and blank lines are ignored."""
     out = []
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
@@ -115,36 +114,56 @@ def _read_exclusions(path: str, records: list | None = None) -> list[int]:
             except json.JSONDecodeError:
                 raise ValueError(f"exclude file {path}, line {n}: neither an integer nor a JSON record: "
                                  f"{text[:80]!r}") from None
+            key = None
             if isinstance(value, dict):
                 if "index" not in value:
                     raise ValueError(f"exclude file {path}, line {n}: a JSON record without \"index\"")
-                if records is not None and value.get("key") is not None:
-                    records.append((n, value["index"], str(value["key"])))
+                key = None if value.get("key") is None else str(value["key"])
                 value = value["index"]
-            out.append(value)
+            out.append((n, value, key))
     return out
 
 
-def check_exclusion_keys(exclude: Any, key_of: Any) -> None:
-    """The records of an exclude file against the data's sample keys (``key_of(i)``: sample ``i``'s key, or None
-    where the data does not name it): a record whose ``"key"`` is not its index's sample's was written for another
-    index (rebuilt, reordered, another shard set) and would leave out the wrong samples — a ``ValueError`` naming
-    the first. Indices outside the data are :func:`load_exclusions`' to report; other ``exclude`` values pass."""
+def resolve_exclusions(exclude: Any, key_of: Any, index_of: Any) -> Any:
+    """``exclude`` with the records of an exclude file that name their sample's ``"key"`` resolved by it, for data
+    that names its samples (``key_of(i)``: sample ``i``'s key; ``index_of(key)``: the sample holding ``key`` — None
+    when the data holds it but leaves it out, e.g. ``fcp train``'s ``--max-tokens`` view — or ``KeyError``). A
+    record whose sample has its key keeps its index; one whose key sits elsewhere (a file written against another
+    numbering of the same samples: another ``--max-tokens``, a filtered dataset, a reordered index) takes the key's
+    sample, with one warning; a key the data does not hold is a ``ValueError`` naming the line (a file of another
+    data set). Anything else comes back as it is (for :func:`load_exclusions`)."""
     if not isinstance(exclude, (str, os.PathLike)) or not os.path.isfile(exclude):
-        return
-    records: list = []
-    _read_exclusions(os.fspath(exclude), records)
-    for n, index, key in records:
-        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        return exclude
+    path, out, moved = os.fspath(exclude), [], 0
+    entries = _read_exclusions(path)
+    for n, value, key in entries:
+        if key is None or _key_at(key_of, value) == key:
+            out.append(value)
             continue
         try:
-            actual = key_of(index)
-        except (IndexError, KeyError):
-            continue
-        if actual is not None and str(actual) != key:
-            raise ValueError(f"exclude file {os.fspath(exclude)}, line {n}: sample {index} is {str(actual)!r} in this "
-                             f"data but the record names {key!r}: the file was written for another index (rebuilt or "
-                             "reordered?), its indices would leave out other samples")
+            at = index_of(key)
+        except KeyError:
+            raise ValueError(f"exclude file {path}, line {n}: no sample of this data has key {key!r} (the record's "
+                             f"index is {value!r}): the file was written for another data set") from None
+        moved += 1
+        if at is not None:
+            out.append(int(at))
+    if not moved:
+        return exclude
+    logger.warning("exclude file %s: %d record(s) name samples whose key is at another index here (written against "
+                   "another numbering: another --max-tokens, a filtered or reordered dataset); their keys were used",
+                   path, moved)
+    return out
+
+
+def _key_at(key_of: Any, value: Any) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    try:
+        key = key_of(value)
+    except (IndexError, KeyError):
+        return None
+    return None if key is None else str(key)
 
 
 def load_exclusions(exclude: Any, num_samples: int) -> np.ndarray:
@@ -158,7 +177,7 @@ def load_exclusions(exclude: Any, num_samples: int) -> np.ndarray:
         source = f"exclude file {os.fspath(exclude)}"
         if not os.path.isfile(exclude):
             raise ValueError(f"{source}: {'a directory, not a file' if os.path.isdir(exclude) else 'no such file'}")
-        exclude = _read_exclusions(os.fspath(exclude))
+        exclude = [value for _, value, _ in _read_exclusions(os.fspath(exclude))]
     if hasattr(exclude, "tolist") and not isinstance(exclude, (list, tuple)):  # a numpy array or torch tensor
         exclude = exclude.tolist()
         exclude = [exclude] if isinstance(exclude, int) else exclude

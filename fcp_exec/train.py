@@ -165,9 +165,10 @@ class Trainer:
         from torch.utils.data import DataLoader
 
         from fcp_data import FCPDataset, FCPSampler
+        from fcp_exec.train_data import view_exclusions
 
         cfg, data = self.cfg, data or self.data
-        exclude = cfg.exclude if data is self.data else None  # indices into the training data
+        exclude = view_exclusions(data, cfg.exclude) if data is self.data else None  # the training data's numbering
         solver, degree = parse_planner(cfg.planner)
         sampler = FCPSampler(data.lengths, num_ranks=self.world, rank=self.rank, cost_model=self.cost,
                              global_batch_size=cfg.global_batch_size, seed=seed, solver=solver, prefetch=cfg.prefetch,

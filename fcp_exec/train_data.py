@@ -308,6 +308,34 @@ def load_train_data(model: str, data: str | None = None, *, max_tokens: int = 23
                                  + _dropped_note(dropped) + _labels_note(base))
 
 
+def view_exclusions(data: "TrainData", exclude: Any) -> Any:
+    """``--exclude FILE`` in the numbering of ``data`` (``TrainData.dataset``: an index's samples, or the
+    ``--max-tokens`` view of them that :class:`CappedDataset` keeps): records that name their sample's key are
+    resolved by it (:func:`fcp_data.sampler_inputs.resolve_exclusions`; a sample outside the view is left out
+    already), so a file another ``--max-tokens``, the example scripts or ``FCPDataset(errors_path=)`` wrote applies
+    to the samples it names."""
+    from fcp_data.sampler_inputs import resolve_exclusions
+
+    ds = data.dataset
+    base = getattr(ds, "base", ds)
+    keys = getattr(getattr(base, "index", None), "keys", None)
+    if exclude is None or keys is None or not hasattr(keys, "index_of"):
+        return exclude
+    keep = getattr(ds, "keep", None) if ds is not base else None
+
+    def key_of(i: int) -> str:
+        return keys[int(keep[i]) if keep is not None else i]
+
+    def index_of(key: str) -> int | None:
+        row = keys.index_of(key)
+        if keep is None:
+            return row
+        j = int(np.searchsorted(keep, row))
+        return j if j < keep.size and int(keep[j]) == row else None
+
+    return resolve_exclusions(exclude, key_of, index_of)
+
+
 def _check_tiny_vocab(model: str, base: Any, path: Path) -> None:
     """An index whose tokenizer has more ids than the tiny models' embedding (the bundled tokenizer's 2,000) would
     end the run in the embedding at its first such id: one error naming the fix."""

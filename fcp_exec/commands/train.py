@@ -154,7 +154,7 @@ def preflight(cfg, nproc: int, hf_config=None):
     line on stderr (:func:`check_data`). Returns the data."""
     from fcp_data import CostModel, FCPSampler
     from fcp_exec.train import builtin_cost_model, parse_planner
-    from fcp_exec.train_data import load_train_data
+    from fcp_exec.train_data import load_train_data, view_exclusions
 
     cost = CostModel.from_dict(cfg.cost) if cfg.cost else builtin_cost_model(cfg.max_tokens, nproc, cfg.dtype)
     if cfg.tokens_per_rank:
@@ -169,7 +169,8 @@ def preflight(cfg, nproc: int, hf_config=None):
             raise ValueError("tiny-mllm needs a multimodal dataset (an index built with a vision spec, e.g. qwen2-vl)")
         sampler = FCPSampler(data.lengths, num_ranks=nproc, rank=0, cost_model=cost,
                              global_batch_size=cfg.global_batch_size, seed=cfg.seed, solver=solver, prefetch=0,
-                             visual_layout=data.visual_layout, exclude=cfg.exclude if which is cfg.data else None,
+                             visual_layout=data.visual_layout,
+                             exclude=view_exclusions(data, cfg.exclude) if which is cfg.data else None,
                              solver_options=None if degree is None else {"degree": degree})
         if out is None:
             check_data(cfg, data, sampler)
@@ -192,12 +193,6 @@ def check_data(cfg, data, sampler) -> None:
     if cfg.sample_labels and not data.has_labels:
         raise ValueError(f"--sample-labels trains on each sample's own labels, but {what} carries none (an SFT index "
                          "built from prompt/response or chat fields does): it would have no effect here")
-    if cfg.exclude:  # read-error records of another index would leave out other samples
-        from fcp_data.read_errors import sample_key
-        from fcp_data.sampler_inputs import check_exclusion_keys
-
-        base = getattr(data.dataset, "base", data.dataset)
-        check_exclusion_keys(cfg.exclude, lambda i: sample_key(base, i))
     if int(os.environ.get("RANK", "0") or 0) != 0:  # under torchrun every rank runs the checks; rank 0 tells
         return
     if cfg.json_lines and data.num_dropped:

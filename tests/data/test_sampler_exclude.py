@@ -223,10 +223,12 @@ def test_same_num_global_batches_refuses_exactly_what_would_change_an_epochs_len
         s.exclude_later([free + 1], 3, same_num_global_batches="yes")
 
 
-def test_an_errors_file_of_another_index_is_refused(tmp_path):
-    """A read-errors file names each sample by index and key; given an index whose sample at that position has
-    another key (the data rebuilt or reordered since), its indices would leave out other samples, silently. Reference:
-    the index's own keys — a file that matches them is taken, one record off is one error naming its line."""
+def test_records_are_resolved_by_their_keys_in_an_index(tmp_path, caplog):
+    """A read-errors file names each sample by index and key. Given an index whose sample at a record's index has
+    another key (the file was written against another numbering of the same samples: ``fcp train``'s
+    ``--max-tokens`` view, a filtered dataset, a reordered index), the record's index would leave out another sample,
+    silently: the key decides (one warning); a key the index does not hold is one error naming the line. Reference:
+    the index's own keys."""
     from fcp_data import LengthIndex
     from fcp_data.index import build_index
 
@@ -241,12 +243,44 @@ def test_an_errors_file_of_another_index_is_refused(tmp_path):
     cm = CM.replace(tokens_per_rank=4096)
     s = FCPSampler(index, num_ranks=2, rank=0, cost_model=cm, global_batch_size=4, exclude=good)
     assert s.excluded.tolist() == [2, 3, 5, 7]
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text(json.dumps({"index": 2, "key": keys[2]}) + "\n" + json.dumps({"index": 5, "key": keys[4]}) + "\n")
-    message = (rf"line 2: sample 5 is {re.escape(repr(keys[5]))} in this data but the record names "
-               rf"{re.escape(repr(keys[4]))}: the file was written for another index")
-    with pytest.raises(ValueError, match=message):
-        FCPSampler(index, num_ranks=2, rank=0, cost_model=cm, global_batch_size=4, exclude=bad)
-    # plain lengths name no sample: the same file is taken as indices (nothing to compare against)
-    t = FCPSampler(index.num_tokens, num_ranks=2, rank=0, cost_model=cm, global_batch_size=4, exclude=bad)
-    assert t.excluded.tolist() == [2, 5]
+    moved = tmp_path / "moved.jsonl"  # sample 4's key recorded at index 9 (another numbering), sample 2's as it is
+    moved.write_text(json.dumps({"index": 2, "key": keys[2]}) + "\n" + json.dumps({"index": 9, "key": keys[4]}) + "\n")
+    with caplog.at_level("WARNING", logger="fcp_data"):
+        t = FCPSampler(index, num_ranks=2, rank=0, cost_model=cm, global_batch_size=4, exclude=moved)
+    assert t.excluded.tolist() == [2, 4]
+    assert "1 record(s) name samples whose key is at another index here" in caplog.text
+    other = tmp_path / "other.jsonl"
+    other.write_text(json.dumps({"index": 2, "key": keys[2]}) + "\n" + json.dumps({"index": 5, "key": "elsewhere"})
+                     + "\n")
+    with pytest.raises(ValueError, match=r"line 2: no sample of this data has key 'elsewhere' \(the record's index "
+                                         r"is 5\): the file was written for another data set"):
+        FCPSampler(index, num_ranks=2, rank=0, cost_model=cm, global_batch_size=4, exclude=other)
+    # plain lengths name no sample: the same file is taken as indices (nothing to resolve against)
+    u = FCPSampler(index.num_tokens, num_ranks=2, rank=0, cost_model=cm, global_batch_size=4, exclude=moved)
+    assert u.excluded.tolist() == [2, 9]
+
+
+def test_fcp_train_resolves_records_in_its_max_tokens_view(tmp_path):
+    """``fcp train`` numbers samples in the view ``--max-tokens`` keeps (an image/video sample longer than it is left
+    out, so later samples move down): records it wrote under one ``--max-tokens`` name rows of another view, and
+    records of the full index (``FCPDataset(errors_path=)``, the example scripts) name rows of none. Reference: the
+    view's own keys — each record leaves out the sample of its key, wherever the view puts it."""
+    from types import SimpleNamespace
+
+    from fcp_data import IndexedDataset
+    from fcp_data.index import build_index
+    from fcp_exec.train_data import CappedDataset, view_exclusions
+
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"id": f"d{i}", "text": "word " * (5 + i)}) + "\n" for i in range(8)))
+    build_index([str(docs)], "text", tmp_path / "ix", progress=False)
+    base = IndexedDataset(tmp_path / "ix")
+    keys = [base.sample_key(i) for i in range(8)]
+    view = SimpleNamespace(dataset=CappedDataset(base, np.array([0, 1, 3, 4, 6, 7]), 10_000))  # rows 2 and 5 out
+    rec = tmp_path / "rec.jsonl"  # rows 4 and 5 (full numbering) and view position 4 (row 6) of another run
+    rec.write_text("".join(json.dumps({"index": i, "key": keys[r]}) + "\n" for i, r in ((4, 4), (5, 5), (4, 6))))
+    assert view_exclusions(view, str(rec)) == [3, 4]  # row 4 is view 3, row 5 is out of the view, row 6 is view 4
+    plain = tmp_path / "plain.txt"
+    plain.write_text("1\n")
+    assert view_exclusions(view, str(plain)) == str(plain)  # nothing keyed: the file as it is
+    assert view_exclusions(SimpleNamespace(dataset=base), str(rec)) == [4, 5, 6]  # the full index: its rows

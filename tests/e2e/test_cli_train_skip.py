@@ -54,7 +54,7 @@ def test_train_skips_damaged_videos_and_reports_them(tmp_path):
     other.write_text(json.dumps({**lines[0], "key": "not-" + lines[0]["key"]}) + "\n")
     r = _fcp(*common, "--steps", "1", "--exclude", str(other))
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
-    assert "the file was written for another index" in r.stderr.strip().splitlines()[-1], r.stderr[-3000:]
+    assert "no sample of this data has key 'not-" in r.stderr.strip().splitlines()[-1], r.stderr[-3000:]
 
     r = _fcp(*common, "--steps", "3", "--on-read-error", "raise")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
