@@ -40,7 +40,7 @@ from fcp_exec.script import (ArgumentParser, both_or_neither, count, hardware_or
                              output_dir, positive_int, run_main)
 from fcp_exec.skips import leave_out_later
 from fcp_exec.step import make_reducer, train_step
-from fcp_exec.train_data import HF_SPECS
+from fcp_exec.train_data import HF_SPECS, check_index_fits
 
 
 def forever(loader: DataLoader):
@@ -113,6 +113,7 @@ def main(argv: list[str] | None = None) -> None:
         raise ValueError(f"--config: a {config.model_type} model has no video spec; use one of {', '.join(HF_SPECS)}")
     spec = HF_SPECS[config.model_type]
     data = IndexedDataset(args.data or bundled_index(spec))  # input_ids with placeholders, pixel patches (tiles), grids
+    check_index_fits(config, data, args.data or "the bundled samples")  # another family's spec: one line, not a worker's
     cost = CostModel.load(args.cost) if args.cost else CostModel.preset(config, args.hardware)
     # the sampler counts label tokens exactly, visual placeholders excluded, from the index (no data is read)
     sampler = FCPSampler(data.index, cost_model=cost.replace(tokens_per_rank=args.tokens_per_rank),

@@ -145,7 +145,7 @@ class FCPCollator:
         if mrope and not self.visual_ids:
             raise ValueError(f"{'position_fn' if position_fn is not None else 'mrope=True'} needs visual_token_id (the "
                              "placeholder id(s) of visual tokens)")
-        self.mrope = mrope
+        self.mrope, self._rule = mrope, ({"mrope_rule": "fcp"} if mrope and position_fn is None else {})
         self.strict_lengths = flag("strict_lengths", strict_lengths)
         self.mask_visual_labels = flag("mask_visual_labels", mask_visual_labels) and bool(self.visual_ids)
         self.sample_labels = flag("sample_labels", sample_labels)
@@ -180,7 +180,7 @@ class FCPCollator:
             raise ValueError(
                 "an empty batch must carry the micro-batch metadata (an idle rank's SlotList); build the "
                 "DataLoader with batch_sampler=FCPSampler(...) and dataset=FCPDataset(base)")
-        return {k: getattr(meta, k) for k in _META}
+        return {k: getattr(meta, k) for k in _META} | self._rule
 
     def _denominator(self, meta: dict[str, Any], has_visual_target: bool) -> dict[str, Any]:
         """``meta`` with ``num_tokens_global`` = the non-ignored labels of the global batch."""

@@ -32,7 +32,9 @@ With the old rule (≤ 5.2.0) the same holds without the ``t ≤ max(h, w) / m``
 releases between 5.3 and 5.5.3 also offset temporal positions wrongly (#45381 → #45400; images: #45325, fixed
 in 5.5.4), so they agree even less. ``tests/exec/test_hf_positions.py`` checks these statements in both directions
 against the installed version. For exact parity with a transformers model, pass
-``position_fn=HFRopeIndex(config)``, or use ``hf_collator``.
+``position_fn=HFRopeIndex(config)``, or use ``hf_collator``. Batches whose positions this rule made carry
+``mrope_rule = "fcp"``; ``fcp_exec.integrations.hf.batch_inputs`` warns once when a Qwen2-VL / Qwen2.5-VL model
+gets them.
 """
 
 from __future__ import annotations

@@ -79,7 +79,8 @@ def iter_frames(src: bytes | str | Path, indices, num_frames: int | None = None,
             step = max(1, int(chunk_bytes or DECODE_CHUNK_BYTES) // max(batch[0].nbytes, 1))
     except decord.DECORDError as e:
         lines = str(e).strip().splitlines()
-        msg = re.sub(r"^\[\d{2}:\d{2}:\d{2}\] \S+:\d+: ", "", lines[0] if lines else "")
+        # decord prefixes "[hh:mm:ss] file.cc:line: ", nested once per layer: all stripped (a record stays the same)
+        msg = re.sub(r"^(?:\[\d{2}:\d{2}:\d{2}\] \S+:\d+: )+", "", lines[0] if lines else "")
         raise VideoDecodeError(f"cannot decode the video's frames ({msg})") from None
 
 
@@ -146,7 +147,9 @@ def qwen_second_per_grid(num_sampled_frames: int, total_frames: int, video_fps: 
 
 
 def _resize_bicubic(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-    """``[T, C, H, W]`` float → resized like ``torchvision.transforms.functional.resize(BICUBIC, antialias=True)``."""
+    """``[T, C, H, W]`` float → resized like ``torchvision.transforms.functional.resize(BICUBIC, antialias=True)`` in
+    float, then rounded. torchvision given uint8 (qwen-vl-utils, transformers' processors) uses a fixed-point uint8
+    kernel: within 1 grey level on natural frames, up to ~21 on pixel noise (a review measured, stop 60)."""
     if tuple(x.shape[-2:]) == tuple(size):
         return x
     y = torch.nn.functional.interpolate(x, size=size, mode="bicubic", align_corners=False, antialias=True)

@@ -172,6 +172,23 @@ def apply_fcp(model: nn.Module, *, kernel=None, timeout: float | None = None) ->
     return model
 
 
+_OWN_ROPE_INDEX = ("qwen2_vl", "qwen2_5_vl")  # their get_rope_index departs from fcp_data.mrope's rule (there)
+_WARNED_POSITIONS: set = set()
+
+
+def _warn_builtin_positions(model_type: str) -> None:
+    """Once per model type: positions of ``FCPCollator(mrope=True)``'s built-in rule given to a model whose own rule
+    differs for videos (transformers >= 5.3; Qwen2.5-VL's seconds-scaled temporal index) — training would see
+    other positions than the model does at inference."""
+    if model_type in _WARNED_POSITIONS:
+        return
+    _WARNED_POSITIONS.add(model_type)
+    warnings.warn(f"a {model_type} model gets 3-D positions of FCPCollator(mrope=True)'s built-in rule, which differs "
+                  "from this model's get_rope_index for videos (fcp_data/mrope.py says where); for the model's own "
+                  "positions build the collator with fcp_exec.integrations.hf_positions.hf_collator(model)",
+                  stacklevel=3)
+
+
 def batch_inputs(batch: dict, model: nn.Module) -> dict[str, Any]:
     """Keyword arguments for ``model(**...)`` from one ``FCPCollator`` batch (module docstring). The model must
     have gone through :func:`apply_fcp` (DDP-wrapped or not). The micro-batch's ``RingBatch`` (its plan, made once)
@@ -208,6 +225,8 @@ def batch_inputs(batch: dict, model: nn.Module) -> dict[str, Any]:
             raise ValueError(f"a {state.model_type} model needs Qwen-VL 3-D positions in the batch: build the collator "
                              "with fcp_exec.integrations.hf_positions.hf_collator(model)")
         else:
+            if batch.get("mrope_rule") == "fcp" and state.model_type in _OWN_ROPE_INDEX:
+                _warn_builtin_positions(state.model_type)
             out["position_ids"] = batch["mrope_position_ids"].to(device)[:, None, :]
         vpos = batch.get("visual_pos", torch.zeros(0, dtype=torch.long))
         vidx = batch.get("visual_index", torch.zeros(0, dtype=torch.long))

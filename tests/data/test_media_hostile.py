@@ -327,3 +327,20 @@ def test_chunked_video_decode_equals_one_batch(tmp_path, spec_name):
     assert torch.equal(tiny[0], whole[0]) and torch.equal(tiny[1], whole[1])
     if spec.family == "qwen-vl":
         assert torch.equal(tiny[0], _one_batch_reference(spec, plan, path))
+
+
+def test_decord_messages_lose_every_time_stamp_layer(monkeypatch):
+    """decord nests its "[hh:mm:ss] file.cc:line: " prefix once per layer that rethrows; only the first was stripped,
+    so a recorded error's detail kept a wall-clock stamp and differed between runs of the same file (found by a review,
+    stop 60). Reference: decord's message without any prefix."""
+    decord = pytest.importorskip("decord")
+    from fcp_data.video import VideoDecodeError, decode_frames
+
+    def broken(*a, **k):
+        raise decord.DECORDError("[13:55:26] /src/video/video_reader.cc:42: [13:55:27] /src/video/ffmpeg/threaded_"
+                                 "decoder.cc:218: Check failed: avcodec_send_packet(x) >= 0 (-1 vs. 0)\nStack trace:")
+
+    monkeypatch.setattr(decord, "VideoReader", broken)
+    with pytest.raises(VideoDecodeError) as err:
+        decode_frames(b"not a video", [0])
+    assert str(err.value) == "cannot decode the video's frames (Check failed: avcodec_send_packet(x) >= 0 (-1 vs. 0))"

@@ -153,6 +153,17 @@ def test_the_video_example_names_a_model_without_a_video_spec(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert r.stderr.strip().splitlines()[-1].startswith(
         "train_qwen2_5_vl_video.py: error: --config: a qwen3 model has no video spec; use one of qwen2_vl, "), r.stderr
+    # a Qwen3-VL config on an index of Qwen2.5-VL's spec died in a DataLoader worker (a flattened traceback, "placeholder
+    # run ... holds 2800 video tokens"): one line before any step, as fcp train says it (found by a review, stop 60)
+    from fcp_data import bundled_index
+
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "train_qwen2_5_vl_video.py"), "--config",
+                        str(ROOT / "examples" / "configs" / "qwen3_vl-tiny.json"), "--data",
+                        str(bundled_index("qwen2.5-vl")), "--steps", "1"], capture_output=True, text=True, timeout=300,
+                       cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "pixel patches of 1176 values but the model's vision tower takes 1536" in \
+        r.stderr.strip().splitlines()[-1], r.stderr[-2000:]
 
 
 @pytest.mark.parametrize("name", EXAMPLES)

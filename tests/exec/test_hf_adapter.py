@@ -91,6 +91,33 @@ def test_vl_batch_without_3d_positions_is_a_clear_error():
         hf.batch_inputs(batch, model)
 
 
+@torch.no_grad()
+def test_builtin_mrope_positions_for_a_qwen2_5_vl_model_are_named_once():
+    """``FCPCollator(mrope=True)``'s built-in rule differs from Qwen2-VL / Qwen2.5-VL's own ``get_rope_index`` for
+    videos under transformers >= 5.3 (fcp_data/mrope.py; a review measured 140-2708 positions per real video off by
+    up to 27, gradients 9 % off the stock model): a model of those types given such a batch warns once, naming
+    ``hf_collator``; a batch of positions from elsewhere (``position_fn``, ``hf_collator``) does not."""
+    import warnings
+
+    model = hf.apply_fcp(hf.build_model(CONFIGS / "qwen2_5_vl-tiny.json", dtype=torch.float64, seed=0))
+    vid = int(hf.unwrap(model).config.video_token_id)
+    doc = torch.randint(10, 2000, (9,))
+    batch = FCPCollator(pad_token_id=1, visual_token_id=vid, mrope=True)([({"input_ids": doc}, _slot(0, 9, 8))])
+    assert batch["mrope_rule"] == "fcp"
+    hf._WARNED_POSITIONS.discard("qwen2_5_vl")
+    with pytest.warns(UserWarning, match=r"qwen2_5_vl model gets 3-D positions of FCPCollator\(mrope=True\)'s "
+                                         r"built-in rule.*hf_collator\(model\)"):
+        hf.batch_inputs(batch, model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        hf.batch_inputs(dict(batch), model)  # once per model type
+        hf._WARNED_POSITIONS.discard("qwen2_5_vl")
+        own = FCPCollator(pad_token_id=1, visual_token_id=vid, position_fn=lambda s, ids: torch.arange(
+            ids.numel()).expand(3, -1))([({"input_ids": doc}, _slot(0, 9, 8))])
+        assert "mrope_rule" not in own
+        hf.batch_inputs(own, model)
+
+
 def test_config_errors_are_one_line(tmp_path):
     with pytest.raises(ValueError, match="no model config"):
         hf.load_config(tmp_path / "missing.json")
