@@ -46,9 +46,9 @@ def check_micro_batch(spec: Any, result: Any, lengths: np.ndarray, etas: np.ndar
     used = [r for g in mb.groups for r in g.ranks]
     if len(set(used)) != len(used):
         raise bad("ranks overlap: a rank is in two CP groups of one micro-batch")
-    top = max(used)
-    if top >= num_ranks:
-        raise bad(f"rank {top} does not exist (ranks are 0..{num_ranks - 1})")
+    low, top = min(used), max(used)
+    if low < 0 or top >= num_ranks:  # a prechecked plan skipped CPGroup's own check
+        raise bad(f"rank {low if low < 0 else top} does not exist (ranks are 0..{num_ranks - 1})")
     s, q, b, v = sequence_terms(lengths, etas, visual)
     for g in mb.groups:
         if not g.seq_ids:

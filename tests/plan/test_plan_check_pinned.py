@@ -107,3 +107,18 @@ def test_an_empty_group_is_an_invalid_plan(toy):
     toy("with-empty", with_empty)
     with pytest.raises(InvalidPlanError, match="holds no sequence"):
         plan_batch(lengths, num_ranks=4, cost_model=CM, solver="with-empty")
+
+
+def test_a_negative_rank_of_a_prechecked_plan_is_named_by_the_checker(toy):
+    """A solver building its plan with the unchecked constructors puts a group on rank -1: the checker only compared
+    the highest rank with ``num_ranks``, so the plan passed it and failed later with "ranks must be >= 0", naming no
+    solver (found by the mutation review, stop 60)."""
+    lengths = [3000, 2000]
+
+    def negative(lengths, etas, num_ranks, cost_model, *, visual=None):
+        t = _time(lengths, (-1, 0))
+        return MicroBatchPlan.prechecked((CPGroup.prechecked((-1, 0), tuple(range(len(lengths))), t),), t), None
+
+    toy("negative-rank", negative)
+    with pytest.raises(InvalidPlanError, match=r"solver 'negative-rank'.*rank -1 does not exist \(ranks are 0..3\)"):
+        plan_batch(lengths, num_ranks=4, cost_model=CM, solver="negative-rank")

@@ -6,6 +6,9 @@ removing it (``if False and with_baselines ...``) survived. This instance (found
 sequences on 32 ranks, nodes of 4) is one where every other FCP candidate is ~4.9 % slower than megatron-dynamic."""
 from __future__ import annotations
 
+import numpy as np
+import pytest
+
 from fcp_data.cost import CostModel
 from fcp_data.plan import plan_batch
 
@@ -27,3 +30,18 @@ def test_fcp_is_never_slower_than_megatron_dynamic_where_only_that_candidate_win
     fcp = plan_batch(L, num_ranks=32, cost_model=CM, etas=ETAS, solver="fcp")
     meg = plan_batch(L, num_ranks=32, cost_model=CM, etas=ETAS, solver="megatron-dynamic")
     assert fcp.makespan <= meg.makespan * (1 + 1e-9)
+
+
+def test_megatron_dynamic_stops_when_a_doubling_does_not_improve():
+    """megatron-dynamic's greedy (baselines.py docstring): the heaviest sequence of the slowest group doubles its
+    degree *while the makespan improves*. Two equal sequences of 2·E tokens on 8 ranks start at degrees 2 + 2;
+    doubling one leaves the other as slow, so the greedy stops at 2 + 2 (mutant: continuing on equal makespans,
+    which ends at 4 + 4, survived the suite)."""
+    from fcp_data.plan.baselines import megatron_dynamic
+
+    cm = CostModel(alpha1=2e-9, alpha2=1e-4, alpha3=3e5, beta1=0.01, beta2=0.02, bandwidth_intra=1e11,
+                   bandwidth_inter=1.2e10, ranks_per_node=8, tokens_per_rank=4096)
+    L = np.array([8192, 8192])
+    mb = megatron_dynamic(L, np.zeros(2), 8, cm)
+    assert sorted(g.degree for g in mb.groups) == [2, 2]
+    assert mb.makespan == pytest.approx(cm.group_time([8192], ranks=2), rel=1e-12)
