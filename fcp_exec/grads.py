@@ -6,8 +6,9 @@
   rescale (:func:`fcp_exec.step.rescale_skipped`) would rescale them again. :func:`set_aside` takes the gradients
   present when the step starts out of the parameters (``.grad`` None, as after ``zero_grad()``), the step reduces
   only its own, and :func:`add_back` adds the earlier ones again afterwards. FSDP1 (whose flat-parameter gradients
-  cannot be taken out safely) accumulates its reduced shards itself: there :func:`snapshot` copies the gradients
-  present at the step's start and :func:`scale_own` rescales only what the step added.
+  cannot be taken out safely) accumulates its reduced shards itself: a step that starts with gradients present
+  (:func:`holds_grads`) takes its failed reads out of the denominator before its first forward instead, so nothing
+  is rescaled afterwards (no copy of the gradients is kept).
 * **Ranks start from the same weights** (:func:`broadcast_module_states`): the all-reduce reducer wraps nothing, so
   unlike DDP (which broadcasts rank 0's states) and FSDP2 (which shards one copy) it would train ranks that were
   initialised apart on different weights; rank 0's parameters and buffers are broadcast, bit for bit, once per model.
@@ -19,7 +20,6 @@
 
 from __future__ import annotations
 
-import contextvars
 import weakref
 
 import torch
@@ -28,7 +28,7 @@ from torch import nn
 
 from fcp_data.sampler_inputs import dist_rank_and_world
 
-__all__ = ["add_back", "broadcast_module_states", "mark_replaced", "scale_own", "set_aside", "snapshot"]
+__all__ = ["add_back", "broadcast_module_states", "holds_grads", "mark_replaced", "set_aside"]
 
 _BUCKET_BYTES = 256 << 20  # at most this much extra memory per broadcast
 
@@ -58,30 +58,12 @@ def add_back(kept: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
                 p.grad.add_(old)
 
 
-_EARLIER: contextvars.ContextVar[dict] = contextvars.ContextVar("fcp_earlier_grads", default={})
-
-
-def snapshot(model: nn.Module, reducer) -> dict[int, torch.Tensor]:
-    """For a reducer with ``snapshots_grads`` (FSDP1), ``{id(parameter): a copy of its gradient}`` of the gradients
-    present when a step starts (``{}`` when none is, as after ``zero_grad()``); else ``{}``."""
-    if not getattr(reducer, "snapshots_grads", False):
-        return {}
-    return {id(p): p.grad.detach().clone() for p in model.parameters() if p.grad is not None}
-
-
-def scale_own(model: nn.Module, scale: float, earlier: dict[int, torch.Tensor] | None = None) -> None:
-    """Every gradient times ``scale``, but of a gradient that held ``earlier[id(p)]`` when the step started only the
-    part the step added: ``old + (grad - old) * scale`` (``earlier``: the running step's :func:`snapshot`)."""
-    earlier = _EARLIER.get() if earlier is None else earlier
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.grad is None:
-                continue
-            old = earlier.get(id(p))
-            if old is None or old.shape != p.grad.shape:
-                p.grad.mul_(scale)
-            else:
-                p.grad.sub_(old).mul_(scale).add_(old)
+def holds_grads(model: nn.Module, reducer) -> bool:
+    """True for a reducer with ``exact_when_accumulating`` (FSDP1) and a model holding gradients when a step starts
+    (accumulation over steps, or ``zero_grad(set_to_none=False)``): a rescale after the backward would scale the
+    earlier steps' gradients too, so :func:`fcp_exec.step.train_step` counts the failed reads first."""
+    return bool(getattr(reducer, "exact_when_accumulating", False)) and any(
+        p.grad is not None for p in model.parameters())
 
 
 def broadcast_module_states(model: nn.Module, src: int = 0) -> None:

@@ -187,7 +187,7 @@ class FSDP1Reducer:
     ``clip_grad_norm_`` on the root (float32 and lower only); fp16 with :func:`grad_scaler_class` ``("fsdp1")``."""
 
     name = "fsdp1"
-    snapshots_grads = True  # accumulation over steps: a skipped read rescales only the step's part (fcp_exec.grads)
+    exact_when_accumulating = True  # over steps: failed reads leave the denominator first (fcp_exec.grads.holds_grads)
 
     def __init__(self, model: nn.Module) -> None:
         from torch.distributed.fsdp import FullyShardedDataParallel

@@ -50,7 +50,7 @@ import torch.distributed as dist
 from torch import nn
 
 from fcp_data.sampler_inputs import dist_rank_and_world
-from fcp_exec.grads import scale_own
+from fcp_exec.grads import holds_grads
 from fcp_exec.lockstep import check_plan_agreement
 from fcp_exec.reducers import (REDUCER_NAMES, AllReduceReducer, DDPReducer, FSDP2Reducer,  # noqa: F401 - re-exported
                                make_reducer, mixed_precision, reducer_for)
@@ -215,8 +215,8 @@ def train_step(model: nn.Module, micro_batches: Iterable[dict], loss_fn: Callabl
     their gradients, as ``loss.backward()`` per batch would (divide the learning rate, or the gradients, by their
     number for their mean). The gradients already in ``.grad`` when a step starts are set aside, the step reduces
     only its own and adds them back (:mod:`fcp_exec.grads`; the all-reduce, DDP and FSDP2 reducers; FSDP1 adds its
-    reduced shards itself, and a skipped read rescales only the step's part; DeepSpeed accumulates in its engine:
-    step it once per ``train_step``). A step inside ``torch.autocast`` clears autocast's
+    reduced shards itself, and its failed reads leave the denominator before the first forward; DeepSpeed
+    accumulates in its engine: step it once per ``train_step``). A step inside ``torch.autocast`` clears autocast's
     weight-cast cache around every micro-batch (:func:`fcp_exec.step_checks.autocast_active`); :func:`autocast_loss`
     is the usual way. The loader's epoch ending is :class:`EpochEnded`."""
     backward = getattr(reducer, "backward", None)  # DeepSpeed: through the engine
@@ -225,8 +225,8 @@ def train_step(model: nn.Module, micro_batches: Iterable[dict], loss_fn: Callabl
                          "(its config's \"fp16\" section)")
     if grad_scaler is not None and hasattr(reducer, "check_grad_scaler"):  # FSDP1: a scaler that sees every shard
         reducer.check_grad_scaler(grad_scaler)
-    first, it, num_mb = _open_step(micro_batches, model, ignore_index,
-                                   exact=bool(getattr(reducer, "exact_denominator", False)) or _whole_step_loss(model))
+    exact = bool(getattr(reducer, "exact_denominator", False)) or _whole_step_loss(model) or holds_grads(model, reducer)
+    first, it, num_mb = _open_step(micro_batches, model, ignore_index, exact=exact)
     res, totals = StepResult(loss=0.0, num_tokens=0), torch.zeros(3, dtype=torch.float64)
     amp = autocast_active(model)
     with in_step(model, reducer):  # gradients of earlier steps set aside, added back at the end
@@ -381,11 +381,15 @@ def rescale_skipped(model: nn.Module, num_tokens_global: int, skipped_labels: in
     ``.grad`` times ``num_tokens_global / (num_tokens_global - skipped_labels)`` (FSDP2's sharded gradients
     scale shard by shard). ``skipped_labels``: the SUM over all ranks of the batches' ``num_skipped_labels`` (the
     label tokens of samples that failed to read, :mod:`fcp_data.read_errors`). :func:`train_step` calls it; a loop
-    of your own all-reduces that sum and calls it after the last backward, before clipping and the optimizer.
-    Returns the factor (1 when nothing was skipped or nothing is left)."""
+    of your own all-reduces that sum and calls it after the last backward, before clipping and the optimizer (it
+    scales every ``.grad``: accumulating global batches, call it before the next batch's backward). Returns the factor (1 when nothing was skipped or nothing is left)."""
     scale = _skip_factor(num_tokens_global, skipped_labels)
-    if scale != 1.0:  # inside a train_step only its own gradients (FSDP1 accumulates earlier steps' in place)
-        scale_own(model, scale)
+    if scale == 1.0:
+        return scale
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.grad is not None:
+                p.grad.mul_(scale)
     return scale
 
 

@@ -12,7 +12,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from fcp_exec.grads import _EARLIER, add_back, set_aside, snapshot
+from fcp_exec.grads import add_back, set_aside
 
 __all__ = ["EpochEnded", "LOSS_CONTRACT", "autocast_active", "check_loss", "in_step", "inside_step",
            "next_micro_batch"]
@@ -91,15 +91,13 @@ _IN_STEP: contextvars.ContextVar[bool] = contextvars.ContextVar("fcp_in_step", d
 @contextlib.contextmanager
 def in_step(model: nn.Module, reducer=None):
     """The body of a step: :func:`inside_step` is True, and (with a ``reducer`` that sets them aside) the gradients
-    present at entry are out of ``.grad`` until the exit adds them back — or, FSDP1, copied for the skipped-read
-    rescale (:mod:`fcp_exec.grads`)."""
+    present at entry are out of ``.grad`` until the exit adds them back (:mod:`fcp_exec.grads`)."""
     kept = set_aside(model, reducer) if reducer is not None else []
-    token, earlier = _IN_STEP.set(True), _EARLIER.set(snapshot(model, reducer) if reducer is not None else {})
+    token = _IN_STEP.set(True)
     try:
         yield
     finally:
         _IN_STEP.reset(token)
-        _EARLIER.reset(earlier)
         add_back(kept)
 
 
