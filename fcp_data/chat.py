@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ROLES", "TEMPLATES", "UNRENDERED_KEYS", "ChatFormatError", "ChatTemplate", "render_chat",
+__all__ = ["ROLES", "TEMPLATES", "UNRENDERED_KEYS", "ChatFormatError", "ChatTemplate", "chat_tools", "render_chat",
            "resolve_template", "split_markers", "template_label", "template_markers", "trained_token_mask",
            "turn_dicts"]
 
@@ -188,13 +188,44 @@ def _unrendered(turn: dict, k: int, name: str) -> None:
                                                   "--chat-template MODEL_DIR")
 
 
-def render_chat(messages: Any, name: str | dict = "chatml") -> tuple[str, list[tuple[int, int]]]:
+def chat_tools(line: Any, field: str | None) -> list[dict] | None:
+    """The tool definitions of a conversation line — its ``field`` (``fcp index --tools-field``, ``tools`` by
+    default, as TRL's SFTTrainer reads them) — as ``apply_chat_template(tools=...)`` takes them: a list of objects
+    (JSON schemas, ``{"type": "function", "function": {...}}``), or a JSON string of one (how many Hugging Face
+    datasets store them). No field, null or a blank string: None (no tools); ``[]`` stays ``[]``, as transformers
+    passes it (a template testing ``tools is not none`` writes its tools section for it). Anything else is
+    ``bad_tools``."""
+    import json
+
+    value = line.get(field) if field and isinstance(line, dict) else None
+    if isinstance(value, str) and value.strip():
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ChatFormatError("bad_tools", f"tools field {field!r} is a string but not JSON ({e.msg} at "
+                                               f"character {e.pos})") from None
+    if value is None or isinstance(value, str) and not value.strip():
+        return None
+    if not isinstance(value, list) or not all(isinstance(t, dict) and t for t in value):
+        raise ChatFormatError("bad_tools", f"tools field {field!r} must be a list of tool objects (or a JSON "
+                                           f"string of one), got {type(value).__name__}")
+    return value
+
+
+def render_chat(messages: Any, name: str | dict = "chatml",
+                tools: list[dict] | None = None) -> tuple[str, list[tuple[int, int]]]:
     """The conversation's text under template ``name`` (a built-in name, or a model's own template as
-    :func:`resolve_template` read it) and the ``[start, end)`` character spans trained on."""
+    :func:`resolve_template` read it) and the ``[start, end)`` character spans trained on; ``tools`` (from
+    :func:`chat_tools`) are given to a model's template as ``apply_chat_template(tools=...)`` gives them, and
+    refused by the built-ins (``unsupported_tools``: they cannot write them)."""
     if isinstance(name, dict):
         from fcp_data.chat_jinja import render
 
-        return render(messages, name)
+        return render(messages, name, tools)
+    if tools:
+        raise ChatFormatError("unsupported_tools", f"the line has {len(tools)} tool definition(s), which the built-in "
+                                                   f"{name} template cannot write: index with the model's own "
+                                                   "template, --chat-template MODEL_DIR")
     t = template(name)
     parts, spans, pos = [t.begin], [], len(t.begin)
     for k, turn in enumerate(turn_dicts(messages)):

@@ -27,6 +27,32 @@ SFT (docs/SFT.md; train with FCPCollator(sample_labels=True), fcp train --data t
   fcp index llava.jsonl --spec qwen2.5-vl --chat-field conversations --media-root videos/ --out idx-video-sft"""
 
 
+def _sft_arguments(p) -> None:
+    """The options of SFT lines (docs/SFT.md)."""
+    p.add_argument("--prompt-field", default=None, metavar="FIELD",
+                   help="jsonl/Parquet field holding an SFT prompt: a sample is the prompt's tokens then --text-field's (the "
+                        "response), and its labels mask the prompt (FCPCollator(sample_labels=True); fcp train "
+                        "turns it on for such an index)")
+    p.add_argument("--chat-field", default=None, metavar="FIELD",
+                   help="jsonl/Parquet field holding a conversation [{role, content}, ...] (or ShareGPT's [{from, value}, "
+                        "...]): rendered by --chat-template, labels train the assistant turns only "
+                        "(see fcp_data/chat.py)")
+    p.add_argument("--chat-template", default=None, metavar="NAME|PATH",  # None: refused alone, chatml with --chat-field
+                   help="template of --chat-field: chatml (generic ChatML, the default), llama3 (role and text only: "
+                        "tool calls and reasoning are refused) or the model's own Jinja template (its folder, "
+                        "tokenizer_config.json or chat_template.jinja; {%% generation %%} blocks say what to train, "
+                        "else each assistant turn up to its end-of-turn marker). Index with the model's own "
+                        "--tokenizer so its special tokens are single tokens")
+    p.add_argument("--tools-field", default=None, metavar="FIELD",
+                   help="jsonl/Parquet field of a --chat-field line holding its tool definitions (a list of JSON "
+                        "schemas, or a JSON string of one), given to the template as apply_chat_template(tools=...) "
+                        "and TRL's SFTTrainer give them (default: tools; lines without it have none; the built-in "
+                        "templates refuse lines with tools)")
+    p.add_argument("--media-root", default=None, metavar="DIR",
+                   help="folder that the relative image/video paths of --chat-field lines are under (LLaVA's "
+                        "'video': 'a.mp4' or a {'type': 'video', 'video': ...} part; default: the jsonl's folder)")
+
+
 def register(subparsers, summary: str) -> None:
     import argparse
 
@@ -50,23 +76,7 @@ def register(subparsers, summary: str) -> None:
                         "sample, so a video damaged behind a readable header is an error record now instead of a "
                         "sample skipped in training (BENCHMARKS.md 'Length index': its cost)")
     p.add_argument("--text-field", default="text", help="jsonl/Parquet field holding the text (default: text)")
-    p.add_argument("--prompt-field", default=None, metavar="FIELD",
-                   help="jsonl/Parquet field holding an SFT prompt: a sample is the prompt's tokens then --text-field's (the "
-                        "response), and its labels mask the prompt (FCPCollator(sample_labels=True); fcp train "
-                        "turns it on for such an index)")
-    p.add_argument("--chat-field", default=None, metavar="FIELD",
-                   help="jsonl/Parquet field holding a conversation [{role, content}, ...] (or ShareGPT's [{from, value}, "
-                        "...]): rendered by --chat-template, labels train the assistant turns only "
-                        "(see fcp_data/chat.py)")
-    p.add_argument("--chat-template", default=None, metavar="NAME|PATH",  # None: refused alone, chatml with --chat-field
-                   help="template of --chat-field: chatml (generic ChatML, the default), llama3 (role and text only: "
-                        "tool calls and reasoning are refused) or the model's own Jinja template (its folder, "
-                        "tokenizer_config.json or chat_template.jinja; {%% generation %%} blocks say what to train, "
-                        "else each assistant turn up to its end-of-turn marker). Index with the model's own "
-                        "--tokenizer so its special tokens are single tokens")
-    p.add_argument("--media-root", default=None, metavar="DIR",
-                   help="folder that the relative image/video paths of --chat-field lines are under (LLaVA's "
-                        "'video': 'a.mp4' or a {'type': 'video', 'video': ...} part; default: the jsonl's folder)")
+    _sft_arguments(p)
     p.add_argument("--key-field", default="id", help="jsonl/Parquet field holding the sample key (default: id, else file:line)")
     p.add_argument("--max-error-rate", type=float, default=0.01, help="exit 1 above this error fraction (default 0.01)")
     lim = Limits()
@@ -152,6 +162,7 @@ def run(args) -> int:
                                    engine=args.engine, address=args.address, resume=args.resume, probe=args.probe,
                                    text_field=args.text_field, key_field=args.key_field, prompt_field=args.prompt_field,
                                    chat_field=args.chat_field, chat_template=args.chat_template, media_root=args.media_root,
+                                   tools_field=args.tools_field,
                                    max_error_rate=args.max_error_rate, progress=not args.no_progress, limits=limits)
     except BrokenProcessPool:
         print(f"fcp index: error: a worker process died (killed, or out of memory); the finished shards are kept in "

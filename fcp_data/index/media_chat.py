@@ -69,7 +69,7 @@ def index_media_chat(key: str, start: int, size: int, obj: dict, cfg: dict, task
     """One chat line naming images or videos: probe each, count the rendered text around their visual blocks and
     the blocks, add the row (its member is the record; the files are found again from it). The index's kind and
     geometry columns are the first media's (video if the line has one); ``num_visual_tokens`` is the total."""
-    from fcp_data.chat import ChatFormatError
+    from fcp_data.chat import ChatFormatError, chat_tools
     from fcp_data.chat_media import check_text_ids, find_media, split_render
     from fcp_data.specs import count_segments
 
@@ -80,7 +80,8 @@ def index_media_chat(key: str, start: int, size: int, obj: dict, cfg: dict, task
     try:
         media, messages = find_media(obj, cfg["chat_field"])
         plans = media_plans(media, task["path"], cfg, spec)
-        pieces, _ = split_render(messages, cfg.get("chat_template") or "chatml", len(media))
+        pieces, _ = split_render(messages, cfg.get("chat_template") or "chatml", len(media),
+                                 chat_tools(obj, cfg.get("tools_field")))
         texts = [tok.encode(t, add_special_tokens=False).ids for t in pieces if t]
         for ids in texts:
             check_text_ids(spec, ids)  # a placeholder in the text: one more visual position than the pixels give

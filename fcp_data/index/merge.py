@@ -106,9 +106,9 @@ def summarize(manifest: dict) -> str:
     if manifest.get("chat_field"):
         from fcp_data.chat import template_label
 
+        tools = f", tools in {manifest['tools_field']!r}" if manifest.get("tools_field") not in (None, "tools") else ""
         lines.append(f"SFT: conversations in {manifest['chat_field']!r} ({template_label(manifest['chat_template'])} "
-                     "template), labels on "
-                     "the assistant turns: train with FCPCollator(sample_labels=True)")
+                     f"template{tools}), labels on the assistant turns: train with FCPCollator(sample_labels=True)")
     elif manifest.get("prompt_field"):
         lines.append(f"SFT: prompt {manifest['prompt_field']!r} + response {manifest['text_field']!r}, labels mask the "
                      "prompt: train with FCPCollator(sample_labels=True)")
@@ -126,9 +126,10 @@ def _template_tokenizer(chat_template) -> str | None:
     return str(folder / "tokenizer.json") if (folder / "tokenizer.json").is_file() else None
 
 
-def _check_sft(prompt_field, chat_field, chat_template, media_root, text_field: str, key_field: str):
-    """The SFT options checked (one ValueError each); returns the chat template (a model's read once, here) and
-    the media root as an absolute path."""
+def _check_sft(prompt_field, chat_field, chat_template, media_root, text_field: str, key_field: str,
+               tools_field: str | None = None):
+    """The SFT options checked (one ValueError each); returns ``(chat_field, chat template (a model's read once,
+    here), media root (an absolute path), tools field (``tools`` by default with ``chat_field``))``."""
     if prompt_field is not None and (not isinstance(prompt_field, str) or not prompt_field or prompt_field in
                                      (text_field, key_field)):
         raise ValueError(f"--prompt-field must be a jsonl/Parquet field name other than --text-field {text_field!r} and "
@@ -143,13 +144,19 @@ def _check_sft(prompt_field, chat_field, chat_template, media_root, text_field: 
         if not isinstance(chat_field, str) or not chat_field or chat_field == key_field:
             raise ValueError(f"--chat-field must be a jsonl/Parquet field name other than --key-field, got {chat_field!r}")
         chat_template = resolve_template("chatml" if chat_template is None else chat_template)
+        tools_field = "tools" if tools_field is None else tools_field
+        if not isinstance(tools_field, str) or not tools_field or tools_field in (chat_field, key_field):
+            raise ValueError(f"--tools-field must be a jsonl/Parquet field name other than --chat-field and "
+                             f"--key-field, got {tools_field!r}")
+    elif tools_field is not None:
+        raise ValueError("--tools-field is the tool definitions of --chat-field conversations; give both")
     if media_root is not None:
         if not chat_field:
             raise ValueError("--media-root is for the images and videos of --chat-field conversations; give both")
         if not Path(media_root).is_dir():
             raise ValueError(f"--media-root {media_root} is not a folder")
         media_root = str(Path(media_root).resolve())
-    return chat_template, media_root
+    return chat_field, chat_template, media_root, tools_field
 
 
 def _load_tokenizer(sp, chat_field, chat_template) -> None:
@@ -175,7 +182,7 @@ def build_index(inputs: list[str], spec: str, out: str | Path, *, tokenizer: str
                 text_field: str = "text", key_field: str = "id", max_error_rate: float = 0.01,
                 progress: bool = True, dir_chunk: int | None = None, limits: Limits | dict | None = None,
                 prompt_field: str | None = None, chat_field: str | None = None, chat_template: str | dict | None = None,
-                media_root: str | None = None) -> tuple[dict, int]:
+                media_root: str | None = None, tools_field: str | None = None) -> tuple[dict, int]:
     """Build (or resume) the index of ``inputs`` into ``out``; returns (manifest, exit code 0/1).
 
     ``limits``: per-sample ingestion limits (:class:`~fcp_data.index.limits.Limits`, or a dict of its fields);
@@ -183,8 +190,8 @@ def build_index(inputs: list[str], spec: str, out: str | Path, *, tokenizer: str
     SFT samples — a sample is the tokens of its prompt then of its ``text_field`` (the response), and
     :class:`~fcp_data.readers.IndexedDataset` gives it ``labels`` that mask the prompt. ``chat_field``: jsonl
     conversations rendered by ``chat_template`` (:mod:`fcp_data.chat`; ``chatml`` when None, and refused without
-    ``chat_field``), trained on the assistant turns; a conversation may name images and videos
-    (:mod:`fcp_data.chat_media`), a relative path found under ``media_root`` (default: the jsonl file's folder).
+    ``chat_field``) with the line's ``tools_field`` (default ``tools``), trained on the assistant turns; they may
+    name images and videos (:mod:`fcp_data.chat_media`) under ``media_root`` (default: the jsonl file's folder).
     """
     from fcp_data import __version__
     from fcp_data.index.build import DIR_CHUNK
@@ -205,10 +212,10 @@ def build_index(inputs: list[str], spec: str, out: str | Path, *, tokenizer: str
         raise ValueError("--tokenizer must name a tokenizer.json file, got an empty path")
     if tokenizer is None and chat_field is not None:
         tokenizer = _template_tokenizer(chat_template)
-    chat_template, media_root = _check_sft(prompt_field, chat_field, chat_template, media_root, text_field, key_field)
+    chat = _check_sft(prompt_field, chat_field, chat_template, media_root, text_field, key_field, tools_field)
     limits = limits if isinstance(limits, Limits) else Limits.from_dict(limits)
     sp = load_spec(spec, tokenizer)
-    _load_tokenizer(sp, chat_field, chat_template)
+    _load_tokenizer(sp, chat_field, chat[1])
     sources = expand_inputs(list(inputs))
     if any(s["kind"] == "parquet" for s in sources) and importlib.util.find_spec("pyarrow") is None:
         raise ValueError("reading .parquet/.arrow needs pyarrow: pip install 'fcp[parquet]' (or pyarrow)")
@@ -222,8 +229,7 @@ def build_index(inputs: list[str], spec: str, out: str | Path, *, tokenizer: str
     try:
         with build_lock(out):
             return _build_locked(inputs, sources, sp, out, probe=probe, text_field=text_field, key_field=key_field,
-                                 prompt_field=prompt_field, chat=(chat_field, chat_template if chat_field else None,
-                                                                  media_root),
+                                 prompt_field=prompt_field, chat=chat,
                                  limits=limits, resume=resume, engine=engine, address=address, workers=workers,
                                  progress=progress, dir_chunk=dir_chunk or DIR_CHUNK, max_error_rate=max_error_rate,
                                  version=__version__)
@@ -279,7 +285,8 @@ def _build_locked(inputs, sources, sp, out: Path, *, probe, text_field, key_fiel
         raise NothingToIndex(f"no samples found in {', '.join(s['path'] for s in sources[:3])}: the folders are empty")
     cfg = {"spec_path": sp.path, "tokenizer": sp.tokenizer_path, "spec_fingerprint": sp.fingerprint, "probe": probe,
            "text_field": text_field, "key_field": key_field, "prompt_field": prompt_field, "chat_field": chat[0],
-           "chat_template": chat[1], "media_root": chat[2], "out": str(out.resolve()), "limits": limits.to_dict()}
+           "chat_template": chat[1], "media_root": chat[2], "tools_field": chat[3], "out": str(out.resolve()),
+           "limits": limits.to_dict()}
     recover_records(out)  # a build killed inside the swap of records/: put back the committed index's
     _prepare_run(out, resume)
     todo = [t for t in tasks if not (resume and _part_done(part_path(out, t["id"]), task_fingerprint(t, cfg))
@@ -317,7 +324,8 @@ def _build_locked(inputs, sources, sp, out: Path, *, probe, text_field, key_fiel
         "spec": {"name": sp.name, "family": sp.family, "fingerprint": sp.fingerprint, "eta": sp.eta,
                  "tokenizer": Path(sp.tokenizer_path).name, "path": sp.path, "tokenizer_path": sp.tokenizer_path},
         "probe": probe, "text_field": text_field, "key_field": key_field, "prompt_field": prompt_field,
-        "chat_field": chat[0], "chat_template": chat[1], "media_root": chat[2], "limits": limits.to_dict(),
+        "chat_field": chat[0], "chat_template": chat[1], "media_root": chat[2], "tools_field": chat[3],
+        "limits": limits.to_dict(),
         "inputs": list(inputs), "sources": sources,
         "num_tasks": len(tasks), "exts": info["exts"], "num_samples": n, "num_errors": len(errors), "num_seen": seen,
         "error_rate": len(errors) / seen if seen else 0.0, "errors_by_reason": dict(sorted(by_reason.items())),
