@@ -130,8 +130,9 @@ def resolve_exclusions(exclude: Any, key_of: Any, index_of: Any) -> Any:
     when the data holds it but leaves it out, e.g. ``fcp train``'s ``--max-tokens`` view — or ``KeyError``). A
     record whose sample has its key keeps its index; one whose key sits elsewhere (a file written against another
     numbering of the same samples: another ``--max-tokens``, a filtered dataset, a reordered index) takes the key's
-    sample, with one warning; a key the data does not hold is a ``ValueError`` naming the line (a file of another
-    data set). Anything else comes back as it is (for :func:`load_exclusions`)."""
+    sample, with one warning; a key the data does not hold (a file of another data set), or holds more than once
+    (``index_of`` a ``ValueError``: which sample is meant cannot be told), is a ``ValueError`` naming the line.
+    Anything else comes back as it is (for :func:`load_exclusions`)."""
     if not isinstance(exclude, (str, os.PathLike)) or not os.path.isfile(exclude):
         return exclude
     path, out, moved = os.fspath(exclude), [], 0
@@ -145,6 +146,10 @@ def resolve_exclusions(exclude: Any, key_of: Any, index_of: Any) -> Any:
         except KeyError:
             raise ValueError(f"exclude file {path}, line {n}: no sample of this data has key {key!r} (the record's "
                              f"index is {value!r}): the file was written for another data set") from None
+        except ValueError as e:
+            raise ValueError(f"exclude file {path}, line {n}: {e}, and the record's index {value!r} holds another: "
+                             "which sample it names cannot be told; write the file against this data's numbering "
+                             "(or give the samples distinct keys)") from None
         moved += 1
         if at is not None:
             out.append(int(at))
@@ -161,7 +166,7 @@ def _key_at(key_of: Any, value: Any) -> str | None:
         return None
     try:
         key = key_of(value)
-    except (IndexError, KeyError):
+    except (IndexError, KeyError, OverflowError):  # OverflowError: an index past int64 (numpy's view of a view)
         return None
     return None if key is None else str(key)
 

@@ -148,13 +148,18 @@ class KeyArray:
         return list(self)
 
     def index_of(self, key: str) -> int:
-        """Row of ``key`` (first occurrence); the lookup table is built on first use."""
+        """Row of ``key``: ``KeyError`` when no sample has it, ``ValueError`` when several do (keys are the data's
+        own and need not be distinct: two jsonl files that both number their lines from 0); the lookup table is
+        built on first use."""
         if self._lookup is None:
             lookup: dict[str, int] = {}
             for i, k in enumerate(self):
-                lookup.setdefault(k, i)
+                lookup[k] = -1 if k in lookup else i
             self._lookup = lookup
-        return self._lookup[key]
+        row = self._lookup[key]
+        if row < 0:
+            raise ValueError(f"key {key!r} names several samples of this data")
+        return row
 
 
 _STR, _OPT_STR = (str,), (str, type(None))

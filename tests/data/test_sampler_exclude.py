@@ -284,3 +284,43 @@ def test_fcp_train_resolves_records_in_its_max_tokens_view(tmp_path):
     plain.write_text("1\n")
     assert view_exclusions(view, str(plain)) == str(plain)  # nothing keyed: the file as it is
     assert view_exclusions(SimpleNamespace(dataset=base), str(rec)) == [4, 5, 6]  # the full index: its rows
+
+
+def test_a_record_whose_key_names_several_samples_is_refused(tmp_path):
+    """Keys are the data's own: two jsonl files that both number their lines from 0 give every key twice. A record
+    whose index holds its key still names its sample; one written against another numbering whose key several
+    samples hold cannot be told apart — before, the first sample with the key was left out (a healthy sample, the
+    failing one trained again) under the generic warning; now one error naming the line. A record index past int64
+    is a sample index out of range (was an OverflowError). Reference: the index's own keys."""
+    from fcp_data import LengthIndex
+    from fcp_data.index import build_index
+    from fcp_exec.train_data import view_exclusions
+
+    for part in ("a", "b"):
+        (tmp_path / f"{part}.jsonl").write_text("".join(json.dumps({"id": str(i), "text": "word " * (5 + i)}) + "\n"
+                                                        for i in range(4)))
+    build_index([str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")], "text", tmp_path / "ix", progress=False)
+    index = LengthIndex.load(tmp_path / "ix")
+    keys = [index.keys[i] for i in range(len(index.keys))]
+    assert sorted(keys) == sorted([str(i) for i in range(4)] * 2)
+    cm = CM.replace(tokens_per_rank=4096)
+    at_own = tmp_path / "own.jsonl"  # the record's index holds its key: that sample, whatever other rows hold
+    row = next(i for i in range(8) if i >= 4 and keys.count(keys[i]) == 2)
+    at_own.write_text(json.dumps({"index": row, "key": keys[row]}) + "\n")
+    assert FCPSampler(index, num_ranks=2, rank=0, cost_model=cm, global_batch_size=4,
+                      exclude=at_own).excluded.tolist() == [row]
+    other = next(i for i in range(8) if keys[i] != keys[row])
+    moved = tmp_path / "moved.jsonl"
+    moved.write_text(json.dumps({"index": other, "key": keys[row]}) + "\n")
+    with pytest.raises(ValueError, match=rf"moved.jsonl, line 1: key '{keys[row]}' names several samples of this "
+                                         rf"data, and the record's index {other} holds another"):
+        FCPSampler(index, num_ranks=2, rank=0, cost_model=cm, global_batch_size=4, exclude=moved)
+    from fcp_data import IndexedDataset
+
+    view = type("V", (), {"dataset": IndexedDataset(tmp_path / "ix")})()
+    with pytest.raises(ValueError, match="names several samples"):
+        view_exclusions(view, str(moved))
+    huge = tmp_path / "huge.jsonl"
+    huge.write_text(json.dumps({"index": 2**63, "key": "zz"}) + "\n")
+    with pytest.raises(ValueError, match="no sample of this data has key 'zz'"):
+        view_exclusions(view, str(huge))
