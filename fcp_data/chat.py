@@ -181,7 +181,9 @@ def turn_dicts(messages: Any) -> list[dict]:
 
 def _unrendered(turn: dict, k: int, name: str) -> None:
     """Refuse a turn carrying what built-in template ``name`` cannot write (it would train the turn without it)."""
-    keys = [key for key in UNRENDERED_KEYS if turn.get(key) not in (None, "", [], {})]
+    calls = ("tool_calls", "function_call")  # calls: a list, an object or JSON text; reasoning: a text, not a flag
+    keys = [key for key in UNRENDERED_KEYS
+            if isinstance(turn.get(key), (list, dict, str) if key in calls else str) and turn[key]]
     if keys:
         raise ChatFormatError("unsupported_turn", f"turn {k} has {' and '.join(keys)}, which the built-in {name} "
                                                   "template cannot write: index with the model's own template, "

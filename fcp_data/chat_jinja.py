@@ -41,6 +41,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from fcp_data.text_tokens import special_tokens
+
 __all__ = ["load_template", "render", "label"]
 
 # noncharacters (never in text a tokenizer should see): a generation block's output, or an assistant's own text
@@ -79,17 +81,6 @@ def _from_config(path: Path) -> tuple[str, dict]:
         raise TemplateError(f"chat template {path}: no 'chat_template' string in it (a model with a separate "
                             "chat_template.jinja: give that file or the model folder)")
     return tpl, cfg
-
-
-def _special_tokens(cfg: dict) -> dict[str, str]:
-    """``bos_token``, ``eos_token``, ... of a tokenizer_config.json (a string, or an AddedToken dict's content)."""
-    out = {}
-    for k, v in cfg.items():
-        if k.endswith("_token") and isinstance(v, dict):
-            v = v.get("content")
-        if k.endswith("_token") and isinstance(v, str):
-            out[k] = v
-    return out
 
 
 def _read_jinja(p: Path) -> str:
@@ -134,7 +125,7 @@ def load_template(path: str | Path) -> dict:
     _compile(source)
     # the build date, only for a template that prints dates (else --resume on another day would rebuild every part)
     date = datetime.date.today().isoformat() if "strftime_now" in source else None
-    return {"jinja": source, "special_tokens": _special_tokens(cfg), "date": date,
+    return {"jinja": source, "special_tokens": special_tokens(cfg), "date": date,
             "source": p.name, "sha256": hashlib.sha256(source.encode()).hexdigest()}
 
 

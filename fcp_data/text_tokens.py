@@ -20,25 +20,31 @@ import functools
 import json
 from pathlib import Path
 
-__all__ = ["config_tokens", "resolve", "eos_id", "pad_id", "has_eos", "check_tokens", "fingerprint_extra"]
+__all__ = ["config_tokens", "special_tokens", "resolve", "eos_id", "pad_id", "has_eos", "check_tokens", "fingerprint_extra"]
 
 CONFIG = "tokenizer_config.json"
 
 
+def special_tokens(cfg: dict) -> dict[str, str]:
+    """``bos_token``, ``eos_token``, ... of a tokenizer_config.json's dict (a string, or an AddedToken dict's
+    content)."""
+    out = {}
+    for k, v in cfg.items():
+        v = v.get("content") if k.endswith("_token") and isinstance(v, dict) else v
+        if k.endswith("_token") and isinstance(v, str):
+            out[k] = v
+    return out
+
+
 def config_tokens(tokenizer_path: str | Path) -> dict[str, str]:
-    """``eos_token`` / ``pad_token`` of the tokenizer_config.json beside ``tokenizer_path`` (a string, or an
-    AddedToken dict's content); ``{}`` without a readable one."""
+    """``eos_token`` / ``pad_token`` of the tokenizer_config.json beside ``tokenizer_path`` (:func:`special_tokens`);
+    ``{}`` without a readable one."""
     try:
         cfg = json.loads((Path(tokenizer_path).parent / CONFIG).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
-    out = {}
-    for k in ("eos_token", "pad_token"):
-        v = cfg.get(k) if isinstance(cfg, dict) else None
-        v = v.get("content") if isinstance(v, dict) else v
-        if isinstance(v, str) and v:
-            out[k] = v
-    return out
+    found = special_tokens(cfg) if isinstance(cfg, dict) else {}
+    return {k: found[k] for k in ("eos_token", "pad_token") if found.get(k)}
 
 
 @functools.lru_cache(maxsize=64)

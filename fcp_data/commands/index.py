@@ -38,8 +38,8 @@ def _sft_arguments(p) -> None:
                         "...]): rendered by --chat-template, labels train the assistant turns only "
                         "(see fcp_data/chat.py)")
     p.add_argument("--chat-template", default=None, metavar="NAME|PATH",  # None: refused alone, chatml with --chat-field
-                   help="template of --chat-field: chatml (generic ChatML, the default), llama3 (role and text only: "
-                        "tool calls and reasoning are refused) or the model's own Jinja template (its folder, "
+                   help="template of --chat-field: chatml (generic ChatML, the default) or llama3 — both write role "
+                        "and text only: tool calls, reasoning and tools are refused — or the model's own Jinja template (its folder, "
                         "tokenizer_config.json or chat_template.jinja; {%% generation %%} blocks say what to train, "
                         "else each assistant turn up to its end-of-turn marker). Index with the model's own "
                         "--tokenizer so its special tokens are single tokens")

@@ -159,16 +159,17 @@ def _check_sft(prompt_field, chat_field, chat_template, media_root, text_field: 
     return chat_field, chat_template, media_root, tools_field
 
 
-def _load_tokenizer(sp, chat_field, chat_template) -> None:
+def _load_tokenizer(sp, chat_field, chat_template, sources: list[dict]) -> None:
     """The spec's tokenizer loaded (a broken tokenizer.json fails here, once, not in every worker) and its EOS / pad
-    found (:func:`fcp_data.text_tokens.check_tokens`: one error before ``--out`` is made); one line on
+    found (:func:`fcp_data.text_tokens.check_tokens`: one error before ``--out`` is made; the EOS unless every input
+    is a conversation file — tar shards and folders hold text and captions, which end in one); one line on
     stderr when it spells the chat template's markers out in ordinary tokens (no --tokenizer, or another model's):
     the index is consistent, but not in the model's format."""
     from fcp_data.chat import split_markers, template_label
     from fcp_data.text_tokens import check_tokens
 
     tok = sp.tokenizer()
-    check_tokens(sp, eos=chat_field is None)  # before --out is made: a tokenizer the reader could not pad with
+    check_tokens(sp, eos=chat_field is None or any(s["kind"] in ("tar", "dir") for s in sources))
     split = split_markers(chat_template, tok) if chat_field is not None else []
     if split:
         print(f"fcp index: warning: tokenizer {Path(sp.tokenizer_path).name} has no token for "
@@ -215,8 +216,8 @@ def build_index(inputs: list[str], spec: str, out: str | Path, *, tokenizer: str
     chat = _check_sft(prompt_field, chat_field, chat_template, media_root, text_field, key_field, tools_field)
     limits = limits if isinstance(limits, Limits) else Limits.from_dict(limits)
     sp = load_spec(spec, tokenizer)
-    _load_tokenizer(sp, chat_field, chat[1])
     sources = expand_inputs(list(inputs))
+    _load_tokenizer(sp, chat_field, chat[1], sources)
     if any(s["kind"] == "parquet" for s in sources) and importlib.util.find_spec("pyarrow") is None:
         raise ValueError("reading .parquet/.arrow needs pyarrow: pip install 'fcp[parquet]' (or pyarrow)")
     if not any(Path(s["path"]).exists() for s in sources):

@@ -309,6 +309,24 @@ def test_a_tokenizer_without_eos_or_pad_is_refused_at_index_time(tmp_path, capsy
         assert "tokenizer_config.json" in err and not (tmp_path / f"idx{k}").exists()  # refused before --out is made
 
 
+def test_conversations_beside_text_files_need_the_eos_before_out_is_made(tmp_path, capsys):
+    """Conversations end their turns themselves, but a folder's (or a tar shard's) text samples end in an EOS: a
+    tokenizer with a pad and no EOS given conversations and a folder of .txt files is one line, exit 2, and no
+    ``--out`` — before, the refusal came from inside the first task, leaving ``OUT/.lock`` and ``OUT/parts``
+    (found by review). Conversations alone with that tokenizer index (they need no EOS)."""
+    model = _model_folder(tmp_path, "noeos", {"<|endoftext|>"}, ("<|im_start|>", "<|im_end|>"), None)
+    _write(tmp_path / "chat.jsonl", _conversations(2))
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.txt").write_text("plain text")
+    base = ["--spec", "text", "--tokenizer", str(model / "tokenizer.json"), "--chat-field", "messages", "--no-progress"]
+    capsys.readouterr()
+    rc = cli_main(["index", str(tmp_path / "chat.jsonl"), str(tmp_path / "docs"), *base, "--out", str(tmp_path / "x")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "has no eos token" in err, (rc, err)
+    assert not (tmp_path / "x").exists()
+    assert cli_main(["index", str(tmp_path / "chat.jsonl"), *base, "--out", str(tmp_path / "y")]) == 0
+
+
 def test_bundled_specs_keep_their_tokens_and_fingerprints(tmp_path):
     """Indexes that read before read the same (this test passes on the code before the fallback too): the bundled
     specs' EOS/pad are their own tokens and a fingerprint is still sha256(spec JSON, tokenizer bytes) — also with a

@@ -484,3 +484,18 @@ def test_a_part_without_type_is_named(tmp_path):
     with pytest.raises(ChatFormatError, match='turn 0: content part 0 has no "type"') as e:
         render_chat(untyped, "chatml")
     assert e.value.reason == "bad_messages"
+
+
+def test_builtin_templates_take_reasoning_flags_as_no_reasoning():
+    """A reasoning key holding a flag or number (``"thinking": false``, ``"reasoning": 0``; some sets mark turns
+    so) is no reasoning text: the built-ins write the turn as they would without it (before: ``unsupported_turn``,
+    the line lost; found by review). A reasoning text, a call list, object or JSON text is still refused."""
+    ask = {"role": "user", "content": "q"}
+    plain = render_chat([ask, {"role": "assistant", "content": "a"}], "chatml")
+    for extra in ({"thinking": False}, {"reasoning": 0}, {"reasoning_content": True}, {"tool_calls": []}):
+        assert render_chat([ask, {"role": "assistant", "content": "a", **extra}], "chatml") == plain, extra
+    for extra in ({"thinking": "hmm"}, {"tool_calls": [_call("f")]}, {"function_call": {"name": "f"}},
+                  {"function_call": '{"name": "f"}'}):
+        with pytest.raises(ChatFormatError, match="which the built-in llama3 template cannot write") as e:
+            render_chat([ask, {"role": "assistant", "content": "a", **extra}], "llama3")
+        assert e.value.reason == "unsupported_turn", extra
