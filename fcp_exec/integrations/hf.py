@@ -177,14 +177,16 @@ _WARNED_POSITIONS: set = set()
 
 
 def _warn_builtin_positions(model_type: str) -> None:
-    """Once per model type: positions of ``FCPCollator(mrope=True)``'s built-in rule given to a model whose own rule
-    differs for videos (transformers >= 5.3; Qwen2.5-VL's seconds-scaled temporal index) — training would see
+    """Once per model type, at its first batch of the built-in rule (images or videos): positions of
+    ``FCPCollator(mrope=True)``'s built-in rule given to a model whose own rule differs for videos (Qwen2-VL under
+    transformers >= 5.3, Qwen2.5-VL's seconds-scaled temporal index; images agree) — training on videos would see
     other positions than the model does at inference."""
     if model_type in _WARNED_POSITIONS:
         return
     _WARNED_POSITIONS.add(model_type)
-    warnings.warn(f"a {model_type} model gets 3-D positions of FCPCollator(mrope=True)'s built-in rule, which differs "
-                  "from this model's get_rope_index for videos (fcp_data/mrope.py says where); for the model's own "
+    warnings.warn(f"a {model_type} model gets 3-D positions of FCPCollator(mrope=True)'s built-in rule, which can "
+                  "differ from this model's get_rope_index for videos (images agree; fcp_data/mrope.py says where and "
+                  "for which transformers); for the model's own "
                   "positions build the collator with fcp_exec.integrations.hf_positions.hf_collator(model)",
                   stacklevel=3)
 
