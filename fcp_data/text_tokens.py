@@ -20,7 +20,7 @@ import functools
 import json
 from pathlib import Path
 
-__all__ = ["config_tokens", "special_tokens", "resolve", "eos_id", "pad_id", "has_eos", "check_tokens", "fingerprint_extra"]
+__all__ = ["config_tokens", "special_tokens", "prefixes_first_word", "resolve", "eos_id", "pad_id", "has_eos", "check_tokens", "fingerprint_extra"]
 
 CONFIG = "tokenizer_config.json"
 
@@ -114,3 +114,19 @@ def fingerprint_extra(text: dict, tokenizer_path: Path, tokenizer_bytes: bytes) 
         return b""
     got = config_tokens(tokenizer_path).get("eos_token")
     return f"\0eos from {CONFIG}: {got}".encode() if got else b""
+
+
+_PROBES = ("Describe it", " and then", "\nnext", "word")
+
+
+def prefixes_first_word(spec) -> bool:
+    """True when the spec's tokenizer encodes a text at the start of the input otherwise than right after a special
+    token — a SentencePiece-style ``Metaspace(prepend_scheme="first")`` gives ``▁`` to the input's first word only
+    (Llama 2, Mistral, Vicuna as tokenizers >= 0.15 writes them). fcp tokenizes the texts between visual blocks
+    apart, each then read as an input's start: such a tokenizer gets one ``▁`` more after every block than the
+    model's processor, which tokenizes the whole prompt (``fcp index`` warns). False for byte-level BPE (Qwen)."""
+    if not spec.is_multimodal:
+        return False
+    tok, sep = spec.tokenizer(), spec.placeholder_tokens[0]
+    return any(tok.encode(sep + p, add_special_tokens=False).ids[1:] != tok.encode(p, add_special_tokens=False).ids
+               for p in _PROBES)

@@ -166,7 +166,7 @@ def _load_tokenizer(sp, chat_field, chat_template, sources: list[dict]) -> None:
     stderr when it spells the chat template's markers out in ordinary tokens (no --tokenizer, or another model's):
     the index is consistent, but not in the model's format."""
     from fcp_data.chat import split_markers, template_label
-    from fcp_data.text_tokens import check_tokens
+    from fcp_data.text_tokens import check_tokens, prefixes_first_word
 
     tok = sp.tokenizer()
     check_tokens(sp, eos=chat_field is None or any(s["kind"] in ("tar", "dir") for s in sources))
@@ -176,6 +176,11 @@ def _load_tokenizer(sp, chat_field, chat_template, sources: list[dict]) -> None:
               f"{', '.join(split[:4])}{' ...' if len(split) > 4 else ''} of the {template_label(chat_template)} "
               "chat template: each is indexed as several ordinary tokens, which the model never saw; give --tokenizer "
               "the model's tokenizer.json (or --chat-template its folder)", file=sys.stderr)
+    if prefixes_first_word(sp):
+        print(f"fcp index: warning: tokenizer {Path(sp.tokenizer_path).name} writes a text's first word otherwise "
+              "at the start of an input (a SentencePiece '▁' prefix): fcp tokenizes the texts between images/videos "
+              "apart, so each after a visual block starts with one token the model's processor would not give "
+              "(docs/SFT.md, Not covered)", file=sys.stderr)
 
 
 def build_index(inputs: list[str], spec: str, out: str | Path, *, tokenizer: str | None = None, workers: int = 1,

@@ -373,3 +373,38 @@ def test_fcp_index_given_a_megatron_dataset_points_to_its_reader(tmp_path, capsy
         _, err = capsys.readouterr()
         assert rc == 2 and err.count("\n") == 1, (given, err)
         assert "MegatronIndexedDocuments" in err and f"--lengths {tmp_path / 'corpus'}.idx" in err, err
+
+
+def test_a_tokenizer_that_prefixes_the_first_word_is_reported(tmp_path, capsys):
+    """A SentencePiece-style tokenizer (``Metaspace(prepend_scheme="first")``, as Llama 2 / Mistral / Vicuna ship)
+    gives ``▁`` to the first word of an input only: a text tokenized apart after a visual block gets a token the
+    model's processor (one pass over the whole prompt) does not give. ``fcp index`` says so in one line on stderr
+    (the index is consistent with its reader, not with the processor); the bundled byte-level BPE is not
+    reported. Reference: the tokenizer itself on the whole prompt vs. the pieces."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from fcp_data.specs import load_spec
+    from fcp_data.text_tokens import prefixes_first_word
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
+    tok.train_from_iterator(["Describe the video in detail", "the cat sat on the mat\nand slept"] * 20,
+                            trainers.BpeTrainer(vocab_size=120, special_tokens=["<unk>"]))
+    tok.add_special_tokens([AddedToken(t, special=True) for t in ("<|endoftext|>", "<|pad|>", "<|vision_start|>",
+                                                                  "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")])
+    tok.save(str(tmp_path / "sp.json"))
+    whole = tok.encode("<|image_pad|>\nDescribe the cat", add_special_tokens=False).tokens[1:]
+    apart = tok.encode("\nDescribe the cat", add_special_tokens=False).tokens
+    assert apart == ["▁"] + whole  # the premise: one '▁' more when the text is an input of its own
+    assert prefixes_first_word(load_spec("qwen2.5-vl", str(tmp_path / "sp.json")))
+    assert not any(prefixes_first_word(load_spec(n)) for n in ("qwen2.5-vl", "qwen3-vl", "internvl3", "llava-video"))
+    _write(tmp_path / "t.jsonl", [{"id": "a", "text": "the cat sat"}])
+    capsys.readouterr()
+    rc = cli_main(["index", str(tmp_path / "t.jsonl"), "--spec", "qwen2.5-vl", "--tokenizer", str(tmp_path / "sp.json"),
+                   "--out", str(tmp_path / "idx"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 0 and err.count("writes a text's first word otherwise") == 1, err
+    rc = cli_main(["index", str(tmp_path / "t.jsonl"), "--spec", "qwen2.5-vl", "--out", str(tmp_path / "idx2"),
+                   "--no-progress"])
+    assert rc == 0 and "first word" not in capsys.readouterr().err
