@@ -311,17 +311,21 @@ def check_text_ids(spec, ids: list[int]) -> None:
 
 
 def check_text(spec, obj: dict, chat_field: str, text: str) -> None:
-    """A text-only conversation (no image/video entry) under a multimodal spec: a LLaVA tag kept by an entry that is
-    null or empty (its media dropped) is a ``media_tag_mismatch``; a placeholder token in the rendered ``text`` a
-    ``placeholder_in_text`` (:func:`check_text_ids`)."""
+    """A text-only conversation (no image/video entry) under a multimodal spec: a turn that starts or ends with a LLaVA
+    tag (``<image>\n...``, its media dropped — whether its entry is absent, null or empty, as a Parquet row of a
+    mixed set has it) is a ``media_tag_mismatch``; a tag inside the prose (HTML's ``<video>`` element) is text; a
+    placeholder token in the rendered ``text`` a ``placeholder_in_text`` (:func:`check_text_ids`)."""
     if not spec.is_multimodal:
         return
-    turns = _all_text(obj.get(chat_field))
-    for kind in (k for k in _KINDS if k in obj):
-        tag = next((g for g in _TAGS.values() if g in turns), None)
-        if tag is not None:
-            raise _err("media_tag_mismatch", f"a tag {tag} but {kind!r} is {_json_name(obj[kind])}: the line has no "
-                                             "image or video for it (dropped?)")
+    turns = obj.get(chat_field)
+    texts = [_all_text(t.get("content", t.get("value"))) if isinstance(t, dict) else _all_text(t)
+             for t in (turns if isinstance(turns, list) else [])]
+    ends = [t.strip() for t in texts]
+    tag = next((g for g in _TAGS.values() if any(t.startswith(g) or t.endswith(g) for t in ends)), None)
+    if tag is not None:
+        entries = [f"{k!r} is {_json_name(obj[k])}" for k in _KINDS if k in obj] or ["no 'image'/'video' entry"]
+        raise _err("media_tag_mismatch", f"a turn starts or ends with a tag {tag} but the line has no image or video "
+                                         f"for it ({' and '.join(entries)}; dropped?)")
     if any(t in text for t in spec.placeholder_tokens):
         check_text_ids(spec, spec.tokenizer().encode(text, add_special_tokens=False).ids)
 

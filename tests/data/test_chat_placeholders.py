@@ -408,3 +408,29 @@ def test_a_tokenizer_that_prefixes_the_first_word_is_reported(tmp_path, capsys):
     rc = cli_main(["index", str(tmp_path / "t.jsonl"), "--spec", "qwen2.5-vl", "--out", str(tmp_path / "idx2"),
                    "--no-progress"])
     assert rc == 0 and "first word" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("spec", ["qwen2.5-vl", "internvl3"])
+def test_a_dropped_media_tag_is_refused_whether_its_entry_is_null_or_absent(tmp_path, spec):
+    """A text-only line whose turn starts or ends with a LLaVA tag (``<image>\\n...``) lost its media: recorded
+    ``media_tag_mismatch`` whether its ``image`` entry is absent, null or empty (a Parquet row of a mixed set carries
+    the null column) — before, absent passed as text with a literal tag. A tag inside prose (HTML's ``<video>``
+    element) is text in both spellings — before, a null ``image`` column refused it (found by review)."""
+    ask = lambda text: [{"from": "human", "value": text}, ANSWER]  # noqa: E731
+    html = "How does the <video> element of HTML5 load its source?"
+    lines = [{"id": "tag_absent", "conversations": ask("<image>\nDescribe it.")},
+             {"id": "tag_null", "image": None, "conversations": ask("<image>\nDescribe it.")},
+             {"id": "tag_end_empty", "video": [], "conversations": ask("What happens here?\n<video>")},
+             {"id": "html_absent", "conversations": ask(html)},
+             {"id": "html_null", "image": None, "video": None, "conversations": ask(html)}]
+    _write(tmp_path / "chat.jsonl", lines)
+    manifest, rc = build_index([str(tmp_path / "chat.jsonl")], spec, tmp_path / "idx", chat_field="conversations",
+                               progress=False, max_error_rate=1.0)
+    errors = {json.loads(x)["key"]: json.loads(x) for x in (tmp_path / "idx" / "errors.jsonl").read_text().splitlines()}
+    assert {k: e["reason"] for k, e in errors.items()} == {k: "media_tag_mismatch" for k in
+                                                           ("tag_absent", "tag_null", "tag_end_empty")}
+    assert "no 'image'/'video' entry" in errors["tag_absent"]["detail"]
+    assert "'image' is null" in errors["tag_null"]["detail"] and "'video' is empty" in errors["tag_end_empty"]["detail"]
+    data = IndexedDataset(tmp_path / "idx")
+    assert sorted(data.index.keys) == ["html_absent", "html_null"]
+    assert data[0]["input_ids"].tolist() == data[1]["input_ids"].tolist()  # the same text, the same sample
