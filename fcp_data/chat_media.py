@@ -334,19 +334,30 @@ def _json_name(v: Any) -> str:
     return "null" if v is None else "empty" if v in ([], "") else type(v).__name__
 
 
+def piece_tokens(spec, text: str, k: int) -> tuple[list[int], list[tuple[int, int]]]:
+    """``(ids, offsets)`` of a conversation's text piece ``k`` (:func:`split_render`): the first as an input's start,
+    the others as the processor tokenizes them after a visual block (:func:`fcp_data.text_tokens.encode_after`)."""
+    from fcp_data.text_tokens import encode_after
+
+    if k:
+        return encode_after(spec, text)
+    enc = spec.tokenizer().encode(text, add_special_tokens=False)
+    return enc.ids, enc.offsets
+
+
 def token_labels(spec, pieces: list[str], spans: list, blocks: list[list[int]]) -> tuple[list[int], list[int]]:
-    """``(input_ids, labels)``: each text piece tokenised on its own (so every placeholder count is exact) and the
-    visual blocks between them; labels keep the trained spans' tokens, -100 elsewhere (never a visual block)."""
+    """``(input_ids, labels)``: each text piece tokenised on its own (so every placeholder count is exact;
+    :func:`piece_tokens`) and the visual blocks between them; labels keep the trained spans' tokens, -100 elsewhere
+    (never a visual block)."""
     from fcp_data.chat import trained_token_mask
 
-    tok = spec.tokenizer()
     ids, labels = [], []
     for k, (text, sp) in enumerate(zip(pieces, spans)):
         if text:
-            enc = tok.encode(text, add_special_tokens=False)
-            check_text_ids(spec, enc.ids)
-            ids += enc.ids
-            labels += [t if m else -100 for t, m in zip(enc.ids, trained_token_mask(enc.offsets, sp))]
+            got, offsets = piece_tokens(spec, text, k)
+            check_text_ids(spec, got)
+            ids += got
+            labels += [t if m else -100 for t, m in zip(got, trained_token_mask(offsets, sp))]
         if k < len(blocks):
             ids += blocks[k]
             labels += [-100] * len(blocks[k])

@@ -235,8 +235,8 @@ class IndexedDataset(torch.utils.data.Dataset):
         out["input_ids"] = torch.tensor(visual + [self.pad_token_id] * (n - len(visual)), dtype=torch.long)
         return out
 
-    def _text_ids(self, text: str) -> list[int]:
-        ids = self.spec.tokenizer().encode(text, add_special_tokens=False).ids if text else []
+    def _text_ids(self, text: str, after_block: bool = False) -> list[int]:  # a caption: text_tokens.encode_after
+        ids = (text_tokens.encode_after(self.spec, text)[0] if after_block else self.spec.encode(text)) if text else []
         return ids + ([self.eos_token_id] if self.eos_token_id is not None else [])
 
     def __getitem__(self, i: int) -> dict:
@@ -263,7 +263,7 @@ class IndexedDataset(torch.utils.data.Dataset):
         src = self.read_member(i, ext) if self.index.sources[shard]["kind"] != "dir" else \
             member_path(self._source_path(shard), self.index.keys[i], ext)
         visual, out = self._vision(i, kind, src)
-        text = self._text_ids(caption)
+        text = self._text_ids(caption, after_block=True)
         out["input_ids"] = torch.tensor(visual + text, dtype=torch.long)
         if self.caption_labels:
             out["labels"] = torch.tensor([-100] * len(visual) + text, dtype=torch.long)
@@ -322,7 +322,7 @@ class IndexedDataset(torch.utils.data.Dataset):
         """``(position, count)`` of each placeholder run in sample ``i``'s ``input_ids``, computed without decoding
         a pixel: a conversation's text pieces are tokenised, its media planned (one: from the index's columns;
         several: from their headers). Used by :class:`~fcp_data.visual_layout.IndexVisualLayout`."""
-        from fcp_data.chat_media import find_media, media_path, split_render
+        from fcp_data.chat_media import find_media, media_path, piece_tokens, split_render
         from fcp_data.visual_layout import row_plan, segment_runs
 
         record = self._record(i, self.index.members(i))
@@ -337,9 +337,9 @@ class IndexedDataset(torch.utils.data.Dataset):
             images = sum(m.kind == "image" for m in media)
             plans = [self._header_plan(m, self._resolve(media_path(m, src, self.index.manifest.get("media_root"))),
                                        images)[0] for m in media]
-        tok, pos, runs = self.spec.tokenizer(), 0, []
+        pos, runs = 0, []
         for k, text in enumerate(pieces):
-            pos += len(tok.encode(text, add_special_tokens=False).ids) if text else 0
+            pos += len(piece_tokens(self.spec, text, k)[0]) if text else 0
             if k < len(plans):
                 block, length = segment_runs(self.spec, plans[k].segments, pos)
                 runs += block

@@ -20,7 +20,7 @@ import functools
 import json
 from pathlib import Path
 
-__all__ = ["config_tokens", "special_tokens", "prefixes_first_word", "resolve", "eos_id", "pad_id", "has_eos", "check_tokens", "fingerprint_extra"]
+__all__ = ["config_tokens", "special_tokens", "prefixes_first_word", "encode_after", "resolve", "eos_id", "pad_id", "has_eos", "check_tokens", "fingerprint_extra"]
 
 CONFIG = "tokenizer_config.json"
 
@@ -119,14 +119,32 @@ def fingerprint_extra(text: dict, tokenizer_path: Path, tokenizer_bytes: bytes) 
 _PROBES = ("Describe it", " and then", "\nnext", "word")
 
 
+@functools.lru_cache(maxsize=16)
+def _prefixes(tokenizer_path: str, sep: str) -> bool:
+    from fcp_data.specs import _load_tokenizer
+
+    tok = _load_tokenizer(tokenizer_path)
+    return any(tok.encode(sep + p, add_special_tokens=False).ids[1:] != tok.encode(p, add_special_tokens=False).ids
+               for p in _PROBES)
+
+
 def prefixes_first_word(spec) -> bool:
     """True when the spec's tokenizer encodes a text at the start of the input otherwise than right after a special
     token — a SentencePiece-style ``Metaspace(prepend_scheme="first")`` gives ``▁`` to the input's first word only
-    (Llama 2, Mistral, Vicuna as tokenizers >= 0.15 writes them). fcp tokenizes the texts between visual blocks
-    apart, each then read as an input's start: such a tokenizer gets one ``▁`` more after every block than the
-    model's processor, which tokenizes the whole prompt (``fcp index`` warns). False for byte-level BPE (Qwen)."""
-    if not spec.is_multimodal:
-        return False
-    tok, sep = spec.tokenizer(), spec.placeholder_tokens[0]
-    return any(tok.encode(sep + p, add_special_tokens=False).ids[1:] != tok.encode(p, add_special_tokens=False).ids
-               for p in _PROBES)
+    (Llama 2, Mistral, Vicuna as tokenizers >= 0.15 writes them). False for byte-level BPE (Qwen, every bundled
+    spec). Such a text after a visual block is tokenized by :func:`encode_after`."""
+    return bool(spec.is_multimodal) and _prefixes(spec.tokenizer_path, spec.placeholder_tokens[0])
+
+
+def encode_after(spec, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    """``(ids, character offsets)`` of ``text`` as the model's processor tokenizes it right after a visual block
+    (the processor tokenizes the whole prompt, so such a text is no input's start): for a tokenizer that writes an
+    input's first word otherwise (:func:`prefixes_first_word`), the ids of the spec's placeholder + ``text`` without
+    the placeholder's; else ``text``'s own."""
+    tok = spec.tokenizer()
+    if not prefixes_first_word(spec):
+        enc = tok.encode(text, add_special_tokens=False)
+        return enc.ids, enc.offsets
+    sep = spec.placeholder_tokens[0]
+    enc = tok.encode(sep + text, add_special_tokens=False)
+    return enc.ids[1:], [(a - len(sep), b - len(sep)) for a, b in enc.offsets[1:]]

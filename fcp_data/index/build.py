@@ -269,7 +269,8 @@ def _index_media(key: str, members: dict, read, open_member, spec, cfg: dict, ta
         _parse_json(_read_text(read, "json", members["json"][1], limits), limits)
     caption = _decode_text(_read_text(read, txt, members[txt][1], limits)) if txt else ""
     _check_text(caption)
-    n_text = len(spec.encode(caption)) if caption else 0
+    # a caption follows its visual block (text_tokens.encode_after); a text sample is its input's start
+    n_text = len(text_tokens.encode_after(spec, caption)[0] if media else spec.encode(caption)) if caption else 0
     if not media and not caption.strip():
         raise ProbeError("empty_sample", "empty text")
     vals = dict(kind=KIND_TEXT, num_visual_tokens=0)

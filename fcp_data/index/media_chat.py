@@ -70,19 +70,18 @@ def index_media_chat(key: str, start: int, size: int, obj: dict, cfg: dict, task
     the blocks, add the row (its member is the record; the files are found again from it). The index's kind and
     geometry columns are the first media's (video if the line has one); ``num_visual_tokens`` is the total."""
     from fcp_data.chat import ChatFormatError, chat_tools
-    from fcp_data.chat_media import check_text_ids, find_media, split_render
+    from fcp_data.chat_media import check_text_ids, piece_tokens, find_media, split_render
     from fcp_data.specs import count_segments
 
     if not spec.is_multimodal:
         raise ProbeError("bad_messages", f"the line has an image or video; index it with a multimodal --spec "
                                          f"(this one, {spec.name!r}, is text only)")
-    tok = spec.tokenizer()
     try:
         media, messages = find_media(obj, cfg["chat_field"])
         plans = media_plans(media, task["path"], cfg, spec)
         pieces, _ = split_render(messages, cfg.get("chat_template") or "chatml", len(media),
                                  chat_tools(obj, cfg.get("tools_field")))
-        texts = [tok.encode(t, add_special_tokens=False).ids for t in pieces if t]
+        texts = [piece_tokens(spec, t, k)[0] for k, t in enumerate(pieces) if t]
         for ids in texts:
             check_text_ids(spec, ids)  # a placeholder in the text: one more visual position than the pixels give
     except ChatFormatError as e:

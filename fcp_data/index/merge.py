@@ -176,11 +176,11 @@ def _load_tokenizer(sp, chat_field, chat_template, sources: list[dict]) -> None:
               f"{', '.join(split[:4])}{' ...' if len(split) > 4 else ''} of the {template_label(chat_template)} "
               "chat template: each is indexed as several ordinary tokens, which the model never saw; give --tokenizer "
               "the model's tokenizer.json (or --chat-template its folder)", file=sys.stderr)
-    if prefixes_first_word(sp):
+    if prefixes_first_word(sp) and (sp.family == "internvl" or sp.vision.get("timestamps")):
         print(f"fcp index: warning: tokenizer {Path(sp.tokenizer_path).name} writes a text's first word otherwise "
-              "at the start of an input (a SentencePiece '▁' prefix): fcp tokenizes the texts between images/videos "
-              "apart, so each after a visual block starts with one token the model's processor would not give "
-              "(docs/SFT.md, Not covered)", file=sys.stderr)
+              f"at the start of an input (a SentencePiece '▁' prefix), and the {sp.name} spec's video blocks hold "
+              "texts (frame labels, time stamps), which fcp tokenizes as an input's start: one token more than the "
+              "model's processor gives before each (docs/SFT.md, Not covered)", file=sys.stderr)
 
 
 def build_index(inputs: list[str], spec: str, out: str | Path, *, tokenizer: str | None = None, workers: int = 1,
