@@ -312,9 +312,9 @@ def check_text_ids(spec, ids: list[int]) -> None:
 
 def check_text(spec, obj: dict, chat_field: str, text: str) -> None:
     """A text-only conversation (no image/video entry) under a multimodal spec: a turn that starts or ends with a LLaVA
-    tag (``<image>\n...``, its media dropped — whether its entry is absent, null or empty, as a Parquet row of a
-    mixed set has it) is a ``media_tag_mismatch``; a tag inside the prose (HTML's ``<video>`` element) is text; a
-    placeholder token in the rendered ``text`` a ``placeholder_in_text`` (:func:`check_text_ids`)."""
+    tag (``<image>`` then a newline) lost its media — whether its entry is absent, null or empty, as a Parquet row
+    of a mixed set has it — and is a ``media_tag_mismatch``; a tag inside the prose (HTML's ``<video>`` element) is
+    text; a placeholder token in the rendered ``text`` a ``placeholder_in_text`` (:func:`check_text_ids`)."""
     if not spec.is_multimodal:
         return
     turns = obj.get(chat_field)

@@ -12,6 +12,10 @@ fingerprint (:func:`fingerprint_extra`); a pad never is (pads carry no label).
 
 Neither there: :func:`check_tokens` refuses at index time, in one line, what the reader could not read
 (``fcp index`` exits 2) — a tokenizer with no EOS for text, prompt/response or caption samples, or no pad at all.
+
+A text after a visual block (a conversation's next piece, a caption) is tokenized as the model's processor tokenizes
+it inside the whole prompt (:func:`encode_after`), which differs from a text of its own for a SentencePiece-style
+tokenizer that marks an input's first word (:func:`prefixes_first_word`).
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ import functools
 import json
 from pathlib import Path
 
-__all__ = ["config_tokens", "special_tokens", "prefixes_first_word", "encode_after", "resolve", "eos_id", "pad_id", "has_eos", "check_tokens", "fingerprint_extra"]
+__all__ = ["config_tokens", "special_tokens", "prefixes_first_word", "encode_after", "resolve", "eos_id", "pad_id",
+           "has_eos", "check_tokens", "fingerprint_extra"]
 
 CONFIG = "tokenizer_config.json"
 
