@@ -21,8 +21,10 @@ def repair_bins(groups: list[list[int]], lengths: np.ndarray, num_ranks: int, to
                 ) -> list[list[list[int]]]:
     """Merge bins until ``Σ ceil(S_g / E) ≤ N``: each time the two bins with most headroom
     (``ceil(S/E)·E − S``; lowest bin id on ties) become one. Returns the bins when their count first
-    drops to ``N`` or below (a start for the search even if memory still fails there) and the bins that
-    fit (if they differ); ``[]`` if the input already fits."""
+    drops to ``N`` (a start for the search even if memory still fails there) and the bins that fit (if they
+    differ); ``[]`` if the input already fits — or already holds fewer than ``N`` bins: it is no start then
+    (returning it and the bins that fit made the plan of ``test_final_plan_packs_a_stranded_slowest_group_into_a_node``
+    5 % slower, 0.6064 → 0.6368 s; stop 61)."""
     E = float(tokens_per_rank)
     bins = [list(g) for g in groups]
     sizes = [float(np.sum(lengths[g])) for g in bins]
