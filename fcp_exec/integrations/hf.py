@@ -243,12 +243,16 @@ def batch_inputs(batch: dict, model: nn.Module) -> dict[str, Any]:
 
 def lm_loss(logits: torch.Tensor, batch: dict) -> torch.Tensor:
     """``Σ CE(logits[t], labels[t]) / num_tokens_global`` over this rank's tokens, with the collator's pre-shifted
-    labels (no further shift). Half-precision logits are upcast to float32."""
+    labels (no further shift). Half-precision logits are upcast to float32. Labels ignored are -100, as in
+    transformers (its own losses know no other): a collator built with another ``ignore_index`` is one ValueError."""
     num = denominator(batch)
     logits = logits.reshape(-1, logits.shape[-1])
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()
     labels = batch["labels"].to(logits.device).reshape(-1)
+    if bool(((labels < 0) & (labels != -100)).any()):
+        raise ValueError(f"labels hold {int(labels[(labels < 0) & (labels != -100)][0])}: Hugging Face models ignore "
+                         "-100 only (transformers' convention); build FCPCollator with ignore_index=-100")
     return F.cross_entropy(logits, labels, ignore_index=-100, reduction="sum") / num
 
 
