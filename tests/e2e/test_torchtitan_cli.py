@@ -78,7 +78,7 @@ def test_torchtitan_train_with_fcp_config_trains_and_resumes(tmp_path):
 # first-step losses measured over unseeded runs; ln(2048) = 7.62 (uniform predictions over the debug vocabulary)
 FIRST_LOSS = {"llama3_debug_fcp": (7.62, 1.0),  # its initial output layer is not near-uniform: 7.98–8.17
               "deepseek_v3_debug_mtp_fcp": (1.3 * 7.62, 1.5),  # main + 0.3 · the MTP depth's: 10.58 measured
-              "gpt_oss_debug_fcp": (7.62, 1.5)}  # 8.16 measured (bf16)
+              "gpt_oss_debug_fcp": (7.62, 1.5)}  # 8.18 measured (bf16, experts 256 wide on a CPU)
 
 
 @pytest.mark.parametrize("config", sorted(FIRST_LOSS))
