@@ -33,7 +33,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ROLES", "TEMPLATES", "UNRENDERED_KEYS", "ChatFormatError", "ChatTemplate", "chat_tools", "render_chat",
+__all__ = ["ROLES", "TEMPLATES", "UNRENDERED_KEYS", "ChatFormatError", "ChatTemplate", "chat_kwargs", "chat_tools",
+           "line_template_inputs", "render_chat",
            "resolve_template", "split_markers", "template_label", "template_markers", "trained_token_mask",
            "turn_dicts"]
 
@@ -190,6 +191,22 @@ def _unrendered(turn: dict, k: int, name: str) -> None:
                                                   "--chat-template MODEL_DIR")
 
 
+def _line_json(line: Any, field: str | None, reason: str, what: str) -> Any:
+    """A line's ``field``, a JSON string read as the value it holds; None for no field, null or a blank string."""
+    import json
+
+    value = line.get(field) if field and isinstance(line, dict) else None
+    if isinstance(value, str):
+        if not value.strip():
+            return None
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ChatFormatError(reason, f"{what} {field!r} is a string but not JSON ({e.msg} at character "
+                                          f"{e.pos})") from None
+    return value
+
+
 def chat_tools(line: Any, field: str | None) -> list[dict] | None:
     """The tool definitions of a conversation line — its ``field`` (``fcp index --tools-field``, ``tools`` by
     default, as TRL's SFTTrainer reads them) — as ``apply_chat_template(tools=...)`` takes them: a list of objects
@@ -197,16 +214,8 @@ def chat_tools(line: Any, field: str | None) -> list[dict] | None:
     datasets store them). No field, null or a blank string: None (no tools); ``[]`` stays ``[]``, as transformers
     passes it (a template testing ``tools is not none`` writes its tools section for it). Anything else is
     ``bad_tools``."""
-    import json
-
-    value = line.get(field) if field and isinstance(line, dict) else None
-    if isinstance(value, str) and value.strip():
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise ChatFormatError("bad_tools", f"tools field {field!r} is a string but not JSON ({e.msg} at "
-                                               f"character {e.pos})") from None
-    if value is None or isinstance(value, str) and not value.strip():
+    value = _line_json(line, field, "bad_tools", "tools field")
+    if value is None:
         return None
     if not isinstance(value, list) or not all(isinstance(t, dict) and t for t in value):
         raise ChatFormatError("bad_tools", f"tools field {field!r} must be a list of tool objects (or a JSON "
@@ -214,16 +223,53 @@ def chat_tools(line: Any, field: str | None) -> list[dict] | None:
     return value
 
 
-def render_chat(messages: Any, name: str | dict = "chatml",
-                tools: list[dict] | None = None) -> tuple[str, list[tuple[int, int]]]:
+# apply_chat_template's own parameters and the names it gives the template itself: a line's template kwargs naming
+# one would be "got multiple values" in transformers (TRL passes a line's kwargs into that call)
+RESERVED_TEMPLATE_KWARGS = frozenset({
+    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict",
+    "return_assistant_tokens_mask", "tokenizer_kwargs", "processor_kwargs", "raise_exception", "strftime_now"})
+
+
+def chat_kwargs(line: Any, field: str | None) -> dict:
+    """A conversation line's own chat-template variables — its ``field`` (``fcp index --template-kwargs-field``,
+    ``chat_template_kwargs`` by default, the column TRL's SFTTrainer merges into ``apply_chat_template(...)`` per
+    example: e.g. ``{"enable_thinking": false}`` for SmolLM3/Qwen3 templates): an object, or a JSON string of one.
+    No field, null or a blank string: ``{}``. A key that names one of apply_chat_template's own parameters
+    (``RESERVED_TEMPLATE_KWARGS``), a key that is not a name, or anything else is ``bad_template_kwargs``."""
+    value = _line_json(line, field, "bad_template_kwargs", "template kwargs field")
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ChatFormatError("bad_template_kwargs", f"template kwargs field {field!r} must be an object of template "
+                                                     f"variables (or a JSON string of one), got {type(value).__name__}")
+    bad = sorted(str(k) for k in value if not isinstance(k, str) or not k.isidentifier()
+                 or k in RESERVED_TEMPLATE_KWARGS)
+    if bad:
+        raise ChatFormatError("bad_template_kwargs", f"template kwargs field {field!r} names {', '.join(bad)}: not a "
+                                                     "template variable of its own (apply_chat_template's parameters "
+                                                     "are not set per line)")
+    return value
+
+
+def line_template_inputs(line: Any, tools_field: str | None,
+                         kwargs_field: str | None) -> tuple[list[dict] | None, dict]:
+    """``(tools, kwargs)`` of a conversation line, as TRL's SFTTrainer gives them to ``apply_chat_template``
+    (:func:`chat_tools`, :func:`chat_kwargs`): ``render_chat(messages, template, *line_template_inputs(...))``."""
+    return chat_tools(line, tools_field), chat_kwargs(line, kwargs_field)
+
+
+def render_chat(messages: Any, name: str | dict = "chatml", tools: list[dict] | None = None,
+                kwargs: dict | None = None) -> tuple[str, list[tuple[int, int]]]:
     """The conversation's text under template ``name`` (a built-in name, or a model's own template as
     :func:`resolve_template` read it) and the ``[start, end)`` character spans trained on; ``tools`` (from
     :func:`chat_tools`) are given to a model's template as ``apply_chat_template(tools=...)`` gives them, and
-    refused by the built-ins (``unsupported_tools``: they cannot write them)."""
+    refused by the built-ins (``unsupported_tools``: they cannot write them); ``kwargs`` (from :func:`chat_kwargs`)
+    are its template variables as ``apply_chat_template(**kwargs)`` passes them (the built-ins read none)."""
     if isinstance(name, dict):
         from fcp_data.chat_jinja import render
 
-        return render(messages, name, tools)
+        return render(messages, name, tools, kwargs)
     if tools:
         raise ChatFormatError("unsupported_tools", f"the line has {len(tools)} tool definition(s), which the built-in "
                                                    f"{name} template cannot write: index with the model's own "

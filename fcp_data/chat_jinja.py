@@ -174,9 +174,10 @@ def _render(tpl: dict, messages: list[dict], generation_prompt: bool = False) ->
 
     day = datetime.date.fromisoformat(tpl["date"]) if tpl.get("date") else datetime.date.today()
     try:
+        variables = {**tpl["special_tokens"], **tpl.get("kwargs", {})}  # a line's kwargs over the tokens, as there
         return _compile(tpl["jinja"]).render(messages=messages, tools=tpl.get("tools"), documents=None,
                                              add_generation_prompt=generation_prompt, strftime_now=day.strftime,
-                                             **tpl["special_tokens"])
+                                             **variables)
     except Exception as e:  # noqa: BLE001 - the template is the user's code run on one line: that line fails
         kind = "" if isinstance(e, jinja2.exceptions.TemplateError) else f"{type(e).__name__}: "
         raise ChatFormatError("template_error", f"the chat template refused this conversation: {kind}{e}") from None
@@ -189,15 +190,18 @@ def _changed(what: str):
                                                        "it to say what to train")
 
 
-def render(messages: Any, tpl: dict, tools: list[dict] | None = None) -> tuple[str, list[tuple[int, int]]]:
+def render(messages: Any, tpl: dict, tools: list[dict] | None = None,
+           kwargs: dict | None = None) -> tuple[str, list[tuple[int, int]]]:
     """The conversation's text under the model's template and the ``[start, end)`` character spans trained on;
-    ``tools`` as ``apply_chat_template(tools=...)`` passes them (None, as there, when the line has none)."""
+    ``tools`` as ``apply_chat_template(tools=...)`` passes them (None, as there, when the line has none), ``kwargs``
+    as its ``**kwargs`` (template variables; a TRL line's ``chat_template_kwargs``)."""
     from fcp_data.chat import ChatFormatError, turn_dicts
 
     turns = [_aliased(t) for t in turn_dicts(messages)]
-    if any(_MARKS.search(json.dumps(t, ensure_ascii=False)) for t in turns + (tools or [])):
+    if any(_MARKS.search(json.dumps(t, ensure_ascii=False, default=str))
+           for t in turns + (tools or []) + [kwargs or {}]):
         raise ChatFormatError("bad_messages", "the conversation holds characters U+FDD0..U+FDEF (noncharacters)")
-    tpl = {**tpl, "tools": tools}  # every render of this conversation (the marked ones too) sees them
+    tpl = {**tpl, "tools": tools, "kwargs": kwargs or {}}  # every render of it (the marked ones too) sees them
     if _GENERATION_TAG.search(tpl["jinja"]):
         try:
             text, found = _pieces(_render(tpl, turns))

@@ -272,14 +272,14 @@ def media_path(media: ChatMedia, jsonl_path: str | Path, media_root: str | None)
     return p if p.is_absolute() else Path(media_root or Path(jsonl_path).parent) / p
 
 
-def split_render(messages: list, template, n: int,
-                 tools: list[dict] | None = None) -> tuple[list[str], list[list[tuple[int, int]]]]:
-    """The conversation rendered (with the line's ``tools``, :func:`fcp_data.chat.chat_tools`) and cut at its ``n``
-    media marks: the ``n + 1`` texts around them and the trained spans of each. The marks must come back once each,
-    in the order :func:`find_media` gave the media."""
+def split_render(messages: list, template, n: int, tools: list[dict] | None = None,
+                 kwargs: dict | None = None) -> tuple[list[str], list[list[tuple[int, int]]]]:
+    """The conversation rendered (with the line's ``tools`` and template ``kwargs``,
+    :func:`fcp_data.chat.line_template_inputs`) and cut at its ``n`` media marks: the ``n + 1`` texts around them and
+    the trained spans of each. The marks must come back once each, in the order :func:`find_media` gave the media."""
     from fcp_data.chat import render_chat
 
-    text, spans = render_chat(messages, template, tools)
+    text, spans = render_chat(messages, template, tools, kwargs)
     found = [(m.start(), ord(m.group(0)) - _MARK0) for m in _MARKS.finditer(text)]
     order = [k for _, k in found]
     if sorted(order) != list(range(n)):

@@ -7,8 +7,8 @@ Sample dicts (the contract with :class:`~fcp_data.collator.FCPCollator`, DESIGN 
   tokenizer's ids of the text, plus EOS when the spec says so. An index built with a prompt field (``fcp index
   --prompt-field``, SFT) gives ``input_ids`` = the prompt's ids, then the text's (the response) and EOS, and
   ``"labels"``: the same with -100 on the prompt (Hugging Face convention; ``dataset.has_labels``): train it with
-  ``FCPCollator(sample_labels=True)``. With a chat field (``fcp index --chat-field``) the conversation (and its
-  tools) is rendered by its template and the labels keep the assistant turns only (:mod:`fcp_data.chat`).
+  ``FCPCollator(sample_labels=True)``. With a chat field (``fcp index --chat-field``) the conversation (with its
+  tools and template kwargs) is rendered by its template, the labels keep the assistant turns (:mod:`fcp_data.chat`).
   A chat line with images/videos (:mod:`fcp_data.chat_media`) is an image/video sample (below) whose
   ``input_ids`` are the rendered conversation's tokens with each media's visual block at its position (``grid_thw``
   one row per media, ``pixel_values`` concatenated), and whose ``labels`` keep the assistant turns only.
@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from fcp_data import text_tokens
-from fcp_data.chat import chat_tools
+from fcp_data.chat import line_template_inputs as line_inputs
 from fcp_data.index.format import KIND_IMAGE, KIND_TEXT, KIND_VIDEO, LengthIndex
 from fcp_data.index.limits import record_mismatch
 from fcp_data.index.probe import IMAGE_EXTS, TEXT_EXTS, VIDEO_EXTS, member_path
@@ -117,7 +117,7 @@ class IndexedDataset(torch.utils.data.Dataset):
         self.text_field = m.get("text_field", "text")
         self.prompt_field: str | None = m.get("prompt_field")
         self.chat_field, self.chat_template = m.get("chat_field"), m.get("chat_template") or "chatml"
-        self.tools_field: str | None = m.get("tools_field")  # None in indexes built before it: no tools
+        self.line_fields = (m.get("tools_field"), m.get("template_kwargs_field"))  # None: built before them, unread
         self.caption_labels = flag("caption_labels", caption_labels) and self.spec.is_multimodal
         # samples carry their own labels: train with FCPCollator(sample_labels=True)
         self.has_labels = bool(self.prompt_field or self.chat_field) or self.caption_labels
@@ -306,7 +306,7 @@ class IndexedDataset(torch.utils.data.Dataset):
         src = self.index.sources[int(self.index.shard[i])]["path"]  # as indexed; relocated once, below
         root = self.index.manifest.get("media_root")
         paths = [self._resolve(media_path(m, src, root)) for m in media]
-        pieces, spans = split_render(messages, self.chat_template, len(media), chat_tools(obj, self.tools_field))
+        pieces, spans = split_render(messages, self.chat_template, len(media), *line_inputs(obj, *self.line_fields))
         if len(media) == 1:
             blocks, outs = zip(self._vision(i, kind, paths[0], decode))
         else:
@@ -329,7 +329,7 @@ class IndexedDataset(torch.utils.data.Dataset):
         if record is None or not self.chat_field or int(self.index.kind[i]) == KIND_TEXT:
             raise ValueError(f"sample {i} is not a conversation with images/videos")
         media, messages = find_media(record, self.chat_field)
-        pieces, _ = split_render(messages, self.chat_template, len(media), chat_tools(record, self.tools_field))
+        pieces, _ = split_render(messages, self.chat_template, len(media), *line_inputs(record, *self.line_fields))
         if len(media) == 1:
             plans = [row_plan(self.spec, self.index, i)]
         else:
@@ -380,7 +380,7 @@ class IndexedDataset(torch.utils.data.Dataset):
             from fcp_data.chat import render_chat, trained_token_mask
             from fcp_data.chat_media import check_text_ids
 
-            text, spans = render_chat(obj[self.chat_field], self.chat_template, chat_tools(obj, self.tools_field))
+            text, spans = render_chat(obj[self.chat_field], self.chat_template, *line_inputs(obj, *self.line_fields))
             enc = self.spec.tokenizer().encode(text, add_special_tokens=False)
             check_text_ids(self.spec, enc.ids)  # a visual placeholder in text-only chat: no pixels back it
             mask = trained_token_mask(enc.offsets, spans)

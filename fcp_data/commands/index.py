@@ -48,6 +48,11 @@ def _sft_arguments(p) -> None:
                         "schemas, or a JSON string of one), given to the template as apply_chat_template(tools=...) "
                         "and TRL's SFTTrainer give them (default: tools; lines without it have none; the built-in "
                         "templates refuse lines with tools)")
+    p.add_argument("--template-kwargs-field", default=None, metavar="FIELD",
+                   help="jsonl/Parquet field of a --chat-field line holding its own chat-template variables (an "
+                        "object such as {\"enable_thinking\": false}, or a JSON string of one), passed to the template "
+                        "as TRL's SFTTrainer passes them, apply_chat_template(**kwargs) (default: chat_template_kwargs; "
+                        "lines without it have none; the built-in templates read none)")
     p.add_argument("--media-root", default=None, metavar="DIR",
                    help="folder that the relative image/video paths of --chat-field lines are under (LLaVA's "
                         "'video': 'a.mp4' or a {'type': 'video', 'video': ...} part; default: the jsonl's folder)")
@@ -162,7 +167,7 @@ def run(args) -> int:
                                    engine=args.engine, address=args.address, resume=args.resume, probe=args.probe,
                                    text_field=args.text_field, key_field=args.key_field, prompt_field=args.prompt_field,
                                    chat_field=args.chat_field, chat_template=args.chat_template, media_root=args.media_root,
-                                   tools_field=args.tools_field,
+                                   tools_field=args.tools_field, template_kwargs_field=args.template_kwargs_field,
                                    max_error_rate=args.max_error_rate, progress=not args.no_progress, limits=limits)
     except BrokenProcessPool:
         print(f"fcp index: error: a worker process died (killed, or out of memory); the finished shards are kept in "

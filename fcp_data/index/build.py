@@ -47,7 +47,7 @@ def task_fingerprint(task: dict, cfg: dict) -> str:
     """What a finished part must match to be reused by ``--resume`` (the task includes its input's stamp)."""
     keep = {k: cfg.get(k) for k in ("spec_fingerprint", "probe", "text_field", "key_field", "limits")}
     # only when set: earlier parts keep their fingerprints
-    for k in ("prompt_field", "chat_field", "chat_template", "media_root", "tools_field"):
+    for k in ("prompt_field", "chat_field", "chat_template", "media_root", "tools_field", "template_kwargs_field"):
         if cfg.get(k):
             keep[k] = cfg[k]
     return hashlib.sha256(json.dumps([task, keep], sort_keys=True).encode()).hexdigest()
@@ -222,14 +222,14 @@ def _jsonl_text(obj, cfg: dict, spec=None) -> str | tuple[str, str]:
 def _chat_text(obj: dict, cfg: dict, spec=None) -> str:
     """The rendered conversation of a chat-format line (:mod:`fcp_data.chat`); under a multimodal spec, checked for
     a visual placeholder in its text and a LLaVA tag without its media (:func:`fcp_data.chat_media.check_text`)."""
-    from fcp_data.chat import ChatFormatError, chat_tools, render_chat
+    from fcp_data.chat import ChatFormatError, line_template_inputs, render_chat
     from fcp_data.chat_media import check_text
 
     if cfg["chat_field"] not in obj:
         raise ProbeError("missing_field", f"no field {cfg['chat_field']!r} (--chat-field)")
     try:
         text, _ = render_chat(obj[cfg["chat_field"]], cfg.get("chat_template") or "chatml",
-                              chat_tools(obj, cfg.get("tools_field")))
+                              *line_template_inputs(obj, cfg.get("tools_field"), cfg.get("template_kwargs_field")))
         if spec is not None:
             check_text(spec, obj, cfg["chat_field"], text)
     except ChatFormatError as e:

@@ -69,7 +69,7 @@ def index_media_chat(key: str, start: int, size: int, obj: dict, cfg: dict, task
     """One chat line naming images or videos: probe each, count the rendered text around their visual blocks and
     the blocks, add the row (its member is the record; the files are found again from it). The index's kind and
     geometry columns are the first media's (video if the line has one); ``num_visual_tokens`` is the total."""
-    from fcp_data.chat import ChatFormatError, chat_tools
+    from fcp_data.chat import ChatFormatError, line_template_inputs
     from fcp_data.chat_media import check_text_ids, piece_tokens, find_media, split_render
     from fcp_data.specs import count_segments
 
@@ -80,7 +80,7 @@ def index_media_chat(key: str, start: int, size: int, obj: dict, cfg: dict, task
         media, messages = find_media(obj, cfg["chat_field"])
         plans = media_plans(media, task["path"], cfg, spec)
         pieces, _ = split_render(messages, cfg.get("chat_template") or "chatml", len(media),
-                                 chat_tools(obj, cfg.get("tools_field")))
+                                 *line_template_inputs(obj, cfg.get("tools_field"), cfg.get("template_kwargs_field")))
         texts = [piece_tokens(spec, t, k)[0] for k, t in enumerate(pieces) if t]
         for ids in texts:
             check_text_ids(spec, ids)  # a placeholder in the text: one more visual position than the pixels give

@@ -107,6 +107,8 @@ def summarize(manifest: dict) -> str:
         from fcp_data.chat import template_label
 
         tools = f", tools in {manifest['tools_field']!r}" if manifest.get("tools_field") not in (None, "tools") else ""
+        if manifest.get("template_kwargs_field") not in (None, "chat_template_kwargs"):
+            tools += f", template kwargs in {manifest['template_kwargs_field']!r}"
         lines.append(f"SFT: conversations in {manifest['chat_field']!r} ({template_label(manifest['chat_template'])} "
                      f"template{tools}), labels on the assistant turns: train with FCPCollator(sample_labels=True)")
     elif manifest.get("prompt_field"):
@@ -127,9 +129,10 @@ def _template_tokenizer(chat_template) -> str | None:
 
 
 def _check_sft(prompt_field, chat_field, chat_template, media_root, text_field: str, key_field: str,
-               tools_field: str | None = None):
+               tools_field: str | None = None, kwargs_field: str | None = None):
     """The SFT options checked (one ValueError each); returns ``(chat_field, chat template (a model's read once,
-    here), media root (an absolute path), tools field (``tools`` by default with ``chat_field``))``."""
+    here), media root (an absolute path), tools field, template kwargs field)`` by their manifest names (with
+    ``chat_field``, ``tools`` and ``chat_template_kwargs`` by default: the columns TRL's SFTTrainer reads)."""
     if prompt_field is not None and (not isinstance(prompt_field, str) or not prompt_field or prompt_field in
                                      (text_field, key_field)):
         raise ValueError(f"--prompt-field must be a jsonl/Parquet field name other than --text-field {text_field!r} and "
@@ -145,18 +148,26 @@ def _check_sft(prompt_field, chat_field, chat_template, media_root, text_field: 
             raise ValueError(f"--chat-field must be a jsonl/Parquet field name other than --key-field, got {chat_field!r}")
         chat_template = resolve_template("chatml" if chat_template is None else chat_template)
         tools_field = "tools" if tools_field is None else tools_field
-        if not isinstance(tools_field, str) or not tools_field or tools_field in (chat_field, key_field):
-            raise ValueError(f"--tools-field must be a jsonl/Parquet field name other than --chat-field and "
-                             f"--key-field, got {tools_field!r}")
+        kwargs_field = "chat_template_kwargs" if kwargs_field is None else kwargs_field
+        for option, field in (("--tools-field", tools_field), ("--template-kwargs-field", kwargs_field)):
+            if not isinstance(field, str) or not field or field in (chat_field, key_field):
+                raise ValueError(f"{option} must be a jsonl/Parquet field name other than --chat-field and "
+                                 f"--key-field, got {field!r}")
+        if tools_field == kwargs_field:
+            raise ValueError(f"--tools-field and --template-kwargs-field name the same field {tools_field!r}")
     elif tools_field is not None:
         raise ValueError("--tools-field is the tool definitions of --chat-field conversations; give both")
+    elif kwargs_field is not None:
+        raise ValueError("--template-kwargs-field is for the template variables of --chat-field conversations; "
+                         "give both")
     if media_root is not None:
         if not chat_field:
             raise ValueError("--media-root is for the images and videos of --chat-field conversations; give both")
         if not Path(media_root).is_dir():
             raise ValueError(f"--media-root {media_root} is not a folder")
         media_root = str(Path(media_root).resolve())
-    return chat_field, chat_template, media_root, tools_field
+    return {"chat_field": chat_field, "chat_template": chat_template, "media_root": media_root,
+            "tools_field": tools_field, "template_kwargs_field": kwargs_field}
 
 
 def _load_tokenizer(sp, chat_field, chat_template, sources: list[dict]) -> None:
@@ -188,7 +199,8 @@ def build_index(inputs: list[str], spec: str, out: str | Path, *, tokenizer: str
                 text_field: str = "text", key_field: str = "id", max_error_rate: float = 0.01,
                 progress: bool = True, dir_chunk: int | None = None, limits: Limits | dict | None = None,
                 prompt_field: str | None = None, chat_field: str | None = None, chat_template: str | dict | None = None,
-                media_root: str | None = None, tools_field: str | None = None) -> tuple[dict, int]:
+                media_root: str | None = None, tools_field: str | None = None,
+                template_kwargs_field: str | None = None) -> tuple[dict, int]:
     """Build (or resume) the index of ``inputs`` into ``out``; returns (manifest, exit code 0/1).
 
     ``limits``: per-sample ingestion limits (:class:`~fcp_data.index.limits.Limits`, or a dict of its fields);
@@ -196,7 +208,8 @@ def build_index(inputs: list[str], spec: str, out: str | Path, *, tokenizer: str
     SFT samples — a sample is the tokens of its prompt then of its ``text_field`` (the response), and
     :class:`~fcp_data.readers.IndexedDataset` gives it ``labels`` that mask the prompt. ``chat_field``: jsonl
     conversations rendered by ``chat_template`` (:mod:`fcp_data.chat`; ``chatml`` when None, and refused without
-    ``chat_field``) with the line's ``tools_field`` (default ``tools``), trained on the assistant turns; they may
+    ``chat_field``) with the line's ``tools_field`` and ``template_kwargs_field`` (default ``tools``,
+    ``chat_template_kwargs``: TRL's), trained on the assistant turns; they may
     name images and videos (:mod:`fcp_data.chat_media`) under ``media_root`` (default: the jsonl file's folder).
     """
     from fcp_data import __version__
@@ -216,13 +229,13 @@ def build_index(inputs: list[str], spec: str, out: str | Path, *, tokenizer: str
         raise ValueError("--out must name the index folder, got an empty path")
     if tokenizer is not None and not str(tokenizer).strip():
         raise ValueError("--tokenizer must name a tokenizer.json file, got an empty path")
-    if tokenizer is None and chat_field is not None:
-        tokenizer = _template_tokenizer(chat_template)
-    chat = _check_sft(prompt_field, chat_field, chat_template, media_root, text_field, key_field, tools_field)
+    tokenizer = _template_tokenizer(chat_template) if tokenizer is None and chat_field is not None else tokenizer
+    chat = _check_sft(prompt_field, chat_field, chat_template, media_root, text_field, key_field, tools_field,
+                      template_kwargs_field)
     limits = limits if isinstance(limits, Limits) else Limits.from_dict(limits)
     sp = load_spec(spec, tokenizer)
     sources = expand_inputs(list(inputs))
-    _load_tokenizer(sp, chat_field, chat[1], sources)
+    _load_tokenizer(sp, chat_field, chat["chat_template"], sources)
     if any(s["kind"] == "parquet" for s in sources) and importlib.util.find_spec("pyarrow") is None:
         raise ValueError("reading .parquet/.arrow needs pyarrow: pip install 'fcp[parquet]' (or pyarrow)")
     if not any(Path(s["path"]).exists() for s in sources):
@@ -235,10 +248,9 @@ def build_index(inputs: list[str], spec: str, out: str | Path, *, tokenizer: str
     try:
         with build_lock(out):
             return _build_locked(inputs, sources, sp, out, probe=probe, text_field=text_field, key_field=key_field,
-                                 prompt_field=prompt_field, chat=chat,
-                                 limits=limits, resume=resume, engine=engine, address=address, workers=workers,
-                                 progress=progress, dir_chunk=dir_chunk or DIR_CHUNK, max_error_rate=max_error_rate,
-                                 version=__version__)
+                                 prompt_field=prompt_field, chat=chat, limits=limits, resume=resume, engine=engine,
+                                 address=address, workers=workers, progress=progress, dir_chunk=dir_chunk or DIR_CHUNK,
+                                 max_error_rate=max_error_rate, version=__version__)
     except NothingToIndex:
         _undo_refused(out, new_top, before)
         raise
@@ -290,9 +302,8 @@ def _build_locked(inputs, sources, sp, out: Path, *, probe, text_field, key_fiel
     if not tasks:
         raise NothingToIndex(f"no samples found in {', '.join(s['path'] for s in sources[:3])}: the folders are empty")
     cfg = {"spec_path": sp.path, "tokenizer": sp.tokenizer_path, "spec_fingerprint": sp.fingerprint, "probe": probe,
-           "text_field": text_field, "key_field": key_field, "prompt_field": prompt_field, "chat_field": chat[0],
-           "chat_template": chat[1], "media_root": chat[2], "tools_field": chat[3], "out": str(out.resolve()),
-           "limits": limits.to_dict()}
+           "text_field": text_field, "key_field": key_field, "prompt_field": prompt_field, **chat,
+           "out": str(out.resolve()), "limits": limits.to_dict()}
     recover_records(out)  # a build killed inside the swap of records/: put back the committed index's
     _prepare_run(out, resume)
     todo = [t for t in tasks if not (resume and _part_done(part_path(out, t["id"]), task_fingerprint(t, cfg))
@@ -329,8 +340,7 @@ def _build_locked(inputs, sources, sp, out: Path, *, probe, text_field, key_fiel
         "format": FORMAT_NAME, "version": FORMAT_VERSION, "tool": f"fcp {version}",
         "spec": {"name": sp.name, "family": sp.family, "fingerprint": sp.fingerprint, "eta": sp.eta,
                  "tokenizer": Path(sp.tokenizer_path).name, "path": sp.path, "tokenizer_path": sp.tokenizer_path},
-        "probe": probe, "text_field": text_field, "key_field": key_field, "prompt_field": prompt_field,
-        "chat_field": chat[0], "chat_template": chat[1], "media_root": chat[2], "tools_field": chat[3],
+        "probe": probe, "text_field": text_field, "key_field": key_field, "prompt_field": prompt_field, **chat,
         "limits": limits.to_dict(),
         "inputs": list(inputs), "sources": sources,
         "num_tasks": len(tasks), "exts": info["exts"], "num_samples": n, "num_errors": len(errors), "num_seen": seen,

@@ -86,11 +86,13 @@ def _hf_tools(row: dict):
     return (json.loads(t) if t.strip() else None) if isinstance(t, str) else t
 
 
-def _assert_equals_hf(data: IndexedDataset, hf, row: dict, shipped: str, gen: str) -> None:
-    tools = _hf_tools(row)
-    text = hf.apply_chat_template(row["messages"], tools=tools, chat_template=shipped, tokenize=False)
-    ref = hf.apply_chat_template(row["messages"], tools=tools, chat_template=gen, tokenize=True, return_dict=True,
-                                 return_assistant_tokens_mask=True)
+def _assert_equals_hf(data: IndexedDataset, hf, row: dict, shipped: str, gen: str, kwargs: dict | None = None) -> None:
+    """Sample ``row`` equals transformers with ``kwargs`` (default: the line's tools, as TRL passes them): the text
+    of the ``shipped`` template, ids and assistant mask of ``gen`` (the same with {% generation %} blocks)."""
+    kwargs = {"tools": _hf_tools(row)} if kwargs is None else kwargs
+    text = hf.apply_chat_template(row["messages"], chat_template=shipped, tokenize=False, **kwargs)
+    ref = hf.apply_chat_template(row["messages"], chat_template=gen, tokenize=True, return_dict=True,
+                                 return_assistant_tokens_mask=True, **kwargs)
     ids, mask = list(ref["input_ids"]), list(ref["assistant_masks"])
     assert hf.decode(ids) == text, row["id"]  # the blocked template writes the shipped text
     i = list(data.index.keys).index(row["id"])
@@ -205,11 +207,13 @@ MEDIA_TOOLS = ("{%- if tools %}{{ '<|im_start|>system\\n# Tools' }}{%- for t in 
                "{%- endfor %}{{ '<|im_end|>\\n' }}{%- endif %}" + MEDIA_TEMPLATE)
 
 
-@pytest.mark.parametrize("spec", ["qwen2.5-vl", "llava-video"])
-def test_media_conversations_with_tools(tmp_path, spec):
-    """Image/video conversations with tools: ids and labels equal the reference (transformers with ``tools=``, each
+def check_media_lines(tmp_path, spec: str, template: str, extra: tuple[dict, dict],
+                      hf_kwargs) -> list[str]:
+    """Two image/video conversations (a video; an image and a video), each with its ``extra`` fields, indexed with
+    ``template``: ids and labels equal the reference (transformers with ``hf_kwargs(line)``, what TRL passes; each
     media part one placeholder then replaced by the plain sample's visual block), the index counts them, and the
-    sampler's visual layout (several media: read from the record again) equals the reader's ids."""
+    sampler's visual layout (several media: read from the record again) equals the reader's ids. Returns the
+    reference's texts."""
     transformers = pytest.importorskip("transformers")
     from fcp_data.visual_layout import IndexVisualLayout
 
@@ -220,42 +224,53 @@ def test_media_conversations_with_tools(tmp_path, spec):
     block = {n: (lambda s: s["input_ids"].tolist()[: len(s["input_ids"]) - eos])(
         plain[list(plain.index.keys).index(n.rsplit(".", 1)[0])]) for n in clips + imgs}
     answer = {"role": "assistant", "content": "It rains."}
-    one = {"id": "one", "tools": json.dumps([WEATHER]), "messages": [
-        {"role": "user", "content": [{"type": "text", "text": "Where? "}, {"type": "video", "video": f"media/{clips[0]}"}]},
-        answer]}
-    two = {"id": "two", "tools": [WEATHER, TIME], "messages": [
+    one = {"id": "one", **extra[0], "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "Where? "},
+                                     {"type": "video", "video": f"media/{clips[0]}"}]}, answer]}
+    two = {"id": "two", **extra[1], "messages": [
         {"role": "user", "content": [{"type": "image", "image": f"media/{imgs[0]}"}, {"type": "text", "text": " and "},
                                      {"type": "video", "video": f"media/{clips[0]}"}]}, answer]}
     _write(tmp_path / "chat.jsonl", [one, two])
-    (tmp_path / "tpl.jinja").write_text(MEDIA_TOOLS)
+    (tmp_path / "tpl.jinja").write_text(template)
     manifest, rc = build_index([str(tmp_path / "chat.jsonl")], spec, tmp_path / "idx", chat_field="messages",
                                chat_template=str(tmp_path / "tpl.jinja"), progress=False)
     assert rc == 0 and manifest["num_samples"] == 2, manifest["errors_by_reason"]
     data = IndexedDataset(tmp_path / "idx")
     hf_tok = transformers.PreTrainedTokenizerFast(tokenizer_file=plain.spec.tokenizer_path)
     layout, vis = IndexVisualLayout(data.index), torch.tensor(data.placeholder_ids)
+    texts = []
     for row, order in ((one, clips), (two, imgs + clips)):
         i = list(data.index.keys).index(row["id"])
         s = data[i]
-        tools = _hf_tools(row)
-        ref = hf_tok.apply_chat_template(row["messages"], tools=tools, chat_template=MEDIA_TOOLS, tokenize=False)
-        assert "# Tools" in ref
-        ids, labels = _media_reference(_Tools(hf_tok, tools), row["messages"], [block[n] for n in order])
+        hf = _WithKwargs(hf_tok, template, hf_kwargs(row))
+        texts.append(hf.apply_chat_template(row["messages"], template, tokenize=False))
+        ids, labels = _media_reference(hf, row["messages"], [block[n] for n in order])
         assert s["input_ids"].tolist() == ids and s["labels"].tolist() == labels, row["id"]
         assert int(data.index.num_tokens[i]) == len(ids)
         n = len(ids)
         for cut in (1, 2, n // 3, n // 2, n - 1, n):
             assert layout(i, cut) == int(torch.isin(s["input_ids"][1:cut], vis).sum()), (row["id"], cut)
+    return texts
 
 
-class _Tools:
-    """A tokenizer whose ``apply_chat_template`` adds ``tools=`` (the media reference helper takes a tokenizer)."""
+class _WithKwargs:
+    """A tokenizer whose ``apply_chat_template`` renders ``template`` with ``kwargs`` added (the media reference
+    helper takes a tokenizer)."""
 
-    def __init__(self, tok, tools):
-        self.tok, self.tools = tok, tools
+    def __init__(self, tok, template: str, kwargs: dict):
+        self.tok, self.template, self.kwargs = tok, template, kwargs
 
     def apply_chat_template(self, messages, chat_template, **kw):
-        return self.tok.apply_chat_template(messages, tools=self.tools, chat_template=MEDIA_TOOLS, **kw)
+        return self.tok.apply_chat_template(messages, chat_template=self.template, **kw, **self.kwargs)
 
     def convert_tokens_to_ids(self, t):
         return self.tok.convert_tokens_to_ids(t)
+
+
+@pytest.mark.parametrize("spec", ["qwen2.5-vl", "llava-video"])
+def test_media_conversations_with_tools(tmp_path, spec):
+    """Image/video conversations with tools (a JSON string; a list) equal transformers with ``tools=``
+    (:func:`check_media_lines`), the tools listed."""
+    extra = ({"tools": json.dumps([WEATHER])}, {"tools": [WEATHER, TIME]})
+    texts = check_media_lines(tmp_path, spec, MEDIA_TOOLS, extra, lambda row: {"tools": _hf_tools(row)})
+    assert all("# Tools" in t for t in texts) and '"get_time"' in texts[1]
