@@ -389,11 +389,11 @@ def segments_to_ids(spec: Spec, segments) -> list[int]:
     out: list[int] = []
     for seg in segments:
         if seg[0] == "text":
-            out += spec.encode(seg[1])
+            out += text_tokens.block_text_ids(spec, seg[1])
         else:
             out += [spec.token_id(seg[1])] * int(seg[2])
     return out
 
 
 def count_segments(spec: Spec, segments) -> int:
-    return sum(len(spec.encode(s[1])) if s[0] == "text" else int(s[2]) for s in segments)
+    return sum(len(text_tokens.block_text_ids(spec, s[1])) if s[0] == "text" else int(s[2]) for s in segments)

@@ -13,9 +13,10 @@ fingerprint (:func:`fingerprint_extra`); a pad never is (pads carry no label).
 Neither there: :func:`check_tokens` refuses at index time, in one line, what the reader could not read
 (``fcp index`` exits 2) — a tokenizer with no EOS for text, prompt/response or caption samples, or no pad at all.
 
-A text after a visual block (a conversation's next piece, a caption) is tokenized as the model's processor tokenizes
-it inside the whole prompt (:func:`encode_after`), which differs from a text of its own for a SentencePiece-style
-tokenizer that marks an input's first word (:func:`prefixes_first_word`).
+A text after a visual block (a conversation's next piece, a caption) and a text inside one (time stamps, frame
+labels) are tokenized as the model's processor tokenizes them inside the whole prompt (:func:`encode_after`,
+:func:`block_text_ids`), which differs from a text of its own for a SentencePiece-style tokenizer that marks an
+input's first word (:func:`prefixes_first_word`).
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ import functools
 import json
 from pathlib import Path
 
-__all__ = ["config_tokens", "special_tokens", "prefixes_first_word", "encode_after", "resolve", "eos_id", "pad_id",
-           "has_eos", "check_tokens", "fingerprint_extra"]
+__all__ = ["config_tokens", "special_tokens", "prefixes_first_word", "encode_after", "block_text_ids", "resolve",
+           "eos_id", "pad_id", "has_eos", "check_tokens", "fingerprint_extra"]
 
 CONFIG = "tokenizer_config.json"
 
@@ -139,6 +140,25 @@ def prefixes_first_word(spec) -> bool:
     (Llama 2, Mistral, Vicuna as tokenizers >= 0.15 writes them). False for byte-level BPE (Qwen, every bundled
     spec). Such a text after a visual block is tokenized by :func:`encode_after`."""
     return bool(spec.is_multimodal) and _prefixes(spec.tokenizer_path, spec.placeholder_tokens[0])
+
+
+@functools.lru_cache(maxsize=4096)
+def _after_cached(tokenizer_path: str, sep: str, text: str) -> tuple[int, ...]:
+    from fcp_data.specs import _load_tokenizer
+
+    return tuple(_load_tokenizer(tokenizer_path).encode(sep + text, add_special_tokens=False).ids[1:])
+
+
+def block_text_ids(spec, text: str) -> list[int]:
+    """Ids of a text inside a visual block (Qwen3-VL's ``<0.5 seconds>`` time stamps, InternVL's ``Frame1: `` labels)
+    as the model's processor gives them: it writes the block into the prompt and tokenizes the whole, so such a text
+    is never an input's start — :func:`encode_after` for a tokenizer that marks an input's first word
+    (:func:`prefixes_first_word`), else the text's own ids (cached: the same labels recur in every sample)."""
+    if not prefixes_first_word(spec):
+        return spec.encode(text)
+    if len(text) <= 64:
+        return list(_after_cached(spec.tokenizer_path, spec.placeholder_tokens[0], text))
+    return encode_after(spec, text)[0]
 
 
 def encode_after(spec, text: str) -> tuple[list[int], list[tuple[int, int]]]:

@@ -25,6 +25,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from fcp_data.text_tokens import block_text_ids
+
 __all__ = ["SpanVisualLayout", "IndexVisualLayout", "row_plan", "segment_runs", "cut_through_placeholders"]
 
 
@@ -125,7 +127,7 @@ def segment_runs(spec: Any, segments: Any, start: int) -> tuple[list[tuple[int, 
     pos, runs = start, []
     for seg in segments:
         if seg[0] == "text":
-            pos += len(spec.encode(seg[1]))
+            pos += len(block_text_ids(spec, seg[1]))
             continue
         c = int(seg[2])
         if spec.token_id(seg[1]) in place:

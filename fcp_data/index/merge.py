@@ -177,7 +177,7 @@ def _load_tokenizer(sp, chat_field, chat_template, sources: list[dict]) -> None:
     stderr when it spells the chat template's markers out in ordinary tokens (no --tokenizer, or another model's):
     the index is consistent, but not in the model's format."""
     from fcp_data.chat import split_markers, template_label
-    from fcp_data.text_tokens import check_tokens, prefixes_first_word
+    from fcp_data.text_tokens import check_tokens
 
     tok = sp.tokenizer()
     check_tokens(sp, eos=chat_field is None or any(s["kind"] in ("tar", "dir") for s in sources))
@@ -187,11 +187,6 @@ def _load_tokenizer(sp, chat_field, chat_template, sources: list[dict]) -> None:
               f"{', '.join(split[:4])}{' ...' if len(split) > 4 else ''} of the {template_label(chat_template)} "
               "chat template: each is indexed as several ordinary tokens, which the model never saw; give --tokenizer "
               "the model's tokenizer.json (or --chat-template its folder)", file=sys.stderr)
-    if prefixes_first_word(sp) and (sp.family == "internvl" or sp.vision.get("timestamps")):
-        print(f"fcp index: warning: tokenizer {Path(sp.tokenizer_path).name} writes a text's first word otherwise "
-              f"at the start of an input (a SentencePiece '▁' prefix), and the {sp.name} spec's video blocks hold "
-              "texts (frame labels, time stamps), which fcp tokenizes as an input's start: one token more than the "
-              "model's processor gives before each (docs/SFT.md, Not covered)", file=sys.stderr)
 
 
 def build_index(inputs: list[str], spec: str, out: str | Path, *, tokenizer: str | None = None, workers: int = 1,

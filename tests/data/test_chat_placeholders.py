@@ -397,8 +397,8 @@ def test_texts_after_a_visual_block_tokenize_as_in_the_whole_prompt(tmp_path, ca
     text after an image (a conversation's next piece, a caption) starts without it. fcp tokenizes those texts apart
     and must give the same ids — before, one ``▁`` more after every block (index and reader agreeing on it).
     References: transformers' ``apply_chat_template`` over the whole conversation with each image as one placeholder
-    (then the plain sample's block in its place), and the tokenizer on the whole block + caption string. Only a spec
-    whose blocks hold texts (Qwen3-VL's time stamps) is still reported; the bundled tokenizers are not affected."""
+    (then the plain sample's block in its place), and the tokenizer on the whole block + caption string. The bundled
+    tokenizers are not affected."""
     transformers = pytest.importorskip("transformers")
     from test_chat_media import TEMPLATE, _images, _reference_many
 
@@ -443,11 +443,42 @@ def test_texts_after_a_visual_block_tokenize_as_in_the_whole_prompt(tmp_path, ca
     vis = torch.tensor(data.placeholder_ids)
     assert all(IndexVisualLayout(data.index)(0, n) == int(torch.isin(s["input_ids"][1:n], vis).sum())
                for n in range(1, len(ids) + 1, 7))
-    _metaspace_tokenizer(tmp_path / "sp3.json", ("<|vision_pad|>",))
-    rc = cli_main(["index", str(tmp_path / "chat.jsonl"), "--spec", "qwen3-vl", "--tokenizer", str(tmp_path / "sp3.json"),
-                   "--no-progress", "--chat-field", "messages", "--out", str(tmp_path / "q3")])
-    err = capsys.readouterr().err
-    assert rc == 0 and err.count("video blocks hold texts") == 1, err
+
+
+@pytest.mark.parametrize("spec", ["qwen3-vl", "internvl3"])
+def test_texts_inside_a_video_block_tokenize_as_in_the_whole_prompt(tmp_path, capsys, spec):
+    """The same tokenizer with a spec whose video blocks hold texts (Qwen3-VL's ``<0.5 seconds>`` time stamps,
+    InternVL's ``Frame1: `` labels): the processor writes the block into the prompt and tokenizes the whole, so no
+    label starts an input. Reference: the tokenizer on a turn's start + the block as the processor spells it (each
+    text, each special token repeated as the plan says); before, fcp gave every label one ``▁`` more (index and
+    reader agreeing on it) and ``fcp index`` warned."""
+    transformers = pytest.importorskip("transformers")
+    from test_chat_media import _clips
+
+    from fcp_data.visual_layout import IndexVisualLayout, row_plan
+
+    extra = ("<|vision_pad|>",) if spec == "qwen3-vl" else ("<img>", "</img>", "<IMG_CONTEXT>")
+    _metaspace_tokenizer(tmp_path / "sp.json", extra)
+    _clips(tmp_path, 2)
+    capsys.readouterr()
+    assert cli_main(["index", str(tmp_path / "media"), "--spec", spec, "--tokenizer", str(tmp_path / "sp.json"),
+                     "--no-progress", "--out", str(tmp_path / "idx")]) == 0
+    assert "first word" not in capsys.readouterr().err
+    data = IndexedDataset(tmp_path / "idx")
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "sp.json"))
+    head, layout = "<|im_start|>user\n", IndexVisualLayout(data.index)
+    for i in range(len(data)):
+        ids = data[i]["input_ids"].tolist()
+        segments = row_plan(data.spec, data.index, i).segments
+        labels = [seg[1] for seg in segments if seg[0] == "text"]
+        assert labels and all(hf.tokenize(x)[0].startswith("▁") for x in labels)  # alone, each would start with it
+        block = "".join(seg[1] if seg[0] == "text" else seg[1] * int(seg[2]) for seg in segments)
+        whole = hf(head + block, add_special_tokens=False)["input_ids"]
+        n_head = len(hf(head, add_special_tokens=False)["input_ids"])
+        assert ids == whole[n_head:] + [hf.convert_tokens_to_ids("<|endoftext|>")], (spec, i)
+        assert int(data.index.num_tokens[i]) == len(ids)
+        vis = torch.tensor(data.placeholder_ids)  # the sampler's count of a cut's visual positions, from the index
+        assert all(layout(i, n) == int(torch.isin(torch.tensor(ids[1:n]), vis).sum()) for n in range(1, len(ids), 97))
 
 
 @pytest.mark.parametrize("spec", ["qwen2.5-vl", "internvl3"])
