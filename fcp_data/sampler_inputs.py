@@ -124,22 +124,32 @@ def _read_exclusions(path: str) -> list[tuple[int, Any, str | None]]:
     return out
 
 
+class FileEntries(list):
+    """The entries of an exclude file as sample indices, with where each came from (``source``, ``lines``): a bad
+    entry's error names its file and line even after records were resolved by key."""
+
+    def __init__(self, path: str, pairs: list[tuple[int, Any]]):
+        super().__init__(value for _, value in pairs)
+        self.source, self.lines = f"exclude file {path}", [n for n, _ in pairs]
+
+
 def resolve_exclusions(exclude: Any, key_of: Any, index_of: Any) -> Any:
     """``exclude`` with the records of an exclude file that name their sample's ``"key"`` resolved by it, for data
     that names its samples (``key_of(i)``: sample ``i``'s key; ``index_of(key)``: the sample holding ``key`` — None
     when the data holds it but leaves it out, e.g. ``fcp train``'s ``--max-tokens`` view — or ``KeyError``). A
     record whose sample has its key keeps its index; one whose key sits elsewhere (a file written against another
     numbering of the same samples: another ``--max-tokens``, a filtered dataset, a reordered index) takes the key's
-    sample, with one warning; a key the data does not hold (a file of another data set), or holds more than once
-    (``index_of`` a ``ValueError``: which sample is meant cannot be told), is a ``ValueError`` naming the line.
-    Anything else comes back as it is (for :func:`load_exclusions`)."""
+    sample, with one warning (a key whose sample the data leaves out is left out already: another warning); a key the
+    data does not hold (a file of another data set), or holds more than once (``index_of`` a ``ValueError``: which
+    sample is meant cannot be told), is a ``ValueError`` naming the line. Resolved records come back as
+    :class:`FileEntries`; anything else as it is (for :func:`load_exclusions`)."""
     if not isinstance(exclude, (str, os.PathLike)) or not os.path.isfile(exclude):
         return exclude
-    path, out, moved = os.fspath(exclude), [], 0
+    path, out, moved, outside = os.fspath(exclude), [], 0, 0
     entries = _read_exclusions(path)
     for n, value, key in entries:
         if key is None or _key_at(key_of, value) == key:
-            out.append(value)
+            out.append((n, value))
             continue
         try:
             at = index_of(key)
@@ -150,15 +160,21 @@ def resolve_exclusions(exclude: Any, key_of: Any, index_of: Any) -> Any:
             raise ValueError(f"exclude file {path}, line {n}: {e}, and the record's index {value!r} holds another: "
                              "which sample it names cannot be told; write the file against this data's numbering "
                              "(or give the samples distinct keys)") from None
-        moved += 1
-        if at is not None:
-            out.append(int(at))
-    if not moved:
+        if at is None:
+            outside += 1
+        else:
+            moved += 1
+            out.append((n, int(at)))
+    if not moved and not outside:
         return exclude
-    logger.warning("exclude file %s: %d record(s) name samples whose key is at another index here (written against "
-                   "another numbering: another --max-tokens, a filtered or reordered dataset); their keys were used",
-                   path, moved)
-    return out
+    if moved:
+        logger.warning("exclude file %s: %d record(s) name samples whose key is at another index here (written "
+                       "against another numbering: another --max-tokens, a filtered or reordered dataset); their keys "
+                       "were used", path, moved)
+    if outside:
+        logger.warning("exclude file %s: %d record(s) name samples this data leaves out already (outside its view, "
+                       "e.g. fcp train's --max-tokens): nothing more to leave out for them", path, outside)
+    return FileEntries(path, out)
 
 
 def _key_at(key_of: Any, value: Any) -> str | None:
@@ -177,12 +193,12 @@ def load_exclusions(exclude: Any, num_samples: int) -> np.ndarray:
     exclusions are part of the data digest: a sampler state saved with other exclusions is refused."""
     if exclude is None:
         return np.zeros(0, dtype=np.int64)
-    source = "exclude"
     if isinstance(exclude, (str, os.PathLike)):
-        source = f"exclude file {os.fspath(exclude)}"
         if not os.path.isfile(exclude):
-            raise ValueError(f"{source}: {'a directory, not a file' if os.path.isdir(exclude) else 'no such file'}")
-        exclude = [value for _, value, _ in _read_exclusions(os.fspath(exclude))]
+            raise ValueError(f"exclude file {os.fspath(exclude)}: "
+                             f"{'a directory, not a file' if os.path.isdir(exclude) else 'no such file'}")
+        exclude = FileEntries(os.fspath(exclude), [(n, value) for n, value, _ in _read_exclusions(os.fspath(exclude))])
+    source, lines = (exclude.source, exclude.lines) if isinstance(exclude, FileEntries) else ("exclude", None)
     if hasattr(exclude, "tolist") and not isinstance(exclude, (list, tuple)):  # a numpy array or torch tensor
         exclude = exclude.tolist()
         exclude = [exclude] if isinstance(exclude, int) else exclude
@@ -190,9 +206,10 @@ def load_exclusions(exclude: Any, num_samples: int) -> np.ndarray:
         values = list(exclude)
     except TypeError:
         raise ValueError(f"exclude must be sample indices or a file of them, got {type(exclude).__name__}") from None
-    for v in values:
+    for k, v in enumerate(values):
         if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or not 0 <= int(v) < num_samples:
-            raise ValueError(f"{source}: {v!r} is not a sample index in [0, {num_samples})")
+            where = f"{source}, line {lines[k]}" if lines else source
+            raise ValueError(f"{where}: {v!r} is not a sample index in [0, {num_samples})")
     return np.unique(np.asarray([int(v) for v in values], dtype=np.int64))
 
 

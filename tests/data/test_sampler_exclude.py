@@ -81,7 +81,8 @@ def test_bad_exclusions_are_one_clear_error(exclude, message):
 @pytest.mark.parametrize("text, message", [
     ("3\nfour\n", r"line 2: neither an integer nor a JSON record: 'four'"),
     ('{"key": "x.mp4"}\n', r'line 1: a JSON record without "index"'),
-    ('{"index": 999}\n', r"999 is not a sample index in \[0, 120\)"),
+    ('{"index": 999}\n', r"x.jsonl, line 1: 999 is not a sample index in \[0, 120\)"),
+    ('# two\n3\n\n-4\n', r"x.jsonl, line 4: -4 is not a sample index in \[0, 120\)"),
 ])
 def test_bad_exclude_files_are_one_clear_error(tmp_path, text, message):
     path = tmp_path / "x.jsonl"
@@ -255,12 +256,16 @@ def test_records_are_resolved_by_their_keys_in_an_index(tmp_path, caplog):
     with pytest.raises(ValueError, match=r"line 2: no sample of this data has key 'elsewhere' \(the record's index "
                                          r"is 5\): the file was written for another data set"):
         FCPSampler(index, num_ranks=2, rank=0, cost_model=cm, global_batch_size=4, exclude=other)
+    bad = tmp_path / "bad.jsonl"  # resolved by key, then a bad plain line: its file and line are still named
+    bad.write_text(moved.read_text() + "# by hand\n500\n")
+    with pytest.raises(ValueError, match=r"bad.jsonl, line 4: 500 is not a sample index in \[0, 12\)"):
+        FCPSampler(index, num_ranks=2, rank=0, cost_model=cm, global_batch_size=4, exclude=bad)
     # plain lengths name no sample: the same file is taken as indices (nothing to resolve against)
     u = FCPSampler(index.num_tokens, num_ranks=2, rank=0, cost_model=cm, global_batch_size=4, exclude=moved)
     assert u.excluded.tolist() == [2, 9]
 
 
-def test_fcp_train_resolves_records_in_its_max_tokens_view(tmp_path):
+def test_fcp_train_resolves_records_in_its_max_tokens_view(tmp_path, caplog):
     """``fcp train`` numbers samples in the view ``--max-tokens`` keeps (an image/video sample longer than it is left
     out, so later samples move down): records it wrote under one ``--max-tokens`` name rows of another view, and
     records of the full index (``FCPDataset(errors_path=)``, the example scripts) name rows of none. Reference: the
@@ -279,7 +284,17 @@ def test_fcp_train_resolves_records_in_its_max_tokens_view(tmp_path):
     view = SimpleNamespace(dataset=CappedDataset(base, np.array([0, 1, 3, 4, 6, 7]), 10_000))  # rows 2 and 5 out
     rec = tmp_path / "rec.jsonl"  # rows 4 and 5 (full numbering) and view position 4 (row 6) of another run
     rec.write_text("".join(json.dumps({"index": i, "key": keys[r]}) + "\n" for i, r in ((4, 4), (5, 5), (4, 6))))
-    assert view_exclusions(view, str(rec)) == [3, 4]  # row 4 is view 3, row 5 is out of the view, row 6 is view 4
+    with caplog.at_level("WARNING", logger="fcp_data"):
+        assert view_exclusions(view, str(rec)) == [3, 4]  # row 4 is view 3, row 5 is out of the view, row 6 is view 4
+    # one record moved (row 4), one outside the view (row 5: not "their keys were used" — nothing is left out for it)
+    assert "1 record(s) name samples whose key is at another index here" in caplog.text
+    assert "1 record(s) name samples this data leaves out already" in caplog.text
+    caplog.clear()
+    out = tmp_path / "out.jsonl"  # only a record outside the view: one warning, nothing left out
+    out.write_text(json.dumps({"index": 5, "key": keys[5]}) + "\n")
+    with caplog.at_level("WARNING", logger="fcp_data"):
+        assert view_exclusions(view, str(out)) == []
+    assert "another index" not in caplog.text and "1 record(s) name samples this data leaves out" in caplog.text
     plain = tmp_path / "plain.txt"
     plain.write_text("1\n")
     assert view_exclusions(view, str(plain)) == str(plain)  # nothing keyed: the file as it is
