@@ -200,10 +200,14 @@ def _line_json(line: Any, field: str | None, reason: str, what: str) -> Any:
         if not value.strip():
             return None
         try:
-            return json.loads(value)
+            value = json.loads(value)
         except json.JSONDecodeError as e:
             raise ChatFormatError(reason, f"{what} {field!r} is a string but not JSON ({e.msg} at character "
                                           f"{e.pos})") from None
+        except (ValueError, RecursionError) as e:  # an integer past Python's digit limit; nesting past the stack
+            raise ChatFormatError(reason, f"{what} {field!r} is JSON that cannot be read ({type(e).__name__}: "
+                                          f"{str(e)[:120]})") from None
+        return None if isinstance(value, str) and not value.strip() else value  # '""' is no value, as before
     return value
 
 
@@ -223,12 +227,14 @@ def chat_tools(line: Any, field: str | None) -> list[dict] | None:
     return value
 
 
-# apply_chat_template's own parameters and the names it gives the template itself: a line's template kwargs naming
-# one would be "got multiple values" in transformers (TRL passes a line's kwargs into that call)
+# apply_chat_template's (and render_jinja_template's) own parameters and the names it gives the template itself. TRL
+# merges a line's kwargs into that call, so such a key would not be a template variable: it would replace TRL's
+# template or tools, add a generation prompt, change the call's output — or fail ("got multiple values"). Refused.
 RESERVED_TEMPLATE_KWARGS = frozenset({
-    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
-    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict",
-    "return_assistant_tokens_mask", "tokenizer_kwargs", "processor_kwargs", "raise_exception", "strftime_now"})
+    "conversation", "conversations", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "sanitize_control_tokens", "padding", "truncation", "max_length",
+    "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs", "processor_kwargs",
+    "raise_exception", "strftime_now"})
 
 
 def chat_kwargs(line: Any, field: str | None) -> dict:
@@ -247,8 +253,8 @@ def chat_kwargs(line: Any, field: str | None) -> dict:
                  or k in RESERVED_TEMPLATE_KWARGS)
     if bad:
         raise ChatFormatError("bad_template_kwargs", f"template kwargs field {field!r} names {', '.join(bad)}: not a "
-                                                     "template variable of its own (apply_chat_template's parameters "
-                                                     "are not set per line)")
+                                                     "template variable (apply_chat_template's own parameters, which "
+                                                     "would change the call itself, are not set per line)")
     return value
 
 

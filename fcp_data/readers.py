@@ -230,7 +230,7 @@ class IndexedDataset(torch.utils.data.Dataset):
             out = self._media_chat_sample(i, kind, self._record(i, self.index.members(i)), decode=False)
             out.pop("labels")  # no label of a skipped sample is trained: the collator masks them all
             return out
-        visual, out = self._vision(i, kind, None, decode=False)
+        visual, out = self._vision(i, kind, None, decode=False, at_start=True)
         n = int(self.index.num_tokens[i])
         out["input_ids"] = torch.tensor(visual + [self.pad_token_id] * (n - len(visual)), dtype=torch.long)
         return out
@@ -262,22 +262,22 @@ class IndexedDataset(torch.utils.data.Dataset):
         shard = int(self.index.shard[i])
         src = self.read_member(i, ext) if self.index.sources[shard]["kind"] != "dir" else \
             member_path(self._source_path(shard), self.index.keys[i], ext)
-        visual, out = self._vision(i, kind, src)
+        visual, out = self._vision(i, kind, src, at_start=True)  # a plain sample: its block opens it
         text = self._text_ids(caption, after_block=True)
         out["input_ids"] = torch.tensor(visual + text, dtype=torch.long)
         if self.caption_labels:
             out["labels"] = torch.tensor([-100] * len(visual) + text, dtype=torch.long)
         return out
 
-    def _vision(self, i: int, kind: int, src, decode: bool = True) -> tuple[list[int], dict]:
+    def _vision(self, i: int, kind: int, src, decode: bool = True, at_start: bool = False) -> tuple[list[int], dict]:
         """Sample ``i``'s visual block ids and its vision inputs (pixel values, grid, Qwen-VL's seconds per grid)
         from the image/video ``src`` (bytes or a path), planned from the index's columns."""
         from fcp_data.visual_layout import row_plan
 
         geom = dict(kind=kind, num_frames=int(self.index.num_frames[i]), fps=float(self.index.fps[i]))
-        return self._vision_of(row_plan(self.spec, self.index, i), geom, src, decode)
+        return self._vision_of(row_plan(self.spec, self.index, i), geom, src, decode, at_start)
 
-    def _vision_of(self, plan, geom: dict, src, decode: bool = True) -> tuple[list[int], dict]:
+    def _vision_of(self, plan, geom: dict, src, decode: bool = True, at_start: bool = False) -> tuple[list[int], dict]:
         """The visual block ids and vision inputs of one image/video under its ``plan`` (``decode`` False: zero
         pixels of the plan's shape, nothing read)."""
         from fcp_data.video import vision_inputs, zero_vision_inputs
@@ -294,7 +294,7 @@ class IndexedDataset(torch.utils.data.Dataset):
             out["second_per_grid_ts"] = torch.tensor(
                 [qwen_second_per_grid(len(plan.frame_indices), geom["num_frames"], geom["fps"],
                                       int(self.spec.vision["temporal_patch_size"]))], dtype=torch.float32)
-        return segments_to_ids(self.spec, plan.segments), out
+        return segments_to_ids(self.spec, plan.segments, at_start), out
 
     def _media_chat_sample(self, i: int, kind: int, obj: dict, decode: bool = True) -> dict:
         """A chat line with images/videos (:mod:`fcp_data.chat_media`): the texts between them and their visual

@@ -384,16 +384,17 @@ def _plan_qwen(spec: Spec, kind: str, height: int, width: int, num_frames: int, 
                       resized=(h, w), grid_thw=(grid_t, h // p, w // p))
 
 
-def segments_to_ids(spec: Spec, segments) -> list[int]:
-    """Token ids of a segment list (text tokenised, special tokens repeated)."""
+def segments_to_ids(spec: Spec, segments, at_start: bool = False) -> list[int]:
+    """Token ids of a segment list (text tokenised, special tokens repeated); ``at_start``: it opens its input."""
     out: list[int] = []
-    for seg in segments:
+    for k, seg in enumerate(segments):
         if seg[0] == "text":
-            out += text_tokens.block_text_ids(spec, seg[1])
+            out += text_tokens.block_text_ids(spec, seg[1], at_start and k == 0)
         else:
             out += [spec.token_id(seg[1])] * int(seg[2])
     return out
 
 
-def count_segments(spec: Spec, segments) -> int:
-    return sum(len(text_tokens.block_text_ids(spec, s[1])) if s[0] == "text" else int(s[2]) for s in segments)
+def count_segments(spec: Spec, segments, at_start: bool = False) -> int:
+    return sum(len(text_tokens.block_text_ids(spec, s[1], at_start and k == 0)) if s[0] == "text" else int(s[2])
+               for k, s in enumerate(segments))

@@ -149,12 +149,13 @@ def _after_cached(tokenizer_path: str, sep: str, text: str) -> tuple[int, ...]:
     return tuple(_load_tokenizer(tokenizer_path).encode(sep + text, add_special_tokens=False).ids[1:])
 
 
-def block_text_ids(spec, text: str) -> list[int]:
+def block_text_ids(spec, text: str, at_start: bool = False) -> list[int]:
     """Ids of a text inside a visual block (Qwen3-VL's ``<0.5 seconds>`` time stamps, InternVL's ``Frame1: `` labels)
     as the model's processor gives them: it writes the block into the prompt and tokenizes the whole, so such a text
-    is never an input's start — :func:`encode_after` for a tokenizer that marks an input's first word
-    (:func:`prefixes_first_word`), else the text's own ids (cached: the same labels recur in every sample)."""
-    if not prefixes_first_word(spec):
+    is no input's start — :func:`encode_after` for a tokenizer that marks an input's first word
+    (:func:`prefixes_first_word`), else the text's own ids (cached: the same labels recur in every sample).
+    ``at_start``: the text opens its input (a plain image/video sample's first label): its own ids."""
+    if at_start or not prefixes_first_word(spec):
         return spec.encode(text)
     if len(text) <= 64:
         return list(_after_cached(spec.tokenizer_path, spec.placeholder_tokens[0], text))

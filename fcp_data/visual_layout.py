@@ -83,7 +83,7 @@ class IndexVisualLayout:
         if self.index.manifest.get("chat_field"):  # a conversation: its blocks sit between rendered text
             return SpanVisualLayout([self._chat_runs(row)])(0, n)
         spec = self.spec()
-        runs, _ = segment_runs(spec, row_plan(spec, self.index, row).segments, 0)
+        runs, _ = segment_runs(spec, row_plan(spec, self.index, row).segments, 0, at_start=True)  # a plain sample
         seen = sum(c for _, c in runs)
         if seen != total:
             raise ValueError(f"index row {row}: the spec's layout has {seen} placeholder tokens, the index {total}; "
@@ -121,13 +121,14 @@ def row_plan(spec: Any, index: Any, row: int) -> Any:
                      "neither image nor video")
 
 
-def segment_runs(spec: Any, segments: Any, start: int) -> tuple[list[tuple[int, int]], int]:
-    """``(placeholder runs (position, count), length)`` of a visual block's segments placed at ``start``."""
+def segment_runs(spec: Any, segments: Any, start: int, at_start: bool = False) -> tuple[list[tuple[int, int]], int]:
+    """``(placeholder runs (position, count), length)`` of a visual block's segments placed at ``start``
+    (``at_start``: the block opens its input, :func:`fcp_data.specs.segments_to_ids`)."""
     place = set(spec.placeholder_ids)
     pos, runs = start, []
-    for seg in segments:
+    for k, seg in enumerate(segments):
         if seg[0] == "text":
-            pos += len(block_text_ids(spec, seg[1]))
+            pos += len(block_text_ids(spec, seg[1], at_start and k == 0))
             continue
         c = int(seg[2])
         if spec.token_id(seg[1]) in place:

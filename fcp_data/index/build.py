@@ -46,7 +46,8 @@ _INT_RANGE = {np.dtype(dt): np.iinfo(dt) for dt in COLUMNS.values() if np.issubd
 def task_fingerprint(task: dict, cfg: dict) -> str:
     """What a finished part must match to be reused by ``--resume`` (the task includes its input's stamp)."""
     keep = {k: cfg.get(k) for k in ("spec_fingerprint", "probe", "text_field", "key_field", "limits")}
-    # only when set: earlier parts keep their fingerprints
+    # only when set: earlier parts keep their fingerprints (every chat build sets template_kwargs_field since stop 62:
+    # --resume counts older chat parts again, counted without the lines' kwargs)
     for k in ("prompt_field", "chat_field", "chat_template", "media_root", "tools_field", "template_kwargs_field"):
         if cfg.get(k):
             keep[k] = cfg[k]
@@ -277,7 +278,7 @@ def _index_media(key: str, members: dict, read, open_member, spec, cfg: dict, ta
     if media:
         with open_member(media) as src:
             plan, vals = probe_plan("video" if vid else "image", src, spec, cfg["probe"], limits)
-    n_vis = count_segments(spec, plan.segments) if media else 0
+    n_vis = count_segments(spec, plan.segments, at_start=True) if media else 0  # the block opens the sample
     vals["num_visual_tokens"] = plan.num_visual_tokens if media else 0
     total = n_vis + n_text + (1 if spec.eos_id is not None else 0)
     mem = [(e, o, s) for e, (o, s) in members.items()]

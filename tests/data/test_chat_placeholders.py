@@ -448,37 +448,54 @@ def test_texts_after_a_visual_block_tokenize_as_in_the_whole_prompt(tmp_path, ca
 @pytest.mark.parametrize("spec", ["qwen3-vl", "internvl3"])
 def test_texts_inside_a_video_block_tokenize_as_in_the_whole_prompt(tmp_path, capsys, spec):
     """The same tokenizer with a spec whose video blocks hold texts (Qwen3-VL's ``<0.5 seconds>`` time stamps,
-    InternVL's ``Frame1: `` labels): the processor writes the block into the prompt and tokenizes the whole, so no
-    label starts an input. Reference: the tokenizer on a turn's start + the block as the processor spells it (each
-    text, each special token repeated as the plan says); before, fcp gave every label one ``▁`` more (index and
-    reader agreeing on it) and ``fcp index`` warned."""
+    InternVL's ``Frame1: `` labels). In a conversation the processor writes the block into the prompt and tokenizes
+    the whole, so no label starts an input; a plain video sample's block opens its input, so its first label does.
+    References: the tokenizer on the whole prompt string — the template's text with the video's placeholder replaced
+    by the block as the processor spells it (each text, each special token repeated as the plan says) — and on the
+    plain sample's block string. Before, fcp gave every label one ``▁`` more (index, reader and the sampler's
+    layout agreeing on it) and ``fcp index`` warned."""
     transformers = pytest.importorskip("transformers")
-    from test_chat_media import _clips
+    from test_chat_media import TEMPLATE, _clips
 
     from fcp_data.visual_layout import IndexVisualLayout, row_plan
 
     extra = ("<|vision_pad|>",) if spec == "qwen3-vl" else ("<img>", "</img>", "<IMG_CONTEXT>")
     _metaspace_tokenizer(tmp_path / "sp.json", extra)
-    _clips(tmp_path, 2)
+    clips = _clips(tmp_path, 2)
+    lines = [{"id": c, "messages": [{"role": "user", "content": [{"type": "text", "text": "Describe"},
+                                                                 {"type": "video", "video": f"media/{c}"}]},
+                                    {"role": "assistant", "content": "the cat sat"}]} for c in clips]
+    _write(tmp_path / "chat.jsonl", lines)
+    (tmp_path / "tpl.jinja").write_text(TEMPLATE)
+    sp = ["--spec", spec, "--tokenizer", str(tmp_path / "sp.json"), "--no-progress"]
     capsys.readouterr()
-    assert cli_main(["index", str(tmp_path / "media"), "--spec", spec, "--tokenizer", str(tmp_path / "sp.json"),
-                     "--no-progress", "--out", str(tmp_path / "idx")]) == 0
+    assert cli_main(["index", str(tmp_path / "media"), *sp, "--out", str(tmp_path / "plain")]) == 0
+    assert cli_main(["index", str(tmp_path / "chat.jsonl"), *sp, "--chat-field", "messages", "--chat-template",
+                     str(tmp_path / "tpl.jinja"), "--out", str(tmp_path / "chat")]) == 0
     assert "first word" not in capsys.readouterr().err
-    data = IndexedDataset(tmp_path / "idx")
+    plain, chat = IndexedDataset(tmp_path / "plain"), IndexedDataset(tmp_path / "chat")
     hf = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "sp.json"))
-    head, layout = "<|im_start|>user\n", IndexVisualLayout(data.index)
-    for i in range(len(data)):
-        ids = data[i]["input_ids"].tolist()
-        segments = row_plan(data.spec, data.index, i).segments
-        labels = [seg[1] for seg in segments if seg[0] == "text"]
-        assert labels and all(hf.tokenize(x)[0].startswith("▁") for x in labels)  # alone, each would start with it
-        block = "".join(seg[1] if seg[0] == "text" else seg[1] * int(seg[2]) for seg in segments)
-        whole = hf(head + block, add_special_tokens=False)["input_ids"]
-        n_head = len(hf(head, add_special_tokens=False)["input_ids"])
-        assert ids == whole[n_head:] + [hf.convert_tokens_to_ids("<|endoftext|>")], (spec, i)
-        assert int(data.index.num_tokens[i]) == len(ids)
-        vis = torch.tensor(data.placeholder_ids)  # the sampler's count of a cut's visual positions, from the index
-        assert all(layout(i, n) == int(torch.isin(torch.tensor(ids[1:n]), vis).sum()) for n in range(1, len(ids), 97))
+    vis = torch.tensor(plain.placeholder_ids)
+    for data in (plain, chat):
+        layout = IndexVisualLayout(data.index)
+        for i in range(len(data)):
+            key = data.index.keys[i]
+            segments = row_plan(data.spec, plain.index, list(plain.index.keys).index(key.rsplit(".", 1)[0])
+                                if data is chat else i).segments
+            labels = [seg[1] for seg in segments if seg[0] == "text"]
+            assert labels and all(hf.tokenize(x)[0].startswith("▁") for x in labels)  # alone, each starts with it
+            block = "".join(seg[1] if seg[0] == "text" else seg[1] * int(seg[2]) for seg in segments)
+            if data is plain:
+                want = hf(block, add_special_tokens=False)["input_ids"] + [hf.convert_tokens_to_ids("<|endoftext|>")]
+            else:
+                line = next(x for x in lines if x["id"] == key)
+                text = hf.apply_chat_template(line["messages"], chat_template=TEMPLATE, tokenize=False)
+                want = hf(text.replace("<|video_pad|>", block, 1), add_special_tokens=False)["input_ids"]
+            ids = data[i]["input_ids"].tolist()
+            assert ids == want and int(data.index.num_tokens[i]) == len(ids), (spec, key)
+            # the sampler's count of a cut's visual positions, from the index (no pixel decoded)
+            assert all(layout(i, n) == int(torch.isin(torch.tensor(ids[1:n]), vis).sum())
+                       for n in range(1, len(ids), 97))
 
 
 @pytest.mark.parametrize("spec", ["qwen2.5-vl", "internvl3"])

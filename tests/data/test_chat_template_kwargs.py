@@ -1,8 +1,8 @@
 """A conversation line's own chat-template variables (its ``chat_template_kwargs`` field, ``fcp index
---template-kwargs-field``) rendered as TRL's SFTTrainer renders them: ``apply_chat_template(messages, tools=...,
-**example.get("chat_template_kwargs", {}))`` — e.g. SmolLM3's and Qwen3's ``enable_thinking``, which writes the
-``/no_think`` flag and an empty ``<think>`` block into a reasoning-off conversation — at index time and read time, for
-text and for image/video conversations.
+--template-kwargs-field``) rendered as TRL's SFTTrainer renders a text conversation: ``apply_chat_template(messages,
+tools=..., **example.get("chat_template_kwargs", {}))`` — e.g. SmolLM3's and Qwen3's ``enable_thinking``, which writes
+the ``/no_think`` flag and an empty ``<think>`` block into a reasoning-off conversation — at index time and read time;
+image/video conversations get them too (TRL's vision collator passes none; fcp does not drop them there).
 
 Reference: transformers' ``apply_chat_template`` on the same template with the line's kwargs (text with
 ``tokenize=False``; ids and the assistant mask from the same template with ``{% generation %}`` blocks). The template
@@ -24,7 +24,7 @@ from test_index_sft import _write
 
 from fcp_cli.main import main as cli_main
 from fcp_data import IndexedDataset
-from fcp_data.chat import ChatFormatError, chat_kwargs, render_chat
+from fcp_data.chat import ChatFormatError, chat_kwargs, chat_tools, render_chat
 from fcp_data.index import build_index
 
 _HEAD = ("{%- set think = enable_thinking if enable_thinking is defined else true -%}"
@@ -99,13 +99,16 @@ def test_template_kwargs_equal_apply_chat_template(tmp_path, ext):
 
 def test_kwargs_that_cannot_be_rendered_are_recorded(tmp_path):
     """Kwargs that are no object of template variables are ``bad_template_kwargs``, naming the field: a list, text
-    that is not JSON, a number, a key that is one of apply_chat_template's own parameters (``tools``,
-    ``add_generation_prompt``: transformers would fail on it, "got multiple values") or no name. The built-in
-    templates read no variable: their lines index as without kwargs (same counts)."""
+    that is not JSON, JSON past Python's integer digit limit or nesting past its stack (a ValueError and a
+    RecursionError from inside ``json``), a number, a key that is one of apply_chat_template's own parameters
+    (``tools``, ``add_generation_prompt``, ``conversations``: TRL merges the kwargs into that call, so they would
+    replace its tools, add a generation prompt or fail — not template variables) or no name. The built-in templates
+    read no variable: their lines index as without kwargs (same counts)."""
     ask = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
     bad = {"list": [{"enable_thinking": False}], "notjson": "{'enable_thinking': False}", "number": 3,
            "tools": {"tools": []}, "prompt": {"add_generation_prompt": True}, "notaname": {"enable-thinking": False},
-           "messages": {"messages": []}}
+           "messages": {"messages": []}, "conversations": {"conversations": 1},
+           "digits": '{"a": ' + "1" * 5000 + "}", "deep": "[" * 100_000}
     good = {"plain": None, "off": {"enable_thinking": False}, "blank": " "}
     rows = ([{"id": k, "chat_template_kwargs": v, "messages": ask} for k, v in good.items()]
             + [{"id": k, "chat_template_kwargs": v, "messages": ask} for k, v in bad.items()])
@@ -127,6 +130,7 @@ def test_kwargs_that_cannot_be_rendered_are_recorded(tmp_path):
     with pytest.raises(ChatFormatError, match="must be an object of template variables"):
         chat_kwargs({"kw": [1]}, "kw")
     assert chat_kwargs({"kw": {"a": 1}}, "other") == {} and chat_kwargs({"kw": '{"a": null}'}, "kw") == {"a": None}
+    assert chat_tools({"tools": '""'}, "tools") is None  # a JSON blank string is no tools, as it was at stop 61
 
 
 def test_template_kwargs_field_option(tmp_path, capsys):
@@ -158,20 +162,23 @@ def test_template_kwargs_field_option(tmp_path, capsys):
 
 def test_an_index_built_before_template_kwargs_reads_as_it_was_counted(tmp_path):
     """An index whose manifest has no ``template_kwargs_field`` (built before it) was counted without the lines'
-    kwargs: its reader renders without them, so the samples keep the lengths the index holds."""
+    kwargs: its reader renders without them, so the samples keep the lengths the index holds. (Such an index is
+    made here by counting with a kwargs field the lines lack, then dropping the key from its manifest.)"""
     model = _model(tmp_path, "smol", SMOL, QWEN_SPECIAL)
-    rows = _rows()[:1]
+    rows = _rows()[:3]
     _write(tmp_path / "chat.jsonl", rows)
-    build_index([str(tmp_path / "chat.jsonl")], "text", tmp_path / "idx", chat_field="messages",
-                chat_template=str(model), progress=False)
-    new = IndexedDataset(tmp_path / "idx")[0]["input_ids"].tolist()
-    manifest = json.loads((tmp_path / "idx" / "manifest.json").read_text())
+    for out, field in (("new", None), ("old", "absent_field")):
+        build_index([str(tmp_path / "chat.jsonl")], "text", tmp_path / out, chat_field="messages",
+                    chat_template=str(model), template_kwargs_field=field, progress=False)
+    manifest = json.loads((tmp_path / "old" / "manifest.json").read_text())
     del manifest["template_kwargs_field"]
-    (tmp_path / "idx" / "manifest.json").write_text(json.dumps(manifest))
-    old = IndexedDataset(tmp_path / "idx")
-    without = old.spec.tokenizer().encode(render_chat(rows[0]["messages"], manifest["chat_template"])[0],
-                                          add_special_tokens=False).ids
-    assert old[0]["input_ids"].tolist() == without != new
+    (tmp_path / "old" / "manifest.json").write_text(json.dumps(manifest))
+    old, new = IndexedDataset(tmp_path / "old"), IndexedDataset(tmp_path / "new")
+    for i, r in enumerate(rows):
+        without = old.spec.tokenizer().encode(render_chat(r["messages"], manifest["chat_template"])[0],
+                                              add_special_tokens=False).ids
+        assert old[i]["input_ids"].tolist() == without and int(old.index.num_tokens[i]) == len(without), r["id"]
+        assert new[i]["input_ids"].tolist() != without, r["id"]  # these lines' kwargs change their text
 
 
 # the media template with SmolLM3's reasoning flag in a system turn of its own
