@@ -55,7 +55,8 @@ from fcp_data import CostModel
 from fcp_exec.launch import launch
 
 # megatron-core is imported only in the launched processes (not in the pytest worker)
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="needs megatron-core")
+pytestmark = [pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="needs megatron-core"),
+              pytest.mark.timeout(900)]  # hang guards: the module's runs (its first test's setup) took 153 s of 300
 
 NAMES = ("llama", "qwen3", "window", "recompute", "gpt2", "sinks", "off-by-one", "mla", "mla-yarn", "moe", "deepseek",
          "mtp")
