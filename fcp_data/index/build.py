@@ -32,6 +32,7 @@ from fcp_data.index.limits import Limits, clean_detail, json_depth_exceeds, reco
 from fcp_data.index.media_chat import index_media_chat, probe_plan
 from fcp_data.index.probe import (IMAGE_EXTS, TEXT_EXTS, VIDEO_EXTS, MemberFile, ProbeError, iter_dir_samples,
                                   iter_tar_samples, split_key)
+from fcp_data.index.records import check_unicode, jsonl_text
 from fcp_data.index.textbatch import TextBatch
 
 __all__ = ["expand_inputs", "make_tasks", "index_task", "task_fingerprint", "part_path", "EXIT_AFTER_ENV",
@@ -103,14 +104,6 @@ def _decode_text(raw: bytes) -> str:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ProbeError("bad_encoding", f"not UTF-8 at byte {e.start}") from None
-
-
-def _check_text(text: str) -> None:
-    """Text the tokenizer accepts: valid Unicode (JSON can spell lone surrogates)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise ProbeError("bad_encoding", f"lone surrogate at character {e.start}") from None
 
 
 def _parse_json(raw: bytes, limits: Limits):
@@ -191,52 +184,11 @@ def index_record(obj, key: str, start: int, size: int, cfg: dict, task: dict, sp
         if cfg.get("chat_field") and isinstance(obj, dict) and has_media(obj, cfg["chat_field"]):
             index_media_chat(key, start, size, obj, cfg, task, spec, rows, ext)  # probed and added here
             return
-        text = _jsonl_text(obj, cfg, spec)
+        text = jsonl_text(obj, cfg, spec)
     except Exception as e:
         rows.record(key, str(task["path"]), e)
         return
     batch.add(key, start, size, text)
-
-
-def _jsonl_text(obj, cfg: dict, spec=None) -> str | tuple[str, str]:
-    """The text of one parsed JSON line, or ``(prompt, response)`` with a ``prompt_field``; a ``ProbeError`` says
-    why the line is not a sample."""
-    if not isinstance(obj, dict):
-        raise ProbeError("bad_json", f"line is a JSON {type(obj).__name__}, not an object")
-    if cfg.get("chat_field"):
-        return _chat_text(obj, cfg, spec)
-    text = obj.get(cfg["text_field"])
-    if not isinstance(text, str):
-        raise ProbeError("missing_field", f"no string field {cfg['text_field']!r}")
-    if not text.strip():
-        raise ProbeError("empty_sample", "empty text")
-    _check_text(text)
-    if not cfg.get("prompt_field"):
-        return text
-    prompt = obj.get(cfg["prompt_field"])
-    if not isinstance(prompt, str):
-        raise ProbeError("missing_field", f"no string field {cfg['prompt_field']!r} (--prompt-field)")
-    _check_text(prompt)
-    return prompt, text
-
-
-def _chat_text(obj: dict, cfg: dict, spec=None) -> str:
-    """The rendered conversation of a chat-format line (:mod:`fcp_data.chat`); under a multimodal spec, checked for
-    a visual placeholder in its text and a LLaVA tag without its media (:func:`fcp_data.chat_media.check_text`)."""
-    from fcp_data.chat import ChatFormatError, line_template_inputs, render_chat
-    from fcp_data.chat_media import check_text
-
-    if cfg["chat_field"] not in obj:
-        raise ProbeError("missing_field", f"no field {cfg['chat_field']!r} (--chat-field)")
-    try:
-        text, _ = render_chat(obj[cfg["chat_field"]], cfg.get("chat_template") or "chatml",
-                              *line_template_inputs(obj, cfg.get("tools_field"), cfg.get("template_kwargs_field")))
-        if spec is not None:
-            check_text(spec, obj, cfg["chat_field"], text)
-    except ChatFormatError as e:
-        raise ProbeError(e.reason, str(e)) from None
-    _check_text(text)
-    return text
 
 
 def _read_text(read, ext: str, size: int, limits: Limits) -> bytes:
@@ -269,7 +221,7 @@ def _index_media(key: str, members: dict, read, open_member, spec, cfg: dict, ta
     if "json" in members:  # webdataset metadata: a sample whose .json cannot be parsed breaks the trainer's decoder
         _parse_json(_read_text(read, "json", members["json"][1], limits), limits)
     caption = _decode_text(_read_text(read, txt, members[txt][1], limits)) if txt else ""
-    _check_text(caption)
+    check_unicode(caption)
     # a caption follows its visual block (text_tokens.encode_after); a text sample is its input's start
     n_text = len(text_tokens.encode_after(spec, caption)[0] if media else spec.encode(caption)) if caption else 0
     if not media and not caption.strip():

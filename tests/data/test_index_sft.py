@@ -86,6 +86,27 @@ def test_prompt_field_errors_are_one_line(tmp_path, capsys):
     assert rc == 2 and err.count("\n") == 1 and "--prompt-field must be" in err
 
 
+def test_conversational_prompt_completion_lines_say_what_to_do(tmp_path):
+    """TRL's conversational prompt-completion lines (``prompt`` and ``completion`` lists of messages) under
+    ``--prompt-field``: each is one ``conversational_field`` error naming the field and ``--chat-field`` (before: "no
+    string field 'completion'", though the field is there); a field of other non-text values stays
+    ``missing_field``; text lines of the same file index as before."""
+    ask, answer = [{"role": "user", "content": "2+2?"}], [{"role": "assistant", "content": "4"}]
+    rows = [{"id": "conv", "prompt": ask, "response": answer}, {"id": "convprompt", "prompt": ask, "response": "4"},
+            {"id": "sharegpt", "prompt": "2+2?", "response": [{"from": "gpt", "value": "4"}]},
+            {"id": "ints", "prompt": "2+2?", "response": [4]}, {"id": "text", "prompt": "2+2?", "response": "4"}]
+    _write(tmp_path / "sft.jsonl", rows)
+    manifest, rc = build_index([str(tmp_path / "sft.jsonl")], "text", tmp_path / "idx", text_field="response",
+                               prompt_field="prompt", progress=False, max_error_rate=1)
+    assert rc == 0 and manifest["num_samples"] == 1
+    assert manifest["errors_by_reason"] == {"conversational_field": 3, "missing_field": 1}
+    errors = {json.loads(line)["key"]: json.loads(line) for line in
+              next((tmp_path / "idx").glob("data-*/errors.jsonl")).read_text().splitlines()}
+    assert "field 'response' holds messages" in errors["conv"]["detail"] and "--chat-field" in errors["conv"]["detail"]
+    assert "field 'prompt' (--prompt-field) holds messages" in errors["convprompt"]["detail"]
+    assert errors["ints"]["reason"] == "missing_field"
+
+
 @pytest.mark.parametrize("num_ranks, tokens_per_rank", [(1, 1024), (3, 400)])  # 3 ranks: CP groups of degree 2-3
 def test_collated_label_counts_over_all_ranks_equal_the_samples(tmp_path, num_ranks, tokens_per_rank):
     """Every rank's DataLoader over one epoch, FCPCollator(sample_labels=True): the ranks' num_label_tokens_local
