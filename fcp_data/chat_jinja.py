@@ -197,11 +197,7 @@ def render(messages: Any, tpl: dict, tools: list[dict] | None = None,
     as its ``**kwargs`` (template variables; a TRL line's ``chat_template_kwargs``)."""
     from fcp_data.chat import ChatFormatError, turn_dicts
 
-    turns = [_aliased(t) for t in turn_dicts(messages)]
-    if any(_MARKS.search(json.dumps(t, ensure_ascii=False, default=str))
-           for t in turns + (tools or []) + [kwargs or {}]):
-        raise ChatFormatError("bad_messages", "the conversation holds characters U+FDD0..U+FDEF (noncharacters)")
-    tpl = {**tpl, "tools": tools, "kwargs": kwargs or {}}  # every render of it (the marked ones too) sees them
+    turns, tpl = _prepared(turn_dicts(messages), tpl, tools, kwargs)  # every render (the marked ones too) sees them
     if _GENERATION_TAG.search(tpl["jinja"]):
         try:
             text, found = _pieces(_render(tpl, turns))
@@ -219,6 +215,18 @@ def render(messages: Any, tpl: dict, tools: list[dict] | None = None,
         if by_turn is not None:
             return plain, _spans(tpl, turns, marked, pieces, by_turn, plain)
     raise _changed("rewrites or drops an assistant turn's content")
+
+
+def _prepared(turns: list[dict], tpl: dict, tools, kwargs) -> tuple[list[dict], dict]:
+    """The turns as templates read them (:func:`_aliased`) and ``tpl`` with the line's tools and kwargs; a
+    noncharacter anywhere (fcp's own marks) is ``bad_messages``."""
+    from fcp_data.chat import ChatFormatError
+
+    turns = [_aliased(t) for t in turns]
+    if any(_MARKS.search(json.dumps(t, ensure_ascii=False, default=str))
+           for t in turns + (tools or []) + [kwargs or {}]):
+        raise ChatFormatError("bad_messages", "the conversation holds characters U+FDD0..U+FDEF (noncharacters)")
+    return turns, {**tpl, "tools": tools, "kwargs": kwargs or {}}
 
 
 def _aliased(turn: dict) -> dict:

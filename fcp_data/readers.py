@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from fcp_data import text_tokens
-from fcp_data.chat import line_template_inputs as line_inputs
+from fcp_data.chat import line_template_inputs as line_inputs, trained_token_mask
 from fcp_data.index.format import KIND_IMAGE, KIND_TEXT, KIND_VIDEO, LengthIndex
 from fcp_data.index.limits import record_mismatch
 from fcp_data.index.probe import IMAGE_EXTS, TEXT_EXTS, VIDEO_EXTS, member_path
@@ -377,10 +377,11 @@ class IndexedDataset(torch.utils.data.Dataset):
         """An SFT jsonl line: prompt then response tokens (tokenised apart, as the index counted them), labels
         masking the prompt; or a conversation (:mod:`fcp_data.chat`), labels on the assistant turns."""
         if self.chat_field:
-            from fcp_data.chat import render_chat, trained_token_mask
+            from fcp_data.chat_completion import render_line  # with a prompt field: TRL's prompt-completion
             from fcp_data.chat_media import check_text_ids
 
-            text, spans = render_chat(obj[self.chat_field], self.chat_template, *line_inputs(obj, *self.line_fields))
+            text, spans = render_line(obj, self.chat_field, self.chat_template, *line_inputs(obj, *self.line_fields),
+                                      self.prompt_field)
             enc = self.spec.tokenizer().encode(text, add_special_tokens=False)
             check_text_ids(self.spec, enc.ids)  # a visual placeholder in text-only chat: no pixels back it
             mask = trained_token_mask(enc.offsets, spans)

@@ -32,7 +32,9 @@ def _sft_arguments(p) -> None:
     p.add_argument("--prompt-field", default=None, metavar="FIELD",
                    help="jsonl/Parquet field holding an SFT prompt: a sample is the prompt's tokens then --text-field's (the "
                         "response), and its labels mask the prompt (FCPCollator(sample_labels=True); fcp train "
-                        "turns it on for such an index)")
+                        "turns it on for such an index). With --chat-field: the field of the prompt's messages in "
+                        "TRL's conversational prompt-completion lines, --chat-field the completion's; labels train "
+                        "the completion as TRL does")
     p.add_argument("--chat-field", default=None, metavar="FIELD",
                    help="jsonl/Parquet field holding a conversation [{role, content}, ...] (or ShareGPT's [{from, value}, "
                         "...]): rendered by --chat-template, labels train the assistant turns only "

@@ -109,8 +109,12 @@ def summarize(manifest: dict) -> str:
         tools = f", tools in {manifest['tools_field']!r}" if manifest.get("tools_field") not in (None, "tools") else ""
         if manifest.get("template_kwargs_field") not in (None, "chat_template_kwargs"):
             tools += f", template kwargs in {manifest['template_kwargs_field']!r}"
-        lines.append(f"SFT: conversations in {manifest['chat_field']!r} ({template_label(manifest['chat_template'])} "
-                     f"template{tools}), labels on the assistant turns: train with FCPCollator(sample_labels=True)")
+        what, trained = f"conversations in {manifest['chat_field']!r}", "the assistant turns"
+        if manifest.get("prompt_field"):
+            what = f"prompt {manifest['prompt_field']!r} + completion {manifest['chat_field']!r} (messages)"
+            trained = "the completion (TRL's completion-only loss)"
+        lines.append(f"SFT: {what} ({template_label(manifest['chat_template'])} template{tools}), labels on "
+                     f"{trained}: train with FCPCollator(sample_labels=True)")
     elif manifest.get("prompt_field"):
         lines.append(f"SFT: prompt {manifest['prompt_field']!r} + response {manifest['text_field']!r}, labels mask the "
                      "prompt: train with FCPCollator(sample_labels=True)")
@@ -142,8 +146,9 @@ def _check_sft(prompt_field, chat_field, chat_template, media_root, text_field: 
     if chat_field is not None:
         from fcp_data.chat import resolve_template
 
-        if prompt_field is not None:
-            raise ValueError("--chat-field and --prompt-field are two formats of SFT lines; give one")
+        if prompt_field == chat_field:  # both: TRL's conversational prompt-completion (fcp_data/chat_completion.py)
+            raise ValueError(f"--prompt-field and --chat-field name the same field {chat_field!r}: give the prompt's "
+                             "messages and the completion's (or --chat-field alone for whole conversations)")
         if not isinstance(chat_field, str) or not chat_field or chat_field == key_field:
             raise ValueError(f"--chat-field must be a jsonl/Parquet field name other than --key-field, got {chat_field!r}")
         chat_template = resolve_template("chatml" if chat_template is None else chat_template)
@@ -153,8 +158,9 @@ def _check_sft(prompt_field, chat_field, chat_template, media_root, text_field: 
             if not isinstance(field, str) or not field or field in (chat_field, key_field):
                 raise ValueError(f"{option} must be a jsonl/Parquet field name other than --chat-field and "
                                  f"--key-field, got {field!r}")
-        if tools_field == kwargs_field:
-            raise ValueError(f"--tools-field and --template-kwargs-field name the same field {tools_field!r}")
+        if tools_field == kwargs_field or prompt_field in (tools_field, kwargs_field):
+            raise ValueError(f"--prompt-field, --tools-field and --template-kwargs-field name one field twice "
+                             f"({prompt_field!r}, {tools_field!r}, {kwargs_field!r})")
     elif tools_field is not None:
         raise ValueError("--tools-field is the tool definitions of --chat-field conversations; give both")
     elif kwargs_field is not None:

@@ -45,22 +45,25 @@ def not_a_string(obj: dict, field: str, option: str):
     value = obj.get(field)
     if isinstance(value, list) and value and all(isinstance(m, dict) and ("role" in m or "from" in m) for m in value):
         raise ProbeError("conversational_field", f"field {field!r}{option} holds messages, not text (a conversational "
-                                                 "prompt-completion line): index conversations with --chat-field, "
-                                                 "the prompt's and the completion's messages in one list")
+                                                 "prompt-completion line): index such lines with --prompt-field "
+                                                 "PROMPT --chat-field COMPLETION")
     raise ProbeError("missing_field", f"no string field {field!r}{option}")
 
 
 def chat_text(obj: dict, cfg: dict, spec=None) -> str:
     """The rendered conversation of a chat-format line (:mod:`fcp_data.chat`); under a multimodal spec, checked for
     a visual placeholder in its text and a LLaVA tag without its media (:func:`fcp_data.chat_media.check_text`)."""
-    from fcp_data.chat import ChatFormatError, line_template_inputs, render_chat
+    from fcp_data.chat import ChatFormatError, line_template_inputs
+    from fcp_data.chat_completion import render_line
     from fcp_data.chat_media import check_text
 
-    if cfg["chat_field"] not in obj:
-        raise ProbeError("missing_field", f"no field {cfg['chat_field']!r} (--chat-field)")
+    for field, option in ((cfg["chat_field"], "--chat-field"), (cfg.get("prompt_field"), "--prompt-field")):
+        if field and field not in obj:
+            raise ProbeError("missing_field", f"no field {field!r} ({option})")
     try:
-        text, _ = render_chat(obj[cfg["chat_field"]], cfg.get("chat_template") or "chatml",
-                              *line_template_inputs(obj, cfg.get("tools_field"), cfg.get("template_kwargs_field")))
+        text, _ = render_line(obj, cfg["chat_field"], cfg.get("chat_template") or "chatml",
+                              *line_template_inputs(obj, cfg.get("tools_field"), cfg.get("template_kwargs_field")),
+                              cfg.get("prompt_field"))
         if spec is not None:
             check_text(spec, obj, cfg["chat_field"], text)
     except ChatFormatError as e:

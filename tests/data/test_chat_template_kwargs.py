@@ -152,7 +152,7 @@ def test_template_kwargs_field_option(tmp_path, capsys):
     for extra, want in [(["--template-kwargs-field", "flags"], "--template-kwargs-field is for the template variables"),
                         (chat + ["--template-kwargs-field", "messages"], "--template-kwargs-field must be a"),
                         (chat + ["--template-kwargs-field", "id"], "--template-kwargs-field must be a"),
-                        (chat + ["--template-kwargs-field", "tools"], "name the same field 'tools'")]:
+                        (chat + ["--template-kwargs-field", "tools"], "name one field twice")]:
         args = ["index", str(tmp_path / "chat.jsonl"), "--spec", "text", "--out", str(tmp_path / "x"), "--no-progress"]
         rc = cli_main(args + extra)
         err = capsys.readouterr().err

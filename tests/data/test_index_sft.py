@@ -231,13 +231,13 @@ def assert_sample_equals_hf(data: IndexedDataset, row: dict, hf, jinja: str) -> 
 
 def test_chat_field_errors_are_one_line(tmp_path, capsys):
     _write(tmp_path / "chat.jsonl", _conversations(2))
-    with pytest.raises(ValueError, match="give one"):
+    with pytest.raises(ValueError, match="--prompt-field and --chat-field name the same field 'messages'"):
         build_index([str(tmp_path / "chat.jsonl")], "text", tmp_path / "x", chat_field="messages",
-                    prompt_field="prompt", progress=False)
+                    prompt_field="messages", progress=False)
     with pytest.raises(ValueError, match="unknown chat template 'vicuna'; use one of chatml, llama3"):
         build_index([str(tmp_path / "chat.jsonl")], "text", tmp_path / "x", chat_field="messages",
                     chat_template="vicuna", progress=False)
     rc = cli_main(["index", str(tmp_path / "chat.jsonl"), "--spec", "text", "--out", str(tmp_path / "y"),
-                   "--chat-field", "messages", "--prompt-field", "p", "--no-progress"])
+                   "--chat-field", "messages", "--prompt-field", "messages", "--no-progress"])
     err = capsys.readouterr().err
-    assert rc == 2 and err.count("\n") == 1 and "give one" in err
+    assert rc == 2 and err.count("\n") == 1 and "name the same field" in err
