@@ -161,7 +161,9 @@ def _labels_note(base) -> str:
         return ", caption-only labels"
     if not base.has_labels:
         return ""
-    return ", SFT labels (assistant turns)" if getattr(base, "chat_field", None) else ", SFT labels (prompt masked)"
+    if getattr(base, "chat_field", None):  # with a prompt field too: TRL's prompt-completion lines
+        return ", SFT labels (the completion)" if base.prompt_field else ", SFT labels (assistant turns)"
+    return ", SFT labels (prompt masked)"
 
 
 def _dropped_note(dropped: int) -> str:

@@ -93,6 +93,9 @@ def test_prompt_completion_lines_equal_trl(tmp_path, template):
         assert s["input_ids"].tolist() == ids and int(data.index.num_tokens[i]) == len(ids), (template, r["id"])
         assert s["labels"].tolist() == labels, (template, r["id"])
         assert 0 < sum(t != -100 for t in labels) < len(ids)
+    from fcp_exec.train_data import _labels_note
+
+    assert _labels_note(data) == ", SFT labels (the completion)"  # fcp train's data line says what is trained
     fewshot = data[list(data.index.keys).index("fewshot")]
     trained = hf.decode([t for t in fewshot["labels"].tolist() if t != -100])
     assert "5" in trained and "2" not in trained  # the prompt's example answer is context only
