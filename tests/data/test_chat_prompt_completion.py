@@ -62,10 +62,12 @@ def _trl(tok, row: dict, template: str, kwargs: dict) -> tuple[list[int], list[i
     return ids, [-100] * k + ids[k:]
 
 
-@pytest.mark.parametrize("template", ["qwen25", "smol", "chatml", "llama3"])
-def test_prompt_completion_lines_equal_trl(tmp_path, template):
+@pytest.mark.parametrize("template, ext", [("qwen25", "jsonl"), ("qwen25", "parquet"), ("smol", "jsonl"),
+                                           ("chatml", "jsonl"), ("llama3", "jsonl")])
+def test_prompt_completion_lines_equal_trl(tmp_path, template, ext):
     """Index and reader equal TRL's ids and completion-only labels, line by line; the summary says what is trained;
-    a few-shot prompt's assistant turn is not trained."""
+    a few-shot prompt's assistant turn is not trained. Parquet: the Hub's form (message structs, the fields a turn
+    lacks null)."""
     pytest.importorskip("trl")
     transformers = pytest.importorskip("transformers")
     jinja = {"qwen25": QWEN25, "smol": SMOL, "chatml": CHATML_GEN, "llama3": LLAMA3_GEN}[template]
@@ -73,9 +75,13 @@ def test_prompt_completion_lines_equal_trl(tmp_path, template):
     rows = _rows()
     if template == "smol":  # the line's template kwargs reach both renders, as TRL passes them
         rows = [dict(r, chat_template_kwargs={"enable_thinking": k % 2 == 0}) for k, r in enumerate(rows)]
-    _write(tmp_path / "pc.jsonl", rows)
+    if ext == "parquet":
+        pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+        pq.write_table(pa.Table.from_pylist(rows), tmp_path / "pc.parquet")
+    else:
+        _write(tmp_path / "pc.jsonl", rows)
     given = template if template in ("chatml", "llama3") else str(model)
-    manifest, rc = build_index([str(tmp_path / "pc.jsonl")], "text", tmp_path / "idx", prompt_field="prompt",
+    manifest, rc = build_index([str(tmp_path / f"pc.{ext}")], "text", tmp_path / "idx", prompt_field="prompt",
                                chat_field="completion", chat_template=given, tokenizer=str(model / "tokenizer.json"),
                                progress=False)
     assert rc == 0 and manifest["num_samples"] == len(rows), manifest["errors_by_reason"]
