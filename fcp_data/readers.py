@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from fcp_data import text_tokens
-from fcp_data.chat import line_template_inputs as line_inputs, trained_token_mask
+from fcp_data.chat import line_template_inputs as line_inputs
 from fcp_data.index.format import KIND_IMAGE, KIND_TEXT, KIND_VIDEO, LengthIndex
 from fcp_data.index.limits import record_mismatch
 from fcp_data.index.probe import IMAGE_EXTS, TEXT_EXTS, VIDEO_EXTS, member_path
@@ -377,16 +377,14 @@ class IndexedDataset(torch.utils.data.Dataset):
         """An SFT jsonl line: prompt then response tokens (tokenised apart, as the index counted them), labels
         masking the prompt; or a conversation (:mod:`fcp_data.chat`), labels on the assistant turns."""
         if self.chat_field:
-            from fcp_data.chat_completion import render_line  # with a prompt field: TRL's prompt-completion
+            from fcp_data.chat_completion import sft_ids_and_mask  # with a prompt field: TRL's prompt-completion
             from fcp_data.chat_media import check_text_ids
 
-            text, spans = render_line(obj, self.chat_field, self.chat_template, *line_inputs(obj, *self.line_fields),
-                                      self.prompt_field)
-            enc = self.spec.tokenizer().encode(text, add_special_tokens=False)
-            check_text_ids(self.spec, enc.ids)  # a visual placeholder in text-only chat: no pixels back it
-            mask = trained_token_mask(enc.offsets, spans)
-            return {"input_ids": torch.tensor(enc.ids, dtype=torch.long),
-                    "labels": torch.tensor([t if m else -100 for t, m in zip(enc.ids, mask)], dtype=torch.long)}
+            ids, mask = sft_ids_and_mask(self.spec.tokenizer(), obj, self.chat_field, self.chat_template,
+                                         *line_inputs(obj, *self.line_fields), self.prompt_field)
+            check_text_ids(self.spec, ids)  # a visual placeholder in text-only chat: no pixels back it
+            return {"input_ids": torch.tensor(ids, dtype=torch.long),
+                    "labels": torch.tensor([t if m else -100 for t, m in zip(ids, mask)], dtype=torch.long)}
         prompt = obj[self.prompt_field]
         p = self.spec.tokenizer().encode(prompt, add_special_tokens=False).ids if prompt else []
         r = self._text_ids(obj[self.text_field])

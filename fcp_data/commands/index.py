@@ -43,7 +43,8 @@ def _sft_arguments(p) -> None:
                    help="template of --chat-field: chatml (generic ChatML, the default) or llama3 — both write role "
                         "and text only: tool calls, reasoning and tools are refused — or the model's own Jinja template (its folder, "
                         "tokenizer_config.json or chat_template.jinja; {%% generation %%} blocks say what to train, "
-                        "else each assistant turn up to its end-of-turn marker). Index with the model's own "
+                        "else each assistant turn up to its end-of-turn marker; prompt-completion lines train their "
+                        "completion whatever the blocks say, as TRL does). Index with the model's own "
                         "--tokenizer so its special tokens are single tokens")
     p.add_argument("--tools-field", default=None, metavar="FIELD",
                    help="jsonl/Parquet field of a --chat-field line holding its tool definitions (a list of JSON "

@@ -64,8 +64,9 @@ def chat_text(obj: dict, cfg: dict, spec=None) -> str:
         text, _ = render_line(obj, cfg["chat_field"], cfg.get("chat_template") or "chatml",
                               *line_template_inputs(obj, cfg.get("tools_field"), cfg.get("template_kwargs_field")),
                               cfg.get("prompt_field"))
-        if spec is not None:
-            check_text(spec, obj, cfg["chat_field"], text)
+        for field in (cfg["chat_field"], cfg.get("prompt_field")) if spec is not None else ():
+            if field:  # a prompt-completion line's prompt turns too
+                check_text(spec, obj, field, text)
     except ChatFormatError as e:
         raise ProbeError(e.reason, str(e)) from None
     check_unicode(text)

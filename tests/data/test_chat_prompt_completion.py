@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_chat_review import QWEN25, QWEN_SPECIAL, _model
+from test_chat_review import QWEN3, QWEN25, QWEN25_GEN, QWEN_SPECIAL, _model
 from test_chat_template_kwargs import SMOL
 from test_index_sft import CHATML, LLAMA3, _write
 
@@ -45,7 +45,8 @@ def _rows() -> list[dict]:
 
 
 def _as_roles(messages: list[dict]) -> list[dict]:
-    """ShareGPT turns as TRL reads them (``maybe_convert_to_chatml``)."""
+    """ShareGPT turns as role/content ones (fcp reads both spellings; TRL takes role/content prompt-completion lines
+    only, so the reference is given those)."""
     names = {"human": "user", "gpt": "assistant", "system": "system"}
     return [{"role": names[m["from"]], "content": m["value"]} if "from" in m else m for m in messages]
 
@@ -63,14 +64,18 @@ def _trl(tok, row: dict, template: str, kwargs: dict) -> tuple[list[int], list[i
 
 
 @pytest.mark.parametrize("template, ext", [("qwen25", "jsonl"), ("qwen25", "parquet"), ("smol", "jsonl"),
-                                           ("chatml", "jsonl"), ("llama3", "jsonl")])
+                                           ("chatml", "jsonl"), ("llama3", "jsonl"), ("qwen25_gen", "jsonl"),
+                                           ("chatml_jinja", "jsonl")])
 def test_prompt_completion_lines_equal_trl(tmp_path, template, ext):
     """Index and reader equal TRL's ids and completion-only labels, line by line; the summary says what is trained;
     a few-shot prompt's assistant turn is not trained. Parquet: the Hub's form (message structs, the fields a turn
-    lacks null)."""
+    lacks null). Templates with ``{% generation %}`` blocks (Qwen2.5's with them, chatml as Jinja): their blocks do
+    not reach the text (before: fcp's block marks were written into the sample) and do not decide the labels (TRL
+    uses them only with ``assistant_only_loss``)."""
     pytest.importorskip("trl")
     transformers = pytest.importorskip("transformers")
-    jinja = {"qwen25": QWEN25, "smol": SMOL, "chatml": CHATML_GEN, "llama3": LLAMA3_GEN}[template]
+    jinja = {"qwen25": QWEN25, "smol": SMOL, "chatml": CHATML_GEN, "llama3": LLAMA3_GEN, "qwen25_gen": QWEN25_GEN,
+             "chatml_jinja": CHATML_GEN}[template]
     model = _model(tmp_path, "model", jinja, QWEN_SPECIAL)
     rows = _rows()
     if template == "smol":  # the line's template kwargs reach both renders, as TRL passes them
@@ -135,3 +140,76 @@ def test_prompt_completion_lines_that_are_no_samples_are_recorded(tmp_path, caps
                    "--prompt-field", "completion", "--chat-field", "completion", "--no-progress"])
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and "name the same field" in err and not (tmp_path / "x").exists()
+
+
+# Qwen3's generation prompt as shipped: with enable_thinking false it ends in an empty think block
+QWEN3_REAL = QWEN3.replace("""{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\\n' }}
+{%- endif %}
+""", """{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- if enable_thinking is defined and """
+    """enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}""")
+
+
+def _newline_merging_model(tmp_path):
+    """A model folder with Qwen3's template and a tokenizer with Qwen2's pre-tokenizer split and a ``\\n\\n`` token
+    (``ĊĊ``), as Qwen's vocabulary has: the generation prompt's last ``\\n\\n`` is one token there, while the full
+    conversation splits it where the completion goes on."""
+    from tokenizers import Tokenizer
+
+    model = _model(tmp_path, "qwen3", QWEN3_REAL, QWEN_SPECIAL)
+    tok = json.loads((model / "tokenizer.json").read_text())
+    vocab, merges = tok["model"]["vocab"], tok["model"]["merges"]
+    vocab["ĊĊ"] = max([t["id"] for t in tok["added_tokens"]] + list(vocab.values())) + 1
+    merges.insert(0, ["Ċ", "Ċ"] if merges and isinstance(merges[0], list) else "Ċ Ċ")
+    split = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
+             r"\s+(?!\S)|\s+")
+    tok["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": split}, "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}]}
+    (model / "tokenizer.json").write_text(json.dumps(tok))
+    t = Tokenizer.from_file(str(model / "tokenizer.json"))
+    head, full = (t.encode(x, add_special_tokens=False).tokens for x in ("</think>\n\n", "</think>\nTwo"))
+    assert head[-1] == "ĊĊ" and "Ċ" in full and "ĊĊ" not in full  # the texts part inside the head's last token
+    return model
+
+
+def test_labels_start_at_the_common_prefix_of_the_token_lists(tmp_path):
+    """Qwen3 with ``enable_thinking`` false writes ``<think>\\n\\n</think>\\n\\n`` as the generation prompt; the
+    full conversation writes the completion's reasoning there. The texts part inside the generation prompt's last
+    token, so TRL trains from that token on (its common prefix is of the id lists); a character prefix would leave
+    the token holding the first ``\\n`` of the completion's own think block untrained. Reference: TRL's helpers."""
+    pytest.importorskip("trl")
+    transformers = pytest.importorskip("transformers")
+    model = _newline_merging_model(tmp_path)
+    user, off = {"role": "user", "content": "2+2?"}, {"enable_thinking": False}
+    rows = [{"id": "reasoning", "prompt": [user], "chat_template_kwargs": off,
+             "completion": [{"role": "assistant", "content": "4", "reasoning_content": "Two plus two."}]},
+            {"id": "plain", "prompt": [user], "chat_template_kwargs": off,
+             "completion": [{"role": "assistant", "content": "4"}]},
+            {"id": "thinking", "prompt": [user], "completion": [{"role": "assistant", "content": "4"}]}]
+    _write(tmp_path / "pc.jsonl", rows)
+    manifest, rc = build_index([str(tmp_path / "pc.jsonl")], "text", tmp_path / "idx", prompt_field="prompt",
+                               chat_field="completion", chat_template=str(model), progress=False)
+    assert rc == 0 and manifest["num_samples"] == len(rows), manifest["errors_by_reason"]
+    hf = transformers.PreTrainedTokenizerFast.from_pretrained(str(model))
+    data = IndexedDataset(tmp_path / "idx")
+    for i, r in enumerate(rows):
+        ids, labels = _trl(hf, r, QWEN3_REAL, r.get("chat_template_kwargs", {}))
+        assert data[i]["input_ids"].tolist() == ids and data[i]["labels"].tolist() == labels, r["id"]
+    first = hf.convert_ids_to_tokens([t for t in data[0]["labels"].tolist() if t != -100])[0]
+    assert first == "Ċ"  # the token the two texts split differently is trained, as TRL trains it
+
+
+def test_a_llava_tag_in_a_prompt_without_its_media_is_recorded(tmp_path):
+    """Under a multimodal spec a prompt turn that starts with a LLaVA tag (``<image>\\n...``) but a line without the
+    image lost its media: ``media_tag_mismatch``, as in a conversation (before: the prompt's turns were not looked
+    at)."""
+    rows = [{"id": "tag", "prompt": [{"role": "user", "content": "<image>\nWhat is it?"}],
+             "completion": [{"role": "assistant", "content": "A cat."}]},
+            {"id": "ok", "prompt": [{"role": "user", "content": "What is it?"}],
+             "completion": [{"role": "assistant", "content": "A cat."}]}]
+    _write(tmp_path / "pc.jsonl", rows)
+    manifest, rc = build_index([str(tmp_path / "pc.jsonl")], "qwen2.5-vl", tmp_path / "idx", prompt_field="prompt",
+                               chat_field="completion", progress=False, max_error_rate=1)
+    assert rc == 0 and manifest["num_samples"] == 1 and manifest["errors_by_reason"] == {"media_tag_mismatch": 1}
+
