@@ -41,6 +41,7 @@ MAX_MEDIA = 256  # images/videos in one conversation
 _MARK0 = 0xF0000  # media k is marked by chr(_MARK0 + k) (Supplementary Private Use Area-A)
 _MARKS = re.compile("[\U000F0000-\U000FFFFD]")
 _KINDS = ("video", "image")
+_TOP_KEYS = (("video", "video"), ("image", "image"), ("videos", "video"), ("images", "image"))  # TRL's: images
 _TAGS = {"video": "<video>", "image": "<image>"}
 _PART_KEYS = ("path", "url")
 
@@ -88,9 +89,15 @@ def _media_part(p: Any) -> ChatMedia | None:
     return ChatMedia(kind, path)
 
 
+def _placeholder(p: Any) -> bool:
+    """A media part with no file or bytes of its own (TRL's ``{"type": "image"}``; a Parquet struct's null fields)."""
+    return isinstance(p, dict) and p.get("type") in _KINDS and not any(
+        isinstance(p.get(k), (str, dict)) for k in (p["type"], *_PART_KEYS))
+
+
 def has_media(obj: dict, chat_field: str) -> bool:
     """Whether a chat line names an image or a video (either spelling); an empty list names none, like null."""
-    if any(obj.get(k) is not None and obj.get(k) != [] for k in _KINDS):
+    if any(obj.get(k) is not None and obj.get(k) != [] for k, _ in _TOP_KEYS):
         return True
     turns = obj.get(chat_field)
     return isinstance(turns, list) and any(
@@ -104,15 +111,18 @@ def mark(k: int) -> str:
 
 
 def _top_level(obj: dict) -> dict[str, list[ChatMedia]]:
-    """LLaVA's top-level entries per kind (a path, an embedded cell, or a list of them)."""
+    """LLaVA's top-level entries per kind (a path, an embedded cell, or a list of them), or TRL's ``images`` /
+    ``videos`` (the same; one spelling per kind)."""
     out = {}
-    for kind in _KINDS:
-        v = obj.get(kind)
+    for key, kind in _TOP_KEYS:
+        v = obj.get(key)
         if v is None:
             continue
         items = v if isinstance(v, list) else [v]
         if not items:
             continue
+        if kind in out:
+            raise _err("bad_messages", f"the line has both {kind!r} and {key!r} entries: give its {kind}s in one")
         media = []
         for item in items:
             if isinstance(item, dict):
@@ -159,13 +169,16 @@ class _Placer:
 
         def sub(m: re.Match) -> str:
             kind = self.tags[m.group(0)]
-            n = self.used[kind]
-            if n >= len(self.top[kind]):
-                raise _err("media_tag_mismatch", f"more {' / '.join(g for g in self.tags if self.tags[g] == kind)} "
-                                                 f"tags than {kind!r} entries ({len(self.top[kind])})")
-            self.used[kind] = n + 1
-            return self._new(self.top[kind][n])
+            return self._take(kind, f"{' / '.join(g for g in self.tags if self.tags[g] == kind)} tags")
         return pattern.sub(sub, t)
+
+    def _take(self, kind: str, what: str) -> str:
+        """The mark of ``kind``'s next top-level entry (a tag or a placeholder part stands for it)."""
+        n = self.used[kind]
+        if n >= len(self.top[kind]):
+            raise _err("media_tag_mismatch", f"more {what} than {kind!r} entries ({len(self.top[kind])})")
+        self.used[kind] = n + 1
+        return self._new(self.top[kind][n])
 
     def content(self, c: Any) -> Any:
         if isinstance(c, str):
@@ -174,6 +187,9 @@ class _Placer:
             return c
         out = []
         for p in c:
+            if _placeholder(p) and p["type"] in self.top:  # TRL's {"type": "image"}: the line's next entry
+                out.append({"type": "text", "text": self._take(p["type"], f"{p['type']} parts")})
+                continue
             found = _media_part(p)
             if found is not None:
                 out.append({"type": "text", "text": self._new(found)})
@@ -323,7 +339,7 @@ def check_text(spec, obj: dict, chat_field: str, text: str) -> None:
     ends = [t.strip() for t in texts]
     tag = next((g for g in _TAGS.values() if any(t.startswith(g) or t.endswith(g) for t in ends)), None)
     if tag is not None:
-        entries = [f"{k!r} is {_json_name(obj[k])}" for k in _KINDS if k in obj] or ["no 'image'/'video' entry"]
+        entries = [f"{k!r} is {_json_name(obj[k])}" for k, _ in _TOP_KEYS if k in obj] or ["no 'image'/'video' entry"]
         raise _err("media_tag_mismatch", f"a turn starts or ends with a tag {tag} but the line has no image or video "
                                          f"for it ({' and '.join(entries)}; dropped?)")
     if any(t in text for t in spec.placeholder_tokens):

@@ -200,3 +200,27 @@ def test_a_big_file_is_indexed_by_several_tasks(tmp_path, monkeypatch):
     _assert_same(IndexedDataset(tmp_path / "p"), ref)
     copies[1][1].unlink()
     _assert_same(IndexedDataset(tmp_path / "p"), ref)
+
+
+def test_a_null_typed_field_inside_a_list_of_structs_indexes(tmp_path):
+    """A field that is null in every row (pyarrow writes it with type ``null``: a turn's ``name``, an Image cell's
+    ``path`` when its bytes are inline) inside a list of structs: pyarrow's Parquet reader returns that child shorter
+    than its struct, and the records copy's cast refused the whole row group — the file was one ``shard_failed``.
+    Now every row is a sample, read back equal to the jsonl spelling of the same lines."""
+    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+    rows = [{"id": f"r{i}", "messages": [{"role": "user", "content": f"question {i}", "name": None},
+                                         {"role": "assistant", "content": "answer " * (i + 1), "name": None},
+                                         {"role": "user", "content": "more?", "name": None},
+                                         {"role": "assistant", "content": "no", "name": None}][: 2 + 2 * (i % 2)]}
+            for i in range(5)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "chat.parquet")
+    assert str(pq.read_schema(tmp_path / "chat.parquet").field("messages").type.value_type.field("name").type) == "null"
+    (tmp_path / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for ext in ("parquet", "jsonl"):
+        manifest, rc = build_index([str(tmp_path / f"chat.{ext}")], "text", tmp_path / f"idx-{ext}",
+                                   chat_field="messages", progress=False)
+        assert rc == 0 and manifest["num_samples"] == 5, (ext, manifest["errors_by_reason"])
+    a, b = IndexedDataset(tmp_path / "idx-parquet"), IndexedDataset(tmp_path / "idx-jsonl")
+    for i in range(5):
+        assert a[i]["input_ids"].tolist() == b[i]["input_ids"].tolist(), i
+        assert a[i]["labels"].tolist() == b[i]["labels"].tolist(), i
