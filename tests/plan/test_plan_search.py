@@ -322,6 +322,19 @@ def test_third_search_from_wider_bins(monkeypatch, case):
     assert plan.makespan <= fcp_micro_batch(L, e, N, cm).makespan / 1.12
 
 
+def placed_instance():
+    """``(lengths, etas, cost model)`` of a 26-sequence micro-batch on 33 ranks (2 nodes of 16 and one rank more)
+    where the descent on the placed makespan changes the plan (also ``test_search_pinned2.py``'s)."""
+    L = np.array([4213, 42139, 49272, 20219, 6201, 29654, 1056, 2098, 57852, 17316, 7053, 268, 10027, 12783, 25555,
+                  67242, 18960, 1938, 662, 1090, 27110, 31378, 758, 23072, 59164, 8412])
+    e = np.zeros(L.size)
+    e[[0, 1, 3, 5, 8, 9, 14, 16, 17, 19, 23]] = 1.0
+    return L, e, CostModel(alpha1=5.333839570139217e-10, alpha2=3.7667656768017924e-05, alpha3=534057.3603727401,
+                           beta1=0.02689160576024925, beta2=0.001640497347602959,
+                           bandwidth_intra=118332763497.93933, bandwidth_inter=25e9, ranks_per_node=16,
+                           tokens_per_rank=16384)
+
+
 def test_placed_descent_finds_a_grouping_whose_crossing_group_has_slack(monkeypatch):
     """26 sequences on 33 ranks (16 + 16 + 1), 97.2 % full, random v1 coefficients (bench_search_escalation's stream, v1
     95-100 %, seed 0): the searches end in groupings of allocation value ~1.11 s whose degrees (e.g. 5 + 6 + 7 + 7 + 8)
@@ -332,13 +345,7 @@ def test_placed_descent_finds_a_grouping_whose_crossing_group_has_slack(monkeypa
     import fcp_data.plan.solvers as solvers
     from fcp_data.plan.placed_search import placed_descent, placed_value
 
-    L = np.array([4213, 42139, 49272, 20219, 6201, 29654, 1056, 2098, 57852, 17316, 7053, 268, 10027, 12783, 25555,
-                  67242, 18960, 1938, 662, 1090, 27110, 31378, 758, 23072, 59164, 8412])
-    e = np.zeros(L.size)
-    e[[0, 1, 3, 5, 8, 9, 14, 16, 17, 19, 23]] = 1.0
-    cm = CostModel(alpha1=5.333839570139217e-10, alpha2=3.7667656768017924e-05, alpha3=534057.3603727401,
-                   beta1=0.02689160576024925, beta2=0.001640497347602959, bandwidth_intra=118332763497.93933,
-                   bandwidth_inter=25e9, ranks_per_node=16, tokens_per_rank=16384)
+    L, e, cm = placed_instance()
     plan = fcp_micro_batch(L, e, 33, cm)
     assert plan.makespan <= 1.18, plan
     monkeypatch.setattr(solvers, "PLACED_MAX_EVALS", 0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_plan_search import placed_instance
 
 from fcp_data.cost import CostModel, sequence_terms
 from fcp_data.plan.solvers import fcp_micro_batch
@@ -72,13 +73,7 @@ def test_placed_descent_starts_from_the_best_incumbent(monkeypatch):
     value (``min(best.values())``) — tests/plan/test_plan_search.py's 26-sequence, 33-rank instance, where it runs."""
     import fcp_data.plan.solvers as solvers
 
-    L = np.array([4213, 42139, 49272, 20219, 6201, 29654, 1056, 2098, 57852, 17316, 7053, 268, 10027, 12783, 25555,
-                  67242, 18960, 1938, 662, 1090, 27110, 31378, 758, 23072, 59164, 8412])
-    e = np.zeros(L.size)
-    e[[0, 1, 3, 5, 8, 9, 14, 16, 17, 19, 23]] = 1.0
-    cm = CostModel(alpha1=5.333839570139217e-10, alpha2=3.7667656768017924e-05, alpha3=534057.3603727401,
-                   beta1=0.02689160576024925, beta2=0.001640497347602959, bandwidth_intra=118332763497.93933,
-                   bandwidth_inter=25e9, ranks_per_node=16, tokens_per_rank=16384)
+    L, e, cm = placed_instance()
     seen, starts = {}, []
     real_sc, real_pd = solvers._search_candidates, solvers.placed_descent
 
