@@ -11,23 +11,11 @@ only, fcp ShareGPT's too."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from fcp_data.chat import ChatFormatError, _unrendered, render_chat, template, trained_token_mask, turn_dicts
 
-__all__ = ["render_line", "render_prompt_completion", "sft_ids_and_mask"]
-
-
-def render_prompt_completion(prompt: Any, completion: Any, name: str | dict = "chatml", tools: list[dict] | None = None,
-                             kwargs: dict | None = None) -> tuple[str, list[tuple[int, int]]]:
-    """``(text, [(start, end)])``: ``prompt + completion`` under template ``name`` (a built-in name or a model's
-    template, :func:`fcp_data.chat.resolve_template`) and the one span trained, from the characters' common prefix
-    with the prompt's generation-prompt render on (module docstring; the reader trains from the common prefix of the
-    two token lists, :func:`sft_ids_and_mask`, as TRL does); ``tools`` and ``kwargs`` as
-    :func:`fcp_data.chat.render_chat` takes them."""
-    text, head = _texts(prompt, completion, name, tools, kwargs)
-    return text, [(len(os.path.commonprefix([head, text])), len(text))]
+__all__ = ["line_text", "sft_ids_and_mask"]
 
 
 def _texts(prompt: Any, completion: Any, name: str | dict, tools, kwargs) -> tuple[str, str]:
@@ -71,14 +59,13 @@ def sft_ids_and_mask(tokenizer, line: dict, chat_field: str, name: str | dict = 
     return ids, [k >= start for k in range(len(ids))]
 
 
-def render_line(line: dict, chat_field: str, name: str | dict = "chatml", tools: list[dict] | None = None,
-                kwargs: dict | None = None, prompt_field: str | None = None) -> tuple[str, list[tuple[int, int]]]:
-    """A text conversation line rendered with its trained spans: ``line[chat_field]``'s assistant turns
-    (:func:`fcp_data.chat.render_chat`), or with ``prompt_field`` the completion ``line[chat_field]`` after the
-    prompt ``line[prompt_field]`` (:func:`render_prompt_completion`)."""
+def line_text(line: dict, chat_field: str, name: str | dict = "chatml", tools: list[dict] | None = None,
+              kwargs: dict | None = None, prompt_field: str | None = None) -> str:
+    """The text a conversation line is tokenized from (``fcp index`` counts its ids): ``line[chat_field]``
+    rendered, or with ``prompt_field`` the prompt ``line[prompt_field]`` + the completion ``line[chat_field]``."""
     if prompt_field:
-        return render_prompt_completion(line.get(prompt_field), line[chat_field], name, tools, kwargs)
-    return render_chat(line[chat_field], name, tools, kwargs)
+        return _texts(line.get(prompt_field), line[chat_field], name, tools, kwargs)[0]
+    return render_chat(line[chat_field], name, tools, kwargs)[0]
 
 
 def _jinja_text(turns: list[dict], tpl: dict, tools, kwargs, generation_prompt: bool = False) -> str:

@@ -54,16 +54,16 @@ def chat_text(obj: dict, cfg: dict, spec=None) -> str:
     """The rendered conversation of a chat-format line (:mod:`fcp_data.chat`); under a multimodal spec, checked for
     a visual placeholder in its text and a LLaVA tag without its media (:func:`fcp_data.chat_media.check_text`)."""
     from fcp_data.chat import ChatFormatError, line_template_inputs
-    from fcp_data.chat_completion import render_line
+    from fcp_data.chat_completion import line_text
     from fcp_data.chat_media import check_text
 
     for field, option in ((cfg["chat_field"], "--chat-field"), (cfg.get("prompt_field"), "--prompt-field")):
         if field and field not in obj:
             raise ProbeError("missing_field", f"no field {field!r} ({option})")
     try:
-        text, _ = render_line(obj, cfg["chat_field"], cfg.get("chat_template") or "chatml",
-                              *line_template_inputs(obj, cfg.get("tools_field"), cfg.get("template_kwargs_field")),
-                              cfg.get("prompt_field"))
+        text = line_text(obj, cfg["chat_field"], cfg.get("chat_template") or "chatml",
+                         *line_template_inputs(obj, cfg.get("tools_field"), cfg.get("template_kwargs_field")),
+                         cfg.get("prompt_field"))
         for field in (cfg["chat_field"], cfg.get("prompt_field")) if spec is not None else ():
             if field:  # a prompt-completion line's prompt turns too
                 check_text(spec, obj, field, text)
