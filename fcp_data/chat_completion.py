@@ -5,7 +5,9 @@ after the common prefix of its ids and the ids of the prompt rendered with its g
 ``common_prefix_length``: a token the two texts split differently at their boundary is trained). So an assistant
 turn inside the prompt (a few-shot example) is not trained, and neither is the completion's assistant header; the
 end-of-turn marker and what the template writes after it are. A template's ``{% generation %}`` blocks do not
-decide these labels (TRL reads them only with ``assistant_only_loss``). Images and videos in such lines are not
+decide these labels — unless the index was built with ``--assistant-only-loss`` (TRL's ``assistant_only_loss``): then
+a token is trained where both masks say so, the completion's and the blocks' (a user turn inside a completion is not
+trained; :mod:`fcp_data.chat_trl` gives a template its blocks). Images and videos in such lines are not
 supported (``unsupported_media``: index them as one ``--chat-field`` conversation); TRL takes role/content turns
 only, fcp ShareGPT's too."""
 
@@ -44,28 +46,55 @@ def _texts(prompt: Any, completion: Any, name: str | dict, tools, kwargs) -> tup
 
 def sft_ids_and_mask(tokenizer, line: dict, chat_field: str, name: str | dict = "chatml",
                      tools: list[dict] | None = None, kwargs: dict | None = None,
-                     prompt_field: str | None = None) -> tuple[list[int], list[bool]]:
+                     prompt_field: str | None = None, assistant_only: bool = False) -> tuple[list[int], list[bool]]:
     """A text conversation line's token ids (``tokenizer``: a ``tokenizers.Tokenizer``) and which are trained: the
     assistant turns' spans (:func:`fcp_data.chat.trained_token_mask`), or with ``prompt_field`` every token after
     the common prefix of the ids of ``prompt + completion`` and of the prompt with its generation prompt — TRL's
-    ``common_prefix_length`` (a token the two texts split differently at the boundary is trained, as there)."""
+    ``common_prefix_length`` (a token the two texts split differently at the boundary is trained, as there) — and,
+    with ``assistant_only``, inside the assistant turns' spans too (TRL's two masks with ``assistant_only_loss``)."""
     if not prompt_field:
         text, spans = render_chat(line[chat_field], name, tools, kwargs)
         enc = tokenizer.encode(text, add_special_tokens=False)
         return enc.ids, trained_token_mask(enc.offsets, spans)
     text, head = _texts(line.get(prompt_field), line[chat_field], name, tools, kwargs)
-    ids, head_ids = (tokenizer.encode(x, add_special_tokens=False).ids for x in (text, head))
+    enc = tokenizer.encode(text, add_special_tokens=False)
+    ids, head_ids = enc.ids, tokenizer.encode(head, add_special_tokens=False).ids
     start = next((k for k, (a, b) in enumerate(zip(ids, head_ids)) if a != b), min(len(ids), len(head_ids)))
-    return ids, [k >= start for k in range(len(ids))]
+    mask = [k >= start for k in range(len(ids))]
+    if assistant_only:
+        spans = _assistant_spans(line[prompt_field] + line[chat_field], name, tools, kwargs, text)
+        mask = [a and b for a, b in zip(mask, trained_token_mask(enc.offsets, spans))]
+    return ids, mask
+
+
+def _assistant_spans(messages: list, name: str | dict, tools, kwargs, text: str) -> list[tuple[int, int]]:
+    """The trained spans of ``messages`` rendered whole (their text must be ``text``, the one counted)."""
+    rendered, spans = render_chat(messages, name, tools, kwargs)
+    if rendered != text:  # the same render with and without its block marks: never differs for a sane template
+        raise ChatFormatError("template_error", "the chat template renders the line differently with its "
+                                                "{% generation %} blocks marked")
+    return spans
 
 
 def line_text(line: dict, chat_field: str, name: str | dict = "chatml", tools: list[dict] | None = None,
-              kwargs: dict | None = None, prompt_field: str | None = None) -> str:
+              kwargs: dict | None = None, prompt_field: str | None = None, assistant_only: bool = False) -> str:
     """The text a conversation line is tokenized from (``fcp index`` counts its ids): ``line[chat_field]``
-    rendered, or with ``prompt_field`` the prompt ``line[prompt_field]`` + the completion ``line[chat_field]``."""
+    rendered, or with ``prompt_field`` the prompt ``line[prompt_field]`` + the completion ``line[chat_field]``.
+    ``assistant_only`` (TRL's ``assistant_only_loss``, which stops on such a line): a line whose assistant spans
+    train no text (of its completion, with ``prompt_field``) is ``no_trained_tokens``."""
     if prompt_field:
-        return _texts(line.get(prompt_field), line[chat_field], name, tools, kwargs)[0]
-    return render_chat(line[chat_field], name, tools, kwargs)[0]
+        text, head = _texts(line.get(prompt_field), line[chat_field], name, tools, kwargs)
+        spans = _assistant_spans(line[prompt_field] + line[chat_field], name, tools, kwargs, text) \
+            if assistant_only else []
+    else:
+        (text, spans), head = render_chat(line[chat_field], name, tools, kwargs), ""
+    if assistant_only:
+        common = next((k for k, (a, b) in enumerate(zip(text, head)) if a != b), min(len(text), len(head)))
+        if not any(b > common for a, b in spans):
+            raise ChatFormatError("no_trained_tokens", "no assistant text to train" + (" in the completion" if
+                                  prompt_field else "") + " (--assistant-only-loss: the template's "
+                                  "{% generation %} blocks, or the assistant turns, hold none)")
+    return text
 
 
 def _jinja_text(turns: list[dict], tpl: dict, tools, kwargs, generation_prompt: bool = False) -> str:

@@ -381,7 +381,8 @@ class IndexedDataset(torch.utils.data.Dataset):
             from fcp_data.chat_media import check_text_ids
 
             ids, mask = sft_ids_and_mask(self.spec.tokenizer(), obj, self.chat_field, self.chat_template,
-                                         *line_inputs(obj, *self.line_fields), self.prompt_field)
+                                         *line_inputs(obj, *self.line_fields), self.prompt_field,
+                                         bool(self.index.manifest.get("assistant_only_loss")))
             check_text_ids(self.spec, ids)  # a visual placeholder in text-only chat: no pixels back it
             return {"input_ids": torch.tensor(ids, dtype=torch.long),
                     "labels": torch.tensor([t if m else -100 for t, m in zip(ids, mask)], dtype=torch.long)}

@@ -56,6 +56,12 @@ def _sft_arguments(p) -> None:
                         "object such as {\"enable_thinking\": false}, or a JSON string of one), passed to the template "
                         "as TRL's SFTTrainer passes them, apply_chat_template(**kwargs) (default: chat_template_kwargs; "
                         "lines without it have none; the built-in templates read none)")
+    p.add_argument("--assistant-only-loss", action="store_true",
+                   help="as TRL's SFTTrainer(assistant_only_loss=True): train what the template's {%% generation %%} "
+                        "blocks hold; a model template without them is replaced by TRL's training variant of it "
+                        "(Qwen2.5/3, Llama 3, Gemma, gpt-oss ...; needs trl), and prompt-completion lines train only "
+                        "the assistant turns of their completion; a line with nothing to train is recorded "
+                        "(no_trained_tokens)")
     p.add_argument("--media-root", default=None, metavar="DIR",
                    help="folder that the relative image/video paths of --chat-field lines are under (LLaVA's "
                         "'video': 'a.mp4' or a {'type': 'video', 'video': ...} part; default: the jsonl's folder)")
@@ -171,6 +177,7 @@ def run(args) -> int:
                                    text_field=args.text_field, key_field=args.key_field, prompt_field=args.prompt_field,
                                    chat_field=args.chat_field, chat_template=args.chat_template, media_root=args.media_root,
                                    tools_field=args.tools_field, template_kwargs_field=args.template_kwargs_field,
+                                   assistant_only_loss=args.assistant_only_loss,
                                    max_error_rate=args.max_error_rate, progress=not args.no_progress, limits=limits)
     except BrokenProcessPool:
         print(f"fcp index: error: a worker process died (killed, or out of memory); the finished shards are kept in "

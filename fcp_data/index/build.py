@@ -49,7 +49,8 @@ def task_fingerprint(task: dict, cfg: dict) -> str:
     keep = {k: cfg.get(k) for k in ("spec_fingerprint", "probe", "text_field", "key_field", "limits")}
     # only when set: earlier parts keep their fingerprints (every chat build sets template_kwargs_field since stop 62:
     # --resume counts older chat parts again, counted without the lines' kwargs)
-    for k in ("prompt_field", "chat_field", "chat_template", "media_root", "tools_field", "template_kwargs_field"):
+    for k in ("prompt_field", "chat_field", "chat_template", "media_root", "tools_field", "template_kwargs_field",
+              "assistant_only_loss"):
         if cfg.get(k):
             keep[k] = cfg[k]
     return hashlib.sha256(json.dumps([task, keep], sort_keys=True).encode()).hexdigest()

@@ -165,7 +165,7 @@ class KeyArray:
 _STR, _OPT_STR = (str,), (str, type(None))
 _MANIFEST_TYPES = {"data": _STR, "text_field": _STR, "key_field": _STR, "prompt_field": _OPT_STR,
                    "chat_field": _OPT_STR, "media_root": _OPT_STR, "probe": _OPT_STR, "tools_field": _OPT_STR,
-                   "template_kwargs_field": _OPT_STR,
+                   "template_kwargs_field": _OPT_STR, "assistant_only_loss": (bool,),
                    "chat_template": (str, dict, type(None)), "column_bytes": (dict,)}
 
 

@@ -79,8 +79,11 @@ def index_media_chat(key: str, start: int, size: int, obj: dict, cfg: dict, task
     try:
         media, messages = find_media(obj, cfg["chat_field"])
         plans = media_plans(media, task["path"], cfg, spec)
-        pieces, _ = split_render(messages, cfg.get("chat_template") or "chatml", len(media),
-                                 *line_template_inputs(obj, cfg.get("tools_field"), cfg.get("template_kwargs_field")))
+        pieces, spans = split_render(messages, cfg.get("chat_template") or "chatml", len(media),
+                                     *line_template_inputs(obj, cfg.get("tools_field"), cfg.get("template_kwargs_field")))
+        if cfg.get("assistant_only_loss") and not any(b > a for s in spans for a, b in s):  # TRL stops on it
+            raise ChatFormatError("no_trained_tokens", "no assistant text to train (--assistant-only-loss: the "
+                                                       "template's {% generation %} blocks hold none)")
         texts = [piece_tokens(spec, t, k)[0] for k, t in enumerate(pieces) if t]
         for ids in texts:
             check_text_ids(spec, ids)  # a placeholder in the text: one more visual position than the pixels give

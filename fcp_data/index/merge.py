@@ -113,6 +113,9 @@ def summarize(manifest: dict) -> str:
         if manifest.get("prompt_field"):
             what = f"prompt {manifest['prompt_field']!r} + completion {manifest['chat_field']!r} (messages)"
             trained = "the completion (TRL's completion-only loss)"
+        if manifest.get("assistant_only_loss"):
+            trained = ("the completion's assistant turns (TRL's completion-only and assistant-only loss)"
+                       if manifest.get("prompt_field") else "the assistant turns (TRL's assistant-only loss)")
         lines.append(f"SFT: {what} ({template_label(manifest['chat_template'])} template{tools}), labels on "
                      f"{trained}: train with FCPCollator(sample_labels=True)")
     elif manifest.get("prompt_field"):
@@ -201,7 +204,7 @@ def build_index(inputs: list[str], spec: str, out: str | Path, *, tokenizer: str
                 progress: bool = True, dir_chunk: int | None = None, limits: Limits | dict | None = None,
                 prompt_field: str | None = None, chat_field: str | None = None, chat_template: str | dict | None = None,
                 media_root: str | None = None, tools_field: str | None = None,
-                template_kwargs_field: str | None = None) -> tuple[dict, int]:
+                template_kwargs_field: str | None = None, assistant_only_loss: bool = False) -> tuple[dict, int]:
     """Build (or resume) the index of ``inputs`` into ``out``; returns (manifest, exit code 0/1).
 
     ``limits``: per-sample ingestion limits (:class:`~fcp_data.index.limits.Limits`, or a dict of its fields);
@@ -212,30 +215,22 @@ def build_index(inputs: list[str], spec: str, out: str | Path, *, tokenizer: str
     ``chat_field``) with the line's ``tools_field`` and ``template_kwargs_field`` (default ``tools``,
     ``chat_template_kwargs``: TRL's), trained on the assistant turns; they may
     name images and videos (:mod:`fcp_data.chat_media`) under ``media_root`` (default: the jsonl file's folder).
+    ``assistant_only_loss``: TRL's ``SFTTrainer(assistant_only_loss=True)`` (:mod:`fcp_data.chat_trl`).
     """
     from fcp_data import __version__
+    from fcp_data.chat_trl import assistant_only
     from fcp_data.index.build import DIR_CHUNK
-    from fcp_data.index.engines import ENGINES
     from fcp_data.specs import load_spec
 
-    if engine not in ENGINES:
-        raise ValueError(f"unknown engine {engine!r}; use one of {', '.join(ENGINES)}")
-    if not 0 <= max_error_rate <= 1:
-        raise ValueError(f"--max-error-rate must be in [0, 1], got {max_error_rate}")
-    if workers < 1:
-        raise ValueError(f"--workers must be >= 1, got {workers}")
-    if address is not None and engine != "ray":
-        raise ValueError(f"--address {address!r} is a Ray cluster's address; it needs --engine ray")
-    if not str(out).strip():  # Path("") is the working directory: never write an index there by accident
-        raise ValueError("--out must name the index folder, got an empty path")
-    if tokenizer is not None and not str(tokenizer).strip():
-        raise ValueError("--tokenizer must name a tokenizer.json file, got an empty path")
+    _check_run(engine, address, workers, max_error_rate, out, tokenizer)
     tokenizer = _template_tokenizer(chat_template) if tokenizer is None and chat_field is not None else tokenizer
     chat = _check_sft(prompt_field, chat_field, chat_template, media_root, text_field, key_field, tools_field,
                       template_kwargs_field)
     limits = limits if isinstance(limits, Limits) else Limits.from_dict(limits)
     sp = load_spec(spec, tokenizer)
     sources = expand_inputs(list(inputs))
+    if assistant_only_loss:  # TRL's SFTTrainer(assistant_only_loss=True): fcp_data/chat_trl.py
+        chat = assistant_only(chat, sp.tokenizer_path)
     _load_tokenizer(sp, chat_field, chat["chat_template"], sources)
     if any(s["kind"] == "parquet" for s in sources) and importlib.util.find_spec("pyarrow") is None:
         raise ValueError("reading .parquet/.arrow needs pyarrow: pip install 'fcp[parquet]' (or pyarrow)")
@@ -255,6 +250,24 @@ def build_index(inputs: list[str], spec: str, out: str | Path, *, tokenizer: str
     except NothingToIndex:
         _undo_refused(out, new_top, before)
         raise
+
+
+def _check_run(engine: str, address, workers: int, max_error_rate: float, out, tokenizer) -> None:
+    """The options of the run itself (one ValueError each)."""
+    from fcp_data.index.engines import ENGINES
+
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; use one of {', '.join(ENGINES)}")
+    if not 0 <= max_error_rate <= 1:
+        raise ValueError(f"--max-error-rate must be in [0, 1], got {max_error_rate}")
+    if workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {workers}")
+    if address is not None and engine != "ray":
+        raise ValueError(f"--address {address!r} is a Ray cluster's address; it needs --engine ray")
+    if not str(out).strip():  # Path("") is the working directory: never write an index there by accident
+        raise ValueError("--out must name the index folder, got an empty path")
+    if tokenizer is not None and not str(tokenizer).strip():
+        raise ValueError("--tokenizer must name a tokenizer.json file, got an empty path")
 
 
 class NothingToIndex(ValueError):

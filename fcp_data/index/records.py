@@ -63,7 +63,7 @@ def chat_text(obj: dict, cfg: dict, spec=None) -> str:
     try:
         text = line_text(obj, cfg["chat_field"], cfg.get("chat_template") or "chatml",
                          *line_template_inputs(obj, cfg.get("tools_field"), cfg.get("template_kwargs_field")),
-                         cfg.get("prompt_field"))
+                         cfg.get("prompt_field"), bool(cfg.get("assistant_only_loss")))
         for field in (cfg["chat_field"], cfg.get("prompt_field")) if spec is not None else ():
             if field:  # a prompt-completion line's prompt turns too
                 check_text(spec, obj, field, text)

@@ -29,7 +29,7 @@ PACKAGES: tuple[tuple[str, str, tuple[str, ...], tuple[str, str] | None], ...] =
      ("0.3", "")),
     ("deepspeed", "FCPTrainer with ZeRO-2/3", (), None),
     ("peft", "LoRA through FCPTrainer", (), None),
-    ("trl", "TRL's SFTTrainer with FCP", (), None),
+    ("trl", "TRL's SFTTrainer with FCP; fcp index --assistant-only-loss (its training chat templates)", (), None),
     ("flash-attn", "the CUDA kernel's varlen backend (else torch's own flash / SDPA)", (), ("2.6", "")),
     ("torch-npu", "the Ascend NPU kernel (npu_fusion_attention) and HCCL", (), None),
     ("decord", "video decoding (index --probe decode, readers)", (), ("0.6", "")),
