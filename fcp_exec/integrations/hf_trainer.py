@@ -137,7 +137,7 @@ class FCPTrainer(Trainer):
                  dataset_kwargs: dict | None = None, pad_token_id: int | None = None, eval_batches: int | None = None,
                  history: int = 10_000, **kwargs: Any) -> None:
         check_trainer_kwargs(model, args, cost_model, kwargs)
-        check_loss(type(self), args)
+        check_loss(type(self), args, kwargs)
         check_fcp_kwargs(model, global_batch_size=global_batch_size, sampler_kwargs=sampler_kwargs, history=history,
                          collator_kwargs=collator_kwargs, dataset_kwargs=dataset_kwargs, pad_token_id=pad_token_id,
                          eval_batches=eval_batches)

@@ -109,7 +109,7 @@ def eval_by_name(eval_dataset: Any, name: str) -> Any:
     return eval_dataset[name]
 
 
-def check_loss(cls: type, args: Any) -> None:
+def check_loss(cls: type, args: Any, kwargs: Mapping | None = None) -> None:
     """FCPTrainer computes the loss itself (Σ cross-entropy over the global batch's label tokens, ``fcp_loss``): a
     loss the Trainer class or its arguments would compute otherwise is refused, not silently replaced. TRL's
     ``SFTTrainer`` (mixed in: ``class FCPSFTTrainer(FCPTrainer, SFTTrainer)``) computes that same loss with
@@ -125,10 +125,25 @@ def check_loss(cls: type, args: Any) -> None:
                              "document by document; set packing=False")
         if getattr(args, "loss_type", "nll") != "nll":
             raise ValueError(f"FCPTrainer: TRL loss_type={args.loss_type!r} is not supported; use loss_type='nll'")
+        _check_trl_data(kwargs or {})
         return
     raise ValueError(f"FCPTrainer: {owner.__qualname__}.compute_loss would never be called: FCPTrainer computes the "
                      "loss itself (cross-entropy over the global batch's label tokens); put per-token masking into "
                      "the samples' labels (-100) instead")
+
+
+def _check_trl_data(kwargs: Mapping) -> None:
+    """An fcp index given to TRL's SFTTrainer (which takes ``datasets`` rows only and would raise a TypeError of its
+    own): one error saying what to do instead."""
+    from fcp_exec.integrations.hf_trainer_data import _is_indexed
+
+    evals = kwargs.get("eval_dataset")
+    for data in [kwargs.get("train_dataset"), *(evals.values() if isinstance(evals, Mapping) else [evals])]:
+        if _is_indexed(data):
+            raise ValueError("FCPTrainer: TRL's SFTTrainer takes datasets.Dataset rows and tokenizes them itself; an "
+                             "fcp index (IndexedDataset) is tokenized and labelled already: train it with FCPTrainer "
+                             "alone (SFTTrainer's loss_type='nll' loss; `fcp index --assistant-only-loss` gives TRL's "
+                             "assistant_only_loss labels, docs/SFT.md)")
 
 
 def run_args(args: Any, global_batch_size: int | None, model: Any = None) -> tuple[Any, int]:

@@ -621,8 +621,8 @@ def _sft_trainer(base: type, out: str, **kw):
     with warnings.catch_warnings():  # TRL: its default gradient_checkpointing=True is transformers' deprecated name;
         warnings.simplefilter("ignore")  # the tokenised prompt is not always a prefix of prompt + completion
         args = SFTConfig(**dict(ARGS, output_dir=out, bf16=False, max_length=MAX_TOKENS, **kw.pop("args", {})))
-        return base(model=build_model(config, dtype=torch.float64, seed=0), args=args, processing_class=tok,
-                    train_dataset=datasets.Dataset.from_list(_sft_rows()), **kw)
+        kw.setdefault("train_dataset", datasets.Dataset.from_list(_sft_rows()))
+        return base(model=build_model(config, dtype=torch.float64, seed=0), args=args, processing_class=tok, **kw)
 
 
 def _trl_run(out: str) -> dict:
@@ -1028,6 +1028,25 @@ def test_a_loss_fcp_trainer_would_not_compute_is_refused(tmp_path, args, message
 
     with pytest.raises(ValueError, match=message):
         _sft_trainer(FCPSFTTrainer, str(tmp_path), args=args, cost_model=_cost())
+
+
+def test_an_fcp_index_given_to_trls_sft_trainer_is_one_error(tmp_path):
+    """TRL's SFTTrainer takes ``datasets`` rows only (its own TypeError otherwise, from deep inside its constructor):
+    an fcp index given to ``FCPSFTTrainer`` — as train or as one of a dict of eval datasets — is one ValueError that
+    says to train it with FCPTrainer alone."""
+    from trl import SFTTrainer
+
+    from fcp_data import IndexedDataset, bundled_index
+    from fcp_exec.integrations.hf_trainer import FCPTrainer
+
+    class FCPSFTTrainer(FCPTrainer, SFTTrainer):
+        pass
+
+    index = IndexedDataset(bundled_index("text"))
+    for where in ({"train_dataset": index}, {"eval_dataset": {"val": index}}):
+        with pytest.raises(ValueError, match=r"an fcp index \(IndexedDataset\) is tokenized and labelled already: "
+                                             r"train it with FCPTrainer alone"):
+            _sft_trainer(FCPSFTTrainer, str(tmp_path), cost_model=_cost(), **where)
 
 
 def test_a_compute_loss_override_is_refused_not_ignored(tmp_path):
