@@ -20,19 +20,22 @@ from fcp_data.chat import ChatFormatError, _unrendered, render_chat, template, t
 __all__ = ["line_text", "sft_ids_and_mask"]
 
 
-def _texts(prompt: Any, completion: Any, name: str | dict, tools, kwargs) -> tuple[str, str]:
-    """``(prompt + completion rendered, prompt rendered with its generation prompt)``; ``empty_completion`` when the
-    first is a prefix of the second."""
+def _texts(prompt: Any, completion: Any, name: str | dict, tools, kwargs,
+           with_spans: bool = False) -> tuple[str, str, list[tuple[int, int]]]:
+    """``(prompt + completion rendered, prompt rendered with its generation prompt, the first's trained spans)``
+    (the spans of a model's template only ``with_spans``, else ``[]``); ``empty_completion`` when the first is a
+    prefix of the second."""
     for what, value in (("prompt", prompt), ("completion", completion)):
         if not isinstance(value, list) or not value:
             raise ChatFormatError("bad_messages", f"the {what} must be a non-empty list of messages (a "
                                                   f"conversational prompt-completion line), got {type(value).__name__}")
     turns = turn_dicts(prompt + completion)  # every turn checked; an assistant turn somewhere
-    if isinstance(name, dict):
-        text = _jinja_text(turns, name, tools, kwargs)
+    if isinstance(name, dict):  # one render of the whole line: with its spans (marks taken out) or without
+        text, spans = render_chat(prompt + completion, name, tools, kwargs) if with_spans else \
+            (_jinja_text(turns, name, tools, kwargs), [])
         head = _jinja_text(turns[: len(prompt)], name, tools, kwargs, generation_prompt=True)
     else:
-        text, _ = render_chat(prompt + completion, name, tools, kwargs)
+        text, spans = render_chat(prompt + completion, name, tools, kwargs)
         t = template(name)
         head = t.begin
         for k, turn in enumerate(turns[: len(prompt)]):
@@ -41,7 +44,7 @@ def _texts(prompt: Any, completion: Any, name: str | dict, tools, kwargs) -> tup
         head += t.header.format(role="assistant")  # the generation prompt
     if head.startswith(text):
         raise ChatFormatError("empty_completion", "the completion adds nothing to the prompt's text")
-    return text, head
+    return text, head, spans
 
 
 def sft_ids_and_mask(tokenizer, line: dict, chat_field: str, name: str | dict = "chatml",
@@ -56,24 +59,14 @@ def sft_ids_and_mask(tokenizer, line: dict, chat_field: str, name: str | dict = 
         text, spans = render_chat(line[chat_field], name, tools, kwargs)
         enc = tokenizer.encode(text, add_special_tokens=False)
         return enc.ids, trained_token_mask(enc.offsets, spans)
-    text, head = _texts(line.get(prompt_field), line[chat_field], name, tools, kwargs)
+    text, head, spans = _texts(line.get(prompt_field), line[chat_field], name, tools, kwargs, assistant_only)
     enc = tokenizer.encode(text, add_special_tokens=False)
     ids, head_ids = enc.ids, tokenizer.encode(head, add_special_tokens=False).ids
     start = next((k for k, (a, b) in enumerate(zip(ids, head_ids)) if a != b), min(len(ids), len(head_ids)))
     mask = [k >= start for k in range(len(ids))]
     if assistant_only:
-        spans = _assistant_spans(line[prompt_field] + line[chat_field], name, tools, kwargs, text)
         mask = [a and b for a, b in zip(mask, trained_token_mask(enc.offsets, spans))]
     return ids, mask
-
-
-def _assistant_spans(messages: list, name: str | dict, tools, kwargs, text: str) -> list[tuple[int, int]]:
-    """The trained spans of ``messages`` rendered whole (their text must be ``text``, the one counted)."""
-    rendered, spans = render_chat(messages, name, tools, kwargs)
-    if rendered != text:  # the same render with and without its block marks: never differs for a sane template
-        raise ChatFormatError("template_error", "the chat template renders the line differently with its "
-                                                "{% generation %} blocks marked")
-    return spans
 
 
 def line_text(line: dict, chat_field: str, name: str | dict = "chatml", tools: list[dict] | None = None,
@@ -83,9 +76,7 @@ def line_text(line: dict, chat_field: str, name: str | dict = "chatml", tools: l
     ``assistant_only`` (TRL's ``assistant_only_loss``, which stops on such a line): a line whose assistant spans
     train no text (of its completion, with ``prompt_field``) is ``no_trained_tokens``."""
     if prompt_field:
-        text, head = _texts(line.get(prompt_field), line[chat_field], name, tools, kwargs)
-        spans = _assistant_spans(line[prompt_field] + line[chat_field], name, tools, kwargs, text) \
-            if assistant_only else []
+        text, head, spans = _texts(line.get(prompt_field), line[chat_field], name, tools, kwargs, assistant_only)
     else:
         (text, spans), head = render_chat(line[chat_field], name, tools, kwargs), ""
     if assistant_only:

@@ -162,7 +162,10 @@ def _labels_note(base) -> str:
     if not base.has_labels:
         return ""
     if getattr(base, "chat_field", None):  # with a prompt field too: TRL's prompt-completion lines
-        return ", SFT labels (the completion)" if base.prompt_field else ", SFT labels (assistant turns)"
+        if base.prompt_field:
+            only = (getattr(getattr(base, "index", None), "manifest", None) or {}).get("assistant_only_loss")
+            return ", SFT labels (the completion's assistant turns)" if only else ", SFT labels (the completion)"
+        return ", SFT labels (assistant turns)"
     return ", SFT labels (prompt masked)"
 
 

@@ -59,7 +59,8 @@ def _sft_arguments(p) -> None:
     p.add_argument("--assistant-only-loss", action="store_true",
                    help="as TRL's SFTTrainer(assistant_only_loss=True): train what the template's {%% generation %%} "
                         "blocks hold; a model template without them is replaced by TRL's training variant of it "
-                        "(Qwen2.5/3, Llama 3, Gemma, gpt-oss ...; needs trl), and prompt-completion lines train only "
+                        "(Qwen2.5/3, Qwen-VL, Llama 3.0, Gemma 1-3, gpt-oss ...; needs trl), and prompt-completion "
+                        "lines train only "
                         "the assistant turns of their completion; a line with nothing to train is recorded "
                         "(no_trained_tokens)")
     p.add_argument("--media-root", default=None, metavar="DIR",

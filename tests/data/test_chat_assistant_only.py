@@ -115,10 +115,11 @@ def _assert_equal(data: IndexedDataset, want: dict) -> None:
 
 
 @pytest.mark.parametrize("name, special", [("qwen3", QWEN_SPECIAL), ("qwen2_5", QWEN_SPECIAL),
-                                           ("llama3", LLAMA_SPECIAL)])
+                                           ("llama3", LLAMA_SPECIAL), ("qwen3_training", QWEN_SPECIAL)])
 def test_conversations_equal_trl_assistant_only(tmp_path, name, special):
     """Conversations: the template TRL swaps in, ids and labels equal TRL's; the index stores the variant and names
-    it; Qwen3's earlier turn keeps its reasoning (the shipped template drops it)."""
+    it; Qwen3's earlier turn keeps its reasoning (the shipped template drops it). A template that has blocks already
+    (TRL's Qwen3 variant given as the model's own) is used as it is, by TRL and by fcp."""
     model = _model(tmp_path, "model", _jinja(name), special)
     rows = _conversations() if name != "llama3" else [r for r in _conversations() if r["id"] != "tool"]
     if name == "llama3":  # TRL's llama3 template renders no reasoning: rows without it
@@ -130,8 +131,11 @@ def test_conversations_equal_trl_assistant_only(tmp_path, name, special):
     from fcp_data.index.merge import summarize
 
     text = summarize(data.index.manifest)
-    assert "(TRL training variant)" in text and "labels on the assistant turns (TRL's assistant-only loss)" in text
-    if name == "qwen3":
+    assert ("(TRL training variant)" in text) == (name != "qwen3_training")
+    assert "labels on the assistant turns (TRL's assistant-only loss)" in text
+    assert data.index.manifest["chat_template"]["jinja"] == _jinja("qwen3_training" if "qwen3" in name else
+                                                                   f"{name}_training")
+    if "qwen3" in name:
         from transformers import PreTrainedTokenizerFast
 
         hf = PreTrainedTokenizerFast.from_pretrained(str(model))
@@ -159,6 +163,9 @@ def test_prompt_completion_trains_the_completions_assistant_turns(tmp_path, ext)
 
     assert "the completion's assistant turns (TRL's completion-only and assistant-only loss)" in \
         summarize(data.index.manifest)
+    from fcp_exec.train_data import _labels_note
+
+    assert _labels_note(data) == ", SFT labels (the completion's assistant turns)"  # fcp train's data line
 
 
 def test_without_the_option_labels_stay_fcps_and_templates_stay_as_shipped(tmp_path):
@@ -262,3 +269,135 @@ def test_image_conversations_take_the_training_variant(tmp_path):
         s = data[list(data.index.keys).index(line["id"])]
         assert s["input_ids"].tolist() == ids and s["labels"].tolist() == labels, line["id"]
         assert 0 < sum(x != -100 for x in labels)
+
+
+def _marked_model(tmp_path, name: str):
+    """A model folder for TRL's template ``name``: the chat tokenizer plus every marker it or its variant writes as
+    one special token (a real model's tokenizer has them)."""
+    import re
+
+    from tokenizers import AddedToken, Tokenizer
+
+    import trl.chat_template_utils as t
+
+    special = {"bos_token": "<s>", "eos_token": "</s>"}
+    model = _model(tmp_path, name, _jinja(name), special)
+    source = _jinja(name) + getattr(t, f"{name}_training_chat_template")
+    marks = set(re.findall(r"<[|｜][^<>|｜\s'\"\\]{1,64}[|｜]>", source)) | set(special.values()) | \
+        {"<start_of_turn>", "<end_of_turn>"}
+    tok = Tokenizer.from_file(str(model / "tokenizer.json"))
+    tok.add_special_tokens([AddedToken(m, special=True) for m in sorted(marks)])
+    tok.save(str(model / "tokenizer.json"))
+    return model
+
+
+def _trl_reference(hf, template: str, row: dict, prompt_field: str | None, chat_field: str):
+    """``(ids, labels)`` as TRL's ``tokenize_fn`` + ``build_labels`` make them with ``assistant_only_loss`` (its own
+    ``_tokenize`` and ``common_prefix_length``), or None where TRL raises (a template that refuses the line, or a
+    line without any assistant token)."""
+    from trl.data_utils import _tokenize, common_prefix_length
+
+    tools = json.loads(row["tools"]) if isinstance(row.get("tools"), str) else row.get("tools")
+    kw = {"chat_template": template, "tools": tools, **(row.get("chat_template_kwargs") or {})}
+    try:
+        if prompt_field:
+            head = _tokenize(hf, row[prompt_field], add_generation_prompt=True, **kw)["input_ids"]
+        full = _tokenize(hf, (row[prompt_field] if prompt_field else []) + row[chat_field],
+                         return_assistant_tokens_mask=True, **kw)
+    except Exception:  # noqa: BLE001 - the template raised (roles, tools it cannot write)
+        return None
+    ids, masks = full["input_ids"], [full["assistant_masks"]]
+    if 1 not in masks[0]:
+        return None
+    if prompt_field:
+        n = common_prefix_length(head, ids)
+        masks.append([0] * n + [1] * (len(ids) - n))
+    return ids, [x if all(b) else -100 for x, *b in zip(ids, *masks)]
+
+
+@pytest.mark.parametrize("name", ["gemma", "gemma3", "gptoss", "deepseekv3", "phi3_5", "qwen3_instruct_2507",
+                                  "glm4moe", "qwen3_5_think", "lfm2", "smolvlm"])
+def test_more_templates_equal_trls_tokenization(tmp_path, name):
+    """Ten more of the templates TRL has variants of, on conversations (reasoning, a system turn, tools, template
+    kwargs) and prompt-completion lines: fcp's ids and labels equal TRL's own tokenization with its variant, line by
+    line; where TRL raises on a line (a template that refuses a system turn or a tool call), fcp records the line."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    from fcp_data.chat import ChatFormatError, line_template_inputs, resolve_template
+    from fcp_data.chat_completion import line_text, sft_ids_and_mask
+    from fcp_data.chat_trl import training_template
+
+    model = _marked_model(tmp_path, name)
+    tpl, _ = training_template(resolve_template(str(model)), model / "tokenizer.json")
+    assert tpl["jinja"] == getattr(__import__("trl.chat_template_utils", fromlist=["x"]), f"{name}_training_chat_template")
+    hf, tok = PreTrainedTokenizerFast.from_pretrained(str(model)), Tokenizer.from_file(str(model / "tokenizer.json"))
+    rows = [(r, None, "messages") for r in _conversations()] + \
+        [(dict(r, chat_template_kwargs={"enable_thinking": False}), None, "messages") for r in _conversations()[:1]] + \
+        [(r, "prompt", "completion") for r in _prompt_completions()]
+    equal = 0
+    for row, prompt_field, chat_field in rows:
+        want = _trl_reference(hf, tpl["jinja"], row, prompt_field, chat_field)
+        inputs = line_template_inputs(row, "tools", "chat_template_kwargs")
+        try:
+            line_text(row, chat_field, tpl, *inputs, prompt_field, True)
+            ids, mask = sft_ids_and_mask(tok, row, chat_field, tpl, *inputs, prompt_field, True)
+        except ChatFormatError:
+            assert want is None, (name, row["id"])
+            continue
+        assert want is not None and (ids, [x if m else -100 for x, m in zip(ids, mask)]) == want, (name, row["id"])
+        equal += 1
+    assert equal >= 4, name  # the plain lines at least: never a pass by refusing everything
+
+
+def test_without_trl_a_template_with_blocks_still_indexes(tmp_path, monkeypatch, capsys):
+    """TRL is asked only for a template without blocks: without it (not installed, or failing to import) a template
+    with blocks indexes as it is, and one without is one line, exit 2, naming the install."""
+    import sys
+
+    _write(tmp_path / "c.jsonl", _conversations())
+    blocked = _model(tmp_path, "blocked", _jinja("qwen3_training"), QWEN_SPECIAL)
+    shipped = _model(tmp_path, "shipped", _jinja("qwen3"), QWEN_SPECIAL)
+    monkeypatch.setitem(sys.modules, "trl", None)  # import trl raises ImportError
+    monkeypatch.setitem(sys.modules, "trl.chat_template_utils", None)
+    assert cli_main(["index", str(tmp_path / "c.jsonl"), "--spec", "text", "--chat-field", "messages", "--chat-template",
+                     str(blocked), "--assistant-only-loss", "--out", str(tmp_path / "i0")]) == 0
+    capsys.readouterr()
+    assert cli_main(["index", str(tmp_path / "c.jsonl"), "--spec", "text", "--chat-field", "messages", "--chat-template",
+                     str(shipped), "--assistant-only-loss", "--out", str(tmp_path / "i1")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "needs trl>=1.0" in err[0] and "ModuleNotFoundError" in err[0]
+
+
+def test_completions_without_assistant_text_are_recorded_and_resume_rereads(tmp_path, capsys):
+    """A prompt-completion line whose completion holds no assistant turn (its only assistant turn is in the prompt)
+    is no_trained_tokens; ``--resume`` without the option counts the parts again (its fingerprint differs) and the
+    index trains whole completions again."""
+    rows = _prompt_completions() + [{"id": "user_only", "prompt": [_user("1"), _bot("2")],
+                                     "completion": [_user("3")]}]
+    _write(tmp_path / "pc.jsonl", rows)
+    base = ["index", str(tmp_path / "pc.jsonl"), "--spec", "text", "--prompt-field", "prompt", "--chat-field",
+            "completion", "--max-error-rate", "1", "--out", str(tmp_path / "idx")]
+    assert cli_main(base + ["--assistant-only-loss"]) == 0
+    assert "no_trained_tokens 1" in capsys.readouterr().out
+    only = IndexedDataset(tmp_path / "idx")
+    turns = only[list(only.index.keys).index("turns")]["labels"]
+    assert cli_main(base + ["--resume"]) == 0
+    whole = IndexedDataset(tmp_path / "idx")
+    assert "assistant_only_loss" not in whole.index.manifest and len(whole) == len(rows)
+    more = whole[list(whole.index.keys).index("turns")]["labels"]
+    assert int((more != -100).sum()) > int((turns != -100).sum())  # the completion's user turn is trained again
+
+
+def test_markers_the_tokenizer_splits_give_one_warning_not_trls(tmp_path, capsys):
+    """A tokenizer without the template's markers (the bundled one beside a bare .jinja): fcp index's own warning
+    names the split markers; TRL's stop check (which looks for one end-of-turn token) is not run on it, so no
+    false 'end-of-turn token untrained' warning."""
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "chat_template.jinja").write_text(_jinja("qwen2_5"))
+    _write(tmp_path / "c.jsonl", _conversations())
+    assert cli_main(["index", str(tmp_path / "c.jsonl"), "--spec", "text", "--chat-field", "messages",
+                     "--chat-template", str(tmp_path / "t" / "chat_template.jinja"), "--assistant-only-loss",
+                     "--out", str(tmp_path / "idx")]) == 0
+    err = capsys.readouterr().err
+    assert "has no token for <|im_start|>, <|im_end|>" in err and "end-of-turn token untrained" not in err
