@@ -7,9 +7,10 @@ turn inside the prompt (a few-shot example) is not trained, and neither is the c
 end-of-turn marker and what the template writes after it are. A template's ``{% generation %}`` blocks do not
 decide these labels — unless the index was built with ``--assistant-only-loss`` (TRL's ``assistant_only_loss``): then
 a token is trained where both masks say so, the completion's and the blocks' (a user turn inside a completion is not
-trained; :mod:`fcp_data.chat_trl` gives a template its blocks). Images and videos in such lines are not
-supported (``unsupported_media``: index them as one ``--chat-field`` conversation); TRL takes role/content turns
-only, fcp ShareGPT's too."""
+trained; :mod:`fcp_data.chat_trl` gives a template its blocks). Lines with images or videos (in the prompt, as TRL's
+``images`` column puts them) are cut as TRL's vision collator cuts them — the prompt's text at the first character
+where the two renders differ, the completion's text tokenised apart and trained whole (:func:`media_line`). TRL
+takes role/content turns only, fcp ShareGPT's too."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Any
 
 from fcp_data.chat import ChatFormatError, _unrendered, render_chat, template, trained_token_mask, turn_dicts
 
-__all__ = ["line_text", "sft_ids_and_mask"]
+__all__ = ["line_text", "media_line", "sft_ids_and_mask"]
 
 
 def _texts(prompt: Any, completion: Any, name: str | dict, tools, kwargs,
@@ -94,3 +95,32 @@ def _jinja_text(turns: list[dict], tpl: dict, tools, kwargs, generation_prompt: 
 
     turns, tpl = _prepared(turns, tpl, tools, kwargs)
     return _MARKS.sub("", _render(tpl, turns, generation_prompt))  # {% generation %} marks (the input has none)
+
+
+def media_line(obj: dict, chat_field: str, template: str | dict, tools=None, kwargs=None,
+               prompt_field: str | None = None) -> tuple[list, list[str], list, str | None]:
+    """``(media, pieces, spans, completion)`` of a line with images/videos: its media in order of position and the
+    rendered conversation cut at them (:func:`fcp_data.chat_media.split_render`), ``completion`` None — or, with
+    ``prompt_field``, TRL's vision prompt-completion line as its vision collator makes it: the prompt's text (the
+    common prefix of the prompt rendered with its generation prompt and of prompt + completion, as TRL's
+    ``apply_chat_template`` cuts it) cut at the media, nothing of it trained, and the rest of the text, the completion,
+    tokenised apart and trained whole. The media are the prompt's (a top-level ``images``/``videos`` column goes
+    there, as ``prepare_multimodal_messages`` puts it); one in the completion is ``unsupported_media``."""
+    from fcp_data.chat_media import _MARKS, cut_at_marks, find_media, split_render
+
+    if not prompt_field:
+        media, messages = find_media(obj, chat_field)
+        return (media, *split_render(messages, template, len(media), tools, kwargs), None)
+    prompt, completion = obj.get(prompt_field), obj.get(chat_field)
+    for what, value in (("prompt", prompt), ("completion", completion)):
+        if not isinstance(value, list) or not value:
+            raise ChatFormatError("bad_messages", f"the {what} must be a non-empty list of messages (a "
+                                                  f"conversational prompt-completion line), got {type(value).__name__}")
+    media, messages = find_media({**obj, chat_field: prompt + completion}, chat_field)
+    text, head, _ = _texts(messages[: len(prompt)], messages[len(prompt):], template, tools, kwargs)
+    cut = next((k for k, (a, b) in enumerate(zip(text, head)) if a != b), min(len(text), len(head)))
+    if _MARKS.search(text[cut:]):
+        raise ChatFormatError("unsupported_media", "an image/video in the completion: TRL's vision collator takes "
+                                                   "them in the prompt only")
+    pieces, _ = cut_at_marks(text[:cut], [], len(media))
+    return media, pieces, [[] for _ in pieces], text[cut:]

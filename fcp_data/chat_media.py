@@ -295,7 +295,11 @@ def split_render(messages: list, template, n: int, tools: list[dict] | None = No
     the trained spans of each. The marks must come back once each, in the order :func:`find_media` gave the media."""
     from fcp_data.chat import render_chat
 
-    text, spans = render_chat(messages, template, tools, kwargs)
+    return cut_at_marks(*render_chat(messages, template, tools, kwargs), n)
+
+
+def cut_at_marks(text: str, spans: list[tuple[int, int]], n: int) -> tuple[list[str], list[list[tuple[int, int]]]]:
+    """``text`` cut at its ``n`` media marks (each once, in order): the ``n + 1`` pieces and their trained spans."""
     found = [(m.start(), ord(m.group(0)) - _MARK0) for m in _MARKS.finditer(text)]
     order = [k for _, k in found]
     if sorted(order) != list(range(n)):
@@ -361,10 +365,12 @@ def piece_tokens(spec, text: str, k: int) -> tuple[list[int], list[tuple[int, in
     return enc.ids, enc.offsets
 
 
-def token_labels(spec, pieces: list[str], spans: list, blocks: list[list[int]]) -> tuple[list[int], list[int]]:
+def token_labels(spec, pieces: list[str], spans: list, blocks: list[list[int]],
+                 completion: str | None = None) -> tuple[list[int], list[int]]:
     """``(input_ids, labels)``: each text piece tokenised on its own (so every placeholder count is exact;
     :func:`piece_tokens`) and the visual blocks between them; labels keep the trained spans' tokens, -100 elsewhere
-    (never a visual block)."""
+    (never a visual block). ``completion`` (a prompt-completion line's, :func:`fcp_data.chat_completion.media_line`):
+    tokenised apart after them, as an input's start, and trained whole."""
     from fcp_data.chat import trained_token_mask
 
     ids, labels = [], []
@@ -377,4 +383,8 @@ def token_labels(spec, pieces: list[str], spans: list, blocks: list[list[int]]) 
         if k < len(blocks):
             ids += blocks[k]
             labels += [-100] * len(blocks[k])
+    if completion:
+        got = piece_tokens(spec, completion, 0)[0]
+        check_text_ids(spec, got)
+        ids, labels = ids + got, labels + got
     return ids, labels

@@ -300,36 +300,36 @@ class IndexedDataset(torch.utils.data.Dataset):
         """A chat line with images/videos (:mod:`fcp_data.chat_media`): the texts between them and their visual
         blocks; labels on the assistant turns. One media is planned from the index's columns, several are probed
         again (their total visual tokens must still be the index's)."""
-        from fcp_data.chat_media import find_media, media_path, split_render, token_labels
+        from fcp_data.chat_completion import media_line
+        from fcp_data.chat_media import media_path, token_labels
 
-        media, messages = find_media(obj, self.chat_field)
-        src = self.index.sources[int(self.index.shard[i])]["path"]  # as indexed; relocated once, below
-        root = self.index.manifest.get("media_root")
-        paths = [self._resolve(media_path(m, src, root)) for m in media]
-        pieces, spans = split_render(messages, self.chat_template, len(media), *line_inputs(obj, *self.line_fields))
+        media, pieces, spans, completion = media_line(obj, self.chat_field, self.chat_template,
+                                                      *line_inputs(obj, *self.line_fields), self.prompt_field)
+        src, root = self.index.sources[int(self.index.shard[i])]["path"], self.index.manifest.get("media_root")
+        paths = [self._resolve(media_path(m, src, root)) for m in media]  # as indexed, relocated once
         if len(media) == 1:
             blocks, outs = zip(self._vision(i, kind, paths[0], decode))
         else:
             blocks, outs = zip(*self._probed_vision(i, media, paths, decode))
-        ids, labels = token_labels(self.spec, pieces, spans, list(blocks))
+        ids, labels = token_labels(self.spec, pieces, spans, list(blocks), completion)
         out = {k: torch.cat([o[k] for o in outs if k in o]) for k in ("pixel_values", "grid_thw", "second_per_grid_ts")
                if any(k in o for o in outs)}
-        out["input_ids"] = torch.tensor(ids, dtype=torch.long)
-        out["labels"] = torch.tensor(labels, dtype=torch.long)
+        out["input_ids"], out["labels"] = torch.tensor(ids, dtype=torch.long), torch.tensor(labels, dtype=torch.long)
         return out
 
     def placeholder_runs(self, i: int) -> list[tuple[int, int]]:
         """``(position, count)`` of each placeholder run in sample ``i``'s ``input_ids``, computed without decoding
         a pixel: a conversation's text pieces are tokenised, its media planned (one: from the index's columns;
         several: from their headers). Used by :class:`~fcp_data.visual_layout.IndexVisualLayout`."""
-        from fcp_data.chat_media import find_media, media_path, piece_tokens, split_render
+        from fcp_data.chat_completion import media_line
+        from fcp_data.chat_media import media_path, piece_tokens
         from fcp_data.visual_layout import row_plan, segment_runs
 
         record = self._record(i, self.index.members(i))
         if record is None or not self.chat_field or int(self.index.kind[i]) == KIND_TEXT:
             raise ValueError(f"sample {i} is not a conversation with images/videos")
-        media, messages = find_media(record, self.chat_field)
-        pieces, _ = split_render(messages, self.chat_template, len(media), *line_inputs(record, *self.line_fields))
+        media, pieces, _, _ = media_line(record, self.chat_field, self.chat_template,
+                                         *line_inputs(record, *self.line_fields), self.prompt_field)
         if len(media) == 1:
             plans = [row_plan(self.spec, self.index, i)]
         else:

@@ -184,9 +184,6 @@ def index_record(obj, key: str, start: int, size: int, cfg: dict, task: dict, sp
         key = record_key(obj, cfg["key_field"]) or key  # before the checks: an error is recorded under this key
         if cfg.get("chat_field") and isinstance(obj, dict) and any(has_media(obj, cfg[f]) for f in (
                 "chat_field", "prompt_field") if cfg.get(f)):
-            if cfg.get("prompt_field"):
-                raise ProbeError("unsupported_media", "images/videos in a prompt-completion line: give the line as one "
-                                                      "--chat-field conversation")
             index_media_chat(key, start, size, obj, cfg, task, spec, rows, ext)  # probed and added here
             return
         text = jsonl_text(obj, cfg, spec)

@@ -68,23 +68,29 @@ def index_media_chat(key: str, start: int, size: int, obj: dict, cfg: dict, task
                      ext: str = "jsonl") -> None:
     """One chat line naming images or videos: probe each, count the rendered text around their visual blocks and
     the blocks, add the row (its member is the record; the files are found again from it). The index's kind and
-    geometry columns are the first media's (video if the line has one); ``num_visual_tokens`` is the total."""
+    geometry columns are the first media's (video if the line has one); ``num_visual_tokens`` is the total. A
+    prompt-completion line: its prompt's media, the completion's text apart (:func:`fcp_data.chat_completion.media_line`)."""
     from fcp_data.chat import ChatFormatError, line_template_inputs
-    from fcp_data.chat_media import check_text_ids, piece_tokens, find_media, split_render
+    from fcp_data.chat_completion import media_line
+    from fcp_data.chat_media import check_text_ids, piece_tokens
     from fcp_data.specs import count_segments
 
     if not spec.is_multimodal:
         raise ProbeError("bad_messages", f"the line has an image or video; index it with a multimodal --spec "
                                          f"(this one, {spec.name!r}, is text only)")
     try:
-        media, messages = find_media(obj, cfg["chat_field"])
+        if cfg.get("prompt_field") and cfg.get("assistant_only_loss"):  # TRL's vision collator raises on it
+            raise ChatFormatError("unsupported_media", "images/videos in a prompt-completion line with "
+                                                       "--assistant-only-loss (TRL's vision collator refuses that)")
+        media, pieces, spans, completion = media_line(
+            obj, cfg["chat_field"], cfg.get("chat_template") or "chatml",
+            *line_template_inputs(obj, cfg.get("tools_field"), cfg.get("template_kwargs_field")), cfg.get("prompt_field"))
         plans = media_plans(media, task["path"], cfg, spec)
-        pieces, spans = split_render(messages, cfg.get("chat_template") or "chatml", len(media),
-                                     *line_template_inputs(obj, cfg.get("tools_field"), cfg.get("template_kwargs_field")))
         if cfg.get("assistant_only_loss") and not any(b > a for s in spans for a, b in s):  # TRL stops on it
             raise ChatFormatError("no_trained_tokens", "no assistant text to train (--assistant-only-loss: the "
                                                        "template's {% generation %} blocks hold none)")
         texts = [piece_tokens(spec, t, k)[0] for k, t in enumerate(pieces) if t]
+        texts += [piece_tokens(spec, completion, 0)[0]] if completion else []
         for ids in texts:
             check_text_ids(spec, ids)  # a placeholder in the text: one more visual position than the pixels give
     except ChatFormatError as e:

@@ -115,8 +115,9 @@ def test_prompt_completion_lines_equal_trl(tmp_path, template, ext):
 def test_prompt_completion_lines_that_are_no_samples_are_recorded(tmp_path, capsys):
     """A prompt or completion that is no list of messages (text, empty) is ``bad_messages``; no assistant turn in
     either, ``no_assistant_turn``; a line without its prompt field, ``missing_field``; an image in a prompt-completion
-    line, ``unsupported_media`` (not indexed as the completion alone). ``--prompt-field`` naming the
-    ``--chat-field`` is one line and exit 2."""
+    line is the prompt's (``test_chat_pc_media.py``), never dropped: under a text spec ``bad_messages``, under a
+    vision spec its file is looked for (``missing_media`` here). ``--prompt-field`` naming the ``--chat-field`` is one
+    line and exit 2."""
     from fcp_cli.main import main as cli_main
 
     user, bot = {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}
@@ -131,10 +132,12 @@ def test_prompt_completion_lines_that_are_no_samples_are_recorded(tmp_path, caps
                                    chat_field="completion", progress=False, max_error_rate=1)
         assert rc == 0 and manifest["num_samples"] == 1, spec
         by = manifest["errors_by_reason"]
-        assert by == {"bad_messages": 2, "no_assistant_turn": 1, "missing_field": 1, "unsupported_media": 1}, spec
+        want = {"bad_messages": 2, "no_assistant_turn": 1, "missing_field": 1}
+        want.update({"bad_messages": 3} if spec == "text" else {"missing_media": 1})  # the image line
+        assert by == want, spec
     errors = [json.loads(x) for x in next((tmp_path / "idx-qwen2.5-vl").glob("data-*/errors.jsonl")).read_text()
               .splitlines()]
-    assert any(e["key"] == "image" and "prompt-completion line" in e["detail"] for e in errors)
+    assert any(e["key"] == "image" and "x.png" in e["detail"] for e in errors)
     capsys.readouterr()
     rc = cli_main(["index", str(tmp_path / "pc.jsonl"), "--spec", "text", "--out", str(tmp_path / "x"),
                    "--prompt-field", "completion", "--chat-field", "completion", "--no-progress"])

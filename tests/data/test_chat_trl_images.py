@@ -46,21 +46,27 @@ def _trl_filled(row: dict) -> dict:
     return {"id": row["id"], "messages": messages}
 
 
+def write_trl_rows(tmp_path, rows: list[dict], name: str) -> list[dict]:
+    """``rows`` written to ``tmp_path / name``: jsonl, or Parquet in the Hub's form (Image cells with the bytes
+    inline, message parts as structs; the lines whose contents are plain strings left out, one content type per
+    column); returns the rows written."""
+    if not name.endswith(".parquet"):
+        _write(tmp_path / name, rows)
+        return rows
+    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+    rows = [r for r in rows if r["id"] != "strings"]
+    cells = [dict(r, images=[{"bytes": (tmp_path / p).read_bytes(), "path": None} for p in r["images"]]) for r in rows]
+    pq.write_table(pa.Table.from_pylist(cells), tmp_path / name)
+    return rows
+
+
 @pytest.mark.parametrize("ext", ["jsonl", "parquet"])
 def test_trl_image_lines_equal_their_trl_filled_spelling(tmp_path, ext):
     pytest.importorskip("trl")
     from fcp_data.visual_layout import IndexVisualLayout
 
     imgs = _images(tmp_path, [(60, 90), (112, 84)])
-    rows = _rows(imgs)
-    if ext == "parquet":  # the Hub's form: Image cells with the bytes inline, message parts as structs
-        pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
-        cells = [dict(r, images=[{"bytes": (tmp_path / p).read_bytes(), "path": None} for p in r["images"]])
-                 for r in rows if r["id"] != "strings"]  # (one content type per column: the structured lines)
-        pq.write_table(pa.Table.from_pylist(cells), tmp_path / "trl.parquet")
-        rows = [r for r in rows if r["id"] != "strings"]
-    else:
-        _write(tmp_path / "trl.jsonl", rows)
+    rows = write_trl_rows(tmp_path, _rows(imgs), f"trl.{ext}")
     _write(tmp_path / "filled.jsonl", [_trl_filled(r) for r in rows])
     for name in (f"trl.{ext}", "filled.jsonl"):
         manifest, rc = build_index([str(tmp_path / name)], "qwen2.5-vl", tmp_path / f"idx-{name}",
