@@ -16,16 +16,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from fcp_data.chat import ChatFormatError, _unrendered, render_chat, template, trained_token_mask, turn_dicts
+from fcp_data.chat import (ChatFormatError, _unrendered, line_template_inputs, render_chat, template, trained_token_mask,
+                           turn_dicts)
 
 __all__ = ["line_text", "media_line", "sft_ids_and_mask"]
 
 
-def _texts(prompt: Any, completion: Any, name: str | dict, tools, kwargs,
-           with_spans: bool = False) -> tuple[str, str, list[tuple[int, int]]]:
+def _texts(prompt: Any, completion: Any, name: str | dict, tools, kwargs, with_spans: bool = False,
+           continued: bool = False) -> tuple[str, str, list[tuple[int, int]]]:
     """``(prompt + completion rendered, prompt rendered with its generation prompt, the first's trained spans)``
-    (the spans of a model's template only ``with_spans``, else ``[]``); ``empty_completion`` when the first is a
-    prefix of the second."""
+    (the spans of a model's template only ``with_spans``, else ``[]``; ``continued``: the prompt rendered as
+    continuing its final turn instead, :func:`_continued`); ``empty_completion`` when the first is a prefix of the
+    second."""
     for what, value in (("prompt", prompt), ("completion", completion)):
         if not isinstance(value, list) or not value:
             raise ChatFormatError("bad_messages", f"the {what} must be a non-empty list of messages (a "
@@ -43,6 +45,7 @@ def _texts(prompt: Any, completion: Any, name: str | dict, tools, kwargs,
             _unrendered(turn, k, name)
             head += t.header.format(role=turn["role"]) + turn["content"] + t.end_trained + t.end_tail
         head += t.header.format(role="assistant")  # the generation prompt
+    head = _continued(turns[: len(prompt)], name, tools, kwargs) if continued else head
     if head.startswith(text):
         raise ChatFormatError("empty_completion", "the completion adds nothing to the prompt's text")
     return text, head, spans
@@ -89,6 +92,22 @@ def line_text(line: dict, chat_field: str, name: str | dict = "chatml", tools: l
     return text
 
 
+_CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "  # transformers' own
+
+
+def _continued(turns: list[dict], name: str | dict, tools, kwargs) -> str:
+    """The prompt as ``apply_chat_template(continue_final_message=True)`` renders it (TRL's, for a prompt that ends
+    with an assistant turn): rendered with a tag after its final turn's content and cut at the tag (and its trailing
+    whitespace, where the template trimmed the content)."""
+    tagged = turns[:-1] + [{**turns[-1], "content": (turns[-1]["content"] or "") + _CONTINUE_TAG}]
+    text = _jinja_text(tagged, name, tools, kwargs) if isinstance(name, dict) else render_chat(tagged, name)[0]
+    at = text.rfind(_CONTINUE_TAG.strip())
+    if at < 0:
+        raise ChatFormatError("template_changed_content", "the chat template drops the content of the prompt's final "
+                                                          "turn, which the completion continues")
+    return text[:at] if text[at: at + len(_CONTINUE_TAG)] == _CONTINUE_TAG else text[:at].rstrip()
+
+
 def _jinja_text(turns: list[dict], tpl: dict, tools, kwargs, generation_prompt: bool = False) -> str:
     """The text alone, as ``apply_chat_template(messages, tokenize=False, add_generation_prompt=...)`` gives it."""
     from fcp_data.chat_jinja import _MARKS, _prepared, _render
@@ -97,30 +116,39 @@ def _jinja_text(turns: list[dict], tpl: dict, tools, kwargs, generation_prompt: 
     return _MARKS.sub("", _render(tpl, turns, generation_prompt))  # {% generation %} marks (the input has none)
 
 
-def media_line(obj: dict, chat_field: str, template: str | dict, tools=None, kwargs=None,
+def media_line(obj: dict, chat_field: str, template: str | dict, fields: tuple = (None, None),
                prompt_field: str | None = None) -> tuple[list, list[str], list, str | None]:
     """``(media, pieces, spans, completion)`` of a line with images/videos: its media in order of position and the
     rendered conversation cut at them (:func:`fcp_data.chat_media.split_render`), ``completion`` None — or, with
     ``prompt_field``, TRL's vision prompt-completion line as its vision collator makes it: the prompt's text (the
-    common prefix of the prompt rendered with its generation prompt and of prompt + completion, as TRL's
+    common prefix of the prompt rendered with its generation prompt — continuing its final turn when that is an
+    assistant's, a system turn last being ``bad_messages`` — and of prompt + completion, as TRL's
     ``apply_chat_template`` cuts it) cut at the media, nothing of it trained, and the rest of the text, the completion,
     tokenised apart and trained whole. The media are the prompt's (a top-level ``images``/``videos`` column goes
-    there, as ``prepare_multimodal_messages`` puts it); one in the completion is ``unsupported_media``."""
+    there, as ``prepare_multimodal_messages`` puts it); one in the completion is ``unsupported_media``. The line's
+    ``tools`` and template kwargs (``fields``: their field names, :func:`fcp_data.chat.line_template_inputs`) are not
+    read then: TRL's SFTTrainer drops those columns from vision data."""
     from fcp_data.chat_media import _MARKS, cut_at_marks, find_media, split_render
 
     if not prompt_field:
         media, messages = find_media(obj, chat_field)
-        return (media, *split_render(messages, template, len(media), tools, kwargs), None)
+        return (media, *split_render(messages, template, len(media), *line_template_inputs(obj, *fields)), None)
     prompt, completion = obj.get(prompt_field), obj.get(chat_field)
     for what, value in (("prompt", prompt), ("completion", completion)):
         if not isinstance(value, list) or not value:
             raise ChatFormatError("bad_messages", f"the {what} must be a non-empty list of messages (a "
                                                   f"conversational prompt-completion line), got {type(value).__name__}")
     media, messages = find_media({**obj, chat_field: prompt + completion}, chat_field)
-    text, head, _ = _texts(messages[: len(prompt)], messages[len(prompt):], template, tools, kwargs)
+    last = turn_dicts(messages)[len(prompt) - 1]["role"]
+    if last == "system":  # TRL: "Invalid role in the last message"
+        raise ChatFormatError("bad_messages", "the prompt ends with a system turn: nothing for the completion to "
+                                              "answer or continue")
+    text, head, _ = _texts(messages[: len(prompt)], messages[len(prompt):], template, None, None,
+                           continued=last == "assistant")
     cut = next((k for k, (a, b) in enumerate(zip(text, head)) if a != b), min(len(text), len(head)))
     if _MARKS.search(text[cut:]):
-        raise ChatFormatError("unsupported_media", "an image/video in the completion: TRL's vision collator takes "
-                                                   "them in the prompt only")
+        raise ChatFormatError("unsupported_media", "an image/video after the prompt's text (in the completion, or "
+                                                   "the template renders the prompt otherwise once the completion "
+                                                   "follows): TRL's vision collator takes them in the prompt only")
     pieces, _ = cut_at_marks(text[:cut], [], len(media))
     return media, pieces, [[] for _ in pieces], text[cut:]

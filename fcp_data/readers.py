@@ -304,7 +304,7 @@ class IndexedDataset(torch.utils.data.Dataset):
         from fcp_data.chat_media import media_path, token_labels
 
         media, pieces, spans, completion = media_line(obj, self.chat_field, self.chat_template,
-                                                      *line_inputs(obj, *self.line_fields), self.prompt_field)
+                                                      self.line_fields, self.prompt_field)
         src, root = self.index.sources[int(self.index.shard[i])]["path"], self.index.manifest.get("media_root")
         paths = [self._resolve(media_path(m, src, root)) for m in media]  # as indexed, relocated once
         if len(media) == 1:
@@ -329,7 +329,7 @@ class IndexedDataset(torch.utils.data.Dataset):
         if record is None or not self.chat_field or int(self.index.kind[i]) == KIND_TEXT:
             raise ValueError(f"sample {i} is not a conversation with images/videos")
         media, pieces, _, _ = media_line(record, self.chat_field, self.chat_template,
-                                         *line_inputs(record, *self.line_fields), self.prompt_field)
+                                         self.line_fields, self.prompt_field)
         if len(media) == 1:
             plans = [row_plan(self.spec, self.index, i)]
         else:

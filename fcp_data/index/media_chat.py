@@ -70,7 +70,7 @@ def index_media_chat(key: str, start: int, size: int, obj: dict, cfg: dict, task
     the blocks, add the row (its member is the record; the files are found again from it). The index's kind and
     geometry columns are the first media's (video if the line has one); ``num_visual_tokens`` is the total. A
     prompt-completion line: its prompt's media, the completion's text apart (:func:`fcp_data.chat_completion.media_line`)."""
-    from fcp_data.chat import ChatFormatError, line_template_inputs
+    from fcp_data.chat import ChatFormatError
     from fcp_data.chat_completion import media_line
     from fcp_data.chat_media import check_text_ids, piece_tokens
     from fcp_data.specs import count_segments
@@ -84,7 +84,7 @@ def index_media_chat(key: str, start: int, size: int, obj: dict, cfg: dict, task
                                                        "--assistant-only-loss (TRL's vision collator refuses that)")
         media, pieces, spans, completion = media_line(
             obj, cfg["chat_field"], cfg.get("chat_template") or "chatml",
-            *line_template_inputs(obj, cfg.get("tools_field"), cfg.get("template_kwargs_field")), cfg.get("prompt_field"))
+            (cfg.get("tools_field"), cfg.get("template_kwargs_field")), cfg.get("prompt_field"))
         plans = media_plans(media, task["path"], cfg, spec)
         if cfg.get("assistant_only_loss") and not any(b > a for s in spans for a, b in s):  # TRL stops on it
             raise ChatFormatError("no_trained_tokens", "no assistant text to train (--assistant-only-loss: the "

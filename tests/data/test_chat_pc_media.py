@@ -46,6 +46,13 @@ def _rows(imgs: list[str]) -> list[dict]:
          "prompt": [{"role": "system", "content": [text("Be brief.")]}, user(text("Compare "), {"type": "image"}),
                     bot("Grey."), user({"type": "image"}, text("and this?"))],
          "completion": [bot("Brighter."), user(text("Sure?")), bot("Yes.")]},
+        # the prompt ends with the assistant's words, which the completion continues (continue_final_message)
+        {"id": "continued", "images": [f"media/{imgs[1]}"], "prompt": [user({"type": "image"}, text("What?")),
+                                                                    bot("It is")],
+         "completion": [bot(" a cat.")]},
+        # tools: TRL's SFTTrainer drops the column from vision data, so no template sees them (chatml would refuse)
+        {"id": "tools", "images": [f"media/{imgs[2]}"], "prompt": [user({"type": "image"}, text("Use a tool?"))],
+         "completion": [bot("No.")], "tools": [{"type": "function", "function": {"name": "f"}}]},
     ]
 
 
@@ -126,9 +133,11 @@ def test_vision_prompt_completion_lines_equal_trls_collator(tmp_path, ext):
 
 
 def test_vision_prompt_completion_lines_that_are_no_samples_are_recorded(tmp_path):
-    """An image in the completion (TRL's collator takes images in the prompt only): ``unsupported_media``; with
+    """An image in the completion (TRL's collator takes images in the prompt only): ``unsupported_media``; a prompt
+    ending with a system turn (TRL: "Invalid role in the last message"): ``bad_messages``; with
     ``--assistant-only-loss`` (TRL's vision collator refuses it on prompt-completion lines): ``unsupported_media``;
-    a count of images that does not match the placeholders: ``media_tag_mismatch``."""
+    a count of images that does not match the placeholders: ``media_tag_mismatch``. A line's tools are not read
+    (TRL's SFTTrainer drops the column from vision data): the built-in chatml, which refuses tools, takes it."""
     imgs = _images(tmp_path, [(60, 90)])
     text = lambda s: {"type": "text", "text": s}  # noqa: E731
     ok = {"id": "ok", "images": [f"media/{imgs[0]}"],
@@ -136,14 +145,20 @@ def test_vision_prompt_completion_lines_that_are_no_samples_are_recorded(tmp_pat
           "completion": [{"role": "assistant", "content": [text("A cat.")]}]}
     rows = [ok, dict(ok, id="late", prompt=[{"role": "user", "content": [text("What?")]}],
                      completion=[{"role": "assistant", "content": [{"type": "image"}, text("This.")]}]),
-            dict(ok, id="count", images=[f"media/{imgs[0]}"] * 2)]
+            dict(ok, id="count", images=[f"media/{imgs[0]}"] * 2),
+            dict(ok, id="system_last", prompt=ok["prompt"] + [{"role": "system", "content": "Be brief."}])]
     _write(tmp_path / "pc.jsonl", rows)
     model = _model(tmp_path)
     manifest, rc = build_index([str(tmp_path / "pc.jsonl")], "qwen2.5-vl", tmp_path / "idx", prompt_field="prompt",
                                chat_field="completion", chat_template=str(model), progress=False, max_error_rate=1)
     assert rc == 0 and manifest["num_samples"] == 1
-    assert manifest["errors_by_reason"] == {"unsupported_media": 1, "media_tag_mismatch": 1}
+    assert manifest["errors_by_reason"] == {"unsupported_media": 1, "media_tag_mismatch": 1, "bad_messages": 1}
     manifest, rc = build_index([str(tmp_path / "pc.jsonl")], "qwen2.5-vl", tmp_path / "idx2", prompt_field="prompt",
                                chat_field="completion", chat_template=str(model), progress=False, max_error_rate=1,
                                assistant_only_loss=True)
-    assert manifest["num_samples"] == 0 and manifest["errors_by_reason"] == {"unsupported_media": 3}
+    assert manifest["num_samples"] == 0 and manifest["errors_by_reason"] == {"unsupported_media": 4}
+    _write(tmp_path / "tools.jsonl", [dict(ok, tools=[{"type": "function", "function": {"name": "f"}}])])
+    manifest, rc = build_index([str(tmp_path / "tools.jsonl")], "qwen2.5-vl", tmp_path / "idx3", prompt_field="prompt",
+                               chat_field="completion", chat_template="chatml", tokenizer=str(model / "tokenizer.json"),
+                               progress=False)  # the tools are not read (TRL drops them), so chatml takes the line
+    assert rc == 0 and manifest["num_samples"] == 1, manifest["errors_by_reason"]
