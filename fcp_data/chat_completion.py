@@ -22,16 +22,25 @@ from fcp_data.chat import (ChatFormatError, _unrendered, line_template_inputs, r
 __all__ = ["line_text", "media_line", "sft_ids_and_mask"]
 
 
+def _common(a, b) -> int:
+    """The length of the common prefix of two sequences (texts or id lists)."""
+    return next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def _check_lists(prompt: Any, completion: Any) -> None:
+    for what, value in (("prompt", prompt), ("completion", completion)):
+        if not isinstance(value, list) or not value:
+            raise ChatFormatError("bad_messages", f"the {what} must be a non-empty list of messages (a "
+                                                  f"conversational prompt-completion line), got {type(value).__name__}")
+
+
 def _texts(prompt: Any, completion: Any, name: str | dict, tools, kwargs, with_spans: bool = False,
            continued: bool = False) -> tuple[str, str, list[tuple[int, int]]]:
     """``(prompt + completion rendered, prompt rendered with its generation prompt, the first's trained spans)``
     (the spans of a model's template only ``with_spans``, else ``[]``; ``continued``: the prompt rendered as
     continuing its final turn instead, :func:`_continued`); ``empty_completion`` when the first is a prefix of the
     second."""
-    for what, value in (("prompt", prompt), ("completion", completion)):
-        if not isinstance(value, list) or not value:
-            raise ChatFormatError("bad_messages", f"the {what} must be a non-empty list of messages (a "
-                                                  f"conversational prompt-completion line), got {type(value).__name__}")
+    _check_lists(prompt, completion)
     turns = turn_dicts(prompt + completion)  # every turn checked; an assistant turn somewhere
     if isinstance(name, dict):  # one render of the whole line: with its spans (marks taken out) or without
         text, spans = render_chat(prompt + completion, name, tools, kwargs) if with_spans else \
@@ -66,7 +75,7 @@ def sft_ids_and_mask(tokenizer, line: dict, chat_field: str, name: str | dict = 
     text, head, spans = _texts(line.get(prompt_field), line[chat_field], name, tools, kwargs, assistant_only)
     enc = tokenizer.encode(text, add_special_tokens=False)
     ids, head_ids = enc.ids, tokenizer.encode(head, add_special_tokens=False).ids
-    start = next((k for k, (a, b) in enumerate(zip(ids, head_ids)) if a != b), min(len(ids), len(head_ids)))
+    start = _common(ids, head_ids)
     mask = [k >= start for k in range(len(ids))]
     if assistant_only:
         mask = [a and b for a, b in zip(mask, trained_token_mask(enc.offsets, spans))]
@@ -84,7 +93,7 @@ def line_text(line: dict, chat_field: str, name: str | dict = "chatml", tools: l
     else:
         (text, spans), head = render_chat(line[chat_field], name, tools, kwargs), ""
     if assistant_only:
-        common = next((k for k, (a, b) in enumerate(zip(text, head)) if a != b), min(len(text), len(head)))
+        common = _common(text, head)
         if not any(b > common for a, b in spans):
             raise ChatFormatError("no_trained_tokens", "no assistant text to train" + (" in the completion" if
                                   prompt_field else "") + " (--assistant-only-loss: the template's "
@@ -134,10 +143,7 @@ def media_line(obj: dict, chat_field: str, template: str | dict, fields: tuple =
         media, messages = find_media(obj, chat_field)
         return (media, *split_render(messages, template, len(media), *line_template_inputs(obj, *fields)), None)
     prompt, completion = obj.get(prompt_field), obj.get(chat_field)
-    for what, value in (("prompt", prompt), ("completion", completion)):
-        if not isinstance(value, list) or not value:
-            raise ChatFormatError("bad_messages", f"the {what} must be a non-empty list of messages (a "
-                                                  f"conversational prompt-completion line), got {type(value).__name__}")
+    _check_lists(prompt, completion)
     media, messages = find_media({**obj, chat_field: prompt + completion}, chat_field)
     last = turn_dicts(messages)[len(prompt) - 1]["role"]
     if last == "system":  # TRL: "Invalid role in the last message"
@@ -145,7 +151,7 @@ def media_line(obj: dict, chat_field: str, template: str | dict, fields: tuple =
                                               "answer or continue")
     text, head, _ = _texts(messages[: len(prompt)], messages[len(prompt):], template, None, None,
                            continued=last == "assistant")
-    cut = next((k for k, (a, b) in enumerate(zip(text, head)) if a != b), min(len(text), len(head)))
+    cut = _common(text, head)
     if _MARKS.search(text[cut:]):
         raise ChatFormatError("unsupported_media", "an image/video after the prompt's text (in the completion, or "
                                                    "the template renders the prompt otherwise once the completion "
